@@ -1,0 +1,33 @@
+# The two commands a new user runs: `make serve` and `make test`. Both create and reuse .venv.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+FLAVOUR ?= cpu
+HOST ?= 0.0.0.0
+PORT ?= 8000
+STAMP := $(VENV)/.installed-$(FLAVOUR)
+
+.PHONY: venv serve test bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): $(BIN)/python pyproject.toml
+	$(BIN)/pip install --upgrade --quiet pip
+	$(BIN)/pip install --quiet -e '.[$(FLAVOUR),test]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+serve: venv
+	$(BIN)/appliance serve --host $(HOST) --http-port $(PORT) --no-mdns
+
+test: venv
+	$(BIN)/python -m pytest
+
+bench: venv
+	$(BIN)/pip install --quiet -e '.[$(FLAVOUR),test,bench]'
+	$(BIN)/python -m bench.serving
+
+clean:
+	rm -rf $(VENV) build *.egg-info

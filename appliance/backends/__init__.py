@@ -1,0 +1,48 @@
+"""Backends, one module per runtime. Adding a runtime = one module plus one entry in ``BACKENDS``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from appliance.backends.base import Backend, BackendInfo, LoadContext, RuntimeOptions
+from appliance.errors import ConfigError
+
+__all__ = [
+    "BACKENDS",
+    "Backend",
+    "BackendInfo",
+    "LoadContext",
+    "RuntimeOptions",
+    "resolve_backend",
+]
+
+BACKENDS: tuple[BackendInfo, ...] = (
+    BackendInfo(
+        name="onnxruntime",
+        platforms=("onnxruntime_onnx",),
+        default_filename="model.onnx",
+        module="appliance.backends.onnxruntime",
+        factory="OnnxRuntimeBackend",
+        extra="cpu",
+    ),
+)
+
+
+def resolve_backend(model_name: str, backend: str, platform: str, version_dirs: list[Path]) -> BackendInfo:
+    """The backend a model asks for (config ``backend``/``platform``), else the one whose file is there."""
+    for info in BACKENDS:
+        if (backend and backend == info.name) or (platform and platform in info.platforms):
+            return info
+    if backend or platform:
+        known = ", ".join(sorted({i.name for i in BACKENDS} | {p for i in BACKENDS for p in i.platforms}))
+        raise ConfigError(
+            f"model {model_name!r}: unknown backend/platform {backend or platform!r}; known: {known}"
+        )
+    for info in BACKENDS:
+        if any((d / info.default_filename).exists() for d in version_dirs):
+            return info
+    wanted = " or ".join(i.default_filename for i in BACKENDS)
+    raise ConfigError(
+        f"model {model_name!r}: cannot tell which backend to use; put {wanted} in a version "
+        f"directory (e.g. {model_name}/1/{BACKENDS[0].default_filename}) or set 'backend' in config.pbtxt"
+    )

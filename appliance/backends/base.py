@@ -1,0 +1,97 @@
+"""The one small interface every runtime implements.
+
+A backend instance is one loaded copy of one model version on one device. The core calls ``run`` from a
+thread that belongs to that instance alone, so a backend never needs its own locking.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import importlib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from appliance.core.signature import RuntimeTensor
+from appliance.errors import BackendUnavailable
+
+if TYPE_CHECKING:
+    from tritonclient.grpc.model_config_pb2 import ModelConfig
+
+__all__ = ["Backend", "BackendInfo", "LoadContext", "RuntimeOptions"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RuntimeOptions:
+    """The daemon-wide runtime choices a backend may use (from Settings)."""
+
+    onnx_providers: tuple[str, ...] = ("CPUExecutionProvider",)
+    intra_op_threads: int = 0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LoadContext:
+    """Everything a backend needs to load one instance of one model version."""
+
+    model_name: str
+    version: int
+    model_file: Path
+    config: "ModelConfig"
+    options: RuntimeOptions
+    instance_index: int = 0
+
+    @property
+    def version_dir(self) -> Path:
+        return self.model_file.parent
+
+
+class Backend(abc.ABC):
+    """One loaded model instance."""
+
+    @abc.abstractmethod
+    def inputs(self) -> Sequence[RuntimeTensor]:
+        """The runtime's description of the model inputs (may be empty when the file doesn't say)."""
+
+    @abc.abstractmethod
+    def outputs(self) -> Sequence[RuntimeTensor]:
+        """The runtime's description of the model outputs."""
+
+    @abc.abstractmethod
+    def run(self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]) -> dict[str, np.ndarray]:
+        """Execute one batch. BYTES tensors are numpy object arrays of ``bytes`` both ways.
+
+        Raise ``appliance.errors.InvalidInput`` for input the runtime refuses and
+        ``appliance.errors.InferenceFailed`` for anything else that goes wrong.
+        """
+
+    def close(self) -> None:  # noqa: B027 - most runtimes free themselves when dropped
+        """Release what the instance holds."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BackendInfo:
+    """How to find and load a backend; the runtime module is imported only when a model needs it."""
+
+    name: str
+    platforms: tuple[str, ...]
+    default_filename: str
+    module: str
+    factory: str
+    extra: str
+
+    @property
+    def platform(self) -> str:
+        return self.platforms[0]
+
+    def load(self, context: LoadContext) -> Backend:
+        try:
+            module = importlib.import_module(self.module)
+        except ImportError as exc:
+            raise BackendUnavailable(
+                f"backend {self.name!r} is unavailable: {exc.name or exc} is not installed; "
+                f"install the '{self.extra}' extra (pip install 'edge-appliance[{self.extra}]')"
+            ) from exc
+        return getattr(module, self.factory)(context)

@@ -1,0 +1,96 @@
+"""ONNX models on onnxruntime."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import onnxruntime as ort
+from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
+
+from appliance.backends.base import Backend, LoadContext
+from appliance.core.signature import RuntimeTensor
+from appliance.errors import ConfigError, InferenceFailed, InvalidInput
+
+__all__ = ["OnnxRuntimeBackend"]
+
+_ORT_TO_V2 = {
+    "tensor(bool)": "BOOL",
+    "tensor(uint8)": "UINT8",
+    "tensor(uint16)": "UINT16",
+    "tensor(uint32)": "UINT32",
+    "tensor(uint64)": "UINT64",
+    "tensor(int8)": "INT8",
+    "tensor(int16)": "INT16",
+    "tensor(int32)": "INT32",
+    "tensor(int64)": "INT64",
+    "tensor(float16)": "FP16",
+    "tensor(float)": "FP32",
+    "tensor(double)": "FP64",
+    "tensor(string)": "BYTES",
+    "tensor(bfloat16)": "BF16",
+}
+
+
+def _describe(args: Sequence[ort.NodeArg]) -> list[RuntimeTensor]:
+    tensors = []
+    for arg in args:
+        datatype = _ORT_TO_V2.get(arg.type)
+        if datatype is None:
+            raise ConfigError(f"tensor {arg.name!r} has type {arg.type}, which this server cannot serve")
+        shape = tuple(d if isinstance(d, int) and d >= 0 else -1 for d in (arg.shape or []))
+        tensors.append(RuntimeTensor(arg.name, datatype, shape))
+    return tensors
+
+
+def _to_strings(array: np.ndarray) -> np.ndarray:
+    try:
+        return np.array([item.decode("utf-8") for item in array.ravel()], dtype=object).reshape(array.shape)
+    except UnicodeDecodeError as exc:
+        raise InvalidInput(f"BYTES input is not UTF-8 text, which ONNX string tensors need: {exc}") from exc
+
+
+def _to_bytes(array: np.ndarray) -> np.ndarray:
+    return np.array([str(item).encode("utf-8") for item in array.ravel()], dtype=object).reshape(array.shape)
+
+
+class OnnxRuntimeBackend(Backend):
+    def __init__(self, context: LoadContext) -> None:
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if context.options.intra_op_threads:
+            options.intra_op_num_threads = context.options.intra_op_threads
+        available = set(ort.get_available_providers())
+        providers = [p for p in context.options.onnx_providers if p in available] or ["CPUExecutionProvider"]
+        try:
+            self._session = ort.InferenceSession(str(context.model_file), options, providers=providers)
+        except (ort_state.Fail, ort_state.InvalidGraph, ort_state.InvalidProtobuf,
+                ort_state.NoSuchFile, ort_state.NotImplemented, ort_state.InvalidArgument) as exc:
+            raise ConfigError(f"onnxruntime cannot load {context.model_file}: {exc}") from exc
+        self._inputs = _describe(self._session.get_inputs())
+        self._outputs = _describe(self._session.get_outputs())
+        self._string_inputs = {t.name for t in self._inputs if t.datatype == "BYTES"}
+        self._string_outputs = {t.name for t in self._outputs if t.datatype == "BYTES"}
+        self.providers = self._session.get_providers()
+
+    def inputs(self) -> Sequence[RuntimeTensor]:
+        return self._inputs
+
+    def outputs(self) -> Sequence[RuntimeTensor]:
+        return self._outputs
+
+    def run(self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]) -> dict[str, np.ndarray]:
+        feed = {
+            name: _to_strings(array) if name in self._string_inputs else array
+            for name, array in inputs.items()
+        }
+        try:
+            results = self._session.run(list(outputs), feed)
+        except (ort_state.InvalidArgument, ort_state.Fail) as exc:
+            raise InvalidInput(f"onnxruntime refused the input: {exc}") from exc
+        except Exception as exc:  # the runtime's own exception types vary by provider
+            raise InferenceFailed(f"onnxruntime failed to execute the model: {exc}") from exc
+        return {
+            name: _to_bytes(value) if name in self._string_outputs else value
+            for name, value in zip(outputs, results)
+        }

@@ -1,0 +1,68 @@
+"""The ``appliance`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from appliance import __version__
+from appliance.errors import ApplianceError
+from appliance.settings import Settings, load_settings
+
+__all__ = ["main"]
+
+
+def _serve_parser(sub: Any) -> None:
+    p = sub.add_parser("serve", help="serve a Triton-layout model repository over KServe v2 REST")
+    p.add_argument("--model-repository", type=Path, help="model repository (default: the built-in example)")
+    p.add_argument("--host", help="address to bind (default 0.0.0.0)")
+    p.add_argument("--http-port", type=int, help="HTTP port (default 8000; 0 picks a free one)")
+    p.add_argument("--state-dir", type=Path, help="where the daemon keeps its files (cache, metrics)")
+    p.add_argument("--no-mdns", dest="mdns", action="store_const", const=False, help="do not announce on the LAN")
+    p.add_argument("--max-request-bytes", type=int, help="largest request body accepted (HTTP 413 above)")
+    p.add_argument("--strict-readiness", dest="strict_readiness", action=argparse.BooleanOptionalAction,
+                   default=None, help="ready only when every model is ready (default on, as Triton)")
+    p.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="appliance", description="Edge inference appliance")
+    parser.add_argument("--version", action="version", version=f"appliance {__version__}")
+    parser.add_argument("--config", type=Path, help="TOML settings file (also APPLIANCE_CONFIG)")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _serve_parser(sub)
+    return parser
+
+
+def _setup_logging(settings: Settings) -> None:
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def _run_serve(settings: Settings) -> int:
+    from appliance.daemon import serve
+
+    asyncio.run(serve(settings))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    flags = {k: v for k, v in vars(args).items() if k not in ("command", "config")}
+    try:
+        settings = load_settings(flags, os.environ, args.config)
+        _setup_logging(settings)
+        if args.command == "serve":
+            return _run_serve(settings)
+    except ApplianceError as exc:
+        print(f"appliance: {exc.message}", file=sys.stderr)
+        return 2
+    return 1

@@ -1,0 +1,38 @@
+"""Triton's classification extension: replace an output by its top-k entries as "value:index[:label]"."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from appliance.errors import ConfigError, InvalidInput
+
+__all__ = ["classify", "read_labels"]
+
+
+def read_labels(model_dir: Path, label_filename: str) -> list[str]:
+    if not label_filename:
+        return []
+    path = model_dir / label_filename
+    try:
+        return path.read_text().splitlines()
+    except OSError as exc:
+        raise ConfigError(f"label_filename {label_filename!r}: cannot read {path}: {exc}") from exc
+
+
+def classify(name: str, data: np.ndarray, count: int, labels: list[str], batched: bool) -> np.ndarray:
+    """Top ``count`` classes of each batch item (or of the whole tensor when unbatched), as BYTES."""
+    if data.dtype == object:
+        raise InvalidInput(f"output '{name}' holds BYTES and cannot be classified")
+    rows = data.reshape(data.shape[0], -1) if batched and data.ndim else data.reshape(1, -1)
+    count = min(count, rows.shape[1])
+    order = np.argsort(-rows.astype(np.float64), axis=1, kind="stable")[:, :count]
+    result = np.empty((rows.shape[0], count), dtype=object)
+    for r, indices in enumerate(order):
+        for c, index in enumerate(indices):
+            text = f"{float(rows[r, index]):f}:{index}"
+            if index < len(labels):
+                text += f":{labels[index]}"
+            result[r, c] = text.encode()
+    return result if batched else result.reshape(count)

@@ -1,0 +1,231 @@
+"""Triton model configuration: parse config.pbtxt, auto-complete it from the model, render it as JSON.
+
+The config is Triton's own ``ModelConfig`` protobuf message (shipped in ``tritonclient.grpc``), parsed
+with protobuf's ``text_format``: a Triton repository loads here unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from google.protobuf import descriptor, text_format
+from google.protobuf.message import Message
+from tritonclient.grpc import model_config_pb2 as mc
+
+from appliance.core.datatypes import CONFIG_TO_V2, V2_TO_CONFIG
+from appliance.core.signature import ModelSignature, RuntimeTensor, TensorSpec
+from appliance.errors import ConfigError
+
+__all__ = [
+    "CONFIG_FILENAME",
+    "DEFAULT_MAX_BATCH_SIZE",
+    "complete_config",
+    "config_to_json",
+    "read_config",
+    "select_versions",
+    "signature_of",
+]
+
+CONFIG_FILENAME = "config.pbtxt"
+# Triton's default for --backend-config=default-max-batch-size when it can tell a model batches.
+DEFAULT_MAX_BATCH_SIZE = 4
+
+
+def read_config(model_dir: Path) -> mc.ModelConfig:
+    """Parse ``<model_dir>/config.pbtxt``; a missing file gives an empty config to auto-complete."""
+    config = mc.ModelConfig()
+    path = model_dir / CONFIG_FILENAME
+    if path.is_file():
+        try:
+            text_format.Parse(path.read_text(), config)
+        except (text_format.ParseError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{path}: not a valid Triton model configuration: {exc}") from exc
+    if config.name and config.name != model_dir.name:
+        raise ConfigError(
+            f"{path}: name {config.name!r} differs from the model directory {model_dir.name!r}; "
+            "rename one of them or drop the name field"
+        )
+    config.name = model_dir.name
+    if config.max_batch_size < 0:
+        raise ConfigError(f"{path}: max_batch_size must be >= 0, got {config.max_batch_size}")
+    return config
+
+
+def select_versions(config: mc.ModelConfig, available: Iterable[int]) -> list[int]:
+    """The versions the config's ``version_policy`` asks for, among those present, ascending."""
+    present = sorted(set(available))
+    policy = config.version_policy.WhichOneof("policy_choice")
+    if policy == "all":
+        return present
+    if policy == "specific":
+        wanted = set(config.version_policy.specific.versions)
+        missing = sorted(wanted - set(present))
+        if missing:
+            raise ConfigError(
+                f"model {config.name!r}: version_policy asks for version(s) {missing}, "
+                f"but the repository has {present or 'none'}"
+            )
+        return sorted(wanted)
+    count = config.version_policy.latest.num_versions if policy == "latest" else 1
+    return present[-max(count, 1):]
+
+
+def _runtime_dims(tensor: RuntimeTensor, batched: bool) -> list[int]:
+    return list(tensor.shape[1:] if batched else tensor.shape)
+
+
+def _can_batch(inputs: Sequence[RuntimeTensor], outputs: Sequence[RuntimeTensor]) -> bool:
+    tensors = [*inputs, *outputs]
+    return bool(tensors) and all(t.shape and t.shape[0] == -1 for t in tensors)
+
+
+def _complete_tensors(
+    kind: str,
+    declared: Any,
+    found: Sequence[RuntimeTensor],
+    config: mc.ModelConfig,
+) -> None:
+    """Check the config's inputs or outputs against the model and add those it leaves out."""
+    batched = config.max_batch_size > 0
+    by_name = {t.name: t for t in found}
+    for entry in declared:
+        tensor = by_name.get(entry.name)
+        if tensor is None:
+            raise ConfigError(
+                f"model {config.name!r}: config {kind} {entry.name!r} is not in the model; "
+                f"the model's {kind}s are {sorted(by_name) or 'none'}"
+            )
+        want_type = V2_TO_CONFIG[tensor.datatype]
+        if entry.data_type == mc.TYPE_INVALID:
+            entry.data_type = mc.DataType.Value(want_type)
+        elif mc.DataType.Name(entry.data_type) != want_type:
+            raise ConfigError(
+                f"model {config.name!r}: config {kind} {entry.name!r} has data_type "
+                f"{mc.DataType.Name(entry.data_type)}, but the model's is {want_type}"
+            )
+        dims = _runtime_dims(tensor, batched)
+        if not entry.dims and not entry.HasField("reshape"):
+            entry.dims.extend(dims)
+        elif not entry.HasField("reshape") and not _dims_compatible(list(entry.dims), dims):
+            hint = " (with max_batch_size > 0, dims leave out the batch dimension)" if batched else ""
+            raise ConfigError(
+                f"model {config.name!r}: config {kind} {entry.name!r} has dims {list(entry.dims)}, "
+                f"but the model's are {dims}{hint}"
+            )
+    named = {entry.name for entry in declared}
+    for tensor in found:
+        if tensor.name not in named:
+            declared.add(
+                name=tensor.name,
+                data_type=mc.DataType.Value(V2_TO_CONFIG[tensor.datatype]),
+                dims=_runtime_dims(tensor, batched),
+            )
+
+
+def _dims_compatible(declared: list[int], found: list[int]) -> bool:
+    return len(declared) == len(found) and all(
+        d == f or f == -1 or d == -1 for d, f in zip(declared, found)
+    )
+
+
+def complete_config(
+    config: mc.ModelConfig,
+    *,
+    platform: str,
+    backend: str,
+    default_filename: str,
+    inputs: Sequence[RuntimeTensor],
+    outputs: Sequence[RuntimeTensor],
+) -> mc.ModelConfig:
+    """Fill what Triton's auto-complete fills, from what the runtime reports; returns a new config."""
+    config = _copy(config)
+    if not config.platform:
+        config.platform = platform
+    if not config.backend:
+        config.backend = backend
+    if not config.default_model_filename:
+        config.default_model_filename = default_filename
+    if not config.HasField("version_policy"):
+        config.version_policy.latest.num_versions = 1
+    declared_io = len(config.input) + len(config.output) > 0
+    if config.max_batch_size == 0 and not declared_io and _can_batch(inputs, outputs):
+        config.max_batch_size = DEFAULT_MAX_BATCH_SIZE
+        scheduler = config.WhichOneof("scheduling_choice")
+        if scheduler is None:
+            # Triton enables the dynamic batcher when it auto-fills a batch size above 1.
+            config.dynamic_batching.SetInParent()
+    if config.max_batch_size > 0:
+        for tensor in (*inputs, *outputs):
+            if not tensor.shape or tensor.shape[0] not in (-1,):
+                raise ConfigError(
+                    f"model {config.name!r}: max_batch_size is {config.max_batch_size}, but "
+                    f"{tensor.name!r} has shape {list(tensor.shape)} with a fixed first dimension; "
+                    "set max_batch_size: 0 or export the model with a dynamic batch dimension"
+                )
+    _complete_tensors("input", config.input, inputs, config)
+    _complete_tensors("output", config.output, outputs, config)
+    if not config.instance_group:
+        config.instance_group.add(name=config.name, count=1, kind=mc.ModelInstanceGroup.KIND_CPU)
+    for group in config.instance_group:
+        if group.count < 1:
+            group.count = 1
+    return config
+
+
+def _copy(config: mc.ModelConfig) -> mc.ModelConfig:
+    copy = mc.ModelConfig()
+    copy.CopyFrom(config)
+    return copy
+
+
+def signature_of(config: mc.ModelConfig) -> ModelSignature:
+    def spec(entry: Any) -> TensorSpec:
+        return TensorSpec(
+            name=entry.name,
+            datatype=CONFIG_TO_V2[mc.DataType.Name(entry.data_type)],
+            dims=tuple(entry.dims),
+            optional=bool(getattr(entry, "optional", False)),
+            label_filename=getattr(entry, "label_filename", ""),
+        )
+
+    return ModelSignature(
+        max_batch_size=config.max_batch_size,
+        inputs={entry.name: spec(entry) for entry in config.input},
+        outputs={entry.name: spec(entry) for entry in config.output},
+    )
+
+
+def _value_to_json(field: descriptor.FieldDescriptor, value: Any) -> Any:
+    if field.type == descriptor.FieldDescriptor.TYPE_MESSAGE:
+        return _message_to_json(value)
+    if field.type == descriptor.FieldDescriptor.TYPE_ENUM:
+        known = field.enum_type.values_by_number.get(value)
+        return known.name if known is not None else value
+    if field.type == descriptor.FieldDescriptor.TYPE_BYTES:
+        return value.decode("latin-1")
+    return value
+
+
+def _message_to_json(message: Message) -> dict[str, Any]:
+    """Like Triton: snake_case names, every non-oneof field printed, int64 kept as numbers."""
+    out: dict[str, Any] = {}
+    for field in message.DESCRIPTOR.fields:
+        value = getattr(message, field.name)
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            value_field = field.message_type.fields_by_name["value"]
+            out[field.name] = {k: _value_to_json(value_field, v) for k, v in value.items()}
+        elif field.label == descriptor.FieldDescriptor.LABEL_REPEATED:
+            out[field.name] = [_value_to_json(field, v) for v in value]
+        elif field.containing_oneof is not None or field.type == descriptor.FieldDescriptor.TYPE_MESSAGE:
+            # Oneof members and sub-messages appear only when set, as Triton prints them.
+            if message.HasField(field.name):
+                out[field.name] = _value_to_json(field, value)
+        else:
+            out[field.name] = _value_to_json(field, value)
+    return out
+
+
+def config_to_json(config: mc.ModelConfig) -> dict[str, Any]:
+    return _message_to_json(config)

@@ -1,0 +1,88 @@
+"""What the protocol can ask of the server, free of any transport (REST today, maybe gRPC later)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from appliance import __version__
+from appliance.core.config import config_to_json
+from appliance.core.model import ModelVersion
+from appliance.core.registry import ModelRegistry, ModelState
+from appliance.core.types import InferRequest, InferResponse
+from appliance.errors import ModelNotReady
+
+__all__ = ["EXTENSIONS", "SERVER_NAME", "DataPlane"]
+
+SERVER_NAME = "appliance"
+# Only the Triton extensions this server implements.
+EXTENSIONS = ["binary_tensor_data", "classification", "model_configuration", "parameters"]
+
+
+class DataPlane:
+    def __init__(self, registry: ModelRegistry, *, strict_readiness: bool = True) -> None:
+        self.registry = registry
+        self._strict = strict_readiness
+        self.loaded = False
+        """True once the repository has been loaded (successfully or not) at start-up."""
+
+    def live(self) -> bool:
+        return True
+
+    def ready(self) -> bool:
+        if not self.loaded:
+            return False
+        return self.registry.all_ready if self._strict else True
+
+    def server_metadata(self) -> dict[str, Any]:
+        return {"name": SERVER_NAME, "version": __version__, "extensions": EXTENSIONS}
+
+    def model(self, name: str, version: str | None = None) -> ModelVersion:
+        return self.registry.get(name, version)
+
+    def model_ready(self, name: str, version: str | None = None) -> bool:
+        try:
+            self.registry.get(name, version)
+        except ModelNotReady:
+            return False
+        return True
+
+    def model_metadata(self, name: str, version: str | None = None) -> dict[str, Any]:
+        model = self.registry.get(name, version)
+        entry = self.registry.entry(name)
+        signature = model.signature
+
+        def tensors(specs: dict) -> list[dict[str, Any]]:
+            return [
+                {"name": s.name, "datatype": s.datatype, "shape": signature.full_shape(s)}
+                for s in specs.values()
+            ]
+
+        return {
+            "name": name,
+            "versions": [str(v) for v in sorted(entry.versions)],
+            "platform": model.platform,
+            "inputs": tensors(signature.inputs),
+            "outputs": tensors(signature.outputs),
+        }
+
+    def model_config(self, name: str, version: str | None = None) -> dict[str, Any]:
+        return config_to_json(self.registry.get(name, version).config)
+
+    async def infer(self, model: ModelVersion, request: InferRequest) -> InferResponse:
+        return await model.infer(request)
+
+    def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = []
+        for entry in self.registry.entries():
+            if entry.state is not ModelState.READY:
+                if not ready_only:
+                    rows.append({"name": entry.name, "state": entry.state.value, "reason": entry.reason})
+                continue
+            for version in sorted(entry.versions):
+                rows.append({"name": entry.name, "version": str(version), "state": "READY", "reason": ""})
+            if not ready_only:
+                for version, reason in sorted(entry.failures.items()):
+                    rows.append(
+                        {"name": entry.name, "version": str(version), "state": "UNAVAILABLE", "reason": reason}
+                    )
+        return rows

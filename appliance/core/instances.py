@@ -1,0 +1,115 @@
+"""A model version's execution instances: each backend instance owns one thread.
+
+``run`` waits for a free instance, executes on that instance's thread, and frees the instance when
+the thread is done, even if the awaiting request was cancelled meanwhile: an instance is never used
+by two threads at once, so backends need no locks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from appliance.backends import Backend
+
+__all__ = ["InstancePool"]
+
+
+class InstancePool:
+    def __init__(self, label: str, backends: Sequence[Backend]) -> None:
+        if not backends:
+            raise ValueError("an instance pool needs at least one backend instance")
+        self._label = label
+        self._backends = list(backends)
+        self._executors = [
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{label}#{i}") for i in range(len(backends))
+        ]
+        self._free: asyncio.Queue[int] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def size(self) -> int:
+        return len(self._backends)
+
+    @property
+    def idle(self) -> int:
+        return self._free.qsize() if self._free is not None else 0
+
+    def start(self) -> None:
+        """Bind to the running loop; call from inside it."""
+        self._loop = asyncio.get_running_loop()
+        self._free = asyncio.Queue()
+        for index in range(len(self._backends)):
+            self._free.put_nowait(index)
+
+    async def acquire(self) -> int:
+        assert self._free is not None, "InstancePool.start() was not called"
+        return await self._free.get()
+
+    def execute(
+        self, index: int, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]
+    ) -> asyncio.Future[dict[str, np.ndarray]]:
+        """Run on an acquired instance; the instance is released when its thread finishes."""
+        assert self._loop is not None
+        loop = self._loop
+        future: asyncio.Future[dict[str, np.ndarray]] = loop.create_future()
+        backend = self._backends[index]
+
+        def work() -> None:
+            try:
+                result: Any = backend.run(inputs, outputs)
+                error: BaseException | None = None
+            except BaseException as exc:  # handed to the waiter, never lost in the thread
+                result, error = None, exc
+            loop.call_soon_threadsafe(self._finish, index, future, result, error)
+
+        self._executors[index].submit(work)
+        return future
+
+    async def run(self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]) -> dict[str, np.ndarray]:
+        index = await self.acquire()
+        try:
+            future = self.execute(index, inputs, outputs)
+        except BaseException:
+            self._release(index)
+            raise
+        return await future
+
+    def _release(self, index: int) -> None:
+        assert self._free is not None
+        self._free.put_nowait(index)
+
+    def _finish(self, index: int, future: asyncio.Future, result: Any, error: BaseException | None) -> None:
+        self._release(index)
+        if future.cancelled():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+
+    async def drain(self, timeout: float) -> bool:
+        """Wait until every instance is idle; False if ``timeout`` passed first."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self.idle < self.size:
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(0.01)
+        return True
+
+    def close(self) -> list[BaseException]:
+        """Stop the threads and close the backends (blocking); returns errors instead of raising."""
+        errors: list[BaseException] = []
+        for executor in self._executors:
+            executor.shutdown(wait=True, cancel_futures=True)
+        for backend in self._backends:
+            try:
+                backend.close()
+            except Exception as exc:
+                errors.append(exc)
+        return errors

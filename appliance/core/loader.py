@@ -1,0 +1,144 @@
+"""Load one model directory of a Triton-layout repository (blocking: call it off the event loop)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+from appliance.backends import Backend, BackendInfo, LoadContext, RuntimeOptions, resolve_backend
+from appliance.core.classification import read_labels
+from appliance.core.config import complete_config, read_config, select_versions, signature_of
+from appliance.core.instances import InstancePool
+from appliance.core.model import ModelVersion
+from appliance.core.scheduler import DirectScheduler
+from appliance.errors import ApplianceError, ConfigError
+
+__all__ = ["LoadedModel", "load_model", "version_dirs"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class LoadedModel:
+    name: str
+    config: mc.ModelConfig
+    versions: dict[int, ModelVersion]
+    failures: dict[int, str]
+    """Versions the policy asked for that could not load, with the reason."""
+
+
+def version_dirs(model_dir: Path) -> dict[int, Path]:
+    return {
+        int(child.name): child
+        for child in model_dir.iterdir()
+        if child.is_dir() and child.name.isdigit() and not child.name.startswith("0")
+    }
+
+
+def _instance_count(config: mc.ModelConfig) -> int:
+    return sum(max(group.count, 1) for group in config.instance_group) or 1
+
+
+def _model_file(model_dir: Path, version_dir: Path, filename: str) -> Path:
+    path = version_dir / filename
+    if not path.exists():
+        raise ConfigError(
+            f"model '{model_dir.name}' version {version_dir.name} has no {filename}; "
+            f"expected {model_dir.name}/{version_dir.name}/{filename}"
+        )
+    return path
+
+
+def _complete(config: mc.ModelConfig, info: BackendInfo, backend: Backend) -> mc.ModelConfig:
+    return complete_config(
+        config,
+        platform=info.platform,
+        backend=info.name,
+        default_filename=info.default_filename,
+        inputs=backend.inputs(),
+        outputs=backend.outputs(),
+    )
+
+
+def _load_version(
+    model_dir: Path,
+    version: int,
+    path: Path,
+    info: BackendInfo,
+    config: mc.ModelConfig,
+    options: RuntimeOptions,
+) -> tuple[mc.ModelConfig, ModelVersion]:
+    """Load every instance of one version; the first instance's tensors complete the config."""
+    model_file = _model_file(model_dir, path, config.default_model_filename or info.default_filename)
+    instances: list[Backend] = []
+    try:
+        first = info.load(LoadContext(model_dir.name, version, model_file, config, options))
+        instances.append(first)
+        config = _complete(config, info, first)
+        for index in range(1, _instance_count(config)):
+            instances.append(
+                info.load(LoadContext(model_dir.name, version, model_file, config, options, index))
+            )
+        labels = {
+            out.name: read_labels(model_dir, out.label_filename) for out in config.output if out.label_filename
+        }
+    except BaseException:
+        for backend in instances:
+            backend.close()
+        raise
+    scheduler = DirectScheduler(InstancePool(f"{model_dir.name}:{version}", instances))
+    details = {"providers": first.providers} if hasattr(first, "providers") else {}
+    model = ModelVersion(
+        name=model_dir.name,
+        version=version,
+        config=config,
+        signature=signature_of(config),
+        backend=info,
+        scheduler=scheduler,
+        labels=labels,
+        details=details,
+    )
+    return config, model
+
+
+def load_model(model_dir: Path, options: RuntimeOptions) -> LoadedModel:
+    """Parse, auto-complete and load every version the policy selects.
+
+    A model-level problem (config, no versions, unknown backend) raises ConfigError; a version that
+    fails to load is recorded in ``failures`` while the others load.
+    """
+    config = read_config(model_dir)
+    available = version_dirs(model_dir)
+    if not available:
+        raise ConfigError(
+            f"model '{model_dir.name}' has no version directory; expected "
+            f"{model_dir.name}/1/<model file> (e.g. {model_dir.name}/1/model.onnx)"
+        )
+    info = resolve_backend(model_dir.name, config.backend, config.platform, list(available.values()))
+    selected = select_versions(config, available)
+    versions: dict[int, ModelVersion] = {}
+    failures: dict[int, str] = {}
+    completed: mc.ModelConfig | None = None
+    # The newest version auto-completes the config (as Triton does); the rest are checked against it.
+    for version in reversed(selected):
+        try:
+            completed_here, model = _load_version(
+                model_dir, version, available[version], info, completed or config, options
+            )
+        except ApplianceError as exc:
+            failures[version] = exc.message
+            log.warning("model %s version %d failed to load: %s", model_dir.name, version, exc.message)
+            continue
+        except Exception as exc:  # a runtime's own error type: still only this version fails
+            failures[version] = f"{type(exc).__name__}: {exc}"
+            log.exception("model %s version %d failed to load", model_dir.name, version)
+            continue
+        completed = completed or completed_here
+        versions[version] = model
+    if not versions:
+        reasons = "; ".join(f"version {v}: {r}" for v, r in sorted(failures.items()))
+        raise ConfigError(f"model '{model_dir.name}' has no loadable version ({reasons})")
+    return LoadedModel(model_dir.name, completed or config, versions, failures)

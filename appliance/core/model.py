@@ -1,0 +1,83 @@
+"""A loaded, servable model version: validation, scheduling and output post-processing."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+from tritonclient.grpc import model_config_pb2 as mc
+
+from appliance.backends import BackendInfo
+from appliance.core.classification import classify
+from appliance.core.datatypes import v2_datatype
+from appliance.core.scheduler import Scheduler
+from appliance.core.signature import ModelSignature
+from appliance.core.types import InferOutput, InferRequest, InferResponse
+from appliance.core.validation import validate_request
+from appliance.errors import InferenceFailed
+
+__all__ = ["ModelVersion"]
+
+
+@dataclasses.dataclass(eq=False)
+class ModelVersion:
+    name: str
+    version: int
+    config: mc.ModelConfig
+    signature: ModelSignature
+    backend: BackendInfo
+    scheduler: Scheduler
+    labels: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    details: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Backend facts worth showing (e.g. the execution providers in use)."""
+
+    def __post_init__(self) -> None:
+        batch = (-1,) if self.signature.batched else ()
+        # config `reshape`: clients send `dims`, the runtime sees `reshape.shape` (and back for outputs).
+        self._input_reshape = {
+            i.name: (*batch, *i.reshape.shape) for i in self.config.input if i.HasField("reshape")
+        }
+        self._output_reshape = {
+            o.name: (*batch, *o.dims) for o in self.config.output if o.HasField("reshape")
+        }
+
+    @property
+    def platform(self) -> str:
+        return self.config.platform or self.backend.platform
+
+    def start(self) -> None:
+        self.scheduler.start()
+
+    async def infer(self, request: InferRequest) -> InferResponse:
+        batch_size = validate_request(self.name, self.signature, request)
+        inputs = {t.name: t.data for t in request.inputs}
+        for name, shape in self._input_reshape.items():
+            if name in inputs:
+                inputs[name] = inputs[name].reshape(shape)
+        wanted = request.outputs or None
+        names = [o.name for o in wanted] if wanted else list(self.signature.outputs)
+        results = await self.scheduler.submit(inputs, names, batch_size)
+        outputs = []
+        for requested_name, requested in zip(names, wanted or [None] * len(names)):
+            data = results.get(requested_name)
+            if data is None:
+                raise InferenceFailed(
+                    f"model '{self.name}' version {self.version} did not produce output '{requested_name}'"
+                )
+            data = np.asarray(data) if not isinstance(data, np.ndarray) else data
+            if requested_name in self._output_reshape:
+                data = data.reshape(self._output_reshape[requested_name])
+            if requested is not None and requested.classification:
+                data = classify(
+                    requested_name, data, requested.classification,
+                    self.labels.get(requested_name, []), self.signature.batched,
+                )
+            outputs.append(InferOutput(requested_name, v2_datatype(data.dtype), data))
+        return InferResponse(self.name, self.version, outputs, id=request.id)
+
+    async def drain(self, timeout: float) -> bool:
+        return await self.scheduler.drain(timeout)
+
+    def close(self) -> list[BaseException]:
+        return self.scheduler.close()

@@ -1,0 +1,42 @@
+"""Run the daemon: bind, serve until SIGTERM/SIGINT, then stop gracefully."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+from aiohttp import web
+
+from appliance import __version__
+from appliance.rest.app import build_app
+from appliance.settings import Settings
+
+__all__ = ["serve"]
+
+log = logging.getLogger(__name__)
+
+
+async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
+    """Serve until ``stop`` is set (or a SIGTERM/SIGINT arrives when no event is given)."""
+    loop = asyncio.get_running_loop()
+    if stop is None:
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+    app = build_app(settings)
+    # No access log: it costs more per request than the rest of the HTTP layer.
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=settings.shutdown_timeout)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, settings.host, settings.http_port, reuse_address=True)
+        await site.start()
+        for address in runner.addresses:
+            host, port = address[0], address[1]
+            log.info("appliance %s serving KServe v2 on http://%s:%d (state dir %s)",
+                     __version__, f"[{host}]" if ":" in host else host, port, settings.state_dir)
+        await stop.wait()
+        log.info("stopping: finishing in-flight requests (up to %.0f s)", settings.shutdown_timeout)
+    finally:
+        await runner.cleanup()
+    log.info("stopped")

@@ -1,0 +1,77 @@
+"""One error hierarchy for the whole daemon.
+
+Each error carries the HTTP status it maps to as a class attribute (an ``http.HTTPStatus``, not a
+framework constant); the REST layer turns any of them into ``{"error": "..."}`` in one place.
+"""
+
+from __future__ import annotations
+
+from http import HTTPStatus
+
+__all__ = [
+    "ApplianceError",
+    "BackendUnavailable",
+    "ConfigError",
+    "InferenceFailed",
+    "InvalidInput",
+    "ModelNotFound",
+    "ModelNotReady",
+    "PayloadTooLarge",
+    "Unavailable",
+]
+
+
+class ApplianceError(Exception):
+    """Base of every error the daemon reports to a client."""
+
+    status: HTTPStatus = HTTPStatus.INTERNAL_SERVER_ERROR
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidInput(ApplianceError):
+    """The request is malformed or does not match the model (Triton: INVALID_ARG)."""
+
+    status = HTTPStatus.BAD_REQUEST
+
+
+class PayloadTooLarge(ApplianceError):
+    status = HTTPStatus.REQUEST_ENTITY_TOO_LARGE
+
+
+class ModelNotFound(ApplianceError):
+    """Unknown model or version (Triton: NOT_FOUND)."""
+
+    status = HTTPStatus.NOT_FOUND
+
+
+class Unavailable(ApplianceError):
+    """The server cannot take the request now; ``retry_after`` (seconds) is sent when known."""
+
+    status = HTTPStatus.SERVICE_UNAVAILABLE
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class ModelNotReady(Unavailable):
+    pass
+
+
+class InferenceFailed(ApplianceError):
+    """The runtime raised while executing a request that passed validation (Triton: INTERNAL)."""
+
+    status = HTTPStatus.INTERNAL_SERVER_ERROR
+
+
+class ConfigError(ApplianceError):
+    """A model's config.pbtxt or files are wrong; reported as the model's load failure."""
+
+    status = HTTPStatus.BAD_REQUEST
+
+
+class BackendUnavailable(ConfigError):
+    """The runtime a model needs is not installed on this box."""

@@ -1,0 +1,283 @@
+"""KServe v2 inference bodies <-> core requests/responses, including Triton's binary tensor extension.
+
+Pure functions over bytes: no aiohttp here, so the codec is unit-tested on its own. Binary input
+tensors are read in place (``np.frombuffer`` over the body), and no buffer is ever sized from a
+client's claim before the claim is checked against the bytes actually received.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from typing import Any
+
+import numpy as np
+import orjson
+
+from appliance.core.datatypes import element_size, numpy_dtype
+from appliance.core.types import InferInput, InferRequest, InferResponse, RequestedOutput
+from appliance.errors import InvalidInput
+
+__all__ = [
+    "HEADER_LENGTH",
+    "MAX_ELEMENTS",
+    "decode_bytes_tensor",
+    "decode_infer_request",
+    "encode_bytes_tensor",
+    "encode_infer_response",
+]
+
+HEADER_LENGTH = "Inference-Header-Content-Length"
+# Largest tensor (in elements) a request may declare; guards the arithmetic, not the memory (the
+# body size limit does that).
+MAX_ELEMENTS = 2**40
+_U32 = struct.Struct("<I")
+
+
+def _parse_header(body: bytes, header_length: int | None) -> dict[str, Any]:
+    if header_length is not None and not 0 <= header_length <= len(body):
+        raise InvalidInput(
+            f"{HEADER_LENGTH} is {header_length}, but the body has only {len(body)} bytes"
+        )
+    text = body if header_length is None else body[:header_length]
+    try:
+        header = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidInput(f"malformed JSON in the request body: {exc}") from None
+    if not isinstance(header, dict):
+        raise InvalidInput("the request body must be a JSON object with an 'inputs' list")
+    return header
+
+
+def _parameters(obj: dict[str, Any], where: str) -> dict[str, Any]:
+    params = obj.get("parameters")
+    if params is None:
+        return {}
+    if not isinstance(params, dict):
+        raise InvalidInput(f"'parameters' of {where} must be a JSON object")
+    return params
+
+
+def _shape(raw: Any, name: str) -> tuple[tuple[int, ...], int]:
+    if not isinstance(raw, list) or not all(type(d) is int and d >= 0 for d in raw):
+        raise InvalidInput(
+            f"input '{name}': 'shape' must be a list of non-negative integers, got {raw!r}"[:400]
+        )
+    count = math.prod(raw)
+    if count > MAX_ELEMENTS:
+        raise InvalidInput(f"input '{name}': shape {raw} has {count} elements, more than {MAX_ELEMENTS}")
+    return tuple(raw), count
+
+
+def decode_bytes_tensor(buffer: memoryview | bytes, count: int, name: str) -> np.ndarray:
+    """Parse ``count`` 4-byte-length-prefixed elements; the buffer must hold exactly those."""
+    view = memoryview(buffer)
+    items = np.empty(count, dtype=object)
+    offset, end = 0, len(view)
+    for index in range(count):
+        if offset + 4 > end:
+            raise InvalidInput(
+                f"input '{name}': binary BYTES data ends after {index} of {count} elements"
+            )
+        (length,) = _U32.unpack_from(view, offset)
+        offset += 4
+        if offset + length > end:
+            raise InvalidInput(
+                f"input '{name}': BYTES element {index} claims {length} bytes, "
+                f"but only {end - offset} remain"
+            )
+        items[index] = bytes(view[offset : offset + length])
+        offset += length
+    if offset != end:
+        raise InvalidInput(
+            f"input '{name}': {end - offset} bytes left over after {count} BYTES elements"
+        )
+    return items
+
+
+def encode_bytes_tensor(array: np.ndarray) -> bytes:
+    parts = []
+    for item in array.ravel():
+        raw = item if isinstance(item, bytes) else str(item).encode("utf-8")
+        parts.append(_U32.pack(len(raw)))
+        parts.append(raw)
+    return b"".join(parts)
+
+
+def _flatten_strings(data: Any, name: str) -> list[bytes]:
+    out: list[bytes] = []
+    stack = [data]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, list):
+            stack.extend(reversed(item))
+        elif isinstance(item, str):
+            out.append(item.encode("utf-8"))
+        else:
+            raise InvalidInput(f"input '{name}': BYTES data must be strings, got {type(item).__name__}")
+    return out
+
+
+def _decode_json_data(data: Any, datatype: str, shape: tuple[int, ...], count: int, name: str) -> np.ndarray:
+    if not isinstance(data, list):
+        data = [data]
+    if datatype == "BYTES":
+        items = _flatten_strings(data, name)
+        if len(items) != count:
+            raise InvalidInput(
+                f"input '{name}': shape {list(shape)} needs {count} elements, 'data' has {len(items)}"
+            )
+        array = np.empty(count, dtype=object)
+        array[:] = items
+        return array.reshape(shape)
+    try:
+        array = np.asarray(data, dtype=numpy_dtype(datatype))
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise InvalidInput(f"input '{name}': 'data' does not hold {datatype} values ({exc})") from None
+    if array.size != count:
+        raise InvalidInput(
+            f"input '{name}': shape {list(shape)} needs {count} elements, 'data' has {array.size}"
+        )
+    return array.reshape(shape)
+
+
+def _decode_binary_data(
+    body: memoryview, offset: int, size: Any, datatype: str, shape: tuple[int, ...], count: int, name: str
+) -> np.ndarray:
+    if type(size) is not int or size < 0:
+        raise InvalidInput(f"input '{name}': binary_data_size must be a non-negative integer, got {size!r}")
+    if offset + size > len(body):
+        raise InvalidInput(
+            f"input '{name}': binary_data_size is {size}, but only {len(body) - offset} bytes of "
+            "binary data remain in the body"
+        )
+    chunk = body[offset : offset + size]
+    if datatype == "BYTES":
+        return decode_bytes_tensor(chunk, count, name).reshape(shape)
+    itemsize = element_size(datatype)
+    if datatype == "BF16":
+        raise InvalidInput(f"input '{name}': datatype BF16 is not supported by this server")
+    if size != count * itemsize:
+        raise InvalidInput(
+            f"input '{name}': shape {list(shape)} of {datatype} needs {count * itemsize} bytes, "
+            f"binary_data_size is {size}"
+        )
+    return np.frombuffer(chunk, dtype=numpy_dtype(datatype)).reshape(shape)
+
+
+def decode_infer_request(body: bytes, header_length: int | None = None) -> InferRequest:
+    """Decode a v2 infer body; ``header_length`` is the Inference-Header-Content-Length, if sent."""
+    header = _parse_header(body, header_length)
+    raw_inputs = header.get("inputs")
+    if not isinstance(raw_inputs, list) or not raw_inputs:
+        raise InvalidInput("the request must have a non-empty 'inputs' list")
+    view = memoryview(body)
+    offset = len(body) if header_length is None else header_length
+    inputs: list[InferInput] = []
+    for position, raw in enumerate(raw_inputs):
+        if not isinstance(raw, dict):
+            raise InvalidInput(f"inputs[{position}] must be a JSON object")
+        name = raw.get("name")
+        if not isinstance(name, str) or not name:
+            raise InvalidInput(f"inputs[{position}] needs a 'name' string")
+        datatype = raw.get("datatype")
+        if not isinstance(datatype, str):
+            raise InvalidInput(f"input '{name}' needs a 'datatype' string (e.g. \"FP32\")")
+        try:
+            element_size(datatype)
+        except ValueError as exc:
+            raise InvalidInput(f"input '{name}': {exc}") from None
+        shape, count = _shape(raw.get("shape"), name)
+        params = _parameters(raw, f"input '{name}'")
+        if "shared_memory_region" in params:
+            raise InvalidInput(f"input '{name}': shared memory is not supported by this server")
+        if "binary_data_size" in params:
+            if header_length is None:
+                raise InvalidInput(
+                    f"input '{name}' has binary_data_size but the request has no {HEADER_LENGTH} header"
+                )
+            size = params["binary_data_size"]
+            data = _decode_binary_data(view, offset, size, datatype, shape, count, name)
+            offset += size
+        elif "data" in raw:
+            data = _decode_json_data(raw["data"], datatype, shape, count, name)
+        else:
+            raise InvalidInput(f"input '{name}' has neither 'data' nor parameters.binary_data_size")
+        inputs.append(InferInput(name, datatype, data))
+    if offset != len(body):
+        raise InvalidInput(
+            f"the body has {len(body) - offset} bytes of binary data that no input's binary_data_size covers"
+        )
+    outputs = []
+    raw_outputs = header.get("outputs") or []
+    if not isinstance(raw_outputs, list):
+        raise InvalidInput("'outputs' must be a list")
+    for position, raw in enumerate(raw_outputs):
+        if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
+            raise InvalidInput(f"outputs[{position}] must be an object with a 'name' string")
+        params = _parameters(raw, f"output '{raw['name']}'")
+        if "shared_memory_region" in params:
+            raise InvalidInput(f"output '{raw['name']}': shared memory is not supported by this server")
+        classification = params.get("classification", 0)
+        if type(classification) is not int or classification < 0:
+            raise InvalidInput(f"output '{raw['name']}': classification must be a non-negative integer")
+        outputs.append(RequestedOutput(raw["name"], params))
+    request_id = header.get("id")
+    if request_id is not None and not isinstance(request_id, str):
+        raise InvalidInput("'id' must be a string")
+    return InferRequest(inputs, outputs, request_id, _parameters(header, "the request"))
+
+
+def _json_data(array: np.ndarray) -> Any:
+    if array.dtype == object:
+        return [item.decode("utf-8", "replace") if isinstance(item, bytes) else str(item) for item in array.ravel()]
+    # orjson serialises C-contiguous native arrays directly (OPT_SERIALIZE_NUMPY).
+    return np.ascontiguousarray(array).ravel()
+
+
+def _raw_bytes(array: np.ndarray) -> bytes:
+    if array.dtype == object:
+        return encode_bytes_tensor(array)
+    return np.ascontiguousarray(array).tobytes()
+
+
+def encode_infer_response(
+    response: InferResponse, request: InferRequest | None = None
+) -> tuple[bytes, int | None]:
+    """Encode a response; returns the body and the JSON header length (None for a pure JSON body).
+
+    Outputs go binary when the request asked (per output ``binary_data`` or request-wide
+    ``binary_data_output``), as Triton does.
+    """
+    default_binary = bool(request.parameters.get("binary_data_output", False)) if request else False
+    wanted = {o.name: o.parameters for o in request.outputs} if request else {}
+    entries = []
+    chunks = []
+    for output in response.outputs:
+        params = wanted.get(output.name, {})
+        binary = bool(params.get("binary_data", default_binary))
+        entry: dict[str, Any] = {
+            "name": output.name,
+            "datatype": output.datatype,
+            "shape": list(output.data.shape),
+        }
+        if binary:
+            raw = _raw_bytes(output.data)
+            entry["parameters"] = {"binary_data_size": len(raw)}
+            chunks.append(raw)
+        else:
+            entry["data"] = _json_data(output.data)
+        entries.append(entry)
+    document: dict[str, Any] = {
+        "model_name": response.model_name,
+        "model_version": str(response.model_version),
+    }
+    if response.id is not None:
+        document["id"] = response.id
+    if response.parameters:
+        document["parameters"] = response.parameters
+    document["outputs"] = entries
+    header = orjson.dumps(document, option=orjson.OPT_SERIALIZE_NUMPY)
+    if not chunks:
+        return header, None
+    return b"".join([header, *chunks]), len(header)

@@ -1,0 +1,62 @@
+"""The one place errors become HTTP: ``{"error": "..."}`` with the status the error class carries."""
+
+from __future__ import annotations
+
+import logging
+import math
+from http import HTTPStatus
+
+import orjson
+from aiohttp import web
+
+from appliance.errors import ApplianceError, PayloadTooLarge, Unavailable
+from appliance.rest.keys import SETTINGS
+
+__all__ = ["error_middleware", "error_response", "too_large"]
+
+log = logging.getLogger(__name__)
+
+
+def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(
+        status=status,
+        body=orjson.dumps({"error": message}),
+        content_type="application/json",
+        headers=headers,
+    )
+
+
+def too_large(limit: int) -> PayloadTooLarge:
+    return PayloadTooLarge(
+        f"request body is larger than the {limit}-byte limit; send a smaller batch or raise the "
+        "server's max_request_bytes setting (APPLIANCE_MAX_REQUEST_BYTES)"
+    )
+
+
+def _from_appliance(exc: ApplianceError) -> web.Response:
+    headers = None
+    if isinstance(exc, Unavailable) and exc.retry_after is not None:
+        headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after)))}
+    return error_response(exc.status, exc.message, headers)
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ApplianceError as exc:
+        return _from_appliance(exc)
+    except web.HTTPRequestEntityTooLarge as exc:
+        return _from_appliance(too_large(request.app[SETTINGS].max_request_bytes))
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        message = exc.reason
+        if exc.status == HTTPStatus.NOT_FOUND:
+            message = f"no route for {request.method} {request.path}; the API lives under /v2"
+        elif exc.status == HTTPStatus.METHOD_NOT_ALLOWED:
+            message = f"{request.method} is not allowed on {request.path}"
+        return error_response(exc.status, message, {k: v for k, v in exc.headers.items() if k == "Allow"})
+    except Exception as exc:
+        log.exception("unhandled error serving %s %s", request.method, request.path)
+        return error_response(HTTPStatus.INTERNAL_SERVER_ERROR, f"internal error: {type(exc).__name__}: {exc}")

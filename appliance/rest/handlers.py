@@ -1,0 +1,131 @@
+"""Route handlers: parse the HTTP request, call the data plane, serialise the answer."""
+
+from __future__ import annotations
+
+import asyncio
+
+import orjson
+from aiohttp import web
+
+from appliance.core.types import InferRequest
+from appliance.errors import InvalidInput
+from appliance.rest.codec import HEADER_LENGTH, decode_infer_request, encode_infer_response
+from appliance.rest.errors import error_response, too_large
+from appliance.rest.keys import DATAPLANE, SETTINGS
+
+__all__ = ["ROUTES"]
+
+# Bodies above this are decoded on a worker thread so a big JSON tensor never stalls the event loop.
+_DECODE_OFF_LOOP_BYTES = 1 << 20
+
+
+def _json(data: object, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
+
+
+def _model_args(request: web.Request) -> tuple[str, str | None]:
+    return request.match_info["model"], request.match_info.get("version")
+
+
+async def server_live(request: web.Request) -> web.Response:
+    return web.Response(status=200 if request.app[DATAPLANE].live() else 503)
+
+
+async def server_ready(request: web.Request) -> web.Response:
+    return web.Response(status=200 if request.app[DATAPLANE].ready() else 503)
+
+
+async def server_metadata(request: web.Request) -> web.Response:
+    return _json(request.app[DATAPLANE].server_metadata())
+
+
+async def model_metadata(request: web.Request) -> web.Response:
+    return _json(request.app[DATAPLANE].model_metadata(*_model_args(request)))
+
+
+async def model_ready(request: web.Request) -> web.Response:
+    name, version = _model_args(request)
+    dataplane = request.app[DATAPLANE]
+    if dataplane.model_ready(name, version):
+        return web.Response(status=200)
+    return error_response(503, f"model '{name}' is not ready")
+
+
+async def model_config(request: web.Request) -> web.Response:
+    return _json(request.app[DATAPLANE].model_config(*_model_args(request)))
+
+
+def _header_length(request: web.Request) -> int | None:
+    raw = request.headers.get(HEADER_LENGTH)
+    if raw is None:
+        return None
+    if not raw.strip().isdigit():
+        raise InvalidInput(f"{HEADER_LENGTH} must be a non-negative integer, got {raw!r}")
+    return int(raw)
+
+
+async def _read_body(request: web.Request) -> bytes:
+    limit = request.app[SETTINGS].max_request_bytes
+    if request.content_length is not None and request.content_length > limit:
+        raise too_large(limit)
+    return await request.read()
+
+
+async def infer(request: web.Request) -> web.Response:
+    dataplane = request.app[DATAPLANE]
+    model = dataplane.model(*_model_args(request))  # 404/503 before reading a body
+    header_length = _header_length(request)
+    body = await _read_body(request)
+    if len(body) > _DECODE_OFF_LOOP_BYTES:
+        decoded: InferRequest = await asyncio.to_thread(decode_infer_request, body, header_length)
+    else:
+        decoded = decode_infer_request(body, header_length)
+    response = await dataplane.infer(model, decoded)
+    payload, json_length = encode_infer_response(response, decoded)
+    if json_length is None:
+        result = web.Response(body=payload, content_type="application/json")
+    else:
+        result = web.Response(
+            body=payload,
+            content_type="application/octet-stream",
+            headers={HEADER_LENGTH: str(json_length)},
+        )
+    if "gzip" in request.headers.get("Accept-Encoding", "") or "deflate" in request.headers.get(
+        "Accept-Encoding", ""
+    ):
+        result.enable_compression()
+    return result
+
+
+async def repository_index(request: web.Request) -> web.Response:
+    ready_only = False
+    if request.can_read_body:
+        try:
+            body = orjson.loads(await _read_body(request) or b"{}")
+        except orjson.JSONDecodeError as exc:
+            raise InvalidInput(f"malformed JSON in the request body: {exc}") from None
+        if not isinstance(body, dict):
+            raise InvalidInput('the body must be a JSON object such as {"ready": true}')
+        ready_only = bool(body.get("ready", False))
+    return _json(request.app[DATAPLANE].repository_index(ready_only))
+
+
+_MODEL = "/v2/models/{model}"
+_VERSION = "/v2/models/{model}/versions/{version}"
+
+ROUTES = [
+    web.get("/v2/health/live", server_live),
+    web.get("/v2/health/ready", server_ready),
+    web.get("/v2", server_metadata),
+    web.post("/v2/repository/index", repository_index),
+    *(
+        route
+        for prefix in (_MODEL, _VERSION)
+        for route in (
+            web.get(prefix, model_metadata),
+            web.get(prefix + "/ready", model_ready),
+            web.get(prefix + "/config", model_config),
+            web.post(prefix + "/infer", infer),
+        )
+    ),
+]

@@ -1,0 +1,13 @@
+"""Typed application keys shared by the REST modules."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from appliance.core.dataplane import DataPlane
+from appliance.settings import Settings
+
+__all__ = ["DATAPLANE", "SETTINGS"]
+
+SETTINGS = web.AppKey("settings", Settings)
+DATAPLANE = web.AppKey("dataplane", DataPlane)

@@ -1,0 +1,125 @@
+"""Settings: one typed, frozen object built once from defaults, a TOML file, the environment and flags.
+
+Precedence (lowest first): built-in defaults, the TOML file (``--config`` or ``APPLIANCE_CONFIG``),
+``APPLIANCE_<FIELD>`` environment variables, command-line flags. Nothing else in the daemon reads the
+environment; it receives a ``Settings``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import platformdirs
+
+from appliance.errors import ConfigError
+
+__all__ = ["ENV_PREFIX", "Settings", "default_state_dir", "load_settings"]
+
+ENV_PREFIX = "APPLIANCE_"
+
+
+def default_state_dir(env: Mapping[str, str]) -> Path:
+    # systemd's StateDirectory= exports STATE_DIRECTORY; elsewhere use the user's data dir.
+    if env.get("STATE_DIRECTORY"):
+        return Path(env["STATE_DIRECTORY"].split(":")[0])
+    return Path(platformdirs.user_data_dir("appliance"))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Settings:
+    model_repository: Path | None = None
+    """Triton-layout model repository; None serves the built-in example repository."""
+    host: str = "0.0.0.0"
+    http_port: int = 8000
+    state_dir: Path = Path(".")
+    mdns: bool = True
+    log_level: str = "INFO"
+    max_request_bytes: int = 256 * 1024 * 1024
+    """Largest request body accepted (HTTP 413 above it)."""
+    onnx_providers: tuple[str, ...] = ("CPUExecutionProvider",)
+    """onnxruntime execution providers to try, in order of preference."""
+    intra_op_threads: int = 0
+    """Threads each runtime may use inside one operator; 0 lets the runtime decide."""
+    strict_readiness: bool = True
+    """As Triton: the server is ready only when every model is ready."""
+    shutdown_timeout: float = 10.0
+    """Seconds a stopping daemon waits for in-flight requests."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.http_port <= 65535:
+            raise ConfigError(f"http_port must be 0..65535, got {self.http_port}")
+        if self.max_request_bytes < 1024:
+            raise ConfigError(f"max_request_bytes must be at least 1024, got {self.max_request_bytes}")
+        if self.intra_op_threads < 0:
+            raise ConfigError(f"intra_op_threads must be >= 0, got {self.intra_op_threads}")
+
+    @property
+    def example_repository_dir(self) -> Path:
+        return self.state_dir / "example-repository"
+
+
+def _convert(name: str, hint: Any, value: Any) -> Any:
+    """Convert a TOML, environment or flag value to the field's declared type."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None or value == "":
+            return None
+        (inner,) = [a for a in typing.get_args(hint) if a is not type(None)]
+        return _convert(name, inner, value)
+    try:
+        if hint is bool:
+            if isinstance(value, bool):
+                return value
+            text = str(value).strip().lower()
+            if text in ("1", "true", "yes", "on"):
+                return True
+            if text in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(f"expected true/false, got {value!r}")
+        if origin is tuple:
+            items = value.split(",") if isinstance(value, str) else list(value)
+            return tuple(str(i).strip() for i in items if str(i).strip())
+        if hint is Path:
+            return Path(value).expanduser()
+        return hint(value)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"setting {name!r}: cannot use {value!r} ({exc})") from exc
+
+
+def load_settings(
+    flags: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+    config_file: Path | None = None,
+) -> Settings:
+    """Build the settings; ``flags`` holds only options the user gave (None values are ignored)."""
+    env = dict(env or {})
+    flags = {k: v for k, v in (flags or {}).items() if v is not None}
+    hints = typing.get_type_hints(Settings)
+    names = [f.name for f in dataclasses.fields(Settings)]
+
+    values: dict[str, Any] = {"state_dir": default_state_dir(env)}
+    if config_file is None and env.get(ENV_PREFIX + "CONFIG"):
+        config_file = Path(env[ENV_PREFIX + "CONFIG"])
+    if config_file is not None:
+        try:
+            document = tomllib.loads(Path(config_file).read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"cannot read settings file {config_file}: {exc}") from exc
+        unknown = sorted(set(document) - set(names))
+        if unknown:
+            raise ConfigError(
+                f"unknown setting(s) {unknown} in {config_file}; known settings: {', '.join(names)}"
+            )
+        values.update(document)
+    for name in names:
+        key = ENV_PREFIX + name.upper()
+        if key in env:
+            values[name] = env[key]
+    values.update({k: v for k, v in flags.items() if k in names})
+    return Settings(**{k: _convert(k, hints[k], v) for k, v in values.items()})

@@ -1,0 +1,1 @@
+"""What this box has: CPU, memory, accelerators and runtimes. A library with no HTTP in it."""
