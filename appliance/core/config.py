@@ -197,6 +197,13 @@ def signature_of(config: mc.ModelConfig) -> ModelSignature:
     )
 
 
+def _is_repeated(field: descriptor.FieldDescriptor) -> bool:
+    # protobuf >= 5.28 has is_repeated and deprecates label; older releases have only label.
+    if hasattr(field, "is_repeated"):
+        return bool(field.is_repeated)
+    return field.label == descriptor.FieldDescriptor.LABEL_REPEATED
+
+
 def _value_to_json(field: descriptor.FieldDescriptor, value: Any) -> Any:
     if field.type == descriptor.FieldDescriptor.TYPE_MESSAGE:
         return _message_to_json(value)
@@ -216,7 +223,7 @@ def _message_to_json(message: Message) -> dict[str, Any]:
         if field.message_type is not None and field.message_type.GetOptions().map_entry:
             value_field = field.message_type.fields_by_name["value"]
             out[field.name] = {k: _value_to_json(value_field, v) for k, v in value.items()}
-        elif field.label == descriptor.FieldDescriptor.LABEL_REPEATED:
+        elif _is_repeated(field):
             out[field.name] = [_value_to_json(field, v) for v in value]
         elif field.containing_oneof is not None or field.type == descriptor.FieldDescriptor.TYPE_MESSAGE:
             # Oneof members and sub-messages appear only when set, as Triton prints them.

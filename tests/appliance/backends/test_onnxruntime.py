@@ -1,0 +1,57 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from appliance.backends import BACKENDS, LoadContext, RuntimeOptions, resolve_backend
+from appliance.errors import ConfigError, InvalidInput
+from appliance.examples import build_example_repository
+from tritonclient.grpc import model_config_pb2 as mc
+
+
+@pytest.fixture(scope="module")
+def example(tmp_path_factory):
+    return build_example_repository(tmp_path_factory.mktemp("x") / "repo")
+
+
+def _load(path):
+    info = BACKENDS[0]
+    return info.load(LoadContext("m", 1, path, mc.ModelConfig(), RuntimeOptions()))
+
+
+def test_describes_tensors_with_dynamic_dimensions(example):
+    backend = _load(example / "simple_string" / "1" / "model.onnx")
+    assert [(t.name, t.datatype, t.shape) for t in backend.inputs()] == [
+        ("INPUT0", "BYTES", (-1, 16)), ("INPUT1", "BYTES", (-1, 16))]
+
+
+def test_bytes_in_bytes_out(example):
+    backend = _load(example / "simple_string" / "1" / "model.onnx")
+    a = np.array([[str(i).encode() for i in range(16)]], dtype=object)
+    result = backend.run({"INPUT0": a, "INPUT1": a}, ["OUTPUT0"])
+    assert list(result) == ["OUTPUT0"]
+    assert result["OUTPUT0"][0, 3] == b"6"
+
+
+def test_non_utf8_bytes_are_invalid_input(example):
+    backend = _load(example / "simple_string" / "1" / "model.onnx")
+    a = np.array([[b"\xff"] * 16], dtype=object)
+    with pytest.raises(InvalidInput, match="not UTF-8"):
+        backend.run({"INPUT0": a, "INPUT1": a}, ["OUTPUT0"])
+
+
+def test_unloadable_file_is_a_config_error(tmp_path):
+    path = tmp_path / "model.onnx"
+    path.write_bytes(b"\x00garbage")
+    with pytest.raises(ConfigError, match="onnxruntime cannot load"):
+        _load(path)
+
+
+def test_backend_resolution(tmp_path):
+    assert resolve_backend("m", "", "onnxruntime_onnx", []).name == "onnxruntime"
+    assert resolve_backend("m", "onnxruntime", "", []).name == "onnxruntime"
+    (tmp_path / "1").mkdir()
+    (tmp_path / "1" / "model.onnx").write_bytes(b"")
+    assert resolve_backend("m", "", "", [tmp_path / "1"]).name == "onnxruntime"
+    with pytest.raises(ConfigError, match="cannot tell which backend"):
+        resolve_backend("m", "", "", [tmp_path])

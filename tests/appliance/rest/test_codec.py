@@ -1,0 +1,165 @@
+"""The v2 codec on its own: JSON and binary decoding, encoding, and the checks on claimed sizes."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import numpy as np
+import pytest
+
+from appliance.core.types import InferOutput, InferRequest, InferResponse, RequestedOutput
+from appliance.errors import InvalidInput
+from appliance.rest.codec import (
+    decode_bytes_tensor,
+    decode_infer_request,
+    encode_bytes_tensor,
+    encode_infer_response,
+)
+
+
+def _binary(header: dict, *chunks: bytes) -> tuple[bytes, int]:
+    head = json.dumps(header).encode()
+    return head + b"".join(chunks), len(head)
+
+
+def test_json_flat_and_nested_data_give_the_same_tensor():
+    flat = {"inputs": [{"name": "x", "shape": [2, 3], "datatype": "INT64", "data": [1, 2, 3, 4, 5, 6]}]}
+    nested = {"inputs": [{"name": "x", "shape": [2, 3], "datatype": "INT64", "data": [[1, 2, 3], [4, 5, 6]]}]}
+    a = decode_infer_request(json.dumps(flat).encode()).inputs[0].data
+    b = decode_infer_request(json.dumps(nested).encode()).inputs[0].data
+    assert a.dtype == np.int64 and a.shape == (2, 3)
+    np.testing.assert_array_equal(a, b)
+
+
+def test_json_request_fields_are_kept():
+    body = {
+        "id": "abc",
+        "parameters": {"priority": 2, "custom": "kept"},
+        "inputs": [{"name": "s", "shape": [2], "datatype": "BYTES", "data": ["hé", "x"]}],
+        "outputs": [{"name": "y", "parameters": {"binary_data": True, "classification": 2}}],
+    }
+    request = decode_infer_request(json.dumps(body).encode())
+    assert request.id == "abc"
+    assert request.parameters == {"priority": 2, "custom": "kept"}
+    assert list(request.inputs[0].data) == ["hé".encode(), b"x"]
+    assert request.outputs[0].name == "y" and request.outputs[0].classification == 2
+
+
+@pytest.mark.parametrize("datatype,dtype", [("FP16", np.float16), ("FP32", np.float32), ("UINT64", np.uint64),
+                                            ("BOOL", np.bool_), ("INT8", np.int8)])
+def test_binary_input_is_read_in_place(datatype, dtype):
+    data = np.arange(6).astype(dtype).reshape(2, 3)
+    header = {"inputs": [{"name": "x", "shape": [2, 3], "datatype": datatype,
+                          "parameters": {"binary_data_size": data.nbytes}}]}
+    body, length = _binary(header, data.tobytes())
+    tensor = decode_infer_request(body, length).inputs[0].data
+    assert tensor.dtype == dtype
+    np.testing.assert_array_equal(tensor, data)
+
+
+def test_mixed_binary_and_json_inputs_in_order():
+    a = np.array([1.5, 2.5], np.float32)
+    strings = [b"one", b"", b"three"]
+    raw_strings = b"".join(struct.pack("<I", len(s)) + s for s in strings)
+    header = {"inputs": [
+        {"name": "a", "shape": [2], "datatype": "FP32", "parameters": {"binary_data_size": 8}},
+        {"name": "j", "shape": [1], "datatype": "INT32", "data": [7]},
+        {"name": "s", "shape": [3], "datatype": "BYTES", "parameters": {"binary_data_size": len(raw_strings)}},
+    ]}
+    body, length = _binary(header, a.tobytes(), raw_strings)
+    request = decode_infer_request(body, length)
+    np.testing.assert_array_equal(request.inputs[0].data, a)
+    assert request.inputs[1].data.tolist() == [7]
+    assert list(request.inputs[2].data) == strings
+
+
+def test_bytes_tensor_round_trip():
+    array = np.array([b"a", b"\xff\x00binary", b""], dtype=object)
+    assert list(decode_bytes_tensor(encode_bytes_tensor(array), 3, "t")) == list(array)
+
+
+@pytest.mark.parametrize("raw,count,message", [
+    (struct.pack("<I", 5) + b"abc", 1, "claims 5 bytes"),
+    (struct.pack("<I", 1) + b"a", 2, "ends after 1 of 2"),
+    (struct.pack("<I", 1) + b"ab", 1, "1 bytes left over"),
+    (b"\x01\x00", 1, "ends after 0 of 1"),
+])
+def test_bytes_tensor_rejects_inconsistent_lengths(raw, count, message):
+    with pytest.raises(InvalidInput, match=message):
+        decode_bytes_tensor(raw, count, "t")
+
+
+def test_claimed_size_is_checked_before_anything_is_allocated():
+    header = {"inputs": [{"name": "x", "shape": [2**20, 2**20], "datatype": "FP32",
+                          "parameters": {"binary_data_size": 2**42}}]}
+    body, length = _binary(header, b"\0" * 16)
+    with pytest.raises(InvalidInput, match="binary data remain"):
+        decode_infer_request(body, length)
+    huge = {"inputs": [{"name": "x", "shape": [2**40, 2**40], "datatype": "FP32", "data": [1]}]}
+    with pytest.raises(InvalidInput, match="more than"):
+        decode_infer_request(json.dumps(huge).encode())
+
+
+@pytest.mark.parametrize("body,message", [
+    (b"", "malformed JSON"),
+    (b'{"inputs": {}}', "non-empty 'inputs'"),
+    (b'{"inputs": [5]}', "inputs[0] must be a JSON object"),
+    (b'{"inputs": [{"shape": [1], "datatype": "FP32", "data": [1]}]}', "needs a 'name'"),
+    (b'{"inputs": [{"name": "x", "shape": [1], "datatype": "BF16", "data": [1]}]}', "not supported"),
+    (b'{"inputs": [{"name": "x", "shape": [1.5], "datatype": "FP32", "data": [1]}]}', "non-negative integers"),
+    (b'{"inputs": [{"name": "x", "shape": [true], "datatype": "FP32", "data": [1]}]}', "non-negative integers"),
+    (b'{"inputs": [{"name": "x", "shape": [2], "datatype": "UINT8", "data": [1, 300]}]}', "does not hold UINT8"),
+    (b'{"inputs": [{"name": "x", "shape": [2], "datatype": "FP32", "data": [[1], [2, 3]]}]}', "does not hold"),
+    (b'{"inputs": [{"name": "x", "shape": [1], "datatype": "BYTES", "data": [1]}]}', "must be strings"),
+    (b'{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}], "id": 5}', "'id' must be"),
+    (b'{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1],'
+     b' "parameters": {"binary_data_size": 4}}]}', "no Inference-Header-Content-Length"),
+    (b'{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}],'
+     b' "outputs": [{"name": "y", "parameters": {"classification": -1}}]}', "classification"),
+    (b'{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32",'
+     b' "parameters": {"shared_memory_region": "r"}}]}', "shared memory"),
+])
+def test_malformed_requests(body, message):
+    with pytest.raises(InvalidInput, match=message.replace("[", r"\[").replace("]", r"\]")):
+        decode_infer_request(body)
+
+
+def _response() -> InferResponse:
+    return InferResponse("m", 3, [
+        InferOutput("f", "FP32", np.array([[1.5, 2.5]], np.float32)),
+        InferOutput("s", "BYTES", np.array([b"ab", b"c"], dtype=object)),
+        InferOutput("h", "FP16", np.array([0.5], np.float16)),
+    ], id="r1")
+
+
+def test_encode_json_response():
+    body, length = encode_infer_response(_response())
+    assert length is None
+    document = json.loads(body)
+    assert document["model_name"] == "m" and document["model_version"] == "3" and document["id"] == "r1"
+    outputs = {o["name"]: o for o in document["outputs"]}
+    assert outputs["f"] == {"name": "f", "datatype": "FP32", "shape": [1, 2], "data": [1.5, 2.5]}
+    assert outputs["s"]["data"] == ["ab", "c"]
+    assert outputs["h"]["data"] == [0.5]
+
+
+def test_encode_binary_outputs_where_requested():
+    request = InferRequest(inputs=[], outputs=[RequestedOutput("f", {"binary_data": True}),
+                                               RequestedOutput("s", {"binary_data": True}),
+                                               RequestedOutput("h", {"binary_data": False})])
+    body, length = encode_infer_response(_response(), request)
+    header = json.loads(body[:length])
+    sizes = [o.get("parameters", {}).get("binary_data_size") for o in header["outputs"]]
+    assert sizes == [8, 4 + 2 + 4 + 1, None]
+    raw = body[length:]
+    np.testing.assert_array_equal(np.frombuffer(raw[:8], np.float32), [1.5, 2.5])
+    assert list(decode_bytes_tensor(raw[8:], 2, "s")) == [b"ab", b"c"]
+
+
+def test_binary_data_output_makes_every_output_binary():
+    request = InferRequest(inputs=[], parameters={"binary_data_output": True})
+    body, length = encode_infer_response(_response(), request)
+    header = json.loads(body[:length])
+    assert all("data" not in o for o in header["outputs"])
+    assert len(body) - length == sum(o["parameters"]["binary_data_size"] for o in header["outputs"])

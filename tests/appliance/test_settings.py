@@ -1,0 +1,47 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from appliance.errors import ConfigError
+from appliance.settings import load_settings
+
+
+def test_defaults():
+    settings = load_settings({}, {"HOME": "/home/u"})
+    assert settings.host == "0.0.0.0" and settings.http_port == 8000 and settings.mdns
+    assert settings.model_repository is None
+
+
+def test_precedence_file_then_environment_then_flags(tmp_path):
+    file = tmp_path / "appliance.toml"
+    file.write_text('http_port = 9000\nhost = "127.0.0.1"\nlog_level = "DEBUG"\nonnx_providers = ["A", "B"]\n')
+    env = {"APPLIANCE_HTTP_PORT": "9100", "APPLIANCE_MDNS": "off", "APPLIANCE_CONFIG": str(file)}
+    settings = load_settings({"http_port": 9200, "host": None}, env)
+    assert settings.http_port == 9200  # flag beats environment beats file
+    assert settings.host == "127.0.0.1"
+    assert settings.mdns is False
+    assert settings.log_level == "DEBUG"
+    assert settings.onnx_providers == ("A", "B")
+
+
+def test_systemd_state_directory():
+    assert load_settings({}, {"STATE_DIRECTORY": "/var/lib/appliance"}).state_dir == Path("/var/lib/appliance")
+
+
+@pytest.mark.parametrize("flags,env,message", [
+    ({"http_port": 70000}, {}, "http_port must be"),
+    ({}, {"APPLIANCE_HTTP_PORT": "eighty"}, "setting 'http_port'"),
+    ({}, {"APPLIANCE_MDNS": "maybe"}, "expected true/false"),
+])
+def test_bad_values_say_which_setting(flags, env, message):
+    with pytest.raises(ConfigError, match=message):
+        load_settings(flags, env)
+
+
+def test_unknown_key_in_file(tmp_path):
+    file = tmp_path / "bad.toml"
+    file.write_text("http_prot = 1\n")
+    with pytest.raises(ConfigError, match="unknown setting"):
+        load_settings({}, {}, file)

@@ -1,0 +1,112 @@
+"""Shared fixtures: a daemon started as users start it (the CLI, 127.0.0.1, an ephemeral port, no mDNS)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import urllib.request
+
+_BOUND = re.compile(r"serving KServe v2 on http://127\.0\.0\.1:(\d+)")
+
+
+@dataclass
+class Daemon:
+    process: subprocess.Popen
+    port: int
+    log_path: Path
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        """host:port as tritonclient wants it."""
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def stop(self, timeout: float = 15) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+
+def _wait_for_port(process: subprocess.Popen, log_path: Path, deadline: float) -> int:
+    while time.monotonic() < deadline:
+        match = _BOUND.search(log_path.read_text())
+        if match:
+            return int(match.group(1))
+        if process.poll() is not None:
+            raise RuntimeError(f"daemon exited with {process.returncode}:\n{log_path.read_text()}")
+        time.sleep(0.05)
+    raise TimeoutError(f"daemon did not bind in time:\n{log_path.read_text()}")
+
+
+def _wait_until_loaded(base: str, deadline: float) -> None:
+    # The repository index answers once loading finished; LOADING rows mean not yet.
+    while time.monotonic() < deadline:
+        try:
+            request = urllib.request.Request(base + "/v2/repository/index", data=b"{}", method="POST")
+            body = urllib.request.urlopen(request, timeout=2).read().decode()
+            if "LOADING" not in body:
+                return
+        except OSError:
+            pass
+        time.sleep(0.05)
+    raise TimeoutError("daemon did not finish loading its repository in time")
+
+
+def _daemon_factory(tmp_path_factory) -> Iterator:
+    started: list[Daemon] = []
+
+    def start(repository: Path | None, *args: str, env: dict | None = None, wait_loaded: bool = True) -> Daemon:
+        state = tmp_path_factory.mktemp("state")
+        log_path = state / "daemon.log"
+        command = [sys.executable, "-m", "appliance", "serve", "--host", "127.0.0.1", "--http-port", "0",
+                   "--state-dir", str(state), "--no-mdns", *args]
+        if repository is not None:
+            command += ["--model-repository", str(repository)]
+        environment = {k: v for k, v in os.environ.items() if not k.startswith("APPLIANCE_")}
+        environment.update(env or {})
+        with open(log_path, "w") as log_file:
+            process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=environment)
+        daemon = Daemon(process, 0, log_path)
+        started.append(daemon)
+        deadline = time.monotonic() + 60
+        daemon.port = _wait_for_port(process, log_path, deadline)
+        if wait_loaded:
+            _wait_until_loaded(daemon.base, deadline)
+        return daemon
+
+    yield start
+    for daemon in started:
+        daemon.stop()
+
+
+@pytest.fixture
+def start_daemon(tmp_path_factory) -> Iterator:
+    """Factory: start_daemon(repository, *extra_args, env=None) -> Daemon; stopped after the test."""
+    yield from _daemon_factory(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def module_daemon(tmp_path_factory) -> Iterator:
+    """The same factory, with daemons shared by a test module."""
+    yield from _daemon_factory(tmp_path_factory)

@@ -1,0 +1,28 @@
+"""A raw HTTP helper for tests that must send what no well-behaved client sends."""
+
+from __future__ import annotations
+
+import http.client
+import json
+from typing import Any
+
+
+def call(port: int, method: str, path: str, body: bytes | str | dict | None = None,
+         headers: dict[str, str] | None = None, timeout: float = 30) -> tuple[int, dict[str, str], Any]:
+    """Returns (status, headers, JSON body or raw bytes)."""
+    if isinstance(body, dict):
+        body = json.dumps(body)
+    if isinstance(body, str):
+        body = body.encode()
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        connection.request(method, path, body=body, headers=headers or {})
+        response = connection.getresponse()
+        raw = response.read()
+        try:
+            payload: Any = json.loads(raw) if raw else None
+        except ValueError:
+            payload = raw
+        return response.status, dict(response.getheaders()), payload
+    finally:
+        connection.close()
