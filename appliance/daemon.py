@@ -25,8 +25,15 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
     app = build_app(settings)
-    # No access log: it costs more per request than the rest of the HTTP layer.
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=settings.shutdown_timeout)
+    # No access log: it costs more per request than the rest of the HTTP layer. Handler
+    # cancellation: a client that disconnects while queued is dropped from its model's queue.
+    runner = web.AppRunner(
+        app,
+        access_log=None,
+        handle_signals=False,
+        handler_cancellation=True,
+        shutdown_timeout=settings.shutdown_timeout,
+    )
     await runner.setup()
     try:
         site = web.TCPSite(runner, settings.host, settings.http_port, reuse_address=True)

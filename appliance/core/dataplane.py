@@ -15,7 +15,14 @@ __all__ = ["EXTENSIONS", "SERVER_NAME", "DataPlane"]
 
 SERVER_NAME = "appliance"
 # Only the Triton extensions this server implements.
-EXTENSIONS = ["binary_tensor_data", "classification", "model_configuration", "parameters"]
+EXTENSIONS = [
+    "binary_tensor_data",
+    "classification",
+    "model_configuration",
+    "parameters",
+    "schedule_policy",
+    "statistics",
+]
 
 
 class DataPlane:
@@ -70,6 +77,21 @@ class DataPlane:
 
     async def infer(self, model: ModelVersion, request: InferRequest) -> InferResponse:
         return await model.infer(request)
+
+    def model_statistics(self, name: str | None = None, version: str | None = None) -> dict[str, Any]:
+        """Triton's statistics extension: every ready version, one model, or one version."""
+        if name is None:
+            models = [m for e in self.registry.entries() for _, m in sorted(e.versions.items())]
+        elif version is None:
+            self.registry.entry(name)
+            models = [m for _, m in sorted(self.registry.entry(name).versions.items())]
+        else:
+            models = [self.registry.get(name, version)]
+        return {
+            "model_stats": [
+                {"name": m.name, "version": str(m.version), **m.stats.as_json()} for m in models
+            ]
+        }
 
     def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
         rows: list[dict[str, Any]] = []

@@ -1,22 +1,22 @@
 """A model version's execution instances: each backend instance owns one thread.
 
-``run`` waits for a free instance, executes on that instance's thread, and frees the instance when
-the thread is done, even if the awaiting request was cancelled meanwhile: an instance is never used
-by two threads at once, so backends need no locks.
+The scheduler acquires a free instance, hands it work with ``execute``, and the instance frees itself
+when its thread is done, even if every awaiting request was cancelled meanwhile: an instance is never
+used by two threads at once, so backends need no locks.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
-
-import numpy as np
+from typing import Any, TypeVar
 
 from appliance.backends import Backend
 
 __all__ = ["InstancePool"]
+
+T = TypeVar("T")
 
 
 class InstancePool:
@@ -50,41 +50,40 @@ class InstancePool:
         assert self._free is not None, "InstancePool.start() was not called"
         return await self._free.get()
 
-    def execute(
-        self, index: int, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]
-    ) -> asyncio.Future[dict[str, np.ndarray]]:
-        """Run on an acquired instance; the instance is released when its thread finishes."""
+    def execute(self, index: int, work: Callable[[Backend], T]) -> asyncio.Future[T]:
+        """Run ``work(backend)`` on an acquired instance's thread; the instance is released when the
+        thread finishes (not when the awaiting task goes away)."""
         assert self._loop is not None
         loop = self._loop
-        future: asyncio.Future[dict[str, np.ndarray]] = loop.create_future()
+        future: asyncio.Future[T] = loop.create_future()
         backend = self._backends[index]
 
-        def work() -> None:
+        def run() -> None:
             try:
-                result: Any = backend.run(inputs, outputs)
+                result: Any = work(backend)
                 error: BaseException | None = None
             except BaseException as exc:  # handed to the waiter, never lost in the thread
                 result, error = None, exc
             loop.call_soon_threadsafe(self._finish, index, future, result, error)
 
-        self._executors[index].submit(work)
+        self._executors[index].submit(run)
         return future
 
-    async def run(self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]) -> dict[str, np.ndarray]:
-        index = await self.acquire()
+    def try_acquire(self) -> int | None:
+        """A free instance right now, or None."""
+        assert self._free is not None, "InstancePool.start() was not called"
         try:
-            future = self.execute(index, inputs, outputs)
-        except BaseException:
-            self._release(index)
-            raise
-        return await future
+            return self._free.get_nowait()
+        except asyncio.QueueEmpty:
+            return None
 
-    def _release(self, index: int) -> None:
+    def release(self, index: int) -> None:
+        """Give back an instance that was acquired but not used."""
         assert self._free is not None
         self._free.put_nowait(index)
 
     def _finish(self, index: int, future: asyncio.Future, result: Any, error: BaseException | None) -> None:
-        self._release(index)
+        self.release(index)
         if future.cancelled():
             return
         if error is not None:

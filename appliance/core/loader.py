@@ -13,7 +13,8 @@ from appliance.core.classification import read_labels
 from appliance.core.config import complete_config, read_config, select_versions, signature_of
 from appliance.core.instances import InstancePool
 from appliance.core.model import ModelVersion
-from appliance.core.scheduler import DirectScheduler
+from appliance.core.scheduler import Scheduler, policy_from_config
+from appliance.core.stats import ModelStats
 from appliance.errors import ApplianceError, ConfigError
 
 __all__ = ["LoadedModel", "load_model", "version_dirs"]
@@ -85,11 +86,14 @@ def _load_version(
         labels = {
             out.name: read_labels(model_dir, out.label_filename) for out in config.output if out.label_filename
         }
+        policy = policy_from_config(config)
     except BaseException:
         for backend in instances:
             backend.close()
         raise
-    scheduler = DirectScheduler(InstancePool(f"{model_dir.name}:{version}", instances))
+    label = f"{model_dir.name}:{version}"
+    stats = ModelStats()
+    scheduler = Scheduler(label, InstancePool(label, instances), policy, stats)
     details = {"providers": first.providers} if hasattr(first, "providers") else {}
     model = ModelVersion(
         name=model_dir.name,
@@ -98,6 +102,7 @@ def _load_version(
         signature=signature_of(config),
         backend=info,
         scheduler=scheduler,
+        stats=stats,
         labels=labels,
         details=details,
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any
 
 import numpy as np
@@ -13,6 +14,7 @@ from appliance.core.classification import classify
 from appliance.core.datatypes import v2_datatype
 from appliance.core.scheduler import Scheduler
 from appliance.core.signature import ModelSignature
+from appliance.core.stats import ModelStats
 from appliance.core.types import InferOutput, InferRequest, InferResponse
 from appliance.core.validation import validate_request
 from appliance.errors import InferenceFailed
@@ -28,6 +30,7 @@ class ModelVersion:
     signature: ModelSignature
     backend: BackendInfo
     scheduler: Scheduler
+    stats: ModelStats
     labels: dict[str, list[str]] = dataclasses.field(default_factory=dict)
     details: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Backend facts worth showing (e.g. the execution providers in use)."""
@@ -50,14 +53,25 @@ class ModelVersion:
         self.scheduler.start()
 
     async def infer(self, request: InferRequest) -> InferResponse:
+        """Validate, schedule and post-process one request; counts it in ``stats`` once it is valid."""
         batch_size = validate_request(self.name, self.signature, request)
+        start = time.perf_counter_ns()
+        ok = False
+        try:
+            response = await self._run(request, batch_size)
+            ok = True
+            return response
+        finally:
+            self.stats.record_request(ok, time.perf_counter_ns() - start)
+
+    async def _run(self, request: InferRequest, batch_size: int) -> InferResponse:
         inputs = {t.name: t.data for t in request.inputs}
         for name, shape in self._input_reshape.items():
             if name in inputs:
                 inputs[name] = inputs[name].reshape(shape)
         wanted = request.outputs or None
         names = [o.name for o in wanted] if wanted else list(self.signature.outputs)
-        results = await self.scheduler.submit(inputs, names, batch_size)
+        results = await self.scheduler.submit(inputs, names, batch_size, request.parameters)
         outputs = []
         for requested_name, requested in zip(names, wanted or [None] * len(names)):
             data = results.get(requested_name)

@@ -97,6 +97,11 @@ async def infer(request: web.Request) -> web.Response:
     return result
 
 
+async def model_statistics(request: web.Request) -> web.Response:
+    name = request.match_info.get("model")
+    return _json(request.app[DATAPLANE].model_statistics(name, request.match_info.get("version")))
+
+
 async def repository_index(request: web.Request) -> web.Response:
     ready_only = False
     if request.can_read_body:
@@ -118,6 +123,7 @@ ROUTES = [
     web.get("/v2/health/ready", server_ready),
     web.get("/v2", server_metadata),
     web.post("/v2/repository/index", repository_index),
+    web.get("/v2/models/stats", model_statistics),
     *(
         route
         for prefix in (_MODEL, _VERSION)
@@ -126,6 +132,7 @@ ROUTES = [
             web.get(prefix + "/ready", model_ready),
             web.get(prefix + "/config", model_config),
             web.post(prefix + "/infer", infer),
+            web.get(prefix + "/stats", model_statistics),
         )
     ),
 ]

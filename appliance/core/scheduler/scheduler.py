@@ -1,0 +1,262 @@
+"""One model version's scheduler: a queue, a batcher task, and the instances it feeds.
+
+Without dynamic batching each request executes alone (Triton's default scheduler). With it, requests
+queued while the instances are busy, or that arrive within ``max_queue_delay``, are combined up to
+``max_batch_size``, preferring ``preferred_batch_size``; outputs are split back per request. Every
+waiter gets a result or an exception: a failed batch fails each request in it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import itertools
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from appliance.core.instances import InstancePool
+from appliance.core.scheduler.execution import execute_batch
+from appliance.core.scheduler.policy import SchedulerPolicy
+from appliance.core.scheduler.queue import Pending, RequestQueue
+from appliance.core.stats import ModelStats
+from appliance.errors import ApplianceError, InferenceFailed, Unavailable
+
+__all__ = ["Scheduler"]
+
+log = logging.getLogger(__name__)
+
+
+class Scheduler:
+    def __init__(self, label: str, pool: InstancePool, policy: SchedulerPolicy, stats: ModelStats) -> None:
+        self.label = label
+        self.pool = pool
+        self.policy = policy
+        self.stats = stats
+        self._queue = RequestQueue(policy)
+        self._seq = itertools.count()
+        self._next_seq = 0
+        self._finished: dict[int, tuple[Pending, Any, BaseException | None]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wakeup: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+        self._closing = False
+        self._in_flight = 0
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Create the loop-bound parts; call from inside the running event loop."""
+        self._loop = asyncio.get_running_loop()
+        self._wakeup = asyncio.Event()
+        self.pool.start()
+        self._task = self._loop.create_task(self._batch_loop(), name=f"batcher:{self.label}")
+
+    @property
+    def pending(self) -> int:
+        return len(self._queue)
+
+    async def drain(self, timeout: float) -> bool:
+        """Stop taking requests; wait (bounded) until queued and running work has finished."""
+        self._closing = True
+        assert self._loop is not None
+        deadline = self._loop.time() + timeout
+        while self._queue or self._in_flight:
+            if self._loop.time() >= deadline:
+                return False
+            await asyncio.sleep(0.01)
+        return await self.pool.drain(max(deadline - self._loop.time(), 0.0))
+
+    def close(self) -> list[BaseException]:
+        """Fail whatever is still queued and stop the instances (blocking for the threads)."""
+        self._closing = True
+        if self._task is not None:
+            self._task.cancel()
+        for pending in list(self._queue):
+            self._queue.remove(pending)
+            self._complete(pending, None, Unavailable(f"model {self.label} was unloaded before this request ran"))
+        return self.pool.close()
+
+    # -- the request side --------------------------------------------------------------------
+
+    async def submit(
+        self,
+        inputs: Mapping[str, np.ndarray],
+        outputs: Sequence[str],
+        batch_size: int,
+        parameters: Mapping[str, Any],
+    ) -> dict[str, np.ndarray]:
+        """Queue one validated request and wait for its outputs."""
+        assert self._loop is not None, "Scheduler.start() was not called"
+        if self._closing:
+            raise Unavailable(f"model {self.label} is unloading", retry_after=1)
+        policy = self.policy
+        level = policy.level_of(parameters)
+        timeout = policy.timeout_of(level, parameters)
+        loop = self._loop
+        key = tuple(sorted((name, array.shape[1:]) for name, array in inputs.items())) if policy.dynamic else ()
+        pending = Pending(inputs, tuple(outputs), batch_size, key, loop.create_future(), loop.time(), level, -1)
+        if not self._queue and (not policy.dynamic or policy.max_queue_delay == 0):
+            # Nothing to wait for and nothing to join: run now if an instance is free.
+            index = self.pool.try_acquire()
+            if index is not None:
+                pending.seq = next(self._seq)
+                self._dispatch(index, [pending])
+                return await pending.future
+        if self._queue.level_full(level):
+            raise Unavailable(
+                f"the queue of model {self.label} is full "
+                f"(max_queue_size {policy.queue_policy(level).max_queue_size}); retry later",
+                retry_after=1,
+            )
+        # Sequence numbers go only to accepted requests: preserve_ordering waits for each of them.
+        pending.seq = next(self._seq)
+        self._queue.push(pending)
+        if timeout > 0:
+            pending.timer = loop.call_at(pending.arrival + timeout, self._expire, pending, timeout)
+        pending.future.add_done_callback(functools.partial(self._on_waiter_done, pending))
+        assert self._wakeup is not None
+        self._wakeup.set()
+        return await pending.future
+
+    def _on_waiter_done(self, pending: Pending, future: asyncio.Future) -> None:
+        # A client that went away while queued: drop the request, it never executes.
+        if future.cancelled() and self._queue.remove(pending):
+            self._complete(pending, None, None)
+
+    def _expire(self, pending: Pending, timeout: float) -> None:
+        pending.timer = None
+        if not pending.queued or pending.delayed:
+            return
+        if self.policy.queue_policy(pending.level).delay_on_timeout:
+            self._queue.delay(pending)
+            return
+        self._queue.remove(pending)
+        self._complete(
+            pending, None,
+            Unavailable(f"request timed out after {timeout * 1000:.1f} ms in the queue of model {self.label}"),
+        )
+
+    # -- the batcher -------------------------------------------------------------------------
+
+    async def _batch_loop(self) -> None:
+        assert self._wakeup is not None
+        while True:
+            if not self._queue:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            index = await self.pool.acquire()
+            try:
+                batch = await self._collect_batch()
+            except BaseException:
+                self.pool.release(index)
+                raise
+            if batch:
+                self._dispatch(index, batch)
+            else:
+                self.pool.release(index)
+
+    def _peek_batch(self) -> tuple[list[Pending], bool]:
+        """The requests that would form the next batch, and whether it can grow no further."""
+        policy = self.policy
+        batch: list[Pending] = []
+        size = 0
+        target = policy.preferred_batch_sizes[-1] if policy.preferred_batch_sizes else policy.max_batch_size
+        for pending in self._queue:
+            if not batch:
+                batch.append(pending)
+                size = pending.size
+                if not policy.dynamic:
+                    return batch, True
+                continue
+            if pending.key != batch[0].key or size + pending.size > policy.max_batch_size:
+                return batch, True  # FIFO: the next request cannot join, so this batch is final
+            batch.append(pending)
+            size += pending.size
+            if size >= target:
+                return batch, True
+        return batch, size >= target
+
+    def _trim_to_preferred(self, batch: list[Pending]) -> list[Pending]:
+        preferred = set(self.policy.preferred_batch_sizes)
+        best = 0
+        for count, total in enumerate(itertools.accumulate(p.size for p in batch), start=1):
+            if total in preferred:
+                best = count
+        return batch[:best] if best else batch
+
+    async def _collect_batch(self) -> list[Pending]:
+        assert self._loop is not None and self._wakeup is not None
+        policy = self.policy
+        while True:
+            batch, final = self._peek_batch()
+            if not batch or final:
+                break
+            wait = batch[0].arrival + policy.max_queue_delay - self._loop.time()
+            if wait <= 0:
+                if policy.preferred_batch_sizes:
+                    batch = self._trim_to_preferred(batch)
+                break
+            self._wakeup.clear()
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), wait)
+            except TimeoutError:
+                pass
+        for pending in batch:
+            self._queue.remove(pending)
+        return batch
+
+    def _dispatch(self, index: int, batch: list[Pending]) -> None:
+        assert self._loop is not None
+        now = self._loop.time()
+        queue_ns = [int((now - p.arrival) * 1e9) for p in batch]
+        wanted = [p.outputs for p in batch]
+        outputs = list(dict.fromkeys(name for names in wanted for name in names))
+        work = functools.partial(
+            execute_batch, inputs=[p.inputs for p in batch], sizes=[p.size for p in batch],
+            wanted=wanted, outputs=outputs,
+        )
+        self._in_flight += len(batch)
+        future = self.pool.execute(index, work)
+        future.add_done_callback(functools.partial(self._finish_batch, batch, queue_ns))
+
+    def _finish_batch(self, batch: list[Pending], queue_ns: list[int], future: asyncio.Future) -> None:
+        self._in_flight -= len(batch)
+        error = future.exception()
+        if error is not None:
+            if not isinstance(error, ApplianceError):
+                log.error("model %s: batch of %d failed: %r", self.label, len(batch), error)
+                error = InferenceFailed(f"model {self.label} failed: {type(error).__name__}: {error}")
+            for pending in batch:
+                self._complete(pending, None, error)
+            return
+        results, timing = future.result()
+        self.stats.record_batch(sum(p.size for p in batch), len(batch), queue_ns, timing)
+        for pending, result in zip(batch, results):
+            self._complete(pending, result, None)
+
+    # -- results -----------------------------------------------------------------------------
+
+    def _complete(self, pending: Pending, result: Any, error: BaseException | None) -> None:
+        if pending.completed:
+            return
+        pending.completed = True
+        if not self.policy.preserve_ordering:
+            self._resolve(pending, result, error)
+            return
+        self._finished[pending.seq] = (pending, result, error)
+        while self._next_seq in self._finished:
+            self._resolve(*self._finished.pop(self._next_seq))
+            self._next_seq += 1
+
+    @staticmethod
+    def _resolve(pending: Pending, result: Any, error: BaseException | None) -> None:
+        if pending.future.done():
+            return
+        if error is not None:
+            pending.future.set_exception(error)
+        else:
+            pending.future.set_result(result)

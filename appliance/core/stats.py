@@ -1,0 +1,103 @@
+"""Per-model-version counters in the shape of Triton's statistics extension.
+
+Updated on the event loop only (no locks); durations are nanoseconds, as Triton reports them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+__all__ = ["BatchTiming", "Duration", "ModelStats"]
+
+
+@dataclasses.dataclass(slots=True)
+class Duration:
+    count: int = 0
+    ns: int = 0
+
+    def add(self, ns: int, count: int = 1) -> None:
+        self.count += count
+        self.ns += ns
+
+    def as_json(self) -> dict[str, int]:
+        return {"count": self.count, "ns": self.ns}
+
+
+@dataclasses.dataclass(slots=True)
+class BatchTiming:
+    """What one execution cost, measured on the instance thread."""
+
+    input_ns: int = 0
+    infer_ns: int = 0
+    output_ns: int = 0
+
+
+@dataclasses.dataclass(slots=True)
+class _BatchBucket:
+    compute_input: Duration = dataclasses.field(default_factory=Duration)
+    compute_infer: Duration = dataclasses.field(default_factory=Duration)
+    compute_output: Duration = dataclasses.field(default_factory=Duration)
+
+
+class ModelStats:
+    def __init__(self) -> None:
+        self.success = Duration()
+        self.fail = Duration()
+        self.queue = Duration()
+        self.compute_input = Duration()
+        self.compute_infer = Duration()
+        self.compute_output = Duration()
+        self.inference_count = 0
+        self.execution_count = 0
+        self.last_inference_ms = 0
+        self.batches: dict[int, _BatchBucket] = {}
+
+    def record_request(self, ok: bool, duration_ns: int) -> None:
+        (self.success if ok else self.fail).add(duration_ns)
+        self.last_inference_ms = time.time_ns() // 1_000_000
+
+    def record_batch(self, batch_size: int, requests: int, queue_ns: list[int], timing: BatchTiming) -> None:
+        self.execution_count += 1
+        self.inference_count += batch_size
+        for ns in queue_ns:
+            self.queue.add(ns)
+        self.compute_input.add(timing.input_ns * requests, requests)
+        self.compute_infer.add(timing.infer_ns * requests, requests)
+        self.compute_output.add(timing.output_ns * requests, requests)
+        bucket = self.batches.get(batch_size)
+        if bucket is None:
+            bucket = self.batches[batch_size] = _BatchBucket()
+        bucket.compute_input.add(timing.input_ns)
+        bucket.compute_infer.add(timing.infer_ns)
+        bucket.compute_output.add(timing.output_ns)
+
+    def batch_histogram(self) -> dict[int, int]:
+        return {size: bucket.compute_infer.count for size, bucket in sorted(self.batches.items())}
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "last_inference": self.last_inference_ms,
+            "inference_count": self.inference_count,
+            "execution_count": self.execution_count,
+            "inference_stats": {
+                "success": self.success.as_json(),
+                "fail": self.fail.as_json(),
+                "queue": self.queue.as_json(),
+                "compute_input": self.compute_input.as_json(),
+                "compute_infer": self.compute_infer.as_json(),
+                "compute_output": self.compute_output.as_json(),
+                "cache_hit": {"count": 0, "ns": 0},
+                "cache_miss": {"count": 0, "ns": 0},
+            },
+            "batch_stats": [
+                {
+                    "batch_size": size,
+                    "compute_input": bucket.compute_input.as_json(),
+                    "compute_infer": bucket.compute_infer.as_json(),
+                    "compute_output": bucket.compute_output.as_json(),
+                }
+                for size, bucket in sorted(self.batches.items())
+            ],
+        }
