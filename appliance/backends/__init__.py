@@ -24,6 +24,7 @@ BACKENDS: tuple[BackendInfo, ...] = (
         module="appliance.backends.onnxruntime",
         factory="OnnxRuntimeBackend",
         extra="cpu",
+        cpu_instances=2,
     ),
 )
 

@@ -42,6 +42,8 @@ class LoadContext:
     config: "ModelConfig"
     options: RuntimeOptions
     instance_index: int = 0
+    threads: int = 0
+    """Threads this instance may use inside one operator (0 = the runtime's default)."""
 
     @property
     def version_dir(self) -> Path:
@@ -81,6 +83,8 @@ class BackendInfo:
     module: str
     factory: str
     extra: str
+    cpu_instances: int = 1
+    """Instances per CPU instance group when the config names no count (Triton: 2 for onnxruntime)."""
 
     @property
     def platform(self) -> str:

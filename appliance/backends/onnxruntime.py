@@ -58,8 +58,8 @@ class OnnxRuntimeBackend(Backend):
     def __init__(self, context: LoadContext) -> None:
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        if context.options.intra_op_threads:
-            options.intra_op_num_threads = context.options.intra_op_threads
+        if context.threads:
+            options.intra_op_num_threads = context.threads
         available = set(ort.get_available_providers())
         providers = [p for p in context.options.onnx_providers if p in available] or ["CPUExecutionProvider"]
         try:

@@ -138,6 +138,7 @@ def complete_config(
     default_filename: str,
     inputs: Sequence[RuntimeTensor],
     outputs: Sequence[RuntimeTensor],
+    cpu_instances: int = 1,
 ) -> mc.ModelConfig:
     """Fill what Triton's auto-complete fills, from what the runtime reports; returns a new config."""
     config = _copy(config)
@@ -167,10 +168,12 @@ def complete_config(
     _complete_tensors("input", config.input, inputs, config)
     _complete_tensors("output", config.output, outputs, config)
     if not config.instance_group:
-        config.instance_group.add(name=config.name, count=1, kind=mc.ModelInstanceGroup.KIND_CPU)
+        config.instance_group.add(name=config.name, kind=mc.ModelInstanceGroup.KIND_CPU)
     for group in config.instance_group:
         if group.count < 1:
-            group.count = 1
+            # Triton's SetDefaultInstanceCount: 2 per CPU group for onnxruntime, else 1.
+            group.count = cpu_instances if group.kind in (mc.ModelInstanceGroup.KIND_CPU,
+                                                         mc.ModelInstanceGroup.KIND_AUTO) else 1
     return config
 
 

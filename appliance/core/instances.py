@@ -8,8 +8,9 @@ used by two threads at once, so backends need no locks.
 from __future__ import annotations
 
 import asyncio
+import queue
+import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from appliance.backends import Backend
@@ -25,9 +26,14 @@ class InstancePool:
             raise ValueError("an instance pool needs at least one backend instance")
         self._label = label
         self._backends = list(backends)
-        self._executors = [
-            ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{label}#{i}") for i in range(len(backends))
+        # One plain thread per instance fed by a SimpleQueue: cheaper per dispatch than an executor.
+        self._inboxes: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in backends]
+        self._threads = [
+            threading.Thread(target=self._serve, args=(inbox,), name=f"{label}#{i}", daemon=True)
+            for i, inbox in enumerate(self._inboxes)
         ]
+        for thread in self._threads:
+            thread.start()
         self._free: asyncio.Queue[int] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -66,8 +72,13 @@ class InstancePool:
                 result, error = None, exc
             loop.call_soon_threadsafe(self._finish, index, future, result, error)
 
-        self._executors[index].submit(run)
+        self._inboxes[index].put(run)
         return future
+
+    @staticmethod
+    def _serve(inbox: queue.SimpleQueue) -> None:
+        while (job := inbox.get()) is not None:
+            job()
 
     def try_acquire(self) -> int | None:
         """A free instance right now, or None."""
@@ -104,8 +115,10 @@ class InstancePool:
     def close(self) -> list[BaseException]:
         """Stop the threads and close the backends (blocking); returns errors instead of raising."""
         errors: list[BaseException] = []
-        for executor in self._executors:
-            executor.shutdown(wait=True, cancel_futures=True)
+        for inbox in self._inboxes:
+            inbox.put(None)
+        for thread in self._threads:
+            thread.join()
         for backend in self._backends:
             try:
                 backend.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2 as mc
@@ -39,8 +40,21 @@ def version_dirs(model_dir: Path) -> dict[int, Path]:
     }
 
 
-def _instance_count(config: mc.ModelConfig) -> int:
-    return sum(max(group.count, 1) for group in config.instance_group) or 1
+def _instance_count(config: mc.ModelConfig, info: BackendInfo) -> int:
+    if not config.instance_group:
+        return info.cpu_instances
+    return sum(group.count if group.count > 0 else info.cpu_instances for group in config.instance_group)
+
+
+def _threads_per_instance(options: RuntimeOptions, instances: int) -> int:
+    """Share this box's cores among a model's instances unless the settings fix a number."""
+    if options.intra_op_threads:
+        return options.intra_op_threads
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return max(1, cores // max(instances, 1))
 
 
 def _model_file(model_dir: Path, version_dir: Path, filename: str) -> Path:
@@ -61,6 +75,7 @@ def _complete(config: mc.ModelConfig, info: BackendInfo, backend: Backend) -> mc
         default_filename=info.default_filename,
         inputs=backend.inputs(),
         outputs=backend.outputs(),
+        cpu_instances=info.cpu_instances,
     )
 
 
@@ -75,13 +90,15 @@ def _load_version(
     """Load every instance of one version; the first instance's tensors complete the config."""
     model_file = _model_file(model_dir, path, config.default_model_filename or info.default_filename)
     instances: list[Backend] = []
+    count = _instance_count(config, info)
+    threads = _threads_per_instance(options, count)
     try:
-        first = info.load(LoadContext(model_dir.name, version, model_file, config, options))
+        first = info.load(LoadContext(model_dir.name, version, model_file, config, options, 0, threads))
         instances.append(first)
         config = _complete(config, info, first)
-        for index in range(1, _instance_count(config)):
+        for index in range(1, count):
             instances.append(
-                info.load(LoadContext(model_dir.name, version, model_file, config, options, index))
+                info.load(LoadContext(model_dir.name, version, model_file, config, options, index, threads))
             )
         labels = {
             out.name: read_labels(model_dir, out.label_filename) for out in config.output if out.label_filename

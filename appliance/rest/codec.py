@@ -131,7 +131,11 @@ def _decode_json_data(data: Any, datatype: str, shape: tuple[int, ...], count: i
         array[:] = items
         return array.reshape(shape)
     try:
-        array = np.asarray(data, dtype=numpy_dtype(datatype))
+        dtype = numpy_dtype(datatype)
+        if data and type(data[0]) is not list and len(data) == count:
+            array = np.fromiter(data, dtype=dtype, count=count)  # flat data: faster than asarray
+        else:
+            array = np.asarray(data, dtype=dtype)
     except (ValueError, TypeError, OverflowError) as exc:
         raise InvalidInput(f"input '{name}': 'data' does not hold {datatype} values ({exc})") from None
     if array.size != count:

@@ -43,6 +43,7 @@ class Scheduler:
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._closing = False
+        self._flush_scheduled = False
         self._in_flight = 0
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -97,14 +98,6 @@ class Scheduler:
         timeout = policy.timeout_of(level, parameters)
         loop = self._loop
         key = tuple(sorted((name, array.shape[1:]) for name, array in inputs.items())) if policy.dynamic else ()
-        pending = Pending(inputs, tuple(outputs), batch_size, key, loop.create_future(), loop.time(), level, -1)
-        if not self._queue and (not policy.dynamic or policy.max_queue_delay == 0):
-            # Nothing to wait for and nothing to join: run now if an instance is free.
-            index = self.pool.try_acquire()
-            if index is not None:
-                pending.seq = next(self._seq)
-                self._dispatch(index, [pending])
-                return await pending.future
         if self._queue.level_full(level):
             raise Unavailable(
                 f"the queue of model {self.label} is full "
@@ -112,13 +105,18 @@ class Scheduler:
                 retry_after=1,
             )
         # Sequence numbers go only to accepted requests: preserve_ordering waits for each of them.
-        pending.seq = next(self._seq)
+        pending = Pending(
+            inputs, tuple(outputs), batch_size, key, loop.create_future(), loop.time(), level, next(self._seq)
+        )
         self._queue.push(pending)
         if timeout > 0:
             pending.timer = loop.call_at(pending.arrival + timeout, self._expire, pending, timeout)
         pending.future.add_done_callback(functools.partial(self._on_waiter_done, pending))
-        assert self._wakeup is not None
-        self._wakeup.set()
+        if not self._flush_scheduled:
+            # Dispatch one loop iteration later, once every request that arrived in this iteration
+            # has queued: requests that arrive together are batched together.
+            self._flush_scheduled = True
+            loop.call_soon(self._flush)
         return await pending.future
 
     def _on_waiter_done(self, pending: Pending, future: asyncio.Future) -> None:
@@ -140,6 +138,29 @@ class Scheduler:
         )
 
     # -- the batcher -------------------------------------------------------------------------
+
+    def _flush(self) -> None:
+        """Dispatch every batch that is ready to free instances, without waiting for anything."""
+        self._flush_scheduled = False
+        assert self._loop is not None and self._wakeup is not None
+        while self._queue:
+            batch, final = self._peek_batch()
+            if not final and self.policy.dynamic and self._delay_left(batch[0]) > 0:
+                break  # the batcher task waits for company
+            index = self.pool.try_acquire()
+            if index is None:
+                break  # the batcher task waits for an instance
+            if not final and self.policy.preferred_batch_sizes:
+                batch = self._trim_to_preferred(batch)
+            for pending in batch:
+                self._queue.remove(pending)
+            self._dispatch(index, batch)
+        if self._queue:
+            self._wakeup.set()
+
+    def _delay_left(self, oldest: Pending) -> float:
+        assert self._loop is not None
+        return oldest.arrival + self.policy.max_queue_delay - self._loop.time()
 
     async def _batch_loop(self) -> None:
         assert self._wakeup is not None
@@ -195,7 +216,7 @@ class Scheduler:
             batch, final = self._peek_batch()
             if not batch or final:
                 break
-            wait = batch[0].arrival + policy.max_queue_delay - self._loop.time()
+            wait = self._delay_left(batch[0])
             if wait <= 0:
                 if policy.preferred_batch_sizes:
                     batch = self._trim_to_preferred(batch)

@@ -80,6 +80,7 @@ def test_auto_completed_config_and_metadata(client):
     assert "dynamic_batching" in config
     assert config["default_model_filename"] == "model.onnx"
     assert config["version_policy"] == {"latest": {"num_versions": 1}}
+    assert config["instance_group"][0]["count"] == 2  # Triton's default for onnxruntime on CPU
     inputs = {i["name"]: i for i in config["input"]}
     assert inputs["IN_FP32"]["data_type"] == "TYPE_FP32" and inputs["IN_FP32"]["dims"] == [4]
     assert inputs["IN_BYTES"]["data_type"] == "TYPE_STRING"

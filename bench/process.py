@@ -1,0 +1,72 @@
+"""Start the servers a benchmark measures, on 127.0.0.1 with ephemeral ports, and stop them."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+__all__ = ["Server", "start_appliance", "start_floor"]
+
+
+@dataclasses.dataclass
+class Server:
+    process: subprocess.Popen
+    port: int
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(15)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+
+def _wait_for(process: subprocess.Popen, log: Path, pattern: str, timeout: float = 60) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        match = re.search(pattern, log.read_text())
+        if match:
+            return int(match.group(1))
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited:\n{log.read_text()}")
+        time.sleep(0.05)
+    raise TimeoutError(log.read_text())
+
+
+def start_appliance(repo: Path, state: Path, *args: str) -> Server:
+    state.mkdir(parents=True, exist_ok=True)
+    log = state / "daemon.log"
+    with open(log, "w") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "appliance", "serve", "--host", "127.0.0.1", "--http-port", "0", "--no-mdns",
+             "--state-dir", str(state), "--model-repository", str(repo), *args],
+            stdout=out, stderr=subprocess.STDOUT,
+        )
+    port = _wait_for(process, log, r"serving KServe v2 on http://127\.0\.0\.1:(\d+)")
+    server = Server(process, port)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if urllib.request.urlopen(f"{server.base}/v2/health/ready", timeout=2).status == 200:
+                return server
+        except OSError:
+            time.sleep(0.1)
+    server.stop()
+    raise TimeoutError(f"appliance never became ready:\n{log.read_text()}")
+
+
+def start_floor(model: Path, *args: str) -> Server:
+    log = model.parent / f"floor{'-'.join(args)}.log"
+    with open(log, "w") as out:
+        process = subprocess.Popen([sys.executable, "-m", "bench.floor", str(model), *args], stdout=out,
+                                   stderr=subprocess.STDOUT)
+    return Server(process, _wait_for(process, log, r"PORT (\d+)"))

@@ -1,0 +1,230 @@
+"""Serving benchmark: the appliance against the Python floor and against onnxruntime in-process.
+
+    python -m bench.serving [--seconds 4] [--repeats 3] [--concurrency 1,4,8,16]   (or: make bench)
+
+Starts the daemon (127.0.0.1, ephemeral port, mDNS off) and a bare aiohttp handler (orjson-parse +
+onnxruntime + orjson-dump: the floor), drives both with wrk on loopback, interleaving the series each
+repeat, and prints one table of medians with the ratios; writes the table, JSON and a throughput plot
+to bench/results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from bench.loadgen import Result, require_wrk, run_wrk
+from bench.models import write_repository
+from bench.process import start_appliance, start_floor
+
+RESULTS = Path(__file__).parent / "results"
+BATCHES = (1, 2, 4, 8, 16, 32)
+
+
+def _tiny_body() -> bytes:
+    x = np.random.default_rng(0).random(784).astype(np.float32)
+    return json.dumps({"inputs": [{"name": "input", "shape": [1, 784], "datatype": "FP32",
+                                   "data": [float(v) for v in x]}]}).encode()
+
+
+def _cnn_body() -> tuple[bytes, dict[str, str]]:
+    x = np.random.default_rng(1).random((1, 3, 112, 112)).astype(np.float32)
+    header = json.dumps({"inputs": [{"name": "image", "shape": [1, 3, 112, 112], "datatype": "FP32",
+                                     "parameters": {"binary_data_size": x.nbytes}}],
+                         "outputs": [{"name": "logits", "parameters": {"binary_data": True}}]}).encode()
+    return header + x.tobytes(), {"Inference-Header-Content-Length": str(len(header)),
+                                  "Content-Type": "application/octet-stream"}
+
+
+def in_process_best(model: Path, seconds: float, repeats: int) -> tuple[int, float, dict[int, float]]:
+    """onnxruntime in this process, items/s per batch size (median of repeats); the best batch."""
+    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    rates: dict[int, float] = {}
+    for batch in BATCHES:
+        x = np.random.default_rng(2).random((batch, 3, 112, 112)).astype(np.float32)
+        session.run(None, {"image": x})
+        samples = []
+        for _ in range(repeats):
+            count, start = 0, time.perf_counter()
+            while time.perf_counter() - start < seconds:
+                session.run(None, {"image": x})
+                count += batch
+            samples.append(count / (time.perf_counter() - start))
+        rates[batch] = statistics.median(samples)
+    best = max(rates, key=rates.__getitem__)
+    return best, rates[best], rates
+
+
+def _histogram(base: str, model: str) -> dict[int, int]:
+    with urllib.request.urlopen(f"{base}/v2/models/{model}/stats", timeout=10) as response:
+        stats = json.load(response)["model_stats"][0]
+    return {b["batch_size"]: b["compute_infer"]["count"] for b in stats["batch_stats"]}
+
+
+def _delta(after: dict[int, int], before: dict[int, int]) -> dict[int, int]:
+    return {k: v - before.get(k, 0) for k, v in sorted(after.items()) if v - before.get(k, 0)}
+
+
+def _median(results: list[Result]) -> dict[str, float]:
+    return {
+        "rps": statistics.median(r.requests_per_s for r in results),
+        "p50": statistics.median(r.p50_ms for r in results),
+        "p99": statistics.median(r.p99_ms for r in results),
+        "errors": sum(r.errors for r in results),
+    }
+
+
+def measure(args: argparse.Namespace, workdir: Path) -> dict:
+    repo = write_repository(workdir / "repo")
+    appliance = start_appliance(repo, workdir / "state")
+    floor = start_floor(repo / "tiny" / "1" / "model.onnx")
+    floor_off = start_floor(repo / "tiny" / "1" / "model.onnx", "--off-loop")
+    try:
+        tiny = _tiny_body()
+        cnn, cnn_headers = _cnn_body()
+        json_headers = {"Content-Type": "application/json"}
+        series = {
+            "appliance tiny JSON": (f"{appliance.base}/v2/models/tiny/infer", tiny, json_headers, "tiny"),
+            "floor tiny JSON": (f"{floor.base}/infer", tiny, json_headers, None),
+            "floor tiny JSON, inference off the loop": (f"{floor_off.base}/infer", tiny, json_headers, None),
+            "appliance CNN binary, batching": (f"{appliance.base}/v2/models/cnn_batched/infer", cnn, cnn_headers,
+                                               "cnn_batched"),
+            "appliance CNN binary, no batching": (f"{appliance.base}/v2/models/cnn_plain/infer", cnn, cnn_headers,
+                                                  "cnn_plain"),
+        }
+        raw: dict[str, dict[int, list[Result]]] = {name: {c: [] for c in args.concurrency} for name in series}
+        histograms: dict[str, dict[int, dict[int, int]]] = {name: {} for name in series}
+        for url, body, headers, _ in series.values():  # warm-up: first requests pay for lazy set-up
+            run_wrk(url, body, headers, 2, 1)
+        for repeat in range(args.repeats):
+            for concurrency in args.concurrency:
+                for name, (url, body, headers, model) in series.items():
+                    before = _histogram(appliance.base, model) if model else {}
+                    raw[name][concurrency].append(run_wrk(url, body, headers, concurrency, args.seconds))
+                    if model and repeat == args.repeats - 1:
+                        histograms[name][concurrency] = _delta(_histogram(appliance.base, model), before)
+                    print(f"  repeat {repeat + 1}/{args.repeats} c={concurrency:<3} {name:36} "
+                          f"{raw[name][concurrency][-1].requests_per_s:9.1f} req/s", file=sys.stderr)
+    finally:
+        appliance.stop()
+        floor.stop()
+        floor_off.stop()
+    best_batch, best_rate, rates = in_process_best(repo / "cnn_plain" / "1" / "model.onnx", args.seconds / 2,
+                                                   args.repeats)
+    return {
+        "series": {n: {c: _median(r) for c, r in by_c.items()} for n, by_c in raw.items()},
+        "histograms": histograms,
+        "in_process": {"best_batch": best_batch, "items_per_s": best_rate, "by_batch": rates},
+        "settings": {"seconds": args.seconds, "repeats": args.repeats, "concurrency": args.concurrency},
+    }
+
+
+def table(data: dict) -> str:
+    s = data["series"]
+    best = data["in_process"]["items_per_s"]
+    lines = ["| series | c | req/s (items/s) | p50 ms | p99 ms | errors | ratio | batch sizes (count) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for name, by_c in s.items():
+        for c, m in by_c.items():
+            if name == "appliance tiny JSON":
+                off = s["floor tiny JSON, inference off the loop"][c]["rps"]
+                ratio = f"{m['rps'] / s['floor tiny JSON'][c]['rps']:.2f}× floor, {m['rps'] / off:.2f}× off-loop floor"
+            elif name == "floor tiny JSON, inference off the loop":
+                ratio = f"{m['rps'] / s['floor tiny JSON'][c]['rps']:.2f}× floor"
+            elif name == "appliance CNN binary, batching":
+                plain = s["appliance CNN binary, no batching"][c]["rps"]
+                ratio = f"{m['rps'] / best:.2f}× in-process best, {m['rps'] / plain:.2f}× no batching"
+            elif name == "appliance CNN binary, no batching":
+                ratio = f"{m['rps'] / best:.2f}× in-process best"
+            else:
+                ratio = "1.00 (floor)"
+            hist = data["histograms"].get(name, {}).get(c, {})
+            hist_text = " ".join(f"{k}:{v}" for k, v in hist.items()) or "-"
+            lines.append(f"| {name} | {c} | {m['rps']:.1f} | {m['p50']:.2f} | {m['p99']:.2f} | "
+                         f"{m['errors']} | {ratio} | {hist_text} |")
+    ip = data["in_process"]
+    per_batch = ", ".join(f"b{b}: {r:.0f}" for b, r in ip["by_batch"].items())
+    lines.append(f"| onnxruntime in-process CNN, best batch {ip['best_batch']} | - | {best:.1f} | - | - | - | "
+                 f"physical limit ({per_batch}) | - |")
+    return "\n".join(lines)
+
+
+def targets(data: dict) -> list[str]:
+    s = data["series"]
+    cs = data["settings"]["concurrency"]
+    lo, hi = min(cs), max(cs)
+    best = data["in_process"]["items_per_s"]
+    checks = []
+    for c in (lo, hi):
+        ratio = s["appliance tiny JSON"][c]["rps"] / s["floor tiny JSON"][c]["rps"]
+        checks.append((f"tiny JSON c={c} >= 0.9x floor", ratio >= 0.9, f"{ratio:.2f}"))
+    ratio = s["appliance CNN binary, batching"][hi]["rps"] / best
+    checks.append((f"CNN batching c={hi} >= 0.85x in-process best", ratio >= 0.85, f"{ratio:.2f}"))
+    with_b = s["appliance CNN binary, batching"][lo]["p50"]
+    without = s["appliance CNN binary, no batching"][lo]["p50"]
+    checks.append((f"CNN batching p50 at c={lo} within 10% of no batching", with_b <= without * 1.1,
+                   f"{with_b:.2f} vs {without:.2f} ms"))
+    return [f"- {'met' if ok else 'MISSED'}: {what} ({value})" for what, ok, value in checks]
+
+
+def plot(data: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for name, by_c in data["series"].items():
+        ax = axes[0] if "tiny" in name else axes[1]
+        cs = sorted(by_c)
+        ax.plot(cs, [by_c[c]["rps"] for c in cs], marker="o", label=name)
+    axes[1].axhline(data["in_process"]["items_per_s"], color="grey", linestyle="--",
+                    label=f"onnxruntime in-process, batch {data['in_process']['best_batch']}")
+    for ax, title in zip(axes, ("tiny MLP over JSON", "CNN 3x112x112 over binary tensors")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrency (loopback, wrk)")
+        ax.set_ylabel("requests/s (= items/s)")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=4.0, help="duration of each wrk run")
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats; medians are reported")
+    parser.add_argument("--concurrency", type=lambda t: [int(c) for c in t.split(",")], default=[1, 4, 8, 16])
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    require_wrk()
+    with tempfile.TemporaryDirectory() as tmp:
+        data = measure(args, Path(tmp))
+    text = table(data) + "\n\nTargets:\n" + "\n".join(targets(data))
+    print(text)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "serving.md").write_text(
+        f"Command: python -m bench.serving --seconds {args.seconds:g} --repeats {args.repeats} "
+        f"--concurrency {','.join(map(str, args.concurrency))}\n\n{text}\n"
+    )
+    (args.out / "serving.json").write_text(json.dumps(data, indent=2, default=str))
+    try:
+        plot(data, args.out / "serving.png")
+    except ImportError:
+        print("matplotlib is not installed: no plot (pip install -e '.[bench]')", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
