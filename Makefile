@@ -27,6 +27,7 @@ test: venv
 
 bench: venv
 	$(BIN)/pip install --quiet -e '.[$(FLAVOUR),test,bench]'
+	command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
 	$(BIN)/python -m bench.serving
 
 clean:

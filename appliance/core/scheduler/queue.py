@@ -39,6 +39,8 @@ class RequestQueue:
         self._levels: list[deque[Pending]] = [deque() for _ in range(policy.levels)]
         self._delayed: deque[Pending] = deque()
         self._count = 0
+        self.items = 0
+        """Batch items across every queued request."""
 
     def __len__(self) -> int:
         return self._count
@@ -60,6 +62,7 @@ class RequestQueue:
         self._levels[pending.level].append(pending)
         pending.queued = True
         self._count += 1
+        self.items += pending.size
 
     def remove(self, pending: Pending) -> bool:
         """Take a request out wherever it is; False if it was not queued."""
@@ -68,6 +71,7 @@ class RequestQueue:
         (self._delayed if pending.delayed else self._levels[pending.level]).remove(pending)
         pending.queued = False
         self._count -= 1
+        self.items -= pending.size
         if pending.timer is not None:
             pending.timer.cancel()
             pending.timer = None

@@ -144,7 +144,7 @@ class Scheduler:
         self._flush_scheduled = False
         assert self._loop is not None and self._wakeup is not None
         while self._queue:
-            batch, final = self._peek_batch()
+            batch, final = self._peek_batch(self.pool.idle)
             if not final and self.policy.dynamic and self._delay_left(batch[0]) > 0:
                 break  # the batcher task waits for company
             index = self.pool.try_acquire()
@@ -180,12 +180,21 @@ class Scheduler:
             else:
                 self.pool.release(index)
 
-    def _peek_batch(self) -> tuple[list[Pending], bool]:
+    def _batch_limit(self, idle: int) -> int:
+        """Items the next batch may take: max_batch_size, but with several idle instances and no
+        preferred sizes, the queued work is spread over them rather than piled onto one."""
+        limit = self.policy.max_batch_size
+        if idle > 1 and not self.policy.preferred_batch_sizes:
+            limit = min(limit, max(1, -(-self._queue.items // idle)))
+        return limit
+
+    def _peek_batch(self, idle: int = 1) -> tuple[list[Pending], bool]:
         """The requests that would form the next batch, and whether it can grow no further."""
         policy = self.policy
         batch: list[Pending] = []
         size = 0
-        target = policy.preferred_batch_sizes[-1] if policy.preferred_batch_sizes else policy.max_batch_size
+        limit = self._batch_limit(idle)
+        target = policy.preferred_batch_sizes[-1] if policy.preferred_batch_sizes else limit
         for pending in self._queue:
             if not batch:
                 batch.append(pending)
@@ -193,7 +202,7 @@ class Scheduler:
                 if not policy.dynamic:
                     return batch, True
                 continue
-            if pending.key != batch[0].key or size + pending.size > policy.max_batch_size:
+            if pending.key != batch[0].key or size + pending.size > limit:
                 return batch, True  # FIFO: the next request cannot join, so this batch is final
             batch.append(pending)
             size += pending.size
@@ -213,7 +222,7 @@ class Scheduler:
         assert self._loop is not None and self._wakeup is not None
         policy = self.policy
         while True:
-            batch, final = self._peek_batch()
+            batch, final = self._peek_batch(self.pool.idle + 1)  # + the instance this task holds
             if not batch or final:
                 break
             wait = self._delay_left(batch[0])

@@ -264,3 +264,10 @@ async def test_drain_finishes_queued_work_and_close_fails_the_rest(make_schedule
     assert all(t.done() and not t.exception() for t in tasks)
     with pytest.raises(Unavailable, match="unloading"):
         await scheduler.submit(_x(1.0), ["y"], 1, {})
+
+
+async def test_work_is_spread_over_idle_instances(make_scheduler):
+    backends = [FakeBackend(delay=0.05), FakeBackend(delay=0.05)]
+    scheduler = make_scheduler(dynamic(max_batch_size=8), *backends)
+    await asyncio.gather(*(submit(scheduler, float(i)) for i in range(4)))
+    assert [b.batch_sizes for b in backends] == [[2], [2]]  # not one batch of 4 and an idle instance
