@@ -6,6 +6,9 @@ FLAVOUR ?= cpu
 HOST ?= 0.0.0.0
 PORT ?= 8000
 STAMP := $(VENV)/.installed-$(FLAVOUR)
+# The torch build to install before the flavour's extra (2.13.0 CPU lies on this project's machines;
+# elsewhere use e.g. TORCH_SPEC="torch --index-url https://download.pytorch.org/whl/cpu").
+TORCH_SPEC ?= torch==2.13.0
 
 .PHONY: venv serve test bench clean
 
@@ -13,7 +16,7 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): $(BIN)/python pyproject.toml
-	$(BIN)/pip install --upgrade --quiet pip
+	$(BIN)/pip install --quiet $(TORCH_SPEC)
 	$(BIN)/pip install --quiet -e '.[$(FLAVOUR),test]'
 	touch $(STAMP)
 

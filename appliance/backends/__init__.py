@@ -26,6 +26,46 @@ BACKENDS: tuple[BackendInfo, ...] = (
         extra="cpu",
         cpu_instances=2,
     ),
+    BackendInfo(
+        name="openvino",
+        platforms=("openvino",),
+        default_filename="model.xml",
+        module="appliance.backends.openvino",
+        factory="OpenVinoBackend",
+        extra="cpu",
+    ),
+    BackendInfo(
+        name="pytorch",
+        platforms=("pytorch_libtorch",),
+        default_filename="model.pt",
+        module="appliance.backends.torchscript",
+        factory="TorchScriptBackend",
+        extra="cpu",
+    ),
+    BackendInfo(
+        name="torch_export",
+        platforms=("torch_aoti", "torch_export"),
+        default_filename="model.pt2",
+        module="appliance.backends.torch_export",
+        factory="TorchExportBackend",
+        extra="cpu",
+    ),
+    BackendInfo(
+        name="python",
+        platforms=("python",),
+        default_filename="model.py",
+        module="appliance.backends.python.backend",
+        factory="PythonBackend",
+        extra="cpu",
+    ),
+    BackendInfo(
+        name="tensorrt",
+        platforms=("tensorrt_plan",),
+        default_filename="model.plan",
+        module="appliance.backends.tensorrt",
+        factory="TensorRTBackend",
+        extra="nvidia",
+    ),
 )
 
 

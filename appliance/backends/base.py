@@ -54,12 +54,13 @@ class Backend(abc.ABC):
     """One loaded model instance."""
 
     @abc.abstractmethod
-    def inputs(self) -> Sequence[RuntimeTensor]:
-        """The runtime's description of the model inputs (may be empty when the file doesn't say)."""
+    def inputs(self) -> Sequence[RuntimeTensor] | None:
+        """The runtime's description of the model inputs; None when the file does not say (the
+        config must then declare them)."""
 
     @abc.abstractmethod
-    def outputs(self) -> Sequence[RuntimeTensor]:
-        """The runtime's description of the model outputs."""
+    def outputs(self) -> Sequence[RuntimeTensor] | None:
+        """The runtime's description of the model outputs; None when the file does not say."""
 
     @abc.abstractmethod
     def run(self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]) -> dict[str, np.ndarray]:
@@ -71,6 +72,25 @@ class Backend(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 - most runtimes free themselves when dropped
         """Release what the instance holds."""
+
+    def completed_config(self, config: "ModelConfig") -> "ModelConfig":
+        """The config as the model itself completes it (Triton's Python ``auto_complete_config``);
+        most runtimes leave that to the core and return it unchanged."""
+        return config
+
+    def configure(self, config: "ModelConfig") -> None:  # noqa: B027 - only some backends care
+        """Called once with the final, auto-completed config before the first run."""
+
+    #: True for backends that take a batch as separate requests (Triton's Python backend API)
+    #: rather than as concatenated tensors; they implement ``run_requests``.
+    takes_requests: bool = False
+
+    def run_requests(
+        self, requests: Sequence[Mapping[str, np.ndarray]], outputs: Sequence[Sequence[str]],
+        parameters: Sequence[Mapping[str, object]],
+    ) -> list[dict[str, np.ndarray] | BaseException]:
+        """Execute several requests in one call; one result (or the error for it) per request."""
+        raise NotImplementedError
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -124,6 +124,24 @@ def _complete_tensors(
             )
 
 
+def _declared(kind: str, entries: Any, config: mc.ModelConfig) -> list[RuntimeTensor]:
+    """The tensors a config declares, for a runtime that cannot describe its own."""
+    if not entries:
+        raise ConfigError(f"model {config.name!r}: the model file does not describe its {kind}s; declare them "
+                          f"in config.pbtxt ({kind} [ {{ name: ... data_type: ... dims: [ ... ] }} ])")
+    tensors = []
+    for entry in entries:
+        if entry.data_type == mc.TYPE_INVALID or not entry.dims:
+            raise ConfigError(
+                f"model {config.name!r}: config {kind} {entry.name!r} needs data_type and dims, because the "
+                "model file does not describe its tensors"
+            )
+        batch = (-1,) if config.max_batch_size > 0 else ()
+        datatype = CONFIG_TO_V2[mc.DataType.Name(entry.data_type)]
+        tensors.append(RuntimeTensor(entry.name, datatype, (*batch, *entry.dims)))
+    return tensors
+
+
 def _dims_compatible(declared: list[int], found: list[int]) -> bool:
     return len(declared) == len(found) and all(
         d == f or f == -1 or d == -1 for d, f in zip(declared, found)
@@ -136,12 +154,20 @@ def complete_config(
     platform: str,
     backend: str,
     default_filename: str,
-    inputs: Sequence[RuntimeTensor],
-    outputs: Sequence[RuntimeTensor],
+    inputs: Sequence[RuntimeTensor] | None,
+    outputs: Sequence[RuntimeTensor] | None,
     cpu_instances: int = 1,
 ) -> mc.ModelConfig:
-    """Fill what Triton's auto-complete fills, from what the runtime reports; returns a new config."""
+    """Fill what Triton's auto-complete fills, from what the runtime reports; returns a new config.
+
+    ``inputs``/``outputs`` None means the runtime cannot describe its tensors (TorchScript): the config
+    must then declare each of them fully.
+    """
     config = _copy(config)
+    if inputs is None:
+        inputs = _declared("input", config.input, config)
+    if outputs is None:
+        outputs = _declared("output", config.output, config)
     if not config.platform:
         config.platform = platform
     if not config.backend:

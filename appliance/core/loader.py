@@ -95,11 +95,13 @@ def _load_version(
     try:
         first = info.load(LoadContext(model_dir.name, version, model_file, config, options, 0, threads))
         instances.append(first)
-        config = _complete(config, info, first)
+        config = _complete(first.completed_config(config), info, first)
         for index in range(1, count):
             instances.append(
                 info.load(LoadContext(model_dir.name, version, model_file, config, options, index, threads))
             )
+        for backend in instances:
+            backend.configure(config)
         labels = {
             out.name: read_labels(model_dir, out.label_filename) for out in config.output if out.label_filename
         }

@@ -8,12 +8,12 @@ client's claim before the claim is checked against the bytes actually received.
 from __future__ import annotations
 
 import math
-import struct
 from typing import Any
 
 import numpy as np
 import orjson
 
+from appliance.core.bytes_tensor import decode_bytes_tensor, encode_bytes_tensor
 from appliance.core.datatypes import element_size, numpy_dtype
 from appliance.core.types import InferInput, InferRequest, InferResponse, RequestedOutput
 from appliance.errors import InvalidInput
@@ -31,7 +31,6 @@ HEADER_LENGTH = "Inference-Header-Content-Length"
 # Largest tensor (in elements) a request may declare; guards the arithmetic, not the memory (the
 # body size limit does that).
 MAX_ELEMENTS = 2**40
-_U32 = struct.Struct("<I")
 
 
 def _parse_header(body: bytes, header_length: int | None) -> dict[str, Any]:
@@ -67,41 +66,6 @@ def _shape(raw: Any, name: str) -> tuple[tuple[int, ...], int]:
     if count > MAX_ELEMENTS:
         raise InvalidInput(f"input '{name}': shape {raw} has {count} elements, more than {MAX_ELEMENTS}")
     return tuple(raw), count
-
-
-def decode_bytes_tensor(buffer: memoryview | bytes, count: int, name: str) -> np.ndarray:
-    """Parse ``count`` 4-byte-length-prefixed elements; the buffer must hold exactly those."""
-    view = memoryview(buffer)
-    items = np.empty(count, dtype=object)
-    offset, end = 0, len(view)
-    for index in range(count):
-        if offset + 4 > end:
-            raise InvalidInput(
-                f"input '{name}': binary BYTES data ends after {index} of {count} elements"
-            )
-        (length,) = _U32.unpack_from(view, offset)
-        offset += 4
-        if offset + length > end:
-            raise InvalidInput(
-                f"input '{name}': BYTES element {index} claims {length} bytes, "
-                f"but only {end - offset} remain"
-            )
-        items[index] = bytes(view[offset : offset + length])
-        offset += length
-    if offset != end:
-        raise InvalidInput(
-            f"input '{name}': {end - offset} bytes left over after {count} BYTES elements"
-        )
-    return items
-
-
-def encode_bytes_tensor(array: np.ndarray) -> bytes:
-    parts = []
-    for item in array.ravel():
-        raw = item if isinstance(item, bytes) else str(item).encode("utf-8")
-        parts.append(_U32.pack(len(raw)))
-        parts.append(raw)
-    return b"".join(parts)
 
 
 def _flatten_strings(data: Any, name: str) -> list[bytes]:

@@ -49,13 +49,22 @@ def execute_batch(
     sizes: Sequence[int],
     wanted: Sequence[Sequence[str]],
     outputs: Sequence[str],
-) -> tuple[list[dict[str, np.ndarray]], BatchTiming]:
-    """Run requests as one batch; ``wanted[i]`` are the outputs request ``i`` asked for."""
+    parameters: Sequence[Mapping[str, object]],
+) -> tuple[list[dict[str, np.ndarray] | BaseException], BatchTiming]:
+    """Run requests as one batch; ``wanted[i]`` are the outputs request ``i`` asked for.
+
+    Backends that take requests separately (Triton's Python backend) get them as a list and may fail
+    each one on its own; the others get the inputs concatenated along the batch dimension.
+    """
     start = time.perf_counter_ns()
+    if backend.takes_requests:
+        results = backend.run_requests(inputs, wanted, parameters)
+        done = time.perf_counter_ns()
+        return results, BatchTiming(0, done - start, 0)
     feed = _gather_inputs(inputs)
     gathered = time.perf_counter_ns()
     results = backend.run(feed, outputs)
     ran = time.perf_counter_ns()
-    split = _split_outputs(results, sizes, wanted)
+    split: list[dict[str, np.ndarray] | BaseException] = list(_split_outputs(results, sizes, wanted))
     done = time.perf_counter_ns()
     return split, BatchTiming(gathered - start, ran - gathered, done - ran)

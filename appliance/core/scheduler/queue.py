@@ -27,6 +27,7 @@ class Pending:
     arrival: float
     level: int
     seq: int
+    parameters: Mapping[str, object] = dataclasses.field(default_factory=dict)
     timer: asyncio.TimerHandle | None = None
     delayed: bool = False
     queued: bool = False

@@ -106,7 +106,8 @@ class Scheduler:
             )
         # Sequence numbers go only to accepted requests: preserve_ordering waits for each of them.
         pending = Pending(
-            inputs, tuple(outputs), batch_size, key, loop.create_future(), loop.time(), level, next(self._seq)
+            inputs, tuple(outputs), batch_size, key, loop.create_future(), loop.time(), level, next(self._seq),
+            parameters,
         )
         self._queue.push(pending)
         if timeout > 0:
@@ -247,7 +248,7 @@ class Scheduler:
         outputs = list(dict.fromkeys(name for names in wanted for name in names))
         work = functools.partial(
             execute_batch, inputs=[p.inputs for p in batch], sizes=[p.size for p in batch],
-            wanted=wanted, outputs=outputs,
+            wanted=wanted, outputs=outputs, parameters=[p.parameters for p in batch],
         )
         self._in_flight += len(batch)
         future = self.pool.execute(index, work)
@@ -266,7 +267,10 @@ class Scheduler:
         results, timing = future.result()
         self.stats.record_batch(sum(p.size for p in batch), len(batch), queue_ns, timing)
         for pending, result in zip(batch, results):
-            self._complete(pending, result, None)
+            if isinstance(result, BaseException):
+                self._complete(pending, None, result)
+            else:
+                self._complete(pending, result, None)
 
     # -- results -----------------------------------------------------------------------------
 

@@ -1,0 +1,1 @@
+"""Triton's Python backend: model.py files run unchanged, one process per instance."""

@@ -1,0 +1,84 @@
+"""Shared by the TorchScript and torch.export backends: dtypes, devices, tensors in and out."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from appliance.backends.base import LoadContext
+from appliance.errors import ConfigError
+
+__all__ = ["TORCH_TO_V2", "device_of", "outputs_by_name", "to_numpy", "to_torch"]
+
+TORCH_TO_V2 = {
+    torch.bool: "BOOL",
+    torch.uint8: "UINT8",
+    torch.uint16: "UINT16",
+    torch.uint32: "UINT32",
+    torch.uint64: "UINT64",
+    torch.int8: "INT8",
+    torch.int16: "INT16",
+    torch.int32: "INT32",
+    torch.int64: "INT64",
+    torch.float16: "FP16",
+    torch.float32: "FP32",
+    torch.float64: "FP64",
+    torch.bfloat16: "BF16",
+}
+
+
+def device_of(context: LoadContext) -> torch.device:
+    """Config parameter ``device`` ("cpu", "cuda:0"), else CUDA for a KIND_GPU group when present."""
+    parameter = context.config.parameters.get("device")
+    wanted = parameter.string_value if parameter is not None and parameter.string_value else ""
+    if not wanted:
+        gpu_group = any(group.kind == 2 for group in context.config.instance_group)  # KIND_GPU
+        wanted = "cuda" if gpu_group and torch.cuda.is_available() else "cpu"
+    device = torch.device(wanted)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"model {context.model_name!r} asks for device {wanted!r}, but torch sees no CUDA GPU")
+    return device
+
+
+def to_torch(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    if array.dtype == object:
+        raise ConfigError("BYTES tensors are not supported by the torch backends")
+    if not array.flags.writeable:  # torch wants to own writable memory; binary inputs are read-only views
+        array = array.copy()
+    return torch.from_numpy(array).to(device)
+
+
+def to_numpy(value: Any) -> np.ndarray:
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().numpy()
+    return np.asarray(value)
+
+
+def outputs_by_name(result: Any, names: Sequence[str]) -> dict[str, np.ndarray]:
+    """Map a forward result to output names: a dict by key, a tuple/list by position (Triton's
+    OUTPUT__<i> naming, else the config's order), a single tensor to the first name."""
+    if isinstance(result, Mapping):
+        return {str(k): to_numpy(v) for k, v in result.items()}
+    items = list(result) if isinstance(result, (tuple, list)) else [result]
+    mapped: dict[str, np.ndarray] = {}
+    for position, name in enumerate(names):
+        index = int(name.rsplit("__", 1)[1]) if "__" in name and name.rsplit("__", 1)[1].isdigit() else position
+        if index < len(items):
+            mapped[name] = to_numpy(items[index])
+    return mapped
+
+
+def argument_index(name: str, argument_names: Sequence[str]) -> int:
+    """Triton's convention: INPUT__<i> is positional argument i; otherwise the forward argument name."""
+    suffix = name.rsplit("__", 1)[-1]
+    if "__" in name and suffix.isdigit():
+        return int(suffix)
+    if name in argument_names:
+        return list(argument_names).index(name)
+    raise ConfigError(
+        f"input {name!r} matches no forward() argument; name inputs INPUT__0, INPUT__1, ... "
+        f"or after the arguments {list(argument_names)}"
+    )
