@@ -93,5 +93,5 @@ class ModelVersion:
     async def drain(self, timeout: float) -> bool:
         return await self.scheduler.drain(timeout)
 
-    def close(self) -> list[BaseException]:
-        return self.scheduler.close()
+    async def close(self) -> list[BaseException]:
+        return await self.scheduler.close()

@@ -134,7 +134,7 @@ class ModelRegistry:
         await asyncio.gather(*(m.drain(timeout) for m in models))
         errors: list[BaseException] = []
         for model in models:
-            errors.extend(await asyncio.to_thread(model.close))
+            errors.extend(await model.close())
         for entry in self._models.values():
             entry.versions.clear()
             entry.state, entry.reason = ModelState.UNAVAILABLE, "server is shutting down"

@@ -198,3 +198,22 @@ def test_runtimes_import_in_either_order(first, second, repository):
         "assert np.allclose(a, b, atol=1e-5)\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def _importable(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
+
+
+@pytest.mark.skipif(_importable("tensorrt"), reason="tensorrt is installed here")
+def test_missing_runtime_makes_only_its_model_unavailable(start_daemon, tmp_path):
+    repo = tmp_path / "repo"
+    (repo / "engine" / "1").mkdir(parents=True)
+    (repo / "engine" / "1" / "model.plan").write_bytes(b"not loaded anyway")
+    (repo / "engine" / "config.pbtxt").write_text('platform: "tensorrt_plan"\n')
+    daemon = start_daemon(repo)
+    with triton.InferenceServerClient(daemon.url) as client:
+        (row,) = client.get_model_repository_index()
+    assert row["state"] == "UNAVAILABLE"
+    assert "backend 'tensorrt' is unavailable" in row["reason"] and "install the 'nvidia' extra" in row["reason"]

@@ -32,7 +32,7 @@ async def make_scheduler():
 
     yield make
     for scheduler in made:
-        scheduler.close()
+        await scheduler.close()
 
 
 def _x(value: float, rows: int = 1, width: int = 1) -> dict[str, np.ndarray]:
@@ -271,3 +271,16 @@ async def test_work_is_spread_over_idle_instances(make_scheduler):
     scheduler = make_scheduler(dynamic(max_batch_size=8), *backends)
     await asyncio.gather(*(submit(scheduler, float(i)) for i in range(4)))
     assert [b.batch_sizes for b in backends] == [[2], [2]]  # not one batch of 4 and an idle instance
+
+
+async def test_close_fails_queued_requests_instead_of_leaving_them_hanging(make_scheduler):
+    backend = FakeBackend(delay=0.2)
+    scheduler = make_scheduler(dynamic(max_batch_size=1), backend)
+    running = await _occupy(scheduler, backend)
+    queued = [submit(scheduler, float(i)) for i in range(3)]
+    await asyncio.sleep(0)
+    errors = await scheduler.close()
+    assert errors == []
+    results = await asyncio.gather(*queued, return_exceptions=True)
+    assert all(isinstance(r, Unavailable) and "unloaded" in r.message for r in results)
+    assert (await running)["y"][0, 0] == -2.0  # the one already executing finished
