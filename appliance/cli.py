@@ -11,10 +11,13 @@ from pathlib import Path
 from typing import Any
 
 from appliance import __version__
+from appliance.commands import cache, explain, probe, tune
 from appliance.errors import ApplianceError
 from appliance.settings import Settings, load_settings
 
 __all__ = ["main"]
+
+_COMMANDS = {"probe": probe, "tune": tune, "explain": explain, "cache": cache}
 
 
 def _serve_parser(sub: Any) -> None:
@@ -28,6 +31,9 @@ def _serve_parser(sub: Any) -> None:
     p.add_argument("--strict-readiness", dest="strict_readiness", action=argparse.BooleanOptionalAction,
                    default=None, help="ready only when every model is ready (default on, as Triton)")
     p.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR")
+    p.add_argument("--no-selection", dest="selection", action="store_const", const=False,
+                   help="serve each model with its config's backend, without measuring plans")
+    p.add_argument("--retune", action="store_const", const=True, help="ignore cached plan decisions, measure again")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -36,6 +42,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", type=Path, help="TOML settings file (also APPLIANCE_CONFIG)")
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
+    for command in _COMMANDS.values():
+        command.add_parser(sub)
     return parser
 
 
@@ -62,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         _setup_logging(settings)
         if args.command == "serve":
             return _run_serve(settings)
+        return _COMMANDS[args.command].run(args, settings)
     except ApplianceError as exc:
         print(f"appliance: {exc.message}", file=sys.stderr)
         return 2
-    return 1

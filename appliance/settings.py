@@ -46,6 +46,14 @@ class Settings:
     """onnxruntime execution providers to try, in order of preference."""
     intra_op_threads: int = 0
     """Threads each runtime may use inside one operator; 0 lets the runtime decide."""
+    selection: bool = True
+    """Measure which plan (runtime, provider, device) runs each model fastest here, and cache it."""
+    retune: bool = False
+    """Ignore cached plan decisions and measure again."""
+    tune_budget: float = 0.3
+    """Seconds of timing per candidate plan and batch size."""
+    cache_max_bytes: int = 2 * 1024**3
+    """Size bound of the model cache (least recently used entries are evicted)."""
     strict_readiness: bool = True
     """As Triton: the server is ready only when every model is ready."""
     shutdown_timeout: float = 10.0
@@ -62,6 +70,10 @@ class Settings:
     @property
     def example_repository_dir(self) -> Path:
         return self.state_dir / "example-repository"
+
+    @property
+    def cache_dir(self) -> Path:
+        return self.state_dir / "cache"
 
 
 def _convert(name: str, hint: Any, value: Any) -> Any:

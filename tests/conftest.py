@@ -76,11 +76,16 @@ def _wait_until_loaded(base: str, deadline: float) -> None:
 def _daemon_factory(tmp_path_factory) -> Iterator:
     started: list[Daemon] = []
 
-    def start(repository: Path | None, *args: str, env: dict | None = None, wait_loaded: bool = True) -> Daemon:
-        state = tmp_path_factory.mktemp("state")
-        log_path = state / "daemon.log"
+    def start(repository: Path | None, *args: str, env: dict | None = None, wait_loaded: bool = True,
+              selection: bool = False, state: Path | None = None) -> Daemon:
+        # Serving-path tests compare outputs with onnxruntime exactly, so by default they serve each
+        # model with its config's backend; selection tests ask for measured selection.
+        state = state or tmp_path_factory.mktemp("state")
+        log_path = state / f"daemon-{len(started)}.log"
         command = [sys.executable, "-m", "appliance", "serve", "--host", "127.0.0.1", "--http-port", "0",
                    "--state-dir", str(state), "--no-mdns", *args]
+        if not selection:
+            command.append("--no-selection")
         if repository is not None:
             command += ["--model-repository", str(repository)]
         environment = {k: v for k, v in os.environ.items() if not k.startswith("APPLIANCE_")}

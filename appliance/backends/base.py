@@ -44,10 +44,17 @@ class LoadContext:
     instance_index: int = 0
     threads: int = 0
     """Threads this instance may use inside one operator (0 = the runtime's default)."""
+    artefacts: Path | None = None
+    """A model-cache directory where the runtime keeps (and on later starts finds) compiled artefacts."""
 
     @property
     def version_dir(self) -> Path:
         return self.model_file.parent
+
+    def parameter(self, key: str) -> str | None:
+        """A string parameter of the model config (where plans and users pass runtime options)."""
+        value = self.config.parameters.get(key)
+        return value.string_value if value is not None and value.string_value else None
 
 
 class Backend(abc.ABC):

@@ -58,12 +58,29 @@ class OnnxRuntimeBackend(Backend):
     def __init__(self, context: LoadContext) -> None:
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.log_severity_level = 3  # errors only: warnings reach users as our own messages
         if context.threads:
             options.intra_op_num_threads = context.threads
         available = set(ort.get_available_providers())
-        providers = [p for p in context.options.onnx_providers if p in available] or ["CPUExecutionProvider"]
+        pinned = context.parameter("onnx_provider")  # set by a selection plan
+        if pinned is not None and pinned not in available:
+            raise ConfigError(f"onnxruntime execution provider {pinned} is not available on this box")
+        wanted = [pinned] if pinned else [p for p in context.options.onnx_providers if p in available]
+        providers: list = wanted or ["CPUExecutionProvider"]
+        device = context.parameter("onnx_provider_device")
+        if device and providers[0] == "OpenVINOExecutionProvider":
+            providers = [("OpenVINOExecutionProvider", {"device_type": device})]
+        model_path = str(context.model_file)
+        if context.artefacts is not None and providers == ["CPUExecutionProvider"]:
+            # The graph optimised for this box is kept in the model cache and reused on the next start.
+            optimized = context.artefacts / "model.optimized.onnx"
+            if optimized.exists():
+                model_path = str(optimized)
+                options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+            else:
+                options.optimized_model_filepath = str(optimized)
         try:
-            self._session = ort.InferenceSession(str(context.model_file), options, providers=providers)
+            self._session = ort.InferenceSession(model_path, options, providers=providers)
         except (ort_state.Fail, ort_state.InvalidGraph, ort_state.InvalidProtobuf,
                 ort_state.NoSuchFile, ort_state.NotImplemented, ort_state.InvalidArgument) as exc:
             raise ConfigError(f"onnxruntime cannot load {context.model_file}: {exc}") from exc

@@ -44,9 +44,9 @@ def _describe(ports: Sequence[ov.Output]) -> list[RuntimeTensor]:
 
 def _device(context: LoadContext) -> str:
     """The config parameter ``device`` (CPU, GPU, NPU, AUTO...), else the instance group's kind."""
-    parameter = context.config.parameters.get("device")
-    if parameter is not None and parameter.string_value:
-        return parameter.string_value
+    parameter = context.parameter("device")
+    if parameter is not None:
+        return parameter
     kinds = {group.kind for group in context.config.instance_group}
     gpu = 2  # ModelInstanceGroup.KIND_GPU
     return "GPU" if gpu in kinds else "CPU"
@@ -64,11 +64,12 @@ class OpenVinoBackend(Backend):
             )
         # f32 unless the config asks otherwise: on CPUs with native bf16 OpenVINO would silently
         # compute in bf16, several digits away from every other backend.
-        precision = context.config.parameters.get("inference_precision")
         properties: dict[str, object] = {
             "PERFORMANCE_HINT": "LATENCY",
-            "INFERENCE_PRECISION_HINT": precision.string_value if precision is not None else "f32",
+            "INFERENCE_PRECISION_HINT": context.parameter("inference_precision") or "f32",
         }
+        if context.artefacts is not None:
+            properties["CACHE_DIR"] = str(context.artefacts)  # compiled blobs, reused on the next start
         if context.threads and device == "CPU":
             properties["INFERENCE_NUM_THREADS"] = context.threads
         try:

@@ -93,6 +93,15 @@ class DataPlane:
             ]
         }
 
+    def model_selection(self, name: str, version: str | None = None) -> dict[str, Any]:
+        """Which plan serves the version, how the candidates measured, and whether it came from cache."""
+        model = self.registry.get(name, version)
+        if model.selection is None:
+            return {"model": name, "version": model.version, "chosen": None, "cache": "off",
+                    "reason": "selection is off (--no-selection): the config's backend serves the model",
+                    "candidates": []}
+        return model.selection
+
     def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
         rows: list[dict[str, Any]] = []
         for entry in self.registry.entries():

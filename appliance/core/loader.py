@@ -6,10 +6,11 @@ import dataclasses
 import logging
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from appliance.backends import Backend, BackendInfo, LoadContext, RuntimeOptions, resolve_backend
+from appliance.backends import BACKENDS, Backend, BackendInfo, LoadContext, RuntimeOptions, resolve_backend
 from appliance.core.classification import read_labels
 from appliance.core.config import complete_config, read_config, select_versions, signature_of
 from appliance.core.instances import InstancePool
@@ -17,6 +18,9 @@ from appliance.core.model import ModelVersion
 from appliance.core.scheduler import Scheduler, policy_from_config
 from appliance.core.stats import ModelStats
 from appliance.errors import ApplianceError, ConfigError
+
+if TYPE_CHECKING:
+    from appliance.selection import Selector
 
 __all__ = ["LoadedModel", "load_model", "version_dirs"]
 
@@ -86,20 +90,36 @@ def _load_version(
     info: BackendInfo,
     config: mc.ModelConfig,
     options: RuntimeOptions,
+    selector: Selector | None,
+    retune: bool,
 ) -> tuple[mc.ModelConfig, ModelVersion]:
-    """Load every instance of one version; the first instance's tensors complete the config."""
+    """Load every instance of one version: the first instance's tensors complete the config, the
+    selector (when there is one) picks the plan the instances then run."""
     model_file = _model_file(model_dir, path, config.default_model_filename or info.default_filename)
     instances: list[Backend] = []
     count = _instance_count(config, info)
     threads = _threads_per_instance(options, count)
+
+    def context(index: int, cfg: mc.ModelConfig, artefacts: Path | None = None) -> LoadContext:
+        return LoadContext(model_dir.name, version, model_file, cfg, options, index, threads, artefacts)
+
+    selection: dict | None = None
+    target = info
     try:
-        first = info.load(LoadContext(model_dir.name, version, model_file, config, options, 0, threads))
+        first = info.load(context(0, config))
         instances.append(first)
         config = _complete(first.completed_config(config), info, first)
-        for index in range(1, count):
-            instances.append(
-                info.load(LoadContext(model_dir.name, version, model_file, config, options, index, threads))
-            )
+        plan_config, artefacts = config, None
+        if selector is not None:
+            choice = selector.choose(info, context(0, config), force=retune)
+            selection = {**choice.decision, "cache": choice.cache}
+            if choice.cache != "off":  # measured: serve with the chosen plan (and its cached artefacts)
+                first.close()
+                instances.clear()
+                target = next(b for b in BACKENDS if b.name == choice.plan.backend)
+                plan_config, artefacts = choice.plan.apply(config), choice.artefacts
+        for index in range(len(instances), count):
+            instances.append(target.load(context(index, plan_config, artefacts)))
         for backend in instances:
             backend.configure(config)
         labels = {
@@ -113,22 +133,25 @@ def _load_version(
     label = f"{model_dir.name}:{version}"
     stats = ModelStats()
     scheduler = Scheduler(label, InstancePool(label, instances), policy, stats)
-    details = {"providers": first.providers} if hasattr(first, "providers") else {}
+    details = {"providers": instances[0].providers} if hasattr(instances[0], "providers") else {}
     model = ModelVersion(
         name=model_dir.name,
         version=version,
         config=config,
         signature=signature_of(config),
-        backend=info,
+        backend=target,
         scheduler=scheduler,
         stats=stats,
         labels=labels,
         details=details,
+        selection=selection,
     )
     return config, model
 
 
-def load_model(model_dir: Path, options: RuntimeOptions) -> LoadedModel:
+def load_model(
+    model_dir: Path, options: RuntimeOptions, selector: Selector | None = None, retune: bool = False
+) -> LoadedModel:
     """Parse, auto-complete and load every version the policy selects.
 
     A model-level problem (config, no versions, unknown backend) raises ConfigError; a version that
@@ -150,7 +173,7 @@ def load_model(model_dir: Path, options: RuntimeOptions) -> LoadedModel:
     for version in reversed(selected):
         try:
             completed_here, model = _load_version(
-                model_dir, version, available[version], info, completed or config, options
+                model_dir, version, available[version], info, completed or config, options, selector, retune
             )
         except ApplianceError as exc:
             failures[version] = exc.message

@@ -7,6 +7,7 @@ import dataclasses
 import enum
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tritonclient.grpc import model_config_pb2 as mc
 
@@ -14,6 +15,9 @@ from appliance.backends import RuntimeOptions
 from appliance.core.loader import LoadedModel, load_model
 from appliance.core.model import ModelVersion
 from appliance.errors import ApplianceError, InvalidInput, ModelNotFound, ModelNotReady
+
+if TYPE_CHECKING:
+    from appliance.selection import Selector
 
 __all__ = ["ModelEntry", "ModelRegistry", "ModelState", "parse_version"]
 
@@ -50,9 +54,13 @@ def parse_version(text: str | None) -> int | None:
 
 
 class ModelRegistry:
-    def __init__(self, repository: Path, options: RuntimeOptions) -> None:
+    def __init__(self, repository: Path, options: RuntimeOptions, selector: Selector | None = None,
+                 retune: bool = False) -> None:
         self.repository = repository
         self._options = options
+        self.selector = selector
+        """Set before load_all(); None serves each model with its config's backend as is."""
+        self._retune = retune
         self._models: dict[str, ModelEntry] = {}
 
     def scan(self) -> list[Path]:
@@ -64,18 +72,28 @@ class ModelRegistry:
             )
         return sorted(p for p in self.repository.iterdir() if p.is_dir() and not p.name.startswith("."))
 
-    async def load_all(self) -> None:
-        """Load every model; one that fails is recorded UNAVAILABLE with its reason."""
+    def discover(self) -> list[Path]:
+        """Scan the repository and list its models as LOADING (blocking: call off the loop)."""
         paths = self.scan()
         for path in paths:
-            self._models[path.name] = ModelEntry(path.name)
-        for path in paths:
-            await self._load(path)
+            self._models.setdefault(path.name, ModelEntry(path.name))
+        return paths
+
+    async def load_all(self) -> None:
+        """Load every discovered model, concurrently: a model with a cached plan is ready while
+        another one is still measuring its candidates (the selector lets one model tune at a time).
+        A model that fails is recorded UNAVAILABLE with its reason."""
+        if not self._models:
+            await asyncio.to_thread(self.discover)
+        paths = [self.repository / name for name in self._models]
+        await asyncio.gather(*(self._load(path) for path in paths))
 
     async def _load(self, path: Path) -> None:
         entry = self._models[path.name]
         try:
-            loaded: LoadedModel = await asyncio.to_thread(load_model, path, self._options)
+            loaded: LoadedModel = await asyncio.to_thread(
+                load_model, path, self._options, self.selector, self._retune
+            )
         except ApplianceError as exc:
             entry.state, entry.reason = ModelState.UNAVAILABLE, exc.message
             log.error("model %s failed to load: %s", path.name, exc.message)

@@ -102,6 +102,10 @@ async def model_statistics(request: web.Request) -> web.Response:
     return _json(request.app[DATAPLANE].model_statistics(name, request.match_info.get("version")))
 
 
+async def model_selection(request: web.Request) -> web.Response:
+    return _json(request.app[DATAPLANE].model_selection(*_model_args(request)))
+
+
 async def repository_index(request: web.Request) -> web.Response:
     ready_only = False
     if request.can_read_body:
@@ -133,6 +137,7 @@ ROUTES = [
             web.get(prefix + "/config", model_config),
             web.post(prefix + "/infer", infer),
             web.get(prefix + "/stats", model_statistics),
+            web.get(prefix + "/selection", model_selection),
         )
     ),
 ]

@@ -103,7 +103,7 @@ def test_missing_repository_fails_fast(start_daemon, tmp_path):
 
 
 def test_builtin_example_repository(start_daemon):
-    daemon = start_daemon(None)
+    daemon = start_daemon(None, selection=True)  # what `make serve` runs: measured selection on
     with triton.InferenceServerClient(daemon.url) as client:
         assert client.is_server_ready()
         names = {row["name"] for row in client.get_model_repository_index()}

@@ -1,0 +1,83 @@
+"""Candidate plans: the ways this box can run a model file (runtime + provider/device + precision)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+__all__ = ["Plan", "ProbeView", "enumerate_plans"]
+
+
+class ProbeView(Protocol):
+    """What selection needs from hardware_probe's report."""
+
+    def onnxruntime_providers(self) -> list[str]: ...
+    def openvino_devices(self) -> list[str]: ...
+    def torch_cuda(self) -> bool: ...
+    def tensorrt_version(self) -> str | None: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """One way to run a model: a backend plus the config parameters that steer it."""
+
+    id: str
+    backend: str
+    parameters: tuple[tuple[str, str], ...] = ()
+    reduced_precision: bool = False
+    """bf16/fp16 plans: checked against the looser low-precision tolerance, and only kept when the
+    model's tolerance admits them."""
+
+    def apply(self, config: mc.ModelConfig) -> mc.ModelConfig:
+        """A copy of the config with this plan's parameters set (user parameters otherwise kept)."""
+        copy = mc.ModelConfig()
+        copy.CopyFrom(config)
+        for key, value in self.parameters:
+            copy.parameters[key].string_value = value
+        return copy
+
+    def as_json(self) -> dict[str, Any]:
+        return {"plan": self.id, "backend": self.backend, "parameters": dict(self.parameters),
+                "reduced_precision": self.reduced_precision}
+
+
+def _openvino_plans(devices: Sequence[str], bf16: bool) -> list[Plan]:
+    plans = [Plan(f"openvino:{d}", "openvino", (("device", d),)) for d in devices]
+    if bf16 and "CPU" in devices:
+        plans.append(Plan("openvino:CPU:bf16", "openvino", (("device", "CPU"), ("inference_precision", "bf16")),
+                          reduced_precision=True))
+    return plans
+
+
+def _onnx_plans(probe: ProbeView, bf16: bool) -> list[Plan]:
+    providers = probe.onnxruntime_providers()
+    plans = [Plan("onnxruntime:CPU", "onnxruntime", (("onnx_provider", "CPUExecutionProvider"),))]
+    if "OpenVINOExecutionProvider" in providers:
+        for device in probe.openvino_devices() or ["CPU"]:
+            plans.append(Plan(f"onnxruntime+openvino:{device}", "onnxruntime", (
+                ("onnx_provider", "OpenVINOExecutionProvider"), ("onnx_provider_device", device))))
+    if "CUDAExecutionProvider" in providers:
+        plans.append(Plan("onnxruntime:CUDA", "onnxruntime", (("onnx_provider", "CUDAExecutionProvider"),)))
+    if "TensorrtExecutionProvider" in providers:
+        plans.append(Plan("onnxruntime:TensorRT", "onnxruntime", (("onnx_provider", "TensorrtExecutionProvider"),)))
+    # Native OpenVINO reads ONNX directly.
+    plans += _openvino_plans(probe.openvino_devices(), bf16)
+    return plans
+
+
+def enumerate_plans(backend: str, probe: ProbeView, cpu_flags: Sequence[str] = ()) -> list[Plan]:
+    """Every plan that can run a file of ``backend``'s kind here; the first is the fp32 CPU reference."""
+    bf16 = any(flag in cpu_flags for flag in ("avx512_bf16", "amx_bf16"))
+    if backend == "onnxruntime":
+        return _onnx_plans(probe, bf16)
+    if backend == "openvino":
+        return _openvino_plans(probe.openvino_devices() or ["CPU"], bf16)
+    if backend in ("pytorch", "torch_export"):
+        plans = [Plan(f"{backend}:cpu", backend, (("device", "cpu"),))]
+        if probe.torch_cuda():
+            plans.append(Plan(f"{backend}:cuda", backend, (("device", "cuda"),)))
+        return plans
+    return [Plan(backend, backend)]  # python, tensorrt: one way to run them

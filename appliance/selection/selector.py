@@ -1,0 +1,277 @@
+"""Choose a plan per model version: cache hit, or build, check and time every candidate.
+
+Tuning is blocking (it runs on a loader thread) and serialised: two models never time their candidates
+at once, so each measurement has the box to itself, while models with a cached decision load freely.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import dataclasses
+import logging
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+from appliance.backends import BACKENDS, Backend, BackendInfo, LoadContext, RuntimeOptions
+from appliance.core.config import config_to_json
+from appliance.errors import ConfigError
+from appliance.selection.measure import max_abs_error, sample_inputs, time_runs, within_tolerance
+from appliance.selection.plans import Plan, ProbeView, enumerate_plans
+from model_cache import ModelCache, cache_key, hash_files
+
+__all__ = ["Choice", "SelectionSettings", "Selector"]
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[str, int, int], None]
+"""progress(message, step, steps)"""
+
+# Triton's optimization.execution_accelerators names -> our plans.
+_ACCELERATORS = {"openvino": "onnxruntime+openvino:CPU", "tensorrt": "onnxruntime:TensorRT", "cuda": "onnxruntime:CUDA"}
+
+
+@dataclasses.dataclass(frozen=True)
+class SelectionSettings:
+    budget: float = 0.3
+    """Seconds of timing per candidate and batch size."""
+    build_timeout: float = 120.0
+    atol: float = 1e-4
+    rtol: float = 1e-3
+    reduced_atol: float = 2e-2
+    reduced_rtol: float = 2e-2
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    plan: Plan
+    decision: dict[str, Any]
+    cache: str
+    """"hit", "miss" or "off"."""
+    artefacts: Path | None
+
+
+def _parameter(config: mc.ModelConfig, key: str) -> str:
+    value = config.parameters.get(key)
+    return value.string_value.strip() if value is not None else ""
+
+
+def _pinned(config: mc.ModelConfig) -> str:
+    pinned = _parameter(config, "plan")
+    if pinned:
+        return pinned
+    accelerators = config.optimization.execution_accelerators
+    for accelerator in [*accelerators.gpu_execution_accelerator, *accelerators.cpu_execution_accelerator]:
+        if accelerator.name in _ACCELERATORS:
+            return _ACCELERATORS[accelerator.name]
+    return ""
+
+
+def _tolerance(config: mc.ModelConfig, plan: Plan, settings: SelectionSettings) -> tuple[float, float]:
+    atol, rtol = (settings.reduced_atol, settings.reduced_rtol) if plan.reduced_precision else (settings.atol, settings.rtol)
+    override = _parameter(config, "tolerance")
+    if override:
+        try:
+            atol = rtol = float(override)
+        except ValueError:
+            raise ConfigError(f"model {config.name!r}: parameter tolerance must be a number, got {override!r}") from None
+    return atol, rtol
+
+
+def _selection_inputs(config: mc.ModelConfig) -> dict[str, Any]:
+    """The parts of a config that change what selection measures (and so the cache key)."""
+    document = config_to_json(config)
+    return {k: document.get(k) for k in ("max_batch_size", "input", "output", "parameters", "optimization",
+                                          "model_warmup", "default_model_filename")}
+
+
+class Selector:
+    def __init__(self, probe: ProbeView, fingerprint: str, runtime_versions: dict[str, str],
+                 cache: ModelCache | None, settings: SelectionSettings = SelectionSettings(),
+                 cpu_flags: tuple[str, ...] = (), extra_plans: tuple[Plan, ...] = (),
+                 backends: tuple[BackendInfo, ...] = BACKENDS) -> None:
+        self._probe = probe
+        self.fingerprint = fingerprint
+        self._versions = runtime_versions
+        self._cache = cache
+        self._settings = settings
+        self._cpu_flags = cpu_flags
+        self._extra_plans = extra_plans
+        self._backends = backends
+        self._tuning = threading.Lock()
+        self.progress: Progress | None = None
+        """Where tuning reports its steps besides the log (the CLI's progress bar)."""
+
+    def plans_for(self, info: BackendInfo, config: mc.ModelConfig) -> tuple[list[Plan], dict[str, str]]:
+        """Candidate plans after pins and exclusions, and why the others were left out."""
+        plans = [*enumerate_plans(info.name, self._probe, self._cpu_flags), *self._extra_plans]
+        skipped: dict[str, str] = {}
+        excluded = [p.strip() for p in _parameter(config, "exclude_plans").split(",") if p.strip()]
+        pinned = _pinned(config)
+        allow_reduced = _parameter(config, "allow_reduced_precision").lower() in ("1", "true", "yes")
+        if pinned and pinned not in {p.id for p in plans}:
+            raise ConfigError(
+                f"model {config.name!r} pins plan {pinned!r}, which cannot run here; plans: {[p.id for p in plans]}"
+            )
+        kept = []
+        for index, plan in enumerate(plans):
+            if index == 0:
+                kept.append(plan)  # the fp32 reference always runs: the others are checked against it
+            elif pinned and plan.id != pinned:
+                skipped[plan.id] = f"the model pins {pinned}"
+            elif any(plan.id == e or plan.id.startswith(e + ":") for e in excluded):
+                skipped[plan.id] = "excluded by parameters.exclude_plans"
+            elif plan.reduced_precision and not allow_reduced and plan.id != pinned:
+                skipped[plan.id] = "reduced precision; set parameters allow_reduced_precision to consider it"
+            else:
+                kept.append(plan)
+        return kept, skipped
+
+    def _key(self, version_dir: Path, config: mc.ModelConfig) -> str:
+        return cache_key(hash_files(version_dir), config=_selection_inputs(config), fingerprint=self.fingerprint,
+                         runtimes=self._versions)
+
+    def choose(self, info: BackendInfo, context: LoadContext, force: bool = False,
+               progress: Progress | None = None) -> Choice:
+        """The plan to serve ``context``'s model version with: cached, or measured now."""
+        key = self._key(context.version_dir, context.config)
+        if self._cache is not None and not force:
+            entry = self._cache.lookup(key)
+            if entry is not None:
+                plan = _plan_from(entry.decision)
+                return Choice(plan, entry.decision, "hit", entry.artefacts)
+        plans, skipped = self.plans_for(info, context.config)
+        if len(plans) == 1 and not skipped:
+            # One way to run it (Python, TensorRT engines): nothing to measure or cache.
+            only = {"model": context.model_name, "version": context.version, "chosen": plans[0].id,
+                    "plan": plans[0].as_json(), "objective": _parameter(context.config, "objective") or "latency",
+                    "hardware_fingerprint": self.fingerprint,
+                    "candidates": [{"plan": plans[0].id, "status": "ok", "latency_ms": None, "throughput": None,
+                                    "max_abs_error": None, "reason": "the only way to run this model here"}]}
+            return Choice(plans[0], only, "off", None)
+        with self._tuning:
+            return self._tune(info, context, plans, skipped, key, progress)
+
+    def _tune(self, info: BackendInfo, context: LoadContext, plans: list[Plan], skipped: dict[str, str],
+              key: str, progress: Progress | None) -> Choice:
+        config = context.config
+        objective = _parameter(config, "objective") or "latency"
+        if objective not in ("latency", "throughput"):
+            raise ConfigError(f"model {config.name!r}: objective must be latency or throughput, got {objective!r}")
+        batches = [1] + ([config.max_batch_size] if config.max_batch_size > 1 else [])
+        samples = {b: sample_inputs(config, context.version_dir.parent, b) for b in batches}
+        outputs = [o.name for o in config.output]
+        report = _Progress(context.model_name, len(plans), progress or self.progress)
+        with (self._cache.staging() if self._cache is not None else _scratch()) as staging:
+            reference: dict[int, dict] = {}
+            results: list[dict[str, Any]] = []
+            for plan in plans:
+                report(f"building {plan.id}")
+                artefacts = staging / plan.id.replace(":", "_").replace("+", "_")
+                artefacts.mkdir()
+                results.append(self._measure(plan, info, context, artefacts, samples, outputs, reference))
+            results += [{"plan": p, "status": "skipped", "reason": r} for p, r in skipped.items()]
+            chosen = _best(results, objective)
+            if chosen is None:
+                reasons = "; ".join(f"{r['plan']}: {r.get('reason')}" for r in results)
+                raise ConfigError(f"model {context.model_name!r}: no plan can run it here ({reasons})")
+            plan = next(p for p in plans if p.id == chosen)
+            decision = {
+                "model": context.model_name,
+                "version": context.version,
+                "chosen": chosen,
+                "plan": plan.as_json(),
+                "objective": objective,
+                "hardware_fingerprint": self.fingerprint,
+                "tuned_at": time.time(),
+                "candidates": results,
+            }
+            report(f"chose {chosen}", done=True)
+            if self._cache is None:
+                return Choice(plan, decision, "off", None)
+            entry = self._cache.store(key, decision, staging / chosen.replace(":", "_").replace("+", "_"))
+        return Choice(plan, decision, "miss", entry.artefacts)
+
+    def _measure(self, plan: Plan, info: BackendInfo, context: LoadContext, artefacts: Path,
+                 samples: dict[int, dict], outputs: list[str], reference: dict[int, dict]) -> dict[str, Any]:
+        row: dict[str, Any] = {"plan": plan.id, "status": "failed", "latency_ms": None, "throughput": None,
+                               "max_abs_error": None, "reason": ""}
+        target = next((b for b in self._backends if b.name == plan.backend), info)
+        plan_context = dataclasses.replace(context, config=plan.apply(context.config), artefacts=artefacts)
+        try:
+            backend = _build(target, plan_context, self._settings.build_timeout)
+        except Exception as exc:  # a candidate that cannot build is a result, not an error
+            row["reason"] = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
+            return row
+        try:
+            results = {b: backend.run(x, outputs) for b, x in samples.items()}
+            if not reference:
+                reference.update(results)  # the first plan is the fp32 CPU reference
+            error = max(max_abs_error(reference[b], results[b]) for b in samples)
+            row["max_abs_error"] = error
+            atol, rtol = _tolerance(context.config, plan, self._settings)
+            if not all(within_tolerance(reference[b], error, atol, rtol) for b in samples):
+                row.update(status="rejected", reason=f"max abs error {error:.3g} exceeds atol {atol:g} + rtol {rtol:g}")
+                return row
+            timings = {b: time_runs(lambda x=x: backend.run(x, outputs), self._settings.budget) for b, x in samples.items()}
+            row["latency_ms"] = round(timings[1] * 1000, 4)
+            top = max(samples)
+            row["throughput"] = round(top / timings[top], 1) if top > 1 else round(1 / timings[1], 1)
+            row["status"] = "ok"
+        except Exception as exc:
+            row["reason"] = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
+        finally:
+            backend.close()
+        return row
+
+
+def _build(info: BackendInfo, context: LoadContext, timeout: float) -> Backend:
+    """Load one candidate, giving up after ``timeout`` (a hung compile leaves only its thread behind)."""
+    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tune-build")
+    future = pool.submit(info.load, context)
+    try:
+        return future.result(timeout)
+    except concurrent.futures.TimeoutError:
+        raise ConfigError(f"building took longer than {timeout:.0f} s") from None
+    finally:
+        pool.shutdown(wait=False)
+
+
+def _best(results: list[dict[str, Any]], objective: str) -> str | None:
+    ok = [r for r in results if r["status"] == "ok"]
+    if not ok:
+        return None
+    if objective == "throughput":
+        return max(ok, key=lambda r: r["throughput"])["plan"]
+    return min(ok, key=lambda r: r["latency_ms"])["plan"]
+
+
+def _plan_from(decision: dict[str, Any]) -> Plan:
+    plan = decision["plan"]
+    return Plan(plan["plan"], plan["backend"], tuple(sorted(plan["parameters"].items())),
+                reduced_precision=bool(plan.get("reduced_precision", False)))
+
+
+class _Progress:
+    def __init__(self, model: str, steps: int, sink: Progress | None) -> None:
+        self._model, self._steps, self._sink, self._step = model, steps, sink, 0
+
+    def __call__(self, message: str, done: bool = False) -> None:
+        if not done:
+            self._step += 1
+        log.info("tuning %s [%d/%d]: %s", self._model, self._step, self._steps, message)
+        if self._sink is not None:
+            self._sink(message, self._step, self._steps)
+
+
+@contextlib.contextmanager
+def _scratch() -> Iterator[Path]:
+    """A temporary directory when there is no cache to stage into."""
+    with tempfile.TemporaryDirectory() as path:
+        yield Path(path)
