@@ -89,3 +89,28 @@ def write_model(repo: Path, name: str, model: onnx.ModelProto, version: int = 1,
     if config is not None:
         (repo / name / "config.pbtxt").write_text(config)
     return repo / name
+
+
+def cnn_model(seed: int = 0) -> onnx.ModelProto:
+    """A small CNN: image [batch, 3, 16, 16] -> logits [batch, 5] (conv, relu, global pool, dense)."""
+    rng = np.random.default_rng(seed)
+    nodes = [
+        helper.make_node("Conv", ["image", "cw", "cb"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["r"]),
+        helper.make_node("GlobalAveragePool", ["r"], ["g"]),
+        helper.make_node("Flatten", ["g"], ["f"]),
+        helper.make_node("Gemm", ["f", "dw", "db"], ["logits"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "cnn",
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["batch", 3, 16, 16])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 5])],
+        initializer=[
+            numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32) * 0.3, "cw"),
+            numpy_helper.from_array(np.zeros(8, np.float32), "cb"),
+            numpy_helper.from_array(rng.standard_normal((8, 5)).astype(np.float32) * 0.3, "dw"),
+            numpy_helper.from_array(np.zeros(5, np.float32), "db"),
+        ],
+    )
+    return helper.make_model(graph, opset_imports=OPSET)

@@ -81,6 +81,7 @@ def _daemon_factory(tmp_path_factory) -> Iterator:
         # Serving-path tests compare outputs with onnxruntime exactly, so by default they serve each
         # model with its config's backend; selection tests ask for measured selection.
         state = state or tmp_path_factory.mktemp("state")
+        state.mkdir(parents=True, exist_ok=True)
         log_path = state / f"daemon-{len(started)}.log"
         command = [sys.executable, "-m", "appliance", "serve", "--host", "127.0.0.1", "--http-port", "0",
                    "--state-dir", str(state), "--no-mdns", *args]

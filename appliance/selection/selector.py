@@ -200,7 +200,7 @@ class Selector:
 
     def _measure(self, plan: Plan, info: BackendInfo, context: LoadContext, artefacts: Path,
                  samples: dict[int, dict], outputs: list[str], reference: dict[int, dict]) -> dict[str, Any]:
-        row: dict[str, Any] = {"plan": plan.id, "status": "failed", "latency_ms": None, "throughput": None,
+        row: dict[str, Any] = {**plan.as_json(), "status": "failed", "latency_ms": None, "throughput": None,
                                "max_abs_error": None, "reason": ""}
         target = next((b for b in self._backends if b.name == plan.backend), info)
         plan_context = dataclasses.replace(context, config=plan.apply(context.config), artefacts=artefacts)

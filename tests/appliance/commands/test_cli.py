@@ -1,0 +1,56 @@
+"""The CLI subcommands as users run them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.builders import cnn_model, save
+
+
+def _appliance(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    import os
+
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("APPLIANCE_")}
+    environment.update(env or {})
+    return subprocess.run([sys.executable, "-m", "appliance", *args], capture_output=True, text=True,
+                          timeout=300, env=environment)
+
+
+def test_probe_json_reports_this_box():
+    result = _appliance("probe", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    cpu = report["sections"]["cpu"]
+    assert cpu["status"] == "present" and cpu["logical_threads"] >= 1 and cpu["model"]
+    assert report["sections"]["memory"]["total_bytes"] > 0
+    runtimes = report["sections"]["runtimes"]
+    assert "CPUExecutionProvider" in runtimes["onnxruntime"]["loadable_providers"]
+    assert "CPU" in runtimes["openvino"]["devices"]
+    assert len(report["fingerprint"]) >= 16 and "cpu" in report["accelerators"]
+
+
+def test_probe_table():
+    result = _appliance("probe")
+    assert result.returncode == 0 and "fingerprint" in result.stdout and "onnxruntime" in result.stdout
+
+
+def test_tune_then_cache_ls_and_clear(tmp_path):
+    repo = tmp_path / "repo"
+    save(cnn_model(), repo / "cnn" / "1" / "model.onnx")
+    state = tmp_path / "state"
+    env = {"APPLIANCE_TUNE_BUDGET": "0.05"}
+    tuned = _appliance("tune", "cnn", "--model-repository", str(repo), "--state-dir", str(state), env=env)
+    assert tuned.returncode == 0, tuned.stderr
+    assert "chosen" in tuned.stdout and "onnxruntime:CPU" in tuned.stdout and "openvino:CPU" in tuned.stdout
+    assert "2/" in tuned.stderr  # the progress bar went through the candidates
+    listed = _appliance("cache", "ls", "--state-dir", str(state))
+    assert "1 entries" in listed.stdout and "cnn:1" in listed.stdout
+    cleared = _appliance("cache", "clear", "--state-dir", str(state))
+    assert "removed 1 entries" in cleared.stdout
+
+
+def test_tune_unknown_model_is_a_clear_error(tmp_path):
+    result = _appliance("tune", "nope", "--model-repository", str(tmp_path), "--state-dir", str(tmp_path / "s"))
+    assert result.returncode == 2 and "no model 'nope'" in result.stderr

@@ -1,0 +1,100 @@
+"""Selection on this box with real runtimes: candidates measured, the fastest chosen, wrong ones rejected."""
+
+from __future__ import annotations
+
+import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+import hardware_probe
+from appliance.backends import BACKENDS, LoadContext, RuntimeOptions
+from appliance.core.config import complete_config
+from appliance.selection import Plan, Selector, enumerate_plans
+from appliance.selection.selector import SelectionSettings
+from model_cache import ModelCache
+from tests.appliance.selection.faulty import FAULTY
+from tests.builders import cnn_model, save
+
+ONNX = BACKENDS[0]
+
+
+@pytest.fixture(scope="module")
+def report():
+    return hardware_probe.probe(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def model_file(tmp_path_factory):
+    return save(cnn_model(), tmp_path_factory.mktemp("m") / "cnn" / "1" / "model.onnx")
+
+
+def _context(model_file, extra: str = "") -> LoadContext:
+    config = text_format.Parse(extra, mc.ModelConfig())
+    config.name = "cnn"
+    backend = ONNX.load(LoadContext("cnn", 1, model_file, config, RuntimeOptions()))
+    config = complete_config(config, platform="onnxruntime_onnx", backend="onnxruntime",
+                             default_filename="model.onnx", inputs=backend.inputs(), outputs=backend.outputs())
+    return LoadContext("cnn", 1, model_file, config, RuntimeOptions(), threads=1)
+
+
+def _selector(report, cache=None, **kwargs) -> Selector:
+    return Selector(report, report.fingerprint, report.runtime_versions(), cache,
+                    SelectionSettings(budget=0.05), cpu_flags=tuple(report.cpu_flags()), **kwargs)
+
+
+def test_onnx_model_has_at_least_two_measured_candidates_and_the_fastest_wins(report, model_file):
+    choice = _selector(report).choose(ONNX, _context(model_file))
+    ok = [c for c in choice.decision["candidates"] if c["status"] == "ok"]
+    assert {"onnxruntime:CPU", "openvino:CPU"} <= {c["plan"] for c in ok}
+    assert choice.plan.id == min(ok, key=lambda c: c["latency_ms"])["plan"]
+    assert all(c["max_abs_error"] is not None and c["throughput"] > 0 for c in ok)
+    assert choice.decision["hardware_fingerprint"] == report.fingerprint
+    assert choice.decision["objective"] == "latency"
+
+
+def test_throughput_objective_picks_the_most_items_per_second(report, model_file):
+    context = _context(model_file, 'parameters { key: "objective" value: { string_value: "throughput" } }')
+    choice = _selector(report).choose(ONNX, context)
+    ok = [c for c in choice.decision["candidates"] if c["status"] == "ok"]
+    assert choice.plan.id == max(ok, key=lambda c: c["throughput"])["plan"]
+
+
+def test_a_plan_that_computes_wrong_numbers_is_rejected(report, model_file):
+    faulty = Plan("faulty:shifted", "faulty")
+    selector = _selector(report, extra_plans=(faulty,), backends=(*BACKENDS, FAULTY))
+    choice = selector.choose(ONNX, _context(model_file))
+    row = next(c for c in choice.decision["candidates"] if c["plan"] == "faulty:shifted")
+    assert row["status"] == "rejected" and "exceeds" in row["reason"]
+    assert row["max_abs_error"] == pytest.approx(0.1, rel=1e-3)
+    assert choice.plan.id != "faulty:shifted"
+
+
+def test_pinned_reduced_precision_plan_beyond_tolerance_is_rejected(report, model_file):
+    if "openvino:CPU:bf16" not in {p.id for p in enumerate_plans("onnxruntime", report, report.cpu_flags())}:
+        pytest.skip("this CPU has no native bf16, so there is no bf16 plan")
+    context = _context(model_file, 'parameters { key: "plan" value: { string_value: "openvino:CPU:bf16" } }\n'
+                                   'parameters { key: "tolerance" value: { string_value: "1e-6" } }')
+    choice = _selector(report).choose(ONNX, context)
+    rows = {c["plan"]: c for c in choice.decision["candidates"]}
+    assert rows["openvino:CPU:bf16"]["status"] == "rejected"
+    assert rows["openvino:CPU"]["status"] == "skipped" and "pins" in rows["openvino:CPU"]["reason"]
+    assert choice.plan.id == "onnxruntime:CPU"  # the reference is what is left
+
+
+def test_excluded_plans_are_skipped(report, model_file):
+    context = _context(model_file, 'parameters { key: "exclude_plans" value: { string_value: "openvino" } }')
+    choice = _selector(report).choose(ONNX, context)
+    rows = {c["plan"]: c for c in choice.decision["candidates"]}
+    assert rows["openvino:CPU"]["status"] == "skipped"
+    assert choice.plan.id == "onnxruntime:CPU"
+
+
+def test_cached_decision_is_reused_without_timing(report, model_file, tmp_path):
+    cache = ModelCache(tmp_path / "cache")
+    first = _selector(report, cache).choose(ONNX, _context(model_file))
+    second = _selector(report, cache).choose(ONNX, _context(model_file))
+    assert (first.cache, second.cache) == ("miss", "hit")
+    assert second.decision["tuned_at"] == first.decision["tuned_at"]
+    assert second.plan == first.plan
+    retuned = _selector(report, cache).choose(ONNX, _context(model_file), force=True)
+    assert retuned.cache == "miss" and retuned.decision["tuned_at"] > first.decision["tuned_at"]
