@@ -116,3 +116,17 @@ def start_daemon(tmp_path_factory) -> Iterator:
 def module_daemon(tmp_path_factory) -> Iterator:
     """The same factory, with daemons shared by a test module."""
     yield from _daemon_factory(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def daemon(module_daemon, repository):
+    """The module's daemon, serving the module's own ``repository`` fixture."""
+    return module_daemon(repository)
+
+
+@pytest.fixture(scope="module")
+def client(daemon):
+    import tritonclient.http as triton
+
+    with triton.InferenceServerClient(daemon.url) as client:
+        yield client

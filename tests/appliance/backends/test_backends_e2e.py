@@ -63,20 +63,8 @@ def repository(tmp_path_factory):
     _write(repo, "wrong_count", "model.py", pm.SIMPLE_CONFIG).write_text(pm.WRONG_COUNT)
     _write(repo, "exits", "model.py", "max_batch_size: 4\n" + pm.SIMPLE_CONFIG).write_text(pm.EXITS)
     _write(repo, "request_error", "model.py", pm.SIMPLE_CONFIG).write_text(pm.REQUEST_ERROR)
-    _write(repo, "torchscript_no_config", "model.pt").write_bytes(onnx_path.read_bytes())
-    torch.jit.trace(net, example).save(str(repo / "torchscript_no_config" / "1" / "model.pt"))
+    torch.jit.trace(net, example).save(str(_write(repo, "torchscript_no_config", "model.pt")))
     return repo
-
-
-@pytest.fixture(scope="module")
-def daemon(module_daemon, repository):
-    return module_daemon(repository)
-
-
-@pytest.fixture(scope="module")
-def client(daemon):
-    with triton.InferenceServerClient(daemon.url) as client:
-        yield client
 
 
 CNN_MODELS = {

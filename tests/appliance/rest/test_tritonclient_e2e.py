@@ -46,17 +46,6 @@ def repository(tmp_path_factory):
     return repo
 
 
-@pytest.fixture(scope="module")
-def daemon(module_daemon, repository):
-    return module_daemon(repository)
-
-
-@pytest.fixture(scope="module")
-def client(daemon):
-    with triton.InferenceServerClient(daemon.url) as client:
-        yield client
-
-
 def _reference(repo, model: str, feeds: dict[str, np.ndarray], version: int = 1) -> dict[str, np.ndarray]:
     session = ort.InferenceSession(str(repo / model / str(version) / "model.onnx"))
     feeds = {k: v.astype(str) if v.dtype == object else v for k, v in feeds.items()}

@@ -135,27 +135,17 @@ async def test_preferred_size_chosen_when_the_delay_expires(make_scheduler):
     assert backend.batch_sizes == [1, 2, 1]  # 3 pending, 4 not reached: the largest preferred (2) goes
 
 
-async def test_preserve_ordering_across_instances(make_scheduler):
+@pytest.mark.parametrize("preserve,order", [(True, [0, 1]), (False, [1, 0])])
+async def test_preserve_ordering_across_instances(make_scheduler, preserve, order):
     # Instance 0 gets the slow request; instance 1 finishes the fast one first.
     slow_then_fast = [FakeBackend(delay=lambda inputs: 0.3 if inputs["x"][0, 0] == 0 else 0.0) for _ in range(2)]
-    scheduler = make_scheduler(SchedulerPolicy(max_batch_size=4, preserve_ordering=True), *slow_then_fast)
+    scheduler = make_scheduler(SchedulerPolicy(max_batch_size=4, preserve_ordering=preserve), *slow_then_fast)
     finished: list[int] = []
     tasks = [submit(scheduler, float(i)) for i in range(2)]
     for i, task in enumerate(tasks):
         task.add_done_callback(lambda _, i=i: finished.append(i))
     await asyncio.gather(*tasks)
-    assert finished == [0, 1]
-
-
-async def test_without_preserve_ordering_fast_requests_overtake(make_scheduler):
-    slow_then_fast = [FakeBackend(delay=lambda inputs: 0.3 if inputs["x"][0, 0] == 0 else 0.0) for _ in range(2)]
-    scheduler = make_scheduler(SchedulerPolicy(max_batch_size=4), *slow_then_fast)
-    finished: list[int] = []
-    tasks = [submit(scheduler, float(i)) for i in range(2)]
-    for i, task in enumerate(tasks):
-        task.add_done_callback(lambda _, i=i: finished.append(i))
-    await asyncio.gather(*tasks)
-    assert finished == [1, 0]
+    assert finished == order  # without preserve_ordering the fast request overtakes
 
 
 async def test_full_queue_rejects_at_once_with_retry_after(make_scheduler):
