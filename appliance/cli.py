@@ -11,13 +11,13 @@ from pathlib import Path
 from typing import Any
 
 from appliance import __version__
-from appliance.commands import cache, explain, probe, tune
+from appliance.commands import cache, explain, probe, stats, tune
 from appliance.errors import ApplianceError
 from appliance.settings import Settings, load_settings
 
 __all__ = ["main"]
 
-_COMMANDS = {"probe": probe, "tune": tune, "explain": explain, "cache": cache}
+_COMMANDS = {"probe": probe, "tune": tune, "explain": explain, "cache": cache, "stats": stats}
 
 
 def _serve_parser(sub: Any) -> None:
@@ -31,6 +31,9 @@ def _serve_parser(sub: Any) -> None:
     p.add_argument("--strict-readiness", dest="strict_readiness", action=argparse.BooleanOptionalAction,
                    default=None, help="ready only when every model is ready (default on, as Triton)")
     p.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR")
+    p.add_argument("--metrics-port", type=int, help="also serve /metrics alone on this port (Triton's 8002)")
+    p.add_argument("--no-metrics", dest="metrics", action="store_const", const=False,
+                   help="keep no history and serve no /metrics")
     p.add_argument("--no-selection", dest="selection", action="store_const", const=False,
                    help="serve each model with its config's backend, without measuring plans")
     p.add_argument("--retune", action="store_const", const=True, help="ignore cached plan decisions, measure again")

@@ -9,12 +9,16 @@ import signal
 from aiohttp import web
 
 from appliance import __version__
-from appliance.rest.app import build_app
+from appliance.rest.app import build_app, build_metrics_app
 from appliance.settings import Settings
 
 __all__ = ["serve"]
 
 log = logging.getLogger(__name__)
+
+
+def _host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
 
 
 async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
@@ -35,15 +39,23 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         shutdown_timeout=settings.shutdown_timeout,
     )
     await runner.setup()
+    metrics_runner: web.AppRunner | None = None
     try:
         site = web.TCPSite(runner, settings.host, settings.http_port, reuse_address=True)
         await site.start()
         for address in runner.addresses:
-            host, port = address[0], address[1]
             log.info("appliance %s serving KServe v2 on http://%s:%d (state dir %s)",
-                     __version__, f"[{host}]" if ":" in host else host, port, settings.state_dir)
+                     __version__, _host(address[0]), address[1], settings.state_dir)
+        if settings.metrics_port is not None and settings.metrics:
+            metrics_runner = web.AppRunner(build_metrics_app(app), access_log=None, handle_signals=False)
+            await metrics_runner.setup()
+            await web.TCPSite(metrics_runner, settings.host, settings.metrics_port, reuse_address=True).start()
+            for address in metrics_runner.addresses:
+                log.info("serving Prometheus metrics on http://%s:%d/metrics", _host(address[0]), address[1])
         await stop.wait()
         log.info("stopping: finishing in-flight requests (up to %.0f s)", settings.shutdown_timeout)
     finally:
+        if metrics_runner is not None:
+            await metrics_runner.cleanup()
         await runner.cleanup()
     log.info("stopped")

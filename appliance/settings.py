@@ -54,6 +54,15 @@ class Settings:
     """Seconds of timing per candidate plan and batch size."""
     cache_max_bytes: int = 2 * 1024**3
     """Size bound of the model cache (least recently used entries are evicted)."""
+    metrics: bool = True
+    """Keep on-device history in <state_dir>/metrics.db and serve /metrics."""
+    metrics_port: int | None = None
+    """A separate port that serves only /metrics (Triton's 8002); None: /metrics on the HTTP port only."""
+    metrics_interval: float = 1.0
+    history_raw_hours: float = 24.0
+    history_minute_days: float = 7.0
+    history_hour_days: float = 90.0
+    history_max_bytes: int = 256 * 1024 * 1024
     strict_readiness: bool = True
     """As Triton: the server is ready only when every model is ready."""
     shutdown_timeout: float = 10.0
@@ -64,6 +73,8 @@ class Settings:
             raise ConfigError(f"http_port must be 0..65535, got {self.http_port}")
         if self.max_request_bytes < 1024:
             raise ConfigError(f"max_request_bytes must be at least 1024, got {self.max_request_bytes}")
+        if self.metrics_interval <= 0:
+            raise ConfigError(f"metrics_interval must be > 0, got {self.metrics_interval}")
         if self.intra_op_threads < 0:
             raise ConfigError(f"intra_op_threads must be >= 0, got {self.intra_op_threads}")
 
@@ -74,6 +85,10 @@ class Settings:
     @property
     def cache_dir(self) -> Path:
         return self.state_dir / "cache"
+
+    @property
+    def metrics_db(self) -> Path:
+        return self.state_dir / "metrics.db"
 
 
 def _convert(name: str, hint: Any, value: Any) -> Any:

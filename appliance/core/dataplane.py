@@ -31,6 +31,8 @@ class DataPlane:
         self._strict = strict_readiness
         self.loaded = False
         """True once the repository has been loaded (successfully or not) at start-up."""
+        self.hardware: dict[str, Any] | None = None
+        """The hardware probe report (JSON), once the start-up probe has run."""
 
     def live(self) -> bool:
         return True
@@ -81,7 +83,7 @@ class DataPlane:
     def model_statistics(self, name: str | None = None, version: str | None = None) -> dict[str, Any]:
         """Triton's statistics extension: every ready version, one model, or one version."""
         if name is None:
-            models = [m for e in self.registry.entries() for _, m in sorted(e.versions.items())]
+            models = self.registry.ready_versions()
         elif version is None:
             self.registry.entry(name)
             models = [m for _, m in sorted(self.registry.entry(name).versions.items())]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 from typing import Any
@@ -14,12 +15,22 @@ from appliance.core.classification import classify
 from appliance.core.datatypes import v2_datatype
 from appliance.core.scheduler import Scheduler
 from appliance.core.signature import ModelSignature
-from appliance.core.stats import ModelStats
+from appliance.core.stats import FailureReason, ModelStats
 from appliance.core.types import InferOutput, InferRequest, InferResponse
 from appliance.core.validation import validate_request
-from appliance.errors import InferenceFailed
+from appliance.errors import ApplianceError, InferenceFailed, InvalidInput, Unavailable
 
 __all__ = ["ModelVersion"]
+
+
+def _failure_reason(exc: BaseException) -> str:
+    if isinstance(exc, asyncio.CancelledError):
+        return FailureReason.CANCELED
+    if isinstance(exc, Unavailable):
+        return FailureReason.REJECTED
+    if isinstance(exc, (InferenceFailed, ApplianceError)) and not isinstance(exc, InvalidInput):
+        return FailureReason.BACKEND
+    return FailureReason.OTHER
 
 
 @dataclasses.dataclass(eq=False)
@@ -58,13 +69,13 @@ class ModelVersion:
         """Validate, schedule and post-process one request; counts it in ``stats`` once it is valid."""
         batch_size = validate_request(self.name, self.signature, request)
         start = time.perf_counter_ns()
-        ok = False
         try:
             response = await self._run(request, batch_size)
-            ok = True
-            return response
-        finally:
-            self.stats.record_request(ok, time.perf_counter_ns() - start)
+        except BaseException as exc:
+            self.stats.record_request(False, time.perf_counter_ns() - start, _failure_reason(exc))
+            raise
+        self.stats.record_request(True, time.perf_counter_ns() - start)
+        return response
 
     async def _run(self, request: InferRequest, batch_size: int) -> InferResponse:
         inputs = {t.name: t.data for t in request.inputs}

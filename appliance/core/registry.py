@@ -7,6 +7,7 @@ import dataclasses
 import enum
 import logging
 from pathlib import Path
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from tritonclient.grpc import model_config_pb2 as mc
@@ -60,6 +61,9 @@ class ModelRegistry:
         self._options = options
         self.selector = selector
         """Set before load_all(); None serves each model with its config's backend as is."""
+        self.on_event: Callable[..., None] | None = None
+        """Told of model_loaded / model_failed / backend_chosen / model_unloaded (kind, model, version,
+        detail): the metrics history records them."""
         self._retune = retune
         self._models: dict[str, ModelEntry] = {}
 
@@ -97,10 +101,12 @@ class ModelRegistry:
         except ApplianceError as exc:
             entry.state, entry.reason = ModelState.UNAVAILABLE, exc.message
             log.error("model %s failed to load: %s", path.name, exc.message)
+            self._emit("model_failed", entry.name, None, {"reason": entry.reason})
             return
         except Exception as exc:
             entry.state, entry.reason = ModelState.UNAVAILABLE, f"{type(exc).__name__}: {exc}"
             log.exception("model %s failed to load", path.name)
+            self._emit("model_failed", entry.name, None, {"reason": entry.reason})
             return
         for model in loaded.versions.values():
             model.start()
@@ -111,6 +117,21 @@ class ModelRegistry:
             entry.name, sorted(entry.versions), entry.latest().platform,
             f" (failed: {loaded.failures})" if loaded.failures else "",
         )
+        for number, model in sorted(entry.versions.items()):
+            self._emit("model_loaded", entry.name, number, {"platform": model.platform, "backend": model.backend.name})
+            if model.selection is not None:
+                self._emit("backend_chosen", entry.name, number, {
+                    "chosen": model.selection.get("chosen"), "cache": model.selection.get("cache"),
+                    "candidates": model.selection.get("candidates", [])})
+        for number, reason in sorted(entry.failures.items()):
+            self._emit("model_failed", entry.name, number, {"reason": reason})
+
+    def _emit(self, kind: str, model: str, version: int | None, detail: dict) -> None:
+        if self.on_event is not None:
+            self.on_event(kind, model, version, detail)
+
+    def ready_versions(self) -> list[ModelVersion]:
+        return [m for e in self._models.values() for _, m in sorted(e.versions.items())]
 
     def entries(self) -> list[ModelEntry]:
         return [self._models[name] for name in sorted(self._models)]
@@ -148,11 +169,12 @@ class ModelRegistry:
 
     async def close(self, timeout: float) -> list[BaseException]:
         """Let in-flight requests finish (bounded by ``timeout``), then free every instance."""
-        models = [m for e in self._models.values() for m in e.versions.values()]
+        models = self.ready_versions()
         await asyncio.gather(*(m.drain(timeout) for m in models))
         errors: list[BaseException] = []
         for model in models:
             errors.extend(await model.close())
+            self._emit("model_unloaded", model.name, model.version, {})
         for entry in self._models.values():
             entry.versions.clear()
             entry.state, entry.reason = ModelState.UNAVAILABLE, "server is shutting down"

@@ -5,11 +5,26 @@ Updated on the event loop only (no locks); durations are nanoseconds, as Triton 
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import time
+from collections import Counter
 from typing import Any
 
-__all__ = ["BatchTiming", "Duration", "ModelStats"]
+__all__ = ["LATENCY_BUCKETS_US", "BatchTiming", "Duration", "FailureReason", "ModelStats"]
+
+# Upper bounds (µs) of the request latency histogram; one more bucket holds everything above.
+LATENCY_BUCKETS_US = (100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000,
+                      500_000, 1_000_000, 2_500_000, 5_000_000, 10_000_000)
+
+
+class FailureReason:
+    """Triton's failure reasons (the ``reason`` label of nv_inference_request_failure)."""
+
+    REJECTED = "REJECTED"  # queue full, queue timeout, model unloading
+    CANCELED = "CANCELED"  # the client went away
+    BACKEND = "BACKEND"  # the runtime failed
+    OTHER = "OTHER"
 
 
 @dataclasses.dataclass(slots=True)
@@ -53,9 +68,15 @@ class ModelStats:
         self.execution_count = 0
         self.last_inference_ms = 0
         self.batches: dict[int, _BatchBucket] = {}
+        self.failures: Counter[str] = Counter()
+        self.latency_histogram = [0] * (len(LATENCY_BUCKETS_US) + 1)
+        """Request counts per latency bucket (cumulative over the version's life, like the rest)."""
 
-    def record_request(self, ok: bool, duration_ns: int) -> None:
+    def record_request(self, ok: bool, duration_ns: int, reason: str = FailureReason.OTHER) -> None:
         (self.success if ok else self.fail).add(duration_ns)
+        if not ok:
+            self.failures[reason] += 1
+        self.latency_histogram[bisect.bisect_left(LATENCY_BUCKETS_US, duration_ns // 1000)] += 1
         self.last_inference_ms = time.time_ns() // 1_000_000
 
     def record_batch(self, batch_size: int, requests: int, queue_ns: list[int], timing: BatchTiming) -> None:

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
 
 import hardware_probe
 from hardware_probe import ProbeReport
@@ -17,11 +18,14 @@ from model_cache import ModelCache
 from appliance.backends import RuntimeOptions
 from appliance.core.dataplane import DataPlane
 from appliance.core.registry import ModelRegistry
-from appliance.errors import ConfigError
+from appliance.errors import ConfigError, Unavailable
 from appliance.examples import ensure_example_repository
 from appliance.rest.errors import error_middleware
 from appliance.rest.handlers import ROUTES
-from appliance.rest.keys import DATAPLANE, PROBE, SETTINGS
+from appliance import __version__
+from appliance.metrics.service import MetricsService
+from appliance.metrics.store import Retention
+from appliance.rest.keys import DATAPLANE, METRICS, SETTINGS
 from appliance.selection import Selector
 from appliance.selection.selector import SelectionSettings
 from appliance.settings import Settings
@@ -65,13 +69,18 @@ async def _models_ctx(app: web.Application) -> AsyncIterator[None]:
         raise ConfigError(str(exc)) from exc
     dataplane = DataPlane(registry, strict_readiness=settings.strict_readiness)
     app[DATAPLANE] = dataplane
+    metrics = app.get(METRICS)
+    if metrics is not None:
+        registry.on_event = metrics.event
     log.info("loading model repository %s", repository)
 
     async def load() -> None:
         # Probing imports the runtimes (seconds): done here, with the port already answering.
         report = await asyncio.to_thread(hardware_probe.probe, 15.0)
-        app[PROBE] = report
+        dataplane.hardware = {**report.to_json(), "summary": report.summary()}
         log.info("hardware: %s", report.summary())
+        if metrics is not None:
+            metrics.event("hardware", detail={"fingerprint": report.fingerprint, "summary": report.summary()})
         registry.selector = make_selector(settings, report)
         await registry.load_all()
         dataplane.loaded = True
@@ -88,9 +97,54 @@ async def _models_ctx(app: web.Application) -> AsyncIterator[None]:
             log.error("error while closing a model: %s", error)
 
 
+async def _metrics_ctx(app: web.Application) -> AsyncIterator[None]:
+    """Set up before the models (so it sees them load) and torn down after them (so it records their
+    unloading and the last requests)."""
+    settings = app[SETTINGS]
+    if not settings.metrics:
+        yield
+        return
+
+    def models() -> list:
+        dataplane = app.get(DATAPLANE)
+        return dataplane.registry.ready_versions() if dataplane is not None else []
+
+    retention = Retention(
+        raw_seconds=int(settings.history_raw_hours * 3600),
+        minute_seconds=int(settings.history_minute_days * 86400),
+        hour_seconds=int(settings.history_hour_days * 86400),
+        max_bytes=settings.history_max_bytes,
+    )
+    service = MetricsService(settings.metrics_db, retention, settings.metrics_interval, models)
+    await service.start()
+    app[METRICS] = service
+    service.event("daemon_start", detail={"version": __version__})
+    try:
+        yield
+    finally:
+        service.event("daemon_stop")
+        await service.stop()
+
+
 def build_app(settings: Settings) -> web.Application:
     app = web.Application(client_max_size=settings.max_request_bytes, middlewares=[error_middleware])
     app[SETTINGS] = settings
+    app.cleanup_ctx.append(_metrics_ctx)
     app.cleanup_ctx.append(_models_ctx)
     app.add_routes(ROUTES)
+    return app
+
+
+def build_metrics_app(main: web.Application) -> web.Application:
+    """The separate metrics port (Triton's 8002): /metrics of the main application, nothing else."""
+    app = web.Application(middlewares=[error_middleware])
+
+    async def metrics(request: web.Request) -> web.Response:
+        service = main.get(METRICS)
+        if service is None:
+            raise Unavailable("metrics are not running")
+        return web.Response(body=await asyncio.to_thread(service.prometheus),
+                            headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    app.router.add_get("/metrics", metrics)
     return app

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import orjson
 from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
 
+from appliance.dashboard import STATIC_DIR
+from appliance.metrics.history import history
 from appliance.core.types import InferRequest
 from appliance.errors import InvalidInput
 from appliance.rest.codec import HEADER_LENGTH, decode_infer_request, encode_infer_response
 from appliance.rest.errors import error_response, too_large
-from appliance.rest.keys import DATAPLANE, SETTINGS
+from appliance.rest.keys import DATAPLANE, METRICS, SETTINGS
 
 __all__ = ["ROUTES"]
 
@@ -106,6 +110,51 @@ async def model_selection(request: web.Request) -> web.Response:
     return _json(request.app[DATAPLANE].model_selection(*_model_args(request)))
 
 
+async def prometheus_metrics(request: web.Request) -> web.Response:
+    metrics = request.app.get(METRICS)
+    if metrics is None:
+        return error_response(503, "metrics are switched off (settings: metrics = false)")
+    body = await asyncio.to_thread(metrics.prometheus)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def _query_int(request: web.Request, name: str, default: int | None) -> int | None:
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(float(raw))
+    except ValueError:
+        raise InvalidInput(f"query parameter {name!r} must be a number (unix seconds for since/until), got {raw!r}") from None
+
+
+async def metrics_history(request: web.Request) -> web.Response:
+    settings = request.app[SETTINGS]
+    now = int(time.time())
+    until = _query_int(request, "until", now + 1)
+    since = _query_int(request, "since", (until or now) - 3600)
+    step = _query_int(request, "step", 5)
+    assert since is not None and until is not None and step is not None
+    model = request.query.get("model") or None
+    version = _query_int(request, "version", None)
+    try:
+        result = await asyncio.to_thread(history, settings.metrics_db, since, until, step, model, version)
+    except ValueError as exc:
+        raise InvalidInput(str(exc)) from None
+    return _json(result)
+
+
+async def hardware(request: web.Request) -> web.Response:
+    report = request.app[DATAPLANE].hardware
+    if report is None:
+        return error_response(503, "the hardware probe is still running; try again in a few seconds")
+    return _json(report)
+
+
+async def dashboard(request: web.Request) -> web.FileResponse:
+    return web.FileResponse(STATIC_DIR / "index.html")
+
+
 async def repository_index(request: web.Request) -> web.Response:
     ready_only = False
     if request.can_read_body:
@@ -123,6 +172,11 @@ _MODEL = "/v2/models/{model}"
 _VERSION = "/v2/models/{model}/versions/{version}"
 
 ROUTES = [
+    web.get("/", dashboard),
+    web.static("/dashboard/static", STATIC_DIR),
+    web.get("/metrics", prometheus_metrics),
+    web.get("/v2/history", metrics_history),
+    web.get("/v2/probe", hardware),
     web.get("/v2/health/live", server_live),
     web.get("/v2/health/ready", server_ready),
     web.get("/v2", server_metadata),

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from aiohttp import web
-from hardware_probe import ProbeReport
 
 from appliance.core.dataplane import DataPlane
+from appliance.metrics.service import MetricsService
 from appliance.settings import Settings
 
-__all__ = ["DATAPLANE", "PROBE", "SETTINGS"]
+__all__ = ["DATAPLANE", "METRICS", "SETTINGS"]
 
 SETTINGS = web.AppKey("settings", Settings)
 DATAPLANE = web.AppKey("dataplane", DataPlane)
-PROBE = web.AppKey("probe", ProbeReport)
+METRICS = web.AppKey("metrics", MetricsService)

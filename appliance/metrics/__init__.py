@@ -1,0 +1,1 @@
+"""On-device metrics: SQLite history, Prometheus (Triton's names), system samples, events."""

@@ -1,0 +1,115 @@
+"""Prometheus metrics with Triton's names, read at scrape time from the counters the daemon keeps.
+
+A collector on its own registry (never the global one): scraping costs the request path nothing.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+
+from appliance.core.model import ModelVersion
+from appliance.core.stats import LATENCY_BUCKETS_US, FailureReason
+
+__all__ = ["TritonCollector", "render"]
+
+_REASONS = (FailureReason.REJECTED, FailureReason.CANCELED, FailureReason.BACKEND, FailureReason.OTHER)
+
+
+class TritonCollector:
+    def __init__(self, models: Callable[[], list[ModelVersion]], system: Callable[[], dict[str, Any] | None]) -> None:
+        self._models = models
+        self._system = system
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["model", "version"]
+
+        def counter(name: str, text: str) -> _TritonCounter:
+            return _TritonCounter(name, text, labels)
+
+        success = counter("nv_inference_request_success", "Number of successful inference requests")
+        failure = _TritonCounter("nv_inference_request_failure", "Number of failed inference requests",
+                                 [*labels, "reason"])
+        count = counter("nv_inference_count", "Number of inferences performed (batch items)")
+        executions = counter("nv_inference_exec_count", "Number of model executions (batches)")
+        pending = GaugeMetricFamily("nv_inference_pending_request_count", "Requests queued, not yet executing",
+                                    labels=labels)
+        request_us = counter("nv_inference_request_duration_us", "Cumulative request duration (us)")
+        queue_us = counter("nv_inference_queue_duration_us", "Cumulative time requests waited in queue (us)")
+        input_us = counter("nv_inference_compute_input_duration_us", "Cumulative compute input duration (us)")
+        infer_us = counter("nv_inference_compute_infer_duration_us", "Cumulative compute inference duration (us)")
+        output_us = counter("nv_inference_compute_output_duration_us", "Cumulative compute output duration (us)")
+        latency = HistogramMetricFamily("nv_inference_request_latency_seconds",
+                                        "Request latency from arrival to response", labels=labels)
+        for model in self._models():
+            values = [model.name, str(model.version)]
+            stats = model.stats
+            success.add_metric(values, stats.success.count)
+            for reason in _REASONS:
+                failure.add_metric([*values, reason], stats.failures.get(reason, 0))
+            count.add_metric(values, stats.inference_count)
+            executions.add_metric(values, stats.execution_count)
+            pending.add_metric(values, model.scheduler.pending)
+            request_us.add_metric(values, (stats.success.ns + stats.fail.ns) // 1000)
+            queue_us.add_metric(values, stats.queue.ns // 1000)
+            input_us.add_metric(values, stats.compute_input.ns // 1000)
+            infer_us.add_metric(values, stats.compute_infer.ns // 1000)
+            output_us.add_metric(values, stats.compute_output.ns // 1000)
+            cumulative, buckets = 0, []
+            for bound, n in zip([*LATENCY_BUCKETS_US, None], stats.latency_histogram):
+                cumulative += n
+                buckets.append(("+Inf" if bound is None else str(bound / 1e6), cumulative))
+            latency.add_metric(values, buckets, (stats.success.ns + stats.fail.ns) / 1e9)
+        yield from (success, failure, count, executions, pending, request_us, queue_us, input_us, infer_us,
+                    output_us, latency)
+        yield from self._system_metrics()
+
+    def _system_metrics(self) -> Iterator[Metric]:
+        sample = self._system()
+        if not sample:
+            return
+        yield GaugeMetricFamily("nv_cpu_utilization", "CPU utilization rate [0.0 - 1.0]",
+                                value=sample["cpu_percent"] / 100.0)
+        yield GaugeMetricFamily("nv_cpu_memory_total_bytes", "CPU total memory (RAM), in bytes",
+                                value=sample["memory_total"])
+        yield GaugeMetricFamily("nv_cpu_memory_used_bytes", "CPU used memory (RAM), in bytes",
+                                value=sample["memory_used"])
+        gpus = [g for g in sample.get("gpus", []) if "utilization_percent" in g]
+        if not gpus:
+            return
+        families = {
+            "nv_gpu_utilization": ("GPU utilization rate [0.0 - 1.0]", lambda g: g["utilization_percent"] / 100.0),
+            "nv_gpu_memory_total_bytes": ("GPU total memory, in bytes", lambda g: g["memory_total"]),
+            "nv_gpu_memory_used_bytes": ("GPU used memory, in bytes", lambda g: g["memory_used"]),
+            "nv_gpu_power_usage": ("GPU power usage in watts", lambda g: g["power_watts"]),
+            "nv_gpu_temperature": ("GPU temperature in Celsius", lambda g: g["temperature_c"]),
+        }
+        for name, (text, value) in families.items():
+            family = GaugeMetricFamily(name, text, labels=["gpu_uuid"])
+            for gpu in gpus:
+                family.add_metric([str(gpu["index"])], value(gpu))
+            yield family
+
+
+class _TritonCounter(Metric):
+    """A counter under Triton's exact name: prometheus-client would add ``_total`` to the samples,
+    and Triton's users query ``nv_inference_request_success``, not ``..._total``."""
+
+    def __init__(self, name: str, documentation: str, labels: list[str]) -> None:
+        super().__init__(name, documentation, "counter")
+        self._labels = labels
+
+    def add_metric(self, values: list[str], value: float) -> None:
+        self.add_sample(self.name, dict(zip(self._labels, values)), value)
+
+
+_HEADER = re.compile(r"^(# (?:HELP|TYPE) nv_\w+?)_total ", re.MULTILINE)
+
+
+def render(registry: CollectorRegistry) -> bytes:
+    """The text exposition, with the HELP/TYPE lines of Triton's counters under their own names."""
+    return _HEADER.sub(r"\1 ", generate_latest(registry).decode()).encode()

@@ -1,0 +1,115 @@
+"""The metrics database on its own: roll-ups, retention, migrations, and surviving kill -9."""
+
+from __future__ import annotations
+
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+
+from appliance.metrics.history import history, percentile_ms
+from appliance.metrics.samples import ModelSample
+from appliance.metrics.store import SCHEMA_VERSION, MetricsStore, Retention, connect, migrate
+
+
+def _sample(t: int, requests: int = 2, model: str = "m") -> ModelSample:
+    hist = [0] * 17
+    hist[2] = requests
+    return ModelSample(t, model, 1, requests=requests, success=requests, inferences=requests * 2,
+                       executions=requests, latency_hist=hist, batch_hist={"2": requests})
+
+
+def _system(t: int) -> dict:
+    return {"t": t, "cpu_percent": 10.0, "load1": 0.5, "memory_total": 100, "memory_used": 40,
+            "memory_percent": 40.0, "rss_bytes": 7, "temperatures": {}, "gpus": []}
+
+
+def test_rows_roll_up_to_minutes_and_old_rows_expire(tmp_path):
+    now = int(time.time())
+    minute = now // 60 * 60
+    store = MetricsStore(tmp_path / "m.db", Retention(raw_seconds=600))
+    store.start()
+    old = minute - 3600  # older than the raw retention
+    store.put_samples([_sample(old), _sample(minute - 120), _sample(minute - 119), _sample(minute - 61)])
+    store.put_system(_system(minute - 120))
+    store.stop()
+    db = sqlite3.connect(tmp_path / "m.db")
+    raw = [t for (t,) in db.execute("SELECT t FROM model_1s ORDER BY t")]
+    assert old not in raw and minute - 120 in raw  # retention removed only the old raw row
+    minutes = dict(db.execute("SELECT t, requests FROM model_1m"))
+    assert minutes[minute - 120] == 6  # three one-second samples of that minute, merged
+    assert minutes[old // 60 * 60] == 2  # rolled up before the raw row expired
+    assert db.execute("SELECT COUNT(*) FROM system_1m").fetchone()[0] == 1
+
+
+def test_history_series_and_percentiles(tmp_path):
+    now = int(time.time())
+    store = MetricsStore(tmp_path / "m.db")
+    store.start()
+    store.put_samples([_sample(now - 3, 4), _sample(now - 2, 6, model="other")])
+    store.stop()
+    all_models = history(tmp_path / "m.db", now - 10, now, 1)
+    assert sum(r for r in all_models["series"]["requests"] if r) == 10
+    one = history(tmp_path / "m.db", now - 10, now, 5, model="m")
+    assert sum(r for r in one["series"]["requests"] if r) == 4
+    assert [b for b in one["series"]["batch_size"] if b] == [2.0]
+    assert percentile_ms([0, 0, 5] + [0] * 14, 0.99) == 0.5  # bucket 2 ends at 500 us
+
+
+def test_schema_is_versioned_and_migrated(tmp_path):
+    path = tmp_path / "m.db"
+    db = connect(path)
+    db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+    db.execute("INSERT INTO schema_version VALUES (0)")
+    assert migrate(db) == SCHEMA_VERSION
+    tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    assert {"model_1s", "model_1m", "model_1h", "system_1s", "events"} <= tables
+    assert db.execute("SELECT version FROM schema_version").fetchone()[0] == SCHEMA_VERSION
+    assert migrate(db) == SCHEMA_VERSION  # idempotent
+
+
+def test_size_cap_drops_the_oldest_raw_rows(tmp_path):
+    now = int(time.time())
+    store = MetricsStore(tmp_path / "m.db", Retention(max_bytes=64 * 1024))
+    store.start()
+    store.put_samples([_sample(now - 3000 + i, model=f"model-{i % 7}") for i in range(2000)])
+    store.stop()
+    db = sqlite3.connect(tmp_path / "m.db")
+    remaining = db.execute("SELECT MIN(t), COUNT(*) FROM model_1s").fetchone()
+    assert remaining[1] < 2000 and remaining[0] > now - 3000
+
+
+WRITER = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    from appliance.metrics.samples import ModelSample
+    from appliance.metrics.store import MetricsStore
+    store = MetricsStore(Path(sys.argv[1]))
+    store.start()
+    t = int(time.time())
+    print("started", flush=True)
+    i = 0
+    while True:
+        i += 1
+        store.put_samples([ModelSample(t + i, f"m{j}", 1, requests=1, success=1, latency_hist=[1] + [0] * 16)
+                           for j in range(50)])
+        store.put_event("tick", detail={"i": i})
+        time.sleep(0.002)
+""")
+
+
+def test_kill_9_mid_write_leaves_an_intact_database(tmp_path):
+    path = tmp_path / "m.db"
+    process = subprocess.Popen([sys.executable, "-c", WRITER, str(path)], stdout=subprocess.PIPE, text=True)
+    assert process.stdout.readline().strip() == "started"
+    time.sleep(1.5)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    db = sqlite3.connect(path)
+    assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    rows = db.execute("SELECT COUNT(*) FROM model_1s").fetchone()[0]
+    events = db.execute("SELECT COUNT(*) FROM events").fetchone()[0]
+    assert rows > 0 and events > 0
+    assert rows % 50 == 0  # whole batches only: no half-written insert survived
