@@ -15,17 +15,21 @@ __all__ = ["history", "percentile_ms"]
 
 
 def percentile_ms(histogram: list[int], fraction: float) -> float | None:
-    """The upper bound (ms) of the latency bucket holding the given fraction of requests."""
+    """The latency (ms) under which ``fraction`` of the requests fell, interpolated linearly inside
+    the histogram bucket that holds it (as Prometheus' histogram_quantile does)."""
     total = sum(histogram)
     if not total:
         return None
     threshold = fraction * total
     seen = 0
     for index, count in enumerate(histogram):
+        if count and seen + count >= threshold:
+            if index >= len(LATENCY_BUCKETS_US):
+                return LATENCY_BUCKETS_US[-1] / 1000.0  # above the last bound: report the bound
+            lower = LATENCY_BUCKETS_US[index - 1] if index else 0
+            upper = LATENCY_BUCKETS_US[index]
+            return round((lower + (upper - lower) * (threshold - seen) / count) / 1000.0, 4)
         seen += count
-        if seen >= threshold:
-            bound = LATENCY_BUCKETS_US[min(index, len(LATENCY_BUCKETS_US) - 1)]
-            return bound / 1000.0
     return LATENCY_BUCKETS_US[-1] / 1000.0
 
 

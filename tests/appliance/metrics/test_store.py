@@ -55,7 +55,10 @@ def test_history_series_and_percentiles(tmp_path):
     one = history(tmp_path / "m.db", now - 10, now, 5, model="m")
     assert sum(r for r in one["series"]["requests"] if r) == 4
     assert [b for b in one["series"]["batch_size"] if b] == [2.0]
-    assert percentile_ms([0, 0, 5] + [0] * 14, 0.99) == 0.5  # bucket 2 ends at 500 us
+    # All five requests in the 250-500 us bucket: the median is interpolated to its middle.
+    assert percentile_ms([0, 0, 5] + [0] * 14, 0.5) == 0.375
+    assert percentile_ms([0, 0, 5] + [0] * 14, 1.0) == 0.5
+    assert percentile_ms([0] * 16 + [3], 0.5) == 10_000.0  # beyond the last bound: the bound
 
 
 def test_schema_is_versioned_and_migrated(tmp_path):

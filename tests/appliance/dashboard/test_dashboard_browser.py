@@ -1,0 +1,147 @@
+"""The dashboard in a real browser: the daemon serves GET /, headless Chromium runs the page's scripts
+against the daemon's JSON APIs, and the page reports on <body> what it drew.
+
+Chromium is driven as a plain subprocess (--dump-dom, --screenshot), so the test needs no Python
+browser bindings; it is skipped where no ``chromium`` is on PATH (Debian: ``apt-get install chromium``).
+The screenshot is kept in artifacts/dashboard.png for a person to look at.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from appliance.dashboard import STATIC_DIR
+from appliance.examples import mlp_model
+from tests.builders import save
+from tests.http_util import call
+
+CHROMIUM = shutil.which("chromium")
+needs_chromium = pytest.mark.skipif(
+    CHROMIUM is None, reason="no `chromium` on PATH: the dashboard browser test needs it (apt-get install chromium)"
+)
+
+ARTIFACTS = Path(__file__).resolve().parents[3] / "artifacts"
+REQUESTS = 50
+# Virtual time runs the page's 5 s refresh a few times; network waits still take real time.
+BROWSER_FLAGS = (
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic",
+    "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--hide-scrollbars", "--virtual-time-budget=15000",
+)
+_BODY = re.compile(r"<body\b([^>]*)>")
+_ATTRIBUTE = re.compile(r'([\w-]+)="([^"]*)"')
+
+
+def _chromium(url: str, profile: Path, *flags: str) -> subprocess.CompletedProcess:
+    # A fresh profile per run: nothing cached from an earlier daemon on a reused port.
+    shutil.rmtree(profile, ignore_errors=True)
+    return subprocess.run(
+        [CHROMIUM, *BROWSER_FLAGS, f"--user-data-dir={profile}", *flags, url],
+        capture_output=True, text=True, timeout=120,
+    )
+
+
+def _body_attributes(dom: str) -> dict[str, str]:
+    match = _BODY.search(dom)
+    assert match, f"no <body> in the dumped DOM:\n{dom[:2000]}"
+    return dict(_ATTRIBUTE.findall(match.group(1)))
+
+
+def _page_console(stderr: str, base: str) -> list[str]:
+    # --enable-logging prints every console message at one level (INFO:CONSOLE), so the page writes to
+    # the console only when something went wrong: any line from it, and any uncaught error, is a failure.
+    return [line for line in stderr.splitlines() if ("CONSOLE" in line and base in line) or "Uncaught" in line]
+
+
+def _render(url: str, base: str, profile: Path, attempts: int = 3) -> tuple[dict[str, str], str, list[str]]:
+    """(body attributes, DOM, console lines) of the first run that got past loading."""
+    for _ in range(attempts):
+        run = _chromium(url, profile, "--enable-logging=stderr", "--v=0", "--dump-dom")
+        assert run.returncode == 0, f"chromium failed ({run.returncode}):\n{run.stderr[-4000:]}"
+        body = _body_attributes(run.stdout)
+        if body.get("data-state") != "loading":
+            return body, run.stdout, _page_console(run.stderr, base)
+        time.sleep(1)  # the daemon was slow to answer within the virtual time budget: look again
+    return body, run.stdout, _page_console(run.stderr, base)
+
+
+@pytest.fixture(scope="module")
+def busy_daemon(module_daemon, tmp_path_factory):
+    repo = tmp_path_factory.mktemp("dashboard") / "repo"
+    save(mlp_model(), repo / "mlp" / "1" / "model.onnx")
+    # Measured selection (a short budget): the page shows the chosen plan and its alternatives.
+    daemon = module_daemon(repo, selection=True, env={"APPLIANCE_TUNE_BUDGET": "0.05"})
+    body = {"inputs": [{"name": "input", "shape": [1, 784], "datatype": "FP32", "data": [0.5] * 784}]}
+    for _ in range(REQUESTS):
+        status, _, payload = call(daemon.port, "POST", "/v2/models/mlp/infer", body)
+        assert status == 200, payload
+    time.sleep(2.5)  # the metrics writer flushes every second: the traffic is in the history
+    return daemon
+
+
+def _assert_rendered(daemon, body: dict[str, str], dom: str, console: list[str]) -> None:
+    banner = re.search(r'<div class="banner" id="error"[^>]*>([^<]*)<', dom)
+    assert body.get("data-state") == "rendered", (
+        f"dashboard state {body.get('data-state')!r}: {banner.group(1) if banner else ''}\n"
+        f"console: {console}\ndaemon log:\n{daemon.log()[-3000:]}"
+    )
+    assert console == [], "the page reported errors on the console:\n" + "\n".join(console)
+    assert int(body["data-charts"]) >= 4, body
+    assert int(body["data-points"]) > 0, body
+    assert '<figure class="chart" data-chart="throughput">' in dom, "the throughput chart shows no traffic"
+
+
+@needs_chromium
+def test_dashboard_renders_models_and_live_charts(busy_daemon, tmp_path):
+    daemon = busy_daemon
+    url = daemon.base + "/"
+    body, dom, console = _render(url, daemon.base, tmp_path / "profile")
+    _assert_rendered(daemon, body, dom, console)
+
+    # The model with its state, its chosen plan and every measured alternative; the box's fingerprint.
+    assert '<td class="model-name">mlp</td>' in dom
+    assert ">READY<" in dom
+    status, _, selection = call(daemon.port, "GET", "/v2/models/mlp/selection")
+    assert status == 200, selection
+    assert f'<span class="plan chosen">{selection["chosen"]}</span>' in dom
+    for candidate in selection["candidates"]:
+        assert f"{candidate['plan']}</td>" in dom, f"alternative {candidate['plan']} not listed"
+    status, _, probe = call(daemon.port, "GET", "/v2/probe")
+    assert status == 200, probe
+    assert re.search(rf'id="box-fingerprint"[^>]*>{re.escape(probe["fingerprint"])}<', dom), "fingerprint not shown"
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    screenshot = ARTIFACTS / "dashboard.png"
+    screenshot.unlink(missing_ok=True)
+    run = _chromium(url, tmp_path / "profile", f"--screenshot={screenshot}", "--window-size=1400,1000")
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@needs_chromium
+def test_dashboard_day_view_of_one_model(busy_daemon, tmp_path):
+    """The view in the URL: a day in 5-minute steps, filtered to one model."""
+    daemon = busy_daemon
+    body, dom, console = _render(daemon.base + "/#range=day&model=mlp", daemon.base, tmp_path / "profile")
+    _assert_rendered(daemon, body, dom, console)
+    assert '<button type="button" role="radio" data-range="day" aria-checked="true">' in dom
+
+
+def test_page_loads_nothing_from_outside_the_daemon():
+    """Offline boxes: the page and its vendored chart library come from the daemon, no CDN."""
+    for name in ("index.html", "app.js", "style.css"):
+        text = (STATIC_DIR / name).read_text()
+        assert not re.search(r"https?://|//cdn|@import", text), f"{name} reaches outside the daemon"
+    index = (STATIC_DIR / "index.html").read_text()
+    for path in ("vendor/uPlot.iife.min.js", "vendor/uPlot.min.css", "app.js", "style.css"):
+        assert f"/dashboard/static/{path}" in index
+        assert (STATIC_DIR / path).is_file(), path
+    vendored = (STATIC_DIR / "vendor" / "uPlot.iife.min.js").read_text()[:200]
+    version = re.search(r"\(v(\d+\.\d+\.\d+)\)", vendored).group(1)
+    assert f"uPlot {version}" in (STATIC_DIR / "vendor" / "README.md").read_text(), "vendor/README.md is stale"
