@@ -11,13 +11,20 @@ from pathlib import Path
 from typing import Any
 
 from appliance import __version__
-from appliance.commands import cache, explain, probe, stats, tune
+from appliance.commands import cache, explain, install_service, probe, stats, tune
 from appliance.errors import ApplianceError
 from appliance.settings import Settings, load_settings
 
 __all__ = ["main"]
 
-_COMMANDS = {"probe": probe, "tune": tune, "explain": explain, "cache": cache, "stats": stats}
+_COMMANDS = {
+    "probe": probe,
+    "tune": tune,
+    "explain": explain,
+    "cache": cache,
+    "stats": stats,
+    "install-service": install_service,
+}
 
 
 def _serve_parser(sub: Any) -> None:

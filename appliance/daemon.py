@@ -10,6 +10,8 @@ from aiohttp import web
 
 from appliance import __version__
 from appliance.rest.app import build_app, build_metrics_app
+from appliance.rest.keys import DATAPLANE
+from appliance.service.notify import Notifier
 from appliance.settings import Settings
 
 __all__ = ["serve"]
@@ -21,14 +23,45 @@ def _host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
+async def _announce_ready(app: web.Application, notifier: Notifier) -> None:
+    """READY=1 once the repository is loaded (the port is bound before this task starts), then keep
+    STATUS= current."""
+    dataplane = app[DATAPLANE]
+    await dataplane.wait_loaded()
+    notifier.ready(dataplane.status_line())
+    log.info("ready: %s", dataplane.status_line())
+    while True:
+        await asyncio.sleep(5)
+        notifier.status(dataplane.status_line())
+
+
+async def _reload(app: web.Application, notifier: Notifier, settings: Settings) -> None:
+    """SIGHUP / ExecReload: re-scan the repository."""
+    notifier.reloading()
+    dataplane = app[DATAPLANE]
+    await dataplane.wait_loaded()
+    changes = await dataplane.registry.rescan(settings.shutdown_timeout)
+    log.info("repository re-scanned: added %s, removed %s", changes["added"] or "none", changes["removed"] or "none")
+    notifier.ready(dataplane.status_line())
+
+
 async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     """Serve until ``stop`` is set (or a SIGTERM/SIGINT arrives when no event is given)."""
     loop = asyncio.get_running_loop()
+    notifier = Notifier(settings.notify_socket, settings.watchdog_usec)
+    background: set[asyncio.Task] = set()
+
+    def spawn(coroutine) -> None:
+        task = loop.create_task(coroutine)
+        background.add(task)
+        task.add_done_callback(background.discard)
+
+    app = build_app(settings)
     if stop is None:
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-    app = build_app(settings)
+        loop.add_signal_handler(signal.SIGHUP, lambda: spawn(_reload(app, notifier, settings)))
     # No access log: it costs more per request than the rest of the HTTP layer. Handler
     # cancellation: a client that disconnects while queued is dropped from its model's queue.
     runner = web.AppRunner(
@@ -52,10 +85,17 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             await web.TCPSite(metrics_runner, settings.host, settings.metrics_port, reuse_address=True).start()
             for address in metrics_runner.addresses:
                 log.info("serving Prometheus metrics on http://%s:%d/metrics", _host(address[0]), address[1])
+        spawn(_announce_ready(app, notifier))
+        spawn(notifier.watchdog())
         await stop.wait()
+        notifier.stopping()
         log.info("stopping: finishing in-flight requests (up to %.0f s)", settings.shutdown_timeout)
     finally:
+        for task in list(background):
+            task.cancel()
+        # Stop accepting, let accepted requests (running or queued) finish, then tear the rest down.
         if metrics_runner is not None:
             await metrics_runner.cleanup()
         await runner.cleanup()
+        notifier.close()
     log.info("stopped")

@@ -67,6 +67,10 @@ class Settings:
     """As Triton: the server is ready only when every model is ready."""
     shutdown_timeout: float = 10.0
     """Seconds a stopping daemon waits for in-flight requests."""
+    notify_socket: str | None = None
+    """systemd's NOTIFY_SOCKET (taken from the environment systemd sets)."""
+    watchdog_usec: int | None = None
+    """systemd's WATCHDOG_USEC (taken from the environment systemd sets)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.http_port <= 65535:
@@ -131,6 +135,10 @@ def load_settings(
     names = [f.name for f in dataclasses.fields(Settings)]
 
     values: dict[str, Any] = {"state_dir": default_state_dir(env)}
+    # What systemd hands a service through its environment.
+    for name, key in (("notify_socket", "NOTIFY_SOCKET"), ("watchdog_usec", "WATCHDOG_USEC")):
+        if env.get(key):
+            values[name] = env[key]
     if config_file is None and env.get(ENV_PREFIX + "CONFIG"):
         config_file = Path(env[ENV_PREFIX + "CONFIG"])
     if config_file is not None:

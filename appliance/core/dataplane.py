@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from appliance import __version__
@@ -29,10 +30,26 @@ class DataPlane:
     def __init__(self, registry: ModelRegistry, *, strict_readiness: bool = True) -> None:
         self.registry = registry
         self._strict = strict_readiness
-        self.loaded = False
-        """True once the repository has been loaded (successfully or not) at start-up."""
+        self._loaded = asyncio.Event()
         self.hardware: dict[str, Any] | None = None
         """The hardware probe report (JSON), once the start-up probe has run."""
+
+    @property
+    def loaded(self) -> bool:
+        """True once the repository has been loaded (successfully or not) at start-up."""
+        return self._loaded.is_set()
+
+    def mark_loaded(self) -> None:
+        self._loaded.set()
+
+    async def wait_loaded(self) -> None:
+        await self._loaded.wait()
+
+    def status_line(self) -> str:
+        entries = self.registry.entries()
+        loading = sum(1 for e in entries if e.state.value == "LOADING")
+        failed = sum(1 for e in entries if e.state.value == "UNAVAILABLE")
+        return f"{self.registry.ready_count()} models ready, {loading} loading/tuning, {failed} failed"
 
     def live(self) -> bool:
         return True

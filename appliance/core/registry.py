@@ -92,6 +92,25 @@ class ModelRegistry:
         paths = [self.repository / name for name in self._models]
         await asyncio.gather(*(self._load(path) for path in paths))
 
+    async def rescan(self, timeout: float) -> dict[str, list[str]]:
+        """Load models that appeared in the repository and unload (after draining) those that went
+        away; models already loaded keep serving untouched."""
+        paths = await asyncio.to_thread(self.scan)
+        present = {p.name for p in paths}
+        added = [p for p in paths if p.name not in self._models]
+        removed = sorted(name for name in self._models if name not in present)
+        for path in added:
+            self._models[path.name] = ModelEntry(path.name)
+        await asyncio.gather(*(self._load(path) for path in added))
+        for name in removed:
+            entry = self._models.pop(name)
+            for model in [m for _, m in sorted(entry.versions.items())]:
+                await model.drain(timeout)
+                for error in await model.close():
+                    log.error("error while unloading %s: %s", name, error)
+                self._emit("model_unloaded", name, model.version, {"reason": "removed from the repository"})
+        return {"added": sorted(p.name for p in added), "removed": removed}
+
     async def _load(self, path: Path) -> None:
         entry = self._models[path.name]
         try:

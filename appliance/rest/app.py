@@ -83,7 +83,7 @@ async def _models_ctx(app: web.Application) -> AsyncIterator[None]:
             metrics.event("hardware", detail={"fingerprint": report.fingerprint, "summary": report.summary()})
         registry.selector = make_selector(settings, report)
         await registry.load_all()
-        dataplane.loaded = True
+        dataplane.mark_loaded()
         log.info("repository loaded: %d of %d models ready", registry.ready_count(), len(registry.entries()))
 
     task = asyncio.create_task(load(), name="load-repository")

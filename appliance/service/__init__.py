@@ -1,0 +1,1 @@
+"""Running under systemd: sd_notify, the watchdog, and installing the unit."""

@@ -1,0 +1,119 @@
+"""Running as a service: sd_notify over a fake NOTIFY_SOCKET, SIGTERM under load, SIGHUP re-scan."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import socket
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from appliance.examples import mlp_model
+from tests.builders import affine_model, save, write_model
+from tests.http_util import call
+
+# Requests wait in the queue for company (up to 1.5 s), so SIGTERM finds them accepted but not done.
+SLOW_QUEUE = """
+max_batch_size: 64
+dynamic_batching { preferred_batch_size: [ 64 ] max_queue_delay_microseconds: 1500000 }
+"""
+
+
+@pytest.fixture
+def notify_socket():
+    folder = Path(tempfile.mkdtemp(prefix="nt", dir="/tmp"))  # AF_UNIX paths must stay short
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(folder / "notify"))
+    sock.settimeout(0.2)
+    yield sock, str(folder / "notify")
+    sock.close()
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _receive_until(sock, wanted: str, seconds: float, into: list[str]) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            message = sock.recv(4096).decode()
+        except TimeoutError:
+            continue
+        into.extend(message.splitlines())
+        if wanted in message.splitlines():
+            return True
+    return False
+
+
+def test_ready_watchdog_stopping_in_order(start_daemon, tmp_path, notify_socket):
+    sock, path = notify_socket
+    repo = tmp_path / "repo"
+    save(mlp_model(), repo / "mlp" / "1" / "model.onnx")
+    daemon = start_daemon(repo, env={"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "400000"})
+    messages: list[str] = []
+    assert _receive_until(sock, "READY=1", 30, messages), messages
+    assert any(m.startswith("STATUS=1 models ready") for m in messages), messages
+    watchdog_before = messages.count("WATCHDOG=1")
+    assert _receive_until(sock, "WATCHDOG=1", 5, messages)
+    time.sleep(0.5)
+    _receive_until(sock, "never", 0.3, messages)
+    assert messages.count("WATCHDOG=1") > watchdog_before  # pinged at half of WATCHDOG_USEC
+    daemon.process.send_signal(signal.SIGTERM)
+    assert _receive_until(sock, "STOPPING=1", 15, messages), messages
+    assert daemon.process.wait(30) == 0
+    order = [m for m in messages if m in ("READY=1", "STOPPING=1")]
+    assert order == ["READY=1", "STOPPING=1"]
+    assert messages.index("READY=1") < len(messages) - 1 - messages[::-1].index("WATCHDOG=1")
+
+
+def test_sigterm_under_load_completes_every_accepted_request(start_daemon, tmp_path):
+    repo = tmp_path / "repo"
+    write_model(repo, "slow", mlp_model(), config=SLOW_QUEUE)
+    daemon = start_daemon(repo)
+    body = {"inputs": [{"name": "input", "shape": [1, 784], "datatype": "FP32", "data": [0.5] * 784}]}
+    results: list[int] = []
+    lock = threading.Lock()
+
+    def send() -> None:
+        status, _, _ = call(daemon.port, "POST", "/v2/models/slow/infer", body, timeout=60)
+        with lock:
+            results.append(status)
+
+    threads = [threading.Thread(target=send) for _ in range(24)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # wait until all 24 are accepted and queued
+        metrics = call(daemon.port, "GET", "/metrics")[2].decode()
+        pending = [line for line in metrics.splitlines() if line.startswith("nv_inference_pending_request_count")]
+        if pending and float(pending[0].rsplit(" ", 1)[1]) == 24:
+            break
+        time.sleep(0.05)
+    daemon.process.send_signal(signal.SIGTERM)
+    for thread in threads:
+        thread.join(60)
+    assert daemon.process.wait(30) == 0
+    assert results == [200] * 24  # every accepted request completed
+    assert "stopped" in daemon.log()
+
+
+def test_sighup_rescans_the_repository(start_daemon, tmp_path):
+    repo = tmp_path / "repo"
+    write_model(repo, "first", affine_model(1, 0))
+    daemon = start_daemon(repo)
+    write_model(repo, "second", affine_model(2, 0))
+    shutil.rmtree(repo / "first")
+    daemon.process.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        status, _, index = call(daemon.port, "POST", "/v2/repository/index", {})
+        if {row["name"] for row in index} == {"second"}:
+            break
+        time.sleep(0.1)
+    assert {row["name"]: row["state"] for row in index} == {"second": "READY"}
+    assert call(daemon.port, "GET", "/v2/models/first")[0] == 404
+    assert "repository re-scanned: added ['second'], removed ['first']" in daemon.log()
+    assert daemon.process.poll() is None

@@ -1,0 +1,49 @@
+"""The systemd unit: one source, verified by systemd-analyze, exposure at most 2.5."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from appliance.service.unit import render_unit
+
+ROOT = Path(__file__).resolve().parents[3]
+needs_systemd = pytest.mark.skipif(shutil.which("systemd-analyze") is None,
+                                   reason="systemd-analyze is not installed (Debian's systemd package; .ci/run installs it)")
+
+
+def test_committed_unit_is_the_default_rendering():
+    assert (ROOT / "systemd" / "appliance.service").read_text() == render_unit()
+
+
+@needs_systemd
+def test_unit_verifies_clean(tmp_path):
+    unit = tmp_path / "appliance.service"
+    unit.write_text(render_unit(str(Path(sys.executable).with_name("appliance"))))
+    result = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True)
+    assert result.returncode == 0 and result.stdout.strip() == "", result.stdout + result.stderr
+    assert "appliance.service" not in result.stderr, result.stderr
+
+
+@needs_systemd
+def test_exposure_is_at_most_2_5():
+    result = subprocess.run(["systemd-analyze", "security", "--offline=yes", str(ROOT / "systemd" / "appliance.service")],
+                            capture_output=True, text=True)
+    match = re.search(r"Overall exposure level for appliance\.service: ([\d.]+)", result.stdout)
+    assert match, result.stdout + result.stderr
+    assert float(match.group(1)) <= 2.5
+
+
+def test_install_service_writes_this_venvs_executable(tmp_path):
+    target = tmp_path / "appliance.service"
+    result = subprocess.run([sys.executable, "-m", "appliance", "install-service", "--unit-path", str(target),
+                             "--model-repository", "/srv/models"], capture_output=True, text=True, check=True)
+    text = target.read_text()
+    executable = Path(sys.executable).with_name("appliance")
+    assert f"ExecStart={executable} serve --model-repository /srv/models" in text
+    assert "Type=notify" in text and "systemctl daemon-reload" in result.stdout
