@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from appliance import __version__
-from appliance.commands import cache, explain, install_service, probe, stats, tune
+from appliance.commands import cache, discover, explain, install_service, probe, stats, tune
 from appliance.errors import ApplianceError
 from appliance.settings import Settings, load_settings
 
@@ -24,6 +24,7 @@ _COMMANDS = {
     "cache": cache,
     "stats": stats,
     "install-service": install_service,
+    "discover": discover,
 }
 
 
@@ -34,6 +35,9 @@ def _serve_parser(sub: Any) -> None:
     p.add_argument("--http-port", type=int, help="HTTP port (default 8000; 0 picks a free one)")
     p.add_argument("--state-dir", type=Path, help="where the daemon keeps its files (cache, metrics)")
     p.add_argument("--no-mdns", dest="mdns", action="store_const", const=False, help="do not announce on the LAN")
+    p.add_argument("--name", help="the box's name on the LAN (default: the hostname)")
+    p.add_argument("--mdns-interface", dest="mdns_interfaces", action="append", metavar="ADDR",
+                   help="announce only on the interface with this IPv4 address (repeatable)")
     p.add_argument("--max-request-bytes", type=int, help="largest request body accepted (HTTP 413 above)")
     p.add_argument("--strict-readiness", dest="strict_readiness", action=argparse.BooleanOptionalAction,
                    default=None, help="ready only when every model is ready (default on, as Triton)")

@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import socket
 
 from aiohttp import web
 
 from appliance import __version__
 from appliance.rest.app import build_app, build_metrics_app
 from appliance.rest.keys import DATAPLANE
+from appliance.mdns.announcer import Announcer, box_id
 from appliance.service.notify import Notifier
 from appliance.settings import Settings
 
@@ -45,6 +47,25 @@ async def _reload(app: web.Application, notifier: Notifier, settings: Settings) 
     notifier.ready(dataplane.status_line())
 
 
+async def _start_announcer(app: web.Application, settings: Settings, port: int) -> Announcer:
+    dataplane = app[DATAPLANE]
+
+    def accelerators() -> list[str]:
+        return (dataplane.hardware or {}).get("accelerators", ["cpu"])
+
+    announcer = Announcer(
+        settings.name or socket.gethostname().split(".")[0],
+        port,
+        settings.host,
+        settings.mdns_interfaces,
+        await asyncio.to_thread(box_id, settings.state_dir),
+        accelerators,
+        dataplane.registry.ready_count,
+    )
+    await announcer.start()
+    return announcer
+
+
 async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     """Serve until ``stop`` is set (or a SIGTERM/SIGINT arrives when no event is given)."""
     loop = asyncio.get_running_loop()
@@ -73,6 +94,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     )
     await runner.setup()
     metrics_runner: web.AppRunner | None = None
+    announcer: Announcer | None = None
     try:
         site = web.TCPSite(runner, settings.host, settings.http_port, reuse_address=True)
         await site.start()
@@ -87,12 +109,18 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
                 log.info("serving Prometheus metrics on http://%s:%d/metrics", _host(address[0]), address[1])
         spawn(_announce_ready(app, notifier))
         spawn(notifier.watchdog())
+        if settings.mdns:
+            announcer = await _start_announcer(app, settings, runner.addresses[0][1])
         await stop.wait()
         notifier.stopping()
+        if announcer is not None:
+            await announcer.stop()  # goodbye first: clients stop picking this box while it drains
         log.info("stopping: finishing in-flight requests (up to %.0f s)", settings.shutdown_timeout)
     finally:
         for task in list(background):
             task.cancel()
+        if announcer is not None:
+            await announcer.stop()
         # Stop accepting, let accepted requests (running or queued) finish, then tear the rest down.
         if metrics_runner is not None:
             await metrics_runner.cleanup()

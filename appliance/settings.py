@@ -39,6 +39,11 @@ class Settings:
     http_port: int = 8000
     state_dir: Path = Path(".")
     mdns: bool = True
+    """Announce the box on the LAN (``_kserve-v2._tcp``, ``_http._tcp``)."""
+    name: str | None = None
+    """The box's friendly name on the LAN; default the hostname."""
+    mdns_interfaces: tuple[str, ...] = ()
+    """IPv4 addresses of the interfaces to announce on; empty means all."""
     log_level: str = "INFO"
     max_request_bytes: int = 256 * 1024 * 1024
     """Largest request body accepted (HTTP 413 above it)."""

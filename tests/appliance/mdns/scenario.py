@@ -1,0 +1,101 @@
+"""Run inside a private network namespace (see test_discovery.py): daemons announce on 127.0.0.1 only,
+discovery listens on 127.0.0.1 only; prints what it saw as JSON."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from appliance.client import BoxPool, discover
+from appliance.examples import mlp_model
+from tests.builders import affine_model, save, write_model
+
+LOOPBACK = ("127.0.0.1",)
+
+
+def start(name: str, repo: Path, state: Path) -> tuple[subprocess.Popen, int, Path]:
+    log = state / f"{name}.log"
+    state.mkdir(parents=True, exist_ok=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "appliance", "serve", "--host", "127.0.0.1", "--http-port", "0", "--no-selection",
+         "--no-metrics", "--state-dir", str(state), "--model-repository", str(repo), "--name", name,
+         "--mdns-interface", "127.0.0.1"],
+        stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        text = log.read_text()
+        port = re.search(r"serving KServe v2 on http://127\.0\.0\.1:(\d+)", text)
+        if port and "announcing" in text and "ready:" in text:
+            return process, int(port.group(1)), log
+        time.sleep(0.1)
+    raise RuntimeError(log.read_text())
+
+
+def snapshot() -> dict[str, dict]:
+    return {b.name: {"port": b.port, "models": b.models, "hw": b.hw, "addresses": list(b.addresses),
+                     "version": b.version, "id": b.id} for b in discover(2.5, LOOPBACK)}
+
+
+def main() -> None:
+    work = Path(tempfile.mkdtemp())
+    result: dict = {}
+    repo_a, repo_b = work / "repo-a", work / "repo-b"
+    save(mlp_model(), repo_a / "mlp" / "1" / "model.onnx")
+    save(mlp_model(), repo_b / "mlp" / "1" / "model.onnx")
+    a, port_a, _ = start("box-a", repo_a, work / "state-a")
+    b, port_b, log_b = start("box-b", repo_b, work / "state-b")
+    try:
+        result["ports"] = {"box-a": port_a, "box-b": port_b}
+        result["both"] = snapshot()
+        cli = subprocess.run([sys.executable, "-m", "appliance", "discover", "--json", "--timeout", "2.5",
+                              "--mdns-interface", "127.0.0.1"], capture_output=True, text=True, check=True)
+        result["cli"] = json.loads(cli.stdout)
+
+        # A model load changes the record's "models".
+        write_model(repo_a, "affine", affine_model(1, 0))
+        a.send_signal(signal.SIGHUP)
+        time.sleep(3)
+        result["after_load"] = snapshot()
+
+        # Same name as an existing box: resolved to "box-a (2)".
+        c, port_c, log_c = start("box-a", repo_b, work / "state-c")
+        result["conflict"] = snapshot()
+        result["conflict_log"] = [l for l in log_c.read_text().splitlines() if "announcing" in l]
+        c.terminate()
+        c.wait(30)
+
+        # Requests spread over the boxes; a box that stops answering is dropped.
+        import numpy as np
+        import tritonclient.http as triton
+
+        boxes = [box for box in discover(2.5, LOOPBACK) if box.name in ("box-a", "box-b")]
+        pool = BoxPool(boxes, cooldown=60)
+        tensor = triton.InferInput("input", [1, 784], "FP32")
+        tensor.set_data_from_numpy(np.zeros((1, 784), np.float32))
+        result["pool_before"] = [pool.infer("mlp", [tensor]).as_numpy("probabilities").shape[1] for _ in range(4)]
+
+        # Shutdown sends goodbye: box-b disappears from discovery.
+        b.send_signal(signal.SIGTERM)
+        result["b_exit"] = b.wait(30)
+        result["b_log_goodbye"] = "mDNS records withdrawn" in log_b.read_text()
+        result["after_stop"] = snapshot()
+        result["pool_after"] = [pool.infer("mlp", [tensor]).as_numpy("probabilities").shape[1] for _ in range(4)]
+        result["pool_healthy"] = [box.name for box in pool.healthy()]
+    finally:
+        for process in (a, b):
+            if process.poll() is None:
+                process.terminate()
+                process.wait(30)
+        shutil.rmtree(work, ignore_errors=True)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""mDNS end to end, inside a private network namespace made by the test (multicast never leaves it):
+two daemons with distinct names are discovered, a model load changes "models", a same-name box becomes
+"name (2)", a stopped box says goodbye and disappears, and the client pool drops it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from appliance.mdns.announcer import txt_record
+
+ROOT = Path(__file__).resolve().parents[3]
+NETNS_SETUP = "ip link set lo up && ip link set lo multicast on && ip route add 224.0.0.0/4 dev lo"
+
+
+def _netns_available() -> str | None:
+    if shutil.which("unshare") is None or shutil.which("ip") is None:
+        return "unshare or ip (util-linux, iproute2) is not installed"
+    probe = subprocess.run(["unshare", "-n", "sh", "-c", NETNS_SETUP], capture_output=True, text=True)
+    if probe.returncode != 0:
+        return f"cannot make a private network namespace here: {probe.stderr.strip()}"
+    return None
+
+
+@pytest.fixture(scope="module")
+def scenario():
+    reason = _netns_available()
+    if reason:
+        pytest.skip(f"mDNS tests need a private network namespace so multicast never leaves it: {reason}")
+    command = f"{NETNS_SETUP} && exec {sys.executable} -m tests.appliance.mdns.scenario"
+    result = subprocess.run(["unshare", "-n", "bash", "-c", command], capture_output=True, text=True,
+                            timeout=240, cwd=ROOT)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_two_daemons_are_discovered(scenario):
+    both = scenario["both"]
+    assert set(both) == {"box-a", "box-b"}
+    for name, box in both.items():
+        assert box["port"] == scenario["ports"][name]
+        assert box["addresses"] == ["127.0.0.1"]
+        assert box["models"] == 1 and box["hw"] == "cpu" and box["version"]
+    assert both["box-a"]["id"] != both["box-b"]["id"]
+    assert {b["name"] for b in scenario["cli"]} == {"box-a", "box-b"}
+    assert all(b["url"].startswith("http://127.0.0.1:") for b in scenario["cli"])
+
+
+def test_model_load_updates_the_record(scenario):
+    assert scenario["after_load"]["box-a"]["models"] == 2
+    assert scenario["after_load"]["box-b"]["models"] == 1
+
+
+def test_same_name_is_resolved(scenario):
+    assert set(scenario["conflict"]) == {"box-a", "box-b", "box-a (2)"}
+    assert "box-a (2)" in scenario["conflict_log"][0]
+
+
+def test_shutdown_says_goodbye(scenario):
+    assert scenario["b_exit"] == 0 and scenario["b_log_goodbye"]
+    assert set(scenario["after_stop"]) == {"box-a"}
+
+
+def test_pool_spreads_requests_and_drops_a_silent_box(scenario):
+    assert scenario["pool_before"] == [10, 10, 10, 10]
+    assert scenario["pool_after"] == [10, 10, 10, 10]
+    assert scenario["pool_healthy"] == ["box-a"]
+
+
+def test_txt_record_is_short():
+    record = txt_record("0f6c2f7e-8d39-4a4e-9d8e-0f2e5e0b6a11", ["cpu", "nvidia"], 12)
+    assert all(len(key) <= 9 for key in record)
+    assert sum(len(k) + len(v) + 2 for k, v in record.items()) < 400
+    assert record["api"] == "v2" and record["path"] == "/v2" and record["hw"] == "cpu,nvidia"
