@@ -169,9 +169,8 @@ class ModelCache:
                 self._evict(keep=key)
         finally:
             shutil.rmtree(build, ignore_errors=True)
-        entry = self._read(self.root / key, verify=False)
-        assert entry is not None
-        return entry
+        # Not read back: another writer may already be replacing the entry with its own copy.
+        return CacheEntry(key, self.root / key, json.loads(json.dumps(decision, default=str)), size, time.time())
 
     def _evict(self, keep: str) -> list[str]:
         """Remove least recently used entries until the cache fits (caller holds the lock)."""

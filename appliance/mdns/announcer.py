@@ -96,6 +96,11 @@ class Announcer:
         assert self._zeroconf is not None
         for number in range(1, 100):
             instance = self.name if number == 1 else f"{self.name} ({number})"
+            # Ask first: zeroconf's own probing only sees answers that arrive within its probe
+            # window, which a busy box on the LAN can miss.
+            if await self._zeroconf.async_get_service_info(KSERVE_TYPE, f"{instance}.{KSERVE_TYPE}", timeout=1500):
+                log.info("mDNS name %r is taken on this network; trying the next one", instance)
+                continue
             infos = [self._info(t, instance, addresses, properties) for t in (KSERVE_TYPE, HTTP_TYPE)]
             try:
                 for info in infos:
