@@ -45,6 +45,11 @@ def _serve_parser(sub: Any) -> None:
     p.add_argument("--metrics-port", type=int, help="also serve /metrics alone on this port (Triton's 8002)")
     p.add_argument("--no-metrics", dest="metrics", action="store_const", const=False,
                    help="keep no history and serve no /metrics")
+    p.add_argument("--model-control-mode", choices=["none", "poll", "explicit"],
+                   help="none: load all; poll: re-scan the repository; explicit: load/unload over the API")
+    p.add_argument("--load-model", dest="load_models", action="append", metavar="NAME",
+                   help="in explicit mode, load this model at start (repeatable; '*' for all)")
+    p.add_argument("--repository-poll-secs", type=float, help="poll mode: seconds between re-scans (default 15)")
     p.add_argument("--no-selection", dest="selection", action="store_const", const=False,
                    help="serve each model with its config's backend, without measuring plans")
     p.add_argument("--retune", action="store_const", const=True, help="ignore cached plan decisions, measure again")

@@ -42,8 +42,9 @@ async def _reload(app: web.Application, notifier: Notifier, settings: Settings) 
     notifier.reloading()
     dataplane = app[DATAPLANE]
     await dataplane.wait_loaded()
-    changes = await dataplane.registry.rescan(settings.shutdown_timeout)
-    log.info("repository re-scanned: added %s, removed %s", changes["added"] or "none", changes["removed"] or "none")
+    changes = await dataplane.registry.rescan()
+    log.info("repository re-scanned: added %s, removed %s, reloaded %s", changes["added"] or "none",
+             changes["removed"] or "none", changes["reloaded"] or "none")
     notifier.ready(dataplane.status_line())
 
 

@@ -51,6 +51,12 @@ class Settings:
     """onnxruntime execution providers to try, in order of preference."""
     intra_op_threads: int = 0
     """Threads each runtime may use inside one operator; 0 lets the runtime decide."""
+    model_control_mode: str = "none"
+    """Triton's: none (load all, no load/unload API), poll (re-scan every repository_poll_secs),
+    explicit (load load_models at start; the API loads and unloads)."""
+    load_models: tuple[str, ...] = ()
+    """Models to load at start in explicit mode ("*" for all)."""
+    repository_poll_secs: float = 15.0
     selection: bool = True
     """Measure which plan (runtime, provider, device) runs each model fastest here, and cache it."""
     retune: bool = False
@@ -82,6 +88,12 @@ class Settings:
             raise ConfigError(f"http_port must be 0..65535, got {self.http_port}")
         if self.max_request_bytes < 1024:
             raise ConfigError(f"max_request_bytes must be at least 1024, got {self.max_request_bytes}")
+        if self.model_control_mode not in ("none", "poll", "explicit"):
+            raise ConfigError(
+                f"model_control_mode must be none, poll or explicit, got {self.model_control_mode!r}"
+            )
+        if self.repository_poll_secs <= 0:
+            raise ConfigError(f"repository_poll_secs must be > 0, got {self.repository_poll_secs}")
         if self.metrics_interval <= 0:
             raise ConfigError(f"metrics_interval must be > 0, got {self.metrics_interval}")
         if self.intra_op_threads < 0:

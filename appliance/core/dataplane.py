@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
+
+from google.protobuf import json_format
+from tritonclient.grpc import model_config_pb2 as mc
 
 from appliance import __version__
 from appliance.core.config import config_to_json
 from appliance.core.model import ModelVersion
 from appliance.core.registry import ModelRegistry, ModelState
 from appliance.core.types import InferRequest, InferResponse
-from appliance.errors import ModelNotReady
+from appliance.errors import InvalidInput, ModelNotReady
 
 __all__ = ["EXTENSIONS", "SERVER_NAME", "DataPlane"]
 
@@ -20,6 +24,8 @@ EXTENSIONS = [
     "binary_tensor_data",
     "classification",
     "model_configuration",
+    "model_repository",
+    "model_repository(unload_dependents)",
     "parameters",
     "schedule_policy",
     "statistics",
@@ -27,8 +33,10 @@ EXTENSIONS = [
 
 
 class DataPlane:
-    def __init__(self, registry: ModelRegistry, *, strict_readiness: bool = True) -> None:
+    def __init__(self, registry: ModelRegistry, *, strict_readiness: bool = True,
+                 control_mode: str = "none") -> None:
         self.registry = registry
+        self.control_mode = control_mode
         self._strict = strict_readiness
         self._loaded = asyncio.Event()
         self.hardware: dict[str, Any] | None = None
@@ -121,6 +129,35 @@ class DataPlane:
                     "candidates": []}
         return model.selection
 
+    def _check_control(self, action: str) -> None:
+        if self.control_mode != "explicit":
+            raise InvalidInput(
+                f"explicit model {action} is not allowed in model control mode {self.control_mode!r}; "
+                "start the daemon with --model-control-mode explicit"
+            )
+
+    async def load_model(self, name: str, parameters: dict[str, Any]) -> None:
+        """Triton's repository extension: load (or reload without downtime), optionally with the
+        config given as JSON in ``parameters.config`` instead of config.pbtxt."""
+        self._check_control("load")
+        override = None
+        if "config" in parameters:
+            raw = parameters["config"]
+            try:
+                document = json.loads(raw) if isinstance(raw, str) else raw
+                override = json_format.ParseDict(document, mc.ModelConfig())
+            except (ValueError, TypeError, json_format.ParseError) as exc:
+                raise InvalidInput(f"parameters.config is not a model configuration in JSON: {exc}") from None
+        if any(key.startswith("file:") for key in parameters):
+            raise InvalidInput("file overrides (parameters 'file:...') are not supported; put files in the repository")
+        self.registry.model_dir(name)  # validates the name before anything touches the file system
+        await self.registry.load(name, override)
+
+    async def unload_model(self, name: str) -> None:
+        self._check_control("unload")
+        self.registry.model_dir(name)
+        await self.registry.unload(name)
+
     def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
         rows: list[dict[str, Any]] = []
         for entry in self.registry.entries():
@@ -129,7 +166,7 @@ class DataPlane:
                     rows.append({"name": entry.name, "state": entry.state.value, "reason": entry.reason})
                 continue
             for version in sorted(entry.versions):
-                rows.append({"name": entry.name, "version": str(version), "state": "READY", "reason": ""})
+                rows.append({"name": entry.name, "version": str(version), "state": "READY", "reason": entry.reason})
             if not ready_only:
                 for version, reason in sorted(entry.failures.items()):
                     rows.append(

@@ -150,14 +150,25 @@ def _load_version(
 
 
 def load_model(
-    model_dir: Path, options: RuntimeOptions, selector: Selector | None = None, retune: bool = False
+    model_dir: Path,
+    options: RuntimeOptions,
+    selector: Selector | None = None,
+    retune: bool = False,
+    config_override: mc.ModelConfig | None = None,
 ) -> LoadedModel:
     """Parse, auto-complete and load every version the policy selects.
 
     A model-level problem (config, no versions, unknown backend) raises ConfigError; a version that
     fails to load is recorded in ``failures`` while the others load.
     """
-    config = read_config(model_dir)
+    if config_override is not None:  # the load API's parameters.config replaces config.pbtxt
+        config = mc.ModelConfig()
+        config.CopyFrom(config_override)
+        if config.name and config.name != model_dir.name:
+            raise ConfigError(f"the config's name {config.name!r} differs from the model {model_dir.name!r}")
+        config.name = model_dir.name
+    else:
+        config = read_config(model_dir)
     available = version_dirs(model_dir)
     if not available:
         raise ConfigError(

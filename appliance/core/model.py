@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -49,6 +51,7 @@ class ModelVersion:
     """The measured plan decision (see appliance.selection), with ``cache`` hit/miss."""
 
     def __post_init__(self) -> None:
+        self._users = 0  # requests holding this version (see in_use), so a retired version drains
         batch = (-1,) if self.signature.batched else ()
         # config `reshape`: clients send `dims`, the runtime sees `reshape.shape` (and back for outputs).
         self._input_reshape = {
@@ -103,8 +106,22 @@ class ModelVersion:
             outputs.append(InferOutput(requested_name, v2_datatype(data.dtype), data))
         return InferResponse(self.name, self.version, outputs, id=request.id)
 
+    @contextlib.contextmanager
+    def in_use(self) -> Iterator[ModelVersion]:
+        """Held by a request from lookup to response: a version being replaced or unloaded waits for
+        every request that already chose it, even one still reading its body."""
+        self._users += 1
+        try:
+            yield self
+        finally:
+            self._users -= 1
+
     async def drain(self, timeout: float) -> bool:
-        return await self.scheduler.drain(timeout)
+        """Wait (bounded) until no request holds this version and its queue and instances are idle."""
+        deadline = time.monotonic() + timeout
+        while self._users and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        return await self.scheduler.drain(max(0.0, deadline - time.monotonic()))
 
     async def close(self) -> list[BaseException]:
         return await self.scheduler.close()

@@ -6,6 +6,8 @@ import asyncio
 import dataclasses
 import enum
 import logging
+import re
+from collections.abc import Iterable
 from pathlib import Path
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -15,12 +17,22 @@ from tritonclient.grpc import model_config_pb2 as mc
 from appliance.backends import RuntimeOptions
 from appliance.core.loader import LoadedModel, load_model
 from appliance.core.model import ModelVersion
-from appliance.errors import ApplianceError, InvalidInput, ModelNotFound, ModelNotReady
+from appliance.errors import ApplianceError, ConfigError, InvalidInput, ModelNotFound, ModelNotReady
 
 if TYPE_CHECKING:
     from appliance.selection import Selector
 
-__all__ = ["ModelEntry", "ModelRegistry", "ModelState", "parse_version"]
+__all__ = ["NOT_LOADED", "ModelEntry", "ModelRegistry", "ModelState", "directory_signature", "parse_version"]
+
+NOT_LOADED = "not loaded (model control mode explicit): POST /v2/repository/models/<name>/load"
+# Model names as they may appear in URLs: no separators, no NUL, bounded length.
+_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,255}")
+
+
+def directory_signature(path: Path) -> tuple:
+    """Names, sizes and modification times of every file of a model: a change means reload."""
+    return tuple(sorted((str(p.relative_to(path)), p.stat().st_size, p.stat().st_mtime_ns)
+                        for p in path.rglob("*") if p.is_file() and "__pycache__" not in p.parts))
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +51,10 @@ class ModelEntry:
     config: mc.ModelConfig | None = None
     versions: dict[int, ModelVersion] = dataclasses.field(default_factory=dict)
     failures: dict[int, str] = dataclasses.field(default_factory=dict)
+    signature: tuple | None = None
+    """What the model directory looked like when it was loaded (poll mode compares it)."""
+    wanted: bool = True
+    """False for a model deliberately not loaded (explicit mode) or unloaded: not counted as a failure."""
 
     def latest(self) -> ModelVersion:
         if not self.versions:
@@ -56,8 +72,10 @@ def parse_version(text: str | None) -> int | None:
 
 class ModelRegistry:
     def __init__(self, repository: Path, options: RuntimeOptions, selector: Selector | None = None,
-                 retune: bool = False) -> None:
+                 retune: bool = False, drain_timeout: float = 10.0) -> None:
         self.repository = repository
+        self._drain_timeout = drain_timeout
+        self._locks: dict[str, asyncio.Lock] = {}
         self._options = options
         self.selector = selector
         """Set before load_all(); None serves each model with its config's backend as is."""
@@ -74,7 +92,16 @@ class ModelRegistry:
                 f"model repository {self.repository} does not exist or is not a directory; "
                 "pass --model-repository DIR pointing at a Triton-layout repository"
             )
-        return sorted(p for p in self.repository.iterdir() if p.is_dir() and not p.name.startswith("."))
+        root = self.repository.resolve()
+        found = []
+        for path in sorted(self.repository.iterdir()):
+            if not path.is_dir() or path.name.startswith("."):
+                continue
+            if not path.resolve().is_relative_to(root) or not _NAME.fullmatch(path.name):
+                log.warning("skipping %s: model directories must be plainly named and inside the repository", path)
+                continue
+            found.append(path)
+        return found
 
     def discover(self) -> list[Path]:
         """Scan the repository and list its models as LOADING (blocking: call off the loop)."""
@@ -83,54 +110,108 @@ class ModelRegistry:
             self._models.setdefault(path.name, ModelEntry(path.name))
         return paths
 
-    async def load_all(self) -> None:
-        """Load every discovered model, concurrently: a model with a cached plan is ready while
-        another one is still measuring its candidates (the selector lets one model tune at a time).
-        A model that fails is recorded UNAVAILABLE with its reason."""
+    async def load_all(self, names: Iterable[str] | None = None) -> None:
+        """Load every discovered model (or only ``names``), concurrently: a model with a cached plan is
+        ready while another one is still measuring its candidates (the selector lets one model tune at
+        a time). A model that fails is recorded UNAVAILABLE with its reason."""
         if not self._models:
             await asyncio.to_thread(self.discover)
-        paths = [self.repository / name for name in self._models]
-        await asyncio.gather(*(self._load(path) for path in paths))
+        wanted = list(self._models) if names is None else [n for n in names if n in self._models]
+        for name in set(self._models) - set(wanted):
+            entry = self._models[name]
+            entry.state, entry.reason, entry.wanted = ModelState.UNAVAILABLE, NOT_LOADED, False
+        await asyncio.gather(*(self.load(name, raise_errors=False) for name in wanted))
 
-    async def rescan(self, timeout: float) -> dict[str, list[str]]:
-        """Load models that appeared in the repository and unload (after draining) those that went
-        away; models already loaded keep serving untouched."""
-        paths = await asyncio.to_thread(self.scan)
-        present = {p.name for p in paths}
-        added = [p for p in paths if p.name not in self._models]
-        removed = sorted(name for name in self._models if name not in present)
-        for path in added:
-            self._models[path.name] = ModelEntry(path.name)
-        await asyncio.gather(*(self._load(path) for path in added))
-        for name in removed:
-            entry = self._models.pop(name)
-            for model in [m for _, m in sorted(entry.versions.items())]:
-                await model.drain(timeout)
-                for error in await model.close():
-                    log.error("error while unloading %s: %s", name, error)
-                self._emit("model_unloaded", name, model.version, {"reason": "removed from the repository"})
-        return {"added": sorted(p.name for p in added), "removed": removed}
-
-    async def _load(self, path: Path) -> None:
-        entry = self._models[path.name]
-        try:
-            loaded: LoadedModel = await asyncio.to_thread(
-                load_model, path, self._options, self.selector, self._retune
+    def model_dir(self, name: str) -> Path:
+        """The directory of model ``name``, which must lie inside the repository (no traversal, no
+        symlink pointing out)."""
+        if not _NAME.fullmatch(name) or name in (".", ".."):
+            raise InvalidInput(
+                f"invalid model name {name[:80]!r}: use 1-255 letters, digits, '.', '_' or '-'"
             )
-        except ApplianceError as exc:
-            entry.state, entry.reason = ModelState.UNAVAILABLE, exc.message
-            log.error("model %s failed to load: %s", path.name, exc.message)
-            self._emit("model_failed", entry.name, None, {"reason": entry.reason})
-            return
-        except Exception as exc:
-            entry.state, entry.reason = ModelState.UNAVAILABLE, f"{type(exc).__name__}: {exc}"
-            log.exception("model %s failed to load", path.name)
-            self._emit("model_failed", entry.name, None, {"reason": entry.reason})
-            return
-        for model in loaded.versions.values():
-            model.start()
-        entry.config, entry.versions, entry.failures = loaded.config, loaded.versions, loaded.failures
-        entry.state, entry.reason = ModelState.READY, ""
+        path = self.repository / name
+        root = self.repository.resolve()
+        if not path.resolve().is_relative_to(root) or path.resolve() == root:
+            raise InvalidInput(f"model {name!r} points outside the model repository")
+        return path
+
+    def _lock(self, name: str) -> asyncio.Lock:
+        return self._locks.setdefault(name, asyncio.Lock())
+
+    async def load(self, name: str, config_override: mc.ModelConfig | None = None,
+                   raise_errors: bool = True) -> ModelEntry:
+        """Load a model, or reload it without downtime: the new versions load beside the serving ones,
+        requests switch to them once they are ready, and the old ones finish their requests before they
+        close. A failed reload keeps the old versions serving and reports the failure."""
+        path = self.model_dir(name)
+        async with self._lock(name):
+            if not path.is_dir():
+                raise ModelNotFound(f"no model {name!r} in the repository {self.repository}")
+            entry = self._models.setdefault(name, ModelEntry(name))
+            entry.wanted = True
+            if not entry.versions:
+                entry.state, entry.reason = ModelState.LOADING, ""
+            try:
+                loaded: LoadedModel = await asyncio.to_thread(
+                    load_model, path, self._options, self.selector, self._retune, config_override
+                )
+            except Exception as exc:
+                message = exc.message if isinstance(exc, ApplianceError) else f"{type(exc).__name__}: {exc}"
+                log.error("model %s failed to load: %s", name, message)
+                self._emit("model_failed", name, None, {"reason": message})
+                if entry.versions:  # a failed reload: the old versions keep serving
+                    entry.reason = f"reload failed, still serving the previous load: {message}"
+                else:
+                    entry.state, entry.reason = ModelState.UNAVAILABLE, message
+                if raise_errors:
+                    raise ConfigError(f"model {name!r} failed to load: {message}") from exc
+                return entry
+            for model in loaded.versions.values():
+                model.start()
+            retired = list(entry.versions.values())
+            entry.config, entry.versions, entry.failures = loaded.config, loaded.versions, loaded.failures
+            entry.state, entry.reason = ModelState.READY, ""
+            entry.signature = await asyncio.to_thread(directory_signature, path)
+            self._announce(entry, loaded)
+        await self._retire(retired, "replaced by a new load")
+        return entry
+
+    async def unload(self, name: str, reason: str = "unloaded") -> None:
+        """Stop routing requests to the model, let its requests finish, then free it."""
+        async with self._lock(name):
+            entry = self.entry(name)
+            retired = list(entry.versions.values())
+            entry.versions, entry.failures = {}, {}
+            entry.state, entry.reason, entry.wanted = ModelState.UNAVAILABLE, reason, False
+        await self._retire(retired, reason)
+
+    async def _retire(self, models: list[ModelVersion], reason: str) -> None:
+        for model in models:
+            await model.drain(self._drain_timeout)
+            for error in await model.close():
+                log.error("error while closing %s version %d: %s", model.name, model.version, error)
+            self._emit("model_unloaded", model.name, model.version, {"reason": reason})
+
+    async def rescan(self) -> dict[str, list[str]]:
+        """Apply the repository's changes: load new models, reload changed ones (without downtime),
+        unload removed ones. Models that did not change keep serving untouched."""
+        paths = {p.name: p for p in await asyncio.to_thread(self.scan)}
+        added = sorted(n for n in paths if n not in self._models)
+        removed = sorted(n for n in self._models if n not in paths)
+        changed = []
+        for name, entry in list(self._models.items()):
+            if name in paths and entry.versions and entry.signature is not None:
+                if await asyncio.to_thread(directory_signature, paths[name]) != entry.signature:
+                    changed.append(name)
+        for name in added:
+            self._models[name] = ModelEntry(name)
+        await asyncio.gather(*(self.load(n, raise_errors=False) for n in [*added, *changed]))
+        for name in removed:
+            await self.unload(name, "removed from the repository")
+            self._models.pop(name, None)
+        return {"added": added, "removed": removed, "reloaded": sorted(changed)}
+
+    def _announce(self, entry: ModelEntry, loaded: LoadedModel) -> None:
         log.info(
             "model %s ready: versions %s on %s%s",
             entry.name, sorted(entry.versions), entry.latest().platform,
@@ -158,7 +239,7 @@ class ModelRegistry:
     def entry(self, name: str) -> ModelEntry:
         entry = self._models.get(name)
         if entry is None:
-            raise ModelNotFound(f"Request for unknown model: '{name}' is not found")
+            raise ModelNotFound(f"Request for unknown model: '{name[:255]}' is not found")
         return entry
 
     def get(self, name: str, version: str | None = None) -> ModelVersion:
@@ -181,7 +262,7 @@ class ModelRegistry:
 
     @property
     def all_ready(self) -> bool:
-        return all(e.state is ModelState.READY and not e.failures for e in self._models.values())
+        return all(e.state is ModelState.READY and not e.failures for e in self._models.values() if e.wanted)
 
     def ready_count(self) -> int:
         return sum(1 for e in self._models.values() if e.state is ModelState.READY)

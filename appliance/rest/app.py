@@ -62,12 +62,14 @@ async def _models_ctx(app: web.Application) -> AsyncIterator[None]:
         repository,
         RuntimeOptions(onnx_providers=settings.onnx_providers, intra_op_threads=settings.intra_op_threads),
         retune=settings.retune,
+        drain_timeout=settings.shutdown_timeout,
     )
     try:
         await asyncio.to_thread(registry.discover)
     except FileNotFoundError as exc:
         raise ConfigError(str(exc)) from exc
-    dataplane = DataPlane(registry, strict_readiness=settings.strict_readiness)
+    dataplane = DataPlane(registry, strict_readiness=settings.strict_readiness,
+                          control_mode=settings.model_control_mode)
     app[DATAPLANE] = dataplane
     metrics = app.get(METRICS)
     if metrics is not None:
@@ -82,9 +84,16 @@ async def _models_ctx(app: web.Application) -> AsyncIterator[None]:
         if metrics is not None:
             metrics.event("hardware", detail={"fingerprint": report.fingerprint, "summary": report.summary()})
         registry.selector = make_selector(settings, report)
-        await registry.load_all()
+        explicit = settings.model_control_mode == "explicit" and "*" not in settings.load_models
+        await registry.load_all(settings.load_models if explicit else None)
         dataplane.mark_loaded()
         log.info("repository loaded: %d of %d models ready", registry.ready_count(), len(registry.entries()))
+        if settings.model_control_mode == "poll":
+            while True:
+                await asyncio.sleep(settings.repository_poll_secs)
+                changes = await registry.rescan()
+                if any(changes.values()):
+                    log.info("repository poll: %s", changes)
 
     task = asyncio.create_task(load(), name="load-repository")
     try:

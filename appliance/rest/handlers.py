@@ -11,6 +11,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from appliance.dashboard import STATIC_DIR
 from appliance.metrics.history import history
+from appliance.core.dataplane import DataPlane
+from appliance.core.model import ModelVersion
 from appliance.core.types import InferRequest
 from appliance.errors import InvalidInput
 from appliance.rest.codec import HEADER_LENGTH, decode_infer_request, encode_infer_response
@@ -77,7 +79,13 @@ async def _read_body(request: web.Request) -> bytes:
 
 async def infer(request: web.Request) -> web.Response:
     dataplane = request.app[DATAPLANE]
-    model = dataplane.model(*_model_args(request))  # 404/503 before reading a body
+    # Looked up (404/503) before the body is read, and held until the response: a reload or unload
+    # lets this request finish on the version it started with.
+    with dataplane.model(*_model_args(request)).in_use() as model:
+        return await _infer(request, dataplane, model)
+
+
+async def _infer(request: web.Request, dataplane: DataPlane, model: ModelVersion) -> web.Response:
     header_length = _header_length(request)
     body = await _read_body(request)
     if len(body) > _DECODE_OFF_LOOP_BYTES:
@@ -155,6 +163,36 @@ async def dashboard(request: web.Request) -> web.FileResponse:
     return web.FileResponse(STATIC_DIR / "index.html")
 
 
+async def _optional_json(request: web.Request) -> dict:
+    if not request.can_read_body:
+        return {}
+    raw = await _read_body(request)
+    if not raw.strip():
+        return {}
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidInput(f"malformed JSON in the request body: {exc}") from None
+    if not isinstance(body, dict):
+        raise InvalidInput("the body must be a JSON object")
+    return body
+
+
+async def load_model(request: web.Request) -> web.Response:
+    body = await _optional_json(request)
+    parameters = body.get("parameters") or {}
+    if not isinstance(parameters, dict):
+        raise InvalidInput("'parameters' must be a JSON object")
+    await request.app[DATAPLANE].load_model(request.match_info["model"], parameters)
+    return web.Response(status=200)
+
+
+async def unload_model(request: web.Request) -> web.Response:
+    await _optional_json(request)  # {"parameters": {"unload_dependents": bool}}: no ensembles to follow
+    await request.app[DATAPLANE].unload_model(request.match_info["model"])
+    return web.Response(status=200)
+
+
 async def repository_index(request: web.Request) -> web.Response:
     ready_only = False
     if request.can_read_body:
@@ -181,6 +219,8 @@ ROUTES = [
     web.get("/v2/health/ready", server_ready),
     web.get("/v2", server_metadata),
     web.post("/v2/repository/index", repository_index),
+    web.post("/v2/repository/models/{model}/load", load_model),
+    web.post("/v2/repository/models/{model}/unload", unload_model),
     web.get("/v2/models/stats", model_statistics),
     *(
         route

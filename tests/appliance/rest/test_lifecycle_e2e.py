@@ -1,0 +1,154 @@
+"""Model control (Triton's repository extension): modes, load/unload/index through tritonclient,
+reload without downtime under load, failed reloads, and names that try to leave the repository."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import numpy as np
+import pytest
+import tritonclient.http as triton
+from tritonclient.utils import InferenceServerException
+
+from tests.builders import affine_model, save, write_model
+from tests.http_util import call
+
+
+def _x() -> list:
+    tensor = triton.InferInput("x", [1, 8], "FP32")
+    tensor.set_data_from_numpy(np.ones((1, 8), np.float32))
+    return [tensor]
+
+
+def _y(client, model="m") -> float:
+    return float(client.infer(model, _x()).as_numpy("y")[0, 0])
+
+
+@pytest.fixture
+def repo(tmp_path):
+    repo = tmp_path / "repo"
+    write_model(repo, "m", affine_model(1.0, 0.0))
+    write_model(repo, "other", affine_model(5.0, 0.0))
+    return repo
+
+
+def test_mode_none_refuses_the_api(start_daemon, repo):
+    daemon = start_daemon(repo)
+    with triton.InferenceServerClient(daemon.url) as client:
+        with pytest.raises(InferenceServerException, match="--model-control-mode explicit") as info:
+            client.load_model("m")
+        assert info.value.status() == "400"
+        assert client.is_model_ready("m") and client.is_model_ready("other")
+
+
+def test_explicit_mode_loads_what_it_is_told(start_daemon, repo):
+    daemon = start_daemon(repo, "--model-control-mode", "explicit", "--load-model", "m")
+    with triton.InferenceServerClient(daemon.url) as client:
+        index = {row["name"]: row for row in client.get_model_repository_index()}
+        assert index["m"]["state"] == "READY"
+        assert index["other"]["state"] == "UNAVAILABLE" and "not loaded" in index["other"]["reason"]
+        assert client.is_server_ready()  # a model left unloaded on purpose is no failure
+        client.load_model("other")
+        assert _y(client, "other") == 5.0
+        client.unload_model("m", unload_dependents=True)
+        assert not client.is_model_ready("m")
+        index = {row["name"]: row for row in client.get_model_repository_index()}
+        assert index["m"]["state"] == "UNAVAILABLE" and index["m"]["reason"] == "unloaded"
+        with pytest.raises(InferenceServerException):
+            client.infer("m", _x())
+        client.load_model("m")
+        assert _y(client) == 1.0
+
+
+def test_load_with_a_config_override(start_daemon, repo):
+    daemon = start_daemon(repo, "--model-control-mode", "explicit", "--load-model", "*")
+    with triton.InferenceServerClient(daemon.url) as client:
+        config = json.dumps({"max_batch_size": 2, "dynamic_batching": {}})
+        client.load_model("m", config=config)
+        assert client.get_model_config("m")["max_batch_size"] == 2
+        with pytest.raises(InferenceServerException, match="not a model configuration"):
+            client.load_model("m", config="{not json")
+
+
+def test_reload_without_downtime_under_load(start_daemon, repo):
+    daemon = start_daemon(repo, "--model-control-mode", "explicit", "--load-model", "*")
+    results: list[float] = []
+    failures: list[str] = []
+    stop = threading.Event()
+
+    def hammer() -> None:
+        with triton.InferenceServerClient(daemon.url) as client:
+            while not stop.is_set():
+                try:
+                    results.append(_y(client))
+                except Exception as exc:  # any failure during a reload is a bug
+                    failures.append(repr(exc))
+
+    threads = [threading.Thread(target=hammer) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    with triton.InferenceServerClient(daemon.url) as client:
+        for scale in (2.0, 3.0, 4.0):
+            time.sleep(0.3)
+            save(affine_model(scale, 0.0), repo / "m" / "1" / "model.onnx")
+            client.load_model("m")  # returns once the new version serves
+            assert _y(client) == scale
+    time.sleep(0.3)
+    stop.set()
+    for thread in threads:
+        thread.join(30)
+    assert failures == []
+    assert len(results) > 50 and set(results) <= {1.0, 2.0, 3.0, 4.0} and results[-1] == 4.0
+    print(f"reload under load: {len(results)} requests, {len(failures)} failures")
+
+
+def test_failed_reload_keeps_the_old_version(start_daemon, repo):
+    daemon = start_daemon(repo, "--model-control-mode", "explicit", "--load-model", "*")
+    (repo / "m" / "1" / "model.onnx").write_bytes(b"truncated")
+    with triton.InferenceServerClient(daemon.url) as client:
+        with pytest.raises(InferenceServerException, match="failed to load"):
+            client.load_model("m")
+        assert _y(client) == 1.0  # still the old one
+        (row,) = [r for r in client.get_model_repository_index() if r["name"] == "m"]
+        assert row["state"] == "READY" and "reload failed" in row["reason"]
+
+
+def test_poll_mode_follows_the_repository(start_daemon, repo):
+    daemon = start_daemon(repo, "--model-control-mode", "poll", "--repository-poll-secs", "0.3")
+    with triton.InferenceServerClient(daemon.url) as client:
+        write_model(repo, "added", affine_model(7.0, 0.0))
+        save(affine_model(9.0, 0.0), repo / "m" / "1" / "model.onnx")
+        import shutil
+
+        shutil.rmtree(repo / "other")
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            names = {r["name"] for r in client.get_model_repository_index()}
+            if names == {"m", "added"} and client.is_model_ready("added") and _y(client) == 9.0:
+                break
+            time.sleep(0.2)
+        assert {r["name"] for r in client.get_model_repository_index()} == {"m", "added"}
+        assert _y(client, "added") == 7.0 and _y(client) == 9.0
+
+
+@pytest.mark.parametrize("name,statuses", [
+    ("..", {400, 404}),
+    ("%2e%2e", {400, 404}),
+    ("..%2fetc", {400, 404}),
+    ("a%2fb", {400, 404}),
+    ("%00", {400, 404}),
+    ("x" * 300, {400}),
+    ("outside", {400}),
+])
+def test_names_cannot_leave_the_repository(start_daemon, repo, tmp_path, name, statuses):
+    (tmp_path / "elsewhere" / "1").mkdir(parents=True)
+    (repo / "outside").symlink_to(tmp_path / "elsewhere")
+    daemon = start_daemon(repo, "--model-control-mode", "explicit", "--load-model", "m")
+    for path in (f"/v2/repository/models/{name}/load", f"/v2/repository/models/{name}/unload",
+                 f"/v2/models/{name}", f"/v2/models/{name}/infer"):
+        status, _, payload = call(daemon.port, "POST" if "repository" in path or "infer" in path else "GET", path, b"{}")
+        assert status in statuses | {404}, (path, status, payload)
+        assert isinstance(payload, dict) and "error" in payload
+    assert daemon.process.poll() is None
