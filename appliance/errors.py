@@ -17,6 +17,7 @@ __all__ = [
     "ModelNotFound",
     "ModelNotReady",
     "PayloadTooLarge",
+    "Unauthorized",
     "Unavailable",
 ]
 
@@ -39,6 +40,12 @@ class InvalidInput(ApplianceError):
 
 class PayloadTooLarge(ApplianceError):
     status = HTTPStatus.REQUEST_ENTITY_TOO_LARGE
+
+
+class Unauthorized(ApplianceError):
+    """A request that needs the bearer token came without a valid one."""
+
+    status = HTTPStatus.UNAUTHORIZED
 
 
 class ModelNotFound(ApplianceError):

@@ -78,6 +78,18 @@ class Settings:
     """As Triton: the server is ready only when every model is ready."""
     shutdown_timeout: float = 10.0
     """Seconds a stopping daemon waits for in-flight requests."""
+    auth_token: str | None = None
+    """Bearer token for control endpoints (and inference when protect_inference); default: the token
+    kept in <state_dir>/auth-token, created 0600 on first start."""
+    auth_exempt_networks: tuple[str, ...] = ("127.0.0.0/8", "::1/128")
+    """Clients in these networks need no token (loopback by default)."""
+    protect_inference: bool = False
+    """Require the token for inference, metadata and metrics too (health stays open)."""
+    max_concurrent_requests: int = 1024
+    """Requests handled at once; beyond it 503 with Retry-After."""
+    max_tensor_elements: int = 1 << 30
+    max_inputs: int = 256
+    """Input tensors in one request."""
     notify_socket: str | None = None
     """systemd's NOTIFY_SOCKET (taken from the environment systemd sets)."""
     watchdog_usec: int | None = None

@@ -8,13 +8,16 @@ from typing import Any
 
 
 def call(port: int, method: str, path: str, body: bytes | str | dict | None = None,
-         headers: dict[str, str] | None = None, timeout: float = 30) -> tuple[int, dict[str, str], Any]:
-    """Returns (status, headers, JSON body or raw bytes)."""
+         headers: dict[str, str] | None = None, timeout: float = 30,
+         source: str | None = None) -> tuple[int, dict[str, str], Any]:
+    """Returns (status, headers, JSON body or raw bytes); ``source`` picks the client's own address
+    (another loopback address such as 127.0.0.2 looks remote to a daemon told so)."""
     if isinstance(body, dict):
         body = json.dumps(body)
     if isinstance(body, str):
         body = body.encode()
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout,
+                                            source_address=(source, 0) if source else None)
     try:
         connection.request(method, path, body=body, headers=headers or {})
         response = connection.getresponse()

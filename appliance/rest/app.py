@@ -20,12 +20,14 @@ from appliance.core.dataplane import DataPlane
 from appliance.core.registry import ModelRegistry
 from appliance.errors import ConfigError, Unavailable
 from appliance.examples import ensure_example_repository
+from appliance.rest import security
 from appliance.rest.errors import error_middleware
 from appliance.rest.handlers import ROUTES
 from appliance import __version__
 from appliance.metrics.service import MetricsService
 from appliance.metrics.store import Retention
-from appliance.rest.keys import DATAPLANE, METRICS, SETTINGS
+from appliance.rest.codec import DecodeLimits
+from appliance.rest.keys import DATAPLANE, LIMITS, METRICS, SETTINGS
 from appliance.selection import Selector
 from appliance.selection.selector import SelectionSettings
 from appliance.settings import Settings
@@ -138,6 +140,8 @@ async def _metrics_ctx(app: web.Application) -> AsyncIterator[None]:
 def build_app(settings: Settings) -> web.Application:
     app = web.Application(client_max_size=settings.max_request_bytes, middlewares=[error_middleware])
     app[SETTINGS] = settings
+    app[LIMITS] = DecodeLimits(settings.max_tensor_elements, settings.max_inputs)
+    security.install(app, settings.auth_token or security.ensure_token(settings.state_dir))
     app.cleanup_ctx.append(_metrics_ctx)
     app.cleanup_ctx.append(_models_ctx)
     app.add_routes(ROUTES)

@@ -7,6 +7,7 @@ client's claim before the claim is checked against the bytes actually received.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -19,6 +20,7 @@ from appliance.core.types import InferInput, InferRequest, InferResponse, Reques
 from appliance.errors import InvalidInput
 
 __all__ = [
+    "DecodeLimits",
     "HEADER_LENGTH",
     "MAX_ELEMENTS",
     "decode_bytes_tensor",
@@ -28,9 +30,21 @@ __all__ = [
 ]
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
-# Largest tensor (in elements) a request may declare; guards the arithmetic, not the memory (the
+# Largest tensor (in elements) any request may declare; guards the arithmetic, not the memory (the
 # body size limit does that).
 MAX_ELEMENTS = 2**40
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DecodeLimits:
+    """Bounds checked before anything is allocated (JSON nesting is bounded by orjson itself, and a
+    tensor's 'data' may nest no deeper than its shape)."""
+
+    max_tensor_elements: int = 1 << 30
+    max_inputs: int = 256
+
+
+_DEFAULT_LIMITS = DecodeLimits()
 
 
 def _parse_header(body: bytes, header_length: int | None) -> dict[str, Any]:
@@ -57,14 +71,17 @@ def _parameters(obj: dict[str, Any], where: str) -> dict[str, Any]:
     return params
 
 
-def _shape(raw: Any, name: str) -> tuple[tuple[int, ...], int]:
-    if not isinstance(raw, list) or not all(type(d) is int and d >= 0 for d in raw):
+def _shape(raw: Any, name: str, limit: int) -> tuple[tuple[int, ...], int]:
+    if not isinstance(raw, list) or len(raw) > 64 or not all(type(d) is int and d >= 0 for d in raw):
         raise InvalidInput(
-            f"input '{name}': 'shape' must be a list of non-negative integers, got {raw!r}"[:400]
+            f"input '{name}': 'shape' must be a list of at most 64 non-negative integers, got {raw!r}"[:400]
         )
     count = math.prod(raw)
-    if count > MAX_ELEMENTS:
-        raise InvalidInput(f"input '{name}': shape {raw} has {count} elements, more than {MAX_ELEMENTS}")
+    if count > min(limit, MAX_ELEMENTS):
+        raise InvalidInput(
+            f"input '{name}': shape {raw} has {count} elements, more than the {min(limit, MAX_ELEMENTS)} "
+            "allowed (max_tensor_elements)"
+        )
     return tuple(raw), count
 
 
@@ -85,6 +102,11 @@ def _flatten_strings(data: Any, name: str) -> list[bytes]:
 def _decode_json_data(data: Any, datatype: str, shape: tuple[int, ...], count: int, name: str) -> np.ndarray:
     if not isinstance(data, list):
         data = [data]
+    depth, probe = 0, data
+    while isinstance(probe, list) and probe:
+        depth, probe = depth + 1, probe[0]
+    if depth > max(len(shape), 1):
+        raise InvalidInput(f"input '{name}': 'data' nests {depth} deep, but the shape has {len(shape)} dimensions")
     if datatype == "BYTES":
         items = _flatten_strings(data, name)
         if len(items) != count:
@@ -133,12 +155,16 @@ def _decode_binary_data(
     return np.frombuffer(chunk, dtype=numpy_dtype(datatype)).reshape(shape)
 
 
-def decode_infer_request(body: bytes, header_length: int | None = None) -> InferRequest:
+def decode_infer_request(
+    body: bytes, header_length: int | None = None, limits: DecodeLimits = _DEFAULT_LIMITS
+) -> InferRequest:
     """Decode a v2 infer body; ``header_length`` is the Inference-Header-Content-Length, if sent."""
     header = _parse_header(body, header_length)
     raw_inputs = header.get("inputs")
     if not isinstance(raw_inputs, list) or not raw_inputs:
         raise InvalidInput("the request must have a non-empty 'inputs' list")
+    if len(raw_inputs) > limits.max_inputs:
+        raise InvalidInput(f"the request has {len(raw_inputs)} inputs; at most {limits.max_inputs} are allowed")
     view = memoryview(body)
     offset = len(body) if header_length is None else header_length
     inputs: list[InferInput] = []
@@ -155,7 +181,7 @@ def decode_infer_request(body: bytes, header_length: int | None = None) -> Infer
             element_size(datatype)
         except ValueError as exc:
             raise InvalidInput(f"input '{name}': {exc}") from None
-        shape, count = _shape(raw.get("shape"), name)
+        shape, count = _shape(raw.get("shape"), name, limits.max_tensor_elements)
         params = _parameters(raw, f"input '{name}'")
         if "shared_memory_region" in params:
             raise InvalidInput(f"input '{name}': shared memory is not supported by this server")

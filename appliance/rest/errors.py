@@ -9,7 +9,7 @@ from http import HTTPStatus
 import orjson
 from aiohttp import web
 
-from appliance.errors import ApplianceError, PayloadTooLarge, Unavailable
+from appliance.errors import ApplianceError, PayloadTooLarge, Unauthorized, Unavailable
 from appliance.rest.keys import SETTINGS
 
 __all__ = ["error_middleware", "error_response", "too_large"]
@@ -37,6 +37,8 @@ def _from_appliance(exc: ApplianceError) -> web.Response:
     headers = None
     if isinstance(exc, Unavailable) and exc.retry_after is not None:
         headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after)))}
+    elif isinstance(exc, Unauthorized):
+        headers = {"WWW-Authenticate": 'Bearer realm="appliance"'}
     return error_response(exc.status, exc.message, headers)
 
 

@@ -17,7 +17,7 @@ from appliance.core.types import InferRequest
 from appliance.errors import InvalidInput
 from appliance.rest.codec import HEADER_LENGTH, decode_infer_request, encode_infer_response
 from appliance.rest.errors import error_response, too_large
-from appliance.rest.keys import DATAPLANE, METRICS, SETTINGS
+from appliance.rest.keys import DATAPLANE, LIMITS, METRICS, SETTINGS
 
 __all__ = ["ROUTES"]
 
@@ -88,10 +88,11 @@ async def infer(request: web.Request) -> web.Response:
 async def _infer(request: web.Request, dataplane: DataPlane, model: ModelVersion) -> web.Response:
     header_length = _header_length(request)
     body = await _read_body(request)
+    limits = request.app[LIMITS]
     if len(body) > _DECODE_OFF_LOOP_BYTES:
-        decoded: InferRequest = await asyncio.to_thread(decode_infer_request, body, header_length)
+        decoded: InferRequest = await asyncio.to_thread(decode_infer_request, body, header_length, limits)
     else:
-        decoded = decode_infer_request(body, header_length)
+        decoded = decode_infer_request(body, header_length, limits)
     response = await dataplane.infer(model, decoded)
     payload, json_length = encode_infer_response(response, decoded)
     if json_length is None:

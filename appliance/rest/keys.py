@@ -6,10 +6,12 @@ from aiohttp import web
 
 from appliance.core.dataplane import DataPlane
 from appliance.metrics.service import MetricsService
+from appliance.rest.codec import DecodeLimits
 from appliance.settings import Settings
 
-__all__ = ["DATAPLANE", "METRICS", "SETTINGS"]
+__all__ = ["DATAPLANE", "LIMITS", "METRICS", "SETTINGS"]
 
 SETTINGS = web.AppKey("settings", Settings)
 DATAPLANE = web.AppKey("dataplane", DataPlane)
 METRICS = web.AppKey("metrics", MetricsService)
+LIMITS = web.AppKey("limits", DecodeLimits)

@@ -11,6 +11,7 @@ import pytest
 from appliance.core.types import InferOutput, InferRequest, InferResponse, RequestedOutput
 from appliance.errors import InvalidInput
 from appliance.rest.codec import (
+    DecodeLimits,
     decode_bytes_tensor,
     decode_infer_request,
     encode_bytes_tensor,
@@ -94,11 +95,22 @@ def test_claimed_size_is_checked_before_anything_is_allocated():
     header = {"inputs": [{"name": "x", "shape": [2**20, 2**20], "datatype": "FP32",
                           "parameters": {"binary_data_size": 2**42}}]}
     body, length = _binary(header, b"\0" * 16)
-    with pytest.raises(InvalidInput, match="binary data remain"):
+    with pytest.raises(InvalidInput, match="max_tensor_elements"):
         decode_infer_request(body, length)
+    with pytest.raises(InvalidInput, match="binary data remain"):  # past the element limit: the bytes
+        decode_infer_request(body, length, DecodeLimits(max_tensor_elements=2**41))
     huge = {"inputs": [{"name": "x", "shape": [2**40, 2**40], "datatype": "FP32", "data": [1]}]}
     with pytest.raises(InvalidInput, match="more than"):
         decode_infer_request(json.dumps(huge).encode())
+
+
+def test_input_count_and_data_nesting_are_bounded():
+    many = {"inputs": [{"name": f"x{i}", "shape": [1], "datatype": "FP32", "data": [1]} for i in range(300)]}
+    with pytest.raises(InvalidInput, match="300 inputs; at most 256"):
+        decode_infer_request(json.dumps(many).encode())
+    deep = {"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [[[[1]]]]}]}
+    with pytest.raises(InvalidInput, match="nests 4 deep"):
+        decode_infer_request(json.dumps(deep).encode())
 
 
 @pytest.mark.parametrize("body,message", [
@@ -110,7 +122,7 @@ def test_claimed_size_is_checked_before_anything_is_allocated():
     (b'{"inputs": [{"name": "x", "shape": [1.5], "datatype": "FP32", "data": [1]}]}', "non-negative integers"),
     (b'{"inputs": [{"name": "x", "shape": [true], "datatype": "FP32", "data": [1]}]}', "non-negative integers"),
     (b'{"inputs": [{"name": "x", "shape": [2], "datatype": "UINT8", "data": [1, 300]}]}', "does not hold UINT8"),
-    (b'{"inputs": [{"name": "x", "shape": [2], "datatype": "FP32", "data": [[1], [2, 3]]}]}', "does not hold"),
+    (b'{"inputs": [{"name": "x", "shape": [2, 2], "datatype": "FP32", "data": [[1], [2, 3]]}]}', "does not hold"),
     (b'{"inputs": [{"name": "x", "shape": [1], "datatype": "BYTES", "data": [1]}]}', "must be strings"),
     (b'{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}], "id": 5}', "'id' must be"),
     (b'{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1],'

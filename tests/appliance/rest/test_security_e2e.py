@@ -1,0 +1,88 @@
+"""Control endpoints need the bearer token unless the client is exempt (loopback by default); a client
+on 127.0.0.2 is made to look remote by narrowing the exempt networks to 127.0.0.1."""
+
+from __future__ import annotations
+
+import stat
+import threading
+
+import pytest
+
+from appliance.examples import mlp_model
+from tests.builders import affine_model, write_model
+from tests.http_util import call
+
+REMOTE = "127.0.0.2"
+BODY = {"inputs": [{"name": "x", "shape": [1, 8], "datatype": "FP32", "data": [1.0] * 8}]}
+
+
+@pytest.fixture
+def repo(tmp_path):
+    repo = tmp_path / "repo"
+    write_model(repo, "m", affine_model(1.0, 0.0))
+    return repo
+
+
+def _start(start_daemon, repo, tmp_path, *args, env=None):
+    state = tmp_path / "state"
+    daemon = start_daemon(repo, "--model-control-mode", "explicit", "--load-model", "*", *args, state=state,
+                          env={"APPLIANCE_AUTH_EXEMPT_NETWORKS": "127.0.0.1/32", **(env or {})})
+    return daemon, (state / "auth-token")
+
+
+def test_token_file_is_created_private(start_daemon, repo, tmp_path):
+    _, token_file = _start(start_daemon, repo, tmp_path)
+    assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+    assert len(token_file.read_text().strip()) >= 32
+
+
+def test_control_needs_the_token_off_loopback(start_daemon, repo, tmp_path):
+    daemon, token_file = _start(start_daemon, repo, tmp_path)
+    token = token_file.read_text().strip()
+    path = "/v2/repository/models/m/load"
+    status, headers, payload = call(daemon.port, "POST", path, {}, source=REMOTE)
+    assert status == 401 and "Bearer" in headers["WWW-Authenticate"] and "auth-token" in payload["error"]
+    status, _, _ = call(daemon.port, "POST", path, {}, headers={"Authorization": "Bearer wrong"}, source=REMOTE)
+    assert status == 401
+    status, _, _ = call(daemon.port, "POST", path, {}, headers={"Authorization": f"Bearer {token}"}, source=REMOTE)
+    assert status == 200
+    assert call(daemon.port, "POST", path, {})[0] == 200  # 127.0.0.1 is exempt
+    # Inference stays open unless protect_inference is set.
+    assert call(daemon.port, "POST", "/v2/models/m/infer", BODY, source=REMOTE)[0] == 200
+
+
+def test_protect_inference(start_daemon, repo, tmp_path):
+    daemon, token_file = _start(start_daemon, repo, tmp_path, env={"APPLIANCE_PROTECT_INFERENCE": "true"})
+    token = token_file.read_text().strip()
+    assert call(daemon.port, "POST", "/v2/models/m/infer", BODY, source=REMOTE)[0] == 401
+    assert call(daemon.port, "GET", "/metrics", source=REMOTE)[0] == 401
+    assert call(daemon.port, "GET", "/v2/health/ready", source=REMOTE)[0] == 200  # health stays open
+    authorized = {"Authorization": f"Bearer {token}"}
+    assert call(daemon.port, "POST", "/v2/models/m/infer", BODY, headers=authorized, source=REMOTE)[0] == 200
+
+
+def test_token_from_settings(start_daemon, repo, tmp_path):
+    daemon, _ = _start(start_daemon, repo, tmp_path, env={"APPLIANCE_AUTH_TOKEN": "s3cret-token"})
+    headers = {"Authorization": "Bearer s3cret-token"}
+    assert call(daemon.port, "POST", "/v2/repository/models/m/unload", {}, headers=headers, source=REMOTE)[0] == 200
+
+
+def test_concurrent_request_limit(start_daemon, tmp_path):
+    repo = tmp_path / "repo"
+    write_model(repo, "slow", mlp_model(), config=(
+        "max_batch_size: 8\ndynamic_batching { preferred_batch_size: [ 8 ] max_queue_delay_microseconds: 1000000 }\n"))
+    daemon = start_daemon(repo, env={"APPLIANCE_MAX_CONCURRENT_REQUESTS": "2"})
+    body = {"inputs": [{"name": "input", "shape": [1, 784], "datatype": "FP32", "data": [0.0] * 784}]}
+    statuses: list[int] = []
+    threads = [threading.Thread(target=lambda: statuses.append(
+        call(daemon.port, "POST", "/v2/models/slow/infer", body)[0])) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    import time
+
+    time.sleep(0.3)
+    status, headers, payload = call(daemon.port, "POST", "/v2/models/slow/infer", body)
+    assert status == 503 and "max_concurrent_requests" in payload["error"] and headers["Retry-After"] == "1"
+    for thread in threads:
+        thread.join(30)
+    assert statuses == [200, 200]
