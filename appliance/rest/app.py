@@ -44,7 +44,8 @@ def resolve_repository(settings: Settings) -> Path:
     return ensure_example_repository(settings.example_repository_dir)
 
 
-def make_selector(settings: Settings, report: ProbeReport) -> Selector | None:
+def make_selector(settings: Settings, report: ProbeReport, isolate: bool = False) -> Selector | None:
+    """``isolate``: measure candidates in a child process (the daemon), not in this one (the CLI)."""
     if not settings.selection:
         return None
     return Selector(
@@ -54,6 +55,7 @@ def make_selector(settings: Settings, report: ProbeReport) -> Selector | None:
         ModelCache(settings.cache_dir, settings.cache_max_bytes),
         SelectionSettings(budget=settings.tune_budget),
         cpu_flags=tuple(report.cpu_flags()),
+        isolate=isolate,
     )
 
 
@@ -79,13 +81,14 @@ async def _models_ctx(app: web.Application) -> AsyncIterator[None]:
     log.info("loading model repository %s", repository)
 
     async def load() -> None:
-        # Probing imports the runtimes (seconds): done here, with the port already answering.
-        report = await asyncio.to_thread(hardware_probe.probe, 15.0)
+        # Probing imports the runtimes (seconds): done with the port already answering, and in a
+        # child process, so that a daemon serving only ONNX never holds torch or OpenVINO.
+        report = await asyncio.to_thread(hardware_probe.probe_isolated, 15.0)
         dataplane.hardware = {**report.to_json(), "summary": report.summary()}
         log.info("hardware: %s", report.summary())
         if metrics is not None:
             metrics.event("hardware", detail={"fingerprint": report.fingerprint, "summary": report.summary()})
-        registry.selector = make_selector(settings, report)
+        registry.selector = make_selector(settings, report, isolate=True)
         explicit = settings.model_control_mode == "explicit" and "*" not in settings.load_models
         await registry.load_all(settings.load_models if explicit else None)
         dataplane.mark_loaded()

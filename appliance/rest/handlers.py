@@ -18,6 +18,7 @@ from appliance.errors import InvalidInput
 from appliance.rest.codec import HEADER_LENGTH, decode_infer_request, encode_infer_response
 from appliance.rest.errors import error_response, too_large
 from appliance.rest.keys import DATAPLANE, LIMITS, METRICS, SETTINGS
+from appliance.rest.openapi import openapi_document
 
 __all__ = ["ROUTES"]
 
@@ -160,6 +161,10 @@ async def hardware(request: web.Request) -> web.Response:
     return _json(report)
 
 
+async def openapi(request: web.Request) -> web.Response:
+    return _json(openapi_document())
+
+
 async def dashboard(request: web.Request) -> web.FileResponse:
     return web.FileResponse(STATIC_DIR / "index.html")
 
@@ -216,6 +221,7 @@ ROUTES = [
     web.get("/metrics", prometheus_metrics),
     web.get("/v2/history", metrics_history),
     web.get("/v2/probe", hardware),
+    web.get("/v2/openapi.json", openapi),
     web.get("/v2/health/live", server_live),
     web.get("/v2/health/ready", server_ready),
     web.get("/v2", server_metadata),

@@ -9,6 +9,9 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
+import json
+import subprocess
+import sys
 import logging
 import tempfile
 import threading
@@ -95,7 +98,7 @@ class Selector:
     def __init__(self, probe: ProbeView, fingerprint: str, runtime_versions: dict[str, str],
                  cache: ModelCache | None, settings: SelectionSettings = SelectionSettings(),
                  cpu_flags: tuple[str, ...] = (), extra_plans: tuple[Plan, ...] = (),
-                 backends: tuple[BackendInfo, ...] = BACKENDS) -> None:
+                 backends: tuple[BackendInfo, ...] = BACKENDS, isolate: bool = False) -> None:
         self._probe = probe
         self.fingerprint = fingerprint
         self._versions = runtime_versions
@@ -104,6 +107,7 @@ class Selector:
         self._cpu_flags = cpu_flags
         self._extra_plans = extra_plans
         self._backends = backends
+        self._isolate = isolate and cache is not None
         self._tuning = threading.Lock()
         self.progress: Progress | None = None
         """Where tuning reports its steps besides the log (the CLI's progress bar)."""
@@ -156,7 +160,43 @@ class Selector:
                                     "max_abs_error": None, "reason": "the only way to run this model here"}]}
             return Choice(plans[0], only, "off", None)
         with self._tuning:
+            if self._isolate:
+                return self._tune_in_child(info, context, key)
             return self._tune(info, context, plans, skipped, key, progress)
+
+    def job_fields(self) -> dict[str, Any]:
+        """What a tuning child process needs to rebuild this selector."""
+        assert self._cache is not None
+        return {
+            "probe": getattr(self._probe, "sections", {}),
+            "fingerprint": self.fingerprint,
+            "runtime_versions": self._versions,
+            "cache_dir": str(self._cache.root),
+            "cache_max_bytes": self._cache.max_bytes,
+            "settings": dataclasses.asdict(self._settings),
+            "cpu_flags": list(self._cpu_flags),
+        }
+
+    def _tune_in_child(self, info: BackendInfo, context: LoadContext, key: str) -> Choice:
+        from appliance.selection.worker import job_for
+
+        job = json.dumps(job_for(self, info, context))
+        try:
+            result = subprocess.run([sys.executable, "-m", "appliance.selection.worker"], input=job,
+                                    capture_output=True, text=True, timeout=3600)
+        except subprocess.TimeoutExpired:
+            raise ConfigError(f"model {context.model_name!r}: tuning took longer than an hour") from None
+        sys.stderr.write(result.stderr)  # the child's progress lines, in the daemon's log
+        lines = result.stdout.strip().splitlines()
+        outcome = json.loads(lines[-1]) if lines else {"ok": False, "error": f"exit code {result.returncode}"}
+        if not outcome.get("ok"):
+            raise ConfigError(f"model {context.model_name!r}: tuning failed: {outcome.get('error')} "
+                              f"(tuning process exit code {result.returncode})")
+        assert self._cache is not None
+        entry = self._cache.lookup(key)
+        if entry is None:
+            raise ConfigError(f"model {context.model_name!r}: the tuning process stored no decision")
+        return Choice(_plan_from(entry.decision), entry.decision, "miss", entry.artefacts)
 
     def _tune(self, info: BackendInfo, context: LoadContext, plans: list[Plan], skipped: dict[str, str],
               key: str, progress: Progress | None) -> Choice:

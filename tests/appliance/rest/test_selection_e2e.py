@@ -87,3 +87,15 @@ def test_selection_off_is_reported(start_daemon, tmp_path):
     save(cnn_model(), repo / "cnn" / "1" / "model.onnx")
     daemon = start_daemon(repo)
     assert _selection(daemon)["cache"] == "off"
+
+
+def test_daemon_serving_onnx_holds_neither_torch_nor_openvino(start_daemon, tmp_path):
+    """Probing and measuring candidates (OpenVINO among them) happen in child processes."""
+    repo = tmp_path / "repo"
+    save(cnn_model(), repo / "cnn" / "1" / "model.onnx")
+    daemon = start_daemon(repo, selection=True, env={"APPLIANCE_TUNE_BUDGET": "0.05"})
+    decision = _selection(daemon)
+    assert decision["cache"] == "miss" and len([c for c in decision["candidates"] if c["status"] == "ok"]) >= 2
+    if decision["chosen"].startswith("onnxruntime"):
+        maps = open(f"/proc/{daemon.process.pid}/maps").read()
+        assert "libtorch" not in maps and "libopenvino" not in maps

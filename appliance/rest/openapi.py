@@ -1,0 +1,110 @@
+"""The daemon's OpenAPI 3 description (GET /v2/openapi.json). A test checks that every aiohttp route
+appears here, so the description stays true."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from appliance import __version__
+
+__all__ = ["openapi_document"]
+
+_ERROR = {"description": "error", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+_JSON = {"description": "OK", "content": {"application/json": {"schema": {"type": "object"}}}}
+_EMPTY = {"description": "OK"}
+_MODEL = {"name": "model", "in": "path", "required": True, "schema": {"type": "string", "maxLength": 255}}
+_VERSION = {"name": "version", "in": "path", "required": True, "schema": {"type": "string", "pattern": "^[0-9]+$"}}
+
+
+def _operation(summary: str, ok: dict, body: dict | None = None, parameters: list | None = None,
+               errors: tuple[int, ...] = (400, 404, 503)) -> dict[str, Any]:
+    operation: dict[str, Any] = {"summary": summary, "responses": {"200": ok, **{str(c): _ERROR for c in errors}}}
+    if parameters:
+        operation["parameters"] = parameters
+    if body is not None:
+        operation["requestBody"] = {"required": False, "content": {"application/json": {"schema": body}}}
+    return operation
+
+
+_TENSOR_IN = {
+    "type": "object",
+    "required": ["name", "shape", "datatype"],
+    "properties": {
+        "name": {"type": "string"},
+        "shape": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+        "datatype": {"type": "string", "enum": ["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16",
+                                                "INT32", "INT64", "FP16", "FP32", "FP64", "BYTES", "BF16"]},
+        "parameters": {"type": "object"},
+        "data": {"type": "array"},
+    },
+}
+_INFER_BODY = {
+    "type": "object",
+    "required": ["inputs"],
+    "properties": {
+        "id": {"type": "string"},
+        "parameters": {"type": "object"},
+        "inputs": {"type": "array", "items": _TENSOR_IN},
+        "outputs": {"type": "array", "items": {"type": "object", "required": ["name"],
+                                               "properties": {"name": {"type": "string"}, "parameters": {"type": "object"}}}},
+    },
+}
+
+
+def _model_paths() -> dict[str, Any]:
+    paths: dict[str, Any] = {}
+    for prefix, parameters in (("/v2/models/{model}", [_MODEL]), ("/v2/models/{model}/versions/{version}",
+                                                                    [_MODEL, _VERSION])):
+        paths[prefix] = {"get": _operation("Model metadata", _JSON, parameters=parameters)}
+        paths[prefix + "/ready"] = {"get": _operation("Model readiness", _EMPTY, parameters=parameters)}
+        paths[prefix + "/config"] = {"get": _operation("Model configuration (Triton's ModelConfig as JSON)", _JSON,
+                                                       parameters=parameters)}
+        paths[prefix + "/infer"] = {"post": _operation(
+            "Inference (JSON, or Triton's binary tensor extension with Inference-Header-Content-Length)",
+            _JSON, body=_INFER_BODY, parameters=parameters, errors=(400, 401, 404, 413, 500, 503))}
+        paths[prefix + "/stats"] = {"get": _operation("Statistics (Triton's statistics extension)", _JSON,
+                                                      parameters=parameters)}
+        paths[prefix + "/selection"] = {"get": _operation("Measured plan selection for the model", _JSON,
+                                                          parameters=parameters)}
+    return paths
+
+
+def openapi_document() -> dict[str, Any]:
+    history = [{"name": n, "in": "query", "required": False, "schema": {"type": t}}
+               for n, t in (("model", "string"), ("version", "integer"), ("since", "integer"),
+                            ("until", "integer"), ("step", "integer"))]
+    control_body = {"type": "object", "properties": {"parameters": {"type": "object"}}}
+    return {
+        "openapi": "3.0.3",
+        "info": {"title": "Edge inference appliance", "version": __version__,
+                 "description": "KServe v2 REST with Triton's extensions, plus the appliance's own endpoints."},
+        "paths": {
+            "/": {"get": _operation("Dashboard (HTML)", {"description": "OK", "content": {"text/html": {}}}, errors=())},
+            "/dashboard/static/{filename}": {"get": _operation(
+                "Dashboard assets", {"description": "OK"},
+                parameters=[{"name": "filename", "in": "path", "required": True, "schema": {"type": "string"}}],
+                errors=(404,))},
+            "/metrics": {"get": _operation("Prometheus metrics (Triton's names)",
+                                           {"description": "OK", "content": {"text/plain": {}}}, errors=(401, 503))},
+            "/v2": {"get": _operation("Server metadata", _JSON, errors=())},
+            "/v2/health/live": {"get": _operation("Liveness", _EMPTY, errors=(503,))},
+            "/v2/health/ready": {"get": _operation("Readiness", _EMPTY, errors=(503,))},
+            "/v2/openapi.json": {"get": _operation("This description", _JSON, errors=())},
+            "/v2/probe": {"get": _operation("Hardware probe report", _JSON, errors=(503,))},
+            "/v2/history": {"get": _operation("Metrics history as time series", _JSON, parameters=history,
+                                              errors=(400,))},
+            "/v2/models/stats": {"get": _operation("Statistics of every model", _JSON, errors=())},
+            "/v2/repository/index": {"post": _operation(
+                "Repository index", {"description": "OK", "content": {"application/json": {"schema": {"type": "array"}}}},
+                body={"type": "object", "properties": {"ready": {"type": "boolean"}}}, errors=(400,))},
+            "/v2/repository/models/{model}/load": {"post": _operation(
+                "Load or reload a model (explicit mode)", _EMPTY, body=control_body, parameters=[_MODEL],
+                errors=(400, 401, 404))},
+            "/v2/repository/models/{model}/unload": {"post": _operation(
+                "Unload a model (explicit mode)", _EMPTY, body=control_body, parameters=[_MODEL],
+                errors=(400, 401, 404))},
+            **_model_paths(),
+        },
+        "components": {"schemas": {"Error": {"type": "object", "required": ["error"],
+                                             "properties": {"error": {"type": "string"}}}}},
+    }

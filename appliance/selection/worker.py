@@ -1,0 +1,73 @@
+"""Measure a model's candidate plans in a child process (``python -m appliance.selection.worker``).
+
+The daemon sends one JSON job on stdin and reads the outcome from stdout; the decision and artefacts
+land in the shared model cache (under its file lock), where the daemon then finds them. Building every
+candidate runtime here keeps the daemon's memory to the runtime it serves with, and a candidate that
+crashes takes down this process, not the daemon.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from google.protobuf import json_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from appliance.backends import BACKENDS, LoadContext, RuntimeOptions
+from appliance.errors import ApplianceError
+
+__all__ = ["job_for", "main"]
+
+
+def job_for(selector: Any, info: Any, context: LoadContext) -> dict[str, Any]:
+    """The JSON job describing one tuning run."""
+    return {
+        "backend": info.name,
+        "model_name": context.model_name,
+        "version": context.version,
+        "model_file": str(context.model_file),
+        "config": json_format.MessageToDict(context.config, preserving_proto_field_name=True),
+        "options": {"onnx_providers": list(context.options.onnx_providers),
+                    "intra_op_threads": context.options.intra_op_threads},
+        "threads": context.threads,
+        **selector.job_fields(),
+    }
+
+
+def _run(job: dict[str, Any]) -> dict[str, Any]:
+    from hardware_probe import ProbeReport
+    from model_cache import ModelCache
+
+    from appliance.selection.selector import SelectionSettings, Selector
+
+    report = ProbeReport(sections=job["probe"])
+    selector = Selector(report, job["fingerprint"], job["runtime_versions"],
+                        ModelCache(Path(job["cache_dir"]), job["cache_max_bytes"]),
+                        SelectionSettings(**job["settings"]), cpu_flags=tuple(job["cpu_flags"]))
+    info = next(b for b in BACKENDS if b.name == job["backend"])
+    config = json_format.ParseDict(job["config"], mc.ModelConfig())
+    context = LoadContext(job["model_name"], job["version"], Path(job["model_file"]), config,
+                          RuntimeOptions(tuple(job["options"]["onnx_providers"]), job["options"]["intra_op_threads"]),
+                          threads=job["threads"])
+    choice = selector.choose(info, context, force=True)
+    return {"ok": True, "chosen": choice.plan.id}
+
+
+def main() -> None:
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        outcome = _run(json.loads(sys.stdin.read()))
+    except ApplianceError as exc:
+        outcome = {"ok": False, "error": exc.message}
+    except Exception as exc:  # reported to the daemon as the model's load failure
+        outcome = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    print(json.dumps(outcome))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,23 @@
+"""Probe in a child process: importing torch, OpenVINO or TensorRT to see what they can do costs a
+daemon hundreds of MiB it never gets back, even when it serves only ONNX models."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from hardware_probe.probe import probe
+from hardware_probe.report import ProbeReport
+
+__all__ = ["probe_isolated"]
+
+
+def probe_isolated(timeout: float = 5.0) -> ProbeReport:
+    """Like probe(), in a fresh interpreter; falls back to probing here if the child cannot run."""
+    try:
+        result = subprocess.run([sys.executable, "-m", "hardware_probe", str(timeout)], capture_output=True,
+                                text=True, timeout=timeout * 3 + 30, check=True)
+        return ProbeReport(sections=json.loads(result.stdout)["sections"])
+    except (subprocess.SubprocessError, OSError, ValueError, KeyError):
+        return probe(timeout=timeout)
