@@ -27,6 +27,7 @@ __all__ = [
     "decode_infer_request",
     "encode_bytes_tensor",
     "encode_infer_response",
+    "parse_json_object",
 ]
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -53,13 +54,18 @@ def _parse_header(body: bytes, header_length: int | None) -> dict[str, Any]:
             f"{HEADER_LENGTH} is {header_length}, but the body has only {len(body)} bytes"
         )
     text = body if header_length is None else body[:header_length]
+    return parse_json_object(text, "a JSON object with an 'inputs' list")
+
+
+def parse_json_object(text: bytes, expected: str) -> dict[str, Any]:
+    """A request body that must be a JSON object; ``expected`` describes it in the error."""
     try:
-        header = orjson.loads(text)
+        document = orjson.loads(text)
     except orjson.JSONDecodeError as exc:
         raise InvalidInput(f"malformed JSON in the request body: {exc}") from None
-    if not isinstance(header, dict):
-        raise InvalidInput("the request body must be a JSON object with an 'inputs' list")
-    return header
+    if not isinstance(document, dict):
+        raise InvalidInput(f"the request body must be {expected}")
+    return document
 
 
 def _parameters(obj: dict[str, Any], where: str) -> dict[str, Any]:

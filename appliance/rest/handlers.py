@@ -15,7 +15,7 @@ from appliance.core.dataplane import DataPlane
 from appliance.core.model import ModelVersion
 from appliance.core.types import InferRequest
 from appliance.errors import InvalidInput
-from appliance.rest.codec import HEADER_LENGTH, decode_infer_request, encode_infer_response
+from appliance.rest.codec import HEADER_LENGTH, decode_infer_request, encode_infer_response, parse_json_object
 from appliance.rest.errors import error_response, too_large
 from appliance.rest.keys import DATAPLANE, LIMITS, METRICS, SETTINGS
 from appliance.rest.openapi import openapi_document
@@ -169,23 +169,16 @@ async def dashboard(request: web.Request) -> web.FileResponse:
     return web.FileResponse(STATIC_DIR / "index.html")
 
 
-async def _optional_json(request: web.Request) -> dict:
+async def _optional_json(request: web.Request, expected: str) -> dict:
+    """The body as a JSON object; an absent or blank body is ``{}``."""
     if not request.can_read_body:
         return {}
     raw = await _read_body(request)
-    if not raw.strip():
-        return {}
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidInput(f"malformed JSON in the request body: {exc}") from None
-    if not isinstance(body, dict):
-        raise InvalidInput("the body must be a JSON object")
-    return body
+    return parse_json_object(raw, expected) if raw.strip() else {}
 
 
 async def load_model(request: web.Request) -> web.Response:
-    body = await _optional_json(request)
+    body = await _optional_json(request, 'a JSON object such as {"parameters": {"config": "..."}}')
     parameters = body.get("parameters") or {}
     if not isinstance(parameters, dict):
         raise InvalidInput("'parameters' must be a JSON object")
@@ -194,22 +187,15 @@ async def load_model(request: web.Request) -> web.Response:
 
 
 async def unload_model(request: web.Request) -> web.Response:
-    await _optional_json(request)  # {"parameters": {"unload_dependents": bool}}: no ensembles to follow
+    # {"parameters": {"unload_dependents": bool}}: accepted; there are no ensembles to follow.
+    await _optional_json(request, 'a JSON object such as {"parameters": {"unload_dependents": false}}')
     await request.app[DATAPLANE].unload_model(request.match_info["model"])
     return web.Response(status=200)
 
 
 async def repository_index(request: web.Request) -> web.Response:
-    ready_only = False
-    if request.can_read_body:
-        try:
-            body = orjson.loads(await _read_body(request) or b"{}")
-        except orjson.JSONDecodeError as exc:
-            raise InvalidInput(f"malformed JSON in the request body: {exc}") from None
-        if not isinstance(body, dict):
-            raise InvalidInput('the body must be a JSON object such as {"ready": true}')
-        ready_only = bool(body.get("ready", False))
-    return _json(request.app[DATAPLANE].repository_index(ready_only))
+    body = await _optional_json(request, 'a JSON object such as {"ready": true}')
+    return _json(request.app[DATAPLANE].repository_index(bool(body.get("ready", False))))
 
 
 _MODEL = "/v2/models/{model}"
