@@ -25,6 +25,8 @@ class Notifier:
             self._address = "\0" + socket_path[1:] if socket_path.startswith("@") else socket_path
         self.watchdog_interval = watchdog_usec / 2e6 if watchdog_usec else None
         self._socket: socket.socket | None = None
+        self._pending: list[bytes] = []
+        """State messages (READY, STOPPING...) the full socket refused: sent again before the next one."""
 
     @property
     def enabled(self) -> bool:
@@ -33,12 +35,24 @@ class Notifier:
     def send(self, *lines: str) -> None:
         if self._address is None:
             return
-        try:
-            if self._socket is None:
-                self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
-            self._socket.sendto("\n".join(lines).encode(), self._address)
-        except OSError as exc:  # systemd gone or socket misconfigured: never fatal
-            log.warning("sd_notify failed: %s", exc)
+        message = "\n".join(lines).encode()
+        if self._socket is None:
+            # Non-blocking: a receiver that does not read must never stall the event loop.
+            self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+            self._socket.setblocking(False)
+        for queued in [*self._pending, message]:
+            try:
+                self._socket.sendto(queued, self._address)
+            except BlockingIOError:
+                if queued == message and not message.startswith(b"WATCHDOG=1"):
+                    self._pending.append(message)  # a state change must arrive; a ping may be lost
+                log.warning("sd_notify: the notify socket is full; will retry state messages")
+                return
+            except OSError as exc:  # systemd gone or socket misconfigured: never fatal
+                log.warning("sd_notify failed: %s", exc)
+                return
+            if queued is not message:
+                self._pending.remove(queued)
 
     def ready(self, status: str) -> None:
         self.send("READY=1", f"STATUS={status}")

@@ -26,6 +26,7 @@ dynamic_batching { preferred_batch_size: [ 64 ] max_queue_delay_microseconds: 15
 
 @pytest.fixture
 def notify_socket():
+    """A bound AF_UNIX datagram socket, as systemd's; ``read=True`` starts a reader thread."""
     folder = Path(tempfile.mkdtemp(prefix="nt", dir="/tmp"))  # AF_UNIX paths must stay short
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.bind(str(folder / "notify"))
@@ -35,35 +36,45 @@ def notify_socket():
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def _receive_until(sock, wanted: str, seconds: float, into: list[str]) -> bool:
+def _reader(sock) -> tuple[list[str], threading.Event]:
+    messages: list[str] = []
+    stop = threading.Event()
+
+    def read() -> None:
+        while not stop.is_set():
+            try:
+                messages.extend(sock.recv(4096).decode().splitlines())
+            except (TimeoutError, OSError):
+                continue
+
+    threading.Thread(target=read, daemon=True).start()
+    return messages, stop
+
+
+def _wait_for(messages: list[str], wanted: str, seconds: float) -> bool:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        try:
-            message = sock.recv(4096).decode()
-        except TimeoutError:
-            continue
-        into.extend(message.splitlines())
-        if wanted in message.splitlines():
+        if wanted in messages:
             return True
+        time.sleep(0.05)
     return False
 
 
 def test_ready_watchdog_stopping_in_order(start_daemon, tmp_path, notify_socket):
     sock, path = notify_socket
+    messages, stop = _reader(sock)
     repo = tmp_path / "repo"
     save(mlp_model(), repo / "mlp" / "1" / "model.onnx")
     daemon = start_daemon(repo, env={"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "400000"})
-    messages: list[str] = []
-    assert _receive_until(sock, "READY=1", 30, messages), messages
+    assert _wait_for(messages, "READY=1", 30), messages
     assert any(m.startswith("STATUS=1 models ready") for m in messages), messages
     watchdog_before = messages.count("WATCHDOG=1")
-    assert _receive_until(sock, "WATCHDOG=1", 5, messages)
-    time.sleep(0.5)
-    _receive_until(sock, "never", 0.3, messages)
+    time.sleep(0.8)
     assert messages.count("WATCHDOG=1") > watchdog_before  # pinged at half of WATCHDOG_USEC
     daemon.process.send_signal(signal.SIGTERM)
-    assert _receive_until(sock, "STOPPING=1", 15, messages), messages
+    assert _wait_for(messages, "STOPPING=1", 15), messages
     assert daemon.process.wait(30) == 0
+    stop.set()
     order = [m for m in messages if m in ("READY=1", "STOPPING=1")]
     assert order == ["READY=1", "STOPPING=1"]
     assert messages.index("READY=1") < len(messages) - 1 - messages[::-1].index("WATCHDOG=1")
@@ -117,3 +128,19 @@ def test_sighup_rescans_the_repository(start_daemon, tmp_path):
     assert call(daemon.port, "GET", "/v2/models/first")[0] == 404
     assert "repository re-scanned: added ['second'], removed ['first']" in daemon.log()
     assert daemon.process.poll() is None
+
+
+def test_a_notify_socket_nobody_reads_never_stalls_the_daemon(start_daemon, tmp_path, notify_socket):
+    """WATCHDOG pings every 2 ms fill the unread socket within a second; the daemon must keep serving."""
+    _, path = notify_socket
+    repo = tmp_path / "repo"
+    save(mlp_model(), repo / "mlp" / "1" / "model.onnx")
+    daemon = start_daemon(repo, env={"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "4000"})
+    time.sleep(2)
+    for _ in range(5):
+        assert call(daemon.port, "GET", "/v2/health/live", timeout=5)[0] == 200
+    assert "notify socket is full" in daemon.log()
+    # Once the manager reads again, the state change that did not fit arrives.
+    messages, stop = _reader(notify_socket[0])
+    assert _wait_for(messages, "READY=1", 10), messages[-5:]
+    stop.set()
