@@ -88,7 +88,6 @@ class OnnxRuntimeBackend(Backend):
         self._outputs = _describe(self._session.get_outputs())
         self._string_inputs = {t.name for t in self._inputs if t.datatype == "BYTES"}
         self._string_outputs = {t.name for t in self._outputs if t.datatype == "BYTES"}
-        self.providers = self._session.get_providers()
 
     def inputs(self) -> Sequence[RuntimeTensor]:
         return self._inputs

@@ -13,7 +13,6 @@ from appliance import __version__
 from appliance.core.config import config_to_json
 from appliance.core.model import ModelVersion
 from appliance.core.registry import ModelRegistry, ModelState
-from appliance.core.types import InferRequest, InferResponse
 from appliance.errors import InvalidInput, ModelNotReady
 
 __all__ = ["EXTENSIONS", "SERVER_NAME", "DataPlane"]
@@ -101,9 +100,6 @@ class DataPlane:
 
     def model_config(self, name: str, version: str | None = None) -> dict[str, Any]:
         return config_to_json(self.registry.get(name, version).config)
-
-    async def infer(self, model: ModelVersion, request: InferRequest) -> InferResponse:
-        return await model.infer(request)
 
     def model_statistics(self, name: str | None = None, version: str | None = None) -> dict[str, Any]:
         """Triton's statistics extension: every ready version, one model, or one version."""

@@ -133,7 +133,6 @@ def _load_version(
     label = f"{model_dir.name}:{version}"
     stats = ModelStats()
     scheduler = Scheduler(label, InstancePool(label, instances), policy, stats)
-    details = {"providers": instances[0].providers} if hasattr(instances[0], "providers") else {}
     model = ModelVersion(
         name=model_dir.name,
         version=version,
@@ -143,7 +142,6 @@ def _load_version(
         scheduler=scheduler,
         stats=stats,
         labels=labels,
-        details=details,
         selection=selection,
     )
     return config, model

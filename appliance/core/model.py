@@ -45,8 +45,6 @@ class ModelVersion:
     scheduler: Scheduler
     stats: ModelStats
     labels: dict[str, list[str]] = dataclasses.field(default_factory=dict)
-    details: dict[str, Any] = dataclasses.field(default_factory=dict)
-    """Backend facts worth showing (e.g. the execution providers in use)."""
     selection: dict[str, Any] | None = None
     """The measured plan decision (see appliance.selection), with ``cache`` hit/miss."""
 

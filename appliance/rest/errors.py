@@ -48,7 +48,7 @@ async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
         return await handler(request)
     except ApplianceError as exc:
         return _from_appliance(exc)
-    except web.HTTPRequestEntityTooLarge as exc:
+    except web.HTTPRequestEntityTooLarge:
         return _from_appliance(too_large(request.app[SETTINGS].max_request_bytes))
     except web.HTTPException as exc:
         if exc.status < 400:

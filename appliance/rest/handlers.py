@@ -11,7 +11,6 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from appliance.dashboard import STATIC_DIR
 from appliance.metrics.history import history
-from appliance.core.dataplane import DataPlane
 from appliance.core.model import ModelVersion
 from appliance.core.types import InferRequest
 from appliance.errors import InvalidInput
@@ -83,10 +82,10 @@ async def infer(request: web.Request) -> web.Response:
     # Looked up (404/503) before the body is read, and held until the response: a reload or unload
     # lets this request finish on the version it started with.
     with dataplane.model(*_model_args(request)).in_use() as model:
-        return await _infer(request, dataplane, model)
+        return await _infer(request, model)
 
 
-async def _infer(request: web.Request, dataplane: DataPlane, model: ModelVersion) -> web.Response:
+async def _infer(request: web.Request, model: ModelVersion) -> web.Response:
     header_length = _header_length(request)
     body = await _read_body(request)
     limits = request.app[LIMITS]
@@ -94,7 +93,7 @@ async def _infer(request: web.Request, dataplane: DataPlane, model: ModelVersion
         decoded: InferRequest = await asyncio.to_thread(decode_infer_request, body, header_length, limits)
     else:
         decoded = decode_infer_request(body, header_length, limits)
-    response = await dataplane.infer(model, decoded)
+    response = await model.infer(decoded)
     payload, json_length = encode_infer_response(response, decoded)
     if json_length is None:
         result = web.Response(body=payload, content_type="application/json")

@@ -22,7 +22,7 @@ from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from appliance.backends import BACKENDS, Backend, BackendInfo, LoadContext, RuntimeOptions
+from appliance.backends import BACKENDS, Backend, BackendInfo, LoadContext
 from appliance.core.config import config_to_json
 from appliance.errors import ConfigError
 from appliance.selection.measure import max_abs_error, sample_inputs, time_runs, within_tolerance

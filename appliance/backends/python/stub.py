@@ -7,7 +7,6 @@ socket pair. Messages are small pickled tuples; tensors travel through shared-me
 from __future__ import annotations
 
 import importlib.util
-import json
 import logging
 import sys
 import traceback
@@ -16,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from appliance.backends.python import triton_python_backend_utils as pb_utils
-from appliance.backends.python.arena import Arena, Descriptor
+from appliance.backends.python.arena import Arena
 
 log = logging.getLogger("appliance.python-stub")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import tritonclient.http as triton
 
-from tests.builders import affine_model, identity_model, save, write_model
+from tests.builders import affine_model, identity_model, write_model
 from tests.http_util import call
 
 
