@@ -4,6 +4,7 @@ daemon hundreds of MiB it never gets back, even when it serves only ONNX models.
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 
@@ -12,6 +13,8 @@ from hardware_probe.report import ProbeReport
 
 __all__ = ["probe_isolated"]
 
+log = logging.getLogger(__name__)
+
 
 def probe_isolated(timeout: float = 5.0) -> ProbeReport:
     """Like probe(), in a fresh interpreter; falls back to probing here if the child cannot run."""
@@ -19,5 +22,6 @@ def probe_isolated(timeout: float = 5.0) -> ProbeReport:
         result = subprocess.run([sys.executable, "-m", "hardware_probe", str(timeout)], capture_output=True,
                                 text=True, timeout=timeout * 3 + 30, check=True)
         return ProbeReport(sections=json.loads(result.stdout)["sections"])
-    except (subprocess.SubprocessError, OSError, ValueError, KeyError):
+    except (subprocess.SubprocessError, OSError, ValueError, KeyError) as exc:
+        log.warning("probing in a child process failed (%s); probing in this process instead", exc)
         return probe(timeout=timeout)

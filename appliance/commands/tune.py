@@ -7,7 +7,6 @@ import asyncio
 import sys
 from typing import Any
 
-from appliance.backends import RuntimeOptions
 from appliance.core.loader import load_model
 from appliance.errors import ConfigError
 from appliance.selection.report import format_selection
@@ -34,7 +33,7 @@ def _progress_bar(message: str, step: int, steps: int) -> None:
 def run(args: argparse.Namespace, settings: Settings) -> int:
     import hardware_probe
 
-    from appliance.rest.app import make_selector, resolve_repository
+    from appliance.rest.app import make_selector, resolve_repository, runtime_options
 
     report = hardware_probe.probe()
     selector = make_selector(settings, report)
@@ -44,8 +43,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     model_dir = resolve_repository(settings) / args.model
     if not model_dir.is_dir():
         raise ConfigError(f"no model {args.model!r} in {model_dir.parent}")
-    options = RuntimeOptions(onnx_providers=settings.onnx_providers, intra_op_threads=settings.intra_op_threads)
-    loaded = load_model(model_dir, options, selector, retune=True)
+    loaded = load_model(model_dir, runtime_options(settings), selector, retune=True)
     for version, model in sorted(loaded.versions.items()):
         print(format_selection(model.selection or {}))
         asyncio.run(model.close())

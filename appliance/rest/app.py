@@ -44,6 +44,10 @@ def resolve_repository(settings: Settings) -> Path:
     return ensure_example_repository(settings.example_repository_dir)
 
 
+def runtime_options(settings: Settings) -> RuntimeOptions:
+    return RuntimeOptions(onnx_providers=settings.onnx_providers, intra_op_threads=settings.intra_op_threads)
+
+
 def make_selector(settings: Settings, report: ProbeReport, isolate: bool = False) -> Selector | None:
     """``isolate``: measure candidates in a child process (the daemon), not in this one (the CLI)."""
     if not settings.selection:
@@ -64,7 +68,7 @@ async def _models_ctx(app: web.Application) -> AsyncIterator[None]:
     repository = await asyncio.to_thread(resolve_repository, settings)
     registry = ModelRegistry(
         repository,
-        RuntimeOptions(onnx_providers=settings.onnx_providers, intra_op_threads=settings.intra_op_threads),
+        runtime_options(settings),
         retune=settings.retune,
         drain_timeout=settings.shutdown_timeout,
     )

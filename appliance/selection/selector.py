@@ -142,9 +142,10 @@ class Selector:
                          runtimes=self._versions)
 
     def choose(self, info: BackendInfo, context: LoadContext, force: bool = False,
-               progress: Progress | None = None) -> Choice:
-        """The plan to serve ``context``'s model version with: cached, or measured now."""
-        key = self._key(context.version_dir, context.config)
+               progress: Progress | None = None, key: str | None = None) -> Choice:
+        """The plan to serve ``context``'s model version with: cached, or measured now. ``key`` is the
+        cache key when the caller already computed it (a tuning child process gets the daemon's)."""
+        key = key or self._key(context.version_dir, context.config)
         if self._cache is not None and not force:
             entry = self._cache.lookup(key)
             if entry is not None:
@@ -180,7 +181,7 @@ class Selector:
     def _tune_in_child(self, info: BackendInfo, context: LoadContext, key: str) -> Choice:
         from appliance.selection.worker import job_for
 
-        job = json.dumps(job_for(self, info, context))
+        job = json.dumps({**job_for(self, info, context), "key": key})  # the model files are hashed once
         try:
             result = subprocess.run([sys.executable, "-m", "appliance.selection.worker"], input=job,
                                     capture_output=True, text=True, timeout=3600)

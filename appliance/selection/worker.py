@@ -8,6 +8,7 @@ crashes takes down this process, not the daemon.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import sys
@@ -31,8 +32,7 @@ def job_for(selector: Any, info: Any, context: LoadContext) -> dict[str, Any]:
         "version": context.version,
         "model_file": str(context.model_file),
         "config": json_format.MessageToDict(context.config, preserving_proto_field_name=True),
-        "options": {"onnx_providers": list(context.options.onnx_providers),
-                    "intra_op_threads": context.options.intra_op_threads},
+        "options": dataclasses.asdict(context.options),
         "threads": context.threads,
         **selector.job_fields(),
     }
@@ -51,9 +51,10 @@ def _run(job: dict[str, Any]) -> dict[str, Any]:
     info = next(b for b in BACKENDS if b.name == job["backend"])
     config = json_format.ParseDict(job["config"], mc.ModelConfig())
     context = LoadContext(job["model_name"], job["version"], Path(job["model_file"]), config,
-                          RuntimeOptions(tuple(job["options"]["onnx_providers"]), job["options"]["intra_op_threads"]),
+                          RuntimeOptions(**{**job["options"],
+                                            "onnx_providers": tuple(job["options"]["onnx_providers"])}),
                           threads=job["threads"])
-    choice = selector.choose(info, context, force=True)
+    choice = selector.choose(info, context, force=True, key=job.get("key"))
     return {"ok": True, "chosen": choice.plan.id}
 
 
