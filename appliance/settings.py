@@ -33,11 +33,13 @@ def default_state_dir(env: Mapping[str, str]) -> Path:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Settings:
+    state_dir: Path
+    """Where the daemon keeps its files (token, cache, metrics). Always given: ``load_settings`` resolves
+    it from the flag, the environment or the platform's data directory, never the working directory."""
     model_repository: Path | None = None
     """Triton-layout model repository; None serves the built-in example repository."""
     host: str = "0.0.0.0"
     http_port: int = 8000
-    state_dir: Path = Path(".")
     mdns: bool = True
     """Announce the box on the LAN (``_kserve-v2._tcp``, ``_http._tcp``)."""
     name: str | None = None
@@ -96,6 +98,8 @@ class Settings:
     """systemd's WATCHDOG_USEC (taken from the environment systemd sets)."""
 
     def __post_init__(self) -> None:
+        # An absolute path: a relative one would follow whatever directory the process started in.
+        object.__setattr__(self, "state_dir", Path(self.state_dir).expanduser().absolute())
         if not 0 <= self.http_port <= 65535:
             raise ConfigError(f"http_port must be 0..65535, got {self.http_port}")
         if self.max_request_bytes < 1024:

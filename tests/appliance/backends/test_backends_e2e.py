@@ -166,7 +166,7 @@ def test_onnx_only_daemon_imports_neither_torch_nor_openvino(tmp_path):
         "from appliance.settings import Settings\n"
         f"registry = ModelRegistry(Path({str(repo)!r}), RuntimeOptions())\n"
         "asyncio.run(registry.load_all())\n"
-        "build_app(Settings())\n"
+        f"build_app(Settings(state_dir=Path({str(tmp_path / 'state')!r})))\n"
         "assert registry.ready_count() == 1\n"
         "print(sorted(m for m in ('torch', 'openvino', 'tensorrt') if m in sys.modules))\n"
     )
