@@ -6,19 +6,18 @@ from pathlib import Path
 
 import numpy as np
 
-from appliance.errors import ConfigError, InvalidInput
+from appliance.core.model_files import MAX_LABEL_BYTES, confined, read_bounded
+from appliance.errors import InvalidInput
 
 __all__ = ["classify", "read_labels"]
 
 
-def read_labels(model_dir: Path, label_filename: str) -> list[str]:
+def read_labels(model_dir: Path, label_filename: str, field: str = "label_filename") -> list[str]:
+    """The labels of a classification output, one a line, from a file inside the model's directory."""
     if not label_filename:
         return []
-    path = model_dir / label_filename
-    try:
-        return path.read_text().splitlines()
-    except OSError as exc:
-        raise ConfigError(f"label_filename {label_filename!r}: cannot read {path}: {exc}") from exc
+    raw = read_bounded(confined(model_dir, label_filename, field), MAX_LABEL_BYTES, field)
+    return raw.decode("utf-8", "replace").splitlines()
 
 
 def classify(name: str, data: np.ndarray, count: int, labels: list[str], batched: bool) -> np.ndarray:

@@ -10,11 +10,13 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from google.protobuf import descriptor, text_format
+import orjson
+from google.protobuf import descriptor, json_format, text_format
 from google.protobuf.message import Message
 from tritonclient.grpc import model_config_pb2 as mc
 
 from appliance.core.datatypes import CONFIG_TO_V2, V2_TO_CONFIG
+from appliance.core.model_files import MAX_CONFIG_BYTES, confined, read_bounded
 from appliance.core.signature import ModelSignature, RuntimeTensor, TensorSpec
 from appliance.errors import ConfigError
 
@@ -22,34 +24,79 @@ __all__ = [
     "CONFIG_FILENAME",
     "DEFAULT_MAX_BATCH_SIZE",
     "complete_config",
+    "config_from_json",
     "config_to_json",
     "read_config",
     "select_versions",
     "signature_of",
+    "validate_config",
 ]
 
 CONFIG_FILENAME = "config.pbtxt"
 # Triton's default for --backend-config=default-max-batch-size when it can tell a model batches.
 DEFAULT_MAX_BATCH_SIZE = 4
+# Bounds a config must keep: a config from the load API is as untrusted as a request.
+MAX_BATCH_SIZE = 1 << 20
+MAX_DIMS = 64
+MAX_INSTANCES = 256
 
 
 def read_config(model_dir: Path) -> mc.ModelConfig:
     """Parse ``<model_dir>/config.pbtxt``; a missing file gives an empty config to auto-complete."""
     config = mc.ModelConfig()
     path = model_dir / CONFIG_FILENAME
-    if path.is_file():
+    if path.is_file() or path.is_symlink():
+        raw = read_bounded(confined(model_dir, CONFIG_FILENAME, CONFIG_FILENAME), MAX_CONFIG_BYTES, CONFIG_FILENAME)
         try:
-            text_format.Parse(path.read_text(), config)
-        except (text_format.ParseError, UnicodeDecodeError) as exc:
+            text_format.Parse(raw.decode("utf-8"), config)
+        except (text_format.ParseError, UnicodeDecodeError, RecursionError) as exc:
             raise ConfigError(f"{path}: not a valid Triton model configuration: {exc}") from exc
-    if config.name and config.name != model_dir.name:
+    return validate_config(config, model_dir.name, str(path))
+
+
+def config_from_json(raw: Any, model_name: str) -> mc.ModelConfig:
+    """A config sent to the load API (``parameters.config``, JSON text or an object), checked exactly as
+    config.pbtxt is."""
+    where = "parameters.config"
+    try:
+        document = orjson.loads(raw) if isinstance(raw, (str, bytes)) else raw
+    except orjson.JSONDecodeError as exc:  # also refuses nesting deeper than 1024
+        raise ConfigError(f"{where} is not valid JSON: {exc}") from None
+    if not isinstance(document, dict):
+        raise ConfigError(f'{where} must be a JSON object such as {{"max_batch_size": 8}}')
+    try:
+        config = json_format.ParseDict(document, mc.ModelConfig())
+    except (json_format.ParseError, ValueError, TypeError, RecursionError) as exc:
+        raise ConfigError(f"{where} is not a Triton model configuration: {str(exc)[:500]}") from None
+    return validate_config(config, model_name, where)
+
+
+def validate_config(config: mc.ModelConfig, model_name: str, where: str) -> mc.ModelConfig:
+    """The checks every config passes, from a file or the load API; sets the name."""
+    if config.name and config.name != model_name:
         raise ConfigError(
-            f"{path}: name {config.name!r} differs from the model directory {model_dir.name!r}; "
+            f"{where}: name {config.name!r} differs from the model directory {model_name!r}; "
             "rename one of them or drop the name field"
         )
-    config.name = model_dir.name
-    if config.max_batch_size < 0:
-        raise ConfigError(f"{path}: max_batch_size must be >= 0, got {config.max_batch_size}")
+    config.name = model_name
+    if not 0 <= config.max_batch_size <= MAX_BATCH_SIZE:
+        raise ConfigError(f"{where}: max_batch_size must be 0..{MAX_BATCH_SIZE}, got {config.max_batch_size}")
+    for kind, entries in (("input", config.input), ("output", config.output)):
+        for entry in entries:
+            if len(entry.dims) > MAX_DIMS or any(d < -1 for d in entry.dims):
+                raise ConfigError(
+                    f"{where}: {kind} {entry.name!r} has dims {list(entry.dims)[:MAX_DIMS + 1]}; each must be "
+                    f"-1 (variable) or a size >= 0, at most {MAX_DIMS} of them"
+                )
+    total = 0
+    for group in config.instance_group:
+        if group.count < 0:
+            raise ConfigError(f"{where}: instance_group count must be >= 0, got {group.count}")
+        total += group.count
+    if total > MAX_INSTANCES:
+        raise ConfigError(f"{where}: {total} instances asked for; at most {MAX_INSTANCES} per model")
+    if any(size < 1 for size in config.dynamic_batching.preferred_batch_size):
+        raise ConfigError(f"{where}: dynamic_batching preferred_batch_size entries must be >= 1")
     return config
 
 

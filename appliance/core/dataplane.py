@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
-from google.protobuf import json_format
-from tritonclient.grpc import model_config_pb2 as mc
-
 from appliance import __version__
-from appliance.core.config import config_to_json
+from appliance.core.config import config_from_json, config_to_json
 from appliance.core.model import ModelVersion
 from appliance.core.registry import ModelRegistry, ModelState
-from appliance.errors import InvalidInput, ModelNotReady
+from appliance.errors import ConfigError, InvalidInput, ModelNotReady
 
 __all__ = ["EXTENSIONS", "SERVER_NAME", "DataPlane"]
 
@@ -54,9 +50,11 @@ class DataPlane:
 
     def status_line(self) -> str:
         entries = self.registry.entries()
-        loading = sum(1 for e in entries if e.state.value == "LOADING")
-        failed = sum(1 for e in entries if e.state.value == "UNAVAILABLE")
-        return f"{self.registry.ready_count()} models ready, {loading} loading/tuning, {failed} failed"
+        loading = sum(1 for e in entries if e.state is ModelState.LOADING)
+        failed = sum(1 for e in entries if e.state is ModelState.UNAVAILABLE and e.wanted)
+        idle = sum(1 for e in entries if e.state is ModelState.UNAVAILABLE and not e.wanted)
+        line = f"{self.registry.ready_count()} models ready, {loading} loading/tuning, {failed} failed"
+        return line + (f", {idle} not loaded" if idle else "")
 
     def live(self) -> bool:
         return True
@@ -136,17 +134,15 @@ class DataPlane:
         """Triton's repository extension: load (or reload without downtime), optionally with the
         config given as JSON in ``parameters.config`` instead of config.pbtxt."""
         self._check_control("load")
-        override = None
-        if "config" in parameters:
-            raw = parameters["config"]
-            try:
-                document = json.loads(raw) if isinstance(raw, str) else raw
-                override = json_format.ParseDict(document, mc.ModelConfig())
-            except (ValueError, TypeError, json_format.ParseError) as exc:
-                raise InvalidInput(f"parameters.config is not a model configuration in JSON: {exc}") from None
+        self.registry.model_dir(name)  # validates the name before anything touches the file system
         if any(key.startswith("file:") for key in parameters):
             raise InvalidInput("file overrides (parameters 'file:...') are not supported; put files in the repository")
-        self.registry.model_dir(name)  # validates the name before anything touches the file system
+        override = None
+        if "config" in parameters:
+            try:
+                override = config_from_json(parameters["config"], name)
+            except ConfigError as exc:
+                raise ConfigError(f"failed to load '{name}': {exc.message}") from None
         await self.registry.load(name, override)
 
     async def unload_model(self, name: str) -> None:

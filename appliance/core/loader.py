@@ -15,6 +15,7 @@ from appliance.core.classification import read_labels
 from appliance.core.config import complete_config, read_config, select_versions, signature_of
 from appliance.core.instances import InstancePool
 from appliance.core.model import ModelVersion
+from appliance.core.model_files import check_config_paths, confined
 from appliance.core.scheduler import Scheduler, policy_from_config
 from appliance.core.stats import ModelStats
 from appliance.errors import ApplianceError, ConfigError
@@ -62,7 +63,7 @@ def _threads_per_instance(options: RuntimeOptions, instances: int) -> int:
 
 
 def _model_file(model_dir: Path, version_dir: Path, filename: str) -> Path:
-    path = version_dir / filename
+    path = confined(model_dir, f"{version_dir.name}/{filename}", "default_model_filename")
     if not path.exists():
         raise ConfigError(
             f"model '{model_dir.name}' version {version_dir.name} has no {filename}; "
@@ -123,7 +124,8 @@ def _load_version(
         for backend in instances:
             backend.configure(config)
         labels = {
-            out.name: read_labels(model_dir, out.label_filename) for out in config.output if out.label_filename
+            out.name: read_labels(model_dir, out.label_filename, f"output '{out.name}' label_filename")
+            for out in config.output if out.label_filename
         }
         policy = policy_from_config(config)
     except BaseException:
@@ -161,10 +163,7 @@ def load_model(
     """
     if config_override is not None:  # the load API's parameters.config replaces config.pbtxt
         config = mc.ModelConfig()
-        config.CopyFrom(config_override)
-        if config.name and config.name != model_dir.name:
-            raise ConfigError(f"the config's name {config.name!r} differs from the model {model_dir.name!r}")
-        config.name = model_dir.name
+        config.CopyFrom(config_override)  # already checked by config_from_json, as read_config checks
     else:
         config = read_config(model_dir)
     available = version_dirs(model_dir)
@@ -173,6 +172,7 @@ def load_model(
             f"model '{model_dir.name}' has no version directory; expected "
             f"{model_dir.name}/1/<model file> (e.g. {model_dir.name}/1/model.onnx)"
         )
+    check_config_paths(config, model_dir, available.values())
     info = resolve_backend(model_dir.name, config.backend, config.platform, list(available.values()))
     selected = select_versions(config, available)
     versions: dict[int, ModelVersion] = {}

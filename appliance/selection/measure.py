@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable, Mapping
@@ -11,6 +12,9 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from appliance.core.datatypes import CONFIG_TO_V2, numpy_dtype
+from appliance.core.model_files import MAX_WARMUP_BYTES, WARMUP_DIR, confined, read_bounded
+from appliance.core.bytes_tensor import decode_bytes_tensor
+from appliance.errors import ConfigError, InvalidInput
 
 __all__ = ["max_abs_error", "sample_inputs", "time_runs", "within_tolerance"]
 
@@ -39,12 +43,31 @@ def _warmup_inputs(config: mc.ModelConfig, model_dir: Path, batch: int, rng: np.
             inputs[name] = np.zeros(shape, dtype=numpy_dtype(datatype)) if datatype != "BYTES" else \
                 np.full(shape, b"0", dtype=object)
         elif source == "input_data_file":
-            raw = (model_dir / "warmup" / spec.input_data_file).read_bytes()
-            one = np.frombuffer(raw, dtype=numpy_dtype(datatype)).reshape(tuple(spec.dims))
+            one = _warmup_file(model_dir, name, spec, datatype)
             inputs[name] = np.stack([one] * batch) if config.max_batch_size > 0 else one
         else:
             inputs[name] = _random(datatype, shape, rng)
     return inputs
+
+
+def _warmup_file(model_dir: Path, name: str, spec: mc.ModelWarmup.Input, datatype: str) -> np.ndarray:
+    """A warmup input's data file (inside <model>/warmup/), which must hold exactly the declared dims."""
+    field = f"model_warmup input '{name}' input_data_file"
+    path = confined(model_dir, f"{WARMUP_DIR}/{spec.input_data_file}", field)
+    dims = tuple(spec.dims)
+    if any(d < 0 for d in dims):
+        raise ConfigError(f"{field}: model_warmup dims must be fixed sizes, got {list(dims)}")
+    if datatype == "BYTES":  # length-prefixed elements, as Triton reads them
+        try:
+            return decode_bytes_tensor(read_bounded(path, MAX_WARMUP_BYTES, field), math.prod(dims), name).reshape(dims)
+        except InvalidInput as exc:
+            raise ConfigError(f"{field}: {exc.message}") from None
+    dtype = numpy_dtype(datatype)
+    expected = math.prod(dims) * dtype.itemsize
+    raw = read_bounded(path, min(expected, MAX_WARMUP_BYTES), field)
+    if len(raw) != expected:
+        raise ConfigError(f"{field}: {path.name} has {len(raw)} bytes; dims {list(dims)} of {datatype} need {expected}")
+    return np.frombuffer(raw, dtype=dtype).reshape(dims)
 
 
 def sample_inputs(config: mc.ModelConfig, model_dir: Path, batch: int, seed: int = 0) -> dict[str, np.ndarray]:

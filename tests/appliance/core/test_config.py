@@ -1,10 +1,19 @@
 from __future__ import annotations
 
+import json
+
 import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from appliance.core.config import complete_config, config_to_json, read_config, select_versions, signature_of
+from appliance.core.config import (
+    complete_config,
+    config_from_json,
+    config_to_json,
+    read_config,
+    select_versions,
+    signature_of,
+)
 from appliance.core.signature import RuntimeTensor
 from appliance.errors import ConfigError
 
@@ -118,3 +127,36 @@ def test_signature_of_config():
     assert signature.batched
     assert signature.inputs["x"].dims == (3, 8)
     assert signature.full_shape(signature.outputs["y"]) == [-1, 2]
+
+
+@pytest.mark.parametrize("text, words", [
+    ("max_batch_size: -3", "max_batch_size"),
+    ('input [ { name: "x" data_type: TYPE_FP32 dims: [ -5 ] } ]', "dims"),
+    ("instance_group [ { count: 100000 } ]", "instances"),
+    ("dynamic_batching { preferred_batch_size: [ 0 ] }", "preferred_batch_size"),
+])
+def test_file_and_override_configs_pass_the_same_checks(tmp_path, text, words):
+    from google.protobuf import json_format
+
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.pbtxt").write_text(text)
+    with pytest.raises(ConfigError, match=words):
+        read_config(tmp_path / "m")
+    as_json = json_format.MessageToDict(text_format.Parse(text, mc.ModelConfig()), preserving_proto_field_name=True)
+    with pytest.raises(ConfigError, match=words):
+        config_from_json(json.dumps(as_json), "m")
+
+
+def test_override_json_is_depth_and_type_checked():
+    for raw in ("[" * 50_000 + "]" * 50_000, "[]", "1", '{"max_batch_size": "x"}', b"\xff"):
+        with pytest.raises(ConfigError, match="parameters.config"):
+            config_from_json(raw, "m")
+    assert config_from_json('{"max_batch_size": 4}', "m").max_batch_size == 4
+    assert config_from_json({"max_batch_size": 4}, "m").name == "m"
+
+
+def test_config_pbtxt_is_read_with_a_bound(tmp_path):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.pbtxt").write_text("# " + "x" * (5 << 20))
+    with pytest.raises(ConfigError, match="more than the"):
+        read_config(tmp_path / "m")
