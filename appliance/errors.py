@@ -12,6 +12,7 @@ __all__ = [
     "ApplianceError",
     "BackendUnavailable",
     "ConfigError",
+    "Forbidden",
     "InferenceFailed",
     "InvalidInput",
     "ModelNotFound",
@@ -19,6 +20,7 @@ __all__ = [
     "PayloadTooLarge",
     "Unauthorized",
     "Unavailable",
+    "UnsupportedMediaType",
 ]
 
 
@@ -46,6 +48,16 @@ class Unauthorized(ApplianceError):
     """A request that needs the bearer token came without a valid one."""
 
     status = HTTPStatus.UNAUTHORIZED
+
+
+class Forbidden(ApplianceError):
+    """A request this server refuses whoever sends it (another site's page, a foreign Host name)."""
+
+    status = HTTPStatus.FORBIDDEN
+
+
+class UnsupportedMediaType(ApplianceError):
+    status = HTTPStatus.UNSUPPORTED_MEDIA_TYPE
 
 
 class ModelNotFound(ApplianceError):

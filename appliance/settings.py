@@ -8,6 +8,7 @@ environment; it receives a ``Settings``.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import tomllib
 import types
 import typing
@@ -85,6 +86,12 @@ class Settings:
     kept in <state_dir>/auth-token, created 0600 on first start."""
     auth_exempt_networks: tuple[str, ...] = ("127.0.0.0/8", "::1/128")
     """Clients in these networks need no token (loopback by default)."""
+    trusted_proxies: tuple[str, ...] = ()
+    """Reverse proxies (networks) whose X-Forwarded-For names the real client. Off by default: behind
+    a local proxy every client would otherwise look like loopback, and loopback needs no token."""
+    allowed_hosts: tuple[str, ...] = ()
+    """Extra names the box answers to in the Host header (IP literals, localhost, the hostname and its
+    mDNS names always work); ".example.com" allows a domain and its subdomains, "*" any name."""
     protect_inference: bool = False
     """Require the token for inference, metadata and metrics too (health stays open)."""
     max_concurrent_requests: int = 1024
@@ -112,6 +119,14 @@ class Settings:
             raise ConfigError(f"repository_poll_secs must be > 0, got {self.repository_poll_secs}")
         if self.metrics_interval <= 0:
             raise ConfigError(f"metrics_interval must be > 0, got {self.metrics_interval}")
+        for name in ("auth_exempt_networks", "trusted_proxies"):
+            for network in getattr(self, name):
+                try:
+                    ipaddress.ip_network(network, strict=False)
+                except ValueError:
+                    raise ConfigError(f"{name}: {network!r} is not a network such as 192.168.1.0/24") from None
+        if self.auth_token is not None and len(self.auth_token.strip()) < 16:
+            raise ConfigError("auth_token must be at least 16 characters (32 random ones are better)")
         if self.intra_op_threads < 0:
             raise ConfigError(f"intra_op_threads must be >= 0, got {self.intra_op_threads}")
 

@@ -22,7 +22,8 @@ from appliance.errors import ConfigError, Unavailable
 from appliance.examples import ensure_example_repository
 from appliance.rest import security
 from appliance.rest.errors import error_middleware
-from appliance.rest.handlers import ROUTES
+from appliance.rest.browser import host_policy
+from appliance.rest.handlers import CONTROL_HANDLERS, OPEN_HANDLERS, ROUTES
 from appliance import __version__
 from appliance.metrics.service import MetricsService
 from appliance.metrics.store import Retention
@@ -144,11 +145,24 @@ async def _metrics_ctx(app: web.Application) -> AsyncIterator[None]:
         await service.stop()
 
 
+def access_rules(settings: Settings, token: str) -> security.AccessRules:
+    return security.AccessRules(
+        token=token,
+        control=CONTROL_HANDLERS,
+        open=OPEN_HANDLERS,
+        exempt=security.parse_networks(settings.auth_exempt_networks),
+        trusted_proxies=security.parse_networks(settings.trusted_proxies),
+        protect_inference=settings.protect_inference,
+        hosts=host_policy(settings.allowed_hosts, settings.name),
+    )
+
+
 def build_app(settings: Settings) -> web.Application:
     app = web.Application(client_max_size=settings.max_request_bytes, middlewares=[error_middleware])
     app[SETTINGS] = settings
     app[LIMITS] = DecodeLimits(settings.max_tensor_elements, settings.max_inputs)
-    security.install(app, settings.auth_token or security.ensure_token(settings.state_dir))
+    rules = access_rules(settings, settings.auth_token or security.ensure_token(settings.state_dir))
+    security.install(app, rules)
     app.cleanup_ctx.append(_metrics_ctx)
     app.cleanup_ctx.append(_models_ctx)
     app.add_routes(ROUTES)
@@ -158,6 +172,8 @@ def build_app(settings: Settings) -> web.Application:
 def build_metrics_app(main: web.Application) -> web.Application:
     """The separate metrics port (Triton's 8002): /metrics of the main application, nothing else."""
     app = web.Application(middlewares=[error_middleware])
+    app[SETTINGS] = main[SETTINGS]
+    security.install(app, main[security.ACCESS])  # the same token and Host rules as the main port
 
     async def metrics(request: web.Request) -> web.Response:
         service = main.get(METRICS)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import math
+import re
 import time
 
 import orjson
@@ -19,8 +21,11 @@ from appliance.rest.errors import error_response, too_large
 from appliance.rest.keys import DATAPLANE, LIMITS, METRICS, SETTINGS
 from appliance.rest.openapi import openapi_document
 
-__all__ = ["ROUTES"]
+__all__ = ["CONTROL_HANDLERS", "OPEN_HANDLERS", "ROUTES"]
 
+_DIGITS = re.compile(r"[0-9]{1,15}")  # ASCII only: str.isdigit() also takes '²'
+_MAX_UNIX_TIME = 1 << 36  # the year 4147: far enough, and SQLite's integers hold it
+_MAX_VERSION = (1 << 63) - 1
 # Bodies above this are decoded on a worker thread so a big JSON tensor never stalls the event loop.
 _DECODE_OFF_LOOP_BYTES = 1 << 20
 
@@ -65,8 +70,8 @@ def _header_length(request: web.Request) -> int | None:
     raw = request.headers.get(HEADER_LENGTH)
     if raw is None:
         return None
-    if not raw.strip().isdigit():
-        raise InvalidInput(f"{HEADER_LENGTH} must be a non-negative integer, got {raw!r}")
+    if not _DIGITS.fullmatch(raw.strip()):
+        raise InvalidInput(f"{HEADER_LENGTH} must be a non-negative integer of at most 15 digits, got {raw[:40]!r}")
     return int(raw)
 
 
@@ -127,25 +132,29 @@ async def prometheus_metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-def _query_int(request: web.Request, name: str, default: int | None) -> int | None:
+def _query_int(request: web.Request, name: str, default: int | None, low: int, high: int) -> int | None:
+    """A numeric query parameter (``1e9`` and ``1.5`` allowed, truncated) within [low, high]."""
     raw = request.query.get(name)
     if raw is None or raw == "":
         return default
     try:
-        return int(float(raw))
+        value = float(raw[:40])
     except ValueError:
-        raise InvalidInput(f"query parameter {name!r} must be a number (unix seconds for since/until), got {raw!r}") from None
+        value = math.nan
+    if not low <= value <= high:  # NaN and infinities fail too
+        raise InvalidInput(f"query parameter {name!r} must be a number from {low} to {high}, got {raw[:40]!r}")
+    return int(value)
 
 
 async def metrics_history(request: web.Request) -> web.Response:
     settings = request.app[SETTINGS]
     now = int(time.time())
-    until = _query_int(request, "until", now + 1)
-    since = _query_int(request, "since", (until or now) - 3600)
-    step = _query_int(request, "step", 5)
+    until = _query_int(request, "until", now + 1, 0, _MAX_UNIX_TIME)
+    since = _query_int(request, "since", (until or now) - 3600, 0, _MAX_UNIX_TIME)
+    step = _query_int(request, "step", 5, 1, _MAX_UNIX_TIME)
     assert since is not None and until is not None and step is not None
     model = request.query.get("model") or None
-    version = _query_int(request, "version", None)
+    version = _query_int(request, "version", None, 1, _MAX_VERSION)
     try:
         result = await asyncio.to_thread(history, settings.metrics_db, since, until, step, model, version)
     except ValueError as exc:
@@ -227,3 +236,8 @@ ROUTES = [
         )
     ),
 ]
+
+# Access levels, by handler (see rest/security.py): control needs the token from a non-exempt address
+# and passes the browser checks; open needs nothing even when inference is protected.
+CONTROL_HANDLERS = frozenset({load_model, unload_model})
+OPEN_HANDLERS = frozenset({server_live, server_ready})

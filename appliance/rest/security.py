@@ -3,59 +3,139 @@ bound on requests in flight. Both are aiohttp middlewares; their errors go throu
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import hmac
 import ipaddress
 import logging
 import os
-import re
 import secrets
+import tempfile
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
-from appliance.errors import Unauthorized, Unavailable
+from appliance.errors import ConfigError, Unauthorized, Unavailable
+from appliance.rest.browser import HostPolicy, check_control_request, check_host
 from appliance.rest.keys import SETTINGS
 
-__all__ = ["concurrency_middleware", "ensure_token", "install", "make_auth_middleware"]
+__all__ = [
+    "ACCESS",
+    "AccessRules",
+    "MIN_TOKEN_LENGTH",
+    "client_address",
+    "concurrency_middleware",
+    "ensure_token",
+    "install",
+    "make_auth_middleware",
+    "parse_networks",
+]
 
 log = logging.getLogger(__name__)
 
-# Endpoints that change the server's state.
-_CONTROL = re.compile(r"^/v2/repository/models/[^/]+/(load|unload)$")
-_OPEN = re.compile(r"^/v2/health/(live|ready)$")
+MIN_TOKEN_LENGTH = 16
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
 def ensure_token(state_dir: Path) -> str:
-    """The token in <state_dir>/auth-token, created with mode 0600 on first start (blocking)."""
+    """The token in <state_dir>/auth-token, created 0600 on first start (blocking).
+
+    Written whole or not at all (a temporary file, fsync, then a link that fails if another process
+    made the file first), so a crash or a full disk never leaves an empty token that an empty bearer
+    would match."""
     path = state_dir / "auth-token"
     try:
-        return path.read_text().strip()
+        return _checked(path.read_text().strip(), str(path))
     except FileNotFoundError:
         pass
     state_dir.mkdir(parents=True, exist_ok=True)
     token = secrets.token_urlsafe(32)
+    fd, temporary = tempfile.mkstemp(dir=state_dir, prefix=".auth-token.")  # mode 0600
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:  # another process won the race: use its token
-        return path.read_text().strip()
-    with os.fdopen(fd, "w") as handle:
-        handle.write(token + "\n")
+        with os.fdopen(fd, "w") as handle:
+            handle.write(token + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        try:
+            os.link(temporary, path)
+        except FileExistsError:  # another process won the race: use its token
+            return _checked(path.read_text().strip(), str(path))
+        _fsync_directory(state_dir)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
     log.info("created the control token in %s (mode 0600)", path)
     return token
 
 
-def make_auth_middleware(token: str):
-    expected = token.encode()
+def _checked(token: str, source: str) -> str:
+    if len(token) < MIN_TOKEN_LENGTH:
+        raise ConfigError(
+            f"the control token in {source} is empty or shorter than {MIN_TOKEN_LENGTH} characters (was a "
+            "write cut short?); delete the file and restart to have a new one made, or set a token of at "
+            "least 32 random characters"
+        )
+    return token
+
+
+def _fsync_directory(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AccessRules:
+    """Who may call what: routes are told apart by the handler that matched, never by the path text
+    (a path with %2F decodes differently from how it routes)."""
+
+    token: str
+    control: frozenset[Callable[..., Any]]
+    """Handlers that change the server's state: the token (unless exempt) and the browser checks."""
+    open: frozenset[Callable[..., Any]]
+    """Handlers that need nothing, even with protect_inference (health)."""
+    exempt: tuple[Network, ...]
+    trusted_proxies: tuple[Network, ...] = ()
+    protect_inference: bool = False
+    hosts: HostPolicy = dataclasses.field(default_factory=lambda: HostPolicy(frozenset(), any_host=True))
+
+
+def parse_networks(networks: Iterable[str]) -> tuple[Network, ...]:
+    return tuple(ipaddress.ip_network(n, strict=False) for n in networks)
+
+
+def client_address(request: web.Request, trusted_proxies: tuple[Network, ...]) -> str | None:
+    """The client's address: the peer's, or, when the peer is a trusted proxy, the last address in
+    X-Forwarded-For that is not one of the trusted proxies."""
+    peer = request.remote
+    if not trusted_proxies or not _in(peer, trusted_proxies):
+        return peer
+    hops = [h.strip() for h in ",".join(request.headers.getall("X-Forwarded-For", [])).split(",") if h.strip()]
+    for hop in reversed(hops):
+        if not _in(hop, trusted_proxies):
+            return hop
+    return hops[0] if hops else peer
+
+
+def make_auth_middleware(rules: AccessRules):
+    expected = rules.token.encode()
 
     @web.middleware
     async def auth_middleware(request: web.Request, handler) -> web.StreamResponse:
-        settings = request.app[SETTINGS]
-        path = request.path
-        guarded = bool(_CONTROL.match(path)) or (settings.protect_inference and not _OPEN.match(path))
-        if guarded and not _exempt(request.remote, settings.auth_exempt_networks):
-            header = request.headers.get("Authorization", "")
-            scheme, _, given = header.partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected):
+        check_host(request, rules.hosts)
+        matched = request.match_info.handler
+        control = matched in rules.control
+        if control:
+            check_control_request(request)
+        guarded = control or (rules.protect_inference and matched not in rules.open)
+        if guarded and not _in(client_address(request, rules.trusted_proxies), rules.exempt):
+            scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+            given = given.strip()
+            if scheme.lower() != "bearer" or not given or not hmac.compare_digest(given.encode(), expected):
                 raise Unauthorized(
                     "this endpoint needs 'Authorization: Bearer <token>' from this address; the token is in "
                     "<state-dir>/auth-token on the appliance (or the auth_token setting)"
@@ -65,14 +145,14 @@ def make_auth_middleware(token: str):
     return auth_middleware
 
 
-def _exempt(remote: str | None, networks: tuple[str, ...]) -> bool:
-    if not remote:
+def _in(address: str | None, networks: tuple[Network, ...]) -> bool:
+    if not address:
         return False
     try:
-        address = ipaddress.ip_address(remote.split("%")[0])
+        parsed = ipaddress.ip_address(address.split("%")[0])
     except ValueError:
-        return False  # e.g. a UNIX socket peer
-    return any(address in ipaddress.ip_network(network, strict=False) for network in networks)
+        return False  # e.g. a UNIX socket peer, or junk in X-Forwarded-For
+    return any(parsed in network for network in networks)
 
 
 @web.middleware
@@ -93,8 +173,12 @@ async def concurrency_middleware(request: web.Request, handler) -> web.StreamRes
 _IN_FLIGHT = web.AppKey("in_flight", list)
 
 
-def install(app: web.Application, token: str) -> None:
+ACCESS = web.AppKey("access", AccessRules)
+
+
+def install(app: web.Application, rules: AccessRules) -> None:
     """Add the middlewares (auth first, then the in-flight bound) to an application being built."""
+    app[ACCESS] = rules
     app[_IN_FLIGHT] = [0]
-    app.middlewares.append(make_auth_middleware(token))
+    app.middlewares.append(make_auth_middleware(rules))
     app.middlewares.append(concurrency_middleware)

@@ -51,6 +51,14 @@ def test_control_needs_the_token_off_loopback(start_daemon, repo, tmp_path):
     assert call(daemon.port, "POST", "/v2/models/m/infer", BODY, source=REMOTE)[0] == 200
 
 
+def test_behind_a_trusted_proxy_the_forwarded_client_decides(start_daemon, repo, tmp_path):
+    daemon, _ = _start(start_daemon, repo, tmp_path, env={"APPLIANCE_TRUSTED_PROXIES": "127.0.0.1/32"})
+    path = "/v2/repository/models/m/load"
+    status, _, payload = call(daemon.port, "POST", path, {}, headers={"X-Forwarded-For": "192.168.1.20"})
+    assert status == 401, payload  # a LAN client behind the local proxy is not loopback
+    assert call(daemon.port, "POST", path, {})[0] == 200  # the proxy's own requests stay exempt
+
+
 def test_protect_inference(start_daemon, repo, tmp_path):
     daemon, token_file = _start(start_daemon, repo, tmp_path, env={"APPLIANCE_PROTECT_INFERENCE": "true"})
     token = token_file.read_text().strip()
@@ -62,8 +70,8 @@ def test_protect_inference(start_daemon, repo, tmp_path):
 
 
 def test_token_from_settings(start_daemon, repo, tmp_path):
-    daemon, _ = _start(start_daemon, repo, tmp_path, env={"APPLIANCE_AUTH_TOKEN": "s3cret-token"})
-    headers = {"Authorization": "Bearer s3cret-token"}
+    daemon, _ = _start(start_daemon, repo, tmp_path, env={"APPLIANCE_AUTH_TOKEN": "s3cret-token-of-24-chars"})
+    headers = {"Authorization": "Bearer s3cret-token-of-24-chars"}
     assert call(daemon.port, "POST", "/v2/repository/models/m/unload", {}, headers=headers, source=REMOTE)[0] == 200
 
 
