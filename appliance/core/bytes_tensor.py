@@ -16,8 +16,13 @@ _U32 = struct.Struct("<I")
 def decode_bytes_tensor(buffer: memoryview | bytes, count: int, name: str) -> np.ndarray:
     """Parse ``count`` 4-byte-length-prefixed elements; the buffer must hold exactly those."""
     view = memoryview(buffer)
-    items = np.empty(count, dtype=object)
     offset, end = 0, len(view)
+    if count * 4 > end:  # checked before anything is sized by the claimed count
+        raise InvalidInput(
+            f"input '{name}': {count} BYTES elements need at least {count * 4} bytes of length prefixes, "
+            f"but the binary data has {end}"
+        )
+    items = np.empty(count, dtype=object)
     for index in range(count):
         if offset + 4 > end:
             raise InvalidInput(

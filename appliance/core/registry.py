@@ -27,6 +27,8 @@ __all__ = ["NOT_LOADED", "ModelEntry", "ModelRegistry", "ModelState", "directory
 NOT_LOADED = "not loaded (model control mode explicit): POST /v2/repository/models/<name>/load"
 # Model names as they may appear in URLs: no separators, no NUL, bounded length.
 _NAME = re.compile(r"[A-Za-z0-9_.\-]{1,255}")
+_VERSION = re.compile(r"[0-9]{1,18}")  # ASCII digits only: str.isdigit() also takes '²'
+
 
 
 def directory_signature(path: Path) -> tuple:
@@ -65,7 +67,7 @@ class ModelEntry:
 def parse_version(text: str | None) -> int | None:
     if text is None or text == "":
         return None
-    if not text.isdigit() or len(text) > 18:
+    if not _VERSION.fullmatch(text):
         raise InvalidInput(f"model version must be a positive integer, got {text!r}")
     return int(text)
 

@@ -82,10 +82,10 @@ def _shape(raw: Any, name: str, limit: int) -> tuple[tuple[int, ...], int]:
         raise InvalidInput(
             f"input '{name}': 'shape' must be a list of at most 64 non-negative integers, got {raw!r}"[:400]
         )
-    count = math.prod(raw)
-    if count > min(limit, MAX_ELEMENTS):
+    count, bound = math.prod(raw), min(limit, MAX_ELEMENTS)
+    if count > bound or any(d > bound for d in raw):  # [0, 2**62] has no elements but no numpy shape
         raise InvalidInput(
-            f"input '{name}': shape {raw} has {count} elements, more than the {min(limit, MAX_ELEMENTS)} "
+            f"input '{name}': shape {raw} has more elements, or a larger dimension, than the {bound} "
             "allowed (max_tensor_elements)"
         )
     return tuple(raw), count
@@ -105,6 +105,17 @@ def _flatten_strings(data: Any, name: str) -> list[bytes]:
     return out
 
 
+# numpy kinds of the parsed JSON values each datatype kind accepts (Triton refuses 1.5 for INT32 and
+# 1 for BOOL, and takes integers for floats).
+_ACCEPTED_KINDS = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}
+_KIND_WORDS = {"b": "true/false values", "i": "integers", "u": "integers", "f": "numbers"}
+
+
+def _describe(values: np.ndarray) -> str:
+    return {"b": "booleans", "i": "integers", "u": "integers", "f": "non-integer numbers",
+            "U": "strings"}.get(values.dtype.kind, "values of mixed or unsupported types")
+
+
 def _decode_json_data(data: Any, datatype: str, shape: tuple[int, ...], count: int, name: str) -> np.ndarray:
     if not isinstance(data, list):
         data = [data]
@@ -122,18 +133,23 @@ def _decode_json_data(data: Any, datatype: str, shape: tuple[int, ...], count: i
         array = np.empty(count, dtype=object)
         array[:] = items
         return array.reshape(shape)
+    dtype = numpy_dtype(datatype)
     try:
-        dtype = numpy_dtype(datatype)
-        if data and type(data[0]) is not list and len(data) == count:
-            array = np.fromiter(data, dtype=dtype, count=count)  # flat data: faster than asarray
-        else:
-            array = np.asarray(data, dtype=dtype)
+        source = np.array(data)  # the JSON values' own kind first: 1.5 must not become an INT32 1
     except (ValueError, TypeError, OverflowError) as exc:
         raise InvalidInput(f"input '{name}': 'data' does not hold {datatype} values ({exc})") from None
-    if array.size != count:
+    if source.size != count:
         raise InvalidInput(
-            f"input '{name}': shape {list(shape)} needs {count} elements, 'data' has {array.size}"
+            f"input '{name}': shape {list(shape)} needs {count} elements, 'data' has {source.size}"
         )
+    if source.size and source.dtype.kind not in _ACCEPTED_KINDS[dtype.kind]:
+        raise InvalidInput(
+            f"input '{name}': 'data' does not hold {datatype} values: expected {_KIND_WORDS[dtype.kind]}, "
+            f"got {_describe(source)}"
+        )
+    array = source.astype(dtype, copy=False)
+    if dtype.kind in "iu" and source.size and not np.array_equal(array, source):
+        raise InvalidInput(f"input '{name}': a value in 'data' is out of range for {datatype}")
     return array.reshape(shape)
 
 
