@@ -148,7 +148,7 @@ class ModelRegistry:
         path = self.model_dir(name)
         async with self._lock(name):
             if not path.is_dir():
-                raise ModelNotFound(f"no model {name!r} in the repository {self.repository}")
+                raise ModelNotFound(f"failed to load '{name}': no such model in the repository {self.repository}")
             entry = self._models.setdefault(name, ModelEntry(name))
             entry.wanted = True
             if not entry.versions:

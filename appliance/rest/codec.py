@@ -133,8 +133,8 @@ def _decode_json_data(data: Any, datatype: str, shape: tuple[int, ...], count: i
         array = np.empty(count, dtype=object)
         array[:] = items
         return array.reshape(shape)
-    dtype = numpy_dtype(datatype)
     try:
+        dtype = numpy_dtype(datatype)
         source = np.array(data)  # the JSON values' own kind first: 1.5 must not become an INT32 1
     except (ValueError, TypeError, OverflowError) as exc:
         raise InvalidInput(f"input '{name}': 'data' does not hold {datatype} values ({exc})") from None
@@ -149,7 +149,7 @@ def _decode_json_data(data: Any, datatype: str, shape: tuple[int, ...], count: i
         )
     array = source.astype(dtype, copy=False)
     if dtype.kind in "iu" and source.size and not np.array_equal(array, source):
-        raise InvalidInput(f"input '{name}': a value in 'data' is out of range for {datatype}")
+        raise InvalidInput(f"input '{name}': 'data' does not hold {datatype} values: a value is out of range")
     return array.reshape(shape)
 
 

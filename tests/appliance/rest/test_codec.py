@@ -82,9 +82,10 @@ def test_bytes_tensor_round_trip():
 
 @pytest.mark.parametrize("raw,count,message", [
     (struct.pack("<I", 5) + b"abc", 1, "claims 5 bytes"),
-    (struct.pack("<I", 1) + b"a", 2, "ends after 1 of 2"),
+    (struct.pack("<I", 1) + b"a", 2, "2 BYTES elements need at least 8 bytes"),
+    (struct.pack("<I", 4) + b"abcd" + b"\0\0", 2, "ends after 1 of 2"),
     (struct.pack("<I", 1) + b"ab", 1, "1 bytes left over"),
-    (b"\x01\x00", 1, "ends after 0 of 1"),
+    (b"\x01\x00", 1, "need at least 4 bytes"),
 ])
 def test_bytes_tensor_rejects_inconsistent_lengths(raw, count, message):
     with pytest.raises(InvalidInput, match=message):
@@ -100,7 +101,7 @@ def test_claimed_size_is_checked_before_anything_is_allocated():
     with pytest.raises(InvalidInput, match="binary data remain"):  # past the element limit: the bytes
         decode_infer_request(body, length, DecodeLimits(max_tensor_elements=2**41))
     huge = {"inputs": [{"name": "x", "shape": [2**40, 2**40], "datatype": "FP32", "data": [1]}]}
-    with pytest.raises(InvalidInput, match="more than"):
+    with pytest.raises(InvalidInput, match="than the 1073741824 allowed"):
         decode_infer_request(json.dumps(huge).encode())
 
 

@@ -95,7 +95,7 @@ BINARY_CASES = {
     "trailing bytes": (_binary_header(3136), [b"\0" * 3140], "4 bytes of binary data that no input"),
     "bytes element overruns": (
         _binary_header(8, shape=(1, 4), datatype="BYTES", name="IN_BYTES"),
-        [struct.pack("<I", 1000) + b"abcd"], "claims 1000 bytes"),
+        [struct.pack("<I", 1000) + b"abcd"], "4 BYTES elements need at least 16 bytes"),
 }
 
 

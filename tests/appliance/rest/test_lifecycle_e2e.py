@@ -68,7 +68,7 @@ def test_load_with_a_config_override(start_daemon, repo):
         config = json.dumps({"max_batch_size": 2, "dynamic_batching": {}})
         client.load_model("m", config=config)
         assert client.get_model_config("m")["max_batch_size"] == 2
-        with pytest.raises(InferenceServerException, match="not a model configuration"):
+        with pytest.raises(InferenceServerException, match="failed to load 'm': parameters.config is not valid JSON"):
             client.load_model("m", config="{not json")
 
 
