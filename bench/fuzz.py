@@ -43,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
                  "--max-response-time", "10", "--max-examples", str(args.max_examples), "--seed", "1",
                  "--continue-on-failure"],
                 capture_output=True, text=True, timeout=3000,
+                cwd=tmp,  # schemathesis keeps a cache in its working directory: never the source tree
             )
             alive = server.process.poll() is None
             ready = urllib.request.urlopen(f"{server.base}/v2/health/live", timeout=5).status == 200 if alive else False
