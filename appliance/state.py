@@ -61,7 +61,7 @@ class StateDir:
                 os.close(fd)
                 os.unlink(probe)
         except OSError as exc:
-            reason = f"{exc.strerror or exc} (errno {exc.errno})" if exc.errno else str(exc)
+            reason = exc.strerror or str(exc)
             state = cls(path, writable=False, reason=reason)
             state.note(
                 "read_only",

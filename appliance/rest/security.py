@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 # Endpoints that change the server's state.
 _CONTROL = re.compile(r"^/v2/repository/models/[^/]+/(load|unload)$")
-_OPEN = re.compile(r"^/v2/health/(live|ready)$")
+_OPEN = re.compile(r"^/v2/health(/live|/ready)?$")
 
 
 def ensure_token(state_dir: Path) -> str:

@@ -119,7 +119,8 @@ class Selector:
                  cpu_flags: tuple[str, ...] = (), extra_plans: tuple[Plan, ...] = (),
                  backends: tuple[BackendInfo, ...] = BACKENDS, isolate: bool = False,
                  state: StateDir | None = None) -> None:
-        """``state``: where problems with the cache are recorded (the daemon's); None logs them only."""
+        """``state``: where problems with the cache are recorded (the daemon's); None (a tuning child,
+        whose daemon reports them) logs them only."""
         self._probe = probe
         self.fingerprint = fingerprint
         self._versions = runtime_versions
@@ -211,8 +212,8 @@ class Selector:
     def _note(self, kind: str, message: str, fix: str) -> None:
         if self._state is not None:
             self._state.note(kind, message, fix)
-        else:
-            log.warning("%s. To fix: %s", message, fix)
+        else:  # a tuning child: the daemon that started it reports the problem (as a warning)
+            log.info("%s. To fix: %s", message, fix)
 
     def _unsaved(self, context: LoadContext, reason: str) -> None:
         self._note("cache_not_saved",
