@@ -15,6 +15,7 @@ from appliance.rest.keys import DATAPLANE
 from appliance.mdns.announcer import Announcer, box_id
 from appliance.service.notify import Notifier
 from appliance.settings import Settings
+from appliance.state import StateDir
 
 __all__ = ["serve"]
 
@@ -48,7 +49,7 @@ async def _reload(app: web.Application, notifier: Notifier, settings: Settings) 
     notifier.ready(dataplane.status_line())
 
 
-async def _start_announcer(app: web.Application, settings: Settings, port: int) -> Announcer:
+async def _start_announcer(app: web.Application, settings: Settings, state: StateDir, port: int) -> Announcer:
     dataplane = app[DATAPLANE]
 
     def accelerators() -> list[str]:
@@ -59,7 +60,7 @@ async def _start_announcer(app: web.Application, settings: Settings, port: int) 
         port,
         settings.host,
         settings.mdns_interfaces,
-        await asyncio.to_thread(box_id, settings.state_dir),
+        await asyncio.to_thread(box_id, settings.state_dir, state),
         accelerators,
         dataplane.registry.ready_count,
     )
@@ -78,7 +79,10 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         background.add(task)
         task.add_done_callback(background.discard)
 
-    app = build_app(settings)
+    # Checked once, before anything reads or writes there: a read-only or damaged state dir degrades
+    # the daemon (and says so), it never stops it.
+    state = await asyncio.to_thread(StateDir.check, settings.state_dir)
+    app = build_app(settings, state)
     if stop is None:
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -102,6 +106,8 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         for address in runner.addresses:
             log.info("appliance %s serving KServe v2 on http://%s:%d (state dir %s)",
                      __version__, _host(address[0]), address[1], settings.state_dir)
+        if state.degraded:
+            log.warning("%s", state.summary())
         if settings.metrics_port is not None and settings.metrics:
             metrics_runner = web.AppRunner(build_metrics_app(app), access_log=None, handle_signals=False)
             await metrics_runner.setup()
@@ -111,7 +117,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         spawn(_announce_ready(app, notifier))
         spawn(notifier.watchdog())
         if settings.mdns:
-            announcer = await _start_announcer(app, settings, runner.addresses[0][1])
+            announcer = await _start_announcer(app, settings, state, runner.addresses[0][1])
         await stop.wait()
         notifier.stopping()
         if announcer is not None:

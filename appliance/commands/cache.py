@@ -8,6 +8,7 @@ from typing import Any
 
 from model_cache import ModelCache
 
+from appliance.errors import ConfigError
 from appliance.settings import Settings
 
 __all__ = ["add_parser", "run"]
@@ -19,15 +20,36 @@ def add_parser(sub: Any) -> None:
     parser.add_argument("--state-dir", type=str, help="the daemon's state dir")
 
 
-def run(args: argparse.Namespace, settings: Settings) -> int:
-    cache = ModelCache(settings.cache_dir, settings.cache_max_bytes)
-    if args.action == "clear":
-        print(f"removed {cache.clear()} entries from {cache.root}")
+def _clear(settings: Settings) -> int:
+    if not settings.cache_dir.is_dir():
+        print(f"removed 0 entries: there is no model cache at {settings.cache_dir}")
         return 0
-    entries = cache.entries()
-    print(f"{cache.root}: {len(entries)} entries, {sum(e.size for e in entries)} bytes (limit {cache.max_bytes})")
+    cache = ModelCache(settings.cache_dir, settings.cache_max_bytes)
+    try:
+        removed = cache.clear()
+    except OSError as exc:
+        raise ConfigError(f"cannot clear the model cache {cache.root}: {exc.strerror or exc}; if its filesystem "
+                          f"is mounted read-only, remount it read-write (after checking it) and try again") from None
+    print(f"removed {removed} entries from {cache.root}")
+    return 0
+
+
+def run(args: argparse.Namespace, settings: Settings) -> int:
+    if args.action == "clear":
+        return _clear(settings)
+    # Listing writes nothing: it works on a read-only state dir and never creates the cache.
+    cache = ModelCache(settings.cache_dir, settings.cache_max_bytes, writable=False)
+    entries, broken = cache.entries(), cache.broken()
+    total = sum(e.size for e in entries) + sum(b.size for b in broken)
+    print(f"{cache.root}: {len(entries)} entries, {total} bytes (limit {cache.max_bytes})"
+          + (f", {len(broken)} corrupt" if broken else ""))
     for entry in entries:
         d = entry.decision
         used = time.strftime("%Y-%m-%d %H:%M", time.localtime(entry.last_used)) if entry.last_used else "-"
         print(f"  {entry.key}  {d.get('model')}:{d.get('version')}  {d.get('chosen')}  {entry.size} B  used {used}")
+    for broken_entry in broken:
+        print(f"  {broken_entry.key}  corrupt: {broken_entry.reason}  {broken_entry.size} B")
+    if broken:
+        print("corrupt entries are never used (a model with one is measured again); "
+              "`appliance cache clear` removes them")
     return 0

@@ -15,7 +15,10 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-__all__ = ["GENERATION", "build_example_repository", "ensure_example_repository", "mlp_model"]
+from appliance.state import StateDir
+
+__all__ = ["GENERATION", "build_example_repository", "ensure_example_repository", "example_repository",
+           "mlp_model"]
 
 # Bump when the generated models change, so existing state dirs regenerate them.
 GENERATION = "1"
@@ -118,3 +121,18 @@ def ensure_example_repository(target: Path) -> Path:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def example_repository(target: Path, state: StateDir) -> tuple[Path, Path | None]:
+    """The example repository in ``target`` (generated once), and None; where ``target`` cannot be
+    written (a read-only state dir without a current copy), one generated in a new temporary directory,
+    and that directory, for the caller to remove when it stops serving."""
+    try:
+        return ensure_example_repository(target), None
+    except OSError as exc:
+        scratch = Path(tempfile.mkdtemp(prefix="appliance-examples-"))
+        state.note("example_repository_temporary",
+                   f"the example repository cannot be written to {target} ({exc.strerror or exc}): generated "
+                   f"in {scratch} for this run instead",
+                   "make the state dir writable, or serve your own repository (--model-repository)")
+        return build_example_repository(scratch / "repo"), scratch

@@ -21,6 +21,7 @@ from zeroconf.asyncio import AsyncServiceInfo, AsyncZeroconf
 
 from appliance import __version__
 from appliance.mdns import HTTP_TYPE, KSERVE_TYPE
+from appliance.state import StateDir
 
 __all__ = ["Announcer", "box_id", "txt_record"]
 
@@ -33,16 +34,26 @@ def txt_record(box_id: str, accelerators: Sequence[str], models: int) -> dict[st
             "hw": ",".join(accelerators)[:60], "models": str(models)}
 
 
-def box_id(state_dir: Path) -> str:
-    """A stable id for this box, kept in the state dir (blocking: call off the loop)."""
+def box_id(state_dir: Path, state: StateDir | None = None) -> str:
+    """A stable id for this box, kept in the state dir (blocking: call off the loop). One that cannot be
+    saved is used for this run and recorded in ``state`` (raised when there is no ``state``)."""
     path = state_dir / "device-id"
     try:
         return str(uuid.UUID(path.read_text().strip()))
     except (OSError, ValueError):
+        pass
+    value = str(uuid.uuid4())
+    try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        value = str(uuid.uuid4())
         path.write_text(value + "\n")
-        return value
+    except OSError as exc:
+        if state is None:
+            raise
+        state.note("device_id_not_saved",
+                   f"the box id cannot be saved to {path} ({exc.strerror or exc}): announcing {value} for this "
+                   f"run, so LAN clients see a new box after each restart",
+                   "make the state dir writable and restart")
+    return value
 
 
 def _lan_addresses(host: str, interfaces: Sequence[str]) -> list[str]:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from appliance.core.stats import LATENCY_BUCKETS_US
+from appliance.errors import Unavailable
 from appliance.metrics.samples import ModelSample, merge_samples
 from appliance.metrics.store import connect
 
@@ -115,8 +116,9 @@ def _system_series(db: sqlite3.Connection, since: int, until: int, step: int) ->
 
 
 def history(path: Path, since: int, until: int, step: int, model: str | None = None,
-            version: int | None = None) -> dict[str, Any]:
-    """Series aligned on ``step``-second buckets from ``since`` to ``until`` (blocking: run off the loop)."""
+            version: int | None = None, immutable: bool = False) -> dict[str, Any]:
+    """Series aligned on ``step``-second buckets from ``since`` to ``until`` (blocking: run off the loop).
+    ``immutable``: the file is in a read-only state dir (the history recorded until it became so)."""
     step = max(1, step)
     if until <= since:
         raise ValueError("'until' must be after 'since'")
@@ -126,7 +128,16 @@ def history(path: Path, since: int, until: int, step: int, model: str | None = N
         empty = {"t": []}
         return {"since": since, "until": until, "step": step, "model": model, "series": empty, "system": empty,
                 "events": []}
-    db = connect(path, readonly=True)
+    try:
+        return _query(path, immutable, since, until, step, model, version)
+    except sqlite3.DatabaseError as exc:
+        raise Unavailable(f"the metrics history in {path} cannot be read ({exc}); a corrupt file is moved "
+                          f"aside when the daemon next starts with a writable state dir") from None
+
+
+def _query(path: Path, immutable: bool, since: int, until: int, step: int, model: str | None,
+           version: int | None) -> dict[str, Any]:
+    db = connect(path, readonly=True, immutable=immutable)
     try:
         db.row_factory = sqlite3.Row
         series = _model_series(db, since, until, step, model, version)

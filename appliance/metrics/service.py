@@ -1,11 +1,15 @@
 """The metrics lifecycle: a tick every interval turns counters into samples for the writer thread,
-samples the system, and keeps the newest system sample for /metrics."""
+samples the system, and keeps the newest system sample for /metrics.
+
+History is kept only where the state dir allows: read-only, or a database that cannot be opened, turns
+history off (recorded as a state-dir problem) while /metrics and inference go on."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import sqlite3
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,8 +20,9 @@ from prometheus_client import CollectorRegistry
 from appliance.core.model import ModelVersion
 from appliance.metrics.prometheus import TritonCollector, render
 from appliance.metrics.samples import Snapshotter
-from appliance.metrics.store import MetricsStore, Retention
+from appliance.metrics.store import MetricsStore, Retention, SchemaTooNew
 from appliance.metrics.system import SystemSampler
+from appliance.state import StateDir
 
 __all__ = ["MetricsService"]
 
@@ -26,11 +31,14 @@ log = logging.getLogger(__name__)
 
 class MetricsService:
     def __init__(self, path: Path, retention: Retention, interval: float,
-                 models: Callable[[], list[ModelVersion]]) -> None:
+                 models: Callable[[], list[ModelVersion]], state: StateDir) -> None:
         self.path = path
+        self._retention = retention
         self._interval = interval
         self._models = models
-        self._store = MetricsStore(path, retention)
+        self._state = state
+        self._store: MetricsStore | None = None
+        """None: no history (read-only state dir, or a database that cannot be opened)."""
         self._snapshots = Snapshotter()
         self._sampler: SystemSampler | None = None
         self._task: asyncio.Task | None = None
@@ -40,12 +48,41 @@ class MetricsService:
 
     async def start(self) -> None:
         self._sampler = await asyncio.to_thread(SystemSampler)
-        self._store.start()
+        self._store = await asyncio.to_thread(self._open_store)
+        if self._store is not None:
+            self._store.start()
         self._task = asyncio.create_task(self._run(), name="metrics-tick")
+
+    def _open_store(self) -> MetricsStore | None:
+        if not self._state.writable:
+            return None  # the read_only problem already says that history is off
+        try:
+            store = MetricsStore(self.path, self._retention)
+        except (sqlite3.Error, OSError, SchemaTooNew) as exc:
+            self._state.note(
+                "metrics_db_unusable",
+                f"the metrics database {self.path} cannot be opened ({exc}): metrics history is off; /metrics "
+                f"and inference are served",
+                f"fix or move {self.path} aside (a newer daemon's database: upgrade again, or move it aside) "
+                f"and restart the daemon",
+            )
+            return None
+        if store.recovery is not None:
+            moved, reason = store.recovery.moved_to, store.recovery.reason
+            self._state.note(
+                "metrics_db_corrupt",
+                f"the metrics database {self.path} was corrupt ({reason}): moved aside to {moved} (with its "
+                f"-wal/-shm) and a fresh one started; the earlier history is in that file",
+                f"nothing is needed to keep serving; inspect or delete {moved}; if it happens again, check the "
+                f"storage (unclean power-off, a failing SD card: `dmesg`)",
+            )
+            store.put_event("metrics_db_recovered", detail={"moved_to": str(moved), "reason": reason})
+        return store
 
     def event(self, kind: str, model: str | None = None, version: int | None = None,
               detail: dict[str, Any] | None = None) -> None:
-        self._store.put_event(kind, model, version, detail)
+        if self._store is not None:
+            self._store.put_event(kind, model, version, detail)
 
     async def _run(self) -> None:
         while True:
@@ -56,13 +93,15 @@ class MetricsService:
     async def tick(self) -> None:
         t = int(time.time() // self._interval * self._interval)
         try:
-            versions = [(m.name, m.version, m.stats) for m in self._models()]
-            self._store.put_samples(self._snapshots.take(t, versions))
+            if self._store is not None:
+                versions = [(m.name, m.version, m.stats) for m in self._models()]
+                self._store.put_samples(self._snapshots.take(t, versions))
             assert self._sampler is not None
             system = await asyncio.to_thread(self._sampler.sample)
             system["t"] = t
             self.latest_system = system
-            self._store.put_system(system)
+            if self._store is not None:
+                self._store.put_system(system)
         except Exception:
             log.exception("metrics tick failed")
 
@@ -76,6 +115,7 @@ class MetricsService:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         await self.tick()
-        await asyncio.to_thread(self._store.stop)
+        if self._store is not None:
+            await asyncio.to_thread(self._store.stop)
         if self._sampler is not None:
             self._sampler.close()

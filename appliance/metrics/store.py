@@ -3,6 +3,10 @@
 Only the writer thread touches the write connection; the event loop hands it work through a queue and
 never waits for SQLite. Each cycle commits one transaction, so a crash (even kill -9) loses at most the
 cycle in flight and WAL keeps the file intact.
+
+A file damaged anyway (power loss on a card that lies about flushes, a copy cut short) must not keep the
+daemon from starting: ``open_database`` checks the file, and moves a corrupt one aside (with its -wal
+and -shm) to ``metrics.db.corrupt-<time>`` and starts a fresh one.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import sqlite_utils
 
 from appliance.metrics.samples import ModelSample, merge_samples
 
-__all__ = ["MetricsStore", "Retention", "SCHEMA_VERSION"]
+__all__ = ["MetricsStore", "Recovery", "Retention", "SCHEMA_VERSION", "SchemaTooNew", "open_database"]
 
 log = logging.getLogger(__name__)
 
@@ -65,9 +69,12 @@ class Retention:
     max_bytes: int = 256 * 1024 * 1024
 
 
-def connect(path: Path, readonly: bool = False) -> sqlite3.Connection:
+def connect(path: Path, readonly: bool = False, immutable: bool = False) -> sqlite3.Connection:
+    """``immutable``: read a database in a read-only directory, where SQLite cannot create the -shm
+    file a WAL database needs (nothing writes the file meanwhile: the directory is read-only)."""
     if readonly:
-        return sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10, check_same_thread=False)
+        return sqlite3.connect(f"file:{path}?mode=ro" + ("&immutable=1" if immutable else ""), uri=True,
+                               timeout=10, check_same_thread=False)
     db = sqlite3.connect(path, timeout=10, isolation_level=None, check_same_thread=False)
     db.execute("PRAGMA auto_vacuum=INCREMENTAL")  # takes effect on a new file only
     db.execute("PRAGMA journal_mode=WAL")
@@ -75,12 +82,16 @@ def connect(path: Path, readonly: bool = False) -> sqlite3.Connection:
     return db
 
 
+class SchemaTooNew(RuntimeError):
+    """The database was written by a newer daemon (a downgrade): left alone, not overwritten."""
+
+
 def migrate(db: sqlite3.Connection) -> int:
     db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
     row = db.execute("SELECT version FROM schema_version").fetchone()
     current = row[0] if row else 0
     if current > SCHEMA_VERSION:
-        raise RuntimeError(f"metrics database schema {current} is newer than this daemon's {SCHEMA_VERSION}")
+        raise SchemaTooNew(f"metrics database schema {current} is newer than this daemon's {SCHEMA_VERSION}")
     for number in range(current, SCHEMA_VERSION):
         db.execute("BEGIN")
         MIGRATIONS[number](db)
@@ -90,15 +101,75 @@ def migrate(db: sqlite3.Connection) -> int:
     return SCHEMA_VERSION
 
 
+@dataclasses.dataclass(frozen=True)
+class Recovery:
+    """A corrupt database moved aside."""
+
+    moved_to: Path
+    reason: str
+
+
+class _Damaged(sqlite3.DatabaseError):
+    """PRAGMA quick_check found damage that opening the file did not."""
+
+
+def _is_corruption(exc: sqlite3.DatabaseError) -> bool:
+    return isinstance(exc, _Damaged) or getattr(exc, "sqlite_errorname", "") in ("SQLITE_CORRUPT", "SQLITE_NOTADB")
+
+
+def _open_checked(path: Path) -> sqlite3.Connection:
+    db = connect(path)
+    try:
+        # Reads every page (a fraction of a second for the size cap's 256 MiB): a truncated file often
+        # opens and migrates fine and breaks only when a query reaches a missing page.
+        findings = [row[0] for row in db.execute("PRAGMA quick_check(3)")]
+        if findings != ["ok"]:
+            raise _Damaged("; ".join(findings))
+        migrate(db)
+    except BaseException:
+        db.close()
+        raise
+    return db
+
+
+def _move_aside(path: Path) -> Path:
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    target = path.with_name(f"{path.name}.corrupt-{stamp}")
+    number = 1
+    while target.exists():
+        number += 1
+        target = path.with_name(f"{path.name}.corrupt-{stamp}-{number}")
+    # The -wal and -shm files go along, named as SQLite expects: the moved copy opens as it was.
+    for suffix in ("", "-wal", "-shm"):
+        source = Path(f"{path}{suffix}")
+        if source.exists():
+            source.rename(f"{target}{suffix}")
+    return target
+
+
+def open_database(path: Path) -> tuple[sqlite3.Connection, Recovery | None]:
+    """Open, check and migrate the database (blocking). A corrupt file (not SQLite, truncated, damaged
+    pages) is moved aside and a fresh database started: the connection, and the recovery if there was
+    one. Other errors (a newer schema, permissions) are raised."""
+    try:
+        return _open_checked(path), None
+    except sqlite3.DatabaseError as exc:
+        if not _is_corruption(exc):
+            raise
+        reason = str(exc)
+    moved = _move_aside(path)
+    return _open_checked(path), Recovery(moved, reason)
+
+
 class MetricsStore:
     def __init__(self, path: Path, retention: Retention = Retention()) -> None:
+        """Opens the database (blocking); ``recovery`` says whether a corrupt one was moved aside."""
         self.path = path
         self.retention = retention
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="metrics-writer", daemon=True)
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = connect(path)
-        migrate(self._db)
+        self._db, self.recovery = open_database(path)
         self._tables = sqlite_utils.Database(self._db)
 
     # -- called from the event loop (never blocks) ---------------------------------------------

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
+import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -13,13 +15,12 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 import hardware_probe
 from hardware_probe import ProbeReport
-from model_cache import ModelCache
 
 from appliance.backends import RuntimeOptions
 from appliance.core.dataplane import DataPlane
 from appliance.core.registry import ModelRegistry
 from appliance.errors import ConfigError, Unavailable
-from appliance.examples import ensure_example_repository
+from appliance.examples import ensure_example_repository, example_repository
 from appliance.rest import security
 from appliance.rest.errors import error_middleware
 from appliance.rest.browser import host_policy
@@ -28,10 +29,11 @@ from appliance import __version__
 from appliance.metrics.service import MetricsService
 from appliance.metrics.store import Retention
 from appliance.rest.codec import DecodeLimits
-from appliance.rest.keys import DATAPLANE, LIMITS, METRICS, SETTINGS
+from appliance.rest.keys import DATAPLANE, LIMITS, METRICS, SETTINGS, STATE
 from appliance.selection import Selector
-from appliance.selection.selector import SelectionSettings
+from appliance.selection.selector import SelectionSettings, open_cache
 from appliance.settings import Settings
+from appliance.state import StateDir
 
 __all__ = ["build_app", "resolve_repository"]
 
@@ -49,24 +51,54 @@ def runtime_options(settings: Settings) -> RuntimeOptions:
     return RuntimeOptions(onnx_providers=settings.onnx_providers, intra_op_threads=settings.intra_op_threads)
 
 
-def make_selector(settings: Settings, report: ProbeReport, isolate: bool = False) -> Selector | None:
-    """``isolate``: measure candidates in a child process (the daemon), not in this one (the CLI)."""
+def _serving_repository(settings: Settings, state: StateDir) -> tuple[Path, Path | None]:
+    """The repository, and a temporary directory to remove at stop (where the example went)."""
+    if settings.model_repository is not None:
+        return settings.model_repository, None
+    return example_repository(settings.example_repository_dir, state)
+
+
+def _control_token(settings: Settings, state: StateDir) -> str:
+    """The configured token, else the one saved in the state dir; one that cannot be saved (or read)
+    is kept in memory, so that the daemon still starts."""
+    if settings.auth_token:
+        return settings.auth_token
+    try:  # an empty or short token file is a ConfigError: the daemon refuses to start and says why
+        return security.ensure_token(settings.state_dir)
+    except OSError as exc:
+        problem = exc.strerror or str(exc)
+    state.note("token_not_saved",
+               f"the control token in {settings.state_dir / 'auth-token'} cannot be read or saved ({problem}): "
+               f"using a one-off token kept in memory, so until a restart the token-protected endpoints "
+               f"(load/unload; everything but health with protect_inference) answer only clients in "
+               f"auth_exempt_networks",
+               "make the state dir writable (a missing token file is then created), or set the "
+               "auth_token setting (APPLIANCE_AUTH_TOKEN), and restart")
+    return secrets.token_urlsafe(32)
+
+
+def make_selector(settings: Settings, report: ProbeReport, isolate: bool = False,
+                  state: StateDir | None = None) -> Selector | None:
+    """``isolate``: measure candidates in a child process (the daemon), not in this one (the CLI).
+    ``state``: the daemon's checked state dir (checked here for the CLI)."""
     if not settings.selection:
         return None
+    state = state or StateDir.check(settings.state_dir)
     return Selector(
         report,
         report.fingerprint,
         report.runtime_versions(),
-        ModelCache(settings.cache_dir, settings.cache_max_bytes),
+        open_cache(settings.cache_dir, settings.cache_max_bytes, state),
         SelectionSettings(budget=settings.tune_budget),
         cpu_flags=tuple(report.cpu_flags()),
         isolate=isolate,
+        state=state,
     )
 
 
 async def _models_ctx(app: web.Application) -> AsyncIterator[None]:
-    settings = app[SETTINGS]
-    repository = await asyncio.to_thread(resolve_repository, settings)
+    settings, state = app[SETTINGS], app[STATE]
+    repository, scratch = await asyncio.to_thread(_serving_repository, settings, state)
     registry = ModelRegistry(
         repository,
         runtime_options(settings),
@@ -93,7 +125,7 @@ async def _models_ctx(app: web.Application) -> AsyncIterator[None]:
         log.info("hardware: %s", report.summary())
         if metrics is not None:
             metrics.event("hardware", detail={"fingerprint": report.fingerprint, "summary": report.summary()})
-        registry.selector = make_selector(settings, report, isolate=True)
+        registry.selector = make_selector(settings, report, isolate=True, state=state)
         explicit = settings.model_control_mode == "explicit" and "*" not in settings.load_models
         await registry.load_all(settings.load_models if explicit else None)
         dataplane.mark_loaded()
@@ -114,6 +146,8 @@ async def _models_ctx(app: web.Application) -> AsyncIterator[None]:
             await task
         for error in await registry.close(settings.shutdown_timeout):
             log.error("error while closing a model: %s", error)
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
 
 
 async def _metrics_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -134,7 +168,7 @@ async def _metrics_ctx(app: web.Application) -> AsyncIterator[None]:
         hour_seconds=int(settings.history_hour_days * 86400),
         max_bytes=settings.history_max_bytes,
     )
-    service = MetricsService(settings.metrics_db, retention, settings.metrics_interval, models)
+    service = MetricsService(settings.metrics_db, retention, settings.metrics_interval, models, app[STATE])
     await service.start()
     app[METRICS] = service
     service.event("daemon_start", detail={"version": __version__})
@@ -157,12 +191,13 @@ def access_rules(settings: Settings, token: str) -> security.AccessRules:
     )
 
 
-def build_app(settings: Settings) -> web.Application:
+def build_app(settings: Settings, state: StateDir | None = None) -> web.Application:
+    """``state``: the state dir as checked at start (checked here when not given)."""
     app = web.Application(client_max_size=settings.max_request_bytes, middlewares=[error_middleware])
     app[SETTINGS] = settings
+    app[STATE] = state or StateDir.check(settings.state_dir)
     app[LIMITS] = DecodeLimits(settings.max_tensor_elements, settings.max_inputs)
-    rules = access_rules(settings, settings.auth_token or security.ensure_token(settings.state_dir))
-    security.install(app, rules)
+    security.install(app, access_rules(settings, _control_token(settings, app[STATE])))
     app.cleanup_ctx.append(_metrics_ctx)
     app.cleanup_ctx.append(_models_ctx)
     app.add_routes(ROUTES)

@@ -18,7 +18,7 @@ from appliance.core.types import InferRequest
 from appliance.errors import InvalidInput
 from appliance.rest.codec import HEADER_LENGTH, decode_infer_request, encode_infer_response, parse_json_object
 from appliance.rest.errors import error_response, too_large
-from appliance.rest.keys import DATAPLANE, LIMITS, METRICS, SETTINGS
+from appliance.rest.keys import DATAPLANE, LIMITS, METRICS, SETTINGS, STATE
 from appliance.rest.openapi import openapi_document
 
 __all__ = ["CONTROL_HANDLERS", "OPEN_HANDLERS", "ROUTES"]
@@ -44,6 +44,12 @@ async def server_live(request: web.Request) -> web.Response:
 
 async def server_ready(request: web.Request) -> web.Response:
     return web.Response(status=200 if request.app[DATAPLANE].ready() else 503)
+
+
+async def server_health(request: web.Request) -> web.Response:
+    """Liveness, readiness and what is degraded in the state dir (read-only, a database moved aside...)."""
+    dataplane = request.app[DATAPLANE]
+    return _json({"live": dataplane.live(), "ready": dataplane.ready(), "state": request.app[STATE].to_json()})
 
 
 async def server_metadata(request: web.Request) -> web.Response:
@@ -156,7 +162,8 @@ async def metrics_history(request: web.Request) -> web.Response:
     model = request.query.get("model") or None
     version = _query_int(request, "version", None, 1, _MAX_VERSION)
     try:
-        result = await asyncio.to_thread(history, settings.metrics_db, since, until, step, model, version)
+        result = await asyncio.to_thread(history, settings.metrics_db, since, until, step, model, version,
+                                         not request.app[STATE].writable)
     except ValueError as exc:
         raise InvalidInput(str(exc)) from None
     return _json(result)
@@ -216,6 +223,7 @@ ROUTES = [
     web.get("/v2/history", metrics_history),
     web.get("/v2/probe", hardware),
     web.get("/v2/openapi.json", openapi),
+    web.get("/v2/health", server_health),
     web.get("/v2/health/live", server_live),
     web.get("/v2/health/ready", server_ready),
     web.get("/v2", server_metadata),
@@ -240,4 +248,4 @@ ROUTES = [
 # Access levels, by handler (see rest/security.py): control needs the token from a non-exempt address
 # and passes the browser checks; open needs nothing even when inference is protected.
 CONTROL_HANDLERS = frozenset({load_model, unload_model})
-OPEN_HANDLERS = frozenset({server_live, server_ready})
+OPEN_HANDLERS = frozenset({server_live, server_ready, server_health})

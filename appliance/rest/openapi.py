@@ -12,6 +12,19 @@ __all__ = ["openapi_document"]
 _ERROR = {"description": "error", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
 _JSON = {"description": "OK", "content": {"application/json": {"schema": {"type": "object"}}}}
 _EMPTY = {"description": "OK"}
+_PROBLEM = {"type": "object", "required": ["kind", "message", "fix"],
+            "properties": {"kind": {"type": "string"}, "message": {"type": "string"}, "fix": {"type": "string"}}}
+_HEALTH = {"description": "OK", "content": {"application/json": {"schema": {
+    "type": "object", "required": ["live", "ready", "state"],
+    "properties": {
+        "live": {"type": "boolean"},
+        "ready": {"type": "boolean"},
+        "state": {"type": "object", "required": ["path", "writable", "problems"],
+                  "properties": {"path": {"type": "string"}, "writable": {"type": "boolean"},
+                                 "reason": {"type": "string", "nullable": True},
+                                 "problems": {"type": "array", "items": _PROBLEM}}},
+    },
+}}}}
 _MODEL = {"name": "model", "in": "path", "required": True, "schema": {"type": "string", "maxLength": 255}}
 _VERSION = {"name": "version", "in": "path", "required": True, "schema": {"type": "string", "pattern": "^[0-9]+$"}}
 
@@ -87,6 +100,9 @@ def openapi_document() -> dict[str, Any]:
             "/metrics": {"get": _operation("Prometheus metrics (Triton's names)",
                                            {"description": "OK", "content": {"text/plain": {}}}, errors=(401, 503))},
             "/v2": {"get": _operation("Server metadata", _JSON, errors=())},
+            "/v2/health": {"get": _operation(
+                "Health details: live, ready, and the state dir (path, writable, problems with their fixes)",
+                _HEALTH, errors=())},
             "/v2/health/live": {"get": _operation("Liveness", _EMPTY, errors=(503,))},
             "/v2/health/ready": {"get": _operation("Readiness", _EMPTY, errors=(503,))},
             "/v2/openapi.json": {"get": _operation("This description", _JSON, errors=())},

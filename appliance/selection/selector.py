@@ -27,9 +27,10 @@ from appliance.core.config import config_to_json
 from appliance.errors import ConfigError
 from appliance.selection.measure import max_abs_error, sample_inputs, time_runs, within_tolerance
 from appliance.selection.plans import Plan, ProbeView, enumerate_plans
-from model_cache import ModelCache, cache_key, hash_files
+from appliance.state import StateDir
+from model_cache import BrokenEntry, ModelCache, cache_key, hash_files
 
-__all__ = ["Choice", "SelectionSettings", "Selector"]
+__all__ = ["Choice", "SelectionSettings", "Selector", "open_cache"]
 
 log = logging.getLogger(__name__)
 
@@ -94,11 +95,32 @@ def _selection_inputs(config: mc.ModelConfig) -> dict[str, Any]:
                                           "model_warmup", "default_model_filename")}
 
 
+def open_cache(root: Path, max_bytes: int, state: StateDir) -> ModelCache:
+    """The model cache as the state dir allows: read-only when the dir is, with broken entries reported."""
+
+    def report(entry: BrokenEntry) -> None:
+        state.note("cache_entry_unreadable",
+                   f"model cache entry {entry.key} cannot be used ({entry.reason}): treated as a miss"
+                   + (", removed" if entry.removed else ", left in place"),
+                   "nothing to do when it was removed (the model is measured again); otherwise "
+                   "`appliance cache clear` once the state dir is writable")
+
+    try:
+        return ModelCache(root, max_bytes, writable=state.writable, on_broken=report)
+    except OSError as exc:  # e.g. <state>/cache is a file: serve without storing decisions
+        state.note("cache_not_saved", f"the model cache {root} cannot be created ({exc}); measured plans are "
+                   f"not kept", f"remove or fix {root} and restart the daemon")
+        return ModelCache(root, max_bytes, writable=False, on_broken=report)
+
+
 class Selector:
     def __init__(self, probe: ProbeView, fingerprint: str, runtime_versions: dict[str, str],
                  cache: ModelCache | None, settings: SelectionSettings = SelectionSettings(),
                  cpu_flags: tuple[str, ...] = (), extra_plans: tuple[Plan, ...] = (),
-                 backends: tuple[BackendInfo, ...] = BACKENDS, isolate: bool = False) -> None:
+                 backends: tuple[BackendInfo, ...] = BACKENDS, isolate: bool = False,
+                 state: StateDir | None = None) -> None:
+        """``state``: where problems with the cache are recorded (the daemon's); None (a tuning child,
+        whose daemon reports them) logs them only."""
         self._probe = probe
         self.fingerprint = fingerprint
         self._versions = runtime_versions
@@ -108,6 +130,7 @@ class Selector:
         self._extra_plans = extra_plans
         self._backends = backends
         self._isolate = isolate and cache is not None
+        self._state = state
         self._tuning = threading.Lock()
         self.progress: Progress | None = None
         """Where tuning reports its steps besides the log (the CLI's progress bar)."""
@@ -147,10 +170,9 @@ class Selector:
         cache key when the caller already computed it (a tuning child process gets the daemon's)."""
         key = key or self._key(context.version_dir, context.config)
         if self._cache is not None and not force:
-            entry = self._cache.lookup(key)
-            if entry is not None:
-                plan = _plan_from(entry.decision)
-                return Choice(plan, entry.decision, "hit", entry.artefacts)
+            cached = self._cached(key, context)
+            if cached is not None:
+                return cached
         plans, skipped = self.plans_for(info, context.config)
         if len(plans) == 1 and not skipped:
             # One way to run it (Python, TensorRT engines): nothing to measure or cache.
@@ -165,6 +187,40 @@ class Selector:
                 return self._tune_in_child(info, context, key)
             return self._tune(info, context, plans, skipped, key, progress)
 
+    def _cached(self, key: str, context: LoadContext) -> Choice | None:
+        """The cached choice for ``key``; a decision this daemon cannot read is a miss."""
+        assert self._cache is not None
+        entry = self._cache.lookup(key)
+        if entry is None:
+            return None
+        try:
+            plan = _plan_from(entry.decision)
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:
+            removed = ""
+            if self._cache.writable:
+                with contextlib.suppress(OSError):
+                    self._cache.remove([key])
+                    removed = ", removed"
+            self._note("cache_entry_unreadable",
+                       f"the cached decision for model {context.model_name!r} version {context.version} "
+                       f"(entry {key}) has no usable plan ({type(exc).__name__}: {exc}): measuring again{removed}",
+                       "nothing to do when it was removed; otherwise `appliance cache clear` once the state dir "
+                       "is writable")
+            return None
+        return Choice(plan, entry.decision, "hit", entry.artefacts)
+
+    def _note(self, kind: str, message: str, fix: str) -> None:
+        if self._state is not None:
+            self._state.note(kind, message, fix)
+        else:  # a tuning child: the daemon that started it reports the problem (as a warning)
+            log.info("%s. To fix: %s", message, fix)
+
+    def _unsaved(self, context: LoadContext, reason: str) -> None:
+        self._note("cache_not_saved",
+                   f"the measured plan of model {context.model_name!r} version {context.version} is served but "
+                   f"not cached ({reason}): it is measured again on the next start",
+                   "make the state dir writable (see the read_only problem, if any) or free disk space")
+
     def job_fields(self) -> dict[str, Any]:
         """What a tuning child process needs to rebuild this selector."""
         assert self._cache is not None
@@ -174,6 +230,7 @@ class Selector:
             "runtime_versions": self._versions,
             "cache_dir": str(self._cache.root),
             "cache_max_bytes": self._cache.max_bytes,
+            "cache_writable": self._cache.writable,
             "settings": dataclasses.asdict(self._settings),
             "cpu_flags": list(self._cpu_flags),
         }
@@ -195,9 +252,14 @@ class Selector:
                               f"(tuning process exit code {result.returncode})")
         assert self._cache is not None
         entry = self._cache.lookup(key)
-        if entry is None:
+        if entry is not None:
+            return Choice(_plan_from(entry.decision), entry.decision, "miss", entry.artefacts)
+        if not isinstance(outcome.get("decision"), dict):
             raise ConfigError(f"model {context.model_name!r}: the tuning process stored no decision")
-        return Choice(_plan_from(entry.decision), entry.decision, "miss", entry.artefacts)
+        # Measured but not stored (a read-only or full disk): serve the plan, without cached artefacts.
+        self._unsaved(context, "the model cache is read-only" if not self._cache.writable
+                      else "the tuning process could not store it; its log above says why")
+        return Choice(_plan_from(outcome["decision"]), outcome["decision"], "miss", None)
 
     def _tune(self, info: BackendInfo, context: LoadContext, plans: list[Plan], skipped: dict[str, str],
               key: str, progress: Progress | None) -> Choice:
@@ -236,7 +298,11 @@ class Selector:
             report(f"chose {chosen}", done=True)
             if self._cache is None:
                 return Choice(plan, decision, "off", None)
-            entry = self._cache.store(key, decision, staging / chosen.replace(":", "_").replace("+", "_"))
+            try:
+                entry = self._cache.store(key, decision, staging / chosen.replace(":", "_").replace("+", "_"))
+            except OSError as exc:  # read-only or full: the model is served all the same
+                self._unsaved(context, exc.strerror or str(exc))
+                return Choice(plan, decision, "miss", None)
         return Choice(plan, decision, "miss", entry.artefacts)
 
     def _measure(self, plan: Plan, info: BackendInfo, context: LoadContext, artefacts: Path,

@@ -46,7 +46,8 @@ def _run(job: dict[str, Any]) -> dict[str, Any]:
 
     report = ProbeReport(sections=job["probe"])
     selector = Selector(report, job["fingerprint"], job["runtime_versions"],
-                        ModelCache(Path(job["cache_dir"]), job["cache_max_bytes"]),
+                        ModelCache(Path(job["cache_dir"]), job["cache_max_bytes"],
+                                   writable=job.get("cache_writable", True)),
                         SelectionSettings(**job["settings"]), cpu_flags=tuple(job["cpu_flags"]))
     info = next(b for b in BACKENDS if b.name == job["backend"])
     config = json_format.ParseDict(job["config"], mc.ModelConfig())
@@ -55,7 +56,8 @@ def _run(job: dict[str, Any]) -> dict[str, Any]:
                                             "onnx_providers": tuple(job["options"]["onnx_providers"])}),
                           threads=job["threads"])
     choice = selector.choose(info, context, force=True, key=job.get("key"))
-    return {"ok": True, "chosen": choice.plan.id}
+    # The decision travels back too: when the cache could not store it, the daemon serves it from here.
+    return {"ok": True, "chosen": choice.plan.id, "decision": choice.decision}
 
 
 def main() -> None:
@@ -67,7 +69,7 @@ def main() -> None:
         outcome = {"ok": False, "error": exc.message}
     except Exception as exc:  # reported to the daemon as the model's load failure
         outcome = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-    print(json.dumps(outcome))
+    print(json.dumps(outcome, default=str))
 
 
 if __name__ == "__main__":

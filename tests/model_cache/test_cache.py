@@ -4,7 +4,9 @@ import json
 import multiprocessing
 from pathlib import Path
 
-from model_cache import ModelCache, cache_key, hash_files
+import pytest
+
+from model_cache import CacheReadOnly, ModelCache, cache_key, hash_files
 
 
 def _artefacts(tmp_path: Path, size: int = 1000, name: str = "a") -> Path:
@@ -94,3 +96,105 @@ def test_clear(tmp_path):
     cache.store("a", {})
     cache.store("b", {})
     assert cache.clear() == 2 and cache.entries() == []
+
+
+WRONG_SHAPES = {
+    "a list": [],
+    "a string": "manifest",
+    "no files": {"key": "k", "size": 10},
+    "files not an object": {"files": 3, "size": 10},
+    "size not a number": {"files": {}, "size": None},
+}
+
+
+@pytest.mark.parametrize("manifest", WRONG_SHAPES.values(), ids=WRONG_SHAPES.keys())
+def test_a_manifest_of_the_wrong_shape_is_a_miss_and_is_removed(tmp_path, manifest):
+    cache = ModelCache(tmp_path / "cache")
+    entry = cache.store("k1", {"chosen": "p"})
+    (entry.path / "manifest.json").write_text(json.dumps(manifest))
+    assert cache.entries() == []
+    assert [b.key for b in cache.broken()] == ["k1"]
+    assert cache.lookup("k1") is None
+    assert not entry.path.exists()
+
+
+@pytest.mark.parametrize("decision", [[], "chosen", 7, None], ids=repr)
+def test_a_decision_that_is_not_an_object_is_a_miss(tmp_path, decision):
+    cache = ModelCache(tmp_path / "cache")
+    cache.store("k1", decision)  # the manifest matches: only the shape is wrong
+    assert cache.lookup("k1") is None
+    assert cache.entries() == []
+
+
+def _broken_entry(root: Path, key: str, manifest: object) -> Path:
+    path = root / key
+    (path / "artefacts").mkdir(parents=True)
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    (path / "decision.json").write_text("{}")
+    return path
+
+
+def test_broken_entries_are_listed_and_cleared(tmp_path):
+    cache = ModelCache(tmp_path / "cache")
+    cache.store("good", {"chosen": "p"})
+    _broken_entry(cache.root, "wrong-shape", [1, 2])
+    _broken_entry(cache.root, "not-json", {}).joinpath("manifest.json").write_bytes(b"\x00\xff{")
+    (cache.root / "half").mkdir()  # no manifest at all
+    assert [e.key for e in cache.entries()] == ["good"]
+    reasons = {b.key: b.reason for b in cache.broken()}
+    assert set(reasons) == {"wrong-shape", "not-json", "half"}
+    assert "not an object" in reasons["wrong-shape"] and "manifest.json" in reasons["half"]
+    assert cache.clear() == 4
+    assert cache.entries() == [] and cache.broken() == []
+
+
+def test_eviction_works_with_broken_entries_and_removes_them(tmp_path):
+    heard = []
+    cache = ModelCache(tmp_path / "cache", max_bytes=2500, on_broken=heard.append)
+    cache.store("old", {"n": 1}, _artefacts(tmp_path, 1000, "1"))
+    _broken_entry(cache.root, "broken", {"files": "x"})
+    cache.store("mid", {"n": 2}, _artefacts(tmp_path, 1000, "2"))
+    cache.store("new", {"n": 3}, _artefacts(tmp_path, 1000, "3"))
+    assert {e.key for e in cache.entries()} == {"mid", "new"}
+    assert cache.broken() == []
+    assert [(b.key, b.removed) for b in heard] == [("broken", True)]
+
+
+def test_a_lookup_reports_the_broken_entry_it_met(tmp_path):
+    heard = []
+    cache = ModelCache(tmp_path / "cache", on_broken=heard.append)
+    _broken_entry(cache.root, "k1", {"files": {}, "size": "big"})
+    assert cache.lookup("k1") is None
+    assert [(b.key, b.removed) for b in heard] == [("k1", True)]
+    assert "size" in heard[0].reason
+
+
+def _snapshot(root: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(root)): (p.stat().st_mtime_ns, p.stat().st_size) for p in root.rglob("*")}
+
+
+def test_a_read_only_cache_serves_hits_and_writes_nothing(tmp_path):
+    writer = ModelCache(tmp_path / "cache")
+    writer.store("k1", {"chosen": "p"}, _artefacts(tmp_path))
+    _broken_entry(writer.root, "broken", [])
+    before = _snapshot(writer.root)
+    heard = []
+    cache = ModelCache(writer.root, writable=False, on_broken=heard.append)
+    entry = cache.lookup("k1")
+    assert entry is not None and entry.decision == {"chosen": "p"}
+    assert cache.lookup("broken") is None
+    assert [(b.key, b.removed) for b in heard] == [("broken", False)]  # a miss, left in place
+    with cache.staging() as staging:
+        assert writer.root not in staging.parents
+    with pytest.raises(CacheReadOnly):
+        cache.store("k2", {"chosen": "q"})
+    with pytest.raises(CacheReadOnly):
+        cache.clear()
+    assert _snapshot(writer.root) == before  # not even .last_used or the lock file changed
+
+
+def test_a_read_only_cache_that_does_not_exist_is_empty(tmp_path):
+    cache = ModelCache(tmp_path / "never-created", writable=False)
+    assert cache.lookup("k1") is None
+    assert cache.entries() == [] and cache.broken() == []
+    assert not cache.root.exists()

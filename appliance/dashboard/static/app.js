@@ -3,7 +3,8 @@
 //
 // The page reports its state on <body> for tests and probes: data-state is "loading", then
 // "rendered" once a refresh drew everything, or "error" (with the message on the page);
-// data-charts is the number of uPlot charts drawn and data-points the non-null values they plot.
+// data-charts is the number of uPlot charts drawn and data-points the non-null values they plot;
+// data-degraded is "true" while the daemon reports problems with its state dir (the banner shows them).
 "use strict";
 
 (() => {
@@ -148,6 +149,33 @@
 
   const postJSON = (path, payload) =>
     getJSON(path, { method: "POST", body: JSON.stringify(payload), headers: { "Content-Type": "application/json" } });
+
+  // ---- the state dir: a read-only or damaged one degrades the daemon, and the page says so.
+
+  const SHOWN_PROBLEMS = 5;
+
+  function renderHealth(health) {
+    const state = (health && health.state) || {};
+    const problems = Array.isArray(state.problems) ? state.problems : [];
+    const banner = $("degraded");
+    const degraded = state.writable === false || problems.length > 0;
+    document.body.dataset.degraded = String(degraded);
+    if (!degraded) {
+      banner.hidden = true;
+      return;
+    }
+    const title = state.writable === false
+      ? `Degraded: the state dir ${state.path} is read-only${state.reason ? ` (${state.reason})` : ""}. ` +
+        "Inference is served from what is readable; nothing is saved."
+      : `Degraded: the daemon found problems in its state dir ${state.path}.`;
+    const items = problems.slice(0, SHOWN_PROBLEMS).map((p) =>
+      h("li", { "data-kind": p.kind }, p.message, h("span", { class: "fix" }, ` To fix: ${p.fix}`)));
+    if (problems.length > SHOWN_PROBLEMS) {
+      items.push(h("li", null, `…and ${problems.length - SHOWN_PROBLEMS} more (GET /v2/health)`));
+    }
+    replaceChildren(banner, h("strong", null, title), h("ul", null, items));
+    banner.hidden = false;
+  }
 
   // ---- the box: server metadata and the hardware probe.
 
@@ -433,8 +461,9 @@
   }
 
   async function refresh() {
-    const [meta, probe, rows] = await Promise.all([
+    const [meta, health, probe, rows] = await Promise.all([
       getJSON("/v2"),
+      getJSON("/v2/health"),
       getJSON("/v2/probe").catch((error) => {
         if (error instanceof ApiError) return error;  // still probing: the rest of the page is useful
         throw error;
@@ -442,6 +471,7 @@
       postJSON("/v2/repository/index", {}),
     ]);
     renderServer(meta);
+    renderHealth(health);
     if (probe instanceof ApiError) renderProbeError(probe); else renderProbe(probe);
     renderModelFilter(rows);  // before asking for history, so that it never names a model that has gone
     const pending = getJSON(historyPath());

@@ -54,3 +54,35 @@ def test_tune_then_cache_ls_and_clear(tmp_path):
 def test_tune_unknown_model_is_a_clear_error(tmp_path):
     result = _appliance("tune", "nope", "--model-repository", str(tmp_path), "--state-dir", str(tmp_path / "s"))
     assert result.returncode == 2 and "no model 'nope'" in result.stderr
+
+
+def test_cache_ls_lists_corrupt_entries_and_clear_removes_them(tmp_path):
+    from model_cache import ModelCache
+
+    state = tmp_path / "state"
+    cache = ModelCache(state / "cache")
+    cache.store("good", {"model": "cnn", "version": 1, "chosen": "onnxruntime:CPU"})
+    wrong = cache.store("wrong-shape", {"model": "cnn", "version": 2, "chosen": "openvino:CPU"})
+    (wrong.path / "manifest.json").write_text("[]")  # valid JSON, wrong shape
+    (cache.root / "not-json").mkdir()
+    (cache.root / "not-json" / "manifest.json").write_text("{")
+    listed = _appliance("cache", "ls", "--state-dir", str(state))
+    assert listed.returncode == 0, listed.stderr
+    assert "1 entries" in listed.stdout and "2 corrupt" in listed.stdout
+    assert "cnn:1" in listed.stdout
+    assert "wrong-shape  corrupt: manifest.json holds a JSON list, not an object" in listed.stdout
+    assert "not-json  corrupt: manifest.json is not valid JSON" in listed.stdout
+    assert "appliance cache clear" in listed.stdout  # says how to get rid of them
+    cleared = _appliance("cache", "clear", "--state-dir", str(state))
+    assert cleared.returncode == 0, cleared.stderr
+    assert "removed 3 entries" in cleared.stdout
+    assert sorted(p.name for p in cache.root.iterdir() if not p.name.startswith(".")) == []
+
+
+def test_cache_ls_of_a_state_dir_without_a_cache_creates_nothing(tmp_path):
+    listed = _appliance("cache", "ls", "--state-dir", str(tmp_path / "state"))
+    assert listed.returncode == 0, listed.stderr
+    assert "0 entries" in listed.stdout
+    assert not (tmp_path / "state" / "cache").exists()
+    cleared = _appliance("cache", "clear", "--state-dir", str(tmp_path / "state"))
+    assert cleared.returncode == 0 and "removed 0 entries" in cleared.stdout

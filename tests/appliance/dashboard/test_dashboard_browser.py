@@ -20,6 +20,7 @@ from appliance.dashboard import STATIC_DIR
 from appliance.examples import mlp_model
 from tests.builders import save
 from tests.http_util import call
+from tests.readonly import read_only_prefix
 
 CHROMIUM = shutil.which("chromium")
 needs_chromium = pytest.mark.skipif(
@@ -115,6 +116,7 @@ def test_dashboard_renders_models_and_live_charts(busy_daemon, tmp_path):
     status, _, probe = call(daemon.port, "GET", "/v2/probe")
     assert status == 200, probe
     assert re.search(rf'id="box-fingerprint"[^>]*>{re.escape(probe["fingerprint"])}<', dom), "fingerprint not shown"
+    assert body.get("data-degraded") == "false" and '<div class="banner warn" id="degraded" role="status" hidden="">' in dom
 
     ARTIFACTS.mkdir(exist_ok=True)
     screenshot = ARTIFACTS / "dashboard.png"
@@ -131,6 +133,32 @@ def test_dashboard_day_view_of_one_model(busy_daemon, tmp_path):
     body, dom, console = _render(daemon.base + "/#range=day&model=mlp", daemon.base, tmp_path / "profile")
     _assert_rendered(daemon, body, dom, console)
     assert '<button type="button" role="radio" data-range="day" aria-checked="true">' in dom
+
+
+@needs_chromium
+def test_dashboard_shows_a_banner_when_the_state_dir_is_read_only(start_daemon, tmp_path):
+    repo = tmp_path / "repo"
+    save(mlp_model(), repo / "mlp" / "1" / "model.onnx")
+    state = tmp_path / "state"
+    state.mkdir()
+    daemon = start_daemon(repo, state=state, prefix=read_only_prefix(state))
+    body, dom, console = _render(daemon.base + "/", daemon.base, tmp_path / "profile")
+    assert body.get("data-state") == "rendered", f"{body}\ndaemon log:\n{daemon.log()[-3000:]}"
+    assert console == [], "the page reported errors on the console:\n" + "\n".join(console)
+    assert body.get("data-degraded") == "true"
+    banner = re.search(r'<div class="banner warn" id="degraded" role="status"([^>]*)>(.*?)</div>', dom, re.S)
+    assert banner, "no state banner on the page"
+    assert "hidden" not in banner.group(1), "the state banner is hidden"
+    text = banner.group(2)
+    assert f"the state dir {state} is read-only" in text and "Read-only file system" in text
+    assert '<li data-kind="read_only">' in text and "To fix:" in text
+    assert '<td class="model-name">mlp</td>' in dom and ">READY<" in dom  # and the models are served
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    screenshot = ARTIFACTS / "dashboard-read-only.png"
+    screenshot.unlink(missing_ok=True)
+    run = _chromium(daemon.base + "/", tmp_path / "profile", f"--screenshot={screenshot}", "--window-size=1400,1000")
+    assert run.returncode == 0, run.stderr[-4000:]
 
 
 def test_page_loads_nothing_from_outside_the_daemon():

@@ -8,10 +8,13 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
+
+import pytest
 
 from appliance.metrics.history import history, percentile_ms
 from appliance.metrics.samples import ModelSample
-from appliance.metrics.store import SCHEMA_VERSION, MetricsStore, Retention, connect, migrate
+from appliance.metrics.store import SCHEMA_VERSION, MetricsStore, Retention, SchemaTooNew, connect, migrate
 
 
 def _sample(t: int, requests: int = 2, model: str = "m") -> ModelSample:
@@ -116,3 +119,80 @@ def test_kill_9_mid_write_leaves_an_intact_database(tmp_path):
     events = db.execute("SELECT COUNT(*) FROM events").fetchone()[0]
     assert rows > 0 and events > 0
     assert rows % 50 == 0  # whole batches only: no half-written insert survived
+
+
+def _filled(path) -> None:
+    now = int(time.time())
+    store = MetricsStore(path)
+    store.start()
+    store.put_samples([_sample(now - 600 + i, model=f"model-{i % 5}") for i in range(600)])
+    store.put_event("before")
+    store.stop()
+
+
+def _truncate(path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+CORRUPTIONS = {
+    "random bytes": lambda path: path.write_bytes(bytes(range(256)) * 64),
+    "truncated": _truncate,
+    "a text file": lambda path: path.write_text("not a database\n"),
+}
+
+
+@pytest.mark.parametrize("corrupt", CORRUPTIONS.values(), ids=CORRUPTIONS.keys())
+def test_a_corrupt_database_is_moved_aside_and_a_fresh_one_started(tmp_path, corrupt):
+    path = tmp_path / "metrics.db"
+    _filled(path)
+    corrupt(path)
+    damaged = path.read_bytes()
+    Path(f"{path}-wal").write_bytes(b"stale wal")
+    store = MetricsStore(path)
+    assert store.recovery is not None and store.recovery.reason
+    moved = store.recovery.moved_to
+    assert moved.parent == tmp_path and moved.name.startswith("metrics.db.corrupt-")
+    assert moved.read_bytes() == damaged  # kept as it was, for a person to look at
+    assert Path(f"{moved}-wal").read_bytes() == b"stale wal"  # its WAL went along
+    store.start()
+    store.put_samples([_sample(int(time.time()) - 2)])
+    store.stop()
+    db = sqlite3.connect(path)
+    assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    assert db.execute("SELECT COUNT(*) FROM model_1s").fetchone()[0] == 1
+
+
+def test_a_sound_database_is_opened_as_it_is(tmp_path):
+    path = tmp_path / "metrics.db"
+    _filled(path)
+    store = MetricsStore(path)
+    assert store.recovery is None
+    store.start()
+    store.stop()
+    assert sorted(p.name for p in tmp_path.iterdir() if "corrupt" in p.name) == []
+    assert sqlite3.connect(path).execute("SELECT COUNT(*) FROM model_1s").fetchone()[0] == 600
+
+
+def test_a_newer_schema_is_left_alone(tmp_path):
+    path = tmp_path / "metrics.db"
+    db = connect(path)
+    migrate(db)
+    db.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION + 1,))
+    db.close()
+    with pytest.raises(SchemaTooNew):
+        MetricsStore(path)
+    assert path.exists() and not list(tmp_path.glob("*.corrupt-*"))
+
+
+def test_immutable_history_reads_create_no_files(tmp_path):
+    """A WAL database needs a -shm file to be read, which a read-only directory cannot get; ``immutable``
+    reads without one (the end-to-end test reads through a real read-only mount)."""
+    path = tmp_path / "metrics.db"
+    _filled(path)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    now = int(time.time())
+    result = history(path, now - 700, now + 2, 60, immutable=True)
+    assert sum(r for r in result["series"]["requests"] if r) == 1200
+    assert [e["kind"] for e in result["events"]] == ["before"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == before

@@ -10,7 +10,8 @@ import hardware_probe
 from appliance.backends import BACKENDS, LoadContext, RuntimeOptions
 from appliance.core.config import complete_config
 from appliance.selection import Plan, Selector, enumerate_plans
-from appliance.selection.selector import SelectionSettings
+from appliance.selection.selector import SelectionSettings, open_cache
+from appliance.state import StateDir
 from model_cache import ModelCache
 from tests.appliance.selection.faulty import FAULTY
 from tests.builders import cnn_model, save
@@ -98,3 +99,51 @@ def test_cached_decision_is_reused_without_timing(report, model_file, tmp_path):
     assert second.plan == first.plan
     retuned = _selector(report, cache).choose(ONNX, _context(model_file), force=True)
     assert retuned.cache == "miss" and retuned.decision["tuned_at"] > first.decision["tuned_at"]
+
+
+def _state(tmp_path, writable: bool = True) -> StateDir:
+    return StateDir(tmp_path / "state", writable=writable, reason=None if writable else "Read-only file system")
+
+
+@pytest.mark.parametrize("isolate", [False, True], ids=["in-process", "tuning-child"])
+def test_a_read_only_cache_serves_hits_and_measures_misses_without_storing(report, model_file, tmp_path, isolate):
+    root = tmp_path / "cache"
+    first = _selector(report, ModelCache(root)).choose(ONNX, _context(model_file))
+    before = sorted(p.relative_to(root) for p in root.rglob("*"))
+    state = _state(tmp_path, writable=False)
+    read_only = open_cache(root, 1 << 30, state)
+    hit = _selector(report, read_only, isolate=isolate, state=state).choose(ONNX, _context(model_file))
+    assert hit.cache == "hit" and hit.plan == first.plan
+    # Another model (a different key): measured, served, not stored, and said so.
+    other = _context(model_file, 'parameters { key: "objective" value: { string_value: "throughput" } }')
+    miss = _selector(report, read_only, isolate=isolate, state=state).choose(ONNX, other)
+    assert miss.cache == "miss" and miss.artefacts is None
+    assert {c["status"] for c in miss.decision["candidates"]} >= {"ok"}
+    assert sorted(p.relative_to(root) for p in root.rglob("*")) == before
+    assert [p.kind for p in state.problems] == ["cache_not_saved"]
+    assert "cnn" in state.problems[0].message and "not cached" in state.problems[0].message
+
+
+def test_a_cached_decision_without_a_usable_plan_is_measured_again(report, model_file, tmp_path):
+    cache = ModelCache(tmp_path / "cache")
+    selector = _selector(report, cache)
+    key = selector._key(model_file.parent, _context(model_file).config)
+    cache.store(key, {"chosen": "onnxruntime:CPU", "plan": ["not", "an", "object"]})  # a consistent entry
+    state = _state(tmp_path)
+    choice = _selector(report, open_cache(cache.root, 1 << 30, state), state=state).choose(ONNX, _context(model_file))
+    assert choice.cache == "miss" and choice.decision["candidates"]
+    assert cache.lookup(key).decision["tuned_at"] == choice.decision["tuned_at"]  # replaced by the new one
+    assert [p.kind for p in state.problems] == ["cache_entry_unreadable"]
+    assert "no usable plan" in state.problems[0].message
+
+
+def test_an_unreadable_cache_entry_is_reported_to_the_state_dir(report, model_file, tmp_path):
+    cache = ModelCache(tmp_path / "cache")
+    first = _selector(report, cache).choose(ONNX, _context(model_file))
+    manifest = next(cache.root.glob("*/manifest.json"))
+    manifest.write_text('{"files": "wrong shape"}')
+    state = _state(tmp_path)
+    again = _selector(report, open_cache(cache.root, 1 << 30, state), state=state).choose(ONNX, _context(model_file))
+    assert again.cache == "miss" and first.cache == "miss"
+    assert [p.kind for p in state.problems] == ["cache_entry_unreadable"]
+    assert "removed" in state.problems[0].message
