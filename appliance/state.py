@@ -75,6 +75,19 @@ class StateDir:
             return state
         return cls(path)
 
+    def lost_write_access(self, reason: str) -> None:
+        """The directory stopped taking writes while running (a filesystem remounted read-only)."""
+        with self._lock:
+            was_writable, self.writable, self.reason = self.writable, False, reason
+        if was_writable:
+            self.note(
+                "read_only",
+                f"the state dir {self.path} stopped taking writes while running ({reason}); serving goes on, "
+                f"metrics history and new model cache entries stop",
+                f"make {self.path} writable again (check `dmesg`, repair the filesystem with fsck, remount it "
+                f"read-write), then restart the daemon",
+            )
+
     def note(self, kind: str, message: str, fix: str) -> None:
         """Record a problem and log it as a warning with its fix (once per distinct problem)."""
         problem = Problem(kind, message, fix)

@@ -57,7 +57,7 @@ class MetricsService:
         if not self._state.writable:
             return None  # the read_only problem already says that history is off
         try:
-            store = MetricsStore(self.path, self._retention)
+            store = MetricsStore(self.path, self._retention, on_read_only=self._state.lost_write_access)
         except (sqlite3.Error, OSError, SchemaTooNew) as exc:
             self._state.note(
                 "metrics_db_unusable",

@@ -12,6 +12,7 @@ and -shm) to ``metrics.db.corrupt-<time>`` and starts a fresh one.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import logging
 import queue
@@ -19,6 +20,7 @@ import sqlite3
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -161,10 +163,23 @@ def open_database(path: Path) -> tuple[sqlite3.Connection, Recovery | None]:
     return _open_checked(path), Recovery(moved, reason)
 
 
+def _is_read_only(exc: BaseException) -> bool:
+    if isinstance(exc, OSError) and exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return True
+    # SQLITE_READONLY (a file remounted read-only), and SQLITE_IOERR that the remount causes.
+    return isinstance(exc, sqlite3.OperationalError) and any(
+        words in str(exc) for words in ("readonly database", "disk I/O error"))
+
+
 class MetricsStore:
-    def __init__(self, path: Path, retention: Retention = Retention()) -> None:
-        """Opens the database (blocking); ``recovery`` says whether a corrupt one was moved aside."""
+    def __init__(self, path: Path, retention: Retention = Retention(),
+                 on_read_only: Callable[[str], None] | None = None) -> None:
+        """Opens the database (blocking); ``recovery`` says whether a corrupt one was moved aside.
+        ``on_read_only`` is told (from the writer thread) when the file stops taking writes; the
+        writer then drops what it is given instead of failing every cycle."""
         self.path = path
+        self._on_read_only = on_read_only
+        self._read_only = False
         self.retention = retention
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="metrics-writer", daemon=True)
@@ -206,10 +221,18 @@ class MetricsStore:
                 except queue.Empty:
                     break
             running = not any(kind == "stop" for kind, _ in items)
+            if self._read_only:
+                continue
             try:
                 self._write(items)
                 self._maintain(int(time.time()))
-            except Exception:
+            except Exception as exc:
+                if _is_read_only(exc):
+                    self._read_only = True
+                    log.warning("metrics history stopped: %s cannot be written (%s)", self.path, exc)
+                    if self._on_read_only is not None:
+                        self._on_read_only(str(exc))
+                    continue
                 log.exception("metrics writer failed a cycle; its rows are lost, the daemon goes on")
         self._db.close()
 

@@ -49,3 +49,13 @@ def test_problems_are_recorded_once_and_bounded(tmp_path):
         state.note("cache_entry_unreadable", f"entry {i}", "clear the cache")
     assert len(state.problems) == 100
     assert "100 problem(s): cache_not_saved, cache_entry_unreadable" in state.summary()
+
+
+def test_losing_write_access_while_running_is_reported_once(tmp_path):
+    state = StateDir.check(tmp_path)
+    assert state.writable and not state.degraded
+    state.lost_write_access("attempt to write a readonly database")
+    state.lost_write_access("attempt to write a readonly database")
+    assert not state.writable and state.reason == "attempt to write a readonly database"
+    assert [p.kind for p in state.problems] == ["read_only"]
+    assert state.to_json()["writable"] is False

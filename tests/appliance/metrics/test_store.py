@@ -196,3 +196,22 @@ def test_immutable_history_reads_create_no_files(tmp_path):
     assert sum(r for r in result["series"]["requests"] if r) == 1200
     assert [e["kind"] for e in result["events"]] == ["before"]
     assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+
+def test_a_store_that_stops_taking_writes_stops_history_once(tmp_path, caplog):
+    """Edge filesystems remount read-only after errors, while the daemon runs: the writer says so once
+    and drops rows, instead of failing (with a traceback) every cycle. The kernel refuses to remount a
+    directory with a file open for writing in a test, so SQLite's own read-only answer stands in."""
+    told: list[str] = []
+    store = MetricsStore(tmp_path / "metrics.db", on_read_only=told.append)
+    store._db.execute("PRAGMA query_only = ON")  # noqa: SLF001 - SQLITE_READONLY, as a ro remount gives
+    store.start()
+    for _ in range(5):
+        store.put_event("after")
+        time.sleep(0.05)
+    store.stop()
+    assert len(told) == 1 and "readonly" in told[0]
+    assert [r.getMessage() for r in caplog.records].count(
+        f"metrics history stopped: {tmp_path / 'metrics.db'} cannot be written ({told[0]})") == 1
+    assert not any(r.exc_info for r in caplog.records)
