@@ -9,7 +9,14 @@ from http import HTTPStatus
 import orjson
 from aiohttp import web
 
-from appliance.errors import ApplianceError, PayloadTooLarge, Unauthorized, Unavailable
+from appliance.errors import (
+    ApplianceError,
+    PayloadTooLarge,
+    RequestTimeout,
+    Unauthorized,
+    Unavailable,
+    UnsupportedEncoding,
+)
 from appliance.rest.keys import SETTINGS
 
 __all__ = ["error_middleware", "error_response", "too_large"]
@@ -39,6 +46,10 @@ def _from_appliance(exc: ApplianceError) -> web.Response:
         headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after)))}
     elif isinstance(exc, Unauthorized):
         headers = {"WWW-Authenticate": 'Bearer realm="appliance"'}
+    elif isinstance(exc, UnsupportedEncoding):
+        headers = {"Accept-Encoding": ", ".join(exc.accepted)}  # RFC 7694
+    elif isinstance(exc, RequestTimeout):
+        headers = {"Connection": "close"}  # the rest of a stalled body is not waited for
     return error_response(exc.status, exc.message, headers)
 
 
