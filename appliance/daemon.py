@@ -92,6 +92,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         handle_signals=False,
         handler_cancellation=True,
         shutdown_timeout=settings.shutdown_timeout,
+        auto_decompress=False,  # request bodies are inflated, bounded, by appliance.rest.body
     )
     await runner.setup()
     metrics_runner: web.AppRunner | None = None

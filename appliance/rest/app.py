@@ -16,6 +16,7 @@ from hardware_probe import ProbeReport
 from model_cache import ModelCache
 
 from appliance.backends import RuntimeOptions
+from appliance.budget import MemoryBudget
 from appliance.core.dataplane import DataPlane
 from appliance.core.registry import ModelRegistry
 from appliance.errors import ConfigError, Unavailable
@@ -26,8 +27,9 @@ from appliance.rest.handlers import ROUTES
 from appliance import __version__
 from appliance.metrics.service import MetricsService
 from appliance.metrics.store import Retention
+from appliance.rest.body import BodyLimits
 from appliance.rest.codec import DecodeLimits
-from appliance.rest.keys import DATAPLANE, LIMITS, METRICS, SETTINGS
+from appliance.rest.keys import BODY_LIMITS, BUDGET, DATAPLANE, LIMITS, METRICS, SETTINGS
 from appliance.selection import Selector
 from appliance.selection.selector import SelectionSettings
 from appliance.settings import Settings
@@ -148,6 +150,8 @@ def build_app(settings: Settings) -> web.Application:
     app = web.Application(client_max_size=settings.max_request_bytes, middlewares=[error_middleware])
     app[SETTINGS] = settings
     app[LIMITS] = DecodeLimits(settings.max_tensor_elements, settings.max_inputs)
+    app[BODY_LIMITS] = BodyLimits(settings.max_request_bytes, settings.body_timeout)
+    app[BUDGET] = MemoryBudget(settings.max_request_memory_bytes)
     security.install(app, settings.auth_token or security.ensure_token(settings.state_dir))
     app.cleanup_ctx.append(_metrics_ctx)
     app.cleanup_ctx.append(_models_ctx)

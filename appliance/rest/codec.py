@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -46,6 +47,20 @@ class DecodeLimits:
 
 
 _DEFAULT_LIMITS = DecodeLimits()
+# What one BYTES element costs beyond its text: a pointer in the object array and a bytes object.
+_BYTES_ELEMENT_OVERHEAD = 8 + 33
+
+
+def _allocation(datatype: str, count: int, binary: bool) -> int:
+    """Bytes that decoding one input allocates beyond the body (binary fixed-size tensors are views)."""
+    itemsize = element_size(datatype)
+    if itemsize is None:
+        return count * _BYTES_ELEMENT_OVERHEAD
+    return 0 if binary else count * itemsize
+
+
+def _ignore(size: int) -> None:
+    pass
 
 
 def _parse_header(body: bytes, header_length: int | None) -> dict[str, Any]:
@@ -162,9 +177,15 @@ def _decode_binary_data(
 
 
 def decode_infer_request(
-    body: bytes, header_length: int | None = None, limits: DecodeLimits = _DEFAULT_LIMITS
+    body: bytes,
+    header_length: int | None = None,
+    limits: DecodeLimits = _DEFAULT_LIMITS,
+    reserve: Callable[[int], None] = _ignore,
 ) -> InferRequest:
-    """Decode a v2 infer body; ``header_length`` is the Inference-Header-Content-Length, if sent."""
+    """Decode a v2 infer body; ``header_length`` is the Inference-Header-Content-Length, if sent.
+
+    ``reserve(size)`` is called with the bytes each input will allocate, after its shape is checked and
+    before anything is allocated; it may raise to refuse (the transport's memory budget does)."""
     header = _parse_header(body, header_length)
     raw_inputs = header.get("inputs")
     if not isinstance(raw_inputs, list) or not raw_inputs:
@@ -191,6 +212,7 @@ def decode_infer_request(
         params = _parameters(raw, f"input '{name}'")
         if "shared_memory_region" in params:
             raise InvalidInput(f"input '{name}': shared memory is not supported by this server")
+        reserve(_allocation(datatype, count, "binary_data_size" in params))
         if "binary_data_size" in params:
             if header_length is None:
                 raise InvalidInput(

@@ -11,15 +11,15 @@ from aiohttp import web
 
 from appliance.errors import (
     ApplianceError,
-    PayloadTooLarge,
     RequestTimeout,
     Unauthorized,
     Unavailable,
     UnsupportedEncoding,
 )
+from appliance.rest.body import too_large
 from appliance.rest.keys import SETTINGS
 
-__all__ = ["error_middleware", "error_response", "too_large"]
+__all__ = ["error_middleware", "error_response"]
 
 log = logging.getLogger(__name__)
 
@@ -30,13 +30,6 @@ def error_response(status: int, message: str, headers: dict[str, str] | None = N
         body=orjson.dumps({"error": message}),
         content_type="application/json",
         headers=headers,
-    )
-
-
-def too_large(limit: int) -> PayloadTooLarge:
-    return PayloadTooLarge(
-        f"request body is larger than the {limit}-byte limit; send a smaller batch or raise the "
-        "server's max_request_bytes setting (APPLIANCE_MAX_REQUEST_BYTES)"
     )
 
 

@@ -175,3 +175,31 @@ def test_binary_data_output_makes_every_output_binary():
     header = json.loads(body[:length])
     assert all("data" not in o for o in header["outputs"])
     assert len(body) - length == sum(o["parameters"]["binary_data_size"] for o in header["outputs"])
+
+
+def test_reserve_hears_each_allocation_before_it_happens():
+    header = {"inputs": [
+        {"name": "json", "shape": [2, 3], "datatype": "FP64", "data": [1, 2, 3, 4, 5, 6]},
+        {"name": "view", "shape": [4], "datatype": "INT32", "parameters": {"binary_data_size": 16}},
+        {"name": "text", "shape": [2], "datatype": "BYTES", "data": ["a", "b"]},
+    ]}
+    body, length = _binary(header, np.arange(4, dtype=np.int32).tobytes())
+    sizes: list[int] = []
+    decode_infer_request(body, length, reserve=sizes.append)
+    assert sizes[0] == 6 * 8 and sizes[1] == 0  # binary fixed-size tensors are views of the body
+    assert sizes[2] >= 2 * 8  # at least the object array's pointers
+
+
+def test_a_refused_reservation_stops_decoding_before_allocating():
+    class Refused(Exception):
+        pass
+
+    def refuse(size: int) -> None:
+        if size > 1000:
+            raise Refused(size)
+
+    # 2^27 FP64 elements are within max_tensor_elements; the claim alone is refused (no 1 GiB array).
+    body = json.dumps({"inputs": [{"name": "x", "shape": [1 << 27], "datatype": "FP64", "data": [0.0]}]}).encode()
+    with pytest.raises(Refused) as raised:
+        decode_infer_request(body, reserve=refuse)
+    assert raised.value.args[0] == 8 << 27
