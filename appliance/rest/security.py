@@ -75,8 +75,14 @@ def _exempt(remote: str | None, networks: tuple[str, ...]) -> bool:
     return any(address in ipaddress.ip_network(network, strict=False) for network in networks)
 
 
+# Health and metrics stay outside the bound: a box busy with (or flooded by) requests still says so.
+_UNLIMITED = re.compile(r"^(/v2/health/(live|ready)|/metrics)$")
+
+
 @web.middleware
 async def concurrency_middleware(request: web.Request, handler) -> web.StreamResponse:
+    if _UNLIMITED.match(request.path):
+        return await handler(request)
     app = request.app
     limit = app[SETTINGS].max_concurrent_requests
     state = app[_IN_FLIGHT]
