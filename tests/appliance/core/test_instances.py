@@ -58,3 +58,19 @@ async def test_cancelled_waiter_does_not_free_a_busy_instance():
     assert backend.max_active == 1
     assert await pool.drain(timeout=5)
     pool.close()
+
+
+async def test_close_with_a_timeout_leaves_a_busy_instance_running():
+    busy, idle = FakeBackend(delay=3.0), FakeBackend()
+    pool = InstancePool("m", [busy, idle])
+    pool.start()
+    index = await pool.acquire()
+    assert index == 0
+    running = pool.execute(index, _double)
+    await asyncio.sleep(0.05)
+    started = asyncio.get_running_loop().time()
+    errors = await asyncio.to_thread(pool.close, 0.3)
+    assert asyncio.get_running_loop().time() - started < 1.5  # not the 3 s the batch takes
+    assert len(errors) == 1 and isinstance(errors[0], TimeoutError) and "m#0" in str(errors[0])
+    assert idle.closed and not busy.closed  # a runtime is never closed under a running call
+    running.cancel()
