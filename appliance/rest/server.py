@@ -148,9 +148,13 @@ class _Refusal(asyncio.Protocol):
         if self._limiter._lingering >= _MAX_LINGERING_REFUSALS:
             transport.close()
             return
+        try:
+            transport.write_eof()
+        except OSError:  # the client is gone already
+            transport.close()
+            return
         self._limiter._lingering += 1
         self._lingers = True
-        transport.write_eof()
         self._timer = asyncio.get_running_loop().call_later(_REFUSAL_LINGER, transport.close)
 
     def data_received(self, data: bytes) -> None:
