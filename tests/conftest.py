@@ -77,13 +77,14 @@ def _daemon_factory(tmp_path_factory) -> Iterator:
     started: list[Daemon] = []
 
     def start(repository: Path | None, *args: str, env: dict | None = None, wait_loaded: bool = True,
-              selection: bool = False, state: Path | None = None) -> Daemon:
+              selection: bool = False, state: Path | None = None, wrapper: tuple[str, ...] = ()) -> Daemon:
         # Serving-path tests compare outputs with onnxruntime exactly, so by default they serve each
-        # model with its config's backend; selection tests ask for measured selection.
+        # model with its config's backend; selection tests ask for measured selection. ``wrapper`` runs
+        # the daemon under another command (e.g. prlimit), which must exec it.
         state = state or tmp_path_factory.mktemp("state")
         state.mkdir(parents=True, exist_ok=True)
         log_path = state / f"daemon-{len(started)}.log"
-        command = [sys.executable, "-m", "appliance", "serve", "--host", "127.0.0.1", "--http-port", "0",
+        command = [*wrapper, sys.executable, "-m", "appliance", "serve", "--host", "127.0.0.1", "--http-port", "0",
                    "--state-dir", str(state), "--no-mdns", *args]
         if not selection:
             command.append("--no-selection")
