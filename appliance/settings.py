@@ -90,7 +90,8 @@ class Settings:
     strict_readiness: bool = True
     """As Triton: the server is ready only when every model is ready."""
     shutdown_timeout: float = 10.0
-    """Seconds a stopping daemon waits for in-flight requests."""
+    """Seconds a stopping daemon waits for in-flight requests: one deadline for the whole stop (requests
+    still running then are cancelled; models get a second more to finish and close)."""
     auth_token: str | None = None
     """Bearer token for control endpoints (and inference when protect_inference); default: the token
     kept in <state_dir>/auth-token, created 0600 on first start."""
