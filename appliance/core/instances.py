@@ -71,7 +71,10 @@ class InstancePool:
                 error: BaseException | None = None
             except BaseException as exc:  # handed to the waiter, never lost in the thread
                 result, error = None, exc
-            loop.call_soon_threadsafe(self._finish, index, future, result, error)
+            try:
+                loop.call_soon_threadsafe(self._finish, index, future, result, error)
+            except RuntimeError:  # the loop is closed: the daemon stopped without waiting for this batch
+                pass
 
         self._inboxes[index].put(run)
         return future
