@@ -12,7 +12,6 @@ import re
 import socket
 import threading
 import time
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
