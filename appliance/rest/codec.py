@@ -51,12 +51,14 @@ _DEFAULT_LIMITS = DecodeLimits()
 _BYTES_ELEMENT_OVERHEAD = 8 + 33
 
 
-def _allocation(datatype: str, count: int, binary: bool) -> int:
-    """Bytes that decoding one input allocates beyond the body (binary fixed-size tensors are views)."""
+def _allocation(datatype: str, count: int, binary: bool, available: int) -> int:
+    """Bytes that decoding one input allocates beyond the body, bounded by what the ``available`` bytes
+    can hold (so a shape claim alone reserves nothing): a JSON element takes at least a byte of text, a
+    binary BYTES element its 4-byte length prefix; binary fixed-size tensors are views of the body."""
     itemsize = element_size(datatype)
     if itemsize is None:
-        return count * _BYTES_ELEMENT_OVERHEAD
-    return 0 if binary else count * itemsize
+        return min(count, available // 4 if binary else available) * _BYTES_ELEMENT_OVERHEAD
+    return 0 if binary else min(count, available) * itemsize
 
 
 def _ignore(size: int) -> None:
@@ -194,6 +196,7 @@ def decode_infer_request(
         raise InvalidInput(f"the request has {len(raw_inputs)} inputs; at most {limits.max_inputs} are allowed")
     view = memoryview(body)
     offset = len(body) if header_length is None else header_length
+    json_bytes = offset  # the JSON header's size bounds how many elements its 'data' can hold
     inputs: list[InferInput] = []
     for position, raw in enumerate(raw_inputs):
         if not isinstance(raw, dict):
@@ -212,7 +215,8 @@ def decode_infer_request(
         params = _parameters(raw, f"input '{name}'")
         if "shared_memory_region" in params:
             raise InvalidInput(f"input '{name}': shared memory is not supported by this server")
-        reserve(_allocation(datatype, count, "binary_data_size" in params))
+        binary = "binary_data_size" in params
+        reserve(_allocation(datatype, count, binary, len(body) - offset if binary else json_bytes))
         if "binary_data_size" in params:
             if header_length is None:
                 raise InvalidInput(

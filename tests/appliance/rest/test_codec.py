@@ -198,8 +198,23 @@ def test_a_refused_reservation_stops_decoding_before_allocating():
         if size > 1000:
             raise Refused(size)
 
-    # 2^27 FP64 elements are within max_tensor_elements; the claim alone is refused (no 1 GiB array).
-    body = json.dumps({"inputs": [{"name": "x", "shape": [1 << 27], "datatype": "FP64", "data": [0.0]}]}).encode()
+    body = json.dumps({"inputs": [{"name": "x", "shape": [100_000], "datatype": "FP64", "data": [0] * 100_000}]})
     with pytest.raises(Refused) as raised:
-        decode_infer_request(body, reserve=refuse)
-    assert raised.value.args[0] == 8 << 27
+        decode_infer_request(body.encode(), reserve=refuse)
+    assert raised.value.args[0] == 8 * 100_000
+
+
+def test_a_shape_claim_alone_reserves_no_more_than_the_body_can_hold():
+    sizes: list[int] = []
+    # 2^27 FP64 elements claimed (1 GiB), one sent: the reservation is bounded by the body, and the
+    # request fails for what it is, a shape/data mismatch.
+    body = json.dumps({"inputs": [{"name": "x", "shape": [1 << 27], "datatype": "FP64", "data": [0.0]}]}).encode()
+    with pytest.raises(InvalidInput, match="needs 134217728 elements, 'data' has 1"):
+        decode_infer_request(body, reserve=sizes.append)
+    assert sizes == [8 * len(body)]
+    strings, length = _binary({"inputs": [{"name": "s", "shape": [1 << 27], "datatype": "BYTES",
+                                           "parameters": {"binary_data_size": 8}}]}, b"\0" * 8)
+    sizes.clear()
+    with pytest.raises(InvalidInput):
+        decode_infer_request(strings, length, reserve=sizes.append)
+    assert sizes[0] <= 2 * 41  # at most two 4-byte length prefixes fit in 8 bytes
