@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from appliance import __version__
+from appliance import __version__, log_limit
 from appliance.commands import cache, discover, explain, install_service, probe, stats, tune
 from appliance.errors import ApplianceError
 from appliance.settings import Settings, load_settings
@@ -72,6 +72,8 @@ def _setup_logging(settings: Settings) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    for handler in logging.getLogger().handlers:
+        log_limit.install(handler)  # a flood of one message (asyncio's accept errors...) stays a trickle
 
 
 def _run_serve(settings: Settings) -> int:

@@ -6,12 +6,14 @@ import asyncio
 import logging
 import signal
 import socket
+import time
 
 from aiohttp import web
 
 from appliance import __version__
 from appliance.rest.app import build_app, build_metrics_app
 from appliance.rest.keys import DATAPLANE
+from appliance.rest.server import ConnectionLimiter, HttpServer, fit_connections_to_descriptors
 from appliance.mdns.announcer import Announcer, box_id
 from appliance.service.notify import Notifier
 from appliance.settings import Settings
@@ -88,49 +90,49 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         loop.add_signal_handler(signal.SIGHUP, lambda: spawn(_reload(app, notifier, settings)))
-    # No access log: it costs more per request than the rest of the HTTP layer. Handler
-    # cancellation: a client that disconnects while queued is dropped from its model's queue.
-    runner = web.AppRunner(
-        app,
-        access_log=None,
-        handle_signals=False,
-        handler_cancellation=True,
-        shutdown_timeout=settings.shutdown_timeout,
-    )
-    await runner.setup()
-    metrics_runner: web.AppRunner | None = None
+    # One bound on connections over both ports, fitted under the file-descriptor limit.
+    limiter = ConnectionLimiter(fit_connections_to_descriptors(settings.max_connections))
+    server = HttpServer(app, limiter, settings.header_timeout)
+    await server.setup()
+    metrics_server: HttpServer | None = None
     announcer: Announcer | None = None
+    deadline: float | None = None
     try:
-        site = web.TCPSite(runner, settings.host, settings.http_port, reuse_address=True)
-        await site.start()
-        for address in runner.addresses:
+        await server.listen(settings.host, settings.http_port)
+        for address in server.addresses:
             log.info("appliance %s serving KServe v2 on http://%s:%d (state dir %s)",
                      __version__, _host(address[0]), address[1], settings.state_dir)
         if state.degraded:
             log.warning("%s", state.summary())
         if settings.metrics_port is not None and settings.metrics:
-            metrics_runner = web.AppRunner(build_metrics_app(app), access_log=None, handle_signals=False)
-            await metrics_runner.setup()
-            await web.TCPSite(metrics_runner, settings.host, settings.metrics_port, reuse_address=True).start()
-            for address in metrics_runner.addresses:
+            metrics = HttpServer(build_metrics_app(app), limiter, settings.header_timeout)
+            await metrics.setup()
+            metrics_server = metrics
+            await metrics_server.listen(settings.host, settings.metrics_port)
+            for address in metrics_server.addresses:
                 log.info("serving Prometheus metrics on http://%s:%d/metrics", _host(address[0]), address[1])
         spawn(_announce_ready(app, notifier))
         spawn(notifier.watchdog())
         if settings.mdns:
-            announcer = await _start_announcer(app, settings, state, runner.addresses[0][1])
+            announcer = await _start_announcer(app, settings, state, server.addresses[0][1])
         await stop.wait()
+        # One deadline for the whole stop, whatever each stage would allow on its own.
+        deadline = time.monotonic() + settings.shutdown_timeout
         notifier.stopping()
         if announcer is not None:
             await announcer.stop()  # goodbye first: clients stop picking this box while it drains
         log.info("stopping: finishing in-flight requests (up to %.0f s)", settings.shutdown_timeout)
     finally:
+        if deadline is None:
+            deadline = time.monotonic() + settings.shutdown_timeout
         for task in list(background):
             task.cancel()
         if announcer is not None:
             await announcer.stop()
-        # Stop accepting, let accepted requests (running or queued) finish, then tear the rest down.
-        if metrics_runner is not None:
-            await metrics_runner.cleanup()
-        await runner.cleanup()
+        # Stop accepting, let accepted requests (running or queued) finish by the deadline, then tear
+        # the rest down.
+        if metrics_server is not None:
+            await metrics_server.stop(deadline)
+        await server.stop(deadline)
         notifier.close()
     log.info("stopped")

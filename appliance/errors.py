@@ -18,8 +18,10 @@ __all__ = [
     "ModelNotFound",
     "ModelNotReady",
     "PayloadTooLarge",
+    "RequestTimeout",
     "Unauthorized",
     "Unavailable",
+    "UnsupportedEncoding",
     "UnsupportedMediaType",
 ]
 
@@ -42,6 +44,22 @@ class InvalidInput(ApplianceError):
 
 class PayloadTooLarge(ApplianceError):
     status = HTTPStatus.REQUEST_ENTITY_TOO_LARGE
+
+
+class RequestTimeout(ApplianceError):
+    """The client stopped sending its request; the connection is closed after the answer."""
+
+    status = HTTPStatus.REQUEST_TIMEOUT
+
+
+class UnsupportedEncoding(ApplianceError):
+    """A request body in a content coding the server cannot decode; ``accepted`` lists the ones it can."""
+
+    status = HTTPStatus.UNSUPPORTED_MEDIA_TYPE
+
+    def __init__(self, message: str, accepted: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.accepted = accepted
 
 
 class Unauthorized(ApplianceError):

@@ -49,7 +49,18 @@ class Settings:
     """IPv4 addresses of the interfaces to announce on; empty means all."""
     log_level: str = "INFO"
     max_request_bytes: int = 256 * 1024 * 1024
-    """Largest request body accepted (HTTP 413 above it)."""
+    """Largest request body accepted, as sent and once decompressed (HTTP 413 above it)."""
+    max_request_memory_bytes: int = 1024**3
+    """Request bytes held in memory at once over all requests: bodies as they arrive, decompressed
+    bodies, tensors decoded from JSON. Beyond it 503 with Retry-After; at least max_request_bytes."""
+    max_connections: int = 4096
+    """Client connections open at once (all ports); a connection beyond it gets a short 503 and is
+    closed. Kept below the file-descriptor limit (the unit's LimitNOFILE=)."""
+    header_timeout: float = 60.0
+    """Seconds a connection may take to send a complete request head, and may stay idle between
+    requests; then it is closed (nginx's client_header_timeout)."""
+    body_timeout: float = 60.0
+    """Seconds a request body may go without a byte arriving; then 408 (nginx's client_body_timeout)."""
     onnx_providers: tuple[str, ...] = ("CPUExecutionProvider",)
     """onnxruntime execution providers to try, in order of preference."""
     intra_op_threads: int = 0
@@ -80,7 +91,8 @@ class Settings:
     strict_readiness: bool = True
     """As Triton: the server is ready only when every model is ready."""
     shutdown_timeout: float = 10.0
-    """Seconds a stopping daemon waits for in-flight requests."""
+    """Seconds a stopping daemon waits for in-flight requests: one deadline for the whole stop (requests
+    still running then are cancelled; models get a second more to finish and close)."""
     auth_token: str | None = None
     """Bearer token for control endpoints (and inference when protect_inference); default: the token
     kept in <state_dir>/auth-token, created 0600 on first start."""
@@ -111,6 +123,17 @@ class Settings:
             raise ConfigError(f"http_port must be 0..65535, got {self.http_port}")
         if self.max_request_bytes < 1024:
             raise ConfigError(f"max_request_bytes must be at least 1024, got {self.max_request_bytes}")
+        if self.max_request_memory_bytes < self.max_request_bytes:
+            raise ConfigError(
+                f"max_request_memory_bytes ({self.max_request_memory_bytes}) must be at least max_request_bytes "
+                f"({self.max_request_bytes}): one request of the largest size must fit; raise it or lower "
+                "max_request_bytes"
+            )
+        if self.max_connections < 1:
+            raise ConfigError(f"max_connections must be at least 1, got {self.max_connections}")
+        for name in ("header_timeout", "body_timeout"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
         if self.model_control_mode not in ("none", "poll", "explicit"):
             raise ConfigError(
                 f"model_control_mode must be none, poll or explicit, got {self.model_control_mode!r}"

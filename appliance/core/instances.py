@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -70,7 +71,10 @@ class InstancePool:
                 error: BaseException | None = None
             except BaseException as exc:  # handed to the waiter, never lost in the thread
                 result, error = None, exc
-            loop.call_soon_threadsafe(self._finish, index, future, result, error)
+            try:
+                loop.call_soon_threadsafe(self._finish, index, future, result, error)
+            except RuntimeError:  # the loop is closed: the daemon stopped without waiting for this batch
+                pass
 
         self._inboxes[index].put(run)
         return future
@@ -112,14 +116,24 @@ class InstancePool:
             await asyncio.sleep(0.01)
         return True
 
-    def close(self) -> list[BaseException]:
-        """Stop the threads and close the backends (blocking); returns errors instead of raising."""
+    def close(self, timeout: float | None = None) -> list[BaseException]:
+        """Stop the threads and close the backends (blocking); returns errors instead of raising.
+
+        With a ``timeout``, an instance whose thread is still running a batch when it expires is left
+        alone (reported as a TimeoutError): closing a runtime under a running call is not safe, and its
+        daemon thread ends with the process."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         errors: list[BaseException] = []
         for inbox in self._inboxes:
             inbox.put(None)
-        for thread in self._threads:
-            thread.join()
-        for backend in self._backends:
+        for thread, backend in zip(self._threads, self._backends):
+            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            if thread.is_alive():
+                errors.append(TimeoutError(
+                    f"instance {thread.name} was still running a batch when its time to close ran out; "
+                    "left running until the process exits"
+                ))
+                continue
             try:
                 backend.close()
             except Exception as exc:

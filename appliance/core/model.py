@@ -121,5 +121,5 @@ class ModelVersion:
             await asyncio.sleep(0.01)
         return await self.scheduler.drain(max(0.0, deadline - time.monotonic()))
 
-    async def close(self) -> list[BaseException]:
-        return await self.scheduler.close()
+    async def close(self, timeout: float | None = None) -> list[BaseException]:
+        return await self.scheduler.close(timeout)

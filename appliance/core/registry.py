@@ -7,6 +7,7 @@ import dataclasses
 import enum
 import logging
 import re
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from collections.abc import Callable
@@ -270,12 +271,14 @@ class ModelRegistry:
         return sum(1 for e in self._models.values() if e.state is ModelState.READY)
 
     async def close(self, timeout: float) -> list[BaseException]:
-        """Let in-flight requests finish (bounded by ``timeout``), then free every instance."""
+        """Let in-flight requests finish, then free every instance, all within ``timeout``; an instance
+        still busy then is left running (reported in the errors) rather than waited for."""
+        deadline = time.monotonic() + timeout
         models = self.ready_versions()
         await asyncio.gather(*(m.drain(timeout) for m in models))
         errors: list[BaseException] = []
         for model in models:
-            errors.extend(await model.close())
+            errors.extend(await model.close(max(0.0, deadline - time.monotonic())))
             self._emit("model_unloaded", model.name, model.version, {})
         for entry in self._models.values():
             entry.versions.clear()

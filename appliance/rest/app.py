@@ -17,6 +17,7 @@ import hardware_probe
 from hardware_probe import ProbeReport
 
 from appliance.backends import RuntimeOptions
+from appliance.budget import MemoryBudget
 from appliance.core.dataplane import DataPlane
 from appliance.core.registry import ModelRegistry
 from appliance.errors import ConfigError, Unavailable
@@ -24,12 +25,13 @@ from appliance.examples import ensure_example_repository, example_repository
 from appliance.rest import security
 from appliance.rest.errors import error_middleware
 from appliance.rest.browser import host_policy
-from appliance.rest.handlers import CONTROL_HANDLERS, OPEN_HANDLERS, ROUTES
+from appliance.rest.handlers import CONTROL_HANDLERS, OPEN_HANDLERS, ROUTES, UNLIMITED_HANDLERS
 from appliance import __version__
 from appliance.metrics.service import MetricsService
 from appliance.metrics.store import Retention
+from appliance.rest.body import BodyLimits
 from appliance.rest.codec import DecodeLimits
-from appliance.rest.keys import DATAPLANE, LIMITS, METRICS, SETTINGS, STATE
+from appliance.rest.keys import BODY_LIMITS, BUDGET, DATAPLANE, LIMITS, METRICS, SETTINGS, STATE
 from appliance.selection import Selector
 from appliance.selection.selector import SelectionSettings, open_cache
 from appliance.settings import Settings
@@ -38,6 +40,12 @@ from appliance.state import StateDir
 __all__ = ["build_app", "resolve_repository"]
 
 log = logging.getLogger(__name__)
+
+# What models get to finish and close when the application is cleaned up. The HTTP server has stopped
+# by then: every request finished or was cancelled at the shutdown deadline, so what is left is at most
+# a batch that a cancelled request left running in a runtime; waiting a second shutdown_timeout for it
+# would double the stop.
+_CLOSE_GRACE = 1.0
 
 
 def resolve_repository(settings: Settings) -> Path:
@@ -144,7 +152,7 @@ async def _models_ctx(app: web.Application) -> AsyncIterator[None]:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-        for error in await registry.close(settings.shutdown_timeout):
+        for error in await registry.close(_CLOSE_GRACE):
             log.error("error while closing a model: %s", error)
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
@@ -184,6 +192,7 @@ def access_rules(settings: Settings, token: str) -> security.AccessRules:
         token=token,
         control=CONTROL_HANDLERS,
         open=OPEN_HANDLERS,
+        unlimited=UNLIMITED_HANDLERS,
         exempt=security.parse_networks(settings.auth_exempt_networks),
         trusted_proxies=security.parse_networks(settings.trusted_proxies),
         protect_inference=settings.protect_inference,
@@ -197,6 +206,8 @@ def build_app(settings: Settings, state: StateDir | None = None) -> web.Applicat
     app[SETTINGS] = settings
     app[STATE] = state or StateDir.check(settings.state_dir)
     app[LIMITS] = DecodeLimits(settings.max_tensor_elements, settings.max_inputs)
+    app[BODY_LIMITS] = BodyLimits(settings.max_request_bytes, settings.body_timeout)
+    app[BUDGET] = MemoryBudget(settings.max_request_memory_bytes)
     security.install(app, access_rules(settings, _control_token(settings, app[STATE])))
     app.cleanup_ctx.append(_metrics_ctx)
     app.cleanup_ctx.append(_models_ctx)
@@ -208,7 +219,8 @@ def build_metrics_app(main: web.Application) -> web.Application:
     """The separate metrics port (Triton's 8002): /metrics of the main application, nothing else."""
     app = web.Application(middlewares=[error_middleware])
     app[SETTINGS] = main[SETTINGS]
-    security.install(app, main[security.ACCESS])  # the same token and Host rules as the main port
+    # The same token and Host rules as the main port; scrapes stay outside the request bound.
+    security.install(app, main[security.ACCESS], limit_requests=False)
 
     async def metrics(request: web.Request) -> web.Response:
         service = main.get(METRICS)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -46,6 +47,22 @@ class DecodeLimits:
 
 
 _DEFAULT_LIMITS = DecodeLimits()
+# What one BYTES element costs beyond its text: a pointer in the object array and a bytes object.
+_BYTES_ELEMENT_OVERHEAD = 8 + 33
+
+
+def _allocation(datatype: str, count: int, binary: bool, available: int) -> int:
+    """Bytes that decoding one input allocates beyond the body, bounded by what the ``available`` bytes
+    can hold (so a shape claim alone reserves nothing): a JSON element takes at least a byte of text, a
+    binary BYTES element its 4-byte length prefix; binary fixed-size tensors are views of the body."""
+    itemsize = element_size(datatype)
+    if itemsize is None:
+        return min(count, available // 4 if binary else available) * _BYTES_ELEMENT_OVERHEAD
+    return 0 if binary else min(count, available) * itemsize
+
+
+def _ignore(size: int) -> None:
+    pass
 
 
 def _parse_header(body: bytes, header_length: int | None) -> dict[str, Any]:
@@ -178,9 +195,15 @@ def _decode_binary_data(
 
 
 def decode_infer_request(
-    body: bytes, header_length: int | None = None, limits: DecodeLimits = _DEFAULT_LIMITS
+    body: bytes,
+    header_length: int | None = None,
+    limits: DecodeLimits = _DEFAULT_LIMITS,
+    reserve: Callable[[int], None] = _ignore,
 ) -> InferRequest:
-    """Decode a v2 infer body; ``header_length`` is the Inference-Header-Content-Length, if sent."""
+    """Decode a v2 infer body; ``header_length`` is the Inference-Header-Content-Length, if sent.
+
+    ``reserve(size)`` is called with the bytes each input will allocate, after its shape is checked and
+    before anything is allocated; it may raise to refuse (the transport's memory budget does)."""
     header = _parse_header(body, header_length)
     raw_inputs = header.get("inputs")
     if not isinstance(raw_inputs, list) or not raw_inputs:
@@ -189,6 +212,7 @@ def decode_infer_request(
         raise InvalidInput(f"the request has {len(raw_inputs)} inputs; at most {limits.max_inputs} are allowed")
     view = memoryview(body)
     offset = len(body) if header_length is None else header_length
+    json_bytes = offset  # the JSON header's size bounds how many elements its 'data' can hold
     inputs: list[InferInput] = []
     for position, raw in enumerate(raw_inputs):
         if not isinstance(raw, dict):
@@ -207,6 +231,8 @@ def decode_infer_request(
         params = _parameters(raw, f"input '{name}'")
         if "shared_memory_region" in params:
             raise InvalidInput(f"input '{name}': shared memory is not supported by this server")
+        binary = "binary_data_size" in params
+        reserve(_allocation(datatype, count, binary, len(body) - offset if binary else json_bytes))
         if "binary_data_size" in params:
             if header_length is None:
                 raise InvalidInput(

@@ -9,10 +9,17 @@ from http import HTTPStatus
 import orjson
 from aiohttp import web
 
-from appliance.errors import ApplianceError, PayloadTooLarge, Unauthorized, Unavailable
+from appliance.errors import (
+    ApplianceError,
+    RequestTimeout,
+    Unauthorized,
+    Unavailable,
+    UnsupportedEncoding,
+)
+from appliance.rest.body import too_large
 from appliance.rest.keys import SETTINGS
 
-__all__ = ["error_middleware", "error_response", "too_large"]
+__all__ = ["error_middleware", "error_response"]
 
 log = logging.getLogger(__name__)
 
@@ -26,19 +33,16 @@ def error_response(status: int, message: str, headers: dict[str, str] | None = N
     )
 
 
-def too_large(limit: int) -> PayloadTooLarge:
-    return PayloadTooLarge(
-        f"request body is larger than the {limit}-byte limit; send a smaller batch or raise the "
-        "server's max_request_bytes setting (APPLIANCE_MAX_REQUEST_BYTES)"
-    )
-
-
 def _from_appliance(exc: ApplianceError) -> web.Response:
     headers = None
     if isinstance(exc, Unavailable) and exc.retry_after is not None:
         headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after)))}
     elif isinstance(exc, Unauthorized):
         headers = {"WWW-Authenticate": 'Bearer realm="appliance"'}
+    elif isinstance(exc, UnsupportedEncoding):
+        headers = {"Accept-Encoding": ", ".join(exc.accepted)}  # RFC 7694
+    elif isinstance(exc, RequestTimeout):
+        headers = {"Connection": "close"}  # the rest of a stalled body is not waited for
     return error_response(exc.status, exc.message, headers)
 
 

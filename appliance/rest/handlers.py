@@ -11,17 +11,19 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from appliance.budget import Account
 from appliance.dashboard import STATIC_DIR
 from appliance.metrics.history import history
 from appliance.core.model import ModelVersion
 from appliance.core.types import InferRequest
 from appliance.errors import InvalidInput
+from appliance.rest.body import read_body
 from appliance.rest.codec import HEADER_LENGTH, decode_infer_request, encode_infer_response, parse_json_object
-from appliance.rest.errors import error_response, too_large
-from appliance.rest.keys import DATAPLANE, LIMITS, METRICS, SETTINGS, STATE
+from appliance.rest.errors import error_response
+from appliance.rest.keys import BODY_LIMITS, BUDGET, DATAPLANE, LIMITS, METRICS, SETTINGS, STATE
 from appliance.rest.openapi import openapi_document
 
-__all__ = ["CONTROL_HANDLERS", "OPEN_HANDLERS", "ROUTES"]
+__all__ = ["CONTROL_HANDLERS", "OPEN_HANDLERS", "ROUTES", "UNLIMITED_HANDLERS"]
 
 _DIGITS = re.compile(r"[0-9]{1,15}")  # ASCII only: str.isdigit() also takes '²'
 _MAX_UNIX_TIME = 1 << 36  # the year 4147: far enough, and SQLite's integers hold it
@@ -81,29 +83,29 @@ def _header_length(request: web.Request) -> int | None:
     return int(raw)
 
 
-async def _read_body(request: web.Request) -> bytes:
-    limit = request.app[SETTINGS].max_request_bytes
-    if request.content_length is not None and request.content_length > limit:
-        raise too_large(limit)
-    return await request.read()
+async def _read_body(request: web.Request, account: Account) -> bytes:
+    return await read_body(request, account, request.app[BODY_LIMITS])
 
 
 async def infer(request: web.Request) -> web.Response:
     dataplane = request.app[DATAPLANE]
     # Looked up (404/503) before the body is read, and held until the response: a reload or unload
     # lets this request finish on the version it started with.
-    with dataplane.model(*_model_args(request)).in_use() as model:
-        return await _infer(request, model)
+    # The request's bytes in memory (body, decoded tensors) count against the budget until it answers.
+    with dataplane.model(*_model_args(request)).in_use() as model, request.app[BUDGET].account() as account:
+        return await _infer(request, model, account)
 
 
-async def _infer(request: web.Request, model: ModelVersion) -> web.Response:
+async def _infer(request: web.Request, model: ModelVersion, account: Account) -> web.Response:
     header_length = _header_length(request)
-    body = await _read_body(request)
+    body = await _read_body(request, account)
     limits = request.app[LIMITS]
     if len(body) > _DECODE_OFF_LOOP_BYTES:
-        decoded: InferRequest = await asyncio.to_thread(decode_infer_request, body, header_length, limits)
+        decoded: InferRequest = await asyncio.to_thread(
+            decode_infer_request, body, header_length, limits, account.reserve
+        )
     else:
-        decoded = decode_infer_request(body, header_length, limits)
+        decoded = decode_infer_request(body, header_length, limits, account.reserve)
     response = await model.infer(decoded)
     payload, json_length = encode_infer_response(response, decoded)
     if json_length is None:
@@ -188,8 +190,9 @@ async def _optional_json(request: web.Request, expected: str) -> dict:
     """The body as a JSON object; an absent or blank body is ``{}``."""
     if not request.can_read_body:
         return {}
-    raw = await _read_body(request)
-    return parse_json_object(raw, expected) if raw.strip() else {}
+    with request.app[BUDGET].account() as account:
+        raw = await _read_body(request, account)
+        return parse_json_object(raw, expected) if raw.strip() else {}
 
 
 async def load_model(request: web.Request) -> web.Response:
@@ -249,3 +252,4 @@ ROUTES = [
 # and passes the browser checks; open needs nothing even when inference is protected.
 CONTROL_HANDLERS = frozenset({load_model, unload_model})
 OPEN_HANDLERS = frozenset({server_live, server_ready, server_health})
+UNLIMITED_HANDLERS = frozenset({server_live, server_ready, server_health, prometheus_metrics})

@@ -74,7 +74,7 @@ def _model_paths() -> dict[str, Any]:
                                                        parameters=parameters)}
         paths[prefix + "/infer"] = {"post": _operation(
             "Inference (JSON, or Triton's binary tensor extension with Inference-Header-Content-Length)",
-            _JSON, body=_INFER_BODY, parameters=parameters, errors=(400, 401, 404, 413, 500, 503))}
+            _JSON, body=_INFER_BODY, parameters=parameters, errors=(400, 401, 404, 408, 413, 415, 500, 503))}
         paths[prefix + "/stats"] = {"get": _operation("Statistics (Triton's statistics extension)", _JSON,
                                                       parameters=parameters)}
         paths[prefix + "/selection"] = {"get": _operation("Measured plan selection for the model", _JSON,

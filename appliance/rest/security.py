@@ -100,6 +100,9 @@ class AccessRules:
     """Handlers that need nothing, even with protect_inference (health)."""
     exempt: tuple[Network, ...]
     trusted_proxies: tuple[Network, ...] = ()
+    unlimited: frozenset[Callable[..., Any]] = frozenset()
+    """Handlers outside max_concurrent_requests: a box busy with (or flooded by) requests still answers
+    its health checks and metrics."""
     protect_inference: bool = False
     hosts: HostPolicy = dataclasses.field(default_factory=lambda: HostPolicy(frozenset(), any_host=True))
 
@@ -158,6 +161,8 @@ def _in(address: str | None, networks: tuple[Network, ...]) -> bool:
 @web.middleware
 async def concurrency_middleware(request: web.Request, handler) -> web.StreamResponse:
     app = request.app
+    if request.match_info.handler in app[ACCESS].unlimited:
+        return await handler(request)
     limit = app[SETTINGS].max_concurrent_requests
     state = app[_IN_FLIGHT]
     if state[0] >= limit:
@@ -176,9 +181,10 @@ _IN_FLIGHT = web.AppKey("in_flight", list)
 ACCESS = web.AppKey("access", AccessRules)
 
 
-def install(app: web.Application, rules: AccessRules) -> None:
+def install(app: web.Application, rules: AccessRules, limit_requests: bool = True) -> None:
     """Add the middlewares (auth first, then the in-flight bound) to an application being built."""
     app[ACCESS] = rules
     app[_IN_FLIGHT] = [0]
     app.middlewares.append(make_auth_middleware(rules))
-    app.middlewares.append(concurrency_middleware)
+    if limit_requests:
+        app.middlewares.append(concurrency_middleware)

@@ -31,6 +31,9 @@ WatchdogSec=30
 TimeoutStopSec=45
 Environment=APPLIANCE_SHUTDOWN_TIMEOUT=30
 Environment=APPLIANCE_HOST={host}
+# One descriptor per client connection: room for max_connections (default 4096) and the daemon's own
+# files; systemd's default soft limit (1024) would let a few slow clients exhaust it.
+LimitNOFILE=16384
 
 # State (metrics history, model cache, example repository) and cache, owned by a dynamic user.
 DynamicUser=yes

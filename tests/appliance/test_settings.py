@@ -45,3 +45,22 @@ def test_unknown_key_in_file(tmp_path):
     file.write_text("http_prot = 1\n")
     with pytest.raises(ConfigError, match="unknown setting"):
         load_settings({}, {}, file)
+
+
+def test_transport_limit_defaults():
+    settings = load_settings({}, {"HOME": "/home/u"})
+    assert settings.max_request_memory_bytes == 1024**3 >= settings.max_request_bytes
+    assert settings.max_connections == 4096
+    assert settings.header_timeout == settings.body_timeout == 60.0
+
+
+@pytest.mark.parametrize("env,message", [
+    ({"APPLIANCE_MAX_REQUEST_BYTES": "2048", "APPLIANCE_MAX_REQUEST_MEMORY_BYTES": "1024"},
+     "max_request_memory_bytes .* must be at least max_request_bytes"),
+    ({"APPLIANCE_MAX_CONNECTIONS": "0"}, "max_connections must be at least 1"),
+    ({"APPLIANCE_HEADER_TIMEOUT": "0"}, "header_timeout must be > 0"),
+    ({"APPLIANCE_BODY_TIMEOUT": "-1"}, "body_timeout must be > 0"),
+])
+def test_transport_limits_are_validated(env, message):
+    with pytest.raises(ConfigError, match=message):
+        load_settings({}, env)

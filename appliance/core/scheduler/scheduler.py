@@ -70,16 +70,16 @@ class Scheduler:
             await asyncio.sleep(0.01)
         return await self.pool.drain(max(deadline - self._loop.time(), 0.0))
 
-    async def close(self) -> list[BaseException]:
+    async def close(self, timeout: float | None = None) -> list[BaseException]:
         """Fail whatever is still queued, then stop the instances (their threads are joined off the
-        event loop); returns the errors instead of raising them."""
+        event loop, within ``timeout`` when given); returns the errors instead of raising them."""
         self._closing = True
         if self._task is not None:
             self._task.cancel()
         for pending in list(self._queue):
             self._queue.remove(pending)
             self._complete(pending, None, Unavailable(f"model {self.label} was unloaded before this request ran"))
-        return await asyncio.to_thread(self.pool.close)
+        return await asyncio.to_thread(self.pool.close, timeout)
 
     # -- the request side --------------------------------------------------------------------
 

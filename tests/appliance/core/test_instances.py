@@ -58,3 +58,35 @@ async def test_cancelled_waiter_does_not_free_a_busy_instance():
     assert backend.max_active == 1
     assert await pool.drain(timeout=5)
     pool.close()
+
+
+async def test_close_with_a_timeout_leaves_a_busy_instance_running():
+    busy, idle = FakeBackend(delay=1.5), FakeBackend()
+    pool = InstancePool("m", [busy, idle])
+    pool.start()
+    index = await pool.acquire()
+    assert index == 0
+    running = pool.execute(index, _double)
+    await asyncio.sleep(0.05)
+    started = asyncio.get_running_loop().time()
+    errors = await asyncio.to_thread(pool.close, 0.3)
+    assert asyncio.get_running_loop().time() - started < 1.0  # not the 1.5 s the batch takes
+    assert len(errors) == 1 and isinstance(errors[0], TimeoutError) and "m#0" in str(errors[0])
+    assert idle.closed and not busy.closed  # a runtime is never closed under a running call
+    await running  # the batch still ends well (and before this test's loop closes)
+
+
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_batch_that_ends_after_its_loop_closed_is_dropped_quietly():
+    backend = FakeBackend(delay=0.3)
+    pool = InstancePool("m", [backend])
+    loop = asyncio.new_event_loop()
+
+    async def start_and_leave() -> None:
+        pool.start()
+        pool.execute(await pool.acquire(), _double)
+
+    loop.run_until_complete(start_and_leave())
+    loop.close()  # as when the daemon stops without waiting for a stuck batch
+    errors = pool.close(timeout=5)
+    assert errors == [] and backend.closed

@@ -176,3 +176,46 @@ def test_binary_data_output_makes_every_output_binary():
     header = json.loads(body[:length])
     assert all("data" not in o for o in header["outputs"])
     assert len(body) - length == sum(o["parameters"]["binary_data_size"] for o in header["outputs"])
+
+
+def test_reserve_hears_each_allocation_before_it_happens():
+    header = {"inputs": [
+        {"name": "json", "shape": [2, 3], "datatype": "FP64", "data": [1, 2, 3, 4, 5, 6]},
+        {"name": "view", "shape": [4], "datatype": "INT32", "parameters": {"binary_data_size": 16}},
+        {"name": "text", "shape": [2], "datatype": "BYTES", "data": ["a", "b"]},
+    ]}
+    body, length = _binary(header, np.arange(4, dtype=np.int32).tobytes())
+    sizes: list[int] = []
+    decode_infer_request(body, length, reserve=sizes.append)
+    assert sizes[0] == 6 * 8 and sizes[1] == 0  # binary fixed-size tensors are views of the body
+    assert sizes[2] >= 2 * 8  # at least the object array's pointers
+
+
+def test_a_refused_reservation_stops_decoding_before_allocating():
+    class Refused(Exception):
+        pass
+
+    def refuse(size: int) -> None:
+        if size > 1000:
+            raise Refused(size)
+
+    body = json.dumps({"inputs": [{"name": "x", "shape": [100_000], "datatype": "FP64", "data": [0] * 100_000}]})
+    with pytest.raises(Refused) as raised:
+        decode_infer_request(body.encode(), reserve=refuse)
+    assert raised.value.args[0] == 8 * 100_000
+
+
+def test_a_shape_claim_alone_reserves_no_more_than_the_body_can_hold():
+    sizes: list[int] = []
+    # 2^27 FP64 elements claimed (1 GiB), one sent: the reservation is bounded by the body, and the
+    # request fails for what it is, a shape/data mismatch.
+    body = json.dumps({"inputs": [{"name": "x", "shape": [1 << 27], "datatype": "FP64", "data": [0.0]}]}).encode()
+    with pytest.raises(InvalidInput, match="needs 134217728 elements, 'data' has 1"):
+        decode_infer_request(body, reserve=sizes.append)
+    assert sizes == [8 * len(body)]
+    strings, length = _binary({"inputs": [{"name": "s", "shape": [1 << 27], "datatype": "BYTES",
+                                           "parameters": {"binary_data_size": 8}}]}, b"\0" * 8)
+    sizes.clear()
+    with pytest.raises(InvalidInput):
+        decode_infer_request(strings, length, reserve=sizes.append)
+    assert sizes[0] <= 2 * 41  # at most two 4-byte length prefixes fit in 8 bytes

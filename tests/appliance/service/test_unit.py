@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from appliance.service.unit import render_unit
+from appliance.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[3]
 needs_systemd = pytest.mark.skipif(shutil.which("systemd-analyze") is None,
@@ -47,3 +48,8 @@ def test_install_service_writes_this_venvs_executable(tmp_path):
     executable = Path(sys.executable).with_name("appliance")
     assert f"ExecStart={executable} serve --model-repository /srv/models" in text
     assert "Type=notify" in text and "systemctl daemon-reload" in result.stdout
+
+
+def test_descriptor_limit_leaves_room_for_max_connections():
+    limit = int(re.search(r"^LimitNOFILE=(\d+)$", render_unit(), re.MULTILINE).group(1))
+    assert limit >= Settings(state_dir=Path("/tmp")).max_connections + 1024

@@ -1,0 +1,245 @@
+"""The HTTP server around an application: a bound on open connections, a bound on the time a connection
+may take to send its request head, and a stop that keeps to one deadline.
+
+- **Connections** (``max_connections``, shared by every port of the daemon): each accepted connection is
+  counted until it closes; beyond the bound a new one gets a short 503 and is closed at once, never
+  queued behind the others and never handed to aiohttp (so it counts against no request limit).
+- **Request heads** (``header_timeout``, nginx's client_header_timeout): aiohttp arms its keep-alive
+  timer when a connection opens and closes a connection that is still waiting for a complete request
+  head when it fires, so its ``keepalive_timeout`` is the header timeout (and bounds idle keep-alive
+  connections as well). Bodies have their own timeout in ``appliance.rest.body``.
+- **Stop**: listening stops, idle connections close, requests in progress get until the deadline, the
+  rest are cancelled, then the application's cleanup runs (see ``appliance.rest.app`` for its grace).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import resource
+import time
+import weakref
+from collections.abc import Callable
+
+import orjson
+from aiohttp import web
+
+__all__ = ["ConnectionLimiter", "HttpServer", "fit_connections_to_descriptors"]
+
+log = logging.getLogger(__name__)
+
+# File descriptors kept for everything but client connections: models, SQLite, pipes to model
+# processes, sockets of refused connections.
+_DESCRIPTOR_RESERVE = 256
+# What connections that are still open at the stop deadline get to finish after being cancelled.
+_CANCEL_GRACE = 0.5
+# A refused connection is answered and closed; its socket lingers this long at most, so the 503 is
+# read rather than lost to a reset, and no more than this many linger at once.
+_REFUSAL_LINGER = 1.0
+_MAX_LINGERING_REFUSALS = 64
+
+
+def fit_connections_to_descriptors(max_connections: int) -> int:
+    """Raise this process's soft limit on file descriptors as far as ``max_connections`` needs (up to
+    the hard limit) and return the connection bound that fits under it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = max_connections + _DESCRIPTOR_RESERVE
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError) as exc:
+            log.warning("cannot raise the file-descriptor limit from %d to %d: %s", soft, target, exc)
+    if soft == resource.RLIM_INFINITY or soft >= wanted:
+        return max_connections
+    fitting = max(1, soft - _DESCRIPTOR_RESERVE)
+    log.warning(
+        "max_connections is %d but the file-descriptor limit is %d (hard limit %d): serving at most %d "
+        "connections; raise the limit (LimitNOFILE= in the unit, ulimit -n) or lower max_connections",
+        max_connections, soft, hard, fitting,
+    )
+    return fitting
+
+
+class ConnectionLimiter:
+    """Counts open connections over every server it wraps and turns away those beyond ``limit``."""
+
+    def __init__(self, limit: int) -> None:
+        if limit < 1:
+            raise ValueError(f"a connection limit must be at least 1, got {limit}")
+        self.limit = limit
+        self.open = 0
+        self.refused = 0
+        self._lingering = 0
+        self._refusal = _refusal_response(limit)
+
+    def wrap(self, factory: Callable[[], asyncio.Protocol]) -> Callable[[], asyncio.Protocol]:
+        """A protocol factory for ``loop.create_server`` in front of ``factory`` (aiohttp's server)."""
+
+        def make() -> asyncio.Protocol:
+            if self.open >= self.limit:
+                self.refused += 1
+                log.warning("refused a connection: %d are open (max_connections); answered 503", self.open)
+                return _Refusal(self)
+            self.open += 1
+            return _Counted(factory(), self._release)
+
+        return make
+
+    def _release(self) -> None:
+        self.open -= 1
+
+
+class _Counted(asyncio.Protocol):
+    """aiohttp's protocol for one connection, unchanged, plus giving back the connection's slot once."""
+
+    __slots__ = ("_inner", "_done", "__weakref__")
+
+    def __init__(self, inner: asyncio.Protocol, release: Callable[[], None]) -> None:
+        self._inner = inner
+        # Released when the connection is lost, or when this object goes away without ever having
+        # been connected (asyncio could not make a transport for the accepted socket).
+        self._done = weakref.finalize(self, release)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._inner.connection_made(transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        try:
+            self._inner.connection_lost(exc)
+        finally:
+            self._done()
+
+    def data_received(self, data: bytes) -> None:
+        self._inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self._inner.eof_received()
+
+    def pause_writing(self) -> None:
+        self._inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self._inner.resume_writing()
+
+
+def _refusal_response(limit: int) -> bytes:
+    body = orjson.dumps({"error": f"the server has {limit} connections open (max_connections); retry shortly"})
+    head = (
+        "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
+        f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+class _Refusal(asyncio.Protocol):
+    """Answers 503 and closes without reading the request (what was sent is read and dropped for a
+    moment so that closing does not reset the connection before the client reads the answer)."""
+
+    def __init__(self, limiter: ConnectionLimiter) -> None:
+        self._limiter = limiter
+        self._lingers = False
+        self._timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        transport.write(self._limiter._refusal)
+        if self._limiter._lingering >= _MAX_LINGERING_REFUSALS:
+            transport.close()
+            return
+        try:
+            transport.write_eof()
+        except OSError:  # the client is gone already
+            transport.close()
+            return
+        self._limiter._lingering += 1
+        self._lingers = True
+        self._timer = asyncio.get_running_loop().call_later(_REFUSAL_LINGER, transport.close)
+
+    def data_received(self, data: bytes) -> None:
+        pass
+
+    def eof_received(self) -> bool:
+        return False  # the client is done: close
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._lingers:
+            self._limiter._lingering -= 1
+
+
+class _LimitedSite(web.BaseSite):
+    """A TCP site whose connections go through a ``ConnectionLimiter``."""
+
+    def __init__(self, runner: web.AppRunner, host: str, port: int, limiter: ConnectionLimiter) -> None:
+        super().__init__(runner)
+        self._host = host
+        self._port = port
+        self._limiter = limiter
+
+    @property
+    def name(self) -> str:
+        return f"http://{self._host}:{self._port}"
+
+    async def start(self) -> None:
+        await super().start()
+        server = self._runner.server
+        assert server is not None, "the runner is set up before its sites start"
+        self._server = await asyncio.get_running_loop().create_server(
+            self._limiter.wrap(server), self._host, self._port, reuse_address=True,
+        )
+
+
+class HttpServer:
+    """One application served over TCP with the limits above; ``setup`` starts the application (its
+    cleanup contexts), ``listen`` binds, ``stop`` keeps to a deadline."""
+
+    def __init__(self, app: web.Application, limiter: ConnectionLimiter, header_timeout: float) -> None:
+        self._limiter = limiter
+        # No access log: it costs more per request than the rest of the HTTP layer. Handler
+        # cancellation: a client that disconnects while queued is dropped from its model's queue.
+        # No automatic decompression: appliance.rest.body inflates bodies with a bound, off the loop.
+        self._runner = web.AppRunner(
+            app,
+            access_log=None,
+            handle_signals=False,
+            handler_cancellation=True,
+            keepalive_timeout=header_timeout,
+            auto_decompress=False,
+            shutdown_timeout=_CANCEL_GRACE,
+        )
+
+    @property
+    def addresses(self) -> list:
+        return self._runner.addresses
+
+    async def setup(self) -> None:
+        await self._runner.setup()
+
+    async def listen(self, host: str, port: int) -> None:
+        await _LimitedSite(self._runner, host, port, self._limiter).start()
+
+    async def stop(self, deadline: float) -> None:
+        """Stop listening, close idle connections, give requests in progress until ``deadline``
+        (``time.monotonic()``), cancel what is left, then clean the application up."""
+        for site in list(self._runner.sites):
+            await site.stop()
+        server = self._runner.server
+        if server is not None:
+            server.pre_shutdown()
+            # aiohttp's per-connection shutdown waits its timeout for the request, then as long again
+            # after cancelling it: bound it by the deadline instead, then close what is still busy (with
+            # handler cancellation, that cancels its handler at once).
+            remaining = deadline - time.monotonic()
+            waits = {asyncio.ensure_future(c.shutdown(max(remaining, 0.01))): c for c in server.connections}
+            if waits:
+                _, late = await asyncio.wait(waits, timeout=max(remaining, 0.0))
+                for wait in late:
+                    wait.cancel()
+                    waits[wait].force_close()
+                await asyncio.gather(*late, return_exceptions=True)
+                if late:
+                    log.warning("%d request(s) still running at the shutdown deadline: cancelled", len(late))
+        await self._runner.cleanup()

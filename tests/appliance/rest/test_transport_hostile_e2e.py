@@ -1,0 +1,307 @@
+"""Hostile clients at the transport: slow heads, slow bodies, too many connections, compression bombs and
+more request bytes than the memory budget. Each gets its 4xx/503 (or its connection closed), and all the
+while the daemon stays healthy: /v2/health/live answers within 1 s and RSS stays within 200 MiB of
+where it was. The daemon runs with small limits (and a capped address space) so that this is quick."""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import http.client
+import re
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as triton
+
+from appliance.examples import build_example_repository
+from tests.http_util import call
+
+HEADER_TIMEOUT = 2.0
+BODY_TIMEOUT = 2.0
+MAX_CONNECTIONS = 64
+MAX_CONCURRENT = 8
+MAX_BYTES = 8 << 20
+MEMORY_BUDGET = 24 << 20
+ADDRESS_SPACE = 4 << 30  # the daemon's own needs (~1.1 GiB) and room; a bomb that escapes fails fast
+RSS_SLACK_MIB = 200
+
+GOOD = {"inputs": [{"name": "INPUT0", "shape": [1, 16], "datatype": "INT32", "data": list(range(16))},
+                   {"name": "INPUT1", "shape": [1, 16], "datatype": "INT32", "data": [1] * 16}]}
+INFER = "/v2/models/simple/infer"
+
+
+@pytest.fixture(scope="module")
+def daemon(module_daemon, tmp_path_factory):
+    repository = build_example_repository(tmp_path_factory.mktemp("x") / "repo")
+    daemon = module_daemon(repository, prefix=("prlimit", f"--as={ADDRESS_SPACE}"), env={
+        "APPLIANCE_HEADER_TIMEOUT": str(HEADER_TIMEOUT),
+        "APPLIANCE_BODY_TIMEOUT": str(BODY_TIMEOUT),
+        "APPLIANCE_MAX_CONNECTIONS": str(MAX_CONNECTIONS),
+        "APPLIANCE_MAX_CONCURRENT_REQUESTS": str(MAX_CONCURRENT),
+        "APPLIANCE_MAX_REQUEST_BYTES": str(MAX_BYTES),
+        "APPLIANCE_MAX_REQUEST_MEMORY_BYTES": str(MEMORY_BUDGET),
+    })
+    for _ in range(3):  # warm the allocator up before anyone measures
+        assert call(daemon.port, "POST", INFER, GOOD)[0] == 200
+    return daemon
+
+
+def _rss_mib(pid: int) -> float:
+    return int(re.search(r"VmRSS:\s+(\d+)", Path(f"/proc/{pid}/status").read_text()).group(1)) / 1024
+
+
+class _Watch:
+    """Samples the daemon's RSS and /v2/health/live (each check on a connection of its own, or on one
+    kept-alive connection opened before the attack when new connections are expected to be refused)."""
+
+    def __init__(self, daemon, keep_alive: bool) -> None:
+        self.daemon = daemon
+        self.baseline = _rss_mib(daemon.process.pid)
+        self.peak = self.baseline
+        self.slowest = 0.0
+        self.failures: list[str] = []
+        self.checks = 0
+        self._stop = threading.Event()
+        self._connection = http.client.HTTPConnection("127.0.0.1", daemon.port, timeout=1) if keep_alive else None
+        if self._connection is not None:
+            self._health(self._connection)
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _health(self, connection: http.client.HTTPConnection) -> None:
+        started = time.monotonic()
+        try:
+            connection.request("GET", "/v2/health/live")
+            response = connection.getresponse()
+            response.read()
+            if response.status != 200:
+                self.failures.append(f"health answered {response.status}")
+        except OSError as exc:
+            self.failures.append(f"health failed: {exc!r}")
+        self.slowest = max(self.slowest, time.monotonic() - started)
+        self.checks += 1
+
+    def _run(self) -> None:
+        while True:
+            self._sample()
+            if self._stop.wait(0.2):
+                return
+
+    def _sample(self) -> None:
+        self.peak = max(self.peak, _rss_mib(self.daemon.process.pid))
+        if self._connection is not None:
+            self._health(self._connection)
+            return
+        connection = http.client.HTTPConnection("127.0.0.1", self.daemon.port, timeout=1)
+        try:
+            self._health(connection)
+        finally:
+            connection.close()
+
+    def __enter__(self) -> _Watch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self._sample()  # and once more after the attack
+        if self._connection is not None:
+            self._connection.close()
+        if exc_info[0] is None:
+            assert self.daemon.process.poll() is None, "the daemon died"
+            assert self.checks >= 1
+            assert not self.failures, self.failures[:5]
+            assert self.slowest < 1.0, f"health took {self.slowest:.2f} s"
+            assert self.peak < self.baseline + RSS_SLACK_MIB, (self.baseline, self.peak)
+
+
+def _connect(port: int) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", port), timeout=5)
+
+
+def _state(sock: socket.socket) -> bytes | None:
+    """What the server sent (b"" once it closed), or None while it is open and silent."""
+    sock.setblocking(False)
+    try:
+        return sock.recv(65536)
+    except BlockingIOError:
+        return None
+    except OSError:
+        return b""
+    finally:
+        sock.setblocking(True)
+
+
+def _read_response(sock: socket.socket, timeout: float) -> bytes:
+    sock.settimeout(timeout)
+    data = b""
+    with contextlib.suppress(OSError):
+        while b"\r\n\r\n" not in data:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    return data
+
+
+@contextlib.contextmanager
+def _sockets() -> Iterator[list[socket.socket]]:
+    opened: list[socket.socket] = []
+    try:
+        yield opened
+    finally:
+        for sock in opened:
+            sock.close()
+
+
+def test_slow_request_heads_are_closed_after_header_timeout(daemon):
+    with _Watch(daemon, keep_alive=False), _sockets() as slow:
+        started = time.monotonic()
+        for _ in range(40):
+            slow.append(_connect(daemon.port))
+            slow[-1].sendall(b"POST /v2/models/simple/infer HTTP/1.1\r\nHost: x\r\n")
+        closed_at: dict[int, float] = {}
+        while len(closed_at) < len(slow) and time.monotonic() - started < HEADER_TIMEOUT + 3:
+            for index, sock in enumerate(slow):
+                if index in closed_at:
+                    continue
+                with contextlib.suppress(OSError):
+                    sock.sendall(b"X-Trickle: 1\r\n")  # a header line now and then: the head never ends
+                if _state(sock) == b"":
+                    closed_at[index] = time.monotonic() - started
+            time.sleep(0.25)
+        assert len(closed_at) == len(slow), f"{len(slow) - len(closed_at)} slow heads still open"
+        assert HEADER_TIMEOUT - 0.5 <= min(closed_at.values()) and max(closed_at.values()) <= HEADER_TIMEOUT + 2
+
+
+def test_slow_bodies_time_out_and_never_lock_out_health(daemon):
+    head = b"POST /v2/models/simple/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n"
+    with _Watch(daemon, keep_alive=False), _sockets() as slow:
+        for _ in range(MAX_CONCURRENT):
+            slow.append(_connect(daemon.port))
+            slow[-1].sendall(head + b'{"inputs":')  # 10 of 1000 declared bytes
+        time.sleep(0.5)
+        status, headers, payload = call(daemon.port, "POST", INFER, GOOD, timeout=5)
+        assert status == 503 and "max_concurrent_requests" in payload["error"]  # the slots are taken...
+        assert call(daemon.port, "GET", "/v2/health/ready", timeout=1)[0] == 200  # ...but not health's
+        assert call(daemon.port, "GET", "/metrics", timeout=1)[0] == 200
+        answers = [_read_response(sock, BODY_TIMEOUT + 2) for sock in slow]
+        for answer in answers:
+            assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+            assert b"body_timeout" in answer or b"Connection: close" in answer
+        assert call(daemon.port, "POST", INFER, GOOD)[0] == 200  # the slots are free again
+
+
+def test_connections_beyond_max_connections_get_a_short_503(daemon):
+    with _Watch(daemon, keep_alive=True), _sockets() as idle:
+        for _ in range(MAX_CONNECTIONS + 10):
+            idle.append(_connect(daemon.port))
+        time.sleep(0.5)
+        states = [_state(sock) for sock in idle]
+        refused = [s for s in states if s]
+        assert len(refused) >= 10 and all(s.startswith(b"HTTP/1.1 503") for s in refused), refused[:2]
+        assert b"Retry-After: 1" in refused[0] and b"max_connections" in refused[0]
+        assert sum(s is None for s in states) >= MAX_CONNECTIONS - 2  # the others are held open, unqueued
+        newcomer = _connect(daemon.port)
+        idle.append(newcomer)
+        started = time.monotonic()
+        assert _read_response(newcomer, 2).startswith(b"HTTP/1.1 503")
+        assert time.monotonic() - started < 0.5  # answered at once, not queued
+        # The idle connections never send a head: they are closed after header_timeout, and the
+        # server takes new connections again.
+        time.sleep(HEADER_TIMEOUT + 1)
+        assert call(daemon.port, "GET", "/v2/health/live", timeout=1)[0] == 200
+
+
+@pytest.fixture(scope="module")
+def gzip_bomb() -> bytes:
+    bomb = gzip.compress(b"\0" * (256 << 20), 9)  # 256 MiB from ~260 KB, as in the finding
+    assert len(bomb) < MAX_BYTES
+    return bomb
+
+
+def test_gzip_bombs_stop_at_the_limit(daemon, gzip_bomb):
+    results: list[tuple[int, object]] = []
+
+    def bomb() -> None:
+        for _ in range(5):
+            status, _, payload = call(daemon.port, "POST", INFER, gzip_bomb, {"Content-Encoding": "gzip"}, timeout=20)
+            results.append((status, payload))
+
+    with _Watch(daemon, keep_alive=False):
+        threads = [threading.Thread(target=bomb) for _ in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+    assert len(results) == 30
+    # Each bomb inflates to max_request_bytes and stops (413); bombs beyond what the memory budget holds
+    # at once are turned away before that (503).
+    assert {status for status, _ in results} <= {413, 503}, results[:3]
+    assert all("inflates to more than" in p["error"] for status, p in results if status == 413)
+    assert all("max_request_memory_bytes" in p["error"] for status, p in results if status == 503)
+    assert sum(status == 413 for status, _ in results) >= 6
+
+
+@pytest.mark.parametrize("coding,body,status,message", [
+    ("gzip", b"\x1f\x8b\x08\x00" + b"junk" * 100, 400, "not valid gzip"),
+    ("deflate", b"\x78\x9c" + b"\xff" * 100, 400, "not valid deflate"),
+    ("gzip", gzip.compress(b"x" * 100_000)[:-100], 400, "truncated"),
+    ("br", b"\x0b\x02\x80hello\x03", 415, "gzip or deflate"),
+    ("zstd", b"\x28\xb5\x2f\xfd", 415, "gzip or deflate"),
+])
+def test_bad_compressed_bodies(daemon, coding, body, status, message):
+    got, headers, payload = call(daemon.port, "POST", INFER, body, {"Content-Encoding": coding})
+    assert got == status and message in payload["error"], (got, payload)
+    if status == 415:
+        assert "gzip" in headers["Accept-Encoding"]
+
+
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+def test_compressed_requests_from_tritonclient(daemon, algorithm):
+    with triton.InferenceServerClient(daemon.url) as client:
+        inputs = [triton.InferInput("INPUT0", [1, 16], "INT32"), triton.InferInput("INPUT1", [1, 16], "INT32")]
+        inputs[0].set_data_from_numpy(np.arange(16, dtype=np.int32).reshape(1, 16))
+        inputs[1].set_data_from_numpy(np.ones((1, 16), dtype=np.int32))
+        result = client.infer("simple", inputs, request_compression_algorithm=algorithm,
+                              response_compression_algorithm=algorithm)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), np.arange(1, 17, dtype=np.int32).reshape(1, 16))
+
+
+def test_request_bytes_beyond_the_memory_budget_get_503(daemon):
+    declared = MAX_BYTES
+    sent = 7 << 20  # three of these hold 21 of the 24 MiB budget
+    head = f"POST {INFER} HTTP/1.1\r\nHost: x\r\nContent-Length: {declared}\r\n\r\n".encode()
+    with _Watch(daemon, keep_alive=False), _sockets() as holders:
+        for _ in range(3):
+            holders.append(_connect(daemon.port))
+            holders[-1].sendall(head + b"\0" * sent)
+        time.sleep(0.3)
+        late = _connect(daemon.port)
+        holders.append(late)
+
+        def send() -> None:
+            with contextlib.suppress(OSError):  # the server may answer (and stop reading) midway
+                late.sendall(head + b"\0" * sent)
+
+        sender = threading.Thread(target=send)
+        sender.start()
+        answer = _read_response(late, BODY_TIMEOUT)
+        sender.join(15)
+        assert answer.startswith(b"HTTP/1.1 503"), answer[:300]
+        assert b"Retry-After: 1" in answer
+        assert b"max_request_memory_bytes" in answer  # the body comes in the same write as the head
+        for sock in holders[:3]:  # the holders stall: they time out, and give their bytes back
+            assert _read_response(sock, BODY_TIMEOUT + 2).startswith(b"HTTP/1.1 408")
+    assert call(daemon.port, "POST", INFER, GOOD)[0] == 200
+
+
+def test_the_daemon_logged_no_tracebacks(daemon):
+    log = daemon.log()
+    assert "Traceback" not in log, log[-3000:]

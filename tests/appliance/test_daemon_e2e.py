@@ -1,0 +1,105 @@
+"""The daemon's stop keeps to one deadline: shutdown_timeout and a small margin, even with a request stuck
+in a model that runs far longer."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.http_util import call
+
+SHUTDOWN_TIMEOUT = 2.0
+MARGIN = 3.0  # the models' close grace, the cancel, the interpreter's exit
+
+SLEEPY = '''
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "x").as_numpy()
+            time.sleep(float(x.ravel()[0]))
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("y", x)]))
+        return responses
+'''
+
+
+@pytest.fixture
+def sleepy_repository(tmp_path) -> Path:
+    model = tmp_path / "repo" / "sleepy"
+    (model / "1").mkdir(parents=True)
+    (model / "1" / "model.py").write_text(SLEEPY)
+    (model / "config.pbtxt").write_text(
+        'backend: "python"\n'
+        'input [ { name: "x" data_type: TYPE_FP32 dims: [ 2 ] } ]\n'
+        'output [ { name: "y" data_type: TYPE_FP32 dims: [ 2 ] } ]\n'
+    )
+    return tmp_path / "repo"
+
+
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(child) for child in (task / "children").read_text().split()]
+    return found
+
+
+def _sleep_request(seconds: float) -> dict:
+    return {"inputs": [{"name": "x", "shape": [2], "datatype": "FP32", "data": [seconds, 0.0]}]}
+
+
+def test_stop_keeps_to_the_shutdown_timeout_with_a_request_stuck_in_a_model(start_daemon, sleepy_repository):
+    daemon = start_daemon(sleepy_repository, env={"APPLIANCE_SHUTDOWN_TIMEOUT": str(SHUTDOWN_TIMEOUT)})
+    assert call(daemon.port, "POST", "/v2/models/sleepy/infer", _sleep_request(0.0))[0] == 200
+    children = _children(daemon.process.pid)  # the model's process, which the stop may leave running
+    outcome: list[object] = []
+
+    def stuck() -> None:
+        try:
+            outcome.append(call(daemon.port, "POST", "/v2/models/sleepy/infer", _sleep_request(30.0), timeout=40)[0])
+        except OSError as exc:
+            outcome.append(exc)
+
+    client = threading.Thread(target=stuck)
+    client.start()
+    try:
+        time.sleep(0.5)  # the request is running in the model
+        started = time.monotonic()
+        daemon.process.send_signal(signal.SIGTERM)
+        assert daemon.process.wait(SHUTDOWN_TIMEOUT + 15) == 0
+        took = time.monotonic() - started
+        assert SHUTDOWN_TIMEOUT - 0.2 <= took <= SHUTDOWN_TIMEOUT + MARGIN, took  # waited, but no longer
+        client.join(10)
+        assert outcome and not isinstance(outcome[0], int)  # the stuck request was cut off, not answered late
+        log = daemon.log()
+        assert "still running at the shutdown deadline" in log and "stopped" in log
+    finally:
+        for pid in children:  # a model process still sleeping: ours to end
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def test_requests_that_finish_before_the_deadline_are_answered(start_daemon, sleepy_repository):
+    daemon = start_daemon(sleepy_repository, env={"APPLIANCE_SHUTDOWN_TIMEOUT": str(SHUTDOWN_TIMEOUT)})
+    statuses: list[int] = []
+    client = threading.Thread(target=lambda: statuses.append(
+        call(daemon.port, "POST", "/v2/models/sleepy/infer", _sleep_request(1.0), timeout=20)[0]))
+    client.start()
+    time.sleep(0.3)
+    started = time.monotonic()
+    daemon.process.send_signal(signal.SIGTERM)
+    assert daemon.process.wait(SHUTDOWN_TIMEOUT + 15) == 0
+    client.join(10)
+    assert statuses == [200]
+    assert time.monotonic() - started < SHUTDOWN_TIMEOUT  # a stop waits for requests, not for the deadline
