@@ -165,7 +165,7 @@ def test_slow_request_heads_are_closed_after_header_timeout(daemon):
         started = time.monotonic()
         for _ in range(40):
             slow.append(_connect(daemon.port))
-            slow[-1].sendall(b"POST /v2/models/simple/infer HTTP/1.1\r\nHost: x\r\n")
+            slow[-1].sendall(b"POST /v2/models/simple/infer HTTP/1.1\r\nHost: 127.0.0.1\r\n")
         closed_at: dict[int, float] = {}
         while len(closed_at) < len(slow) and time.monotonic() - started < HEADER_TIMEOUT + 3:
             for index, sock in enumerate(slow):
@@ -181,7 +181,7 @@ def test_slow_request_heads_are_closed_after_header_timeout(daemon):
 
 
 def test_slow_bodies_time_out_and_never_lock_out_health(daemon):
-    head = b"POST /v2/models/simple/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n"
+    head = b"POST /v2/models/simple/infer HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1000\r\n\r\n"
     with _Watch(daemon, keep_alive=False), _sockets() as slow:
         for _ in range(MAX_CONCURRENT):
             slow.append(_connect(daemon.port))
@@ -277,7 +277,7 @@ def test_compressed_requests_from_tritonclient(daemon, algorithm):
 def test_request_bytes_beyond_the_memory_budget_get_503(daemon):
     declared = MAX_BYTES
     sent = 7 << 20  # three of these hold 21 of the 24 MiB budget
-    head = f"POST {INFER} HTTP/1.1\r\nHost: x\r\nContent-Length: {declared}\r\n\r\n".encode()
+    head = f"POST {INFER} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {declared}\r\n\r\n".encode()
     with _Watch(daemon, keep_alive=False), _sockets() as holders:
         for _ in range(3):
             holders.append(_connect(daemon.port))
