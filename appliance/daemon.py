@@ -8,30 +8,25 @@ import signal
 import socket
 import time
 
-from aiohttp import web
-
 from appliance import __version__
-from appliance.rest.app import build_app, build_metrics_app
-from appliance.rest.keys import DATAPLANE
-from appliance.rest.server import ConnectionLimiter, HttpServer, fit_connections_to_descriptors
 from appliance.mdns.announcer import Announcer, box_id
+from appliance.rest.app import build_app, build_metrics_app
+from appliance.rest.server import ConnectionLimiter, HttpServer, fit_connections_to_descriptors
+from appliance.server import Appliance
 from appliance.service.notify import Notifier
 from appliance.settings import Settings
-from appliance.state import StateDir
 
 __all__ = ["serve"]
 
 log = logging.getLogger(__name__)
 
-
 def _host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
-
-async def _announce_ready(app: web.Application, notifier: Notifier) -> None:
+async def _announce_ready(appliance: Appliance, notifier: Notifier) -> None:
     """READY=1 once the repository is loaded (the port is bound before this task starts), then keep
     STATUS= current."""
-    dataplane = app[DATAPLANE]
+    dataplane = appliance.dataplane
     await dataplane.wait_loaded()
     notifier.ready(dataplane.status_line())
     log.info("ready: %s", dataplane.status_line())
@@ -39,20 +34,18 @@ async def _announce_ready(app: web.Application, notifier: Notifier) -> None:
         await asyncio.sleep(5)
         notifier.status(dataplane.status_line())
 
-
-async def _reload(app: web.Application, notifier: Notifier, settings: Settings) -> None:
+async def _reload(appliance: Appliance, notifier: Notifier) -> None:
     """SIGHUP / ExecReload: re-scan the repository."""
     notifier.reloading()
-    dataplane = app[DATAPLANE]
+    dataplane = appliance.dataplane
     await dataplane.wait_loaded()
     changes = await dataplane.registry.rescan()
     log.info("repository re-scanned: added %s, removed %s, reloaded %s", changes["added"] or "none",
              changes["removed"] or "none", changes["reloaded"] or "none")
     notifier.ready(dataplane.status_line())
 
-
-async def _start_announcer(app: web.Application, settings: Settings, state: StateDir, port: int) -> Announcer:
-    dataplane = app[DATAPLANE]
+async def _start_announcer(appliance: Appliance, port: int) -> Announcer:
+    settings, dataplane = appliance.settings, appliance.dataplane
 
     def accelerators() -> list[str]:
         return (dataplane.hardware or {}).get("accelerators", ["cpu"])
@@ -62,13 +55,12 @@ async def _start_announcer(app: web.Application, settings: Settings, state: Stat
         port,
         settings.host,
         settings.mdns_interfaces,
-        await asyncio.to_thread(box_id, settings.state_dir, state),
+        await asyncio.to_thread(box_id, settings.state_dir, appliance.state),
         accelerators,
         dataplane.registry.ready_count,
     )
     await announcer.start()
     return announcer
-
 
 async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     """Serve until ``stop`` is set (or a SIGTERM/SIGINT arrives when no event is given)."""
@@ -81,23 +73,22 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         background.add(task)
         task.add_done_callback(background.discard)
 
-    # Checked once, before anything reads or writes there: a read-only or damaged state dir degrades
-    # the daemon (and says so), it never stops it.
-    state = await asyncio.to_thread(StateDir.check, settings.state_dir)
-    app = build_app(settings, state)
+    appliance = await Appliance.start(settings)
+    state = appliance.state
     if stop is None:
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        loop.add_signal_handler(signal.SIGHUP, lambda: spawn(_reload(app, notifier, settings)))
+        loop.add_signal_handler(signal.SIGHUP, lambda: spawn(_reload(appliance, notifier)))
     # One bound on connections over both ports, fitted under the file-descriptor limit.
     limiter = ConnectionLimiter(fit_connections_to_descriptors(settings.max_connections))
+    app = build_app(appliance)
     server = HttpServer(app, limiter, settings.header_timeout)
-    await server.setup()
     metrics_server: HttpServer | None = None
     announcer: Announcer | None = None
     deadline: float | None = None
     try:
+        await server.setup()
         await server.listen(settings.host, settings.http_port)
         for address in server.addresses:
             log.info("appliance %s serving KServe v2 on http://%s:%d (state dir %s)",
@@ -111,10 +102,10 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             await metrics_server.listen(settings.host, settings.metrics_port)
             for address in metrics_server.addresses:
                 log.info("serving Prometheus metrics on http://%s:%d/metrics", _host(address[0]), address[1])
-        spawn(_announce_ready(app, notifier))
+        spawn(_announce_ready(appliance, notifier))
         spawn(notifier.watchdog())
         if settings.mdns:
-            announcer = await _start_announcer(app, settings, state, server.addresses[0][1])
+            announcer = await _start_announcer(appliance, server.addresses[0][1])
         await stop.wait()
         # One deadline for the whole stop, whatever each stage would allow on its own.
         deadline = time.monotonic() + settings.shutdown_timeout
@@ -134,5 +125,6 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         if metrics_server is not None:
             await metrics_server.stop(deadline)
         await server.stop(deadline)
+        await appliance.close()  # every front end has stopped: now the models and the history
         notifier.close()
     log.info("stopped")

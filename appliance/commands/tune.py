@@ -33,7 +33,7 @@ def _progress_bar(message: str, step: int, steps: int) -> None:
 def run(args: argparse.Namespace, settings: Settings) -> int:
     import hardware_probe
 
-    from appliance.rest.app import make_selector, resolve_repository, runtime_options
+    from appliance.server import make_selector, resolve_repository, runtime_options
 
     report = hardware_probe.probe()
     selector = make_selector(settings, report)

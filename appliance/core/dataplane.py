@@ -36,6 +36,8 @@ class DataPlane:
         self._loaded = asyncio.Event()
         self.hardware: dict[str, Any] | None = None
         """The hardware probe report (JSON), once the start-up probe has run."""
+        self.failure: str | None = None
+        """Why the server stopped being live (None while it is)."""
 
     @property
     def loaded(self) -> bool:
@@ -57,7 +59,11 @@ class DataPlane:
         return line + (f", {idle} not loaded" if idle else "")
 
     def live(self) -> bool:
-        return True
+        return self.failure is None
+
+    def fail(self, reason: str) -> None:
+        """The server cannot recover by itself (its repository load died): not live from now on."""
+        self.failure = reason
 
     def ready(self) -> bool:
         if not self.loaded:

@@ -75,16 +75,17 @@ def parse_version(text: str | None) -> int | None:
 
 class ModelRegistry:
     def __init__(self, repository: Path, options: RuntimeOptions, selector: Selector | None = None,
-                 retune: bool = False, drain_timeout: float = 10.0) -> None:
+                 retune: bool = False, drain_timeout: float = 10.0,
+                 on_event: Callable[[str, str, int | None, dict], None] | None = None) -> None:
+        """``on_event`` is told of model_loaded / model_failed / backend_chosen / model_unloaded (kind,
+        model, version, detail): the metrics history records them."""
         self.repository = repository
         self._drain_timeout = drain_timeout
         self._locks: dict[str, asyncio.Lock] = {}
         self._options = options
-        self.selector = selector
-        """Set before load_all(); None serves each model with its config's backend as is."""
-        self.on_event: Callable[..., None] | None = None
-        """Told of model_loaded / model_failed / backend_chosen / model_unloaded (kind, model, version,
-        detail): the metrics history records them."""
+        self._selector = selector
+        """None serves each model with its config's backend as is."""
+        self._on_event = on_event
         self._retune = retune
         self._models: dict[str, ModelEntry] = {}
 
@@ -113,10 +114,15 @@ class ModelRegistry:
             self._models.setdefault(path.name, ModelEntry(path.name))
         return paths
 
-    async def load_all(self, names: Iterable[str] | None = None) -> None:
+    async def load_all(self, names: Iterable[str] | None = None, selector: Selector | None = None) -> None:
         """Load every discovered model (or only ``names``), concurrently: a model with a cached plan is
         ready while another one is still measuring its candidates (the selector lets one model tune at
-        a time). A model that fails is recorded UNAVAILABLE with its reason."""
+        a time). A model that fails is recorded UNAVAILABLE with its reason.
+
+        ``selector``, when given, picks the plan of these and of every later load: it needs the hardware
+        probe, which runs after the front ends answer, so it arrives with the first load."""
+        if selector is not None:
+            self._selector = selector
         if not self._models:
             await asyncio.to_thread(self.discover)
         wanted = list(self._models) if names is None else [n for n in names if n in self._models]
@@ -156,7 +162,7 @@ class ModelRegistry:
                 entry.state, entry.reason = ModelState.LOADING, ""
             try:
                 loaded: LoadedModel = await asyncio.to_thread(
-                    load_model, path, self._options, self.selector, self._retune, config_override
+                    load_model, path, self._options, self._selector, self._retune, config_override
                 )
             except Exception as exc:
                 message = exc.message if isinstance(exc, ApplianceError) else f"{type(exc).__name__}: {exc}"
@@ -230,8 +236,8 @@ class ModelRegistry:
             self._emit("model_failed", entry.name, number, {"reason": reason})
 
     def _emit(self, kind: str, model: str, version: int | None, detail: dict) -> None:
-        if self.on_event is not None:
-            self.on_event(kind, model, version, detail)
+        if self._on_event is not None:
+            self._on_event(kind, model, version, detail)
 
     def ready_versions(self) -> list[ModelVersion]:
         return [m for e in self._models.values() for _, m in sorted(e.versions.items())]

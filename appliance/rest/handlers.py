@@ -51,7 +51,10 @@ async def server_ready(request: web.Request) -> web.Response:
 async def server_health(request: web.Request) -> web.Response:
     """Liveness, readiness and what is degraded in the state dir (read-only, a database moved aside...)."""
     dataplane = request.app[DATAPLANE]
-    return _json({"live": dataplane.live(), "ready": dataplane.ready(), "state": request.app[STATE].to_json()})
+    details = {"live": dataplane.live(), "ready": dataplane.ready(), "state": request.app[STATE].to_json()}
+    if dataplane.failure is not None:
+        details["failure"] = dataplane.failure
+    return _json(details)
 
 
 async def server_metadata(request: web.Request) -> web.Response:

@@ -3,31 +3,24 @@ bound on requests in flight. Both are aiohttp middlewares; their errors go throu
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hmac
 import ipaddress
 import logging
-import os
-import secrets
-import tempfile
 from collections.abc import Callable, Iterable
-from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
-from appliance.errors import ConfigError, Unauthorized, Unavailable
+from appliance.errors import Unauthorized, Unavailable
 from appliance.rest.browser import HostPolicy, check_control_request, check_host
 from appliance.rest.keys import SETTINGS
 
 __all__ = [
     "ACCESS",
     "AccessRules",
-    "MIN_TOKEN_LENGTH",
     "client_address",
     "concurrency_middleware",
-    "ensure_token",
     "install",
     "make_auth_middleware",
     "parse_networks",
@@ -35,57 +28,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-MIN_TOKEN_LENGTH = 16
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
-
-
-def ensure_token(state_dir: Path) -> str:
-    """The token in <state_dir>/auth-token, created 0600 on first start (blocking).
-
-    Written whole or not at all (a temporary file, fsync, then a link that fails if another process
-    made the file first), so a crash or a full disk never leaves an empty token that an empty bearer
-    would match."""
-    path = state_dir / "auth-token"
-    try:
-        return _checked(path.read_text().strip(), str(path))
-    except FileNotFoundError:
-        pass
-    state_dir.mkdir(parents=True, exist_ok=True)
-    token = secrets.token_urlsafe(32)
-    fd, temporary = tempfile.mkstemp(dir=state_dir, prefix=".auth-token.")  # mode 0600
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(token + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        try:
-            os.link(temporary, path)
-        except FileExistsError:  # another process won the race: use its token
-            return _checked(path.read_text().strip(), str(path))
-        _fsync_directory(state_dir)
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-    log.info("created the control token in %s (mode 0600)", path)
-    return token
-
-
-def _checked(token: str, source: str) -> str:
-    if len(token) < MIN_TOKEN_LENGTH:
-        raise ConfigError(
-            f"the control token in {source} is empty or shorter than {MIN_TOKEN_LENGTH} characters (was a "
-            "write cut short?); delete the file and restart to have a new one made, or set a token of at "
-            "least 32 random characters"
-        )
-    return token
-
-
-def _fsync_directory(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import re
 
+from appliance.examples import build_example_repository
 from appliance.rest.app import build_app
 from appliance.rest.openapi import openapi_document
+from appliance.server import Appliance
 from appliance.settings import Settings
 
 
@@ -14,8 +16,14 @@ def _spec_path(route_path: str) -> str:
     return "/dashboard/static/{filename}" if route_path.startswith("/dashboard/static") else route_path
 
 
-def test_every_route_is_described(tmp_path):
-    app = build_app(Settings(state_dir=tmp_path))
+async def test_every_route_is_described(tmp_path):
+    repo = build_example_repository(tmp_path / "repo")
+    appliance = await Appliance.start(Settings(state_dir=tmp_path / "state", model_repository=repo, metrics=False,
+                                               selection=False, model_control_mode="explicit"))
+    try:
+        app = build_app(appliance)
+    finally:
+        await appliance.close()
     document = openapi_document()
     described = {(path, method.upper()) for path, operations in document["paths"].items() for method in operations}
     served = set()

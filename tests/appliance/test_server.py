@@ -1,0 +1,75 @@
+"""The composition root: what it starts, what it tolerates, how it stops."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from appliance.errors import ConfigError, ModelNotReady
+from appliance.examples import build_example_repository
+from appliance.server import Appliance
+from appliance.settings import Settings
+from tests.readonly import unwritable
+
+
+def _settings(tmp_path, **overrides) -> Settings:
+    values = {"state_dir": tmp_path / "state", "model_repository": build_example_repository(tmp_path / "repo"),
+              "selection": False, **overrides}
+    return Settings(**values)
+
+
+async def test_starts_loads_and_stops_in_reverse(tmp_path):
+    appliance = await Appliance.start(_settings(tmp_path))
+    await asyncio.wait_for(appliance.dataplane.wait_loaded(), 60)
+    assert appliance.dataplane.live() and appliance.registry.ready_count() == 3
+    assert appliance.metrics is not None and (tmp_path / "state" / "metrics.db").exists()
+    assert await appliance.close() == []
+    assert appliance.registry.ready_count() == 0
+    with pytest.raises(ModelNotReady):
+        appliance.dataplane.model("simple")
+
+
+async def test_the_daemon_starts_without_a_writable_place_for_its_token(tmp_path):
+    appliance = await Appliance.start(_settings(tmp_path, state_dir=unwritable(tmp_path), metrics=False))
+    try:
+        assert "token_not_saved" in [p.kind for p in appliance.state.problems] and len(appliance.token) >= 32
+    finally:
+        await appliance.close()
+
+
+async def test_an_empty_token_file_stops_the_start_with_the_fix(tmp_path):
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "auth-token").write_text("")
+    with pytest.raises(ConfigError, match="delete the file"):
+        await Appliance.start(_settings(tmp_path))
+
+
+async def test_a_repository_load_that_dies_makes_the_server_not_live(tmp_path, monkeypatch):
+    import hardware_probe
+
+    def broken_probe(timeout: float):
+        raise RuntimeError("the probe child could not start")
+
+    monkeypatch.setattr(hardware_probe, "probe_isolated", broken_probe)
+    appliance = await Appliance.start(_settings(tmp_path, metrics=False))
+    try:
+        for _ in range(100):
+            if not appliance.dataplane.live():
+                break
+            await asyncio.sleep(0.02)
+        assert not appliance.dataplane.live()
+        assert "the probe child could not start" in (appliance.dataplane.failure or "")
+    finally:
+        await appliance.close()
+
+
+async def test_a_failing_start_stops_what_it_had_started(tmp_path):
+    settings = _settings(tmp_path)
+    (tmp_path / "missing").mkdir()
+    bad = Settings(state_dir=settings.state_dir, model_repository=tmp_path / "missing" / "repo", selection=False)
+    with pytest.raises(ConfigError, match="does not exist"):
+        await Appliance.start(bad)
+    # The metrics history it had opened is closed again: a new start opens the same database.
+    appliance = await Appliance.start(settings)
+    await appliance.close()
