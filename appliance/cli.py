@@ -15,7 +15,7 @@ from appliance.commands import cache, discover, explain, install_service, probe,
 from appliance.errors import ApplianceError
 from appliance.settings import Settings, load_settings
 
-__all__ = ["main"]
+__all__ = ["main", "usage_summary"]
 
 _COMMANDS = {
     "probe": probe,
@@ -66,6 +66,19 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def usage_summary(width: int = 100) -> str:
+    """Every subcommand's usage line, as the README's "Command line" block shows it (a test keeps the
+    two equal: regenerate the block with ``python -m appliance.cli``)."""
+    parser = _parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))  # noqa: SLF001
+    parser.formatter_class = lambda prog: argparse.HelpFormatter(prog, width=width)
+    lines = [parser.format_usage().removeprefix("usage: ").rstrip()]
+    for command in commands.choices.values():
+        command.formatter_class = lambda prog: argparse.HelpFormatter(prog, width=width)
+        lines.append(command.format_usage().removeprefix("usage: ").rstrip())
+    return "\n".join(lines) + "\n"
+
+
 def _setup_logging(settings: Settings) -> None:
     logging.basicConfig(
         level=settings.log_level.upper(),
@@ -95,3 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     except ApplianceError as exc:
         print(f"appliance: {exc.message}", file=sys.stderr)
         return 2
+
+
+if __name__ == "__main__":  # prints the README's command-line block
+    print(usage_summary(), end="")

@@ -86,3 +86,13 @@ def test_cache_ls_of_a_state_dir_without_a_cache_creates_nothing(tmp_path):
     assert not (tmp_path / "state" / "cache").exists()
     cleared = _appliance("cache", "clear", "--state-dir", str(tmp_path / "state"))
     assert cleared.returncode == 0 and "removed 0 entries" in cleared.stdout
+
+
+def test_readme_command_line_block_is_the_parsers_own():
+    from pathlib import Path
+
+    from appliance.cli import usage_summary
+
+    readme = (Path(__file__).parents[3] / "README.md").read_text()
+    block = readme.split("## Command line\n\n```\n", 1)[1].split("```", 1)[0]
+    assert block == usage_summary(), "README's command-line block drifted: paste `python -m appliance.cli`"
