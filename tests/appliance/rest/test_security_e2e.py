@@ -69,6 +69,24 @@ def test_protect_inference(start_daemon, repo, tmp_path):
     assert call(daemon.port, "POST", "/v2/models/m/infer", BODY, headers=authorized, source=REMOTE)[0] == 200
 
 
+def test_protect_inference_covers_the_metrics_port(start_daemon, repo, tmp_path):
+    import re
+    import time
+
+    daemon, token_file = _start(start_daemon, repo, tmp_path, "--metrics-port", "0",
+                                env={"APPLIANCE_PROTECT_INFERENCE": "true"})
+    for _ in range(100):
+        found = re.search(r"serving Prometheus metrics on http://127\.0\.0\.1:(\d+)/metrics", daemon.log())
+        if found:
+            break
+        time.sleep(0.05)
+    port = int(found.group(1))
+    assert call(port, "GET", "/metrics", source=REMOTE)[0] == 401
+    authorized = {"Authorization": f"Bearer {token_file.read_text().strip()}"}
+    assert call(port, "GET", "/metrics", headers=authorized, source=REMOTE)[0] == 200
+    assert call(port, "GET", "/metrics", headers={"Host": "rebind.example"})[0] == 403
+
+
 def test_token_from_settings(start_daemon, repo, tmp_path):
     daemon, _ = _start(start_daemon, repo, tmp_path, env={"APPLIANCE_AUTH_TOKEN": "s3cret-token-of-24-chars"})
     headers = {"Authorization": "Bearer s3cret-token-of-24-chars"}
