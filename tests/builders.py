@@ -114,3 +114,105 @@ def cnn_model(seed: int = 0) -> onnx.ModelProto:
         ],
     )
     return helper.make_model(graph, opset_imports=OPSET)
+
+
+# Triton's quick-start densenet_onnx config (docs/examples/model_repository), at a smaller image size:
+# the runtime's input is 4-D, clients send 3-D `dims`, and `reshape` bridges the two.
+DENSENET_CONFIG = """
+name: "densenet_onnx"
+platform: "onnxruntime_onnx"
+max_batch_size : 0
+input [
+  {{
+    name: "data_0"
+    data_type: TYPE_FP32
+    format: FORMAT_NCHW
+    dims: [ 3, {size}, {size} ]
+    reshape {{ shape: [ 1, 3, {size}, {size} ] }}
+  }}
+]
+output [
+  {{
+    name: "fc6_1"
+    data_type: TYPE_FP32
+    dims: [ {classes} ]
+    reshape {{ shape: [ 1, {classes}, 1, 1 ] }}
+  }}
+]
+"""
+
+
+def densenet_like_model(size: int = 16, classes: int = 10, seed: int = 0) -> onnx.ModelProto:
+    """data_0 [1, 3, size, size] -> fc6_1 [1, classes, 1, 1], fixed shapes, like densenet's ONNX export."""
+    rng = np.random.default_rng(seed)
+    nodes = [
+        helper.make_node("Conv", ["data_0", "cw", "cb"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["r"]),
+        helper.make_node("GlobalAveragePool", ["r"], ["g"]),
+        helper.make_node("Conv", ["g", "fw", "fb"], ["fc6_1"], kernel_shape=[1, 1]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "densenet_like",
+        [helper.make_tensor_value_info("data_0", TensorProto.FLOAT, [1, 3, size, size])],
+        [helper.make_tensor_value_info("fc6_1", TensorProto.FLOAT, [1, classes, 1, 1])],
+        initializer=[
+            numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32) * 0.3, "cw"),
+            numpy_helper.from_array(np.zeros(8, np.float32), "cb"),
+            numpy_helper.from_array(rng.standard_normal((classes, 8, 1, 1)).astype(np.float32) * 0.3, "fw"),
+            numpy_helper.from_array(np.zeros(classes, np.float32), "fb"),
+        ],
+    )
+    return helper.make_model(graph, opset_imports=OPSET)
+
+
+def vad_like_model(pad: int = 64) -> onnx.ModelProto:
+    """Silero VAD's interface: input [batch, samples] FP32, state [2, batch, 128] FP32, sr INT64 scalar
+    -> output [batch, 1], stateN [2, batch, 128]. The samples are reflect-padded by ``pad`` on both
+    sides (as its STFT front end does), so any input of ``pad`` samples or fewer is refused."""
+    nodes = [
+        helper.make_node("Pad", ["input", "pads"], ["padded"], mode="reflect"),
+        helper.make_node("ReduceMean", ["padded"], ["energy"], axes=[1], keepdims=1),
+        helper.make_node("Cast", ["sr"], ["sr_f"], to=TensorProto.FLOAT),
+        helper.make_node("Mul", ["sr_f", "tiny"], ["sr_term"]),
+        helper.make_node("Add", ["energy", "sr_term"], ["output"]),
+        helper.make_node("Mul", ["state", "half"], ["stateN"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "vad_like",
+        [
+            helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", "samples"]),
+            helper.make_tensor_value_info("state", TensorProto.FLOAT, [2, "batch", 128]),
+            helper.make_tensor_value_info("sr", TensorProto.INT64, []),
+        ],
+        [
+            helper.make_tensor_value_info("output", TensorProto.FLOAT, ["batch", 1]),
+            helper.make_tensor_value_info("stateN", TensorProto.FLOAT, [2, "batch", 128]),
+        ],
+        initializer=[
+            numpy_helper.from_array(np.array([0, pad, 0, pad], np.int64), "pads"),
+            numpy_helper.from_array(np.array(1e-6, np.float32), "tiny"),
+            numpy_helper.from_array(np.array(0.5, np.float32), "half"),
+        ],
+    )
+    return helper.make_model(graph, opset_imports=OPSET)
+
+
+def framing_model(frame: int = 480) -> onnx.ModelProto:
+    """audio [1, samples] FP32 (one channel) -> energy [1, frames]: the mean square of each
+    ``frame``-sample window (30 ms at 16 kHz). Only whole frames are accepted: a sample count that is
+    not a multiple of ``frame`` (every size the tuner tries on its own: 1, 16, 512, 16000) is refused."""
+    nodes = [
+        helper.make_node("Reshape", ["audio", "frame_shape"], ["frames"]),
+        helper.make_node("Mul", ["frames", "frames"], ["squares"]),
+        helper.make_node("ReduceMean", ["squares"], ["energy"], axes=[2], keepdims=0),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "framing",
+        [helper.make_tensor_value_info("audio", TensorProto.FLOAT, [1, "samples"])],
+        [helper.make_tensor_value_info("energy", TensorProto.FLOAT, [1, "frames"])],
+        initializer=[numpy_helper.from_array(np.array([1, -1, frame], np.int64), "frame_shape")],
+    )
+    return helper.make_model(graph, opset_imports=OPSET)

@@ -26,6 +26,7 @@ __all__ = [
     "complete_config",
     "config_from_json",
     "config_to_json",
+    "input_reshapes",
     "read_config",
     "select_versions",
     "signature_of",
@@ -271,6 +272,13 @@ def signature_of(config: mc.ModelConfig) -> ModelSignature:
         inputs={entry.name: spec(entry) for entry in config.input},
         outputs={entry.name: spec(entry) for entry in config.output},
     )
+
+
+def input_reshapes(config: mc.ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Inputs with a config ``reshape``: clients send ``dims``, the runtime sees these shapes (led by -1,
+    the batch dimension, when the model batches)."""
+    batch = (-1,) if config.max_batch_size > 0 else ()
+    return {entry.name: (*batch, *entry.reshape.shape) for entry in config.input if entry.HasField("reshape")}
 
 
 def _is_repeated(field: descriptor.FieldDescriptor) -> bool:

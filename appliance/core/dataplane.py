@@ -124,7 +124,7 @@ class DataPlane:
         """Which plan serves the version, how the candidates measured, and whether it came from cache."""
         model = self.registry.get(name, version)
         if model.selection is None:
-            return {"model": name, "version": model.version, "chosen": None, "cache": "off",
+            return {"model": name, "version": model.version, "status": "off", "chosen": None, "cache": "off",
                     "reason": "selection is off (--no-selection): the config's backend serves the model",
                     "candidates": []}
         return model.selection

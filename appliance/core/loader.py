@@ -18,6 +18,7 @@ from appliance.core.model import ModelVersion
 from appliance.core.model_files import check_config_paths, confined
 from appliance.core.scheduler import Scheduler, policy_from_config
 from appliance.core.stats import ModelStats
+from appliance.core.warmup import run_warmup, warmup_samples
 from appliance.errors import ApplianceError, ConfigError
 
 if TYPE_CHECKING:
@@ -110,11 +111,15 @@ def _load_version(
         first = info.load(context(0, config))
         instances.append(first)
         config = _complete(first.completed_config(config), info, first)
+        warmup = warmup_samples(config, model_dir)  # a broken sample fails the load before any tuning
         plan_config, artefacts = config, None
         if selector is not None:
             choice = selector.choose(info, context(0, config), force=retune)
             selection = {**choice.decision, "cache": choice.cache}
-            if choice.cache != "off":  # measured: serve with the chosen plan (and its cached artefacts)
+            if choice.unmeasured:
+                log.warning("model %s version %d: %s. To fix: %s", model_dir.name, version,
+                            choice.decision.get("reason"), choice.decision.get("fix"))
+            elif choice.cache != "off":  # measured: serve with the chosen plan (and its cached artefacts)
                 first.close()
                 instances.clear()
                 target = next(b for b in BACKENDS if b.name == choice.plan.backend)
@@ -123,6 +128,7 @@ def _load_version(
             instances.append(target.load(context(index, plan_config, artefacts)))
         for backend in instances:
             backend.configure(config)
+        run_warmup(instances, warmup, config, version)
         labels = {
             out.name: read_labels(model_dir, out.label_filename, f"output '{out.name}' label_filename")
             for out in config.output if out.label_filename

@@ -14,6 +14,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from appliance.backends import BackendInfo
 from appliance.core.classification import classify
+from appliance.core.config import input_reshapes
 from appliance.core.datatypes import v2_datatype
 from appliance.core.scheduler import Scheduler
 from appliance.core.signature import ModelSignature
@@ -52,9 +53,7 @@ class ModelVersion:
         self._users = 0  # requests holding this version (see in_use), so a retired version drains
         batch = (-1,) if self.signature.batched else ()
         # config `reshape`: clients send `dims`, the runtime sees `reshape.shape` (and back for outputs).
-        self._input_reshape = {
-            i.name: (*batch, *i.reshape.shape) for i in self.config.input if i.HasField("reshape")
-        }
+        self._input_reshape = input_reshapes(self.config)
         self._output_reshape = {
             o.name: (*batch, *o.dims) for o in self.config.output if o.HasField("reshape")
         }

@@ -8,7 +8,10 @@ from typing import Any, Protocol
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-__all__ = ["Plan", "ProbeView", "enumerate_plans"]
+__all__ = ["DEFAULT_PLAN", "Plan", "ProbeView", "enumerate_plans"]
+
+DEFAULT_PLAN = "default"
+"""The plan id of a model served as its config says (no candidate could be measured)."""
 
 
 class ProbeView(Protocol):

@@ -13,12 +13,20 @@ def _number(value: Any, digits: int) -> str:
 
 def format_selection(decision: dict[str, Any]) -> str:
     lines = [
-        f"model {decision.get('model')} version {decision.get('version')}: chosen {decision.get('chosen')} "
+        f"model {decision.get('model')} version {decision.get('version')}: "
+        f"{decision.get('status', 'measured')}, chosen {decision.get('chosen') or 'the config default'} "
         f"(objective {decision.get('objective', '-')}, cache {decision.get('cache', '-')}, "
         f"hardware {str(decision.get('hardware_fingerprint', '-'))[:16]})",
     ]
+    if decision.get("tuned_on"):
+        shapes = "; ".join(f"batch {p['batch']} {p['shapes']}" for p in decision.get("profile") or [])
+        lines.append(f"tuned on {decision['tuned_on']} inputs: {shapes}")
+    for refused in decision.get("inputs_refused") or []:
+        lines.append(f"refused {refused['inputs']}: {refused['reason'][:120]}")
     if decision.get("reason"):
         lines.append(decision["reason"])
+    if decision.get("fix"):
+        lines.append(f"To fix: {decision['fix']}")
     rows = [("plan", "status", "latency ms (b=1)", "items/s (max b)", "max abs err", "reason")]
     for c in decision.get("candidates", []):
         error = c.get("max_abs_error")

@@ -25,8 +25,9 @@ from tritonclient.grpc import model_config_pb2 as mc
 from appliance.backends import BACKENDS, Backend, BackendInfo, LoadContext
 from appliance.core.config import config_to_json
 from appliance.errors import ConfigError
-from appliance.selection.measure import max_abs_error, sample_inputs, time_runs, within_tolerance
-from appliance.selection.plans import Plan, ProbeView, enumerate_plans
+from appliance.selection.inputs import DYNAMIC_SIZES, InputSearch, tuning_inputs
+from appliance.selection.measure import error_reason, max_abs_error, time_runs, within_tolerance
+from appliance.selection.plans import DEFAULT_PLAN, Plan, ProbeView, enumerate_plans
 from appliance.state import StateDir
 from model_cache import BrokenEntry, ModelCache, cache_key, hash_files
 
@@ -36,6 +37,9 @@ log = logging.getLogger(__name__)
 
 Progress = Callable[[str, int, int], None]
 """progress(message, step, steps)"""
+
+UNMEASURED = "unmeasured"
+FIX = "add model_warmup samples to config.pbtxt with shapes and data the model accepts"
 
 # Triton's optimization.execution_accelerators names -> our plans.
 _ACCELERATORS = {"openvino": "onnxruntime+openvino:CPU", "tensorrt": "onnxruntime:TensorRT", "cuda": "onnxruntime:CUDA"}
@@ -50,6 +54,8 @@ class SelectionSettings:
     rtol: float = 1e-3
     reduced_atol: float = 2e-2
     reduced_rtol: float = 2e-2
+    dynamic_sizes: tuple[int, ...] = DYNAMIC_SIZES
+    """Sizes tried for variable dimensions when synthetic inputs are all there is to tune with."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +65,12 @@ class Choice:
     cache: str
     """"hit", "miss" or "off"."""
     artefacts: Path | None
+
+    @property
+    def unmeasured(self) -> bool:
+        """No candidate could be measured: the model is served on its config's default plan (``plan``
+        is DEFAULT_PLAN), as ``--no-selection`` serves it."""
+        return self.decision.get("status") == UNMEASURED
 
 
 def _parameter(config: mc.ModelConfig, key: str) -> str:
@@ -178,7 +190,7 @@ class Selector:
             # One way to run it (Python, TensorRT engines): nothing to measure or cache.
             only = {"model": context.model_name, "version": context.version, "chosen": plans[0].id,
                     "plan": plans[0].as_json(), "objective": _parameter(context.config, "objective") or "latency",
-                    "hardware_fingerprint": self.fingerprint,
+                    "hardware_fingerprint": self.fingerprint, "status": "only_plan",
                     "candidates": [{"plan": plans[0].id, "status": "ok", "latency_ms": None, "throughput": None,
                                     "max_abs_error": None, "reason": "the only way to run this model here"}]}
             return Choice(plans[0], only, "off", None)
@@ -267,9 +279,8 @@ class Selector:
         objective = _parameter(config, "objective") or "latency"
         if objective not in ("latency", "throughput"):
             raise ConfigError(f"model {config.name!r}: objective must be latency or throughput, got {objective!r}")
-        batches = [1] + ([config.max_batch_size] if config.max_batch_size > 1 else [])
-        samples = {b: sample_inputs(config, context.version_dir.parent, b) for b in batches}
-        outputs = [o.name for o in config.output]
+        candidates = tuning_inputs(config, context.version_dir.parent, self._settings.dynamic_sizes)
+        search = InputSearch(context.model_name, candidates, [o.name for o in config.output])
         report = _Progress(context.model_name, len(plans), progress or self.progress)
         with (self._cache.staging() if self._cache is not None else _scratch()) as staging:
             reference: dict[int, dict] = {}
@@ -278,13 +289,14 @@ class Selector:
                 report(f"building {plan.id}")
                 artefacts = staging / plan.id.replace(":", "_").replace("+", "_")
                 artefacts.mkdir()
-                results.append(self._measure(plan, info, context, artefacts, samples, outputs, reference))
+                results.append(self._measure(plan, info, context, artefacts, search, reference))
             results += [{"plan": p, "status": "skipped", "reason": r} for p, r in skipped.items()]
             chosen = _best(results, objective)
-            if chosen is None:
+            if chosen is None and not search.tried_on:
                 reasons = "; ".join(f"{r['plan']}: {r.get('reason')}" for r in results)
-                raise ConfigError(f"model {context.model_name!r}: no plan can run it here ({reasons})")
-            plan = next(p for p in plans if p.id == chosen)
+                raise ConfigError(f"model {context.model_name!r}: no plan can load it here ({reasons})")
+            # Nothing measured: the config's default plan serves, as --no-selection serves the model.
+            plan = next((p for p in plans if p.id == chosen), None) or Plan(DEFAULT_PLAN, info.name)
             decision = {
                 "model": context.model_name,
                 "version": context.version,
@@ -294,7 +306,9 @@ class Selector:
                 "hardware_fingerprint": self.fingerprint,
                 "tuned_at": time.time(),
                 "candidates": results,
+                **_inputs_outcome(search, chosen is not None),
             }
+            chosen = plan.id
             report(f"chose {chosen}", done=True)
             if self._cache is None:
                 return Choice(plan, decision, "off", None)
@@ -306,7 +320,7 @@ class Selector:
         return Choice(plan, decision, "miss", entry.artefacts)
 
     def _measure(self, plan: Plan, info: BackendInfo, context: LoadContext, artefacts: Path,
-                 samples: dict[int, dict], outputs: list[str], reference: dict[int, dict]) -> dict[str, Any]:
+                 search: InputSearch, reference: dict[int, dict]) -> dict[str, Any]:
         row: dict[str, Any] = {**plan.as_json(), "status": "failed", "latency_ms": None, "throughput": None,
                                "max_abs_error": None, "reason": ""}
         target = next((b for b in self._backends if b.name == plan.backend), info)
@@ -314,25 +328,31 @@ class Selector:
         try:
             backend = _build(target, plan_context, self._settings.build_timeout)
         except Exception as exc:  # a candidate that cannot build is a result, not an error
-            row["reason"] = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
+            row["reason"] = error_reason(exc)
             return row
         try:
-            results = {b: backend.run(x, outputs) for b, x in samples.items()}
+            inputs = search.find(backend)
+            if inputs is None:
+                row["reason"] = "built, but refused every tuning input (see inputs_refused)"
+                return row
+            samples, outputs = inputs.samples, search.outputs
+            results = [backend.run(sample.inputs, outputs) for sample in samples]
             if not reference:
-                reference.update(results)  # the first plan is the fp32 CPU reference
-            error = max(max_abs_error(reference[b], results[b]) for b in samples)
+                reference.update(enumerate(results))  # the first plan that builds is the fp32 CPU reference
+            error = max(max_abs_error(reference[i], result) for i, result in enumerate(results))
             row["max_abs_error"] = error
             atol, rtol = _tolerance(context.config, plan, self._settings)
-            if not all(within_tolerance(reference[b], error, atol, rtol) for b in samples):
+            if not all(within_tolerance(reference[i], error, atol, rtol) for i in reference):
                 row.update(status="rejected", reason=f"max abs error {error:.3g} exceeds atol {atol:g} + rtol {rtol:g}")
                 return row
-            timings = {b: time_runs(lambda x=x: backend.run(x, outputs), self._settings.budget) for b, x in samples.items()}
-            row["latency_ms"] = round(timings[1] * 1000, 4)
-            top = max(samples)
-            row["throughput"] = round(top / timings[top], 1) if top > 1 else round(1 / timings[1], 1)
+            timings = [time_runs(lambda x=sample.inputs: backend.run(x, outputs), self._settings.budget)
+                       for sample in samples]
+            smallest = min(range(len(samples)), key=lambda i: samples[i].batch)
+            row["latency_ms"] = round(timings[smallest] * 1000, 4)
+            row["throughput"] = round(max(sample.batch / t for sample, t in zip(samples, timings)), 1)
             row["status"] = "ok"
         except Exception as exc:
-            row["reason"] = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
+            row["reason"] = error_reason(exc)
         finally:
             backend.close()
         return row
@@ -357,6 +377,20 @@ def _best(results: list[dict[str, Any]], objective: str) -> str | None:
     if objective == "throughput":
         return max(ok, key=lambda r: r["throughput"])["plan"]
     return min(ok, key=lambda r: r["latency_ms"])["plan"]
+
+
+def _inputs_outcome(search: InputSearch, measured: bool) -> dict[str, Any]:
+    """The decision's account of what it was tuned on, or why nothing could be measured."""
+    outcome: dict[str, Any] = {"inputs_refused": search.refused}
+    if measured and search.found is not None:
+        return {**outcome, "status": "measured", "tuned_on": search.found.source, "profile": search.found.profile()}
+    if search.found is None:
+        tried = "; ".join(f"{r['inputs']}: {r['reason'][:200]}" for r in search.refused)
+        why = f"the model refused every tuning input ({tried})"
+    else:
+        why = "every candidate plan failed or was rejected on the tuning inputs (see candidates)"
+    return {**outcome, "status": UNMEASURED, "tuned_on": None, "profile": None,
+            "reason": f"no candidate plan could be measured: {why}; serving the config's default plan", "fix": FIX}
 
 
 def _plan_from(decision: dict[str, Any]) -> Plan:

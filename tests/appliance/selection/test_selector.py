@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
-from google.protobuf import text_format
-from tritonclient.grpc import model_config_pb2 as mc
 
 import hardware_probe
-from appliance.backends import BACKENDS, LoadContext, RuntimeOptions
-from appliance.core.config import complete_config
+from appliance.backends import BACKENDS
 from appliance.selection import Plan, Selector, enumerate_plans
+from appliance.selection.plans import DEFAULT_PLAN
 from appliance.selection.selector import SelectionSettings, open_cache
 from appliance.state import StateDir
 from model_cache import ModelCache
+from tests.appliance.selection.contexts import ONNX, onnx_context
 from tests.appliance.selection.faulty import FAULTY
-from tests.builders import cnn_model, save
-
-ONNX = BACKENDS[0]
+from tests.builders import cnn_model, framing_model, save, vad_like_model
 
 
 @pytest.fixture(scope="module")
@@ -29,22 +27,13 @@ def model_file(tmp_path_factory):
     return save(cnn_model(), tmp_path_factory.mktemp("m") / "cnn" / "1" / "model.onnx")
 
 
-def _context(model_file, extra: str = "") -> LoadContext:
-    config = text_format.Parse(extra, mc.ModelConfig())
-    config.name = "cnn"
-    backend = ONNX.load(LoadContext("cnn", 1, model_file, config, RuntimeOptions()))
-    config = complete_config(config, platform="onnxruntime_onnx", backend="onnxruntime",
-                             default_filename="model.onnx", inputs=backend.inputs(), outputs=backend.outputs())
-    return LoadContext("cnn", 1, model_file, config, RuntimeOptions(), threads=1)
-
-
 def _selector(report, cache=None, **kwargs) -> Selector:
     return Selector(report, report.fingerprint, report.runtime_versions(), cache,
                     SelectionSettings(budget=0.05), cpu_flags=tuple(report.cpu_flags()), **kwargs)
 
 
 def test_onnx_model_has_at_least_two_measured_candidates_and_the_fastest_wins(report, model_file):
-    choice = _selector(report).choose(ONNX, _context(model_file))
+    choice = _selector(report).choose(ONNX, onnx_context(model_file))
     ok = [c for c in choice.decision["candidates"] if c["status"] == "ok"]
     assert {"onnxruntime:CPU", "openvino:CPU"} <= {c["plan"] for c in ok}
     assert choice.plan.id == min(ok, key=lambda c: c["latency_ms"])["plan"]
@@ -54,7 +43,7 @@ def test_onnx_model_has_at_least_two_measured_candidates_and_the_fastest_wins(re
 
 
 def test_throughput_objective_picks_the_most_items_per_second(report, model_file):
-    context = _context(model_file, 'parameters { key: "objective" value: { string_value: "throughput" } }')
+    context = onnx_context(model_file, 'parameters { key: "objective" value: { string_value: "throughput" } }')
     choice = _selector(report).choose(ONNX, context)
     ok = [c for c in choice.decision["candidates"] if c["status"] == "ok"]
     assert choice.plan.id == max(ok, key=lambda c: c["throughput"])["plan"]
@@ -63,7 +52,7 @@ def test_throughput_objective_picks_the_most_items_per_second(report, model_file
 def test_a_plan_that_computes_wrong_numbers_is_rejected(report, model_file):
     faulty = Plan("faulty:shifted", "faulty")
     selector = _selector(report, extra_plans=(faulty,), backends=(*BACKENDS, FAULTY))
-    choice = selector.choose(ONNX, _context(model_file))
+    choice = selector.choose(ONNX, onnx_context(model_file))
     row = next(c for c in choice.decision["candidates"] if c["plan"] == "faulty:shifted")
     assert row["status"] == "rejected" and "exceeds" in row["reason"]
     assert row["max_abs_error"] == pytest.approx(0.1, rel=1e-3)
@@ -73,7 +62,7 @@ def test_a_plan_that_computes_wrong_numbers_is_rejected(report, model_file):
 def test_pinned_reduced_precision_plan_beyond_tolerance_is_rejected(report, model_file):
     if "openvino:CPU:bf16" not in {p.id for p in enumerate_plans("onnxruntime", report, report.cpu_flags())}:
         pytest.skip("this CPU has no native bf16, so there is no bf16 plan")
-    context = _context(model_file, 'parameters { key: "plan" value: { string_value: "openvino:CPU:bf16" } }\n'
+    context = onnx_context(model_file, 'parameters { key: "plan" value: { string_value: "openvino:CPU:bf16" } }\n'
                                    'parameters { key: "tolerance" value: { string_value: "1e-6" } }')
     choice = _selector(report).choose(ONNX, context)
     rows = {c["plan"]: c for c in choice.decision["candidates"]}
@@ -83,7 +72,7 @@ def test_pinned_reduced_precision_plan_beyond_tolerance_is_rejected(report, mode
 
 
 def test_excluded_plans_are_skipped(report, model_file):
-    context = _context(model_file, 'parameters { key: "exclude_plans" value: { string_value: "openvino" } }')
+    context = onnx_context(model_file, 'parameters { key: "exclude_plans" value: { string_value: "openvino" } }')
     choice = _selector(report).choose(ONNX, context)
     rows = {c["plan"]: c for c in choice.decision["candidates"]}
     assert rows["openvino:CPU"]["status"] == "skipped"
@@ -92,12 +81,12 @@ def test_excluded_plans_are_skipped(report, model_file):
 
 def test_cached_decision_is_reused_without_timing(report, model_file, tmp_path):
     cache = ModelCache(tmp_path / "cache")
-    first = _selector(report, cache).choose(ONNX, _context(model_file))
-    second = _selector(report, cache).choose(ONNX, _context(model_file))
+    first = _selector(report, cache).choose(ONNX, onnx_context(model_file))
+    second = _selector(report, cache).choose(ONNX, onnx_context(model_file))
     assert (first.cache, second.cache) == ("miss", "hit")
     assert second.decision["tuned_at"] == first.decision["tuned_at"]
     assert second.plan == first.plan
-    retuned = _selector(report, cache).choose(ONNX, _context(model_file), force=True)
+    retuned = _selector(report, cache).choose(ONNX, onnx_context(model_file), force=True)
     assert retuned.cache == "miss" and retuned.decision["tuned_at"] > first.decision["tuned_at"]
 
 
@@ -108,14 +97,14 @@ def _state(tmp_path, writable: bool = True) -> StateDir:
 @pytest.mark.parametrize("isolate", [False, True], ids=["in-process", "tuning-child"])
 def test_a_read_only_cache_serves_hits_and_measures_misses_without_storing(report, model_file, tmp_path, isolate):
     root = tmp_path / "cache"
-    first = _selector(report, ModelCache(root)).choose(ONNX, _context(model_file))
+    first = _selector(report, ModelCache(root)).choose(ONNX, onnx_context(model_file))
     before = sorted(p.relative_to(root) for p in root.rglob("*"))
     state = _state(tmp_path, writable=False)
     read_only = open_cache(root, 1 << 30, state)
-    hit = _selector(report, read_only, isolate=isolate, state=state).choose(ONNX, _context(model_file))
+    hit = _selector(report, read_only, isolate=isolate, state=state).choose(ONNX, onnx_context(model_file))
     assert hit.cache == "hit" and hit.plan == first.plan
     # Another model (a different key): measured, served, not stored, and said so.
-    other = _context(model_file, 'parameters { key: "objective" value: { string_value: "throughput" } }')
+    other = onnx_context(model_file, 'parameters { key: "objective" value: { string_value: "throughput" } }')
     miss = _selector(report, read_only, isolate=isolate, state=state).choose(ONNX, other)
     assert miss.cache == "miss" and miss.artefacts is None
     assert {c["status"] for c in miss.decision["candidates"]} >= {"ok"}
@@ -127,10 +116,10 @@ def test_a_read_only_cache_serves_hits_and_measures_misses_without_storing(repor
 def test_a_cached_decision_without_a_usable_plan_is_measured_again(report, model_file, tmp_path):
     cache = ModelCache(tmp_path / "cache")
     selector = _selector(report, cache)
-    key = selector._key(model_file.parent, _context(model_file).config)
+    key = selector._key(model_file.parent, onnx_context(model_file).config)
     cache.store(key, {"chosen": "onnxruntime:CPU", "plan": ["not", "an", "object"]})  # a consistent entry
     state = _state(tmp_path)
-    choice = _selector(report, open_cache(cache.root, 1 << 30, state), state=state).choose(ONNX, _context(model_file))
+    choice = _selector(report, open_cache(cache.root, 1 << 30, state), state=state).choose(ONNX, onnx_context(model_file))
     assert choice.cache == "miss" and choice.decision["candidates"]
     assert cache.lookup(key).decision["tuned_at"] == choice.decision["tuned_at"]  # replaced by the new one
     assert [p.kind for p in state.problems] == ["cache_entry_unreadable"]
@@ -139,11 +128,50 @@ def test_a_cached_decision_without_a_usable_plan_is_measured_again(report, model
 
 def test_an_unreadable_cache_entry_is_reported_to_the_state_dir(report, model_file, tmp_path):
     cache = ModelCache(tmp_path / "cache")
-    first = _selector(report, cache).choose(ONNX, _context(model_file))
+    first = _selector(report, cache).choose(ONNX, onnx_context(model_file))
     manifest = next(cache.root.glob("*/manifest.json"))
     manifest.write_text('{"files": "wrong shape"}')
     state = _state(tmp_path)
-    again = _selector(report, open_cache(cache.root, 1 << 30, state), state=state).choose(ONNX, _context(model_file))
+    again = _selector(report, open_cache(cache.root, 1 << 30, state), state=state).choose(ONNX, onnx_context(model_file))
     assert again.cache == "miss" and first.cache == "miss"
     assert [p.kind for p in state.problems] == ["cache_entry_unreadable"]
     assert "removed" in state.problems[0].message
+
+
+def test_a_model_that_refuses_one_sample_is_measured_on_a_size_it_accepts(report, tmp_path):
+    """Silero VAD's shape: reflect padding refuses 1 and 16 samples; 512 is measured."""
+    model_file = save(vad_like_model(pad=64), tmp_path / "vad" / "1" / "model.onnx")
+    choice = _selector(report).choose(ONNX, onnx_context(model_file))
+    decision = choice.decision
+    assert not choice.unmeasured and decision["status"] == "measured" and decision["tuned_on"] == "synthetic"
+    assert decision["profile"] == [{"batch": 1, "shapes": {"input": [512, 512], "state": [2, 512, 128], "sr": []}}]
+    assert [r["inputs"] for r in decision["inputs_refused"]] == ["synthetic inputs, variable dimensions 1",
+                                                                 "synthetic inputs, variable dimensions 16"]
+    assert any(c["status"] == "ok" for c in decision["candidates"])
+
+
+def test_a_model_that_refuses_every_synthetic_input_is_unmeasured_not_refused(report, tmp_path):
+    model_file = save(framing_model(frame=480), tmp_path / "frames" / "1" / "model.onnx")
+    cache = ModelCache(tmp_path / "cache")
+    choice = _selector(report, cache).choose(ONNX, onnx_context(model_file))
+    decision = choice.decision
+    assert choice.unmeasured and decision["status"] == "unmeasured" and decision["chosen"] is None
+    assert choice.plan == Plan(DEFAULT_PLAN, "onnxruntime")  # what --no-selection serves
+    assert "no candidate plan could be measured" in decision["reason"] and "model_warmup" in decision["fix"]
+    assert len(decision["inputs_refused"]) == 4  # 1, 16, 512 and 16000 samples: none is whole 480-sample frames
+    assert all(c["status"] in ("failed", "skipped") for c in decision["candidates"])
+    again = _selector(report, cache).choose(ONNX, onnx_context(model_file))
+    assert (again.cache, again.plan, again.unmeasured) == ("hit", choice.plan, True)
+
+
+def test_model_warmup_data_is_what_the_model_is_tuned_on(report, tmp_path):
+    model_file = save(framing_model(frame=480), tmp_path / "frames" / "1" / "model.onnx")
+    (tmp_path / "frames" / "warmup").mkdir()
+    audio = np.random.default_rng(1).standard_normal((1, 4800)).astype(np.float32)
+    (tmp_path / "frames" / "warmup" / "speech.raw").write_bytes(audio.tobytes())
+    context = onnx_context(model_file, """model_warmup [ { name: "speech" batch_size: 1 inputs [ { key: "audio"
+        value: { data_type: TYPE_FP32 dims: [ 1, 4800 ] input_data_file: "speech.raw" } } ] } ]""")
+    decision = _selector(report).choose(ONNX, context).decision
+    assert decision["status"] == "measured" and decision["tuned_on"] == "warmup"
+    assert decision["profile"] == [{"batch": 1, "shapes": {"audio": [1, 4800]}}]
+    assert decision["inputs_refused"] == []
