@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from appliance.backends.base import Backend, BackendInfo, LoadContext, RuntimeOptions
+from appliance.backends.base import (
+    Backend,
+    BackendInfo,
+    LoadContext,
+    RuntimeOptions,
+    threads_per_instance,
+    usable_cores,
+)
 from appliance.errors import ConfigError
 
 __all__ = [
@@ -14,6 +21,8 @@ __all__ = [
     "LoadContext",
     "RuntimeOptions",
     "resolve_backend",
+    "threads_per_instance",
+    "usable_cores",
 ]
 
 BACKENDS: tuple[BackendInfo, ...] = (

@@ -9,6 +9,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import importlib
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,7 +22,7 @@ from appliance.errors import BackendUnavailable
 if TYPE_CHECKING:
     from tritonclient.grpc.model_config_pb2 import ModelConfig
 
-__all__ = ["Backend", "BackendInfo", "LoadContext", "RuntimeOptions"]
+__all__ = ["Backend", "BackendInfo", "LoadContext", "RuntimeOptions", "threads_per_instance", "usable_cores"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -30,6 +31,21 @@ class RuntimeOptions:
 
     onnx_providers: tuple[str, ...] = ("CPUExecutionProvider",)
     intra_op_threads: int = 0
+
+
+def usable_cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def threads_per_instance(options: RuntimeOptions, instances: int) -> int:
+    """Share this box's cores among a model's instances unless the settings fix a number."""
+    if options.intra_op_threads:
+        return options.intra_op_threads
+    return max(1, usable_cores() // max(instances, 1))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from appliance.backends import BACKENDS, Backend, BackendInfo, LoadContext, RuntimeOptions, resolve_backend
+from appliance.backends import (
+    BACKENDS,
+    Backend,
+    BackendInfo,
+    LoadContext,
+    RuntimeOptions,
+    resolve_backend,
+    threads_per_instance,
+)
 from appliance.core.classification import read_labels
 from appliance.core.config import complete_config, read_config, select_versions, signature_of
 from appliance.core.instances import InstancePool
@@ -52,17 +59,6 @@ def _instance_count(config: mc.ModelConfig, info: BackendInfo) -> int:
     return sum(group.count if group.count > 0 else info.cpu_instances for group in config.instance_group)
 
 
-def _threads_per_instance(options: RuntimeOptions, instances: int) -> int:
-    """Share this box's cores among a model's instances unless the settings fix a number."""
-    if options.intra_op_threads:
-        return options.intra_op_threads
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
-    return max(1, cores // max(instances, 1))
-
-
 def _model_file(model_dir: Path, version_dir: Path, filename: str) -> Path:
     path = confined(model_dir, f"{version_dir.name}/{filename}", "default_model_filename")
     if not path.exists():
@@ -94,13 +90,15 @@ def _load_version(
     options: RuntimeOptions,
     selector: Selector | None,
     retune: bool,
+    explicit_instances: bool,
 ) -> tuple[mc.ModelConfig, ModelVersion]:
     """Load every instance of one version: the first instance's tensors complete the config, the
-    selector (when there is one) picks the plan the instances then run."""
+    selector (when there is one) picks the plan the instances then run (and, on the CPU, how many
+    instances with how many threads, unless the user's config set instance_group)."""
     model_file = _model_file(model_dir, path, config.default_model_filename or info.default_filename)
     instances: list[Backend] = []
     count = _instance_count(config, info)
-    threads = _threads_per_instance(options, count)
+    threads = threads_per_instance(options, count)
 
     def context(index: int, cfg: mc.ModelConfig, artefacts: Path | None = None) -> LoadContext:
         return LoadContext(model_dir.name, version, model_file, cfg, options, index, threads, artefacts)
@@ -114,7 +112,7 @@ def _load_version(
         warmup = warmup_samples(config, model_dir)  # a broken sample fails the load before any tuning
         plan_config, artefacts = config, None
         if selector is not None:
-            choice = selector.choose(info, context(0, config), force=retune)
+            choice = selector.choose(info, context(0, config), force=retune, explicit_instances=explicit_instances)
             selection = {**choice.decision, "cache": choice.cache}
             if choice.unmeasured:
                 log.warning("model %s version %d: %s. To fix: %s", model_dir.name, version,
@@ -124,6 +122,11 @@ def _load_version(
                 instances.clear()
                 target = next(b for b in BACKENDS if b.name == choice.plan.backend)
                 plan_config, artefacts = choice.plan.apply(config), choice.artefacts
+                if choice.plan.instances:  # the served config says how many instances really run
+                    del config.instance_group[:]
+                    config.instance_group.extend(plan_config.instance_group)
+                    count = choice.plan.instances
+                    threads = choice.plan.threads or threads_per_instance(options, count)
         for index in range(len(instances), count):
             instances.append(target.load(context(index, plan_config, artefacts)))
         for backend in instances:
@@ -179,6 +182,7 @@ def load_model(
             f"{model_dir.name}/1/<model file> (e.g. {model_dir.name}/1/model.onnx)"
         )
     check_config_paths(config, model_dir, available.values())
+    explicit_instances = bool(config.instance_group)  # the user's choice, before auto-completion adds one
     info = resolve_backend(model_dir.name, config.backend, config.platform, list(available.values()))
     selected = select_versions(config, available)
     versions: dict[int, ModelVersion] = {}
@@ -188,7 +192,8 @@ def load_model(
     for version in reversed(selected):
         try:
             completed_here, model = _load_version(
-                model_dir, version, available[version], info, completed or config, options, selector, retune
+                model_dir, version, available[version], info, completed or config, options, selector, retune,
+                explicit_instances,
             )
         except ApplianceError as exc:
             failures[version] = exc.message

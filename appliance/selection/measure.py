@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import statistics
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
 from appliance.errors import ApplianceError
 
-__all__ = ["error_reason", "max_abs_error", "time_runs", "within_tolerance"]
+__all__ = ["error_reason", "max_abs_error", "rate_concurrent", "time_runs", "within_tolerance"]
 
 
 def error_reason(exc: BaseException) -> str:
@@ -51,3 +52,36 @@ def time_runs(run: Callable[[], object], budget: float, min_runs: int = 5, max_r
         run()
         samples.append(time.perf_counter() - begin)
     return statistics.median(samples)
+
+
+def rate_concurrent(runs: Sequence[Callable[[], object]], budget: float) -> float:
+    """Calls per second with every ``run`` looping on a thread of its own for about ``budget`` seconds
+    (each runs at least once after a warm-up call); the first error any of them raises is raised."""
+    for run in runs:
+        run()
+    counts = [0] * len(runs)
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def loop(index: int) -> None:
+        try:
+            while True:
+                runs[index]()
+                counts[index] += 1
+                if stop.is_set():
+                    return
+        except BaseException as exc:  # handed to the caller below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=loop, args=(i,), name=f"tune-rate-{i}") for i in range(len(runs))]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    stop.wait(budget)
+    stop.set()
+    for thread in threads:
+        thread.join()
+    elapsed = time.perf_counter() - started
+    if errors:
+        raise errors[0]
+    return sum(counts) / elapsed

@@ -1,4 +1,5 @@
-"""Candidate plans: the ways this box can run a model file (runtime + provider/device + precision)."""
+"""Candidate plans: the ways this box can run a model file (runtime + provider/device + precision, and
+on the CPU how many instances with how many threads each)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ from typing import Any, Protocol
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-__all__ = ["DEFAULT_PLAN", "Plan", "ProbeView", "enumerate_plans"]
+__all__ = ["DEFAULT_PLAN", "INSTANCE_COUNTS", "Plan", "ProbeView", "enumerate_plans", "instance_variants"]
 
 DEFAULT_PLAN = "default"
 """The plan id of a model served as its config says (no candidate could be measured)."""
+INSTANCE_COUNTS = (1, 2, 4)
+"""Instance counts a CPU plan is tried with (up to the box's cores)."""
 
 
 class ProbeView(Protocol):
@@ -33,18 +36,50 @@ class Plan:
     reduced_precision: bool = False
     """bf16/fp16 plans: checked against the looser low-precision tolerance, and only kept when the
     model's tolerance admits them."""
+    instances: int = 0
+    """Instances to serve with; 0: as the config's instance_group says."""
+    threads: int = 0
+    """Threads inside one operator, per instance; 0: the box's cores shared among the instances."""
+
+    @property
+    def base(self) -> str:
+        """The id without its instance variant (``@<instances>x<threads>``)."""
+        return self.id.split("@")[0]
 
     def apply(self, config: mc.ModelConfig) -> mc.ModelConfig:
-        """A copy of the config with this plan's parameters set (user parameters otherwise kept)."""
+        """A copy of the config with this plan's parameters set (user parameters otherwise kept) and,
+        when the plan says how many instances, one CPU instance group of that count."""
         copy = mc.ModelConfig()
         copy.CopyFrom(config)
         for key, value in self.parameters:
             copy.parameters[key].string_value = value
+        if self.instances:
+            del copy.instance_group[:]
+            copy.instance_group.add(name=config.name, kind=mc.ModelInstanceGroup.KIND_CPU, count=self.instances)
         return copy
 
     def as_json(self) -> dict[str, Any]:
         return {"plan": self.id, "backend": self.backend, "parameters": dict(self.parameters),
-                "reduced_precision": self.reduced_precision}
+                "reduced_precision": self.reduced_precision, "instances": self.instances, "threads": self.threads}
+
+
+def _on_cpu(plan: Plan) -> bool:
+    return plan.id.split(":")[1:2] in (["CPU"], ["cpu"])
+
+
+def instance_variants(plans: Sequence[Plan], cores: int, threads: int = 0) -> list[Plan]:
+    """Each CPU plan as n instances of cores // n threads (or ``threads`` when the settings fix it) for
+    n in INSTANCE_COUNTS up to ``cores``; other plans as they are (their instances follow the config)."""
+    variants = []
+    for plan in plans:
+        if not _on_cpu(plan):
+            variants.append(plan)
+            continue
+        for count in (n for n in INSTANCE_COUNTS if n <= max(cores, 1)):
+            per_instance = threads or max(1, cores // count)
+            variants.append(dataclasses.replace(plan, id=f"{plan.base}@{count}x{per_instance}", instances=count,
+                                                threads=per_instance))
+    return variants
 
 
 def _openvino_plans(devices: Sequence[str], bf16: bool) -> list[Plan]:

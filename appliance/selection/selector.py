@@ -6,13 +6,12 @@ at once, so each measurement has the box to itself, while models with a cached d
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import dataclasses
 import json
+import logging
 import subprocess
 import sys
-import logging
 import tempfile
 import threading
 import time
@@ -22,12 +21,12 @@ from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from appliance.backends import BACKENDS, Backend, BackendInfo, LoadContext
+from appliance.backends import BACKENDS, BackendInfo, LoadContext, usable_cores
 from appliance.core.config import config_to_json
 from appliance.errors import ConfigError
+from appliance.selection.candidates import CandidateBench, best
 from appliance.selection.inputs import DYNAMIC_SIZES, InputSearch, tuning_inputs
-from appliance.selection.measure import error_reason, max_abs_error, time_runs, within_tolerance
-from appliance.selection.plans import DEFAULT_PLAN, Plan, ProbeView, enumerate_plans
+from appliance.selection.plans import DEFAULT_PLAN, Plan, ProbeView, enumerate_plans, instance_variants
 from appliance.state import StateDir
 from model_cache import BrokenEntry, ModelCache, cache_key, hash_files
 
@@ -78,6 +77,10 @@ def _parameter(config: mc.ModelConfig, key: str) -> str:
     return value.string_value.strip() if value is not None else ""
 
 
+def _flag(config: mc.ModelConfig, key: str) -> bool:
+    return _parameter(config, key).lower() in ("1", "true", "yes")
+
+
 def _pinned(config: mc.ModelConfig) -> str:
     pinned = _parameter(config, "plan")
     if pinned:
@@ -104,7 +107,7 @@ def _selection_inputs(config: mc.ModelConfig) -> dict[str, Any]:
     """The parts of a config that change what selection measures (and so the cache key)."""
     document = config_to_json(config)
     return {k: document.get(k) for k in ("max_batch_size", "input", "output", "parameters", "optimization",
-                                          "model_warmup", "default_model_filename")}
+                                          "model_warmup", "default_model_filename", "instance_group")}
 
 
 def open_cache(root: Path, max_bytes: int, state: StateDir) -> ModelCache:
@@ -147,14 +150,19 @@ class Selector:
         self.progress: Progress | None = None
         """Where tuning reports its steps besides the log (the CLI's progress bar)."""
 
-    def plans_for(self, info: BackendInfo, config: mc.ModelConfig) -> tuple[list[Plan], dict[str, str]]:
-        """Candidate plans after pins and exclusions, and why the others were left out."""
+    def plans_for(self, info: BackendInfo, config: mc.ModelConfig, explicit_instances: bool = False,
+                  threads: int = 0) -> tuple[list[Plan], dict[str, str]]:
+        """Candidate plans after pins and exclusions, and why the others were left out. CPU plans come
+        in instance x thread variants unless the config's own instance_group fixes the instances (and
+        does not set parameters tune_instances); ``threads`` fixes the threads (the settings')."""
         plans = [*enumerate_plans(info.name, self._probe, self._cpu_flags), *self._extra_plans]
+        if not explicit_instances or _flag(config, "tune_instances"):
+            plans = instance_variants(plans, usable_cores(), threads)
         skipped: dict[str, str] = {}
         excluded = [p.strip() for p in _parameter(config, "exclude_plans").split(",") if p.strip()]
         pinned = _pinned(config)
-        allow_reduced = _parameter(config, "allow_reduced_precision").lower() in ("1", "true", "yes")
-        if pinned and pinned not in {p.id for p in plans}:
+        allow_reduced = _flag(config, "allow_reduced_precision")
+        if pinned and pinned not in {p.id for p in plans} | {p.base for p in plans}:
             raise ConfigError(
                 f"model {config.name!r} pins plan {pinned!r}, which cannot run here; plans: {[p.id for p in plans]}"
             )
@@ -162,30 +170,31 @@ class Selector:
         for index, plan in enumerate(plans):
             if index == 0:
                 kept.append(plan)  # the fp32 reference always runs: the others are checked against it
-            elif pinned and plan.id != pinned:
+            elif pinned and pinned not in (plan.id, plan.base):
                 skipped[plan.id] = f"the model pins {pinned}"
-            elif any(plan.id == e or plan.id.startswith(e + ":") for e in excluded):
+            elif any(e in (plan.id, plan.base) or plan.id.startswith(e + ":") for e in excluded):
                 skipped[plan.id] = "excluded by parameters.exclude_plans"
-            elif plan.reduced_precision and not allow_reduced and plan.id != pinned:
+            elif plan.reduced_precision and not allow_reduced and pinned not in (plan.id, plan.base):
                 skipped[plan.id] = "reduced precision; set parameters allow_reduced_precision to consider it"
             else:
                 kept.append(plan)
         return kept, skipped
 
-    def _key(self, version_dir: Path, config: mc.ModelConfig) -> str:
+    def _key(self, version_dir: Path, config: mc.ModelConfig, explicit_instances: bool = False) -> str:
         return cache_key(hash_files(version_dir), config=_selection_inputs(config), fingerprint=self.fingerprint,
-                         runtimes=self._versions)
+                         runtimes=self._versions, explicit_instances=explicit_instances)
 
     def choose(self, info: BackendInfo, context: LoadContext, force: bool = False,
-               progress: Progress | None = None, key: str | None = None) -> Choice:
+               progress: Progress | None = None, key: str | None = None, explicit_instances: bool = False) -> Choice:
         """The plan to serve ``context``'s model version with: cached, or measured now. ``key`` is the
-        cache key when the caller already computed it (a tuning child process gets the daemon's)."""
-        key = key or self._key(context.version_dir, context.config)
+        cache key when the caller already computed it (a tuning child process gets the daemon's);
+        ``explicit_instances``: the user's config sets instance_group (kept unless it sets tune_instances)."""
+        key = key or self._key(context.version_dir, context.config, explicit_instances)
         if self._cache is not None and not force:
             cached = self._cached(key, context)
             if cached is not None:
                 return cached
-        plans, skipped = self.plans_for(info, context.config)
+        plans, skipped = self.plans_for(info, context.config, explicit_instances, context.options.intra_op_threads)
         if len(plans) == 1 and not skipped:
             # One way to run it (Python, TensorRT engines): nothing to measure or cache.
             only = {"model": context.model_name, "version": context.version, "chosen": plans[0].id,
@@ -196,7 +205,7 @@ class Selector:
             return Choice(plans[0], only, "off", None)
         with self._tuning:
             if self._isolate:
-                return self._tune_in_child(info, context, key)
+                return self._tune_in_child(info, context, key, explicit_instances)
             return self._tune(info, context, plans, skipped, key, progress)
 
     def _cached(self, key: str, context: LoadContext) -> Choice | None:
@@ -247,10 +256,11 @@ class Selector:
             "cpu_flags": list(self._cpu_flags),
         }
 
-    def _tune_in_child(self, info: BackendInfo, context: LoadContext, key: str) -> Choice:
+    def _tune_in_child(self, info: BackendInfo, context: LoadContext, key: str, explicit_instances: bool) -> Choice:
         from appliance.selection.worker import job_for
 
-        job = json.dumps({**job_for(self, info, context), "key": key})  # the model files are hashed once
+        # The model files are hashed once: the child gets the key.
+        job = json.dumps({**job_for(self, info, context), "key": key, "explicit_instances": explicit_instances})
         try:
             result = subprocess.run([sys.executable, "-m", "appliance.selection.worker"], input=job,
                                     capture_output=True, text=True, timeout=3600)
@@ -283,15 +293,16 @@ class Selector:
         search = InputSearch(context.model_name, candidates, [o.name for o in config.output])
         report = _Progress(context.model_name, len(plans), progress or self.progress)
         with (self._cache.staging() if self._cache is not None else _scratch()) as staging:
-            reference: dict[int, dict] = {}
+            bench = CandidateBench(self._backends, info, context, search, staging,
+                                   lambda plan: _tolerance(config, plan, self._settings), self._settings.budget,
+                                   self._settings.build_timeout)
             results: list[dict[str, Any]] = []
             for plan in plans:
                 report(f"building {plan.id}")
-                artefacts = staging / plan.id.replace(":", "_").replace("+", "_")
-                artefacts.mkdir()
-                results.append(self._measure(plan, info, context, artefacts, search, reference))
+                results.append(bench.measure(plan))
+            bench.confirm(results, plans, objective)
             results += [{"plan": p, "status": "skipped", "reason": r} for p, r in skipped.items()]
-            chosen = _best(results, objective)
+            chosen = best(results, objective)
             if chosen is None and not search.tried_on:
                 reasons = "; ".join(f"{r['plan']}: {r.get('reason')}" for r in results)
                 raise ConfigError(f"model {context.model_name!r}: no plan can load it here ({reasons})")
@@ -319,65 +330,6 @@ class Selector:
                 return Choice(plan, decision, "miss", None)
         return Choice(plan, decision, "miss", entry.artefacts)
 
-    def _measure(self, plan: Plan, info: BackendInfo, context: LoadContext, artefacts: Path,
-                 search: InputSearch, reference: dict[int, dict]) -> dict[str, Any]:
-        row: dict[str, Any] = {**plan.as_json(), "status": "failed", "latency_ms": None, "throughput": None,
-                               "max_abs_error": None, "reason": ""}
-        target = next((b for b in self._backends if b.name == plan.backend), info)
-        plan_context = dataclasses.replace(context, config=plan.apply(context.config), artefacts=artefacts)
-        try:
-            backend = _build(target, plan_context, self._settings.build_timeout)
-        except Exception as exc:  # a candidate that cannot build is a result, not an error
-            row["reason"] = error_reason(exc)
-            return row
-        try:
-            inputs = search.find(backend)
-            if inputs is None:
-                row["reason"] = "built, but refused every tuning input (see inputs_refused)"
-                return row
-            samples, outputs = inputs.samples, search.outputs
-            results = [backend.run(sample.inputs, outputs) for sample in samples]
-            if not reference:
-                reference.update(enumerate(results))  # the first plan that builds is the fp32 CPU reference
-            error = max(max_abs_error(reference[i], result) for i, result in enumerate(results))
-            row["max_abs_error"] = error
-            atol, rtol = _tolerance(context.config, plan, self._settings)
-            if not all(within_tolerance(reference[i], error, atol, rtol) for i in reference):
-                row.update(status="rejected", reason=f"max abs error {error:.3g} exceeds atol {atol:g} + rtol {rtol:g}")
-                return row
-            timings = [time_runs(lambda x=sample.inputs: backend.run(x, outputs), self._settings.budget)
-                       for sample in samples]
-            smallest = min(range(len(samples)), key=lambda i: samples[i].batch)
-            row["latency_ms"] = round(timings[smallest] * 1000, 4)
-            row["throughput"] = round(max(sample.batch / t for sample, t in zip(samples, timings)), 1)
-            row["status"] = "ok"
-        except Exception as exc:
-            row["reason"] = error_reason(exc)
-        finally:
-            backend.close()
-        return row
-
-
-def _build(info: BackendInfo, context: LoadContext, timeout: float) -> Backend:
-    """Load one candidate, giving up after ``timeout`` (a hung compile leaves only its thread behind)."""
-    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tune-build")
-    future = pool.submit(info.load, context)
-    try:
-        return future.result(timeout)
-    except concurrent.futures.TimeoutError:
-        raise ConfigError(f"building took longer than {timeout:.0f} s") from None
-    finally:
-        pool.shutdown(wait=False)
-
-
-def _best(results: list[dict[str, Any]], objective: str) -> str | None:
-    ok = [r for r in results if r["status"] == "ok"]
-    if not ok:
-        return None
-    if objective == "throughput":
-        return max(ok, key=lambda r: r["throughput"])["plan"]
-    return min(ok, key=lambda r: r["latency_ms"])["plan"]
-
 
 def _inputs_outcome(search: InputSearch, measured: bool) -> dict[str, Any]:
     """The decision's account of what it was tuned on, or why nothing could be measured."""
@@ -396,7 +348,8 @@ def _inputs_outcome(search: InputSearch, measured: bool) -> dict[str, Any]:
 def _plan_from(decision: dict[str, Any]) -> Plan:
     plan = decision["plan"]
     return Plan(plan["plan"], plan["backend"], tuple(sorted(plan["parameters"].items())),
-                reduced_precision=bool(plan.get("reduced_precision", False)))
+                reduced_precision=bool(plan.get("reduced_precision", False)),
+                instances=int(plan.get("instances", 0)), threads=int(plan.get("threads", 0)))
 
 
 class _Progress:

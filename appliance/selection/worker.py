@@ -55,7 +55,8 @@ def _run(job: dict[str, Any]) -> dict[str, Any]:
                           RuntimeOptions(**{**job["options"],
                                             "onnx_providers": tuple(job["options"]["onnx_providers"])}),
                           threads=job["threads"])
-    choice = selector.choose(info, context, force=True, key=job.get("key"))
+    choice = selector.choose(info, context, force=True, key=job.get("key"),
+                             explicit_instances=job.get("explicit_instances", False))
     # The decision travels back too: when the cache could not store it, the daemon serves it from here.
     return {"ok": True, "chosen": choice.plan.id, "decision": choice.decision}
 

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 import hardware_probe
-from appliance.backends import BACKENDS
+from appliance.backends import BACKENDS, usable_cores
 from appliance.selection import Plan, Selector, enumerate_plans
-from appliance.selection.plans import DEFAULT_PLAN
+from appliance.selection.plans import DEFAULT_PLAN, INSTANCE_COUNTS
 from appliance.selection.selector import SelectionSettings, open_cache
 from appliance.state import StateDir
 from model_cache import ModelCache
@@ -32,10 +32,22 @@ def _selector(report, cache=None, **kwargs) -> Selector:
                     SelectionSettings(budget=0.05), cpu_flags=tuple(report.cpu_flags()), **kwargs)
 
 
+def _base(row: dict) -> str:
+    return row["plan"].split("@")[0]
+
+
+def _rows_of(decision: dict, base: str) -> list[dict]:
+    return [c for c in decision["candidates"] if _base(c) == base]
+
+
 def test_onnx_model_has_at_least_two_measured_candidates_and_the_fastest_wins(report, model_file):
     choice = _selector(report).choose(ONNX, onnx_context(model_file))
     ok = [c for c in choice.decision["candidates"] if c["status"] == "ok"]
-    assert {"onnxruntime:CPU", "openvino:CPU"} <= {c["plan"] for c in ok}
+    assert {"onnxruntime:CPU", "openvino:CPU"} <= {_base(c) for c in ok}
+    # Each CPU plan in instance x thread variants that share this box's cores.
+    cores = usable_cores()
+    variants = {(c["instances"], c["threads"]) for c in _rows_of(choice.decision, "onnxruntime:CPU")}
+    assert variants == {(n, max(1, cores // n)) for n in INSTANCE_COUNTS if n <= cores}
     assert choice.plan.id == min(ok, key=lambda c: c["latency_ms"])["plan"]
     assert all(c["max_abs_error"] is not None and c["throughput"] > 0 for c in ok)
     assert choice.decision["hardware_fingerprint"] == report.fingerprint
@@ -65,18 +77,16 @@ def test_pinned_reduced_precision_plan_beyond_tolerance_is_rejected(report, mode
     context = onnx_context(model_file, 'parameters { key: "plan" value: { string_value: "openvino:CPU:bf16" } }\n'
                                    'parameters { key: "tolerance" value: { string_value: "1e-6" } }')
     choice = _selector(report).choose(ONNX, context)
-    rows = {c["plan"]: c for c in choice.decision["candidates"]}
-    assert rows["openvino:CPU:bf16"]["status"] == "rejected"
-    assert rows["openvino:CPU"]["status"] == "skipped" and "pins" in rows["openvino:CPU"]["reason"]
-    assert choice.plan.id == "onnxruntime:CPU"  # the reference is what is left
+    assert {c["status"] for c in _rows_of(choice.decision, "openvino:CPU:bf16")} == {"rejected"}
+    assert all(c["status"] == "skipped" and "pins" in c["reason"] for c in _rows_of(choice.decision, "openvino:CPU"))
+    assert choice.plan.base == "onnxruntime:CPU"  # the reference is what is left
 
 
 def test_excluded_plans_are_skipped(report, model_file):
     context = onnx_context(model_file, 'parameters { key: "exclude_plans" value: { string_value: "openvino" } }')
     choice = _selector(report).choose(ONNX, context)
-    rows = {c["plan"]: c for c in choice.decision["candidates"]}
-    assert rows["openvino:CPU"]["status"] == "skipped"
-    assert choice.plan.id == "onnxruntime:CPU"
+    assert {c["status"] for c in _rows_of(choice.decision, "openvino:CPU")} == {"skipped"}
+    assert choice.plan.base == "onnxruntime:CPU"
 
 
 def test_cached_decision_is_reused_without_timing(report, model_file, tmp_path):
@@ -175,3 +185,30 @@ def test_model_warmup_data_is_what_the_model_is_tuned_on(report, tmp_path):
     assert decision["status"] == "measured" and decision["tuned_on"] == "warmup"
     assert decision["profile"] == [{"batch": 1, "shapes": {"audio": [1, 4800]}}]
     assert decision["inputs_refused"] == []
+
+
+EXPLICIT_INSTANCES = 'instance_group [ { count: 2 kind: KIND_CPU } ]\n'
+TUNE_INSTANCES = 'parameters { key: "tune_instances" value: { string_value: "true" } }\n'
+
+
+@pytest.mark.parametrize("config, explicit, varied", [
+    ("", False, True),  # no instance_group: Triton's default is only a default
+    (EXPLICIT_INSTANCES, True, False),  # the user's choice
+    (EXPLICIT_INSTANCES + TUNE_INSTANCES, True, True),  # ... unless the user opts in
+])
+def test_an_explicit_instance_group_is_kept_unless_the_config_asks_for_tuning(report, model_file, config,
+                                                                               explicit, varied):
+    plans, _ = _selector(report).plans_for(ONNX, onnx_context(model_file, config).config, explicit)
+    cpu = [p for p in plans if p.base == "onnxruntime:CPU"]
+    if varied:
+        assert {p.instances for p in cpu} == {n for n in INSTANCE_COUNTS if n <= usable_cores()}
+    else:
+        assert [(p.id, p.instances, p.threads) for p in cpu] == [("onnxruntime:CPU", 0, 0)]
+
+
+def test_a_plan_pinned_with_its_variant_is_the_only_one_measured(report, model_file):
+    pinned = f"openvino:CPU@1x{usable_cores()}"
+    context = onnx_context(model_file, f'parameters {{ key: "plan" value: {{ string_value: "{pinned}" }} }}')
+    plans, skipped = _selector(report).plans_for(ONNX, context.config)
+    assert [p.id for p in plans][1:] == [pinned]  # after the reference
+    assert all("pins" in reason for plan, reason in skipped.items() if plan.startswith("openvino:CPU@"))
