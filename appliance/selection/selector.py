@@ -262,11 +262,12 @@ class Selector:
         # The model files are hashed once: the child gets the key.
         job = json.dumps({**job_for(self, info, context), "key": key, "explicit_instances": explicit_instances})
         try:
+            # The child's log lines (its progress) go to the daemon's stderr as they are written: a long
+            # tuning stays visible while it runs. Only the outcome comes back on stdout.
             result = subprocess.run([sys.executable, "-m", "appliance.selection.worker"], input=job,
-                                    capture_output=True, text=True, timeout=3600)
+                                    stdout=subprocess.PIPE, text=True, timeout=3600)
         except subprocess.TimeoutExpired:
             raise ConfigError(f"model {context.model_name!r}: tuning took longer than an hour") from None
-        sys.stderr.write(result.stderr)  # the child's progress lines, in the daemon's log
         lines = result.stdout.strip().splitlines()
         outcome = json.loads(lines[-1]) if lines else {"ok": False, "error": f"exit code {result.returncode}"}
         if not outcome.get("ok"):
@@ -300,6 +301,7 @@ class Selector:
             for plan in plans:
                 report(f"building {plan.id}")
                 results.append(bench.measure(plan))
+                report.result(results[-1])
             bench.confirm(results, plans, objective)
             results += [{"plan": p, "status": "skipped", "reason": r} for p, r in skipped.items()]
             chosen = best(results, objective)
@@ -353,6 +355,9 @@ def _plan_from(decision: dict[str, Any]) -> Plan:
 
 
 class _Progress:
+    """Each tuning step in the log (the daemon's, live from the tuning child) and in ``sink`` (the CLI's
+    progress bar)."""
+
     def __init__(self, model: str, steps: int, sink: Progress | None) -> None:
         self._model, self._steps, self._sink, self._step = model, steps, sink, 0
 
@@ -362,6 +367,15 @@ class _Progress:
         log.info("tuning %s [%d/%d]: %s", self._model, self._step, self._steps, message)
         if self._sink is not None:
             self._sink(message, self._step, self._steps)
+
+    def result(self, row: dict[str, Any]) -> None:
+        """What one candidate measured, as the log's next line."""
+        if row["status"] == "ok":
+            log.info("tuning %s [%d/%d]: %s: %.3f ms at the smallest batch, %.1f items/s with every instance busy",
+                     self._model, self._step, self._steps, row["plan"], row["latency_ms"], row["throughput"])
+        else:
+            log.info("tuning %s [%d/%d]: %s %s: %s", self._model, self._step, self._steps, row["plan"],
+                     row["status"], row["reason"])
 
 
 @contextlib.contextmanager

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+import time
 
 import numpy as np
 import tritonclient.http as triton
@@ -99,3 +101,17 @@ def test_daemon_serving_onnx_holds_neither_torch_nor_openvino(start_daemon, tmp_
     if decision["chosen"].startswith("onnxruntime"):
         maps = open(f"/proc/{daemon.process.pid}/maps").read()
         assert "libtorch" not in maps and "libopenvino" not in maps
+
+
+def test_tuning_progress_is_logged_while_it_runs(start_daemon, tmp_path):
+    """Each candidate's result reaches the daemon's log while the model is still tuning (LOADING)."""
+    repo = tmp_path / "repo"
+    save(cnn_model(), repo / "cnn" / "1" / "model.onnx")
+    daemon = start_daemon(repo, selection=True, wait_loaded=False, env={"APPLIANCE_TUNE_BUDGET": "0.5"})
+    deadline = time.monotonic() + 60
+    while "items/s with every instance busy" not in daemon.log():
+        assert time.monotonic() < deadline, daemon.log()
+        time.sleep(0.05)
+    index = {row["name"]: row for row in call(daemon.port, "POST", "/v2/repository/index", {})[2]}
+    assert index["cnn"]["state"] == "LOADING"
+    assert re.search(r"tuning cnn \[1/\d+\]: onnxruntime:CPU@\S+: [\d.]+ ms", daemon.log())
