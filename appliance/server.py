@@ -23,6 +23,7 @@ from appliance.backends import RuntimeOptions
 from appliance.budget import MemoryBudget
 from appliance.core.dataplane import DataPlane
 from appliance.core.registry import ModelRegistry
+from appliance.core.retune import RetunePolicy, Retuner
 from appliance.errors import ConfigError
 from appliance.examples import ensure_example_repository, example_repository
 from appliance.lifecycle import Lifecycle
@@ -143,6 +144,10 @@ class Appliance:
         task = asyncio.create_task(appliance._load_repository(), name="load-repository")
         task.add_done_callback(appliance._loading_ended)
         lifecycle.on_close("loading the repository", lambda: _cancel(task))
+        if settings.selection and settings.retune_on_traffic:
+            retuner = Retuner(registry, RetunePolicy(settings.retune_interval, settings.retune_min_requests))
+            retuning = asyncio.create_task(retuner.run(dataplane.wait_loaded), name="retune-on-traffic")
+            lifecycle.on_close("retuning on traffic", lambda: _cancel(retuning))
         return appliance
 
     @staticmethod

@@ -77,6 +77,13 @@ class Settings:
     """Ignore cached plan decisions and measure again."""
     tune_budget: float = 0.3
     """Seconds of timing per candidate plan and batch size."""
+    retune_on_traffic: bool = True
+    """Tune a served model again on its requests' shapes when it could not be measured at load, or when
+    most of its requests have shapes it was not tuned on; switch to the new plan without downtime."""
+    retune_interval: float = 600.0
+    """Seconds between two retunes of one model."""
+    retune_min_requests: int = 100
+    """Requests a model version serves before its traffic is judged."""
     cache_max_bytes: int = 2 * 1024**3
     """Size bound of the model cache (least recently used entries are evicted)."""
     metrics: bool = True
@@ -150,6 +157,9 @@ class Settings:
                     raise ConfigError(f"{name}: {network!r} is not a network such as 192.168.1.0/24") from None
         if self.auth_token is not None and len(self.auth_token.strip()) < 16:
             raise ConfigError("auth_token must be at least 16 characters (32 random ones are better)")
+        if self.retune_interval <= 0 or self.retune_min_requests < 1:
+            raise ConfigError(f"retune_interval must be > 0 and retune_min_requests >= 1, got "
+                              f"{self.retune_interval} and {self.retune_min_requests}")
         if self.intra_op_threads < 0:
             raise ConfigError(f"intra_op_threads must be >= 0, got {self.intra_op_threads}")
 

@@ -127,7 +127,7 @@ class DataPlane:
             return {"model": name, "version": model.version, "status": "off", "chosen": None, "cache": "off",
                     "reason": "selection is off (--no-selection): the config's backend serves the model",
                     "candidates": []}
-        return model.selection
+        return {**model.selection, "traffic": model.traffic.as_json()}
 
     def _check_control(self, action: str) -> None:
         if self.control_mode != "explicit":

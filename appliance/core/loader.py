@@ -27,6 +27,7 @@ from appliance.core.scheduler import Scheduler, policy_from_config
 from appliance.core.stats import ModelStats
 from appliance.core.warmup import run_warmup, warmup_samples
 from appliance.errors import ApplianceError, ConfigError
+from appliance.selection.selector import TuneRequest
 
 if TYPE_CHECKING:
     from appliance.selection import Selector
@@ -90,7 +91,7 @@ def _load_version(
     options: RuntimeOptions,
     selector: Selector | None,
     retune: bool,
-    explicit_instances: bool,
+    request: TuneRequest,
 ) -> tuple[mc.ModelConfig, ModelVersion]:
     """Load every instance of one version: the first instance's tensors complete the config, the
     selector (when there is one) picks the plan the instances then run (and, on the CPU, how many
@@ -112,12 +113,12 @@ def _load_version(
         warmup = warmup_samples(config, model_dir)  # a broken sample fails the load before any tuning
         plan_config, artefacts = config, None
         if selector is not None:
-            choice = selector.choose(info, context(0, config), force=retune, explicit_instances=explicit_instances)
+            choice = selector.choose(info, context(0, config), force=retune, request=request)
             selection = {**choice.decision, "cache": choice.cache}
             if choice.unmeasured:
                 log.warning("model %s version %d: %s. To fix: %s", model_dir.name, version,
                             choice.decision.get("reason"), choice.decision.get("fix"))
-            elif choice.cache != "off":  # measured: serve with the chosen plan (and its cached artefacts)
+            elif choice.measured:  # serve with the chosen plan (and its cached artefacts)
                 first.close()
                 instances.clear()
                 target = next(b for b in BACKENDS if b.name == choice.plan.backend)
@@ -164,11 +165,13 @@ def load_model(
     selector: Selector | None = None,
     retune: bool = False,
     config_override: mc.ModelConfig | None = None,
+    traffic: dict[int, dict] | None = None,
 ) -> LoadedModel:
     """Parse, auto-complete and load every version the policy selects.
 
     A model-level problem (config, no versions, unknown backend) raises ConfigError; a version that
-    fails to load is recorded in ``failures`` while the others load.
+    fails to load is recorded in ``failures`` while the others load. ``traffic``: per version, the
+    traffic profile to tune it on (a retune on real traffic, see core.retune).
     """
     if config_override is not None:  # the load API's parameters.config replaces config.pbtxt
         config = mc.ModelConfig()
@@ -193,7 +196,7 @@ def load_model(
         try:
             completed_here, model = _load_version(
                 model_dir, version, available[version], info, completed or config, options, selector, retune,
-                explicit_instances,
+                TuneRequest(explicit_instances, (traffic or {}).get(version)),
             )
         except ApplianceError as exc:
             failures[version] = exc.message

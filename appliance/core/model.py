@@ -19,6 +19,7 @@ from appliance.core.datatypes import v2_datatype
 from appliance.core.scheduler import Scheduler
 from appliance.core.signature import ModelSignature
 from appliance.core.stats import FailureReason, ModelStats
+from appliance.core.traffic import TrafficStats
 from appliance.core.types import InferOutput, InferRequest, InferResponse
 from appliance.core.validation import validate_request
 from appliance.errors import ApplianceError, InferenceFailed, InvalidInput, Unavailable
@@ -51,6 +52,8 @@ class ModelVersion:
 
     def __post_init__(self) -> None:
         self._users = 0  # requests holding this version (see in_use), so a retired version drains
+        self.traffic = TrafficStats(self.signature.batched)
+        """The shapes, batch sizes and concurrency of the requests this version served (see retune)."""
         batch = (-1,) if self.signature.batched else ()
         # config `reshape`: clients send `dims`, the runtime sees `reshape.shape` (and back for outputs).
         self._input_reshape = input_reshapes(self.config)
@@ -66,8 +69,10 @@ class ModelVersion:
         self.scheduler.start()
 
     async def infer(self, request: InferRequest) -> InferResponse:
-        """Validate, schedule and post-process one request; counts it in ``stats`` once it is valid."""
+        """Validate, schedule and post-process one request; counts it in ``stats`` and ``traffic`` once
+        it is valid."""
         batch_size = validate_request(self.name, self.signature, request)
+        self.traffic.record(((t.name, t.data.shape) for t in request.inputs), batch_size, self._users)
         start = time.perf_counter_ns()
         try:
             response = await self._run(request, batch_size)

@@ -58,6 +58,8 @@ class ModelEntry:
     """What the model directory looked like when it was loaded (poll mode compares it)."""
     wanted: bool = True
     """False for a model deliberately not loaded (explicit mode) or unloaded: not counted as a failure."""
+    override: mc.ModelConfig | None = None
+    """The config the load API gave the serving load (None: config.pbtxt); a retune reloads with it."""
 
     def latest(self) -> ModelVersion:
         if not self.versions:
@@ -148,10 +150,11 @@ class ModelRegistry:
         return self._locks.setdefault(name, asyncio.Lock())
 
     async def load(self, name: str, config_override: mc.ModelConfig | None = None,
-                   raise_errors: bool = True) -> ModelEntry:
+                   raise_errors: bool = True, traffic: dict[int, dict] | None = None) -> ModelEntry:
         """Load a model, or reload it without downtime: the new versions load beside the serving ones,
         requests switch to them once they are ready, and the old ones finish their requests before they
-        close. A failed reload keeps the old versions serving and reports the failure."""
+        close. A failed reload keeps the old versions serving and reports the failure. ``traffic``: per
+        version, the traffic profile to tune it on (see retune)."""
         path = self.model_dir(name)
         async with self._lock(name):
             if not path.is_dir():
@@ -162,7 +165,7 @@ class ModelRegistry:
                 entry.state, entry.reason = ModelState.LOADING, ""
             try:
                 loaded: LoadedModel = await asyncio.to_thread(
-                    load_model, path, self._options, self._selector, self._retune, config_override
+                    load_model, path, self._options, self._selector, self._retune, config_override, traffic
                 )
             except Exception as exc:
                 message = exc.message if isinstance(exc, ApplianceError) else f"{type(exc).__name__}: {exc}"
@@ -179,11 +182,17 @@ class ModelRegistry:
                 model.start()
             retired = list(entry.versions.values())
             entry.config, entry.versions, entry.failures = loaded.config, loaded.versions, loaded.failures
+            entry.override = config_override
             entry.state, entry.reason = ModelState.READY, ""
             entry.signature = await asyncio.to_thread(directory_signature, path)
             self._announce(entry, loaded)
         await self._retire(retired, "replaced by a new load")
         return entry
+
+    async def retune(self, name: str, traffic: dict[int, dict]) -> ModelEntry:
+        """Reload a model with its versions tuned on their traffic (``traffic``: per version, the profile
+        from core.traffic), through ``load``: no downtime, and a failed retune keeps the model serving."""
+        return await self.load(name, self.entry(name).override, raise_errors=False, traffic=traffic)
 
     async def unload(self, name: str, reason: str = "unloaded") -> None:
         """Stop routing requests to the model, let its requests finish, then free it."""

@@ -57,6 +57,8 @@ class CandidateBench:
     tolerance: Callable[[Plan], tuple[float, float]]
     budget: float
     build_timeout: float
+    concurrency: int = 0
+    """Requests in flight in the model's traffic; 0 (unknown): throughput keeps every instance busy."""
     _reference: dict[int, dict] = dataclasses.field(default_factory=dict)
 
     def measure(self, plan: Plan) -> dict[str, Any]:
@@ -140,7 +142,8 @@ class CandidateBench:
 
     def _throughput(self, instances: list[Backend], inputs: InputSet, budget: float) -> float:
         largest = max(inputs.samples, key=lambda sample: sample.batch)
-        rate = rate_concurrent([lambda b=b: b.run(largest.inputs, self.search.outputs) for b in instances], budget)
+        busy = instances[: self.concurrency] if self.concurrency else instances  # no more than are asked for
+        rate = rate_concurrent([lambda b=b: b.run(largest.inputs, self.search.outputs) for b in busy], budget)
         return round(largest.batch * rate, 1)
 
 

@@ -1,6 +1,6 @@
 """What a model is tuned with, best source first: its ``model_warmup`` samples, then synthetic inputs
 built from its config (``reshape``, ``max_batch_size: 0``, fixed dims, datatypes) with several sizes tried
-for the variable dimensions.
+for the variable dimensions. A retune on real traffic tries the traffic's shapes before both.
 
 A model with data-dependent shape rules (reflect padding that needs more samples than the padding,
 framing into windows, tokenizers) refuses some sizes; the search keeps the first input set the model
@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +48,7 @@ class Sample:
 @dataclasses.dataclass(frozen=True)
 class InputSet:
     source: str
-    """warmup or synthetic: recorded as the decision's ``tuned_on``."""
+    """traffic, warmup or synthetic: recorded as the decision's ``tuned_on``."""
     label: str
     samples: tuple[Sample, ...]
 
@@ -63,14 +63,31 @@ def _sample(batch: int, inputs: dict[str, np.ndarray], reshapes: dict[str, tuple
 
 
 def tuning_inputs(config: mc.ModelConfig, model_dir: Path, sizes: Sequence[int] = DYNAMIC_SIZES,
-                  seed: int = 0) -> Iterator[InputSet]:
-    """Input sets to try, best first; built one at a time, so a large one exists only if it is tried."""
+                  seed: int = 0, traffic: Mapping[str, Any] | None = None) -> Iterator[InputSet]:
+    """Input sets to try, best first; built one at a time, so a large one exists only if it is tried.
+    ``traffic`` (a profile from core.traffic) comes first: a retune on traffic is for its shapes."""
     reshapes = input_reshapes(config)
+    if traffic:
+        yield _from_traffic(config, traffic, reshapes, np.random.default_rng(seed))
     if config.model_warmup:
         samples = warmup_samples(config, model_dir, seed)
         yield InputSet("warmup", "the config's model_warmup samples",
                        tuple(_sample(s.batch, s.inputs, reshapes) for s in samples))
     yield from _synthetic(config, reshapes, sizes, np.random.default_rng(seed))
+
+
+def _from_traffic(config: mc.ModelConfig, traffic: Mapping[str, Any], reshapes: dict[str, tuple[int, ...]],
+                  rng: np.random.Generator) -> InputSet:
+    """Random values in the shapes real requests had (the values themselves are never kept)."""
+    datatypes = {entry.name: CONFIG_TO_V2[mc.DataType.Name(entry.data_type)] for entry in config.input}
+    samples = []
+    for number, sample in enumerate(traffic["samples"]):
+        shapes = {name: tuple(shape) for name, shape in sample["shapes"].items()}
+        if number and sum(math.prod(shape) for shape in shapes.values()) > MAX_SAMPLE_ELEMENTS:
+            continue  # the batch-1 sample is always kept
+        inputs = {name: random_tensor(datatypes[name], shape, rng) for name, shape in shapes.items()}
+        samples.append(_sample(sample["batch"], inputs, reshapes))
+    return InputSet("traffic", "the shapes of the model's traffic", tuple(samples))
 
 
 def _synthetic(config: mc.ModelConfig, reshapes: dict[str, tuple[int, ...]], sizes: Sequence[int],

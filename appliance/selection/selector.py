@@ -30,7 +30,7 @@ from appliance.selection.plans import DEFAULT_PLAN, Plan, ProbeView, enumerate_p
 from appliance.state import StateDir
 from model_cache import BrokenEntry, ModelCache, cache_key, hash_files
 
-__all__ = ["Choice", "SelectionSettings", "Selector", "open_cache"]
+__all__ = ["Choice", "SelectionSettings", "Selector", "TuneRequest", "open_cache"]
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,8 @@ Progress = Callable[[str, int, int], None]
 """progress(message, step, steps)"""
 
 UNMEASURED = "unmeasured"
-FIX = "add model_warmup samples to config.pbtxt with shapes and data the model accepts"
+FIX = ("add model_warmup samples to config.pbtxt with shapes and data the model accepts, or send it requests: "
+       "with retune_on_traffic (the default) it is tuned again on their shapes")
 
 # Triton's optimization.execution_accelerators names -> our plans.
 _ACCELERATORS = {"openvino": "onnxruntime+openvino:CPU", "tensorrt": "onnxruntime:TensorRT", "cuda": "onnxruntime:CUDA"}
@@ -58,12 +59,27 @@ class SelectionSettings:
 
 
 @dataclasses.dataclass(frozen=True)
+class TuneRequest:
+    """What a model version is tuned for beyond its config (part of the cache key)."""
+
+    explicit_instances: bool = False
+    """The user's config sets instance_group: the instances are kept unless it sets tune_instances."""
+    traffic: dict[str, Any] | None = None
+    """A retune on real traffic: the traffic's profile (core.traffic), tuned on first; None at load."""
+
+
+@dataclasses.dataclass(frozen=True)
 class Choice:
     plan: Plan
     decision: dict[str, Any]
     cache: str
     """"hit", "miss" or "off"."""
     artefacts: Path | None
+
+    @property
+    def measured(self) -> bool:
+        """The plan was measured the fastest: serve with it (the other choices serve the config as is)."""
+        return self.decision.get("status") == "measured"
 
     @property
     def unmeasured(self) -> bool:
@@ -180,21 +196,24 @@ class Selector:
                 kept.append(plan)
         return kept, skipped
 
-    def _key(self, version_dir: Path, config: mc.ModelConfig, explicit_instances: bool = False) -> str:
+    def _key(self, version_dir: Path, config: mc.ModelConfig, request: TuneRequest = TuneRequest()) -> str:
+        # A decision per traffic profile: a model whose traffic comes back to known shapes switches to
+        # the plan measured for them without measuring again.
         return cache_key(hash_files(version_dir), config=_selection_inputs(config), fingerprint=self.fingerprint,
-                         runtimes=self._versions, explicit_instances=explicit_instances)
+                         runtimes=self._versions, request=dataclasses.asdict(request))
 
     def choose(self, info: BackendInfo, context: LoadContext, force: bool = False,
-               progress: Progress | None = None, key: str | None = None, explicit_instances: bool = False) -> Choice:
+               progress: Progress | None = None, key: str | None = None,
+               request: TuneRequest = TuneRequest()) -> Choice:
         """The plan to serve ``context``'s model version with: cached, or measured now. ``key`` is the
-        cache key when the caller already computed it (a tuning child process gets the daemon's);
-        ``explicit_instances``: the user's config sets instance_group (kept unless it sets tune_instances)."""
-        key = key or self._key(context.version_dir, context.config, explicit_instances)
+        cache key when the caller already computed it (a tuning child process gets the daemon's)."""
+        key = key or self._key(context.version_dir, context.config, request)
         if self._cache is not None and not force:
             cached = self._cached(key, context)
             if cached is not None:
                 return cached
-        plans, skipped = self.plans_for(info, context.config, explicit_instances, context.options.intra_op_threads)
+        plans, skipped = self.plans_for(info, context.config, request.explicit_instances,
+                                        context.options.intra_op_threads)
         if len(plans) == 1 and not skipped:
             # One way to run it (Python, TensorRT engines): nothing to measure or cache.
             only = {"model": context.model_name, "version": context.version, "chosen": plans[0].id,
@@ -205,8 +224,8 @@ class Selector:
             return Choice(plans[0], only, "off", None)
         with self._tuning:
             if self._isolate:
-                return self._tune_in_child(info, context, key, explicit_instances)
-            return self._tune(info, context, plans, skipped, key, progress)
+                return self._tune_in_child(info, context, key, request)
+            return self._tune(info, context, plans, skipped, key, progress, request.traffic)
 
     def _cached(self, key: str, context: LoadContext) -> Choice | None:
         """The cached choice for ``key``; a decision this daemon cannot read is a miss."""
@@ -256,11 +275,13 @@ class Selector:
             "cpu_flags": list(self._cpu_flags),
         }
 
-    def _tune_in_child(self, info: BackendInfo, context: LoadContext, key: str, explicit_instances: bool) -> Choice:
+    def _tune_in_child(self, info: BackendInfo, context: LoadContext, key: str, request: TuneRequest) -> Choice:
         from appliance.selection.worker import job_for
 
-        # The model files are hashed once: the child gets the key.
-        job = json.dumps({**job_for(self, info, context), "key": key, "explicit_instances": explicit_instances})
+        # The model files are hashed once: the child gets the key. A retune on traffic runs beside the
+        # model it serves: at low CPU priority.
+        job = json.dumps({**job_for(self, info, context), "key": key, "request": dataclasses.asdict(request),
+                          "nice": 10 if request.traffic else 0})
         try:
             # The child's log lines (its progress) go to the daemon's stderr as they are written: a long
             # tuning stays visible while it runs. Only the outcome comes back on stdout.
@@ -285,18 +306,18 @@ class Selector:
         return Choice(_plan_from(outcome["decision"]), outcome["decision"], "miss", None)
 
     def _tune(self, info: BackendInfo, context: LoadContext, plans: list[Plan], skipped: dict[str, str],
-              key: str, progress: Progress | None) -> Choice:
+              key: str, progress: Progress | None, traffic: dict[str, Any] | None) -> Choice:
         config = context.config
         objective = _parameter(config, "objective") or "latency"
         if objective not in ("latency", "throughput"):
             raise ConfigError(f"model {config.name!r}: objective must be latency or throughput, got {objective!r}")
-        candidates = tuning_inputs(config, context.version_dir.parent, self._settings.dynamic_sizes)
+        candidates = tuning_inputs(config, context.version_dir.parent, self._settings.dynamic_sizes, traffic=traffic)
         search = InputSearch(context.model_name, candidates, [o.name for o in config.output])
         report = _Progress(context.model_name, len(plans), progress or self.progress)
         with (self._cache.staging() if self._cache is not None else _scratch()) as staging:
             bench = CandidateBench(self._backends, info, context, search, staging,
                                    lambda plan: _tolerance(config, plan, self._settings), self._settings.budget,
-                                   self._settings.build_timeout)
+                                   self._settings.build_timeout, (traffic or {}).get("concurrency", 0))
             results: list[dict[str, Any]] = []
             for plan in plans:
                 report(f"building {plan.id}")
@@ -320,6 +341,7 @@ class Selector:
                 "tuned_at": time.time(),
                 "candidates": results,
                 **_inputs_outcome(search, chosen is not None),
+                "traffic_profile": traffic,
             }
             chosen = plan.id
             report(f"chose {chosen}", done=True)

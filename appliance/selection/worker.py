@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,7 @@ def _run(job: dict[str, Any]) -> dict[str, Any]:
     from hardware_probe import ProbeReport
     from model_cache import ModelCache
 
-    from appliance.selection.selector import SelectionSettings, Selector
+    from appliance.selection.selector import SelectionSettings, Selector, TuneRequest
 
     report = ProbeReport(sections=job["probe"])
     selector = Selector(report, job["fingerprint"], job["runtime_versions"],
@@ -55,8 +56,8 @@ def _run(job: dict[str, Any]) -> dict[str, Any]:
                           RuntimeOptions(**{**job["options"],
                                             "onnx_providers": tuple(job["options"]["onnx_providers"])}),
                           threads=job["threads"])
-    choice = selector.choose(info, context, force=True, key=job.get("key"),
-                             explicit_instances=job.get("explicit_instances", False))
+    os.nice(job.get("nice", 0))
+    choice = selector.choose(info, context, force=True, key=job.get("key"), request=TuneRequest(**job["request"]))
     # The decision travels back too: when the cache could not store it, the daemon serves it from here.
     return {"ok": True, "chosen": choice.plan.id, "decision": choice.decision}
 
