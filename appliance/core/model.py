@@ -53,7 +53,8 @@ class ModelVersion:
     def __post_init__(self) -> None:
         self._users = 0  # requests holding this version (see in_use), so a retired version drains
         self.traffic = TrafficStats(self.signature.batched)
-        """The shapes, batch sizes and concurrency of the requests this version served (see retune)."""
+        """The shapes, batch sizes and concurrency of the requests this version served, when selection
+        chose its plan (see core.retune)."""
         batch = (-1,) if self.signature.batched else ()
         # config `reshape`: clients send `dims`, the runtime sees `reshape.shape` (and back for outputs).
         self._input_reshape = input_reshapes(self.config)
@@ -72,7 +73,8 @@ class ModelVersion:
         """Validate, schedule and post-process one request; counts it in ``stats`` and ``traffic`` once
         it is valid."""
         batch_size = validate_request(self.name, self.signature, request)
-        self.traffic.record(((t.name, t.data.shape) for t in request.inputs), batch_size, self._users)
+        if self.selection is not None:  # what retuning on traffic looks at
+            self.traffic.record(((t.name, t.data.shape) for t in request.inputs), batch_size, self._users)
         start = time.perf_counter_ns()
         try:
             response = await self._run(request, batch_size)

@@ -59,7 +59,7 @@ class CandidateBench:
     build_timeout: float
     concurrency: int = 0
     """Requests in flight in the model's traffic; 0 (unknown): throughput keeps every instance busy."""
-    _reference: dict[int, dict] = dataclasses.field(default_factory=dict)
+    _reference: dict[int, dict] = dataclasses.field(default_factory=dict, init=False)
 
     def measure(self, plan: Plan) -> dict[str, Any]:
         row: dict[str, Any] = {**plan.as_json(), "status": "failed", "latency_ms": None, "throughput": None,

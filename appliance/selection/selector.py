@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 Progress = Callable[[str, int, int], None]
 """progress(message, step, steps)"""
 
-UNMEASURED = "unmeasured"
+MEASURED, UNMEASURED = "measured", "unmeasured"
 FIX = ("add model_warmup samples to config.pbtxt with shapes and data the model accepts, or send it requests: "
        "with retune_on_traffic (the default) it is tuned again on their shapes")
 
@@ -79,7 +79,7 @@ class Choice:
     @property
     def measured(self) -> bool:
         """The plan was measured the fastest: serve with it (the other choices serve the config as is)."""
-        return self.decision.get("status") == "measured"
+        return self.decision.get("status") == MEASURED
 
     @property
     def unmeasured(self) -> bool:
@@ -359,7 +359,7 @@ def _inputs_outcome(search: InputSearch, measured: bool) -> dict[str, Any]:
     """The decision's account of what it was tuned on, or why nothing could be measured."""
     outcome: dict[str, Any] = {"inputs_refused": search.refused}
     if measured and search.found is not None:
-        return {**outcome, "status": "measured", "tuned_on": search.found.source, "profile": search.found.profile()}
+        return {**outcome, "status": MEASURED, "tuned_on": search.found.source, "profile": search.found.profile()}
     if search.found is None:
         tried = "; ".join(f"{r['inputs']}: {r['reason'][:200]}" for r in search.refused)
         why = f"the model refused every tuning input ({tried})"
