@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import queue
 import statistics
 import tempfile
@@ -167,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=16)
     args = parser.parse_args(argv)
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         repo, state = Path(tmp) / "repo", Path(tmp) / "state"
         model_file = _write_repository(repo)
@@ -177,6 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     lines = _table(decisions, bench, args)
     lines.append(f"time to ready (2 models): cold (tuning, cache {decisions['cnn']['cache']}) {cold:.2f} s; "
                  f"warm (cache {warm_decisions['cnn']['cache']}) {warm:.2f} s")
+    # Another process on the box takes a core from the 2-thread plans: say how busy the box was.
+    lines.append(f"1-minute load average before / after: {load_before:.2f} / {os.getloadavg()[0]:.2f} "
+                 f"({os.cpu_count()} cores; this benchmark alone adds up to about 2)")
     text = "\n".join(lines)
     print(text)
     out = Path(__file__).parent / "results"
