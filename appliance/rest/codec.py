@@ -273,8 +273,6 @@ def decode_infer_request(
         classification = params.get("classification", 0)
         if type(classification) is not int or classification < 0:
             raise InvalidInput(f"output '{raw['name']}': classification must be a non-negative integer")
-        if shared is not None and classification:
-            raise InvalidInput(f"output '{raw['name']}': classification cannot be written to shared memory")
         outputs.append(RequestedOutput(raw["name"], params, shared))
     request_id = header.get("id")
     if request_id is not None and not isinstance(request_id, str):

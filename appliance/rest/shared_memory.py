@@ -12,6 +12,7 @@ trusted proxies) with the core's ``LocalPeers``, and handed to the registry, whi
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 
@@ -99,17 +100,17 @@ async def cuda_register(request: web.Request) -> web.Response:
     name = request.match_info["region"]
     registry = _registry(request)
     local = is_local_client(request)
-    if registry.cuda.enabled:  # elsewhere the registry's answer says what CUDA shared memory needs
-        raw = _raw_handle(body, name)
-    else:
-        raw = b""
-    registry.cuda.register(name, raw, body.get("device_id", 0), body.get("byte_size"), local=local)
+    # Where CUDA cannot work, the registry's answer (501) says what it needs, whatever the body holds.
+    raw = _raw_handle(body, name) if registry.cuda.enabled else b""
+    # Off the loop: the first IPC handle a process opens initialises CUDA (a second or more).
+    await asyncio.to_thread(registry.cuda.register, name, raw, body.get("device_id", 0), body.get("byte_size"),
+                            local=local)
     return web.Response(status=200)
 
 
 async def cuda_unregister(request: web.Request) -> web.Response:
     await optional_json(request, "an empty body")
-    _registry(request).cuda.unregister(_region(request), local=is_local_client(request))
+    await asyncio.to_thread(_registry(request).cuda.unregister, _region(request), local=is_local_client(request))
     return web.Response(status=200)
 
 

@@ -162,6 +162,8 @@ async def bind(table: RegionTable, request: InferRequest, *, local: bool, reserv
                 continue
             if output.name in binding._targets:
                 raise InvalidInput(f"output '{output.name}' is requested more than once")
+            if output.classification:
+                raise InvalidInput(f"output '{output.name}': classification results cannot go to shared memory")
             lease = table.lease(ref.region)
             binding._targets[output.name] = (lease, ref)
             _check_bounds(lease.region, ref, f"output '{output.name}'")

@@ -127,6 +127,19 @@ async def test_an_output_larger_than_its_region_gets_tritons_error(shm, shm_obje
                                     "should be at least 20 bytes to hold the results")
 
 
+async def test_outputs_that_cannot_go_to_a_region_are_refused(shm, shm_object):
+    _region(shm, shm_object, "out", bytes(64))
+    classified = RequestedOutput("y", {"classification": 2}, SharedMemoryRef("out", 64))
+    twice = [RequestedOutput("y", shared_memory=SharedMemoryRef("out", 8)),
+             RequestedOutput("y", shared_memory=SharedMemoryRef("out", 8, 8))]
+    for outputs, message in (([classified], "classification results cannot go to shared memory"),
+                             (twice, "requested more than once")):
+        with pytest.raises(InvalidInput, match=message):
+            await shm.bind(InferRequest([], outputs), local=True, reserve=Reservations())
+    shm.system.unregister(local=True)
+    assert shm.counts() == (0, 0)  # nothing left leased
+
+
 async def test_unknown_regions_and_remote_clients(shm, shm_object):
     with pytest.raises(RegionNotFound, match="Unable to find shared memory region: 'nope'"):
         await shm.bind(InferRequest([], shared_inputs=[_input("x", "INT32", (1,), "nope", 4)]), local=True,
