@@ -24,6 +24,7 @@ from appliance.budget import MemoryBudget
 from appliance.core.dataplane import DataPlane
 from appliance.core.registry import ModelRegistry
 from appliance.core.retune import RetunePolicy, Retuner
+from appliance.core.shared_memory import LocalPeers, SharedMemoryLimits, SharedMemoryRegistry
 from appliance.errors import ConfigError
 from appliance.examples import ensure_example_repository, example_repository
 from appliance.lifecycle import Lifecycle
@@ -97,6 +98,8 @@ class Appliance:
     budget: MemoryBudget
     """Request bytes in memory, over every request of every front end."""
     metrics: MetricsService | None
+    shared_memory: SharedMemoryRegistry
+    """Clients' shared-memory regions, unregistered (closed) at stop."""
     registry: ModelRegistry
     dataplane: DataPlane
     _lifecycle: Lifecycle
@@ -119,6 +122,16 @@ class Appliance:
         token = await asyncio.to_thread(control_token, settings, state)
         registries: list[ModelRegistry] = []  # the metrics start first, to see the models load
         metrics = await cls._start_metrics(settings, state, registries, lifecycle)
+        shared_memory = SharedMemoryRegistry(
+            settings.client_shm,
+            SharedMemoryLimits(settings.shm_max_regions, settings.shm_max_bytes),
+            LocalPeers(settings.shm_local_networks),
+        )
+
+        async def close_shared_memory() -> None:
+            shared_memory.close()
+
+        lifecycle.on_close("the shared memory regions", close_shared_memory)
         repository, scratch = await asyncio.to_thread(cls._repository, settings, state)
         if scratch is not None:
             lifecycle.on_close("the temporary example repository",
@@ -136,10 +149,10 @@ class Appliance:
             raise ConfigError(str(exc)) from exc
         registries.append(registry)
         lifecycle.on_close("the models", lambda: cls._close_models(registry))
-        dataplane = DataPlane(registry, strict_readiness=settings.strict_readiness,
+        dataplane = DataPlane(registry, shared_memory=shared_memory, strict_readiness=settings.strict_readiness,
                               control_mode=settings.model_control_mode)
         appliance = cls(settings, state, token, MemoryBudget(settings.max_request_memory_bytes), metrics,
-                        registry, dataplane, lifecycle)
+                        shared_memory, registry, dataplane, lifecycle)
         log.info("loading model repository %s", repository)
         task = asyncio.create_task(appliance._load_repository(), name="load-repository")
         task.add_done_callback(appliance._loading_ended)
