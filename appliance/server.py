@@ -20,6 +20,7 @@ from hardware_probe import ProbeReport
 
 from appliance import __version__
 from appliance.backends import RuntimeOptions
+from appliance.backends.python.arena import remove_stale_arenas
 from appliance.budget import MemoryBudget
 from appliance.core.dataplane import DataPlane
 from appliance.core.registry import ModelRegistry
@@ -119,6 +120,9 @@ class Appliance:
         # Checked once, before anything reads or writes there: a read-only or damaged state dir
         # degrades the appliance (and says so), it never stops it.
         state = await asyncio.to_thread(StateDir.check, settings.state_dir)
+        stale = await asyncio.to_thread(remove_stale_arenas)
+        if stale:
+            log.info("removed %d shared-memory arenas left by model processes that died", len(stale))
         token = await asyncio.to_thread(control_token, settings, state)
         registries: list[ModelRegistry] = []  # the metrics start first, to see the models load
         metrics = await cls._start_metrics(settings, state, registries, lifecycle)

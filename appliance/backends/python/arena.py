@@ -17,7 +17,7 @@ import numpy as np
 from appliance.core.bytes_tensor import decode_bytes_tensor, encode_bytes_tensor
 from appliance.core.datatypes import numpy_dtype, v2_datatype
 
-__all__ = ["ARENA_PREFIX", "Arena", "Descriptor"]
+__all__ = ["ARENA_PREFIX", "Arena", "Descriptor", "remove_stale_arenas"]
 
 Descriptor = tuple[str, str, tuple[int, ...], int, int]
 """(name, v2 datatype, shape, offset, size in bytes)"""
@@ -54,7 +54,9 @@ class Arena:
 
     @classmethod
     def create(cls, size: int) -> "Arena":
-        fd, path = tempfile.mkstemp(prefix=ARENA_PREFIX, dir=_SHM_DIR)
+        # The creator's pid in the name: a later start can tell arenas whose owner died (SIGKILL, a
+        # crash) from those of a daemon still running, and remove them.
+        fd, path = tempfile.mkstemp(prefix=f"{ARENA_PREFIX}{os.getpid()}-", dir=_SHM_DIR)
         os.close(fd)
         os.unlink(path)
         return cls(path, max(_aligned(size), 1 << 16), owner=True)
@@ -100,3 +102,30 @@ class Arena:
 
     def info(self) -> dict[str, Any]:
         return {"path": self.path, "size": self.size}
+
+
+def remove_stale_arenas(directory: str | None = _SHM_DIR) -> list[str]:
+    """Remove the arenas of processes that no longer exist (blocking); the names removed."""
+    if directory is None:
+        return []
+    removed = []
+    for name in os.listdir(directory):
+        owner = name.removeprefix(ARENA_PREFIX).split("-", 1)[0]
+        if not name.startswith(ARENA_PREFIX) or not owner.isdigit() or _alive(int(owner)):
+            continue
+        try:
+            os.unlink(os.path.join(directory, name))
+            removed.append(name)
+        except OSError:  # another user's, or gone already
+            pass
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, another user's
+        return True
+    return True
