@@ -9,7 +9,10 @@ import numpy as np
 from appliance.core.model_files import MAX_LABEL_BYTES, confined, read_bounded
 from appliance.errors import InvalidInput
 
-__all__ = ["classify", "read_labels"]
+__all__ = ["MAX_CLASSIFICATION_ELEMENTS", "classify", "read_labels"]
+
+MAX_CLASSIFICATION_ELEMENTS = 1_000_000
+"""Triton's bound (kMaxClassificationElements)."""
 
 
 def read_labels(model_dir: Path, label_filename: str, field: str = "label_filename") -> list[str]:
@@ -24,6 +27,11 @@ def classify(name: str, data: np.ndarray, count: int, labels: list[str], batched
     """Top ``count`` classes of each batch item (or of the whole tensor when unbatched), as BYTES."""
     if data.dtype == object:
         raise InvalidInput(f"output '{name}' holds BYTES and cannot be classified")
+    if data.size > MAX_CLASSIFICATION_ELEMENTS:  # sorting it would cost the server, not the client
+        raise InvalidInput(
+            f"classification output tensor too large: output '{name}' has {data.size} elements, at most "
+            f"{MAX_CLASSIFICATION_ELEMENTS} can be classified; request it without classification"
+        )
     rows = data.reshape(data.shape[0], -1) if batched and data.ndim else data.reshape(1, -1)
     count = min(count, rows.shape[1])
     order = np.argsort(-rows.astype(np.float64), axis=1, kind="stable")[:, :count]

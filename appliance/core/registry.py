@@ -176,7 +176,7 @@ class ModelRegistry:
                 else:
                     entry.state, entry.reason = ModelState.UNAVAILABLE, message
                 if raise_errors:
-                    raise ConfigError(f"model {name!r} failed to load: {message}") from exc
+                    raise ConfigError(f"failed to load '{name}': {message}") from exc
                 return entry
             for model in loaded.versions.values():
                 model.start()

@@ -29,6 +29,7 @@ __all__ = [
     "MAX_ELEMENTS",
     "decode_bytes_tensor",
     "decode_infer_request",
+    "decode_raw_request",
     "encode_bytes_tensor",
     "encode_infer_response",
     "parse_json_object",
@@ -137,13 +138,10 @@ def _describe(values: np.ndarray) -> str:
 
 
 def _decode_json_data(data: Any, datatype: str, shape: tuple[int, ...], count: int, name: str) -> np.ndarray:
+    # Any nesting is accepted as long as the element count matches, as Triton does (JSON itself is
+    # bounded to 1024 levels by orjson).
     if not isinstance(data, list):
         data = [data]
-    depth, probe = 0, data
-    while isinstance(probe, list) and probe:
-        depth, probe = depth + 1, probe[0]
-    if depth > max(len(shape), 1):
-        raise InvalidInput(f"input '{name}': 'data' nests {depth} deep, but the shape has {len(shape)} dimensions")
     if datatype == "BYTES":
         items = _flatten_strings(data, name)
         if len(items) != count:
@@ -268,6 +266,8 @@ def decode_infer_request(
     for position, raw in enumerate(raw_outputs):
         if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
             raise InvalidInput(f"outputs[{position}] must be an object with a 'name' string")
+        if any(o.name == raw["name"] for o in outputs):
+            raise InvalidInput(f"output '{raw['name'][:255]}' already exists in request")
         params = _parameters(raw, f"output '{raw['name']}'")
         shared = shared_memory_ref(params, f"output '{raw['name']}'")
         classification = params.get("classification", 0)
@@ -280,9 +280,54 @@ def decode_infer_request(
     return InferRequest(inputs, outputs, request_id, _parameters(header, "the request"), shared_inputs)
 
 
-def _json_data(array: np.ndarray) -> Any:
+def _text(name: str, item: object) -> str:
+    if not isinstance(item, bytes):
+        return str(item)
+    try:
+        return item.decode("utf-8")
+    except UnicodeDecodeError:
+        # Replacing the bad bytes would hand the client different bytes than the model produced.
+        raise InvalidInput(
+            f"output '{name}' holds BYTES that are not valid UTF-8 and cannot be returned as JSON; request it "
+            "as binary data (output parameters binary_data: true, or binary_data_output: true)"
+        ) from None
+
+
+def decode_raw_request(
+    body: bytes,
+    name: str,
+    datatype: str,
+    shape: tuple[int, ...],
+    limits: DecodeLimits = _DEFAULT_LIMITS,
+    reserve: Callable[[int], None] = _ignore,
+) -> InferRequest:
+    """Triton's raw binary request (``Inference-Header-Content-Length: 0``): the whole body is the
+    model's only input, ``shape`` as its config gives it (one -1 is taken from the body's size); every
+    output is returned as binary data."""
+    itemsize = element_size(datatype)
+    variable = [i for i, d in enumerate(shape) if d < 0]
+    if variable and (itemsize is None or len(variable) > 1):
+        raise InvalidInput(
+            f"a raw binary request cannot tell the shape of input '{name}' ({list(shape)}, {datatype}); send a "
+            f"JSON header with {HEADER_LENGTH} instead"
+        )
+    if variable:
+        known = math.prod(d for d in shape if d >= 0)
+        if known == 0 or len(body) % (known * itemsize):
+            raise InvalidInput(
+                f"raw binary request: {len(body)} bytes are not a whole number of {datatype} elements of input "
+                f"'{name}' with shape {list(shape)}"
+            )
+        shape = tuple(len(body) // (known * itemsize) if d < 0 else d for d in shape)
+    _, count = _shape(list(shape), name, limits.max_tensor_elements)
+    reserve(_allocation(datatype, count, True, len(body)))
+    data = _decode_binary_data(memoryview(body), 0, len(body), datatype, shape, count, name)
+    return InferRequest([InferInput(name, datatype, data)], [], None, {"binary_data_output": True})
+
+
+def _json_data(name: str, array: np.ndarray) -> Any:
     if array.dtype == object:
-        return [item.decode("utf-8", "replace") if isinstance(item, bytes) else str(item) for item in array.ravel()]
+        return [_text(name, item) for item in array.ravel()]
     # orjson serialises C-contiguous native arrays directly (OPT_SERIALIZE_NUMPY).
     return np.ascontiguousarray(array).ravel()
 
@@ -306,8 +351,10 @@ def encode_infer_response(
     entries = []
     chunks = []
     for output in response.outputs:
-        params = wanted.get(output.name, {})
-        binary = bool(params.get("binary_data", default_binary))
+        # binary_data_output is the default for outputs the request does not list; a listed output is
+        # binary only when it says binary_data: true (Triton's http_server).
+        params = wanted.get(output.name)
+        binary = default_binary if params is None else bool(params.get("binary_data", False))
         entry: dict[str, Any] = {
             "name": output.name,
             "datatype": output.datatype,
@@ -320,7 +367,7 @@ def encode_infer_response(
             entry["parameters"] = {"binary_data_size": len(raw)}
             chunks.append(raw)
         else:
-            entry["data"] = _json_data(output.data)
+            entry["data"] = _json_data(output.name, output.data)
         entries.append(entry)
     document: dict[str, Any] = {
         "model_name": response.model_name,

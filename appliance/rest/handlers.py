@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import re
 import time
+from collections.abc import Callable
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -17,7 +19,13 @@ from appliance.core.model import ModelVersion
 from appliance.core.types import InferRequest
 from appliance.errors import InvalidInput
 from appliance.rest.body import read_body
-from appliance.rest.codec import HEADER_LENGTH, decode_infer_request, encode_infer_response
+from appliance.rest.codec import (
+    HEADER_LENGTH,
+    DecodeLimits,
+    decode_infer_request,
+    decode_raw_request,
+    encode_infer_response,
+)
 from appliance.rest.errors import error_response
 from appliance.rest.jsonio import json_response as _json
 from appliance.rest.jsonio import optional_json as _optional_json
@@ -97,16 +105,32 @@ async def infer(request: web.Request) -> web.Response:
         return await _infer(request, model, account)
 
 
+def _decode_raw(body: bytes, model: ModelVersion, limits: DecodeLimits,
+                reserve: Callable[[int], None]) -> InferRequest:
+    """A raw binary request: the body is the model's only input (Triton's binary data extension)."""
+    signature = model.signature
+    if len(signature.inputs) != 1:
+        raise InvalidInput(
+            f"a raw binary request ({HEADER_LENGTH}: 0) needs a model with exactly one input; model "
+            f"'{model.name}' has {len(signature.inputs)}: send a JSON header instead"
+        )
+    (spec,) = signature.inputs.values()
+    shape = (1, *spec.dims) if signature.batched else tuple(spec.dims)
+    return decode_raw_request(body, spec.name, spec.datatype, shape, limits, reserve)
+
+
 async def _infer(request: web.Request, model: ModelVersion, account: Account) -> web.Response:
     header_length = _header_length(request)
     body = await _read_body(request, account)
     limits = request.app[LIMITS]
-    if len(body) > _DECODE_OFF_LOOP_BYTES:
-        decoded: InferRequest = await asyncio.to_thread(
-            decode_infer_request, body, header_length, limits, account.reserve
-        )
+    if header_length == 0:
+        decode = functools.partial(_decode_raw, model=model)
     else:
-        decoded = decode_infer_request(body, header_length, limits, account.reserve)
+        decode = functools.partial(decode_infer_request, header_length=header_length)
+    if len(body) > _DECODE_OFF_LOOP_BYTES:
+        decoded: InferRequest = await asyncio.to_thread(decode, body, limits=limits, reserve=account.reserve)
+    else:
+        decoded = decode(body, limits=limits, reserve=account.reserve)
     local = shared_memory.is_local_client(request) if decoded.uses_shared_memory else False
     response = await request.app[DATAPLANE].infer(model, decoded, local=local, reserve=account.reserve)
     payload, json_length = encode_infer_response(response, decoded)
