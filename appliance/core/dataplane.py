@@ -16,7 +16,9 @@ from appliance.errors import ConfigError, InvalidInput, ModelNotReady, NotSuppor
 
 __all__ = ["EXTENSIONS", "SERVER_NAME", "DataPlane"]
 
-SERVER_NAME = "appliance"
+# Triton's own clients check the name (simple_http_health_metadata.py: name == "triton"); the version is
+# this server's own. README: "Differences from Triton".
+SERVER_NAME = "triton"
 # Only the Triton extensions this server implements (the shared-memory ones are added where they are
 # served: see SharedMemoryRegistry.extensions).
 EXTENSIONS = [

@@ -150,3 +150,18 @@ def test_load_failures_say_failed_to_load(daemon):
                 client.load_model(name)
         with pytest.raises(InferenceServerException, match="failed to load 'simple'"):
             client.load_model("simple", config='{"max_batch_size": "x"}')
+
+
+def test_a_model_that_is_not_ready_is_a_503_not_triton_400(daemon):
+    """A deliberate difference (README: Differences from Triton): a retry can succeed."""
+    body = {"inputs": [{"name": n, "shape": [1, 16], "datatype": "BYTES", "data": ["1"] * 16}
+                       for n in ("INPUT0", "INPUT1")]}
+    status, _, payload = call(daemon.port, "POST", "/v2/models/simple_string/infer", body)
+    assert status == 503 and "is not ready" in payload["error"]
+    assert call(daemon.port, "GET", "/v2/models/simple_string/ready")[0] == 503
+
+
+def test_file_overrides_of_the_load_api_are_refused(daemon):
+    body = {"parameters": {"config": "{}", "file:1/model.onnx": "AAAA"}}
+    status, _, payload = call(daemon.port, "POST", "/v2/repository/models/simple/load", body)
+    assert status == 400 and "file overrides" in payload["error"]

@@ -57,7 +57,7 @@ def test_server_health_and_metadata(client):
     assert client.is_server_live()
     assert client.is_server_ready()
     metadata = client.get_server_metadata()
-    assert metadata["name"] == "appliance"
+    assert metadata["name"] == "triton"  # what Triton's clients check
     assert {"binary_tensor_data", "model_configuration"} <= set(metadata["extensions"])
 
 
