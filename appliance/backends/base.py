@@ -55,7 +55,7 @@ class LoadContext:
     model_name: str
     version: int
     model_file: Path
-    config: "ModelConfig"
+    config: ModelConfig
     options: RuntimeOptions
     instance_index: int = 0
     threads: int = 0
@@ -96,12 +96,12 @@ class Backend(abc.ABC):
     def close(self) -> None:  # noqa: B027 - most runtimes free themselves when dropped
         """Release what the instance holds."""
 
-    def completed_config(self, config: "ModelConfig") -> "ModelConfig":
+    def completed_config(self, config: ModelConfig) -> ModelConfig:
         """The config as the model itself completes it (Triton's Python ``auto_complete_config``);
         most runtimes leave that to the core and return it unchanged."""
         return config
 
-    def configure(self, config: "ModelConfig") -> None:  # noqa: B027 - only some backends care
+    def configure(self, config: ModelConfig) -> None:  # noqa: B027 - only some backends care
         """Called once with the final, auto-completed config before the first run."""
 
     #: True for backends that take a batch as separate requests (Triton's Python backend API)

@@ -53,7 +53,7 @@ def numpy_dtype(datatype: str) -> np.dtype:
 
 def v2_datatype(dtype: np.dtype) -> str:
     dtype = np.dtype(dtype)
-    if dtype == object or dtype.kind in ("S", "U"):
+    if dtype.kind in ("O", "S", "U"):
         return "BYTES"
     try:
         return _NUMPY_TO_V2[dtype]

@@ -183,9 +183,9 @@ def _decode_binary_data(
     chunk = body[offset : offset + size]
     if datatype == "BYTES":
         return decode_bytes_tensor(chunk, count, name).reshape(shape)
-    itemsize = element_size(datatype)
     if datatype == "BF16":
         raise InvalidInput(f"input '{name}': datatype BF16 is not supported by this server")
+    itemsize = numpy_dtype(datatype).itemsize
     if size != count * itemsize:
         raise InvalidInput(
             f"input '{name}': shape {list(shape)} of {datatype} needs {count * itemsize} bytes, "

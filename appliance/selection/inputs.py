@@ -58,8 +58,8 @@ class InputSet:
 
 
 def _sample(batch: int, inputs: dict[str, np.ndarray], reshapes: dict[str, tuple[int, ...]]) -> Sample:
-    return Sample(batch, {name: list(value.shape) for name, value in inputs.items()},
-                  {name: value.reshape(reshapes[name]) if name in reshapes else value for name, value in inputs.items()})
+    shaped = {name: value.reshape(reshapes[name]) if name in reshapes else value for name, value in inputs.items()}
+    return Sample(batch, {name: list(value.shape) for name, value in inputs.items()}, shaped)
 
 
 def tuning_inputs(config: mc.ModelConfig, model_dir: Path, sizes: Sequence[int] = DYNAMIC_SIZES,

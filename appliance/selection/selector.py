@@ -109,13 +109,18 @@ def _pinned(config: mc.ModelConfig) -> str:
 
 
 def _tolerance(config: mc.ModelConfig, plan: Plan, settings: SelectionSettings) -> tuple[float, float]:
-    atol, rtol = (settings.reduced_atol, settings.reduced_rtol) if plan.reduced_precision else (settings.atol, settings.rtol)
+    if plan.reduced_precision:
+        atol, rtol = settings.reduced_atol, settings.reduced_rtol
+    else:
+        atol, rtol = settings.atol, settings.rtol
     override = _parameter(config, "tolerance")
     if override:
         try:
             atol = rtol = float(override)
         except ValueError:
-            raise ConfigError(f"model {config.name!r}: parameter tolerance must be a number, got {override!r}") from None
+            raise ConfigError(
+                f"model {config.name!r}: parameter tolerance must be a number, got {override!r}"
+            ) from None
     return atol, rtol
 
 
@@ -290,7 +295,8 @@ class Selector:
         except subprocess.TimeoutExpired:
             raise ConfigError(f"model {context.model_name!r}: tuning took longer than an hour") from None
         lines = result.stdout.strip().splitlines()
-        outcome = json.loads(lines[-1]) if lines else {"ok": False, "error": f"exit code {result.returncode}"}
+        outcome: dict[str, Any] = (json.loads(lines[-1]) if lines
+                                   else {"ok": False, "error": f"exit code {result.returncode}"})
         if not outcome.get("ok"):
             raise ConfigError(f"model {context.model_name!r}: tuning failed: {outcome.get('error')} "
                               f"(tuning process exit code {result.returncode})")

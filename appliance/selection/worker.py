@@ -40,10 +40,9 @@ def job_for(selector: Any, info: Any, context: LoadContext) -> dict[str, Any]:
 
 
 def _run(job: dict[str, Any]) -> dict[str, Any]:
+    from appliance.selection.selector import SelectionSettings, Selector, TuneRequest
     from hardware_probe import ProbeReport
     from model_cache import ModelCache
-
-    from appliance.selection.selector import SelectionSettings, Selector, TuneRequest
 
     report = ProbeReport(sections=job["probe"])
     selector = Selector(report, job["fingerprint"], job["runtime_versions"],

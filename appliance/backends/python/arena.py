@@ -51,14 +51,14 @@ class Arena:
             os.close(fd)
 
     @classmethod
-    def create(cls, size: int) -> "Arena":
+    def create(cls, size: int) -> Arena:
         fd, path = tempfile.mkstemp(prefix="appliance-", dir=_SHM_DIR)
         os.close(fd)
         os.unlink(path)
         return cls(path, max(_aligned(size), 1 << 16), owner=True)
 
     @classmethod
-    def attach(cls, path: str, size: int) -> "Arena":
+    def attach(cls, path: str, size: int) -> Arena:
         return cls(path, size, owner=False)
 
     def close(self) -> None:

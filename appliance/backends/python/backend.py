@@ -138,7 +138,9 @@ class PythonBackend(Backend):
         try:
             json_format.ParseDict(self._described, completed, ignore_unknown_fields=True)
         except json_format.ParseError as exc:
-            raise ConfigError(f"auto_complete_config() of {self._context.model_file} made an invalid config: {exc}")
+            raise ConfigError(
+                f"auto_complete_config() of {self._context.model_file} made an invalid config: {exc}"
+            ) from exc
         return completed
 
     def _args(self) -> dict[str, str]:

@@ -58,9 +58,9 @@ def execute_batch(
     """
     start = time.perf_counter_ns()
     if backend.takes_requests:
-        results = backend.run_requests(inputs, wanted, parameters)
+        per_request = backend.run_requests(inputs, wanted, parameters)
         done = time.perf_counter_ns()
-        return results, BatchTiming(0, done - start, 0)
+        return per_request, BatchTiming(0, done - start, 0)
     feed = _gather_inputs(inputs)
     gathered = time.perf_counter_ns()
     results = backend.run(feed, outputs)

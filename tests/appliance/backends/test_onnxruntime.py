@@ -2,11 +2,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from tritonclient.grpc import model_config_pb2 as mc
 
 from appliance.backends import BACKENDS, LoadContext, RuntimeOptions, resolve_backend
 from appliance.errors import ConfigError, InvalidInput
 from appliance.examples import build_example_repository
-from tritonclient.grpc import model_config_pb2 as mc
 
 
 @pytest.fixture(scope="module")

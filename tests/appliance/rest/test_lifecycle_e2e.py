@@ -148,7 +148,8 @@ def test_names_cannot_leave_the_repository(start_daemon, repo, tmp_path, name, s
     daemon = start_daemon(repo, "--model-control-mode", "explicit", "--load-model", "m")
     for path in (f"/v2/repository/models/{name}/load", f"/v2/repository/models/{name}/unload",
                  f"/v2/models/{name}", f"/v2/models/{name}/infer"):
-        status, _, payload = call(daemon.port, "POST" if "repository" in path or "infer" in path else "GET", path, b"{}")
+        method = "POST" if "repository" in path or "infer" in path else "GET"
+        status, _, payload = call(daemon.port, method, path, b"{}")
         assert status in statuses | {404}, (path, status, payload)
         assert isinstance(payload, dict) and "error" in payload
     assert daemon.process.poll() is None

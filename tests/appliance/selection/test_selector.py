@@ -129,7 +129,8 @@ def test_a_cached_decision_without_a_usable_plan_is_measured_again(report, model
     key = selector._key(model_file.parent, onnx_context(model_file).config)
     cache.store(key, {"chosen": "onnxruntime:CPU", "plan": ["not", "an", "object"]})  # a consistent entry
     state = _state(tmp_path)
-    choice = _selector(report, open_cache(cache.root, 1 << 30, state), state=state).choose(ONNX, onnx_context(model_file))
+    selector = _selector(report, open_cache(cache.root, 1 << 30, state), state=state)
+    choice = selector.choose(ONNX, onnx_context(model_file))
     assert choice.cache == "miss" and choice.decision["candidates"]
     assert cache.lookup(key).decision["tuned_at"] == choice.decision["tuned_at"]  # replaced by the new one
     assert [p.kind for p in state.problems] == ["cache_entry_unreadable"]
@@ -142,7 +143,8 @@ def test_an_unreadable_cache_entry_is_reported_to_the_state_dir(report, model_fi
     manifest = next(cache.root.glob("*/manifest.json"))
     manifest.write_text('{"files": "wrong shape"}')
     state = _state(tmp_path)
-    again = _selector(report, open_cache(cache.root, 1 << 30, state), state=state).choose(ONNX, onnx_context(model_file))
+    selector = _selector(report, open_cache(cache.root, 1 << 30, state), state=state)
+    again = selector.choose(ONNX, onnx_context(model_file))
     assert again.cache == "miss" and first.cache == "miss"
     assert [p.kind for p in state.problems] == ["cache_entry_unreadable"]
     assert "removed" in state.problems[0].message
