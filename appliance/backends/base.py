@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from appliance.core.signature import RuntimeTensor
 from appliance.errors import BackendUnavailable
+from appliance.tensors import RuntimeTensor
 
 if TYPE_CHECKING:
     from tritonclient.grpc.model_config_pb2 import ModelConfig

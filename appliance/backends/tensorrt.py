@@ -13,8 +13,8 @@ import tensorrt as trt
 import torch
 
 from appliance.backends.base import Backend, LoadContext
-from appliance.core.signature import RuntimeTensor
 from appliance.errors import BackendUnavailable, ConfigError, InferenceFailed, InvalidInput
+from appliance.tensors import RuntimeTensor
 
 __all__ = ["TensorRTBackend"]
 

@@ -15,7 +15,6 @@ from tritonclient.grpc import model_config_pb2 as mc
 from appliance.backends import BackendInfo
 from appliance.core.classification import classify
 from appliance.core.config import input_reshapes
-from appliance.core.datatypes import v2_datatype
 from appliance.core.scheduler import Scheduler
 from appliance.core.signature import ModelSignature
 from appliance.core.stats import FailureReason, ModelStats
@@ -23,6 +22,7 @@ from appliance.core.traffic import TrafficStats
 from appliance.core.types import InferOutput, InferRequest, InferResponse, RequestedOutput
 from appliance.core.validation import validate_request
 from appliance.errors import ApplianceError, InferenceFailed, InvalidInput, Unavailable
+from appliance.tensors import v2_datatype
 
 __all__ = ["ModelVersion"]
 

@@ -20,12 +20,11 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from appliance.backends import Backend
-from appliance.core.bytes_tensor import decode_bytes_tensor
 from appliance.core.config import input_reshapes
-from appliance.core.datatypes import CONFIG_TO_V2, numpy_dtype
 from appliance.core.model_files import MAX_WARMUP_BYTES, WARMUP_DIR, confined, read_bounded
 from appliance.core.scheduler.execution import execute_batch
 from appliance.errors import ApplianceError, ConfigError, InvalidInput
+from appliance.tensors import CONFIG_TO_V2, decode_bytes_tensor, numpy_dtype
 
 __all__ = ["WarmupSample", "random_tensor", "run_warmup", "warmup_samples"]
 

@@ -15,10 +15,9 @@ from typing import Any
 import numpy as np
 import orjson
 
-from appliance.core.bytes_tensor import decode_bytes_tensor, encode_bytes_tensor
-from appliance.core.datatypes import element_size, numpy_dtype
 from appliance.core.types import InferInput, InferRequest, InferResponse, RequestedOutput
 from appliance.errors import InvalidInput
+from appliance.tensors import decode_bytes_tensor, element_size, encode_bytes_tensor, numpy_dtype
 
 __all__ = [
     "DecodeLimits",

@@ -21,9 +21,9 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from appliance.backends import Backend
 from appliance.core.config import input_reshapes
-from appliance.core.datatypes import CONFIG_TO_V2
 from appliance.core.warmup import random_tensor, warmup_samples
 from appliance.selection.measure import error_reason
+from appliance.tensors import CONFIG_TO_V2
 
 __all__ = ["DYNAMIC_SIZES", "MAX_SAMPLE_ELEMENTS", "InputSearch", "InputSet", "Sample", "tuning_inputs"]
 

@@ -14,8 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from appliance.core.bytes_tensor import decode_bytes_tensor, encode_bytes_tensor
-from appliance.core.datatypes import numpy_dtype, v2_datatype
+from appliance.tensors import decode_bytes_tensor, encode_bytes_tensor, numpy_dtype, v2_datatype
 
 __all__ = ["Arena", "Descriptor"]
 

@@ -24,7 +24,7 @@ from google.protobuf import json_format
 
 from appliance.backends.base import Backend, LoadContext
 from appliance.backends.python.arena import Arena
-from appliance.core.config import config_to_json
+from appliance.config_json import config_to_json
 from appliance.errors import ApplianceError, ConfigError, InferenceFailed
 
 __all__ = ["PythonBackend"]
