@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING
 from tritonclient.grpc import model_config_pb2 as mc
 
 from appliance.backends import (
-    BACKENDS,
     Backend,
     BackendInfo,
     LoadContext,
     RuntimeOptions,
+    named,
     resolve_backend,
     threads_per_instance,
 )
@@ -121,7 +121,7 @@ def _load_version(
             elif choice.measured:  # serve with the chosen plan (and its cached artefacts)
                 first.close()
                 instances.clear()
-                target = next(b for b in BACKENDS if b.name == choice.plan.backend)
+                target = named(choice.plan.backend)
                 plan_config, artefacts = choice.plan.apply(config), choice.artefacts
                 if choice.plan.instances:  # the served config says how many instances really run
                     del config.instance_group[:]

@@ -19,7 +19,7 @@ from typing import Any
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from appliance.backends import BACKENDS, LoadContext, RuntimeOptions
+from appliance.backends import LoadContext, RuntimeOptions, named
 from appliance.errors import ApplianceError
 
 __all__ = ["job_for", "main"]
@@ -49,7 +49,7 @@ def _run(job: dict[str, Any]) -> dict[str, Any]:
                         ModelCache(Path(job["cache_dir"]), job["cache_max_bytes"],
                                    writable=job.get("cache_writable", True)),
                         SelectionSettings(**job["settings"]), cpu_flags=tuple(job["cpu_flags"]))
-    info = next(b for b in BACKENDS if b.name == job["backend"])
+    info = named(job["backend"])
     config = json_format.ParseDict(job["config"], mc.ModelConfig())
     context = LoadContext(job["model_name"], job["version"], Path(job["model_file"]), config,
                           RuntimeOptions(**{**job["options"],
