@@ -10,6 +10,8 @@ from pathlib import Path
 from appliance.backends.base import (
     Backend,
     BackendInfo,
+    BackendRequest,
+    BatchResult,
     LoadContext,
     RuntimeOptions,
     threads_per_instance,
@@ -21,6 +23,8 @@ __all__ = [
     "BACKENDS",
     "Backend",
     "BackendInfo",
+    "BackendRequest",
+    "BatchResult",
     "LoadContext",
     "RuntimeOptions",
     "named",
