@@ -54,3 +54,10 @@ def test_the_core_knows_no_front_end():
         names = _all_imports(path)
         assert not {n for n in names if n.split(".")[0] == "aiohttp"}, path
         assert not {n for n in names if n.startswith(("appliance.rest", "appliance.grpc"))}, path
+
+
+def test_the_tuning_child_and_the_selector_share_the_job_module_and_nothing_else():
+    selection = PACKAGE / "selection"
+    assert "appliance.selection.worker" not in _imports(selection / "selector.py")
+    for module in ("job.py", "decision.py"):
+        assert not {"appliance.selection.selector", "appliance.selection.worker"} & _imports(selection / module)

@@ -10,16 +10,14 @@ import hardware_probe
 from appliance.backends import RuntimeOptions
 from appliance.core.config import config_to_json
 from appliance.core.loader import load_model
-from appliance.selection import Selector
-from appliance.selection.selector import SelectionSettings
+from appliance.selection import Hardware, SelectionSettings, Selector
 from tests.builders import cnn_model, write_model
 
 
 @pytest.fixture(scope="module")
 def selector():
     report = hardware_probe.probe(timeout=30)
-    return Selector(report, report.fingerprint, report.runtime_versions(), None, SelectionSettings(budget=0.02),
-                    cpu_flags=tuple(report.cpu_flags()))
+    return Selector(Hardware.of(report), None, SelectionSettings(budget=0.02))
 
 
 def _served(model_dir, selector):

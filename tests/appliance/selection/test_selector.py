@@ -7,7 +7,7 @@ import pytest
 
 import hardware_probe
 from appliance.backends import BACKENDS, usable_cores
-from appliance.selection import Plan, Selector, enumerate_plans
+from appliance.selection import Hardware, Plan, Selector, enumerate_plans
 from appliance.selection.plans import DEFAULT_PLAN, INSTANCE_COUNTS
 from appliance.selection.selector import SelectionSettings, open_cache
 from appliance.state import StateDir
@@ -28,8 +28,7 @@ def model_file(tmp_path_factory):
 
 
 def _selector(report, cache=None, **kwargs) -> Selector:
-    return Selector(report, report.fingerprint, report.runtime_versions(), cache,
-                    SelectionSettings(budget=0.05), cpu_flags=tuple(report.cpu_flags()), **kwargs)
+    return Selector(Hardware.of(report), cache, SelectionSettings(budget=0.05), **kwargs)
 
 
 def _base(row: dict) -> str:
