@@ -205,7 +205,11 @@ class MetricsStore:
                                    "detail": json.dumps(detail or {}, default=str)}))
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Write what is queued, then close (blocking: call off the event loop)."""
+        """Write what is queued, then close (blocking: call off the event loop). Safe to call again, and
+        on a store that never started."""
+        if self._thread.ident is None:  # never started: nothing was queued, nobody else holds the file
+            self._db.close()
+            return
         self._queue.put(("stop", None))
         self._thread.join(timeout)
 
