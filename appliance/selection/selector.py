@@ -176,8 +176,9 @@ class Selector:
             # One way to run it (Python, TensorRT engines): nothing to measure or cache.
             row = {"plan": plans[0].id, "status": "ok", "latency_ms": None, "throughput": None,
                    "max_abs_error": None, "reason": "the only way to run this model here"}
-            only = build_decision(context, self._hardware.fingerprint, _parameter(context.config, "objective")
-                                  or "latency", plans[0], plans[0].id, [row], ONLY_PLAN)
+            objective = _parameter(context.config, "objective") or "latency"
+            only = build_decision(context, self._hardware.fingerprint, objective, plans[0], plans[0].id, [row],
+                                  ONLY_PLAN)
             return Choice(plans[0], only, "off", None)
         with self._tuning:
             if self._isolate:
