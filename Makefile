@@ -1,4 +1,5 @@
-# The two commands a new user runs: `make serve` and `make test`. Both create and reuse .venv.
+# The two commands a new user runs: `make serve` and `make test`. Both create and reuse .venv, as does
+# `make lint` (ruff and mypy, configured in pyproject.toml; CI runs it before the tests).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -10,7 +11,7 @@ STAMP := $(VENV)/.installed-$(FLAVOUR)
 # elsewhere use e.g. TORCH_SPEC="torch --index-url https://download.pytorch.org/whl/cpu").
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: venv serve test bench clean
+.PHONY: venv serve test lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,10 +29,14 @@ serve: venv
 test: venv
 	$(BIN)/python -m pytest
 
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
 bench: venv
 	$(BIN)/pip install --quiet -e '.[$(FLAVOUR),test,bench]'
 	command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
 	$(BIN)/python -m bench.serving
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache

@@ -16,8 +16,6 @@ import shutil
 from pathlib import Path
 
 import hardware_probe
-from hardware_probe import ProbeReport
-
 from appliance import __version__
 from appliance.backends import RuntimeOptions
 from appliance.backends.python.arena import remove_stale_arenas
@@ -32,10 +30,11 @@ from appliance.lifecycle import Lifecycle
 from appliance.metrics.service import MetricsService
 from appliance.metrics.store import Retention
 from appliance.selection import Selector
-from appliance.selection.selector import SelectionSettings, open_cache
+from appliance.selection.selector import Hardware, SelectionSettings, open_cache
 from appliance.settings import Settings
 from appliance.state import StateDir
 from appliance.token import control_token
+from hardware_probe import ProbeReport
 
 __all__ = ["Appliance", "make_selector", "resolve_repository", "runtime_options"]
 
@@ -67,12 +66,9 @@ def make_selector(settings: Settings, report: ProbeReport, isolate: bool = False
         return None
     state = state or StateDir.check(settings.state_dir)
     return Selector(
-        report,
-        report.fingerprint,
-        report.runtime_versions(),
+        Hardware.of(report),
         open_cache(settings.cache_dir, settings.cache_max_bytes, state),
         SelectionSettings(budget=settings.tune_budget),
-        cpu_flags=tuple(report.cpu_flags()),
         isolate=isolate,
         state=state,
     )

@@ -50,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
             after = _rss_mib(server.process.pid) if alive else float("nan")
         finally:
             server.stop()
-    summary = [line for line in result.stdout.splitlines() if re.search(r"(passed|failed|cases|generated|Summary|error)", line, re.I)]
+    interesting = re.compile(r"(passed|failed|cases|generated|Summary|error)", re.I)
+    summary = [line for line in result.stdout.splitlines() if interesting.search(line)]
     text = "\n".join([
         f"schemathesis exit code {result.returncode}; daemon alive after: {alive}, live: {ready}",
         f"RSS before {before:.0f} MiB, after {after:.0f} MiB",

@@ -48,14 +48,16 @@ def run_wrk(url: str, body: bytes, headers: dict[str, str], concurrency: int, se
         lines += [f'local f = io.open("{body_path}", "rb")', "wrk.body = f:read(\"*a\")", "f:close()"]
         script.write_text("\n".join(lines) + "\n")
         output = subprocess.run(
-            [require_wrk(), "-t1", f"-c{concurrency}", f"-d{max(1, round(seconds))}s", "--latency", "-s", str(script), url],
+            [require_wrk(), "-t1", f"-c{concurrency}", f"-d{max(1, round(seconds))}s", "--latency", "-s", str(script),
+             url],
             capture_output=True, text=True, timeout=seconds + 30, check=True,
         ).stdout
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", output).group(1))
     p50 = _ms(re.search(r"\s50%\s+(\S+)", output).group(1))
     p99 = _ms(re.search(r"\s99%\s+(\S+)", output).group(1))
     errors = 0
-    for pattern in (r"Non-2xx or 3xx responses:\s+(\d+)", r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)"):
+    for pattern in (r"Non-2xx or 3xx responses:\s+(\d+)",
+                    r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)"):
         match = re.search(pattern, output)
         if match:
             errors += sum(int(g) for g in match.groups())

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
-from appliance.backends import BACKENDS, Backend, LoadContext, RuntimeOptions
+from appliance.backends import Backend, LoadContext, RuntimeOptions, named
 from appliance.core.config import complete_config
 from bench.models import cnn_model
 from bench.process import start_appliance
@@ -62,7 +62,7 @@ def _start_timed(repo: Path, state: Path) -> tuple[float, dict[str, dict]]:
 
 
 def _load(model_file: Path, row: dict) -> tuple[list[Backend], mc.ModelConfig]:
-    onnx = BACKENDS[0]
+    onnx = named("onnxruntime")
     config = mc.ModelConfig(name="cnn")
     probe = onnx.load(LoadContext("cnn", 1, model_file, config, RuntimeOptions()))
     config = complete_config(config, platform="onnxruntime_onnx", backend="onnxruntime",
@@ -70,7 +70,7 @@ def _load(model_file: Path, row: dict) -> tuple[list[Backend], mc.ModelConfig]:
     probe.close()
     for key, value in row["parameters"].items():
         config.parameters[key].string_value = value
-    info = next(b for b in BACKENDS if b.name == row["backend"])
+    info = named(row["backend"])
     instances = [info.load(LoadContext("cnn", 1, model_file, config, RuntimeOptions(), index, row["threads"]))
                  for index in range(row["instances"])]
     return instances, config

@@ -212,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         data = measure(args, Path(tmp))
-    load = f"Load average (1 min) on this {os.cpu_count()}-CPU box: {load_before:.2f} before, {os.getloadavg()[0]:.2f} after."
+    load = (f"Load average (1 min) on this {os.cpu_count()}-CPU box: {load_before:.2f} before, "
+            f"{os.getloadavg()[0]:.2f} after.")
     text = table(data) + "\n\nTargets:\n" + "\n".join(targets(data)) + "\n\n" + load
     print(text)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -290,11 +290,11 @@ class ModelCache:
         the lock, so no writer is half-way through an entry)."""
         entries, broken = self._scan()
         removed = []
-        for entry in broken:
-            if entry.key != keep:
-                shutil.rmtree(entry.path, ignore_errors=True)
-                removed.append(entry.key)
-                self._report(dataclasses.replace(entry, removed=True))
+        for bad in broken:
+            if bad.key != keep:
+                shutil.rmtree(bad.path, ignore_errors=True)
+                removed.append(bad.key)
+                self._report(dataclasses.replace(bad, removed=True))
         entries.sort(key=lambda e: e.last_used)
         total = sum(e.size for e in entries)
         for entry in entries:

@@ -8,12 +8,12 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-import urllib.request
 
 _BOUND = re.compile(r"serving KServe v2 on http://127\.0\.0\.1:(\d+)")
 

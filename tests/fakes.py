@@ -7,7 +7,6 @@ import threading
 import time
 from collections.abc import Callable
 
-
 from appliance.backends import Backend
 
 

@@ -1,4 +1,7 @@
-"""Backends, one module per runtime. Adding a runtime = one module plus one entry in ``BACKENDS``."""
+"""Backends, one module per runtime. Adding a runtime = one module plus one entry in ``BACKENDS``.
+
+Look a backend up by name with ``named``, or by a model's config and files with ``resolve_backend``.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +10,8 @@ from pathlib import Path
 from appliance.backends.base import (
     Backend,
     BackendInfo,
+    BackendRequest,
+    BatchResult,
     LoadContext,
     RuntimeOptions,
     threads_per_instance,
@@ -18,8 +23,11 @@ __all__ = [
     "BACKENDS",
     "Backend",
     "BackendInfo",
+    "BackendRequest",
+    "BatchResult",
     "LoadContext",
     "RuntimeOptions",
+    "named",
     "resolve_backend",
     "threads_per_instance",
     "usable_cores",
@@ -76,6 +84,14 @@ BACKENDS: tuple[BackendInfo, ...] = (
         extra="nvidia",
     ),
 )
+
+
+def named(name: str) -> BackendInfo:
+    """The backend registered as ``name`` (a plan's or a cached decision's ``backend``)."""
+    for info in BACKENDS:
+        if info.name == name:
+            return info
+    raise ConfigError(f"unknown backend {name!r}; known: {', '.join(info.name for info in BACKENDS)}")
 
 
 def resolve_backend(model_name: str, backend: str, platform: str, version_dirs: list[Path]) -> BackendInfo:

@@ -1,7 +1,11 @@
 """The one small interface every runtime implements.
 
-A backend instance is one loaded copy of one model version on one device. The core calls ``run`` from a
+A backend instance is one loaded copy of one model version on one device. The core calls it from a
 thread that belongs to that instance alone, so a backend never needs its own locking.
+
+The scheduler hands each batch to ``run_requests``: by default the requests are concatenated along the
+batch dimension, run once by ``run`` and split back (what Triton's tensor backends do); a runtime whose
+API takes requests one by one (Triton's Python backend) overrides ``run_requests`` instead.
 """
 
 from __future__ import annotations
@@ -10,19 +14,29 @@ import abc
 import dataclasses
 import importlib
 import os
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from appliance.core.signature import RuntimeTensor
-from appliance.errors import BackendUnavailable
+from appliance.errors import BackendUnavailable, InferenceFailed
+from appliance.tensors import RuntimeTensor
 
 if TYPE_CHECKING:
     from tritonclient.grpc.model_config_pb2 import ModelConfig
 
-__all__ = ["Backend", "BackendInfo", "LoadContext", "RuntimeOptions", "threads_per_instance", "usable_cores"]
+__all__ = [
+    "Backend",
+    "BackendInfo",
+    "BackendRequest",
+    "BatchResult",
+    "LoadContext",
+    "RuntimeOptions",
+    "threads_per_instance",
+    "usable_cores",
+]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -55,7 +69,7 @@ class LoadContext:
     model_name: str
     version: int
     model_file: Path
-    config: "ModelConfig"
+    config: ModelConfig
     options: RuntimeOptions
     instance_index: int = 0
     threads: int = 0
@@ -73,6 +87,55 @@ class LoadContext:
         return value.string_value if value is not None and value.string_value else None
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class BackendRequest:
+    """One request of a batch, as a backend sees it."""
+
+    inputs: Mapping[str, np.ndarray]
+    outputs: Sequence[str]
+    """The outputs this request asked for."""
+    parameters: Mapping[str, object] = dataclasses.field(default_factory=dict)
+    size: int = 1
+    """Batch items it holds (the first dimension of its inputs when the model batches)."""
+
+
+@dataclasses.dataclass(slots=True)
+class BatchResult:
+    """One result per request, in order: its outputs, or the error that failed it alone. A backend that
+    can tell reports how long it spent gathering inputs and scattering outputs (Triton's compute_input
+    and compute_output); the rest of the call counts as inference."""
+
+    results: list[dict[str, np.ndarray] | BaseException]
+    input_ns: int = 0
+    output_ns: int = 0
+
+
+def _gather_inputs(requests: Sequence[BackendRequest]) -> Mapping[str, np.ndarray]:
+    if len(requests) == 1:
+        return requests[0].inputs
+    return {name: np.concatenate([r.inputs[name] for r in requests]) for name in requests[0].inputs}
+
+
+def _split_outputs(
+    results: Mapping[str, np.ndarray], requests: Sequence[BackendRequest]
+) -> list[dict[str, np.ndarray]]:
+    if len(requests) == 1:
+        return [{name: results[name] for name in requests[0].outputs if name in results}]
+    total = sum(r.size for r in requests)
+    for name, value in results.items():
+        if np.ndim(value) == 0 or value.shape[0] != total:
+            raise InferenceFailed(
+                f"output '{name}' has shape {list(np.shape(value))}, but the batch held {total} items; "
+                "the model does not return one row per batch item, so it cannot be batched "
+                "(remove dynamic_batching or set max_batch_size: 0)"
+            )
+    bounds = np.cumsum([0, *(r.size for r in requests)])
+    return [
+        {name: results[name][bounds[i] : bounds[i + 1]] for name in r.outputs if name in results}
+        for i, r in enumerate(requests)
+    ]
+
+
 class Backend(abc.ABC):
     """One loaded model instance."""
 
@@ -87,33 +150,38 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def run(self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]) -> dict[str, np.ndarray]:
-        """Execute one batch. BYTES tensors are numpy object arrays of ``bytes`` both ways.
+        """Execute one batch given as tensors. BYTES tensors are numpy object arrays of ``bytes`` both ways.
 
         Raise ``appliance.errors.InvalidInput`` for input the runtime refuses and
         ``appliance.errors.InferenceFailed`` for anything else that goes wrong.
         """
 
+    def run_requests(self, requests: Sequence[BackendRequest]) -> BatchResult:
+        """Execute the requests of one batch (the scheduler's entry point).
+
+        This default concatenates their inputs along the batch dimension, runs them once with ``run``
+        and splits the outputs back per request; an error fails the whole batch. Override it where the
+        runtime takes requests separately and may fail each one on its own.
+        """
+        start = time.perf_counter_ns()
+        feed = _gather_inputs(requests)
+        gathered = time.perf_counter_ns()
+        outputs = list(dict.fromkeys(name for r in requests for name in r.outputs))
+        results = self.run(feed, outputs)
+        ran = time.perf_counter_ns()
+        split: list[dict[str, np.ndarray] | BaseException] = list(_split_outputs(results, requests))
+        return BatchResult(split, input_ns=gathered - start, output_ns=time.perf_counter_ns() - ran)
+
     def close(self) -> None:  # noqa: B027 - most runtimes free themselves when dropped
         """Release what the instance holds."""
 
-    def completed_config(self, config: "ModelConfig") -> "ModelConfig":
+    def completed_config(self, config: ModelConfig) -> ModelConfig:
         """The config as the model itself completes it (Triton's Python ``auto_complete_config``);
         most runtimes leave that to the core and return it unchanged."""
         return config
 
-    def configure(self, config: "ModelConfig") -> None:  # noqa: B027 - only some backends care
+    def configure(self, config: ModelConfig) -> None:  # noqa: B027 - only some backends care
         """Called once with the final, auto-completed config before the first run."""
-
-    #: True for backends that take a batch as separate requests (Triton's Python backend API)
-    #: rather than as concatenated tensors; they implement ``run_requests``.
-    takes_requests: bool = False
-
-    def run_requests(
-        self, requests: Sequence[Mapping[str, np.ndarray]], outputs: Sequence[Sequence[str]],
-        parameters: Sequence[Mapping[str, object]],
-    ) -> list[dict[str, np.ndarray] | BaseException]:
-        """Execute several requests in one call; one result (or the error for it) per request."""
-        raise NotImplementedError
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -9,8 +9,8 @@ import onnxruntime as ort
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
 from appliance.backends.base import Backend, LoadContext
-from appliance.core.signature import RuntimeTensor
 from appliance.errors import ConfigError, InferenceFailed, InvalidInput
+from appliance.tensors import RuntimeTensor
 
 __all__ = ["OnnxRuntimeBackend"]
 

@@ -8,8 +8,8 @@ import numpy as np
 import openvino as ov
 
 from appliance.backends.base import Backend, LoadContext
-from appliance.core.signature import RuntimeTensor
 from appliance.errors import ConfigError, InferenceFailed, InvalidInput
+from appliance.tensors import RuntimeTensor
 
 __all__ = ["OpenVinoBackend"]
 
@@ -36,7 +36,9 @@ def _describe(ports: Sequence[ov.Output]) -> list[RuntimeTensor]:
         type_name = port.get_element_type().get_type_name()
         datatype = _OV_TO_V2.get(type_name)
         if datatype is None:
-            raise ConfigError(f"tensor {port.get_any_name()!r} has OpenVINO type {type_name}, which this server cannot serve")
+            raise ConfigError(
+                f"tensor {port.get_any_name()!r} has OpenVINO type {type_name}, which this server cannot serve"
+            )
         shape = tuple(-1 if dim.is_dynamic else dim.get_length() for dim in port.get_partial_shape())
         tensors.append(RuntimeTensor(port.get_any_name(), datatype, shape))
     return tensors

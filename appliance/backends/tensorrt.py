@@ -13,8 +13,8 @@ import tensorrt as trt
 import torch
 
 from appliance.backends.base import Backend, LoadContext
-from appliance.core.signature import RuntimeTensor
 from appliance.errors import BackendUnavailable, ConfigError, InferenceFailed, InvalidInput
+from appliance.tensors import RuntimeTensor
 
 __all__ = ["TensorRTBackend"]
 
@@ -80,8 +80,8 @@ class TensorRTBackend(Backend):
         keep: list[torch.Tensor] = []  # device buffers must outlive the asynchronous execution
         with torch.cuda.device(self._device), torch.cuda.stream(self._stream):
             for name, array in inputs.items():
-                host = torch.from_numpy(array if array.flags.writeable else array.copy())
-                device = host.to(self._device, non_blocking=True)
+                staged = torch.from_numpy(array if array.flags.writeable else array.copy())
+                device = staged.to(self._device, non_blocking=True)
                 keep.append(device)
                 if not self._context.set_input_shape(name, tuple(array.shape)):
                     raise InvalidInput(f"TensorRT refused shape {list(array.shape)} for input '{name}'")

@@ -14,14 +14,15 @@ import torch
 
 from appliance.backends.base import Backend, LoadContext
 from appliance.backends.torch_common import TORCH_TO_V2, device_of, outputs_by_name, to_torch
-from appliance.core.signature import RuntimeTensor
 from appliance.errors import ConfigError, InferenceFailed, InvalidInput
+from appliance.tensors import RuntimeTensor
 
 __all__ = ["TorchExportBackend"]
 
 
 def _tensor(name: str, value: Any) -> RuntimeTensor:
-    datatype = TORCH_TO_V2.get(getattr(value, "dtype", None))
+    dtype = getattr(value, "dtype", None)
+    datatype = TORCH_TO_V2.get(dtype) if isinstance(dtype, torch.dtype) else None
     if datatype is None:
         raise ConfigError(f"tensor {name!r} of the exported program is not a tensor this server can serve")
     return RuntimeTensor(name, datatype, tuple(d if isinstance(d, int) else -1 for d in value.shape))

@@ -6,10 +6,9 @@ import argparse
 import time
 from typing import Any
 
-from model_cache import ModelCache
-
 from appliance.errors import ConfigError
 from appliance.settings import Settings
+from model_cache import ModelCache
 
 __all__ = ["add_parser", "run"]
 

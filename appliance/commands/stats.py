@@ -46,7 +46,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         return 0
     series = result["series"]
     columns = ("requests", "failure", "throughput", "p50_ms", "p99_ms", "queue_ms", "batch_size")
-    rows = [("time", *columns)]
+    rows: list[tuple[str, ...]] = [("time", *columns)]
     for i, t in enumerate(series["t"]):
         if series["requests"][i] is None:
             continue

@@ -32,7 +32,6 @@ def _progress_bar(message: str, step: int, steps: int) -> None:
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
     import hardware_probe
-
     from appliance.server import make_selector, resolve_repository, runtime_options
 
     report = hardware_probe.probe()
@@ -44,7 +43,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     if not model_dir.is_dir():
         raise ConfigError(f"no model {args.model!r} in {model_dir.parent}")
     loaded = load_model(model_dir, runtime_options(settings), selector, retune=True)
-    for version, model in sorted(loaded.versions.items()):
+    for _, model in sorted(loaded.versions.items()):
         print(format_selection(model.selection or {}))
         asyncio.run(model.close())
     for version, reason in sorted(loaded.failures.items()):

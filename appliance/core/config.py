@@ -1,4 +1,5 @@
-"""Triton model configuration: parse config.pbtxt, auto-complete it from the model, render it as JSON.
+"""Triton model configuration: parse config.pbtxt, auto-complete it from the model, render it as JSON
+(appliance.config_json, which the backends use too).
 
 The config is Triton's own ``ModelConfig`` protobuf message (shipped in ``tritonclient.grpc``), parsed
 with protobuf's ``text_format``: a Triton repository loads here unchanged.
@@ -11,14 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from google.protobuf import descriptor, json_format, text_format
-from google.protobuf.message import Message
+from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from appliance.core.datatypes import CONFIG_TO_V2, V2_TO_CONFIG
+from appliance.config_json import config_to_json
 from appliance.core.model_files import MAX_CONFIG_BYTES, confined, read_bounded
-from appliance.core.signature import ModelSignature, RuntimeTensor, TensorSpec
+from appliance.core.signature import ModelSignature, TensorSpec
 from appliance.errors import ConfigError
+from appliance.tensors import CONFIG_TO_V2, V2_TO_CONFIG, RuntimeTensor
 
 __all__ = [
     "CONFIG_FILENAME",
@@ -279,44 +280,3 @@ def input_reshapes(config: mc.ModelConfig) -> dict[str, tuple[int, ...]]:
     the batch dimension, when the model batches)."""
     batch = (-1,) if config.max_batch_size > 0 else ()
     return {entry.name: (*batch, *entry.reshape.shape) for entry in config.input if entry.HasField("reshape")}
-
-
-def _is_repeated(field: descriptor.FieldDescriptor) -> bool:
-    # protobuf >= 5.28 has is_repeated and deprecates label; older releases have only label.
-    if hasattr(field, "is_repeated"):
-        return bool(field.is_repeated)
-    return field.label == descriptor.FieldDescriptor.LABEL_REPEATED
-
-
-def _value_to_json(field: descriptor.FieldDescriptor, value: Any) -> Any:
-    if field.type == descriptor.FieldDescriptor.TYPE_MESSAGE:
-        return _message_to_json(value)
-    if field.type == descriptor.FieldDescriptor.TYPE_ENUM:
-        known = field.enum_type.values_by_number.get(value)
-        return known.name if known is not None else value
-    if field.type == descriptor.FieldDescriptor.TYPE_BYTES:
-        return value.decode("latin-1")
-    return value
-
-
-def _message_to_json(message: Message) -> dict[str, Any]:
-    """Like Triton: snake_case names, every non-oneof field printed, int64 kept as numbers."""
-    out: dict[str, Any] = {}
-    for field in message.DESCRIPTOR.fields:
-        value = getattr(message, field.name)
-        if field.message_type is not None and field.message_type.GetOptions().map_entry:
-            value_field = field.message_type.fields_by_name["value"]
-            out[field.name] = {k: _value_to_json(value_field, v) for k, v in value.items()}
-        elif _is_repeated(field):
-            out[field.name] = [_value_to_json(field, v) for v in value]
-        elif field.containing_oneof is not None or field.type == descriptor.FieldDescriptor.TYPE_MESSAGE:
-            # Oneof members and sub-messages appear only when set, as Triton prints them.
-            if message.HasField(field.name):
-                out[field.name] = _value_to_json(field, value)
-        else:
-            out[field.name] = _value_to_json(field, value)
-    return out
-
-
-def config_to_json(config: mc.ModelConfig) -> dict[str, Any]:
-    return _message_to_json(config)

@@ -37,6 +37,8 @@ class InstancePool:
             thread.start()
         self._free: asyncio.Queue[int] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed: set[int] = set()
+        """Instances whose backend close() has been called: a second close() leaves them be."""
 
     @property
     def size(self) -> int:
@@ -117,7 +119,8 @@ class InstancePool:
         return True
 
     def close(self, timeout: float | None = None) -> list[BaseException]:
-        """Stop the threads and close the backends (blocking); returns errors instead of raising.
+        """Stop the threads and close the backends (blocking); returns errors instead of raising. A
+        second call closes only what the first had to leave running.
 
         With a ``timeout``, an instance whose thread is still running a batch when it expires is left
         alone (reported as a TimeoutError): closing a runtime under a running call is not safe, and its
@@ -126,7 +129,9 @@ class InstancePool:
         errors: list[BaseException] = []
         for inbox in self._inboxes:
             inbox.put(None)
-        for thread, backend in zip(self._threads, self._backends):
+        for index, (thread, backend) in enumerate(zip(self._threads, self._backends)):
+            if index in self._closed:  # closed by an earlier call
+                continue
             thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
             if thread.is_alive():
                 errors.append(TimeoutError(
@@ -134,6 +139,7 @@ class InstancePool:
                     "left running until the process exits"
                 ))
                 continue
+            self._closed.add(index)
             try:
                 backend.close()
             except Exception as exc:

@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING
 from tritonclient.grpc import model_config_pb2 as mc
 
 from appliance.backends import (
-    BACKENDS,
     Backend,
     BackendInfo,
     LoadContext,
     RuntimeOptions,
+    named,
     resolve_backend,
     threads_per_instance,
 )
@@ -27,7 +27,7 @@ from appliance.core.scheduler import Scheduler, policy_from_config
 from appliance.core.stats import ModelStats
 from appliance.core.warmup import run_warmup, warmup_samples
 from appliance.errors import ApplianceError, ConfigError
-from appliance.selection.selector import TuneRequest
+from appliance.selection.job import TuneRequest
 
 if TYPE_CHECKING:
     from appliance.selection import Selector
@@ -82,21 +82,30 @@ def _complete(config: mc.ModelConfig, info: BackendInfo, backend: Backend) -> mc
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class _ModelLoad:
+    """What loading one model directory shares across its versions."""
+
+    model_dir: Path
+    info: BackendInfo
+    """The backend its config (or its files) asks for."""
+    options: RuntimeOptions
+    selector: Selector | None
+    retune: bool
+    """Measure again even where a decision is cached."""
+    explicit_instances: bool
+    """The user's config set instance_group (before auto-completion added one)."""
+
+
 def _load_version(
-    model_dir: Path,
-    version: int,
-    path: Path,
-    info: BackendInfo,
-    config: mc.ModelConfig,
-    options: RuntimeOptions,
-    selector: Selector | None,
-    retune: bool,
-    request: TuneRequest,
+    load: _ModelLoad, version: int, version_dir: Path, config: mc.ModelConfig, traffic: dict | None
 ) -> tuple[mc.ModelConfig, ModelVersion]:
     """Load every instance of one version: the first instance's tensors complete the config, the
     selector (when there is one) picks the plan the instances then run (and, on the CPU, how many
-    instances with how many threads, unless the user's config set instance_group)."""
-    model_file = _model_file(model_dir, path, config.default_model_filename or info.default_filename)
+    instances with how many threads, unless the user's config set instance_group). ``traffic``: the
+    traffic profile to tune this version on (a retune on real traffic, see core.retune)."""
+    model_dir, info, options, selector = load.model_dir, load.info, load.options, load.selector
+    model_file = _model_file(model_dir, version_dir, config.default_model_filename or info.default_filename)
     instances: list[Backend] = []
     count = _instance_count(config, info)
     threads = threads_per_instance(options, count)
@@ -113,7 +122,8 @@ def _load_version(
         warmup = warmup_samples(config, model_dir)  # a broken sample fails the load before any tuning
         plan_config, artefacts = config, None
         if selector is not None:
-            choice = selector.choose(info, context(0, config), force=retune, request=request)
+            request = TuneRequest(load.explicit_instances, traffic)
+            choice = selector.choose(info, context(0, config), force=load.retune, request=request)
             selection = {**choice.decision, "cache": choice.cache}
             if choice.unmeasured:
                 log.warning("model %s version %d: %s. To fix: %s", model_dir.name, version,
@@ -121,7 +131,7 @@ def _load_version(
             elif choice.measured:  # serve with the chosen plan (and its cached artefacts)
                 first.close()
                 instances.clear()
-                target = next(b for b in BACKENDS if b.name == choice.plan.backend)
+                target = named(choice.plan.backend)
                 plan_config, artefacts = choice.plan.apply(config), choice.artefacts
                 if choice.plan.instances:  # the served config says how many instances really run
                     del config.instance_group[:]
@@ -185,8 +195,8 @@ def load_model(
             f"{model_dir.name}/1/<model file> (e.g. {model_dir.name}/1/model.onnx)"
         )
     check_config_paths(config, model_dir, available.values())
-    explicit_instances = bool(config.instance_group)  # the user's choice, before auto-completion adds one
     info = resolve_backend(model_dir.name, config.backend, config.platform, list(available.values()))
+    load = _ModelLoad(model_dir, info, options, selector, retune, explicit_instances=bool(config.instance_group))
     selected = select_versions(config, available)
     versions: dict[int, ModelVersion] = {}
     failures: dict[int, str] = {}
@@ -194,10 +204,8 @@ def load_model(
     # The newest version auto-completes the config (as Triton does); the rest are checked against it.
     for version in reversed(selected):
         try:
-            completed_here, model = _load_version(
-                model_dir, version, available[version], info, completed or config, options, selector, retune,
-                TuneRequest(explicit_instances, (traffic or {}).get(version)),
-            )
+            completed_here, model = _load_version(load, version, available[version], completed or config,
+                                                  (traffic or {}).get(version))
         except ApplianceError as exc:
             failures[version] = exc.message
             log.warning("model %s version %d failed to load: %s", model_dir.name, version, exc.message)

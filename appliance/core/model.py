@@ -15,14 +15,14 @@ from tritonclient.grpc import model_config_pb2 as mc
 from appliance.backends import BackendInfo
 from appliance.core.classification import classify
 from appliance.core.config import input_reshapes
-from appliance.core.datatypes import v2_datatype
 from appliance.core.scheduler import Scheduler
 from appliance.core.signature import ModelSignature
 from appliance.core.stats import FailureReason, ModelStats
 from appliance.core.traffic import TrafficStats
-from appliance.core.types import InferOutput, InferRequest, InferResponse
+from appliance.core.types import InferOutput, InferRequest, InferResponse, RequestedOutput
 from appliance.core.validation import validate_request
 from appliance.errors import ApplianceError, InferenceFailed, InvalidInput, Unavailable
+from appliance.tensors import v2_datatype
 
 __all__ = ["ModelVersion"]
 
@@ -89,25 +89,22 @@ class ModelVersion:
         for name, shape in self._input_reshape.items():
             if name in inputs:
                 inputs[name] = inputs[name].reshape(shape)
-        wanted = request.outputs or None
-        names = [o.name for o in wanted] if wanted else list(self.signature.outputs)
-        results = await self.scheduler.submit(inputs, names, batch_size, request.parameters)
+        # No outputs named: every output the model has, none classified.
+        wanted = request.outputs or [RequestedOutput(name) for name in self.signature.outputs]
+        results = await self.scheduler.submit(inputs, [o.name for o in wanted], batch_size, request.parameters)
         outputs = []
-        for requested_name, requested in zip(names, wanted or [None] * len(names)):
-            data = results.get(requested_name)
+        for requested in wanted:
+            name = requested.name
+            data = results.get(name)
             if data is None:
-                raise InferenceFailed(
-                    f"model '{self.name}' version {self.version} did not produce output '{requested_name}'"
-                )
+                raise InferenceFailed(f"model '{self.name}' version {self.version} did not produce output '{name}'")
             data = np.asarray(data) if not isinstance(data, np.ndarray) else data
-            if requested_name in self._output_reshape:
-                data = data.reshape(self._output_reshape[requested_name])
-            if requested is not None and requested.classification:
-                data = classify(
-                    requested_name, data, requested.classification,
-                    self.labels.get(requested_name, []), self.signature.batched,
-                )
-            outputs.append(InferOutput(requested_name, v2_datatype(data.dtype), data))
+            if name in self._output_reshape:
+                data = data.reshape(self._output_reshape[name])
+            if requested.classification:
+                data = classify(name, data, requested.classification, self.labels.get(name, []),
+                                self.signature.batched)
+            outputs.append(InferOutput(name, v2_datatype(data.dtype), data))
         return InferResponse(self.name, self.version, outputs, id=request.id)
 
     @contextlib.contextmanager

@@ -8,9 +8,8 @@ import enum
 import logging
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from tritonclient.grpc import model_config_pb2 as mc
@@ -218,9 +217,9 @@ class ModelRegistry:
         removed = sorted(n for n in self._models if n not in paths)
         changed = []
         for name, entry in list(self._models.items()):
-            if name in paths and entry.versions and entry.signature is not None:
-                if await asyncio.to_thread(directory_signature, paths[name]) != entry.signature:
-                    changed.append(name)
+            if (name in paths and entry.versions and entry.signature is not None
+                    and await asyncio.to_thread(directory_signature, paths[name]) != entry.signature):
+                changed.append(name)
         for name in added:
             self._models[name] = ModelEntry(name)
         await asyncio.gather(*(self.load(n, raise_errors=False) for n in [*added, *changed]))

@@ -4,16 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-__all__ = ["ModelSignature", "RuntimeTensor", "TensorSpec"]
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class RuntimeTensor:
-    """A tensor as a runtime describes it: full shape, ``-1`` for a dimension it leaves open."""
-
-    name: str
-    datatype: str
-    shape: tuple[int, ...]
+__all__ = ["ModelSignature", "TensorSpec"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

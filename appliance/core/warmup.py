@@ -19,13 +19,11 @@ from pathlib import Path
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
-from appliance.backends import Backend
-from appliance.core.bytes_tensor import decode_bytes_tensor
+from appliance.backends import Backend, BackendRequest
 from appliance.core.config import input_reshapes
-from appliance.core.datatypes import CONFIG_TO_V2, numpy_dtype
 from appliance.core.model_files import MAX_WARMUP_BYTES, WARMUP_DIR, confined, read_bounded
-from appliance.core.scheduler.execution import execute_batch
 from appliance.errors import ApplianceError, ConfigError, InvalidInput
+from appliance.tensors import CONFIG_TO_V2, decode_bytes_tensor, numpy_dtype
 
 __all__ = ["WarmupSample", "random_tensor", "run_warmup", "warmup_samples"]
 
@@ -135,9 +133,9 @@ def run_warmup(instances: Sequence[Backend], samples: Sequence[WarmupSample], co
         for index, backend in enumerate(instances):
             for _ in range(sample.count):
                 try:
-                    results, _ = execute_batch(backend, [feed], [sample.batch], [outputs], outputs, [{}])
-                    if isinstance(results[0], BaseException):
-                        raise results[0]
+                    (result,) = backend.run_requests([BackendRequest(feed, outputs, size=sample.batch)]).results
+                    if isinstance(result, BaseException):
+                        raise result
                 except Exception as exc:
                     reason = exc.message if isinstance(exc, ApplianceError) else f"{type(exc).__name__}: {exc}"
                     raise ConfigError(

@@ -56,7 +56,8 @@ def _rows(db: sqlite3.Connection, kind: str, level: int, since: int, until: int,
 
 def _model_series(db: sqlite3.Connection, since: int, until: int, step: int, model: str | None,
                   version: int | None) -> dict[str, list]:
-    where, args = "", ()
+    where = ""
+    args: tuple[str | int, ...] = ()
     if model:
         where, args = " AND model = ?", (model,)
     if version is not None:
@@ -125,7 +126,7 @@ def history(path: Path, since: int, until: int, step: int, model: str | None = N
     if (until - since) // step > 20_000:
         raise ValueError(f"{(until - since) // step} points asked for; raise 'step' (at most 20000 points)")
     if not path.exists():
-        empty = {"t": []}
+        empty: dict[str, list] = {"t": []}
         return {"since": since, "until": until, "step": step, "model": model, "series": empty, "system": empty,
                 "events": []}
     try:

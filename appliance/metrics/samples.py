@@ -41,7 +41,7 @@ class ModelSample:
         return row
 
     @classmethod
-    def from_row(cls, row: dict[str, Any]) -> "ModelSample":
+    def from_row(cls, row: dict[str, Any]) -> ModelSample:
         values = dict(row)
         for key in ("failure_reasons", "latency_hist", "batch_hist"):
             values[key] = json.loads(values[key] or ("[]" if key == "latency_hist" else "{}"))
@@ -64,7 +64,7 @@ class _Totals:
     batch_hist: dict[int, int]
 
     @classmethod
-    def of(cls, stats: ModelStats) -> "_Totals":
+    def of(cls, stats: ModelStats) -> _Totals:
         return cls(
             stats.success.count, stats.fail.count, Counter(stats.failures), stats.inference_count,
             stats.execution_count, stats.success.ns + stats.fail.ns, stats.queue.ns, stats.compute_input.ns,

@@ -47,11 +47,11 @@ _RESOLUTIONS = (("1s", 1), ("1m", 60), ("1h", 3600))
 def _migration_1(conn: sqlite3.Connection) -> None:
     db = sqlite_utils.Database(conn)
     for suffix, _ in _RESOLUTIONS:
-        db[f"model_{suffix}"].create(_MODEL_COLUMNS, pk=("t", "model", "version"), if_not_exists=True)
-        db[f"system_{suffix}"].create(_SYSTEM_COLUMNS, pk="t", if_not_exists=True)
-    db["events"].create({"id": int, "t": float, "kind": str, "model": str, "version": int, "detail": str},
+        db.table(f"model_{suffix}").create(_MODEL_COLUMNS, pk=("t", "model", "version"), if_not_exists=True)
+        db.table(f"system_{suffix}").create(_SYSTEM_COLUMNS, pk="t", if_not_exists=True)
+    db.table("events").create({"id": int, "t": float, "kind": str, "model": str, "version": int, "detail": str},
                         pk="id", not_null={"t", "kind"}, if_not_exists=True)
-    db["state"].create({"key": str, "value": int}, pk="key", if_not_exists=True)
+    db.table("state").create({"key": str, "value": int}, pk="key", if_not_exists=True)
 
 
 def _migration_2(db: sqlite3.Connection) -> None:
@@ -205,7 +205,11 @@ class MetricsStore:
                                    "detail": json.dumps(detail or {}, default=str)}))
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Write what is queued, then close (blocking: call off the event loop)."""
+        """Write what is queued, then close (blocking: call off the event loop). Safe to call again, and
+        on a store that never started."""
+        if self._thread.ident is None:  # never started: nothing was queued, nobody else holds the file
+            self._db.close()
+            return
         self._queue.put(("stop", None))
         self._thread.join(timeout)
 
@@ -243,11 +247,11 @@ class MetricsStore:
                    for kind, p in items if kind == "system"]
         events = [p for kind, p in items if kind == "event"]
         if models:
-            self._tables["model_1s"].insert_all(models, replace=True)
+            self._tables.table("model_1s").insert_all(models, replace=True)
         if systems:
-            self._tables["system_1s"].insert_all(systems, replace=True)
+            self._tables.table("system_1s").insert_all(systems, replace=True)
         if events:
-            self._tables["events"].insert_all(events)
+            self._tables.table("events").insert_all(events)
 
     def _maintain(self, now: int) -> None:
         """Roll finished minutes and hours up, then enforce retention (once a minute is enough)."""
@@ -257,7 +261,7 @@ class MetricsStore:
         if done and done[0] >= minute:
             return
         db.execute("BEGIN")
-        for (source, width), (target, bucket) in zip(_RESOLUTIONS, _RESOLUTIONS[1:]):
+        for (source, _), (target, bucket) in zip(_RESOLUTIONS, _RESOLUTIONS[1:]):
             self._roll_up(source, target, bucket, now // bucket * bucket)
         self._expire(now)
         db.execute("INSERT OR REPLACE INTO state VALUES ('maintained', ?)", (minute,))

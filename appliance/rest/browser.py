@@ -73,7 +73,7 @@ def host_policy(allowed_hosts: Iterable[str], box_name: str | None = None) -> Ho
 
 def check_host(request: web.Request, policy: HostPolicy) -> None:
     host = request.headers.get("Host")
-    if not policy.allows(host):
+    if host is not None and not policy.allows(host):
         raise Forbidden(
             f"Host {host[:100]!r} does not name this appliance (a DNS-rebinding page sends such requests); "
             "use its IP address or hostname, or add the name to the allowed_hosts setting "

@@ -17,11 +17,10 @@ from typing import Any
 import numpy as np
 import orjson
 
-from appliance.core.bytes_tensor import decode_bytes_tensor, encode_bytes_tensor
-from appliance.core.datatypes import element_size, numpy_dtype
 from appliance.core.shared_memory.params import shared_memory_ref
 from appliance.core.types import InferInput, InferRequest, InferResponse, RequestedOutput, SharedMemoryInput
 from appliance.errors import InvalidInput
+from appliance.tensors import decode_bytes_tensor, element_size, encode_bytes_tensor, numpy_dtype
 
 __all__ = [
     "DecodeLimits",
@@ -184,9 +183,9 @@ def _decode_binary_data(
     chunk = body[offset : offset + size]
     if datatype == "BYTES":
         return decode_bytes_tensor(chunk, count, name).reshape(shape)
-    itemsize = element_size(datatype)
     if datatype == "BF16":
         raise InvalidInput(f"input '{name}': datatype BF16 is not supported by this server")
+    itemsize = numpy_dtype(datatype).itemsize
     if size != count * itemsize:
         raise InvalidInput(
             f"input '{name}': shape {list(shape)} of {datatype} needs {count * itemsize} bytes, "

@@ -13,11 +13,12 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from appliance.budget import Account
-from appliance.dashboard import STATIC_DIR
-from appliance.metrics.history import history
 from appliance.core.model import ModelVersion
 from appliance.core.types import InferRequest
+from appliance.dashboard import STATIC_DIR
 from appliance.errors import InvalidInput
+from appliance.metrics.history import history
+from appliance.rest import shared_memory
 from appliance.rest.body import read_body
 from appliance.rest.codec import (
     HEADER_LENGTH,
@@ -31,7 +32,6 @@ from appliance.rest.jsonio import json_response as _json
 from appliance.rest.jsonio import optional_json as _optional_json
 from appliance.rest.keys import BODY_LIMITS, BUDGET, DATAPLANE, LIMITS, METRICS, SETTINGS, STATE
 from appliance.rest.openapi import openapi_document
-from appliance.rest import shared_memory
 
 __all__ = ["CONTROL_HANDLERS", "OPEN_HANDLERS", "ROUTES", "UNLIMITED_HANDLERS"]
 

@@ -91,7 +91,9 @@ def _raw_handle(body: dict, name: str) -> bytes:
     try:
         return base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError):
-        raise InvalidInput(f"failed to register shared memory region '{name}': 'raw_handle.b64' is not base64") from None
+        raise InvalidInput(
+            f"failed to register shared memory region '{name}': 'raw_handle.b64' is not base64"
+        ) from None
 
 
 async def cuda_register(request: web.Request) -> web.Response:

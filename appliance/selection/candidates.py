@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
 import logging
 import statistics
 from collections.abc import Callable, Sequence
@@ -143,7 +144,7 @@ class CandidateBench:
     def _throughput(self, instances: list[Backend], inputs: InputSet, budget: float) -> float:
         largest = max(inputs.samples, key=lambda sample: sample.batch)
         busy = instances[: self.concurrency] if self.concurrency else instances  # no more than are asked for
-        rate = rate_concurrent([lambda b=b: b.run(largest.inputs, self.search.outputs) for b in busy], budget)
+        rate = rate_concurrent([functools.partial(b.run, largest.inputs, self.search.outputs) for b in busy], budget)
         return round(largest.batch * rate, 1)
 
 

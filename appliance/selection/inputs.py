@@ -21,9 +21,9 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from appliance.backends import Backend
 from appliance.core.config import input_reshapes
-from appliance.core.datatypes import CONFIG_TO_V2
 from appliance.core.warmup import random_tensor, warmup_samples
 from appliance.selection.measure import error_reason
+from appliance.tensors import CONFIG_TO_V2
 
 __all__ = ["DYNAMIC_SIZES", "MAX_SAMPLE_ELEMENTS", "InputSearch", "InputSet", "Sample", "tuning_inputs"]
 
@@ -58,8 +58,8 @@ class InputSet:
 
 
 def _sample(batch: int, inputs: dict[str, np.ndarray], reshapes: dict[str, tuple[int, ...]]) -> Sample:
-    return Sample(batch, {name: list(value.shape) for name, value in inputs.items()},
-                  {name: value.reshape(reshapes[name]) if name in reshapes else value for name, value in inputs.items()})
+    shaped = {name: value.reshape(reshapes[name]) if name in reshapes else value for name, value in inputs.items()}
+    return Sample(batch, {name: list(value.shape) for name, value in inputs.items()}, shaped)
 
 
 def tuning_inputs(config: mc.ModelConfig, model_dir: Path, sizes: Sequence[int] = DYNAMIC_SIZES,

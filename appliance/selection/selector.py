@@ -14,7 +14,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,67 +24,23 @@ from appliance.backends import BACKENDS, BackendInfo, LoadContext, usable_cores
 from appliance.core.config import config_to_json
 from appliance.errors import ConfigError
 from appliance.selection.candidates import CandidateBench, best
-from appliance.selection.inputs import DYNAMIC_SIZES, InputSearch, tuning_inputs
-from appliance.selection.plans import DEFAULT_PLAN, Plan, ProbeView, enumerate_plans, instance_variants
+from appliance.selection.decision import ONLY_PLAN, Choice, build_decision, measured_outcome, plan_from
+from appliance.selection.inputs import InputSearch, tuning_inputs
+from appliance.selection.job import Hardware, SelectionSettings, TuneRequest, TuningJob
+from appliance.selection.plans import DEFAULT_PLAN, Plan, enumerate_plans, instance_variants
 from appliance.state import StateDir
 from model_cache import BrokenEntry, ModelCache, cache_key, hash_files
 
-__all__ = ["Choice", "SelectionSettings", "Selector", "TuneRequest", "open_cache"]
+# SelectionSettings and TuneRequest live with the job a tuning child gets; they are part of this API.
+__all__ = ["Choice", "Hardware", "SelectionSettings", "Selector", "TuneRequest", "open_cache"]
 
 log = logging.getLogger(__name__)
 
 Progress = Callable[[str, int, int], None]
 """progress(message, step, steps)"""
 
-MEASURED, UNMEASURED = "measured", "unmeasured"
-FIX = ("add model_warmup samples to config.pbtxt with shapes and data the model accepts, or send it requests: "
-       "with retune_on_traffic (the default) it is tuned again on their shapes")
-
 # Triton's optimization.execution_accelerators names -> our plans.
 _ACCELERATORS = {"openvino": "onnxruntime+openvino:CPU", "tensorrt": "onnxruntime:TensorRT", "cuda": "onnxruntime:CUDA"}
-
-
-@dataclasses.dataclass(frozen=True)
-class SelectionSettings:
-    budget: float = 0.3
-    """Seconds of timing per candidate and batch size."""
-    build_timeout: float = 120.0
-    atol: float = 1e-4
-    rtol: float = 1e-3
-    reduced_atol: float = 2e-2
-    reduced_rtol: float = 2e-2
-    dynamic_sizes: tuple[int, ...] = DYNAMIC_SIZES
-    """Sizes tried for variable dimensions when synthetic inputs are all there is to tune with."""
-
-
-@dataclasses.dataclass(frozen=True)
-class TuneRequest:
-    """What a model version is tuned for beyond its config (part of the cache key)."""
-
-    explicit_instances: bool = False
-    """The user's config sets instance_group: the instances are kept unless it sets tune_instances."""
-    traffic: dict[str, Any] | None = None
-    """A retune on real traffic: the traffic's profile (core.traffic), tuned on first; None at load."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Choice:
-    plan: Plan
-    decision: dict[str, Any]
-    cache: str
-    """"hit", "miss" or "off"."""
-    artefacts: Path | None
-
-    @property
-    def measured(self) -> bool:
-        """The plan was measured the fastest: serve with it (the other choices serve the config as is)."""
-        return self.decision.get("status") == MEASURED
-
-    @property
-    def unmeasured(self) -> bool:
-        """No candidate could be measured: the model is served on its config's default plan (``plan``
-        is DEFAULT_PLAN), as ``--no-selection`` serves it."""
-        return self.decision.get("status") == UNMEASURED
 
 
 def _parameter(config: mc.ModelConfig, key: str) -> str:
@@ -109,13 +64,18 @@ def _pinned(config: mc.ModelConfig) -> str:
 
 
 def _tolerance(config: mc.ModelConfig, plan: Plan, settings: SelectionSettings) -> tuple[float, float]:
-    atol, rtol = (settings.reduced_atol, settings.reduced_rtol) if plan.reduced_precision else (settings.atol, settings.rtol)
+    if plan.reduced_precision:
+        atol, rtol = settings.reduced_atol, settings.reduced_rtol
+    else:
+        atol, rtol = settings.atol, settings.rtol
     override = _parameter(config, "tolerance")
     if override:
         try:
             atol = rtol = float(override)
         except ValueError:
-            raise ConfigError(f"model {config.name!r}: parameter tolerance must be a number, got {override!r}") from None
+            raise ConfigError(
+                f"model {config.name!r}: parameter tolerance must be a number, got {override!r}"
+            ) from None
     return atol, rtol
 
 
@@ -145,19 +105,16 @@ def open_cache(root: Path, max_bytes: int, state: StateDir) -> ModelCache:
 
 
 class Selector:
-    def __init__(self, probe: ProbeView, fingerprint: str, runtime_versions: dict[str, str],
-                 cache: ModelCache | None, settings: SelectionSettings = SelectionSettings(),
-                 cpu_flags: tuple[str, ...] = (), extra_plans: tuple[Plan, ...] = (),
-                 backends: tuple[BackendInfo, ...] = BACKENDS, isolate: bool = False,
-                 state: StateDir | None = None) -> None:
-        """``state``: where problems with the cache are recorded (the daemon's); None (a tuning child,
-        whose daemon reports them) logs them only."""
-        self._probe = probe
-        self.fingerprint = fingerprint
-        self._versions = runtime_versions
+    def __init__(self, hardware: Hardware, cache: ModelCache | None, settings: SelectionSettings = SelectionSettings(),
+                 *, isolate: bool = False, state: StateDir | None = None, extra_plans: tuple[Plan, ...] = (),
+                 backends: tuple[BackendInfo, ...] = BACKENDS) -> None:
+        """``isolate``: measure in a child process (the daemon), not in this one (the CLI, the child).
+        ``state``: where problems with the cache are recorded (the daemon's); None (a tuning child,
+        whose daemon reports them) logs them only. ``extra_plans`` and the ``backends`` that run
+        them: candidates beyond this box's own (tests inject a faulty one)."""
+        self._hardware = hardware
         self._cache = cache
         self._settings = settings
-        self._cpu_flags = cpu_flags
         self._extra_plans = extra_plans
         self._backends = backends
         self._isolate = isolate and cache is not None
@@ -171,7 +128,7 @@ class Selector:
         """Candidate plans after pins and exclusions, and why the others were left out. CPU plans come
         in instance x thread variants unless the config's own instance_group fixes the instances (and
         does not set parameters tune_instances); ``threads`` fixes the threads (the settings')."""
-        plans = [*enumerate_plans(info.name, self._probe, self._cpu_flags), *self._extra_plans]
+        plans = [*enumerate_plans(info.name, self._hardware.probe, self._hardware.cpu_flags), *self._extra_plans]
         if not explicit_instances or _flag(config, "tune_instances"):
             plans = instance_variants(plans, usable_cores(), threads)
         skipped: dict[str, str] = {}
@@ -199,8 +156,9 @@ class Selector:
     def _key(self, version_dir: Path, config: mc.ModelConfig, request: TuneRequest = TuneRequest()) -> str:
         # A decision per traffic profile: a model whose traffic comes back to known shapes switches to
         # the plan measured for them without measuring again.
-        return cache_key(hash_files(version_dir), config=_selection_inputs(config), fingerprint=self.fingerprint,
-                         runtimes=self._versions, request=dataclasses.asdict(request))
+        return cache_key(hash_files(version_dir), config=_selection_inputs(config),
+                         fingerprint=self._hardware.fingerprint, runtimes=self._hardware.runtime_versions,
+                         request=dataclasses.asdict(request))
 
     def choose(self, info: BackendInfo, context: LoadContext, force: bool = False,
                progress: Progress | None = None, key: str | None = None,
@@ -216,11 +174,11 @@ class Selector:
                                         context.options.intra_op_threads)
         if len(plans) == 1 and not skipped:
             # One way to run it (Python, TensorRT engines): nothing to measure or cache.
-            only = {"model": context.model_name, "version": context.version, "chosen": plans[0].id,
-                    "plan": plans[0].as_json(), "objective": _parameter(context.config, "objective") or "latency",
-                    "hardware_fingerprint": self.fingerprint, "status": "only_plan",
-                    "candidates": [{"plan": plans[0].id, "status": "ok", "latency_ms": None, "throughput": None,
-                                    "max_abs_error": None, "reason": "the only way to run this model here"}]}
+            row = {"plan": plans[0].id, "status": "ok", "latency_ms": None, "throughput": None,
+                   "max_abs_error": None, "reason": "the only way to run this model here"}
+            objective = _parameter(context.config, "objective") or "latency"
+            only = build_decision(context, self._hardware.fingerprint, objective, plans[0], plans[0].id, [row],
+                                  ONLY_PLAN)
             return Choice(plans[0], only, "off", None)
         with self._tuning:
             if self._isolate:
@@ -234,7 +192,7 @@ class Selector:
         if entry is None:
             return None
         try:
-            plan = _plan_from(entry.decision)
+            plan = plan_from(entry.decision)
         except (KeyError, TypeError, AttributeError, ValueError) as exc:
             removed = ""
             if self._cache.writable:
@@ -261,27 +219,10 @@ class Selector:
                    f"not cached ({reason}): it is measured again on the next start",
                    "make the state dir writable (see the read_only problem, if any) or free disk space")
 
-    def job_fields(self) -> dict[str, Any]:
-        """What a tuning child process needs to rebuild this selector."""
-        assert self._cache is not None
-        return {
-            "probe": getattr(self._probe, "sections", {}),
-            "fingerprint": self.fingerprint,
-            "runtime_versions": self._versions,
-            "cache_dir": str(self._cache.root),
-            "cache_max_bytes": self._cache.max_bytes,
-            "cache_writable": self._cache.writable,
-            "settings": dataclasses.asdict(self._settings),
-            "cpu_flags": list(self._cpu_flags),
-        }
-
     def _tune_in_child(self, info: BackendInfo, context: LoadContext, key: str, request: TuneRequest) -> Choice:
-        from appliance.selection.worker import job_for
-
-        # The model files are hashed once: the child gets the key. A retune on traffic runs beside the
-        # model it serves: at low CPU priority.
-        job = json.dumps({**job_for(self, info, context), "key": key, "request": dataclasses.asdict(request),
-                          "nice": 10 if request.traffic else 0})
+        assert self._cache is not None
+        job = TuningJob(info.name, context, self._hardware, self._settings, self._cache.root, self._cache.max_bytes,
+                        self._cache.writable, key, request, nice=10 if request.traffic else 0).to_json()
         try:
             # The child's log lines (its progress) go to the daemon's stderr as they are written: a long
             # tuning stays visible while it runs. Only the outcome comes back on stdout.
@@ -290,20 +231,21 @@ class Selector:
         except subprocess.TimeoutExpired:
             raise ConfigError(f"model {context.model_name!r}: tuning took longer than an hour") from None
         lines = result.stdout.strip().splitlines()
-        outcome = json.loads(lines[-1]) if lines else {"ok": False, "error": f"exit code {result.returncode}"}
+        outcome: dict[str, Any] = (json.loads(lines[-1]) if lines
+                                   else {"ok": False, "error": f"exit code {result.returncode}"})
         if not outcome.get("ok"):
             raise ConfigError(f"model {context.model_name!r}: tuning failed: {outcome.get('error')} "
                               f"(tuning process exit code {result.returncode})")
         assert self._cache is not None
         entry = self._cache.lookup(key)
         if entry is not None:
-            return Choice(_plan_from(entry.decision), entry.decision, "miss", entry.artefacts)
+            return Choice(plan_from(entry.decision), entry.decision, "miss", entry.artefacts)
         if not isinstance(outcome.get("decision"), dict):
             raise ConfigError(f"model {context.model_name!r}: the tuning process stored no decision")
         # Measured but not stored (a read-only or full disk): serve the plan, without cached artefacts.
         self._unsaved(context, "the model cache is read-only" if not self._cache.writable
                       else "the tuning process could not store it; its log above says why")
-        return Choice(_plan_from(outcome["decision"]), outcome["decision"], "miss", None)
+        return Choice(plan_from(outcome["decision"]), outcome["decision"], "miss", None)
 
     def _tune(self, info: BackendInfo, context: LoadContext, plans: list[Plan], skipped: dict[str, str],
               key: str, progress: Progress | None, traffic: dict[str, Any] | None) -> Choice:
@@ -331,49 +273,17 @@ class Selector:
                 raise ConfigError(f"model {context.model_name!r}: no plan can load it here ({reasons})")
             # Nothing measured: the config's default plan serves, as --no-selection serves the model.
             plan = next((p for p in plans if p.id == chosen), None) or Plan(DEFAULT_PLAN, info.name)
-            decision = {
-                "model": context.model_name,
-                "version": context.version,
-                "chosen": chosen,
-                "plan": plan.as_json(),
-                "objective": objective,
-                "hardware_fingerprint": self.fingerprint,
-                "tuned_at": time.time(),
-                "candidates": results,
-                **_inputs_outcome(search, chosen is not None),
-                "traffic_profile": traffic,
-            }
-            chosen = plan.id
-            report(f"chose {chosen}", done=True)
+            decision = build_decision(context, self._hardware.fingerprint, objective, plan, chosen, results,
+                                      **measured_outcome(search, chosen is not None, traffic))
+            report(f"chose {plan.id}", done=True)
             if self._cache is None:
                 return Choice(plan, decision, "off", None)
             try:
-                entry = self._cache.store(key, decision, staging / chosen.replace(":", "_").replace("+", "_"))
+                entry = self._cache.store(key, decision, staging / plan.id.replace(":", "_").replace("+", "_"))
             except OSError as exc:  # read-only or full: the model is served all the same
                 self._unsaved(context, exc.strerror or str(exc))
                 return Choice(plan, decision, "miss", None)
         return Choice(plan, decision, "miss", entry.artefacts)
-
-
-def _inputs_outcome(search: InputSearch, measured: bool) -> dict[str, Any]:
-    """The decision's account of what it was tuned on, or why nothing could be measured."""
-    outcome: dict[str, Any] = {"inputs_refused": search.refused}
-    if measured and search.found is not None:
-        return {**outcome, "status": MEASURED, "tuned_on": search.found.source, "profile": search.found.profile()}
-    if search.found is None:
-        tried = "; ".join(f"{r['inputs']}: {r['reason'][:200]}" for r in search.refused)
-        why = f"the model refused every tuning input ({tried})"
-    else:
-        why = "every candidate plan failed or was rejected on the tuning inputs (see candidates)"
-    return {**outcome, "status": UNMEASURED, "tuned_on": None, "profile": None,
-            "reason": f"no candidate plan could be measured: {why}; serving the config's default plan", "fix": FIX}
-
-
-def _plan_from(decision: dict[str, Any]) -> Plan:
-    plan = decision["plan"]
-    return Plan(plan["plan"], plan["backend"], tuple(sorted(plan["parameters"].items())),
-                reduced_precision=bool(plan.get("reduced_precision", False)),
-                instances=int(plan.get("instances", 0)), threads=int(plan.get("threads", 0)))
 
 
 class _Progress:

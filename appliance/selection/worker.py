@@ -1,63 +1,34 @@
 """Measure a model's candidate plans in a child process (``python -m appliance.selection.worker``).
 
-The daemon sends one JSON job on stdin and reads the outcome from stdout; the decision and artefacts
-land in the shared model cache (under its file lock), where the daemon then finds them. Building every
-candidate runtime here keeps the daemon's memory to the runtime it serves with, and a candidate that
-crashes takes down this process, not the daemon.
+The daemon sends one JSON job (appliance.selection.job.TuningJob) on stdin and reads the outcome from
+stdout; the decision and artefacts land in the shared model cache (under its file lock), where the daemon
+then finds them. Building every candidate runtime here keeps the daemon's memory to the runtime it serves
+with, and a candidate that crashes takes down this process, not the daemon.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
 import sys
-from pathlib import Path
 from typing import Any
 
-from google.protobuf import json_format
-from tritonclient.grpc import model_config_pb2 as mc
-
-from appliance.backends import BACKENDS, LoadContext, RuntimeOptions
+from appliance.backends import named
 from appliance.errors import ApplianceError
+from appliance.selection.job import TuningJob
+from appliance.selection.selector import Selector
+from model_cache import ModelCache
 
-__all__ = ["job_for", "main"]
-
-
-def job_for(selector: Any, info: Any, context: LoadContext) -> dict[str, Any]:
-    """The JSON job describing one tuning run."""
-    return {
-        "backend": info.name,
-        "model_name": context.model_name,
-        "version": context.version,
-        "model_file": str(context.model_file),
-        "config": json_format.MessageToDict(context.config, preserving_proto_field_name=True),
-        "options": dataclasses.asdict(context.options),
-        "threads": context.threads,
-        **selector.job_fields(),
-    }
+__all__ = ["main", "run"]
 
 
-def _run(job: dict[str, Any]) -> dict[str, Any]:
-    from hardware_probe import ProbeReport
-    from model_cache import ModelCache
-
-    from appliance.selection.selector import SelectionSettings, Selector, TuneRequest
-
-    report = ProbeReport(sections=job["probe"])
-    selector = Selector(report, job["fingerprint"], job["runtime_versions"],
-                        ModelCache(Path(job["cache_dir"]), job["cache_max_bytes"],
-                                   writable=job.get("cache_writable", True)),
-                        SelectionSettings(**job["settings"]), cpu_flags=tuple(job["cpu_flags"]))
-    info = next(b for b in BACKENDS if b.name == job["backend"])
-    config = json_format.ParseDict(job["config"], mc.ModelConfig())
-    context = LoadContext(job["model_name"], job["version"], Path(job["model_file"]), config,
-                          RuntimeOptions(**{**job["options"],
-                                            "onnx_providers": tuple(job["options"]["onnx_providers"])}),
-                          threads=job["threads"])
-    os.nice(job.get("nice", 0))
-    choice = selector.choose(info, context, force=True, key=job.get("key"), request=TuneRequest(**job["request"]))
+def run(job: TuningJob) -> dict[str, Any]:
+    """Measure and store the decision; the outcome the daemon reads."""
+    cache = ModelCache(job.cache_dir, job.cache_max_bytes, writable=job.cache_writable)
+    selector = Selector(job.hardware, cache, job.settings)
+    os.nice(job.nice)
+    choice = selector.choose(named(job.backend), job.context, force=True, key=job.key, request=job.request)
     # The decision travels back too: when the cache could not store it, the daemon serves it from here.
     return {"ok": True, "chosen": choice.plan.id, "decision": choice.decision}
 
@@ -66,7 +37,7 @@ def main() -> None:
     logging.basicConfig(stream=sys.stderr, level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        outcome = _run(json.loads(sys.stdin.read()))
+        outcome = run(TuningJob.from_json(sys.stdin.read()))
     except ApplianceError as exc:
         outcome = {"ok": False, "error": exc.message}
     except Exception as exc:  # reported to the daemon as the model's load failure

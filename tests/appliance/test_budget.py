@@ -44,10 +44,9 @@ def test_one_request_larger_than_the_whole_budget_is_413():
 
 def test_a_failed_request_never_leaks_its_reservation():
     budget = MemoryBudget(100)
-    with pytest.raises(RuntimeError):
-        with budget.account() as account:
-            account.reserve(50)
-            raise RuntimeError("the handler failed")
+    with pytest.raises(RuntimeError), budget.account() as account:
+        account.reserve(50)
+        raise RuntimeError("the handler failed")
     assert budget.used == 0
 
 

@@ -8,7 +8,6 @@ import socket
 import subprocess
 import sys
 import textwrap
-import time
 
 from appliance import log_limit
 

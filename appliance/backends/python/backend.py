@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 from google.protobuf import json_format
 
-from appliance.backends.base import Backend, LoadContext
+from appliance.backends.base import Backend, BackendRequest, BatchResult, LoadContext
 from appliance.backends.python.arena import Arena
-from appliance.core.config import config_to_json
+from appliance.config_json import config_to_json
 from appliance.errors import ApplianceError, ConfigError, InferenceFailed
 
 __all__ = ["PythonBackend"]
@@ -109,7 +109,7 @@ class _ModelProcess:
 
 
 class PythonBackend(Backend):
-    takes_requests = True
+    """A batch reaches model.py's execute() as separate requests, as in Triton; each may fail alone."""
 
     def __init__(self, context: LoadContext) -> None:
         self._context = context
@@ -138,7 +138,9 @@ class PythonBackend(Backend):
         try:
             json_format.ParseDict(self._described, completed, ignore_unknown_fields=True)
         except json_format.ParseError as exc:
-            raise ConfigError(f"auto_complete_config() of {self._context.model_file} made an invalid config: {exc}")
+            raise ConfigError(
+                f"auto_complete_config() of {self._context.model_file} made an invalid config: {exc}"
+            ) from exc
         return completed
 
     def _args(self) -> dict[str, str]:
@@ -175,28 +177,26 @@ class PythonBackend(Backend):
         self._initialize()
 
     def run(self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]) -> dict[str, np.ndarray]:
-        (result,) = self.run_requests([inputs], [outputs], [{}])
+        (result,) = self.run_requests([BackendRequest(inputs, outputs)]).results
         if isinstance(result, BaseException):
             raise result
         return result
 
-    def run_requests(
-        self, requests: Sequence[Mapping[str, np.ndarray]], outputs: Sequence[Sequence[str]],
-        parameters: Sequence[Mapping[str, object]],
-    ) -> list[dict[str, np.ndarray] | BaseException]:
+    def run_requests(self, requests: Sequence[BackendRequest]) -> BatchResult:
         if self._process is None or self._process.process.poll() is not None or not self._ready:
             self._restart()
         assert self._process is not None
-        tensors = [list(r.items()) for r in requests]
+        tensors = [list(r.inputs.items()) for r in requests]
         needed = sum(Arena.needed(t) for t in tensors)
         if self._inputs_arena is None or self._inputs_arena.size < needed:
             if self._inputs_arena is not None:
                 self._inputs_arena.close()
             self._inputs_arena = Arena.create(needed * 2)
         batch, offset = [], 0
-        for request_tensors, names, params in zip(tensors, outputs, parameters):
+        for request, request_tensors in zip(requests, tensors):
             descriptors, offset = self._inputs_arena.write(request_tensors, offset)
-            batch.append({"inputs": descriptors, "outputs": list(names), "parameters": dict(params)})
+            batch.append({"inputs": descriptors, "outputs": list(request.outputs),
+                          "parameters": dict(request.parameters)})
         try:
             reply = self._process.call(("execute", self._inputs_arena.info(), batch))
         except InferenceFailed:
@@ -212,7 +212,7 @@ class PythonBackend(Backend):
                 results.append(ModelError(item[1], _ERROR_STATUS.get(item[2], HTTPStatus.INTERNAL_SERVER_ERROR)))
             else:
                 results.append({d[0]: arena.read(d, copy=True) for d in item[1]})
-        return results
+        return BatchResult(results)
 
     def close(self) -> None:
         if self._process is not None:

@@ -68,7 +68,7 @@ def _requests(arena: Arena, batch: list[dict]) -> list[pb_utils.InferenceRequest
     ]
 
 
-def _pack_responses(responses: list, arena: Arena | None) -> tuple[list[Any], Arena | None]:
+def _pack_responses(responses: list, arena: Arena | None) -> tuple[list[Any], Arena]:
     """Write every response's tensors into the output arena (growing it); errors stay as messages."""
     tensors = [
         [(t.name(), t.as_numpy()) for t in r.output_tensors()] if not r.has_error() else [] for r in responses
@@ -140,7 +140,7 @@ def main() -> None:
             conn.send(("crashed", f"{type(exc).__name__}: {exc}", traceback.format_exc()))
         except OSError:
             pass
-        raise SystemExit(1)
+        raise SystemExit(1) from exc
 
 
 if __name__ == "__main__":

@@ -52,7 +52,7 @@ def triton_string_to_numpy(triton_type_string: str) -> type:
 
 def numpy_to_triton_type(data_type: Any) -> str:
     data_type = np.dtype(data_type)
-    if data_type == object or data_type.kind in "SU":
+    if data_type.kind in "OSU":
         return "TYPE_STRING"
     for name, candidate in _TRITON_TO_NUMPY.items():
         if np.dtype(candidate) == data_type and name != "TYPE_BYTES":
@@ -114,7 +114,7 @@ class Tensor:
         return self._array.__dlpack__()
 
     @classmethod
-    def from_dlpack(cls, name: str, capsule: Any) -> "Tensor":
+    def from_dlpack(cls, name: str, capsule: Any) -> Tensor:
         return cls(name, np.from_dlpack(capsule))
 
 

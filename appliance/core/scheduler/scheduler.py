@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from appliance.backends import BackendRequest
 from appliance.core.instances import InstancePool
 from appliance.core.scheduler.execution import execute_batch
 from appliance.core.scheduler.policy import SchedulerPolicy
@@ -245,12 +246,8 @@ class Scheduler:
         assert self._loop is not None
         now = self._loop.time()
         queue_ns = [int((now - p.arrival) * 1e9) for p in batch]
-        wanted = [p.outputs for p in batch]
-        outputs = list(dict.fromkeys(name for names in wanted for name in names))
-        work = functools.partial(
-            execute_batch, inputs=[p.inputs for p in batch], sizes=[p.size for p in batch],
-            wanted=wanted, outputs=outputs, parameters=[p.parameters for p in batch],
-        )
+        requests = [BackendRequest(p.inputs, p.outputs, p.parameters, p.size) for p in batch]
+        work = functools.partial(execute_batch, requests=requests)
         self._in_flight += len(batch)
         future = self.pool.execute(index, work)
         future.add_done_callback(functools.partial(self._finish_batch, batch, queue_ns))

@@ -19,16 +19,16 @@ done, even when the request is cancelled first (a thread cannot be stopped).
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 from collections.abc import Callable
 
 import numpy as np
 
-from appliance.core.bytes_tensor import decode_bytes_tensor, encode_bytes_tensor
-from appliance.core.datatypes import element_size, numpy_dtype
 from appliance.core.shared_memory.table import Lease, Region, RegionTable
 from appliance.core.types import InferInput, InferRequest, InferResponse, SharedMemoryInput, SharedMemoryRef
 from appliance.errors import InvalidInput
+from appliance.tensors import decode_bytes_tensor, element_size, encode_bytes_tensor, numpy_dtype
 
 __all__ = ["Binding", "bind"]
 
@@ -132,8 +132,8 @@ class Binding:
                     f"shared memory size specified with the request for output '{output.name}' ({ref.byte_size} "
                     f"bytes) should be at least {len(raw)} bytes to hold the results"
                 )
-            region = lease.region
-            await _copy(lease.clone(), lambda: region.write(ref.offset, raw), len(raw))
+            write = functools.partial(lease.region.write, ref.offset, raw)
+            await _copy(lease.clone(), write, len(raw))
             output.shared_memory = SharedMemoryRef(ref.region, len(raw), ref.offset)
 
     def close(self) -> None:

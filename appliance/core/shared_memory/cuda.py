@@ -97,7 +97,8 @@ class CudaIpc:
     def copy(self, device_id: int, destination: int, source: int, count: int, to_host: bool) -> None:
         runtime, _ = self._load()
         _check(runtime.cudaSetDevice(device_id), f"selecting device {device_id}")
-        kind = runtime.cudaMemcpyKind.cudaMemcpyDeviceToHost if to_host else runtime.cudaMemcpyKind.cudaMemcpyHostToDevice
+        kinds = runtime.cudaMemcpyKind
+        kind = kinds.cudaMemcpyDeviceToHost if to_host else kinds.cudaMemcpyHostToDevice
         _check(runtime.cudaMemcpy(destination, source, count, kind), "copying shared memory")
 
     def close(self, device_id: int, pointer: int) -> None:

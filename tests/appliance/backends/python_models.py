@@ -127,6 +127,6 @@ import triton_python_backend_utils as pb_utils
 
 class TritonPythonModel:
     def execute(self, requests):
-        return [pb_utils.InferenceResponse(error=pb_utils.TritonError("x must be positive", pb_utils.TritonError.INVALID_ARG))
-                for _ in requests]
+        error = pb_utils.TritonError("x must be positive", pb_utils.TritonError.INVALID_ARG)
+        return [pb_utils.InferenceResponse(error=error) for _ in requests]
 '''

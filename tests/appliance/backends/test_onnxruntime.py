@@ -2,11 +2,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from tritonclient.grpc import model_config_pb2 as mc
 
-from appliance.backends import BACKENDS, LoadContext, RuntimeOptions, resolve_backend
+from appliance.backends import LoadContext, RuntimeOptions, named
 from appliance.errors import ConfigError, InvalidInput
 from appliance.examples import build_example_repository
-from tritonclient.grpc import model_config_pb2 as mc
 
 
 @pytest.fixture(scope="module")
@@ -15,7 +15,7 @@ def example(tmp_path_factory):
 
 
 def _load(path):
-    info = BACKENDS[0]
+    info = named("onnxruntime")
     return info.load(LoadContext("m", 1, path, mc.ModelConfig(), RuntimeOptions()))
 
 
@@ -46,12 +46,3 @@ def test_unloadable_file_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="onnxruntime cannot load"):
         _load(path)
 
-
-def test_backend_resolution(tmp_path):
-    assert resolve_backend("m", "", "onnxruntime_onnx", []).name == "onnxruntime"
-    assert resolve_backend("m", "onnxruntime", "", []).name == "onnxruntime"
-    (tmp_path / "1").mkdir()
-    (tmp_path / "1" / "model.onnx").write_bytes(b"")
-    assert resolve_backend("m", "", "", [tmp_path / "1"]).name == "onnxruntime"
-    with pytest.raises(ConfigError, match="cannot tell which backend"):
-        resolve_backend("m", "", "", [tmp_path])

@@ -14,8 +14,8 @@ from appliance.core.config import (
     select_versions,
     signature_of,
 )
-from appliance.core.signature import RuntimeTensor
 from appliance.errors import ConfigError
+from appliance.tensors import RuntimeTensor
 
 
 def _config(text: str, name: str = "m") -> mc.ModelConfig:

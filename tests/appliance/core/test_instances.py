@@ -15,10 +15,24 @@ def _double(backend):
     return backend.run({"x": np.array([[1.0]])}, ["y"])
 
 
-async def test_each_instance_runs_on_its_own_thread_one_job_at_a_time():
+@pytest.fixture
+def make_pool():
+    """make_pool(backends) -> InstancePool; every pool's threads are stopped after the test."""
+    pools: list[InstancePool] = []
+
+    def make(backends) -> InstancePool:
+        pools.append(InstancePool("m", backends))
+        return pools[-1]
+
+    yield make
+    for pool in pools:
+        pool.close(timeout=5)
+
+
+async def test_each_instance_runs_on_its_own_thread_one_job_at_a_time(make_pool):
     shared = FakeBackend.shared_counter()
     backends = [FakeBackend(delay=0.05, counter=shared), FakeBackend(delay=0.05, counter=shared)]
-    pool = InstancePool("m", backends)
+    pool = make_pool(backends)
     pool.start()
 
     async def one():
@@ -33,20 +47,19 @@ async def test_each_instance_runs_on_its_own_thread_one_job_at_a_time():
     assert all(b.closed for b in backends)
 
 
-async def test_errors_reach_the_waiter_and_the_instance_is_freed():
-    pool = InstancePool("m", [FakeBackend(fail="exploded")])
+async def test_errors_reach_the_waiter_and_the_instance_is_freed(make_pool):
+    pool = make_pool([FakeBackend(fail="exploded")])
     pool.start()
     for _ in range(3):
         index = await pool.acquire()
         with pytest.raises(RuntimeError, match="exploded"):
             await pool.execute(index, _double)
     assert pool.idle == 1
-    pool.close()
 
 
-async def test_cancelled_waiter_does_not_free_a_busy_instance():
+async def test_cancelled_waiter_does_not_free_a_busy_instance(make_pool):
     backend = FakeBackend(delay=0.2)
-    pool = InstancePool("m", [backend])
+    pool = make_pool([backend])
     pool.start()
     index = await pool.acquire()
     first = asyncio.ensure_future(pool.execute(index, _double))
@@ -57,12 +70,11 @@ async def test_cancelled_waiter_does_not_free_a_busy_instance():
     await pool.execute(index, _double)
     assert backend.max_active == 1
     assert await pool.drain(timeout=5)
-    pool.close()
 
 
-async def test_close_with_a_timeout_leaves_a_busy_instance_running():
+async def test_close_with_a_timeout_leaves_a_busy_instance_running(make_pool):
     busy, idle = FakeBackend(delay=1.5), FakeBackend()
-    pool = InstancePool("m", [busy, idle])
+    pool = make_pool([busy, idle])
     pool.start()
     index = await pool.acquire()
     assert index == 0
@@ -74,12 +86,13 @@ async def test_close_with_a_timeout_leaves_a_busy_instance_running():
     assert len(errors) == 1 and isinstance(errors[0], TimeoutError) and "m#0" in str(errors[0])
     assert idle.closed and not busy.closed  # a runtime is never closed under a running call
     await running  # the batch still ends well (and before this test's loop closes)
+    assert await asyncio.to_thread(pool.close, 5) == [] and busy.closed  # a second close closes the rest
 
 
 @pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
-def test_a_batch_that_ends_after_its_loop_closed_is_dropped_quietly():
+def test_a_batch_that_ends_after_its_loop_closed_is_dropped_quietly(make_pool):
     backend = FakeBackend(delay=0.3)
-    pool = InstancePool("m", [backend])
+    pool = make_pool([backend])
     loop = asyncio.new_event_loop()
 
     async def start_and_leave() -> None:

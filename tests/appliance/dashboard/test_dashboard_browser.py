@@ -116,7 +116,8 @@ def test_dashboard_renders_models_and_live_charts(busy_daemon, tmp_path):
     status, _, probe = call(daemon.port, "GET", "/v2/probe")
     assert status == 200, probe
     assert re.search(rf'id="box-fingerprint"[^>]*>{re.escape(probe["fingerprint"])}<', dom), "fingerprint not shown"
-    assert body.get("data-degraded") == "false" and '<div class="banner warn" id="degraded" role="status" hidden="">' in dom
+    assert body.get("data-degraded") == "false"
+    assert '<div class="banner warn" id="degraded" role="status" hidden="">' in dom
 
     ARTIFACTS.mkdir(exist_ok=True)
     screenshot = ARTIFACTS / "dashboard.png"

@@ -15,9 +15,8 @@ import pytest
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
-from appliance.examples import build_example_repository
+from appliance.examples import build_example_repository, mlp_model
 from tests.builders import write_model
-from appliance.examples import mlp_model
 from tests.http_util import call
 
 SUCCESSES = 40
@@ -37,12 +36,12 @@ def traffic(daemon):
     strings = np.array([[str(i).encode() for i in range(16)]], dtype=object)
     bad = np.array([[b"not a number"] * 16], dtype=object)
     with triton.InferenceServerClient(daemon.url) as client:
-        for i in range(SUCCESSES):
+        for _ in range(SUCCESSES):
             inputs = [triton.InferInput("INPUT0", [1, 16], "BYTES"), triton.InferInput("INPUT1", [1, 16], "BYTES")]
             inputs[0].set_data_from_numpy(strings)
             inputs[1].set_data_from_numpy(strings)
             client.infer("simple_string", inputs)
-        for i in range(FAILURES):  # valid requests the runtime fails: the string is no number
+        for _ in range(FAILURES):  # valid requests the runtime fails: the string is no number
             inputs = [triton.InferInput("INPUT0", [1, 16], "BYTES"), triton.InferInput("INPUT1", [1, 16], "BYTES")]
             inputs[0].set_data_from_numpy(bad)
             inputs[1].set_data_from_numpy(strings)
@@ -102,7 +101,8 @@ def test_statistics_history_and_sqlite_agree(traffic):
     assert (inference["success"]["count"], inference["fail"]["count"]) == (SUCCESSES, FAILURES)
 
     now = int(time.time()) + 1
-    status, _, history = call(traffic.port, "GET", f"/v2/history?model=simple_string&since={now - 600}&until={now}&step=1")
+    query = f"model=simple_string&since={now - 600}&until={now}&step=1"
+    status, _, history = call(traffic.port, "GET", f"/v2/history?{query}")
     assert status == 200
     series = history["series"]
     assert sum(v for v in series["success"] if v) == SUCCESSES

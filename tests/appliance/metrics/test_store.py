@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from appliance.metrics.history import history, percentile_ms
+from appliance.metrics.history import history
 from appliance.metrics.samples import ModelSample
 from appliance.metrics.store import SCHEMA_VERSION, MetricsStore, Retention, SchemaTooNew, connect, migrate
 
@@ -29,10 +29,10 @@ def _system(t: int) -> dict:
             "memory_percent": 40.0, "rss_bytes": 7, "temperatures": {}, "gpus": []}
 
 
-def test_rows_roll_up_to_minutes_and_old_rows_expire(tmp_path):
+def test_rows_roll_up_to_minutes_and_old_rows_expire(tmp_path, make_store):
     now = int(time.time())
     minute = now // 60 * 60
-    store = MetricsStore(tmp_path / "m.db", Retention(raw_seconds=600))
+    store = make_store(tmp_path / "m.db", retention=Retention(raw_seconds=600))
     store.start()
     old = minute - 3600  # older than the raw retention
     store.put_samples([_sample(old), _sample(minute - 120), _sample(minute - 119), _sample(minute - 61)])
@@ -47,23 +47,6 @@ def test_rows_roll_up_to_minutes_and_old_rows_expire(tmp_path):
     assert db.execute("SELECT COUNT(*) FROM system_1m").fetchone()[0] == 1
 
 
-def test_history_series_and_percentiles(tmp_path):
-    now = int(time.time())
-    store = MetricsStore(tmp_path / "m.db")
-    store.start()
-    store.put_samples([_sample(now - 3, 4), _sample(now - 2, 6, model="other")])
-    store.stop()
-    all_models = history(tmp_path / "m.db", now - 10, now, 1)
-    assert sum(r for r in all_models["series"]["requests"] if r) == 10
-    one = history(tmp_path / "m.db", now - 10, now, 5, model="m")
-    assert sum(r for r in one["series"]["requests"] if r) == 4
-    assert [b for b in one["series"]["batch_size"] if b] == [2.0]
-    # All five requests in the 250-500 us bucket: the median is interpolated to its middle.
-    assert percentile_ms([0, 0, 5] + [0] * 14, 0.5) == 0.375
-    assert percentile_ms([0, 0, 5] + [0] * 14, 1.0) == 0.5
-    assert percentile_ms([0] * 16 + [3], 0.5) == 10_000.0  # beyond the last bound: the bound
-
-
 def test_schema_is_versioned_and_migrated(tmp_path):
     path = tmp_path / "m.db"
     db = connect(path)
@@ -76,9 +59,9 @@ def test_schema_is_versioned_and_migrated(tmp_path):
     assert migrate(db) == SCHEMA_VERSION  # idempotent
 
 
-def test_size_cap_drops_the_oldest_raw_rows(tmp_path):
+def test_size_cap_drops_the_oldest_raw_rows(tmp_path, make_store):
     now = int(time.time())
-    store = MetricsStore(tmp_path / "m.db", Retention(max_bytes=64 * 1024))
+    store = make_store(tmp_path / "m.db", retention=Retention(max_bytes=64 * 1024))
     store.start()
     store.put_samples([_sample(now - 3000 + i, model=f"model-{i % 7}") for i in range(2000)])
     store.stop()
@@ -121,9 +104,9 @@ def test_kill_9_mid_write_leaves_an_intact_database(tmp_path):
     assert rows % 50 == 0  # whole batches only: no half-written insert survived
 
 
-def _filled(path) -> None:
+def _filled(make_store, path) -> None:
     now = int(time.time())
-    store = MetricsStore(path)
+    store = make_store(path)
     store.start()
     store.put_samples([_sample(now - 600 + i, model=f"model-{i % 5}") for i in range(600)])
     store.put_event("before")
@@ -143,13 +126,13 @@ CORRUPTIONS = {
 
 
 @pytest.mark.parametrize("corrupt", CORRUPTIONS.values(), ids=CORRUPTIONS.keys())
-def test_a_corrupt_database_is_moved_aside_and_a_fresh_one_started(tmp_path, corrupt):
+def test_a_corrupt_database_is_moved_aside_and_a_fresh_one_started(tmp_path, corrupt, make_store):
     path = tmp_path / "metrics.db"
-    _filled(path)
+    _filled(make_store, path)
     corrupt(path)
     damaged = path.read_bytes()
     Path(f"{path}-wal").write_bytes(b"stale wal")
-    store = MetricsStore(path)
+    store = make_store(path)
     assert store.recovery is not None and store.recovery.reason
     moved = store.recovery.moved_to
     assert moved.parent == tmp_path and moved.name.startswith("metrics.db.corrupt-")
@@ -163,10 +146,10 @@ def test_a_corrupt_database_is_moved_aside_and_a_fresh_one_started(tmp_path, cor
     assert db.execute("SELECT COUNT(*) FROM model_1s").fetchone()[0] == 1
 
 
-def test_a_sound_database_is_opened_as_it_is(tmp_path):
+def test_a_sound_database_is_opened_as_it_is(tmp_path, make_store):
     path = tmp_path / "metrics.db"
-    _filled(path)
-    store = MetricsStore(path)
+    _filled(make_store, path)
+    store = make_store(path)
     assert store.recovery is None
     store.start()
     store.stop()
@@ -185,11 +168,11 @@ def test_a_newer_schema_is_left_alone(tmp_path):
     assert path.exists() and not list(tmp_path.glob("*.corrupt-*"))
 
 
-def test_immutable_history_reads_create_no_files(tmp_path):
+def test_immutable_history_reads_create_no_files(tmp_path, make_store):
     """A WAL database needs a -shm file to be read, which a read-only directory cannot get; ``immutable``
     reads without one (the end-to-end test reads through a real read-only mount)."""
     path = tmp_path / "metrics.db"
-    _filled(path)
+    _filled(make_store, path)
     before = sorted(p.name for p in tmp_path.iterdir())
     now = int(time.time())
     result = history(path, now - 700, now + 2, 60, immutable=True)
@@ -199,12 +182,12 @@ def test_immutable_history_reads_create_no_files(tmp_path):
 
 
 
-def test_a_store_that_stops_taking_writes_stops_history_once(tmp_path, caplog):
+def test_a_store_that_stops_taking_writes_stops_history_once(tmp_path, caplog, make_store):
     """Edge filesystems remount read-only after errors, while the daemon runs: the writer says so once
     and drops rows, instead of failing (with a traceback) every cycle. The kernel refuses to remount a
     directory with a file open for writing in a test, so SQLite's own read-only answer stands in."""
     told: list[str] = []
-    store = MetricsStore(tmp_path / "metrics.db", on_read_only=told.append)
+    store = make_store(tmp_path / "metrics.db", on_read_only=told.append)
     store._db.execute("PRAGMA query_only = ON")  # noqa: SLF001 - SQLITE_READONLY, as a ro remount gives
     store.start()
     for _ in range(5):

@@ -267,7 +267,8 @@ def test_outputs_written_to_shared_memory_carry_their_place_and_no_data():
     response = _response()
     response.outputs[0].shared_memory = SharedMemoryRef("out", 8)
     response.outputs[1].shared_memory = SharedMemoryRef("out", 7, 64)
-    request = InferRequest([], [RequestedOutput("f"), RequestedOutput("s"), RequestedOutput("h", {"binary_data": True})])
+    request = InferRequest([], [RequestedOutput("f"), RequestedOutput("s"),
+                                RequestedOutput("h", {"binary_data": True})])
     body, length = encode_infer_response(response, request)
     outputs = {o["name"]: o for o in json.loads(body[:length])["outputs"]}
     assert outputs["f"] == {"name": "f", "datatype": "FP32", "shape": [1, 2],

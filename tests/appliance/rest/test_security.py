@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import pytest
 from aiohttp.test_utils import make_mocked_request
 

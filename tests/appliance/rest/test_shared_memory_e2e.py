@@ -3,6 +3,7 @@ daemon serving the example repository (``simple``, ``simple_string``) and a slow
 
 from __future__ import annotations
 
+import functools
 import shutil
 import threading
 import time
@@ -196,7 +197,7 @@ def test_bad_uses_are_refused_and_the_daemon_stays_up(triton_client, regions):
          "bytes to hold the results"),
     ]
     for inputs, outputs, status, message in cases:
-        text = _refused(lambda: triton_client.infer("simple", inputs, outputs=outputs), status)
+        text = _refused(functools.partial(triton_client.infer, "simple", inputs, outputs=outputs), status)
         assert message in text and key.strip("/") not in text
     assert triton_client.is_server_live()
     result = triton_client.infer("simple", _inputs("io"))  # the region still serves a good request

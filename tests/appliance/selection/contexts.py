@@ -7,10 +7,10 @@ from pathlib import Path
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from appliance.backends import BACKENDS, LoadContext, RuntimeOptions
+from appliance.backends import LoadContext, RuntimeOptions, named
 from appliance.core.config import complete_config
 
-ONNX = BACKENDS[0]
+ONNX = named("onnxruntime")
 
 
 def onnx_context(model_file: Path, config_text: str = "") -> LoadContext:

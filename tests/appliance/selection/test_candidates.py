@@ -28,7 +28,8 @@ def bench(tmp_path):
 
 
 def _rows(slow_ms: float, fast_ms: float) -> list[dict]:
-    return [{"plan": SLOW.id, "status": "ok", "latency_ms": slow_ms}, {"plan": FAST.id, "status": "ok", "latency_ms": fast_ms}]
+    return [{"plan": SLOW.id, "status": "ok", "latency_ms": slow_ms},
+            {"plan": FAST.id, "status": "ok", "latency_ms": fast_ms}]
 
 
 def test_close_finalists_are_timed_again_and_the_rounds_decide(bench):

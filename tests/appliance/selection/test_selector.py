@@ -7,7 +7,7 @@ import pytest
 
 import hardware_probe
 from appliance.backends import BACKENDS, usable_cores
-from appliance.selection import Plan, Selector, enumerate_plans
+from appliance.selection import Hardware, Plan, Selector, enumerate_plans
 from appliance.selection.plans import DEFAULT_PLAN, INSTANCE_COUNTS
 from appliance.selection.selector import SelectionSettings, open_cache
 from appliance.state import StateDir
@@ -28,8 +28,7 @@ def model_file(tmp_path_factory):
 
 
 def _selector(report, cache=None, **kwargs) -> Selector:
-    return Selector(report, report.fingerprint, report.runtime_versions(), cache,
-                    SelectionSettings(budget=0.05), cpu_flags=tuple(report.cpu_flags()), **kwargs)
+    return Selector(Hardware.of(report), cache, SelectionSettings(budget=0.05), **kwargs)
 
 
 def _base(row: dict) -> str:
@@ -129,7 +128,8 @@ def test_a_cached_decision_without_a_usable_plan_is_measured_again(report, model
     key = selector._key(model_file.parent, onnx_context(model_file).config)
     cache.store(key, {"chosen": "onnxruntime:CPU", "plan": ["not", "an", "object"]})  # a consistent entry
     state = _state(tmp_path)
-    choice = _selector(report, open_cache(cache.root, 1 << 30, state), state=state).choose(ONNX, onnx_context(model_file))
+    selector = _selector(report, open_cache(cache.root, 1 << 30, state), state=state)
+    choice = selector.choose(ONNX, onnx_context(model_file))
     assert choice.cache == "miss" and choice.decision["candidates"]
     assert cache.lookup(key).decision["tuned_at"] == choice.decision["tuned_at"]  # replaced by the new one
     assert [p.kind for p in state.problems] == ["cache_entry_unreadable"]
@@ -142,7 +142,8 @@ def test_an_unreadable_cache_entry_is_reported_to_the_state_dir(report, model_fi
     manifest = next(cache.root.glob("*/manifest.json"))
     manifest.write_text('{"files": "wrong shape"}')
     state = _state(tmp_path)
-    again = _selector(report, open_cache(cache.root, 1 << 30, state), state=state).choose(ONNX, onnx_context(model_file))
+    selector = _selector(report, open_cache(cache.root, 1 << 30, state), state=state)
+    again = selector.choose(ONNX, onnx_context(model_file))
     assert again.cache == "miss" and first.cache == "miss"
     assert [p.kind for p in state.problems] == ["cache_entry_unreadable"]
     assert "removed" in state.problems[0].message

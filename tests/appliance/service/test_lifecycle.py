@@ -35,19 +35,32 @@ def notify_socket():
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def _reader(sock) -> tuple[list[str], threading.Event]:
-    messages: list[str] = []
-    stop = threading.Event()
+@pytest.fixture
+def read_notifications():
+    """read_notifications(sock) -> the list the manager's reader thread fills with each message as it
+    arrives; every reader is stopped and joined after the test."""
+    readers: list[tuple[threading.Thread, threading.Event]] = []
 
-    def read() -> None:
-        while not stop.is_set():
-            try:
-                messages.extend(sock.recv(4096).decode().splitlines())
-            except (TimeoutError, OSError):
-                continue
+    def start(sock) -> list[str]:
+        messages: list[str] = []
+        stop = threading.Event()
 
-    threading.Thread(target=read, daemon=True).start()
-    return messages, stop
+        def read() -> None:
+            while not stop.is_set():
+                try:
+                    messages.extend(sock.recv(4096).decode().splitlines())
+                except (TimeoutError, OSError):
+                    continue
+
+        thread = threading.Thread(target=read, daemon=True)
+        thread.start()
+        readers.append((thread, stop))
+        return messages
+
+    yield start
+    for thread, stop in readers:
+        stop.set()
+        thread.join(5)
 
 
 def _wait_for(messages: list[str], wanted: str, seconds: float) -> bool:
@@ -59,9 +72,9 @@ def _wait_for(messages: list[str], wanted: str, seconds: float) -> bool:
     return False
 
 
-def test_ready_watchdog_stopping_in_order(start_daemon, tmp_path, notify_socket):
+def test_ready_watchdog_stopping_in_order(start_daemon, tmp_path, notify_socket, read_notifications):
     sock, path = notify_socket
-    messages, stop = _reader(sock)
+    messages = read_notifications(sock)
     repo = tmp_path / "repo"
     save(mlp_model(), repo / "mlp" / "1" / "model.onnx")
     daemon = start_daemon(repo, env={"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "400000"})
@@ -73,7 +86,6 @@ def test_ready_watchdog_stopping_in_order(start_daemon, tmp_path, notify_socket)
     daemon.process.send_signal(signal.SIGTERM)
     assert _wait_for(messages, "STOPPING=1", 15), messages
     assert daemon.process.wait(30) == 0
-    stop.set()
     order = [m for m in messages if m in ("READY=1", "STOPPING=1")]
     assert order == ["READY=1", "STOPPING=1"]
     assert messages.index("READY=1") < len(messages) - 1 - messages[::-1].index("WATCHDOG=1")
@@ -129,7 +141,8 @@ def test_sighup_rescans_the_repository(start_daemon, tmp_path):
     assert daemon.process.poll() is None
 
 
-def test_a_notify_socket_nobody_reads_never_stalls_the_daemon(start_daemon, tmp_path, notify_socket):
+def test_a_notify_socket_nobody_reads_never_stalls_the_daemon(start_daemon, tmp_path, notify_socket,
+                                                               read_notifications):
     """WATCHDOG pings every 2 ms fill the unread socket within a second; the daemon must keep serving."""
     _, path = notify_socket
     repo = tmp_path / "repo"
@@ -140,6 +153,5 @@ def test_a_notify_socket_nobody_reads_never_stalls_the_daemon(start_daemon, tmp_
         assert call(daemon.port, "GET", "/v2/health/live", timeout=5)[0] == 200
     assert "notify socket is full" in daemon.log()
     # Once the manager reads again, the state change that did not fit arrives.
-    messages, stop = _reader(notify_socket[0])
+    messages = read_notifications(notify_socket[0])
     assert _wait_for(messages, "READY=1", 10), messages[-5:]
-    stop.set()

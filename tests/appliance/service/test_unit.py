@@ -15,7 +15,8 @@ from appliance.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[3]
 needs_systemd = pytest.mark.skipif(shutil.which("systemd-analyze") is None,
-                                   reason="systemd-analyze is not installed (Debian's systemd package; .ci/run installs it)")
+                                   reason="systemd-analyze is not installed "
+                                          "(Debian's systemd package; .ci/run installs it)")
 
 
 def test_committed_unit_is_the_default_rendering():
@@ -33,7 +34,8 @@ def test_unit_verifies_clean(tmp_path):
 
 @needs_systemd
 def test_exposure_is_at_most_2_5():
-    result = subprocess.run(["systemd-analyze", "security", "--offline=yes", str(ROOT / "systemd" / "appliance.service")],
+    unit = ROOT / "systemd" / "appliance.service"
+    result = subprocess.run(["systemd-analyze", "security", "--offline=yes", str(unit)],
                             capture_output=True, text=True)
     match = re.search(r"Overall exposure level for appliance\.service: ([\d.]+)", result.stdout)
     assert match, result.stdout + result.stderr

@@ -10,7 +10,6 @@ import threading
 import numpy as np
 import pytest
 
-from appliance.core.bytes_tensor import encode_bytes_tensor
 from appliance.core.shared_memory import LocalPeers, SharedMemoryLimits, SharedMemoryRegistry
 from appliance.core.shared_memory.binding import bind
 from appliance.core.shared_memory.table import RegionTable
@@ -23,6 +22,7 @@ from appliance.core.types import (
     SharedMemoryRef,
 )
 from appliance.errors import Forbidden, InvalidInput, PayloadTooLarge, RegionNotFound
+from appliance.tensors import encode_bytes_tensor
 from tests.descriptors import opened
 
 
@@ -187,9 +187,9 @@ async def test_an_object_shrunk_after_registration_is_an_error_not_a_crash(shm, 
         await shm.bind(InferRequest([], shared_inputs=[_input("x", "INT32", (16,), "in", 64)]), local=True,
                        reserve=Reservations())
     request = InferRequest([], [RequestedOutput("y", shared_memory=SharedMemoryRef("in", 64))])
-    with await shm.bind(request, local=True, reserve=Reservations()) as binding:
-        with pytest.raises(InvalidInput, match="smaller than the region"):
-            await binding.write(InferResponse("m", 1, [InferOutput("y", "INT32", np.zeros(16, np.int32))]))
+    with await shm.bind(request, local=True, reserve=Reservations()) as binding, \
+            pytest.raises(InvalidInput, match="smaller than the region"):
+        await binding.write(InferResponse("m", 1, [InferOutput("y", "INT32", np.zeros(16, np.int32))]))
     assert os.fstat(memory._fd).st_size == 8  # the write did not grow it back
 
 

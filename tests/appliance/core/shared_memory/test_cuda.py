@@ -11,8 +11,14 @@ import numpy as np
 import pytest
 
 from appliance.core.shared_memory import CudaIpc, LocalPeers, SharedMemoryLimits, SharedMemoryRegistry
-from appliance.core.types import InferOutput, InferRequest, InferResponse, RequestedOutput, SharedMemoryInput
-from appliance.core.types import SharedMemoryRef
+from appliance.core.types import (
+    InferOutput,
+    InferRequest,
+    InferResponse,
+    RequestedOutput,
+    SharedMemoryInput,
+    SharedMemoryRef,
+)
 from appliance.errors import Forbidden, InvalidInput, NotSupported
 
 

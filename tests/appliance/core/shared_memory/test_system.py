@@ -107,7 +107,7 @@ def test_the_appliance_arenas_are_refused():
     try:
         name = os.path.basename(arena.path)
         for key in (name, "/" + name):
-            error = refused(lambda: registry().system.register("r", key, 0, 8, local=True), name)
+            error = refused(lambda key=key: registry().system.register("r", key, 0, 8, local=True), name)
             assert "keeps for itself" in error.message
     finally:
         arena.close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -72,23 +73,44 @@ def test_load_with_a_config_override(start_daemon, repo):
             client.load_model("m", config="{not json")
 
 
-def test_reload_without_downtime_under_load(start_daemon, repo):
-    daemon = start_daemon(repo, "--model-control-mode", "explicit", "--load-model", "*")
-    results: list[float] = []
-    failures: list[str] = []
+@pytest.fixture
+def hammer():
+    """hammer(daemon, clients) -> (results, failures, stop): clients inferring on model "m" until
+    ``stop()``; the fixture stops and joins them after the test, whatever it got to."""
     stop = threading.Event()
+    threads: list[threading.Thread] = []
 
-    def hammer() -> None:
-        with triton.InferenceServerClient(daemon.url) as client:
-            while not stop.is_set():
-                try:
-                    results.append(_y(client))
-                except Exception as exc:  # any failure during a reload is a bug
-                    failures.append(repr(exc))
+    def start(daemon, clients: int) -> tuple[list[float], list[str], Callable[[], None]]:
+        results: list[float] = []
+        failures: list[str] = []
 
-    threads = [threading.Thread(target=hammer) for _ in range(4)]
+        def infer() -> None:
+            with triton.InferenceServerClient(daemon.url) as client:
+                while not stop.is_set():
+                    try:
+                        results.append(_y(client))
+                    except Exception as exc:  # any failure during a reload is a bug
+                        failures.append(repr(exc))
+
+        def stop_all() -> None:
+            stop.set()
+            for thread in threads:
+                thread.join(30)
+
+        threads.extend(threading.Thread(target=infer) for _ in range(clients))
+        for thread in threads:
+            thread.start()
+        return results, failures, stop_all
+
+    yield start
+    stop.set()
     for thread in threads:
-        thread.start()
+        thread.join(30)
+
+
+def test_reload_without_downtime_under_load(start_daemon, repo, hammer):
+    daemon = start_daemon(repo, "--model-control-mode", "explicit", "--load-model", "*")
+    results, failures, stop = hammer(daemon, clients=4)
     with triton.InferenceServerClient(daemon.url) as client:
         for scale in (2.0, 3.0, 4.0):
             time.sleep(0.3)
@@ -96,9 +118,7 @@ def test_reload_without_downtime_under_load(start_daemon, repo):
             client.load_model("m")  # returns once the new version serves
             assert _y(client) == scale
     time.sleep(0.3)
-    stop.set()
-    for thread in threads:
-        thread.join(30)
+    stop()
     assert failures == []
     assert len(results) > 50 and set(results) <= {1.0, 2.0, 3.0, 4.0} and results[-1] == 4.0
     print(f"reload under load: {len(results)} requests, {len(failures)} failures")
@@ -148,7 +168,8 @@ def test_names_cannot_leave_the_repository(start_daemon, repo, tmp_path, name, s
     daemon = start_daemon(repo, "--model-control-mode", "explicit", "--load-model", "m")
     for path in (f"/v2/repository/models/{name}/load", f"/v2/repository/models/{name}/unload",
                  f"/v2/models/{name}", f"/v2/models/{name}/infer"):
-        status, _, payload = call(daemon.port, "POST" if "repository" in path or "infer" in path else "GET", path, b"{}")
+        method = "POST" if "repository" in path or "infer" in path else "GET"
+        status, _, payload = call(daemon.port, method, path, b"{}")
         assert status in statuses | {404}, (path, status, payload)
         assert isinstance(payload, dict) and "error" in payload
     assert daemon.process.poll() is None

@@ -8,7 +8,7 @@ import onnxruntime as ort
 import pytest
 import tritonclient.http as triton
 
-from tests.builders import DENSENET_CONFIG, densenet_like_model, framing_model, save, vad_like_model, write_model
+from tests.builders import DENSENET_CONFIG, densenet_like_model, framing_model, vad_like_model, write_model
 from tests.http_util import call
 
 WARMUP = '''

@@ -6,6 +6,7 @@ import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import tritonclient.http as triton
@@ -99,7 +100,7 @@ def test_daemon_serving_onnx_holds_neither_torch_nor_openvino(start_daemon, tmp_
     decision = _selection(daemon)
     assert decision["cache"] == "miss" and len([c for c in decision["candidates"] if c["status"] == "ok"]) >= 2
     if decision["chosen"].startswith("onnxruntime"):
-        maps = open(f"/proc/{daemon.process.pid}/maps").read()
+        maps = Path(f"/proc/{daemon.process.pid}/maps").read_text()
         assert "libtorch" not in maps and "libopenvino" not in maps
 
 

@@ -1,0 +1,82 @@
+"""The /metrics exposition: Triton's names (no _total), labels and histograms, from the daemon's counters."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from appliance.core.stats import LATENCY_BUCKETS_US, BatchTiming, FailureReason, ModelStats
+from appliance.metrics.prometheus import TritonCollector, render
+
+
+def _version(name: str, version: int, pending: int = 0) -> SimpleNamespace:
+    """What the collector reads of a served model version: its name, number, counters and queue."""
+    stats = ModelStats()
+    stats.record_request(True, 300_000)  # 300 us
+    stats.record_request(True, 3_000_000)
+    stats.record_request(False, 50_000, FailureReason.REJECTED)
+    stats.record_batch(2, 2, [1_000, 3_000], BatchTiming(1_000, 5_000, 2_000))
+    return SimpleNamespace(name=name, version=version, stats=stats, scheduler=SimpleNamespace(pending=pending))
+
+
+def _scrape(models, system=None) -> tuple[dict[str, float], str]:
+    registry = CollectorRegistry()
+    registry.register(TritonCollector(lambda: models, lambda: system))
+    text = render(registry).decode()
+    # Triton's users query nv_inference_request_success, not ..._total (memory_total_bytes is a name)
+    assert "_total " not in text and "_total{" not in text
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines() if line and not line.startswith("#")}, text
+
+
+def _key(name: str, **labels: str) -> str:
+    """A sample's line prefix (prometheus-client writes the labels sorted)."""
+    return name + "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
+
+
+def test_model_counters_under_triton_names_and_labels():
+    metrics, text = _scrape([_version("m", 1, pending=3), _version("n", 2)])
+    m = {"model": "m", "version": "1"}
+    assert metrics[_key("nv_inference_request_success", **m)] == 2
+    assert metrics[_key("nv_inference_request_failure", **m, reason="REJECTED")] == 1
+    assert metrics[_key("nv_inference_request_failure", **m, reason="BACKEND")] == 0
+    assert metrics[_key("nv_inference_count", **m)] == 2 and metrics[_key("nv_inference_exec_count", **m)] == 1
+    assert metrics[_key("nv_inference_pending_request_count", **m)] == 3
+    assert metrics[_key("nv_inference_request_duration_us", **m)] == 3350  # (300 + 3000 + 50) us
+    assert metrics[_key("nv_inference_queue_duration_us", **m)] == 4
+    assert metrics[_key("nv_inference_compute_infer_duration_us", **m)] == 10  # 5 us per request, 2 requests
+    assert metrics[_key("nv_inference_request_success", model="n", version="2")] == 2
+    assert "# TYPE nv_inference_request_success counter" in text
+    assert "# HELP nv_inference_count Number of inferences performed (batch items)" in text
+
+
+def test_latency_histogram_buckets_are_cumulative_seconds():
+    metrics, _ = _scrape([_version("m", 1)])
+    m = {"model": "m", "version": "1"}
+
+    def bucket(bound: str) -> float:
+        return metrics[_key("nv_inference_request_latency_seconds_bucket", **m, le=bound)]
+
+    assert bucket(str(100 / 1e6)) == 1  # the 50 us failure
+    assert bucket(str(500 / 1e6)) == 2  # + the 300 us request
+    assert bucket(str(5_000 / 1e6)) == 3 and bucket("+Inf") == 3
+    assert metrics[_key("nv_inference_request_latency_seconds_count", **m)] == 3
+    assert metrics[_key("nv_inference_request_latency_seconds_sum", **m)] == pytest.approx(0.00335)
+    assert len([k for k in metrics if k.startswith("nv_inference_request_latency_seconds_bucket")]) == (
+        len(LATENCY_BUCKETS_US) + 1)
+
+
+def test_system_gauges_only_with_a_sample_and_gpu_gauges_only_for_gpus_that_report():
+    metrics, _ = _scrape([])
+    assert not any(k.startswith(("nv_cpu", "nv_gpu")) for k in metrics)
+    system = {"cpu_percent": 25.0, "memory_total": 1000, "memory_used": 400,
+              "gpus": [{"index": 0, "utilization_percent": 50, "memory_total": 8, "memory_used": 2,
+                        "power_watts": 30.5, "temperature_c": 60}, {"index": 1}]}
+    metrics, _ = _scrape([], system)
+    assert metrics["nv_cpu_utilization"] == 0.25 and metrics["nv_cpu_memory_used_bytes"] == 400
+    assert metrics['nv_gpu_utilization{gpu_uuid="0"}'] == 0.5 and metrics['nv_gpu_power_usage{gpu_uuid="0"}'] == 30.5
+    assert not any('gpu_uuid="1"' in k for k in metrics)
+    metrics, _ = _scrape([], {**system, "gpus": [{"index": 1}]})
+    assert not any(k.startswith("nv_gpu") for k in metrics)
