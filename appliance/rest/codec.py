@@ -7,8 +7,6 @@ client's claim before the claim is checked against the bytes actually received.
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +15,14 @@ import orjson
 
 from appliance.core.bytes_tensor import decode_bytes_tensor, encode_bytes_tensor
 from appliance.core.datatypes import element_size, numpy_dtype
+from appliance.core.tensors import (
+    BYTES_ELEMENT_OVERHEAD,
+    MAX_ELEMENTS,
+    DecodeLimits,
+    check_datatype,
+    check_shape,
+    decode_raw_tensor,
+)
 from appliance.core.types import InferInput, InferRequest, InferResponse, RequestedOutput
 from appliance.errors import InvalidInput
 
@@ -32,23 +38,9 @@ __all__ = [
 ]
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
-# Largest tensor (in elements) any request may declare; guards the arithmetic, not the memory (the
-# body size limit does that).
-MAX_ELEMENTS = 2**40
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class DecodeLimits:
-    """Bounds checked before anything is allocated (JSON nesting is bounded by orjson itself, and a
-    tensor's 'data' may nest no deeper than its shape)."""
-
-    max_tensor_elements: int = 1 << 30
-    max_inputs: int = 256
 
 
 _DEFAULT_LIMITS = DecodeLimits()
-# What one BYTES element costs beyond its text: a pointer in the object array and a bytes object.
-_BYTES_ELEMENT_OVERHEAD = 8 + 33
 
 
 def _allocation(datatype: str, count: int, binary: bool, available: int) -> int:
@@ -57,7 +49,7 @@ def _allocation(datatype: str, count: int, binary: bool, available: int) -> int:
     binary BYTES element its 4-byte length prefix; binary fixed-size tensors are views of the body."""
     itemsize = element_size(datatype)
     if itemsize is None:
-        return min(count, available // 4 if binary else available) * _BYTES_ELEMENT_OVERHEAD
+        return min(count, available // 4 if binary else available) * BYTES_ELEMENT_OVERHEAD
     return 0 if binary else min(count, available) * itemsize
 
 
@@ -92,20 +84,6 @@ def _parameters(obj: dict[str, Any], where: str) -> dict[str, Any]:
     if not isinstance(params, dict):
         raise InvalidInput(f"'parameters' of {where} must be a JSON object")
     return params
-
-
-def _shape(raw: Any, name: str, limit: int) -> tuple[tuple[int, ...], int]:
-    if not isinstance(raw, list) or len(raw) > 64 or not all(type(d) is int and d >= 0 for d in raw):
-        raise InvalidInput(
-            f"input '{name}': 'shape' must be a list of at most 64 non-negative integers, got {raw!r}"[:400]
-        )
-    count, bound = math.prod(raw), min(limit, MAX_ELEMENTS)
-    if count > bound or any(d > bound for d in raw):  # [0, 2**62] has no elements but no numpy shape
-        raise InvalidInput(
-            f"input '{name}': shape {raw} has more elements, or a larger dimension, than the {bound} "
-            "allowed (max_tensor_elements)"
-        )
-    return tuple(raw), count
 
 
 def _flatten_strings(data: Any, name: str) -> list[bytes]:
@@ -180,18 +158,7 @@ def _decode_binary_data(
             f"input '{name}': binary_data_size is {size}, but only {len(body) - offset} bytes of "
             "binary data remain in the body"
         )
-    chunk = body[offset : offset + size]
-    if datatype == "BYTES":
-        return decode_bytes_tensor(chunk, count, name).reshape(shape)
-    itemsize = element_size(datatype)
-    if datatype == "BF16":
-        raise InvalidInput(f"input '{name}': datatype BF16 is not supported by this server")
-    if size != count * itemsize:
-        raise InvalidInput(
-            f"input '{name}': shape {list(shape)} of {datatype} needs {count * itemsize} bytes, "
-            f"binary_data_size is {size}"
-        )
-    return np.frombuffer(chunk, dtype=numpy_dtype(datatype)).reshape(shape)
+    return decode_raw_tensor(body[offset : offset + size], datatype, shape, count, name, "binary_data_size")
 
 
 def decode_infer_request(
@@ -220,14 +187,8 @@ def decode_infer_request(
         name = raw.get("name")
         if not isinstance(name, str) or not name:
             raise InvalidInput(f"inputs[{position}] needs a 'name' string")
-        datatype = raw.get("datatype")
-        if not isinstance(datatype, str):
-            raise InvalidInput(f"input '{name}' needs a 'datatype' string (e.g. \"FP32\")")
-        try:
-            element_size(datatype)
-        except ValueError as exc:
-            raise InvalidInput(f"input '{name}': {exc}") from None
-        shape, count = _shape(raw.get("shape"), name, limits.max_tensor_elements)
+        datatype = check_datatype(raw.get("datatype"), name)
+        shape, count = check_shape(raw.get("shape"), name, limits.max_tensor_elements)
         params = _parameters(raw, f"input '{name}'")
         if "shared_memory_region" in params:
             raise InvalidInput(f"input '{name}': shared memory is not supported by this server")
