@@ -1,7 +1,8 @@
 """One error hierarchy for the whole daemon.
 
 Each error carries the HTTP status it maps to as a class attribute (an ``http.HTTPStatus``, not a
-framework constant); the REST layer turns any of them into ``{"error": "..."}`` in one place.
+framework constant); the REST layer turns any of them into ``{"error": "..."}`` in one place, the gRPC
+layer into a status code (``appliance.grpc.errors``) from that same attribute.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ __all__ = [
     "Unavailable",
     "UnsupportedEncoding",
     "UnsupportedMediaType",
+    "NotSupported",
 ]
 
 
@@ -76,6 +78,12 @@ class Forbidden(ApplianceError):
 
 class UnsupportedMediaType(ApplianceError):
     status = HTTPStatus.UNSUPPORTED_MEDIA_TYPE
+
+
+class NotSupported(ApplianceError):
+    """A feature this box cannot serve, whoever asks (Triton: UNSUPPORTED, HTTP 501)."""
+
+    status = HTTPStatus.NOT_IMPLEMENTED
 
 
 class ModelNotFound(ApplianceError):
