@@ -1,0 +1,92 @@
+"""The gRPC front end: Triton's GRPCInferenceService served by ``grpc.aio`` in the daemon's event loop,
+over a started ``Appliance``.
+
+- Messages: ``max_request_bytes`` is the largest message received (gRPC answers RESOURCE_EXHAUSTED
+  above it, before the message reaches a handler); answers are not bounded, as over HTTP.
+- Connections: a connection has ``header_timeout`` to complete its HTTP/2 handshake and is closed after
+  as long without a call (the HTTP side's idle keep-alive bound). ``max_connections`` counts HTTP
+  connections only: gRPC multiplexes calls on few connections and grpc.aio has no connection hook.
+- Stop: new calls (and new requests on open streams) are answered UNAVAILABLE at once, calls in
+  progress get until the deadline, then are cancelled.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import grpc
+from tritonclient.grpc import service_pb2_grpc
+
+from appliance.access import parse_networks
+from appliance.core.tensors import DecodeLimits
+from appliance.grpc.access import AccessRules, Gate
+from appliance.grpc.service import InferenceService
+from appliance.server import Appliance
+
+__all__ = ["GrpcServer", "build_service"]
+
+log = logging.getLogger(__name__)
+
+
+def build_service(appliance: Appliance, gate: Gate) -> InferenceService:
+    settings = appliance.settings
+    return InferenceService(
+        appliance.dataplane,
+        appliance.budget,
+        DecodeLimits(settings.max_tensor_elements, settings.max_inputs),
+        appliance.traces,
+        appliance.logs,
+        gate,
+    )
+
+
+class GrpcServer:
+    """``start`` binds and serves, ``stop`` keeps to the daemon's deadline."""
+
+    def __init__(self, appliance: Appliance) -> None:
+        settings = appliance.settings
+        self.gate = Gate(AccessRules(
+            token=appliance.token,
+            exempt=parse_networks(settings.auth_exempt_networks),
+            protect_inference=settings.protect_inference,
+            max_concurrent_requests=settings.max_concurrent_requests,
+        ))
+        idle_ms = int(settings.header_timeout * 1000)
+        self._server = grpc.aio.server(options=[
+            ("grpc.max_receive_message_length", settings.max_request_bytes),
+            ("grpc.max_send_message_length", -1),
+            ("grpc.so_reuseport", 0),  # a port another process holds is an error, not a shared port
+            ("grpc.server_handshake_timeout_ms", idle_ms),
+            ("grpc.max_connection_idle_ms", idle_ms),
+            # Clients that keep their connection alive with pings (tritonclient's KeepAliveOptions) are
+            # welcome to, as under Triton.
+            ("grpc.http2.min_ping_interval_without_data_ms", 1000),
+            ("grpc.http2.max_ping_strikes", 0),
+        ])
+        service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(build_service(appliance, self.gate),
+                                                                    self._server)
+        self.port: int | None = None
+
+    async def start(self, host: str, port: int) -> int:
+        """Bind ``host:port`` (0 picks a free port), start serving and return the bound port."""
+        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        try:
+            bound = self._server.add_insecure_port(address)
+        except RuntimeError as exc:
+            raise OSError(f"cannot bind gRPC to {address}: {exc}; pick another --grpc-port, or --no-grpc") from exc
+        if bound == 0:  # older grpcio reports a failed bind this way
+            raise OSError(f"cannot bind gRPC to {address}: the port is in use or the address is not this "
+                          "box's; pick another --grpc-port, or --no-grpc")
+        await self._server.start()
+        self.port = bound
+        return bound
+
+    async def stop(self, deadline: float) -> None:
+        """Turn new calls away, let calls in progress finish until ``deadline`` (``time.monotonic()``),
+        then cancel what is left."""
+        self.gate.stop()
+        busy = self.gate.in_flight
+        await self._server.stop(max(0.0, deadline - time.monotonic()))
+        if busy and self.gate.in_flight:
+            log.warning("%d gRPC request(s) still running at the shutdown deadline: cancelled", self.gate.in_flight)
