@@ -65,12 +65,12 @@ class Gate:
 
     def __init__(self, rules: AccessRules) -> None:
         self._rules = rules
-        self._in_flight = 0
+        self._running: set[asyncio.Task] = set()
         self._stopping = asyncio.Event()
 
     @property
     def in_flight(self) -> int:
-        return self._in_flight
+        return len(self._running)
 
     def check_caller(self, context: grpc.aio.ServicerContext, access: Access) -> None:
         """Raise Unauthorized when the RPC needs the token and the call lacks it."""
@@ -103,11 +103,32 @@ class Gate:
             yield
             return
         limit = self._rules.max_concurrent_requests
-        if self._in_flight >= limit:
+        if len(self._running) >= limit:
             raise Unavailable(f"the server is handling {limit} requests already (max_concurrent_requests); retry",
                               retry_after=1)
-        self._in_flight += 1
+        task = asyncio.current_task()
+        assert task is not None, "requests are admitted on the event loop"
+        self._running.add(task)
         try:
             yield
         finally:
-            self._in_flight -= 1
+            self._running.discard(task)
+
+    async def wait_running(self, timeout: float) -> int:
+        """Wait up to ``timeout`` for the requests running now to end; how many did not end by themselves
+        (still running, or cancelled meanwhile by gRPC's own stop)."""
+        running = list(self._running)
+        if not running:
+            return 0
+        done, pending = await asyncio.wait(running, timeout=timeout)
+        return len(pending) + sum(1 for task in done if task.cancelled())
+
+    async def cancel_running(self, grace: float) -> int:
+        """Cancel the requests still running (at the stop deadline) and give them ``grace`` seconds to
+        end; how many there were. gRPC's own stop ends their calls but not their handlers."""
+        late = list(self._running)
+        for task in late:
+            task.cancel()
+        if late:
+            await asyncio.wait(late, timeout=grace)
+        return len(late)

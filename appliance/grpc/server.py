@@ -12,6 +12,7 @@ over a started ``Appliance``.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
@@ -27,6 +28,9 @@ from appliance.server import Appliance
 __all__ = ["GrpcServer", "build_service"]
 
 log = logging.getLogger(__name__)
+
+# What requests still running at the stop deadline get to end once cancelled (as over HTTP).
+_CANCEL_GRACE = 0.5
 
 
 def build_service(appliance: Appliance, gate: Gate) -> InferenceService:
@@ -86,7 +90,10 @@ class GrpcServer:
         """Turn new calls away, let calls in progress finish until ``deadline`` (``time.monotonic()``),
         then cancel what is left."""
         self.gate.stop()
-        busy = self.gate.in_flight
-        await self._server.stop(max(0.0, deadline - time.monotonic()))
-        if busy and self.gate.in_flight:
-            log.warning("%d gRPC request(s) still running at the shutdown deadline: cancelled", self.gate.in_flight)
+        grace = max(0.0, deadline - time.monotonic())
+        stopping = asyncio.ensure_future(self._server.stop(grace))
+        late = await self.gate.wait_running(grace)
+        await stopping
+        await self.gate.cancel_running(_CANCEL_GRACE)  # gRPC ended their calls, not always their handlers
+        if late:
+            log.warning("%d gRPC request(s) still running at the shutdown deadline: cancelled", late)

@@ -68,7 +68,7 @@ def test_token_rules(protect):
         gate.check_caller(_Context(remote), Access.INFERENCE)
 
 
-def test_request_bound_and_stop():
+async def test_request_bound_and_stop():
     gate = Gate(AccessRules(TOKEN, (), max_concurrent_requests=1))
     with gate.admit(Access.INFERENCE):
         assert gate.in_flight == 1
