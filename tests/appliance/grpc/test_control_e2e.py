@@ -4,6 +4,8 @@ settings that change the daemon's log at run time, max_request_bytes and the mem
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -120,3 +122,17 @@ def test_message_size_and_memory_budget(start_daemon, repo):
 def test_no_grpc(start_daemon, repo):
     daemon = start_daemon(repo, "--no-grpc")
     assert daemon.grpc_port is None and "gRPC" not in daemon.log()
+
+
+def test_a_grpc_port_in_use_is_a_clear_error(start_daemon, repo, tmp_path):
+    """The acceptors share their port with each other only: a port another daemon serves is refused."""
+    first = start_daemon(repo)
+    result = subprocess.run(
+        [sys.executable, "-m", "appliance", "serve", "--host", "127.0.0.1", "--http-port", "0", "--grpc-port",
+         str(first.grpc_port), "--no-mdns", "--no-selection", "--state-dir", str(tmp_path / "second"),
+         "--model-repository", str(repo)],
+        capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert f"cannot bind gRPC to 127.0.0.1:{first.grpc_port}" in result.stderr and "--grpc-port" in result.stderr
+    with triton.InferenceServerClient(first.grpc_url) as client:  # the first daemon keeps its port
+        np.testing.assert_allclose(_infer(client, "affine"), 3.0)
