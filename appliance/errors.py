@@ -10,6 +10,7 @@ from __future__ import annotations
 from http import HTTPStatus
 
 __all__ = [
+    "AlreadyExists",
     "ApplianceError",
     "BackendUnavailable",
     "ConfigError",
@@ -18,13 +19,15 @@ __all__ = [
     "InvalidInput",
     "ModelNotFound",
     "ModelNotReady",
+    "NotFound",
+    "NotSupported",
     "PayloadTooLarge",
+    "RegionNotFound",
     "RequestTimeout",
     "Unauthorized",
     "Unavailable",
     "UnsupportedEncoding",
     "UnsupportedMediaType",
-    "NotSupported",
 ]
 
 
@@ -80,16 +83,28 @@ class UnsupportedMediaType(ApplianceError):
     status = HTTPStatus.UNSUPPORTED_MEDIA_TYPE
 
 
+class AlreadyExists(InvalidInput):
+    """A name that is taken already, e.g. a shared-memory region (Triton: ALREADY_EXISTS, HTTP 400)."""
+
+
+class NotFound(ApplianceError):
+    """Something the request names does not exist (Triton: NOT_FOUND)."""
+
+    status = HTTPStatus.NOT_FOUND
+
+
+class ModelNotFound(NotFound):
+    """Unknown model or version."""
+
+
+class RegionNotFound(NotFound):
+    """No shared-memory region is registered under the name a request gives."""
+
+
 class NotSupported(ApplianceError):
     """A feature this box cannot serve, whoever asks (Triton: UNSUPPORTED, HTTP 501)."""
 
     status = HTTPStatus.NOT_IMPLEMENTED
-
-
-class ModelNotFound(ApplianceError):
-    """Unknown model or version (Triton: NOT_FOUND)."""
-
-    status = HTTPStatus.NOT_FOUND
 
 
 class Unavailable(ApplianceError):

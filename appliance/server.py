@@ -24,6 +24,7 @@ from appliance.budget import MemoryBudget
 from appliance.core.dataplane import DataPlane
 from appliance.core.log_settings import LogSettings, LogValues
 from appliance.core.registry import ModelRegistry
+from appliance.core.shared_memory import LocalPeers, SharedMemoryLimits, SharedMemoryRegistry
 from appliance.core.trace_settings import TraceSettings
 from appliance.errors import ConfigError
 from appliance.examples import ensure_example_repository, example_repository
@@ -98,6 +99,8 @@ class Appliance:
     budget: MemoryBudget
     """Request bytes in memory, over every request of every front end."""
     metrics: MetricsService | None
+    shared_memory: SharedMemoryRegistry
+    """Clients' shared-memory regions, unregistered (closed) at stop."""
     registry: ModelRegistry
     dataplane: DataPlane
     traces: TraceSettings
@@ -124,6 +127,16 @@ class Appliance:
         token = await asyncio.to_thread(control_token, settings, state)
         registries: list[ModelRegistry] = []  # the metrics start first, to see the models load
         metrics = await cls._start_metrics(settings, state, registries, lifecycle)
+        shared_memory = SharedMemoryRegistry(
+            settings.client_shm,
+            SharedMemoryLimits(settings.shm_max_regions, settings.shm_max_bytes),
+            LocalPeers(settings.shm_local_networks),
+        )
+
+        async def close_shared_memory() -> None:
+            shared_memory.close()
+
+        lifecycle.on_close("the shared memory regions", close_shared_memory)
         repository, scratch = await asyncio.to_thread(cls._repository, settings, state)
         if scratch is not None:
             lifecycle.on_close("the temporary example repository",
@@ -141,7 +154,7 @@ class Appliance:
             raise ConfigError(str(exc)) from exc
         registries.append(registry)
         lifecycle.on_close("the models", lambda: cls._close_models(registry))
-        dataplane = DataPlane(registry, strict_readiness=settings.strict_readiness,
+        dataplane = DataPlane(registry, shared_memory=shared_memory, strict_readiness=settings.strict_readiness,
                               control_mode=settings.model_control_mode)
         logs = LogSettings(logging.getLogger(), LogValues.from_level(settings.log_level))
 
@@ -150,7 +163,7 @@ class Appliance:
 
         lifecycle.on_close("the log settings", restore_logging)
         appliance = cls(settings, state, token, MemoryBudget(settings.max_request_memory_bytes), metrics,
-                        registry, dataplane, TraceSettings(), logs, lifecycle)
+                        shared_memory, registry, dataplane, TraceSettings(), logs, lifecycle)
         log.info("loading model repository %s", repository)
         task = asyncio.create_task(appliance._load_repository(), name="load-repository")
         task.add_done_callback(appliance._loading_ended)

@@ -110,6 +110,17 @@ class Settings:
     mDNS names always work); ".example.com" allows a domain and its subdomains, "*" any name."""
     protect_inference: bool = False
     """Require the token for inference, metadata and metrics too (health stays open)."""
+    client_shm: str = "local"
+    """Who may use shared memory (register, unregister and status of regions, and inference that names
+    one): off (nobody), local (clients on this host: see shm_local_networks) or any (every client
+    the other rules admit; regions are still only objects in this host's /dev/shm or GPUs)."""
+    shm_local_networks: tuple[str, ...] = ("127.0.0.0/8", "::1/128")
+    """Client addresses that count as this host for client_shm = local (besides a client that connects
+    from the very address it connects to, which only a process on this host can do)."""
+    shm_max_regions: int = 64
+    """Shared-memory regions registered at once (system and CUDA together)."""
+    shm_max_bytes: int = 2 * 1024**3
+    """Bytes of all registered shared-memory regions together."""
     max_concurrent_requests: int = 1024
     """Requests handled at once; beyond it 503 with Retry-After."""
     max_tensor_elements: int = 1 << 30
@@ -150,7 +161,12 @@ class Settings:
             raise ConfigError(f"repository_poll_secs must be > 0, got {self.repository_poll_secs}")
         if self.metrics_interval <= 0:
             raise ConfigError(f"metrics_interval must be > 0, got {self.metrics_interval}")
-        for name in ("auth_exempt_networks", "trusted_proxies"):
+        if self.client_shm not in ("off", "local", "any"):
+            raise ConfigError(f"client_shm must be off, local or any, got {self.client_shm!r}")
+        for name in ("shm_max_regions", "shm_max_bytes"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
+        for name in ("auth_exempt_networks", "trusted_proxies", "shm_local_networks"):
             for network in getattr(self, name):
                 try:
                     ipaddress.ip_network(network, strict=False)

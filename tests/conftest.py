@@ -143,3 +143,27 @@ def client(daemon):
 
     with triton.InferenceServerClient(daemon.url) as client:
         yield client
+
+
+@pytest.fixture
+def shm_object() -> Iterator:
+    """Factory: shm_object(size) -> (key, SharedMemory), a POSIX shared-memory object as clients make
+    them (key '/shmtest-<random>'); each is closed and unlinked after the test."""
+    import uuid
+    from multiprocessing import shared_memory
+
+    made: list[shared_memory.SharedMemory] = []
+
+    def make(size: int) -> tuple[str, shared_memory.SharedMemory]:
+        key = f"/shmtest-{uuid.uuid4().hex[:12]}"
+        made.append(shared_memory.SharedMemory(key, create=True, size=size))
+        return key, made[-1]
+
+    yield make
+    for memory in made:
+        memory.close()
+        try:
+            memory.unlink()
+        except FileNotFoundError:
+            pass
+

@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from appliance import __version__
 from appliance.core.config import config_from_json, config_to_json
 from appliance.core.model import ModelVersion
 from appliance.core.registry import ModelRegistry, ModelState
-from appliance.errors import ConfigError, InvalidInput, ModelNotReady
+from appliance.core.shared_memory import SharedMemoryRegistry
+from appliance.core.types import InferRequest, InferResponse
+from appliance.errors import ConfigError, InvalidInput, ModelNotReady, NotSupported
 
 __all__ = ["EXTENSIONS", "SERVER_NAME", "DataPlane"]
 
 SERVER_NAME = "appliance"
-# Only the Triton extensions this server implements.
+# Only the Triton extensions this server implements (the shared-memory ones are added where they are
+# served: see SharedMemoryRegistry.extensions).
 EXTENSIONS = [
     "binary_tensor_data",
     "classification",
@@ -27,10 +31,16 @@ EXTENSIONS = [
 ]
 
 
+def _ignore(size: int) -> None:
+    pass
+
+
 class DataPlane:
-    def __init__(self, registry: ModelRegistry, *, strict_readiness: bool = True,
-                 control_mode: str = "none") -> None:
+    def __init__(self, registry: ModelRegistry, *, shared_memory: SharedMemoryRegistry | None = None,
+                 strict_readiness: bool = True, control_mode: str = "none") -> None:
+        """``shared_memory``: the registered regions; None serves no shared memory at all."""
         self.registry = registry
+        self.shared_memory = shared_memory
         self.control_mode = control_mode
         self._strict = strict_readiness
         self._loaded = asyncio.Event()
@@ -71,10 +81,27 @@ class DataPlane:
         return self.registry.all_ready if self._strict else True
 
     def server_metadata(self) -> dict[str, Any]:
-        return {"name": SERVER_NAME, "version": __version__, "extensions": EXTENSIONS}
+        extensions = EXTENSIONS + (self.shared_memory.extensions() if self.shared_memory is not None else [])
+        return {"name": SERVER_NAME, "version": __version__, "extensions": extensions}
 
     def model(self, name: str, version: str | None = None) -> ModelVersion:
         return self.registry.get(name, version)
+
+    async def infer(self, model: ModelVersion, request: InferRequest, *, local: bool,
+                    reserve: Callable[[int], None] = _ignore) -> InferResponse:
+        """Run ``request`` on ``model`` (held by the caller with ``in_use``), moving tensors in and out of
+        shared-memory regions where the request names them.
+
+        ``local``: whether the client is on this host (see ``SharedMemoryRegistry.local_peers``);
+        ``reserve(size)``: the request's memory account, for inputs read from shared memory."""
+        if not request.uses_shared_memory:
+            return await model.infer(request)
+        if self.shared_memory is None:
+            raise NotSupported("shared memory is not served by this server; send the tensors in the request")
+        with await self.shared_memory.bind(request, local=local, reserve=reserve) as binding:
+            response = await model.infer(request)
+            await binding.write(response)
+        return response
 
     def model_ready(self, name: str, version: str | None = None) -> bool:
         try:

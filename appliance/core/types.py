@@ -7,7 +7,43 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["InferInput", "InferOutput", "InferRequest", "InferResponse", "RequestedOutput"]
+__all__ = [
+    "InferInput",
+    "InferOutput",
+    "InferRequest",
+    "InferResponse",
+    "RequestedOutput",
+    "SharedMemoryInput",
+    "SharedMemoryRef",
+]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SharedMemoryRef:
+    """Where a tensor lies in a registered shared-memory region (Triton's ``shared_memory_region``,
+    ``shared_memory_byte_size`` and ``shared_memory_offset`` parameters)."""
+
+    region: str
+    byte_size: int
+    offset: int = 0
+
+    def parameters(self) -> dict[str, Any]:
+        """The three parameters as Triton writes them (the offset only when it is not 0)."""
+        params: dict[str, Any] = {"shared_memory_region": self.region, "shared_memory_byte_size": self.byte_size}
+        if self.offset:
+            params["shared_memory_offset"] = self.offset
+        return params
+
+
+@dataclasses.dataclass(slots=True)
+class SharedMemoryInput:
+    """An input whose data is in a shared-memory region: read into an ``InferInput`` by the data
+    plane (``appliance.core.shared_memory.binding``) before the request is scheduled."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    source: SharedMemoryRef
 
 
 @dataclasses.dataclass(slots=True)
@@ -22,6 +58,8 @@ class InferInput:
 class RequestedOutput:
     name: str
     parameters: dict[str, Any] = dataclasses.field(default_factory=dict)
+    shared_memory: SharedMemoryRef | None = None
+    """Write this output into a shared-memory region instead of the response."""
 
     @property
     def classification(self) -> int:
@@ -35,6 +73,12 @@ class InferRequest:
     """Empty means every output the model has."""
     id: str | None = None
     parameters: dict[str, Any] = dataclasses.field(default_factory=dict)
+    shared_inputs: list[SharedMemoryInput] = dataclasses.field(default_factory=list)
+    """Inputs still in shared memory; the data plane moves each into ``inputs`` before scheduling."""
+
+    @property
+    def uses_shared_memory(self) -> bool:
+        return bool(self.shared_inputs) or any(o.shared_memory is not None for o in self.outputs)
 
 
 @dataclasses.dataclass(slots=True)
@@ -42,6 +86,9 @@ class InferOutput:
     name: str
     datatype: str
     data: np.ndarray
+    shared_memory: SharedMemoryRef | None = None
+    """Set once the output has been written into a shared-memory region: the response then carries
+    these parameters and no data."""
 
 
 @dataclasses.dataclass(slots=True)

@@ -2,7 +2,9 @@
 
 Pure functions over bytes: no aiohttp here, so the codec is unit-tested on its own. Binary input
 tensors are read in place (``np.frombuffer`` over the body), and no buffer is ever sized from a
-client's claim before the claim is checked against the bytes actually received.
+client's claim before the claim is checked against the bytes actually received. Tensors in shared
+memory are only described here (``SharedMemoryInput``, ``RequestedOutput.shared_memory``): the data
+plane reads and writes them.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import orjson
 
 from appliance.core.bytes_tensor import decode_bytes_tensor, encode_bytes_tensor
 from appliance.core.datatypes import element_size, numpy_dtype
+from appliance.core.shared_memory.params import shared_memory_ref
 from appliance.core.tensors import (
     BYTES_ELEMENT_OVERHEAD,
     MAX_ELEMENTS,
@@ -23,7 +26,7 @@ from appliance.core.tensors import (
     check_shape,
     decode_raw_tensor,
 )
-from appliance.core.types import InferInput, InferRequest, InferResponse, RequestedOutput
+from appliance.core.types import InferInput, InferRequest, InferResponse, RequestedOutput, SharedMemoryInput
 from appliance.errors import InvalidInput
 
 __all__ = [
@@ -181,6 +184,7 @@ def decode_infer_request(
     offset = len(body) if header_length is None else header_length
     json_bytes = offset  # the JSON header's size bounds how many elements its 'data' can hold
     inputs: list[InferInput] = []
+    shared_inputs: list[SharedMemoryInput] = []
     for position, raw in enumerate(raw_inputs):
         if not isinstance(raw, dict):
             raise InvalidInput(f"inputs[{position}] must be a JSON object")
@@ -190,8 +194,15 @@ def decode_infer_request(
         datatype = check_datatype(raw.get("datatype"), name)
         shape, count = check_shape(raw.get("shape"), name, limits.max_tensor_elements)
         params = _parameters(raw, f"input '{name}'")
-        if "shared_memory_region" in params:
-            raise InvalidInput(f"input '{name}': shared memory is not supported by this server")
+        shared = shared_memory_ref(params, f"input '{name}'")
+        if shared is not None:
+            if "binary_data_size" in params or "data" in raw:
+                raise InvalidInput(
+                    f"input '{name}' names a shared memory region and also carries data in the request; send it "
+                    "one way"
+                )
+            shared_inputs.append(SharedMemoryInput(name, datatype, shape, shared))
+            continue
         binary = "binary_data_size" in params
         reserve(_allocation(datatype, count, binary, len(body) - offset if binary else json_bytes))
         if "binary_data_size" in params:
@@ -219,16 +230,15 @@ def decode_infer_request(
         if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
             raise InvalidInput(f"outputs[{position}] must be an object with a 'name' string")
         params = _parameters(raw, f"output '{raw['name']}'")
-        if "shared_memory_region" in params:
-            raise InvalidInput(f"output '{raw['name']}': shared memory is not supported by this server")
+        shared = shared_memory_ref(params, f"output '{raw['name']}'")
         classification = params.get("classification", 0)
         if type(classification) is not int or classification < 0:
             raise InvalidInput(f"output '{raw['name']}': classification must be a non-negative integer")
-        outputs.append(RequestedOutput(raw["name"], params))
+        outputs.append(RequestedOutput(raw["name"], params, shared))
     request_id = header.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise InvalidInput("'id' must be a string")
-    return InferRequest(inputs, outputs, request_id, _parameters(header, "the request"))
+    return InferRequest(inputs, outputs, request_id, _parameters(header, "the request"), shared_inputs)
 
 
 def _json_data(array: np.ndarray) -> Any:
@@ -264,7 +274,9 @@ def encode_infer_response(
             "datatype": output.datatype,
             "shape": list(output.data.shape),
         }
-        if binary:
+        if output.shared_memory is not None:  # written into the client's region: where, and no data
+            entry["parameters"] = output.shared_memory.parameters()
+        elif binary:
             raw = _raw_bytes(output.data)
             entry["parameters"] = {"binary_data_size": len(raw)}
             chunks.append(raw)

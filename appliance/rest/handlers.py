@@ -7,7 +7,6 @@ import math
 import re
 import time
 
-import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -18,10 +17,13 @@ from appliance.core.model import ModelVersion
 from appliance.core.types import InferRequest
 from appliance.errors import InvalidInput
 from appliance.rest.body import read_body
-from appliance.rest.codec import HEADER_LENGTH, decode_infer_request, encode_infer_response, parse_json_object
+from appliance.rest.codec import HEADER_LENGTH, decode_infer_request, encode_infer_response
 from appliance.rest.errors import error_response
+from appliance.rest.jsonio import json_response as _json
+from appliance.rest.jsonio import optional_json as _optional_json
 from appliance.rest.keys import BODY_LIMITS, BUDGET, DATAPLANE, LIMITS, METRICS, SETTINGS, STATE
 from appliance.rest.openapi import openapi_document
+from appliance.rest import shared_memory
 
 __all__ = ["CONTROL_HANDLERS", "OPEN_HANDLERS", "ROUTES", "UNLIMITED_HANDLERS"]
 
@@ -30,10 +32,6 @@ _MAX_UNIX_TIME = 1 << 36  # the year 4147: far enough, and SQLite's integers hol
 _MAX_VERSION = (1 << 63) - 1
 # Bodies above this are decoded on a worker thread so a big JSON tensor never stalls the event loop.
 _DECODE_OFF_LOOP_BYTES = 1 << 20
-
-
-def _json(data: object, status: int = 200) -> web.Response:
-    return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
 
 
 def _model_args(request: web.Request) -> tuple[str, str | None]:
@@ -109,7 +107,8 @@ async def _infer(request: web.Request, model: ModelVersion, account: Account) ->
         )
     else:
         decoded = decode_infer_request(body, header_length, limits, account.reserve)
-    response = await model.infer(decoded)
+    local = shared_memory.is_local_client(request) if decoded.uses_shared_memory else False
+    response = await request.app[DATAPLANE].infer(model, decoded, local=local, reserve=account.reserve)
     payload, json_length = encode_infer_response(response, decoded)
     if json_length is None:
         result = web.Response(body=payload, content_type="application/json")
@@ -189,15 +188,6 @@ async def dashboard(request: web.Request) -> web.FileResponse:
     return web.FileResponse(STATIC_DIR / "index.html")
 
 
-async def _optional_json(request: web.Request, expected: str) -> dict:
-    """The body as a JSON object; an absent or blank body is ``{}``."""
-    if not request.can_read_body:
-        return {}
-    with request.app[BUDGET].account() as account:
-        raw = await _read_body(request, account)
-        return parse_json_object(raw, expected) if raw.strip() else {}
-
-
 async def load_model(request: web.Request) -> web.Response:
     body = await _optional_json(request, 'a JSON object such as {"parameters": {"config": "..."}}')
     parameters = body.get("parameters") or {}
@@ -249,10 +239,11 @@ ROUTES = [
             web.get(prefix + "/selection", model_selection),
         )
     ),
+    *shared_memory.ROUTES,
 ]
 
 # Access levels, by handler (see rest/security.py): control needs the token from a non-exempt address
 # and passes the browser checks; open needs nothing even when inference is protected.
-CONTROL_HANDLERS = frozenset({load_model, unload_model})
+CONTROL_HANDLERS = frozenset({load_model, unload_model, *shared_memory.CONTROL_HANDLERS})
 OPEN_HANDLERS = frozenset({server_live, server_ready, server_health})
 UNLIMITED_HANDLERS = frozenset({server_live, server_ready, server_health, prometheus_metrics})

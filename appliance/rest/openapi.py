@@ -82,6 +82,45 @@ def _model_paths() -> dict[str, Any]:
     return paths
 
 
+_REGION = {"name": "region", "in": "path", "required": True, "schema": {"type": "string", "maxLength": 255}}
+_SYSTEM_REGISTER = {
+    "type": "object", "required": ["key", "byte_size"],
+    "properties": {"key": {"type": "string", "description": "POSIX shared memory object, e.g. /input0"},
+                   "offset": {"type": "integer", "minimum": 0}, "byte_size": {"type": "integer", "minimum": 1}},
+}
+_CUDA_REGISTER = {
+    "type": "object", "required": ["raw_handle", "byte_size"],
+    "properties": {"raw_handle": {"type": "object", "required": ["b64"], "properties": {"b64": {"type": "string"}}},
+                   "device_id": {"type": "integer", "minimum": 0}, "byte_size": {"type": "integer", "minimum": 1}},
+}
+_REGIONS = {"description": "OK", "content": {"application/json": {"schema": {"type": "array", "items": {
+    "type": "object", "required": ["name", "byte_size"], "properties": {
+        "name": {"type": "string"}, "key": {"type": "string"}, "offset": {"type": "integer"},
+        "device_id": {"type": "integer"}, "byte_size": {"type": "integer"}}}}}}}
+
+
+def _shared_memory_paths() -> dict[str, Any]:
+    """Triton's shared-memory extensions (client_shm decides who may use them)."""
+    paths: dict[str, Any] = {}
+    for kind, title, body, register_errors in (
+        ("system", "system", _SYSTEM_REGISTER, (400, 401, 403)),
+        ("cuda", "CUDA", _CUDA_REGISTER, (400, 401, 403, 501)),
+    ):
+        base = f"/v2/{kind}sharedmemory"
+        paths[f"{base}/status"] = {"get": _operation(f"Registered {title} shared memory regions", _REGIONS,
+                                                     errors=(401, 403))}
+        paths[base + "/region/{region}/status"] = {"get": _operation(
+            f"One {title} shared memory region", _REGIONS, parameters=[_REGION], errors=(401, 403, 404))}
+        paths[base + "/region/{region}/register"] = {"post": _operation(
+            f"Register a {title} shared memory region", _EMPTY, body=body, parameters=[_REGION],
+            errors=register_errors)}
+        paths[f"{base}/unregister"] = {"post": _operation(f"Unregister every {title} shared memory region", _EMPTY,
+                                                          errors=(401, 403))}
+        paths[base + "/region/{region}/unregister"] = {"post": _operation(
+            f"Unregister a {title} shared memory region", _EMPTY, parameters=[_REGION], errors=(401, 403))}
+    return paths
+
+
 def openapi_document() -> dict[str, Any]:
     history = [{"name": n, "in": "query", "required": False, "schema": {"type": t}}
                for n, t in (("model", "string"), ("version", "integer"), ("since", "integer"),
@@ -120,6 +159,7 @@ def openapi_document() -> dict[str, Any]:
                 "Unload a model (explicit mode)", _EMPTY, body=control_body, parameters=[_MODEL],
                 errors=(400, 401, 404))},
             **_model_paths(),
+            **_shared_memory_paths(),
         },
         "components": {"schemas": {"Error": {"type": "object", "required": ["error"],
                                              "properties": {"error": {"type": "string"}}}}},

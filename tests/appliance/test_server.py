@@ -73,3 +73,20 @@ async def test_a_failing_start_stops_what_it_had_started(tmp_path):
     # The metrics history it had opened is closed again: a new start opens the same database.
     appliance = await Appliance.start(settings)
     await appliance.close()
+
+
+async def test_shared_memory_regions_are_closed_at_stop(tmp_path, shm_object):
+    from tests.descriptors import opened
+
+    appliance = await Appliance.start(_settings(tmp_path, metrics=False, shm_max_regions=3))
+    key, _ = shm_object(64)
+    own = opened("self", key)
+    try:
+        appliance.shared_memory.system.register("r", key, 0, 64, local=True)
+        assert appliance.shared_memory.counts() == (1, 64) and opened("self", key) == own + 1
+        assert "system_shared_memory" in appliance.dataplane.server_metadata()["extensions"]
+    finally:
+        await appliance.close()
+    assert opened("self", key) == own and appliance.shared_memory.counts() == (0, 0)
+    with pytest.raises(Exception, match="stopping"):
+        appliance.shared_memory.system.register("again", key, 0, 64, local=True)

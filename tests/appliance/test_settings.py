@@ -84,3 +84,22 @@ def test_grpc_flags():
     args = _parser().parse_args(["serve", "--grpc-port", "0", "--no-grpc"])
     assert args.grpc_port == 0 and args.grpc is False
     assert _parser().parse_args(["serve"]).grpc is None  # not given: the settings decide
+
+
+def test_shared_memory_defaults_admit_this_host_only():
+    settings = load_settings({}, {"HOME": "/home/u"})
+    assert settings.client_shm == "local" and settings.shm_local_networks == ("127.0.0.0/8", "::1/128")
+    assert settings.shm_max_regions == 64 and settings.shm_max_bytes == 2 * 1024**3
+    narrowed = load_settings({"client_shm": "any"}, {"APPLIANCE_SHM_LOCAL_NETWORKS": ""})
+    assert narrowed.client_shm == "any" and narrowed.shm_local_networks == ()
+
+
+@pytest.mark.parametrize("env,message", [
+    ({"APPLIANCE_CLIENT_SHM": "lan"}, "client_shm must be off, local or any"),
+    ({"APPLIANCE_SHM_LOCAL_NETWORKS": "localhost"}, "shm_local_networks: 'localhost' is not a network"),
+    ({"APPLIANCE_SHM_MAX_REGIONS": "0"}, "shm_max_regions must be at least 1"),
+    ({"APPLIANCE_SHM_MAX_BYTES": "-5"}, "shm_max_bytes must be at least 1"),
+])
+def test_shared_memory_settings_are_validated(env, message):
+    with pytest.raises(ConfigError, match=message):
+        load_settings({}, env)

@@ -17,12 +17,14 @@ import numpy as np
 from appliance.core.bytes_tensor import decode_bytes_tensor, encode_bytes_tensor
 from appliance.core.datatypes import numpy_dtype, v2_datatype
 
-__all__ = ["Arena", "Descriptor"]
+__all__ = ["ARENA_PREFIX", "Arena", "Descriptor"]
 
 Descriptor = tuple[str, str, tuple[int, ...], int, int]
 """(name, v2 datatype, shape, offset, size in bytes)"""
 
 _ALIGN = 64
+ARENA_PREFIX = "appliance-"
+"""Every arena's file name starts so; shared-memory registration refuses keys that do."""
 _SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else None
 
 
@@ -52,7 +54,7 @@ class Arena:
 
     @classmethod
     def create(cls, size: int) -> "Arena":
-        fd, path = tempfile.mkstemp(prefix="appliance-", dir=_SHM_DIR)
+        fd, path = tempfile.mkstemp(prefix=ARENA_PREFIX, dir=_SHM_DIR)
         os.close(fd)
         os.unlink(path)
         return cls(path, max(_aligned(size), 1 << 16), owner=True)

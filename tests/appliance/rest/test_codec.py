@@ -8,7 +8,14 @@ import struct
 import numpy as np
 import pytest
 
-from appliance.core.types import InferOutput, InferRequest, InferResponse, RequestedOutput
+from appliance.core.types import (
+    InferOutput,
+    InferRequest,
+    InferResponse,
+    RequestedOutput,
+    SharedMemoryInput,
+    SharedMemoryRef,
+)
 from appliance.errors import InvalidInput
 from appliance.rest.codec import (
     DecodeLimits,
@@ -131,7 +138,17 @@ def test_input_count_and_data_nesting_are_bounded():
     (b'{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}],'
      b' "outputs": [{"name": "y", "parameters": {"classification": -1}}]}', "classification"),
     (b'{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32",'
-     b' "parameters": {"shared_memory_region": "r"}}]}', "shared memory"),
+     b' "parameters": {"shared_memory_region": "r"}}]}', "needs shared_memory_byte_size"),
+    (b'{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32",'
+     b' "parameters": {"shared_memory_region": 5, "shared_memory_byte_size": 4}}]}', "name of a registered region"),
+    (b'{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32",'
+     b' "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": -4}}]}', "non-negative integer"),
+    (b'{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "parameters": {"shared_memory_region": "r",'
+     b' "shared_memory_byte_size": 4, "shared_memory_offset": 1.5}}]}', "shared_memory_offset must be"),
+    (b'{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "parameters": {"shared_memory_byte_size": 4}}]}',
+     "without shared_memory_region"),
+    (b'{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1],'
+     b' "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": 4}}]}', "send it one way"),
 ])
 def test_malformed_requests(body, message):
     with pytest.raises(InvalidInput, match=message.replace("[", r"\[").replace("]", r"\]")):
@@ -219,3 +236,41 @@ def test_a_shape_claim_alone_reserves_no_more_than_the_body_can_hold():
     with pytest.raises(InvalidInput):
         decode_infer_request(strings, length, reserve=sizes.append)
     assert sizes[0] <= 2 * 41  # at most two 4-byte length prefixes fit in 8 bytes
+
+
+def test_tensors_in_shared_memory_are_described_not_read():
+    body = json.dumps({
+        "inputs": [{"name": "a", "shape": [2, 3], "datatype": "FP32",
+                    "parameters": {"shared_memory_region": "in", "shared_memory_byte_size": 24}},
+                   {"name": "b", "shape": [1], "datatype": "INT32", "data": [7]},
+                   {"name": "c", "shape": [1 << 20], "datatype": "BYTES",
+                    "parameters": {"shared_memory_region": "in", "shared_memory_byte_size": 9,
+                                   "shared_memory_offset": 24}}],
+        "outputs": [{"name": "y", "parameters": {"shared_memory_region": "out", "shared_memory_byte_size": 64,
+                                                 "shared_memory_offset": 8, "binary_data": False}},
+                    {"name": "z"}],
+    }).encode()
+    reserved: list[int] = []
+    request = decode_infer_request(body, reserve=reserved.append)
+    assert [i.name for i in request.inputs] == ["b"] and sum(reserved) <= len(body)  # nothing sized by a claim
+    assert request.shared_inputs == [
+        SharedMemoryInput("a", "FP32", (2, 3), SharedMemoryRef("in", 24)),
+        SharedMemoryInput("c", "BYTES", (1 << 20,), SharedMemoryRef("in", 9, 24)),
+    ]
+    assert request.outputs[0].shared_memory == SharedMemoryRef("out", 64, 8)
+    assert request.outputs[1].shared_memory is None and request.uses_shared_memory
+
+
+def test_outputs_written_to_shared_memory_carry_their_place_and_no_data():
+    response = _response()
+    response.outputs[0].shared_memory = SharedMemoryRef("out", 8)
+    response.outputs[1].shared_memory = SharedMemoryRef("out", 7, 64)
+    request = InferRequest([], [RequestedOutput("f"), RequestedOutput("s"), RequestedOutput("h", {"binary_data": True})])
+    body, length = encode_infer_response(response, request)
+    outputs = {o["name"]: o for o in json.loads(body[:length])["outputs"]}
+    assert outputs["f"] == {"name": "f", "datatype": "FP32", "shape": [1, 2],
+                            "parameters": {"shared_memory_region": "out", "shared_memory_byte_size": 8}}
+    assert outputs["s"]["parameters"] == {"shared_memory_region": "out", "shared_memory_byte_size": 7,
+                                          "shared_memory_offset": 64}
+    assert "data" not in outputs["s"] and outputs["h"]["parameters"] == {"binary_data_size": 2}
+    assert len(body) == length + 2  # only the binary output's bytes follow the header
