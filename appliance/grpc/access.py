@@ -13,15 +13,18 @@ import asyncio
 import contextlib
 import dataclasses
 import enum
+import socket
 import urllib.parse
 from collections.abc import Iterator
 
 import grpc
+import psutil
 
 from appliance.access import Network, address_in, check_bearer
+from appliance.core.shared_memory import LocalPeers
 from appliance.errors import Unavailable
 
-__all__ = ["Access", "AccessRules", "Gate", "peer_address"]
+__all__ = ["Access", "AccessRules", "Gate", "is_local_peer", "peer_address"]
 
 
 class Access(enum.Enum):
@@ -50,6 +53,23 @@ def peer_address(peer: str) -> str | None:
     if kind == "ipv6" and rest.startswith("["):
         return rest[1:rest.find("]")] or None
     return None
+
+
+def is_local_peer(context: grpc.aio.ServicerContext, local_peers: LocalPeers) -> bool:
+    """Whether the caller runs on this host (client_shm = local): its address is in shm_local_networks, or
+    is one of this host's own addresses. grpc.aio does not say which local address a call reached (REST
+    compares the two); a peer with an address of this host is on this host all the same, since no other
+    machine can complete a TCP handshake from it."""
+    peer = peer_address(context.peer())
+    if peer is None:
+        return False
+    own = peer if peer.split("%")[0] in _host_addresses() else None
+    return local_peers.contains(peer, own)
+
+
+def _host_addresses() -> set[str]:
+    return {a.address.split("%")[0] for addresses in psutil.net_if_addrs().values() for a in addresses
+            if a.family in (socket.AF_INET, socket.AF_INET6)}
 
 
 def _authorization(context: grpc.aio.ServicerContext) -> str | None:

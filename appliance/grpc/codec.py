@@ -2,7 +2,10 @@
 
 Pure functions over protobuf messages, unit-tested on their own. Inputs come either as typed
 ``contents`` or, for all of them at once, as ``raw_input_contents`` (read in place with
-``np.frombuffer``); outputs always go back as ``raw_output_contents``, as Triton sends them.
+``np.frombuffer``); outputs always go back as ``raw_output_contents``, as Triton sends them. Tensors in
+shared memory are only described here (``SharedMemoryInput``, ``RequestedOutput.shared_memory``): they
+take no ``raw_input_contents`` entry, and an output written into a region comes back with its
+parameters and an empty ``raw_output_contents`` entry (so the others keep their positions).
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ from appliance.core.tensors import (
     check_shape,
     decode_raw_tensor,
 )
-from appliance.core.types import InferInput, InferRequest, InferResponse, RequestedOutput
+from appliance.core.shared_memory.params import shared_memory_ref
+from appliance.core.types import InferInput, InferRequest, InferResponse, RequestedOutput, SharedMemoryInput
 from appliance.errors import InvalidInput
 
 __all__ = ["decode_infer_request", "encode_infer_response", "from_parameters", "set_parameters"]
@@ -52,9 +56,6 @@ _FIELD_DTYPE = {
     "fp32_contents": np.float32,
     "fp64_contents": np.float64,
 }
-_SHARED_MEMORY = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
-
-
 def _ignore(size: int) -> None:
     pass
 
@@ -127,14 +128,20 @@ def decode_infer_request(
     raw_contents = request.raw_input_contents
     raw_index = 0
     inputs: list[InferInput] = []
+    shared_inputs: list[SharedMemoryInput] = []
     for tensor in request.inputs:
         name = tensor.name
         if not name:
             raise InvalidInput(f"an input of the request for model '{model[:255]}' has no name")
         datatype = check_datatype(tensor.datatype, name)
         shape, count = check_shape(list(tensor.shape), name, limits.max_tensor_elements)
-        if any(key in tensor.parameters for key in _SHARED_MEMORY):
-            raise InvalidInput(f"input '{name}': shared memory is not supported by this server")
+        shared = shared_memory_ref(from_parameters(tensor.parameters), f"input '{name}'") if tensor.parameters else None
+        if shared is not None:
+            if tensor.HasField("contents"):
+                raise InvalidInput(f"input '{name}' names a shared memory region and also carries contents; send "
+                                   "it one way")
+            shared_inputs.append(SharedMemoryInput(name, datatype, shape, shared))
+            continue
         if tensor.HasField("contents"):
             if raw_contents:
                 raise InvalidInput(f"contents field must not be specified when using raw_input_contents for "
@@ -161,13 +168,12 @@ def decode_infer_request(
         if not output.name:
             raise InvalidInput(f"a requested output of the request for model '{model[:255]}' has no name")
         parameters = from_parameters(output.parameters)
-        if any(key in parameters for key in _SHARED_MEMORY):
-            raise InvalidInput(f"output '{output.name}': shared memory is not supported by this server")
+        shared = shared_memory_ref(parameters, f"output '{output.name}'")
         classification = parameters.get("classification", 0)
         if type(classification) is not int or classification < 0:
             raise InvalidInput(f"output '{output.name}': classification must be a non-negative integer")
-        outputs.append(RequestedOutput(output.name, parameters))
-    return InferRequest(inputs, outputs, request.id or None, from_parameters(request.parameters))
+        outputs.append(RequestedOutput(output.name, parameters, shared))
+    return InferRequest(inputs, outputs, request.id or None, from_parameters(request.parameters), shared_inputs)
 
 
 def _raw(array: np.ndarray) -> bytes:
@@ -183,8 +189,11 @@ def encode_infer_response(response: InferResponse) -> pb.ModelInferResponse:
         id=response.id or "",
         outputs=[pb.ModelInferResponse.InferOutputTensor(name=o.name, datatype=o.datatype, shape=o.data.shape)
                  for o in response.outputs],
-        raw_output_contents=[_raw(o.data) for o in response.outputs],
+        raw_output_contents=[b"" if o.shared_memory is not None else _raw(o.data) for o in response.outputs],
     )
+    for output, tensor in zip(response.outputs, message.outputs):
+        if output.shared_memory is not None:  # written into the client's region: where, and no data
+            set_parameters(tensor.parameters, output.shared_memory.parameters())
     if response.parameters:
         set_parameters(message.parameters, response.parameters)
     return message

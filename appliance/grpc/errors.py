@@ -10,7 +10,7 @@ from http import HTTPStatus
 
 import grpc
 
-from appliance.errors import ApplianceError, Unavailable
+from appliance.errors import AlreadyExists, ApplianceError, Unavailable
 
 __all__ = ["abort", "abort_unexpected", "status_code"]
 
@@ -32,6 +32,8 @@ _CODES = {
 
 
 def status_code(error: ApplianceError) -> grpc.StatusCode:
+    if isinstance(error, AlreadyExists):  # a 400 over HTTP, as Triton's; gRPC has a code of its own
+        return grpc.StatusCode.ALREADY_EXISTS
     code = _CODES.get(HTTPStatus(error.status))
     if code is not None:
         return code

@@ -17,10 +17,11 @@ from tritonclient.grpc import service_pb2_grpc
 from appliance.budget import MemoryBudget
 from appliance.core.dataplane import SERVER_NAME, DataPlane
 from appliance.core.log_settings import LogSettings as LogControl
+from appliance.core.shared_memory import SharedMemoryRegistry
 from appliance.core.tensors import DecodeLimits
 from appliance.core.trace_settings import TraceSettings
 from appliance.errors import ApplianceError, ModelNotFound, NotSupported
-from appliance.grpc.access import Access, Gate
+from appliance.grpc.access import Access, Gate, is_local_peer
 from appliance.grpc.codec import decode_infer_request, encode_infer_response, from_parameters
 from appliance.grpc.errors import abort, abort_unexpected
 from appliance.grpc.stream import serve_stream
@@ -63,16 +64,6 @@ def _rpc(access: Access | Callable[[Any], Access]) -> Callable[[Handler], Handle
 def _changes_settings(request: Any) -> Access:
     """Reading the log or trace settings is like metadata; changing them is control."""
     return Access.CONTROL if request.settings else Access.INFERENCE
-
-
-_SYSTEM_SHM_MISSING = (
-    "system shared memory is not available on this server yet: it needs the shared-memory region registry "
-    "(issue 13, section 3), which this build does not have; send tensors in the request (raw_input_contents)"
-)
-_CUDA_SHM_MISSING = (
-    "CUDA shared memory is not supported by this server: it needs the nvidia flavour and a GPU, and this build "
-    "does not map CUDA IPC handles; send tensors in the request (raw_input_contents)"
-)
 
 
 class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
@@ -132,9 +123,9 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     # Inference
 
-    async def infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
+    async def infer(self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext) -> pb.ModelInferResponse:
         """One inference: the model version is held from lookup to response, and the message's bytes and
-        what decoding allocates count against the memory budget until then."""
+        what decoding allocates (or reads from shared memory) count against the memory budget until then."""
         version = request.model_version or None
         with self._dataplane.model(request.model_name, version).in_use() as model, self._budget.account() as account:
             size = request.ByteSize()
@@ -143,11 +134,18 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                 decoded = await asyncio.to_thread(decode_infer_request, request, self._limits, account.reserve)
             else:
                 decoded = decode_infer_request(request, self._limits, account.reserve)
-            return encode_infer_response(await model.infer(decoded))
+            local = self._local(context) if decoded.uses_shared_memory else False
+            response = await self._dataplane.infer(model, decoded, local=local, reserve=account.reserve)
+            return encode_infer_response(response)
+
+    def _local(self, context: grpc.aio.ServicerContext) -> bool:
+        """Whether the caller runs on this host, for client_shm = local."""
+        shared_memory = self._dataplane.shared_memory
+        return shared_memory is not None and is_local_peer(context, shared_memory.local_peers)
 
     @_rpc(Access.INFERENCE)
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
-        return await self.infer(request)
+        return await self.infer(request, context)
 
     async def ModelStreamInfer(self, requests: AsyncIterator[pb.ModelInferRequest],
                                context: grpc.aio.ServicerContext) -> None:
@@ -156,7 +154,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             self._gate.refuse_if_stopping()
         except ApplianceError as exc:
             await abort(context, exc)
-        await serve_stream(requests, context, self.infer, self._gate)
+        await serve_stream(requests, context, functools.partial(self.infer, context=context), self._gate)
 
     # Model repository
 
@@ -183,35 +181,58 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     # Shared memory
 
+    def _shared_memory(self) -> SharedMemoryRegistry:
+        if self._dataplane.shared_memory is None:
+            raise NotSupported("shared memory is not served by this server; send tensors in the request")
+        return self._dataplane.shared_memory
+
     @_rpc(Access.INFERENCE)
     async def SystemSharedMemoryStatus(self, request: pb.SystemSharedMemoryStatusRequest,
                                        context: Any) -> pb.SystemSharedMemoryStatusResponse:
-        raise NotSupported(_SYSTEM_SHM_MISSING)
+        regions = self._shared_memory().system.status(request.name or None, local=self._local(context))
+        status = pb.SystemSharedMemoryStatusResponse.RegionStatus
+        response = pb.SystemSharedMemoryStatusResponse()
+        for region in regions:
+            response.regions[region["name"]].CopyFrom(status(**region))
+        return response
 
     @_rpc(Access.CONTROL)
     async def SystemSharedMemoryRegister(self, request: pb.SystemSharedMemoryRegisterRequest,
                                          context: Any) -> pb.SystemSharedMemoryRegisterResponse:
-        raise NotSupported(_SYSTEM_SHM_MISSING)
+        self._shared_memory().system.register(request.name, request.key, request.offset, request.byte_size,
+                                              local=self._local(context))
+        return pb.SystemSharedMemoryRegisterResponse()
 
     @_rpc(Access.CONTROL)
     async def SystemSharedMemoryUnregister(self, request: pb.SystemSharedMemoryUnregisterRequest,
                                            context: Any) -> pb.SystemSharedMemoryUnregisterResponse:
-        raise NotSupported(_SYSTEM_SHM_MISSING)
+        self._shared_memory().system.unregister(request.name or None, local=self._local(context))
+        return pb.SystemSharedMemoryUnregisterResponse()
 
     @_rpc(Access.INFERENCE)
     async def CudaSharedMemoryStatus(self, request: pb.CudaSharedMemoryStatusRequest,
                                      context: Any) -> pb.CudaSharedMemoryStatusResponse:
-        raise NotSupported(_CUDA_SHM_MISSING)
+        regions = self._shared_memory().cuda.status(request.name or None, local=self._local(context))
+        status = pb.CudaSharedMemoryStatusResponse.RegionStatus
+        response = pb.CudaSharedMemoryStatusResponse()
+        for region in regions:
+            response.regions[region["name"]].CopyFrom(status(**region))
+        return response
 
     @_rpc(Access.CONTROL)
     async def CudaSharedMemoryRegister(self, request: pb.CudaSharedMemoryRegisterRequest,
                                        context: Any) -> pb.CudaSharedMemoryRegisterResponse:
-        raise NotSupported(_CUDA_SHM_MISSING)
+        # Off the loop: the first IPC handle a process opens initialises CUDA (a second or more).
+        await asyncio.to_thread(self._shared_memory().cuda.register, request.name, request.raw_handle,
+                                request.device_id, request.byte_size, local=self._local(context))
+        return pb.CudaSharedMemoryRegisterResponse()
 
     @_rpc(Access.CONTROL)
     async def CudaSharedMemoryUnregister(self, request: pb.CudaSharedMemoryUnregisterRequest,
                                          context: Any) -> pb.CudaSharedMemoryUnregisterResponse:
-        raise NotSupported(_CUDA_SHM_MISSING)
+        await asyncio.to_thread(self._shared_memory().cuda.unregister, request.name or None,
+                                local=self._local(context))
+        return pb.CudaSharedMemoryUnregisterResponse()
 
     # Trace and log settings
 

@@ -8,13 +8,16 @@ import pytest
 
 from appliance.access import parse_networks
 from appliance.errors import (
+    AlreadyExists,
     ConfigError,
+    Forbidden,
     InferenceFailed,
     InvalidInput,
     ModelNotFound,
     ModelNotReady,
     NotSupported,
     PayloadTooLarge,
+    RegionNotFound,
     Unauthorized,
     Unavailable,
 )
@@ -94,6 +97,9 @@ async def test_request_bound_and_stop():
     (NotSupported("x"), grpc.StatusCode.UNIMPLEMENTED),
     (Unauthorized("x"), grpc.StatusCode.UNAUTHENTICATED),
     (PayloadTooLarge("x"), grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (AlreadyExists("x"), grpc.StatusCode.ALREADY_EXISTS),
+    (RegionNotFound("x"), grpc.StatusCode.NOT_FOUND),
+    (Forbidden("x"), grpc.StatusCode.PERMISSION_DENIED),
 ])
 def test_status_codes_are_tritons(error, code):
     assert status_code(error) is code

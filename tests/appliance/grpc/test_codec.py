@@ -158,3 +158,54 @@ def test_responses_carry_raw_output_contents():
     np.testing.assert_array_equal(np.frombuffer(message.raw_output_contents[0], np.float32).reshape(2, 3), numbers)
     assert deserialize_bytes_tensor(message.raw_output_contents[1]).tolist() == [b"1:0.5", b"2:0.25"]
     assert message.parameters["sequence_end"].bool_param is True
+
+
+def _shm(target, region: str, byte_size: int, offset: int = 0) -> None:
+    target["shared_memory_region"].string_param = region
+    target["shared_memory_byte_size"].int64_param = byte_size
+    if offset:
+        target["shared_memory_offset"].int64_param = offset
+
+
+def test_shared_memory_tensors_are_described_not_read():
+    in_region = _tensor("a", "INT32", [1, 16])
+    _shm(in_region.parameters, "in", 64, offset=64)
+    request = _request(in_region, _tensor("b", "INT32", [1, 16]), raw=[np.ones(16, np.int32).tobytes()])
+    out = request.outputs.add(name="OUTPUT0")
+    _shm(out.parameters, "out", 64)
+    decoded = decode_infer_request(request, reserve=lambda size: None)
+    assert [i.name for i in decoded.inputs] == ["b"]  # the region's input takes no raw_input_contents entry
+    (shared,) = decoded.shared_inputs
+    assert (shared.name, shared.datatype, shared.shape) == ("a", "INT32", (1, 16))
+    assert (shared.source.region, shared.source.byte_size, shared.source.offset) == ("in", 64, 64)
+    assert decoded.outputs[0].shared_memory.region == "out" and decoded.uses_shared_memory
+
+
+@pytest.mark.parametrize("build,message", [
+    (lambda t: (_shm(t.parameters, "in", 64), t.contents.int_contents.extend([0] * 16)),
+     "names a shared memory region and also carries contents"),
+    (lambda t: t.parameters["shared_memory_byte_size"].__setattr__("int64_param", 64),
+     "shared_memory_byte_size given without shared_memory_region"),
+    (lambda t: t.parameters["shared_memory_region"].__setattr__("string_param", "in"),
+     "needs shared_memory_byte_size"),
+    (lambda t: _shm(t.parameters, "in", -1), "shared_memory_byte_size must be a non-negative integer"),
+])
+def test_malformed_shared_memory_parameters(build, message):
+    tensor = _tensor("a", "INT32", [1, 16])
+    build(tensor)
+    with pytest.raises(InvalidInput, match=message):
+        decode_infer_request(_request(tensor))
+
+
+def test_outputs_in_shared_memory_come_back_as_parameters():
+    from appliance.core.types import SharedMemoryRef
+
+    response = InferResponse("m", 1, [
+        InferOutput("in_region", "INT32", np.zeros((1, 16), np.int32), SharedMemoryRef("out", 64, 8)),
+        InferOutput("inline", "INT32", np.arange(4, dtype=np.int32)),
+    ])
+    message = encode_infer_response(response)
+    assert list(message.raw_output_contents) == [b"", np.arange(4, dtype=np.int32).tobytes()]  # positions kept
+    assert from_parameters(message.outputs[0].parameters) == {
+        "shared_memory_region": "out", "shared_memory_byte_size": 64, "shared_memory_offset": 8}
+    assert list(message.outputs[0].shape) == [1, 16] and not message.outputs[1].parameters

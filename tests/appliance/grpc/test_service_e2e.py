@@ -3,7 +3,6 @@ start it (real onnxruntime models)."""
 
 from __future__ import annotations
 
-import base64
 import queue
 
 import grpc
@@ -294,15 +293,6 @@ def test_trace_settings(client):
     with pytest.raises(InferenceServerException) as excinfo:
         client.get_trace_settings("nope")
     assert _code(excinfo) == "StatusCode.NOT_FOUND"
-
-
-def test_cuda_shared_memory_says_why_not(client):
-    for call in (lambda: client.get_cuda_shared_memory_status(),
-                 lambda: client.register_cuda_shared_memory("r", base64.b64encode(b"handle"), 0, 64),
-                 lambda: client.unregister_cuda_shared_memory("r")):
-        with pytest.raises(InferenceServerException, match="CUDA shared memory is not supported") as excinfo:
-            call()
-        assert _code(excinfo) == "StatusCode.UNIMPLEMENTED"
 
 
 def test_unary_rpcs_are_all_served(daemon):
