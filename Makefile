@@ -35,8 +35,9 @@ lint: venv
 
 bench: venv
 	$(BIN)/pip install --quiet -e '.[$(FLAVOUR),test,bench]'
-	command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
+	command -v wrk >/dev/null && command -v h2load >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk nghttp2-client)
 	$(BIN)/python -m bench.serving
+	$(BIN)/python -m bench.idle_rss
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache

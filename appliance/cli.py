@@ -29,10 +29,12 @@ _COMMANDS = {
 
 
 def _serve_parser(sub: Any) -> None:
-    p = sub.add_parser("serve", help="serve a Triton-layout model repository over KServe v2 REST")
+    p = sub.add_parser("serve", help="serve a Triton-layout model repository over KServe v2 (HTTP and gRPC)")
     p.add_argument("--model-repository", type=Path, help="model repository (default: the built-in example)")
     p.add_argument("--host", help="address to bind (default 0.0.0.0)")
     p.add_argument("--http-port", type=int, help="HTTP port (default 8000; 0 picks a free one)")
+    p.add_argument("--grpc-port", type=int, help="gRPC port (default 8001; 0 picks a free one)")
+    p.add_argument("--no-grpc", dest="grpc", action="store_const", const=False, help="serve HTTP only, no gRPC")
     p.add_argument("--state-dir", type=Path, help="where the daemon keeps its files (cache, metrics)")
     p.add_argument("--no-mdns", dest="mdns", action="store_const", const=False, help="do not announce on the LAN")
     p.add_argument("--name", help="the box's name on the LAN (default: the hostname)")

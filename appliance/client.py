@@ -2,8 +2,9 @@
 
     from appliance.client import discover, BoxPool
     boxes = discover(timeout=3)
-    client = tritonclient.http.InferenceServerClient(boxes[0].url)   # or:
-    pool = BoxPool(boxes); result = pool.infer("mlp", inputs)
+    client = tritonclient.http.InferenceServerClient(boxes[0].url)        # or over gRPC:
+    client = tritonclient.grpc.InferenceServerClient(boxes[0].grpc_url)   # or:
+    pool = BoxPool(boxes); result = pool.infer("mlp", inputs)              # BoxPool(boxes, "grpc")
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from zeroconf import InterfaceChoice, IPVersion, ServiceBrowser, ServiceStateCha
 
 from appliance.mdns import KSERVE_TYPE
 
-__all__ = ["Box", "BoxPool", "NoBoxAvailable", "discover"]
+__all__ = ["PROTOCOLS", "Box", "BoxPool", "NoBoxAvailable", "discover"]
+
+PROTOCOLS = ("http", "grpc")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +34,8 @@ class Box:
     hw: str = ""
     models: int = 0
     version: str = ""
+    grpc_port: int | None = None
+    """The gRPC port, when the box serves gRPC (TXT key ``grpc``)."""
 
     @property
     def url(self) -> str:
@@ -40,6 +45,14 @@ class Box:
     @property
     def base_url(self) -> str:
         return f"http://{self.url}"
+
+    @property
+    def grpc_url(self) -> str | None:
+        """host:port of the gRPC service, as tritonclient.grpc.InferenceServerClient takes it."""
+        return None if self.grpc_port is None else f"{self.addresses[0]}:{self.grpc_port}"
+
+    def url_for(self, protocol: str) -> str | None:
+        return self.grpc_url if protocol == "grpc" else self.url
 
 
 def _box(info: Any) -> Box | None:
@@ -55,7 +68,14 @@ def _box(info: Any) -> Box | None:
         hw=txt.get("hw", ""),
         models=int(txt.get("models", "0") or 0),
         version=txt.get("version", ""),
+        grpc_port=_port(txt.get("grpc")),
     )
+
+
+def _port(text: str | None) -> int | None:
+    if text is None or not text.isdigit() or not 0 < int(text) < 65536:
+        return None
+    return int(text)
 
 
 def discover(timeout: float = 3.0, interfaces: Sequence[str] = ()) -> list[Box]:
@@ -93,13 +113,19 @@ class NoBoxAvailable(RuntimeError):
 
 
 class BoxPool:
-    """Round-robin over boxes with tritonclient; a box that stops answering is dropped for
-    ``cooldown`` seconds, then tried again."""
+    """Round-robin over boxes with tritonclient over ``protocol`` ("http" or "grpc"; boxes that do not
+    serve it are left out); a box that stops answering is dropped for ``cooldown`` seconds, then tried
+    again. Inputs are the protocol's own (``tritonclient.http.InferInput`` or ``tritonclient.grpc...``)."""
 
-    def __init__(self, boxes: Sequence[Box], cooldown: float = 30.0) -> None:
+    def __init__(self, boxes: Sequence[Box], protocol: str = "http", cooldown: float = 30.0) -> None:
+        if protocol not in PROTOCOLS:
+            raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
         if not boxes:
             raise NoBoxAvailable("no boxes given; run discover() first")
-        self._boxes = list(boxes)
+        self._boxes = [b for b in boxes if b.url_for(protocol) is not None]
+        if not self._boxes:
+            raise NoBoxAvailable(f"none of {[b.name for b in boxes]} serves {protocol}; use protocol='http'")
+        self.protocol = protocol
         self._cooldown = cooldown
         self._down: dict[str, float] = {}
         self._next = 0
@@ -111,15 +137,31 @@ class BoxPool:
         return [b for b in self._boxes if self._down.get(b.url, 0) <= now]
 
     def _client(self, box: Box) -> Any:
-        import tritonclient.http as triton
+        url = box.url_for(self.protocol)
+        assert url is not None
+        if url not in self._clients:
+            if self.protocol == "grpc":
+                import tritonclient.grpc as triton_grpc
 
-        if box.url not in self._clients:
-            self._clients[box.url] = triton.InferenceServerClient(box.url, connection_timeout=5, network_timeout=60)
-        return self._clients[box.url]
+                self._clients[url] = triton_grpc.InferenceServerClient(url)
+            else:
+                import tritonclient.http as triton_http
 
-    def infer(self, model: str, inputs: list, **kwargs: Any) -> Any:
+                self._clients[url] = triton_http.InferenceServerClient(url, connection_timeout=5, network_timeout=60)
+        return self._clients[url]
+
+    def _answered(self, error: Exception) -> bool:
+        """Whether the box itself answered with this error (so another box would answer the same)."""
         from tritonclient.utils import InferenceServerException
 
+        if not isinstance(error, InferenceServerException):
+            return False
+        # tritonclient.grpc reports a box it cannot reach as an UNAVAILABLE status too; a box that is
+        # stopping or full answers UNAVAILABLE: either way, another box may serve the request.
+        return not (self.protocol == "grpc" and error.status() in ("StatusCode.UNAVAILABLE",
+                                                                      "StatusCode.DEADLINE_EXCEEDED"))
+
+    def infer(self, model: str, inputs: list, **kwargs: Any) -> Any:
         for _ in range(len(self._boxes)):
             with self._lock:
                 candidates = self.healthy()
@@ -128,11 +170,13 @@ class BoxPool:
                 box = candidates[self._next % len(candidates)]
                 self._next += 1
             try:
+                if self.protocol == "grpc" and "client_timeout" not in kwargs:
+                    kwargs["client_timeout"] = 60
                 return self._client(box).infer(model, inputs, **kwargs)
-            except InferenceServerException:
-                raise  # the box answered: a real error for this request
-            except Exception:  # no answer (refused, reset, timed out): drop the box for a while
-                with self._lock:
+            except Exception as exc:
+                if self._answered(exc):
+                    raise  # the box answered: a real error for this request
+                with self._lock:  # no answer (refused, reset, timed out): drop the box for a while
                     self._down[box.url] = time.monotonic() + self._cooldown
-                    self._clients.pop(box.url, None)
+                    self._clients.pop(box.url_for(self.protocol) or "", None)
         raise NoBoxAvailable(f"none of {[b.name for b in self._boxes]} answered")

@@ -9,6 +9,7 @@ import socket
 import time
 
 from appliance import __version__
+from appliance.grpc import GrpcServer
 from appliance.mdns.announcer import Announcer, box_id
 from appliance.rest.app import build_app, build_metrics_app
 from appliance.rest.server import ConnectionLimiter, HttpServer, fit_connections_to_descriptors
@@ -44,7 +45,7 @@ async def _reload(appliance: Appliance, notifier: Notifier) -> None:
              changes["removed"] or "none", changes["reloaded"] or "none")
     notifier.ready(dataplane.status_line())
 
-async def _start_announcer(appliance: Appliance, port: int) -> Announcer:
+async def _start_announcer(appliance: Appliance, port: int, grpc_port: int | None) -> Announcer:
     settings, dataplane = appliance.settings, appliance.dataplane
 
     def accelerators() -> list[str]:
@@ -58,6 +59,7 @@ async def _start_announcer(appliance: Appliance, port: int) -> Announcer:
         await asyncio.to_thread(box_id, settings.state_dir, appliance.state),
         accelerators,
         dataplane.registry.ready_count,
+        grpc_port,
     )
     await announcer.start()
     return announcer
@@ -85,6 +87,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     app = build_app(appliance)
     server = HttpServer(app, limiter, settings.header_timeout)
     metrics_server: HttpServer | None = None
+    grpc_server: GrpcServer | None = None
     announcer: Announcer | None = None
     deadline: float | None = None
     try:
@@ -93,6 +96,10 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         for address in server.addresses:
             log.info("appliance %s serving KServe v2 on http://%s:%d (state dir %s)",
                      __version__, _host(address[0]), address[1], settings.state_dir)
+        if settings.grpc:
+            grpc_server = GrpcServer(appliance)
+            grpc_port = await grpc_server.start(settings.host, settings.grpc_port)
+            log.info("serving KServe v2 over gRPC on %s:%d", _host(settings.host), grpc_port)
         if state.degraded:
             log.warning("%s", state.summary())
         if settings.metrics_port is not None and settings.metrics:
@@ -105,7 +112,8 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         spawn(_announce_ready(appliance, notifier))
         spawn(notifier.watchdog())
         if settings.mdns:
-            announcer = await _start_announcer(appliance, server.addresses[0][1])
+            announcer = await _start_announcer(appliance, server.addresses[0][1],
+                                               grpc_server.port if grpc_server is not None else None)
         await stop.wait()
         # One deadline for the whole stop, whatever each stage would allow on its own.
         deadline = time.monotonic() + settings.shutdown_timeout
@@ -121,10 +129,11 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         if announcer is not None:
             await announcer.stop()
         # Stop accepting, let accepted requests (running or queued) finish by the deadline, then tear
-        # the rest down.
-        if metrics_server is not None:
-            await metrics_server.stop(deadline)
-        await server.stop(deadline)
+        # the rest down. Every front end drains at once, to the same deadline.
+        stops = [front.stop(deadline) for front in (metrics_server, server, grpc_server) if front is not None]
+        for error in await asyncio.gather(*stops, return_exceptions=True):
+            if isinstance(error, BaseException):
+                log.error("error while stopping a front end: %s: %s", type(error).__name__, error, exc_info=error)
         await appliance.close()  # every front end has stopped: now the models and the history
         notifier.close()
     log.info("stopped")

@@ -21,9 +21,11 @@ from appliance.backends import RuntimeOptions
 from appliance.backends.python.arena import remove_stale_arenas
 from appliance.budget import MemoryBudget
 from appliance.core.dataplane import DataPlane
+from appliance.core.log_settings import LogSettings, LogValues
 from appliance.core.registry import ModelRegistry
 from appliance.core.retune import RetunePolicy, Retuner
 from appliance.core.shared_memory import LocalPeers, SharedMemoryLimits, SharedMemoryRegistry
+from appliance.core.trace_settings import TraceSettings
 from appliance.errors import ConfigError
 from appliance.examples import ensure_example_repository, example_repository
 from appliance.lifecycle import Lifecycle
@@ -99,6 +101,10 @@ class Appliance:
     """Clients' shared-memory regions, unregistered (closed) at stop."""
     registry: ModelRegistry
     dataplane: DataPlane
+    traces: TraceSettings
+    """Triton's trace settings, global and per model (no trace is written yet)."""
+    logs: LogSettings
+    """Triton's log settings, applied to this process's logging when changed."""
     _lifecycle: Lifecycle
 
     @classmethod
@@ -151,8 +157,14 @@ class Appliance:
         lifecycle.on_close("the models", lambda: cls._close_models(registry))
         dataplane = DataPlane(registry, shared_memory=shared_memory, strict_readiness=settings.strict_readiness,
                               control_mode=settings.model_control_mode)
+        logs = LogSettings(logging.getLogger(), LogValues.from_level(settings.log_level))
+
+        async def restore_logging() -> None:
+            logs.restore()
+
+        lifecycle.on_close("the log settings", restore_logging)
         appliance = cls(settings, state, token, MemoryBudget(settings.max_request_memory_bytes), metrics,
-                        shared_memory, registry, dataplane, lifecycle)
+                        shared_memory, registry, dataplane, TraceSettings(), logs, lifecycle)
         log.info("loading model repository %s", repository)
         task = asyncio.create_task(appliance._load_repository(), name="load-repository")
         task.add_done_callback(appliance._loading_ended)

@@ -41,6 +41,10 @@ class Settings:
     """Triton-layout model repository; None serves the built-in example repository."""
     host: str = "0.0.0.0"
     http_port: int = 8000
+    grpc: bool = True
+    """Serve KServe v2 over gRPC (Triton's GRPCInferenceService) beside HTTP (``--no-grpc`` turns it off)."""
+    grpc_port: int = 8001
+    """The gRPC port (Triton's 8001); 0 picks a free one."""
     mdns: bool = True
     """Announce the box on the LAN (``_kserve-v2._tcp``, ``_http._tcp``)."""
     name: str | None = None
@@ -137,8 +141,12 @@ class Settings:
     def __post_init__(self) -> None:
         # An absolute path: a relative one would follow whatever directory the process started in.
         object.__setattr__(self, "state_dir", Path(self.state_dir).expanduser().absolute())
-        if not 0 <= self.http_port <= 65535:
-            raise ConfigError(f"http_port must be 0..65535, got {self.http_port}")
+        for name in ("http_port", "grpc_port"):
+            if not 0 <= getattr(self, name) <= 65535:
+                raise ConfigError(f"{name} must be 0..65535, got {getattr(self, name)}")
+        if self.grpc and self.grpc_port == self.http_port != 0:
+            raise ConfigError(f"grpc_port and http_port are both {self.http_port}; give gRPC its own port "
+                              "(--grpc-port, default 8001) or turn it off (--no-grpc)")
         if self.max_request_bytes < 1024:
             raise ConfigError(f"max_request_bytes must be at least 1024, got {self.max_request_bytes}")
         if self.max_request_memory_bytes < self.max_request_bytes:

@@ -1,15 +1,18 @@
-"""A loopback load generator: wrk with a fixed request body, bounded in time, parsed into numbers."""
+"""Loopback load generators with a fixed request body, bounded in time, parsed into numbers: wrk for
+HTTP/1.1, h2load (nghttp2) for gRPC, which is HTTP/2 POSTs of one length-prefixed protobuf message."""
 
 from __future__ import annotations
 
 import dataclasses
 import re
 import shutil
+import statistics
+import struct
 import subprocess
 import tempfile
 from pathlib import Path
 
-__all__ = ["Result", "require_wrk", "run_wrk"]
+__all__ = ["Result", "grpc_frame", "require_h2load", "require_wrk", "run_h2load", "run_wrk"]
 
 _UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3}
 
@@ -27,6 +30,18 @@ def require_wrk() -> str:
     if path is None:
         raise SystemExit("the benchmark needs wrk on PATH: apt-get install wrk (make bench does this)")
     return path
+
+
+def require_h2load() -> str:
+    path = shutil.which("h2load")
+    if path is None:
+        raise SystemExit("the gRPC series need h2load on PATH: apt-get install nghttp2-client (make bench does this)")
+    return path
+
+
+def grpc_frame(message: bytes) -> bytes:
+    """One uncompressed gRPC message on the wire: a zero flag byte and the big-endian length."""
+    return b"\0" + struct.pack(">I", len(message)) + message
 
 
 def _ms(text: str) -> float:
@@ -62,3 +77,33 @@ def run_wrk(url: str, body: bytes, headers: dict[str, str], concurrency: int, se
         if match:
             errors += sum(int(g) for g in match.groups())
     return Result(rps, p50, p99, errors)
+
+
+def run_h2load(url: str, body: bytes, concurrency: int, seconds: float) -> tuple[Result, int]:
+    """POST ``body`` (a gRPC frame) over ``concurrency`` HTTP/2 connections with one call in flight each
+    (as wrk's connections). Returns the result and the number of calls completed: gRPC reports errors
+    in trailers, which h2load does not read, so the caller counts failures from the server's statistics
+    (``Result.errors`` holds transport failures only)."""
+    if not url.startswith("http://127.0.0.1:"):
+        raise ValueError("load is only ever sent to 127.0.0.1")
+    with tempfile.TemporaryDirectory() as tmp:
+        body_path, log_path = Path(tmp) / "body", Path(tmp) / "log"
+        body_path.write_bytes(body)
+        output = subprocess.run(
+            [require_h2load(), "-n0", f"-D{max(1, round(seconds))}", f"-c{concurrency}", "-m1", "-t1",
+             "-d", str(body_path), "-H", "content-type: application/grpc", "-H", "te: trailers",
+             f"--log-file={log_path}", url],
+            capture_output=True, text=True, timeout=seconds + 30, check=True,
+        ).stdout
+        durations = sorted(int(line.split("\t")[2]) / 1000 for line in log_path.read_text().splitlines()
+                           if line.count("\t") == 2)
+    finished = re.search(r"finished in ([\d.]+)(ms|s), ([\d.]+) req/s", output)
+    counts = re.search(r"requests: \d+ total, \d+ started, (\d+) done, (\d+) succeeded, (\d+) failed, "
+                       r"(\d+) errored, (\d+) timeout", output)
+    if not finished or not counts or not durations:
+        raise RuntimeError(f"cannot parse h2load's output:\n{output}")
+    done = int(counts.group(1))
+    p99 = durations[min(len(durations) - 1, int(len(durations) * 0.99))]
+    result = Result(float(finished.group(3)), statistics.median(durations), p99,
+                    sum(int(counts.group(i)) for i in (3, 4, 5)))
+    return result, done

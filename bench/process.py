@@ -17,6 +17,7 @@ __all__ = ["Server", "start_appliance", "start_floor"]
 class Server:
     process: subprocess.Popen
     port: int
+    grpc_port: int | None = None
 
     @property
     def base(self) -> str:
@@ -47,12 +48,15 @@ def start_appliance(repo: Path, state: Path, *args: str) -> Server:
     log = state / "daemon.log"
     with open(log, "w") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "appliance", "serve", "--host", "127.0.0.1", "--http-port", "0", "--no-mdns",
-             "--state-dir", str(state), "--model-repository", str(repo), *args],
+            [sys.executable, "-m", "appliance", "serve", "--host", "127.0.0.1", "--http-port", "0", "--grpc-port",
+             "0", "--no-mdns", "--state-dir", str(state), "--model-repository", str(repo), *args],
             stdout=out, stderr=subprocess.STDOUT,
         )
     port = _wait_for(process, log, r"serving KServe v2 on http://127\.0\.0\.1:(\d+)")
-    server = Server(process, port)
+    grpc_port = None
+    if "--no-grpc" not in args:
+        grpc_port = _wait_for(process, log, r"serving KServe v2 over gRPC on 127\.0\.0\.1:(\d+)")
+    server = Server(process, port, grpc_port)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:

@@ -1,16 +1,19 @@
-"""Serving benchmark: the appliance against the Python floor and against onnxruntime in-process.
+"""Serving benchmark: the appliance over HTTP JSON, HTTP binary and gRPC, against the Python floor and
+against onnxruntime in-process.
 
     python -m bench.serving [--seconds 4] [--repeats 3] [--concurrency 1,4,8,16]   (or: make bench)
 
-Starts the daemon (127.0.0.1, ephemeral port, mDNS off) and a bare aiohttp handler (orjson-parse +
-onnxruntime + orjson-dump: the floor), drives both with wrk on loopback, interleaving the series each
-repeat, and prints one table of medians with the ratios; writes the table, JSON and a throughput plot
-to bench/results/.
+Starts the daemon (127.0.0.1, ephemeral ports, mDNS off) and a bare aiohttp handler (orjson-parse +
+onnxruntime + orjson-dump: the floor), drives the HTTP series with wrk and the gRPC series with h2load
+(HTTP/2 POSTs of one ModelInferRequest, as a gRPC client sends it) on loopback, interleaving the series
+each repeat, and prints one table of medians with the ratios; writes the table, JSON and a throughput
+plot to bench/results/.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -21,8 +24,9 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
+from tritonclient.grpc import service_pb2 as pb
 
-from bench.loadgen import Result, require_wrk, run_wrk
+from bench.loadgen import Result, grpc_frame, require_h2load, require_wrk, run_h2load, run_wrk
 from bench.models import write_repository
 from bench.process import start_appliance, start_floor
 
@@ -30,19 +34,36 @@ RESULTS = Path(__file__).parent / "results"
 BATCHES = (1, 2, 4, 8, 16, 32)
 
 
-def _tiny_body() -> bytes:
-    x = np.random.default_rng(0).random(784).astype(np.float32)
-    return json.dumps({"inputs": [{"name": "input", "shape": [1, 784], "datatype": "FP32",
-                                   "data": [float(v) for v in x]}]}).encode()
+_TINY = ("input", "probabilities", np.random.default_rng(0).random((1, 784)).astype(np.float32))
+_CNN = ("image", "logits", np.random.default_rng(1).random((1, 3, 112, 112)).astype(np.float32))
+_JSON = {"Content-Type": "application/json"}
 
 
-def _cnn_body() -> tuple[bytes, dict[str, str]]:
-    x = np.random.default_rng(1).random((1, 3, 112, 112)).astype(np.float32)
-    header = json.dumps({"inputs": [{"name": "image", "shape": [1, 3, 112, 112], "datatype": "FP32",
+def _json_body(tensor: tuple[str, str, np.ndarray]) -> bytes:
+    name, _, x = tensor
+    return json.dumps({"inputs": [{"name": name, "shape": list(x.shape), "datatype": "FP32",
+                                   "data": [float(v) for v in x.ravel()]}]}).encode()
+
+
+def _binary_body(tensor: tuple[str, str, np.ndarray]) -> tuple[bytes, dict[str, str]]:
+    name, output, x = tensor
+    header = json.dumps({"inputs": [{"name": name, "shape": list(x.shape), "datatype": "FP32",
                                      "parameters": {"binary_data_size": x.nbytes}}],
-                         "outputs": [{"name": "logits", "parameters": {"binary_data": True}}]}).encode()
+                         "outputs": [{"name": output, "parameters": {"binary_data": True}}]}).encode()
     return header + x.tobytes(), {"Inference-Header-Content-Length": str(len(header)),
                                   "Content-Type": "application/octet-stream"}
+
+
+def _grpc_body(model: str, tensor: tuple[str, str, np.ndarray]) -> bytes:
+    """What tritonclient.grpc sends: the input as raw_input_contents, the output asked for by name."""
+    name, output, x = tensor
+    request = pb.ModelInferRequest(
+        model_name=model,
+        inputs=[pb.ModelInferRequest.InferInputTensor(name=name, datatype="FP32", shape=list(x.shape))],
+        outputs=[pb.ModelInferRequest.InferRequestedOutputTensor(name=output)],
+        raw_input_contents=[x.tobytes()],
+    )
+    return grpc_frame(request.SerializeToString())
 
 
 def in_process_best(model: Path, seconds: float, repeats: int) -> tuple[int, float, dict[int, float]]:
@@ -64,9 +85,12 @@ def in_process_best(model: Path, seconds: float, repeats: int) -> tuple[int, flo
     return best, rates[best], rates
 
 
-def _histogram(base: str, model: str) -> dict[int, int]:
+def _stats(base: str, model: str) -> dict:
     with urllib.request.urlopen(f"{base}/v2/models/{model}/stats", timeout=10) as response:
-        stats = json.load(response)["model_stats"][0]
+        return json.load(response)["model_stats"][0]
+
+
+def _histogram(stats: dict) -> dict[int, int]:
     return {b["batch_size"]: b["compute_infer"]["count"] for b in stats["batch_stats"]}
 
 
@@ -83,37 +107,59 @@ def _median(results: list[Result]) -> dict[str, float]:
     }
 
 
+def _run(series: tuple, base: str, concurrency: int, seconds: float) -> tuple[Result, dict]:
+    """One run of a series; the model's statistics before and after (empty for the floor)."""
+    protocol, url, body, headers, model = series
+    before = _stats(base, model) if model else {}
+    if protocol == "grpc":
+        result, done = run_h2load(url, body, concurrency, seconds)
+        after = _stats(base, model)
+        # gRPC's errors travel in trailers: a call that did not succeed in the model is an error.
+        served = after["inference_stats"]["success"]["count"] - before["inference_stats"]["success"]["count"]
+        result = dataclasses.replace(result, errors=result.errors + max(0, done - served))
+    else:
+        result = run_wrk(url, body, headers, concurrency, seconds)
+        after = _stats(base, model) if model else {}
+    return result, {"before": before, "after": after}
+
+
 def measure(args: argparse.Namespace, workdir: Path) -> dict:
     repo = write_repository(workdir / "repo")
     appliance = start_appliance(repo, workdir / "state")
     floor = start_floor(repo / "tiny" / "1" / "model.onnx")
     floor_off = start_floor(repo / "tiny" / "1" / "model.onnx", "--off-loop")
     try:
-        tiny = _tiny_body()
-        cnn, cnn_headers = _cnn_body()
-        json_headers = {"Content-Type": "application/json"}
+        tiny = _json_body(_TINY)
+        tiny_binary, binary_headers = _binary_body(_TINY)
+        cnn, cnn_headers = _binary_body(_CNN)
+        v2, grpc_url = f"{appliance.base}/v2/models", f"http://127.0.0.1:{appliance.grpc_port}"
+        infer_rpc = f"{grpc_url}/inference.GRPCInferenceService/ModelInfer"
         series = {
-            "appliance tiny JSON": (f"{appliance.base}/v2/models/tiny/infer", tiny, json_headers, "tiny"),
-            "floor tiny JSON": (f"{floor.base}/infer", tiny, json_headers, None),
-            "floor tiny JSON, inference off the loop": (f"{floor_off.base}/infer", tiny, json_headers, None),
-            "appliance CNN binary, batching": (f"{appliance.base}/v2/models/cnn_batched/infer", cnn, cnn_headers,
-                                               "cnn_batched"),
-            "appliance CNN binary, no batching": (f"{appliance.base}/v2/models/cnn_plain/infer", cnn, cnn_headers,
-                                                  "cnn_plain"),
+            "appliance tiny JSON": ("http", f"{v2}/tiny/infer", tiny, _JSON, "tiny"),
+            "appliance tiny binary": ("http", f"{v2}/tiny/infer", tiny_binary, binary_headers, "tiny"),
+            "appliance tiny gRPC": ("grpc", infer_rpc, _grpc_body("tiny", _TINY), {}, "tiny"),
+            "floor tiny JSON": ("http", f"{floor.base}/infer", tiny, _JSON, None),
+            "floor tiny JSON, inference off the loop": ("http", f"{floor_off.base}/infer", tiny, _JSON, None),
+            "appliance CNN JSON, batching": ("http", f"{v2}/cnn_batched/infer", _json_body(_CNN), _JSON,
+                                             "cnn_batched"),
+            "appliance CNN binary, batching": ("http", f"{v2}/cnn_batched/infer", cnn, cnn_headers, "cnn_batched"),
+            "appliance CNN gRPC, batching": ("grpc", infer_rpc, _grpc_body("cnn_batched", _CNN), {}, "cnn_batched"),
+            "appliance CNN binary, no batching": ("http", f"{v2}/cnn_plain/infer", cnn, cnn_headers, "cnn_plain"),
         }
         raw: dict[str, dict[int, list[Result]]] = {name: {c: [] for c in args.concurrency} for name in series}
         histograms: dict[str, dict[int, dict[int, int]]] = {name: {} for name in series}
-        for url, body, headers, _ in series.values():  # warm-up: first requests pay for lazy set-up
-            run_wrk(url, body, headers, 2, 1)
+        for entry in series.values():  # warm-up: first requests pay for lazy set-up
+            _run(entry, appliance.base, 2, 1)
         for repeat in range(args.repeats):
             for concurrency in args.concurrency:
-                for name, (url, body, headers, model) in series.items():
-                    before = _histogram(appliance.base, model) if model else {}
-                    raw[name][concurrency].append(run_wrk(url, body, headers, concurrency, args.seconds))
-                    if model and repeat == args.repeats - 1:
-                        histograms[name][concurrency] = _delta(_histogram(appliance.base, model), before)
-                    print(f"  repeat {repeat + 1}/{args.repeats} c={concurrency:<3} {name:36} "
-                          f"{raw[name][concurrency][-1].requests_per_s:9.1f} req/s", file=sys.stderr)
+                for name, entry in series.items():
+                    result, stats = _run(entry, appliance.base, concurrency, args.seconds)
+                    raw[name][concurrency].append(result)
+                    if entry[-1] and repeat == args.repeats - 1:
+                        histograms[name][concurrency] = _delta(_histogram(stats["after"]),
+                                                               _histogram(stats["before"]))
+                    print(f"  repeat {repeat + 1}/{args.repeats} c={concurrency:<3} {name:40} "
+                          f"{result.requests_per_s:9.1f} req/s", file=sys.stderr)
     finally:
         appliance.stop()
         floor.stop()
@@ -145,6 +191,11 @@ def table(data: dict) -> str:
                 ratio = f"{m['rps'] / best:.2f}× in-process best, {m['rps'] / plain:.2f}× no batching"
             elif name == "appliance CNN binary, no batching":
                 ratio = f"{m['rps'] / best:.2f}× in-process best"
+            elif name.startswith("appliance tiny"):
+                ratio = f"{m['rps'] / s['appliance tiny binary'][c]['rps']:.2f}× tiny binary"
+            elif name.startswith("appliance CNN"):
+                ratio = (f"{m['rps'] / best:.2f}× in-process best, "
+                         f"{m['rps'] / s['appliance CNN binary, batching'][c]['rps']:.2f}× CNN binary")
             else:
                 ratio = "1.00 (floor)"
             hist = data["histograms"].get(name, {}).get(c, {})
@@ -173,6 +224,10 @@ def targets(data: dict) -> list[str]:
     without = s["appliance CNN binary, no batching"][lo]["p50"]
     checks.append((f"CNN batching p50 at c={lo} within 10% of no batching", with_b <= without * 1.1,
                    f"{with_b:.2f} vs {without:.2f} ms"))
+    for model, binary in (("tiny", "appliance tiny binary"), ("CNN", "appliance CNN binary, batching")):
+        grpc_rps = s[f"appliance {model} gRPC" + (", batching" if model == "CNN" else "")][hi]["rps"]
+        ratio = grpc_rps / s[binary][hi]["rps"]
+        checks.append((f"{model} gRPC c={hi} >= HTTP binary", ratio >= 1.0, f"{ratio:.2f}"))
     return [f"- {'met' if ok else 'MISSED'}: {what} ({value})" for what, ok, value in checks]
 
 
@@ -208,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     require_wrk()
+    require_h2load()
     with tempfile.TemporaryDirectory() as tmp:
         data = measure(args, Path(tmp))
     text = table(data) + "\n\nTargets:\n" + "\n".join(targets(data))

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 _BOUND = re.compile(r"serving KServe v2 on http://127\.0\.0\.1:(\d+)")
+_GRPC_BOUND = re.compile(r"serving KServe v2 over gRPC on 127\.0\.0\.1:(\d+)")
 
 
 @dataclass
@@ -24,11 +25,19 @@ class Daemon:
     port: int
     log_path: Path
     extra: dict = field(default_factory=dict)
+    grpc_port: int | None = None
+    """None when the daemon serves no gRPC (--no-grpc)."""
 
     @property
     def url(self) -> str:
         """host:port as tritonclient wants it."""
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def grpc_url(self) -> str:
+        """host:port as tritonclient.grpc wants it."""
+        assert self.grpc_port is not None, "this daemon serves no gRPC"
+        return f"127.0.0.1:{self.grpc_port}"
 
     @property
     def base(self) -> str:
@@ -48,9 +57,10 @@ class Daemon:
         return self.process.returncode
 
 
-def _wait_for_port(process: subprocess.Popen, log_path: Path, deadline: float) -> int:
+def _wait_for_port(process: subprocess.Popen, log_path: Path, deadline: float,
+                   pattern: re.Pattern = _BOUND) -> int:
     while time.monotonic() < deadline:
-        match = _BOUND.search(log_path.read_text())
+        match = pattern.search(log_path.read_text())
         if match:
             return int(match.group(1))
         if process.poll() is not None:
@@ -85,7 +95,7 @@ def _daemon_factory(tmp_path_factory) -> Iterator:
         state.mkdir(parents=True, exist_ok=True)
         log_path = state / f"daemon-{len(started)}.log"
         command = [*prefix, sys.executable, "-m", "appliance", "serve", "--host", "127.0.0.1", "--http-port", "0",
-                   "--state-dir", str(state), "--no-mdns", *args]
+                   "--grpc-port", "0", "--state-dir", str(state), "--no-mdns", *args]
         if not selection:
             command.append("--no-selection")
         if repository is not None:
@@ -98,6 +108,8 @@ def _daemon_factory(tmp_path_factory) -> Iterator:
         started.append(daemon)
         deadline = time.monotonic() + 60
         daemon.port = _wait_for_port(process, log_path, deadline)
+        if "--no-grpc" not in args and (env or {}).get("APPLIANCE_GRPC", "true") != "false":
+            daemon.grpc_port = _wait_for_port(process, log_path, deadline, _GRPC_BOUND)
         if wait_loaded:
             _wait_until_loaded(daemon.base, deadline)
         return daemon

@@ -24,13 +24,15 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace, settings: Settings) -> int:
     boxes = discover(args.timeout, args.discover_interfaces or ())
     if args.json:
-        print(json.dumps([{**dataclasses.asdict(b), "url": b.base_url} for b in boxes], indent=2))
+        print(json.dumps([{**dataclasses.asdict(b), "url": b.base_url, "grpc_url": b.grpc_url} for b in boxes],
+                         indent=2))
         return 0
     if not boxes:
         print("no appliances found")
         return 0
-    rows = [("name", "addresses", "port", "hw", "models", "version")]
-    rows += [(b.name, ",".join(b.addresses), str(b.port), b.hw, str(b.models), b.version) for b in boxes]
+    rows = [("name", "addresses", "port", "grpc", "hw", "models", "version")]
+    rows += [(b.name, ",".join(b.addresses), str(b.port), str(b.grpc_port or "-"), b.hw, str(b.models), b.version)
+             for b in boxes]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())

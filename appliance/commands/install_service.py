@@ -19,6 +19,9 @@ def add_parser(sub: Any) -> None:
     parser.add_argument("--unit-path", type=Path, default=Path("/etc/systemd/system/appliance.service"))
     parser.add_argument("--model-repository", dest="unit_repository", type=str,
                         help="repository the service serves (default: the built-in example)")
+    parser.add_argument("--grpc-port", dest="unit_grpc_port", type=int,
+                        help="gRPC port the service listens on (default 8001)")
+    parser.add_argument("--no-grpc", dest="unit_no_grpc", action="store_true", help="the service serves HTTP only")
     parser.add_argument("--print", dest="print_only", action="store_true", help="print the unit, write nothing")
 
 
@@ -29,7 +32,11 @@ def _executable() -> str:
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
-    arguments = ("--model-repository", args.unit_repository) if args.unit_repository else ()
+    arguments: tuple[str, ...] = ("--model-repository", args.unit_repository) if args.unit_repository else ()
+    if args.unit_grpc_port is not None:
+        arguments += ("--grpc-port", str(args.unit_grpc_port))
+    if args.unit_no_grpc:
+        arguments += ("--no-grpc",)
     if args.print_only:
         print(render_unit(_executable(), arguments), end="")
         return 0

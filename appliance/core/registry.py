@@ -70,7 +70,9 @@ def parse_version(text: str | None) -> int | None:
     if text is None or text == "":
         return None
     if not _VERSION.fullmatch(text):
-        raise InvalidInput(f"model version must be a positive integer, got {text!r}")
+        # Triton's words first (clients look for them), then the fix.
+        raise InvalidInput(f"failed to get model version from specified version string {text[:40]!r}: a model "
+                           "version must be a positive integer (or empty for the newest)")
     return int(text)
 
 

@@ -28,10 +28,14 @@ __all__ = ["Announcer", "box_id", "txt_record"]
 log = logging.getLogger(__name__)
 
 
-def txt_record(box_id: str, accelerators: Sequence[str], models: int) -> dict[str, str]:
-    """Keys of at most 9 characters, a record well under 400 bytes (RFC 6763)."""
-    return {"txtvers": "1", "id": box_id, "version": __version__, "api": "v2", "path": "/v2",
-            "hw": ",".join(accelerators)[:60], "models": str(models)}
+def txt_record(box_id: str, accelerators: Sequence[str], models: int, grpc_port: int | None = None) -> dict[str, str]:
+    """Keys of at most 9 characters, a record well under 400 bytes (RFC 6763). ``grpc`` is the gRPC port
+    when gRPC is served (the service's own port is the HTTP one)."""
+    record = {"txtvers": "1", "id": box_id, "version": __version__, "api": "v2", "path": "/v2",
+              "hw": ",".join(accelerators)[:60], "models": str(models)}
+    if grpc_port is not None:
+        record["grpc"] = str(grpc_port)
+    return record
 
 
 def box_id(state_dir: Path, state: StateDir | None = None) -> str:
@@ -69,8 +73,10 @@ def _lan_addresses(host: str, interfaces: Sequence[str]) -> list[str]:
 
 class Announcer:
     def __init__(self, name: str, port: int, host: str, interfaces: Sequence[str], box_id: str,
-                 accelerators: Callable[[], Sequence[str]], models: Callable[[], int]) -> None:
+                 accelerators: Callable[[], Sequence[str]], models: Callable[[], int],
+                 grpc_port: int | None = None) -> None:
         self.name = name
+        self._grpc_port = grpc_port
         self._port = port
         self._host = host
         self._interfaces = list(interfaces)
@@ -82,7 +88,8 @@ class Announcer:
         self._task: asyncio.Task | None = None
         self._state: tuple = ()
 
-    def _info(self, service_type: str, instance: str, addresses: list[str], properties: dict[str, str]) -> AsyncServiceInfo:
+    def _info(self, service_type: str, instance: str, addresses: list[str],
+              properties: dict[str, str]) -> AsyncServiceInfo:
         return AsyncServiceInfo(
             service_type,
             f"{instance}.{service_type}",
@@ -96,7 +103,7 @@ class Announcer:
         self._zeroconf = AsyncZeroconf(interfaces=self._interfaces or InterfaceChoice.All,
                                        ip_version=IPVersion.V4Only)
         addresses = _lan_addresses(self._host, self._interfaces)
-        properties = txt_record(self._id, self._accelerators(), self._models())
+        properties = txt_record(self._id, self._accelerators(), self._models(), self._grpc_port)
         self.name = await self._register_unique(addresses, properties)
         self._state = (tuple(addresses), tuple(sorted(properties.items())))
         self._task = asyncio.create_task(self._follow(), name="mdns-follow")
@@ -133,7 +140,7 @@ class Announcer:
         while True:
             await asyncio.sleep(1.0)
             addresses = _lan_addresses(self._host, self._interfaces)
-            properties = txt_record(self._id, self._accelerators(), self._models())
+            properties = txt_record(self._id, self._accelerators(), self._models(), self._grpc_port)
             state = (tuple(addresses), tuple(sorted(properties.items())))
             if state == self._state or self._zeroconf is None:
                 continue

@@ -9,7 +9,6 @@ plane reads and writes them.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable
 from typing import Any
@@ -18,6 +17,14 @@ import numpy as np
 import orjson
 
 from appliance.core.shared_memory.params import shared_memory_ref
+from appliance.core.tensor_checks import (
+    BYTES_ELEMENT_OVERHEAD,
+    MAX_ELEMENTS,
+    DecodeLimits,
+    check_datatype,
+    check_shape,
+    decode_raw_tensor,
+)
 from appliance.core.types import InferInput, InferRequest, InferResponse, RequestedOutput, SharedMemoryInput
 from appliance.errors import InvalidInput
 from appliance.tensors import decode_bytes_tensor, element_size, encode_bytes_tensor, numpy_dtype
@@ -35,23 +42,9 @@ __all__ = [
 ]
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
-# Largest tensor (in elements) any request may declare; guards the arithmetic, not the memory (the
-# body size limit does that).
-MAX_ELEMENTS = 2**40
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class DecodeLimits:
-    """Bounds checked before anything is allocated (JSON nesting is bounded by orjson itself, and a
-    tensor's 'data' may nest no deeper than its shape)."""
-
-    max_tensor_elements: int = 1 << 30
-    max_inputs: int = 256
 
 
 _DEFAULT_LIMITS = DecodeLimits()
-# What one BYTES element costs beyond its text: a pointer in the object array and a bytes object.
-_BYTES_ELEMENT_OVERHEAD = 8 + 33
 
 
 def _allocation(datatype: str, count: int, binary: bool, available: int) -> int:
@@ -60,7 +53,7 @@ def _allocation(datatype: str, count: int, binary: bool, available: int) -> int:
     binary BYTES element its 4-byte length prefix; binary fixed-size tensors are views of the body."""
     itemsize = element_size(datatype)
     if itemsize is None:
-        return min(count, available // 4 if binary else available) * _BYTES_ELEMENT_OVERHEAD
+        return min(count, available // 4 if binary else available) * BYTES_ELEMENT_OVERHEAD
     return 0 if binary else min(count, available) * itemsize
 
 
@@ -95,20 +88,6 @@ def _parameters(obj: dict[str, Any], where: str) -> dict[str, Any]:
     if not isinstance(params, dict):
         raise InvalidInput(f"'parameters' of {where} must be a JSON object")
     return params
-
-
-def _shape(raw: Any, name: str, limit: int) -> tuple[tuple[int, ...], int]:
-    if not isinstance(raw, list) or len(raw) > 64 or not all(type(d) is int and d >= 0 for d in raw):
-        raise InvalidInput(
-            f"input '{name}': 'shape' must be a list of at most 64 non-negative integers, got {raw!r}"[:400]
-        )
-    count, bound = math.prod(raw), min(limit, MAX_ELEMENTS)
-    if count > bound or any(d > bound for d in raw):  # [0, 2**62] has no elements but no numpy shape
-        raise InvalidInput(
-            f"input '{name}': shape {raw} has more elements, or a larger dimension, than the {bound} "
-            "allowed (max_tensor_elements)"
-        )
-    return tuple(raw), count
 
 
 def _flatten_strings(data: Any, name: str) -> list[bytes]:
@@ -180,18 +159,7 @@ def _decode_binary_data(
             f"input '{name}': binary_data_size is {size}, but only {len(body) - offset} bytes of "
             "binary data remain in the body"
         )
-    chunk = body[offset : offset + size]
-    if datatype == "BYTES":
-        return decode_bytes_tensor(chunk, count, name).reshape(shape)
-    if datatype == "BF16":
-        raise InvalidInput(f"input '{name}': datatype BF16 is not supported by this server")
-    itemsize = numpy_dtype(datatype).itemsize
-    if size != count * itemsize:
-        raise InvalidInput(
-            f"input '{name}': shape {list(shape)} of {datatype} needs {count * itemsize} bytes, "
-            f"binary_data_size is {size}"
-        )
-    return np.frombuffer(chunk, dtype=numpy_dtype(datatype)).reshape(shape)
+    return decode_raw_tensor(body[offset : offset + size], datatype, shape, count, name, "binary_data_size")
 
 
 def decode_infer_request(
@@ -221,14 +189,8 @@ def decode_infer_request(
         name = raw.get("name")
         if not isinstance(name, str) or not name:
             raise InvalidInput(f"inputs[{position}] needs a 'name' string")
-        datatype = raw.get("datatype")
-        if not isinstance(datatype, str):
-            raise InvalidInput(f"input '{name}' needs a 'datatype' string (e.g. \"FP32\")")
-        try:
-            element_size(datatype)
-        except ValueError as exc:
-            raise InvalidInput(f"input '{name}': {exc}") from None
-        shape, count = _shape(raw.get("shape"), name, limits.max_tensor_elements)
+        datatype = check_datatype(raw.get("datatype"), name)
+        shape, count = check_shape(raw.get("shape"), name, limits.max_tensor_elements)
         params = _parameters(raw, f"input '{name}'")
         shared = shared_memory_ref(params, f"input '{name}'")
         if shared is not None:
@@ -258,7 +220,7 @@ def decode_infer_request(
         raise InvalidInput(
             f"the body has {len(body) - offset} bytes of binary data that no input's binary_data_size covers"
         )
-    outputs = []
+    outputs: list[RequestedOutput] = []
     raw_outputs = header.get("outputs") or []
     if not isinstance(raw_outputs, list):
         raise InvalidInput("'outputs' must be a list")
@@ -311,6 +273,7 @@ def decode_raw_request(
             f"JSON header with {HEADER_LENGTH} instead"
         )
     if variable:
+        assert itemsize is not None  # BYTES with a variable dim was refused above
         known = math.prod(d for d in shape if d >= 0)
         if known == 0 or len(body) % (known * itemsize):
             raise InvalidInput(
@@ -318,9 +281,9 @@ def decode_raw_request(
                 f"'{name}' with shape {list(shape)}"
             )
         shape = tuple(len(body) // (known * itemsize) if d < 0 else d for d in shape)
-    _, count = _shape(list(shape), name, limits.max_tensor_elements)
+    _, count = check_shape(list(shape), name, limits.max_tensor_elements)
     reserve(_allocation(datatype, count, True, len(body)))
-    data = _decode_binary_data(memoryview(body), 0, len(body), datatype, shape, count, name)
+    data = decode_raw_tensor(memoryview(body), datatype, shape, count, name, "the raw binary body")
     return InferRequest([InferInput(name, datatype, data)], [], None, {"binary_data_output": True})
 
 

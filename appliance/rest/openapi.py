@@ -59,7 +59,8 @@ _INFER_BODY = {
         "parameters": {"type": "object"},
         "inputs": {"type": "array", "items": _TENSOR_IN},
         "outputs": {"type": "array", "items": {"type": "object", "required": ["name"],
-                                               "properties": {"name": {"type": "string"}, "parameters": {"type": "object"}}}},
+                                               "properties": {"name": {"type": "string"},
+                                                              "parameters": {"type": "object"}}}},
     },
 }
 
@@ -131,7 +132,8 @@ def openapi_document() -> dict[str, Any]:
         "info": {"title": "Edge inference appliance", "version": __version__,
                  "description": "KServe v2 REST with Triton's extensions, plus the appliance's own endpoints."},
         "paths": {
-            "/": {"get": _operation("Dashboard (HTML)", {"description": "OK", "content": {"text/html": {}}}, errors=())},
+            "/": {"get": _operation("Dashboard (HTML)", {"description": "OK", "content": {"text/html": {}}},
+                                    errors=())},
             "/dashboard/static/{filename}": {"get": _operation(
                 "Dashboard assets", {"description": "OK"},
                 parameters=[{"name": "filename", "in": "path", "required": True, "schema": {"type": "string"}}],
@@ -150,7 +152,8 @@ def openapi_document() -> dict[str, Any]:
                                               errors=(400,))},
             "/v2/models/stats": {"get": _operation("Statistics of every model", _JSON, errors=())},
             "/v2/repository/index": {"post": _operation(
-                "Repository index", {"description": "OK", "content": {"application/json": {"schema": {"type": "array"}}}},
+                "Repository index",
+                {"description": "OK", "content": {"application/json": {"schema": {"type": "array"}}}},
                 body={"type": "object", "properties": {"ready": {"type": "boolean"}}}, errors=(400,))},
             "/v2/repository/models/{model}/load": {"post": _operation(
                 "Load or reload a model (explicit mode)", _EMPTY, body=control_body, parameters=[_MODEL],

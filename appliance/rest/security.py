@@ -4,15 +4,14 @@ bound on requests in flight. Both are aiohttp middlewares; their errors go throu
 from __future__ import annotations
 
 import dataclasses
-import hmac
-import ipaddress
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
 
-from appliance.errors import Unauthorized, Unavailable
+from appliance.access import Network, address_in, check_bearer, parse_networks
+from appliance.errors import Unavailable
 from appliance.rest.browser import HostPolicy, check_control_request, check_host
 from appliance.rest.keys import SETTINGS
 
@@ -27,9 +26,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-Network = ipaddress.IPv4Network | ipaddress.IPv6Network
-
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class AccessRules:
@@ -50,26 +46,20 @@ class AccessRules:
     hosts: HostPolicy = dataclasses.field(default_factory=lambda: HostPolicy(frozenset(), any_host=True))
 
 
-def parse_networks(networks: Iterable[str]) -> tuple[Network, ...]:
-    return tuple(ipaddress.ip_network(n, strict=False) for n in networks)
-
-
 def client_address(request: web.Request, trusted_proxies: tuple[Network, ...]) -> str | None:
     """The client's address: the peer's, or, when the peer is a trusted proxy, the last address in
     X-Forwarded-For that is not one of the trusted proxies."""
     peer = request.remote
-    if not trusted_proxies or not _in(peer, trusted_proxies):
+    if not trusted_proxies or not address_in(peer, trusted_proxies):
         return peer
     hops = [h.strip() for h in ",".join(request.headers.getall("X-Forwarded-For", [])).split(",") if h.strip()]
     for hop in reversed(hops):
-        if not _in(hop, trusted_proxies):
+        if not address_in(hop, trusted_proxies):
             return hop
     return hops[0] if hops else peer
 
 
 def make_auth_middleware(rules: AccessRules):
-    expected = rules.token.encode()
-
     @web.middleware
     async def auth_middleware(request: web.Request, handler) -> web.StreamResponse:
         check_host(request, rules.hosts)
@@ -78,27 +68,11 @@ def make_auth_middleware(rules: AccessRules):
         if control:
             check_control_request(request)
         guarded = control or (rules.protect_inference and matched not in rules.open)
-        if guarded and not _in(client_address(request, rules.trusted_proxies), rules.exempt):
-            scheme, _, given = request.headers.get("Authorization", "").partition(" ")
-            given = given.strip()
-            if scheme.lower() != "bearer" or not given or not hmac.compare_digest(given.encode(), expected):
-                raise Unauthorized(
-                    "this endpoint needs 'Authorization: Bearer <token>' from this address; the token is in "
-                    "<state-dir>/auth-token on the appliance (or the auth_token setting)"
-                )
+        if guarded and not address_in(client_address(request, rules.trusted_proxies), rules.exempt):
+            check_bearer(request.headers.get("Authorization"), rules.token, "'Authorization: Bearer <token>'")
         return await handler(request)
 
     return auth_middleware
-
-
-def _in(address: str | None, networks: tuple[Network, ...]) -> bool:
-    if not address:
-        return False
-    try:
-        parsed = ipaddress.ip_address(address.split("%")[0])
-    except ValueError:
-        return False  # e.g. a UNIX socket peer, or junk in X-Forwarded-For
-    return any(parsed in network for network in networks)
 
 
 @web.middleware

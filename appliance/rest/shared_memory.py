@@ -103,10 +103,15 @@ async def cuda_register(request: web.Request) -> web.Response:
     registry = _registry(request)
     local = is_local_client(request)
     # Where CUDA cannot work, the registry's answer (501) says what it needs, whatever the body holds.
-    raw = _raw_handle(body, name) if registry.cuda.enabled else b""
+    raw, byte_size = b"", 0
+    if registry.cuda.enabled:
+        raw, claimed = _raw_handle(body, name), body.get("byte_size")
+        if type(claimed) is not int or claimed < 0:
+            raise InvalidInput(f"failed to register shared memory region '{name}': 'byte_size' must be a "
+                               "non-negative integer")
+        byte_size = claimed
     # Off the loop: the first IPC handle a process opens initialises CUDA (a second or more).
-    await asyncio.to_thread(registry.cuda.register, name, raw, body.get("device_id", 0), body.get("byte_size"),
-                            local=local)
+    await asyncio.to_thread(registry.cuda.register, name, raw, body.get("device_id", 0), byte_size, local=local)
     return web.Response(status=200)
 
 

@@ -19,6 +19,8 @@ Wants=network-online.target
 After=network-online.target
 
 [Service]
+# Serves KServe v2 over HTTP on 8000 (API, dashboard, /metrics) and over gRPC on 8001 (Triton's
+# GRPCInferenceService); --http-port, --grpc-port and --no-grpc in ExecStart change that.
 Type=notify
 NotifyAccess=main
 ExecStart={exec_start}

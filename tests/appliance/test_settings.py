@@ -66,6 +66,26 @@ def test_transport_limits_are_validated(env, message):
         load_settings({}, env)
 
 
+def test_grpc_settings():
+    settings = load_settings({}, {"HOME": "/home/u"})
+    assert settings.grpc and settings.grpc_port == 8001
+    assert load_settings({"grpc_port": 0, "grpc": False}, {}).grpc is False
+    assert load_settings({}, {"APPLIANCE_GRPC_PORT": "9001"}).grpc_port == 9001
+    with pytest.raises(ConfigError, match="grpc_port must be 0..65535"):
+        load_settings({"grpc_port": -1}, {})
+    with pytest.raises(ConfigError, match="give gRPC its own port"):
+        load_settings({"grpc_port": 8000}, {})
+    assert load_settings({"grpc_port": 8000, "grpc": False}, {}).grpc is False  # off: no clash
+
+
+def test_grpc_flags():
+    from appliance.cli import _parser
+
+    args = _parser().parse_args(["serve", "--grpc-port", "0", "--no-grpc"])
+    assert args.grpc_port == 0 and args.grpc is False
+    assert _parser().parse_args(["serve"]).grpc is None  # not given: the settings decide
+
+
 def test_shared_memory_defaults_admit_this_host_only():
     settings = load_settings({}, {"HOME": "/home/u"})
     assert settings.client_shm == "local" and settings.shm_local_networks == ("127.0.0.0/8", "::1/128")

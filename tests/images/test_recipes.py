@@ -47,6 +47,9 @@ def test_daemon_runs_as_a_non_root_user(flavour):
     entry = re.search(r"^ENTRYPOINT (.*)$", final, re.MULTILINE).group(1)
     assert entry.startswith('["appliance", "serve"')
     assert "HEALTHCHECK" in final and "/v2/health/live" in final
+    # HTTP, gRPC and metrics ports: exposed, and the ones the entry point binds.
+    assert re.search(r"^EXPOSE 8000 8001 8002$", final, re.MULTILINE)
+    assert '"--http-port", "8000", "--grpc-port", "8001", "--metrics-port", "8002"' in entry
     assert re.search(r"Expected size: about [\d.]+ GB", _recipe(flavour))
 
 

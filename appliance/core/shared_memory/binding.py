@@ -99,9 +99,9 @@ async def _read_input(table: RegionTable, shared: SharedMemoryInput, reserve: Ca
         lease.release()
         raise
     region = lease.region
-    await _copy(lease, lambda: region.read(ref.offset, memoryview(buffer)), ref.byte_size)
+    await _copy(lease, lambda: region.read(ref.offset, buffer.data), ref.byte_size)
     if itemsize is None:
-        return InferInput(name, datatype, decode_bytes_tensor(memoryview(buffer), count, name).reshape(shape))
+        return InferInput(name, datatype, decode_bytes_tensor(buffer.data, count, name).reshape(shape))
     return InferInput(name, datatype, buffer.view(numpy_dtype(datatype)).reshape(shape))
 
 
@@ -109,7 +109,7 @@ def _raw(datatype: str, data: np.ndarray) -> memoryview:
     """An output as Triton lays it out in a region: the array's bytes, or length-prefixed BYTES."""
     if datatype == "BYTES":
         return memoryview(encode_bytes_tensor(data))
-    return memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8))
+    return np.ascontiguousarray(data).reshape(-1).view(np.uint8).data
 
 
 class Binding:

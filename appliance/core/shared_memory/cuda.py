@@ -40,7 +40,8 @@ def _runtime_modules() -> tuple[Any, Any]:
 def _check(result: Any, what: str) -> Any:
     """cuda-python returns (error, *values): the values, or InferenceFailed naming the error."""
     error, *values = result if isinstance(result, tuple) else (result,)
-    if int(getattr(error, "value", error)) != 0:
+    code: Any = getattr(error, "value", error)
+    if int(code) != 0:
         raise InferenceFailed(f"CUDA: {what} failed ({getattr(error, 'name', error)})")
     return values[0] if len(values) == 1 else values
 

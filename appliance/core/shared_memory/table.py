@@ -68,7 +68,8 @@ class Lease:
 
     def __init__(self, table: RegionTable, entry: _Entry) -> None:
         self.name, self.region = entry.name, entry.region
-        self._table, self._entry = table, entry
+        self._table = table
+        self._entry: _Entry | None = entry
 
     def clone(self) -> Lease:
         """A second lease on the same region, for a copy that may outlive this lease's holder."""

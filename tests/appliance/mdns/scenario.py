@@ -20,27 +20,29 @@ from tests.builders import affine_model, save, write_model
 LOOPBACK = ("127.0.0.1",)
 
 
-def start(name: str, repo: Path, state: Path) -> tuple[subprocess.Popen, int, Path]:
+def start(name: str, repo: Path, state: Path) -> tuple[subprocess.Popen, dict[str, int], Path]:
     log = state / f"{name}.log"
     state.mkdir(parents=True, exist_ok=True)
-    process = subprocess.Popen(
-        [sys.executable, "-m", "appliance", "serve", "--host", "127.0.0.1", "--http-port", "0", "--no-selection",
-         "--no-metrics", "--state-dir", str(state), "--model-repository", str(repo), "--name", name,
-         "--mdns-interface", "127.0.0.1"],
-        stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    with open(log, "w") as output:  # the child keeps its own copy of the descriptor
+        process = subprocess.Popen(
+            [sys.executable, "-m", "appliance", "serve", "--host", "127.0.0.1", "--http-port", "0", "--grpc-port", "0",
+             "--no-selection", "--no-metrics", "--state-dir", str(state), "--model-repository", str(repo), "--name",
+             name, "--mdns-interface", "127.0.0.1"],
+            stdout=output, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         text = log.read_text()
         port = re.search(r"serving KServe v2 on http://127\.0\.0\.1:(\d+)", text)
-        if port and "announcing" in text and "ready:" in text:
-            return process, int(port.group(1)), log
+        grpc = re.search(r"serving KServe v2 over gRPC on 127\.0\.0\.1:(\d+)", text)
+        if port and grpc and "announcing" in text and "ready:" in text:
+            return process, {"http": int(port.group(1)), "grpc": int(grpc.group(1))}, log
         time.sleep(0.1)
     raise RuntimeError(log.read_text())
 
 
 def snapshot() -> dict[str, dict]:
-    return {b.name: {"port": b.port, "models": b.models, "hw": b.hw, "addresses": list(b.addresses),
-                     "version": b.version, "id": b.id} for b in discover(2.5, LOOPBACK)}
+    return {b.name: {"port": b.port, "grpc": b.grpc_port, "models": b.models, "hw": b.hw,
+                     "addresses": list(b.addresses), "version": b.version, "id": b.id} for b in discover(2.5, LOOPBACK)}
 
 
 def main() -> None:
@@ -52,7 +54,8 @@ def main() -> None:
     a, port_a, _ = start("box-a", repo_a, work / "state-a")
     b, port_b, log_b = start("box-b", repo_b, work / "state-b")
     try:
-        result["ports"] = {"box-a": port_a, "box-b": port_b}
+        result["ports"] = {"box-a": port_a["http"], "box-b": port_b["http"]}
+        result["grpc_ports"] = {"box-a": port_a["grpc"], "box-b": port_b["grpc"]}
         result["both"] = snapshot()
         cli = subprocess.run([sys.executable, "-m", "appliance", "discover", "--json", "--timeout", "2.5",
                               "--mdns-interface", "127.0.0.1"], capture_output=True, text=True, check=True)
@@ -67,12 +70,13 @@ def main() -> None:
         # Same name as an existing box: resolved to "box-a (2)".
         c, port_c, log_c = start("box-a", repo_b, work / "state-c")
         result["conflict"] = snapshot()
-        result["conflict_log"] = [l for l in log_c.read_text().splitlines() if "announcing" in l]
+        result["conflict_log"] = [line for line in log_c.read_text().splitlines() if "announcing" in line]
         c.terminate()
         c.wait(30)
 
         # Requests spread over the boxes; a box that stops answering is dropped.
         import numpy as np
+        import tritonclient.grpc as triton_grpc
         import tritonclient.http as triton
 
         boxes = [box for box in discover(2.5, LOOPBACK) if box.name in ("box-a", "box-b")]
@@ -80,6 +84,14 @@ def main() -> None:
         tensor = triton.InferInput("input", [1, 784], "FP32")
         tensor.set_data_from_numpy(np.zeros((1, 784), np.float32))
         result["pool_before"] = [pool.infer("mlp", [tensor]).as_numpy("probabilities").shape[1] for _ in range(4)]
+        grpc_pool = BoxPool(boxes, "grpc", cooldown=60)
+        grpc_tensor = triton_grpc.InferInput("input", [1, 784], "FP32")
+        grpc_tensor.set_data_from_numpy(np.zeros((1, 784), np.float32))
+
+        def over_grpc() -> list[int]:
+            return [grpc_pool.infer("mlp", [grpc_tensor]).as_numpy("probabilities").shape[1] for _ in range(4)]
+
+        result["grpc_pool_before"] = over_grpc()
 
         # Shutdown sends goodbye: box-b disappears from discovery.
         b.send_signal(signal.SIGTERM)
@@ -88,6 +100,8 @@ def main() -> None:
         result["after_stop"] = snapshot()
         result["pool_after"] = [pool.infer("mlp", [tensor]).as_numpy("probabilities").shape[1] for _ in range(4)]
         result["pool_healthy"] = [box.name for box in pool.healthy()]
+        result["grpc_pool_after"] = over_grpc()
+        result["grpc_pool_healthy"] = [box.name for box in grpc_pool.healthy()]
     finally:
         for process in (a, b):
             if process.poll() is None:

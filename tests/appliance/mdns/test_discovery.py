@@ -44,11 +44,13 @@ def test_two_daemons_are_discovered(scenario):
     assert set(both) == {"box-a", "box-b"}
     for name, box in both.items():
         assert box["port"] == scenario["ports"][name]
+        assert box["grpc"] == scenario["grpc_ports"][name]  # the TXT record's grpc=<port>
         assert box["addresses"] == ["127.0.0.1"]
         assert box["models"] == 1 and box["hw"] == "cpu" and box["version"]
     assert both["box-a"]["id"] != both["box-b"]["id"]
     assert {b["name"] for b in scenario["cli"]} == {"box-a", "box-b"}
     assert all(b["url"].startswith("http://127.0.0.1:") for b in scenario["cli"])
+    assert {b["grpc_url"] for b in scenario["cli"]} == {f"127.0.0.1:{p}" for p in scenario["grpc_ports"].values()}
 
 
 def test_model_load_updates_the_record(scenario):
@@ -72,8 +74,16 @@ def test_pool_spreads_requests_and_drops_a_silent_box(scenario):
     assert scenario["pool_healthy"] == ["box-a"]
 
 
+def test_pool_over_grpc(scenario):
+    assert scenario["grpc_pool_before"] == [10, 10, 10, 10]
+    assert scenario["grpc_pool_after"] == [10, 10, 10, 10]  # the stopped box is dropped
+    assert scenario["grpc_pool_healthy"] == ["box-a"]
+
+
 def test_txt_record_is_short():
     record = txt_record("0f6c2f7e-8d39-4a4e-9d8e-0f2e5e0b6a11", ["cpu", "nvidia"], 12)
     assert all(len(key) <= 9 for key in record)
     assert sum(len(k) + len(v) + 2 for k, v in record.items()) < 400
     assert record["api"] == "v2" and record["path"] == "/v2" and record["hw"] == "cpu,nvidia"
+    assert "grpc" not in record
+    assert txt_record("id", ["cpu"], 1, grpc_port=8001)["grpc"] == "8001"

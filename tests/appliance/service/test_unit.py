@@ -55,3 +55,14 @@ def test_install_service_writes_this_venvs_executable(tmp_path):
 def test_descriptor_limit_leaves_room_for_max_connections():
     limit = int(re.search(r"^LimitNOFILE=(\d+)$", render_unit(), re.MULTILINE).group(1))
     assert limit >= Settings(state_dir=Path("/tmp")).max_connections + 1024
+
+
+def test_install_service_passes_the_grpc_choice(tmp_path):
+    target = tmp_path / "appliance.service"
+    subprocess.run([sys.executable, "-m", "appliance", "install-service", "--unit-path", str(target),
+                    "--grpc-port", "9001"], capture_output=True, text=True, check=True)
+    assert re.search(r"^ExecStart=\S+ serve --grpc-port 9001$", target.read_text(), re.MULTILINE)
+    printed = subprocess.run([sys.executable, "-m", "appliance", "install-service", "--no-grpc", "--print"],
+                             capture_output=True, text=True, check=True).stdout
+    assert re.search(r"^ExecStart=\S+ serve --no-grpc$", printed, re.MULTILINE)
+    assert "over gRPC on 8001" in render_unit()

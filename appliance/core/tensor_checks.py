@@ -1,0 +1,81 @@
+"""Checks and decoding every front end applies to a tensor a client sends, whatever its wire format.
+
+A declared shape is checked before anything is sized from it; raw tensor bytes (Triton's binary tensor
+extension over HTTP, ``raw_input_contents`` over gRPC) are read in place with ``np.frombuffer``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from appliance.errors import InvalidInput
+from appliance.tensors import decode_bytes_tensor, element_size, numpy_dtype
+
+__all__ = ["BYTES_ELEMENT_OVERHEAD", "MAX_DIMS", "MAX_ELEMENTS", "DecodeLimits", "check_datatype", "check_shape",
+           "decode_raw_tensor"]
+
+# Largest tensor (in elements) any request may declare; guards the arithmetic, not the memory (the
+# request size limit does that).
+MAX_ELEMENTS = 2**40
+MAX_DIMS = 64
+# What one BYTES element costs beyond its text: a pointer in the object array and a bytes object.
+BYTES_ELEMENT_OVERHEAD = 8 + 33
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DecodeLimits:
+    """Bounds checked before anything is allocated (JSON nesting is bounded by the JSON parser)."""
+
+    max_tensor_elements: int = 1 << 30
+    max_inputs: int = 256
+
+
+def check_datatype(datatype: object, name: str) -> str:
+    """A v2 datatype name this server knows (BF16 included: refused where its data is read)."""
+    if not isinstance(datatype, str) or not datatype:
+        raise InvalidInput(f"input '{name}' needs a 'datatype' string (e.g. \"FP32\")")
+    try:
+        element_size(datatype)
+    except ValueError as exc:
+        raise InvalidInput(f"input '{name}': {exc}") from None
+    return datatype
+
+
+def check_shape(raw: object, name: str, limit: int) -> tuple[tuple[int, ...], int]:
+    """The shape as a tuple and its element count; at most ``MAX_DIMS`` non-negative dimensions and no
+    more than ``limit`` (max_tensor_elements) elements or elements per dimension."""
+    dims = list(raw) if isinstance(raw, Sequence) and not isinstance(raw, (str, bytes)) else raw
+    if not isinstance(dims, list) or len(dims) > MAX_DIMS or not all(type(d) is int and d >= 0 for d in dims):
+        raise InvalidInput(
+            f"input '{name}': 'shape' must be a list of at most {MAX_DIMS} non-negative integers, got {dims!r}"[:400]
+        )
+    count, bound = math.prod(dims), min(limit, MAX_ELEMENTS)
+    if count > bound or any(d > bound for d in dims):  # [0, 2**62] has no elements but no numpy shape
+        raise InvalidInput(
+            f"input '{name}': shape {dims} has more elements, or a larger dimension, than the {bound} "
+            "allowed (max_tensor_elements)"
+        )
+    return tuple(dims), count
+
+
+def decode_raw_tensor(chunk: memoryview | bytes, datatype: str, shape: tuple[int, ...], count: int,
+                      name: str, size_name: str = "the raw data size") -> np.ndarray:
+    """A tensor from its raw bytes (little-endian elements, BYTES as 4-byte-length-prefixed items),
+    which must be exactly what the shape needs; fixed-size types are views of ``chunk``. ``size_name``
+    says in errors where the size came from (``binary_data_size``, ``raw_input_contents[0]``...)."""
+    if datatype == "BYTES":
+        return decode_bytes_tensor(chunk, count, name).reshape(shape)
+    if datatype == "BF16":
+        raise InvalidInput(f"input '{name}': datatype BF16 is not supported by this server")
+    itemsize = element_size(datatype)
+    assert itemsize is not None
+    if len(chunk) != count * itemsize:
+        raise InvalidInput(
+            f"input '{name}': shape {list(shape)} of {datatype} needs {count * itemsize} bytes, "
+            f"{size_name} is {len(chunk)}"
+        )
+    return np.frombuffer(chunk, dtype=numpy_dtype(datatype)).reshape(shape)

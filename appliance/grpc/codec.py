@@ -1,0 +1,198 @@
+"""KServe v2 gRPC messages (Triton's generated ``service_pb2``) <-> core requests and responses.
+
+Pure functions over protobuf messages, unit-tested on their own. Inputs come either as typed
+``contents`` or, for all of them at once, as ``raw_input_contents`` (read in place with
+``np.frombuffer``); outputs always go back as ``raw_output_contents``, as Triton sends them. Tensors in
+shared memory are only described here (``SharedMemoryInput``, ``RequestedOutput.shared_memory``): they
+take no ``raw_input_contents`` entry, and an output written into a region comes back with its
+parameters and an empty ``raw_output_contents`` entry (so the others keep their positions).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+from tritonclient.grpc import service_pb2 as pb
+
+from appliance.core.shared_memory.params import shared_memory_ref
+from appliance.core.tensor_checks import (
+    BYTES_ELEMENT_OVERHEAD,
+    DecodeLimits,
+    check_datatype,
+    check_shape,
+    decode_raw_tensor,
+)
+from appliance.core.types import InferInput, InferRequest, InferResponse, RequestedOutput, SharedMemoryInput
+from appliance.errors import InvalidInput
+from appliance.tensors import encode_bytes_tensor, numpy_dtype
+
+__all__ = ["decode_infer_request", "encode_infer_response", "from_parameters", "set_parameters"]
+
+# The typed field of InferTensorContents that holds each datatype (FP16 and BF16 have none: raw only).
+CONTENTS_FIELD = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
+}
+# What numpy type each typed field's values arrive as (before narrowing to INT8, UINT16...).
+_FIELD_DTYPE = {
+    "bool_contents": np.bool_,
+    "int_contents": np.int32,
+    "int64_contents": np.int64,
+    "uint_contents": np.uint32,
+    "uint64_contents": np.uint64,
+    "fp32_contents": np.float32,
+    "fp64_contents": np.float64,
+}
+def _ignore(size: int) -> None:
+    pass
+
+
+def from_parameters(parameters: Mapping[str, Any]) -> dict[str, Any]:
+    """A protobuf map of InferParameter (or ModelRepositoryParameter) as plain Python values."""
+    out: dict[str, Any] = {}
+    for key, parameter in parameters.items():
+        choice = parameter.WhichOneof("parameter_choice")
+        out[key] = getattr(parameter, choice) if choice is not None else None
+    return out
+
+
+def set_parameters(target: Any, values: Mapping[str, Any]) -> None:
+    """Fill a protobuf map of InferParameter from Python values (bool, int, float, str)."""
+    for key, value in values.items():
+        parameter = target[key]
+        if isinstance(value, bool):
+            parameter.bool_param = value
+        elif isinstance(value, int):
+            if value >= 2**63:
+                parameter.uint64_param = value
+            else:
+                parameter.int64_param = value
+        elif isinstance(value, float):
+            parameter.double_param = value
+        else:
+            parameter.string_param = str(value)
+
+
+def _decode_contents(tensor: Any, datatype: str, shape: tuple[int, ...], count: int, name: str,
+                     reserve: Callable[[int], None]) -> np.ndarray:
+    field_name = CONTENTS_FIELD.get(datatype)
+    if field_name is None:
+        raise InvalidInput(f"input '{name}': datatype {datatype} has no typed contents field; send it in "
+                           "raw_input_contents")
+    values = getattr(tensor.contents, field_name)
+    if len(values) != count:
+        raise InvalidInput(
+            f"input '{name}': shape {list(shape)} needs {count} elements, contents.{field_name} has {len(values)}"
+        )
+    if datatype == "BYTES":
+        reserve(count * BYTES_ELEMENT_OVERHEAD)
+        array = np.empty(count, dtype=object)
+        array[:] = list(values)
+        return array.reshape(shape)
+    dtype = numpy_dtype(datatype)
+    reserve(count * dtype.itemsize)
+    source: np.ndarray = np.array(values, dtype=_FIELD_DTYPE[field_name])
+    if source.dtype != dtype:  # INT8/INT16 arrive as int32, UINT8/UINT16 as uint32: check they fit
+        info = np.iinfo(dtype)
+        if source.size and (source.min() < info.min or source.max() > info.max):
+            raise InvalidInput(f"input '{name}': contents.{field_name} holds a value out of {datatype}'s range")
+        source = source.astype(dtype)
+    return source.reshape(shape)
+
+
+def decode_infer_request(
+    request: pb.ModelInferRequest,
+    limits: DecodeLimits = DecodeLimits(),
+    reserve: Callable[[int], None] = _ignore,
+) -> InferRequest:
+    """The core request of a ModelInferRequest. ``reserve(size)`` is called with the bytes each input
+    will allocate beyond the message, after its shape is checked and before anything is allocated."""
+    model = request.model_name
+    if not request.inputs:
+        raise InvalidInput(f"the request for model '{model[:255]}' has no inputs")
+    if len(request.inputs) > limits.max_inputs:
+        raise InvalidInput(f"the request has {len(request.inputs)} inputs; at most {limits.max_inputs} are allowed")
+    raw_contents = request.raw_input_contents
+    raw_index = 0
+    inputs: list[InferInput] = []
+    shared_inputs: list[SharedMemoryInput] = []
+    for tensor in request.inputs:
+        name = tensor.name
+        if not name:
+            raise InvalidInput(f"an input of the request for model '{model[:255]}' has no name")
+        datatype = check_datatype(tensor.datatype, name)
+        shape, count = check_shape(list(tensor.shape), name, limits.max_tensor_elements)
+        shared = shared_memory_ref(from_parameters(tensor.parameters), f"input '{name}'") if tensor.parameters else None
+        if shared is not None:
+            if tensor.HasField("contents"):
+                raise InvalidInput(f"input '{name}' names a shared memory region and also carries contents; send "
+                                   "it one way")
+            shared_inputs.append(SharedMemoryInput(name, datatype, shape, shared))
+            continue
+        if tensor.HasField("contents"):
+            if raw_contents:
+                raise InvalidInput(f"contents field must not be specified when using raw_input_contents for "
+                                   f"'{name}' for model '{model[:255]}'")
+            data = _decode_contents(tensor, datatype, shape, count, name, reserve)
+        elif raw_index < len(raw_contents):
+            chunk = raw_contents[raw_index]  # a copy out of the message: the tensor is a view of it
+            reserve(len(chunk))
+            if datatype == "BYTES":
+                reserve(min(count, len(chunk) // 4) * BYTES_ELEMENT_OVERHEAD)
+            data = decode_raw_tensor(chunk, datatype, shape, count, name, f"raw_input_contents[{raw_index}] size")
+            raw_index += 1
+        elif count == 0:
+            data = decode_raw_tensor(b"", datatype, shape, count, name)
+        else:
+            raise InvalidInput(f"input '{name}' has no data: set its contents, or raw_input_contents for every "
+                               "input")
+        inputs.append(InferInput(name, datatype, data))
+    if raw_index != len(raw_contents):
+        raise InvalidInput(f"expected {raw_index} raw_input_contents (one per input, in order) but got "
+                           f"{len(raw_contents)} for model '{model[:255]}'")
+    outputs = []
+    for output in request.outputs:
+        if not output.name:
+            raise InvalidInput(f"a requested output of the request for model '{model[:255]}' has no name")
+        parameters = from_parameters(output.parameters)
+        shared = shared_memory_ref(parameters, f"output '{output.name}'")
+        classification = parameters.get("classification", 0)
+        if type(classification) is not int or classification < 0:
+            raise InvalidInput(f"output '{output.name}': classification must be a non-negative integer")
+        outputs.append(RequestedOutput(output.name, parameters, shared))
+    return InferRequest(inputs, outputs, request.id or None, from_parameters(request.parameters), shared_inputs)
+
+
+def _raw(array: np.ndarray) -> bytes:
+    if array.dtype == object:
+        return encode_bytes_tensor(array)
+    return np.ascontiguousarray(array).tobytes()
+
+
+def encode_infer_response(response: InferResponse) -> pb.ModelInferResponse:
+    message = pb.ModelInferResponse(
+        model_name=response.model_name,
+        model_version=str(response.model_version),
+        id=response.id or "",
+        outputs=[pb.ModelInferResponse.InferOutputTensor(name=o.name, datatype=o.datatype, shape=o.data.shape)
+                 for o in response.outputs],
+        raw_output_contents=[b"" if o.shared_memory is not None else _raw(o.data) for o in response.outputs],
+    )
+    for output, tensor in zip(response.outputs, message.outputs):
+        if output.shared_memory is not None:  # written into the client's region: where, and no data
+            set_parameters(tensor.parameters, output.shared_memory.parameters())
+    if response.parameters:
+        set_parameters(message.parameters, response.parameters)
+    return message

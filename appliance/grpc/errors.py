@@ -1,0 +1,52 @@
+"""The one place errors become gRPC statuses: the HTTP status an ``ApplianceError`` carries picks the code,
+as Triton maps its own error codes (INVALID_ARG -> INVALID_ARGUMENT, NOT_FOUND, UNAVAILABLE, INTERNAL,
+UNSUPPORTED -> UNIMPLEMENTED, ALREADY_EXISTS)."""
+
+from __future__ import annotations
+
+import logging
+import math
+from http import HTTPStatus
+
+import grpc
+
+from appliance.errors import AlreadyExists, ApplianceError, Unavailable
+
+__all__ = ["abort", "abort_unexpected", "status_code"]
+
+log = logging.getLogger(__name__)
+
+_CODES = {
+    HTTPStatus.BAD_REQUEST: grpc.StatusCode.INVALID_ARGUMENT,
+    HTTPStatus.UNAUTHORIZED: grpc.StatusCode.UNAUTHENTICATED,
+    HTTPStatus.FORBIDDEN: grpc.StatusCode.PERMISSION_DENIED,
+    HTTPStatus.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    HTTPStatus.REQUEST_TIMEOUT: grpc.StatusCode.DEADLINE_EXCEEDED,
+    HTTPStatus.CONFLICT: grpc.StatusCode.ALREADY_EXISTS,
+    HTTPStatus.REQUEST_ENTITY_TOO_LARGE: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    HTTPStatus.UNSUPPORTED_MEDIA_TYPE: grpc.StatusCode.INVALID_ARGUMENT,
+    HTTPStatus.INTERNAL_SERVER_ERROR: grpc.StatusCode.INTERNAL,
+    HTTPStatus.NOT_IMPLEMENTED: grpc.StatusCode.UNIMPLEMENTED,
+    HTTPStatus.SERVICE_UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+}
+
+
+def status_code(error: ApplianceError) -> grpc.StatusCode:
+    if isinstance(error, AlreadyExists):  # a 400 over HTTP, as Triton's; gRPC has a code of its own
+        return grpc.StatusCode.ALREADY_EXISTS
+    code = _CODES.get(HTTPStatus(error.status))
+    if code is not None:
+        return code
+    return grpc.StatusCode.INVALID_ARGUMENT if 400 <= error.status < 500 else grpc.StatusCode.INTERNAL
+
+
+async def abort(context: grpc.aio.ServicerContext, error: ApplianceError) -> None:
+    """End the call with the error's status and message (raises, as ``context.abort`` does)."""
+    if isinstance(error, Unavailable) and error.retry_after is not None:
+        context.set_trailing_metadata((("retry-after", str(max(1, math.ceil(error.retry_after)))),))
+    await context.abort(status_code(error), error.message)
+
+
+async def abort_unexpected(context: grpc.aio.ServicerContext, method: str, error: Exception) -> None:
+    log.error("unhandled error serving gRPC %s", method, exc_info=error)
+    await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(error).__name__}: {error}")

@@ -1,0 +1,90 @@
+"""ModelStreamInfer for models that answer each request once: every request read from the stream runs
+at once (so a stream's requests batch with each other and with everyone else's), each answer is written
+as it is ready, and an error ends only its own request, in the stream, as Triton does.
+
+When the server stops, the stream reads no further: the requests already read are answered, then the
+stream ends UNAVAILABLE so the client knows that what it sent after that was not served.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import grpc
+from tritonclient.grpc import service_pb2 as pb
+
+from appliance.errors import ApplianceError, Unavailable
+from appliance.grpc.access import Access, Gate
+from appliance.grpc.errors import abort
+
+__all__ = ["serve_stream"]
+
+log = logging.getLogger(__name__)
+
+Infer = Callable[[pb.ModelInferRequest], Awaitable[pb.ModelInferResponse]]
+
+
+def _error(request: pb.ModelInferRequest, message: str) -> pb.ModelStreamInferResponse:
+    # The request's id and model come back with the error, so the client can tell which one failed.
+    return pb.ModelStreamInferResponse(
+        error_message=message,
+        infer_response=pb.ModelInferResponse(model_name=request.model_name, model_version=request.model_version,
+                                             id=request.id),
+    )
+
+
+async def _answer(request: pb.ModelInferRequest, infer: Infer, gate: Gate) -> pb.ModelStreamInferResponse:
+    try:
+        with gate.admit(Access.INFERENCE):
+            return pb.ModelStreamInferResponse(infer_response=await infer(request))
+    except ApplianceError as exc:
+        return _error(request, exc.message)
+    except Exception as exc:  # noqa: BLE001 - a bug: this request fails, the stream goes on
+        log.error("unhandled error serving a ModelStreamInfer request", exc_info=exc)
+        return _error(request, f"internal error: {type(exc).__name__}: {exc}")
+
+
+async def serve_stream(requests: AsyncIterator[pb.ModelInferRequest], context: grpc.aio.ServicerContext,
+                       infer: Infer, gate: Gate) -> None:
+    writing = asyncio.Lock()  # one write at a time on the stream
+    pending: set[asyncio.Task] = set()
+
+    async def respond(request: pb.ModelInferRequest) -> None:
+        message = await _answer(request, infer, gate)
+        async with writing:
+            await context.write(message)
+
+    stopping = asyncio.ensure_future(gate.wait_stopping())
+    reader = aiter(requests)
+    read: asyncio.Future | None = None
+    interrupted = False
+    try:
+        while True:
+            read = asyncio.ensure_future(anext(reader))
+            await asyncio.wait((read, stopping), return_when=asyncio.FIRST_COMPLETED)
+            if not read.done():
+                interrupted = True
+                break
+            try:
+                request = read.result()
+            except StopAsyncIteration:
+                break
+            task = asyncio.create_task(respond(request))
+            pending.add(task)
+            task.add_done_callback(pending.discard)
+        if pending:
+            await asyncio.gather(*pending)
+    finally:
+        stopping.cancel()
+        if read is not None and not read.done():
+            read.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await read
+        for task in pending:  # the client went away: its requests are dropped from the queues
+            task.cancel()
+    if interrupted:
+        await abort(context, Unavailable("the server is stopping: requests sent on this stream after the "
+                                         "ones answered were not served; retry them on another box", retry_after=1))

@@ -1,0 +1,111 @@
+"""The stop over gRPC: calls in progress finish (or are cut at the deadline), new calls get UNAVAILABLE,
+an open stream answers what it read and then ends UNAVAILABLE."""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as triton
+from tritonclient.utils import InferenceServerException
+
+from tests.appliance.test_daemon_e2e import SLEEPY, _children
+
+
+@pytest.fixture
+def sleepy_repository(tmp_path) -> Path:
+    model = tmp_path / "repo" / "sleepy"
+    (model / "1").mkdir(parents=True)
+    (model / "1" / "model.py").write_text(SLEEPY)
+    (model / "config.pbtxt").write_text(
+        'backend: "python"\n'
+        'input [ { name: "x" data_type: TYPE_FP32 dims: [ 2 ] } ]\n'
+        'output [ { name: "y" data_type: TYPE_FP32 dims: [ 2 ] } ]\n'
+    )
+    return tmp_path / "repo"
+
+SHUTDOWN_TIMEOUT = 3.0
+
+
+def _sleep(seconds: float) -> list[triton.InferInput]:
+    tensor = triton.InferInput("x", [2], "FP32")
+    tensor.set_data_from_numpy(np.array([seconds, 0.0], np.float32))
+    return [tensor]
+
+
+def test_calls_in_progress_finish_and_new_calls_are_turned_away(start_daemon, sleepy_repository):
+    daemon = start_daemon(sleepy_repository, env={"APPLIANCE_SHUTDOWN_TIMEOUT": str(SHUTDOWN_TIMEOUT)})
+    outcome: dict[str, object] = {}
+    with triton.InferenceServerClient(daemon.grpc_url) as client, \
+            triton.InferenceServerClient(daemon.grpc_url) as streaming, \
+            triton.InferenceServerClient(daemon.grpc_url) as late:
+        assert late.is_server_live()  # connected before the stop
+        answers: queue.Queue = queue.Queue()
+        streaming.start_stream(callback=lambda result, error: answers.put((result, error)))
+        streaming.async_stream_infer("sleepy", _sleep(1.0), request_id="in-stream")
+
+        def in_flight() -> None:
+            try:
+                outcome["unary"] = client.infer("sleepy", _sleep(1.5)).as_numpy("y").tolist()
+            except InferenceServerException as exc:
+                outcome["unary"] = exc
+
+        thread = threading.Thread(target=in_flight)
+        thread.start()
+        time.sleep(0.4)  # both requests are running in the model
+        started = time.monotonic()
+        daemon.process.send_signal(signal.SIGTERM)
+        time.sleep(0.2)
+        try:
+            late.is_server_ready()
+            outcome["late"] = "answered"
+        except InferenceServerException as exc:
+            outcome["late"] = exc.status()
+        thread.join(20)
+        first = answers.get(timeout=20)
+        ending = answers.get(timeout=20)
+        streaming.stop_stream()
+        assert daemon.process.wait(20) == 0
+    took = time.monotonic() - started
+    assert outcome["unary"] == [1.5, 0.0]  # finished after the stop began
+    assert outcome["late"] == "StatusCode.UNAVAILABLE"
+    assert first[1] is None and first[0].get_response().id == "in-stream"
+    assert ending[0] is None and "UNAVAILABLE" in str(ending[1].status())  # then the stream is closed
+    assert took < SHUTDOWN_TIMEOUT  # nothing waited for the deadline
+
+
+def test_a_call_still_running_at_the_deadline_is_cut(start_daemon, sleepy_repository):
+    daemon = start_daemon(sleepy_repository, env={"APPLIANCE_SHUTDOWN_TIMEOUT": str(SHUTDOWN_TIMEOUT)})
+    children = _children(daemon.process.pid)
+    outcome: list[object] = []
+    with triton.InferenceServerClient(daemon.grpc_url) as client:
+        def stuck() -> None:
+            try:
+                outcome.append(client.infer("sleepy", _sleep(30.0), client_timeout=40))
+            except InferenceServerException as exc:
+                outcome.append(exc.status())
+
+        thread = threading.Thread(target=stuck)
+        thread.start()
+        try:
+            time.sleep(0.5)
+            started = time.monotonic()
+            daemon.process.send_signal(signal.SIGTERM)
+            assert daemon.process.wait(SHUTDOWN_TIMEOUT + 15) == 0
+            took = time.monotonic() - started
+            thread.join(10)
+        finally:
+            for pid in children:  # the model's process, still sleeping: ours to end
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+    assert SHUTDOWN_TIMEOUT - 0.2 <= took <= SHUTDOWN_TIMEOUT + 3.0, took
+    assert outcome and outcome[0] in ("StatusCode.CANCELLED", "StatusCode.UNAVAILABLE"), outcome
+    assert "1 gRPC request(s) still running at the shutdown deadline: cancelled" in daemon.log(), daemon.log()[-3000:]
