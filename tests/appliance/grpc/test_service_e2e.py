@@ -83,7 +83,7 @@ def _code(excinfo) -> str:
 def test_health_and_server_metadata(client):
     assert client.is_server_live() and client.is_server_ready()
     metadata = client.get_server_metadata()
-    assert metadata.name == "appliance" and metadata.version
+    assert metadata.name == "triton" and metadata.version  # what Triton's clients check
     assert {"binary_tensor_data", "model_configuration", "statistics"} <= set(metadata.extensions)
 
 
