@@ -96,7 +96,7 @@ class LogSettings:
     def get(self) -> dict[str, bool | int | str]:
         return {"log_file": self._log_file, **dataclasses.asdict(self.values)}
 
-    def update(self, changes: Mapping[str, bool | int | str]) -> dict[str, bool | int | str]:
+    def update(self, changes: Mapping[str, object]) -> dict[str, bool | int | str]:
         """Check every change, then apply them all to logging at once; returns the settings now."""
         fields: dict[str, bool | int | str] = {}
         for key, value in changes.items():

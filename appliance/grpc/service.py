@@ -20,7 +20,7 @@ from appliance.core.log_settings import LogSettings as LogControl
 from appliance.core.shared_memory import SharedMemoryRegistry
 from appliance.core.tensor_checks import DecodeLimits
 from appliance.core.trace_settings import TraceSettings
-from appliance.errors import ApplianceError, InvalidInput, ModelNotFound, NotSupported
+from appliance.errors import ApplianceError, ModelNotFound, NotSupported
 from appliance.grpc.access import Access, Gate, is_local_peer
 from appliance.grpc.codec import decode_infer_request, encode_infer_response, from_parameters
 from appliance.grpc.errors import abort, abort_unexpected
@@ -250,12 +250,10 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @_rpc(_changes_settings)
     async def LogSettings(self, request: pb.LogSettingsRequest, context: Any) -> pb.LogSettingsResponse:
-        changes: dict[str, bool | int | str] = {}
+        changes: dict[str, object] = {}
         for key, setting in request.settings.items():
             choice = setting.WhichOneof("parameter_choice")
-            if choice is None:
-                raise InvalidInput(f"log setting '{key}' has no value")
-            changes[key] = getattr(setting, choice)
+            changes[key] = getattr(setting, choice) if choice is not None else None  # refused by update
         values = self._logs.update(changes) if changes else self._logs.get()
         response = pb.LogSettingsResponse()
         for key, value in values.items():
