@@ -24,6 +24,7 @@ SERVER_NAME = "triton"
 EXTENSIONS = [
     "binary_tensor_data",
     "classification",
+    "logging",
     "model_configuration",
     "model_repository",
     "model_repository(unload_dependents)",

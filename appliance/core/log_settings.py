@@ -19,6 +19,8 @@ from appliance.errors import InvalidInput, NotSupported
 
 __all__ = ["FORMATS", "LogSettings", "LogValues"]
 
+log = logging.getLogger(__name__)
+
 _LINE = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
@@ -121,6 +123,7 @@ class LogSettings:
             format_changed = "log_format" in fields and fields["log_format"] != self.values.log_format
             self.values = dataclasses.replace(self.values, **fields)  # type: ignore[arg-type]
             self._apply(format_changed)
+        log.info("log settings changed: %s", ", ".join(f"{k}={v}" for k, v in sorted(fields.items())))
         return self.get()
 
     def _apply(self, format_changed: bool) -> None:

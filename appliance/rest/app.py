@@ -15,7 +15,7 @@ from appliance.rest.browser import host_policy
 from appliance.rest.codec import DecodeLimits
 from appliance.rest.errors import error_middleware
 from appliance.rest.handlers import CONTROL_HANDLERS, OPEN_HANDLERS, ROUTES, UNLIMITED_HANDLERS
-from appliance.rest.keys import BODY_LIMITS, BUDGET, DATAPLANE, LIMITS, METRICS, SETTINGS, STATE
+from appliance.rest.keys import BODY_LIMITS, BUDGET, DATAPLANE, LIMITS, LOGS, METRICS, SETTINGS, STATE
 from appliance.server import Appliance
 from appliance.settings import Settings
 
@@ -40,6 +40,7 @@ def build_app(appliance: Appliance) -> web.Application:
     app = web.Application(client_max_size=settings.max_request_bytes, middlewares=[error_middleware])
     app[SETTINGS] = settings
     app[STATE] = appliance.state
+    app[LOGS] = appliance.logs
     app[DATAPLANE] = appliance.dataplane
     if appliance.metrics is not None:
         app[METRICS] = appliance.metrics

@@ -30,7 +30,7 @@ from appliance.rest.codec import (
 from appliance.rest.errors import error_response
 from appliance.rest.jsonio import json_response as _json
 from appliance.rest.jsonio import optional_json as _optional_json
-from appliance.rest.keys import BODY_LIMITS, BUDGET, DATAPLANE, LIMITS, METRICS, SETTINGS, STATE
+from appliance.rest.keys import BODY_LIMITS, BUDGET, DATAPLANE, LIMITS, LOGS, METRICS, SETTINGS, STATE
 from appliance.rest.openapi import openapi_document
 
 __all__ = ["CONTROL_HANDLERS", "OPEN_HANDLERS", "ROUTES", "UNLIMITED_HANDLERS"]
@@ -236,6 +236,17 @@ async def repository_index(request: web.Request) -> web.Response:
 _MODEL = "/v2/models/{model}"
 _VERSION = "/v2/models/{model}/versions/{version}"
 
+async def log_settings(request: web.Request) -> web.Response:
+    """Triton's logging extension: the daemon's log settings."""
+    return _json(request.app[LOGS].get())
+
+
+async def update_log_settings(request: web.Request) -> web.Response:
+    """Change the daemon's log settings at once (a control endpoint); answers the settings now."""
+    changes = await _optional_json(request, 'a JSON object such as {"log_verbose_level": 1}')
+    return _json(request.app[LOGS].update(changes))
+
+
 ROUTES = [
     web.get("/", dashboard),
     web.static("/dashboard/static", STATIC_DIR),
@@ -244,6 +255,8 @@ ROUTES = [
     web.get("/v2/probe", hardware),
     web.get("/v2/openapi.json", openapi),
     web.get("/v2/health", server_health),
+    web.get("/v2/logging", log_settings),
+    web.post("/v2/logging", update_log_settings),
     web.get("/v2/health/live", server_live),
     web.get("/v2/health/ready", server_ready),
     web.get("/v2", server_metadata),
@@ -268,6 +281,6 @@ ROUTES = [
 
 # Access levels, by handler (see rest/security.py): control needs the token from a non-exempt address
 # and passes the browser checks; open needs nothing even when inference is protected.
-CONTROL_HANDLERS = frozenset({load_model, unload_model, *shared_memory.CONTROL_HANDLERS})
+CONTROL_HANDLERS = frozenset({load_model, unload_model, update_log_settings, *shared_memory.CONTROL_HANDLERS})
 OPEN_HANDLERS = frozenset({server_live, server_ready, server_health})
 UNLIMITED_HANDLERS = frozenset({server_live, server_ready, server_health, prometheus_metrics})

@@ -147,6 +147,16 @@ def openapi_document() -> dict[str, Any]:
             "/v2/health/live": {"get": _operation("Liveness", _EMPTY, errors=(503,))},
             "/v2/health/ready": {"get": _operation("Readiness", _EMPTY, errors=(503,))},
             "/v2/openapi.json": {"get": _operation("This description", _JSON, errors=())},
+            "/v2/logging": {
+                "get": _operation("The daemon's log settings (Triton's logging extension)", _JSON, errors=()),
+                "post": _operation(
+                    "Change the log settings at once; answers the settings now", _JSON,
+                    body={"type": "object", "properties": {
+                        "log_info": {"type": "boolean"}, "log_warning": {"type": "boolean"},
+                        "log_error": {"type": "boolean"}, "log_verbose_level": {"type": "integer"},
+                        "log_format": {"type": "string", "enum": ["default", "ISO8601"]}}},
+                    errors=(400, 401, 403, 415, 501)),
+            },
             "/v2/probe": {"get": _operation("Hardware probe report", _JSON, errors=(503,))},
             "/v2/history": {"get": _operation("Metrics history as time series", _JSON, parameters=history,
                                               errors=(400,))},
