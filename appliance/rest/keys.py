@@ -6,13 +6,14 @@ from aiohttp import web
 
 from appliance.budget import MemoryBudget
 from appliance.core.dataplane import DataPlane
+from appliance.core.trace_settings import TraceSettings
 from appliance.metrics.service import MetricsService
 from appliance.rest.body import BodyLimits
 from appliance.rest.codec import DecodeLimits
 from appliance.settings import Settings
 from appliance.state import StateDir
 
-__all__ = ["BODY_LIMITS", "BUDGET", "DATAPLANE", "LIMITS", "METRICS", "SETTINGS", "STATE"]
+__all__ = ["BODY_LIMITS", "BUDGET", "DATAPLANE", "LIMITS", "METRICS", "SETTINGS", "STATE", "TRACES"]
 
 SETTINGS = web.AppKey("settings", Settings)
 DATAPLANE = web.AppKey("dataplane", DataPlane)
@@ -21,3 +22,4 @@ LIMITS = web.AppKey("limits", DecodeLimits)
 BODY_LIMITS = web.AppKey("body_limits", BodyLimits)
 BUDGET = web.AppKey("budget", MemoryBudget)
 STATE = web.AppKey("state", StateDir)
+TRACES = web.AppKey("traces", TraceSettings)
