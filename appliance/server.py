@@ -26,6 +26,8 @@ from appliance.core.registry import ModelRegistry
 from appliance.core.retune import RetunePolicy, Retuner
 from appliance.core.shared_memory import LocalPeers, SharedMemoryLimits, SharedMemoryRegistry
 from appliance.core.trace_settings import TraceSettings
+from appliance.core.trace_writer import TraceWriter
+from appliance.core.tracing import Tracer
 from appliance.errors import ConfigError
 from appliance.examples import ensure_example_repository, example_repository
 from appliance.lifecycle import Lifecycle
@@ -102,7 +104,7 @@ class Appliance:
     registry: ModelRegistry
     dataplane: DataPlane
     traces: TraceSettings
-    """Triton's trace settings, global and per model (no trace is written yet)."""
+    """Triton's trace settings, global and per model; traces go to <state_dir>/traces/."""
     logs: LogSettings
     """Triton's log settings, applied to this process's logging when changed."""
     _lifecycle: Lifecycle
@@ -155,8 +157,9 @@ class Appliance:
             raise ConfigError(str(exc)) from exc
         registries.append(registry)
         lifecycle.on_close("the models", lambda: cls._close_models(registry))
+        traces, tracer = cls._start_tracing(settings, state, lifecycle)
         dataplane = DataPlane(registry, shared_memory=shared_memory, strict_readiness=settings.strict_readiness,
-                              control_mode=settings.model_control_mode)
+                              control_mode=settings.model_control_mode, tracer=tracer)
         logs = LogSettings(logging.getLogger(), LogValues.from_level(settings.log_level))
 
         async def restore_logging() -> None:
@@ -164,7 +167,7 @@ class Appliance:
 
         lifecycle.on_close("the log settings", restore_logging)
         appliance = cls(settings, state, token, MemoryBudget(settings.max_request_memory_bytes), metrics,
-                        shared_memory, registry, dataplane, TraceSettings(), logs, lifecycle)
+                        shared_memory, registry, dataplane, traces, logs, lifecycle)
         log.info("loading model repository %s", repository)
         task = asyncio.create_task(appliance._load_repository(), name="load-repository")
         task.add_done_callback(appliance._loading_ended)
@@ -193,6 +196,22 @@ class Appliance:
 
         lifecycle.on_close("the metrics history", stop)
         return service
+
+    @staticmethod
+    def _start_tracing(settings: Settings, state: StateDir, lifecycle: Lifecycle) -> tuple[TraceSettings, Tracer]:
+        """Traces go to files under the state dir only; a read-only one keeps them in memory (bounded)."""
+        fix = f"make {settings.state_dir} writable, then restart the daemon"
+        if not state.writable:
+            state.note("traces", "the state dir is read-only: traces are kept in memory only, not written", fix)
+
+        def failed(reason: str) -> None:
+            state.note("traces", f"{reason}: traces are kept in memory only", fix)
+
+        writer = TraceWriter(settings.trace_dir if state.writable else None, settings.trace_file,
+                             settings.trace_max_bytes, on_error=failed)
+        lifecycle.on_close("the trace writer", lambda: asyncio.to_thread(writer.close))
+        traces = TraceSettings(trace_file=str(settings.trace_dir / settings.trace_file))
+        return traces, Tracer(traces, writer)
 
     @staticmethod
     def _repository(settings: Settings, state: StateDir) -> tuple[Path, Path | None]:

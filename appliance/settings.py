@@ -132,6 +132,11 @@ class Settings:
     """Requests handled at once; beyond it 503 with Retry-After."""
     max_tensor_elements: int = 1 << 30
     max_inputs: int = 256
+    trace_file: str = "trace.json"
+    """File name of Triton's trace file, in <state_dir>/traces/ (numbered trace.json.0, .1... with
+    log_frequency); the directory is fixed and clients cannot change it."""
+    trace_max_bytes: int = 64 * 1024**2
+    """Bytes of trace files kept: the oldest numbered files are removed, a single file stops growing."""
     """Input tensors in one request."""
     notify_socket: str | None = None
     """systemd's NOTIFY_SOCKET (taken from the environment systemd sets)."""
@@ -184,6 +189,11 @@ class Settings:
         if self.retune_interval <= 0 or self.retune_min_requests < 1:
             raise ConfigError(f"retune_interval must be > 0 and retune_min_requests >= 1, got "
                               f"{self.retune_interval} and {self.retune_min_requests}")
+        if not self.trace_file or self.trace_file in (".", "..") or "/" in self.trace_file or "\\" in self.trace_file:
+            raise ConfigError(f"trace_file must be a plain file name (it goes in <state_dir>/traces/), got "
+                              f"{self.trace_file!r}")
+        if self.trace_max_bytes < 4096:
+            raise ConfigError(f"trace_max_bytes must be at least 4096, got {self.trace_max_bytes}")
         if self.intra_op_threads < 0:
             raise ConfigError(f"intra_op_threads must be >= 0, got {self.intra_op_threads}")
 
@@ -194,6 +204,10 @@ class Settings:
     @property
     def cache_dir(self) -> Path:
         return self.state_dir / "cache"
+
+    @property
+    def trace_dir(self) -> Path:
+        return self.state_dir / "traces"
 
     @property
     def metrics_db(self) -> Path:

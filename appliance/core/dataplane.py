@@ -11,6 +11,7 @@ from appliance.core.config import config_from_json, config_to_json
 from appliance.core.model import ModelVersion
 from appliance.core.registry import ModelRegistry, ModelState
 from appliance.core.shared_memory import SharedMemoryRegistry
+from appliance.core.tracing import Tracer
 from appliance.core.types import InferRequest, InferResponse
 from appliance.errors import ConfigError, InvalidInput, ModelNotReady, NotSupported
 
@@ -31,6 +32,7 @@ EXTENSIONS = [
     "parameters",
     "schedule_policy",
     "statistics",
+    "trace",
 ]
 
 
@@ -40,9 +42,11 @@ def _ignore(size: int) -> None:
 
 class DataPlane:
     def __init__(self, registry: ModelRegistry, *, shared_memory: SharedMemoryRegistry | None = None,
-                 strict_readiness: bool = True, control_mode: str = "none") -> None:
-        """``shared_memory``: the registered regions; None serves no shared memory at all."""
+                 strict_readiness: bool = True, control_mode: str = "none", tracer: Tracer | None = None) -> None:
+        """``shared_memory``: the registered regions; None serves no shared memory at all. ``tracer``:
+        samples requests for Triton's trace extension; None traces nothing."""
         self.registry = registry
+        self.tracer = tracer
         self.shared_memory = shared_memory
         self.control_mode = control_mode
         self._strict = strict_readiness
@@ -91,12 +95,25 @@ class DataPlane:
         return self.registry.get(name, version)
 
     async def infer(self, model: ModelVersion, request: InferRequest, *, local: bool,
-                    reserve: Callable[[int], None] = _ignore) -> InferResponse:
+                    reserve: Callable[[int], None] = _ignore, received_ns: int | None = None) -> InferResponse:
         """Run ``request`` on ``model`` (held by the caller with ``in_use``), moving tensors in and out of
-        shared-memory regions where the request names them.
+        shared-memory regions where the request names them, and tracing it when it is sampled.
 
         ``local``: whether the client is on this host (see ``SharedMemoryRegistry.local_peers``);
-        ``reserve(size)``: the request's memory account, for inputs read from shared memory."""
+        ``reserve(size)``: the request's memory account, for inputs read from shared memory;
+        ``received_ns``: when the front end got the request (``time.monotonic_ns()``), its REQUEST_START."""
+        tracer = self.tracer
+        request.trace = tracer.start(model.name, model.version, received_ns) if tracer is not None else None
+        if request.trace is None:
+            return await self._infer(model, request, local, reserve)
+        try:
+            return await self._infer(model, request, local, reserve)
+        finally:
+            assert tracer is not None
+            tracer.finish(request.trace)
+
+    async def _infer(self, model: ModelVersion, request: InferRequest, local: bool,
+                     reserve: Callable[[int], None]) -> InferResponse:
         if not request.uses_shared_memory:
             return await model.infer(request)
         if self.shared_memory is None:

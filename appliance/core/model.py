@@ -91,7 +91,8 @@ class ModelVersion:
                 inputs[name] = inputs[name].reshape(shape)
         # No outputs named: every output the model has, none classified.
         wanted = request.outputs or [RequestedOutput(name) for name in self.signature.outputs]
-        results = await self.scheduler.submit(inputs, [o.name for o in wanted], batch_size, request.parameters)
+        results = await self.scheduler.submit(inputs, [o.name for o in wanted], batch_size, request.parameters,
+                                              request.trace)
         outputs = []
         for requested in wanted:
             name = requested.name

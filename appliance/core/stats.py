@@ -47,6 +47,9 @@ class BatchTiming:
     input_ns: int = 0
     infer_ns: int = 0
     output_ns: int = 0
+    start_ns: int = 0
+    """When the batch started and ended (``time.monotonic_ns()``), for traces."""
+    end_ns: int = 0
 
 
 @dataclasses.dataclass(slots=True)

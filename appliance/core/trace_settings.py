@@ -1,9 +1,9 @@
 """Triton's trace settings (the trace extension's settings, global and per model), free of any transport.
 
-Only the settings live here: they are validated, stored and answered exactly as Triton does, so the
-gRPC ``TraceSetting`` RPC and a later REST ``/v2/trace/setting`` share one store. No trace is written
-yet: ``trace_file`` reports where traces would go, and changing it over the network is refused as
-Triton refuses it.
+The settings live here: they are validated, stored and answered exactly as Triton does, so the gRPC
+``TraceSetting`` RPC and REST ``/v2/trace/setting`` share one store, and ``appliance.core.tracing``
+samples requests by them. ``trace_file`` reports where traces go (under the state dir); changing it
+over the network is refused as Triton refuses it.
 
 Values travel as lists of strings (the protocol's ``SettingValue``); an empty list clears a setting: a
 model's then follows the global one again, a global one returns to its default.
@@ -32,7 +32,7 @@ class TraceValues:
     count: int = -1
     """Requests still to trace; -1: no limit."""
     log_frequency: int = 0
-    """Write the collected traces every this many traces; 0: at the end."""
+    """Start a new trace file every this many traces; 0: one file."""
 
 
 _FIELDS = {"trace_level": "level", "trace_rate": "rate", "trace_count": "count", "log_frequency": "log_frequency"}
@@ -50,9 +50,7 @@ class TraceSettings:
 
     def get(self, model: str | None = None) -> dict[str, list[str]]:
         """The settings in force for ``model`` (or the global ones), as the protocol answers them."""
-        values = self._global
-        if model:
-            values = dataclasses.replace(values, **self._models.get(model, {}))  # type: ignore[arg-type]
+        values = self.values(model)
         return {
             "trace_level": list(values.level) or ["OFF"],
             "trace_rate": [str(values.rate)],
@@ -61,6 +59,25 @@ class TraceSettings:
             "trace_file": [self._file],
             "trace_mode": [self._mode],
         }
+
+    def values(self, model: str | None = None) -> TraceValues:
+        """The values in force for ``model`` (its own settings over the global ones)."""
+        if model and model in self._models:
+            return dataclasses.replace(self._global, **self._models[model])  # type: ignore[arg-type]
+        return self._global
+
+    def consume(self, model: str | None = None) -> None:
+        """One request was traced: count it off ``trace_count`` where that count is set (the model's own,
+        else the global one); -1 (no limit) stays."""
+        own = self._models.get(model, {}) if model else {}
+        count = own.get("count", self._global.count)
+        assert isinstance(count, int)
+        if count <= 0:
+            return
+        if "count" in own:
+            own["count"] = count - 1
+        else:
+            self._global = dataclasses.replace(self._global, count=count - 1)
 
     def update(self, changes: Mapping[str, Sequence[str]], model: str | None = None) -> dict[str, list[str]]:
         """Apply ``changes`` (all or none of them) to the global settings or to ``model``'s; the model's

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from appliance.core.tracing import Trace
 
 __all__ = [
     "InferInput",
@@ -75,6 +78,8 @@ class InferRequest:
     parameters: dict[str, Any] = dataclasses.field(default_factory=dict)
     shared_inputs: list[SharedMemoryInput] = dataclasses.field(default_factory=list)
     """Inputs still in shared memory; the data plane moves each into ``inputs`` before scheduling."""
+    trace: Trace | None = None
+    """Set by the data plane when this request is traced (see appliance.core.tracing)."""
 
     @property
     def uses_shared_memory(self) -> bool:

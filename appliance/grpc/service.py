@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -126,6 +127,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def infer(self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext) -> pb.ModelInferResponse:
         """One inference: the model version is held from lookup to response, and the message's bytes and
         what decoding allocates (or reads from shared memory) count against the memory budget until then."""
+        received_ns = time.monotonic_ns()  # the trace's REQUEST_START
         version = request.model_version or None
         with self._dataplane.model(request.model_name, version).in_use() as model, self._budget.account() as account:
             size = request.ByteSize()
@@ -135,7 +137,8 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             else:
                 decoded = decode_infer_request(request, self._limits, account.reserve)
             local = self._local(context) if decoded.uses_shared_memory else False
-            response = await self._dataplane.infer(model, decoded, local=local, reserve=account.reserve)
+            response = await self._dataplane.infer(model, decoded, local=local, reserve=account.reserve,
+                                                   received_ns=received_ns)
             return encode_infer_response(response)
 
     def _local(self, context: grpc.aio.ServicerContext) -> bool:

@@ -15,7 +15,7 @@ from appliance.rest.browser import host_policy
 from appliance.rest.codec import DecodeLimits
 from appliance.rest.errors import error_middleware
 from appliance.rest.handlers import CONTROL_HANDLERS, OPEN_HANDLERS, ROUTES, UNLIMITED_HANDLERS
-from appliance.rest.keys import BODY_LIMITS, BUDGET, DATAPLANE, LIMITS, LOGS, METRICS, SETTINGS, STATE
+from appliance.rest.keys import BODY_LIMITS, BUDGET, DATAPLANE, LIMITS, LOGS, METRICS, SETTINGS, STATE, TRACES
 from appliance.server import Appliance
 from appliance.settings import Settings
 
@@ -47,6 +47,7 @@ def build_app(appliance: Appliance) -> web.Application:
     app[LIMITS] = DecodeLimits(settings.max_tensor_elements, settings.max_inputs)
     app[BODY_LIMITS] = BodyLimits(settings.max_request_bytes, settings.body_timeout)
     app[BUDGET] = appliance.budget
+    app[TRACES] = appliance.traces
     security.install(app, access_rules(settings, appliance.token))
     app.add_routes(ROUTES)
     return app

@@ -30,7 +30,7 @@ from appliance.rest.codec import (
 from appliance.rest.errors import error_response
 from appliance.rest.jsonio import json_response as _json
 from appliance.rest.jsonio import optional_json as _optional_json
-from appliance.rest.keys import BODY_LIMITS, BUDGET, DATAPLANE, LIMITS, LOGS, METRICS, SETTINGS, STATE
+from appliance.rest.keys import BODY_LIMITS, BUDGET, DATAPLANE, LIMITS, LOGS, METRICS, SETTINGS, STATE, TRACES
 from appliance.rest.openapi import openapi_document
 
 __all__ = ["CONTROL_HANDLERS", "OPEN_HANDLERS", "ROUTES", "UNLIMITED_HANDLERS"]
@@ -97,12 +97,13 @@ async def _read_body(request: web.Request, account: Account) -> bytes:
 
 
 async def infer(request: web.Request) -> web.Response:
+    received_ns = time.monotonic_ns()  # the trace's REQUEST_START
     dataplane = request.app[DATAPLANE]
     # Looked up (404/503) before the body is read, and held until the response: a reload or unload
     # lets this request finish on the version it started with.
     # The request's bytes in memory (body, decoded tensors) count against the budget until it answers.
     with dataplane.model(*_model_args(request)).in_use() as model, request.app[BUDGET].account() as account:
-        return await _infer(request, model, account)
+        return await _infer(request, model, account, received_ns)
 
 
 def _decode_raw(body: bytes, model: ModelVersion, limits: DecodeLimits,
@@ -119,7 +120,7 @@ def _decode_raw(body: bytes, model: ModelVersion, limits: DecodeLimits,
     return decode_raw_request(body, spec.name, spec.datatype, shape, limits, reserve)
 
 
-async def _infer(request: web.Request, model: ModelVersion, account: Account) -> web.Response:
+async def _infer(request: web.Request, model: ModelVersion, account: Account, received_ns: int) -> web.Response:
     header_length = _header_length(request)
     body = await _read_body(request, account)
     limits = request.app[LIMITS]
@@ -132,7 +133,8 @@ async def _infer(request: web.Request, model: ModelVersion, account: Account) ->
     else:
         decoded = decode(body, limits=limits, reserve=account.reserve)
     local = shared_memory.is_local_client(request) if decoded.uses_shared_memory else False
-    response = await request.app[DATAPLANE].infer(model, decoded, local=local, reserve=account.reserve)
+    response = await request.app[DATAPLANE].infer(model, decoded, local=local, reserve=account.reserve,
+                                                  received_ns=received_ns)
     payload, json_length = encode_infer_response(response, decoded)
     if json_length is None:
         result = web.Response(body=payload, content_type="application/json")
@@ -233,6 +235,36 @@ async def repository_index(request: web.Request) -> web.Response:
     return _json(request.app[DATAPLANE].repository_index(bool(body.get("ready", False))))
 
 
+async def trace_setting(request: web.Request) -> web.Response:
+    """Triton's trace extension: GET answers the settings in force (global, or the model's); POST changes
+    them ({"trace_level": ["TIMESTAMPS"], "trace_rate": "1"}; null clears one) and answers the result."""
+    model = request.match_info.get("model")
+    if model is not None:
+        request.app[DATAPLANE].registry.entry(model)  # 404 for a model the repository does not have
+    traces = request.app[TRACES]
+    if request.method == "POST":
+        body = await _optional_json(request, 'a JSON object such as {"trace_level": ["TIMESTAMPS"], "trace_rate": "1"}')
+        values = traces.update({key: _setting_values(key, value) for key, value in body.items()}, model)
+    else:
+        values = traces.get(model)
+    # As Triton answers over HTTP: the level as a list, every other setting as one string.
+    return _json({key: value if key == "trace_level" else (value[0] if value else "") for key, value in values.items()})
+
+
+async def change_trace_setting(request: web.Request) -> web.Response:
+    """The POST of trace_setting, its own handler so that changing settings is a control action."""
+    return await trace_setting(request)
+
+
+def _setting_values(key: str, value: object) -> list[str]:
+    if value is None:
+        return []
+    items = value if isinstance(value, list) else [value]
+    if not all(isinstance(item, (str, int)) and not isinstance(item, bool) for item in items):
+        raise InvalidInput(f"trace setting {key[:80]!r} must be a string, a list of strings or null")
+    return [str(item) for item in items]
+
+
 _MODEL = "/v2/models/{model}"
 _VERSION = "/v2/models/{model}/versions/{version}"
 
@@ -264,6 +296,10 @@ ROUTES = [
     web.post("/v2/repository/models/{model}/load", load_model),
     web.post("/v2/repository/models/{model}/unload", unload_model),
     web.get("/v2/models/stats", model_statistics),
+    web.get("/v2/trace/setting", trace_setting),
+    web.get(_MODEL + "/trace/setting", trace_setting),
+    web.post("/v2/trace/setting", change_trace_setting),
+    web.post(_MODEL + "/trace/setting", change_trace_setting),
     *(
         route
         for prefix in (_MODEL, _VERSION)
@@ -281,6 +317,8 @@ ROUTES = [
 
 # Access levels, by handler (see rest/security.py): control needs the token from a non-exempt address
 # and passes the browser checks; open needs nothing even when inference is protected.
-CONTROL_HANDLERS = frozenset({load_model, unload_model, update_log_settings, *shared_memory.CONTROL_HANDLERS})
+CONTROL_HANDLERS = frozenset({
+    load_model, unload_model, update_log_settings, change_trace_setting, *shared_memory.CONTROL_HANDLERS,
+})
 OPEN_HANDLERS = frozenset({server_live, server_ready, server_health})
 UNLIMITED_HANDLERS = frozenset({server_live, server_ready, server_health, prometheus_metrics})

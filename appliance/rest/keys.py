@@ -7,13 +7,14 @@ from aiohttp import web
 from appliance.budget import MemoryBudget
 from appliance.core.dataplane import DataPlane
 from appliance.core.log_settings import LogSettings
+from appliance.core.trace_settings import TraceSettings
 from appliance.metrics.service import MetricsService
 from appliance.rest.body import BodyLimits
 from appliance.rest.codec import DecodeLimits
 from appliance.settings import Settings
 from appliance.state import StateDir
 
-__all__ = ["BODY_LIMITS", "BUDGET", "DATAPLANE", "LIMITS", "LOGS", "METRICS", "SETTINGS", "STATE"]
+__all__ = ["BODY_LIMITS", "BUDGET", "DATAPLANE", "LIMITS", "LOGS", "METRICS", "SETTINGS", "STATE", "TRACES"]
 
 SETTINGS = web.AppKey("settings", Settings)
 DATAPLANE = web.AppKey("dataplane", DataPlane)
@@ -23,3 +24,4 @@ BODY_LIMITS = web.AppKey("body_limits", BodyLimits)
 BUDGET = web.AppKey("budget", MemoryBudget)
 STATE = web.AppKey("state", StateDir)
 LOGS = web.AppKey("logs", LogSettings)
+TRACES = web.AppKey("traces", TraceSettings)

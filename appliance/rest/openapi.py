@@ -122,6 +122,24 @@ def _shared_memory_paths() -> dict[str, Any]:
     return paths
 
 
+_TRACE_VALUE = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}], "nullable": True}
+_TRACE_BODY = {"type": "object", "properties": {
+    key: _TRACE_VALUE for key in ("trace_level", "trace_rate", "trace_count", "log_frequency")}}
+
+
+def _trace_paths() -> dict[str, Any]:
+    """Triton's trace extension (traces are written under the state dir; trace_file is read-only)."""
+    paths: dict[str, Any] = {}
+    for path, scope, parameters in (("/v2/trace/setting", "Global", None),
+                                    ("/v2/models/{model}/trace/setting", "A model's", [_MODEL])):
+        paths[path] = {
+            "get": _operation(f"{scope} trace settings", _JSON, parameters=parameters, errors=(404,)),
+            "post": _operation(f"Change {scope.lower()} trace settings (null clears one); answers those in force",
+                               _JSON, body=_TRACE_BODY, parameters=parameters, errors=(400, 401, 404, 501)),
+        }
+    return paths
+
+
 def openapi_document() -> dict[str, Any]:
     history = [{"name": n, "in": "query", "required": False, "schema": {"type": t}}
                for n, t in (("model", "string"), ("version", "integer"), ("since", "integer"),
@@ -173,6 +191,7 @@ def openapi_document() -> dict[str, Any]:
                 errors=(400, 401, 404))},
             **_model_paths(),
             **_shared_memory_paths(),
+            **_trace_paths(),
         },
         "components": {"schemas": {"Error": {"type": "object", "required": ["error"],
                                              "properties": {"error": {"type": "string"}}}}},

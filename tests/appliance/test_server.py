@@ -90,3 +90,30 @@ async def test_shared_memory_regions_are_closed_at_stop(tmp_path, shm_object):
     assert opened("self", key) == own and appliance.shared_memory.counts() == (0, 0)
     with pytest.raises(Exception, match="stopping"):
         appliance.shared_memory.system.register("again", key, 0, 64, local=True)
+
+
+async def test_a_read_only_state_dir_keeps_traces_in_memory_and_says_so(tmp_path):
+    import numpy as np
+    from tritonclient.utils import triton_to_np_dtype
+
+    from appliance.core.types import InferInput, InferRequest
+
+    appliance = await Appliance.start(_settings(tmp_path, state_dir=unwritable(tmp_path), metrics=False))
+    try:
+        assert "traces" in [p.kind for p in appliance.state.problems]
+        await asyncio.wait_for(appliance.dataplane.wait_loaded(), 60)
+        appliance.traces.update({"trace_level": ["TIMESTAMPS"], "trace_rate": ["1"]})
+        dataplane = appliance.dataplane
+        metadata = dataplane.model_metadata("simple")
+        inputs = [InferInput(t["name"], t["datatype"], np.zeros([1 if d == -1 else d for d in t["shape"]],
+                                                                 dtype=triton_to_np_dtype(t["datatype"])))
+                  for t in metadata["inputs"]]
+        with dataplane.model("simple").in_use() as model:
+            await dataplane.infer(model, InferRequest(inputs), local=True)
+        tracer = dataplane.tracer
+        assert tracer is not None
+        await asyncio.to_thread(tracer.writer.flush)
+        (trace,) = tracer.writer.kept()
+        assert trace["model_name"] == "simple" and len(trace["timestamps"]) == 7
+    finally:
+        await appliance.close()

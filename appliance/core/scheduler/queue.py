@@ -7,10 +7,14 @@ import asyncio
 import dataclasses
 from collections import deque
 from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from appliance.core.scheduler.policy import SchedulerPolicy
+
+if TYPE_CHECKING:
+    from appliance.core.tracing import Trace
 
 __all__ = ["Pending", "RequestQueue"]
 
@@ -32,6 +36,7 @@ class Pending:
     delayed: bool = False
     queued: bool = False
     completed: bool = False
+    trace: Trace | None = None
 
 
 class RequestQueue:

@@ -13,7 +13,7 @@ import functools
 import itertools
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -22,8 +22,11 @@ from appliance.core.instances import InstancePool
 from appliance.core.scheduler.execution import execute_batch
 from appliance.core.scheduler.policy import SchedulerPolicy
 from appliance.core.scheduler.queue import Pending, RequestQueue
-from appliance.core.stats import ModelStats
+from appliance.core.stats import BatchTiming, ModelStats
 from appliance.errors import ApplianceError, InferenceFailed, Unavailable
+
+if TYPE_CHECKING:
+    from appliance.core.tracing import Trace
 
 __all__ = ["Scheduler"]
 
@@ -90,8 +93,10 @@ class Scheduler:
         outputs: Sequence[str],
         batch_size: int,
         parameters: Mapping[str, Any],
+        trace: Trace | None = None,
     ) -> dict[str, np.ndarray]:
-        """Queue one validated request and wait for its outputs."""
+        """Queue one validated request and wait for its outputs; ``trace`` gets QUEUE_START and the
+        COMPUTE_* timestamps of the batch it ran in."""
         assert self._loop is not None, "Scheduler.start() was not called"
         if self._closing:
             raise Unavailable(f"model {self.label} is unloading", retry_after=1)
@@ -109,8 +114,10 @@ class Scheduler:
         # Sequence numbers go only to accepted requests: preserve_ordering waits for each of them.
         pending = Pending(
             inputs, tuple(outputs), batch_size, key, loop.create_future(), loop.time(), level, next(self._seq),
-            parameters,
+            parameters, trace=trace,
         )
+        if trace is not None:
+            trace.mark("QUEUE_START")
         self._queue.push(pending)
         if timeout > 0:
             pending.timer = loop.call_at(pending.arrival + timeout, self._expire, pending, timeout)
@@ -265,6 +272,8 @@ class Scheduler:
         results, timing = future.result()
         self.stats.record_batch(sum(p.size for p in batch), len(batch), queue_ns, timing)
         for pending, result in zip(batch, results):
+            if pending.trace is not None:
+                _mark_compute(pending.trace, timing)
             if isinstance(result, BaseException):
                 self._complete(pending, None, result)
             else:
@@ -292,3 +301,14 @@ class Scheduler:
             pending.future.set_exception(error)
         else:
             pending.future.set_result(result)
+
+
+def _mark_compute(trace: Trace, timing: BatchTiming) -> None:
+    """Triton's COMPUTE_* timestamps from the batch's timing, kept in order even if a backend's input and
+    output times overlap its total."""
+    start, end = timing.start_ns, timing.end_ns
+    input_end = min(start + timing.input_ns, end)
+    output_start = max(input_end, end - timing.output_ns)
+    for name, ns in (("COMPUTE_START", start), ("COMPUTE_INPUT_END", input_end),
+                     ("COMPUTE_OUTPUT_START", output_start), ("COMPUTE_END", end)):
+        trace.mark(name, ns)

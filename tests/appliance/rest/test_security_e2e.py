@@ -49,6 +49,14 @@ def test_control_needs_the_token_off_loopback(start_daemon, repo, tmp_path):
     assert call(daemon.port, "POST", path, {})[0] == 200  # 127.0.0.1 is exempt
     # Inference stays open unless protect_inference is set.
     assert call(daemon.port, "POST", "/v2/models/m/infer", BODY, source=REMOTE)[0] == 200
+    # Trace settings: reading them is like metadata, changing them is control.
+    change = {"trace_rate": "7"}
+    for trace_path in ("/v2/trace/setting", "/v2/models/m/trace/setting"):
+        assert call(daemon.port, "GET", trace_path, source=REMOTE)[0] == 200
+        assert call(daemon.port, "POST", trace_path, change, source=REMOTE)[0] == 401
+        status, _, answered = call(daemon.port, "POST", trace_path, change,
+                                   headers={"Authorization": f"Bearer {token}"}, source=REMOTE)
+        assert status == 200 and answered["trace_rate"] == "7"
 
 
 def test_behind_a_trusted_proxy_the_forwarded_client_decides(start_daemon, repo, tmp_path):
