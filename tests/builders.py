@@ -8,6 +8,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from appliance.tensors import numpy_dtype
+
 OPSET = [helper.make_opsetid("", 17)]
 
 # v2 datatype -> ONNX element type, for the identity model.
@@ -216,3 +218,22 @@ def framing_model(frame: int = 480) -> onnx.ModelProto:
         initializer=[numpy_helper.from_array(np.array([1, -1, frame], np.int64), "frame_shape")],
     )
     return helper.make_model(graph, opset_imports=OPSET)
+
+
+DATATYPES = ["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
+             "FP16", "FP32", "FP64", "BYTES"]
+"""Every v2 datatype a backend here serves (BF16 has no numpy type)."""
+
+
+def sample_tensor(datatype: str, shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
+    """Values of ``datatype`` that survive every encoding (integers within +-1000, short strings)."""
+    rng = np.random.default_rng(seed)
+    if datatype == "BYTES":
+        return np.array([f"item-{i}".encode() for i in range(int(np.prod(shape)))], dtype=object).reshape(shape)
+    if datatype == "BOOL":
+        return rng.integers(0, 2, shape).astype(bool)
+    dtype = numpy_dtype(datatype)
+    if np.issubdtype(dtype, np.integer):
+        info = np.iinfo(dtype)
+        return rng.integers(max(info.min, -1000), min(info.max, 1000), shape).astype(dtype)
+    return rng.standard_normal(shape).astype(dtype)

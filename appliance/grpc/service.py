@@ -193,11 +193,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def SystemSharedMemoryStatus(self, request: pb.SystemSharedMemoryStatusRequest,
                                        context: Any) -> pb.SystemSharedMemoryStatusResponse:
         regions = self._shared_memory().system.status(request.name or None, local=self._local(context))
-        status = pb.SystemSharedMemoryStatusResponse.RegionStatus
-        response = pb.SystemSharedMemoryStatusResponse()
-        for region in regions:
-            response.regions[region["name"]].CopyFrom(status(**region))
-        return response
+        return _region_status(pb.SystemSharedMemoryStatusResponse(), regions)
 
     @_rpc(Access.CONTROL)
     async def SystemSharedMemoryRegister(self, request: pb.SystemSharedMemoryRegisterRequest,
@@ -216,11 +212,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def CudaSharedMemoryStatus(self, request: pb.CudaSharedMemoryStatusRequest,
                                      context: Any) -> pb.CudaSharedMemoryStatusResponse:
         regions = self._shared_memory().cuda.status(request.name or None, local=self._local(context))
-        status = pb.CudaSharedMemoryStatusResponse.RegionStatus
-        response = pb.CudaSharedMemoryStatusResponse()
-        for region in regions:
-            response.regions[region["name"]].CopyFrom(status(**region))
-        return response
+        return _region_status(pb.CudaSharedMemoryStatusResponse(), regions)
 
     @_rpc(Access.CONTROL)
     async def CudaSharedMemoryRegister(self, request: pb.CudaSharedMemoryRegisterRequest,
@@ -267,3 +259,10 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             else:
                 response.settings[key].string_param = value
         return response
+
+
+def _region_status(response: Any, regions: list[dict[str, Any]]) -> Any:
+    """A shared-memory status response (system or CUDA) filled with the registry's regions."""
+    for region in regions:
+        response.regions[region["name"]].CopyFrom(type(response).RegionStatus(**region))
+    return response

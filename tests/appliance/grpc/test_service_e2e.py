@@ -15,23 +15,7 @@ from tritonclient.grpc import service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from appliance.examples import mlp_model
-from tests.builders import affine_model, identity_model, two_output_model, write_model
-
-DATATYPES = ["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
-             "FP16", "FP32", "FP64", "BYTES"]
-
-
-def _sample(datatype: str, shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    if datatype == "BYTES":
-        return np.array([f"item-{i}".encode() for i in range(int(np.prod(shape)))], dtype=object).reshape(shape)
-    if datatype == "BOOL":
-        return rng.integers(0, 2, shape).astype(bool)
-    dtype = triton.triton_to_np_dtype(datatype)
-    if np.issubdtype(dtype, np.integer):
-        info = np.iinfo(dtype)
-        return rng.integers(max(info.min, -1000), min(info.max, 1000), shape).astype(dtype)
-    return rng.standard_normal(shape).astype(dtype)
+from tests.builders import DATATYPES, affine_model, identity_model, sample_tensor, two_output_model, write_model
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +103,7 @@ def test_model_metadata_and_config(client):
 def test_every_datatype_round_trips(client, repository):
     inputs, feeds = [], {}
     for index, datatype in enumerate(DATATYPES):
-        data = _sample(datatype, (2, 4), seed=index)
+        data = sample_tensor(datatype, (2, 4), seed=index)
         inputs.append(_input(f"IN_{datatype}", data, datatype))
         feeds[f"IN_{datatype}"] = data
     result = client.infer("identity", inputs, outputs=[triton.InferRequestedOutput(f"OUT_{d}") for d in DATATYPES])

@@ -9,23 +9,7 @@ import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
 from appliance.examples import mlp_model
-from tests.builders import affine_model, identity_model, two_output_model, write_model
-
-DATATYPES = ["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
-             "FP16", "FP32", "FP64", "BYTES"]
-
-
-def _sample(datatype: str, shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    if datatype == "BYTES":
-        return np.array([f"item-{i}".encode() for i in range(int(np.prod(shape)))], dtype=object).reshape(shape)
-    if datatype == "BOOL":
-        return rng.integers(0, 2, shape).astype(bool)
-    dtype = triton.triton_to_np_dtype(datatype)
-    if np.issubdtype(dtype, np.integer):
-        info = np.iinfo(dtype)
-        return rng.integers(max(info.min, -1000), min(info.max, 1000), shape).astype(dtype)
-    return rng.standard_normal(shape).astype(dtype)
+from tests.builders import DATATYPES, affine_model, identity_model, sample_tensor, two_output_model, write_model
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +78,7 @@ def test_explicit_config_is_respected(client):
 def test_every_datatype_round_trips(client, repository, binary):
     inputs, feeds = [], {}
     for index, dt in enumerate(DATATYPES):
-        data = _sample(dt, (2, 4), seed=index)
+        data = sample_tensor(dt, (2, 4), seed=index)
         tensor = triton.InferInput(f"IN_{dt}", list(data.shape), dt)
         tensor.set_data_from_numpy(data, binary_data=binary)
         inputs.append(tensor)
