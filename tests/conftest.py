@@ -167,3 +167,22 @@ def shm_object() -> Iterator:
         except FileNotFoundError:
             pass
 
+
+@pytest.fixture
+def regions():
+    """Factory: regions(size) -> (key, handle), a POSIX shared-memory region as tritonclient creates it
+    (under a unique key); destroyed after the test."""
+    import uuid
+
+    import tritonclient.utils.shared_memory as shm
+
+    made = []
+
+    def make(size: int):
+        key = f"/apptest-{uuid.uuid4().hex[:12]}"
+        made.append(shm.create_shared_memory_region(key.strip("/"), key, size, create_only=True))
+        return key, made[-1]
+
+    yield make
+    for handle in made:
+        shm.destroy_shared_memory_region(handle)

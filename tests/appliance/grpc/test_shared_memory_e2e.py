@@ -45,21 +45,6 @@ def client(daemon):
         client.unregister_system_shared_memory()
 
 
-@pytest.fixture
-def regions():
-    """Factory: regions(size) -> (key, handle), destroyed after the test."""
-    made = []
-
-    def make(size: int):
-        key = f"/grpcshm-{uuid.uuid4().hex[:12]}"
-        made.append(shm.create_shared_memory_region(key.strip("/"), key, size, create_only=True))
-        return key, made[-1]
-
-    yield make
-    for handle in made:
-        shm.destroy_shared_memory_region(handle)
-
-
 def _inputs(region: str, byte_size: int = SIZE, offset1: int = SIZE) -> list[triton.InferInput]:
     inputs = []
     for name, offset in (("INPUT0", 0), ("INPUT1", offset1)):

@@ -7,7 +7,6 @@ import functools
 import shutil
 import threading
 import time
-import uuid
 
 import numpy as np
 import pytest
@@ -36,22 +35,6 @@ def repository(tmp_path_factory):
     (repo / "slow_simple" / "config.pbtxt").write_text(
         config + "dynamic_batching { preferred_batch_size: [ 8 ] max_queue_delay_microseconds: 1000000 }\n")
     return repo
-
-
-@pytest.fixture
-def regions():
-    """Factory: regions(size) -> (key, handle), a region as tritonclient creates it; destroyed after the
-    test, and nothing left registered."""
-    made = []
-
-    def make(size: int):
-        key = f"/shmtest-{uuid.uuid4().hex[:12]}"
-        made.append(shm.create_shared_memory_region(key.strip("/"), key, size, create_only=True))
-        return key, made[-1]
-
-    yield make
-    for handle in made:
-        shm.destroy_shared_memory_region(handle)
 
 
 @pytest.fixture
