@@ -73,6 +73,22 @@ def config_from_json(raw: Any, model_name: str) -> mc.ModelConfig:
     return validate_config(config, model_name, where)
 
 
+def _refuse_unserved(config: mc.ModelConfig, where: str) -> None:
+    """A config this server cannot honour fails to load with the reason: serving it as if the
+    unsupported part were absent would give wrong answers silently."""
+    if config.HasField("sequence_batching"):
+        raise ConfigError(
+            f"{where}: sequence_batching is not supported by this server yet: its requests would be batched as "
+            "independent ones, breaking the model's per-sequence state; serve the model from Triton, or drop "
+            "sequence_batching if the model keeps no state between requests"
+        )
+    if config.model_transaction_policy.decoupled:
+        raise ConfigError(
+            f"{where}: decoupled models (model_transaction_policy {{ decoupled: true }}) are not supported by "
+            "this server yet; serve the model from Triton"
+        )
+
+
 def validate_config(config: mc.ModelConfig, model_name: str, where: str) -> mc.ModelConfig:
     """The checks every config passes, from a file or the load API; sets the name."""
     if config.name and config.name != model_name:
@@ -97,6 +113,7 @@ def validate_config(config: mc.ModelConfig, model_name: str, where: str) -> mc.M
         total += group.count
     if total > MAX_INSTANCES:
         raise ConfigError(f"{where}: {total} instances asked for; at most {MAX_INSTANCES} per model")
+    _refuse_unserved(config, where)
     if any(size < 1 for size in config.dynamic_batching.preferred_batch_size):
         raise ConfigError(f"{where}: dynamic_batching preferred_batch_size entries must be >= 1")
     return config

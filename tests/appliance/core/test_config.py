@@ -3,7 +3,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from google.protobuf import text_format
+from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from appliance.core.config import (
@@ -160,3 +160,17 @@ def test_config_pbtxt_is_read_with_a_bound(tmp_path):
     (tmp_path / "m" / "config.pbtxt").write_text("# " + "x" * (5 << 20))
     with pytest.raises(ConfigError, match="more than the"):
         read_config(tmp_path / "m")
+
+
+@pytest.mark.parametrize("text, words", [
+    ("sequence_batching { max_sequence_idle_microseconds: 5000000 }", "sequence_batching is not supported"),
+    ("model_transaction_policy { decoupled: true }", "decoupled models"),
+])
+def test_configs_this_server_cannot_honour_fail_to_load(tmp_path, text, words):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.pbtxt").write_text(text)
+    with pytest.raises(ConfigError, match=words):
+        read_config(tmp_path / "m")
+    with pytest.raises(ConfigError, match=words):
+        config_from_json(json.dumps(json_format.MessageToDict(
+            text_format.Parse(text, mc.ModelConfig()), preserving_proto_field_name=True)), "m")
