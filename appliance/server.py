@@ -200,9 +200,8 @@ class Appliance:
     @staticmethod
     def _start_tracing(settings: Settings, state: StateDir, lifecycle: Lifecycle) -> tuple[TraceSettings, Tracer]:
         """Traces go to files under the state dir only; a read-only one keeps them in memory (bounded)."""
+        # A read-only state dir is reported once (its read_only problem says traces stay in memory).
         fix = f"make {settings.state_dir} writable, then restart the daemon"
-        if not state.writable:
-            state.note("traces", "the state dir is read-only: traces are kept in memory only, not written", fix)
 
         def failed(reason: str) -> None:
             state.note("traces", f"{reason}: traces are kept in memory only", fix)

@@ -66,8 +66,8 @@ class StateDir:
             state.note(
                 "read_only",
                 f"the state dir {path} is not writable: {reason}; serving from what is readable and writing "
-                f"nothing there: no metrics history, no new model cache entries (models are measured again "
-                f"on every start), no new token, example repository or device id",
+                f"nothing there: no metrics history, no trace files (traces stay in memory), no new model cache "
+                f"entries (models are measured again on every start), no new token, example repository or device id",
                 f"make {path} writable (a filesystem remounted read-only after errors: check `dmesg`, repair it "
                 f"with fsck, remount it read-write) or point --state-dir / APPLIANCE_STATE_DIR at a writable "
                 f"directory, then restart the daemon",

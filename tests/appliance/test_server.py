@@ -100,7 +100,8 @@ async def test_a_read_only_state_dir_keeps_traces_in_memory_and_says_so(tmp_path
 
     appliance = await Appliance.start(_settings(tmp_path, state_dir=unwritable(tmp_path), metrics=False))
     try:
-        assert "traces" in [p.kind for p in appliance.state.problems]
+        (read_only,) = [p for p in appliance.state.problems if p.kind == "read_only"]
+        assert "traces stay in memory" in read_only.message
         await asyncio.wait_for(appliance.dataplane.wait_loaded(), 60)
         appliance.traces.update({"trace_level": ["TIMESTAMPS"], "trace_rate": ["1"]})
         dataplane = appliance.dataplane

@@ -34,6 +34,17 @@ def test_truncated_artefact_is_detected_and_discarded(tmp_path):
     assert not entry.path.exists()  # discarded, to be rebuilt
 
 
+def test_blobs_a_runtime_adds_to_artefacts_keep_the_entry(tmp_path):
+    """OpenVINO writes compiled blobs into its CACHE_DIR (the entry's artefacts) while serving: the next
+    start must still find the entry (it once re-tuned every model OpenVINO served, at every start)."""
+    cache = ModelCache(tmp_path / "cache")
+    entry = cache.store("k1", {"chosen": "openvino:CPU"}, _artefacts(tmp_path))
+    (entry.artefacts / "1234.blob").write_bytes(b"compiled while serving")
+    assert cache.lookup("k1") is not None
+    (entry.path / "stray.json").write_text("{}")  # outside artefacts/: not the runtime's
+    assert cache.lookup("k1") is None
+
+
 def test_partial_entry_is_never_loaded(tmp_path):
     cache = ModelCache(tmp_path / "cache")
     entry = cache.store("k1", {"chosen": "p"})
