@@ -20,11 +20,7 @@ import urllib.request
 from pathlib import Path
 
 from appliance.examples import build_example_repository
-from bench.process import start_appliance
-
-
-def _rss_mib(pid: int) -> float:
-    return int(re.search(r"VmRSS:\s+(\d+)", Path(f"/proc/{pid}/status").read_text()).group(1)) / 1024
+from bench.process import rss_mib, start_appliance
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
         server = start_appliance(repo, Path(tmp) / "state", "--no-selection", "--model-control-mode", "explicit",
                                  "--load-model", "*")
         try:
-            before = _rss_mib(server.process.pid)
+            before = rss_mib(server.process.pid)
             result = subprocess.run(
                 [schemathesis, "run", f"{server.base}/v2/openapi.json", "--checks", "not_a_server_error",
                  "--max-response-time", "10", "--max-examples", str(args.max_examples), "--seed", "1",
@@ -47,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             alive = server.process.poll() is None
             ready = urllib.request.urlopen(f"{server.base}/v2/health/live", timeout=5).status == 200 if alive else False
-            after = _rss_mib(server.process.pid) if alive else float("nan")
+            after = rss_mib(server.process.pid) if alive else float("nan")
         finally:
             server.stop()
     interesting = re.compile(r"(passed|failed|cases|generated|Summary|error)", re.I)

@@ -22,17 +22,10 @@ from pathlib import Path
 import numpy as np
 
 from bench.models import write_repository
-from bench.process import Server, start_appliance
+from bench.process import Server, rss_mib, start_appliance
 
 RESULTS = Path(__file__).parent / "results"
 TARGET_MIB = 30.0
-
-
-def _rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no VmRSS for process {pid}")
 
 
 def _traffic(server: Server, requests: int) -> None:
@@ -62,10 +55,10 @@ def measure(repeats: int, settle: float, workdir: Path) -> dict[str, dict[str, l
             server = start_appliance(repo, workdir / f"state-{mode}-{repeat}", *args)
             try:
                 time.sleep(settle)
-                samples[mode]["idle"].append(_rss_mib(server.process.pid))
+                samples[mode]["idle"].append(rss_mib(server.process.pid))
                 _traffic(server, 200)
                 time.sleep(settle)
-                samples[mode]["after traffic"].append(_rss_mib(server.process.pid))
+                samples[mode]["after traffic"].append(rss_mib(server.process.pid))
             finally:
                 server.stop()
             print(f"  repeat {repeat + 1}/{repeats} gRPC {mode:3}: idle {samples[mode]['idle'][-1]:.1f} MiB, "

@@ -10,7 +10,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-__all__ = ["Server", "start_appliance", "start_floor"]
+__all__ = ["Server", "rss_mib", "start_appliance", "start_floor"]
 
 
 @dataclasses.dataclass
@@ -74,3 +74,11 @@ def start_floor(model: Path, *args: str) -> Server:
         process = subprocess.Popen([sys.executable, "-m", "bench.floor", str(model), *args], stdout=out,
                                    stderr=subprocess.STDOUT)
     return Server(process, _wait_for(process, log, r"PORT (\d+)"))
+
+
+def rss_mib(pid: int) -> float:
+    """Resident memory of process ``pid`` in MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for process {pid}")

@@ -7,51 +7,12 @@ import os
 import signal
 import threading
 import time
-from pathlib import Path
-
-import pytest
 
 from tests.http_util import call
+from tests.processes import child_pids
 
 SHUTDOWN_TIMEOUT = 2.0
 MARGIN = 3.0  # the models' close grace, the cancel, the interpreter's exit
-
-SLEEPY = '''
-import time
-
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        responses = []
-        for request in requests:
-            x = pb_utils.get_input_tensor_by_name(request, "x").as_numpy()
-            time.sleep(float(x.ravel()[0]))
-            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("y", x)]))
-        return responses
-'''
-
-
-@pytest.fixture
-def sleepy_repository(tmp_path) -> Path:
-    model = tmp_path / "repo" / "sleepy"
-    (model / "1").mkdir(parents=True)
-    (model / "1" / "model.py").write_text(SLEEPY)
-    (model / "config.pbtxt").write_text(
-        'backend: "python"\n'
-        'input [ { name: "x" data_type: TYPE_FP32 dims: [ 2 ] } ]\n'
-        'output [ { name: "y" data_type: TYPE_FP32 dims: [ 2 ] } ]\n'
-    )
-    return tmp_path / "repo"
-
-
-def _children(pid: int) -> list[int]:
-    found: list[int] = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        found += [int(child) for child in (task / "children").read_text().split()]
-    return found
-
 
 def _sleep_request(seconds: float) -> dict:
     return {"inputs": [{"name": "x", "shape": [2], "datatype": "FP32", "data": [seconds, 0.0]}]}
@@ -60,7 +21,7 @@ def _sleep_request(seconds: float) -> dict:
 def test_stop_keeps_to_the_shutdown_timeout_with_a_request_stuck_in_a_model(start_daemon, sleepy_repository):
     daemon = start_daemon(sleepy_repository, env={"APPLIANCE_SHUTDOWN_TIMEOUT": str(SHUTDOWN_TIMEOUT)})
     assert call(daemon.port, "POST", "/v2/models/sleepy/infer", _sleep_request(0.0))[0] == 200
-    children = _children(daemon.process.pid)  # the model's process, which the stop may leave running
+    children = child_pids(daemon.process.pid)  # the model's process, which the stop may leave running
     outcome: list[object] = []
 
     def stuck() -> None:

@@ -130,3 +130,20 @@ class TritonPythonModel:
         error = pb_utils.TritonError("x must be positive", pb_utils.TritonError.INVALID_ARG)
         return [pb_utils.InferenceResponse(error=error) for _ in requests]
 '''
+
+SLEEPY = '''
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "x").as_numpy()
+            time.sleep(float(x.ravel()[0]))
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("y", x)]))
+        return responses
+'''
+"""Sleeps x[0] seconds, then echoes x (serve it with SIMPLE_CONFIG): a request that takes as long as asked."""

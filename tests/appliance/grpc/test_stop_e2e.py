@@ -8,27 +8,12 @@ import queue
 import signal
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
-import pytest
 import tritonclient.grpc as triton
 from tritonclient.utils import InferenceServerException
 
-from tests.appliance.test_daemon_e2e import SLEEPY, _children
-
-
-@pytest.fixture
-def sleepy_repository(tmp_path) -> Path:
-    model = tmp_path / "repo" / "sleepy"
-    (model / "1").mkdir(parents=True)
-    (model / "1" / "model.py").write_text(SLEEPY)
-    (model / "config.pbtxt").write_text(
-        'backend: "python"\n'
-        'input [ { name: "x" data_type: TYPE_FP32 dims: [ 2 ] } ]\n'
-        'output [ { name: "y" data_type: TYPE_FP32 dims: [ 2 ] } ]\n'
-    )
-    return tmp_path / "repo"
+from tests.processes import child_pids
 
 SHUTDOWN_TIMEOUT = 3.0
 
@@ -82,7 +67,7 @@ def test_calls_in_progress_finish_and_new_calls_are_turned_away(start_daemon, sl
 
 def test_a_call_still_running_at_the_deadline_is_cut(start_daemon, sleepy_repository):
     daemon = start_daemon(sleepy_repository, env={"APPLIANCE_SHUTDOWN_TIMEOUT": str(SHUTDOWN_TIMEOUT)})
-    children = _children(daemon.process.pid)
+    children = child_pids(daemon.process.pid)
     outcome: list[object] = []
     with triton.InferenceServerClient(daemon.grpc_url) as client:
         def stuck() -> None:

@@ -4,14 +4,13 @@ answers, and its memory comes back to where it was."""
 from __future__ import annotations
 
 import json
-import re
 import struct
-from pathlib import Path
 
 import pytest
 
 from appliance.examples import build_example_repository
 from tests.http_util import call
+from tests.processes import rss_mib
 
 
 @pytest.fixture(scope="module")
@@ -59,10 +58,6 @@ def _corpus() -> list[tuple[str, str, bytes, dict]]:
     return cases
 
 
-def _rss_mib(pid: int) -> float:
-    return int(re.search(r"VmRSS:\s+(\d+)", Path(f"/proc/{pid}/status").read_text()).group(1)) / 1024
-
-
 @pytest.mark.parametrize("case", [c[0] for c in _corpus()])
 def test_hostile_request_gets_a_4xx(daemon, case):
     _, model, body, headers = next(c for c in _corpus() if c[0] == case)
@@ -75,11 +70,11 @@ def test_daemon_survives_and_memory_returns(daemon):
     good = {"inputs": [_input(data=list(range(16))), _input("INPUT1", data=[1] * 16)]}
     for _ in range(3):  # warm up the allocator before measuring
         assert call(daemon.port, "POST", "/v2/models/simple/infer", good)[0] == 200
-    baseline = _rss_mib(daemon.process.pid)
+    baseline = rss_mib(daemon.process.pid)
     for _ in range(5):
         for _, model, body, headers in _corpus():
             assert call(daemon.port, "POST", f"/v2/models/{model}/infer", body, headers)[0] < 500
     status, _, payload = call(daemon.port, "POST", "/v2/models/simple/infer", good)
     assert status == 200 and payload["outputs"][0]["data"][:3] == [1, 2, 3]
     assert daemon.process.poll() is None
-    assert _rss_mib(daemon.process.pid) < baseline + 64  # nothing sized by a claim stayed allocated
+    assert rss_mib(daemon.process.pid) < baseline + 64  # nothing sized by a claim stayed allocated

@@ -7,19 +7,17 @@ from __future__ import annotations
 
 import contextlib
 import gzip
-import http.client
-import re
 import socket
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import pytest
 import tritonclient.http as triton
 
 from appliance.examples import build_example_repository
+from tests.health_watch import HealthWatch
 from tests.http_util import call
 
 HEADER_TIMEOUT = 2.0
@@ -29,7 +27,6 @@ MAX_CONCURRENT = 8
 MAX_BYTES = 8 << 20
 MEMORY_BUDGET = 24 << 20
 ADDRESS_SPACE = 4 << 30  # the daemon's own needs (~1.1 GiB) and room; a bomb that escapes fails fast
-RSS_SLACK_MIB = 200
 
 GOOD = {"inputs": [{"name": "INPUT0", "shape": [1, 16], "datatype": "INT32", "data": list(range(16))},
                    {"name": "INPUT1", "shape": [1, 16], "datatype": "INT32", "data": [1] * 16}]}
@@ -50,75 +47,6 @@ def daemon(module_daemon, tmp_path_factory):
     for _ in range(3):  # warm the allocator up before anyone measures
         assert call(daemon.port, "POST", INFER, GOOD)[0] == 200
     return daemon
-
-
-def _rss_mib(pid: int) -> float:
-    return int(re.search(r"VmRSS:\s+(\d+)", Path(f"/proc/{pid}/status").read_text()).group(1)) / 1024
-
-
-class _Watch:
-    """Samples the daemon's RSS and /v2/health/live (each check on a connection of its own, or on one
-    kept-alive connection opened before the attack when new connections are expected to be refused)."""
-
-    def __init__(self, daemon, keep_alive: bool) -> None:
-        self.daemon = daemon
-        self.baseline = _rss_mib(daemon.process.pid)
-        self.peak = self.baseline
-        self.slowest = 0.0
-        self.failures: list[str] = []
-        self.checks = 0
-        self._stop = threading.Event()
-        self._connection = http.client.HTTPConnection("127.0.0.1", daemon.port, timeout=1) if keep_alive else None
-        if self._connection is not None:
-            self._health(self._connection)
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _health(self, connection: http.client.HTTPConnection) -> None:
-        started = time.monotonic()
-        try:
-            connection.request("GET", "/v2/health/live")
-            response = connection.getresponse()
-            response.read()
-            if response.status != 200:
-                self.failures.append(f"health answered {response.status}")
-        except OSError as exc:
-            self.failures.append(f"health failed: {exc!r}")
-        self.slowest = max(self.slowest, time.monotonic() - started)
-        self.checks += 1
-
-    def _run(self) -> None:
-        while True:
-            self._sample()
-            if self._stop.wait(0.2):
-                return
-
-    def _sample(self) -> None:
-        self.peak = max(self.peak, _rss_mib(self.daemon.process.pid))
-        if self._connection is not None:
-            self._health(self._connection)
-            return
-        connection = http.client.HTTPConnection("127.0.0.1", self.daemon.port, timeout=1)
-        try:
-            self._health(connection)
-        finally:
-            connection.close()
-
-    def __enter__(self) -> _Watch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self._stop.set()
-        self._thread.join(5)
-        self._sample()  # and once more after the attack
-        if self._connection is not None:
-            self._connection.close()
-        if exc_info[0] is None:
-            assert self.daemon.process.poll() is None, "the daemon died"
-            assert self.checks >= 1
-            assert not self.failures, self.failures[:5]
-            assert self.slowest < 1.0, f"health took {self.slowest:.2f} s"
-            assert self.peak < self.baseline + RSS_SLACK_MIB, (self.baseline, self.peak)
 
 
 def _connect(port: int) -> socket.socket:
@@ -161,7 +89,7 @@ def _sockets() -> Iterator[list[socket.socket]]:
 
 
 def test_slow_request_heads_are_closed_after_header_timeout(daemon):
-    with _Watch(daemon, keep_alive=False), _sockets() as slow:
+    with HealthWatch(daemon, keep_alive=False), _sockets() as slow:
         started = time.monotonic()
         for _ in range(40):
             slow.append(_connect(daemon.port))
@@ -182,7 +110,7 @@ def test_slow_request_heads_are_closed_after_header_timeout(daemon):
 
 def test_slow_bodies_time_out_and_never_lock_out_health(daemon):
     head = b"POST /v2/models/simple/infer HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1000\r\n\r\n"
-    with _Watch(daemon, keep_alive=False), _sockets() as slow:
+    with HealthWatch(daemon, keep_alive=False), _sockets() as slow:
         for _ in range(MAX_CONCURRENT):
             slow.append(_connect(daemon.port))
             slow[-1].sendall(head + b'{"inputs":')  # 10 of 1000 declared bytes
@@ -199,7 +127,7 @@ def test_slow_bodies_time_out_and_never_lock_out_health(daemon):
 
 
 def test_connections_beyond_max_connections_get_a_short_503(daemon):
-    with _Watch(daemon, keep_alive=True), _sockets() as idle:
+    with HealthWatch(daemon, keep_alive=True), _sockets() as idle:
         for _ in range(MAX_CONNECTIONS + 10):
             idle.append(_connect(daemon.port))
         time.sleep(0.5)
@@ -234,7 +162,7 @@ def test_gzip_bombs_stop_at_the_limit(daemon, gzip_bomb):
             status, _, payload = call(daemon.port, "POST", INFER, gzip_bomb, {"Content-Encoding": "gzip"}, timeout=20)
             results.append((status, payload))
 
-    with _Watch(daemon, keep_alive=False):
+    with HealthWatch(daemon, keep_alive=False):
         threads = [threading.Thread(target=bomb) for _ in range(6)]
         for thread in threads:
             thread.start()
@@ -278,7 +206,7 @@ def test_request_bytes_beyond_the_memory_budget_get_503(daemon):
     declared = MAX_BYTES
     sent = 7 << 20  # three of these hold 21 of the 24 MiB budget
     head = f"POST {INFER} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {declared}\r\n\r\n".encode()
-    with _Watch(daemon, keep_alive=False), _sockets() as holders:
+    with HealthWatch(daemon, keep_alive=False), _sockets() as holders:
         for _ in range(3):
             holders.append(_connect(daemon.port))
             holders[-1].sendall(head + b"\0" * sent)
