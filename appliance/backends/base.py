@@ -15,9 +15,9 @@ import dataclasses
 import importlib
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -33,6 +33,7 @@ __all__ = [
     "BackendRequest",
     "BatchResult",
     "LoadContext",
+    "ResponseSink",
     "RuntimeOptions",
     "threads_per_instance",
     "usable_cores",
@@ -87,6 +88,24 @@ class LoadContext:
         return value.string_value if value is not None and value.string_value else None
 
 
+class ResponseSink(Protocol):
+    """Where the responses of one request to a decoupled model go: zero, one or many, from any thread,
+    during or after ``run_requests``; the last one carries ``final=True`` (it may hold no outputs)."""
+
+    def send(
+        self,
+        outputs: Mapping[str, np.ndarray] | None = None,
+        *,
+        error: BaseException | None = None,
+        parameters: Mapping[str, object] | None = None,
+        final: bool = False,
+    ) -> None: ...
+
+
+def _never() -> bool:
+    return False
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class BackendRequest:
     """One request of a batch, as a backend sees it."""
@@ -97,6 +116,18 @@ class BackendRequest:
     parameters: Mapping[str, object] = dataclasses.field(default_factory=dict)
     size: int = 1
     """Batch items it holds (the first dimension of its inputs when the model batches)."""
+    request_id: str = ""
+    correlation_id: int | str = 0
+    """The sequence this request belongs to (0 when none)."""
+    flags: int = 0
+    """Triton's sequence flags: 1 = START, 2 = END."""
+    timeout_us: int = 0
+    """The client's timeout for this request, 0 when it set none."""
+    sink: ResponseSink | None = None
+    """Set for a request to a decoupled model: every response goes here, and the request's entry in
+    ``BatchResult.results`` is ignored unless it is an exception (sent as an error, then final)."""
+    cancelled: Callable[[], bool] = _never
+    """True once the client went away or cancelled (Triton's ``request.is_cancelled()``)."""
 
 
 @dataclasses.dataclass(slots=True)
