@@ -13,6 +13,7 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from appliance.backends import BackendInfo
+from appliance.backends.base import Outputs
 from appliance.core.classification import classify
 from appliance.core.config import input_reshapes
 from appliance.core.scheduler import Scheduler
@@ -92,7 +93,7 @@ class ModelVersion:
         # No outputs named: every output the model has, none classified.
         wanted = request.outputs or [RequestedOutput(name) for name in self.signature.outputs]
         results = await self.scheduler.submit(inputs, [o.name for o in wanted], batch_size, request.parameters,
-                                              request.trace)
+                                              request.trace, request_id=request.id or "")
         outputs = []
         for requested in wanted:
             name = requested.name
@@ -106,7 +107,9 @@ class ModelVersion:
                 data = classify(name, data, requested.classification, self.labels.get(name, []),
                                 self.signature.batched)
             outputs.append(InferOutput(name, v2_datatype(data.dtype), data))
-        return InferResponse(self.name, self.version, outputs, id=request.id)
+        # A model may set response parameters (Triton's Python InferenceResponse(parameters=...)).
+        parameters = dict(results.parameters) if isinstance(results, Outputs) else {}
+        return InferResponse(self.name, self.version, outputs, id=request.id, parameters=parameters)
 
     @contextlib.contextmanager
     def in_use(self) -> Iterator[ModelVersion]:

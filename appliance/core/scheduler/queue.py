@@ -37,6 +37,7 @@ class Pending:
     queued: bool = False
     completed: bool = False
     trace: Trace | None = None
+    request_id: str = ""
 
 
 class RequestQueue:

@@ -94,6 +94,7 @@ class Scheduler:
         batch_size: int,
         parameters: Mapping[str, Any],
         trace: Trace | None = None,
+        request_id: str = "",
     ) -> dict[str, np.ndarray]:
         """Queue one validated request and wait for its outputs; ``trace`` gets QUEUE_START and the
         COMPUTE_* timestamps of the batch it ran in."""
@@ -114,7 +115,7 @@ class Scheduler:
         # Sequence numbers go only to accepted requests: preserve_ordering waits for each of them.
         pending = Pending(
             inputs, tuple(outputs), batch_size, key, loop.create_future(), loop.time(), level, next(self._seq),
-            parameters, trace=trace,
+            parameters, trace=trace, request_id=request_id,
         )
         if trace is not None:
             trace.mark("QUEUE_START")
@@ -253,7 +254,8 @@ class Scheduler:
         assert self._loop is not None
         now = self._loop.time()
         queue_ns = [int((now - p.arrival) * 1e9) for p in batch]
-        requests = [BackendRequest(p.inputs, p.outputs, p.parameters, p.size) for p in batch]
+        requests = [BackendRequest(p.inputs, p.outputs, p.parameters, p.size, request_id=p.request_id,
+                                   timeout_us=_timeout_us(p.parameters)) for p in batch]
         work = functools.partial(execute_batch, requests=requests)
         self._in_flight += len(batch)
         future = self.pool.execute(index, work)
@@ -301,6 +303,12 @@ class Scheduler:
             pending.future.set_exception(error)
         else:
             pending.future.set_result(result)
+
+
+def _timeout_us(parameters: Mapping[str, Any]) -> int:
+    """The client's ``timeout`` parameter (microseconds, Triton's), 0 when it set none."""
+    value = parameters.get("timeout")
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 def _mark_compute(trace: Trace, timing: BatchTiming) -> None:
