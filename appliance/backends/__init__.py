@@ -74,6 +74,7 @@ BACKENDS: tuple[BackendInfo, ...] = (
         module="appliance.backends.python.backend",
         factory="PythonBackend",
         extra="cpu",
+        decoupled=True,
     ),
     BackendInfo(
         name="tensorrt",

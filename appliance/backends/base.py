@@ -100,7 +100,10 @@ class LoadContext:
 
 class ResponseSink(Protocol):
     """Where the responses of one request to a decoupled model go: zero, one or many, from any thread,
-    during or after ``run_requests``; the last one carries ``final=True`` (it may hold no outputs)."""
+    during or after ``run_requests``; the last one carries ``final=True`` (it may hold no outputs).
+
+    ``send`` may block the calling thread while the client is behind in reading (backpressure, see
+    appliance.core.streaming), so call it from the backend's own threads, never from the event loop."""
 
     def send(
         self,
@@ -294,6 +297,8 @@ class BackendInfo:
     extra: str
     cpu_instances: int = 1
     """Instances per CPU instance group when the config names no count (Triton: 2 for onnxruntime)."""
+    decoupled: bool = False
+    """It serves decoupled models: it sends each request's responses to ``BackendRequest.sink``."""
 
     @property
     def platform(self) -> str:

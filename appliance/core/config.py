@@ -27,6 +27,7 @@ __all__ = [
     "complete_config",
     "config_from_json",
     "config_to_json",
+    "check_decoupled",
     "input_reshapes",
     "read_config",
     "select_versions",
@@ -82,10 +83,16 @@ def _refuse_unserved(config: mc.ModelConfig, where: str) -> None:
             "independent ones, breaking the model's per-sequence state; serve the model from Triton, or drop "
             "sequence_batching if the model keeps no state between requests"
         )
-    if config.model_transaction_policy.decoupled:
+
+
+def check_decoupled(config: mc.ModelConfig, backend: str, supported: bool) -> None:
+    """A decoupled model (any number of responses per request) needs a backend that can send them: with
+    any other, every request would hang or answer once, so the model fails to load instead."""
+    if config.model_transaction_policy.decoupled and not supported:
         raise ConfigError(
-            f"{where}: decoupled models (model_transaction_policy {{ decoupled: true }}) are not supported by "
-            "this server yet; serve the model from Triton"
+            f"model '{config.name}': the {backend} backend cannot serve decoupled models "
+            "(model_transaction_policy { decoupled: true }): only the python backend sends several responses per "
+            "request; drop the policy, or wrap the model in a Python model that sends the responses"
         )
 
 

@@ -11,6 +11,7 @@ from appliance.core.config import config_from_json, config_to_json
 from appliance.core.model import ModelVersion
 from appliance.core.registry import ModelRegistry, ModelState
 from appliance.core.shared_memory import SharedMemoryRegistry
+from appliance.core.streaming import OneResponse, Responses, StreamLimits
 from appliance.core.tracing import Tracer
 from appliance.core.types import InferRequest, InferResponse
 from appliance.errors import ConfigError, InvalidInput, ModelNotReady, NotSupported
@@ -55,6 +56,8 @@ class DataPlane:
         """The hardware probe report (JSON), once the start-up probe has run."""
         self.failure: str | None = None
         """Why the server stopped being live (None while it is)."""
+        self.stream_limits = StreamLimits()
+        """How far a decoupled model may run ahead of a client reading its responses."""
 
     @property
     def loaded(self) -> bool:
@@ -122,6 +125,43 @@ class DataPlane:
             response = await model.infer(request)
             await binding.write(response)
         return response
+
+    async def infer_stream(self, model: ModelVersion, request: InferRequest, *, local: bool,
+                           reserve: Callable[[int], None] = _ignore, received_ns: int | None = None) -> Responses:
+        """Run ``request`` on ``model`` and return its responses to read with ``async for``; ``close()``
+        the result when done (closing early cancels the request: the model sees ``is_cancelled()``).
+
+        A decoupled model's responses come as it sends them, the last one final; any other model's one
+        response comes as a stream of one. Errors found before the request runs (validation, shared
+        memory, a full queue) raise here; later ones arrive as items with ``error`` set. The arguments
+        are ``infer``'s, and ``model`` must stay held (``in_use``) until the stream is closed."""
+        if not model.decoupled:
+            return OneResponse(await self.infer(model, request, local=local, reserve=reserve,
+                                                received_ns=received_ns))
+        tracer = self.tracer
+        request.trace = tracer.start(model.name, model.version, received_ns) if tracer is not None else None
+        binding = None
+        try:
+            if request.uses_shared_memory:
+                if self.shared_memory is None:
+                    raise NotSupported("shared memory is not served by this server; send the tensors in the request")
+                binding = await self.shared_memory.bind(request, local=local, reserve=reserve)
+            stream = await model.open_stream(request, self.stream_limits)
+        except BaseException:
+            if binding is not None:
+                binding.close()
+            if request.trace is not None:
+                assert tracer is not None
+                tracer.finish(request.trace)
+            raise
+        if request.trace is not None:
+            trace = request.trace
+            assert tracer is not None
+            stream.on_close(lambda _: tracer.finish(trace))
+        if binding is not None:
+            stream.set_writer(binding.write)  # each response's outputs go into the regions it named
+            stream.on_close(lambda _: binding.close())
+        return stream
 
     def model_ready(self, name: str, version: str | None = None) -> bool:
         try:

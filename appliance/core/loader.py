@@ -19,7 +19,7 @@ from appliance.backends import (
     threads_per_instance,
 )
 from appliance.core.classification import read_labels
-from appliance.core.config import complete_config, read_config, select_versions, signature_of
+from appliance.core.config import check_decoupled, complete_config, read_config, select_versions, signature_of
 from appliance.core.instances import InstancePool
 from appliance.core.model import ModelVersion
 from appliance.core.model_files import check_config_paths, confined
@@ -119,6 +119,7 @@ def _load_version(
         first = info.load(context(0, config))
         instances.append(first)
         config = _complete(first.completed_config(config), info, first)
+        check_decoupled(config, info.name, info.decoupled)  # auto_complete_config may have set the policy
         warmup = warmup_samples(config, model_dir)  # a broken sample fails the load before any tuning
         plan_config, artefacts = config, None
         if selector is not None:
@@ -138,6 +139,7 @@ def _load_version(
                     config.instance_group.extend(plan_config.instance_group)
                     count = choice.plan.instances
                     threads = choice.plan.threads or threads_per_instance(options, count)
+        check_decoupled(config, target.name, target.decoupled)
         for index in range(len(instances), count):
             instances.append(target.load(context(index, plan_config, artefacts)))
         for backend in instances:
@@ -196,6 +198,8 @@ def load_model(
         )
     check_config_paths(config, model_dir, available.values())
     info = resolve_backend(model_dir.name, config.backend, config.platform, list(available.values()))
+    config.name = config.name or model_dir.name
+    check_decoupled(config, info.name, info.decoupled)  # before any instance loads
     load = _ModelLoad(model_dir, info, options, selector, retune, explicit_instances=bool(config.instance_group))
     selected = select_versions(config, available)
     versions: dict[int, ModelVersion] = {}

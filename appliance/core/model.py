@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -19,6 +20,7 @@ from appliance.core.config import input_reshapes
 from appliance.core.scheduler import Scheduler
 from appliance.core.signature import ModelSignature
 from appliance.core.stats import FailureReason, ModelStats
+from appliance.core.streaming import RawResponse, ResponseChannel, ResponseStream, StreamLimits
 from appliance.core.traffic import TrafficStats
 from appliance.core.types import InferOutput, InferRequest, InferResponse, RequestedOutput
 from appliance.core.validation import validate_request
@@ -52,6 +54,7 @@ class ModelVersion:
     """The measured plan decision (see appliance.selection), with ``cache`` hit/miss."""
 
     def __post_init__(self) -> None:
+        self._streams: set[ResponseChannel] = set()  # open streams of a decoupled model, failed at close
         self._users = 0  # requests holding this version (see in_use), so a retired version drains
         self.traffic = TrafficStats(self.signature.batched)
         """The shapes, batch sizes and concurrency of the requests this version served, when selection
@@ -67,12 +70,23 @@ class ModelVersion:
     def platform(self) -> str:
         return self.config.platform or self.backend.platform
 
+    @property
+    def decoupled(self) -> bool:
+        """Zero, one or many responses per request (config ``model_transaction_policy { decoupled: true }``):
+        served by ``open_stream`` only."""
+        return self.config.model_transaction_policy.decoupled
+
     def start(self) -> None:
         self.scheduler.start()
 
     async def infer(self, request: InferRequest) -> InferResponse:
         """Validate, schedule and post-process one request; counts it in ``stats`` and ``traffic`` once
         it is valid."""
+        if self.decoupled:
+            raise InvalidInput(
+                f"model '{self.name}' is decoupled (it may send any number of responses per request); call it "
+                "through a streaming API: HTTP generate_stream or gRPC ModelStreamInfer"
+            )
         batch_size = validate_request(self.name, self.signature, request)
         if self.selection is not None:  # what retuning on traffic looks at
             self.traffic.record(((t.name, t.data.shape) for t in request.inputs), batch_size, self._users)
@@ -85,31 +99,80 @@ class ModelVersion:
         self.stats.record_request(True, time.perf_counter_ns() - start)
         return response
 
-    async def _run(self, request: InferRequest, batch_size: int) -> InferResponse:
+    def _runtime_inputs(self, request: InferRequest) -> dict[str, np.ndarray]:
         inputs = {t.name: t.data for t in request.inputs}
         for name, shape in self._input_reshape.items():
             if name in inputs:
                 inputs[name] = inputs[name].reshape(shape)
+        return inputs
+
+    async def _run(self, request: InferRequest, batch_size: int) -> InferResponse:
+        inputs = self._runtime_inputs(request)
         # No outputs named: every output the model has, none classified.
         wanted = request.outputs or [RequestedOutput(name) for name in self.signature.outputs]
         results = await self.scheduler.submit(inputs, [o.name for o in wanted], batch_size, request.parameters,
                                               request.trace, request_id=request.id or "")
         outputs = []
         for requested in wanted:
-            name = requested.name
-            data = results.get(name)
+            data = results.get(requested.name)
             if data is None:
-                raise InferenceFailed(f"model '{self.name}' version {self.version} did not produce output '{name}'")
-            data = np.asarray(data) if not isinstance(data, np.ndarray) else data
-            if name in self._output_reshape:
-                data = data.reshape(self._output_reshape[name])
-            if requested.classification:
-                data = classify(name, data, requested.classification, self.labels.get(name, []),
-                                self.signature.batched)
-            outputs.append(InferOutput(name, v2_datatype(data.dtype), data))
+                raise InferenceFailed(
+                    f"model '{self.name}' version {self.version} did not produce output '{requested.name}'")
+            outputs.append(self._output(requested, data))
         # A model may set response parameters (Triton's Python InferenceResponse(parameters=...)).
         parameters = dict(results.parameters) if isinstance(results, Outputs) else {}
         return InferResponse(self.name, self.version, outputs, id=request.id, parameters=parameters)
+
+    def _output(self, requested: RequestedOutput, data: np.ndarray) -> InferOutput:
+        name = requested.name
+        data = np.asarray(data) if not isinstance(data, np.ndarray) else data
+        if name in self._output_reshape:
+            data = data.reshape(self._output_reshape[name])
+        if requested.classification:
+            data = classify(name, data, requested.classification, self.labels.get(name, []), self.signature.batched)
+        return InferOutput(name, v2_datatype(data.dtype), data)
+
+    async def open_stream(self, request: InferRequest, limits: StreamLimits | None = None) -> ResponseStream:
+        """Validate and queue one request to a decoupled model; its responses come from the returned
+        stream (see appliance.core.streaming). Counted in ``stats`` once, when the stream ends."""
+        if not self.decoupled:
+            raise InvalidInput(f"model '{self.name}' is not decoupled; it answers each request once through infer")
+        batch_size = validate_request(self.name, self.signature, request)
+        start = time.perf_counter_ns()
+        loop = asyncio.get_running_loop()
+        channel = ResponseChannel(f"{self.name}:{self.version}", loop, limits or StreamLimits())
+        inputs = self._runtime_inputs(request)
+        wanted = request.outputs or [RequestedOutput(name) for name in self.signature.outputs]
+        submitted = asyncio.ensure_future(self.scheduler.submit(
+            inputs, [o.name for o in wanted], batch_size, request.parameters, request.trace,
+            sink=channel, cancelled=channel.cancelled, request_id=request.id or ""))
+
+        def ran(task: asyncio.Future) -> None:
+            # run_requests returned: responses may still follow (Triton), unless it failed the request.
+            if not task.cancelled() and task.exception() is not None:
+                channel.fail(task.exception())  # type: ignore[arg-type]
+
+        def closed(error: BaseException | None) -> None:
+            self._streams.discard(channel)
+            if not submitted.done():
+                submitted.cancel()  # still queued: it never runs
+            if error is None:
+                self.stats.record_request(True, time.perf_counter_ns() - start)
+            else:
+                self.stats.record_request(False, time.perf_counter_ns() - start, _failure_reason(error))
+
+        submitted.add_done_callback(ran)
+        self._streams.add(channel)
+        convert = functools.partial(self._stream_response, wanted=wanted, request_id=request.id)
+        return ResponseStream(channel, convert, closed)
+
+    def _stream_response(self, raw: RawResponse, wanted: list[RequestedOutput],
+                         request_id: str | None) -> InferResponse:
+        """One response of a decoupled model: the requested outputs it carries (a decoupled model may send
+        a response with only some of them), post-processed as ``infer`` does."""
+        results = raw.outputs or {}
+        outputs = [self._output(o, results[o.name]) for o in wanted if o.name in results]
+        return InferResponse(self.name, self.version, outputs, id=request_id, parameters=dict(raw.parameters or {}))
 
     @contextlib.contextmanager
     def in_use(self) -> Iterator[ModelVersion]:
@@ -129,4 +192,7 @@ class ModelVersion:
         return await self.scheduler.drain(max(0.0, deadline - time.monotonic()))
 
     async def close(self, timeout: float | None = None) -> list[BaseException]:
+        for channel in list(self._streams):  # the model's process is about to go: no final response will come
+            channel.fail(Unavailable(f"model {self.name} version {self.version} was unloaded before it finished "
+                                     "this request's responses"))
         return await self.scheduler.close(timeout)

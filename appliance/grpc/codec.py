@@ -28,7 +28,7 @@ from appliance.core.types import InferInput, InferRequest, InferResponse, Reques
 from appliance.errors import InvalidInput
 from appliance.tensors import encode_bytes_tensor, numpy_dtype
 
-__all__ = ["decode_infer_request", "encode_infer_response", "from_parameters", "set_parameters"]
+__all__ = ["decode_infer_request", "encode_infer_response", "from_parameters", "set_parameters", "stream_options"]
 
 # The typed field of InferTensorContents that holds each datatype (FP16 and BF16 have none: raw only).
 CONTENTS_FIELD = {
@@ -66,6 +66,28 @@ def from_parameters(parameters: Mapping[str, Any]) -> dict[str, Any]:
         choice = parameter.WhichOneof("parameter_choice")
         out[key] = getattr(parameter, choice) if choice is not None else None
     return out
+
+
+# Request parameters with Triton's reserved prefix that a client may set (they steer the server, and are
+# taken out of what the model sees).
+_RESERVED_PREFIX = "triton_"
+_EMPTY_FINAL = "triton_enable_empty_final_response"
+
+
+def stream_options(parameters: dict[str, Any]) -> bool:
+    """Take Triton's reserved ``triton_*`` parameters out of a request's parameters, as Triton's gRPC
+    front end does; returns ``triton_enable_empty_final_response`` (False when absent)."""
+    reserved = [key for key in parameters if key.startswith(_RESERVED_PREFIX)]
+    for key in reserved:
+        if key != _EMPTY_FINAL:
+            raise InvalidInput(
+                "parameter keys starting with 'triton_' are reserved for Triton usage. Only the following keys "
+                f"starting with 'triton_' are allowed: {_EMPTY_FINAL}"
+            )
+    value = parameters.pop(_EMPTY_FINAL, False)
+    if not isinstance(value, bool):
+        raise InvalidInput(f"invalid value type for '{_EMPTY_FINAL}' parameter, expected bool_param.")
+    return value
 
 
 def set_parameters(target: Any, values: Mapping[str, Any]) -> None:

@@ -7,7 +7,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
@@ -15,17 +15,19 @@ from google.protobuf import json_format
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
-from appliance.budget import MemoryBudget
+from appliance.budget import Account, MemoryBudget
 from appliance.core.dataplane import SERVER_NAME, DataPlane
 from appliance.core.log_settings import LogSettings as LogControl
+from appliance.core.model import ModelVersion
 from appliance.core.shared_memory import SharedMemoryRegistry
 from appliance.core.tensor_checks import DecodeLimits
 from appliance.core.trace_settings import TraceSettings
-from appliance.errors import ApplianceError, ModelNotFound, NotSupported
+from appliance.core.types import InferRequest
+from appliance.errors import ApplianceError, InvalidInput, ModelNotFound, NotSupported
 from appliance.grpc.access import Access, Gate, is_local_peer
-from appliance.grpc.codec import decode_infer_request, encode_infer_response, from_parameters
+from appliance.grpc.codec import decode_infer_request, encode_infer_response, from_parameters, stream_options
 from appliance.grpc.errors import abort, abort_unexpected
-from appliance.grpc.stream import serve_stream
+from appliance.grpc.stream import serve_stream, stream_message
 
 __all__ = ["InferenceService"]
 
@@ -124,22 +126,51 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     # Inference
 
+    async def _decode(self, model: ModelVersion, request: pb.ModelInferRequest, account: Account) -> InferRequest:
+        """The message's bytes and what decoding allocates (or reads from shared memory) count against the
+        memory budget until the request is answered."""
+        size = request.ByteSize()
+        account.reserve(size)
+        if size > _DECODE_OFF_LOOP_BYTES:
+            return await asyncio.to_thread(decode_infer_request, request, self._limits, account.reserve)
+        return decode_infer_request(request, self._limits, account.reserve)
+
     async def infer(self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext) -> pb.ModelInferResponse:
-        """One inference: the model version is held from lookup to response, and the message's bytes and
-        what decoding allocates (or reads from shared memory) count against the memory budget until then."""
+        """One inference: the model version is held from lookup to response."""
         received_ns = time.monotonic_ns()  # the trace's REQUEST_START
         version = request.model_version or None
         with self._dataplane.model(request.model_name, version).in_use() as model, self._budget.account() as account:
-            size = request.ByteSize()
-            account.reserve(size)
-            if size > _DECODE_OFF_LOOP_BYTES:
-                decoded = await asyncio.to_thread(decode_infer_request, request, self._limits, account.reserve)
-            else:
-                decoded = decode_infer_request(request, self._limits, account.reserve)
+            if model.decoupled:
+                raise InvalidInput(
+                    "ModelInfer RPC doesn't support models with decoupled transaction policy; call model "
+                    f"'{model.name}' through ModelStreamInfer (tritonclient: start_stream and async_stream_infer)"
+                )
+            decoded = await self._decode(model, request, account)
+            stream_options(decoded.parameters)
             local = self._local(context) if decoded.uses_shared_memory else False
             response = await self._dataplane.infer(model, decoded, local=local, reserve=account.reserve,
                                                    received_ns=received_ns)
             return encode_infer_response(response)
+
+    async def stream_responses(self, request: pb.ModelInferRequest,
+                               context: grpc.aio.ServicerContext) -> AsyncGenerator[pb.ModelStreamInferResponse, None]:
+        """Every response of one request read from a ModelStreamInfer stream (one, unless the model is
+        decoupled), each as it is ready."""
+        received_ns = time.monotonic_ns()
+        version = request.model_version or None
+        with self._dataplane.model(request.model_name, version).in_use() as model, self._budget.account() as account:
+            decoded = await self._decode(model, request, account)
+            empty_final = stream_options(decoded.parameters)
+            local = self._local(context) if decoded.uses_shared_memory else False
+            responses = await self._dataplane.infer_stream(model, decoded, local=local, reserve=account.reserve,
+                                                           received_ns=received_ns)
+            try:
+                async for item in responses:
+                    message = stream_message(item, request, empty_final)
+                    if message is not None:
+                        yield message
+            finally:
+                responses.close()  # before the final response: the request is cancelled
 
     def _local(self, context: grpc.aio.ServicerContext) -> bool:
         """Whether the caller runs on this host, for client_shm = local."""
@@ -157,7 +188,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             self._gate.refuse_if_stopping()
         except ApplianceError as exc:
             await abort(context, exc)
-        await serve_stream(requests, context, functools.partial(self.infer, context=context), self._gate)
+        await serve_stream(requests, context, functools.partial(self.stream_responses, context=context), self._gate)
 
     # Model repository
 

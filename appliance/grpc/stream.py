@@ -1,6 +1,12 @@
-"""ModelStreamInfer for models that answer each request once: every request read from the stream runs
-at once (so a stream's requests batch with each other and with everyone else's), each answer is written
-as it is ready, and an error ends only its own request, in the stream, as Triton does.
+"""ModelStreamInfer: every request read from the stream runs at once (so a stream's requests batch with
+each other and with everyone else's), each response is written as it is ready, and an error ends only
+its own request, in the stream, as Triton does.
+
+A model that is not decoupled answers each request once; a decoupled one sends zero, one or many
+responses. Every response carries Triton's ``triton_final_response`` parameter (true on the last one of
+its request); when a decoupled model ends a request with the final flag alone, an empty final response
+is written only if the request set ``triton_enable_empty_final_response``. A client that cancels the
+stream (or goes away) cancels its requests in flight: their models see ``request.is_cancelled()``.
 
 When the server stops, the stream reads no further: the requests already read are answered, then the
 stream ends UNAVAILABLE so the client knows that what it sent after that was not served.
@@ -11,51 +17,73 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
 import grpc
 from tritonclient.grpc import service_pb2 as pb
 
+from appliance.core.streaming import StreamItem
 from appliance.errors import ApplianceError, Unavailable
 from appliance.grpc.access import Access, Gate
+from appliance.grpc.codec import encode_infer_response
 from appliance.grpc.errors import abort
 
-__all__ = ["serve_stream"]
+__all__ = ["serve_stream", "stream_message"]
 
 log = logging.getLogger(__name__)
 
-Infer = Callable[[pb.ModelInferRequest], Awaitable[pb.ModelInferResponse]]
+Respond = Callable[[pb.ModelInferRequest], AsyncGenerator[pb.ModelStreamInferResponse, None]]
+
+FINAL = "triton_final_response"
 
 
 def _error(request: pb.ModelInferRequest, message: str) -> pb.ModelStreamInferResponse:
     # The request's id and model come back with the error, so the client can tell which one failed.
-    return pb.ModelStreamInferResponse(
+    answer = pb.ModelStreamInferResponse(
         error_message=message,
         infer_response=pb.ModelInferResponse(model_name=request.model_name, model_version=request.model_version,
                                              id=request.id),
     )
+    answer.infer_response.parameters[FINAL].bool_param = True
+    return answer
 
 
-async def _answer(request: pb.ModelInferRequest, infer: Infer, gate: Gate) -> pb.ModelStreamInferResponse:
-    try:
-        with gate.admit(Access.INFERENCE):
-            return pb.ModelStreamInferResponse(infer_response=await infer(request))
-    except ApplianceError as exc:
-        return _error(request, exc.message)
-    except Exception as exc:  # noqa: BLE001 - a bug: this request fails, the stream goes on
-        log.error("unhandled error serving a ModelStreamInfer request", exc_info=exc)
-        return _error(request, f"internal error: {type(exc).__name__}: {exc}")
+def stream_message(item: StreamItem, request: pb.ModelInferRequest,
+                   empty_final: bool) -> pb.ModelStreamInferResponse | None:
+    """The message for one response of ``request``; None for a final flag the client did not ask to see."""
+    if item.error is not None:
+        message = _error(request, item.error.message)
+    elif item.response is not None:
+        message = pb.ModelStreamInferResponse(infer_response=encode_infer_response(item.response))
+    elif empty_final:
+        message = pb.ModelStreamInferResponse(infer_response=pb.ModelInferResponse(
+            model_name=request.model_name, model_version=request.model_version, id=request.id))
+    else:
+        return None
+    message.infer_response.parameters[FINAL].bool_param = item.final
+    return message
 
 
 async def serve_stream(requests: AsyncIterator[pb.ModelInferRequest], context: grpc.aio.ServicerContext,
-                       infer: Infer, gate: Gate) -> None:
+                       respond: Respond, gate: Gate) -> None:
     writing = asyncio.Lock()  # one write at a time on the stream
     pending: set[asyncio.Task] = set()
 
-    async def respond(request: pb.ModelInferRequest) -> None:
-        message = await _answer(request, infer, gate)
+    async def write(message: pb.ModelStreamInferResponse) -> None:
         async with writing:
-            await context.write(message)
+            await context.write(message)  # waits while the client is slow: the model is held back
+
+    async def answer(request: pb.ModelInferRequest) -> None:
+        try:
+            with gate.admit(Access.INFERENCE):
+                async with contextlib.aclosing(respond(request)) as messages:
+                    async for message in messages:
+                        await write(message)
+        except ApplianceError as exc:
+            await write(_error(request, exc.message))
+        except Exception as exc:  # noqa: BLE001 - a bug: this request fails, the stream goes on
+            log.error("unhandled error serving a ModelStreamInfer request", exc_info=exc)
+            await write(_error(request, f"internal error: {type(exc).__name__}: {exc}"))
 
     stopping = asyncio.ensure_future(gate.wait_stopping())
     reader = aiter(requests)
@@ -72,7 +100,7 @@ async def serve_stream(requests: AsyncIterator[pb.ModelInferRequest], context: g
                 request = read.result()
             except StopAsyncIteration:
                 break
-            task = asyncio.create_task(respond(request))
+            task = asyncio.create_task(answer(request))
             pending.add(task)
             task.add_done_callback(pending.discard)
         if pending:
@@ -83,7 +111,7 @@ async def serve_stream(requests: AsyncIterator[pb.ModelInferRequest], context: g
             read.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await read
-        for task in pending:  # the client went away: its requests are dropped from the queues
+        for task in pending:  # the client went away: its requests are dropped from the queues or cancelled
             task.cancel()
     if interrupted:
         await abort(context, Unavailable("the server is stopping: requests sent on this stream after the "

@@ -35,9 +35,11 @@ __all__ = [
     "MAX_ELEMENTS",
     "decode_bytes_tensor",
     "decode_infer_request",
+    "decode_json_data",
     "decode_raw_request",
     "encode_bytes_tensor",
     "encode_infer_response",
+    "output_text",
     "parse_json_object",
 ]
 
@@ -115,7 +117,7 @@ def _describe(values: np.ndarray) -> str:
             "U": "strings"}.get(values.dtype.kind, "values of mixed or unsupported types")
 
 
-def _decode_json_data(data: Any, datatype: str, shape: tuple[int, ...], count: int, name: str) -> np.ndarray:
+def decode_json_data(data: Any, datatype: str, shape: tuple[int, ...], count: int, name: str) -> np.ndarray:
     # Any nesting is accepted as long as the element count matches, as Triton does (JSON itself is
     # bounded to 1024 levels by orjson).
     if not isinstance(data, list):
@@ -212,7 +214,7 @@ def decode_infer_request(
             data = _decode_binary_data(view, offset, size, datatype, shape, count, name)
             offset += size
         elif "data" in raw:
-            data = _decode_json_data(raw["data"], datatype, shape, count, name)
+            data = decode_json_data(raw["data"], datatype, shape, count, name)
         else:
             raise InvalidInput(f"input '{name}' has neither 'data' nor parameters.binary_data_size")
         inputs.append(InferInput(name, datatype, data))
@@ -241,7 +243,7 @@ def decode_infer_request(
     return InferRequest(inputs, outputs, request_id, _parameters(header, "the request"), shared_inputs)
 
 
-def _text(name: str, item: object) -> str:
+def output_text(name: str, item: object) -> str:
     if not isinstance(item, bytes):
         return str(item)
     try:
@@ -289,7 +291,7 @@ def decode_raw_request(
 
 def _json_data(name: str, array: np.ndarray) -> Any:
     if array.dtype == object:
-        return [_text(name, item) for item in array.ravel()]
+        return [output_text(name, item) for item in array.ravel()]
     # orjson serialises C-contiguous native arrays directly (OPT_SERIALIZE_NUMPY).
     return np.ascontiguousarray(array).ravel()
 

@@ -28,6 +28,7 @@ from appliance.rest.codec import (
     encode_infer_response,
 )
 from appliance.rest.errors import error_response
+from appliance.rest.generate import generate, generate_stream
 from appliance.rest.jsonio import json_response as _json
 from appliance.rest.jsonio import optional_json as _optional_json
 from appliance.rest.keys import BODY_LIMITS, BUDGET, DATAPLANE, LIMITS, LOGS, METRICS, SETTINGS, STATE, TRACES
@@ -121,6 +122,12 @@ def _decode_raw(body: bytes, model: ModelVersion, limits: DecodeLimits,
 
 
 async def _infer(request: web.Request, model: ModelVersion, account: Account, received_ns: int) -> web.Response:
+    if model.decoupled:
+        raise InvalidInput(
+            "HTTP end point doesn't support models with decoupled transaction policy; call model "
+            f"'{model.name}' through POST .../generate_stream (or gRPC ModelStreamInfer), which returns all its "
+            "responses"
+        )
     header_length = _header_length(request)
     body = await _read_body(request, account)
     limits = request.app[LIMITS]
@@ -308,6 +315,8 @@ ROUTES = [
             web.get(prefix + "/ready", model_ready),
             web.get(prefix + "/config", model_config),
             web.post(prefix + "/infer", infer),
+            web.post(prefix + "/generate", generate),
+            web.post(prefix + "/generate_stream", generate_stream),
             web.get(prefix + "/stats", model_statistics),
             web.get(prefix + "/selection", model_selection),
         )

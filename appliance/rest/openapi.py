@@ -65,6 +65,16 @@ _INFER_BODY = {
 }
 
 
+_GENERATE_BODY = {
+    "type": "object",
+    "description": "Keys naming a model input are that input (a value or a flat list, shaped to the input); "
+                   "other keys are request parameters; 'id' is the request id.",
+    "properties": {"id": {"type": "string"}, "parameters": {"type": "object"}},
+    "additionalProperties": True,
+}
+_EVENTS = {"description": "OK", "content": {"text/event-stream": {"schema": {"type": "string"}}}}
+
+
 def _model_paths() -> dict[str, Any]:
     paths: dict[str, Any] = {}
     for prefix, parameters in (("/v2/models/{model}", [_MODEL]), ("/v2/models/{model}/versions/{version}",
@@ -76,6 +86,14 @@ def _model_paths() -> dict[str, Any]:
         paths[prefix + "/infer"] = {"post": _operation(
             "Inference (JSON, or Triton's binary tensor extension with Inference-Header-Content-Length)",
             _JSON, body=_INFER_BODY, parameters=parameters, errors=(400, 401, 404, 408, 413, 415, 500, 503))}
+        paths[prefix + "/generate"] = {"post": _operation(
+            "Triton's generate extension: inputs and parameters as top-level keys, exactly one response as flat "
+            "JSON", _JSON, body=_GENERATE_BODY, parameters=parameters,
+            errors=(400, 401, 404, 408, 413, 415, 500, 503))}
+        paths[prefix + "/generate_stream"] = {"post": _operation(
+            "Triton's generate extension, streaming: every response (of a decoupled model, as it is sent) as a "
+            'server-sent event `data: {...}`; errors after the first event as `data: {"error": "..."}`',
+            _EVENTS, body=_GENERATE_BODY, parameters=parameters, errors=(400, 401, 404, 408, 413, 415, 500, 503))}
         paths[prefix + "/stats"] = {"get": _operation("Statistics (Triton's statistics extension)", _JSON,
                                                       parameters=parameters)}
         paths[prefix + "/selection"] = {"get": _operation("Measured plan selection for the model", _JSON,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -14,6 +14,7 @@ import numpy as np
 from appliance.core.scheduler.policy import SchedulerPolicy
 
 if TYPE_CHECKING:
+    from appliance.backends.base import ResponseSink
     from appliance.core.tracing import Trace
 
 __all__ = ["Pending", "RequestQueue"]
@@ -37,6 +38,9 @@ class Pending:
     queued: bool = False
     completed: bool = False
     trace: Trace | None = None
+    sink: ResponseSink | None = None
+    """Where a decoupled model's responses go (see appliance.core.streaming)."""
+    cancelled: Callable[[], bool] | None = None
     request_id: str = ""
 
 

@@ -9,10 +9,11 @@ waiter gets a result or an exception: a failed batch fails each request in it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import itertools
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -26,6 +27,7 @@ from appliance.core.stats import BatchTiming, ModelStats
 from appliance.errors import ApplianceError, InferenceFailed, Unavailable
 
 if TYPE_CHECKING:
+    from appliance.backends.base import ResponseSink
     from appliance.core.tracing import Trace
 
 __all__ = ["Scheduler"]
@@ -94,10 +96,14 @@ class Scheduler:
         batch_size: int,
         parameters: Mapping[str, Any],
         trace: Trace | None = None,
+        sink: ResponseSink | None = None,
+        cancelled: Callable[[], bool] | None = None,
         request_id: str = "",
     ) -> dict[str, np.ndarray]:
         """Queue one validated request and wait for its outputs; ``trace`` gets QUEUE_START and the
-        COMPUTE_* timestamps of the batch it ran in."""
+        COMPUTE_* timestamps of the batch it ran in. For a decoupled model, ``sink`` receives the
+        responses and this returns once the backend's ``run_requests`` has (the instance is free again
+        while responses may still follow); ``cancelled`` is the request's cancellation probe."""
         assert self._loop is not None, "Scheduler.start() was not called"
         if self._closing:
             raise Unavailable(f"model {self.label} is unloading", retry_after=1)
@@ -115,7 +121,7 @@ class Scheduler:
         # Sequence numbers go only to accepted requests: preserve_ordering waits for each of them.
         pending = Pending(
             inputs, tuple(outputs), batch_size, key, loop.create_future(), loop.time(), level, next(self._seq),
-            parameters, trace=trace, request_id=request_id,
+            parameters, trace=trace, sink=sink, cancelled=cancelled, request_id=request_id,
         )
         if trace is not None:
             trace.mark("QUEUE_START")
@@ -254,8 +260,7 @@ class Scheduler:
         assert self._loop is not None
         now = self._loop.time()
         queue_ns = [int((now - p.arrival) * 1e9) for p in batch]
-        requests = [BackendRequest(p.inputs, p.outputs, p.parameters, p.size, request_id=p.request_id,
-                                   timeout_us=_timeout_us(p.parameters)) for p in batch]
+        requests = [_backend_request(p) for p in batch]
         work = functools.partial(execute_batch, requests=requests)
         self._in_flight += len(batch)
         future = self.pool.execute(index, work)
@@ -309,6 +314,14 @@ def _timeout_us(parameters: Mapping[str, Any]) -> int:
     """The client's ``timeout`` parameter (microseconds, Triton's), 0 when it set none."""
     value = parameters.get("timeout")
     return int(value) if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def _backend_request(pending: Pending) -> BackendRequest:
+    request = BackendRequest(pending.inputs, pending.outputs, pending.parameters, pending.size, sink=pending.sink,
+                             request_id=pending.request_id, timeout_us=_timeout_us(pending.parameters))
+    if pending.cancelled is not None:
+        request = dataclasses.replace(request, cancelled=pending.cancelled)
+    return request
 
 
 def _mark_compute(trace: Trace, timing: BatchTiming) -> None:

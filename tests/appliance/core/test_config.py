@@ -7,6 +7,7 @@ from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from appliance.core.config import (
+    check_decoupled,
     complete_config,
     config_from_json,
     config_to_json,
@@ -164,7 +165,6 @@ def test_config_pbtxt_is_read_with_a_bound(tmp_path):
 
 @pytest.mark.parametrize("text, words", [
     ("sequence_batching { max_sequence_idle_microseconds: 5000000 }", "sequence_batching is not supported"),
-    ("model_transaction_policy { decoupled: true }", "decoupled models"),
 ])
 def test_configs_this_server_cannot_honour_fail_to_load(tmp_path, text, words):
     (tmp_path / "m").mkdir()
@@ -174,3 +174,14 @@ def test_configs_this_server_cannot_honour_fail_to_load(tmp_path, text, words):
     with pytest.raises(ConfigError, match=words):
         config_from_json(json.dumps(json_format.MessageToDict(
             text_format.Parse(text, mc.ModelConfig()), preserving_proto_field_name=True)), "m")
+
+
+def test_decoupled_configs_load_for_backends_that_send_many_responses(tmp_path):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.pbtxt").write_text('backend: "python" model_transaction_policy { decoupled: true }')
+    config = read_config(tmp_path / "m")
+    assert config.model_transaction_policy.decoupled
+    check_decoupled(config, "python", True)
+    with pytest.raises(ConfigError, match="the onnxruntime backend cannot serve decoupled models.*drop the policy"):
+        check_decoupled(config, "onnxruntime", False)
+    check_decoupled(mc.ModelConfig(name="m"), "onnxruntime", False)  # not decoupled: nothing to refuse

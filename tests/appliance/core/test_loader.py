@@ -119,3 +119,9 @@ def test_an_explicit_instance_group_serves_as_written(tmp_path, selector, load):
     model = load(write_model(tmp_path, "cnn", cnn_model(), config=config), selector).versions[1]
     assert all(c.get("instances") in (0, None) for c in model.selection["candidates"])
     assert model.scheduler.pool.size == 1
+
+
+def test_a_decoupled_onnx_model_fails_to_load_with_the_reason(load, versions):
+    model_dir = versions('platform: "onnxruntime_onnx" model_transaction_policy { decoupled: true }')
+    with pytest.raises(ConfigError, match="the onnxruntime backend cannot serve decoupled models"):
+        load(model_dir)

@@ -1,0 +1,144 @@
+"""Triton's generate extension bodies <-> core requests/responses (pure functions, no aiohttp).
+
+A request is a flat JSON object: each top-level key (and each key of a nested ``parameters`` object)
+that names a model input becomes that input, a scalar or a flat list shaped to the input's metadata
+shape (Triton's two passes: fixed dimensions divide the element count, the innermost variable one
+takes the rest, any other variable one is 1); every other key becomes a request parameter (string,
+integer, boolean or number). ``id`` is also the request's id.
+
+A response is one flat JSON object: ``id`` (when the request had one), ``model_name``,
+``model_version``, each response parameter, and each output by name, one element as a JSON scalar and
+more as a flat list. When names collide the first of those wins, as in Triton.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import orjson
+
+from appliance.core.signature import ModelSignature
+from appliance.core.tensor_checks import BYTES_ELEMENT_OVERHEAD, DecodeLimits
+from appliance.core.types import InferInput, InferRequest, InferResponse
+from appliance.errors import InferenceFailed, InvalidInput
+from appliance.rest.codec import decode_json_data, output_text, parse_json_object
+from appliance.tensors import element_size
+
+__all__ = ["decode_generate_request", "encode_generate_response", "sse_event"]
+
+_NESTED = "parameters"
+
+
+def _ignore(size: int) -> None:
+    pass
+
+
+def _shape(name: str, metadata_shape: list[int], count: int) -> tuple[int, ...]:
+    """The input's shape for ``count`` elements (Triton's ExactMappingInput)."""
+    error = InvalidInput(f"The schema can not convert input '{name}' to tensor with proper shape")
+    remaining = count
+    for dim in reversed(metadata_shape):
+        if dim != -1:
+            if dim == 0 or remaining % dim:
+                if dim == 0 and remaining == 0:
+                    continue
+                raise error
+            remaining //= dim
+    shape = list(metadata_shape)
+    for index in reversed(range(len(shape))):
+        if shape[index] == -1:
+            shape[index], remaining = remaining, 1
+    if remaining != 1 and not (count == 0 and math.prod(shape) == 0):
+        raise error
+    return tuple(shape)
+
+
+def _parameter(name: str, value: Any) -> Any:
+    if isinstance(value, (str, bool, int, float)):
+        return value
+    raise InvalidInput(f"parameter '{name[:255]}' has invalid type. It should be either 'int', 'bool', or 'string'.")
+
+
+class _Decoder:
+    def __init__(self, signature: ModelSignature, limits: DecodeLimits, reserve: Callable[[int], None],
+                 json_bytes: int) -> None:
+        self.signature = signature
+        self.limits = limits
+        self.reserve = reserve
+        self.json_bytes = json_bytes
+        self.inputs: list[InferInput] = []
+        self.parameters: dict[str, Any] = {}
+
+    def members(self, document: dict[str, Any], nested: bool) -> None:
+        for key, value in document.items():
+            if key == _NESTED and not nested:
+                if key in self.signature.inputs:
+                    raise InvalidInput(f"Keyword '{key}' for nested schema also given as input tensor name")
+                if not isinstance(value, dict):
+                    raise InvalidInput(f"Expected JSON object for keyword: '{key}'")
+                self.members(value, nested=True)
+            elif key in self.signature.inputs:
+                self.tensor(key, value)
+            else:
+                self.parameters[key] = _parameter(key, value)
+
+    def tensor(self, name: str, value: Any) -> None:
+        if any(t.name == name for t in self.inputs):
+            raise InvalidInput(f"input '{name}' is given twice (at the top level and in 'parameters')")
+        if len(self.inputs) >= self.limits.max_inputs:
+            raise InvalidInput(f"the request has more than {self.limits.max_inputs} inputs")
+        items = value if isinstance(value, list) else [value]
+        if any(isinstance(item, (list, dict)) for item in items):
+            raise InvalidInput(f"input '{name}': generate takes a value or a flat list of values")
+        if len(items) > self.limits.max_tensor_elements:
+            raise InvalidInput(
+                f"input '{name}' has {len(items)} elements; at most {self.limits.max_tensor_elements} are allowed")
+        spec = self.signature.inputs[name]
+        shape = _shape(name, self.signature.full_shape(spec), len(items))
+        itemsize = element_size(spec.datatype)
+        self.reserve(min(len(items), self.json_bytes) * (BYTES_ELEMENT_OVERHEAD if itemsize is None else itemsize))
+        self.inputs.append(InferInput(name, spec.datatype, decode_json_data(items, spec.datatype, shape, len(items),
+                                                                             name)))
+
+
+def decode_generate_request(body: bytes, signature: ModelSignature, limits: DecodeLimits,
+                            reserve: Callable[[int], None] = _ignore) -> InferRequest:
+    """A generate body as an inference request for a model with ``signature`` (an empty body is {})."""
+    document = parse_json_object(body, "a JSON object of inputs and parameters") if body.strip() else {}
+    request_id = document.get("id")
+    if request_id is not None and not isinstance(request_id, str):
+        raise InvalidInput("Unable to parse 'id': it must be a string")
+    decoder = _Decoder(signature, limits, reserve, len(body))
+    decoder.members(document, nested=False)
+    return InferRequest(decoder.inputs, [], request_id, decoder.parameters)
+
+
+def _value(name: str, data: np.ndarray) -> Any:
+    if data.dtype == object:
+        values: list[Any] = [output_text(name, item) for item in data.ravel()]
+    else:
+        values = data.ravel().tolist()
+    return values[0] if len(values) == 1 else values
+
+
+def encode_generate_response(response: InferResponse) -> bytes:
+    """One response as Triton's generate JSON (keys sorted, as Triton writes them)."""
+    document: dict[str, Any] = {output.name: _value(output.name, output.data) for output in response.outputs}
+    document.update(response.parameters)
+    document["model_name"] = response.model_name
+    document["model_version"] = str(response.model_version)
+    if response.id:
+        document["id"] = response.id
+    try:
+        return orjson.dumps(document, option=orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY)
+    except orjson.JSONEncodeError as exc:
+        raise InferenceFailed(f"the response of model '{response.model_name}' cannot be written as JSON: {exc}; "
+                              "response parameters must be strings, integers, booleans or numbers") from None
+
+
+def sse_event(payload: bytes) -> bytes:
+    """One server-sent event holding a JSON document (which never contains a newline)."""
+    return b"data: " + payload + b"\n\n"
