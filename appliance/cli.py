@@ -52,6 +52,9 @@ def _serve_parser(sub: Any) -> None:
     p.add_argument("--load-model", dest="load_models", action="append", metavar="NAME",
                    help="in explicit mode, load this model at start (repeatable; '*' for all)")
     p.add_argument("--repository-poll-secs", type=float, help="poll mode: seconds between re-scans (default 15)")
+    p.add_argument("--exit-timeout-secs", dest="exit_timeout", type=float,
+                   help="at stop, seconds to wait for Python model processes stuck in a call before killing "
+                        "them (default 30, as Triton)")
     p.add_argument("--no-selection", dest="selection", action="store_const", const=False,
                    help="serve each model with its config's backend, without measuring plans")
     p.add_argument("--retune", action="store_const", const=True, help="ignore cached plan decisions, measure again")

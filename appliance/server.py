@@ -17,7 +17,8 @@ from pathlib import Path
 
 import hardware_probe
 from appliance import __version__
-from appliance.backends import RuntimeOptions
+from appliance.backends import BackendServices, RuntimeOptions
+from appliance.backends.children import ChildProcesses
 from appliance.backends.python.arena import remove_stale_arenas
 from appliance.budget import MemoryBudget
 from appliance.core.dataplane import DataPlane
@@ -31,6 +32,7 @@ from appliance.core.tracing import Tracer
 from appliance.errors import ConfigError
 from appliance.examples import ensure_example_repository, example_repository
 from appliance.lifecycle import Lifecycle
+from appliance.metrics.custom import CustomMetrics
 from appliance.metrics.service import MetricsService
 from appliance.metrics.store import Retention
 from appliance.selection import Selector
@@ -129,7 +131,8 @@ class Appliance:
             log.info("removed %d shared-memory arenas left by model processes that died", len(stale))
         token = await asyncio.to_thread(control_token, settings, state)
         registries: list[ModelRegistry] = []  # the metrics start first, to see the models load
-        metrics = await cls._start_metrics(settings, state, registries, lifecycle)
+        custom_metrics = CustomMetrics() if settings.metrics else None
+        metrics = await cls._start_metrics(settings, state, registries, lifecycle, custom_metrics)
         shared_memory = SharedMemoryRegistry(
             settings.client_shm,
             SharedMemoryLimits(settings.shm_max_regions, settings.shm_max_bytes),
@@ -144,12 +147,17 @@ class Appliance:
         if scratch is not None:
             lifecycle.on_close("the temporary example repository",
                                lambda: asyncio.to_thread(shutil.rmtree, scratch, True))
+        children = ChildProcesses()
+        # Closed after the models (below): what is left then are model processes stuck in a call.
+        lifecycle.on_close("the model processes", lambda: cls._end_children(children, settings.exit_timeout))
         registry = ModelRegistry(
             repository,
             runtime_options(settings),
             retune=settings.retune,
             drain_timeout=settings.shutdown_timeout,
             on_event=metrics.event if metrics is not None else None,
+            services=BackendServices(metrics=custom_metrics, processes=children),
+            control_mode=settings.model_control_mode,
         )
         try:
             await asyncio.to_thread(registry.discover)
@@ -180,12 +188,12 @@ class Appliance:
 
     @staticmethod
     async def _start_metrics(settings: Settings, state: StateDir, registries: list[ModelRegistry],
-                             lifecycle: Lifecycle) -> MetricsService | None:
+                             lifecycle: Lifecycle, custom: CustomMetrics | None) -> MetricsService | None:
         if not settings.metrics:
             return None
         service = MetricsService(
             settings.metrics_db, _retention(settings), settings.metrics_interval,
-            lambda: registries[0].ready_versions() if registries else [], state,
+            lambda: registries[0].ready_versions() if registries else [], state, custom=custom,
         )
         await service.start()
         service.event("daemon_start", detail={"version": __version__})
@@ -218,6 +226,15 @@ class Appliance:
         if settings.model_repository is not None:
             return settings.model_repository, None
         return example_repository(settings.example_repository_dir, state)
+
+    @staticmethod
+    async def _end_children(children: ChildProcesses, exit_timeout: float) -> None:
+        if not children.alive():
+            return
+        log.info("waiting up to %.0f s (exit_timeout) for model processes still busy", exit_timeout)
+        killed = await asyncio.to_thread(children.stop, exit_timeout)
+        if killed:
+            log.warning("killed the processes of models %s: still busy after exit_timeout", ", ".join(killed))
 
     @staticmethod
     async def _close_models(registry: ModelRegistry) -> None:

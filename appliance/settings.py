@@ -104,6 +104,10 @@ class Settings:
     shutdown_timeout: float = 10.0
     """Seconds a stopping daemon waits for in-flight requests: one deadline for the whole stop (requests
     still running then are cancelled; models get a second more to finish and close)."""
+    exit_timeout: float = 30.0
+    """Triton's --exit-timeout-secs: once the models are closed, seconds the daemon still waits for
+    Python model processes that could not close (stuck in execute() or initialize()) before it kills
+    them and exits."""
     auth_token: str | None = None
     """Bearer token for control endpoints (and inference when protect_inference); default: the token
     kept in <state_dir>/auth-token, created 0600 on first start."""
@@ -169,6 +173,8 @@ class Settings:
             raise ConfigError(
                 f"model_control_mode must be none, poll or explicit, got {self.model_control_mode!r}"
             )
+        if self.exit_timeout < 0:
+            raise ConfigError(f"exit_timeout must be >= 0 seconds, got {self.exit_timeout}")
         if self.repository_poll_secs <= 0:
             raise ConfigError(f"repository_poll_secs must be > 0, got {self.repository_poll_secs}")
         if self.metrics_interval <= 0:

@@ -12,6 +12,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from appliance.backends import (
     Backend,
     BackendInfo,
+    BackendServices,
     LoadContext,
     RuntimeOptions,
     named,
@@ -95,6 +96,8 @@ class _ModelLoad:
     """Measure again even where a decision is cached."""
     explicit_instances: bool
     """The user's config set instance_group (before auto-completion added one)."""
+    services: BackendServices | None = None
+    """What the daemon lends backends (see LoadContext.services)."""
 
 
 def _load_version(
@@ -111,7 +114,8 @@ def _load_version(
     threads = threads_per_instance(options, count)
 
     def context(index: int, cfg: mc.ModelConfig, artefacts: Path | None = None) -> LoadContext:
-        return LoadContext(model_dir.name, version, model_file, cfg, options, index, threads, artefacts)
+        return LoadContext(model_dir.name, version, model_file, cfg, options, index, threads, artefacts,
+                           services=load.services)
 
     selection: dict | None = None
     target = info
@@ -178,6 +182,7 @@ def load_model(
     retune: bool = False,
     config_override: mc.ModelConfig | None = None,
     traffic: dict[int, dict] | None = None,
+    services: BackendServices | None = None,
 ) -> LoadedModel:
     """Parse, auto-complete and load every version the policy selects.
 
@@ -200,7 +205,8 @@ def load_model(
     info = resolve_backend(model_dir.name, config.backend, config.platform, list(available.values()))
     config.name = config.name or model_dir.name
     check_decoupled(config, info.name, info.decoupled)  # before any instance loads
-    load = _ModelLoad(model_dir, info, options, selector, retune, explicit_instances=bool(config.instance_group))
+    load = _ModelLoad(model_dir, info, options, selector, retune, explicit_instances=bool(config.instance_group),
+                      services=services)
     selected = select_versions(config, available)
     versions: dict[int, ModelVersion] = {}
     failures: dict[int, str] = {}

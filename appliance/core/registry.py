@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 from tritonclient.grpc import model_config_pb2 as mc
 
 from appliance.backends import RuntimeOptions
+from appliance.backends.base import BackendServices
+from appliance.core.calls import LocalModels
 from appliance.core.loader import LoadedModel, load_model
 from appliance.core.model import ModelVersion
 from appliance.errors import ApplianceError, ConfigError, InvalidInput, ModelNotFound, ModelNotReady
@@ -79,9 +81,12 @@ def parse_version(text: str | None) -> int | None:
 class ModelRegistry:
     def __init__(self, repository: Path, options: RuntimeOptions, selector: Selector | None = None,
                  retune: bool = False, drain_timeout: float = 10.0,
-                 on_event: Callable[[str, str, int | None, dict], None] | None = None) -> None:
+                 on_event: Callable[[str, str, int | None, dict], None] | None = None,
+                 services: BackendServices | None = None, control_mode: str = "none") -> None:
         """``on_event`` is told of model_loaded / model_failed / backend_chosen / model_unloaded (kind,
-        model, version, detail): the metrics history records them."""
+        model, version, detail): the metrics history records them. ``services``: what the daemon lends
+        backends; the registry adds its own models to it (``LocalModels``: Python models call models),
+        which may load and unload models when ``control_mode`` is explicit."""
         self.repository = repository
         self._drain_timeout = drain_timeout
         self._locks: dict[str, asyncio.Lock] = {}
@@ -91,6 +96,8 @@ class ModelRegistry:
         self._on_event = on_event
         self._retune = retune
         self._models: dict[str, ModelEntry] = {}
+        self._calls = LocalModels(self, explicit=control_mode == "explicit")
+        self._services = dataclasses.replace(services or BackendServices(), models=self._calls)
 
     def scan(self) -> list[Path]:
         """Model directories in the repository (hidden entries and plain files are skipped)."""
@@ -157,6 +164,7 @@ class ModelRegistry:
         close. A failed reload keeps the old versions serving and reports the failure. ``traffic``: per
         version, the traffic profile to tune it on (see retune)."""
         path = self.model_dir(name)
+        self._calls.bind(asyncio.get_running_loop())
         async with self._lock(name):
             if not path.is_dir():
                 raise ModelNotFound(f"failed to load '{name}': no such model in the repository {self.repository}")
@@ -166,7 +174,8 @@ class ModelRegistry:
                 entry.state, entry.reason = ModelState.LOADING, ""
             try:
                 loaded: LoadedModel = await asyncio.to_thread(
-                    load_model, path, self._options, self._selector, self._retune, config_override, traffic
+                    load_model, path, self._options, self._selector, self._retune, config_override, traffic,
+                    self._services,
                 )
             except Exception as exc:
                 message = exc.message if isinstance(exc, ApplianceError) else f"{type(exc).__name__}: {exc}"

@@ -18,6 +18,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from appliance.core.model import ModelVersion
+from appliance.metrics.custom import CustomMetrics
 from appliance.metrics.prometheus import TritonCollector, render
 from appliance.metrics.samples import Snapshotter
 from appliance.metrics.store import MetricsStore, Retention, SchemaTooNew
@@ -31,12 +32,16 @@ log = logging.getLogger(__name__)
 
 class MetricsService:
     def __init__(self, path: Path, retention: Retention, interval: float,
-                 models: Callable[[], list[ModelVersion]], state: StateDir) -> None:
+                 models: Callable[[], list[ModelVersion]], state: StateDir,
+                 custom: CustomMetrics | None = None) -> None:
+        """``custom``: metric families models define (Python models' pb_utils.MetricFamily), exported
+        after the server's own."""
         self.path = path
         self._retention = retention
         self._interval = interval
         self._models = models
         self._state = state
+        self._custom = custom
         self._store: MetricsStore | None = None
         """None: no history (read-only state dir, or a database that cannot be opened)."""
         self._snapshots = Snapshotter()
@@ -106,7 +111,8 @@ class MetricsService:
             log.exception("metrics tick failed")
 
     def prometheus(self) -> bytes:
-        return render(self._registry)
+        text = render(self._registry)
+        return text + self._custom.exposition().encode() if self._custom is not None else text
 
     async def stop(self) -> None:
         """Take a last sample, write everything queued, close the database."""

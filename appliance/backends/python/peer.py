@@ -29,9 +29,14 @@ _CODES = {HTTPStatus.NOT_FOUND: 2, HTTPStatus.BAD_REQUEST: 3, HTTPStatus.SERVICE
           HTTPStatus.NOT_IMPLEMENTED: 5, HTTPStatus.CONFLICT: 6}
 
 
+_GRPC_CODES = {"UNKNOWN": 0, "ALREADY_EXISTS": 6, "CANCELLED": 7}
+
+
 def _error(exc: BaseException) -> tuple[str, int]:
     if isinstance(exc, ModelError):
         return exc.message, exc.code
+    if isinstance(exc, ApplianceError) and exc.grpc_code in _GRPC_CODES:
+        return exc.message, _GRPC_CODES[exc.grpc_code]
     if isinstance(exc, ApplianceError):
         return exc.message, _CODES.get(exc.status, 1)
     return f"{type(exc).__name__}: {exc}", 1
