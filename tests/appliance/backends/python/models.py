@@ -159,7 +159,8 @@ class TritonPythonModel:
         self.family = pb_utils.MetricFamily(name="surface_requests", description="Requests seen by surface",
                                             kind=pb_utils.MetricFamily.COUNTER)
         self.counter = self.family.Metric(labels={"model": "surface", "version": "1"})
-        hist = pb_utils.MetricFamily(name="surface_values", description="First values", kind=pb_utils.MetricFamily.HISTOGRAM)
+        hist = pb_utils.MetricFamily(name="surface_values", description="First values",
+                                     kind=pb_utils.MetricFamily.HISTOGRAM)
         self.hist = hist.Metric(labels={"model": "surface"}, buckets=[0.0, 1.0, 10.0])
         gauge = pb_utils.MetricFamily(name="surface_last", description="Last value", kind=pb_utils.MetricKind.GAUGE)
         self.gauge = gauge.Metric(labels={})
