@@ -1,0 +1,78 @@
+"""model.py as Triton imports it (a module of package ``<version>``: sibling modules and relative imports
+work), instance names in Triton's format, parameters without transport keys, errors in initialize()."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from appliance.backends.base import BackendRequest
+from appliance.backends.python.backend import model_parameters
+from appliance.errors import ConfigError
+from tests.appliance.backends.python.harness import loaded, write_model
+
+CONFIG = """
+backend: "python"
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 2 ] } ]
+output [ { name: "y" data_type: TYPE_FP32 dims: [ 2 ] }, { name: "name" data_type: TYPE_STRING dims: [ 1 ] } ]
+instance_group [ { count: 2 kind: KIND_CPU }, { count: 1 kind: KIND_CPU } ]
+"""
+
+PACKAGED = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from .helpers import double
+from helpers import double as double_too
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.name = args["model_instance_name"]
+
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "x").as_numpy()
+            out.append(pb_utils.InferenceResponse([
+                pb_utils.Tensor("y", double(x) + double_too(x) * 0),
+                pb_utils.Tensor("name", np.array([self.name.encode()], dtype=object))]))
+        return out
+"""
+
+HELPERS = """
+def double(x):
+    return x * 2
+"""
+
+
+@pytest.mark.parametrize("index,name", [(0, "packaged_0_0"), (1, "packaged_0_1"), (2, "packaged_1_0")])
+def test_model_py_is_a_package_module_and_names_its_instance_as_triton(tmp_path, index, name):
+    model = write_model(tmp_path, "packaged", PACKAGED, CONFIG, files={"helpers.py": HELPERS})
+    with loaded(model, CONFIG, instance_index=index) as backend:
+        (result,) = backend.run_requests([BackendRequest({"x": np.array([1, 2], np.float32)}, ["y", "name"])]).results
+        assert result["y"].tolist() == [2, 4]
+        assert result["name"].tolist() == [name.encode()]
+
+
+def test_request_parameters_leave_out_transport_keys():
+    parameters = {"mode": "fast", "n": 1, "binary_data_output": True, "shared_memory_region": "r",
+                  "sequence_id": 3, "sequence_start": True, "priority": 1, "timeout": 10, "triton_x": 1}
+    assert model_parameters(parameters) == '{"mode": "fast", "n": 1}'
+
+
+RAISES_IN_INITIALIZE = """
+class TritonPythonModel:
+    def initialize(self, args):
+        raise RuntimeError("no weights found")
+
+    def execute(self, requests):
+        return []
+"""
+
+
+def test_an_exception_in_initialize_fails_the_load_with_its_message(tmp_path):
+    model = write_model(tmp_path, "bad", RAISES_IN_INITIALIZE, CONFIG)
+    with pytest.raises(ConfigError, match="initialize\\(\\) of model 'bad' failed: RuntimeError: no weights found"):
+        with loaded(model, CONFIG):
+            pass

@@ -1,0 +1,210 @@
+"""Model processes that misbehave: a hung execute() or initialize() at stop (the daemon kills them after
+exit_timeout and exits), a daemon killed with SIGKILL (no model process outlives it; its arenas are
+removed at the next start), a process that dies while it initializes (the load says so)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+
+from appliance.backends.python.arena import ARENA_PREFIX
+from tests.processes import child_pids
+
+CONFIG = """
+backend: "python"
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 2 ] } ]
+output [ { name: "y" data_type: TYPE_FP32 dims: [ 2 ] } ]
+"""
+
+HANGS_IN_EXECUTE = """
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        time.sleep(3600)
+"""
+
+HANGS_IN_INITIALIZE = """
+import time
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        time.sleep(3600)
+
+    def execute(self, requests):
+        return []
+"""
+
+DIES_IN_INITIALIZE = """
+import os
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        os._exit(7)
+
+    def execute(self, requests):
+        return []
+"""
+
+ECHO = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("y", pb_utils.get_input_tensor_by_name(r, "x").as_numpy())])
+                for r in requests]
+"""
+
+EXIT_TIMEOUT = 2.0
+SHUTDOWN_TIMEOUT = 1.0
+
+
+def _repository(root: Path, **models: str) -> Path:
+    for name, source in models.items():
+        (root / name / "1").mkdir(parents=True)
+        (root / name / "1" / "model.py").write_text(textwrap.dedent(source))
+        (root / name / "config.pbtxt").write_text(CONFIG)
+    return root
+
+
+def _stubs(daemon_pid: int) -> list[int]:
+    return [pid for pid in child_pids(daemon_pid) if b"appliance.backends.python.stub" in _cmdline(pid)]
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}").exists() and b"Z" not in Path(f"/proc/{pid}/stat").read_bytes().split(b")")[1][:3]
+
+
+def _wait_gone(pids: list[int], timeout: float) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        left = [pid for pid in pids if _alive(pid)]
+        if not left:
+            return []
+        time.sleep(0.1)
+    return [pid for pid in pids if _alive(pid)]
+
+
+def _call(url: str, model: str) -> None:
+    with httpclient.InferenceServerClient(url, network_timeout=120) as client:
+        x = httpclient.InferInput("x", [2], "FP32")
+        x.set_data_from_numpy(np.ones(2, np.float32))
+        try:
+            client.infer(model, [x])
+        except Exception:  # noqa: BLE001 - the daemon stops under it
+            pass
+
+
+def test_a_hung_execute_does_not_stop_the_daemon_from_exiting(start_daemon, tmp_path):
+    repo = _repository(tmp_path / "repo", hangs=HANGS_IN_EXECUTE)
+    daemon = start_daemon(repo, "--exit-timeout-secs", str(EXIT_TIMEOUT),
+                          env={"APPLIANCE_SHUTDOWN_TIMEOUT": str(SHUTDOWN_TIMEOUT)})
+    stubs = _stubs(daemon.process.pid)
+    assert len(stubs) == 1
+    caller = threading.Thread(target=_call, args=(daemon.url, "hangs"), daemon=True)
+    caller.start()
+    time.sleep(1.0)  # the request is in execute() now
+    start = time.monotonic()
+    daemon.process.send_signal(signal.SIGTERM)
+    daemon.process.wait(SHUTDOWN_TIMEOUT + EXIT_TIMEOUT + 20)
+    took = time.monotonic() - start
+    assert took < SHUTDOWN_TIMEOUT + EXIT_TIMEOUT + 10
+    assert _wait_gone(stubs, 5) == []
+    assert "did not finish within exit_timeout" in daemon.log()
+
+
+def test_a_hung_initialize_does_not_stop_the_daemon_from_exiting(start_daemon, tmp_path):
+    repo = _repository(tmp_path / "repo", stuck=HANGS_IN_INITIALIZE)
+    daemon = start_daemon(repo, "--exit-timeout-secs", str(EXIT_TIMEOUT), wait_loaded=False,
+                          env={"APPLIANCE_SHUTDOWN_TIMEOUT": str(SHUTDOWN_TIMEOUT)})
+    deadline = time.monotonic() + 30
+    while not _stubs(daemon.process.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    stubs = _stubs(daemon.process.pid)
+    assert stubs
+    time.sleep(1.0)
+    start = time.monotonic()
+    daemon.process.send_signal(signal.SIGTERM)
+    daemon.process.wait(SHUTDOWN_TIMEOUT + EXIT_TIMEOUT + 20)
+    assert time.monotonic() - start < SHUTDOWN_TIMEOUT + EXIT_TIMEOUT + 10
+    assert _wait_gone(stubs, 5) == []
+
+
+def test_no_model_process_outlives_a_killed_daemon_and_its_arenas_go_at_the_next_start(start_daemon, tmp_path):
+    repo = _repository(tmp_path / "repo", echo=ECHO)
+    daemon = start_daemon(repo)
+    _call(daemon.url, "echo")  # arenas exist on both sides now
+    stubs = _stubs(daemon.process.pid)
+    owners = {daemon.process.pid, *stubs}
+    arenas = [name for name in os.listdir("/dev/shm") if name.startswith(ARENA_PREFIX)
+              and int(name.removeprefix(ARENA_PREFIX).split("-", 1)[0]) in owners]
+    assert arenas
+    daemon.process.kill()
+    daemon.process.wait(10)
+    assert _wait_gone(stubs, 10) == []
+    left = [name for name in arenas if os.path.exists(f"/dev/shm/{name}")]
+    assert left  # a SIGKILL leaves them behind ...
+    again = start_daemon(repo)
+    assert [name for name in arenas if os.path.exists(f"/dev/shm/{name}")] == []  # ... the next start removes them
+    again.stop()
+
+
+def test_a_process_that_dies_during_initialize_fails_the_load_saying_so(start_daemon, tmp_path):
+    repo = _repository(tmp_path / "repo", dies=DIES_IN_INITIALIZE, echo=ECHO)
+    daemon = start_daemon(repo, "--no-strict-readiness")
+    with httpclient.InferenceServerClient(daemon.url) as client:
+        index = {row["name"]: row for row in client.get_model_repository_index()}
+        assert index["echo"]["state"] == "READY"
+    assert index["dies"]["state"] == "UNAVAILABLE"
+    assert "the model process of 'dies' exited with code 7 during initialize()" in index["dies"]["reason"]
+    assert "restarted" not in index["dies"]["reason"]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_model_process_dies_with_its_parent_even_when_its_channel_stays_open(tmp_path):
+    """The parent-death signal alone (the channel's other end kept open by a grandchild) ends the stub."""
+    script = textwrap.dedent(f"""
+        import os, socket, subprocess, sys, time
+        a, b = socket.socketpair()
+        model = {str(_repository(tmp_path / 'repo', echo=ECHO) / 'echo' / '1' / 'model.py')!r}
+        stub = subprocess.Popen([sys.executable, "-m", "appliance.backends.python.stub", str(b.fileno()), model,
+                                 str(os.getpid())], pass_fds=(b.fileno(),))
+        keeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], pass_fds=(a.fileno(),))
+        open({str(tmp_path / 'pids')!r}, "w").write(f"{{stub.pid}} {{keeper.pid}}")
+        time.sleep(1.5)
+        os._exit(0)
+    """)
+    subprocess.run([sys.executable, "-c", script], timeout=60, env={**os.environ, "PYTHONPATH": os.getcwd()},
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+    stub, keeper = (int(p) for p in (tmp_path / "pids").read_text().split())
+    try:
+        assert _wait_gone([stub], 10) == []
+    finally:
+        os.kill(keeper, signal.SIGKILL)
