@@ -73,6 +73,6 @@ class TritonPythonModel:
 
 def test_an_exception_in_initialize_fails_the_load_with_its_message(tmp_path):
     model = write_model(tmp_path, "bad", RAISES_IN_INITIALIZE, CONFIG)
-    with pytest.raises(ConfigError, match="initialize\\(\\) of model 'bad' failed: RuntimeError: no weights found"):
-        with loaded(model, CONFIG):
-            pass
+    with (pytest.raises(ConfigError, match="initialize\\(\\) of model 'bad' failed: RuntimeError: no weights found"),
+          loaded(model, CONFIG)):
+        pass
