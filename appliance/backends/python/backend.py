@@ -60,7 +60,7 @@ class _Instance:
         self.process.send(message)
 
     def _free(self, block: int) -> None:
-        self.process.send(("free", block))
+        self.process.send(("free", [block]))
 
     def _ended(self) -> None:
         try:

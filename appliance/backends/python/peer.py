@@ -78,6 +78,8 @@ class Peer:
 
     def on_infer(self, message: tuple) -> None:
         _, call, ref, descriptors, meta = message
+        for block in meta.get("released", ()):
+            self.blocks.free(block)
         inputs = self.attachments.read(ref, descriptors) if ref is not None else {}
         models = self._services.models
         if models is None:
@@ -131,7 +133,8 @@ class Peer:
             cancel()
 
     def on_free(self, message: tuple) -> None:
-        self.blocks.free(message[1])
+        for block in message[1]:
+            self.blocks.free(block)
 
     # -- questions -------------------------------------------------------------------------------
 

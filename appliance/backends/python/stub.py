@@ -208,6 +208,7 @@ def serve(rt: Runtime, commands: queue.SimpleQueue, model_file: Path) -> None:
         requests = _requests(inputs.get(arena_info), batch, copy=model.decoupled)
         reply, output = _execute(model, requests, rt, output)
         rt.send(reply)
+        rt.flush_released()
     try:
         model.call("finalize")
     except Exception as exc:
@@ -226,7 +227,8 @@ def _read(rt: Runtime, commands: queue.SimpleQueue) -> None:
             if kind in _COMMANDS:
                 commands.put(message)
             elif kind == "free":
-                rt.blocks.free(message[1])
+                for block in message[1]:
+                    rt.blocks.free(block)
             else:
                 rt.answer(message)
     except (EOFError, OSError):

@@ -60,7 +60,7 @@ def _start(request: InferenceRequest, decoupled: bool, deliver: Callable[[Infere
         "model_name": request.model_name, "model_version": request.model_version,
         "outputs": request.requested_output_names(), "id": request.request_id(),
         "correlation_id": request.correlation_id(), "flags": request.flags(), "timeout": request.timeout(),
-        "parameters": request.parameters(), "decoupled": decoupled,
+        "parameters": request.parameters(), "decoupled": decoupled, "released": rt.take_released(),
     }
     rt.send(("infer", call, ref, descriptors, meta))
     return call

@@ -46,6 +46,15 @@ def _parameters_json(parameters: Any) -> str:
     return json.dumps(parameters)
 
 
+def _text(value: Any, what: str) -> str:
+    """A string argument as Triton's bindings take it: str, or bytes holding UTF-8 (a BYTES element)."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8")
+    if isinstance(value, str):
+        return str(value)
+    raise TritonModelException(f"{what} must be a string, not {type(value).__name__}")
+
+
 class InferenceResponse:
     def __init__(self, output_tensors: Iterable[Tensor] | None = None, error: TritonError | str | None = None,
                  parameters: dict | str | None = None) -> None:
@@ -111,14 +120,14 @@ class InferenceRequest:
         for tensor in self._inputs:
             if not isinstance(tensor, Tensor):
                 raise TritonModelException(f"inputs must hold pb_utils.Tensor objects, not {type(tensor).__name__}")
-        self._requested = list(requested_output_names)
-        self._id = request_id
+        self._requested = [_text(name, "requested_output_names") for name in requested_output_names]
+        self._id = _text(request_id, "request_id")
         self._correlation_id = correlation_id
         self._flags = int(flags)
         self._timeout = int(timeout)
         self._parameters = _parameters_json(parameters)
         self._trace = trace
-        self.model_name = model_name
+        self.model_name = _text(model_name, "model_name")
         self.model_version = int(model_version)
         self._key: int | None = None  # set on the requests the server hands to execute()
         self._sender: ResponseSender | None = None

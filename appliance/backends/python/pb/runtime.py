@@ -32,10 +32,32 @@ class Runtime:
         self._ids = itertools.count(1)
         self._calls: dict[int, Callable[[tuple], bool]] = {}
         self._calls_lock = threading.Lock()
+        self._released: list[int] = []
+        self._released_lock = threading.Lock()
 
     def send(self, message: tuple) -> None:
         with self._send_lock:
             self.conn.send(message)
+
+    def release(self, block: int) -> None:
+        """The daemon may reuse one of its blocks (its tensors were copied out). Told with the next BLS call
+        or after the next execute(), not at once: a message less on every call's path."""
+        with self._released_lock:
+            self._released.append(block)
+            if len(self._released) < _RELEASE_BATCH:
+                return
+            blocks, self._released = self._released, []
+        self.send(("free", blocks))
+
+    def take_released(self) -> list[int]:
+        with self._released_lock:
+            blocks, self._released = self._released, []
+        return blocks
+
+    def flush_released(self) -> None:
+        blocks = self.take_released()
+        if blocks:
+            self.send(("free", blocks))
 
     def start_call(self, on_answer: Callable[[tuple], bool]) -> int:
         """A new call id; ``on_answer(message)`` gets each answer and returns True on the last one. If the
@@ -83,6 +105,7 @@ class Runtime:
         self.attachments.close()
 
 
+_RELEASE_BATCH = 64
 _current: Runtime | None = None
 
 

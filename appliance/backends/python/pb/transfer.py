@@ -43,7 +43,7 @@ def read_tensors(ref: BlockRef | None, descriptors: list[Descriptor]) -> list[Te
         return []
     current = runtime.current()
     arrays = current.attachments.read(ref, descriptors)
-    current.send(("free", ref[0]))
+    current.release(ref[0])
     return [Tensor(name, array) for name, array in arrays.items()]
 
 
