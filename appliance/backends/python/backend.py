@@ -101,11 +101,13 @@ class PythonBackend(Backend):
         self._instance: _Instance | None = instance
         self._described = described
 
-    def inputs(self) -> None:
-        return None  # a model.py declares its tensors in config.pbtxt or auto_complete_config()
+    # A model.py declares its tensors in config.pbtxt or auto_complete_config(): the core checks those
+    # declarations (None); a model that declares none has none, which Triton allows (a BLS driver).
+    def inputs(self) -> list | None:
+        return None if self._described.get("input") else []
 
-    def outputs(self) -> None:
-        return None
+    def outputs(self) -> list | None:
+        return None if self._described.get("output") else []
 
     def completed_config(self, config: Any) -> Any:
         """The config after the model's own auto_complete_config()."""

@@ -79,5 +79,7 @@ def forward_logging(rt: Runtime) -> None:
     root.setLevel(logging.INFO)
 
 
-# Triton spells the levels pb_utils.Logger.LogLevel.INFO as well.
+# Triton spells the levels pb_utils.Logger.LogLevel.INFO and pb_utils.Logger.INFO as well.
 setattr(Logger, "LogLevel", LogLevel)  # noqa: B010
+for _level in LogLevel:
+    setattr(Logger, _level.name, _level)

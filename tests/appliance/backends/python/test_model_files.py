@@ -76,3 +76,28 @@ def test_an_exception_in_initialize_fails_the_load_with_its_message(tmp_path):
     with (pytest.raises(ConfigError, match="initialize\\(\\) of model 'bad' failed: RuntimeError: no weights found"),
           loaded(model, CONFIG)):
         pass
+
+
+NO_INPUTS_CONFIG = """
+backend: "python"
+output [ { name: "y" data_type: TYPE_INT32 dims: [ 1 ] } ]
+"""
+
+NO_INPUTS = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("y", np.array([len(r.inputs())], np.int32))])
+                for r in requests]
+"""
+
+
+def test_a_model_with_no_inputs_loads_as_under_triton(tmp_path):
+    model = write_model(tmp_path, "driver", NO_INPUTS, NO_INPUTS_CONFIG)
+    with loaded(model, NO_INPUTS_CONFIG) as backend:
+        assert backend.inputs() == []
+        (result,) = backend.run_requests([BackendRequest({}, ["y"])]).results
+        assert result["y"].tolist() == [0]

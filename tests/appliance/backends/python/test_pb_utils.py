@@ -137,4 +137,4 @@ def test_calls_that_need_the_server_say_so_outside_it():
 
 def test_logger_levels():
     assert [level.name for level in pb_utils.Logger.LogLevel] == ["INFO", "WARNING", "ERROR", "VERBOSE"]
-    assert pb_utils.LogLevel.ERROR == pb_utils.Logger.LogLevel.ERROR
+    assert pb_utils.LogLevel.ERROR == pb_utils.Logger.LogLevel.ERROR == pb_utils.Logger.ERROR
