@@ -31,18 +31,20 @@ TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
 
 
 def _parameters_json(parameters: Any) -> str:
+    """Parameters as Triton keeps them: JSON text of a dict of str keys to bool, int or str values."""
     if parameters is None:
         return "{}"
-    if isinstance(parameters, str):
-        json.loads(parameters)  # must be a JSON object, as in Triton
+    if isinstance(parameters, str):  # already JSON (the server's own requests)
+        json.loads(parameters)
         return parameters
     if not isinstance(parameters, dict):
-        raise TritonModelException("parameters must be a dict (or its JSON text)")
+        raise TritonModelException(f"parameters must be a dict, found type {type(parameters)}")
     for key, value in parameters.items():
-        if not isinstance(key, str) or not isinstance(value, (str, int, bool)):
+        if not isinstance(key, str):
+            raise TritonModelException(f"Expect parameters keys to have type str, found type {type(key)}")
+        if not isinstance(value, (str, int, bool)):
             raise TritonModelException(
-                f"parameter {key!r}: keys must be strings and values str, int or bool (as in Triton)"
-            )
+                f"Expect parameters values to have type bool/int/str, found type {type(value)}")
     return json.dumps(parameters)
 
 
