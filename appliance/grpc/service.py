@@ -166,6 +166,8 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                                                            received_ns=received_ns)
             try:
                 async for item in responses:
+                    if item.final:
+                        responses.close()  # counted in the statistics before the client sees the end
                     message = stream_message(item, request, empty_final)
                     if message is not None:
                         yield message

@@ -79,6 +79,8 @@ async def generate_stream(request: web.Request) -> web.StreamResponse:
         try:
             stream: web.StreamResponse | None = None
             async for item in responses:
+                if item.final:
+                    responses.close()  # counted in the statistics before the client sees the end
                 event = _event(item)
                 if event is None:
                     continue
