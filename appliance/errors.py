@@ -35,6 +35,9 @@ class ApplianceError(Exception):
     """Base of every error the daemon reports to a client."""
 
     status: HTTPStatus = HTTPStatus.INTERNAL_SERVER_ERROR
+    grpc_code: str | None = None
+    """The gRPC status (a grpc.StatusCode name) where it is not the one ``status`` maps to (Triton's
+    UNKNOWN, ALREADY_EXISTS and CANCELLED are all 400 over HTTP, each its own code over gRPC)."""
 
     def __init__(self, message: str) -> None:
         super().__init__(message)

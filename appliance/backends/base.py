@@ -16,8 +16,9 @@ import importlib
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -27,12 +28,19 @@ from appliance.tensors import RuntimeTensor
 if TYPE_CHECKING:
     from tritonclient.grpc.model_config_pb2 import ModelConfig
 
+    from appliance.backends.children import ChildProcesses
+    from appliance.metrics.custom import CustomMetrics
+
 __all__ = [
     "Backend",
     "BackendInfo",
     "BackendRequest",
+    "BackendServices",
     "BatchResult",
     "LoadContext",
+    "ModelCall",
+    "ModelCalls",
+    "Outputs",
     "ResponseSink",
     "RuntimeOptions",
     "threads_per_instance",
@@ -77,6 +85,8 @@ class LoadContext:
     """Threads this instance may use inside one operator (0 = the runtime's default)."""
     artefacts: Path | None = None
     """A model-cache directory where the runtime keeps (and on later starts finds) compiled artefacts."""
+    services: BackendServices | None = None
+    """What the daemon lends the backend (None in the CLI's tools and where nothing is lent)."""
 
     @property
     def version_dir(self) -> Path:
@@ -103,6 +113,63 @@ class ResponseSink(Protocol):
         parameters: Mapping[str, object] | None = None,
         final: bool = False,
     ) -> None: ...
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ModelCall:
+    """One request a backend makes to another model of this server (Triton's BLS)."""
+
+    model_name: str
+    inputs: Mapping[str, np.ndarray]
+    outputs: Sequence[str] = ()
+    """Outputs wanted; empty means all of them."""
+    model_version: int = -1
+    """-1: the newest ready version."""
+    request_id: str = ""
+    correlation_id: int | str = 0
+    flags: int = 0
+    timeout_us: int = 0
+    parameters: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+class ModelCalls(Protocol):
+    """The daemon's models as a backend may call them: through the same schedulers as every other
+    request (they batch together and count in the statistics). Every method may be called from any
+    thread; none blocks on the model it calls."""
+
+    def infer(self, call: ModelCall) -> Future[Outputs]:
+        """The outputs, or the error (an ApplianceError carrying the status a client would get)."""
+
+    def stream(self, call: ModelCall, sink: ResponseSink) -> Callable[[], None]:
+        """Every response of the call goes to ``sink`` (one then final for a model that is not
+        decoupled); returns a function that cancels the call."""
+
+    def ready(self, name: str, version: str = "") -> bool: ...
+
+    def load(self, name: str, config: str = "") -> Future[None]: ...
+
+    def unload(self, name: str, unload_dependents: bool = False) -> Future[None]: ...
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BackendServices:
+    """What the daemon lends its backends, made once by the composition root."""
+
+    models: ModelCalls | None = None
+    """The daemon's models, for backends whose models call models (Triton's BLS)."""
+    metrics: CustomMetrics | None = None
+    """Metric families a model defines, exported on /metrics."""
+    processes: ChildProcesses | None = None
+    """Child processes a backend starts, which the daemon ends at stop (within exit_timeout)."""
+
+
+class Outputs(dict[str, np.ndarray]):
+    """One request's outputs, with the response parameters the model set (Triton's
+    ``InferenceResponse(parameters=...)``), which go back to the client."""
+
+    def __init__(self, tensors: Mapping[str, np.ndarray], parameters: Mapping[str, object] | None = None) -> None:
+        super().__init__(tensors)
+        self.parameters: Mapping[str, object] = dict(parameters or {})
 
 
 def _never() -> bool:

@@ -14,6 +14,7 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from appliance.backends import BackendInfo
+from appliance.backends.base import Outputs
 from appliance.core.classification import classify
 from appliance.core.config import input_reshapes
 from appliance.core.scheduler import Scheduler
@@ -110,7 +111,7 @@ class ModelVersion:
         # No outputs named: every output the model has, none classified.
         wanted = request.outputs or [RequestedOutput(name) for name in self.signature.outputs]
         results = await self.scheduler.submit(inputs, [o.name for o in wanted], batch_size, request.parameters,
-                                              request.trace)
+                                              request.trace, request_id=request.id or "")
         outputs = []
         for requested in wanted:
             data = results.get(requested.name)
@@ -118,7 +119,9 @@ class ModelVersion:
                 raise InferenceFailed(
                     f"model '{self.name}' version {self.version} did not produce output '{requested.name}'")
             outputs.append(self._output(requested, data))
-        return InferResponse(self.name, self.version, outputs, id=request.id)
+        # A model may set response parameters (Triton's Python InferenceResponse(parameters=...)).
+        parameters = dict(results.parameters) if isinstance(results, Outputs) else {}
+        return InferResponse(self.name, self.version, outputs, id=request.id, parameters=parameters)
 
     def _output(self, requested: RequestedOutput, data: np.ndarray) -> InferOutput:
         name = requested.name
@@ -142,7 +145,7 @@ class ModelVersion:
         wanted = request.outputs or [RequestedOutput(name) for name in self.signature.outputs]
         submitted = asyncio.ensure_future(self.scheduler.submit(
             inputs, [o.name for o in wanted], batch_size, request.parameters, request.trace,
-            sink=channel, cancelled=channel.cancelled))
+            request_id=request.id or "", sink=channel, cancelled=channel.cancelled))
 
         def ran(task: asyncio.Future) -> None:
             # run_requests returned: responses may still follow (Triton), unless it failed the request.

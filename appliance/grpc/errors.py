@@ -34,6 +34,8 @@ _CODES = {
 def status_code(error: ApplianceError) -> grpc.StatusCode:
     if isinstance(error, AlreadyExists):  # a 400 over HTTP, as Triton's; gRPC has a code of its own
         return grpc.StatusCode.ALREADY_EXISTS
+    if error.grpc_code is not None:
+        return grpc.StatusCode[error.grpc_code]
     code = _CODES.get(HTTPStatus(error.status))
     if code is not None:
         return code

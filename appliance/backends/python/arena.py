@@ -7,16 +7,18 @@ by a bigger one, whose path travels with the next descriptor.
 
 from __future__ import annotations
 
+import itertools
 import mmap
 import os
 import tempfile
+import threading
 from typing import Any
 
 import numpy as np
 
 from appliance.tensors import decode_bytes_tensor, encode_bytes_tensor, numpy_dtype, v2_datatype
 
-__all__ = ["ARENA_PREFIX", "Arena", "Descriptor", "remove_stale_arenas"]
+__all__ = ["ARENA_PREFIX", "Arena", "Attachments", "BlockRef", "Blocks", "Descriptor", "remove_stale_arenas"]
 
 Descriptor = tuple[str, str, tuple[int, ...], int, int]
 """(name, v2 datatype, shape, offset, size in bytes)"""
@@ -128,3 +130,99 @@ def _alive(pid: int) -> bool:
     except PermissionError:  # exists, another user's
         return True
     return True
+
+
+BlockRef = tuple[int, str, int]
+"""(block id, arena path, arena size): what a reader needs to find one message's tensors."""
+
+
+class _Segment:
+    def __init__(self, size: int) -> None:
+        self.arena = Arena.create(size)
+        self.top = 0
+        self.live = 0
+
+
+class Blocks:
+    """The writer's side of messages that overlap (streamed responses, BLS calls in flight at once):
+    each message's tensors go into a block of a shared segment, and the block stays untouched until
+    the reader says it is done with it (``free``). A segment whose blocks are all free is reused from
+    the start; a full one is followed by a bigger one, and retired once its last block is freed."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._segments: list[_Segment] = []
+        self._blocks: dict[int, _Segment] = {}
+        self._ids = itertools.count(1)
+
+    def write(self, tensors: list[tuple[str, np.ndarray]]) -> tuple[BlockRef, list[Descriptor]]:
+        needed = max(Arena.needed(tensors), _ALIGN)
+        with self._lock:
+            segment = self._segment_for(needed)
+            descriptors, end = segment.arena.write(tensors, segment.top)
+            segment.top = max(end, segment.top + _ALIGN)
+            segment.live += 1
+            block = next(self._ids)
+            self._blocks[block] = segment
+            return (block, segment.arena.path, segment.arena.size), descriptors
+
+    def _segment_for(self, needed: int) -> _Segment:
+        current = self._segments[-1] if self._segments else None
+        if current is not None:
+            if current.live == 0:
+                current.top = 0
+            if current.top + needed <= current.arena.size:
+                return current
+        segment = _Segment(max(needed * 2, current.arena.size * 2 if current else 1 << 20))
+        self._segments.append(segment)
+        return segment
+
+    def free(self, block: int) -> None:
+        with self._lock:
+            segment = self._blocks.pop(block, None)
+            if segment is None:
+                return
+            segment.live -= 1
+            if segment.live == 0 and segment is not self._segments[-1]:
+                self._segments.remove(segment)
+                segment.arena.close()
+
+    @property
+    def in_use(self) -> int:
+        """Blocks written and not yet freed."""
+        with self._lock:
+            return len(self._blocks)
+
+    def close(self) -> None:
+        with self._lock:
+            for segment in self._segments:
+                segment.arena.close()
+            self._segments.clear()
+            self._blocks.clear()
+
+
+class Attachments:
+    """The reader's side of ``Blocks``: the peer's segments, attached as they show up. Tensors are read
+    as copies, so a segment the peer retired can be let go of; the newest few stay attached."""
+
+    KEEP = 4
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._arenas: dict[str, Arena] = {}
+
+    def read(self, ref: BlockRef, descriptors: list[Descriptor]) -> dict[str, np.ndarray]:
+        _, path, size = ref
+        with self._lock:
+            arena = self._arenas.pop(path, None) or Arena.attach(path, size)
+            self._arenas[path] = arena  # most recently used last
+            tensors = {d[0]: arena.read(d, copy=True) for d in descriptors}
+            while len(self._arenas) > self.KEEP:
+                self._arenas.pop(next(iter(self._arenas))).close()
+        return tensors
+
+    def close(self) -> None:
+        with self._lock:
+            for arena in self._arenas.values():
+                arena.close()
+            self._arenas.clear()

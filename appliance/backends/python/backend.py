@@ -1,111 +1,77 @@
 """The daemon's side of the Python backend: one model process per instance.
 
 The model process is started with ``python -m appliance.backends.python.stub`` (not fork: the daemon
-has threads and runtimes loaded), talks over a socket pair, and exchanges tensors through shared-memory
-arenas. A model process that dies fails the requests it was running and is started again for the next
-batch; a model that raises fails only the batch it was given.
+has threads and runtimes loaded), talks over a socket pair (see ``process``), and exchanges tensors
+through shared-memory arenas. A model process that dies fails the requests it was running and is
+started again for the next batch; one that dies while it initializes fails the load. A model that
+raises fails only the batch it was given; a decoupled model's responses stream to each request's sink.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
-import socket
-import subprocess
-import sys
 from collections.abc import Mapping, Sequence
-from http import HTTPStatus
-from multiprocessing.connection import Connection
 from typing import Any
 
 import numpy as np
 from google.protobuf import json_format
 
-from appliance.backends.base import Backend, BackendRequest, BatchResult, LoadContext
-from appliance.backends.python.arena import Arena
+from appliance.backends.base import Backend, BackendRequest, BatchResult, LoadContext, Outputs
+from appliance.backends.python.arena import Arena, Attachments
+from appliance.backends.python.peer import Peer
+from appliance.backends.python.process import ModelProcess, ProcessExited
+from appliance.backends.python.requests import ModelError, OpenRequests, model_error
 from appliance.config_json import config_to_json
-from appliance.errors import ApplianceError, ConfigError, InferenceFailed
+from appliance.errors import ConfigError, InferenceFailed
 
-__all__ = ["PythonBackend"]
+__all__ = ["ModelError", "PythonBackend", "model_parameters"]
 
 log = logging.getLogger(__name__)
 
-# TritonError codes -> HTTP status of the request that got them.
-_ERROR_STATUS = {2: HTTPStatus.NOT_FOUND, 3: HTTPStatus.BAD_REQUEST, 4: HTTPStatus.SERVICE_UNAVAILABLE,
-                 5: HTTPStatus.BAD_REQUEST}
+# Request parameters that steer the transport or the scheduler, not the model: request.parameters()
+# leaves them out, as Triton's does.
+_TRANSPORT_PREFIXES = ("shared_memory_", "binary_data", "sequence_", "triton_")
+_TRANSPORT_KEYS = frozenset({"priority", "timeout", "headers"})
 
 
-class ModelError(ApplianceError):
-    """An error a model.py returned for one request (InferenceResponse(error=TritonError(...)))."""
+def model_parameters(parameters: Mapping[str, object]) -> str:
+    """The request's own parameters as the JSON text ``request.parameters()`` returns."""
+    kept = {key: value for key, value in parameters.items()
+            if key not in _TRANSPORT_KEYS and not key.startswith(_TRANSPORT_PREFIXES)}
+    return json.dumps(kept, default=str)
 
-    def __init__(self, message: str, status: HTTPStatus) -> None:
-        super().__init__(message)
-        self.status = status
 
-
-class _ModelProcess:
-    """One running model.py process and its control connection."""
+class _Instance:
+    """One model process with everything that lives as long as it does."""
 
     def __init__(self, context: LoadContext) -> None:
-        parent, child = socket.socketpair()
-        env = dict(os.environ)
-        if context.threads:
-            env["OMP_NUM_THREADS"] = str(context.threads)
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "appliance.backends.python.stub", str(child.fileno()), str(context.model_file)],
-            pass_fds=(child.fileno(),), env=env,
-        )
-        child.close()
-        self.conn = Connection(parent.detach())
-        self.output_arena: Arena | None = None
+        self.requests = OpenRequests(context.model_name, attachments=Attachments(), free=self._free)
+        services = context.services
+        self.peer = Peer(context.model_name, self._send, self.requests, services)
+        self.process = ModelProcess(context, self.peer.handlers())
+        self.process.on_exit(self._ended)
+        self._children = services.processes if services is not None else None
+        if self._children is not None:
+            self._children.register(self.process)
 
-    def call(self, message: tuple) -> tuple:
-        self.conn.send(message)
-        return self.receive()
+    def _send(self, message: tuple) -> None:
+        self.process.send(message)
 
-    def receive(self) -> tuple:
-        try:
-            reply = self.conn.recv()
-        except (EOFError, OSError):
-            code = self.process.wait()
-            raise InferenceFailed(
-                f"the model process exited with code {code} while handling the request; it is restarted "
-                "for the next request"
-            ) from None
-        if reply[0] == "crashed":
-            raise ConfigError(f"model.py failed: {reply[1]}\n{reply[2]}")
-        return reply
+    def _free(self, block: int) -> None:
+        self.process.send(("free", block))
 
-    def outputs(self, info: dict) -> Arena:
-        if self.output_arena is None or self.output_arena.path != info["path"]:
-            self._drop_output_arena()
-            self.output_arena = Arena.attach(info["path"], info["size"])
-        return self.output_arena
-
-    def _drop_output_arena(self) -> None:
-        if self.output_arena is not None:
-            self.output_arena.close()
-            try:  # the model process made it; remove it in case that process cannot
-                os.unlink(self.output_arena.path)
-            except FileNotFoundError:
-                pass
-            self.output_arena = None
+    def _ended(self) -> None:
+        code = self.process.process.poll()
+        self.requests.fail_all(f"the model process exited with code {code}")
+        self.peer.close()
 
     def stop(self, timeout: float = 5.0) -> None:
-        if self.process.poll() is None:
-            try:
-                self.conn.send(("finalize",))
-                self.conn.poll(timeout) and self.conn.recv()
-            except (EOFError, OSError):
-                pass
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self.conn.close()
-        self._drop_output_arena()
+        try:
+            self.process.stop(timeout)
+        finally:
+            if self._children is not None:
+                self._children.unregister(self.process)
 
 
 class PythonBackend(Backend):
@@ -114,17 +80,22 @@ class PythonBackend(Backend):
     def __init__(self, context: LoadContext) -> None:
         self._context = context
         self._inputs_arena: Arena | None = None
-        self._process: _ModelProcess | None = None
         self._config_json: dict = {}
-        process = _ModelProcess(context)
-        try:
-            _, described = process.call(("describe", config_to_json(context.config)))
-        except BaseException:
-            process.stop()
-            raise
-        self._process = process
-        self._described = described
+        self._decoupled = False
         self._ready = False
+        instance = _Instance(context)
+        try:
+            _, described = instance.process.call(("describe", config_to_json(context.config)),
+                                                 "running auto_complete_config()")
+        except ProcessExited as exc:
+            instance.stop()
+            raise ConfigError(f"the model process of '{context.model_name}' exited with code {exc.code} "
+                              "while loading model.py") from None
+        except BaseException:
+            instance.stop()
+            raise
+        self._instance: _Instance | None = instance
+        self._described = described
 
     def inputs(self) -> None:
         return None  # a model.py declares its tensors in config.pbtxt or auto_complete_config()
@@ -145,10 +116,19 @@ class PythonBackend(Backend):
 
     def _args(self) -> dict[str, str]:
         context = self._context
+        group = 0
+        index = context.instance_index
+        # Triton names instances <model>_<group>_<index in group> (instance_group entries in order).
+        for position, entry in enumerate(context.config.instance_group):
+            count = entry.count if entry.count > 0 else 1
+            if index < count:
+                group = position
+                break
+            index -= count
         return {
             "model_config": json.dumps(self._config_json),
             "model_instance_kind": "CPU",
-            "model_instance_name": f"{context.model_name}_{context.instance_index}",
+            "model_instance_name": f"{context.model_name}_{group}_{index}",
             "model_instance_device_id": "0",
             "model_repository": str(context.version_dir.parent),
             "model_version": str(context.version),
@@ -158,22 +138,31 @@ class PythonBackend(Backend):
     def configure(self, config: Any) -> None:
         """Initialize the model with the final (auto-completed) config."""
         self._config_json = config_to_json(config)
+        self._decoupled = bool(config.model_transaction_policy.decoupled)
         self._initialize()
 
     def _initialize(self) -> None:
-        assert self._process is not None
-        reply = self._process.call(("initialize", self._args()))
+        assert self._instance is not None
+        name = self._context.model_name
+        try:
+            reply = self._instance.process.call(("initialize", self._args()), "running initialize()")
+        except ProcessExited as exc:
+            raise ConfigError(
+                f"the model process of '{name}' exited with code {exc.code} during initialize()"
+            ) from None
         if reply[0] != "ready":
-            raise ConfigError(f"model.py initialize() failed: {reply}")
+            raise ConfigError(f"initialize() of model '{name}' failed: {reply[1]}")
         self._ready = True
 
     def _restart(self) -> None:
-        if self._process is not None:
-            self._process.stop(timeout=1)
+        if self._instance is not None:
+            self._instance.stop(timeout=1)
         log.warning("restarting the model process of %s (instance %d)", self._context.model_name,
                     self._context.instance_index)
-        self._process = _ModelProcess(self._context)
-        self._process.call(("describe", self._config_json))
+        self._ready = False
+        self._instance = _Instance(self._context)
+        self._instance.process.call(("describe", config_to_json(self._context.config)),
+                                    "running auto_complete_config()")
         self._initialize()
 
     def run(self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]) -> dict[str, np.ndarray]:
@@ -182,10 +171,7 @@ class PythonBackend(Backend):
             raise result
         return result
 
-    def run_requests(self, requests: Sequence[BackendRequest]) -> BatchResult:
-        if self._process is None or self._process.process.poll() is not None or not self._ready:
-            self._restart()
-        assert self._process is not None
+    def _write_inputs(self, requests: Sequence[BackendRequest], keys: list[int]) -> tuple[dict, list[dict]]:
         tensors = [list(r.inputs.items()) for r in requests]
         needed = sum(Arena.needed(t) for t in tensors)
         if self._inputs_arena is None or self._inputs_arena.size < needed:
@@ -193,31 +179,56 @@ class PythonBackend(Backend):
                 self._inputs_arena.close()
             self._inputs_arena = Arena.create(needed * 2)
         batch, offset = [], 0
-        for request, request_tensors in zip(requests, tensors):
+        for key, request, request_tensors in zip(keys, requests, tensors):
             descriptors, offset = self._inputs_arena.write(request_tensors, offset)
-            batch.append({"inputs": descriptors, "outputs": list(request.outputs),
-                          "parameters": dict(request.parameters)})
+            batch.append({"key": key, "inputs": descriptors, "outputs": list(request.outputs),
+                          "id": request.request_id, "correlation_id": request.correlation_id,
+                          "flags": request.flags, "timeout": request.timeout_us,
+                          "parameters": model_parameters(request.parameters)})
+        return self._inputs_arena.info(), batch
+
+    def run_requests(self, requests: Sequence[BackendRequest]) -> BatchResult:
+        if self._instance is None or not self._instance.process.alive or not self._ready:
+            self._restart()
+        assert self._instance is not None
+        instance = self._instance
+        keys = instance.requests.open(requests, streamed=self._decoupled)
+        results: list[dict[str, np.ndarray] | BaseException]
         try:
-            reply = self._process.call(("execute", self._inputs_arena.info(), batch))
-        except InferenceFailed:
+            arena_info, batch = self._write_inputs(requests, keys)
+            reply = instance.process.call(("execute", arena_info, batch))
+        except ProcessExited as exc:
             self._ready = False
-            raise
+            error = InferenceFailed(f"{exc.message}; it is restarted for the next request")
+            results = [error for _ in requests]
+        else:
+            results = self._results(reply, len(requests))
+        instance.requests.finish_batch(keys, results)
+        return BatchResult(results)
+
+    def _results(self, reply: tuple, count: int) -> list[dict[str, np.ndarray] | BaseException]:
+        assert self._instance is not None
         if reply[0] == "failed":
-            raise InferenceFailed(f"model.py execute() failed: {reply[1]}")
+            error = InferenceFailed(f"model.py execute() failed: {reply[1]}")
+            return [error for _ in range(count)]
         _, arena_info, packed = reply
-        arena = self._process.outputs(arena_info)
+        if packed is None:  # decoupled: the responses went to the sinks
+            return [{} for _ in range(count)]
+        arena = self._instance.process.outputs(arena_info)
         results: list[dict[str, np.ndarray] | BaseException] = []
         for item in packed:
             if item[0] == "error":
-                results.append(ModelError(item[1], _ERROR_STATUS.get(item[2], HTTPStatus.INTERNAL_SERVER_ERROR)))
+                results.append(model_error((item[1], item[2])))
             else:
-                results.append({d[0]: arena.read(d, copy=True) for d in item[1]})
-        return BatchResult(results)
+                parameters = json.loads(item[2]) if item[2] else {}
+                results.append(Outputs({d[0]: arena.read(d, copy=True) for d in item[1]}, parameters))
+        return results
 
     def close(self) -> None:
-        if self._process is not None:
-            self._process.stop()
-            self._process = None
+        if self._instance is not None:
+            self._instance.stop()
+            self._instance = None
         if self._inputs_arena is not None:
             self._inputs_arena.close()
             self._inputs_arena = None
+

@@ -1,14 +1,24 @@
-"""The model process: loads a Triton model.py and serves execute() calls from the daemon.
+"""The model process: loads a Triton model.py and serves the daemon's commands.
 
-Run by the daemon as ``python -m appliance.backends.python.stub FD MODEL_FILE``, with FD one end of a
-socket pair. Messages are small pickled tuples; tensors travel through shared-memory arenas.
+Run by the daemon as ``python -m appliance.backends.python.stub FD MODEL_FILE DAEMON_PID``, with FD one
+end of a socket pair. The main thread runs the commands (describe, initialize, execute, finalize) in
+order; a reader thread receives everything, answers the model's own calls (BLS, is_cancelled) as they
+come back, and ends the process when the daemon goes away. Tensors travel through shared-memory arenas.
 """
 
 from __future__ import annotations
 
-import importlib.util
+import asyncio
+import ctypes
+import importlib
+import inspect
+import json
 import logging
+import os
+import queue
+import signal
 import sys
+import threading
 import traceback
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -16,18 +26,40 @@ from typing import Any
 
 from appliance.backends.python import triton_python_backend_utils as pb_utils
 from appliance.backends.python.arena import Arena
+from appliance.backends.python.pb import runtime
+from appliance.backends.python.pb.logger import forward_logging
+from appliance.backends.python.pb.runtime import Runtime
+from appliance.backends.python.pb.transfer import error_of, tensors_of
 
 log = logging.getLogger("appliance.python-stub")
 
+_COMMANDS = frozenset({"describe", "initialize", "execute", "finalize"})
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with(daemon_pid: int) -> None:
+    """Be killed when the daemon dies, however it dies (SIGKILL included). The daemon starts model
+    processes from a thread that lives as long as it does (PR_SET_PDEATHSIG follows the forking
+    thread); the reader thread's end-of-file on the channel is the second, portable guard."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != daemon_pid:  # it died before the prctl took effect
+        os._exit(0)
+
 
 def _load_model_class(model_file: Path) -> type:
-    # model.py files import the utilities as a top-level module, as under Triton.
+    """Import model.py as Triton does: as module ``model`` of package ``<version>``, with the version
+    directory and the model directory on sys.path, so that relative imports and sibling modules work."""
     sys.modules["triton_python_backend_utils"] = pb_utils
-    sys.path.insert(0, str(model_file.parent))
-    spec = importlib.util.spec_from_file_location(f"appliance_model_{abs(hash(model_file))}", model_file)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    version_dir = model_file.parent
+    sys.path.append(str(version_dir))
+    sys.path.append(str(version_dir.parent))
+    module = importlib.import_module(f"{version_dir.name}.{model_file.stem}")
     model_class = getattr(module, "TritonPythonModel", None)
     if model_class is None:
         raise AttributeError(f"{model_file} defines no class TritonPythonModel")
@@ -56,91 +88,174 @@ class _Attached:
         return self.arena
 
 
-def _requests(arena: Arena, batch: list[dict]) -> list[pb_utils.InferenceRequest]:
+def _requests(arena: Arena, batch: list[dict], copy: bool) -> list[pb_utils.InferenceRequest]:
+    """The batch as model.py sees it; ``copy``: detach inputs from the arena (a decoupled model may
+    read them after execute() returned, when the arena holds the next batch)."""
     return [
-        pb_utils.InferenceRequest(
-            inputs=[pb_utils.Tensor(d[0], arena.read(d, copy=False)) for d in item["inputs"]],
-            requested_output_names=item["outputs"],
-            request_id=item.get("id") or "",
-            parameters=item.get("parameters") or {},
-        )
+        pb_utils.InferenceRequest.served(
+            item["key"], [pb_utils.Tensor(d[0], arena.read(d, copy=copy)) for d in item["inputs"]], item)
         for item in batch
     ]
 
 
 def _pack_responses(responses: list, arena: Arena | None) -> tuple[list[Any], Arena]:
     """Write every response's tensors into the output arena (growing it); errors stay as messages."""
-    tensors = [
-        [(t.name(), t.as_numpy()) for t in r.output_tensors()] if not r.has_error() else [] for r in responses
-    ]
+    tensors = []
+    packed: list[Any] = []
+    for response in responses:
+        try:
+            tensors.append([] if response.has_error() else tensors_of(response.output_tensors(), "output"))
+        except pb_utils.TritonModelException as exc:
+            response = pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc)))
+            tensors.append([])
+        packed.append(response)
     needed = sum(Arena.needed(ts) for ts in tensors)
     if arena is None or arena.size < needed:
         if arena is not None:
             arena.close()
         arena = Arena.create(needed * 2)
-    packed: list[Any] = []
     offset = 0
-    for response, response_tensors in zip(responses, tensors):
-        if response.has_error():
-            error = response.error()
-            packed.append(("error", error.message(), error.code()))
+    for index, (response, response_tensors) in enumerate(zip(packed, tensors)):
+        error = error_of(response)
+        if error is not None:
+            packed[index] = ("error", *error)
             continue
         descriptors, offset = arena.write(response_tensors, offset)
-        packed.append(("ok", descriptors))
+        packed[index] = ("ok", descriptors, response.parameters())
     return packed, arena
 
 
-def serve(conn: Connection, model_file: Path) -> None:
+class _Model:
+    """model.py's TritonPythonModel, with Triton's rules for sync and async execute()."""
+
+    def __init__(self, model_class: type) -> None:
+        self.instance = model_class()
+        self.decoupled = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop coroutines run on (a thread of its own, started on first use, as in Triton)."""
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+            threading.Thread(target=self._loop.run_forever, name="pb-event-loop", daemon=True).start()
+        return self._loop
+
+    def call(self, name: str, *args: Any, background: bool = False) -> Any:
+        method = getattr(self.instance, name, None)
+        if method is None:
+            return None
+        result = method(*args)
+        if not inspect.iscoroutine(result):
+            return result
+        future = asyncio.run_coroutine_threadsafe(result, self.loop())
+        if background:  # a decoupled model's async execute() runs on while the next batch comes
+            future.add_done_callback(_log_background_failure)
+            return None
+        return future.result()
+
+
+def _log_background_failure(future: Any) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        error = future.exception()
+        log.error("async execute() failed: %s", "".join(traceback.format_exception(error)))
+
+
+def _failure(exc: BaseException) -> tuple[str, str, str]:
+    text = "".join(traceback.format_exception(exc))
+    log.error("%s", text.rstrip())
+    return ("failed", f"{type(exc).__name__}: {exc}", text)
+
+
+def _execute(model: _Model, requests: list, rt: Runtime, output: Arena | None) -> tuple[tuple, Arena | None]:
+    try:
+        responses = model.call("execute", requests, background=model.decoupled)
+    except Exception as exc:
+        return _failure(exc), output
+    if model.decoupled:
+        if responses is not None:
+            return ("failed", "Python model is using the decoupled mode and the execute function must return "
+                              "None (send responses with request.get_response_sender())", ""), output
+        return ("done", None, None), output
+    if not isinstance(responses, list) or len(responses) != len(requests):
+        count = len(responses) if isinstance(responses, list) else type(responses).__name__
+        return ("failed", f"execute() returned {count} responses for {len(requests)} requests; "
+                          "it must return a list with one InferenceResponse per request", ""), output
+    packed, output = _pack_responses(responses, output)
+    return ("done", output.info(), packed), output
+
+
+def serve(rt: Runtime, commands: queue.SimpleQueue, model_file: Path) -> None:
     model_class = _load_model_class(model_file)
-    command, config = conn.recv()
+    command, config = commands.get()
     assert command == "describe"
-    conn.send(("described", _auto_complete(model_class, config)))
-    command, args = conn.recv()
+    rt.send(("described", _auto_complete(model_class, config)))
+    command, args = commands.get()
     assert command == "initialize"
-    model = model_class()
-    if hasattr(model, "initialize"):
-        model.initialize(args)
-    conn.send(("ready", None))
-    inputs, outputs = _Attached(), None
+    try:
+        model = _Model(model_class)
+        model.decoupled = pb_utils.using_decoupled_model_transaction_policy(json.loads(args["model_config"]))
+        model.call("initialize", args)
+    except Exception as exc:
+        rt.send(_failure(exc))
+        return
+    rt.send(("ready", None))
+    inputs, output = _Attached(), None
     while True:
-        message = conn.recv()
+        message = commands.get()
         if message[0] == "finalize":
             break
         _, arena_info, batch = message
-        requests = _requests(inputs.get(arena_info), batch)
-        try:
-            responses = model.execute(requests)
-        except Exception as exc:
-            conn.send(("failed", f"{type(exc).__name__}: {exc}", traceback.format_exc()))
-            continue
-        if not isinstance(responses, list) or len(responses) != len(requests):
-            count = len(responses) if isinstance(responses, list) else type(responses).__name__
-            conn.send(("failed", f"execute() returned {count} responses for {len(requests)} requests; "
-                                 "it must return a list with one InferenceResponse per request", ""))
-            continue
-        packed, outputs = _pack_responses(responses, outputs)
-        conn.send(("done", outputs.info(), packed))
-    if hasattr(model, "finalize"):
-        model.finalize()
-    if outputs is not None:
-        outputs.close()
-    conn.send(("finalized", None))
+        requests = _requests(inputs.get(arena_info), batch, copy=model.decoupled)
+        reply, output = _execute(model, requests, rt, output)
+        rt.send(reply)
+    try:
+        model.call("finalize")
+    except Exception as exc:
+        _failure(exc)
+    if output is not None:
+        output.close()
+    rt.send(("finalized", None))
+
+
+def _read(rt: Runtime, commands: queue.SimpleQueue) -> None:
+    """The reader thread: commands to the main thread, answers to the calls waiting for them."""
+    try:
+        while True:
+            message = rt.conn.recv()
+            kind = message[0]
+            if kind in _COMMANDS:
+                commands.put(message)
+            elif kind == "free":
+                rt.blocks.free(message[1])
+            else:
+                rt.answer(message)
+    except (EOFError, OSError):
+        pass
+    # The daemon is gone (it stopped, or died): nobody will read what this process makes.
+    rt.fail_calls("the server went away")
+    rt.close()
+    os._exit(0)
 
 
 def main() -> None:
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    conn = Connection(int(sys.argv[1]))
+    fd, model_file, daemon_pid = int(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+    _die_with(daemon_pid)
+    conn = Connection(fd)
+    rt = Runtime(conn, model_file.parent.parent.name)
+    runtime.install(rt)
+    forward_logging(rt)
+    commands: queue.SimpleQueue = queue.SimpleQueue()
+    threading.Thread(target=_read, args=(rt, commands), name="pb-reader", daemon=True).start()
     try:
-        serve(conn, Path(sys.argv[2]))
-    except EOFError:
-        pass  # the daemon went away
+        serve(rt, commands, model_file)
     except Exception as exc:
         try:
-            conn.send(("crashed", f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+            rt.send(("crashed", f"{type(exc).__name__}: {exc}", traceback.format_exc()))
         except OSError:
             pass
+        rt.close()
         raise SystemExit(1) from exc
+    rt.close()
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ class Pending:
     queued: bool = False
     completed: bool = False
     trace: Trace | None = None
+    request_id: str = ""
     sink: ResponseSink | None = None
     """Where a decoupled model's responses go (see appliance.core.streaming)."""
     cancelled: Callable[[], bool] | None = None

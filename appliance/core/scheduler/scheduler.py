@@ -96,6 +96,7 @@ class Scheduler:
         batch_size: int,
         parameters: Mapping[str, Any],
         trace: Trace | None = None,
+        request_id: str = "",
         sink: ResponseSink | None = None,
         cancelled: Callable[[], bool] | None = None,
     ) -> dict[str, np.ndarray]:
@@ -120,7 +121,7 @@ class Scheduler:
         # Sequence numbers go only to accepted requests: preserve_ordering waits for each of them.
         pending = Pending(
             inputs, tuple(outputs), batch_size, key, loop.create_future(), loop.time(), level, next(self._seq),
-            parameters, trace=trace, sink=sink, cancelled=cancelled,
+            parameters, trace=trace, request_id=request_id, sink=sink, cancelled=cancelled,
         )
         if trace is not None:
             trace.mark("QUEUE_START")
@@ -310,10 +311,18 @@ class Scheduler:
 
 
 def _backend_request(pending: Pending) -> BackendRequest:
-    request = BackendRequest(pending.inputs, pending.outputs, pending.parameters, pending.size, sink=pending.sink)
+    request = BackendRequest(pending.inputs, pending.outputs, pending.parameters, pending.size,
+                             request_id=pending.request_id, timeout_us=_timeout_us(pending.parameters),
+                             sink=pending.sink)
     if pending.cancelled is not None:
         request = dataclasses.replace(request, cancelled=pending.cancelled)
     return request
+
+
+def _timeout_us(parameters: Mapping[str, Any]) -> int:
+    """The client's ``timeout`` parameter (microseconds, Triton's), 0 when it set none."""
+    value = parameters.get("timeout")
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 def _mark_compute(trace: Trace, timing: BatchTiming) -> None:

@@ -84,7 +84,8 @@ class TritonPythonModel:
     def tick(self, request, sender):
         count = 0
         while not request.is_cancelled() and count < 6000:
-            sender.send(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("OUT", np.array([count], np.int32))]))
+            out = pb_utils.Tensor("OUT", np.array([count], np.int32))
+            sender.send(pb_utils.InferenceResponse(output_tensors=[out]))
             count += 1
             time.sleep(0.01)
         if request.is_cancelled():

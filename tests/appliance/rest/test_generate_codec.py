@@ -19,9 +19,9 @@ def _signature(max_batch_size: int = 0, **inputs: tuple[str, tuple[int, ...]]) -
     return ModelSignature(max_batch_size, {n: TensorSpec(n, d, dims) for n, (d, dims) in inputs.items()}, {})
 
 
-def _decode(body: dict | bytes, signature: ModelSignature, limits: DecodeLimits = DecodeLimits()):
+def _decode(body: dict | bytes, signature: ModelSignature, limits: DecodeLimits | None = None):
     raw = body if isinstance(body, bytes) else json.dumps(body).encode()
-    return decode_generate_request(raw, signature, limits)
+    return decode_generate_request(raw, signature, limits or DecodeLimits())
 
 
 def test_text_input_and_parameters_as_triton_maps_them():

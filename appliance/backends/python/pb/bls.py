@@ -1,0 +1,145 @@
+"""Business Logic Scripting: a model calling other models through the server, from the model process.
+
+A call's input tensors go into a shared-memory block of this process and only their descriptors to the
+daemon, which runs the request through its own schedulers (so it batches with the other traffic and is
+counted in the statistics) and writes the outputs into a block of its own. The reader thread turns the
+answers into InferenceResponses; the calling thread waits (``exec``) or awaits (``async_exec``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from appliance.backends.python.pb import runtime
+from appliance.backends.python.pb.errors import TritonError, TritonModelException
+from appliance.backends.python.pb.transfer import read_tensors, tensors_of, write_tensors
+
+if TYPE_CHECKING:
+    from appliance.backends.python.pb.messages import InferenceRequest, InferenceResponse
+
+__all__ = ["ResponseIterator", "execute", "execute_async", "is_model_ready", "load_model", "unload_model"]
+
+
+def _response(message: tuple) -> InferenceResponse:
+    from appliance.backends.python.pb.messages import InferenceResponse
+
+    if message[0] == "gone":
+        return InferenceResponse(error=TritonError(message[3], TritonError.UNAVAILABLE))
+    _, _, ref, descriptors, error, parameters, _ = message
+    if error is not None:
+        return InferenceResponse(error=TritonError(error[0], error[1]))
+    return InferenceResponse(read_tensors(ref, descriptors), parameters=parameters or None)
+
+
+def _final(message: tuple) -> bool:
+    return message[0] == "gone" or bool(message[6])
+
+
+def _start(request: InferenceRequest, decoupled: bool, deliver: Callable[[InferenceResponse, bool], None]) -> int:
+    """Send the request; ``deliver(response, final)`` runs on the reader thread for every answer."""
+    if not request.model_name:
+        raise TritonModelException("InferenceRequest(model_name=...) is needed to execute a request")
+    rt = runtime.current()
+    ref, descriptors = write_tensors(tensors_of(request.inputs(), "input"))
+    freed = False
+
+    def answered(message: tuple) -> bool:
+        nonlocal freed
+        if not freed and ref is not None:  # the daemon has read the inputs by its first answer
+            freed = True
+            rt.blocks.free(ref[0])
+        final = _final(message)
+        deliver(_response(message), final)
+        return final
+
+    call = rt.start_call(answered)
+    meta = {
+        "model_name": request.model_name, "model_version": request.model_version,
+        "outputs": request.requested_output_names(), "id": request.request_id(),
+        "correlation_id": request.correlation_id(), "flags": request.flags(), "timeout": request.timeout(),
+        "parameters": request.parameters(), "decoupled": decoupled,
+    }
+    rt.send(("infer", call, ref, descriptors, meta))
+    return call
+
+
+class ResponseIterator:
+    """The responses of a ``decoupled=True`` call, in order; the last one carries the final flag (and
+    may hold no outputs)."""
+
+    _queue: queue.SimpleQueue
+    _done: bool
+    _call: int
+
+    def __iter__(self) -> ResponseIterator:
+        return self
+
+    def __next__(self) -> InferenceResponse:
+        if self._done:
+            raise StopIteration
+        response, final = self._queue.get()
+        self._done = final
+        return response
+
+    def cancel(self) -> None:
+        """Ask the server to cancel the request (the model it calls sees request.is_cancelled())."""
+        runtime.current().send(("cancel", self._call))
+
+
+def _iterator(request: InferenceRequest) -> ResponseIterator:
+    iterator = ResponseIterator.__new__(ResponseIterator)
+    iterator._queue = queue.SimpleQueue()
+    iterator._done = False
+
+    iterator._call = _start(request, True, lambda response, final: iterator._queue.put((response, final)))
+    return iterator
+
+
+def execute(request: InferenceRequest, decoupled: bool) -> Any:
+    if decoupled:
+        return _iterator(request)
+    answer: queue.SimpleQueue = queue.SimpleQueue()
+    _start(request, False, lambda response, final: answer.put(response))
+    return answer.get()
+
+
+async def _execute_async(request: InferenceRequest) -> InferenceResponse:
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future = loop.create_future()
+
+    def deliver(response: InferenceResponse, final: bool) -> None:
+        loop.call_soon_threadsafe(_settle, future, response)
+
+    _start(request, False, deliver)
+    return await future
+
+
+def _settle(future: asyncio.Future, response: InferenceResponse) -> None:
+    if not future.done():
+        future.set_result(response)
+
+
+async def _iterate_async(request: InferenceRequest) -> ResponseIterator:
+    return _iterator(request)
+
+
+def execute_async(request: InferenceRequest, decoupled: bool) -> Any:
+    return _iterate_async(request) if decoupled else _execute_async(request)
+
+
+def is_model_ready(model_name: str, model_version: str = "") -> bool:
+    return bool(runtime.current().ask("model_ready", model_name, str(model_version)))
+
+
+def load_model(model_name: str, config: str = "", files: dict | None = None) -> None:
+    if files:
+        raise TritonModelException("load_model(files=...) is not supported by this server; put the files in "
+                                   "the model repository")
+    runtime.current().ask("load", model_name, config)
+
+
+def unload_model(model_name: str, unload_dependents: bool = False) -> None:
+    runtime.current().ask("unload", model_name, bool(unload_dependents))

@@ -1,0 +1,195 @@
+"""Requests, responses and response senders, as model.py files see them."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+from appliance.backends.python.pb import runtime
+from appliance.backends.python.pb.errors import TritonError, TritonModelException
+from appliance.backends.python.pb.tensor import Tensor
+from appliance.backends.python.pb.transfer import send_response
+
+__all__ = [
+    "TRITONSERVER_REQUEST_FLAG_SEQUENCE_END",
+    "TRITONSERVER_REQUEST_FLAG_SEQUENCE_START",
+    "TRITONSERVER_REQUEST_RELEASE_ALL",
+    "TRITONSERVER_REQUEST_RELEASE_RESCHEDULE",
+    "TRITONSERVER_RESPONSE_COMPLETE_FINAL",
+    "InferenceRequest",
+    "InferenceResponse",
+    "ResponseSender",
+]
+
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
+TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+TRITONSERVER_REQUEST_RELEASE_ALL = 1
+TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
+
+
+def _parameters_json(parameters: Any) -> str:
+    if parameters is None:
+        return "{}"
+    if isinstance(parameters, str):
+        json.loads(parameters)  # must be a JSON object, as in Triton
+        return parameters
+    if not isinstance(parameters, dict):
+        raise TritonModelException("parameters must be a dict (or its JSON text)")
+    for key, value in parameters.items():
+        if not isinstance(key, str) or not isinstance(value, (str, int, bool)):
+            raise TritonModelException(
+                f"parameter {key!r}: keys must be strings and values str, int or bool (as in Triton)"
+            )
+    return json.dumps(parameters)
+
+
+class InferenceResponse:
+    def __init__(self, output_tensors: Iterable[Tensor] | None = None, error: TritonError | str | None = None,
+                 parameters: dict | str | None = None) -> None:
+        self._outputs = list(output_tensors or [])
+        for tensor in self._outputs:
+            if not isinstance(tensor, Tensor):
+                raise TritonModelException(
+                    f"output_tensors must hold pb_utils.Tensor objects, not {type(tensor).__name__}")
+        self._error = TritonError(error) if isinstance(error, str) else error
+        self._parameters = _parameters_json(parameters)
+
+    def output_tensors(self) -> list[Tensor]:
+        return self._outputs
+
+    def has_error(self) -> bool:
+        return self._error is not None
+
+    def error(self) -> TritonError | None:
+        return self._error
+
+    def parameters(self) -> str:
+        """JSON text, as in Triton."""
+        return self._parameters
+
+
+class ResponseSender:
+    """Sends the responses of one request to a decoupled model: any number, from any thread, during or
+    after execute(); the last one carries TRITONSERVER_RESPONSE_COMPLETE_FINAL."""
+
+    def __init__(self, key: int) -> None:
+        self._key = key
+        self._closed = False
+        self._lock = threading.Lock()
+
+    def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
+        if flags not in (0, TRITONSERVER_RESPONSE_COMPLETE_FINAL):
+            raise TritonModelException("Unable to send response. Unsupported flag provided.")
+        if response is None and flags == 0:
+            raise TritonModelException(
+                "Inference Response object must be provided when the response flags is set to zero."
+            )
+        if response is not None and not isinstance(response, InferenceResponse):
+            raise TritonModelException(f"send() takes a pb_utils.InferenceResponse, not {type(response).__name__}")
+        final = flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        with self._lock:
+            if self._closed:
+                raise TritonModelException("Unable to send response. Response sender has been closed.")
+            self._closed = final
+            send_response(self._key, response, final)
+
+    def is_cancelled(self) -> bool:
+        return bool(runtime.current().ask("cancelled", self._key))
+
+
+class InferenceRequest:
+    """A request the server hands to execute(), or one a model builds to call another model (BLS)."""
+
+    def __init__(self, request_id: str = "", correlation_id: int | str = 0, *, inputs: Iterable[Tensor],
+                 requested_output_names: Iterable[str], model_name: str = "", model_version: int = -1,
+                 flags: int = 0, timeout: int = 0, preferred_memory: Any = None, trace: Any = None,
+                 parameters: dict | str | None = None) -> None:
+        self._inputs = list(inputs)
+        for tensor in self._inputs:
+            if not isinstance(tensor, Tensor):
+                raise TritonModelException(f"inputs must hold pb_utils.Tensor objects, not {type(tensor).__name__}")
+        self._requested = list(requested_output_names)
+        self._id = request_id
+        self._correlation_id = correlation_id
+        self._flags = int(flags)
+        self._timeout = int(timeout)
+        self._parameters = _parameters_json(parameters)
+        self._trace = trace
+        self.model_name = model_name
+        self.model_version = int(model_version)
+        self._key: int | None = None  # set on the requests the server hands to execute()
+        self._sender: ResponseSender | None = None
+
+    @classmethod
+    def served(cls, key: int, inputs: list[Tensor], item: dict) -> InferenceRequest:
+        """A request of the batch the daemon sent to execute()."""
+        request = cls(item.get("id", ""), item.get("correlation_id", 0), inputs=inputs,
+                      requested_output_names=item["outputs"], flags=item.get("flags", 0),
+                      timeout=item.get("timeout", 0), parameters=item.get("parameters") or "{}")
+        request._key = key
+        return request
+
+    def inputs(self) -> list[Tensor]:
+        return self._inputs
+
+    def requested_output_names(self) -> list[str]:
+        return self._requested
+
+    def request_id(self) -> str:
+        return self._id
+
+    def correlation_id(self) -> int | str:
+        return self._correlation_id
+
+    def flags(self) -> int:
+        return self._flags
+
+    def set_flags(self, flags: int) -> None:
+        self._flags = int(flags)
+
+    def timeout(self) -> int:
+        """The client's timeout in microseconds (0 when it set none)."""
+        return self._timeout
+
+    def parameters(self) -> str:
+        """JSON text, as in Triton."""
+        return self._parameters
+
+    def trace(self) -> Any:
+        return self._trace
+
+    def get_response_sender(self) -> ResponseSender:
+        if self._key is None:
+            raise TritonModelException("only a request the server passed to execute() has a response sender")
+        if self._sender is None:
+            self._sender = ResponseSender(self._key)
+        return self._sender
+
+    def is_cancelled(self) -> bool:
+        if self._key is None:
+            return False
+        return bool(runtime.current().ask("cancelled", self._key))
+
+    def set_release_flags(self, flags: int) -> None:
+        if flags != TRITONSERVER_REQUEST_RELEASE_ALL:
+            raise TritonModelException(
+                "rescheduling requests (TRITONSERVER_REQUEST_RELEASE_RESCHEDULE) is not supported by this server"
+            )
+
+    # -- BLS -----------------------------------------------------------------------------------
+
+    def exec(self, decoupled: bool = False) -> Any:
+        """Run this request on ``model_name`` through the server and wait: the InferenceResponse (an
+        error comes back as ``response.has_error()``), or with ``decoupled=True`` an iterator of them."""
+        from appliance.backends.python.pb.bls import execute
+
+        return execute(self, decoupled)
+
+    def async_exec(self, decoupled: bool = False) -> Any:
+        """As ``exec``, awaitable (the call does not hold the event loop)."""
+        from appliance.backends.python.pb.bls import execute_async
+
+        return execute_async(self, decoupled)

@@ -1,0 +1,99 @@
+"""The model process's end of the channel to the daemon, as pb_utils calls see it.
+
+One per model process (Triton's stub is a process-wide singleton too): the stub installs it at start,
+before model.py is imported. Any thread may send; ``ask`` waits for the daemon's answer to one
+question, ``start_call`` opens a call whose answers (one, or a stream) go to a callback.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from multiprocessing.connection import Connection
+from typing import Any
+
+from appliance.backends.python.arena import Attachments, Blocks
+from appliance.backends.python.pb.errors import TritonModelException
+
+__all__ = ["Runtime", "current", "install"]
+
+
+class Runtime:
+    def __init__(self, conn: Connection, model_name: str) -> None:
+        self.conn = conn
+        self.model_name = model_name
+        self.blocks = Blocks()
+        """Where this process writes the tensors of streamed responses and BLS requests."""
+        self.attachments = Attachments()
+        """The daemon's blocks (BLS responses), as this process reads them."""
+        self._send_lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._calls: dict[int, Callable[[tuple], bool]] = {}
+        self._calls_lock = threading.Lock()
+
+    def send(self, message: tuple) -> None:
+        with self._send_lock:
+            self.conn.send(message)
+
+    def start_call(self, on_answer: Callable[[tuple], bool]) -> int:
+        """A new call id; ``on_answer(message)`` gets each answer and returns True on the last one. If the
+        daemon goes away first, it gets ``("gone", call, False, reason)``."""
+        call = next(self._ids)
+        with self._calls_lock:
+            self._calls[call] = on_answer
+        return call
+
+    def ask(self, what: str, *args: Any, timeout: float | None = None) -> Any:
+        """Ask the daemon one question and wait for the answer (raises what the daemon reports)."""
+        future: Future = Future()
+
+        def answered(message: tuple) -> bool:
+            _, _, ok, value = message
+            if ok is True:
+                future.set_result(value)
+            else:
+                future.set_exception(TritonModelException(value))
+            return True
+
+        call = self.start_call(answered)
+        self.send(("ask", call, what, args))
+        return future.result(timeout)
+
+    def answer(self, message: tuple) -> None:
+        """Route an answer (``answer`` or ``result``) to its call (reader thread)."""
+        call = message[1]
+        with self._calls_lock:
+            handler = self._calls.get(call)
+        if handler is not None and handler(message):
+            with self._calls_lock:
+                self._calls.pop(call, None)
+
+    def fail_calls(self, reason: str) -> None:
+        """The daemon went away: every open call gets an error answer."""
+        with self._calls_lock:
+            calls = list(self._calls.items())
+            self._calls.clear()
+        for call, handler in calls:
+            handler(("gone", call, False, reason))
+
+    def close(self) -> None:
+        self.blocks.close()
+        self.attachments.close()
+
+
+_current: Runtime | None = None
+
+
+def install(runtime: Runtime) -> None:
+    global _current
+    _current = runtime
+
+
+def current() -> Runtime:
+    if _current is None:
+        raise TritonModelException(
+            "this call needs the server: it works only inside a model.py that the server runs"
+        )
+    return _current

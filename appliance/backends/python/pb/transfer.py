@@ -1,0 +1,73 @@
+"""Tensors and responses across the channel, on the model process's side: tensors go into shared-memory
+blocks, only their descriptors into messages."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from appliance.backends.python.arena import BlockRef, Descriptor
+from appliance.backends.python.pb import runtime
+from appliance.backends.python.pb.errors import TritonError, TritonModelException
+from appliance.backends.python.pb.tensor import Tensor
+
+if TYPE_CHECKING:
+    from appliance.backends.python.pb.messages import InferenceResponse
+
+__all__ = ["error_of", "read_tensors", "send_response", "tensors_of", "write_tensors"]
+
+
+def tensors_of(tensors: list[Tensor], what: str) -> list[tuple[str, np.ndarray]]:
+    pairs = []
+    for tensor in tensors:
+        if tensor.is_bf16:
+            raise TritonModelException(
+                f"{what} '{tensor.name()}' is BF16: BF16 tensors can be used inside a model process (DLPack, "
+                "torch) but this server cannot send them to another model or a client yet"
+            )
+        pairs.append((tensor.name(), tensor.raw()))
+    return pairs
+
+
+def write_tensors(pairs: list[tuple[str, np.ndarray]]) -> tuple[BlockRef | None, list[Descriptor]]:
+    if not pairs:
+        return None, []
+    return runtime.current().blocks.write(pairs)
+
+
+def read_tensors(ref: BlockRef | None, descriptors: list[Descriptor]) -> list[Tensor]:
+    """The tensors of a daemon's block, copied out; the block is given back at once."""
+    if ref is None:
+        return []
+    current = runtime.current()
+    arrays = current.attachments.read(ref, descriptors)
+    current.send(("free", ref[0]))
+    return [Tensor(name, array) for name, array in arrays.items()]
+
+
+def error_of(response: InferenceResponse) -> tuple[str, int] | None:
+    error = response.error()
+    return (error.message(), error.code()) if error is not None else None
+
+
+def send_response(key: int, response: InferenceResponse | None, final: bool) -> None:
+    """One response of a decoupled model's request (None: only the final flag)."""
+    ref: BlockRef | None = None
+    descriptors: list[Descriptor] = []
+    error, parameters = None, None
+    if response is not None:
+        error = error_of(response)
+        if error is None:
+            ref, descriptors = write_tensors(tensors_of(response.output_tensors(), "output"))
+        parameters = response.parameters()
+    runtime.current().send(("response", key, ref, descriptors, error, parameters, final))
+
+
+def response_parameters(text: str | None) -> dict[str, Any]:
+    return json.loads(text) if text else {}
+
+
+def triton_error(error: tuple[str, int]) -> TritonError:
+    return TritonError(error[0], error[1])

@@ -1,0 +1,197 @@
+"""What a model process asks of the daemon, served on the daemon's side: BLS calls (through the daemon's
+own data plane), questions (is_cancelled, is_model_ready, load/unload), log records and custom metrics.
+
+Runs on the process's reader thread and never blocks it on a model: a BLS call is handed to the data
+plane, and its answer is sent when the call completes (on the event loop's thread).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from http import HTTPStatus
+from typing import Any
+
+import numpy as np
+
+from appliance.backends.base import BackendServices, ModelCall
+from appliance.backends.python.arena import Attachments, BlockRef, Blocks, Descriptor
+from appliance.backends.python.requests import ModelError, OpenRequests
+from appliance.errors import ApplianceError
+
+__all__ = ["Peer"]
+
+# HTTP status of an error -> the TritonError code a model sees in response.error().code().
+_CODES = {HTTPStatus.NOT_FOUND: 2, HTTPStatus.BAD_REQUEST: 3, HTTPStatus.SERVICE_UNAVAILABLE: 4,
+          HTTPStatus.NOT_IMPLEMENTED: 5, HTTPStatus.CONFLICT: 6}
+
+
+def _error(exc: BaseException) -> tuple[str, int]:
+    if isinstance(exc, ModelError):
+        return exc.message, exc.code
+    if isinstance(exc, ApplianceError):
+        return exc.message, _CODES.get(exc.status, 1)
+    return f"{type(exc).__name__}: {exc}", 1
+
+
+class _CallSink:
+    """The responses of a decoupled BLS call, sent back to the model process as they come."""
+
+    def __init__(self, peer: Peer, call: int) -> None:
+        self._peer, self._call = peer, call
+
+    def send(self, outputs: Mapping[str, np.ndarray] | None = None, *, error: BaseException | None = None,
+             parameters: Mapping[str, object] | None = None, final: bool = False) -> None:
+        self._peer.send_result(self._call, outputs, error, parameters, final)
+        if final:
+            self._peer.forget(self._call)
+
+
+class Peer:
+    def __init__(self, model: str, send: Callable[[tuple], None], requests: OpenRequests,
+                 services: BackendServices | None) -> None:
+        self._model = model
+        self._send = send
+        self._requests = requests
+        self._services = services or BackendServices()
+        self.blocks = Blocks()
+        """Where the daemon writes BLS outputs for the model process."""
+        self.attachments = Attachments()
+        """The model process's blocks, as the daemon reads them."""
+        self._streams: dict[int, Callable[[], None]] = {}
+        self._lock = threading.Lock()
+        self._log = logging.getLogger(f"appliance.model.{model}")
+
+    def handlers(self) -> dict[str, Callable[[tuple], None]]:
+        return {"infer": self.on_infer, "cancel": self.on_cancel, "ask": self.on_ask, "free": self.on_free,
+                "log": self.on_log, "metric": self.on_metric, "response": self._requests.on_response}
+
+    # -- BLS -------------------------------------------------------------------------------------
+
+    def on_infer(self, message: tuple) -> None:
+        _, call, ref, descriptors, meta = message
+        inputs = self.attachments.read(ref, descriptors) if ref is not None else {}
+        models = self._services.models
+        if models is None:
+            self.send_result(call, None, ModelError("calling models (BLS) is not available here", 5), None, True)
+            return
+        try:
+            parameters = json.loads(meta["parameters"]) if meta.get("parameters") else {}
+            request = ModelCall(meta["model_name"], inputs, tuple(meta["outputs"]), int(meta["model_version"]),
+                                meta.get("id") or "", meta.get("correlation_id") or 0, int(meta.get("flags") or 0),
+                                int(meta.get("timeout") or 0), parameters)
+        except (KeyError, TypeError, ValueError) as exc:
+            self.send_result(call, None, ModelError(f"invalid BLS request: {exc}", 3), None, True)
+            return
+        if meta.get("decoupled"):
+            cancel = models.stream(request, _CallSink(self, call))
+            with self._lock:
+                self._streams[call] = cancel
+            return
+        future = models.infer(request)
+        future.add_done_callback(lambda done: self._answer_infer(call, done))
+
+    def _answer_infer(self, call: int, future: Future) -> None:
+        error = future.exception()
+        if error is not None:
+            self.send_result(call, None, error, None, True)
+            return
+        outputs = future.result()
+        self.send_result(call, outputs, None, getattr(outputs, "parameters", None), True)
+
+    def send_result(self, call: int, outputs: Mapping[str, np.ndarray] | None, error: BaseException | None,
+                    parameters: Mapping[str, object] | None, final: bool) -> None:
+        ref: BlockRef | None = None
+        descriptors: list[Descriptor] = []
+        if error is None and outputs:
+            try:
+                ref, descriptors = self.blocks.write(list(outputs.items()))
+            except Exception as exc:  # noqa: BLE001 - e.g. an output numpy cannot lay out
+                error = exc
+        answer = _error(error) if error is not None else None
+        params = json.dumps(dict(parameters)) if parameters else None
+        self._send(("result", call, ref, descriptors, answer, params, final))
+
+    def forget(self, call: int) -> None:
+        with self._lock:
+            self._streams.pop(call, None)
+
+    def on_cancel(self, message: tuple) -> None:
+        with self._lock:
+            cancel = self._streams.get(message[1])
+        if cancel is not None:
+            cancel()
+
+    def on_free(self, message: tuple) -> None:
+        self.blocks.free(message[1])
+
+    # -- questions -------------------------------------------------------------------------------
+
+    def on_ask(self, message: tuple) -> None:
+        _, call, what, args = message
+        try:
+            value = self._answer(what, args)
+        except (ApplianceError, ValueError, KeyError, TypeError) as exc:
+            self._send(("answer", call, False, getattr(exc, "message", None) or str(exc)))
+            return
+        if isinstance(value, Future):
+            value.add_done_callback(lambda done: self._answer_later(call, done))
+            return
+        self._send(("answer", call, True, value))
+
+    def _answer_later(self, call: int, future: Future) -> None:
+        error = future.exception()
+        if error is not None:
+            self._send(("answer", call, False, _error(error)[0]))
+        else:
+            self._send(("answer", call, True, future.result()))
+
+    def _answer(self, what: str, args: tuple) -> Any:
+        if what == "cancelled":
+            return self._requests.cancelled(args[0])
+        metrics = self._services.metrics
+        if what.startswith("metric"):
+            if metrics is None:
+                raise ValueError("custom metrics are not available here (the daemon runs with --no-metrics)")
+            if what == "metric_family":
+                return metrics.family(self, *args)
+            if what == "metric":
+                return metrics.metric(self, *args)
+            return metrics.value(args[0])
+        models = self._services.models
+        if models is None:
+            raise ValueError(f"{what} is not available here: this backend was loaded without the server")
+        if what == "model_ready":
+            return models.ready(*args)
+        if what == "load":
+            return models.load(*args)
+        if what == "unload":
+            return models.unload(*args)
+        raise ValueError(f"unknown question {what!r}")
+
+    # -- logs and metrics ------------------------------------------------------------------------
+
+    def on_log(self, message: tuple) -> None:
+        _, level, text, filename, line = message
+        self._log.log(level, "%s:%s] %s", filename, line, text)
+
+    def on_metric(self, message: tuple) -> None:
+        _, operation, metric_id, value = message
+        if self._services.metrics is not None:
+            self._services.metrics.update(metric_id, operation, value)
+
+    def close(self) -> None:
+        """The model process is gone: its streams are cancelled, its metrics dropped."""
+        with self._lock:
+            streams = list(self._streams.values())
+            self._streams.clear()
+        for cancel in streams:
+            cancel()
+        if self._services.metrics is not None:
+            self._services.metrics.release(self)
+        self.blocks.close()
+        self.attachments.close()
+

@@ -1,0 +1,205 @@
+"""One running model.py process, seen from the daemon: its start, its channel and its end.
+
+The channel is multiplexed: the model process answers the daemon's commands (describe, initialize,
+execute, finalize) in order, and in between, from any of its threads, sends messages of its own:
+streamed responses of decoupled models, BLS calls, log records, metric updates. A reader thread
+receives everything; replies go to the caller waiting in ``call``, every other kind to the handler
+registered for it. Sending is serialized by a lock, so any thread may send.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Mapping
+from multiprocessing.connection import Connection
+
+from appliance.backends.base import LoadContext
+from appliance.backends.python.arena import Arena
+from appliance.errors import ConfigError, InferenceFailed
+
+__all__ = ["REPLIES", "ModelProcess", "ProcessExited"]
+
+log = logging.getLogger(__name__)
+
+REPLIES = frozenset({"described", "ready", "done", "failed", "finalized", "crashed"})
+"""The kinds that answer a command of the daemon (everything else is a message of the model's own)."""
+
+Handler = Callable[[tuple], None]
+
+
+class ProcessExited(InferenceFailed):
+    """The model process ended while the daemon waited for it."""
+
+    def __init__(self, message: str, code: int | None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class _Spawner:
+    """Model processes are started from one long-lived thread: PR_SET_PDEATHSIG, which the stub sets,
+    fires when the *thread* that forked it ends, so that thread must live as long as the daemon."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def spawn(self, args: list[str], pass_fds: tuple[int, ...], env: Mapping[str, str]) -> subprocess.Popen:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._serve, name="python-model-spawner", daemon=True)
+                self._thread.start()
+        done: queue.SimpleQueue = queue.SimpleQueue()
+        self._jobs.put((args, pass_fds, dict(env), done))
+        result = done.get()
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    def _serve(self) -> None:
+        while True:
+            args, pass_fds, env, done = self._jobs.get()
+            try:
+                done.put(subprocess.Popen(args, pass_fds=pass_fds, env=env))
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                done.put(exc)
+
+
+_SPAWNER = _Spawner()
+
+
+class ModelProcess:
+    """A model.py process and the reader thread that dispatches what it sends."""
+
+    def __init__(self, context: LoadContext, handlers: Mapping[str, Handler]) -> None:
+        self.name = context.model_name
+        parent, child = socket.socketpair()
+        env = dict(os.environ)
+        if context.threads:
+            env["OMP_NUM_THREADS"] = str(context.threads)
+        args = [sys.executable, "-m", "appliance.backends.python.stub", str(child.fileno()),
+                str(context.model_file), str(os.getpid())]
+        try:
+            self.process = _SPAWNER.spawn(args, (child.fileno(),), env)
+        except BaseException:
+            parent.close()
+            raise
+        finally:
+            child.close()
+        self.conn = Connection(parent.detach())
+        self._send_lock = threading.Lock()
+        self._replies: queue.SimpleQueue = queue.SimpleQueue()
+        self._handlers = dict(handlers)
+        self._closed_handlers: list[Callable[[], None]] = []
+        self.output_arena: Arena | None = None
+        self.exit_code: int | None = None
+        self._reader = threading.Thread(target=self._read, name=f"python-model-reader:{self.name}", daemon=True)
+        self._reader.start()
+
+    # -- sending and receiving ---------------------------------------------------------------
+
+    def send(self, message: tuple) -> None:
+        """Send from any thread; a process that is gone makes this a no-op (its end is reported by
+        the reader)."""
+        try:
+            with self._send_lock:
+                self.conn.send(message)
+        except (OSError, ValueError):
+            pass
+
+    def call(self, message: tuple, doing: str = "handling the request") -> tuple:
+        """Send a command and wait for its reply; ``doing`` names the step in the error if the process
+        ends meanwhile."""
+        self.send(message)
+        reply = self._replies.get()
+        if reply is None:
+            code = self.process.wait()
+            raise ProcessExited(f"the model process of '{self.name}' exited with code {code} while {doing}", code)
+        if reply[0] == "crashed":
+            raise ConfigError(f"model.py of '{self.name}' failed: {reply[1]}\n{reply[2]}")
+        return reply
+
+    def on_exit(self, callback: Callable[[], None]) -> None:
+        """Called (on the reader thread) once the process is gone."""
+        self._closed_handlers.append(callback)
+
+    def _read(self) -> None:
+        try:
+            while True:
+                try:
+                    message = self.conn.recv()
+                except (EOFError, OSError):
+                    break
+                kind = message[0]
+                if kind in REPLIES:
+                    self._replies.put(message)
+                    continue
+                handler = self._handlers.get(kind)
+                if handler is None:
+                    log.error("model %s sent an unknown message %r", self.name, kind)
+                    continue
+                try:
+                    handler(message)
+                except Exception:
+                    log.exception("model %s: handling its %r message failed", self.name, kind)
+        finally:
+            self._replies.put(None)
+            for callback in self._closed_handlers:
+                try:
+                    callback()
+                except Exception:
+                    log.exception("model %s: cleaning up after its process failed", self.name)
+
+    # -- arenas ------------------------------------------------------------------------------
+
+    def outputs(self, info: dict) -> Arena:
+        """The process's output arena for execute replies (re-attached when it grew)."""
+        if self.output_arena is None or self.output_arena.path != info["path"]:
+            self._drop_output_arena()
+            self.output_arena = Arena.attach(info["path"], info["size"])
+        return self.output_arena
+
+    def _drop_output_arena(self) -> None:
+        if self.output_arena is not None:
+            self.output_arena.close()
+            try:  # the model process made it; remove it in case that process cannot
+                os.unlink(self.output_arena.path)
+            except FileNotFoundError:
+                pass
+            self.output_arena = None
+
+    # -- the end -----------------------------------------------------------------------------
+
+    @property
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def request_stop(self) -> None:
+        """Ask model.py to finalize and exit once it is done with what it runs (never blocks)."""
+        self.send(("finalize",))
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Ask model.py to finalize and exit; kill the process if it has not within ``timeout``."""
+        if self.process.poll() is None:
+            self.send(("finalize",))
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                log.warning("model %s: its process did not finish within %.0f s; killing it", self.name, timeout)
+                self.process.kill()
+                self.process.wait()
+        self.exit_code = self.process.returncode
+        self._reader.join(timeout=5)
+        self.conn.close()
+        self._drop_output_arena()
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()

@@ -1,0 +1,132 @@
+"""The requests a model process holds, by key: what its streamed responses and is_cancelled() refer to.
+
+A request to a model that is not decoupled is open while its batch executes; one to a decoupled model
+until its final response (which may come long after execute() returned, from any thread of the model).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from http import HTTPStatus
+
+from appliance.backends.base import BackendRequest, Outputs
+from appliance.backends.python.arena import Attachments
+from appliance.errors import ApplianceError
+
+__all__ = ["ModelError", "OpenRequests", "model_error"]
+
+log = logging.getLogger(__name__)
+
+# TritonError codes -> (HTTP status, gRPC status) as Triton maps them (http_server.cc, grpc_utils.cc).
+_STATUS: dict[int, tuple[HTTPStatus, str]] = {
+    0: (HTTPStatus.BAD_REQUEST, "UNKNOWN"),
+    1: (HTTPStatus.INTERNAL_SERVER_ERROR, "INTERNAL"),
+    2: (HTTPStatus.NOT_FOUND, "NOT_FOUND"),
+    3: (HTTPStatus.BAD_REQUEST, "INVALID_ARGUMENT"),
+    4: (HTTPStatus.SERVICE_UNAVAILABLE, "UNAVAILABLE"),
+    5: (HTTPStatus.NOT_IMPLEMENTED, "UNIMPLEMENTED"),
+    6: (HTTPStatus.BAD_REQUEST, "ALREADY_EXISTS"),
+    7: (HTTPStatus.BAD_REQUEST, "CANCELLED"),
+}
+
+
+class ModelError(ApplianceError):
+    """An error a model.py returned for one request (``InferenceResponse(error=TritonError(...))``)."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+        self.status, self.grpc_code = _STATUS.get(code, _STATUS[1])
+
+
+def model_error(error: tuple[str, int]) -> ModelError:
+    return ModelError(error[0], error[1])
+
+
+@dataclasses.dataclass(eq=False)
+class _Open:
+    request: BackendRequest
+    streamed: bool
+    """Its responses go to request.sink (a decoupled model)."""
+    executing: bool = True
+    """Its batch is still in execute(): if the process dies now, the batch's error reaches it."""
+
+
+class OpenRequests:
+    """Keys for the requests of each batch, and the streamed responses that come back for them."""
+
+    def __init__(self, model: str, attachments: Attachments, free: Callable[[int], None]) -> None:
+        self._model = model
+        self._attachments = attachments
+        self._free = free
+        """Tells the model process it may reuse a block (after its tensors were copied out)."""
+        self._keys = itertools.count(1)
+        self._open: dict[int, _Open] = {}
+        self._lock = threading.Lock()
+
+    def open(self, requests: Sequence[BackendRequest], streamed: bool) -> list[int]:
+        with self._lock:
+            keys = [next(self._keys) for _ in requests]
+            for key, request in zip(keys, requests):
+                self._open[key] = _Open(request, streamed and request.sink is not None)
+        return keys
+
+    def finish_batch(self, keys: Sequence[int], results: list) -> None:
+        """After execute() (``results``: one per request, outputs or error, changed in place): a request
+        that does not stream is closed; a streaming one stays open until its final response, unless
+        execute() failed it (the core then sends the error, then final). A streaming request that has
+        sent its final response already gets an empty result: its sink has had everything."""
+        with self._lock:
+            for index, key in enumerate(keys):
+                entry = self._open.get(key)
+                if entry is None:  # streamed, and final already sent
+                    results[index] = {}
+                    continue
+                entry.executing = False
+                if not entry.streamed or isinstance(results[index], BaseException):
+                    del self._open[key]
+
+    def cancelled(self, key: int) -> bool:
+        with self._lock:
+            entry = self._open.get(key)
+        return entry is not None and bool(entry.request.cancelled())
+
+    def on_response(self, message: tuple) -> None:
+        """A streamed response (reader thread): ("response", key, block, descriptors, error, parameters, final)."""
+        _, key, ref, descriptors, error, parameters, final = message
+        outputs = self._attachments.read(ref, descriptors) if ref is not None else None
+        if ref is not None:
+            self._free(ref[0])
+        with self._lock:
+            entry = self._open.get(key)
+            if entry is not None and final:
+                del self._open[key]
+        if entry is None or entry.request.sink is None:
+            log.warning("model %s sent a response for a request that is already complete; dropped", self._model)
+            return
+        params = _parameters(parameters)
+        sink = entry.request.sink
+        if error is not None:
+            sink.send(None, error=model_error(error), parameters=params, final=final)
+        else:
+            sink.send(Outputs(outputs or {}, params) if outputs is not None else None, parameters=params,
+                      final=final)
+
+    def fail_all(self, reason: str) -> None:
+        """The model process is gone: every streaming request still open ends with an error (those of
+        the batch in execute() get theirs from it)."""
+        with self._lock:
+            entries = [entry for entry in self._open.values() if not entry.executing]
+            self._open = {key: entry for key, entry in self._open.items() if entry.executing}
+        for entry in entries:
+            if entry.streamed and entry.request.sink is not None:
+                entry.request.sink.send(None, error=ModelError(reason, 1), final=True)
+
+
+def _parameters(text: str | None) -> dict[str, object]:
+    return json.loads(text) if text else {}
