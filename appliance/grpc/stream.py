@@ -111,6 +111,8 @@ async def serve_stream(requests: AsyncIterator[pb.ModelInferRequest], context: g
             read.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await read
+        elif read is not None and not read.cancelled():
+            read.exception()  # retrieved: the stream's end (StopAsyncIteration) needs no log line
         for task in pending:  # the client went away: its requests are dropped from the queues or cancelled
             task.cancel()
     if interrupted:
