@@ -127,14 +127,17 @@ class DataPlane:
         return response
 
     async def infer_stream(self, model: ModelVersion, request: InferRequest, *, local: bool,
-                           reserve: Callable[[int], None] = _ignore, received_ns: int | None = None) -> Responses:
+                           reserve: Callable[[int], None] = _ignore, release: Callable[[int], None] = _ignore,
+                           received_ns: int | None = None) -> Responses:
         """Run ``request`` on ``model`` and return its responses to read with ``async for``; ``close()``
         the result when done (closing early cancels the request: the model sees ``is_cancelled()``).
 
         A decoupled model's responses come as it sends them, the last one final; any other model's one
         response comes as a stream of one. Errors found before the request runs (validation, shared
         memory, a full queue) raise here; later ones arrive as items with ``error`` set. The arguments
-        are ``infer``'s, and ``model`` must stay held (``in_use``) until the stream is closed."""
+        are ``infer``'s (``release`` gives back part of what ``reserve`` took: responses not yet read count
+        against the request's account), and ``model`` must stay held (``in_use``) until the stream is
+        closed, and the account open."""
         if not model.decoupled:
             return OneResponse(await self.infer(model, request, local=local, reserve=reserve,
                                                 received_ns=received_ns))
@@ -146,7 +149,7 @@ class DataPlane:
                 if self.shared_memory is None:
                     raise NotSupported("shared memory is not served by this server; send the tensors in the request")
                 binding = await self.shared_memory.bind(request, local=local, reserve=reserve)
-            stream = await model.open_stream(request, self.stream_limits)
+            stream = await model.open_stream(request, self.stream_limits, (reserve, release))
         except BaseException:
             if binding is not None:
                 binding.close()

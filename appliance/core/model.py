@@ -7,7 +7,7 @@ import contextlib
 import dataclasses
 import functools
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -132,15 +132,17 @@ class ModelVersion:
             data = classify(name, data, requested.classification, self.labels.get(name, []), self.signature.batched)
         return InferOutput(name, v2_datatype(data.dtype), data)
 
-    async def open_stream(self, request: InferRequest, limits: StreamLimits | None = None) -> ResponseStream:
+    async def open_stream(self, request: InferRequest, limits: StreamLimits | None = None,
+                          account: tuple[Callable[[int], None], Callable[[int], None]] | None = None) -> ResponseStream:
         """Validate and queue one request to a decoupled model; its responses come from the returned
-        stream (see appliance.core.streaming). Counted in ``stats`` once, when the stream ends."""
+        stream (see appliance.core.streaming). Counted in ``stats`` once, when the stream ends.
+        ``account``: (reserve, release) of the request's memory account, for the responses not yet read."""
         if not self.decoupled:
             raise InvalidInput(f"model '{self.name}' is not decoupled; it answers each request once through infer")
         batch_size = validate_request(self.name, self.signature, request)
         start = time.perf_counter_ns()
         loop = asyncio.get_running_loop()
-        channel = ResponseChannel(f"{self.name}:{self.version}", loop, limits or StreamLimits())
+        channel = ResponseChannel(f"{self.name}:{self.version}", loop, limits or StreamLimits(), *(account or ()))
         inputs = self._runtime_inputs(request)
         wanted = request.outputs or [RequestedOutput(name) for name in self.signature.outputs]
         submitted = asyncio.ensure_future(self.scheduler.submit(

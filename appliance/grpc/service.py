@@ -163,7 +163,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             empty_final = stream_options(decoded.parameters)
             local = self._local(context) if decoded.uses_shared_memory else False
             responses = await self._dataplane.infer_stream(model, decoded, local=local, reserve=account.reserve,
-                                                           received_ns=received_ns)
+                                                           release=account.release, received_ns=received_ns)
             try:
                 async for item in responses:
                     if item.final:

@@ -16,6 +16,7 @@ import time
 import orjson
 from aiohttp import web
 
+from appliance.budget import Account
 from appliance.core.model import ModelVersion
 from appliance.core.streaming import Responses, StreamItem
 from appliance.errors import ApplianceError, InferenceFailed
@@ -29,11 +30,11 @@ _ONE_RESPONSE = ("generate expects model to produce exactly 1 response, use gene
                  "generates various number of responses")
 
 
-async def _responses(request: web.Request, model: ModelVersion, account, received_ns: int) -> Responses:
+async def _responses(request: web.Request, model: ModelVersion, account: Account, received_ns: int) -> Responses:
     body = await read_body(request, account, request.app[BODY_LIMITS])
     decoded = decode_generate_request(body, model.signature, request.app[LIMITS], account.reserve)
     return await request.app[DATAPLANE].infer_stream(model, decoded, local=False, reserve=account.reserve,
-                                                     received_ns=received_ns)
+                                                     release=account.release, received_ns=received_ns)
 
 
 def _model(request: web.Request) -> ModelVersion:

@@ -14,6 +14,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from appliance.backends import Backend, BackendRequest, BatchResult, RuntimeOptions, named
+from appliance.budget import MemoryBudget
 from appliance.core.config import signature_of
 from appliance.core.dataplane import DataPlane
 from appliance.core.instances import InstancePool
@@ -330,3 +331,52 @@ async def test_unloading_ends_open_streams(make_model):
     release.set()
     items = await _read_all(stream)
     assert len(items) == 1 and isinstance(items[0].error, Unavailable) and "unloaded" in items[0].error.message
+
+
+async def test_unread_responses_count_against_the_memory_budget_and_are_given_back(make_model):
+    """Unread responses are held on the request's account: the daemon-wide budget bounds them across
+    every stream, and nothing stays counted once the stream is read, or dropped."""
+    sent = []
+
+    def big(request: BackendRequest) -> None:
+        for value in range(12):
+            request.sink.send({"OUT": np.full(1 << 18, value, np.int32)})  # 1 MiB each
+            sent.append(value)
+        request.sink.send(final=True)
+
+    budget = MemoryBudget(4 << 20)
+    model, plane = await make_model(SendingBackend(big))
+    with budget.account() as account:
+        stream = await plane.infer_stream(model, _request(1), local=False, reserve=account.reserve,
+                                          release=account.release)
+        await anext(stream)
+        for _ in range(50):
+            await asyncio.sleep(0.01)
+        assert len(sent) <= 4 + 1 and budget.used <= 4 << 20  # the budget, not the stream's bound, held it back
+        assert len(await _read_all(stream)) == 12
+        assert account.held == 0
+    release = threading.Event()
+
+    def stuck(request: BackendRequest) -> None:
+        request.sink.send({"OUT": np.zeros(1 << 18, np.int32)})
+        request.sink.send({"OUT": np.zeros(1 << 18, np.int32)})
+        release.wait(30)
+
+    model, plane = await make_model(SendingBackend(stuck))
+    with budget.account() as account:
+        stream = await plane.infer_stream(model, _request(1), local=False, reserve=account.reserve,
+                                          release=account.release)
+        await _eventually(lambda: account.held == 2 << 20)
+        stream.close()  # the client went away: what it never read is given back
+        assert account.held == 0
+    release.set()
+
+
+async def test_a_response_the_budget_cannot_hold_fails_the_request(make_model):
+    model, plane = await make_model(SendingBackend(lambda r: r.sink.send({"OUT": np.zeros(1 << 20, np.int32)})))
+    budget = MemoryBudget(1 << 20)
+    with budget.account() as account:
+        stream = await plane.infer_stream(model, _request(1), local=False, reserve=account.reserve,
+                                          release=account.release)
+        (item,) = await _read_all(stream)
+    assert item.final and "max_request_memory_bytes" in item.error.message and budget.used == 0
