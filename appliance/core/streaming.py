@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from appliance.core.tensor_checks import BYTES_ELEMENT_OVERHEAD
 from appliance.core.types import InferResponse
 from appliance.errors import ApplianceError, InferenceFailed, Unavailable
 
@@ -45,10 +46,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-# What one BYTES element costs beyond its text: a pointer in the object array and a bytes object.
-_BYTES_ELEMENT_OVERHEAD = 8 + 33
-
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class StreamLimits:
@@ -85,7 +82,7 @@ def _nbytes(outputs: Mapping[str, np.ndarray] | None) -> int:
         array = np.asarray(value)
         if array.dtype == object:
             total += sum(len(item) if isinstance(item, (bytes, str)) else 0 for item in array.ravel())
-            total += array.size * _BYTES_ELEMENT_OVERHEAD
+            total += array.size * BYTES_ELEMENT_OVERHEAD
         else:
             total += array.nbytes
     return total
