@@ -14,6 +14,7 @@ import numpy as np
 from appliance.core.scheduler.policy import SchedulerPolicy
 
 if TYPE_CHECKING:
+    from appliance.core.stats import StepTiming
     from appliance.core.tracing import Trace
 
 __all__ = ["Pending", "RequestQueue"]
@@ -37,6 +38,8 @@ class Pending:
     queued: bool = False
     completed: bool = False
     trace: Trace | None = None
+    timing: StepTiming | None = None
+    """Told this request's queue and compute times (an ensemble step's)."""
 
 
 class RequestQueue:

@@ -22,7 +22,7 @@ from appliance.core.instances import InstancePool
 from appliance.core.scheduler.execution import execute_batch
 from appliance.core.scheduler.policy import SchedulerPolicy
 from appliance.core.scheduler.queue import Pending, RequestQueue
-from appliance.core.stats import BatchTiming, ModelStats
+from appliance.core.stats import BatchTiming, ModelStats, StepTiming
 from appliance.errors import ApplianceError, InferenceFailed, Unavailable
 
 if TYPE_CHECKING:
@@ -94,9 +94,10 @@ class Scheduler:
         batch_size: int,
         parameters: Mapping[str, Any],
         trace: Trace | None = None,
+        timing: StepTiming | None = None,
     ) -> dict[str, np.ndarray]:
         """Queue one validated request and wait for its outputs; ``trace`` gets QUEUE_START and the
-        COMPUTE_* timestamps of the batch it ran in."""
+        COMPUTE_* timestamps of the batch it ran in, ``timing`` its queue and compute times."""
         assert self._loop is not None, "Scheduler.start() was not called"
         if self._closing:
             raise Unavailable(f"model {self.label} is unloading", retry_after=1)
@@ -114,7 +115,7 @@ class Scheduler:
         # Sequence numbers go only to accepted requests: preserve_ordering waits for each of them.
         pending = Pending(
             inputs, tuple(outputs), batch_size, key, loop.create_future(), loop.time(), level, next(self._seq),
-            parameters, trace=trace,
+            parameters, trace=trace, timing=timing,
         )
         if trace is not None:
             trace.mark("QUEUE_START")
@@ -271,9 +272,11 @@ class Scheduler:
             return
         results, timing = future.result()
         self.stats.record_batch(sum(p.size for p in batch), len(batch), queue_ns, timing)
-        for pending, result in zip(batch, results):
+        for pending, result, waited in zip(batch, results, queue_ns):
             if pending.trace is not None:
                 _mark_compute(pending.trace, timing)
+            if pending.timing is not None:
+                pending.timing.add(waited, timing)
             if isinstance(result, BaseException):
                 self._complete(pending, None, result)
             else:
