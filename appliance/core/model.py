@@ -91,11 +91,6 @@ class ModelVersion:
     def backend_name(self) -> str:
         return self.backend.name if self.backend is not None else self.platform
 
-    @property
-    def pending(self) -> int:
-        """Requests queued, not yet executing (Triton counts none for an ensemble)."""
-        return self.scheduler.pending
-
     def start(self) -> None:
         self.scheduler.start()
 
