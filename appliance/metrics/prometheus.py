@@ -53,7 +53,7 @@ class TritonCollector:
                 failure.add_metric([*values, reason], stats.failures.get(reason, 0))
             count.add_metric(values, stats.inference_count)
             executions.add_metric(values, stats.execution_count)
-            pending.add_metric(values, model.pending)
+            pending.add_metric(values, model.scheduler.pending)
             request_us.add_metric(values, (stats.success.ns + stats.fail.ns) // 1000)
             queue_us.add_metric(values, stats.queue.ns // 1000)
             input_us.add_metric(values, stats.compute_input.ns // 1000)
