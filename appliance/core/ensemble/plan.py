@@ -126,10 +126,10 @@ def _writers(steps: list[Step], inputs: set[str], name: str) -> dict[str, Step]:
                 raise ConfigError(f"in ensemble '{name}', {step.label} writes '{tensor}', which is an ensemble "
                                   "input; map the output to a tensor of its own")
             if tensor in writer:
-                raise ConfigError(
-                    f"ensemble tensor '{tensor}' can appear in an output map only once for ensemble '{name}' "
-                    f"({writer[tensor].label} and {step.label} both write it); rename one of them"
-                )
+                who = (f"{step.label} maps two of its outputs to it" if writer[tensor] is step
+                       else f"{writer[tensor].label} and {step.label} both write it")
+                raise ConfigError(f"ensemble tensor '{tensor}' can appear in an output map only once for ensemble "
+                                  f"'{name}' ({who}); rename one of them")
             writer[tensor] = step
     return writer
 
@@ -168,6 +168,9 @@ def _order(steps: list[Step], writer: dict[str, Step], name: str) -> tuple[Step,
         ready = [n for n, deps in after.items() if n not in done and deps <= done]
         if not ready:
             cycle = _cycle(after, [n for n in after if n not in done])
+            if len(cycle) == 2:  # a step reading its own output
+                raise ConfigError(f"in ensemble '{name}', {by_number[cycle[0]].label} reads a tensor it writes "
+                                  "itself; the tensors between steps must flow one way")
             path = " -> ".join(by_number[n].label for n in cycle)
             raise ConfigError(f"in ensemble '{name}', steps wait on each other's outputs in a cycle: {path}; "
                               "the tensors between steps must flow one way")

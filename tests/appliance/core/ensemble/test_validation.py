@@ -38,6 +38,12 @@ CASES = {
     "tensor written twice": (
         ensemble_config([IN], [OUT], [GOOD_STEP, step("plus_one", {"x": "IN"}, {"y": "OUT"})]),
         "ensemble tensor 'OUT' can appear in an output map only once"),
+    "two outputs to one tensor": (
+        ensemble_config([IN], [OUT], [step("two_outputs", {"x": "IN"}, {"double": "OUT", "square": "OUT"})]),
+        "(step 1 (model 'two_outputs') maps two of its outputs to it)"),
+    "step reads its own output": (
+        ensemble_config([IN], [OUT], [GOOD_STEP, step("two_in", {"a": "IN", "b": "t"}, {"y": "t"})]),
+        "step 2 (model 'two_in') reads a tensor it writes itself"),
     "intermediate never read": (
         ensemble_config([IN], [OUT], [GOOD_STEP, step("plus_one", {"x": "IN"}, {"y": "dangling"})]),
         "ensemble tensor 'dangling' is unused in ensemble 'bad'"),
