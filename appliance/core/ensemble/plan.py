@@ -13,15 +13,10 @@ from collections.abc import Iterable
 
 from tritonclient.grpc import model_config_pb2 as mc
 
+from appliance.core.config import ENSEMBLE_PLATFORM, is_ensemble
 from appliance.errors import ConfigError
 
 __all__ = ["ENSEMBLE_PLATFORM", "EnsemblePlan", "Step", "is_ensemble", "plan_ensemble"]
-
-ENSEMBLE_PLATFORM = "ensemble"
-
-
-def is_ensemble(config: mc.ModelConfig) -> bool:
-    return config.platform == ENSEMBLE_PLATFORM or config.HasField("ensemble_scheduling")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

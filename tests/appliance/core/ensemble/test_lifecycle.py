@@ -92,3 +92,25 @@ async def test_a_composing_model_that_failed_is_loaded_again_when_the_ensemble_i
     config.write_text(good)
     await registry.load("chain")
     assert registry.entry("chain").state is ModelState.READY
+
+
+async def test_in_poll_mode_an_ensemble_comes_back_with_its_composing_model(registry, tmp_path):
+    await registry.load("chain")
+    kept = tmp_path / "kept"
+    (registry.repository / "plus_one").rename(kept)
+    await registry.rescan()
+    assert registry.entry("chain").state is ModelState.UNAVAILABLE
+    assert "removed from the repository" in registry.entry("chain").reason
+    kept.rename(registry.repository / "plus_one")
+    await registry.rescan()
+    assert registry.entry("chain").state is ModelState.READY
+    np.testing.assert_allclose(await run(registry, "chain"), 3.0)
+
+
+def test_the_backend_loader_refuses_an_ensemble_and_names_the_models_to_tune(tmp_path):
+    from appliance.core.loader import load_model
+    from appliance.errors import ConfigError
+
+    repo = diamond_repository(tmp_path / "repo")
+    with pytest.raises(ConfigError, match=r"'chain' is an ensemble: .* composing models \['double', 'plus_one'\]"):
+        load_model(repo / "chain", RuntimeOptions())
