@@ -115,3 +115,34 @@ async def test_a_request_that_misses_the_ensemble_input_is_refused_before_any_st
     with pytest.raises(InvalidInput, match="expected 1 inputs but got 0"):
         await infer(registry, "chain", InferRequest([]))
     assert registry.get("double").stats.success.count == 0
+
+
+def _pinned_repository(root):
+    from tests.appliance.core.ensemble.repos import F8, ensemble_config, step, write_ensemble
+    from tests.builders import affine_model, write_model
+
+    for version, scale in ((1, 2.0), (2, 3.0)):
+        write_model(root, "scale", affine_model(scale, 0.0), version, "max_batch_size: 8\nversion_policy: { all {} }\n")
+    for name, version in (("pinned", 1), ("newest", -1)):
+        write_ensemble(root, name, ensemble_config([("IN", "TYPE_FP32", F8)], [("OUT", "TYPE_FP32", F8)],
+                                                   [step("scale", {"x": "IN"}, {"y": "OUT"}, version=version)]))
+    return root
+
+
+async def test_a_step_runs_the_version_it_names_or_the_newest(registry_of):
+    registry = await registry_of(_pinned_repository)
+    np.testing.assert_allclose((await infer(registry, "pinned", request()))["OUT"], 2 * X)
+    np.testing.assert_allclose((await infer(registry, "newest", request()))["OUT"], 3 * X)
+
+
+async def test_a_request_cancelled_midway_leaves_no_step_running(registry_of):
+    registry = await registry_of(parallel_repository)
+    call = asyncio.create_task(infer(registry, "parallel", request()))
+    await asyncio.sleep(0.1)  # both sleepers are running by now
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    steps = [t for t in asyncio.all_tasks() if "_run_step" in repr(t.get_coro())]
+    assert steps == []
+    out = await infer(registry, "parallel", request("B"))  # and the ensemble serves the next request
+    np.testing.assert_allclose(out["B"], X * X)
