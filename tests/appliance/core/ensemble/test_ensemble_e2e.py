@@ -137,3 +137,7 @@ def test_explicit_mode_loads_the_composing_models_and_unload_dependents_unloads_
     client.unload_model("chain", unload_dependents=True)
     assert not any(client.is_model_ready(m) for m in ("chain", "double", "plus_one"))
     assert client.is_server_ready()  # models unloaded on purpose are not failures
+    if protocol == "http":
+        status, _, body = call(daemon.port, "POST", "/v2/repository/models/chain/unload",
+                               {"parameters": {"unload_dependents": "yes"}})
+        assert status == 400 and "'unload_dependents' must be a boolean" in body["error"]
