@@ -222,7 +222,7 @@ class ModelRegistry:
             entry.state, entry.reason = ModelState.LOADING, ""
         plan: EnsemblePlan | None = None
         try:
-            config = config_override or await asyncio.to_thread(read_config, path)
+            config = config_override if config_override is not None else await asyncio.to_thread(read_config, path)
             if is_ensemble(config):
                 plan = plan_ensemble(config)
                 loaded = await self._load_ensemble(path, config, plan, chain)
