@@ -24,11 +24,13 @@ from appliance.tensors import CONFIG_TO_V2, V2_TO_CONFIG, RuntimeTensor
 __all__ = [
     "CONFIG_FILENAME",
     "DEFAULT_MAX_BATCH_SIZE",
+    "ENSEMBLE_PLATFORM",
     "complete_config",
     "config_from_json",
     "config_to_json",
     "check_decoupled",
     "input_reshapes",
+    "is_ensemble",
     "read_config",
     "select_versions",
     "signature_of",
@@ -42,6 +44,12 @@ DEFAULT_MAX_BATCH_SIZE = 4
 MAX_BATCH_SIZE = 1 << 20
 MAX_DIMS = 64
 MAX_INSTANCES = 256
+ENSEMBLE_PLATFORM = "ensemble"
+
+
+def is_ensemble(config: mc.ModelConfig) -> bool:
+    """An ensemble (appliance.core.ensemble) runs no backend: the registry loads it, not the loader."""
+    return config.platform == ENSEMBLE_PLATFORM or config.HasField("ensemble_scheduling")
 
 
 def read_config(model_dir: Path) -> mc.ModelConfig:

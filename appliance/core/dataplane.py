@@ -213,6 +213,10 @@ class DataPlane:
     def model_selection(self, name: str, version: str | None = None) -> dict[str, Any]:
         """Which plan serves the version, how the candidates measured, and whether it came from cache."""
         model = self.registry.get(name, version)
+        if model.backend is None:
+            return {"model": name, "version": model.version, "status": "ensemble", "chosen": None, "cache": "off",
+                    "reason": "an ensemble runs no backend of its own: see the /selection of its composing models",
+                    "candidates": []}
         if model.selection is None:
             return {"model": name, "version": model.version, "status": "off", "chosen": None, "cache": "off",
                     "reason": "selection is off (--no-selection): the config's backend serves the model",
@@ -241,10 +245,15 @@ class DataPlane:
                 raise ConfigError(f"failed to load '{name}': {exc.message}") from None
         await self.registry.load(name, override)
 
-    async def unload_model(self, name: str) -> None:
+    async def unload_model(self, name: str, parameters: dict[str, Any] | None = None) -> None:
+        """Triton's repository extension: unload; ``parameters.unload_dependents`` (a boolean) also unloads
+        the composing models of an ensemble that no other loaded ensemble uses."""
         self._check_control("unload")
         self.registry.model_dir(name)
-        await self.registry.unload(name)
+        dependents = (parameters or {}).get("unload_dependents", False)
+        if not isinstance(dependents, bool):
+            raise InvalidInput(f"parameter 'unload_dependents' must be a boolean, got {dependents!r}")
+        await self.registry.unload(name, unload_dependents=dependents)
 
     def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
         rows: list[dict[str, Any]] = []

@@ -19,7 +19,14 @@ from appliance.backends import (
     threads_per_instance,
 )
 from appliance.core.classification import read_labels
-from appliance.core.config import check_decoupled, complete_config, read_config, select_versions, signature_of
+from appliance.core.config import (
+    check_decoupled,
+    complete_config,
+    is_ensemble,
+    read_config,
+    select_versions,
+    signature_of,
+)
 from appliance.core.instances import InstancePool
 from appliance.core.model import ModelVersion
 from appliance.core.model_files import check_config_paths, confined
@@ -190,6 +197,10 @@ def load_model(
         config.CopyFrom(config_override)  # already checked by config_from_json, as read_config checks
     else:
         config = read_config(model_dir)
+    if is_ensemble(config):
+        steps = sorted({step.model_name for step in config.ensemble_scheduling.step})
+        raise ConfigError(f"model '{model_dir.name}' is an ensemble: it runs no backend of its own to load or "
+                          f"tune alone; the daemon serves it, and its composing models {steps} are the ones to tune")
     available = version_dirs(model_dir)
     if not available:
         raise ConfigError(

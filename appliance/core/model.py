@@ -7,8 +7,8 @@ import contextlib
 import dataclasses
 import functools
 import time
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
@@ -17,9 +17,8 @@ from appliance.backends import BackendInfo
 from appliance.backends.base import Outputs
 from appliance.core.classification import classify
 from appliance.core.config import input_reshapes
-from appliance.core.scheduler import Scheduler
 from appliance.core.signature import ModelSignature
-from appliance.core.stats import FailureReason, ModelStats
+from appliance.core.stats import FailureReason, ModelStats, StepTiming
 from appliance.core.streaming import RawResponse, ResponseChannel, ResponseStream, StreamLimits
 from appliance.core.traffic import TrafficStats
 from appliance.core.types import InferOutput, InferRequest, InferResponse, RequestedOutput
@@ -27,7 +26,30 @@ from appliance.core.validation import validate_request
 from appliance.errors import ApplianceError, InferenceFailed, InvalidInput, Unavailable
 from appliance.tensors import v2_datatype
 
-__all__ = ["ModelVersion"]
+if TYPE_CHECKING:
+    from appliance.backends.base import ResponseSink
+    from appliance.core.tracing import Trace
+
+__all__ = ["ModelVersion", "VersionScheduler"]
+
+
+class VersionScheduler(Protocol):
+    """What runs a version's validated requests: a backend model's batching scheduler
+    (``appliance.core.scheduler.Scheduler``) or an ensemble's (``appliance.core.ensemble``)."""
+
+    @property
+    def pending(self) -> int: ...
+
+    def start(self) -> None: ...
+
+    async def submit(self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str], batch_size: int,
+                     parameters: Mapping[str, Any], trace: Trace | None = None,
+                     timing: StepTiming | None = None, request_id: str = "", sink: ResponseSink | None = None,
+                     cancelled: Callable[[], bool] | None = None) -> dict[str, np.ndarray]: ...
+
+    async def drain(self, timeout: float) -> bool: ...
+
+    async def close(self, timeout: float | None = None) -> list[BaseException]: ...
 
 
 def _failure_reason(exc: BaseException) -> str:
@@ -46,8 +68,9 @@ class ModelVersion:
     version: int
     config: mc.ModelConfig
     signature: ModelSignature
-    backend: BackendInfo
-    scheduler: Scheduler
+    backend: BackendInfo | None
+    """The runtime serving it; None for an ensemble, which has none of its own."""
+    scheduler: VersionScheduler
     stats: ModelStats
     labels: dict[str, list[str]] = dataclasses.field(default_factory=dict)
     selection: dict[str, Any] | None = None
@@ -68,7 +91,11 @@ class ModelVersion:
 
     @property
     def platform(self) -> str:
-        return self.config.platform or self.backend.platform
+        return self.config.platform or (self.backend.platform if self.backend is not None else "")
+
+    @property
+    def backend_name(self) -> str:
+        return self.backend.name if self.backend is not None else self.platform
 
     @property
     def decoupled(self) -> bool:
@@ -111,7 +138,7 @@ class ModelVersion:
         # No outputs named: every output the model has, none classified.
         wanted = request.outputs or [RequestedOutput(name) for name in self.signature.outputs]
         results = await self.scheduler.submit(inputs, [o.name for o in wanted], batch_size, request.parameters,
-                                              request.trace, request_id=request.id or "")
+                                              request.trace, request.timing, request_id=request.id or "")
         outputs = []
         for requested in wanted:
             data = results.get(requested.name)

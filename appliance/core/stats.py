@@ -11,7 +11,7 @@ import time
 from collections import Counter
 from typing import Any
 
-__all__ = ["LATENCY_BUCKETS_US", "BatchTiming", "Duration", "FailureReason", "ModelStats"]
+__all__ = ["LATENCY_BUCKETS_US", "BatchTiming", "Duration", "FailureReason", "ModelStats", "StepTiming"]
 
 # Upper bounds (µs) of the request latency histogram; one more bucket holds everything above.
 LATENCY_BUCKETS_US = (100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000,
@@ -50,6 +50,23 @@ class BatchTiming:
     start_ns: int = 0
     """When the batch started and ended (``time.monotonic_ns()``), for traces."""
     end_ns: int = 0
+
+
+@dataclasses.dataclass(slots=True)
+class StepTiming:
+    """What one request spent queued and computing in the schedulers it passed through: an ensemble
+    hands one to each of its steps and reports the sums as its own queue and compute times."""
+
+    queue_ns: int = 0
+    input_ns: int = 0
+    infer_ns: int = 0
+    output_ns: int = 0
+
+    def add(self, queue_ns: int, timing: BatchTiming | StepTiming) -> None:
+        self.queue_ns += queue_ns
+        self.input_ns += timing.input_ns
+        self.infer_ns += timing.infer_ns
+        self.output_ns += timing.output_ns
 
 
 @dataclasses.dataclass(slots=True)

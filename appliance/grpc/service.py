@@ -211,8 +211,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
     @_rpc(Access.CONTROL)
     async def RepositoryModelUnload(self, request: pb.RepositoryModelUnloadRequest,
                                     context: Any) -> pb.RepositoryModelUnloadResponse:
-        # unload_dependents is accepted: there are no ensembles to follow.
-        await self._dataplane.unload_model(request.model_name)
+        await self._dataplane.unload_model(request.model_name, from_parameters(request.parameters))
         return pb.RepositoryModelUnloadResponse()
 
     # Shared memory

@@ -231,9 +231,11 @@ async def load_model(request: web.Request) -> web.Response:
 
 
 async def unload_model(request: web.Request) -> web.Response:
-    # {"parameters": {"unload_dependents": bool}}: accepted; there are no ensembles to follow.
-    await _optional_json(request, 'a JSON object such as {"parameters": {"unload_dependents": false}}')
-    await request.app[DATAPLANE].unload_model(request.match_info["model"])
+    body = await _optional_json(request, 'a JSON object such as {"parameters": {"unload_dependents": false}}')
+    parameters = body.get("parameters") or {}
+    if not isinstance(parameters, dict):
+        raise InvalidInput("'parameters' must be a JSON object")
+    await request.app[DATAPLANE].unload_model(request.match_info["model"], parameters)
     return web.Response(status=200)
 
 
