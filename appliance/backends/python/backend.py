@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -62,8 +63,11 @@ class _Instance:
         self.process.send(("free", block))
 
     def _ended(self) -> None:
-        code = self.process.process.poll()
-        self.requests.fail_all(f"the model process exited with code {code}")
+        try:
+            code: int | None = self.process.process.wait(5)
+        except subprocess.TimeoutExpired:  # closed its end of the channel but lingers
+            code = None
+        self.requests.fail_all(f"the model process of '{self.process.name}' exited with code {code}")
         self.peer.close()
 
     def stop(self, timeout: float = 5.0) -> None:
