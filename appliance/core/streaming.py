@@ -6,9 +6,9 @@ scheduler hands the backend for such a request, and the event-loop side reads it
 
 Memory is bounded by backpressure, not by dropping: while the responses a consumer has not read yet
 reach ``StreamLimits.max_responses`` or ``max_bytes``, or the daemon's request memory budget is spent
-(they count against the request's account), ``send`` blocks the model's thread (so a model
-that produces faster than its client reads is slowed to the client's pace, as a Python model's
-``sender.send`` is in Triton when the gRPC writer falls behind). A consumer that reads nothing for
+(they count against the request's account), ``send`` blocks the model's thread: a model that
+produces faster than its client reads is slowed to the client's pace (Triton queues such responses
+without bound). A consumer that reads nothing for
 ``stall_timeout`` seconds while the model waits fails the request ("the client stopped reading") and
 cancels it, so a stuck client cannot hold a model thread forever. ``send`` is never called on the event
 loop's thread by a backend; if it is, it cannot block there, and a full channel fails the request.
@@ -46,6 +46,7 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class StreamLimits:
