@@ -25,6 +25,7 @@ from appliance.core.log_settings import LogSettings, LogValues
 from appliance.core.registry import ModelRegistry
 from appliance.core.retune import RetunePolicy, Retuner
 from appliance.core.shared_memory import LocalPeers, SharedMemoryLimits, SharedMemoryRegistry
+from appliance.core.streaming import StreamLimits
 from appliance.core.trace_settings import TraceSettings
 from appliance.core.trace_writer import TraceWriter
 from appliance.core.tracing import Tracer
@@ -159,7 +160,9 @@ class Appliance:
         lifecycle.on_close("the models", lambda: cls._close_models(registry))
         traces, tracer = cls._start_tracing(settings, state, lifecycle)
         dataplane = DataPlane(registry, shared_memory=shared_memory, strict_readiness=settings.strict_readiness,
-                              control_mode=settings.model_control_mode, tracer=tracer)
+                              control_mode=settings.model_control_mode, tracer=tracer,
+                              stream_limits=StreamLimits(max_bytes=settings.stream_buffer_bytes,
+                                                         stall_timeout=settings.stream_stall_timeout))
         logs = LogSettings(logging.getLogger(), LogValues.from_level(settings.log_level))
 
         async def restore_logging() -> None:

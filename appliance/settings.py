@@ -130,6 +130,11 @@ class Settings:
     """Bytes of all registered shared-memory regions together."""
     max_concurrent_requests: int = 1024
     """Requests handled at once; beyond it 503 with Retry-After."""
+    stream_buffer_bytes: int = 64 * 1024**2
+    """Output bytes a decoupled model may send ahead of the client reading them, per request (also at
+    most 64 responses, and within max_request_memory_bytes); past it the model's send waits."""
+    stream_stall_timeout: float = 60.0
+    """Seconds a decoupled model waits for its client to read before the request fails as stalled."""
     max_tensor_elements: int = 1 << 30
     max_inputs: int = 256
     trace_file: str = "trace.json"
@@ -194,6 +199,9 @@ class Settings:
                               f"{self.trace_file!r}")
         if self.trace_max_bytes < 4096:
             raise ConfigError(f"trace_max_bytes must be at least 4096, got {self.trace_max_bytes}")
+        if self.stream_buffer_bytes < 1 or not self.stream_stall_timeout > 0:
+            raise ConfigError(f"stream_buffer_bytes must be at least 1 and stream_stall_timeout > 0 seconds, got "
+                              f"{self.stream_buffer_bytes} and {self.stream_stall_timeout}")
         if self.intra_op_threads < 0:
             raise ConfigError(f"intra_op_threads must be >= 0, got {self.intra_op_threads}")
 

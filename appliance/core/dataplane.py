@@ -43,9 +43,11 @@ def _ignore(size: int) -> None:
 
 class DataPlane:
     def __init__(self, registry: ModelRegistry, *, shared_memory: SharedMemoryRegistry | None = None,
-                 strict_readiness: bool = True, control_mode: str = "none", tracer: Tracer | None = None) -> None:
+                 strict_readiness: bool = True, control_mode: str = "none", tracer: Tracer | None = None,
+                 stream_limits: StreamLimits | None = None) -> None:
         """``shared_memory``: the registered regions; None serves no shared memory at all. ``tracer``:
-        samples requests for Triton's trace extension; None traces nothing."""
+        samples requests for Triton's trace extension; None traces nothing. ``stream_limits``: how far a
+        decoupled model may run ahead of a client reading its responses."""
         self.registry = registry
         self.tracer = tracer
         self.shared_memory = shared_memory
@@ -56,8 +58,7 @@ class DataPlane:
         """The hardware probe report (JSON), once the start-up probe has run."""
         self.failure: str | None = None
         """Why the server stopped being live (None while it is)."""
-        self.stream_limits = StreamLimits()
-        """How far a decoupled model may run ahead of a client reading its responses."""
+        self.stream_limits = stream_limits or StreamLimits()
 
     @property
     def loaded(self) -> bool:

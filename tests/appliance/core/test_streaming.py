@@ -80,14 +80,14 @@ def _out(value: int) -> dict[str, np.ndarray]:
 async def make_model(tmp_path):
     made: list[ModelVersion] = []
 
-    async def make(backend: Backend) -> tuple[ModelVersion, DataPlane]:
+    async def make(backend: Backend, limits: StreamLimits | None = None) -> tuple[ModelVersion, DataPlane]:
         config = text_format.Parse(CONFIG, mc.ModelConfig())
         stats = ModelStats()
         scheduler = Scheduler("repeat:1", InstancePool("repeat:1", [backend]), policy_from_config(config), stats)
         model = ModelVersion("repeat", 1, config, signature_of(config), named("python"), scheduler, stats)
         model.start()
         made.append(model)
-        return model, DataPlane(ModelRegistry(tmp_path, RuntimeOptions()))
+        return model, DataPlane(ModelRegistry(tmp_path, RuntimeOptions()), stream_limits=limits)
 
     yield make
     for model in made:
@@ -268,8 +268,7 @@ async def test_a_model_ahead_of_its_reader_is_held_back(make_model):
         request.sink.send(final=True)
 
     backend = SendingBackend(flood)
-    model, plane = await make_model(backend)
-    plane.stream_limits = StreamLimits(max_responses=8)
+    model, plane = await make_model(backend, StreamLimits(max_responses=8))
     stream = await plane.infer_stream(model, _request(1), local=False)
     first = await anext(stream)
     for _ in range(50):  # give the model every chance to run ahead
@@ -289,8 +288,7 @@ async def test_a_byte_bound_holds_back_large_responses(make_model):
             sent.append(value)
         request.sink.send(final=True)
 
-    model, plane = await make_model(SendingBackend(big))
-    plane.stream_limits = StreamLimits(max_bytes=3 << 20)
+    model, plane = await make_model(SendingBackend(big), StreamLimits(max_bytes=3 << 20))
     stream = await plane.infer_stream(model, _request(1), local=False)
     await anext(stream)
     for _ in range(50):
@@ -308,8 +306,7 @@ async def test_a_reader_that_stalls_fails_the_request_and_frees_the_model(make_m
         unblocked.set()
         assert request.cancelled()
 
-    model, plane = await make_model(SendingBackend(flood))
-    plane.stream_limits = StreamLimits(max_responses=4, stall_timeout=0.2)
+    model, plane = await make_model(SendingBackend(flood), StreamLimits(max_responses=4, stall_timeout=0.2))
     stream = await plane.infer_stream(model, _request(1), local=False)
     assert await asyncio.to_thread(unblocked.wait, 30)
     items = await _read_all(stream)
