@@ -26,6 +26,7 @@ from appliance.rest.keys import BODY_LIMITS, BUDGET, DATAPLANE, LIMITS
 
 __all__ = ["generate", "generate_stream"]
 
+_SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
 _ONE_RESPONSE = ("generate expects model to produce exactly 1 response, use generate stream for model that "
                  "generates various number of responses")
 
@@ -87,16 +88,14 @@ async def generate_stream(request: web.Request) -> web.StreamResponse:
                     continue
                 if stream is None:
                     status = item.error.status if item.error is not None else 200
-                    stream = web.StreamResponse(status=status, headers={
-                        "Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"})
+                    stream = web.StreamResponse(status=status, headers=_SSE_HEADERS)
                     await stream.prepare(request)
                 try:
                     await stream.write(event)  # waits while the client is slow: the model is held back
                 except ConnectionError:
                     return stream  # the client went away: closing the responses cancels the request
             if stream is None:  # the model sent no response at all: an empty event stream
-                stream = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
-                                                     "Cache-Control": "no-cache"})
+                stream = web.StreamResponse(headers=_SSE_HEADERS)
                 await stream.prepare(request)
             await stream.write_eof()
         finally:
