@@ -161,7 +161,9 @@ class DataPlane:
         if request.trace is not None:
             trace = request.trace
             assert tracer is not None
-            stream.on_close(lambda _: tracer.finish(trace))
+            # Written once the stream has ended and the request has run (its COMPUTE_* marks are set when
+            # run_requests returns, which may come after the final response).
+            stream.on_close(lambda _: stream.ran.add_done_callback(lambda _: tracer.finish(trace)))
         if binding is not None:
             stream.set_writer(binding.write)  # each response's outputs go into the regions it named
             stream.on_close(lambda _: binding.close())

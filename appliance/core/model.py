@@ -183,8 +183,8 @@ class ModelVersion:
 
         def closed(error: BaseException | None) -> None:
             self._streams.discard(channel)
-            if not submitted.done():
-                submitted.cancel()  # still queued: it never runs
+            if isinstance(error, asyncio.CancelledError) and not submitted.done():
+                submitted.cancel()  # the client went away: a request still queued never runs
             if error is None:
                 self.stats.record_request(True, time.perf_counter_ns() - start)
             else:
@@ -193,7 +193,7 @@ class ModelVersion:
         submitted.add_done_callback(ran)
         self._streams.add(channel)
         convert = functools.partial(self._stream_response, wanted=wanted, request_id=request.id)
-        return ResponseStream(channel, convert, closed)
+        return ResponseStream(channel, convert, closed, submitted)
 
     def _stream_response(self, raw: RawResponse, wanted: list[RequestedOutput],
                          request_id: str | None) -> InferResponse:

@@ -277,8 +277,11 @@ class ResponseStream:
     request gets ``asyncio.CancelledError``)."""
 
     def __init__(self, channel: ResponseChannel, convert: Callable[[RawResponse], InferResponse | None],
-                 on_close: Callable[[BaseException | None], None]) -> None:
+                 on_close: Callable[[BaseException | None], None], ran: asyncio.Future) -> None:
         self._channel = channel
+        self.ran = ran
+        """Done once the request has run (the backend's ``run_requests`` returned), failed or was dropped
+        from the queue: responses may end before or after it."""
         self._convert = convert
         self._closers: list[Callable[[BaseException | None], None]] = [on_close]
         self._writer: Callable[[InferResponse], Awaitable[None]] | None = None

@@ -23,6 +23,9 @@ from appliance.core.registry import ModelRegistry
 from appliance.core.scheduler import Scheduler, policy_from_config
 from appliance.core.stats import ModelStats
 from appliance.core.streaming import StreamItem, StreamLimits
+from appliance.core.trace_settings import TraceSettings
+from appliance.core.trace_writer import TraceWriter
+from appliance.core.tracing import Tracer
 from appliance.core.types import InferInput, InferRequest
 from appliance.errors import InferenceFailed, InvalidInput, Unavailable
 
@@ -377,3 +380,40 @@ async def test_a_response_the_budget_cannot_hold_fails_the_request(make_model):
                                           release=account.release)
         (item,) = await _read_all(stream)
     assert item.final and "max_request_memory_bytes" in item.error.message and budget.used == 0
+
+
+async def test_a_traced_stream_is_written_when_it_ends(make_model, tmp_path):
+    settings, writer = TraceSettings(), TraceWriter(None)
+    settings.update({"trace_level": ["TIMESTAMPS"], "trace_rate": ["1"]})
+    model, _ = await make_model(SendingBackend(lambda r: (r.sink.send(_out(1)), r.sink.send(final=True))))
+    plane = DataPlane(ModelRegistry(tmp_path, RuntimeOptions()), tracer=Tracer(settings, writer))
+    stream = await plane.infer_stream(model, _request(1), local=False)
+    assert len(await _read_all(stream)) == 2
+    await stream.ran
+    await asyncio.sleep(0)  # the trace is handed to the writer by the callback of ``ran``
+    writer.close()
+    (trace,) = writer.kept()
+    names = [t["name"] for t in trace["timestamps"]]
+    assert names[0] == "REQUEST_START" and names[-1] == "REQUEST_END" and "QUEUE_START" in names
+    assert "COMPUTE_START" in names and trace["model_name"] == "repeat"
+
+
+async def test_a_stream_closed_while_its_request_is_queued_never_runs(make_model):
+    release, ran = threading.Event(), []
+
+    class Blocking(SendingBackend):
+        def run_requests(self, requests):
+            ran.extend(int(r.inputs["IN"][0]) for r in requests)
+            if ran[-1] == 1:
+                release.wait(30)  # holds the only instance
+            return super().run_requests(requests)
+
+    model, plane = await make_model(Blocking(lambda r: r.sink.send(final=True)))
+    first = await plane.infer_stream(model, _request(1), local=False)
+    await _eventually(lambda: ran == [1])
+    second = await plane.infer_stream(model, _request(2), local=False)
+    second.close()  # its client went away while it waited for the instance
+    release.set()
+    assert len(await _read_all(first)) == 1
+    assert len(await _read_all(await plane.infer_stream(model, _request(3), local=False))) == 1
+    assert ran == [1, 3] and model.stats.failures == {"CANCELED": 1}  # 2 would have run before 3
