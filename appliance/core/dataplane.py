@@ -31,6 +31,8 @@ EXTENSIONS = [
     "model_repository(unload_dependents)",
     "parameters",
     "schedule_policy",
+    "sequence",
+    "sequence(string_id)",
     "statistics",
     "trace",
 ]

@@ -15,7 +15,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from appliance.backends import BackendInfo
 from appliance.core.classification import classify
 from appliance.core.config import input_reshapes
-from appliance.core.scheduler import Scheduler
+from appliance.core.scheduler import Scheduler, SequenceScheduler
 from appliance.core.signature import ModelSignature
 from appliance.core.stats import FailureReason, ModelStats
 from appliance.core.traffic import TrafficStats
@@ -44,7 +44,7 @@ class ModelVersion:
     config: mc.ModelConfig
     signature: ModelSignature
     backend: BackendInfo
-    scheduler: Scheduler
+    scheduler: Scheduler | SequenceScheduler
     stats: ModelStats
     labels: dict[str, list[str]] = dataclasses.field(default_factory=dict)
     selection: dict[str, Any] | None = None

@@ -2,6 +2,9 @@
 at once (so a stream's requests batch with each other and with everyone else's), each answer is written
 as it is ready, and an error ends only its own request, in the stream, as Triton does.
 
+Requests of one sequence (the same ``sequence_id``) reach the model in the order they were sent: each
+waits until the one before it on this stream is answered (a sequence runs one step at a time anyway).
+
 When the server stops, the stream reads no further: the requests already read are answered, then the
 stream ends UNAVAILABLE so the client knows that what it sent after that was not served.
 """
@@ -10,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -36,6 +40,15 @@ def _error(request: pb.ModelInferRequest, message: str) -> pb.ModelStreamInferRe
     )
 
 
+def _sequence_key(request: pb.ModelInferRequest) -> tuple[str, str, object] | None:
+    parameter = request.parameters.get("sequence_id")
+    if parameter is None:
+        return None
+    choice = parameter.WhichOneof("parameter_choice")
+    value = getattr(parameter, choice) if choice is not None else None
+    return None if value in (None, 0, "") else (request.model_name, request.model_version, value)
+
+
 async def _answer(request: pb.ModelInferRequest, infer: Infer, gate: Gate) -> pb.ModelStreamInferResponse:
     try:
         with gate.admit(Access.INFERENCE):
@@ -51,11 +64,19 @@ async def serve_stream(requests: AsyncIterator[pb.ModelInferRequest], context: g
                        infer: Infer, gate: Gate) -> None:
     writing = asyncio.Lock()  # one write at a time on the stream
     pending: set[asyncio.Task] = set()
+    last_of_sequence: dict[object, asyncio.Task] = {}
 
-    async def respond(request: pb.ModelInferRequest) -> None:
+    async def respond(request: pb.ModelInferRequest, before: asyncio.Task | None) -> None:
+        if before is not None:
+            await asyncio.wait((before,))
         message = await _answer(request, infer, gate)
         async with writing:
             await context.write(message)
+
+    def forget(key: object, task: asyncio.Task) -> None:
+        pending.discard(task)
+        if last_of_sequence.get(key) is task:
+            del last_of_sequence[key]
 
     stopping = asyncio.ensure_future(gate.wait_stopping())
     reader = aiter(requests)
@@ -72,9 +93,12 @@ async def serve_stream(requests: AsyncIterator[pb.ModelInferRequest], context: g
                 request = read.result()
             except StopAsyncIteration:
                 break
-            task = asyncio.create_task(respond(request))
+            key = _sequence_key(request)
+            task = asyncio.create_task(respond(request, last_of_sequence.get(key) if key is not None else None))
             pending.add(task)
-            task.add_done_callback(pending.discard)
+            if key is not None:
+                last_of_sequence[key] = task
+            task.add_done_callback(functools.partial(forget, key))
         if pending:
             await asyncio.gather(*pending)
     finally:
