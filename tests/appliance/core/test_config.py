@@ -163,7 +163,7 @@ def test_config_pbtxt_is_read_with_a_bound(tmp_path):
 
 
 @pytest.mark.parametrize("text, words", [
-    ("sequence_batching { max_sequence_idle_microseconds: 5000000 }", "sequence_batching is not supported"),
+    ("sequence_batching { iterative_sequence: true }", "iterative_sequence is not supported"),
     ("model_transaction_policy { decoupled: true }", "decoupled models"),
 ])
 def test_configs_this_server_cannot_honour_fail_to_load(tmp_path, text, words):
