@@ -108,9 +108,9 @@ def vad_state_model(frame: int = FRAME, seed: int = 0) -> onnx.ModelProto:
         helper.make_node("Mul", ["drive", "gain"], ["pushed"]),
         helper.make_node("Add", ["kept", "pushed"], ["mixed"]),
         helper.make_node("Tanh", ["mixed"], ["stateN"]),
-        helper.make_node("ReduceMean", ["stateN"], ["level"], axes=[1, 2], keepdims=0),
-        helper.make_node("Unsqueeze", ["level", "one"], ["level2"]),
-        helper.make_node("Sigmoid", ["level2"], ["prob"]),
+        helper.make_node("Reshape", ["stateN", "flat_shape"], ["flat"]),
+        helper.make_node("ReduceMean", ["flat"], ["level"], axes=[1], keepdims=1),
+        helper.make_node("Sigmoid", ["level"], ["prob"]),
     ]
     graph = helper.make_graph(
         nodes,
@@ -124,7 +124,7 @@ def vad_state_model(frame: int = FRAME, seed: int = 0) -> onnx.ModelProto:
             numpy_helper.from_array(np.array([-1, 2, 128], np.int64), "state_shape"),
             numpy_helper.from_array(np.array(0.9, np.float32), "decay"),
             numpy_helper.from_array(np.array(0.1, np.float32), "gain"),
-            numpy_helper.from_array(np.array([1], np.int64), "one"),
+            numpy_helper.from_array(np.array([-1, 256], np.int64), "flat_shape"),
         ],
     )
     return helper.make_model(graph, opset_imports=_OPSET)
