@@ -77,7 +77,9 @@ class TritonCollector:
                 for event in ("started", "ended", "reaped", "rejected"):
                     sequence_ends.add_metric([*values, event], getattr(stats.sequences, event))
         yield from (success, failure, count, executions, pending, request_us, queue_us, input_us, infer_us,
-                    output_us, latency, sequences, backlog, sequence_ends)
+                    output_us, latency)
+        if sequences.samples:  # only where a model has sequence_batching
+            yield from (sequences, backlog, sequence_ends)
         yield from self._system_metrics()
 
     def _system_metrics(self) -> Iterator[Metric]:
@@ -119,7 +121,7 @@ class _TritonCounter(Metric):
         self.add_sample(self.name, dict(zip(self._labels, values)), value)
 
 
-_HEADER = re.compile(r"^(# (?:HELP|TYPE) nv_\w+?)_total ", re.MULTILINE)
+_HEADER = re.compile(r"^(# (?:HELP|TYPE) (?:nv|appliance)_\w+?)_total ", re.MULTILINE)
 
 
 def render(registry: CollectorRegistry) -> bytes:
