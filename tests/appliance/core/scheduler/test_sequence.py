@@ -42,6 +42,7 @@ class Accumulator(Backend):
     def run(self, inputs, outputs):
         rows = {name: inputs[name].reshape(-1).tolist() for name in ("START", "END", "READY", "INPUT")}
         rows["CORRID"] = inputs["CORRID"].reshape(-1).tolist() if "CORRID" in inputs else []
+        rows["shapes"] = {name: value.shape for name, value in inputs.items()}
         self.batches.append(rows)
         ids = {c for c, r in zip(rows["CORRID"], rows["READY"]) if r}
         with self._lock:
@@ -256,3 +257,17 @@ async def test_close_fails_what_is_still_queued(make):
     assert int((await first)["OUTPUT"][0, 0]) == 1
     with pytest.raises(Unavailable, match="unloaded"):
         await second
+
+
+async def test_a_model_that_does_not_batch_gets_unbatched_control_tensors(make):
+    backend = Accumulator()
+    scheduler = make("direct { }", backend, max_batch_size=0)
+    outputs = []
+    for index, value in enumerate([2, 3, 4]):
+        parameters = {"sequence_id": 8, "sequence_start": index == 0, "sequence_end": index == 2}
+        result = await scheduler.submit({"INPUT": np.array([value], np.int32)}, ["OUTPUT"], 1, parameters)
+        outputs.append(result["OUTPUT"].tolist())
+    assert outputs == [[2], [5], [9]]
+    assert all(b["READY"] == [1] for b in backend.batches)
+    assert backend.batches[0]["shapes"] == {"INPUT": (1,), "START": (1,), "END": (1,), "READY": (1,),
+                                            "CORRID": (1,), "ACC_IN": (1,)}
