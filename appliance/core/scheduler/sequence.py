@@ -81,6 +81,7 @@ class SequenceScheduler:
         self._in_flight = 0
         self._closing = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._initial_shapes = tuple((name, value.shape) for name, value in initial_states(policy).items())
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -197,15 +198,12 @@ class SequenceScheduler:
         lane.timer = None
         self._run_lane(lane)
 
-    def _state_of(self, sequence: Sequence, request: SequenceRequest) -> dict[str, np.ndarray]:
-        if request.flags & START or not sequence.state:
-            return initial_states(self.policy)
-        return sequence.state
-
     def _key(self, sequence: Sequence) -> tuple:
+        """What must match for two sequences' next requests to share a batch: input and state shapes."""
         request = sequence.queue[0]
-        state = self._state_of(sequence, request)
-        return request.key, tuple((name, value.shape) for name, value in state.items())
+        if request.flags & START or not sequence.state:
+            return request.key, self._initial_shapes
+        return request.key, tuple((name, value.shape) for name, value in sequence.state.items())
 
     def _run_lane(self, lane: Lane) -> None:
         lane.scheduled = False
