@@ -32,6 +32,8 @@ EXTENSIONS = [
     "model_repository(unload_dependents)",
     "parameters",
     "schedule_policy",
+    "sequence",
+    "sequence(string_id)",
     "statistics",
     "trace",
 ]

@@ -35,7 +35,8 @@ __all__ = ["ModelVersion", "VersionScheduler"]
 
 class VersionScheduler(Protocol):
     """What runs a version's validated requests: a backend model's batching scheduler
-    (``appliance.core.scheduler.Scheduler``) or an ensemble's (``appliance.core.ensemble``)."""
+    (``appliance.core.scheduler.Scheduler``), a stateful model's sequence batcher
+    (``appliance.core.scheduler.SequenceScheduler``) or an ensemble's (``appliance.core.ensemble``)."""
 
     @property
     def pending(self) -> int: ...

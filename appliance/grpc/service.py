@@ -122,7 +122,8 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
     @_rpc(Access.INFERENCE)
     async def ModelStatistics(self, request: pb.ModelStatisticsRequest, context: Any) -> pb.ModelStatisticsResponse:
         statistics = self._dataplane.model_statistics(request.name or None, request.version or None)
-        return json_format.ParseDict(statistics, pb.ModelStatisticsResponse())
+        # ignore_unknown_fields: appliance-only members (sequence_stats) have no place in Triton's message.
+        return json_format.ParseDict(statistics, pb.ModelStatisticsResponse(), ignore_unknown_fields=True)
 
     # Inference
 
