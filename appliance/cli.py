@@ -55,6 +55,8 @@ def _serve_parser(sub: Any) -> None:
     p.add_argument("--no-selection", dest="selection", action="store_const", const=False,
                    help="serve each model with its config's backend, without measuring plans")
     p.add_argument("--retune", action="store_const", const=True, help="ignore cached plan decisions, measure again")
+    p.add_argument("--push-max-file-bytes", type=int, help="largest file a model push may carry (413 above)")
+    p.add_argument("--push-max-total-bytes", type=int, help="bytes of all pushed models kept together (413 above)")
     p.add_argument("--client-shm", choices=["off", "local", "any"],
                    help="who may use shared memory: off, local (clients on this host; the default) or any")
 

@@ -22,6 +22,7 @@ from appliance.backends.python.arena import remove_stale_arenas
 from appliance.budget import MemoryBudget
 from appliance.core.dataplane import DataPlane
 from appliance.core.log_settings import LogSettings, LogValues
+from appliance.core.pushed import PushLimits, PushStore
 from appliance.core.registry import ModelRegistry
 from appliance.core.retune import RetunePolicy, Retuner
 from appliance.core.shared_memory import LocalPeers, SharedMemoryLimits, SharedMemoryRegistry
@@ -144,12 +145,14 @@ class Appliance:
         if scratch is not None:
             lifecycle.on_close("the temporary example repository",
                                lambda: asyncio.to_thread(shutil.rmtree, scratch, True))
+        pushes = await asyncio.to_thread(cls._open_pushes, settings, state)
         registry = ModelRegistry(
             repository,
             runtime_options(settings),
             retune=settings.retune,
             drain_timeout=settings.shutdown_timeout,
             on_event=metrics.event if metrics is not None else None,
+            overlay=pushes.model_dirs if pushes is not None else None,
         )
         try:
             await asyncio.to_thread(registry.discover)
@@ -159,7 +162,7 @@ class Appliance:
         lifecycle.on_close("the models", lambda: cls._close_models(registry))
         traces, tracer = cls._start_tracing(settings, state, lifecycle)
         dataplane = DataPlane(registry, shared_memory=shared_memory, strict_readiness=settings.strict_readiness,
-                              control_mode=settings.model_control_mode, tracer=tracer)
+                              control_mode=settings.model_control_mode, tracer=tracer, pushes=pushes)
         logs = LogSettings(logging.getLogger(), LogValues.from_level(settings.log_level))
 
         async def restore_logging() -> None:
@@ -213,6 +216,24 @@ class Appliance:
         return traces, Tracer(traces, writer)
 
     @staticmethod
+    def _open_pushes(settings: Settings, state: StateDir) -> PushStore | None:
+        """The models pushed over the load API in earlier runs; None (pushes refused) when the state dir
+        cannot take them."""
+        store = PushStore(settings.pushed_dir, PushLimits(settings.push_max_file_bytes, settings.push_max_total_bytes))
+        if not state.writable:
+            return None
+        try:
+            pushed = store.open()
+        except OSError as exc:
+            state.note("pushed_models_unreadable",
+                       f"the pushed models in {settings.pushed_dir} cannot be read ({exc.strerror or exc}): they are "
+                       "not served, and pushes are refused", f"make {settings.pushed_dir} readable and writable")
+            return None
+        if pushed:
+            log.info("pushed models kept from earlier runs: %s", ", ".join(sorted(pushed)))
+        return store
+
+    @staticmethod
     def _repository(settings: Settings, state: StateDir) -> tuple[Path, Path | None]:
         """The repository, and a temporary directory to remove at stop (where the example went)."""
         if settings.model_repository is not None:
@@ -236,7 +257,9 @@ class Appliance:
             self.metrics.event("hardware", detail={"fingerprint": report.fingerprint, "summary": report.summary()})
         selector = make_selector(settings, report, isolate=True, state=self.state)
         explicit = settings.model_control_mode == "explicit" and "*" not in settings.load_models
-        await registry.load_all(settings.load_models if explicit else None, selector=selector)
+        # Pushed models were loaded by a request: they serve again after a restart, in every mode.
+        pushed = tuple(dataplane.pushes.model_dirs()) if dataplane.pushes is not None else ()
+        await registry.load_all((*settings.load_models, *pushed) if explicit else None, selector=selector)
         dataplane.mark_loaded()
         log.info("repository loaded: %d of %d models ready", registry.ready_count(), len(registry.entries()))
         if settings.model_control_mode == "poll":

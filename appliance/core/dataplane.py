@@ -9,6 +9,7 @@ from typing import Any
 from appliance import __version__
 from appliance.core.config import config_from_json, config_to_json
 from appliance.core.model import ModelVersion
+from appliance.core.pushed import FILE_PREFIX, PushStore, file_parameters
 from appliance.core.registry import ModelRegistry, ModelState
 from appliance.core.shared_memory import SharedMemoryRegistry
 from appliance.core.tracing import Tracer
@@ -42,9 +43,13 @@ def _ignore(size: int) -> None:
 
 class DataPlane:
     def __init__(self, registry: ModelRegistry, *, shared_memory: SharedMemoryRegistry | None = None,
-                 strict_readiness: bool = True, control_mode: str = "none", tracer: Tracer | None = None) -> None:
+                 strict_readiness: bool = True, control_mode: str = "none", tracer: Tracer | None = None,
+                 pushes: PushStore | None = None) -> None:
         """``shared_memory``: the registered regions; None serves no shared memory at all. ``tracer``:
-        samples requests for Triton's trace extension; None traces nothing."""
+        samples requests for Triton's trace extension; None traces nothing. ``pushes``: where models
+        pushed over the load API's file overrides are kept; None refuses file overrides."""
+        self.pushes = pushes
+        self._push_locks: dict[str, asyncio.Lock] = {}
         self.registry = registry
         self.tracer = tracer
         self.shared_memory = shared_memory
@@ -185,36 +190,98 @@ class DataPlane:
 
     async def load_model(self, name: str, parameters: dict[str, Any]) -> None:
         """Triton's repository extension: load (or reload without downtime), optionally with the
-        config given as JSON in ``parameters.config`` instead of config.pbtxt."""
-        self._check_control("load")
+        config given as JSON in ``parameters.config`` instead of config.pbtxt, and with the model's files
+        in ``file:<version>/<name>`` parameters (a push: see core.pushed).
+
+        A push is allowed in every model control mode (it adds to the repository, it does not replace
+        the mode's choice of what the repository serves). A plain load of a model the repository has
+        serves the repository's files again (as Triton does after a load with overrides) and forgets
+        the pushed ones; of a model only pushed, it reloads the pushed files."""
         self.registry.model_dir(name)  # validates the name before anything touches the file system
-        if any(key.startswith("file:") for key in parameters):
-            raise InvalidInput("file overrides (parameters 'file:...') are not supported; put files in the repository")
-        override = None
-        if "config" in parameters:
-            try:
-                override = config_from_json(parameters["config"], name)
-            except ConfigError as exc:
-                raise ConfigError(f"failed to load '{name}': {exc.message}") from None
-        await self.registry.load(name, override)
+        if any(key.startswith(FILE_PREFIX) for key in parameters):
+            await self._push(name, parameters)
+            return
+        self._check_control("load")
+        override = self._config(name, parameters)
+        lock = self._push_locks.setdefault(name, asyncio.Lock())
+        async with lock:
+            pushed = self.pushes is not None and name in self.pushes.model_dirs()
+            if pushed and self.registry.in_repository(name):
+                await self.registry.load(name, override, source=self.registry.repository / name)
+                assert self.pushes is not None
+                await asyncio.to_thread(self.pushes.remove, name)
+                return
+            await self.registry.load(name, override)
+
+    @staticmethod
+    def _config(name: str, parameters: dict[str, Any]) -> Any:
+        if "config" not in parameters:
+            return None
+        try:
+            return config_from_json(parameters["config"], name)
+        except ConfigError as exc:
+            raise ConfigError(f"failed to load '{name}': {exc.message}") from None
+
+    async def _push(self, name: str, parameters: dict[str, Any]) -> None:
+        if self.pushes is None:
+            raise NotSupported("this box keeps no pushed models (its state dir is not writable); put the files in "
+                               "the repository, or make the state dir writable and restart the daemon")
+        if "config" not in parameters:  # Triton's rule: the override directory's files come with a config
+            raise InvalidInput(f"failed to load '{name}': file overrides need the 'config' parameter (the model's "
+                               "configuration as JSON): the pushed files replace the model's directory")
+        override = self._config(name, parameters)
+        store = self.pushes
+        files = file_parameters(parameters, store.limits.max_file_bytes)
+        if not any("/" in relative and relative.split("/")[0].isdigit() for relative in files):
+            raise InvalidInput(f"failed to load '{name}': the pushed files have no version directory; send "
+                               "the model file as 'file:1/<file name>' (e.g. file:1/model.onnx)")
+        async with self._push_locks.setdefault(name, asyncio.Lock()):
+            staged = await asyncio.to_thread(store.stage, name, override, files)
+            try:  # loaded beside the serving versions: requests switch over once it is ready
+                await self.registry.load(name, None, source=staged.model_dir)
+            except BaseException:
+                await asyncio.to_thread(store.discard, staged)
+                if not self.registry.in_repository(name) and name not in store.model_dirs():
+                    self.registry.forget(name)  # a failed first push leaves no entry behind
+                raise
+            replaced = await asyncio.to_thread(store.commit, staged)
+            if replaced is not None:  # the versions it served are closed by now
+                await asyncio.to_thread(store.remove_generation, replaced)
 
     async def unload_model(self, name: str) -> None:
-        self._check_control("unload")
+        pushed = self.pushes is not None and name in self.pushes.model_dirs()
+        if not pushed:
+            self._check_control("unload")
         self.registry.model_dir(name)
-        await self.registry.unload(name)
+        async with self._push_locks.setdefault(name, asyncio.Lock()):
+            await self.registry.unload(name)
+            if pushed:  # as Triton removes an override directory at unload
+                assert self.pushes is not None
+                await asyncio.to_thread(self.pushes.remove, name)
+                if not self.registry.in_repository(name):
+                    self.registry.forget(name)
+
+    def _origin(self, name: str, loaded_from: str | None) -> str:
+        if loaded_from is not None:
+            return loaded_from
+        return "pushed" if self.pushes is not None and name in self.pushes.model_dirs() else "repository"
 
     def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
+        """Triton's index rows, each with the model's ``origin``: "repository", or "pushed" (its files came
+        in a load request, see core.pushed)."""
         rows: list[dict[str, Any]] = []
         for entry in self.registry.entries():
+            origin = self._origin(entry.name, entry.origin if entry.versions else None)
             if entry.state is not ModelState.READY:
                 if not ready_only:
-                    rows.append({"name": entry.name, "state": entry.state.value, "reason": entry.reason})
+                    rows.append({"name": entry.name, "state": entry.state.value, "reason": entry.reason,
+                                 "origin": origin})
                 continue
             for version in sorted(entry.versions):
-                rows.append({"name": entry.name, "version": str(version), "state": "READY", "reason": entry.reason})
+                rows.append({"name": entry.name, "version": str(version), "state": "READY", "reason": entry.reason,
+                             "origin": origin})
             if not ready_only:
                 for version, reason in sorted(entry.failures.items()):
-                    rows.append(
-                        {"name": entry.name, "version": str(version), "state": "UNAVAILABLE", "reason": reason}
-                    )
+                    rows.append({"name": entry.name, "version": str(version), "state": "UNAVAILABLE",
+                                 "reason": reason, "origin": origin})
         return rows

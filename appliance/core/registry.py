@@ -8,7 +8,7 @@ import enum
 import logging
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -59,6 +59,8 @@ class ModelEntry:
     """False for a model deliberately not loaded (explicit mode) or unloaded: not counted as a failure."""
     override: mc.ModelConfig | None = None
     """The config the load API gave the serving load (None: config.pbtxt); a retune reloads with it."""
+    origin: str = "repository"
+    """Where the serving files come from: "repository", or "pushed" (the load API's file overrides)."""
 
     def latest(self) -> ModelVersion:
         if not self.versions:
@@ -79,9 +81,12 @@ def parse_version(text: str | None) -> int | None:
 class ModelRegistry:
     def __init__(self, repository: Path, options: RuntimeOptions, selector: Selector | None = None,
                  retune: bool = False, drain_timeout: float = 10.0,
-                 on_event: Callable[[str, str, int | None, dict], None] | None = None) -> None:
+                 on_event: Callable[[str, str, int | None, dict], None] | None = None,
+                 overlay: Callable[[], Mapping[str, Path]] | None = None) -> None:
         """``on_event`` is told of model_loaded / model_failed / backend_chosen / model_unloaded (kind,
-        model, version, detail): the metrics history records them."""
+        model, version, detail): the metrics history records them. ``overlay``: model name -> directory
+        of the models pushed over the load API (core.pushed), served in place of the repository's."""
+        self._overlay = overlay
         self.repository = repository
         self._drain_timeout = drain_timeout
         self._locks: dict[str, asyncio.Lock] = {}
@@ -108,7 +113,13 @@ class ModelRegistry:
                 log.warning("skipping %s: model directories must be plainly named and inside the repository", path)
                 continue
             found.append(path)
-        return found
+        pushed = dict(self._overlay()) if self._overlay is not None else {}
+        return sorted([p for p in found if p.name not in pushed] + list(pushed.values()), key=lambda p: p.name)
+
+    def in_repository(self, name: str) -> bool:
+        """Whether the repository itself (not the pushed overlay) has a model directory ``name``."""
+        path = self.repository / name
+        return path.is_dir() and path.resolve().is_relative_to(self.repository.resolve())
 
     def discover(self) -> list[Path]:
         """Scan the repository and list its models as LOADING (blocking: call off the loop)."""
@@ -145,18 +156,23 @@ class ModelRegistry:
         root = self.repository.resolve()
         if not path.resolve().is_relative_to(root) or path.resolve() == root:
             raise InvalidInput(f"model {name!r} points outside the model repository")
-        return path
+        pushed = self._overlay().get(name) if self._overlay is not None else None
+        return pushed if pushed is not None else path
 
     def _lock(self, name: str) -> asyncio.Lock:
         return self._locks.setdefault(name, asyncio.Lock())
 
     async def load(self, name: str, config_override: mc.ModelConfig | None = None,
-                   raise_errors: bool = True, traffic: dict[int, dict] | None = None) -> ModelEntry:
+                   raise_errors: bool = True, traffic: dict[int, dict] | None = None,
+                   source: Path | None = None) -> ModelEntry:
         """Load a model, or reload it without downtime: the new versions load beside the serving ones,
         requests switch to them once they are ready, and the old ones finish their requests before they
         close. A failed reload keeps the old versions serving and reports the failure. ``traffic``: per
-        version, the traffic profile to tune it on (see retune)."""
+        version, the traffic profile to tune it on (see retune). ``source``: the model directory to load
+        from instead of the repository's (or overlay's), such as a push being staged."""
         path = self.model_dir(name)
+        if source is not None:
+            path = source
         async with self._lock(name):
             if not path.is_dir():
                 raise ModelNotFound(f"failed to load '{name}': no such model in the repository {self.repository}")
@@ -184,6 +200,7 @@ class ModelRegistry:
             retired = list(entry.versions.values())
             entry.config, entry.versions, entry.failures = loaded.config, loaded.versions, loaded.failures
             entry.override = config_override
+            entry.origin = "repository" if path == self.repository / name else "pushed"
             entry.state, entry.reason = ModelState.READY, ""
             entry.signature = await asyncio.to_thread(directory_signature, path)
             self._announce(entry, loaded)
@@ -229,6 +246,12 @@ class ModelRegistry:
             await self.unload(name, "removed from the repository")
             self._models.pop(name, None)
         return {"added": added, "removed": removed, "reloaded": sorted(changed)}
+
+    def forget(self, name: str) -> None:
+        """Drop a model that is not loaded and has no directory left (a pushed model, unloaded)."""
+        entry = self._models.get(name)
+        if entry is not None and not entry.versions:
+            self._models.pop(name, None)
 
     def _announce(self, entry: ModelEntry, loaded: LoadedModel) -> None:
         log.info(
@@ -282,6 +305,9 @@ class ModelRegistry:
     @property
     def all_ready(self) -> bool:
         return all(e.state is ModelState.READY and not e.failures for e in self._models.values() if e.wanted)
+
+    def ready_names(self) -> list[str]:
+        return sorted(name for name, e in self._models.items() if e.state is ModelState.READY)
 
     def ready_count(self) -> int:
         return sum(1 for e in self._models.values() if e.state is ModelState.READY)
