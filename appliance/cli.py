@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from appliance import __version__, log_limit
-from appliance.commands import cache, discover, explain, install_service, probe, stats, tune
+from appliance.commands import cache, discover, explain, fleet, install_service, probe, push, stats, tune
 from appliance.errors import ApplianceError
 from appliance.settings import Settings, load_settings
 
@@ -25,6 +25,8 @@ _COMMANDS = {
     "stats": stats,
     "install-service": install_service,
     "discover": discover,
+    "push": push,
+    "fleet": fleet,
 }
 
 

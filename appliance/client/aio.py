@@ -185,6 +185,7 @@ class AsyncBoxPool:
                             "Content-Type": "application/octet-stream"})
         else:
             headers["Content-Type"] = "application/json"
+        headers.setdefault("Accept-Encoding", "identity")  # a LAN: compressing small answers costs more
         url = box.base_url + infer_path(model, options["model_version"])
         try:
             async with self._session.post(url, data=body, headers=headers) as response:
@@ -200,7 +201,7 @@ class AsyncBoxPool:
             raise classify_http(status, data, answer, box.name)
         length = answer.get("Inference-Header-Content-Length")
         return triton_http.InferResult.from_response_body(
-            data, header_length=int(length) if length else None, content_encoding=answer.get("Content-Encoding"))
+            data, header_length=int(length) if length else None, content_encoding=None)  # aiohttp decoded it
 
     async def _infer_grpc(self, box: Box, model: str, inputs: Sequence[Any], options: dict[str, Any]) -> Any:
         import tritonclient.grpc.aio as triton_grpc_aio
