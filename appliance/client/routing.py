@@ -31,6 +31,8 @@ class NoBoxAvailable(RuntimeError):
 
 _ALPHA = 0.3
 """Weight of the newest latency sample in the estimate."""
+_TIE = 0.02
+"""Costs closer than this fraction are a tie, broken at random."""
 
 
 @dataclasses.dataclass
@@ -132,8 +134,11 @@ class Router:
                     return (state.outstanding + 1) * (state.latency if state.latency is not None else default)
 
                 first, second = self._rng.sample(candidates, 2)
-                chosen = first if cost(first) < cost(second) else second if cost(second) < cost(first) \
-                    else self._rng.choice((first, second))
+                one, other = cost(first), cost(second)
+                if abs(one - other) <= _TIE * max(one, other):  # as good as each other: keep spreading
+                    chosen = self._rng.choice((first, second))
+                else:
+                    chosen = first if one < other else second
             chosen.outstanding += 1
             return chosen.box
 
