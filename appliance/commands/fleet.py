@@ -100,7 +100,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     table = [("name", "address", "hardware", "models", "req/s", "p50 ms", "version")]
     for row in rows:
         models = "-" if row["models_total"] is None else f"{row['models_ready']}/{row['models_total']}"
-        table.append((row["name"], row["address"], _cell(row["hw"]), models, _cell(row["requests_per_s"]),
+        hardware = (row["hw"] or "-").split("; runtimes")[0]  # the whole summary is in --json
+        table.append((row["name"], row["address"], hardware[:70], models, _cell(row["requests_per_s"]),
                       _cell(row["p50_ms"]), _cell(row["version"])))
     widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
     for line in table:

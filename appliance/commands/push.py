@@ -105,7 +105,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             print(line, flush=True)
 
     def one(box: Box) -> str:
-        say(f"{box.name}: pushing {name} ({size / 1e6:.1f} MB) to {box.base_url}")
+        amount = f"{size / 1e6:.1f} MB" if size >= 100_000 else f"{size / 1e3:.1f} kB"
+        say(f"{box.name}: pushing {name} ({amount}) to {box.base_url}")
         started = time.monotonic()
         problem = _push(box, name, body, token, args.load_timeout)
         took = time.monotonic() - started

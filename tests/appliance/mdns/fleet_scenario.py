@@ -2,7 +2,7 @@
 saw as JSON on its last line.
 
 box-a is killed (SIGKILL: no goodbye) half-way through the requests; box-b is saturated: it takes one
-request at a time (--max-concurrent-requests 1) and answers 503 with Retry-After beyond it; box-c and
+request at a time (APPLIANCE_MAX_CONCURRENT_REQUESTS=1) and answers 503 with Retry-After beyond it; box-c and
 box-d are plain. Model "m" is pushed to every box (--all), model "n" only to box-a and box-c.
 A live BoxPool (mDNS) sends 3,000 requests from 8 threads, one in ten for "n".
 """
@@ -66,7 +66,7 @@ def wait_started(process: subprocess.Popen, log: Path) -> int:
     raise RuntimeError(log.read_text())
 
 
-def http(port: int, method: str, path: str, body: dict | None = None, source: str | None = None,
+def call(port: int, method: str, path: str, body: dict | None = None, source: str | None = None,
          ) -> tuple[int, object]:
     connection = http.client.HTTPConnection(LOOPBACK, port, timeout=30, source_address=(source, 0) if source else None)
     try:
@@ -105,12 +105,12 @@ def hostile(port: int, model: Path) -> dict:
         "oversized": ({"config": config, "file:1/model.onnx": base64.b64encode(b"x" * 70000).decode()}, None),
         "no_token": ({"config": config, "file:1/model.onnx": onnx_b64}, "127.0.0.2"),
     }
-    return {what: http(port, "POST", "/v2/repository/models/evil/load", {"parameters": parameters}, source)[0]
+    return {what: call(port, "POST", "/v2/repository/models/evil/load", {"parameters": parameters}, source)[0]
             for what, (parameters, source) in attempts.items()}
 
 
 def stats(port: int, model: str) -> int | None:
-    status, answer = http(port, "GET", f"/v2/models/{model}/stats")
+    status, answer = call(port, "GET", f"/v2/models/{model}/stats")
     if status != 200:
         return None
     return sum(row["inference_stats"]["success"]["count"] for row in answer["model_stats"])  # type: ignore[index]
@@ -154,7 +154,7 @@ def main() -> None:
     try:
         launched = {
             "box-a": launch("box-a", work),
-            "box-b": launch("box-b", work, "--max-concurrent-requests", "1"),
+            "box-b": launch("box-b", work, env={"APPLIANCE_MAX_CONCURRENT_REQUESTS": "1"}),
             "box-c": launch("box-c", work),
             "box-d": launch("box-d", work, "--push-max-file-bytes", "65536",
                             env={"APPLIANCE_AUTH_EXEMPT_NETWORKS": "127.0.0.1/32"}),
@@ -170,7 +170,7 @@ def main() -> None:
         result["push_some"] = {"rc": push_some.returncode, "stdout": push_some.stdout, "stderr": push_some.stderr}
         push_unknown = cli("push", str(n_dir), "--to", "box-z", "--mdns-interface", LOOPBACK, "--timeout", "2")
         result["push_unknown"] = {"rc": push_unknown.returncode, "stderr": push_unknown.stderr}
-        result["index"] = {name: {row["name"]: row.get("origin") for row in http(port, "POST", "/v2/repository/index",
+        result["index"] = {name: {row["name"]: row.get("origin") for row in call(port, "POST", "/v2/repository/index",
                                                                                    {})[1]}  # type: ignore[union-attr]
                            for name, port in ports.items()}
         result["hostile"] = hostile(ports["box-d"], m_dir)
@@ -191,7 +191,7 @@ def main() -> None:
                             for name in ("box-b", "box-c", "box-d")}
         fleet = cli("fleet", "--json", "--mdns-interface", LOOPBACK, "--timeout", "3")
         result["fleet"] = json.loads(fleet.stdout) if fleet.returncode == 0 else fleet.stderr
-        status, panel = http(ports["box-c"], "GET", "/v2/fleet")
+        status, panel = call(ports["box-c"], "GET", "/v2/fleet")
         result["panel"] = panel
         with urllib.request.urlopen(f"http://{LOOPBACK}:{ports['box-c']}/", timeout=10) as page:
             result["dashboard_has_panel"] = b'id="fleet"' in page.read()
