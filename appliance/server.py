@@ -145,14 +145,14 @@ class Appliance:
         if scratch is not None:
             lifecycle.on_close("the temporary example repository",
                                lambda: asyncio.to_thread(shutil.rmtree, scratch, True))
-        pushes = await asyncio.to_thread(cls._open_pushes, settings, state)
+        pushed, pushes = await asyncio.to_thread(cls._open_pushes, settings, state)
         registry = ModelRegistry(
             repository,
             runtime_options(settings),
             retune=settings.retune,
             drain_timeout=settings.shutdown_timeout,
             on_event=metrics.event if metrics is not None else None,
-            overlay=pushes.model_dirs if pushes is not None else None,
+            overlay=pushed.model_dirs if pushed is not None else None,
         )
         try:
             await asyncio.to_thread(registry.discover)
@@ -216,22 +216,20 @@ class Appliance:
         return traces, Tracer(traces, writer)
 
     @staticmethod
-    def _open_pushes(settings: Settings, state: StateDir) -> PushStore | None:
-        """The models pushed over the load API in earlier runs; None (pushes refused) when the state dir
-        cannot take them."""
+    def _open_pushes(settings: Settings, state: StateDir) -> tuple[PushStore | None, PushStore | None]:
+        """The models pushed over the load API in earlier runs: (the store serving them, the store taking
+        new pushes). A read-only state dir still serves what was pushed before, and takes no new push."""
         store = PushStore(settings.pushed_dir, PushLimits(settings.push_max_file_bytes, settings.push_max_total_bytes))
-        if not state.writable:
-            return None
         try:
             pushed = store.open()
         except OSError as exc:
             state.note("pushed_models_unreadable",
                        f"the pushed models in {settings.pushed_dir} cannot be read ({exc.strerror or exc}): they are "
                        "not served, and pushes are refused", f"make {settings.pushed_dir} readable and writable")
-            return None
+            return None, None
         if pushed:
             log.info("pushed models kept from earlier runs: %s", ", ".join(sorted(pushed)))
-        return store
+        return store, store if state.writable else None
 
     @staticmethod
     def _repository(settings: Settings, state: StateDir) -> tuple[Path, Path | None]:
@@ -258,8 +256,8 @@ class Appliance:
         selector = make_selector(settings, report, isolate=True, state=self.state)
         explicit = settings.model_control_mode == "explicit" and "*" not in settings.load_models
         # Pushed models were loaded by a request: they serve again after a restart, in every mode.
-        pushed = tuple(dataplane.pushes.model_dirs()) if dataplane.pushes is not None else ()
-        await registry.load_all((*settings.load_models, *pushed) if explicit else None, selector=selector)
+        await registry.load_all((*settings.load_models, *registry.pushed_names()) if explicit else None,
+                                selector=selector)
         dataplane.mark_loaded()
         log.info("repository loaded: %d of %d models ready", registry.ready_count(), len(registry.entries()))
         if settings.model_control_mode == "poll":

@@ -116,6 +116,10 @@ class ModelRegistry:
         pushed = dict(self._overlay()) if self._overlay is not None else {}
         return sorted([p for p in found if p.name not in pushed] + list(pushed.values()), key=lambda p: p.name)
 
+    def pushed_names(self) -> list[str]:
+        """Models served from the pushed overlay rather than the repository."""
+        return sorted(self._overlay()) if self._overlay is not None else []
+
     def in_repository(self, name: str) -> bool:
         """Whether the repository itself (not the pushed overlay) has a model directory ``name``."""
         path = self.repository / name

@@ -88,17 +88,17 @@ def test_a_box_without_the_model_gets_none_of_its_requests():
 
 
 def test_a_404_means_the_box_lost_the_model_and_goes_elsewhere():
-    with fake_boxes(("stale", {"m"}, "404"), ("fresh", {"m"}, "ok")) as (stale, fresh):
-        with BoxPool([stale.box, fresh.box]) as pool:
-            stale.models = set()  # unloaded since the pool read its index
-            assert {_who(pool.infer("m", _inputs())) for _ in range(20)} == {"fresh"}
-            assert stale.total() <= 1  # dropped from its candidates after the first 404
+    with fake_boxes(("stale", {"m"}, "404"), ("fresh", {"m"}, "ok")) as (stale, fresh), \
+            BoxPool([stale.box, fresh.box]) as pool:
+        stale.models = set()  # unloaded since the pool read its index
+        assert {_who(pool.infer("m", _inputs())) for _ in range(20)} == {"fresh"}
+        assert stale.total() <= 1  # dropped from its candidates after the first 404
 
 
 def test_a_model_no_box_has_is_refused_at_once():
-    with fake_boxes(("a", {"m"}, "ok")) as (a,):
-        with BoxPool([a.box], retry_deadline=30) as pool, pytest.raises(NoBoxAvailable, match="'nope'"):
-            pool.infer("nope", _inputs())
+    with fake_boxes(("a", {"m"}, "ok")) as (a,), BoxPool([a.box], retry_deadline=30) as pool, \
+            pytest.raises(NoBoxAvailable, match="'nope'"):
+        pool.infer("nope", _inputs())
 
 
 def test_every_box_full_until_the_deadline_is_an_error():

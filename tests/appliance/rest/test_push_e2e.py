@@ -17,6 +17,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.builders import affine_model, save, write_model
 from tests.http_util import call
+from tests.readonly import read_only_prefix
 
 REMOTE = "127.0.0.2"  # looks remote to a daemon that exempts only 127.0.0.1
 ROOT = Path(__file__).resolve().parents[3]
@@ -135,3 +136,23 @@ def test_hostile_pushes_are_refused_and_leave_nothing(start_daemon, repo, model_
     status, _, _ = call(daemon.port, "POST", path, {"parameters": {"config": config, "file:1/model.onnx": onnx_b64}},
                         headers={"Authorization": f"Bearer {token}"}, source=REMOTE)
     assert status == 200  # with the token, from the same address
+
+
+def test_a_read_only_state_dir_serves_what_was_pushed_and_refuses_new_pushes(start_daemon, repo, model_dir, tmp_path):
+    state = tmp_path / "state"
+    daemon = start_daemon(repo, state=state)
+    with triton_http.InferenceServerClient(daemon.url) as client:
+        client.load_model("tripler", config='{"backend": "onnxruntime"}',
+                          files={"file:1/model.onnx": _bytes(model_dir)})
+    daemon.stop()
+    again = start_daemon(repo, state=state, prefix=read_only_prefix(state))
+    assert _infer_http(again.url, "tripler") == 3.0
+    status, _, answer = call(again.port, "POST", "/v2/repository/models/other/load",
+                             {"parameters": {"config": "{}", "file:1/model.onnx": "AAAA"}})
+    assert status == 501 and "state dir is not writable" in answer["error"]
+
+
+def test_the_fleet_endpoint_says_when_mdns_is_off(start_daemon, repo):
+    daemon = start_daemon(repo)
+    status, _, answer = call(daemon.port, "GET", "/v2/fleet")
+    assert status == 200 and answer["mdns"] is False and answer["boxes"] == [] and "--no-mdns" in answer["reason"]
