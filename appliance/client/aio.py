@@ -118,6 +118,7 @@ class AsyncBoxPool:
                 self._router.set_models(box.name, ready_models(json.loads(body)))
         except (TimeoutError, aiohttp.ClientError, OSError, ValueError, KeyError) as exc:
             log.info("cannot read the models of %s: %s", box.name, exc)
+            self._router.index_failed(box.name, f"cannot read its repository index ({exc})")
 
     async def _refresh_loop(self) -> None:
         assert self._wanted is not None

@@ -110,6 +110,7 @@ class BoxPool:
             self._router.set_models(box.name, self._index.ready_models(box))
         except (Unreachable, InferenceServerException, ValueError, KeyError) as exc:
             log.info("cannot read the models of %s: %s", box.name, exc)
+            self._router.index_failed(box.name, f"cannot read its repository index ({exc})")
 
     def _refresh_loop(self) -> None:
         next_full = time.monotonic() + self._refresh_every

@@ -44,6 +44,8 @@ class BoxState:
     down_until: float = 0.0
     models: frozenset[str] | None = None
     """Names of the models READY on the box (None: its index has not been read yet)."""
+    index_error: str | None = None
+    """Why its index could not be read the last time (None: it was)."""
     served: dict[str, int] = dataclasses.field(default_factory=dict)
     """Requests answered, per model."""
     refused: int = 0
@@ -58,7 +60,7 @@ class BoxState:
                 "latency_ms": None if self.latency is None else round(self.latency * 1000, 3),
                 "models": sorted(self.models) if self.models is not None else None,
                 "served": dict(self.served), "refused": self.refused, "unreachable": self.unreachable,
-                "failed": self.failed}
+                "failed": self.failed, "index_error": self.index_error}
 
 
 class Router:
@@ -96,6 +98,14 @@ class Router:
             state = self._boxes.get(name)
             if state is not None:
                 state.models = None if models is None else frozenset(models)
+                state.index_error = None
+
+    def index_failed(self, name: str, error: str) -> None:
+        """The box's index could not be read: what was known of its models stays."""
+        with self._lock:
+            state = self._boxes.get(name)
+            if state is not None:
+                state.index_error = error
 
     def boxes(self) -> list[Box]:
         with self._lock:
@@ -153,9 +163,14 @@ class Router:
             return max(0.0, min(s.down_until for s in holders) - now)
 
     def unread(self) -> bool:
-        """Whether some box's ready models are not known yet (just found, or its index unreadable)."""
+        """Whether some box's ready models are not known yet (just found; not one whose index failed)."""
         with self._lock:
-            return any(s.models is None for s in self._boxes.values())
+            return any(s.models is None and s.index_error is None for s in self._boxes.values())
+
+    def _index_errors(self) -> str:
+        with self._lock:
+            errors = [f"{n}: {s.index_error}" for n, s in sorted(self._boxes.items()) if s.index_error]
+        return f"; models unknown on {'; '.join(errors)}" if errors else ""
 
     def pause(self, model: str, protocol: str, tried: set[str], remaining: float, last: Exception | None) -> float:
         """No box is free for this request now: how long to wait before choosing again (``tried`` is
@@ -166,7 +181,7 @@ class Router:
             if not self.unread() and self.boxes():
                 names = ", ".join(sorted(b.name for b in self.boxes()))
                 raise NoBoxAvailable(f"no box has model {model!r} READY over {protocol} (boxes: {names}); load it "
-                                     "on one (appliance push) or check the name")
+                                     f"on one (appliance push) or check the name{self._index_errors()}")
             free_in = 0.05  # boxes are still being found or read: look again shortly
         elif tried:
             tried.clear()

@@ -236,17 +236,21 @@ class DataPlane:
             raise InvalidInput(f"failed to load '{name}': the pushed files have no version directory; send "
                                "the model file as 'file:1/<file name>' (e.g. file:1/model.onnx)")
         async with self._push_locks.setdefault(name, asyncio.Lock()):
-            staged = await asyncio.to_thread(store.stage, name, override, files)
-            try:  # loaded beside the serving versions: requests switch over once it is ready
-                await self.registry.load(name, None, source=staged.model_dir)
-            except BaseException:
-                await asyncio.to_thread(store.discard, staged)
-                if not self.registry.in_repository(name) and name not in store.model_dirs():
-                    self.registry.forget(name)  # a failed first push leaves no entry behind
-                raise
-            replaced = await asyncio.to_thread(store.commit, staged)
-            if replaced is not None:  # the versions it served are closed by now
-                await asyncio.to_thread(store.remove_generation, replaced)
+            with self.registry.hold(name):
+                await self._stage_and_load(store, name, override, files)
+
+    async def _stage_and_load(self, store: PushStore, name: str, override: Any, files: dict[str, bytes]) -> None:
+        staged = await asyncio.to_thread(store.stage, name, override, files)
+        try:  # loaded beside the serving versions: requests switch over once it is ready
+            await self.registry.load(name, None, source=staged.model_dir)
+        except BaseException:
+            await asyncio.to_thread(store.discard, staged)
+            if not self.registry.in_repository(name) and name not in store.model_dirs():
+                self.registry.forget(name)  # a failed first push leaves no entry behind
+            raise
+        replaced = await asyncio.to_thread(store.commit, staged)
+        if replaced is not None:  # the versions it served are closed by now
+            await asyncio.to_thread(store.remove_generation, replaced)
 
     async def unload_model(self, name: str) -> None:
         pushed = self.pushes is not None and name in self.pushes.model_dirs()

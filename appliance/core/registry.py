@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import enum
 import logging
 import re
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -96,6 +97,8 @@ class ModelRegistry:
         self._on_event = on_event
         self._retune = retune
         self._models: dict[str, ModelEntry] = {}
+        self._held: set[str] = set()
+        """Models a push is replacing: re-scans and retunes leave them alone meanwhile."""
 
     def scan(self) -> list[Path]:
         """Model directories in the repository (hidden entries and plain files are skipped)."""
@@ -214,7 +217,20 @@ class ModelRegistry:
     async def retune(self, name: str, traffic: dict[int, dict]) -> ModelEntry:
         """Reload a model with its versions tuned on their traffic (``traffic``: per version, the profile
         from core.traffic), through ``load``: no downtime, and a failed retune keeps the model serving."""
-        return await self.load(name, self.entry(name).override, raise_errors=False, traffic=traffic)
+        entry = self.entry(name)
+        if name in self._held:
+            return entry
+        return await self.load(name, entry.override, raise_errors=False, traffic=traffic)
+
+    @contextlib.contextmanager
+    def hold(self, name: str) -> Iterator[None]:
+        """While a push loads ``name`` from its staging directory and then makes it the overlay, a
+        re-scan (poll mode) or a retune would reload it from where it served before: they skip it."""
+        self._held.add(name)
+        try:
+            yield
+        finally:
+            self._held.discard(name)
 
     async def unload(self, name: str, reason: str = "unloaded") -> None:
         """Stop routing requests to the model, let its requests finish, then free it."""
@@ -240,7 +256,7 @@ class ModelRegistry:
         removed = sorted(n for n in self._models if n not in paths)
         changed = []
         for name, entry in list(self._models.items()):
-            if (name in paths and entry.versions and entry.signature is not None
+            if (name in paths and name not in self._held and entry.versions and entry.signature is not None
                     and await asyncio.to_thread(directory_signature, paths[name]) != entry.signature):
                 changed.append(name)
         for name in added:

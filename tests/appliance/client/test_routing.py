@@ -170,3 +170,11 @@ def test_ready_models_of_an_index():
     assert ready_models(rows) == {"a"}
     with pytest.raises(ValueError):
         ready_models({"error": "x"})
+
+
+def test_a_box_whose_index_cannot_be_read_is_named_when_no_box_has_the_model():
+    router, _ = _router("a")
+    router.add(_box("locked"))
+    router.index_failed("locked", "cannot read its repository index (HTTP 401: token required)")
+    with pytest.raises(NoBoxAvailable, match="models unknown on locked: .*HTTP 401"):
+        router.pause("x", "http", set(), 10.0, None)
