@@ -29,9 +29,9 @@ class NoBoxAvailable(RuntimeError):
     """No box could take the request: none has the model READY, or all failed or stayed busy until the
     retry deadline."""
 
-_ALPHA = 0.3
+_ALPHA = 0.1
 """Weight of the newest latency sample in the estimate."""
-_TIE = 0.02
+_TIE = 0.1
 """Costs closer than this fraction are a tie, broken at random."""
 
 

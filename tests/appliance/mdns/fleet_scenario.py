@@ -9,6 +9,7 @@ A live BoxPool (mDNS) sends 3,000 requests from 8 threads, one in ten for "n".
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import http.client
 import json
@@ -29,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import tritonclient.http as triton
 
-from appliance.client import BoxPool
+from appliance.client import AsyncBoxPool, BoxPool
 from tests.builders import affine_model, save
 
 LOOPBACK = "127.0.0.1"
@@ -83,11 +84,50 @@ def cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "appliance", *args], capture_output=True, text=True, timeout=120)
 
 
-def model_dir(work: Path, name: str, scale: float) -> Path:
-    directory = work / "push" / name
-    save(affine_model(scale, 0), directory / "1" / "model.onnx")
-    (directory / "config.pbtxt").write_text('backend: "onnxruntime"\nmax_batch_size: 8\n')
-    return directory
+# "m": a Python model that takes 4 ms a request, one request at a time per box, whatever the CPU: the
+# boxes share two busy cores here, and a CPU-bound model would make them as unequal as the scheduler
+# makes their processes (a real fleet has a machine per box).
+STEADY_MODEL = """
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "x").as_numpy()
+            time.sleep(0.004)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("y", x * 2)]))
+        return responses
+"""
+STEADY_CONFIG = """backend: "python"
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 2 ] } ]
+output [ { name: "y" data_type: TYPE_FP32 dims: [ 2 ] } ]
+"""
+
+
+def model_dirs(work: Path) -> tuple[Path, Path]:
+    """m (the Python model above, y = 2x) and n (ONNX, y = 5x over [batch, 8])."""
+    m_dir, n_dir = work / "push" / "m", work / "push" / "n"
+    (m_dir / "1").mkdir(parents=True)
+    (m_dir / "1" / "model.py").write_text(STEADY_MODEL)
+    (m_dir / "config.pbtxt").write_text(STEADY_CONFIG)
+    save(affine_model(5.0, 0), n_dir / "1" / "model.onnx")
+    (n_dir / "config.pbtxt").write_text('backend: "onnxruntime"\nmax_batch_size: 8\n')
+    return m_dir, n_dir
+
+
+def tensor(model: str, value: float) -> triton.InferInput:
+    shape = [2] if model == "m" else [1, 8]
+    made = triton.InferInput("x", shape, "FP32")
+    made.set_data_from_numpy(np.full(shape, value, np.float32))
+    return made
+
+
+def answer(result, model: str) -> float:
+    return float(result.as_numpy("y").ravel()[0])
 
 
 def pushed_files(work: Path, name: str) -> list[str]:
@@ -125,10 +165,8 @@ def run_requests(pool: BoxPool, kill: Callable[[], None]) -> dict:
     def one(index: int) -> None:
         nonlocal done
         model = "n" if index % 10 == 0 else "m"
-        tensor = triton.InferInput("x", [1, 8], "FP32")
-        tensor.set_data_from_numpy(np.full((1, 8), index % 7, np.float32))
         try:
-            value = float(pool.infer(model, [tensor]).as_numpy("y")[0, 0])
+            value = answer(pool.infer(model, [tensor(model, index % 7)]), model)
             expected = (5.0 if model == "n" else 2.0) * (index % 7)
             if value != expected:
                 failures.append(f"request {index}: {value} != {expected}")
@@ -147,6 +185,54 @@ def run_requests(pool: BoxPool, kill: Callable[[], None]) -> dict:
             "killed_at": killed_at}
 
 
+def wait_for(condition: Callable[[], bool], seconds: float) -> float | None:
+    """Seconds until ``condition`` held (None: it did not within ``seconds``)."""
+    started = time.monotonic()
+    while time.monotonic() - started < seconds:
+        if condition():
+            return round(time.monotonic() - started, 2)
+        time.sleep(0.1)
+    return None
+
+
+def coming_and_going(pool: BoxPool, work: Path, processes: dict[str, subprocess.Popen], m_dir: Path) -> dict:
+    """The live pool follows the LAN: a box that stops (goodbye) leaves it, a new box joins it, and its
+    models are read again when a push changes them."""
+    seen: dict = {}
+    processes["box-b"].send_signal(signal.SIGTERM)
+    seen["b_left_after"] = wait_for(lambda: "box-b" not in pool.stats(), 15)
+    process, log = launch("box-e", work)
+    processes["box-e"] = process
+    wait_started(process, log)
+    seen["e_joined_after"] = wait_for(lambda: "box-e" in pool.stats(), 15)
+    seen["e_models_before_push"] = pool.stats().get("box-e", {}).get("models")
+    seen["push_e"] = cli("push", str(m_dir), "--to", "box-e", "--mdns-interface", LOOPBACK).returncode
+    seen["e_models_read_after"] = wait_for(lambda: pool.stats()["box-e"]["models"] == ["m"], 15)
+
+    def one(index: int) -> float:
+        return answer(pool.infer("m", [tensor("m", 1.0)]), "m")
+
+    with ThreadPoolExecutor(THREADS) as executor:
+        seen["answers"] = sorted(set(executor.map(one, range(200))))
+    seen["served"] = {name: s["served"].get("m", 0) for name, s in pool.stats().items()}
+    return seen
+
+
+async def async_requests() -> dict:
+    """AsyncBoxPool, following the LAN too: 200 requests from 200 tasks."""
+    async with AsyncBoxPool(interfaces=(LOOPBACK,)) as pool:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not any(s["models"] for s in pool.stats().values()):
+            await asyncio.sleep(0.1)
+
+        async def one() -> float:
+            return answer(await pool.infer("m", [tensor("m", 2.0)]), "m")
+
+        answers = await asyncio.gather(*(one() for _ in range(200)), return_exceptions=True)
+        return {"answers": sorted({str(a) for a in answers}),
+                "served": {name: s["served"].get("m", 0) for name, s in pool.stats().items()}}
+
+
 def main() -> None:
     work = Path(tempfile.mkdtemp())
     result: dict = {}
@@ -162,7 +248,7 @@ def main() -> None:
         processes = {name: launched[name][0] for name in NAMES}
         ports = {name: wait_started(*launched[name]) for name in NAMES}
         result["ports"] = ports
-        m_dir, n_dir = model_dir(work, "m", 2.0), model_dir(work, "n", 5.0)
+        m_dir, n_dir = model_dirs(work)
 
         push_all = cli("push", str(m_dir), "--all", "--mdns-interface", LOOPBACK, "--timeout", "3")
         result["push_all"] = {"rc": push_all.returncode, "stdout": push_all.stdout, "stderr": push_all.stderr}
@@ -173,7 +259,7 @@ def main() -> None:
         result["index"] = {name: {row["name"]: row.get("origin") for row in call(port, "POST", "/v2/repository/index",
                                                                                    {})[1]}  # type: ignore[union-attr]
                            for name, port in ports.items()}
-        result["hostile"] = hostile(ports["box-d"], m_dir)
+        result["hostile"] = hostile(ports["box-d"], n_dir)
         result["box_d_files"] = pushed_files(work, "box-d")
         result["escaped"] = [str(p) for p in (work / "escape", Path("/tmp/appliance-fleet-escape")) if p.exists()]
 
@@ -187,8 +273,10 @@ def main() -> None:
             result["pool_models"] = {name: s["models"] for name, s in pool.stats().items()}
             result["run"] = run_requests(pool, lambda: processes["box-a"].send_signal(signal.SIGKILL))
             result["pool"] = pool.stats()
-        result["served"] = {name: {"m": stats(ports[name], "m"), "n": stats(ports[name], "n")}
-                            for name in ("box-b", "box-c", "box-d")}
+            result["served"] = {name: {"m": stats(ports[name], "m"), "n": stats(ports[name], "n")}
+                                for name in ("box-b", "box-c", "box-d")}
+            result["coming_and_going"] = coming_and_going(pool, work, processes, m_dir)
+        result["async_pool"] = asyncio.run(async_requests())
         fleet = cli("fleet", "--json", "--mdns-interface", LOOPBACK, "--timeout", "3")
         result["fleet"] = json.loads(fleet.stdout) if fleet.returncode == 0 else fleet.stderr
         status, panel = call(ports["box-c"], "GET", "/v2/fleet")

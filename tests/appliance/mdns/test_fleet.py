@@ -4,11 +4,12 @@ one box is killed half-way and another is saturated, hostile pushes, `appliance 
 dashboard's fleet panel. The scenario is fleet_scenario.py.
 
 "Even", with a saturated box: box-b takes one request at a time and refuses the rest (503 +
-Retry-After), so its fair share is what it can take, not a quarter. The boxes that stayed up and were
-not saturated (box-c, box-d) must each have served within ±20 % of their mean; box-b less than that
-mean, with every request it refused served elsewhere; box-a its share until it was killed. Load is
-counted as requests served (m and n together: the pool balances requests outstanding, whatever the
-model), by the boxes' own statistics.
+Retry-After), so its fair share is what it can take, not a third. The boxes that stayed up and were
+not saturated (box-c, box-d) must each have served within ±20 % of their mean of the requests for "m",
+the model every box has ("n" can only go to box-a and box-c); box-b less than that mean, with every
+request it refused served elsewhere; box-a its share until it was killed. Counted by the boxes' own
+statistics (which must agree with the pool's). "m" is a Python model that takes 4 ms a request on
+every box, so that the boxes are equal however the two shared cores of a test machine are scheduled.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def test_push_to_a_box_that_is_not_there_fails_naming_it(fleet):
 
 def test_hostile_pushes_are_refused_and_leave_nothing(fleet):
     assert fleet["hostile"] == {"dotdot": 400, "absolute": 400, "oversized": 413, "no_token": 401}
-    assert fleet["box_d_files"] == ["m/1/model.onnx", "m/config.pbtxt", "origin.json"]
+    assert fleet["box_d_files"] == ["m/1/model.py", "m/config.pbtxt", "origin.json"]
     assert fleet["escaped"] == []
 
 
@@ -83,16 +84,15 @@ def test_a_box_without_the_model_gets_none_of_its_requests(fleet):
 
 
 def test_load_over_the_surviving_boxes_is_even(fleet):
-    served = fleet["served"]
-    totals = {name: (counts["m"] or 0) + (counts["n"] or 0) for name, counts in served.items()}
-    pool = fleet["pool"]
-    for name in totals:  # the boxes' own statistics agree with the pool's
-        assert totals[name] == sum(pool[name]["served"].values())
-    even = (totals["box-c"] + totals["box-d"]) / 2
+    served, pool = fleet["served"], fleet["pool"]
+    for name, counts in served.items():  # the boxes' own statistics agree with the pool's
+        assert counts["m"] == pool[name]["served"]["m"]
+        assert (counts["n"] or 0) == pool[name]["served"].get("n", 0)
+    even = (served["box-c"]["m"] + served["box-d"]["m"]) / 2
     for name in ("box-c", "box-d"):
-        assert 0.8 * even <= totals[name] <= 1.2 * even, totals
-    assert totals["box-b"] < even, totals
-    assert sum(pool["box-a"]["served"].values()) > 0
+        assert 0.8 * even <= served[name]["m"] <= 1.2 * even, served
+    assert served["box-b"]["m"] < even, served
+    assert pool["box-a"]["served"]["m"] > 0
 
 
 def test_appliance_fleet_lists_every_box(fleet):
@@ -117,3 +117,20 @@ def test_the_dashboard_fleet_panel_lists_the_boxes_with_links(fleet):
     assert boxes["box-c"]["self"] is True and boxes["box-d"]["self"] is False
     assert boxes["box-d"]["dashboard"] == f"http://127.0.0.1:{fleet['ports']['box-d']}/"
     assert fleet["dashboard_has_panel"]
+
+
+def test_the_pool_follows_boxes_coming_and_going(fleet):
+    seen = fleet["coming_and_going"]
+    assert seen["b_left_after"] is not None  # its goodbye removed it from the pool
+    assert seen["e_joined_after"] is not None and seen["e_models_before_push"] == []
+    assert seen["push_e"] == 0
+    assert seen["e_models_read_after"] is not None  # the record's new digest made the pool read it again
+    assert seen["answers"] == [2.0]
+    assert seen["served"]["box-e"] > 0 and "box-b" not in seen["served"]
+
+
+def test_the_async_pool_follows_the_lan_too(fleet):
+    result = fleet["async_pool"]
+    assert result["answers"] == ["4.0"]
+    assert sum(result["served"].values()) == 200
+    assert {name for name, count in result["served"].items() if count} <= {"box-c", "box-d", "box-e"}
