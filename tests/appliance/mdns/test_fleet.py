@@ -96,12 +96,14 @@ def test_load_over_the_surviving_boxes_is_even(fleet):
 
 
 def test_appliance_fleet_lists_every_box(fleet):
+    """Run after box-b stopped (goodbye) and box-e joined."""
     rows = {row["name"]: row for row in fleet["fleet"]}
-    assert {"box-b", "box-c", "box-d"} <= set(rows)
-    for name in ("box-b", "box-c", "box-d"):
+    assert {"box-c", "box-d", "box-e"} <= set(rows) and "box-b" not in rows
+    for name in ("box-c", "box-d", "box-e"):
         row = rows[name]
         assert row["error"] is None and row["version"] and row["hw"]
-        assert row["address"] == f"127.0.0.1:{fleet['ports'][name]}"
+        assert row["address"].startswith("127.0.0.1:")
+    assert rows["box-d"]["address"] == f"127.0.0.1:{fleet['ports']['box-d']}"
     assert (rows["box-c"]["models_ready"], rows["box-c"]["models_total"]) == (2, 2)
     assert (rows["box-d"]["models_ready"], rows["box-d"]["models_total"]) == (1, 1)
     assert rows["box-c"]["requests_per_s"] > 0 and rows["box-c"]["p50_ms"] > 0
@@ -113,7 +115,7 @@ def test_the_dashboard_fleet_panel_lists_the_boxes_with_links(fleet):
     panel = fleet["panel"]
     assert panel["mdns"] is True
     boxes = {box["name"]: box for box in panel["boxes"]}
-    assert {"box-b", "box-c", "box-d"} <= set(boxes)
+    assert {"box-c", "box-d", "box-e"} <= set(boxes) and "box-b" not in boxes
     assert boxes["box-c"]["self"] is True and boxes["box-d"]["self"] is False
     assert boxes["box-d"]["dashboard"] == f"http://127.0.0.1:{fleet['ports']['box-d']}/"
     assert fleet["dashboard_has_panel"]
