@@ -67,6 +67,19 @@ async def _start_announcer(appliance: Appliance, port: int, grpc_port: int | Non
     await announcer.start()
     return announcer
 
+async def _browse(settings: Settings, own_id: str) -> tuple[Browser | None, FleetView]:
+    """The dashboard's fleet panel: the boxes this one sees on the LAN, from its own mDNS browser (one
+    that cannot start is reported there, and the daemon serves on)."""
+    if not settings.mdns:
+        return None, FleetView(None, own_id)
+    try:
+        browser = await asyncio.to_thread(Browser, settings.mdns_interfaces)
+    except OSError as exc:
+        log.warning("cannot browse the LAN over mDNS (%s): the dashboard's fleet panel stays empty", exc)
+        return None, FleetView(None, own_id, f"cannot browse the LAN over mDNS: {exc}")
+    return browser, FleetView(browser, own_id)
+
+
 async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     """Serve until ``stop`` is set (or a SIGTERM/SIGINT arrives when no event is given)."""
     loop = asyncio.get_running_loop()
@@ -88,9 +101,8 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     # One bound on connections over both ports, fitted under the file-descriptor limit.
     limiter = ConnectionLimiter(fit_connections_to_descriptors(settings.max_connections))
     own_id = await asyncio.to_thread(box_id, settings.state_dir, appliance.state)
-    # The dashboard's fleet panel: the boxes this one sees on the LAN, from its own mDNS browser.
-    browser = await asyncio.to_thread(Browser, settings.mdns_interfaces) if settings.mdns else None
-    app = build_app(appliance, FleetView(browser, own_id))
+    browser, fleet = await _browse(settings, own_id)
+    app = build_app(appliance, fleet)
     server = HttpServer(app, limiter, settings.header_timeout)
     metrics_server: HttpServer | None = None
     grpc_server: GrpcServer | None = None

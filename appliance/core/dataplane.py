@@ -14,7 +14,7 @@ from appliance.core.registry import ModelRegistry, ModelState
 from appliance.core.shared_memory import SharedMemoryRegistry
 from appliance.core.tracing import Tracer
 from appliance.core.types import InferRequest, InferResponse
-from appliance.errors import ConfigError, InvalidInput, ModelNotReady, NotSupported
+from appliance.errors import ConfigError, InvalidInput, ModelNotReady, NotSupported, PayloadTooLarge
 
 __all__ = ["EXTENSIONS", "SERVER_NAME", "DataPlane"]
 
@@ -226,15 +226,21 @@ class DataPlane:
         if self.pushes is None:
             raise NotSupported("this box keeps no pushed models (its state dir is not writable); put the files in "
                                "the repository, or make the state dir writable and restart the daemon")
+        # Triton's words first ("failed to poll from model repository" is what Triton says of file
+        # overrides it cannot use), then what is wrong; but a 4xx: the request is at fault, not the box.
+        refused = f"failed to load '{name}', failed to poll from model repository: "
         if "config" not in parameters:  # Triton's rule: the override directory's files come with a config
-            raise InvalidInput(f"failed to load '{name}': file overrides need the 'config' parameter (the model's "
-                               "configuration as JSON): the pushed files replace the model's directory")
+            raise InvalidInput(refused + "file overrides need the 'config' parameter (the model's configuration "
+                               "as JSON): the pushed files replace the model's directory")
         override = self._config(name, parameters)
         store = self.pushes
-        files = file_parameters(parameters, store.limits.max_file_bytes)
+        try:
+            files = file_parameters(parameters, store.limits.max_file_bytes)
+        except (InvalidInput, PayloadTooLarge) as exc:
+            raise type(exc)(refused + exc.message) from None
         if not any("/" in relative and relative.split("/")[0].isdigit() for relative in files):
-            raise InvalidInput(f"failed to load '{name}': the pushed files have no version directory; send "
-                               "the model file as 'file:1/<file name>' (e.g. file:1/model.onnx)")
+            raise InvalidInput(refused + "the pushed files have no version directory; send the model file as "
+                               "'file:1/<file name>' (e.g. file:1/model.onnx)")
         async with self._push_locks.setdefault(name, asyncio.Lock()):
             with self.registry.hold(name):
                 await self._stage_and_load(store, name, override, files)

@@ -131,8 +131,9 @@ def test_hostile_pushes_are_refused_and_leave_nothing(start_daemon, repo, model_
     assert "evil" not in {row["name"] for row in call(daemon.port, "POST", "/v2/repository/index", {})[2]}
     with triton_grpc.InferenceServerClient(daemon.grpc_url) as client, \
             pytest.raises(InferenceServerException) as excinfo:
-        client.load_model("evil", config=config, files={"file:../x": b"abc"})
-    assert excinfo.value.status() == "StatusCode.INVALID_ARGUMENT"
+        client.load_model("evil", config=config, files={"file:" + "A" * 256: b"abc"})  # as Triton's example
+    assert excinfo.value.status() == "StatusCode.INVALID_ARGUMENT"  # Triton: INTERNAL (README: differences)
+    assert "failed to poll from model repository" in excinfo.value.message()
     status, _, _ = call(daemon.port, "POST", path, {"parameters": {"config": config, "file:1/model.onnx": onnx_b64}},
                         headers={"Authorization": f"Bearer {token}"}, source=REMOTE)
     assert status == 200  # with the token, from the same address
