@@ -100,7 +100,8 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         loop.add_signal_handler(signal.SIGHUP, lambda: spawn(_reload(appliance, notifier)))
     # One bound on connections over both ports, fitted under the file-descriptor limit.
     limiter = ConnectionLimiter(fit_connections_to_descriptors(settings.max_connections))
-    own_id = await asyncio.to_thread(box_id, settings.state_dir, appliance.state)
+    # The box id is kept in the state dir: read (or made) only when the box shows itself on the LAN.
+    own_id = await asyncio.to_thread(box_id, settings.state_dir, appliance.state) if settings.mdns else ""
     browser, fleet = await _browse(settings, own_id)
     app = build_app(appliance, fleet)
     server = HttpServer(app, limiter, settings.header_timeout)
