@@ -270,6 +270,8 @@ class DataPlane:
                 await asyncio.to_thread(self.pushes.remove, name)
                 if not self.registry.in_repository(name):
                     self.registry.forget(name)
+                elif self.control_mode != "explicit":  # these modes serve the whole repository
+                    await self.registry.load(name, raise_errors=False)
 
     def _origin(self, name: str, loaded_from: str | None) -> str:
         if loaded_from is not None:

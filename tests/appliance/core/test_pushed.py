@@ -190,3 +190,23 @@ async def test_an_unload_removes_the_pushed_files(fleet_box):
     assert "m" not in {r["name"] for r in plane.repository_index()}
     again = await make()
     assert "m" not in {r["name"] for r in again.repository_index()}
+
+
+async def test_unloading_a_push_over_a_repository_model_serves_the_repository_again_in_mode_none(tmp_path):
+    repo = tmp_path / "repo"
+    write_model(repo, "affine", affine_model(2, 0))
+    store = PushStore(tmp_path / "pushed", LIMITS)
+    registry = ModelRegistry(repo, RuntimeOptions(), overlay=store.model_dirs)
+    await registry.load_all()
+    plane = DataPlane(registry, control_mode="none", pushes=store)
+    plane.mark_loaded()
+    try:
+        await plane.load_model("affine", _push(5, version=3))  # a push is accepted in mode none
+        assert plane.model_metadata("affine")["versions"] == ["3"]
+        with pytest.raises(InvalidInput, match="--model-control-mode explicit"):
+            await plane.load_model("affine", {})  # a plain load is not, as in Triton
+        await plane.unload_model("affine")  # an unload of a pushed model is
+        assert plane.model_metadata("affine")["versions"] == ["1"]
+        assert {r["name"]: r["origin"] for r in plane.repository_index()}["affine"] == "repository"
+    finally:
+        await registry.close(5)
