@@ -204,7 +204,7 @@ def coming_and_going(pool: BoxPool, work: Path, processes: dict[str, subprocess.
     process, log = launch("box-e", work)
     processes["box-e"] = process
     wait_started(process, log)
-    seen["e_joined_after"] = wait_for(lambda: "box-e" in pool.stats(), 15)
+    seen["e_joined_after"] = wait_for(lambda: pool.stats().get("box-e", {}).get("models") is not None, 15)
     seen["e_models_before_push"] = pool.stats().get("box-e", {}).get("models")
     seen["push_e"] = cli("push", str(m_dir), "--to", "box-e", "--mdns-interface", LOOPBACK).returncode
     seen["e_models_read_after"] = wait_for(lambda: pool.stats()["box-e"]["models"] == ["m"], 15)
