@@ -22,6 +22,7 @@ from appliance.backends.python.arena import remove_stale_arenas
 from appliance.budget import MemoryBudget
 from appliance.core.dataplane import DataPlane
 from appliance.core.log_settings import LogSettings, LogValues
+from appliance.core.pushed import PushLimits, PushStore
 from appliance.core.registry import ModelRegistry
 from appliance.core.retune import RetunePolicy, Retuner
 from appliance.core.shared_memory import LocalPeers, SharedMemoryLimits, SharedMemoryRegistry
@@ -145,12 +146,14 @@ class Appliance:
         if scratch is not None:
             lifecycle.on_close("the temporary example repository",
                                lambda: asyncio.to_thread(shutil.rmtree, scratch, True))
+        pushed, pushes = await asyncio.to_thread(cls._open_pushes, settings, state)
         registry = ModelRegistry(
             repository,
             runtime_options(settings),
             retune=settings.retune,
             drain_timeout=settings.shutdown_timeout,
             on_event=metrics.event if metrics is not None else None,
+            overlay=pushed.model_dirs if pushed is not None else None,
         )
         try:
             await asyncio.to_thread(registry.discover)
@@ -160,7 +163,7 @@ class Appliance:
         lifecycle.on_close("the models", lambda: cls._close_models(registry))
         traces, tracer = cls._start_tracing(settings, state, lifecycle)
         dataplane = DataPlane(registry, shared_memory=shared_memory, strict_readiness=settings.strict_readiness,
-                              control_mode=settings.model_control_mode, tracer=tracer,
+                              control_mode=settings.model_control_mode, tracer=tracer, pushes=pushes,
                               stream_limits=StreamLimits(max_bytes=settings.stream_buffer_bytes,
                                                          stall_timeout=settings.stream_stall_timeout))
         logs = LogSettings(logging.getLogger(), LogValues.from_level(settings.log_level))
@@ -216,6 +219,22 @@ class Appliance:
         return traces, Tracer(traces, writer)
 
     @staticmethod
+    def _open_pushes(settings: Settings, state: StateDir) -> tuple[PushStore | None, PushStore | None]:
+        """The models pushed over the load API in earlier runs: (the store serving them, the store taking
+        new pushes). A read-only state dir still serves what was pushed before, and takes no new push."""
+        store = PushStore(settings.pushed_dir, PushLimits(settings.push_max_file_bytes, settings.push_max_total_bytes))
+        try:
+            pushed = store.open()
+        except OSError as exc:
+            state.note("pushed_models_unreadable",
+                       f"the pushed models in {settings.pushed_dir} cannot be read ({exc.strerror or exc}): they are "
+                       "not served, and pushes are refused", f"make {settings.pushed_dir} readable and writable")
+            return None, None
+        if pushed:
+            log.info("pushed models kept from earlier runs: %s", ", ".join(sorted(pushed)))
+        return store, store if state.writable else None
+
+    @staticmethod
     def _repository(settings: Settings, state: StateDir) -> tuple[Path, Path | None]:
         """The repository, and a temporary directory to remove at stop (where the example went)."""
         if settings.model_repository is not None:
@@ -239,7 +258,9 @@ class Appliance:
             self.metrics.event("hardware", detail={"fingerprint": report.fingerprint, "summary": report.summary()})
         selector = make_selector(settings, report, isolate=True, state=self.state)
         explicit = settings.model_control_mode == "explicit" and "*" not in settings.load_models
-        await registry.load_all(settings.load_models if explicit else None, selector=selector)
+        # Pushed models were loaded by a request: they serve again after a restart, in every mode.
+        await registry.load_all((*settings.load_models, *registry.pushed_names()) if explicit else None,
+                                selector=selector)
         dataplane.mark_loaded()
         log.info("repository loaded: %d of %d models ready", registry.ready_count(), len(registry.entries()))
         if settings.model_control_mode == "poll":

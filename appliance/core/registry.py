@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import enum
 import functools
 import logging
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -82,6 +83,8 @@ class ModelEntry:
     """The steps of a loaded ensemble (None for any other model)."""
     waiting_for: str | None = None
     """The composing model whose unload took this ensemble down (poll mode loads it again with it)."""
+    origin: str = "repository"
+    """Where the serving files come from: "repository", or "pushed" (the load API's file overrides)."""
 
     def latest(self) -> ModelVersion:
         if not self.versions:
@@ -102,9 +105,12 @@ def parse_version(text: str | None) -> int | None:
 class ModelRegistry:
     def __init__(self, repository: Path, options: RuntimeOptions, selector: Selector | None = None,
                  retune: bool = False, drain_timeout: float = 10.0,
-                 on_event: Callable[[str, str, int | None, dict], None] | None = None) -> None:
+                 on_event: Callable[[str, str, int | None, dict], None] | None = None,
+                 overlay: Callable[[], Mapping[str, Path]] | None = None) -> None:
         """``on_event`` is told of model_loaded / model_failed / backend_chosen / model_unloaded (kind,
-        model, version, detail): the metrics history records them."""
+        model, version, detail): the metrics history records them. ``overlay``: model name -> directory
+        of the models pushed over the load API (core.pushed), served in place of the repository's."""
+        self._overlay = overlay
         self.repository = repository
         self._drain_timeout = drain_timeout
         self._locks: dict[str, asyncio.Lock] = {}
@@ -114,6 +120,8 @@ class ModelRegistry:
         self._on_event = on_event
         self._retune = retune
         self._models: dict[str, ModelEntry] = {}
+        self._held: set[str] = set()
+        """Models a push is replacing: re-scans and retunes leave them alone meanwhile."""
 
     def scan(self) -> list[Path]:
         """Model directories in the repository (hidden entries and plain files are skipped)."""
@@ -131,7 +139,17 @@ class ModelRegistry:
                 log.warning("skipping %s: model directories must be plainly named and inside the repository", path)
                 continue
             found.append(path)
-        return found
+        pushed = dict(self._overlay()) if self._overlay is not None else {}
+        return sorted([p for p in found if p.name not in pushed] + list(pushed.values()), key=lambda p: p.name)
+
+    def pushed_names(self) -> list[str]:
+        """Models served from the pushed overlay rather than the repository."""
+        return sorted(self._overlay()) if self._overlay is not None else []
+
+    def in_repository(self, name: str) -> bool:
+        """Whether the repository itself (not the pushed overlay) has a model directory ``name``."""
+        path = self.repository / name
+        return path.is_dir() and path.resolve().is_relative_to(self.repository.resolve())
 
     def discover(self) -> list[Path]:
         """Scan the repository and list its models as LOADING (blocking: call off the loop)."""
@@ -179,19 +197,24 @@ class ModelRegistry:
         root = self.repository.resolve()
         if not path.resolve().is_relative_to(root) or path.resolve() == root:
             raise InvalidInput(f"model {name!r} points outside the model repository")
-        return path
+        pushed = self._overlay().get(name) if self._overlay is not None else None
+        return pushed if pushed is not None else path
 
     def _lock(self, name: str) -> asyncio.Lock:
         return self._locks.setdefault(name, asyncio.Lock())
 
     async def load(self, name: str, config_override: mc.ModelConfig | None = None,
-                   raise_errors: bool = True, traffic: dict[int, dict] | None = None) -> ModelEntry:
+                   raise_errors: bool = True, traffic: dict[int, dict] | None = None,
+                   source: Path | None = None) -> ModelEntry:
         """Load a model, or reload it without downtime: the new versions load beside the serving ones,
         requests switch to them once they are ready, and the old ones finish their requests before they
         close. A failed reload keeps the old versions serving and reports the failure. ``traffic``: per
         version, the traffic profile to tune it on (see retune). An ensemble first loads the composing
-        models that are not ready (retrying those that failed)."""
+        models that are not ready (retrying those that failed). ``source``: the model directory to load
+        from instead of the repository's (or overlay's), such as a push being staged."""
         path = self.model_dir(name)
+        if source is not None:
+            path = source
         async with self._lock(name):
             entry, retired = await self._load_locked(name, path, config_override, raise_errors, traffic,
                                                      _Chain(retry_failed=True))
@@ -246,6 +269,7 @@ class ModelRegistry:
         retired = list(entry.versions.values())
         entry.config, entry.versions, entry.failures = loaded.config, loaded.versions, loaded.failures
         entry.override, entry.plan = config_override, plan
+        entry.origin = "repository" if path == self.repository / name else "pushed"
         entry.state, entry.reason = ModelState.READY, ""
         entry.signature = await asyncio.to_thread(directory_signature, path)
         self._announce(entry, loaded)
@@ -342,7 +366,20 @@ class ModelRegistry:
     async def retune(self, name: str, traffic: dict[int, dict]) -> ModelEntry:
         """Reload a model with its versions tuned on their traffic (``traffic``: per version, the profile
         from core.traffic), through ``load``: no downtime, and a failed retune keeps the model serving."""
-        return await self.load(name, self.entry(name).override, raise_errors=False, traffic=traffic)
+        entry = self.entry(name)
+        if name in self._held:
+            return entry
+        return await self.load(name, entry.override, raise_errors=False, traffic=traffic)
+
+    @contextlib.contextmanager
+    def hold(self, name: str) -> Iterator[None]:
+        """While a push loads ``name`` from its staging directory and then makes it the overlay, a
+        re-scan (poll mode) or a retune would reload it from where it served before: they skip it."""
+        self._held.add(name)
+        try:
+            yield
+        finally:
+            self._held.discard(name)
 
     async def unload(self, name: str, reason: str = "unloaded", unload_dependents: bool = False) -> None:
         """Stop routing requests to the model, let its requests finish, then free it. Ensembles using it
@@ -381,7 +418,7 @@ class ModelRegistry:
         removed = sorted(n for n in self._models if n not in paths)
         changed = []
         for name, entry in list(self._models.items()):
-            if (name in paths and entry.versions and entry.signature is not None
+            if (name in paths and name not in self._held and entry.versions and entry.signature is not None
                     and await asyncio.to_thread(directory_signature, paths[name]) != entry.signature):
                 changed.append(name)
         for name in added:
@@ -393,6 +430,12 @@ class ModelRegistry:
             await self.unload(name, "removed from the repository")
             self._models.pop(name, None)
         return {"added": added, "removed": removed, "reloaded": sorted(changed)}
+
+    def forget(self, name: str) -> None:
+        """Drop a model that is not loaded and has no directory left (a pushed model, unloaded)."""
+        entry = self._models.get(name)
+        if entry is not None and not entry.versions:
+            self._models.pop(name, None)
 
     def _announce(self, entry: ModelEntry, loaded: LoadedModel) -> None:
         log.info(
@@ -446,6 +489,9 @@ class ModelRegistry:
     @property
     def all_ready(self) -> bool:
         return all(e.state is ModelState.READY and not e.failures for e in self._models.values() if e.wanted)
+
+    def ready_names(self) -> list[str]:
+        return sorted(name for name, e in self._models.items() if e.state is ModelState.READY)
 
     def ready_count(self) -> int:
         return sum(1 for e in self._models.values() if e.state is ModelState.READY)
