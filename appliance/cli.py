@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from appliance import __version__, log_limit
-from appliance.commands import cache, discover, explain, install_service, probe, stats, tune
+from appliance.commands import cache, discover, explain, fleet, install_service, probe, push, stats, tune
 from appliance.errors import ApplianceError
 from appliance.settings import Settings, load_settings
 
@@ -25,6 +25,8 @@ _COMMANDS = {
     "stats": stats,
     "install-service": install_service,
     "discover": discover,
+    "push": push,
+    "fleet": fleet,
 }
 
 
@@ -58,6 +60,8 @@ def _serve_parser(sub: Any) -> None:
     p.add_argument("--no-selection", dest="selection", action="store_const", const=False,
                    help="serve each model with its config's backend, without measuring plans")
     p.add_argument("--retune", action="store_const", const=True, help="ignore cached plan decisions, measure again")
+    p.add_argument("--push-max-file-bytes", type=int, help="largest file a model push may carry (413 above)")
+    p.add_argument("--push-max-total-bytes", type=int, help="bytes of all pushed models kept together (413 above)")
     p.add_argument("--client-shm", choices=["off", "local", "any"],
                    help="who may use shared memory: off, local (clients on this host; the default) or any")
 

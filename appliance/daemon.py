@@ -9,8 +9,10 @@ import socket
 import time
 
 from appliance import __version__
+from appliance.client.boxes import Browser
 from appliance.grpc import GrpcServer
-from appliance.mdns.announcer import Announcer, box_id
+from appliance.mdns.announcer import Announcer, box_id, catalog_digest
+from appliance.mdns.fleet import FleetView
 from appliance.rest.app import build_app, build_metrics_app
 from appliance.rest.server import ConnectionLimiter, HttpServer, fit_connections_to_descriptors
 from appliance.server import Appliance
@@ -45,7 +47,7 @@ async def _reload(appliance: Appliance, notifier: Notifier) -> None:
              changes["removed"] or "none", changes["reloaded"] or "none")
     notifier.ready(dataplane.status_line())
 
-async def _start_announcer(appliance: Appliance, port: int, grpc_port: int | None) -> Announcer:
+async def _start_announcer(appliance: Appliance, port: int, grpc_port: int | None, own_id: str) -> Announcer:
     settings, dataplane = appliance.settings, appliance.dataplane
 
     def accelerators() -> list[str]:
@@ -56,13 +58,27 @@ async def _start_announcer(appliance: Appliance, port: int, grpc_port: int | Non
         port,
         settings.host,
         settings.mdns_interfaces,
-        await asyncio.to_thread(box_id, settings.state_dir, appliance.state),
+        own_id,
         accelerators,
         dataplane.registry.ready_count,
         grpc_port,
+        lambda: catalog_digest(dataplane.registry.ready_names()),
     )
     await announcer.start()
     return announcer
+
+async def _browse(settings: Settings, own_id: str) -> tuple[Browser | None, FleetView]:
+    """The dashboard's fleet panel: the boxes this one sees on the LAN, from its own mDNS browser (one
+    that cannot start is reported there, and the daemon serves on)."""
+    if not settings.mdns:
+        return None, FleetView(None, own_id)
+    try:
+        browser = await asyncio.to_thread(Browser, settings.mdns_interfaces)
+    except OSError as exc:
+        log.warning("cannot browse the LAN over mDNS (%s): the dashboard's fleet panel stays empty", exc)
+        return None, FleetView(None, own_id, f"cannot browse the LAN over mDNS: {exc}")
+    return browser, FleetView(browser, own_id)
+
 
 async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     """Serve until ``stop`` is set (or a SIGTERM/SIGINT arrives when no event is given)."""
@@ -84,7 +100,10 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         loop.add_signal_handler(signal.SIGHUP, lambda: spawn(_reload(appliance, notifier)))
     # One bound on connections over both ports, fitted under the file-descriptor limit.
     limiter = ConnectionLimiter(fit_connections_to_descriptors(settings.max_connections))
-    app = build_app(appliance)
+    # The box id is kept in the state dir: read (or made) only when the box shows itself on the LAN.
+    own_id = await asyncio.to_thread(box_id, settings.state_dir, appliance.state) if settings.mdns else ""
+    browser, fleet = await _browse(settings, own_id)
+    app = build_app(appliance, fleet)
     server = HttpServer(app, limiter, settings.header_timeout)
     metrics_server: HttpServer | None = None
     grpc_server: GrpcServer | None = None
@@ -113,7 +132,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         spawn(notifier.watchdog())
         if settings.mdns:
             announcer = await _start_announcer(appliance, server.addresses[0][1],
-                                               grpc_server.port if grpc_server is not None else None)
+                                               grpc_server.port if grpc_server is not None else None, own_id)
         await stop.wait()
         # One deadline for the whole stop, whatever each stage would allow on its own.
         deadline = time.monotonic() + settings.shutdown_timeout
@@ -128,6 +147,8 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             task.cancel()
         if announcer is not None:
             await announcer.stop()
+        if browser is not None:
+            await asyncio.to_thread(browser.close)
         # Stop accepting, let accepted requests (running or queued) finish by the deadline, then tear
         # the rest down. Every front end drains at once, to the same deadline.
         stops = [front.stop(deadline) for front in (metrics_server, server, grpc_server) if front is not None]

@@ -23,9 +23,11 @@ from appliance.backends.python.arena import remove_stale_arenas
 from appliance.budget import MemoryBudget
 from appliance.core.dataplane import DataPlane
 from appliance.core.log_settings import LogSettings, LogValues
+from appliance.core.pushed import PushLimits, PushStore
 from appliance.core.registry import ModelRegistry
 from appliance.core.retune import RetunePolicy, Retuner
 from appliance.core.shared_memory import LocalPeers, SharedMemoryLimits, SharedMemoryRegistry
+from appliance.core.streaming import StreamLimits
 from appliance.core.trace_settings import TraceSettings
 from appliance.core.trace_writer import TraceWriter
 from appliance.core.tracing import Tracer
@@ -150,6 +152,7 @@ class Appliance:
         children = ChildProcesses()
         # Closed after the models (below): what is left then are model processes stuck in a call.
         lifecycle.on_close("the model processes", lambda: cls._end_children(children, settings.exit_timeout))
+        pushed, pushes = await asyncio.to_thread(cls._open_pushes, settings, state)
         registry = ModelRegistry(
             repository,
             runtime_options(settings),
@@ -158,6 +161,7 @@ class Appliance:
             on_event=metrics.event if metrics is not None else None,
             services=BackendServices(metrics=custom_metrics, processes=children),
             control_mode=settings.model_control_mode,
+            overlay=pushed.model_dirs if pushed is not None else None,
         )
         try:
             await asyncio.to_thread(registry.discover)
@@ -167,7 +171,9 @@ class Appliance:
         lifecycle.on_close("the models", lambda: cls._close_models(registry))
         traces, tracer = cls._start_tracing(settings, state, lifecycle)
         dataplane = DataPlane(registry, shared_memory=shared_memory, strict_readiness=settings.strict_readiness,
-                              control_mode=settings.model_control_mode, tracer=tracer)
+                              control_mode=settings.model_control_mode, tracer=tracer, pushes=pushes,
+                              stream_limits=StreamLimits(max_bytes=settings.stream_buffer_bytes,
+                                                         stall_timeout=settings.stream_stall_timeout))
         logs = LogSettings(logging.getLogger(), LogValues.from_level(settings.log_level))
 
         async def restore_logging() -> None:
@@ -221,6 +227,22 @@ class Appliance:
         return traces, Tracer(traces, writer)
 
     @staticmethod
+    def _open_pushes(settings: Settings, state: StateDir) -> tuple[PushStore | None, PushStore | None]:
+        """The models pushed over the load API in earlier runs: (the store serving them, the store taking
+        new pushes). A read-only state dir still serves what was pushed before, and takes no new push."""
+        store = PushStore(settings.pushed_dir, PushLimits(settings.push_max_file_bytes, settings.push_max_total_bytes))
+        try:
+            pushed = store.open()
+        except OSError as exc:
+            state.note("pushed_models_unreadable",
+                       f"the pushed models in {settings.pushed_dir} cannot be read ({exc.strerror or exc}): they are "
+                       "not served, and pushes are refused", f"make {settings.pushed_dir} readable and writable")
+            return None, None
+        if pushed:
+            log.info("pushed models kept from earlier runs: %s", ", ".join(sorted(pushed)))
+        return store, store if state.writable else None
+
+    @staticmethod
     def _repository(settings: Settings, state: StateDir) -> tuple[Path, Path | None]:
         """The repository, and a temporary directory to remove at stop (where the example went)."""
         if settings.model_repository is not None:
@@ -253,7 +275,9 @@ class Appliance:
             self.metrics.event("hardware", detail={"fingerprint": report.fingerprint, "summary": report.summary()})
         selector = make_selector(settings, report, isolate=True, state=self.state)
         explicit = settings.model_control_mode == "explicit" and "*" not in settings.load_models
-        await registry.load_all(settings.load_models if explicit else None, selector=selector)
+        # Pushed models were loaded by a request: they serve again after a restart, in every mode.
+        await registry.load_all((*settings.load_models, *registry.pushed_names()) if explicit else None,
+                                selector=selector)
         dataplane.mark_loaded()
         log.info("repository loaded: %d of %d models ready", registry.ready_count(), len(registry.entries()))
         if settings.model_control_mode == "poll":

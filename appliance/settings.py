@@ -132,8 +132,20 @@ class Settings:
     """Shared-memory regions registered at once (system and CUDA together)."""
     shm_max_bytes: int = 2 * 1024**3
     """Bytes of all registered shared-memory regions together."""
+    push_max_file_bytes: int = 256 * 1024**2
+    """Largest file a push may carry (the load API's ``file:<version>/<name>`` parameters); 413 above. Over
+    HTTP a file also travels base64-encoded in a body bounded by max_request_bytes, over gRPC in a
+    message bounded by it."""
+    push_max_total_bytes: int = 2 * 1024**3
+    """Bytes of all pushed models kept together in <state_dir>/pushed (a push replacing a model's files
+    does not count the old ones); 413 above."""
     max_concurrent_requests: int = 1024
     """Requests handled at once; beyond it 503 with Retry-After."""
+    stream_buffer_bytes: int = 64 * 1024**2
+    """Output bytes a decoupled model may send ahead of the client reading them, per request (also at
+    most 64 responses, and within max_request_memory_bytes); past it the model's send waits."""
+    stream_stall_timeout: float = 60.0
+    """Seconds a decoupled model waits for its client to read before the request fails as stalled."""
     max_tensor_elements: int = 1 << 30
     max_inputs: int = 256
     trace_file: str = "trace.json"
@@ -200,6 +212,12 @@ class Settings:
                               f"{self.trace_file!r}")
         if self.trace_max_bytes < 4096:
             raise ConfigError(f"trace_max_bytes must be at least 4096, got {self.trace_max_bytes}")
+        if self.stream_buffer_bytes < 1 or not self.stream_stall_timeout > 0:
+            raise ConfigError(f"stream_buffer_bytes must be at least 1 and stream_stall_timeout > 0 seconds, got "
+                              f"{self.stream_buffer_bytes} and {self.stream_stall_timeout}")
+        for name in ("push_max_file_bytes", "push_max_total_bytes"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.intra_op_threads < 0:
             raise ConfigError(f"intra_op_threads must be >= 0, got {self.intra_op_threads}")
 
@@ -214,6 +232,11 @@ class Settings:
     @property
     def trace_dir(self) -> Path:
         return self.state_dir / "traces"
+
+    @property
+    def pushed_dir(self) -> Path:
+        """Models pushed over the load API, an overlay of the repository (see core.pushed)."""
+        return self.state_dir / "pushed"
 
     @property
     def metrics_db(self) -> Path:

@@ -50,7 +50,7 @@ def _device(context: LoadContext) -> str:
     if parameter is not None:
         return parameter
     kinds = {group.kind for group in context.config.instance_group}
-    gpu = 2  # ModelInstanceGroup.KIND_GPU
+    gpu = 1  # ModelInstanceGroup.KIND_GPU (KIND_CPU is 2)
     return "GPU" if gpu in kinds else "CPU"
 
 

@@ -42,8 +42,12 @@ class TorchScriptBackend(Backend):
         config = context.config
         if not config.input or not config.output:
             raise ConfigError(_config_example(context.model_name, arguments))
-        self._positions = {entry.name: argument_index(entry.name, arguments) for entry in config.input}
-        self._output_names = [entry.name for entry in config.output]
+        # The sequence batcher's control and state tensors are inputs and outputs too, though not listed.
+        batching = config.sequence_batching
+        fed = [c.name for c in batching.control_input] + [s.input_name for s in batching.state]
+        self._positions = {name: argument_index(name, arguments) for name in [e.name for e in config.input] + fed}
+        declared = [entry.name for entry in config.output]
+        self._output_names = declared + [s.output_name for s in batching.state if s.output_name not in declared]
 
     def inputs(self) -> None:
         return None  # TorchScript does not say: the config declares the tensors

@@ -161,12 +161,12 @@ class LocalModels:
         await self._registry.load(name, override)
 
     def unload(self, name: str, unload_dependents: bool = False) -> Future[None]:
-        return self._submit(self._unload(name))
+        return self._submit(self._unload(name, unload_dependents))
 
-    async def _unload(self, name: str) -> None:
+    async def _unload(self, name: str, unload_dependents: bool) -> None:
         self._check_control("unload")
         self._registry.model_dir(name)
-        await self._registry.unload(name)
+        await self._registry.unload(name, unload_dependents=unload_dependents)
 
 
 class _Cancelled(ApplianceError):

@@ -17,6 +17,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from appliance.config_json import config_to_json
 from appliance.core.model_files import MAX_CONFIG_BYTES, confined, read_bounded
+from appliance.core.scheduler.sequence_policy import check_sequence_config, hidden_tensors
 from appliance.core.signature import ModelSignature, TensorSpec
 from appliance.errors import ConfigError
 from appliance.tensors import CONFIG_TO_V2, V2_TO_CONFIG, RuntimeTensor
@@ -24,11 +25,13 @@ from appliance.tensors import CONFIG_TO_V2, V2_TO_CONFIG, RuntimeTensor
 __all__ = [
     "CONFIG_FILENAME",
     "DEFAULT_MAX_BATCH_SIZE",
+    "ENSEMBLE_PLATFORM",
     "complete_config",
     "config_from_json",
     "config_to_json",
     "check_decoupled",
     "input_reshapes",
+    "is_ensemble",
     "read_config",
     "select_versions",
     "signature_of",
@@ -42,6 +45,12 @@ DEFAULT_MAX_BATCH_SIZE = 4
 MAX_BATCH_SIZE = 1 << 20
 MAX_DIMS = 64
 MAX_INSTANCES = 256
+ENSEMBLE_PLATFORM = "ensemble"
+
+
+def is_ensemble(config: mc.ModelConfig) -> bool:
+    """An ensemble (appliance.core.ensemble) runs no backend: the registry loads it, not the loader."""
+    return config.platform == ENSEMBLE_PLATFORM or config.HasField("ensemble_scheduling")
 
 
 def read_config(model_dir: Path) -> mc.ModelConfig:
@@ -74,17 +83,6 @@ def config_from_json(raw: Any, model_name: str) -> mc.ModelConfig:
     return validate_config(config, model_name, where)
 
 
-def _refuse_unserved(config: mc.ModelConfig, where: str) -> None:
-    """A config this server cannot honour fails to load with the reason: serving it as if the
-    unsupported part were absent would give wrong answers silently."""
-    if config.HasField("sequence_batching"):
-        raise ConfigError(
-            f"{where}: sequence_batching is not supported by this server yet: its requests would be batched as "
-            "independent ones, breaking the model's per-sequence state; serve the model from Triton, or drop "
-            "sequence_batching if the model keeps no state between requests"
-        )
-
-
 def check_decoupled(config: mc.ModelConfig, backend: str, supported: bool) -> None:
     """A decoupled model (any number of responses per request) needs a backend that can send them: with
     any other, every request would hang or answer once, so the model fails to load instead."""
@@ -93,6 +91,11 @@ def check_decoupled(config: mc.ModelConfig, backend: str, supported: bool) -> No
             f"model '{config.name}': the {backend} backend cannot serve decoupled models "
             "(model_transaction_policy { decoupled: true }): only the python backend sends several responses per "
             "request; drop the policy, or wrap the model in a Python model that sends the responses"
+        )
+    if config.model_transaction_policy.decoupled and config.HasField("sequence_batching"):
+        raise ConfigError(
+            f"model '{config.name}': decoupled sequence models are not supported by this server: the sequence "
+            "batcher answers each step once; drop one of model_transaction_policy.decoupled and sequence_batching"
         )
 
 
@@ -120,7 +123,7 @@ def validate_config(config: mc.ModelConfig, model_name: str, where: str) -> mc.M
         total += group.count
     if total > MAX_INSTANCES:
         raise ConfigError(f"{where}: {total} instances asked for; at most {MAX_INSTANCES} per model")
-    _refuse_unserved(config, where)
+    check_sequence_config(config, where)
     if any(size < 1 for size in config.dynamic_batching.preferred_batch_size):
         raise ConfigError(f"{where}: dynamic_batching preferred_batch_size entries must be >= 1")
     return config
@@ -237,6 +240,8 @@ def complete_config(
     must then declare each of them fully.
     """
     config = _copy(config)
+    if inputs is not None:  # a runtime that describes its tensors: check what the sequence batcher feeds
+        _check_sequence_tensors(config, inputs)
     if inputs is None:
         inputs = _declared("input", config.input, config)
     if outputs is None:
@@ -264,8 +269,9 @@ def complete_config(
                     f"{tensor.name!r} has shape {list(tensor.shape)} with a fixed first dimension; "
                     "set max_batch_size: 0 or export the model with a dynamic batch dimension"
                 )
-    _complete_tensors("input", config.input, inputs, config)
-    _complete_tensors("output", config.output, outputs, config)
+    hidden_inputs, hidden_outputs = hidden_tensors(config)
+    _complete_tensors("input", config.input, [t for t in inputs if t.name not in hidden_inputs], config)
+    _complete_tensors("output", config.output, [t for t in outputs if t.name not in hidden_outputs], config)
     if not config.instance_group:
         config.instance_group.add(name=config.name, kind=mc.ModelInstanceGroup.KIND_CPU)
     for group in config.instance_group:
@@ -274,6 +280,33 @@ def complete_config(
             group.count = cpu_instances if group.kind in (mc.ModelInstanceGroup.KIND_CPU,
                                                          mc.ModelInstanceGroup.KIND_AUTO) else 1
     return config
+
+
+def _check_sequence_tensors(config: mc.ModelConfig, inputs: Sequence[RuntimeTensor]) -> None:
+    """The inputs the sequence batcher feeds must be model inputs of the datatype it feeds them with."""
+    if not config.HasField("sequence_batching"):
+        return
+    found = {t.name: t.datatype for t in inputs}
+    batching = config.sequence_batching
+    wanted = [(s.input_name, CONFIG_TO_V2.get(mc.DataType.Name(s.data_type), "")) for s in batching.state]
+    for entry in batching.control_input:
+        control = entry.control[0]
+        if control.kind == mc.ModelSequenceBatching.Control.CONTROL_SEQUENCE_CORRID:
+            datatype = CONFIG_TO_V2.get(mc.DataType.Name(control.data_type), "")
+        else:
+            datatype = ("FP32" if control.fp32_false_true else "INT32" if control.int32_false_true else "BOOL")
+        wanted.append((entry.name, datatype))
+    for name, datatype in wanted:
+        if name not in found:
+            raise ConfigError(
+                f"model {config.name!r}: sequence_batching feeds input {name!r}, which the model does not have; "
+                f"its inputs are {sorted(found)}"
+            )
+        if found[name] != datatype:
+            raise ConfigError(
+                f"model {config.name!r}: sequence_batching feeds input {name!r} as {datatype}, but the model "
+                f"takes {found[name]}; change the control's form (fp32/int32/bool_false_true) or data_type"
+            )
 
 
 def _copy(config: mc.ModelConfig) -> mc.ModelConfig:

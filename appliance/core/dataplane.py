@@ -9,12 +9,13 @@ from typing import Any
 from appliance import __version__
 from appliance.core.config import config_from_json, config_to_json
 from appliance.core.model import ModelVersion
+from appliance.core.pushed import FILE_PREFIX, PushStore, file_parameters
 from appliance.core.registry import ModelRegistry, ModelState
 from appliance.core.shared_memory import SharedMemoryRegistry
 from appliance.core.streaming import OneResponse, Responses, StreamLimits
 from appliance.core.tracing import Tracer
 from appliance.core.types import InferRequest, InferResponse
-from appliance.errors import ConfigError, InvalidInput, ModelNotReady, NotSupported
+from appliance.errors import ConfigError, InvalidInput, ModelNotReady, NotSupported, PayloadTooLarge
 
 __all__ = ["EXTENSIONS", "SERVER_NAME", "DataPlane"]
 
@@ -32,6 +33,8 @@ EXTENSIONS = [
     "model_repository(unload_dependents)",
     "parameters",
     "schedule_policy",
+    "sequence",
+    "sequence(string_id)",
     "statistics",
     "trace",
 ]
@@ -43,9 +46,14 @@ def _ignore(size: int) -> None:
 
 class DataPlane:
     def __init__(self, registry: ModelRegistry, *, shared_memory: SharedMemoryRegistry | None = None,
-                 strict_readiness: bool = True, control_mode: str = "none", tracer: Tracer | None = None) -> None:
+                 strict_readiness: bool = True, control_mode: str = "none", tracer: Tracer | None = None,
+                 stream_limits: StreamLimits | None = None, pushes: PushStore | None = None) -> None:
         """``shared_memory``: the registered regions; None serves no shared memory at all. ``tracer``:
-        samples requests for Triton's trace extension; None traces nothing."""
+        samples requests for Triton's trace extension; None traces nothing. ``stream_limits``: how far a
+        decoupled model may run ahead of a client reading its responses. ``pushes``: where models pushed
+        over the load API's file overrides are kept; None refuses file overrides."""
+        self.pushes = pushes
+        self._push_locks: dict[str, asyncio.Lock] = {}
         self.registry = registry
         self.tracer = tracer
         self.shared_memory = shared_memory
@@ -56,8 +64,7 @@ class DataPlane:
         """The hardware probe report (JSON), once the start-up probe has run."""
         self.failure: str | None = None
         """Why the server stopped being live (None while it is)."""
-        self.stream_limits = StreamLimits()
-        """How far a decoupled model may run ahead of a client reading its responses."""
+        self.stream_limits = stream_limits or StreamLimits()
 
     @property
     def loaded(self) -> bool:
@@ -127,14 +134,17 @@ class DataPlane:
         return response
 
     async def infer_stream(self, model: ModelVersion, request: InferRequest, *, local: bool,
-                           reserve: Callable[[int], None] = _ignore, received_ns: int | None = None) -> Responses:
+                           reserve: Callable[[int], None] = _ignore, release: Callable[[int], None] = _ignore,
+                           received_ns: int | None = None) -> Responses:
         """Run ``request`` on ``model`` and return its responses to read with ``async for``; ``close()``
         the result when done (closing early cancels the request: the model sees ``is_cancelled()``).
 
         A decoupled model's responses come as it sends them, the last one final; any other model's one
         response comes as a stream of one. Errors found before the request runs (validation, shared
         memory, a full queue) raise here; later ones arrive as items with ``error`` set. The arguments
-        are ``infer``'s, and ``model`` must stay held (``in_use``) until the stream is closed."""
+        are ``infer``'s (``release`` gives back part of what ``reserve`` took: responses not yet read count
+        against the request's account), and ``model`` must stay held (``in_use``) until the stream is
+        closed, and the account open."""
         if not model.decoupled:
             return OneResponse(await self.infer(model, request, local=local, reserve=reserve,
                                                 received_ns=received_ns))
@@ -146,7 +156,7 @@ class DataPlane:
                 if self.shared_memory is None:
                     raise NotSupported("shared memory is not served by this server; send the tensors in the request")
                 binding = await self.shared_memory.bind(request, local=local, reserve=reserve)
-            stream = await model.open_stream(request, self.stream_limits)
+            stream = await model.open_stream(request, self.stream_limits, (reserve, release))
         except BaseException:
             if binding is not None:
                 binding.close()
@@ -157,7 +167,9 @@ class DataPlane:
         if request.trace is not None:
             trace = request.trace
             assert tracer is not None
-            stream.on_close(lambda _: tracer.finish(trace))
+            # Written once the stream has ended and the request has run (its COMPUTE_* marks are set when
+            # run_requests returns, which may come after the final response).
+            stream.on_close(lambda _: stream.ran.add_done_callback(lambda _: tracer.finish(trace)))
         if binding is not None:
             stream.set_writer(binding.write)  # each response's outputs go into the regions it named
             stream.on_close(lambda _: binding.close())
@@ -210,6 +222,10 @@ class DataPlane:
     def model_selection(self, name: str, version: str | None = None) -> dict[str, Any]:
         """Which plan serves the version, how the candidates measured, and whether it came from cache."""
         model = self.registry.get(name, version)
+        if model.backend is None:
+            return {"model": name, "version": model.version, "status": "ensemble", "chosen": None, "cache": "off",
+                    "reason": "an ensemble runs no backend of its own: see the /selection of its composing models",
+                    "candidates": []}
         if model.selection is None:
             return {"model": name, "version": model.version, "status": "off", "chosen": None, "cache": "off",
                     "reason": "selection is off (--no-selection): the config's backend serves the model",
@@ -225,36 +241,116 @@ class DataPlane:
 
     async def load_model(self, name: str, parameters: dict[str, Any]) -> None:
         """Triton's repository extension: load (or reload without downtime), optionally with the
-        config given as JSON in ``parameters.config`` instead of config.pbtxt."""
-        self._check_control("load")
-        self.registry.model_dir(name)  # validates the name before anything touches the file system
-        if any(key.startswith("file:") for key in parameters):
-            raise InvalidInput("file overrides (parameters 'file:...') are not supported; put files in the repository")
-        override = None
-        if "config" in parameters:
-            try:
-                override = config_from_json(parameters["config"], name)
-            except ConfigError as exc:
-                raise ConfigError(f"failed to load '{name}': {exc.message}") from None
-        await self.registry.load(name, override)
+        config given as JSON in ``parameters.config`` instead of config.pbtxt, and with the model's files
+        in ``file:<version>/<name>`` parameters (a push: see core.pushed).
 
-    async def unload_model(self, name: str) -> None:
-        self._check_control("unload")
+        A push is allowed in every model control mode (it adds to the repository, it does not replace
+        the mode's choice of what the repository serves). A plain load of a model the repository has
+        serves the repository's files again (as Triton does after a load with overrides) and forgets
+        the pushed ones; of a model only pushed, it reloads the pushed files."""
+        self.registry.model_dir(name)  # validates the name before anything touches the file system
+        if any(key.startswith(FILE_PREFIX) for key in parameters):
+            await self._push(name, parameters)
+            return
+        self._check_control("load")
+        override = self._config(name, parameters)
+        lock = self._push_locks.setdefault(name, asyncio.Lock())
+        async with lock:
+            pushed = self.pushes is not None and name in self.pushes.model_dirs()
+            if pushed and self.registry.in_repository(name):
+                await self.registry.load(name, override, source=self.registry.repository / name)
+                assert self.pushes is not None
+                await asyncio.to_thread(self.pushes.remove, name)
+                return
+            await self.registry.load(name, override)
+
+    @staticmethod
+    def _config(name: str, parameters: dict[str, Any]) -> Any:
+        if "config" not in parameters:
+            return None
+        try:
+            return config_from_json(parameters["config"], name)
+        except ConfigError as exc:
+            raise ConfigError(f"failed to load '{name}': {exc.message}") from None
+
+    async def _push(self, name: str, parameters: dict[str, Any]) -> None:
+        if self.pushes is None:
+            raise NotSupported("this box keeps no pushed models (its state dir is not writable); put the files in "
+                               "the repository, or make the state dir writable and restart the daemon")
+        # Triton's words first ("failed to poll from model repository" is what Triton says of file
+        # overrides it cannot use), then what is wrong; but a 4xx: the request is at fault, not the box.
+        refused = f"failed to load '{name}', failed to poll from model repository: "
+        if "config" not in parameters:  # Triton's rule: the override directory's files come with a config
+            raise InvalidInput(refused + "file overrides need the 'config' parameter (the model's configuration "
+                               "as JSON): the pushed files replace the model's directory")
+        override = self._config(name, parameters)
+        store = self.pushes
+        try:
+            files = file_parameters(parameters, store.limits.max_file_bytes)
+        except (InvalidInput, PayloadTooLarge) as exc:
+            raise type(exc)(refused + exc.message) from None
+        if not any("/" in relative and relative.split("/")[0].isdigit() for relative in files):
+            raise InvalidInput(refused + "the pushed files have no version directory; send the model file as "
+                               "'file:1/<file name>' (e.g. file:1/model.onnx)")
+        async with self._push_locks.setdefault(name, asyncio.Lock()):
+            with self.registry.hold(name):
+                await self._stage_and_load(store, name, override, files)
+
+    async def _stage_and_load(self, store: PushStore, name: str, override: Any, files: dict[str, bytes]) -> None:
+        staged = await asyncio.to_thread(store.stage, name, override, files)
+        try:  # loaded beside the serving versions: requests switch over once it is ready
+            await self.registry.load(name, None, source=staged.model_dir)
+        except BaseException:
+            await asyncio.to_thread(store.discard, staged)
+            if not self.registry.in_repository(name) and name not in store.model_dirs():
+                self.registry.forget(name)  # a failed first push leaves no entry behind
+            raise
+        replaced = await asyncio.to_thread(store.commit, staged)
+        if replaced is not None:  # the versions it served are closed by now
+            await asyncio.to_thread(store.remove_generation, replaced)
+
+    async def unload_model(self, name: str, parameters: dict[str, Any] | None = None) -> None:
+        """Triton's repository extension: unload; ``parameters.unload_dependents`` (a boolean) also unloads
+        the composing models of an ensemble that no other loaded ensemble uses. A pushed model's files are
+        removed (as Triton removes an override directory at unload)."""
+        pushed = self.pushes is not None and name in self.pushes.model_dirs()
+        if not pushed:
+            self._check_control("unload")
         self.registry.model_dir(name)
-        await self.registry.unload(name)
+        dependents = (parameters or {}).get("unload_dependents", False)
+        if not isinstance(dependents, bool):
+            raise InvalidInput(f"parameter 'unload_dependents' must be a boolean, got {dependents!r}")
+        async with self._push_locks.setdefault(name, asyncio.Lock()):
+            await self.registry.unload(name, unload_dependents=dependents)
+            if pushed:
+                assert self.pushes is not None
+                await asyncio.to_thread(self.pushes.remove, name)
+                if not self.registry.in_repository(name):
+                    self.registry.forget(name)
+                elif self.control_mode != "explicit":  # these modes serve the whole repository
+                    await self.registry.load(name, raise_errors=False)
+
+    def _origin(self, name: str, loaded_from: str | None) -> str:
+        if loaded_from is not None:
+            return loaded_from
+        return "pushed" if self.pushes is not None and name in self.pushes.model_dirs() else "repository"
 
     def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
+        """Triton's index rows, each with the model's ``origin``: "repository", or "pushed" (its files came
+        in a load request, see core.pushed)."""
         rows: list[dict[str, Any]] = []
         for entry in self.registry.entries():
+            origin = self._origin(entry.name, entry.origin if entry.versions else None)
             if entry.state is not ModelState.READY:
                 if not ready_only:
-                    rows.append({"name": entry.name, "state": entry.state.value, "reason": entry.reason})
+                    rows.append({"name": entry.name, "state": entry.state.value, "reason": entry.reason,
+                                 "origin": origin})
                 continue
             for version in sorted(entry.versions):
-                rows.append({"name": entry.name, "version": str(version), "state": "READY", "reason": entry.reason})
+                rows.append({"name": entry.name, "version": str(version), "state": "READY", "reason": entry.reason,
+                             "origin": origin})
             if not ready_only:
                 for version, reason in sorted(entry.failures.items()):
-                    rows.append(
-                        {"name": entry.name, "version": str(version), "state": "UNAVAILABLE", "reason": reason}
-                    )
+                    rows.append({"name": entry.name, "version": str(version), "state": "UNAVAILABLE",
+                                 "reason": reason, "origin": origin})
         return rows

@@ -20,11 +20,25 @@ from appliance.backends import (
     threads_per_instance,
 )
 from appliance.core.classification import read_labels
-from appliance.core.config import check_decoupled, complete_config, read_config, select_versions, signature_of
+from appliance.core.config import (
+    check_decoupled,
+    complete_config,
+    is_ensemble,
+    read_config,
+    select_versions,
+    signature_of,
+)
 from appliance.core.instances import InstancePool
 from appliance.core.model import ModelVersion
 from appliance.core.model_files import check_config_paths, confined
-from appliance.core.scheduler import Scheduler, policy_from_config
+from appliance.core.scheduler import (
+    Scheduler,
+    SchedulerPolicy,
+    SequencePolicy,
+    SequenceScheduler,
+    policy_from_config,
+    sequence_policy,
+)
 from appliance.core.stats import ModelStats
 from appliance.core.warmup import run_warmup, warmup_samples
 from appliance.errors import ApplianceError, ConfigError
@@ -153,14 +167,20 @@ def _load_version(
             out.name: read_labels(model_dir, out.label_filename, f"output '{out.name}' label_filename")
             for out in config.output if out.label_filename
         }
-        policy = policy_from_config(config)
+        policy: SchedulerPolicy | SequencePolicy = (
+            sequence_policy(config, model_dir) if config.HasField("sequence_batching") else policy_from_config(config)
+        )
     except BaseException:
         for backend in instances:
             backend.close()
         raise
     label = f"{model_dir.name}:{version}"
     stats = ModelStats()
-    scheduler = Scheduler(label, InstancePool(label, instances), policy, stats)
+    pool = InstancePool(label, instances)
+    scheduler: Scheduler | SequenceScheduler = (
+        SequenceScheduler(label, model_dir.name, pool, policy, stats) if isinstance(policy, SequencePolicy)
+        else Scheduler(label, pool, policy, stats)
+    )
     model = ModelVersion(
         name=model_dir.name,
         version=version,
@@ -195,6 +215,10 @@ def load_model(
         config.CopyFrom(config_override)  # already checked by config_from_json, as read_config checks
     else:
         config = read_config(model_dir)
+    if is_ensemble(config):
+        steps = sorted({step.model_name for step in config.ensemble_scheduling.step})
+        raise ConfigError(f"model '{model_dir.name}' is an ensemble: it runs no backend of its own to load or "
+                          f"tune alone; the daemon serves it, and its composing models {steps} are the ones to tune")
     available = version_dirs(model_dir)
     if not available:
         raise ConfigError(

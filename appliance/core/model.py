@@ -7,8 +7,8 @@ import contextlib
 import dataclasses
 import functools
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
@@ -17,9 +17,8 @@ from appliance.backends import BackendInfo
 from appliance.backends.base import Outputs
 from appliance.core.classification import classify
 from appliance.core.config import input_reshapes
-from appliance.core.scheduler import Scheduler
 from appliance.core.signature import ModelSignature
-from appliance.core.stats import FailureReason, ModelStats
+from appliance.core.stats import FailureReason, ModelStats, StepTiming
 from appliance.core.streaming import RawResponse, ResponseChannel, ResponseStream, StreamLimits
 from appliance.core.traffic import TrafficStats
 from appliance.core.types import InferOutput, InferRequest, InferResponse, RequestedOutput
@@ -27,7 +26,31 @@ from appliance.core.validation import validate_request
 from appliance.errors import ApplianceError, InferenceFailed, InvalidInput, Unavailable
 from appliance.tensors import v2_datatype
 
-__all__ = ["ModelVersion"]
+if TYPE_CHECKING:
+    from appliance.backends.base import ResponseSink
+    from appliance.core.tracing import Trace
+
+__all__ = ["ModelVersion", "VersionScheduler"]
+
+
+class VersionScheduler(Protocol):
+    """What runs a version's validated requests: a backend model's batching scheduler
+    (``appliance.core.scheduler.Scheduler``), a stateful model's sequence batcher
+    (``appliance.core.scheduler.SequenceScheduler``) or an ensemble's (``appliance.core.ensemble``)."""
+
+    @property
+    def pending(self) -> int: ...
+
+    def start(self) -> None: ...
+
+    async def submit(self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str], batch_size: int,
+                     parameters: Mapping[str, Any], trace: Trace | None = None,
+                     timing: StepTiming | None = None, request_id: str = "", sink: ResponseSink | None = None,
+                     cancelled: Callable[[], bool] | None = None) -> dict[str, np.ndarray]: ...
+
+    async def drain(self, timeout: float) -> bool: ...
+
+    async def close(self, timeout: float | None = None) -> list[BaseException]: ...
 
 
 def _failure_reason(exc: BaseException) -> str:
@@ -46,8 +69,9 @@ class ModelVersion:
     version: int
     config: mc.ModelConfig
     signature: ModelSignature
-    backend: BackendInfo
-    scheduler: Scheduler
+    backend: BackendInfo | None
+    """The runtime serving it; None for an ensemble, which has none of its own."""
+    scheduler: VersionScheduler
     stats: ModelStats
     labels: dict[str, list[str]] = dataclasses.field(default_factory=dict)
     selection: dict[str, Any] | None = None
@@ -68,7 +92,11 @@ class ModelVersion:
 
     @property
     def platform(self) -> str:
-        return self.config.platform or self.backend.platform
+        return self.config.platform or (self.backend.platform if self.backend is not None else "")
+
+    @property
+    def backend_name(self) -> str:
+        return self.backend.name if self.backend is not None else self.platform
 
     @property
     def decoupled(self) -> bool:
@@ -111,7 +139,7 @@ class ModelVersion:
         # No outputs named: every output the model has, none classified.
         wanted = request.outputs or [RequestedOutput(name) for name in self.signature.outputs]
         results = await self.scheduler.submit(inputs, [o.name for o in wanted], batch_size, request.parameters,
-                                              request.trace, request_id=request.id or "")
+                                              request.trace, request.timing, request_id=request.id or "")
         outputs = []
         for requested in wanted:
             data = results.get(requested.name)
@@ -132,20 +160,22 @@ class ModelVersion:
             data = classify(name, data, requested.classification, self.labels.get(name, []), self.signature.batched)
         return InferOutput(name, v2_datatype(data.dtype), data)
 
-    async def open_stream(self, request: InferRequest, limits: StreamLimits | None = None) -> ResponseStream:
+    async def open_stream(self, request: InferRequest, limits: StreamLimits | None = None,
+                          account: tuple[Callable[[int], None], Callable[[int], None]] | None = None) -> ResponseStream:
         """Validate and queue one request to a decoupled model; its responses come from the returned
-        stream (see appliance.core.streaming). Counted in ``stats`` once, when the stream ends."""
+        stream (see appliance.core.streaming). Counted in ``stats`` once, when the stream ends.
+        ``account``: (reserve, release) of the request's memory account, for the responses not yet read."""
         if not self.decoupled:
             raise InvalidInput(f"model '{self.name}' is not decoupled; it answers each request once through infer")
         batch_size = validate_request(self.name, self.signature, request)
         start = time.perf_counter_ns()
         loop = asyncio.get_running_loop()
-        channel = ResponseChannel(f"{self.name}:{self.version}", loop, limits or StreamLimits())
+        channel = ResponseChannel(f"{self.name}:{self.version}", loop, limits or StreamLimits(), *(account or ()))
         inputs = self._runtime_inputs(request)
         wanted = request.outputs or [RequestedOutput(name) for name in self.signature.outputs]
         submitted = asyncio.ensure_future(self.scheduler.submit(
             inputs, [o.name for o in wanted], batch_size, request.parameters, request.trace,
-            sink=channel, cancelled=channel.cancelled, request_id=request.id or ""))
+            request_id=request.id or "", sink=channel, cancelled=channel.cancelled))
 
         def ran(task: asyncio.Future) -> None:
             # run_requests returned: responses may still follow (Triton), unless it failed the request.
@@ -154,8 +184,8 @@ class ModelVersion:
 
         def closed(error: BaseException | None) -> None:
             self._streams.discard(channel)
-            if not submitted.done():
-                submitted.cancel()  # still queued: it never runs
+            if isinstance(error, asyncio.CancelledError) and not submitted.done():
+                submitted.cancel()  # the client went away: a request still queued never runs
             if error is None:
                 self.stats.record_request(True, time.perf_counter_ns() - start)
             else:
@@ -164,7 +194,7 @@ class ModelVersion:
         submitted.add_done_callback(ran)
         self._streams.add(channel)
         convert = functools.partial(self._stream_response, wanted=wanted, request_id=request.id)
-        return ResponseStream(channel, convert, closed)
+        return ResponseStream(channel, convert, closed, submitted)
 
     def _stream_response(self, raw: RawResponse, wanted: list[RequestedOutput],
                          request_id: str | None) -> InferResponse:

@@ -84,6 +84,11 @@ def check_config_paths(config: mc.ModelConfig, model_dir: Path, versions: Iterab
     for output in config.output:
         if output.label_filename:
             confined(model_dir, output.label_filename, f"output '{output.name}' label_filename")
+    for state in config.sequence_batching.state:
+        for initial in state.initial_state:
+            if initial.WhichOneof("state_data") == "data_file":
+                confined(model_dir, f"initial_state/{initial.data_file}",
+                         f"state '{state.input_name}' initial_state data_file")
     for sample in config.model_warmup:
         for input_name, spec in sample.inputs.items():
             if spec.WhichOneof("input_data_type") == "input_data_file":

@@ -11,7 +11,8 @@ import time
 from collections import Counter
 from typing import Any
 
-__all__ = ["LATENCY_BUCKETS_US", "BatchTiming", "Duration", "FailureReason", "ModelStats"]
+__all__ = ["LATENCY_BUCKETS_US", "BatchTiming", "Duration", "FailureReason", "ModelStats", "SequenceCounts",
+           "StepTiming"]
 
 # Upper bounds (µs) of the request latency histogram; one more bucket holds everything above.
 LATENCY_BUCKETS_US = (100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000,
@@ -53,6 +54,44 @@ class BatchTiming:
 
 
 @dataclasses.dataclass(slots=True)
+class StepTiming:
+    """What one request spent queued and computing in the schedulers it passed through: an ensemble
+    hands one to each of its steps and reports the sums as its own queue and compute times."""
+
+    queue_ns: int = 0
+    input_ns: int = 0
+    infer_ns: int = 0
+    output_ns: int = 0
+
+    def add(self, queue_ns: int, timing: BatchTiming | StepTiming) -> None:
+        self.queue_ns += queue_ns
+        self.input_ns += timing.input_ns
+        self.infer_ns += timing.infer_ns
+        self.output_ns += timing.output_ns
+
+
+@dataclasses.dataclass(slots=True)
+class SequenceCounts:
+    """A sequence model's sequences (Triton's statistics have none: reported as ``sequence_stats``, an
+    extra member tritonclient's JSON and protobuf parsers both skip)."""
+
+    active: int = 0
+    """Sequences holding a batch slot (or candidate place) now."""
+    backlog: int = 0
+    """Started sequences waiting for a slot."""
+    started: int = 0
+    ended: int = 0
+    """Ended by a request with the END flag."""
+    reaped: int = 0
+    """Ended after max_sequence_idle_microseconds without a request."""
+    rejected: int = 0
+    """New sequences refused because every slot and the backlog were full."""
+
+    def as_json(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(slots=True)
 class _BatchBucket:
     compute_input: Duration = dataclasses.field(default_factory=Duration)
     compute_infer: Duration = dataclasses.field(default_factory=Duration)
@@ -74,6 +113,8 @@ class ModelStats:
         self.failures: Counter[str] = Counter()
         self.latency_histogram = [0] * (len(LATENCY_BUCKETS_US) + 1)
         """Request counts per latency bucket (cumulative over the version's life, like the rest)."""
+        self.sequences: SequenceCounts | None = None
+        """Set for a model served by the sequence batcher."""
 
     def record_request(self, ok: bool, duration_ns: int, reason: str = FailureReason.OTHER) -> None:
         (self.success if ok else self.fail).add(duration_ns)
@@ -101,6 +142,12 @@ class ModelStats:
         return {size: bucket.compute_infer.count for size, bucket in sorted(self.batches.items())}
 
     def as_json(self) -> dict[str, Any]:
+        document = self._triton_json()
+        if self.sequences is not None:
+            document["sequence_stats"] = self.sequences.as_json()
+        return document
+
+    def _triton_json(self) -> dict[str, Any]:
         return {
             "last_inference": self.last_inference_ms,
             "inference_count": self.inference_count,

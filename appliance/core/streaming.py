@@ -5,9 +5,10 @@ A decoupled model sends zero, one or many responses per request, from any thread
 scheduler hands the backend for such a request, and the event-loop side reads it in order.
 
 Memory is bounded by backpressure, not by dropping: while the responses a consumer has not read yet
-reach ``StreamLimits.max_responses`` or ``max_bytes``, ``send`` blocks the model's thread (so a model
-that produces faster than its client reads is slowed to the client's pace, as a Python model's
-``sender.send`` is in Triton when the gRPC writer falls behind). A consumer that reads nothing for
+reach ``StreamLimits.max_responses`` or ``max_bytes``, or the daemon's request memory budget is spent
+(they count against the request's account), ``send`` blocks the model's thread: a model that
+produces faster than its client reads is slowed to the client's pace (Triton queues such responses
+without bound). A consumer that reads nothing for
 ``stall_timeout`` seconds while the model waits fails the request ("the client stopped reading") and
 cancels it, so a stuck client cannot hold a model thread forever. ``send`` is never called on the event
 loop's thread by a backend; if it is, it cannot block there, and a full channel fails the request.
@@ -29,6 +30,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from appliance.core.tensor_checks import BYTES_ELEMENT_OVERHEAD
 from appliance.core.types import InferResponse
 from appliance.errors import ApplianceError, InferenceFailed, Unavailable
 
@@ -44,9 +46,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-# What one BYTES element costs beyond its text: a pointer in the object array and a bytes object.
-_BYTES_ELEMENT_OVERHEAD = 8 + 33
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -74,13 +73,17 @@ class RawResponse:
     """Bytes it holds, counted against ``StreamLimits.max_bytes``."""
 
 
+def _ignore(size: int) -> None:
+    pass
+
+
 def _nbytes(outputs: Mapping[str, np.ndarray] | None) -> int:
     total = 0
     for value in (outputs or {}).values():
         array = np.asarray(value)
         if array.dtype == object:
             total += sum(len(item) if isinstance(item, (bytes, str)) else 0 for item in array.ravel())
-            total += array.size * _BYTES_ELEMENT_OVERHEAD
+            total += array.size * BYTES_ELEMENT_OVERHEAD
         else:
             total += array.nbytes
     return total
@@ -96,8 +99,13 @@ def as_appliance_error(error: BaseException, label: str) -> ApplianceError:
 class ResponseChannel:
     """One decoupled request's responses: ``send`` from any thread, ``receive`` on the event loop."""
 
-    def __init__(self, label: str, loop: asyncio.AbstractEventLoop, limits: StreamLimits = StreamLimits()) -> None:
+    def __init__(self, label: str, loop: asyncio.AbstractEventLoop, limits: StreamLimits = StreamLimits(),
+                 reserve: Callable[[int], None] = _ignore, release: Callable[[int], None] = _ignore) -> None:
+        """``reserve``/``release``: the request's memory account (thread-safe), which the responses held
+        here count against; ``reserve`` raises when the box's request memory is exhausted."""
         self._label = label
+        self._reserve = reserve
+        self._release = release
         self._loop = loop
         self._loop_thread = threading.get_ident()
         self._limits = limits
@@ -137,11 +145,32 @@ class ResponseChannel:
                 return
             self._push(item)
 
+    def _fits(self, size: int) -> bool:
+        """Under the lock: whether ``size`` more bytes may be held now, reserving them if so. With nothing
+        pending, a response always fits this stream; the memory account may still refuse it, which
+        fails the request (nothing pending means no read of this stream can make room)."""
+        limits = self._limits
+        if self._items and (len(self._items) >= limits.max_responses or self._bytes + size > limits.max_bytes):
+            return False
+        try:
+            self._reserve(size)
+        except ApplianceError:
+            if not self._items:
+                raise
+            return False  # the box's request memory is short: wait for this stream's reader to free some
+        return True
+
     def _wait_for_room(self, size: int) -> bool:
         """Under the lock: wait until ``size`` more bytes fit; False when the request failed meanwhile."""
         limits = self._limits
         deadline: float | None = None
-        while self._items and (len(self._items) >= limits.max_responses or self._bytes + size > limits.max_bytes):
+        while True:
+            try:
+                if self._fits(size):
+                    return True
+            except ApplianceError as exc:
+                self._fail_locked(exc)
+                return False
             if threading.get_ident() == self._loop_thread:
                 self._fail_locked(Unavailable(
                     f"model {self._label} sent more responses than the client has read "
@@ -157,7 +186,6 @@ class ResponseChannel:
             self._lock.wait(deadline - now)
             if self._ended or self._cancelled:
                 return False
-        return True
 
     def _push(self, item: RawResponse) -> None:
         self._items.append(item)
@@ -171,10 +199,14 @@ class ResponseChannel:
             else:
                 self._loop.call_soon_threadsafe(_wake, waiter)
 
+    def _drop_pending(self) -> None:
+        self._items.clear()
+        self._release(self._bytes)
+        self._bytes = 0
+
     def _fail_locked(self, error: ApplianceError) -> None:
         self._cancelled = True  # the model may stop: nobody will read what it sends
-        self._items.clear()
-        self._bytes = 0
+        self._drop_pending()
         self._push(RawResponse(None, error, None, True))
         self._lock.notify_all()
 
@@ -198,8 +230,7 @@ class ResponseChannel:
         """The consumer went away: the model sees ``cancelled()``, pending and later responses are dropped."""
         with self._lock:
             self._cancelled = True
-            self._items.clear()
-            self._bytes = 0
+            self._drop_pending()
             self._lock.notify_all()
             waiter, self._waiter = self._waiter, None
         if waiter is not None:
@@ -212,6 +243,7 @@ class ResponseChannel:
                 if self._items:
                     item = self._items.popleft()
                     self._bytes -= item.size
+                    self._release(item.size)  # handed on: the front end's own accounting takes over
                     self._lock.notify_all()  # a model waiting for room may go on
                     return item
                 if self._ended or self._cancelled:
@@ -245,8 +277,11 @@ class ResponseStream:
     request gets ``asyncio.CancelledError``)."""
 
     def __init__(self, channel: ResponseChannel, convert: Callable[[RawResponse], InferResponse | None],
-                 on_close: Callable[[BaseException | None], None]) -> None:
+                 on_close: Callable[[BaseException | None], None], ran: asyncio.Future) -> None:
         self._channel = channel
+        self.ran = ran
+        """Done once the request has run (the backend's ``run_requests`` returned), failed or was dropped
+        from the queue: responses may end before or after it."""
         self._convert = convert
         self._closers: list[Callable[[BaseException | None], None]] = [on_close]
         self._writer: Callable[[InferResponse], Awaitable[None]] | None = None

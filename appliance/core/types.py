@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
+    from appliance.core.stats import StepTiming
     from appliance.core.tracing import Trace
 
 __all__ = [
@@ -80,6 +81,8 @@ class InferRequest:
     """Inputs still in shared memory; the data plane moves each into ``inputs`` before scheduling."""
     trace: Trace | None = None
     """Set by the data plane when this request is traced (see appliance.core.tracing)."""
+    timing: StepTiming | None = None
+    """Set by an ensemble for each of its steps: collects the step's queue and compute times."""
 
     @property
     def uses_shared_memory(self) -> bool:

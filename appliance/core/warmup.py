@@ -22,6 +22,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from appliance.backends import Backend, BackendRequest
 from appliance.core.config import input_reshapes
 from appliance.core.model_files import MAX_WARMUP_BYTES, WARMUP_DIR, confined, read_bounded
+from appliance.core.scheduler.state import with_sequence_tensors
 from appliance.errors import ApplianceError, ConfigError, InvalidInput
 from appliance.tensors import CONFIG_TO_V2, decode_bytes_tensor, numpy_dtype
 
@@ -128,8 +129,8 @@ def run_warmup(instances: Sequence[Backend], samples: Sequence[WarmupSample], co
     reshapes = input_reshapes(config)
     outputs = [entry.name for entry in config.output]
     for sample in samples:
-        feed = {name: value.reshape(reshapes[name]) if name in reshapes else value
-                for name, value in sample.inputs.items()}
+        feed = with_sequence_tensors(config, {name: value.reshape(reshapes[name]) if name in reshapes else value
+                                              for name, value in sample.inputs.items()}, sample.batch)
         for index, backend in enumerate(instances):
             for _ in range(sample.count):
                 try:

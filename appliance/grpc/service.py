@@ -122,7 +122,8 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
     @_rpc(Access.INFERENCE)
     async def ModelStatistics(self, request: pb.ModelStatisticsRequest, context: Any) -> pb.ModelStatisticsResponse:
         statistics = self._dataplane.model_statistics(request.name or None, request.version or None)
-        return json_format.ParseDict(statistics, pb.ModelStatisticsResponse())
+        # ignore_unknown_fields: appliance-only members (sequence_stats) have no place in Triton's message.
+        return json_format.ParseDict(statistics, pb.ModelStatisticsResponse(), ignore_unknown_fields=True)
 
     # Inference
 
@@ -163,9 +164,11 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             empty_final = stream_options(decoded.parameters)
             local = self._local(context) if decoded.uses_shared_memory else False
             responses = await self._dataplane.infer_stream(model, decoded, local=local, reserve=account.reserve,
-                                                           received_ns=received_ns)
+                                                           release=account.release, received_ns=received_ns)
             try:
                 async for item in responses:
+                    if item.final:
+                        responses.close()  # counted in the statistics before the client sees the end
                     message = stream_message(item, request, empty_final)
                     if message is not None:
                         yield message
@@ -209,8 +212,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
     @_rpc(Access.CONTROL)
     async def RepositoryModelUnload(self, request: pb.RepositoryModelUnloadRequest,
                                     context: Any) -> pb.RepositoryModelUnloadResponse:
-        # unload_dependents is accepted: there are no ensembles to follow.
-        await self._dataplane.unload_model(request.model_name)
+        await self._dataplane.unload_model(request.model_name, from_parameters(request.parameters))
         return pb.RepositoryModelUnloadResponse()
 
     # Shared memory

@@ -8,6 +8,9 @@ its request); when a decoupled model ends a request with the final flag alone, a
 is written only if the request set ``triton_enable_empty_final_response``. A client that cancels the
 stream (or goes away) cancels its requests in flight: their models see ``request.is_cancelled()``.
 
+Requests of one sequence (the same ``sequence_id``) reach the model in the order they were sent: each
+waits until the one before it on this stream is answered (a sequence runs one step at a time anyway).
+
 When the server stops, the stream reads no further: the requests already read are answered, then the
 stream ends UNAVAILABLE so the client knows that what it sent after that was not served.
 """
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
@@ -64,16 +68,28 @@ def stream_message(item: StreamItem, request: pb.ModelInferRequest,
     return message
 
 
+def _sequence_key(request: pb.ModelInferRequest) -> tuple[str, str, object] | None:
+    parameter = request.parameters.get("sequence_id")
+    if parameter is None:
+        return None
+    choice = parameter.WhichOneof("parameter_choice")
+    value = getattr(parameter, choice) if choice is not None else None
+    return None if value in (None, 0, "") else (request.model_name, request.model_version, value)
+
+
 async def serve_stream(requests: AsyncIterator[pb.ModelInferRequest], context: grpc.aio.ServicerContext,
                        respond: Respond, gate: Gate) -> None:
     writing = asyncio.Lock()  # one write at a time on the stream
     pending: set[asyncio.Task] = set()
+    last_of_sequence: dict[object, asyncio.Task] = {}
 
     async def write(message: pb.ModelStreamInferResponse) -> None:
         async with writing:
             await context.write(message)  # waits while the client is slow: the model is held back
 
-    async def answer(request: pb.ModelInferRequest) -> None:
+    async def answer(request: pb.ModelInferRequest, before: asyncio.Task | None) -> None:
+        if before is not None:
+            await asyncio.wait((before,))
         try:
             with gate.admit(Access.INFERENCE):
                 async with contextlib.aclosing(respond(request)) as messages:
@@ -84,6 +100,11 @@ async def serve_stream(requests: AsyncIterator[pb.ModelInferRequest], context: g
         except Exception as exc:  # noqa: BLE001 - a bug: this request fails, the stream goes on
             log.error("unhandled error serving a ModelStreamInfer request", exc_info=exc)
             await write(_error(request, f"internal error: {type(exc).__name__}: {exc}"))
+
+    def forget(key: object, task: asyncio.Task) -> None:
+        pending.discard(task)
+        if last_of_sequence.get(key) is task:
+            del last_of_sequence[key]
 
     stopping = asyncio.ensure_future(gate.wait_stopping())
     reader = aiter(requests)
@@ -100,9 +121,12 @@ async def serve_stream(requests: AsyncIterator[pb.ModelInferRequest], context: g
                 request = read.result()
             except StopAsyncIteration:
                 break
-            task = asyncio.create_task(answer(request))
+            key = _sequence_key(request)
+            task = asyncio.create_task(answer(request, last_of_sequence.get(key) if key is not None else None))
             pending.add(task)
-            task.add_done_callback(pending.discard)
+            if key is not None:
+                last_of_sequence[key] = task
+            task.add_done_callback(functools.partial(forget, key))
         if pending:
             await asyncio.gather(*pending)
     finally:
@@ -111,6 +135,8 @@ async def serve_stream(requests: AsyncIterator[pb.ModelInferRequest], context: g
             read.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await read
+        elif read is not None and not read.cancelled():
+            read.exception()  # retrieved: the stream's end (StopAsyncIteration) needs no log line
         for task in pending:  # the client went away: its requests are dropped from the queues or cancelled
             task.cancel()
     if interrupted:

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import socket
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import psutil
@@ -23,19 +24,28 @@ from appliance import __version__
 from appliance.mdns import HTTP_TYPE, KSERVE_TYPE
 from appliance.state import StateDir
 
-__all__ = ["Announcer", "box_id", "txt_record"]
+__all__ = ["Announcer", "box_id", "catalog_digest", "txt_record"]
 
 log = logging.getLogger(__name__)
 
 
-def txt_record(box_id: str, accelerators: Sequence[str], models: int, grpc_port: int | None = None) -> dict[str, str]:
+def txt_record(box_id: str, accelerators: Sequence[str], models: int, grpc_port: int | None = None,
+               catalog: str | None = None) -> dict[str, str]:
     """Keys of at most 9 characters, a record well under 400 bytes (RFC 6763). ``grpc`` is the gRPC port
-    when gRPC is served (the service's own port is the HTTP one)."""
+    when gRPC is served (the service's own port is the HTTP one); ``mset`` a digest of the ready models'
+    names (see ``catalog_digest``), so that clients re-read the box's models when they change."""
     record = {"txtvers": "1", "id": box_id, "version": __version__, "api": "v2", "path": "/v2",
               "hw": ",".join(accelerators)[:60], "models": str(models)}
     if grpc_port is not None:
         record["grpc"] = str(grpc_port)
+    if catalog is not None:
+        record["mset"] = catalog
     return record
+
+
+def catalog_digest(names: Iterable[str]) -> str:
+    """8 hex digits that change when the set of ready model names does."""
+    return hashlib.sha256("\n".join(sorted(names)).encode()).hexdigest()[:8]
 
 
 def box_id(state_dir: Path, state: StateDir | None = None) -> str:
@@ -74,8 +84,10 @@ def _lan_addresses(host: str, interfaces: Sequence[str]) -> list[str]:
 class Announcer:
     def __init__(self, name: str, port: int, host: str, interfaces: Sequence[str], box_id: str,
                  accelerators: Callable[[], Sequence[str]], models: Callable[[], int],
-                 grpc_port: int | None = None) -> None:
+                 grpc_port: int | None = None, catalog: Callable[[], str] | None = None) -> None:
+        """``catalog``: the digest of the ready models' names (``catalog_digest``), announced as ``mset``."""
         self.name = name
+        self._catalog = catalog
         self._grpc_port = grpc_port
         self._port = port
         self._host = host
@@ -103,7 +115,8 @@ class Announcer:
         self._zeroconf = AsyncZeroconf(interfaces=self._interfaces or InterfaceChoice.All,
                                        ip_version=IPVersion.V4Only)
         addresses = _lan_addresses(self._host, self._interfaces)
-        properties = txt_record(self._id, self._accelerators(), self._models(), self._grpc_port)
+        properties = txt_record(self._id, self._accelerators(), self._models(), self._grpc_port,
+                                self._catalog() if self._catalog is not None else None)
         self.name = await self._register_unique(addresses, properties)
         self._state = (tuple(addresses), tuple(sorted(properties.items())))
         self._task = asyncio.create_task(self._follow(), name="mdns-follow")
@@ -140,7 +153,8 @@ class Announcer:
         while True:
             await asyncio.sleep(1.0)
             addresses = _lan_addresses(self._host, self._interfaces)
-            properties = txt_record(self._id, self._accelerators(), self._models(), self._grpc_port)
+            properties = txt_record(self._id, self._accelerators(), self._models(), self._grpc_port,
+                                self._catalog() if self._catalog is not None else None)
             state = (tuple(addresses), tuple(sorted(properties.items())))
             if state == self._state or self._zeroconf is None:
                 continue

@@ -45,6 +45,13 @@ class TritonCollector:
         output_us = counter("nv_inference_compute_output_duration_us", "Cumulative compute output duration (us)")
         latency = HistogramMetricFamily("nv_inference_request_latency_seconds",
                                         "Request latency from arrival to response", labels=labels)
+        # The sequence batcher's own (Triton exports none): models with sequence_batching only.
+        sequences = GaugeMetricFamily("appliance_sequence_active", "Sequences holding a batch slot", labels=labels)
+        backlog = GaugeMetricFamily("appliance_sequence_backlog", "Started sequences waiting for a slot",
+                                    labels=labels)
+        sequence_ends = _TritonCounter("appliance_sequence_count",
+                                       "Sequences started, ended (END flag), reaped (idle) or rejected (no slot)",
+                                       [*labels, "event"])
         for model in self._models():
             values = [model.name, str(model.version)]
             stats = model.stats
@@ -64,8 +71,15 @@ class TritonCollector:
                 cumulative += n
                 buckets.append(("+Inf" if bound is None else str(bound / 1e6), cumulative))
             latency.add_metric(values, buckets, (stats.success.ns + stats.fail.ns) / 1e9)
+            if stats.sequences is not None:
+                sequences.add_metric(values, stats.sequences.active)
+                backlog.add_metric(values, stats.sequences.backlog)
+                for event in ("started", "ended", "reaped", "rejected"):
+                    sequence_ends.add_metric([*values, event], getattr(stats.sequences, event))
         yield from (success, failure, count, executions, pending, request_us, queue_us, input_us, infer_us,
                     output_us, latency)
+        if sequences.samples:  # only where a model has sequence_batching
+            yield from (sequences, backlog, sequence_ends)
         yield from self._system_metrics()
 
     def _system_metrics(self) -> Iterator[Metric]:
@@ -107,7 +121,7 @@ class _TritonCounter(Metric):
         self.add_sample(self.name, dict(zip(self._labels, values)), value)
 
 
-_HEADER = re.compile(r"^(# (?:HELP|TYPE) nv_\w+?)_total ", re.MULTILINE)
+_HEADER = re.compile(r"^(# (?:HELP|TYPE) (?:nv|appliance)_\w+?)_total ", re.MULTILINE)
 
 
 def render(registry: CollectorRegistry) -> bytes:

@@ -9,13 +9,14 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from appliance.errors import Unavailable
+from appliance.mdns.fleet import FleetView
 from appliance.rest import security
 from appliance.rest.body import BodyLimits
 from appliance.rest.browser import host_policy
 from appliance.rest.codec import DecodeLimits
 from appliance.rest.errors import error_middleware
 from appliance.rest.handlers import CONTROL_HANDLERS, OPEN_HANDLERS, ROUTES, UNLIMITED_HANDLERS
-from appliance.rest.keys import BODY_LIMITS, BUDGET, DATAPLANE, LIMITS, LOGS, METRICS, SETTINGS, STATE, TRACES
+from appliance.rest.keys import BODY_LIMITS, BUDGET, DATAPLANE, FLEET, LIMITS, LOGS, METRICS, SETTINGS, STATE, TRACES
 from appliance.server import Appliance
 from appliance.settings import Settings
 
@@ -35,7 +36,8 @@ def access_rules(settings: Settings, token: str) -> security.AccessRules:
     )
 
 
-def build_app(appliance: Appliance) -> web.Application:
+def build_app(appliance: Appliance, fleet: FleetView | None = None) -> web.Application:
+    """``fleet``: the boxes the daemon's mDNS browser sees (None: mDNS off)."""
     settings = appliance.settings
     app = web.Application(client_max_size=settings.max_request_bytes, middlewares=[error_middleware])
     app[SETTINGS] = settings
@@ -48,6 +50,7 @@ def build_app(appliance: Appliance) -> web.Application:
     app[BODY_LIMITS] = BodyLimits(settings.max_request_bytes, settings.body_timeout)
     app[BUDGET] = appliance.budget
     app[TRACES] = appliance.traces
+    app[FLEET] = fleet or FleetView(None, None)
     security.install(app, access_rules(settings, appliance.token))
     app.add_routes(ROUTES)
     return app

@@ -16,6 +16,7 @@ import time
 import orjson
 from aiohttp import web
 
+from appliance.budget import Account
 from appliance.core.model import ModelVersion
 from appliance.core.streaming import Responses, StreamItem
 from appliance.errors import ApplianceError, InferenceFailed
@@ -25,15 +26,16 @@ from appliance.rest.keys import BODY_LIMITS, BUDGET, DATAPLANE, LIMITS
 
 __all__ = ["generate", "generate_stream"]
 
+_SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
 _ONE_RESPONSE = ("generate expects model to produce exactly 1 response, use generate stream for model that "
                  "generates various number of responses")
 
 
-async def _responses(request: web.Request, model: ModelVersion, account, received_ns: int) -> Responses:
+async def _responses(request: web.Request, model: ModelVersion, account: Account, received_ns: int) -> Responses:
     body = await read_body(request, account, request.app[BODY_LIMITS])
     decoded = decode_generate_request(body, model.signature, request.app[LIMITS], account.reserve)
     return await request.app[DATAPLANE].infer_stream(model, decoded, local=False, reserve=account.reserve,
-                                                     received_ns=received_ns)
+                                                     release=account.release, received_ns=received_ns)
 
 
 def _model(request: web.Request) -> ModelVersion:
@@ -79,21 +81,21 @@ async def generate_stream(request: web.Request) -> web.StreamResponse:
         try:
             stream: web.StreamResponse | None = None
             async for item in responses:
+                if item.final:
+                    responses.close()  # counted in the statistics before the client sees the end
                 event = _event(item)
                 if event is None:
                     continue
                 if stream is None:
                     status = item.error.status if item.error is not None else 200
-                    stream = web.StreamResponse(status=status, headers={
-                        "Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"})
+                    stream = web.StreamResponse(status=status, headers=_SSE_HEADERS)
                     await stream.prepare(request)
                 try:
                     await stream.write(event)  # waits while the client is slow: the model is held back
                 except ConnectionError:
                     return stream  # the client went away: closing the responses cancels the request
             if stream is None:  # the model sent no response at all: an empty event stream
-                stream = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
-                                                     "Cache-Control": "no-cache"})
+                stream = web.StreamResponse(headers=_SSE_HEADERS)
                 await stream.prepare(request)
             await stream.write_eof()
         finally:

@@ -31,7 +31,7 @@ from appliance.rest.errors import error_response
 from appliance.rest.generate import generate, generate_stream
 from appliance.rest.jsonio import json_response as _json
 from appliance.rest.jsonio import optional_json as _optional_json
-from appliance.rest.keys import BODY_LIMITS, BUDGET, DATAPLANE, LIMITS, LOGS, METRICS, SETTINGS, STATE, TRACES
+from appliance.rest.keys import BODY_LIMITS, BUDGET, DATAPLANE, FLEET, LIMITS, LOGS, METRICS, SETTINGS, STATE, TRACES
 from appliance.rest.openapi import openapi_document
 
 __all__ = ["CONTROL_HANDLERS", "OPEN_HANDLERS", "ROUTES", "UNLIMITED_HANDLERS"]
@@ -213,6 +213,11 @@ async def hardware(request: web.Request) -> web.Response:
     return _json(report)
 
 
+async def fleet(request: web.Request) -> web.Response:
+    """The boxes this one sees on the LAN (the dashboard's fleet panel)."""
+    return _json(request.app[FLEET].as_json())
+
+
 async def openapi(request: web.Request) -> web.Response:
     return _json(openapi_document())
 
@@ -231,9 +236,11 @@ async def load_model(request: web.Request) -> web.Response:
 
 
 async def unload_model(request: web.Request) -> web.Response:
-    # {"parameters": {"unload_dependents": bool}}: accepted; there are no ensembles to follow.
-    await _optional_json(request, 'a JSON object such as {"parameters": {"unload_dependents": false}}')
-    await request.app[DATAPLANE].unload_model(request.match_info["model"])
+    body = await _optional_json(request, 'a JSON object such as {"parameters": {"unload_dependents": false}}')
+    parameters = body.get("parameters") or {}
+    if not isinstance(parameters, dict):
+        raise InvalidInput("'parameters' must be a JSON object")
+    await request.app[DATAPLANE].unload_model(request.match_info["model"], parameters)
     return web.Response(status=200)
 
 
@@ -292,6 +299,7 @@ ROUTES = [
     web.get("/metrics", prometheus_metrics),
     web.get("/v2/history", metrics_history),
     web.get("/v2/probe", hardware),
+    web.get("/v2/fleet", fleet),
     web.get("/v2/openapi.json", openapi),
     web.get("/v2/health", server_health),
     web.get("/v2/logging", log_settings),

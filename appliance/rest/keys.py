@@ -8,13 +8,14 @@ from appliance.budget import MemoryBudget
 from appliance.core.dataplane import DataPlane
 from appliance.core.log_settings import LogSettings
 from appliance.core.trace_settings import TraceSettings
+from appliance.mdns.fleet import FleetView
 from appliance.metrics.service import MetricsService
 from appliance.rest.body import BodyLimits
 from appliance.rest.codec import DecodeLimits
 from appliance.settings import Settings
 from appliance.state import StateDir
 
-__all__ = ["BODY_LIMITS", "BUDGET", "DATAPLANE", "LIMITS", "LOGS", "METRICS", "SETTINGS", "STATE", "TRACES"]
+__all__ = ["BODY_LIMITS", "BUDGET", "DATAPLANE", "FLEET", "LIMITS", "LOGS", "METRICS", "SETTINGS", "STATE", "TRACES"]
 
 SETTINGS = web.AppKey("settings", Settings)
 DATAPLANE = web.AppKey("dataplane", DataPlane)
@@ -25,3 +26,4 @@ BUDGET = web.AppKey("budget", MemoryBudget)
 STATE = web.AppKey("state", StateDir)
 LOGS = web.AppKey("logs", LogSettings)
 TRACES = web.AppKey("traces", TraceSettings)
+FLEET = web.AppKey("fleet", FleetView)

@@ -193,6 +193,9 @@ def openapi_document() -> dict[str, Any]:
                         "log_format": {"type": "string", "enum": ["default", "ISO8601"]}}},
                     errors=(400, 401, 403, 415, 501)),
             },
+            "/v2/fleet": {"get": _operation(
+                "The boxes this one sees on the LAN over mDNS (the dashboard's fleet panel): name, URL, "
+                "dashboard link, hardware, ready models, version", _JSON, errors=(401,))},
             "/v2/probe": {"get": _operation("Hardware probe report", _JSON, errors=(503,))},
             "/v2/history": {"get": _operation("Metrics history as time series", _JSON, parameters=history,
                                               errors=(400,))},
@@ -202,10 +205,12 @@ def openapi_document() -> dict[str, Any]:
                 {"description": "OK", "content": {"application/json": {"schema": {"type": "array"}}}},
                 body={"type": "object", "properties": {"ready": {"type": "boolean"}}}, errors=(400,))},
             "/v2/repository/models/{model}/load": {"post": _operation(
-                "Load or reload a model (explicit mode)", _EMPTY, body=control_body, parameters=[_MODEL],
-                errors=(400, 401, 404))},
+                "Load or reload a model (explicit mode); with file overrides (parameters 'config' and "
+                "'file:<version>/<name>': base64) a push, in every mode", _EMPTY, body=control_body,
+                parameters=[_MODEL], errors=(400, 401, 404, 413, 501))},
             "/v2/repository/models/{model}/unload": {"post": _operation(
-                "Unload a model (explicit mode)", _EMPTY, body=control_body, parameters=[_MODEL],
+                "Unload a model (explicit mode; a pushed model in every mode, its files removed)", _EMPTY,
+                body=control_body, parameters=[_MODEL],
                 errors=(400, 401, 404))},
             **_model_paths(),
             **_shared_memory_paths(),

@@ -21,6 +21,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from appliance.backends import Backend
 from appliance.core.config import input_reshapes
+from appliance.core.scheduler.state import with_sequence_tensors
 from appliance.core.warmup import random_tensor, warmup_samples
 from appliance.selection.measure import error_reason
 from appliance.tensors import CONFIG_TO_V2
@@ -65,7 +66,17 @@ def _sample(batch: int, inputs: dict[str, np.ndarray], reshapes: dict[str, tuple
 def tuning_inputs(config: mc.ModelConfig, model_dir: Path, sizes: Sequence[int] = DYNAMIC_SIZES,
                   seed: int = 0, traffic: Mapping[str, Any] | None = None) -> Iterator[InputSet]:
     """Input sets to try, best first; built one at a time, so a large one exists only if it is tried.
-    ``traffic`` (a profile from core.traffic) comes first: a retune on traffic is for its shapes."""
+    ``traffic`` (a profile from core.traffic) comes first: a retune on traffic is for its shapes. A sequence
+    model's samples carry its control and state tensors (sequence starts, initial state), as its batcher
+    feeds them."""
+    for candidate in _input_sets(config, model_dir, sizes, seed, traffic):
+        samples = tuple(dataclasses.replace(s, inputs=with_sequence_tensors(config, s.inputs, s.batch))
+                        for s in candidate.samples)
+        yield dataclasses.replace(candidate, samples=samples)
+
+
+def _input_sets(config: mc.ModelConfig, model_dir: Path, sizes: Sequence[int], seed: int,
+                traffic: Mapping[str, Any] | None) -> Iterator[InputSet]:
     reshapes = input_reshapes(config)
     if traffic:
         yield _from_traffic(config, traffic, reshapes, np.random.default_rng(seed))

@@ -118,3 +118,13 @@ async def test_a_read_only_state_dir_keeps_traces_in_memory_and_says_so(tmp_path
         assert trace["model_name"] == "simple" and len(trace["timestamps"]) == 7
     finally:
         await appliance.close()
+
+
+async def test_the_stream_settings_bound_every_decoupled_request(tmp_path):
+    appliance = await Appliance.start(_settings(tmp_path, metrics=False, stream_buffer_bytes=1 << 20,
+                                                stream_stall_timeout=5.0))
+    try:
+        limits = appliance.dataplane.stream_limits
+        assert (limits.max_bytes, limits.stall_timeout) == (1 << 20, 5.0)
+    finally:
+        await appliance.close()

@@ -52,6 +52,9 @@ def test_transport_limit_defaults():
     assert settings.max_request_memory_bytes == 1024**3 >= settings.max_request_bytes
     assert settings.max_connections == 4096
     assert settings.header_timeout == settings.body_timeout == 60.0
+    assert settings.stream_buffer_bytes == 64 * 1024**2 and settings.stream_stall_timeout == 60.0
+    tuned = load_settings({}, {"APPLIANCE_STREAM_BUFFER_BYTES": "1048576", "APPLIANCE_STREAM_STALL_TIMEOUT": "5"})
+    assert (tuned.stream_buffer_bytes, tuned.stream_stall_timeout) == (1 << 20, 5.0)
 
 
 @pytest.mark.parametrize("env,message", [
@@ -60,6 +63,8 @@ def test_transport_limit_defaults():
     ({"APPLIANCE_MAX_CONNECTIONS": "0"}, "max_connections must be at least 1"),
     ({"APPLIANCE_HEADER_TIMEOUT": "0"}, "header_timeout must be > 0"),
     ({"APPLIANCE_BODY_TIMEOUT": "-1"}, "body_timeout must be > 0"),
+    ({"APPLIANCE_STREAM_BUFFER_BYTES": "0"}, "stream_buffer_bytes must be at least 1"),
+    ({"APPLIANCE_STREAM_STALL_TIMEOUT": "0"}, "stream_stall_timeout > 0"),
 ])
 def test_transport_limits_are_validated(env, message):
     with pytest.raises(ConfigError, match=message):

@@ -15,6 +15,7 @@ from appliance.core.scheduler.policy import SchedulerPolicy
 
 if TYPE_CHECKING:
     from appliance.backends.base import ResponseSink
+    from appliance.core.stats import StepTiming
     from appliance.core.tracing import Trace
 
 __all__ = ["Pending", "RequestQueue"]
@@ -38,10 +39,12 @@ class Pending:
     queued: bool = False
     completed: bool = False
     trace: Trace | None = None
+    timing: StepTiming | None = None
+    """Told this request's queue and compute times (an ensemble step's)."""
+    request_id: str = ""
     sink: ResponseSink | None = None
     """Where a decoupled model's responses go (see appliance.core.streaming)."""
     cancelled: Callable[[], bool] | None = None
-    request_id: str = ""
 
 
 class RequestQueue:

@@ -23,7 +23,7 @@ from appliance.core.instances import InstancePool
 from appliance.core.scheduler.execution import execute_batch
 from appliance.core.scheduler.policy import SchedulerPolicy
 from appliance.core.scheduler.queue import Pending, RequestQueue
-from appliance.core.stats import BatchTiming, ModelStats
+from appliance.core.stats import BatchTiming, ModelStats, StepTiming
 from appliance.errors import ApplianceError, InferenceFailed, Unavailable
 
 if TYPE_CHECKING:
@@ -96,14 +96,16 @@ class Scheduler:
         batch_size: int,
         parameters: Mapping[str, Any],
         trace: Trace | None = None,
+        timing: StepTiming | None = None,
+        request_id: str = "",
         sink: ResponseSink | None = None,
         cancelled: Callable[[], bool] | None = None,
-        request_id: str = "",
     ) -> dict[str, np.ndarray]:
         """Queue one validated request and wait for its outputs; ``trace`` gets QUEUE_START and the
-        COMPUTE_* timestamps of the batch it ran in. For a decoupled model, ``sink`` receives the
-        responses and this returns once the backend's ``run_requests`` has (the instance is free again
-        while responses may still follow); ``cancelled`` is the request's cancellation probe."""
+        COMPUTE_* timestamps of the batch it ran in, ``timing`` its queue and compute times. For a
+        decoupled model, ``sink`` receives the responses and this returns once the backend's
+        ``run_requests`` has (the instance is free again while responses may still follow);
+        ``cancelled`` is the request's cancellation probe."""
         assert self._loop is not None, "Scheduler.start() was not called"
         if self._closing:
             raise Unavailable(f"model {self.label} is unloading", retry_after=1)
@@ -121,7 +123,7 @@ class Scheduler:
         # Sequence numbers go only to accepted requests: preserve_ordering waits for each of them.
         pending = Pending(
             inputs, tuple(outputs), batch_size, key, loop.create_future(), loop.time(), level, next(self._seq),
-            parameters, trace=trace, sink=sink, cancelled=cancelled, request_id=request_id,
+            parameters, trace=trace, timing=timing, request_id=request_id, sink=sink, cancelled=cancelled,
         )
         if trace is not None:
             trace.mark("QUEUE_START")
@@ -278,9 +280,11 @@ class Scheduler:
             return
         results, timing = future.result()
         self.stats.record_batch(sum(p.size for p in batch), len(batch), queue_ns, timing)
-        for pending, result in zip(batch, results):
+        for pending, result, waited in zip(batch, results, queue_ns):
             if pending.trace is not None:
                 _mark_compute(pending.trace, timing)
+            if pending.timing is not None:
+                pending.timing.add(waited, timing)
             if isinstance(result, BaseException):
                 self._complete(pending, None, result)
             else:
@@ -310,18 +314,19 @@ class Scheduler:
             pending.future.set_result(result)
 
 
+def _backend_request(pending: Pending) -> BackendRequest:
+    request = BackendRequest(pending.inputs, pending.outputs, pending.parameters, pending.size,
+                             request_id=pending.request_id, timeout_us=_timeout_us(pending.parameters),
+                             sink=pending.sink)
+    if pending.cancelled is not None:
+        request = dataclasses.replace(request, cancelled=pending.cancelled)
+    return request
+
+
 def _timeout_us(parameters: Mapping[str, Any]) -> int:
     """The client's ``timeout`` parameter (microseconds, Triton's), 0 when it set none."""
     value = parameters.get("timeout")
     return int(value) if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
-
-
-def _backend_request(pending: Pending) -> BackendRequest:
-    request = BackendRequest(pending.inputs, pending.outputs, pending.parameters, pending.size, sink=pending.sink,
-                             request_id=pending.request_id, timeout_us=_timeout_us(pending.parameters))
-    if pending.cancelled is not None:
-        request = dataclasses.replace(request, cancelled=pending.cancelled)
-    return request
 
 
 def _mark_compute(trace: Trace, timing: BatchTiming) -> None:

@@ -265,12 +265,33 @@
     replaceChildren(tbody, rows.map((row) => {
       const answer = selections.get(`${row.name}/${row.version}`) || {};
       return h("tr", { "data-model": row.name },
-        h("td", { class: "model-name" }, row.name),
+        h("td", { class: "model-name" }, row.name, row.origin === "pushed" ? [" ", pill("pushed", "accent")] : null),
         h("td", { class: "mono" }, row.version != null ? row.version : "—"),
         h("td", {}, pill(row.state, statusKind(row.state)), row.reason ? h("div", { class: "reason" }, row.reason) : null),
         h("td", {}, renderChosen(row, answer)),
         h("td", {}, renderCandidates(answer)));
     }));
+  }
+
+  function renderFleet(fleet) {
+    const tbody = $("fleet-boxes").tBodies[0];
+    if (!fleet.mdns) {
+      $("fleet-count").textContent = "";
+      replaceChildren(tbody, h("tr", {}, h("td", { colSpan: 5, class: "muted" }, fleet.reason || "mDNS is off.")));
+      return;
+    }
+    $("fleet-count").textContent = `${fleet.boxes.length} box${fleet.boxes.length === 1 ? "" : "es"} on the LAN`;
+    if (!fleet.boxes.length) {
+      replaceChildren(tbody, h("tr", {}, h("td", { colSpan: 5, class: "muted" }, "No box answers on the LAN yet.")));
+      return;
+    }
+    replaceChildren(tbody, fleet.boxes.map((box) => h("tr", { "data-box": box.name },
+      h("td", { class: "model-name" }, h("a", { href: box.dashboard }, box.name),
+        box.self ? [" ", pill("this box", "good")] : null),
+      h("td", { class: "mono" }, `${box.addresses.join(", ")}:${box.port}`),
+      h("td", {}, box.hw || "—"),
+      h("td", { class: "mono" }, String(box.models)),
+      h("td", { class: "mono" }, box.version || "—"))));
   }
 
   function renderChosen(row, answer) {
@@ -461,7 +482,7 @@
   }
 
   async function refresh() {
-    const [meta, health, probe, rows] = await Promise.all([
+    const [meta, health, probe, rows, fleet] = await Promise.all([
       getJSON("/v2"),
       getJSON("/v2/health"),
       getJSON("/v2/probe").catch((error) => {
@@ -469,7 +490,9 @@
         throw error;
       }),
       postJSON("/v2/repository/index", {}),
+      getJSON("/v2/fleet"),
     ]);
+    renderFleet(fleet);
     renderServer(meta);
     renderHealth(health);
     if (probe instanceof ApiError) renderProbeError(probe); else renderProbe(probe);

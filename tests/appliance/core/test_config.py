@@ -164,7 +164,7 @@ def test_config_pbtxt_is_read_with_a_bound(tmp_path):
 
 
 @pytest.mark.parametrize("text, words", [
-    ("sequence_batching { max_sequence_idle_microseconds: 5000000 }", "sequence_batching is not supported"),
+    ("sequence_batching { iterative_sequence: true }", "iterative_sequence is not supported"),
 ])
 def test_configs_this_server_cannot_honour_fail_to_load(tmp_path, text, words):
     (tmp_path / "m").mkdir()
@@ -185,3 +185,6 @@ def test_decoupled_configs_load_for_backends_that_send_many_responses(tmp_path):
     with pytest.raises(ConfigError, match="the onnxruntime backend cannot serve decoupled models.*drop the policy"):
         check_decoupled(config, "onnxruntime", False)
     check_decoupled(mc.ModelConfig(name="m"), "onnxruntime", False)  # not decoupled: nothing to refuse
+    stateful = text_format.Parse("model_transaction_policy { decoupled: true } sequence_batching {}", mc.ModelConfig())
+    with pytest.raises(ConfigError, match="decoupled sequence models are not supported"):
+        check_decoupled(stateful, "python", True)

@@ -10,7 +10,7 @@ from appliance import __version__
 from appliance.backends import RuntimeOptions
 from appliance.core.dataplane import SERVER_NAME, DataPlane
 from appliance.core.registry import ModelRegistry
-from appliance.errors import ConfigError, InvalidInput, ModelNotFound, ModelNotReady
+from appliance.errors import ConfigError, InvalidInput, ModelNotFound, ModelNotReady, NotSupported
 from appliance.examples import build_example_repository
 
 
@@ -103,7 +103,7 @@ async def test_model_control_needs_explicit_mode(registry):
 async def test_load_with_a_config_override_and_what_a_load_refuses(plane):
     await plane.load_model("simple", {"config": '{"max_batch_size": 2}'})
     assert plane.model_config("simple")["max_batch_size"] == 2
-    with pytest.raises(InvalidInput, match="file overrides"):
+    with pytest.raises(NotSupported, match="keeps no pushed models"):  # no PushStore: see test_pushed.py
         await plane.load_model("simple", {"file:1/model.onnx": "AAAA"})
     with pytest.raises(ConfigError, match="'simple'"):
         await plane.load_model("simple", {"config": "{not json"})
@@ -115,7 +115,8 @@ async def test_load_with_a_config_override_and_what_a_load_refuses(plane):
 async def test_repository_index_after_an_unload(plane):
     await plane.unload_model("simple_string")
     rows = {row["name"]: row for row in plane.repository_index()}
-    assert rows["simple"] == {"name": "simple", "version": "1", "state": "READY", "reason": ""}
-    assert rows["simple_string"] == {"name": "simple_string", "state": "UNAVAILABLE", "reason": "unloaded"}
+    assert rows["simple"] == {"name": "simple", "version": "1", "state": "READY", "reason": "", "origin": "repository"}
+    assert rows["simple_string"] == {"name": "simple_string", "state": "UNAVAILABLE", "reason": "unloaded",
+                                     "origin": "repository"}
     assert rows["broken"]["state"] == "UNAVAILABLE" and "onnxruntime cannot load" in rows["broken"]["reason"]
     assert [row["name"] for row in plane.repository_index(ready_only=True)] == ["mlp", "simple"]

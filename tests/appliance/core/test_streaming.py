@@ -14,6 +14,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from appliance.backends import Backend, BackendRequest, BatchResult, RuntimeOptions, named
+from appliance.budget import MemoryBudget
 from appliance.core.config import signature_of
 from appliance.core.dataplane import DataPlane
 from appliance.core.instances import InstancePool
@@ -22,6 +23,9 @@ from appliance.core.registry import ModelRegistry
 from appliance.core.scheduler import Scheduler, policy_from_config
 from appliance.core.stats import ModelStats
 from appliance.core.streaming import StreamItem, StreamLimits
+from appliance.core.trace_settings import TraceSettings
+from appliance.core.trace_writer import TraceWriter
+from appliance.core.tracing import Tracer
 from appliance.core.types import InferInput, InferRequest
 from appliance.errors import InferenceFailed, InvalidInput, Unavailable
 
@@ -79,14 +83,14 @@ def _out(value: int) -> dict[str, np.ndarray]:
 async def make_model(tmp_path):
     made: list[ModelVersion] = []
 
-    async def make(backend: Backend) -> tuple[ModelVersion, DataPlane]:
+    async def make(backend: Backend, limits: StreamLimits | None = None) -> tuple[ModelVersion, DataPlane]:
         config = text_format.Parse(CONFIG, mc.ModelConfig())
         stats = ModelStats()
         scheduler = Scheduler("repeat:1", InstancePool("repeat:1", [backend]), policy_from_config(config), stats)
         model = ModelVersion("repeat", 1, config, signature_of(config), named("python"), scheduler, stats)
         model.start()
         made.append(model)
-        return model, DataPlane(ModelRegistry(tmp_path, RuntimeOptions()))
+        return model, DataPlane(ModelRegistry(tmp_path, RuntimeOptions()), stream_limits=limits)
 
     yield make
     for model in made:
@@ -267,8 +271,7 @@ async def test_a_model_ahead_of_its_reader_is_held_back(make_model):
         request.sink.send(final=True)
 
     backend = SendingBackend(flood)
-    model, plane = await make_model(backend)
-    plane.stream_limits = StreamLimits(max_responses=8)
+    model, plane = await make_model(backend, StreamLimits(max_responses=8))
     stream = await plane.infer_stream(model, _request(1), local=False)
     first = await anext(stream)
     for _ in range(50):  # give the model every chance to run ahead
@@ -288,8 +291,7 @@ async def test_a_byte_bound_holds_back_large_responses(make_model):
             sent.append(value)
         request.sink.send(final=True)
 
-    model, plane = await make_model(SendingBackend(big))
-    plane.stream_limits = StreamLimits(max_bytes=3 << 20)
+    model, plane = await make_model(SendingBackend(big), StreamLimits(max_bytes=3 << 20))
     stream = await plane.infer_stream(model, _request(1), local=False)
     await anext(stream)
     for _ in range(50):
@@ -307,8 +309,7 @@ async def test_a_reader_that_stalls_fails_the_request_and_frees_the_model(make_m
         unblocked.set()
         assert request.cancelled()
 
-    model, plane = await make_model(SendingBackend(flood))
-    plane.stream_limits = StreamLimits(max_responses=4, stall_timeout=0.2)
+    model, plane = await make_model(SendingBackend(flood), StreamLimits(max_responses=4, stall_timeout=0.2))
     stream = await plane.infer_stream(model, _request(1), local=False)
     assert await asyncio.to_thread(unblocked.wait, 30)
     items = await _read_all(stream)
@@ -330,3 +331,89 @@ async def test_unloading_ends_open_streams(make_model):
     release.set()
     items = await _read_all(stream)
     assert len(items) == 1 and isinstance(items[0].error, Unavailable) and "unloaded" in items[0].error.message
+
+
+async def test_unread_responses_count_against_the_memory_budget_and_are_given_back(make_model):
+    """Unread responses are held on the request's account: the daemon-wide budget bounds them across
+    every stream, and nothing stays counted once the stream is read, or dropped."""
+    sent = []
+
+    def big(request: BackendRequest) -> None:
+        for value in range(12):
+            request.sink.send({"OUT": np.full(1 << 18, value, np.int32)})  # 1 MiB each
+            sent.append(value)
+        request.sink.send(final=True)
+
+    budget = MemoryBudget(4 << 20)
+    model, plane = await make_model(SendingBackend(big))
+    with budget.account() as account:
+        stream = await plane.infer_stream(model, _request(1), local=False, reserve=account.reserve,
+                                          release=account.release)
+        await anext(stream)
+        for _ in range(50):
+            await asyncio.sleep(0.01)
+        assert len(sent) <= 4 + 1 and budget.used <= 4 << 20  # the budget, not the stream's bound, held it back
+        assert len(await _read_all(stream)) == 12
+        assert account.held == 0
+    release = threading.Event()
+
+    def stuck(request: BackendRequest) -> None:
+        request.sink.send({"OUT": np.zeros(1 << 18, np.int32)})
+        request.sink.send({"OUT": np.zeros(1 << 18, np.int32)})
+        release.wait(30)
+
+    model, plane = await make_model(SendingBackend(stuck))
+    with budget.account() as account:
+        stream = await plane.infer_stream(model, _request(1), local=False, reserve=account.reserve,
+                                          release=account.release)
+        await _eventually(lambda: account.held == 2 << 20)
+        stream.close()  # the client went away: what it never read is given back
+        assert account.held == 0
+    release.set()
+
+
+async def test_a_response_the_budget_cannot_hold_fails_the_request(make_model):
+    model, plane = await make_model(SendingBackend(lambda r: r.sink.send({"OUT": np.zeros(1 << 20, np.int32)})))
+    budget = MemoryBudget(1 << 20)
+    with budget.account() as account:
+        stream = await plane.infer_stream(model, _request(1), local=False, reserve=account.reserve,
+                                          release=account.release)
+        (item,) = await _read_all(stream)
+    assert item.final and "max_request_memory_bytes" in item.error.message and budget.used == 0
+
+
+async def test_a_traced_stream_is_written_when_it_ends(make_model, tmp_path):
+    settings, writer = TraceSettings(), TraceWriter(None)
+    settings.update({"trace_level": ["TIMESTAMPS"], "trace_rate": ["1"]})
+    model, _ = await make_model(SendingBackend(lambda r: (r.sink.send(_out(1)), r.sink.send(final=True))))
+    plane = DataPlane(ModelRegistry(tmp_path, RuntimeOptions()), tracer=Tracer(settings, writer))
+    stream = await plane.infer_stream(model, _request(1), local=False)
+    assert len(await _read_all(stream)) == 2
+    await stream.ran
+    await asyncio.sleep(0)  # the trace is handed to the writer by the callback of ``ran``
+    writer.close()
+    (trace,) = writer.kept()
+    names = [t["name"] for t in trace["timestamps"]]
+    assert names[0] == "REQUEST_START" and names[-1] == "REQUEST_END" and "QUEUE_START" in names
+    assert "COMPUTE_START" in names and trace["model_name"] == "repeat"
+
+
+async def test_a_stream_closed_while_its_request_is_queued_never_runs(make_model):
+    release, ran = threading.Event(), []
+
+    class Blocking(SendingBackend):
+        def run_requests(self, requests):
+            ran.extend(int(r.inputs["IN"][0]) for r in requests)
+            if ran[-1] == 1:
+                release.wait(30)  # holds the only instance
+            return super().run_requests(requests)
+
+    model, plane = await make_model(Blocking(lambda r: r.sink.send(final=True)))
+    first = await plane.infer_stream(model, _request(1), local=False)
+    await _eventually(lambda: ran == [1])
+    second = await plane.infer_stream(model, _request(2), local=False)
+    second.close()  # its client went away while it waited for the instance
+    release.set()
+    assert len(await _read_all(first)) == 1
+    assert len(await _read_all(await plane.infer_stream(model, _request(3), local=False))) == 1
+    assert ran == [1, 3] and model.stats.failures == {"CANCELED": 1}  # 2 would have run before 3

@@ -72,8 +72,8 @@ def test_warmup_runs_count_times_on_every_instance_before_the_load_returns(tmp_p
     finally:
         asyncio.run(loaded.versions[1].close())
     # "ones": batch 3, count 2; "zeros": count 0 means once; on each of the 2 instances.
-    assert lines == sorted([f"counting_{i} [3, 4] 1.0" for i in (0, 1) for _ in range(2)]
-                           + [f"counting_{i} [1, 4] 0.0" for i in (0, 1)])
+    assert lines == sorted([f"counting_0_{i} [3, 4] 1.0" for i in (0, 1) for _ in range(2)]
+                           + [f"counting_0_{i} [1, 4] 0.0" for i in (0, 1)])
 
 
 def test_a_failing_warmup_fails_the_load_with_the_sample_and_the_reason(tmp_path):

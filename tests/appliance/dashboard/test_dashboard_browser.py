@@ -118,6 +118,8 @@ def test_dashboard_renders_models_and_live_charts(busy_daemon, tmp_path):
     assert re.search(rf'id="box-fingerprint"[^>]*>{re.escape(probe["fingerprint"])}<', dom), "fingerprint not shown"
     assert body.get("data-degraded") == "false"
     assert '<div class="banner warn" id="degraded" role="status" hidden="">' in dom
+    # The fleet panel (GET /v2/fleet) says why it lists no box: the test daemon runs with --no-mdns.
+    assert re.search(r'id="fleet-boxes".*mDNS is off on this box \(--no-mdns\)', dom, re.S), "fleet panel"
 
     ARTIFACTS.mkdir(exist_ok=True)
     screenshot = ARTIFACTS / "dashboard.png"

@@ -56,8 +56,8 @@ def test_explicit_load_unload_and_config_override(start_daemon, repo):
             client.load_model("affine", config='"parameters": {"config": {{"max_batch_size": "16"}}}')
         assert excinfo.value.status() == "StatusCode.INVALID_ARGUMENT"
         assert client.is_model_ready("affine")  # a failed reload keeps the old version serving
-        with pytest.raises(InferenceServerException, match="file overrides") as excinfo:
-            client.load_model("affine", config="{}", files={"file:1/model.onnx": b"junk"})
+        with pytest.raises(InferenceServerException, match="failed to load 'affine'") as excinfo:
+            client.load_model("affine", config="{}", files={"file:1/model.onnx": b"junk"})  # not an ONNX file
         assert excinfo.value.status() == "StatusCode.INVALID_ARGUMENT"
         with pytest.raises(InferenceServerException, match="failed to load 'missing'") as excinfo:
             client.load_model("missing")

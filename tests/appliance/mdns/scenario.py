@@ -91,6 +91,15 @@ def main() -> None:
         def over_grpc() -> list[int]:
             return [grpc_pool.infer("mlp", [grpc_tensor]).as_numpy("probabilities").shape[1] for _ in range(4)]
 
+        def concurrently(pool: BoxPool, tensor) -> list[int]:
+            # Requests at once, so that the pool (which prefers the box with fewer requests outstanding
+            # and the lower latency) sends some to every box it believes up.
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(4) as executor:
+                return list(executor.map(
+                    lambda _: pool.infer("mlp", [tensor]).as_numpy("probabilities").shape[1], range(16)))
+
         result["grpc_pool_before"] = over_grpc()
 
         # Shutdown sends goodbye: box-b disappears from discovery.
@@ -98,9 +107,9 @@ def main() -> None:
         result["b_exit"] = b.wait(30)
         result["b_log_goodbye"] = "mDNS records withdrawn" in log_b.read_text()
         result["after_stop"] = snapshot()
-        result["pool_after"] = [pool.infer("mlp", [tensor]).as_numpy("probabilities").shape[1] for _ in range(4)]
+        result["pool_after"] = concurrently(pool, tensor)[:4]
         result["pool_healthy"] = [box.name for box in pool.healthy()]
-        result["grpc_pool_after"] = over_grpc()
+        result["grpc_pool_after"] = concurrently(grpc_pool, grpc_tensor)[:4]
         result["grpc_pool_healthy"] = [box.name for box in grpc_pool.healthy()]
     finally:
         for process in (a, b):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from appliance.mdns.announcer import txt_record
+from appliance.mdns.announcer import catalog_digest, txt_record
 
 ROOT = Path(__file__).resolve().parents[3]
 NETNS_SETUP = "ip link set lo up && ip link set lo multicast on && ip route add 224.0.0.0/4 dev lo"
@@ -87,3 +87,10 @@ def test_txt_record_is_short():
     assert record["api"] == "v2" and record["path"] == "/v2" and record["hw"] == "cpu,nvidia"
     assert "grpc" not in record
     assert txt_record("id", ["cpu"], 1, grpc_port=8001)["grpc"] == "8001"
+
+
+def test_the_record_says_when_the_ready_models_change():
+    record = txt_record("id", ["cpu"], 2, catalog=catalog_digest(["mlp", "resnet"]))
+    assert len(record["mset"]) == 8 and "mset" not in txt_record("id", ["cpu"], 2)
+    assert catalog_digest(["resnet", "mlp"]) == record["mset"]  # the order does not matter
+    assert catalog_digest(["mlp", "yolo"]) != record["mset"]  # a swap with the same count does

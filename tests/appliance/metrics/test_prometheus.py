@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 from prometheus_client import CollectorRegistry
 
-from appliance.core.stats import LATENCY_BUCKETS_US, BatchTiming, FailureReason, ModelStats
+from appliance.core.stats import LATENCY_BUCKETS_US, BatchTiming, FailureReason, ModelStats, SequenceCounts
 from appliance.metrics.prometheus import TritonCollector, render
 
 
@@ -80,3 +80,16 @@ def test_system_gauges_only_with_a_sample_and_gpu_gauges_only_for_gpus_that_repo
     assert not any('gpu_uuid="1"' in k for k in metrics)
     metrics, _ = _scrape([], {**system, "gpus": [{"index": 1}]})
     assert not any(k.startswith("nv_gpu") for k in metrics)
+
+
+def test_sequence_models_add_the_batchers_counts():
+    plain, sequence = _version("plain", 1), _version("seq", 1)
+    sequence.stats.sequences = SequenceCounts(active=2, backlog=1, started=5, ended=2, reaped=1)
+    metrics, text = _scrape([plain, sequence])
+    assert metrics[_key("appliance_sequence_active", model="seq", version="1")] == 2
+    assert metrics[_key("appliance_sequence_backlog", model="seq", version="1")] == 1
+    assert metrics[_key("appliance_sequence_count", model="seq", version="1", event="reaped")] == 1
+    assert metrics[_key("appliance_sequence_count", model="seq", version="1", event="started")] == 5
+    assert "# TYPE appliance_sequence_count counter" in text
+    assert not any('model="plain"' in line for line in text.splitlines() if "sequence" in line)
+    assert "appliance_sequence" not in _scrape([plain])[1]

@@ -161,7 +161,10 @@ def test_a_model_that_is_not_ready_is_a_503_not_triton_400(daemon):
     assert call(daemon.port, "GET", "/v2/models/simple_string/ready")[0] == 503
 
 
-def test_file_overrides_of_the_load_api_are_refused(daemon):
+def test_a_push_that_does_not_load_keeps_the_model_serving(daemon):
+    """File overrides are served (tests/appliance/rest/test_push_e2e.py); files that are no model fail
+    the load with Triton's words, and the versions already serving go on."""
     body = {"parameters": {"config": "{}", "file:1/model.onnx": "AAAA"}}
     status, _, payload = call(daemon.port, "POST", "/v2/repository/models/simple/load", body)
-    assert status == 400 and "file overrides" in payload["error"]
+    assert status == 400 and "failed to load 'simple'" in payload["error"]
+    assert call(daemon.port, "GET", "/v2/models/simple/ready")[0] == 200

@@ -75,6 +75,17 @@ def test_protect_inference(start_daemon, repo, tmp_path):
     assert call(daemon.port, "GET", "/v2/health/ready", source=REMOTE)[0] == 200  # health stays open
     authorized = {"Authorization": f"Bearer {token}"}
     assert call(daemon.port, "POST", "/v2/models/m/infer", BODY, headers=authorized, source=REMOTE)[0] == 200
+    for route in ("generate", "generate_stream"):  # Triton's generate extension: inference, same rules
+        path = f"/v2/models/m/{route}"
+        assert call(daemon.port, "POST", path, {"x": [1.0] * 8}, source=REMOTE)[0] == 401
+        assert call(daemon.port, "POST", path, {"x": [1.0] * 8}, headers=authorized, source=REMOTE)[0] == 200
+
+
+def test_generate_bodies_keep_to_max_request_bytes(start_daemon, repo, tmp_path):
+    daemon, _ = _start(start_daemon, repo, tmp_path, env={"APPLIANCE_MAX_REQUEST_BYTES": "2000"})
+    for route in ("generate", "generate_stream"):
+        status, _, payload = call(daemon.port, "POST", f"/v2/models/m/{route}", {"x": [1.0] * 8, "pad": "x" * 4000})
+        assert status == 413 and "max_request_bytes" in payload["error"]
 
 
 def test_protect_inference_covers_the_metrics_port(start_daemon, repo, tmp_path):

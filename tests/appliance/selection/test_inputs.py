@@ -7,6 +7,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from appliance.examples.sequence import accumulator_config, accumulator_model
 from appliance.selection.inputs import MAX_SAMPLE_ELEMENTS, InputSearch, tuning_inputs
 from tests.appliance.selection.contexts import ONNX, onnx_context
 from tests.builders import DENSENET_CONFIG, densenet_like_model, save, vad_like_model
@@ -80,3 +81,17 @@ def test_fixed_shapes_give_one_synthetic_set(tmp_path, sizes):
     model_file = save(densenet_like_model(size=8), tmp_path / "d" / "1" / "model.onnx")
     context = onnx_context(model_file, DENSENET_CONFIG.format(size=8, classes=10).replace("densenet_onnx", "d"))
     assert len(list(tuning_inputs(context.config, model_file.parent.parent, sizes=sizes))) == 1
+
+
+def test_a_sequence_model_is_tuned_with_its_control_and_state_tensors(tmp_path):
+    model_file = save(accumulator_model("FP32", "UINT64"), tmp_path / "acc" / "1" / "model.onnx")
+    context = onnx_context(model_file, accumulator_config("oldest { }", "FP32", "UINT64", max_batch_size=8))
+    assert [entry.name for entry in context.config.input] == ["INPUT"]  # the rest is the batcher's
+    search = InputSearch("acc", tuning_inputs(context.config, model_file.parent.parent), ["OUTPUT"])
+    found = search.find(ONNX.load(context))
+    assert found is not None and not search.refused
+    top = found.samples[-1]
+    assert top.shapes == {"INPUT": [8, 1]}  # what clients send
+    assert top.inputs["START"].tolist() == [[1.0]] * 8 and top.inputs["READY"].dtype == np.float32
+    assert top.inputs["CORRID"].reshape(-1).tolist() == list(range(1, 9))
+    assert top.inputs["ACC_IN"].shape == (8, 1) and not top.inputs["ACC_IN"].any()
