@@ -146,12 +146,17 @@ class _Segment:
 class Blocks:
     """The writer's side of messages that overlap (streamed responses, BLS calls in flight at once):
     each message's tensors go into a block of a shared segment, and the block stays untouched until
-    the reader says it is done with it (``free``). A segment whose blocks are all free is reused from
-    the start; a full one is followed by a bigger one, and retired once its last block is freed."""
+    the reader says it is done with it (``free``). A full segment is followed by another of the same
+    size (bigger only for a message that does not fit), and a segment whose blocks are all free is
+    reused from its start, so a steady stream cycles through a few segments instead of growing."""
+
+    SPARE = 2
+    """Free segments kept for reuse beside the current one; more are removed."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._segments: list[_Segment] = []
+        """Oldest first; the last one is current."""
         self._blocks: dict[int, _Segment] = {}
         self._ids = itertools.count(1)
 
@@ -173,9 +178,24 @@ class Blocks:
                 current.top = 0
             if current.top + needed <= current.arena.size:
                 return current
-        segment = _Segment(max(needed * 2, current.arena.size * 2 if current else 1 << 20))
+        for segment in self._segments:  # an emptied one that fits: reuse it from its start
+            if segment is not current and segment.live == 0 and needed <= segment.arena.size:
+                self._segments.remove(segment)
+                self._segments.append(segment)
+                segment.top = 0
+                return segment
+        size = current.arena.size if current is not None else 1 << 20
+        segment = _Segment(max(size, needed * 2))
         self._segments.append(segment)
+        self._trim()
         return segment
+
+    def _trim(self) -> None:
+        """Remove free segments beyond SPARE (the smallest first: they are the least useful)."""
+        free = sorted((s for s in self._segments[:-1] if s.live == 0), key=lambda s: s.arena.size)
+        for segment in free[: max(0, len(free) - self.SPARE)]:
+            self._segments.remove(segment)
+            segment.arena.close()
 
     def free(self, block: int) -> None:
         with self._lock:
@@ -183,9 +203,8 @@ class Blocks:
             if segment is None:
                 return
             segment.live -= 1
-            if segment.live == 0 and segment is not self._segments[-1]:
-                self._segments.remove(segment)
-                segment.arena.close()
+            if segment.live == 0:
+                self._trim()
 
     @property
     def in_use(self) -> int:

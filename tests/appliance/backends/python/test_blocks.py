@@ -9,7 +9,7 @@ import numpy as np
 from appliance.backends.python.arena import Attachments, Blocks
 
 
-def test_blocks_are_reused_once_freed_and_retired_when_outgrown():
+def test_blocks_are_reused_once_freed_and_bigger_segments_come_only_for_bigger_messages():
     blocks, reader = Blocks(), Attachments()
     try:
         small = [("a", np.arange(10, dtype=np.float32)), ("s", np.array([b"x", b"yz"], dtype=object))]
@@ -21,16 +21,35 @@ def test_blocks_are_reused_once_freed_and_retired_when_outgrown():
         blocks.free(first[0])
         blocks.free(second[0])
         assert blocks.in_use == 0
-        big = [("b", np.zeros(1 << 20, dtype=np.float32))]  # 4 MiB: a bigger segment follows
+        big = [("b", np.zeros(1 << 20, dtype=np.float32))]  # 4 MiB: more than a segment holds
         kept, _ = blocks.write(small)
         grown, big_descriptors = blocks.write(big)
         assert grown[1] != kept[1] and grown[2] > kept[2]
         assert reader.read(grown, big_descriptors)["b"].shape == (1 << 20,)
-        blocks.free(kept[0])  # the outgrown segment's last block: it is removed
-        assert not os.path.exists(kept[1])
+        blocks.free(kept[0])
         blocks.free(grown[0])
         again, _ = blocks.write(big)
-        assert again[1] == grown[1]  # the live segment is reused from the start
+        assert again[1] == grown[1]  # the emptied segment is reused from its start
     finally:
         reader.close()
+        blocks.close()
+
+
+def test_a_steady_stream_cycles_through_a_few_segments():
+    """A writer always one block ahead of its reader (a decoupled model streaming to a slow client)
+    never lets a segment empty while it writes into it: it must not grow for ever."""
+    blocks = Blocks()
+    try:
+        payload = [("r", np.zeros(64 * 1024, dtype=np.uint8))]
+        previous, _ = blocks.write(payload)
+        paths = set()
+        for _ in range(2000):
+            ref, _ = blocks.write(payload)
+            blocks.free(previous[0])
+            previous = ref
+            paths.add(ref[1])
+            assert ref[2] <= 1 << 20
+        live = {p for p in paths if os.path.exists(p)}
+        assert len(live) <= 1 + Blocks.SPARE
+    finally:
         blocks.close()
