@@ -142,8 +142,7 @@ def decode_infer_request(
     """The core request of a ModelInferRequest. ``reserve(size)`` is called with the bytes each input
     will allocate beyond the message, after its shape is checked and before anything is allocated."""
     model = request.model_name
-    if not request.inputs:
-        raise InvalidInput(f"the request for model '{model[:255]}' has no inputs")
+    # No inputs at all is left to the model's own check: a model may have none (as under Triton).
     if len(request.inputs) > limits.max_inputs:
         raise InvalidInput(f"the request has {len(request.inputs)} inputs; at most {limits.max_inputs} are allowed")
     raw_contents = request.raw_input_contents

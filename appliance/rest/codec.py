@@ -176,8 +176,9 @@ def decode_infer_request(
     before anything is allocated; it may raise to refuse (the transport's memory budget does)."""
     header = _parse_header(body, header_length)
     raw_inputs = header.get("inputs")
-    if not isinstance(raw_inputs, list) or not raw_inputs:
-        raise InvalidInput("the request must have a non-empty 'inputs' list")
+    if not isinstance(raw_inputs, list):
+        # Empty is allowed: a model may have no inputs (Triton's Python models that only call others).
+        raise InvalidInput("the request must have an 'inputs' list")
     if len(raw_inputs) > limits.max_inputs:
         raise InvalidInput(f"the request has {len(raw_inputs)} inputs; at most {limits.max_inputs} are allowed")
     view = memoryview(body)

@@ -125,7 +125,8 @@ def test_input_count_is_bounded_and_any_data_nesting_with_the_right_count_is_acc
 
 @pytest.mark.parametrize("body,message", [
     (b"", "malformed JSON"),
-    (b'{"inputs": {}}', "non-empty 'inputs'"),
+    (b'{"inputs": {}}', "must have an 'inputs' list"),
+    (b'{"outputs": []}', "must have an 'inputs' list"),
     (b'{"inputs": [5]}', "inputs[0] must be a JSON object"),
     (b'{"inputs": [{"shape": [1], "datatype": "FP32", "data": [1]}]}', "needs a 'name'"),
     (b'{"inputs": [{"name": "x", "shape": [1], "datatype": "BF16", "data": [1]}]}', "not supported"),

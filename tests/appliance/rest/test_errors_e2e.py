@@ -46,7 +46,7 @@ CASES = {
     "bad version": (400, "positive integer", dict(version="abc", body=_good_json())),
     "malformed json": (400, "malformed JSON", dict(body="{not json")),
     "not an object": (400, "JSON object", dict(body="[1, 2]")),
-    "no inputs": (400, "non-empty 'inputs'", dict(body={"inputs": []})),
+    "no inputs": (400, "expected 1 inputs but got 0 inputs for model", dict(body={"inputs": []})),
     "wrong input name": (400, "unexpected inference input 'image'", dict(body={
         "inputs": [{"name": "image", "shape": [1, 784], "datatype": "FP32", "data": [0.0] * 784}]})),
     "wrong datatype": (400, "expects 'FP32'", dict(body={

@@ -35,6 +35,7 @@ def repository(tmp_path_factory):
     _python(repo, "bls_decoupled", m.BLS_DECOUPLED, m.BLS_DECOUPLED_CONFIG)
     _python(repo, "surface", m.SURFACE, m.SURFACE_CONFIG)
     _python(repo, "errors", m.ERRORS, m.ERRORS_CONFIG)
+    _python(repo, "driver", m.DRIVER, m.DRIVER_CONFIG)
     return repo
 
 
@@ -170,3 +171,8 @@ def test_an_exception_in_execute_is_logged_with_its_traceback(client, daemon):
         client.infer("errors", [tensor])
     log = daemon.log()
     assert "Traceback" in log and "in _boom" in log and "ValueError: exploded on purpose" in log
+
+
+def test_a_model_without_inputs_is_called_with_none(client, grpc_client):
+    np.testing.assert_array_equal(client.infer("driver", []).as_numpy("Y"), [[3, 3, 3, 3]])
+    np.testing.assert_array_equal(grpc_client.infer("driver", []).as_numpy("Y"), [[3, 3, 3, 3]])
