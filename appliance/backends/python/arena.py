@@ -129,7 +129,17 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:  # exists, another user's
         return True
-    return True
+    return not _zombie(pid)
+
+
+def _zombie(pid: int) -> bool:
+    """A process that has exited but not been reaped yet (a model process orphaned by a daemon killed
+    with SIGKILL, until init collects it): its arenas are stale already."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+    except (OSError, IndexError):
+        return False
 
 
 BlockRef = tuple[int, str, int]

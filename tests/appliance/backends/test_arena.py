@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 from appliance.backends.python.arena import ARENA_PREFIX, Arena, remove_stale_arenas
 
@@ -27,3 +29,17 @@ def test_an_arena_names_its_creator():
         assert os.path.basename(arena.path).startswith(f"{ARENA_PREFIX}{os.getpid()}-")
     finally:
         arena.close()
+
+
+def test_arenas_of_exited_but_unreaped_processes_are_removed(tmp_path):
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # exited, not yet waited for: a zombie
+        if Path(f"/proc/{child.pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0] == b"Z":
+            break
+        time.sleep(0.01)
+    (tmp_path / f"{ARENA_PREFIX}{child.pid}-abc").write_bytes(b"x")
+    try:
+        assert remove_stale_arenas(str(tmp_path)) == [f"{ARENA_PREFIX}{child.pid}-abc"]
+    finally:
+        child.wait()
