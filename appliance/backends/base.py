@@ -29,7 +29,6 @@ if TYPE_CHECKING:
     from tritonclient.grpc.model_config_pb2 import ModelConfig
 
     from appliance.backends.children import ChildProcesses
-    from appliance.metrics.custom import CustomMetrics
 
 __all__ = [
     "Backend",
@@ -38,6 +37,7 @@ __all__ = [
     "BackendServices",
     "BatchResult",
     "LoadContext",
+    "ModelMetrics",
     "ModelCall",
     "ModelCalls",
     "Outputs",
@@ -151,13 +151,29 @@ class ModelCalls(Protocol):
     def unload(self, name: str, unload_dependents: bool = False) -> Future[None]: ...
 
 
+class ModelMetrics(Protocol):
+    """The metric families models define (Triton's custom metrics), as the daemon keeps them for
+    /metrics (``appliance.metrics.custom.CustomMetrics``). ``owner`` is whatever defines them (a model
+    process); ``release`` drops what only it used. Invalid names or kinds raise ValueError."""
+
+    def family(self, owner: object, name: str, description: str, kind: int) -> None: ...
+
+    def metric(self, owner: object, name: str, labels: dict[str, str], buckets: Sequence[float] | None) -> int: ...
+
+    def update(self, metric_id: int, operation: str, value: float) -> None: ...
+
+    def value(self, metric_id: int) -> float: ...
+
+    def release(self, owner: object) -> None: ...
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class BackendServices:
     """What the daemon lends its backends, made once by the composition root."""
 
     models: ModelCalls | None = None
     """The daemon's models, for backends whose models call models (Triton's BLS)."""
-    metrics: CustomMetrics | None = None
+    metrics: ModelMetrics | None = None
     """Metric families a model defines, exported on /metrics."""
     processes: ChildProcesses | None = None
     """Child processes a backend starts, which the daemon ends at stop (within exit_timeout)."""
