@@ -278,23 +278,30 @@ class DataPlane:
             raise NotSupported("this box keeps no pushed models (its state dir is not writable); put the files in "
                                "the repository, or make the state dir writable and restart the daemon")
         # Triton's words first ("failed to poll from model repository" is what Triton says of file
-        # overrides it cannot use), then what is wrong; but a 4xx: the request is at fault, not the box.
-        refused = f"failed to load '{name}', failed to poll from model repository: "
-        if "config" not in parameters:  # Triton's rule: the override directory's files come with a config
-            raise InvalidInput(refused + "file overrides need the 'config' parameter (the model's configuration "
-                               "as JSON): the pushed files replace the model's directory")
-        override = self._config(name, parameters)
-        store = self.pushes
+        # overrides it cannot use), then what is wrong; a 4xx over HTTP (the request is at fault, not the
+        # box), and INTERNAL over gRPC as Triton answers (its gRPC model-control example checks that code).
         try:
-            files = file_parameters(parameters, store.limits.max_file_bytes)
+            override, files = self._push_request(name, parameters)
         except (InvalidInput, PayloadTooLarge) as exc:
-            raise type(exc)(refused + exc.message) from None
-        if not any("/" in relative and relative.split("/")[0].isdigit() for relative in files):
-            raise InvalidInput(refused + "the pushed files have no version directory; send the model file as "
-                               "'file:1/<file name>' (e.g. file:1/model.onnx)")
+            refusal = type(exc)(f"failed to load '{name}', failed to poll from model repository: {exc.message}")
+            refusal.grpc_code = "INTERNAL"
+            raise refusal from None
         async with self._push_locks.setdefault(name, asyncio.Lock()):
             with self.registry.hold(name):
-                await self._stage_and_load(store, name, override, files)
+                await self._stage_and_load(self.pushes, name, override, files)
+
+    def _push_request(self, name: str, parameters: dict[str, Any]) -> tuple[Any, dict[str, bytes]]:
+        """The pushed config and files, checked (InvalidInput or PayloadTooLarge saying what is wrong)."""
+        assert self.pushes is not None
+        if "config" not in parameters:  # Triton's rule: the override directory's files come with a config
+            raise InvalidInput("file overrides need the 'config' parameter (the model's configuration as JSON): the "
+                               "pushed files replace the model's directory")
+        override = self._config(name, parameters)
+        files = file_parameters(parameters, self.pushes.limits.max_file_bytes)
+        if not any("/" in relative and relative.split("/")[0].isdigit() for relative in files):
+            raise InvalidInput("the pushed files have no version directory; send the model file as "
+                               "'file:1/<file name>' (e.g. file:1/model.onnx)")
+        return override, files
 
     async def _stage_and_load(self, store: PushStore, name: str, override: Any, files: dict[str, bytes]) -> None:
         staged = await asyncio.to_thread(store.stage, name, override, files)

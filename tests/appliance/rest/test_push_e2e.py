@@ -132,7 +132,7 @@ def test_hostile_pushes_are_refused_and_leave_nothing(start_daemon, repo, model_
     with triton_grpc.InferenceServerClient(daemon.grpc_url) as client, \
             pytest.raises(InferenceServerException) as excinfo:
         client.load_model("evil", config=config, files={"file:" + "A" * 256: b"abc"})  # as Triton's example
-    assert excinfo.value.status() == "StatusCode.INVALID_ARGUMENT"  # Triton: INTERNAL (README: differences)
+    assert excinfo.value.status() == "StatusCode.INTERNAL"  # Triton's code (its gRPC model-control example)
     assert "failed to poll from model repository" in excinfo.value.message()
     status, _, _ = call(daemon.port, "POST", path, {"parameters": {"config": config, "file:1/model.onnx": onnx_b64}},
                         headers={"Authorization": f"Bearer {token}"}, source=REMOTE)
