@@ -24,6 +24,7 @@ from appliance.core.dataplane import DataPlane
 from appliance.core.log_settings import LogSettings, LogValues
 from appliance.core.registry import ModelRegistry
 from appliance.core.retune import RetunePolicy, Retuner
+from appliance.core.scheduler.execution import measure_thread_hop
 from appliance.core.shared_memory import LocalPeers, SharedMemoryLimits, SharedMemoryRegistry
 from appliance.core.trace_settings import TraceSettings
 from appliance.core.trace_writer import TraceWriter
@@ -144,9 +145,11 @@ class Appliance:
         if scratch is not None:
             lifecycle.on_close("the temporary example repository",
                                lambda: asyncio.to_thread(shutil.rmtree, scratch, True))
+        hop = await measure_thread_hop()
+        log.info("thread hop (event loop -> instance thread -> event loop): %.0f µs", hop / 1000)
         registry = ModelRegistry(
             repository,
-            runtime_options(settings),
+            dataclasses.replace(runtime_options(settings), thread_hop_ns=hop),
             retune=settings.retune,
             drain_timeout=settings.shutdown_timeout,
             on_event=metrics.event if metrics is not None else None,

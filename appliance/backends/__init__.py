@@ -74,6 +74,7 @@ BACKENDS: tuple[BackendInfo, ...] = (
         module="appliance.backends.python.backend",
         factory="PythonBackend",
         extra="cpu",
+        in_process=False,
     ),
     BackendInfo(
         name="tensorrt",
@@ -82,6 +83,7 @@ BACKENDS: tuple[BackendInfo, ...] = (
         module="appliance.backends.tensorrt",
         factory="TensorRTBackend",
         extra="nvidia",
+        in_process=False,  # a batch waits on the GPU's stream: kept off the event loop
     ),
 )
 

@@ -46,6 +46,9 @@ class RuntimeOptions:
 
     onnx_providers: tuple[str, ...] = ("CPUExecutionProvider",)
     intra_op_threads: int = 0
+    thread_hop_ns: int = 0
+    """The measured round trip from the event loop to an instance thread (0: not measured): a plan
+    whose batches are faster runs inline (see core.scheduler.execution)."""
 
 
 def usable_cores() -> int:
@@ -227,6 +230,9 @@ class BackendInfo:
     extra: str
     cpu_instances: int = 1
     """Instances per CPU instance group when the config names no count (Triton: 2 for onnxruntime)."""
+    in_process: bool = True
+    """The runtime computes in this process: a batch never waits on another process, so a fast one may
+    run on the event loop (the Python backend's model runs in a process of its own)."""
 
     @property
     def platform(self) -> str:

@@ -170,11 +170,12 @@ class DataPlane:
     def model_selection(self, name: str, version: str | None = None) -> dict[str, Any]:
         """Which plan serves the version, how the candidates measured, and whether it came from cache."""
         model = self.registry.get(name, version)
+        execution = model.scheduler.execution
         if model.selection is None:
             return {"model": name, "version": model.version, "status": "off", "chosen": None, "cache": "off",
                     "reason": "selection is off (--no-selection): the config's backend serves the model",
-                    "candidates": []}
-        return {**model.selection, "traffic": model.traffic.as_json()}
+                    "candidates": [], "execution": execution}
+        return {**model.selection, "execution": execution, "traffic": model.traffic.as_json()}
 
     def _check_control(self, action: str) -> None:
         if self.control_mode != "explicit":

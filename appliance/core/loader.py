@@ -24,6 +24,7 @@ from appliance.core.instances import InstancePool
 from appliance.core.model import ModelVersion
 from appliance.core.model_files import check_config_paths, confined
 from appliance.core.scheduler import Scheduler, policy_from_config
+from appliance.core.scheduler.execution import choose_execution, plan_batch_ns
 from appliance.core.stats import ModelStats
 from appliance.core.warmup import run_warmup, warmup_samples
 from appliance.errors import ApplianceError, ConfigError
@@ -154,7 +155,8 @@ def _load_version(
         raise
     label = f"{model_dir.name}:{version}"
     stats = ModelStats()
-    scheduler = Scheduler(label, InstancePool(label, instances), policy, stats)
+    execution = choose_execution(plan_batch_ns(selection), options.thread_hop_ns, target.in_process)
+    scheduler = Scheduler(label, InstancePool(label, instances), policy, stats, execution)
     model = ModelVersion(
         name=model_dir.name,
         version=version,

@@ -19,7 +19,7 @@ import numpy as np
 
 from appliance.backends import BackendRequest
 from appliance.core.instances import InstancePool
-from appliance.core.scheduler.execution import execute_batch
+from appliance.core.scheduler.execution import THREADED, ExecutionMode, execute_batch
 from appliance.core.scheduler.policy import SchedulerPolicy
 from appliance.core.scheduler.queue import Pending, RequestQueue
 from appliance.core.stats import BatchTiming, ModelStats
@@ -32,9 +32,13 @@ __all__ = ["Scheduler"]
 
 log = logging.getLogger(__name__)
 
+_OVERRUNS_TO_THREADS = 3
+"""Inline batches in a row over the budget that send batches of that size back to instance threads."""
+
 
 class Scheduler:
-    def __init__(self, label: str, pool: InstancePool, policy: SchedulerPolicy, stats: ModelStats) -> None:
+    def __init__(self, label: str, pool: InstancePool, policy: SchedulerPolicy, stats: ModelStats,
+                 execution: ExecutionMode = THREADED) -> None:
         self.label = label
         self.pool = pool
         self.policy = policy
@@ -49,6 +53,10 @@ class Scheduler:
         self._closing = False
         self._flush_scheduled = False
         self._in_flight = 0
+        self._execution = execution
+        # Batches of up to this many items run inline; repeated overruns of the budget lower it.
+        self._inline_items = max(policy.max_batch_size, 1) if execution.inline else 0
+        self._overruns = 0
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -58,6 +66,11 @@ class Scheduler:
         self._wakeup = asyncio.Event()
         self.pool.start()
         self._task = self._loop.create_task(self._batch_loop(), name=f"batcher:{self.label}")
+
+    @property
+    def execution(self) -> dict[str, Any]:
+        """Where batches run (inline or threaded), why, and the largest batch still run inline."""
+        return {**self._execution.as_json(), "inline_max_batch": self._inline_items}
 
     @property
     def pending(self) -> int:
@@ -255,13 +268,41 @@ class Scheduler:
         queue_ns = [int((now - p.arrival) * 1e9) for p in batch]
         requests = [BackendRequest(p.inputs, p.outputs, p.parameters, p.size) for p in batch]
         work = functools.partial(execute_batch, requests=requests)
+        items = sum(p.size for p in batch)
+        if items <= self._inline_items:
+            self._run_inline(index, batch, queue_ns, work, items)
+            return
         self._in_flight += len(batch)
         future = self.pool.execute(index, work)
-        future.add_done_callback(functools.partial(self._finish_batch, batch, queue_ns))
+        future.add_done_callback(functools.partial(self._on_batch_done, batch, queue_ns))
 
-    def _finish_batch(self, batch: list[Pending], queue_ns: list[int], future: asyncio.Future) -> None:
+    def _run_inline(self, index: int, batch: list[Pending], queue_ns: list[int], work: Any, items: int) -> None:
+        try:
+            outcome = self.pool.run_inline(index, work)
+        except Exception as exc:  # as a thread hands it over: every waiter gets it
+            self._finish_batch(batch, queue_ns, None, exc)
+            return
+        timing: BatchTiming = outcome[1]
+        if timing.end_ns - timing.start_ns <= self._execution.budget_ns:
+            self._overruns = 0
+        else:
+            # One overrun may be the OS preempting the loop; a few in a row are the batch's own cost.
+            self._overruns += 1
+        if self._overruns >= _OVERRUNS_TO_THREADS:
+            self._overruns = 0
+            self._inline_items = items - 1
+            log.info("model %s: a batch of %d took %d µs inline (budget %d µs); batches of %d and more run on "
+                     "instance threads", self.label, items, (timing.end_ns - timing.start_ns) // 1000,
+                     self._execution.budget_ns // 1000, items)
+        self._finish_batch(batch, queue_ns, outcome, None)
+
+    def _on_batch_done(self, batch: list[Pending], queue_ns: list[int], future: asyncio.Future) -> None:
         self._in_flight -= len(batch)
         error = future.exception()
+        self._finish_batch(batch, queue_ns, None if error is not None else future.result(), error)
+
+    def _finish_batch(self, batch: list[Pending], queue_ns: list[int], outcome: Any,
+                      error: BaseException | None) -> None:
         if error is not None:
             if not isinstance(error, ApplianceError):
                 log.error("model %s: batch of %d failed: %r", self.label, len(batch), error)
@@ -269,7 +310,7 @@ class Scheduler:
             for pending in batch:
                 self._complete(pending, None, error)
             return
-        results, timing = future.result()
+        results, timing = outcome
         self.stats.record_batch(sum(p.size for p in batch), len(batch), queue_ns, timing)
         for pending, result in zip(batch, results):
             if pending.trace is not None:
