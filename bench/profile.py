@@ -30,6 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=lambda t: [int(c) for c in t.split(",")], default=[1, 16])
     parser.add_argument("--tag", default="after", help="names the SVGs (before/after)")
     parser.add_argument("--native", action="store_true", help="include native frames (C extensions)")
+    parser.add_argument("--raw", action="store_true", help="collapsed stacks (.txt) instead of SVG, to read")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     require_wrk()
@@ -44,9 +45,9 @@ def main(argv: list[str] | None = None) -> int:
             url, body = f"{appliance.base}/v2/models/tiny/infer", _json_body(_TINY)
             run_wrk(url, body, _JSON, 2, 2)  # warm-up
             for concurrency in args.concurrency:
-                svg = args.out / f"flame-{args.tag}-tiny-json-c{concurrency}.svg"
+                svg = args.out / f"flame-{args.tag}-tiny-json-c{concurrency}.{'txt' if args.raw else 'svg'}"
                 command = [py_spy, "record", "--pid", str(appliance.process.pid), "--duration", str(args.seconds),
-                           "--rate", "250", "--format", "flamegraph", "--output", str(svg), "--nonblocking"]
+                           "--rate", "250", "--format", "raw" if args.raw else "flamegraph", "--output", str(svg), "--nonblocking"]
                 if args.native:
                     command.append("--native")
                 recorder = threading.Thread(target=subprocess.run, args=(command,),

@@ -12,6 +12,8 @@ import asyncio
 import functools
 import itertools
 import logging
+import statistics
+from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -32,8 +34,9 @@ __all__ = ["Scheduler"]
 
 log = logging.getLogger(__name__)
 
-_OVERRUNS_TO_THREADS = 3
-"""Inline batches in a row over the budget that send batches of that size back to instance threads."""
+_INLINE_WINDOW, _INLINE_MIN_RUNS = 9, 5
+"""The recent inline runs of one batch size whose median is held against the budget, and how many it
+takes at least (a batch size that overruns is sent back to instance threads within a few runs)."""
 
 
 class Scheduler:
@@ -54,9 +57,10 @@ class Scheduler:
         self._flush_scheduled = False
         self._in_flight = 0
         self._execution = execution
-        # Batches of up to this many items run inline; repeated overruns of the budget lower it.
+        # Batches of up to this many items run inline; a size whose recent inline runs take longer than
+        # the budget (their median: one slow run may be the OS preempting the loop) lowers it.
         self._inline_items = max(policy.max_batch_size, 1) if execution.inline else 0
-        self._overruns = 0
+        self._inline_ns: dict[int, deque[int]] = {}
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -283,16 +287,12 @@ class Scheduler:
             self._finish_batch(batch, queue_ns, None, exc)
             return
         timing: BatchTiming = outcome[1]
-        if timing.end_ns - timing.start_ns <= self._execution.budget_ns:
-            self._overruns = 0
-        else:
-            # One overrun may be the OS preempting the loop; a few in a row are the batch's own cost.
-            self._overruns += 1
-        if self._overruns >= _OVERRUNS_TO_THREADS:
-            self._overruns = 0
-            self._inline_items = items - 1
-            log.info("model %s: a batch of %d took %d µs inline (budget %d µs); batches of %d and more run on "
-                     "instance threads", self.label, items, (timing.end_ns - timing.start_ns) // 1000,
+        recent = self._inline_ns.setdefault(items, deque(maxlen=_INLINE_WINDOW))
+        recent.append(timing.end_ns - timing.start_ns)
+        if len(recent) >= _INLINE_MIN_RUNS and statistics.median(recent) > self._execution.budget_ns:
+            self._inline_items = min(self._inline_items, items - 1)
+            log.info("model %s: batches of %d take %d µs inline (median), over the %d µs budget; batches of %d "
+                     "and more run on instance threads", self.label, items, statistics.median(recent) // 1000,
                      self._execution.budget_ns // 1000, items)
         self._finish_batch(batch, queue_ns, outcome, None)
 

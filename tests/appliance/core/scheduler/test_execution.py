@@ -1,6 +1,6 @@
 """Inline execution: the choice from measurements, and a scheduler that runs batches on the event loop
 (on the loop's thread, results and failures reaching every waiter, falling back to threads for batches
-that overrun the budget again and again)."""
+whose runs overrun the budget)."""
 
 from __future__ import annotations
 
@@ -118,11 +118,11 @@ async def test_a_batch_over_the_budget_sends_that_size_back_to_threads(make_sche
     # Batches of 3 or more rows sleep past the 200 µs budget; smaller ones are instant.
     backend = ThreadRecorder(delay=lambda inputs: 0.002 if len(inputs["x"]) >= 3 else 0.0)
     scheduler = make_scheduler(backend, INLINE)
-    for _ in range(3):  # three overruns in a row: one could be the OS preempting the loop
+    for _ in range(5):  # judged on the median of a few runs: one could be the OS preempting the loop
         await _submit(scheduler, 1.0, rows=3)
-    assert backend.threads == [threading.get_ident()] * 3
+    assert backend.threads == [threading.get_ident()] * 5
     assert scheduler.execution["inline_max_batch"] == 2
     await _submit(scheduler, 1.0, rows=3)
     await _submit(scheduler, 1.0, rows=2)
-    assert backend.threads[3] != threading.get_ident()
-    assert backend.threads[4] == threading.get_ident()
+    assert backend.threads[5] != threading.get_ident()
+    assert backend.threads[6] == threading.get_ident()
