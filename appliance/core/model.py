@@ -61,6 +61,9 @@ class ModelVersion:
         self._output_reshape = {
             o.name: (*batch, *o.dims) for o in self.config.output if o.HasField("reshape")
         }
+        # No outputs named in a request: every output the model has, none classified (built once).
+        self._every_output = [RequestedOutput(name) for name in self.signature.outputs]
+        self._every_output_name = [name for name in self.signature.outputs]
 
     @property
     def platform(self) -> str:
@@ -89,10 +92,9 @@ class ModelVersion:
         for name, shape in self._input_reshape.items():
             if name in inputs:
                 inputs[name] = inputs[name].reshape(shape)
-        # No outputs named: every output the model has, none classified.
-        wanted = request.outputs or [RequestedOutput(name) for name in self.signature.outputs]
-        results = await self.scheduler.submit(inputs, [o.name for o in wanted], batch_size, request.parameters,
-                                              request.trace)
+        wanted = request.outputs or self._every_output
+        names = [o.name for o in wanted] if request.outputs else self._every_output_name
+        results = await self.scheduler.submit(inputs, names, batch_size, request.parameters, request.trace)
         outputs = []
         for requested in wanted:
             name = requested.name

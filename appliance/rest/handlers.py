@@ -144,9 +144,8 @@ async def _infer(request: web.Request, model: ModelVersion, account: Account, re
             content_type="application/octet-stream",
             headers={HEADER_LENGTH: str(json_length)},
         )
-    if "gzip" in request.headers.get("Accept-Encoding", "") or "deflate" in request.headers.get(
-        "Accept-Encoding", ""
-    ):
+    accepted = request.headers.get("Accept-Encoding")
+    if accepted and ("gzip" in accepted or "deflate" in accepted):
         result.enable_compression()
     return result
 

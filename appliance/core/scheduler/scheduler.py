@@ -140,10 +140,17 @@ class Scheduler:
             pending.timer = loop.call_at(pending.arrival + timeout, self._expire, pending, timeout)
         pending.future.add_done_callback(functools.partial(self._on_waiter_done, pending))
         if not self._flush_scheduled:
-            # Dispatch one loop iteration later, once every request that arrived in this iteration
-            # has queued: requests that arrive together are batched together.
             self._flush_scheduled = True
-            loop.call_soon(self._flush)
+            try:
+                if policy.dynamic:
+                    # Dispatch one loop iteration later, once every request that arrived in this
+                    # iteration has queued: requests that arrive together are batched together.
+                    await asyncio.sleep(0)
+            finally:  # even if this request was cancelled meanwhile: the others must not wait
+                if self._flush_scheduled:
+                    # Here rather than in a callback of its own: an inline batch has completed this
+                    # request when it returns, so it answers without another loop iteration.
+                    self._flush()
         return await pending.future
 
     def _on_waiter_done(self, pending: Pending, future: asyncio.Future) -> None:
