@@ -71,9 +71,9 @@ def main(argv: list[str] | None = None) -> int:
 def _record(py_spy: str, pid: int, args: argparse.Namespace, path: Path, drive):
     """Sample ``pid`` with py-spy for as long as ``drive()`` loads it; ``drive``'s result."""
     command = [py_spy, "record", "--pid", str(pid), "--duration", str(args.seconds), "--rate", "250",
-               "--format", "raw" if args.raw else "flamegraph", "--output", str(path), "--nonblocking"]
-    if args.native:
-        command.append("--native")
+               "--format", "raw" if args.raw else "flamegraph", "--output", str(path)]
+    # Native stacks need the process paused while it is read; Python stacks are read without pausing.
+    command.append("--native" if args.native else "--nonblocking")
     recorder = threading.Thread(target=subprocess.run, args=(command,), kwargs={"check": True, "capture_output": True})
     recorder.start()
     try:

@@ -279,6 +279,9 @@ async def update_log_settings(request: web.Request) -> web.Response:
 
 
 ROUTES = [
+    # Inference first: aiohttp tries the routes under /v2 in this order, a pattern match each.
+    web.post(_MODEL + "/infer", infer),
+    web.post(_VERSION + "/infer", infer),
     web.get("/", dashboard),
     web.static("/dashboard/static", STATIC_DIR),
     web.get("/metrics", prometheus_metrics),
@@ -306,7 +309,6 @@ ROUTES = [
             web.get(prefix, model_metadata),
             web.get(prefix + "/ready", model_ready),
             web.get(prefix + "/config", model_config),
-            web.post(prefix + "/infer", infer),
             web.get(prefix + "/stats", model_statistics),
             web.get(prefix + "/selection", model_selection),
         )
