@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -35,6 +36,21 @@ class ThreadRecorder(FakeBackend):
 
     def run(self, inputs, outputs):
         self.threads.append(threading.get_ident())
+        return super().run(inputs, outputs)
+
+
+class BusyRecorder(ThreadRecorder):
+    """Spins for 2 ms of CPU on batches of ``busy_rows`` rows or more."""
+
+    def __init__(self, busy_rows: int) -> None:
+        super().__init__()
+        self.busy_rows = busy_rows
+
+    def run(self, inputs, outputs):
+        if len(inputs["x"]) >= self.busy_rows:
+            end = time.thread_time_ns() + 2_000_000
+            while time.thread_time_ns() < end:
+                pass
         return super().run(inputs, outputs)
 
 
@@ -115,8 +131,9 @@ async def test_an_inline_failure_reaches_every_waiter(make_scheduler):
 
 
 async def test_a_batch_over_the_budget_sends_that_size_back_to_threads(make_scheduler):
-    # Batches of 3 or more rows sleep past the 200 µs budget; smaller ones are instant.
-    backend = ThreadRecorder(delay=lambda inputs: 0.002 if len(inputs["x"]) >= 3 else 0.0)
+    # Batches of 3 or more rows compute past the 200 µs budget (CPU time: a sleep would not count);
+    # smaller ones are instant.
+    backend = BusyRecorder(busy_rows=3)
     scheduler = make_scheduler(backend, INLINE)
     for _ in range(5):  # judged on the median of a few runs: one could be the OS preempting the loop
         await _submit(scheduler, 1.0, rows=3)
