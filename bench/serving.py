@@ -193,16 +193,18 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict:
 
 def machine() -> str:
     """What the figures were measured on: the CPU model, the cores this process may use, the kernel."""
-    model = platform.processor() or platform.machine()
+    model, virtual = platform.processor() or platform.machine(), False
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
                 model = line.split(":", 1)[1].strip()
-                break
+            elif line.startswith("flags"):
+                virtual = " hypervisor" in line
     except OSError:
         pass
     cores = len(os.sched_getaffinity(0))
-    return f"{model}, {cores} cores, Linux {platform.release()}, Python {platform.python_version()}"
+    return (f"{model}, {cores} cores{' (virtual machine)' if virtual else ''}, Linux {platform.release()}, "
+            f"Python {platform.python_version()}")
 
 
 def _features_on(base: str) -> dict[str, bool]:
