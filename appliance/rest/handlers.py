@@ -38,7 +38,7 @@ __all__ = ["CONTROL_HANDLERS", "OPEN_HANDLERS", "ROUTES", "UNLIMITED_HANDLERS"]
 _DIGITS = re.compile(r"[0-9]{1,15}")  # ASCII only: str.isdigit() also takes '²'
 _MAX_UNIX_TIME = 1 << 36  # the year 4147: far enough, and SQLite's integers hold it
 _MAX_VERSION = (1 << 63) - 1
-# Bodies above this are decoded on a worker thread so a big JSON tensor never stalls the event loop.
+# JSON (or BYTES tensors) above this is decoded on a worker thread so that it never stalls the event loop.
 _DECODE_OFF_LOOP_BYTES = 1 << 20
 
 
@@ -120,6 +120,16 @@ def _decode_raw(body: bytes, model: ModelVersion, limits: DecodeLimits,
     return decode_raw_request(body, spec.name, spec.datatype, shape, limits, reserve)
 
 
+def _decode_off_loop(body: bytes, header_length: int | None) -> bool:
+    """Whether decoding costs more than the trip to a worker thread: a big JSON document does; binary
+    fixed-size tensors are views of the body whatever their size (only BYTES ones are parsed)."""
+    if header_length is None or header_length >= len(body):
+        return len(body) > _DECODE_OFF_LOOP_BYTES
+    if header_length > _DECODE_OFF_LOOP_BYTES:
+        return True
+    return len(body) > _DECODE_OFF_LOOP_BYTES and (header_length == 0 or b'"BYTES"' in body[:header_length])
+
+
 async def _infer(request: web.Request, model: ModelVersion, account: Account, received_ns: int) -> web.Response:
     header_length = _header_length(request)
     body = await _read_body(request, account)
@@ -128,7 +138,7 @@ async def _infer(request: web.Request, model: ModelVersion, account: Account, re
         decode = functools.partial(_decode_raw, model=model)
     else:
         decode = functools.partial(decode_infer_request, header_length=header_length)
-    if len(body) > _DECODE_OFF_LOOP_BYTES:
+    if _decode_off_loop(body, header_length):
         decoded: InferRequest = await asyncio.to_thread(decode, body, limits=limits, reserve=account.reserve)
     else:
         decoded = decode(body, limits=limits, reserve=account.reserve)
