@@ -5,7 +5,8 @@ The backend gathers inputs and splits outputs (by default, concatenation along t
 see appliance.backends.base). On an instance's thread large inputs never stall the event loop; a tiny
 model (a batch in a few µs) costs less run inline than the ≈ 50–100 µs a thread hop costs, so a plan
 whose measured batch latency is below the measured hop, and below a budget the loop may block for, runs
-inline. A batch size whose inline runs overrun the budget (their median) goes back to threads, and larger ones.
+inline. A batch size whose inline runs overrun the budget (their median) goes back to threads, and larger
+ones, for a while.
 """
 
 from __future__ import annotations

@@ -35,6 +35,8 @@ __all__ = ["Scheduler"]
 
 log = logging.getLogger(__name__)
 
+_INLINE_RETRY_AFTER = 30.0
+"""Seconds after which batch sizes sent back to threads run inline again (and are judged again)."""
 _INLINE_WINDOW, _INLINE_MIN_RUNS = 9, 5
 """The recent inline runs of one batch size whose median is held against the budget, and how many it
 takes at least (a batch size that overruns is sent back to instance threads within a few runs)."""
@@ -60,8 +62,10 @@ class Scheduler:
         self._execution = execution
         # Batches of up to this many items run inline; a size whose recent inline runs take longer than
         # the budget (their median: one slow run may be the OS preempting the loop) lowers it.
-        self._inline_items = max(policy.max_batch_size, 1) if execution.inline else 0
+        self._inline_limit = max(policy.max_batch_size, 1) if execution.inline else 0
+        self._inline_items = self._inline_limit
         self._inline_ns: dict[int, deque[int]] = {}
+        self._inline_retry_at = 0.0
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -281,6 +285,10 @@ class Scheduler:
         requests = [BackendRequest(p.inputs, p.outputs, p.parameters, p.size) for p in batch]
         work = functools.partial(execute_batch, requests=requests)
         items = sum(p.size for p in batch)
+        if self._inline_items < self._inline_limit and now >= self._inline_retry_at:
+            # A busy spell may have sent sizes back to threads: they get another chance now and then.
+            self._inline_items = self._inline_limit
+            self._inline_ns.clear()
         if items <= self._inline_items:
             self._run_inline(index, batch, queue_ns, work, items)
             return
@@ -301,6 +309,8 @@ class Scheduler:
         recent.append(time.thread_time_ns() - started)
         if len(recent) >= _INLINE_MIN_RUNS and statistics.median(recent) > self._execution.budget_ns:
             self._inline_items = min(self._inline_items, items - 1)
+            assert self._loop is not None
+            self._inline_retry_at = self._loop.time() + _INLINE_RETRY_AFTER
             log.info("model %s: batches of %d take %d µs inline (median), over the %d µs budget; batches of %d "
                      "and more run on instance threads", self.label, items, statistics.median(recent) // 1000,
                      self._execution.budget_ns // 1000, items)

@@ -11,6 +11,7 @@ import time
 import numpy as np
 import pytest
 
+import appliance.core.scheduler.scheduler as scheduler_module
 from appliance.core.instances import InstancePool
 from appliance.core.scheduler import Scheduler, SchedulerPolicy
 from appliance.core.scheduler.execution import (
@@ -143,3 +144,16 @@ async def test_a_batch_over_the_budget_sends_that_size_back_to_threads(make_sche
     await _submit(scheduler, 1.0, rows=2)
     assert backend.threads[5] != threading.get_ident()
     assert backend.threads[6] == threading.get_ident()
+
+
+async def test_sizes_sent_back_to_threads_get_another_chance(make_scheduler, monkeypatch):
+    monkeypatch.setattr(scheduler_module, "_INLINE_RETRY_AFTER", 0.05)
+    backend = BusyRecorder(busy_rows=3)
+    scheduler = make_scheduler(backend, INLINE)
+    for _ in range(5):
+        await _submit(scheduler, 1.0, rows=3)
+    assert scheduler.execution["inline_max_batch"] == 2
+    await asyncio.sleep(0.1)
+    await _submit(scheduler, 1.0, rows=1)  # the next batch after the pause: every size inline again
+    assert scheduler.execution["inline_max_batch"] == 4
+    assert backend.threads[-1] == threading.get_ident()
