@@ -4,7 +4,8 @@
 
 Throughput on a box shared with other work swings with their load; the CPU time a server spends per
 request hardly does. This drives the tiny MLP over JSON with wrk (c=1 and c=16) at the bare aiohttp
-handler (the floor), at this tree's daemon, at the same daemon on asyncio's own loop, and (with
+handler (the floor), at this tree's daemon, at the same daemon with nothing measured (so every batch runs
+on an instance thread) and on asyncio's own loop, and (with
 ``--baseline DIR``, a checkout of another commit) at that tree's daemon, interleaved, and reads each
 process's user+system time (its children's too) from /proc around every run. Medians of the repeats go
 to bench/results/request-cost.md.
@@ -55,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     require_wrk()
     body = _json_body(_TINY)
     variants = {"floor": (_HERE, ()), "appliance": (_HERE, ()),
+                "appliance, threaded (--no-selection)": (_HERE, ("--no-selection",)),
                 "appliance, asyncio loop": (_HERE, ("--event-loop", "asyncio"))}
     if args.baseline:
         variants["baseline"] = (str(args.baseline.resolve()), ())
