@@ -40,10 +40,16 @@ def cpu_seconds(pid: int) -> float:
 
 
 def _start(name: str, tree: str, repo: Path, state: Path, *args: str) -> Server:
-    os.environ["PYTHONPATH"] = tree  # the daemon's code: this tree or the baseline's
-    if name == "floor":
-        return start_floor(repo / "tiny" / "1" / "model.onnx")
-    return start_appliance(repo, state, "--no-grpc", *args)
+    # The daemon's code: this tree or the baseline's (``python -m`` looks in the working directory first).
+    os.environ["PYTHONPATH"] = tree
+    here = os.getcwd()
+    os.chdir(tree)
+    try:
+        if name == "floor":
+            return start_floor(repo / "tiny" / "1" / "model.onnx")
+        return start_appliance(repo, state, "--no-grpc", *args)
+    finally:
+        os.chdir(here)
 
 
 def main(argv: list[str] | None = None) -> int:
