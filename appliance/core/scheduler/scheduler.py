@@ -151,6 +151,11 @@ class Scheduler:
                     # Dispatch one loop iteration later, once every request that arrived in this
                     # iteration has queued: requests that arrive together are batched together.
                     await asyncio.sleep(0)
+            except BaseException:  # cancelled meanwhile (its client went away): it never executes
+                pending.future.cancel()
+                if self._queue.remove(pending):
+                    self._complete(pending, None, None)
+                raise
             finally:  # even if this request was cancelled meanwhile: the others must not wait
                 if self._flush_scheduled:
                     # Here rather than in a callback of its own: an inline batch has completed this

@@ -157,3 +157,16 @@ async def test_sizes_sent_back_to_threads_get_another_chance(make_scheduler, mon
     await _submit(scheduler, 1.0, rows=1)  # the next batch after the pause: every size inline again
     assert scheduler.execution["inline_max_batch"] == 4
     assert backend.threads[-1] == threading.get_ident()
+
+
+async def test_a_request_cancelled_before_its_batch_forms_never_runs(make_scheduler):
+    backend = ThreadRecorder()
+    scheduler = make_scheduler(backend, INLINE)
+    first = _submit(scheduler, 1.0)
+    await asyncio.sleep(0)  # the first request now waits one iteration for company
+    others = [_submit(scheduler, float(i)) for i in (2, 3)]
+    first.cancel()
+    results = await asyncio.gather(*others)
+    assert [float(r["y"][0, 0]) for r in results] == [4.0, 6.0]
+    assert backend.batches == [[2.0, 3.0]]
+    assert first.cancelled()
