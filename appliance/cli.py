@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
 import sys
@@ -62,6 +61,8 @@ def _serve_parser(sub: Any) -> None:
     p.add_argument("--retune", action="store_const", const=True, help="ignore cached plan decisions, measure again")
     p.add_argument("--push-max-file-bytes", type=int, help="largest file a model push may carry (413 above)")
     p.add_argument("--push-max-total-bytes", type=int, help="bytes of all pushed models kept together (413 above)")
+    p.add_argument("--event-loop", choices=["auto", "uvloop", "asyncio"],
+                   help="auto: uvloop when installed (the default), else asyncio's own loop")
     p.add_argument("--client-shm", choices=["off", "local", "any"],
                    help="who may use shared memory: off, local (clients on this host; the default) or any")
 
@@ -101,9 +102,12 @@ def _setup_logging(settings: Settings) -> None:
 
 
 def _run_serve(settings: Settings) -> int:
+    from appliance import event_loop
     from appliance.daemon import serve
 
-    asyncio.run(serve(settings))
+    name = event_loop.loop_name(settings.event_loop)
+    logging.getLogger("appliance").info("event loop: %s", name)
+    event_loop.run(serve(settings), settings.event_loop)
     return 0
 
 

@@ -26,6 +26,7 @@ from appliance.core.log_settings import LogSettings, LogValues
 from appliance.core.pushed import PushLimits, PushStore
 from appliance.core.registry import ModelRegistry
 from appliance.core.retune import RetunePolicy, Retuner
+from appliance.core.scheduler.execution import measure_thread_hop
 from appliance.core.shared_memory import LocalPeers, SharedMemoryLimits, SharedMemoryRegistry
 from appliance.core.streaming import StreamLimits
 from appliance.core.trace_settings import TraceSettings
@@ -153,9 +154,11 @@ class Appliance:
         # Closed after the models (below): what is left then are model processes stuck in a call.
         lifecycle.on_close("the model processes", lambda: cls._end_children(children, settings.exit_timeout))
         pushed, pushes = await asyncio.to_thread(cls._open_pushes, settings, state)
+        hop = await measure_thread_hop()
+        log.info("thread hop (event loop -> instance thread -> event loop): %.0f µs", hop / 1000)
         registry = ModelRegistry(
             repository,
-            runtime_options(settings),
+            dataclasses.replace(runtime_options(settings), thread_hop_ns=hop),
             retune=settings.retune,
             drain_timeout=settings.shutdown_timeout,
             on_event=metrics.event if metrics is not None else None,

@@ -69,6 +69,8 @@ class Settings:
     """onnxruntime execution providers to try, in order of preference."""
     intra_op_threads: int = 0
     """Threads each runtime may use inside one operator; 0 lets the runtime decide."""
+    event_loop: str = "auto"
+    """auto (uvloop when installed, else asyncio's), uvloop or asyncio."""
     model_control_mode: str = "none"
     """Triton's: none (load all, no load/unload API), poll (re-scan every repository_poll_secs),
     explicit (load load_models at start; the API loads and unloads)."""
@@ -220,6 +222,8 @@ class Settings:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.intra_op_threads < 0:
             raise ConfigError(f"intra_op_threads must be >= 0, got {self.intra_op_threads}")
+        if self.event_loop not in ("auto", "uvloop", "asyncio"):
+            raise ConfigError(f"event_loop must be auto, uvloop or asyncio, got {self.event_loop!r}")
 
     @property
     def example_repository_dir(self) -> Path:

@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-__all__ = ["cnn_model", "tiny_mlp_model", "write_repository"]
+__all__ = ["cnn_model", "identity_model", "tiny_mlp_model", "write_repository"]
 
 _OPSET = [helper.make_opsetid("", 17)]
 
@@ -31,6 +31,34 @@ def tiny_mlp_model(seed: int = 0) -> onnx.ModelProto:
         initializer=[_init("w", rng.standard_normal((784, 10)) / 28), _init("b", np.zeros(10))],
     )
     return helper.make_model(graph, opset_imports=_OPSET)
+
+
+def identity_model() -> onnx.ModelProto:
+    """INPUT0 -> OUTPUT0, 16 floats per item: the ONNX twin of the empty Python model."""
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"])],
+        "identity",
+        [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["batch", 16])],
+        [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["batch", 16])],
+    )
+    return helper.make_model(graph, opset_imports=_OPSET)
+
+
+# An empty Python-backend model (Triton's identity example, reduced): what the backend itself costs.
+_PY_IDENTITY = '''
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse(output_tensors=[
+            pb_utils.Tensor("OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())])
+            for r in requests]
+'''
+_IDENTITY_CONFIG = """max_batch_size: 16
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 16 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] } ]
+"""
 
 
 def cnn_model(seed: int = 0) -> onnx.ModelProto:
@@ -71,7 +99,8 @@ def _save(model: onnx.ModelProto, path: Path) -> Path:
 
 
 def write_repository(root: Path, max_queue_delay_us: int = 0) -> Path:
-    """tiny (dynamic batching), cnn_batched (dynamic batching) and cnn_plain (each request alone)."""
+    """tiny (dynamic batching), cnn_batched (dynamic batching), cnn_plain (each request alone), and the
+    identity on 16 floats as an ONNX model (identity_onnx) and an empty Python model (identity_python)."""
     _save(tiny_mlp_model(), root / "tiny" / "1" / "model.onnx")
     (root / "tiny" / "config.pbtxt").write_text(
         f"max_batch_size: 16\ndynamic_batching {{ max_queue_delay_microseconds: {max_queue_delay_us} }}\n"
@@ -82,4 +111,9 @@ def write_repository(root: Path, max_queue_delay_us: int = 0) -> Path:
         f"max_batch_size: 16\ndynamic_batching {{ max_queue_delay_microseconds: {max_queue_delay_us} }}\n"
     )
     (root / "cnn_plain" / "config.pbtxt").write_text("max_batch_size: 16\n")
+    _save(identity_model(), root / "identity_onnx" / "1" / "model.onnx")
+    (root / "identity_onnx" / "config.pbtxt").write_text(_IDENTITY_CONFIG)
+    (root / "identity_python" / "1").mkdir(parents=True, exist_ok=True)
+    (root / "identity_python" / "1" / "model.py").write_text(_PY_IDENTITY)
+    (root / "identity_python" / "config.pbtxt").write_text('backend: "python"\n' + _IDENTITY_CONFIG)
     return root

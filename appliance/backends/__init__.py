@@ -77,6 +77,7 @@ BACKENDS: tuple[BackendInfo, ...] = (
         factory="PythonBackend",
         extra="cpu",
         decoupled=True,
+        in_process=False,
     ),
     BackendInfo(
         name="tensorrt",
@@ -85,6 +86,7 @@ BACKENDS: tuple[BackendInfo, ...] = (
         module="appliance.backends.tensorrt",
         factory="TensorRTBackend",
         extra="nvidia",
+        in_process=False,  # a batch waits on the GPU's stream: kept off the event loop
     ),
 )
 

@@ -54,6 +54,9 @@ class RuntimeOptions:
 
     onnx_providers: tuple[str, ...] = ("CPUExecutionProvider",)
     intra_op_threads: int = 0
+    thread_hop_ns: int = 0
+    """The measured round trip from the event loop to an instance thread (0: not measured): a plan
+    whose batches are faster runs inline (see core.scheduler.execution)."""
 
 
 def usable_cores() -> int:
@@ -315,6 +318,9 @@ class BackendInfo:
     """Instances per CPU instance group when the config names no count (Triton: 2 for onnxruntime)."""
     decoupled: bool = False
     """It serves decoupled models: it sends each request's responses to ``BackendRequest.sink``."""
+    in_process: bool = True
+    """The runtime computes in this process: a batch never waits on another process, so a fast one may
+    run on the event loop (the Python backend's model runs in a process of its own)."""
 
     @property
     def platform(self) -> str:

@@ -226,11 +226,12 @@ class DataPlane:
             return {"model": name, "version": model.version, "status": "ensemble", "chosen": None, "cache": "off",
                     "reason": "an ensemble runs no backend of its own: see the /selection of its composing models",
                     "candidates": []}
+        execution = model.scheduler.execution
         if model.selection is None:
             return {"model": name, "version": model.version, "status": "off", "chosen": None, "cache": "off",
                     "reason": "selection is off (--no-selection): the config's backend serves the model",
-                    "candidates": []}
-        return {**model.selection, "traffic": model.traffic.as_json()}
+                    "candidates": [], "execution": execution}
+        return {**model.selection, "execution": execution, "traffic": model.traffic.as_json()}
 
     def _check_control(self, action: str) -> None:
         if self.control_mode != "explicit":

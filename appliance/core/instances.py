@@ -81,6 +81,15 @@ class InstancePool:
         self._inboxes[index].put(run)
         return future
 
+    def run_inline(self, index: int, work: Callable[[Backend], T]) -> T:
+        """Run ``work(backend)`` on an acquired instance right here, on the event loop's thread, and
+        release it: for work shorter than the hop to its thread (see scheduler.execution). The instance
+        stays acquired while it runs, so its thread never touches the backend at the same time."""
+        try:
+            return work(self._backends[index])
+        finally:
+            self.release(index)
+
     @staticmethod
     def _serve(inbox: queue.SimpleQueue) -> None:
         while (job := inbox.get()) is not None:

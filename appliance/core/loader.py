@@ -39,6 +39,7 @@ from appliance.core.scheduler import (
     policy_from_config,
     sequence_policy,
 )
+from appliance.core.scheduler.execution import choose_execution, plan_batch_ns
 from appliance.core.stats import ModelStats
 from appliance.core.warmup import run_warmup, warmup_samples
 from appliance.errors import ApplianceError, ConfigError
@@ -177,10 +178,12 @@ def _load_version(
     label = f"{model_dir.name}:{version}"
     stats = ModelStats()
     pool = InstancePool(label, instances)
-    scheduler: Scheduler | SequenceScheduler = (
-        SequenceScheduler(label, model_dir.name, pool, policy, stats) if isinstance(policy, SequencePolicy)
-        else Scheduler(label, pool, policy, stats)
-    )
+    scheduler: Scheduler | SequenceScheduler
+    if isinstance(policy, SequencePolicy):  # a sequence's steps run in order on threads
+        scheduler = SequenceScheduler(label, model_dir.name, pool, policy, stats)
+    else:
+        execution = choose_execution(plan_batch_ns(selection), options.thread_hop_ns, target.in_process)
+        scheduler = Scheduler(label, pool, policy, stats, execution)
     model = ModelVersion(
         name=model_dir.name,
         version=version,

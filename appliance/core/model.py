@@ -41,6 +41,10 @@ class VersionScheduler(Protocol):
     @property
     def pending(self) -> int: ...
 
+    @property
+    def execution(self) -> dict[str, Any]:
+        """Where its batches run (``/selection`` shows it): inline on the event loop or on threads."""
+
     def start(self) -> None: ...
 
     async def submit(self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str], batch_size: int,
@@ -89,6 +93,9 @@ class ModelVersion:
         self._output_reshape = {
             o.name: (*batch, *o.dims) for o in self.config.output if o.HasField("reshape")
         }
+        # No outputs named in a request: every output the model has, none classified (built once).
+        self._every_output = [RequestedOutput(name) for name in self.signature.outputs]
+        self._every_output_name = [name for name in self.signature.outputs]
 
     @property
     def platform(self) -> str:
@@ -137,9 +144,10 @@ class ModelVersion:
     async def _run(self, request: InferRequest, batch_size: int) -> InferResponse:
         inputs = self._runtime_inputs(request)
         # No outputs named: every output the model has, none classified.
-        wanted = request.outputs or [RequestedOutput(name) for name in self.signature.outputs]
-        results = await self.scheduler.submit(inputs, [o.name for o in wanted], batch_size, request.parameters,
-                                              request.trace, request.timing, request_id=request.id or "")
+        wanted = request.outputs or self._every_output
+        names = [o.name for o in wanted] if request.outputs else self._every_output_name
+        results = await self.scheduler.submit(inputs, names, batch_size, request.parameters, request.trace,
+                                              request.timing, request_id=request.id or "")
         outputs = []
         for requested in wanted:
             data = results.get(requested.name)

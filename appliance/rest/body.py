@@ -74,9 +74,13 @@ async def read_body(request: web.BaseRequest, account: Account, limits: BodyLimi
 
 
 async def _next_chunk(request: web.BaseRequest, timeout: float, received: int) -> bytes:
+    content = request.content
     try:
+        chunk = content.read_nowait()  # what has arrived already (a small body: all of it), no timer
+        if chunk or content.at_eof():
+            return chunk
         async with asyncio.timeout(timeout):
-            return await request.content.readany()
+            return await content.readany()
     except TimeoutError:
         raise RequestTimeout(
             f"no part of the request body arrived for {timeout:g} s (after {received} bytes); send the "

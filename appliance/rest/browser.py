@@ -16,6 +16,7 @@ would act with loopback's rights. Two ways in are closed here:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import ipaddress
 import re
 import socket
@@ -43,6 +44,9 @@ class HostPolicy:
     def allows(self, host: str | None) -> bool:
         if host is None or self.any_host:
             return True  # HTTP/1.0 clients may send none; browsers always do
+        return _allows(self, host)
+
+    def _judge(self, host: str) -> bool:
         name = _strip_port(host.strip()).lower().rstrip(".")
         if _is_ip_literal(name):
             return True
@@ -51,6 +55,13 @@ class HostPolicy:
         return any(name.endswith(s) or name == s[1:] for s in self.suffixes) or any(
             p.fullmatch(name) for p in self.patterns
         )
+
+
+@functools.lru_cache(maxsize=256)
+def _allows(policy: HostPolicy, host: str) -> bool:
+    """Every request carries a Host, nearly always one of a few: judged once each (bounded: names an
+    attacker invents only churn the cache)."""
+    return policy._judge(host)
 
 
 def host_policy(allowed_hosts: Iterable[str], box_name: str | None = None) -> HostPolicy:

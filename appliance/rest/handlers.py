@@ -39,7 +39,7 @@ __all__ = ["CONTROL_HANDLERS", "OPEN_HANDLERS", "ROUTES", "UNLIMITED_HANDLERS"]
 _DIGITS = re.compile(r"[0-9]{1,15}")  # ASCII only: str.isdigit() also takes '²'
 _MAX_UNIX_TIME = 1 << 36  # the year 4147: far enough, and SQLite's integers hold it
 _MAX_VERSION = (1 << 63) - 1
-# Bodies above this are decoded on a worker thread so a big JSON tensor never stalls the event loop.
+# JSON (or BYTES tensors) above this is decoded on a worker thread so that it never stalls the event loop.
 _DECODE_OFF_LOOP_BYTES = 1 << 20
 
 
@@ -121,6 +121,16 @@ def _decode_raw(body: bytes, model: ModelVersion, limits: DecodeLimits,
     return decode_raw_request(body, spec.name, spec.datatype, shape, limits, reserve)
 
 
+def _decode_off_loop(body: bytes, header_length: int | None) -> bool:
+    """Whether decoding costs more than the trip to a worker thread: a big JSON document does; binary
+    fixed-size tensors are views of the body whatever their size (only BYTES ones are parsed)."""
+    if header_length is None or header_length >= len(body):
+        return len(body) > _DECODE_OFF_LOOP_BYTES
+    if header_length > _DECODE_OFF_LOOP_BYTES:
+        return True
+    return len(body) > _DECODE_OFF_LOOP_BYTES and (header_length == 0 or b'"BYTES"' in body[:header_length])
+
+
 async def _infer(request: web.Request, model: ModelVersion, account: Account, received_ns: int) -> web.Response:
     if model.decoupled:
         raise InvalidInput(
@@ -135,7 +145,7 @@ async def _infer(request: web.Request, model: ModelVersion, account: Account, re
         decode = functools.partial(_decode_raw, model=model)
     else:
         decode = functools.partial(decode_infer_request, header_length=header_length)
-    if len(body) > _DECODE_OFF_LOOP_BYTES:
+    if _decode_off_loop(body, header_length):
         decoded: InferRequest = await asyncio.to_thread(decode, body, limits=limits, reserve=account.reserve)
     else:
         decoded = decode(body, limits=limits, reserve=account.reserve)
@@ -151,9 +161,8 @@ async def _infer(request: web.Request, model: ModelVersion, account: Account, re
             content_type="application/octet-stream",
             headers={HEADER_LENGTH: str(json_length)},
         )
-    if "gzip" in request.headers.get("Accept-Encoding", "") or "deflate" in request.headers.get(
-        "Accept-Encoding", ""
-    ):
+    accepted = request.headers.get("Accept-Encoding")
+    if accepted and ("gzip" in accepted or "deflate" in accepted):
         result.enable_compression()
     return result
 
@@ -294,6 +303,13 @@ async def update_log_settings(request: web.Request) -> web.Response:
 
 
 ROUTES = [
+    # Inference first: aiohttp tries the routes under /v2 in this order, a pattern match each.
+    web.post(_MODEL + "/infer", infer),
+    web.post(_VERSION + "/infer", infer),
+    web.post(_MODEL + "/generate", generate),
+    web.post(_VERSION + "/generate", generate),
+    web.post(_MODEL + "/generate_stream", generate_stream),
+    web.post(_VERSION + "/generate_stream", generate_stream),
     web.get("/", dashboard),
     web.static("/dashboard/static", STATIC_DIR),
     web.get("/metrics", prometheus_metrics),
@@ -322,9 +338,6 @@ ROUTES = [
             web.get(prefix, model_metadata),
             web.get(prefix + "/ready", model_ready),
             web.get(prefix + "/config", model_config),
-            web.post(prefix + "/infer", infer),
-            web.post(prefix + "/generate", generate),
-            web.post(prefix + "/generate_stream", generate_stream),
             web.get(prefix + "/stats", model_statistics),
             web.get(prefix + "/selection", model_selection),
         )

@@ -18,6 +18,7 @@ import asyncio
 import logging
 import resource
 import time
+import typing
 import weakref
 from collections.abc import Callable
 
@@ -143,7 +144,8 @@ class _Refusal(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        # A stream transport; uvloop's is not a subclass of asyncio.Transport, hence no isinstance.
+        transport = typing.cast(asyncio.Transport, transport)
         transport.write(self._limiter._refusal)
         if self._limiter._lingering >= _MAX_LINGERING_REFUSALS:
             transport.close()

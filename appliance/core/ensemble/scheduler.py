@@ -61,6 +61,10 @@ class EnsembleScheduler:
     def pending(self) -> int:
         return 0  # an ensemble hands each request straight to its first steps' schedulers (as Triton)
 
+    @property
+    def execution(self) -> dict[str, Any]:
+        return {"execution": "steps", "reason": "an ensemble's steps run where their models' plans say"}
+
     def start(self) -> None:
         self._closing = False
 

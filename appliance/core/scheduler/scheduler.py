@@ -13,6 +13,9 @@ import dataclasses
 import functools
 import itertools
 import logging
+import statistics
+import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +23,7 @@ import numpy as np
 
 from appliance.backends import BackendRequest
 from appliance.core.instances import InstancePool
-from appliance.core.scheduler.execution import execute_batch
+from appliance.core.scheduler.execution import THREADED, ExecutionMode, execute_batch
 from appliance.core.scheduler.policy import SchedulerPolicy
 from appliance.core.scheduler.queue import Pending, RequestQueue
 from appliance.core.stats import BatchTiming, ModelStats, StepTiming
@@ -34,9 +37,16 @@ __all__ = ["Scheduler"]
 
 log = logging.getLogger(__name__)
 
+_INLINE_RETRY_AFTER = 30.0
+"""Seconds after which batch sizes sent back to threads run inline again (and are judged again)."""
+_INLINE_WINDOW, _INLINE_MIN_RUNS = 9, 5
+"""The recent inline runs of one batch size whose median is held against the budget, and how many it
+takes at least (a batch size that overruns is sent back to instance threads within a few runs)."""
+
 
 class Scheduler:
-    def __init__(self, label: str, pool: InstancePool, policy: SchedulerPolicy, stats: ModelStats) -> None:
+    def __init__(self, label: str, pool: InstancePool, policy: SchedulerPolicy, stats: ModelStats,
+                 execution: ExecutionMode = THREADED) -> None:
         self.label = label
         self.pool = pool
         self.policy = policy
@@ -51,6 +61,13 @@ class Scheduler:
         self._closing = False
         self._flush_scheduled = False
         self._in_flight = 0
+        self._execution = execution
+        # Batches of up to this many items run inline; a size whose recent inline runs take longer than
+        # the budget (their median: one slow run may be the OS preempting the loop) lowers it.
+        self._inline_limit = max(policy.max_batch_size, 1) if execution.inline else 0
+        self._inline_items = self._inline_limit
+        self._inline_ns: dict[int, deque[int]] = {}
+        self._inline_retry_at = 0.0
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -60,6 +77,11 @@ class Scheduler:
         self._wakeup = asyncio.Event()
         self.pool.start()
         self._task = self._loop.create_task(self._batch_loop(), name=f"batcher:{self.label}")
+
+    @property
+    def execution(self) -> dict[str, Any]:
+        """Where batches run (inline or threaded), why, and the largest batch still run inline."""
+        return {**self._execution.as_json(), "inline_max_batch": self._inline_items}
 
     @property
     def pending(self) -> int:
@@ -132,10 +154,22 @@ class Scheduler:
             pending.timer = loop.call_at(pending.arrival + timeout, self._expire, pending, timeout)
         pending.future.add_done_callback(functools.partial(self._on_waiter_done, pending))
         if not self._flush_scheduled:
-            # Dispatch one loop iteration later, once every request that arrived in this iteration
-            # has queued: requests that arrive together are batched together.
             self._flush_scheduled = True
-            loop.call_soon(self._flush)
+            try:
+                if policy.dynamic:
+                    # Dispatch one loop iteration later, once every request that arrived in this
+                    # iteration has queued: requests that arrive together are batched together.
+                    await asyncio.sleep(0)
+            except BaseException:  # cancelled meanwhile (its client went away): it never executes
+                pending.future.cancel()
+                if self._queue.remove(pending):
+                    self._complete(pending, None, None)
+                raise
+            finally:  # even if this request was cancelled meanwhile: the others must not wait
+                if self._flush_scheduled:
+                    # Here rather than in a callback of its own: an inline batch has completed this
+                    # request when it returns, so it answers without another loop iteration.
+                    self._flush()
         return await pending.future
 
     def _on_waiter_done(self, pending: Pending, future: asyncio.Future) -> None:
@@ -264,13 +298,45 @@ class Scheduler:
         queue_ns = [int((now - p.arrival) * 1e9) for p in batch]
         requests = [_backend_request(p) for p in batch]
         work = functools.partial(execute_batch, requests=requests)
+        items = sum(p.size for p in batch)
+        if self._inline_items < self._inline_limit and now >= self._inline_retry_at:
+            # A busy spell may have sent sizes back to threads: they get another chance now and then.
+            self._inline_items = self._inline_limit
+            self._inline_ns.clear()
+        if items <= self._inline_items:
+            self._run_inline(index, batch, queue_ns, work, items)
+            return
         self._in_flight += len(batch)
         future = self.pool.execute(index, work)
-        future.add_done_callback(functools.partial(self._finish_batch, batch, queue_ns))
+        future.add_done_callback(functools.partial(self._on_batch_done, batch, queue_ns))
 
-    def _finish_batch(self, batch: list[Pending], queue_ns: list[int], future: asyncio.Future) -> None:
+    def _run_inline(self, index: int, batch: list[Pending], queue_ns: list[int], work: Any, items: int) -> None:
+        # The loop thread's CPU time, not the wall clock: the OS running other processes, or another
+        # thread holding the GIL, is the box's contention, not what the batch costs.
+        started = time.thread_time_ns()
+        try:
+            outcome = self.pool.run_inline(index, work)
+        except Exception as exc:  # as a thread hands it over: every waiter gets it
+            self._finish_batch(batch, queue_ns, None, exc)
+            return
+        recent = self._inline_ns.setdefault(items, deque(maxlen=_INLINE_WINDOW))
+        recent.append(time.thread_time_ns() - started)
+        if len(recent) >= _INLINE_MIN_RUNS and statistics.median(recent) > self._execution.budget_ns:
+            self._inline_items = min(self._inline_items, items - 1)
+            assert self._loop is not None
+            self._inline_retry_at = self._loop.time() + _INLINE_RETRY_AFTER
+            log.info("model %s: batches of %d take %d µs inline (median), over the %d µs budget; batches of %d "
+                     "and more run on instance threads", self.label, items, statistics.median(recent) // 1000,
+                     self._execution.budget_ns // 1000, items)
+        self._finish_batch(batch, queue_ns, outcome, None)
+
+    def _on_batch_done(self, batch: list[Pending], queue_ns: list[int], future: asyncio.Future) -> None:
         self._in_flight -= len(batch)
         error = future.exception()
+        self._finish_batch(batch, queue_ns, None if error is not None else future.result(), error)
+
+    def _finish_batch(self, batch: list[Pending], queue_ns: list[int], outcome: Any,
+                      error: BaseException | None) -> None:
         if error is not None:
             if not isinstance(error, ApplianceError):
                 log.error("model %s: batch of %d failed: %r", self.label, len(batch), error)
@@ -278,7 +344,7 @@ class Scheduler:
             for pending in batch:
                 self._complete(pending, None, error)
             return
-        results, timing = future.result()
+        results, timing = outcome
         self.stats.record_batch(sum(p.size for p in batch), len(batch), queue_ns, timing)
         for pending, result, waited in zip(batch, results, queue_ns):
             if pending.trace is not None:

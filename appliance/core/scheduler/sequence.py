@@ -38,7 +38,7 @@ from appliance.backends import BackendRequest
 from appliance.backends.base import ResponseSink
 from appliance.core.instances import InstancePool
 from appliance.core.scheduler.correlation import END, START, sequence_ids
-from appliance.core.scheduler.execution import execute_batch
+from appliance.core.scheduler.execution import ExecutionMode, execute_batch
 from appliance.core.scheduler.scheduler import _mark_compute
 from appliance.core.scheduler.sequence_policy import SequencePolicy
 from appliance.core.scheduler.sequence_slots import Lane, Sequence, SequenceRequest, SlotTable
@@ -50,6 +50,9 @@ if TYPE_CHECKING:
     from appliance.core.tracing import Trace
 
 __all__ = ["BACKLOG_PER_SLOT", "MAX_QUEUED_PER_SEQUENCE", "SequenceScheduler"]
+
+# A step waits for the one before it and carries state: the batches stay on instance threads.
+THREADED_SEQUENCES = ExecutionMode(False, "a sequence model's batches run on instance threads")
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +96,10 @@ class SequenceScheduler:
     @property
     def pending(self) -> int:
         return self._queued
+
+    @property
+    def execution(self) -> dict[str, Any]:
+        return THREADED_SEQUENCES.as_json()
 
     async def drain(self, timeout: float) -> bool:
         self._closing = True
