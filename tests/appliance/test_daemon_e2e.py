@@ -12,6 +12,7 @@ from tests.http_util import call
 from tests.processes import child_pids
 
 SHUTDOWN_TIMEOUT = 2.0
+EXIT_TIMEOUT = 0.5  # then a model process still stuck in execute() is killed (exit_timeout)
 MARGIN = 3.0  # the models' close grace, the cancel, the interpreter's exit
 
 def _sleep_request(seconds: float) -> dict:
@@ -19,7 +20,8 @@ def _sleep_request(seconds: float) -> dict:
 
 
 def test_stop_keeps_to_the_shutdown_timeout_with_a_request_stuck_in_a_model(start_daemon, sleepy_repository):
-    daemon = start_daemon(sleepy_repository, env={"APPLIANCE_SHUTDOWN_TIMEOUT": str(SHUTDOWN_TIMEOUT)})
+    daemon = start_daemon(sleepy_repository, env={"APPLIANCE_SHUTDOWN_TIMEOUT": str(SHUTDOWN_TIMEOUT),
+                                                  "APPLIANCE_EXIT_TIMEOUT": str(EXIT_TIMEOUT)})
     assert call(daemon.port, "POST", "/v2/models/sleepy/infer", _sleep_request(0.0))[0] == 200
     children = child_pids(daemon.process.pid)  # the model's process, which the stop may leave running
     outcome: list[object] = []
@@ -52,7 +54,8 @@ def test_stop_keeps_to_the_shutdown_timeout_with_a_request_stuck_in_a_model(star
 
 
 def test_requests_that_finish_before_the_deadline_are_answered(start_daemon, sleepy_repository):
-    daemon = start_daemon(sleepy_repository, env={"APPLIANCE_SHUTDOWN_TIMEOUT": str(SHUTDOWN_TIMEOUT)})
+    daemon = start_daemon(sleepy_repository, env={"APPLIANCE_SHUTDOWN_TIMEOUT": str(SHUTDOWN_TIMEOUT),
+                                                  "APPLIANCE_EXIT_TIMEOUT": str(EXIT_TIMEOUT)})
     statuses: list[int] = []
     client = threading.Thread(target=lambda: statuses.append(
         call(daemon.port, "POST", "/v2/models/sleepy/infer", _sleep_request(1.0), timeout=20)[0]))

@@ -16,6 +16,7 @@ from tritonclient.utils import InferenceServerException
 from tests.processes import child_pids
 
 SHUTDOWN_TIMEOUT = 3.0
+EXIT_TIMEOUT = 0.5  # then a model process still stuck in execute() is killed (exit_timeout)
 
 
 def _sleep(seconds: float) -> list[triton.InferInput]:
@@ -25,7 +26,8 @@ def _sleep(seconds: float) -> list[triton.InferInput]:
 
 
 def test_calls_in_progress_finish_and_new_calls_are_turned_away(start_daemon, sleepy_repository):
-    daemon = start_daemon(sleepy_repository, env={"APPLIANCE_SHUTDOWN_TIMEOUT": str(SHUTDOWN_TIMEOUT)})
+    daemon = start_daemon(sleepy_repository, env={"APPLIANCE_SHUTDOWN_TIMEOUT": str(SHUTDOWN_TIMEOUT),
+                                                  "APPLIANCE_EXIT_TIMEOUT": str(EXIT_TIMEOUT)})
     outcome: dict[str, object] = {}
     with triton.InferenceServerClient(daemon.grpc_url) as client, \
             triton.InferenceServerClient(daemon.grpc_url) as streaming, \
@@ -66,7 +68,8 @@ def test_calls_in_progress_finish_and_new_calls_are_turned_away(start_daemon, sl
 
 
 def test_a_call_still_running_at_the_deadline_is_cut(start_daemon, sleepy_repository):
-    daemon = start_daemon(sleepy_repository, env={"APPLIANCE_SHUTDOWN_TIMEOUT": str(SHUTDOWN_TIMEOUT)})
+    daemon = start_daemon(sleepy_repository, env={"APPLIANCE_SHUTDOWN_TIMEOUT": str(SHUTDOWN_TIMEOUT),
+                                                  "APPLIANCE_EXIT_TIMEOUT": str(EXIT_TIMEOUT)})
     children = child_pids(daemon.process.pid)
     outcome: list[object] = []
     with triton.InferenceServerClient(daemon.grpc_url) as client:
