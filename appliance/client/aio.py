@@ -13,16 +13,15 @@ import asyncio
 import contextlib
 import json
 import logging
-import time
 from collections.abc import Sequence
 from typing import Any
 
 import aiohttp
 from tritonclient.utils import InferenceServerException
 
-from appliance.client.boxes import PROTOCOLS, Box, Browser
-from appliance.client.pool import as_boxes, infer_options
-from appliance.client.routing import NoBoxAvailable, Router
+from appliance.client.attempts import PoolBase, as_boxes, infer_options
+from appliance.client.boxes import Box, Browser
+from appliance.client.routing import NoBoxAvailable
 from appliance.client.transport import (
     Refused,
     Unreachable,
@@ -40,19 +39,15 @@ __all__ = ["AsyncBoxPool"]
 log = logging.getLogger(__name__)
 
 
-class AsyncBoxPool:
+class AsyncBoxPool(PoolBase):
     """See BoxPool; create it inside the event loop that uses it (``async with AsyncBoxPool(...)``)."""
 
     def __init__(self, boxes: Sequence[Box | str] | None = None, protocol: str = "http", *, cooldown: float = 30.0,
                  token: str | None = None, timeout: float = 60.0, retry_deadline: float = 30.0,
                  refresh: float = 10.0, interfaces: Sequence[str] = (), busy_backoff: float = 0.25) -> None:
-        if protocol not in PROTOCOLS:
-            raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
-        self.protocol = protocol
-        self.retry_deadline = retry_deadline
+        super().__init__(protocol, cooldown, retry_deadline, busy_backoff)
         self._token = token
         self._timeout = timeout
-        self._router = Router(cooldown, busy_backoff)
         self._fixed = as_boxes(boxes) if boxes is not None else None
         if self._fixed is not None and not self._fixed:
             raise NoBoxAvailable("no boxes given; pass AsyncBoxPool() to follow the LAN")
@@ -91,20 +86,9 @@ class AsyncBoxPool:
             self._browser.listen(changed)
 
     # -- the boxes -------------------------------------------------------------------------------
-    def boxes(self) -> list[Box]:
-        return sorted(self._router.boxes(), key=lambda b: b.name)
-
-    def healthy(self) -> list[Box]:
-        return self._router.healthy()
-
-    def stats(self) -> dict[str, dict]:
-        return self._router.snapshot()
-
-    def _box_changed(self, box: Box, present: bool) -> None:
-        if not present:
-            self._router.remove(box.name)
-        elif self._router.add(box) and self._wanted is not None:
-            self._wanted.put_nowait(box.name)
+    def _want(self, name: str) -> None:
+        if self._wanted is not None:
+            self._wanted.put_nowait(name)
 
     async def _read_models(self, box: Box) -> None:
         assert self._session is not None
@@ -138,39 +122,24 @@ class AsyncBoxPool:
         if self._session is None:
             raise RuntimeError("start the pool first: async with AsyncBoxPool(...) as pool")
         options = infer_options(outputs, model_version, request_id, parameters, headers, priority, timeout)
-        deadline = time.monotonic() + self.retry_deadline
-        tried: set[str] = set()
-        last: Exception | None = None
+        attempts = self._attempts(model)
         while True:
-            box = self._router.choose(model, self.protocol, tried)
+            box = attempts.choose()
             if box is None:
-                await asyncio.sleep(self._router.pause(model, self.protocol, tried, deadline - time.monotonic(), last))
+                await asyncio.sleep(attempts.pause())
                 continue
-            started = time.monotonic()
             try:
                 if self.protocol == "grpc":
                     result = await self._infer_grpc(box, model, inputs, options)
                 else:
                     result = await self._infer_http(box, model, inputs, options)
-            except Unreachable as exc:
-                self._router.unreachable(box.name, exc.cool)
-                tried.add(box.name)
-                last = exc
-                continue
-            except Refused as exc:
-                if exc.missing:
-                    self._router.missing(box.name, model)
-                    if self._wanted is not None:
-                        self._wanted.put_nowait(box.name)
-                else:
-                    self._router.refused(box.name, exc.retry_after)
-                tried.add(box.name)
-                last = exc
+            except (Unreachable, Refused) as exc:
+                attempts.retry(box, exc)
                 continue
             except BaseException:  # an error the box answered, or the caller's cancellation
-                self._router.failed(box.name)
+                attempts.failed(box)
                 raise
-            self._router.succeeded(box.name, model, time.monotonic() - started)
+            attempts.succeeded(box)
             return result
 
     async def _infer_http(self, box: Box, model: str, inputs: Sequence[Any], options: dict[str, Any]) -> Any:

@@ -20,26 +20,17 @@ from typing import Any
 
 from tritonclient.utils import InferenceServerException
 
-from appliance.client.boxes import PROTOCOLS, Box, Browser
-from appliance.client.routing import NoBoxAvailable, Router
+from appliance.client.attempts import PoolBase, as_boxes, infer_options
+from appliance.client.boxes import Box, Browser
+from appliance.client.routing import NoBoxAvailable
 from appliance.client.transport import GrpcTransport, HttpTransport, Refused, Unreachable
 
-__all__ = ["BoxPool", "as_boxes", "infer_options"]
+__all__ = ["BoxPool"]
 
 log = logging.getLogger(__name__)
 
 
-def as_boxes(boxes: Sequence[Box | str]) -> list[Box]:
-    return [box if isinstance(box, Box) else Box.at(box) for box in boxes]
-
-
-def infer_options(outputs: Any, model_version: str, request_id: str, parameters: dict | None,
-                  headers: dict | None, priority: int, timeout: int | None) -> dict[str, Any]:
-    return {"outputs": outputs, "model_version": model_version, "request_id": request_id,
-            "parameters": parameters, "headers": headers, "priority": priority, "timeout": timeout}
-
-
-class BoxPool:
+class BoxPool(PoolBase):
     """Requests spread over boxes by load, to boxes that have the model READY (see routing.py); a
     request that got no answer, or a 503, is sent to another box; one a box answered with an error is
     not (see transport.py). Thread-safe.
@@ -53,11 +44,7 @@ class BoxPool:
     def __init__(self, boxes: Sequence[Box | str] | None = None, protocol: str = "http", *, cooldown: float = 30.0,
                  token: str | None = None, timeout: float = 60.0, retry_deadline: float = 30.0,
                  refresh: float = 10.0, interfaces: Sequence[str] = (), busy_backoff: float = 0.25) -> None:
-        if protocol not in PROTOCOLS:
-            raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
-        self.protocol = protocol
-        self.retry_deadline = retry_deadline
-        self._router = Router(cooldown, busy_backoff)
+        super().__init__(protocol, cooldown, retry_deadline, busy_backoff)
         self._index = HttpTransport(timeout=10.0, token=token)
         self._transport: HttpTransport | GrpcTransport = (
             GrpcTransport(timeout, token) if protocol == "grpc" else HttpTransport(timeout, token))
@@ -87,23 +74,8 @@ class BoxPool:
         self.close()
 
     # -- the boxes -------------------------------------------------------------------------------
-    def boxes(self) -> list[Box]:
-        return sorted(self._router.boxes(), key=lambda b: b.name)
-
-    def healthy(self) -> list[Box]:
-        """Boxes not cooling down after a failure."""
-        return self._router.healthy()
-
-    def stats(self) -> dict[str, dict]:
-        """Per box: requests outstanding, latency estimate, READY models, requests served per model,
-        refused (503) and unreachable (both retried elsewhere), failed (raised to the caller)."""
-        return self._router.snapshot()
-
-    def _box_changed(self, box: Box, present: bool) -> None:
-        if not present:
-            self._router.remove(box.name)
-        elif self._router.add(box):
-            self._wanted.put(box.name)
+    def _want(self, name: str) -> None:
+        self._wanted.put(name)
 
     def _read_models(self, box: Box) -> None:
         try:
@@ -137,35 +109,21 @@ class BoxPool:
         """tritonclient's ``infer`` (inputs, outputs and result of the pool's protocol), on the box best
         placed to answer; NoBoxAvailable when none could within ``retry_deadline``."""
         options = infer_options(outputs, model_version, request_id, parameters, headers, priority, timeout)
-        deadline = time.monotonic() + self.retry_deadline
-        tried: set[str] = set()
-        last: Exception | None = None
+        attempts = self._attempts(model)
         while True:
-            box = self._router.choose(model, self.protocol, tried)
+            box = attempts.choose()
             if box is None:
-                time.sleep(self._router.pause(model, self.protocol, tried, deadline - time.monotonic(), last))
+                time.sleep(attempts.pause())
                 continue
-            started = time.monotonic()
             try:
                 result = self._transport.infer(box, model, inputs, options)
-            except Unreachable as exc:
-                self._router.unreachable(box.name, exc.cool)
-                tried.add(box.name)
-                last = exc
-                continue
-            except Refused as exc:
-                if exc.missing:
-                    self._router.missing(box.name, model)
-                    self._wanted.put(box.name)
-                else:
-                    self._router.refused(box.name, exc.retry_after)
-                tried.add(box.name)
-                last = exc
+            except (Unreachable, Refused) as exc:
+                attempts.retry(box, exc)
                 continue
             except BaseException:
-                self._router.failed(box.name)
+                attempts.failed(box)
                 raise
-            self._router.succeeded(box.name, model, time.monotonic() - started)
+            attempts.succeeded(box)
             return result
 
     def close(self) -> None:

@@ -1,0 +1,107 @@
+"""What BoxPool and AsyncBoxPool share: their box bookkeeping and the retry rules of one request.
+
+The two pools differ only in how they wait and how they send (a thread and tritonclient, or the event
+loop and aiohttp/grpc.aio); which box is tried next, what an outcome does to the routing state and when
+to give up live here once, so the two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from appliance.client.boxes import PROTOCOLS, Box
+from appliance.client.routing import Router
+from appliance.client.transport import Refused, Unreachable
+
+__all__ = ["Attempts", "PoolBase", "as_boxes", "infer_options"]
+
+
+def as_boxes(boxes: Sequence[Box | str]) -> list[Box]:
+    return [box if isinstance(box, Box) else Box.at(box) for box in boxes]
+
+
+def infer_options(outputs: Any, model_version: str, request_id: str, parameters: dict | None,
+                  headers: dict | None, priority: int, timeout: int | None) -> dict[str, Any]:
+    return {"outputs": outputs, "model_version": model_version, "request_id": request_id,
+            "parameters": parameters, "headers": headers, "priority": priority, "timeout": timeout}
+
+
+class PoolBase:
+    """The router and the box views of a pool; ``_want`` asks the pool to re-read one box's models."""
+
+    def __init__(self, protocol: str, cooldown: float, retry_deadline: float, busy_backoff: float) -> None:
+        if protocol not in PROTOCOLS:
+            raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
+        self.protocol = protocol
+        self.retry_deadline = retry_deadline
+        self._router = Router(cooldown, busy_backoff)
+
+    def boxes(self) -> list[Box]:
+        return sorted(self._router.boxes(), key=lambda b: b.name)
+
+    def healthy(self) -> list[Box]:
+        """Boxes not cooling down after a failure."""
+        return self._router.healthy()
+
+    def stats(self) -> dict[str, dict]:
+        """Per box: requests outstanding, latency estimate, READY models, requests served per model,
+        refused (503) and unreachable (both retried elsewhere), failed (raised to the caller)."""
+        return self._router.snapshot()
+
+    def _want(self, name: str) -> None:
+        raise NotImplementedError
+
+    def _box_changed(self, box: Box, present: bool) -> None:
+        if not present:
+            self._router.remove(box.name)
+        elif self._router.add(box):
+            self._want(box.name)
+
+    def _attempts(self, model: str) -> Attempts:
+        return Attempts(self._router, model, self.protocol, time.monotonic() + self.retry_deadline, self._want)
+
+
+class Attempts:
+    """The attempts of one request: ``choose`` a box (None: sleep ``pause()`` seconds and choose again),
+    send, then report the outcome: ``retry`` (Unreachable or Refused: choose again), ``failed`` (any
+    other exception, raised to the caller) or ``succeeded``."""
+
+    def __init__(self, router: Router, model: str, protocol: str, deadline: float,
+                 want: Callable[[str], None]) -> None:
+        self._router = router
+        self._model = model
+        self._protocol = protocol
+        self._deadline = deadline
+        self._want = want
+        self._tried: set[str] = set()
+        self._last: Exception | None = None
+        self._started = 0.0
+
+    def choose(self) -> Box | None:
+        box = self._router.choose(self._model, self._protocol, self._tried)
+        self._started = time.monotonic()
+        return box
+
+    def pause(self) -> float:
+        """Seconds to wait before choosing again; NoBoxAvailable when waiting cannot help."""
+        return self._router.pause(self._model, self._protocol, self._tried, self._deadline - time.monotonic(),
+                                  self._last)
+
+    def retry(self, box: Box, exc: Unreachable | Refused) -> None:
+        if isinstance(exc, Unreachable):
+            self._router.unreachable(box.name, exc.cool)
+        elif exc.missing:
+            self._router.missing(box.name, self._model)
+            self._want(box.name)
+        else:
+            self._router.refused(box.name, exc.retry_after)
+        self._tried.add(box.name)
+        self._last = exc
+
+    def failed(self, box: Box) -> None:
+        self._router.failed(box.name)
+
+    def succeeded(self, box: Box) -> None:
+        self._router.succeeded(box.name, self._model, time.monotonic() - self._started)
