@@ -56,19 +56,12 @@ class BusyRecorder(ThreadRecorder):
 
 
 @pytest.fixture
-async def make_scheduler():
-    made: list[Scheduler] = []
-
+def make_scheduler(started):
     def make(backend: FakeBackend, execution: ExecutionMode, max_batch_size: int = 4) -> Scheduler:
         policy = SchedulerPolicy(max_batch_size=max_batch_size, dynamic=True)
-        scheduler = Scheduler("m:1", InstancePool("m:1", [backend]), policy, ModelStats(), execution)
-        scheduler.start()
-        made.append(scheduler)
-        return scheduler
+        return started(Scheduler("m:1", InstancePool("m:1", [backend]), policy, ModelStats(), execution))
 
-    yield make
-    for scheduler in made:
-        await scheduler.close()
+    return make
 
 
 def _submit(scheduler: Scheduler, value: float, rows: int = 1) -> asyncio.Future:

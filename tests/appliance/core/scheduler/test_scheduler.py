@@ -20,19 +20,12 @@ from tests.fakes import FakeBackend
 
 
 @pytest.fixture
-async def make_scheduler():
-    made: list[Scheduler] = []
-
+def make_scheduler(started):
     def make(policy: SchedulerPolicy, *backends: FakeBackend) -> Scheduler:
-        scheduler = Scheduler("m:1", InstancePool("m:1", list(backends) or [FakeBackend()]), policy,
-                              ModelStats())
-        scheduler.start()
-        made.append(scheduler)
-        return scheduler
+        return started(Scheduler("m:1", InstancePool("m:1", list(backends) or [FakeBackend()]), policy,
+                                 ModelStats()))
 
-    yield make
-    for scheduler in made:
-        await scheduler.close()
+    return make
 
 
 def _x(value: float, rows: int = 1, width: int = 1) -> dict[str, np.ndarray]:

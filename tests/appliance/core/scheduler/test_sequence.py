@@ -69,22 +69,15 @@ def _config(text: str) -> mc.ModelConfig:
 
 
 @pytest.fixture
-async def make():
-    made: list[SequenceScheduler] = []
-
+def make(started):
     def build(strategy: str = "direct { }", *backends: Accumulator, corrid: str | None = "UINT64",
               max_batch_size: int = 4, idle_us: int = 0, control: str = "INT32") -> SequenceScheduler:
         config = _config(accumulator_config(strategy, control, corrid, max_batch_size, len(backends) or 1, idle_us))
         backends = backends or (Accumulator(),)
-        scheduler = SequenceScheduler("acc:1", "acc", InstancePool("acc:1", list(backends)),
-                                      sequence_policy(config, None), ModelStats())
-        scheduler.start()
-        made.append(scheduler)
-        return scheduler
+        return started(SequenceScheduler("acc:1", "acc", InstancePool("acc:1", list(backends)),
+                                         sequence_policy(config, None), ModelStats()))
 
-    yield build
-    for scheduler in made:
-        await scheduler.close()
+    return build
 
 
 def step(scheduler: SequenceScheduler, corrid, value: int, start: bool = False, end: bool = False,
