@@ -101,6 +101,18 @@ def _request(*values: int, request_id: str | None = "r1") -> InferRequest:
     return InferRequest([InferInput("IN", "INT32", np.array(values, np.int32))], id=request_id)
 
 
+def _mebibytes(count: int, sent: list[int]) -> Callable[[BackendRequest], None]:
+    """A model sending ``count`` responses of 1 MiB, then the final flag; ``sent`` lists those sent."""
+
+    def send(request: BackendRequest) -> None:
+        for value in range(count):
+            request.sink.send({"OUT": np.full(1 << 18, value, np.int32)})
+            sent.append(value)
+        request.sink.send(final=True)
+
+    return send
+
+
 async def _eventually(condition: Callable[[], bool]) -> None:
     async with asyncio.timeout(30):
         while not condition():
@@ -283,13 +295,8 @@ async def test_a_model_ahead_of_its_reader_is_held_back(make_model):
 
 
 async def test_a_byte_bound_holds_back_large_responses(make_model):
-    sent = []
-
-    def big(request: BackendRequest) -> None:
-        for value in range(20):
-            request.sink.send({"OUT": np.full(1 << 18, value, np.int32)})  # 1 MiB each
-            sent.append(value)
-        request.sink.send(final=True)
+    sent: list[int] = []
+    big = _mebibytes(20, sent)
 
     model, plane = await make_model(SendingBackend(big), StreamLimits(max_bytes=3 << 20))
     stream = await plane.infer_stream(model, _request(1), local=False)
@@ -336,13 +343,8 @@ async def test_unloading_ends_open_streams(make_model):
 async def test_unread_responses_count_against_the_memory_budget_and_are_given_back(make_model):
     """Unread responses are held on the request's account: the daemon-wide budget bounds them across
     every stream, and nothing stays counted once the stream is read, or dropped."""
-    sent = []
-
-    def big(request: BackendRequest) -> None:
-        for value in range(12):
-            request.sink.send({"OUT": np.full(1 << 18, value, np.int32)})  # 1 MiB each
-            sent.append(value)
-        request.sink.send(final=True)
+    sent: list[int] = []
+    big = _mebibytes(12, sent)
 
     budget = MemoryBudget(4 << 20)
     model, plane = await make_model(SendingBackend(big))
