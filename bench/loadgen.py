@@ -3,6 +3,7 @@ HTTP/1.1, h2load (nghttp2) for gRPC, which is HTTP/2 POSTs of one length-prefixe
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import re
 import shutil
@@ -12,7 +13,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-__all__ = ["Result", "grpc_frame", "require_h2load", "require_wrk", "run_h2load", "run_wrk"]
+__all__ = ["Result", "add_wrk_arguments", "grpc_frame", "require_h2load", "require_wrk", "run_h2load", "run_wrk"]
 
 _UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3}
 
@@ -23,6 +24,13 @@ class Result:
     p50_ms: float
     p99_ms: float
     errors: int
+
+
+def add_wrk_arguments(parser: argparse.ArgumentParser, concurrency: tuple[int, ...] = (1, 16)) -> None:
+    """The options of a benchmark made of interleaved wrk runs: --seconds, --repeats, --concurrency."""
+    parser.add_argument("--seconds", type=float, default=4.0, help="duration of each wrk run")
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats; medians are reported")
+    parser.add_argument("--concurrency", type=lambda t: [int(c) for c in t.split(",")], default=list(concurrency))
 
 
 def require_wrk() -> str:

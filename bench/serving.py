@@ -28,7 +28,7 @@ import numpy as np
 import onnxruntime as ort
 from tritonclient.grpc import service_pb2 as pb
 
-from bench.loadgen import Result, grpc_frame, require_h2load, require_wrk, run_h2load, run_wrk
+from bench.loadgen import Result, add_wrk_arguments, grpc_frame, require_h2load, require_wrk, run_h2load, run_wrk
 from bench.models import write_repository
 from bench.process import start_appliance, start_floor
 
@@ -313,9 +313,7 @@ def plot(data: dict, path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seconds", type=float, default=4.0, help="duration of each wrk run")
-    parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats; medians are reported")
-    parser.add_argument("--concurrency", type=lambda t: [int(c) for c in t.split(",")], default=[1, 4, 8, 16])
+    add_wrk_arguments(parser, (1, 4, 8, 16))
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     require_wrk()

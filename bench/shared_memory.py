@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.loadgen import Result, require_wrk, run_wrk
+from bench.loadgen import Result, add_wrk_arguments, require_wrk, run_wrk
 from bench.models import write_repository
 from bench.process import Server, start_appliance
 from bench.serving import BATCHES, RESULTS, _cnn_body, _delta, _histogram, _median
@@ -203,9 +203,7 @@ def targets(data: dict) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seconds", type=float, default=4.0, help="duration of each wrk run")
-    parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats; medians are reported")
-    parser.add_argument("--concurrency", type=lambda t: [int(c) for c in t.split(",")], default=[1, 16])
+    add_wrk_arguments(parser)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     require_wrk()
