@@ -15,7 +15,6 @@ import http.client
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -31,6 +30,7 @@ import numpy as np
 import tritonclient.http as triton
 
 from appliance.client import AsyncBoxPool, BoxPool
+from tests.appliance.mdns.scenario import stop_all
 from tests.builders import affine_model, save
 
 LOOPBACK = "127.0.0.1"
@@ -284,11 +284,7 @@ def main() -> None:
         with urllib.request.urlopen(f"http://{LOOPBACK}:{ports['box-c']}/", timeout=10) as page:
             result["dashboard_has_panel"] = b'id="fleet"' in page.read()
     finally:
-        for process in processes.values():
-            if process.poll() is None:
-                process.terminate()
-                process.wait(30)
-        shutil.rmtree(work, ignore_errors=True)
+        stop_all(processes.values(), work)
     print(json.dumps(result))
 
 

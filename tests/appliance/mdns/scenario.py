@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 from appliance.client import BoxPool, discover
@@ -38,6 +39,15 @@ def start(name: str, repo: Path, state: Path) -> tuple[subprocess.Popen, dict[st
             return process, {"http": int(port.group(1)), "grpc": int(grpc.group(1))}, log
         time.sleep(0.1)
     raise RuntimeError(log.read_text())
+
+
+def stop_all(processes: Iterable[subprocess.Popen], work: Path) -> None:
+    """Stop the daemons still running and remove the scenario's temporary directory."""
+    for process in processes:
+        if process.poll() is None:
+            process.terminate()
+            process.wait(30)
+    shutil.rmtree(work, ignore_errors=True)
 
 
 def snapshot() -> dict[str, dict]:
@@ -112,11 +122,7 @@ def main() -> None:
         result["grpc_pool_after"] = concurrently(grpc_pool, grpc_tensor)[:4]
         result["grpc_pool_healthy"] = [box.name for box in grpc_pool.healthy()]
     finally:
-        for process in (a, b):
-            if process.poll() is None:
-                process.terminate()
-                process.wait(30)
-        shutil.rmtree(work, ignore_errors=True)
+        stop_all((a, b), work)
     print(json.dumps(result))
 
 

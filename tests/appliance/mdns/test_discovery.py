@@ -4,39 +4,15 @@ two daemons with distinct names are discovered, a model load changes "models", a
 
 from __future__ import annotations
 
-import json
-import shutil
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from appliance.mdns.announcer import catalog_digest, txt_record
-
-ROOT = Path(__file__).resolve().parents[3]
-NETNS_SETUP = "ip link set lo up && ip link set lo multicast on && ip route add 224.0.0.0/4 dev lo"
-
-
-def _netns_available() -> str | None:
-    if shutil.which("unshare") is None or shutil.which("ip") is None:
-        return "unshare or ip (util-linux, iproute2) is not installed"
-    probe = subprocess.run(["unshare", "-n", "sh", "-c", NETNS_SETUP], capture_output=True, text=True)
-    if probe.returncode != 0:
-        return f"cannot make a private network namespace here: {probe.stderr.strip()}"
-    return None
+from tests.appliance.mdns.netns import run_scenario
 
 
 @pytest.fixture(scope="module")
 def scenario():
-    reason = _netns_available()
-    if reason:
-        pytest.skip(f"mDNS tests need a private network namespace so multicast never leaves it: {reason}")
-    command = f"{NETNS_SETUP} && exec {sys.executable} -m tests.appliance.mdns.scenario"
-    result = subprocess.run(["unshare", "-n", "bash", "-c", command], capture_output=True, text=True,
-                            timeout=240, cwd=ROOT)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return run_scenario("tests.appliance.mdns.scenario", "mDNS tests", timeout=240)
 
 
 def test_two_daemons_are_discovered(scenario):

@@ -14,29 +14,14 @@ every box, so that the boxes are equal however the two shared cores of a test ma
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-from tests.appliance.mdns.test_discovery import NETNS_SETUP, _netns_available
-
-ROOT = Path(__file__).resolve().parents[3]
+from tests.appliance.mdns.netns import run_scenario
 
 
 @pytest.fixture(scope="module")
 def fleet():
-    reason = _netns_available()
-    if reason:
-        pytest.skip(f"fleet tests need a private network namespace so multicast never leaves it: {reason}")
-    command = f"{NETNS_SETUP} && exec {sys.executable} " \
-              "-m tests.appliance.mdns.fleet_scenario"
-    result = subprocess.run(["unshare", "-n", "bash", "-c", command], capture_output=True, text=True,
-                            timeout=480, cwd=ROOT)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return run_scenario("tests.appliance.mdns.fleet_scenario", "fleet tests", timeout=480, stderr_tail=5000)
 
 
 def test_push_all_loads_the_model_on_every_box_with_a_line_each(fleet):
