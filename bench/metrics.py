@@ -18,7 +18,7 @@ from pathlib import Path
 from bench.loadgen import require_wrk, run_wrk
 from bench.models import write_repository
 from bench.process import start_appliance
-from bench.serving import _tiny_body
+from bench.serving import _TINY, _json_body
 
 _HEADERS = {"Content-Type": "application/json"}
 
@@ -29,7 +29,7 @@ def overhead(args: argparse.Namespace, workdir: Path) -> str:
         "metrics on": start_appliance(repo, workdir / "on", "--no-selection"),
         "metrics off": start_appliance(repo, workdir / "off", "--no-selection", "--no-metrics"),
     }
-    body = _tiny_body()
+    body = _json_body(_TINY)
     results: dict[tuple[str, int], list] = {}
     try:
         for server in servers.values():
@@ -58,7 +58,7 @@ def soak(args: argparse.Namespace, workdir: Path) -> str:
     repo = write_repository(workdir / "repo")
     state = workdir / "state"
     server = start_appliance(repo, state, "--no-selection")
-    body = _tiny_body()
+    body = _json_body(_TINY)
     total = 0
     started = time.monotonic()
     try:

@@ -32,7 +32,7 @@ import numpy as np
 from bench.loadgen import Result, add_wrk_arguments, require_wrk, run_wrk
 from bench.models import write_repository
 from bench.process import Server, start_appliance
-from bench.serving import BATCHES, RESULTS, _cnn_body, _delta, _histogram, _median
+from bench.serving import _CNN, BATCHES, RESULTS, _binary_body, _delta, _histogram, _median
 
 IMAGE = (1, 3, 112, 112)
 LOGITS_BYTES = 10 * 4
@@ -95,7 +95,7 @@ def _check_logits(server: Server, body: bytes, headers: dict[str, str], logits: 
     request = urllib.request.Request(f"{server.base}/v2/models/cnn_plain/infer", data=body, headers=headers)
     urllib.request.urlopen(request, timeout=10).read()
     got = np.ndarray((1, 10), np.float32, buffer=logits.buf).copy()
-    binary, binary_headers = _cnn_body()
+    binary, binary_headers = _binary_body(_CNN)
     request = urllib.request.Request(f"{server.base}/v2/models/cnn_plain/infer", data=binary, headers=binary_headers)
     with urllib.request.urlopen(request, timeout=10) as response:
         raw = response.read()
@@ -111,7 +111,7 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict:
         regions = _regions(appliance)
         shm_body, shm_headers = _shm_body("image", "logits")
         _check_logits(appliance, shm_body, shm_headers, regions[1])
-        binary_body, binary_headers = _cnn_body()
+        binary_body, binary_headers = _binary_body(_CNN)
         series = {
             "CNN shared memory, batching": ("cnn_batched", shm_body, shm_headers),
             "CNN shared memory, no batching": ("cnn_plain", shm_body, shm_headers),
