@@ -32,6 +32,7 @@ from appliance.client.transport import (
     headers_for,
     infer_path,
     ready_models,
+    sequence_options,
 )
 
 __all__ = ["AsyncBoxPool"]
@@ -118,11 +119,13 @@ class AsyncBoxPool(PoolBase):
     # -- requests --------------------------------------------------------------------------------
     async def infer(self, model: str, inputs: Sequence[Any], outputs: Any = None, *, model_version: str = "",
                     request_id: str = "", parameters: dict | None = None, headers: dict | None = None,
-                    priority: int = 0, timeout: int | None = None) -> Any:
+                    priority: int = 0, timeout: int | None = None, sequence_id: int | str = 0,
+                    sequence_start: bool = False, sequence_end: bool = False) -> Any:
         if self._session is None:
             raise RuntimeError("start the pool first: async with AsyncBoxPool(...) as pool")
-        options = infer_options(outputs, model_version, request_id, parameters, headers, priority, timeout)
-        attempts = self._attempts(model)
+        options = infer_options(outputs, model_version, request_id, parameters, headers, priority, timeout,
+                                sequence_id, sequence_start, sequence_end)
+        attempts = self._attempts(model, options)
         while True:
             box = attempts.choose()
             if box is None:
@@ -148,7 +151,7 @@ class AsyncBoxPool(PoolBase):
         assert self._session is not None
         body, json_size = triton_http.InferenceServerClient.generate_request_body(
             inputs, outputs=options["outputs"], request_id=options["request_id"], priority=options["priority"],
-            timeout=options["timeout"], parameters=options["parameters"])
+            timeout=options["timeout"], parameters=options["parameters"], **sequence_options(options))
         headers = headers_for(self._token, options["headers"])
         if json_size is not None:
             headers.update({"Inference-Header-Content-Length": str(json_size),

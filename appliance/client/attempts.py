@@ -8,7 +8,7 @@ to give up live here once, so the two cannot drift apart.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 from appliance.client.boxes import PROTOCOLS, Box
@@ -23,9 +23,11 @@ def as_boxes(boxes: Sequence[Box | str]) -> list[Box]:
 
 
 def infer_options(outputs: Any, model_version: str, request_id: str, parameters: dict | None,
-                  headers: dict | None, priority: int, timeout: int | None) -> dict[str, Any]:
+                  headers: dict | None, priority: int, timeout: int | None, sequence_id: int | str = 0,
+                  sequence_start: bool = False, sequence_end: bool = False) -> dict[str, Any]:
     return {"outputs": outputs, "model_version": model_version, "request_id": request_id,
-            "parameters": parameters, "headers": headers, "priority": priority, "timeout": timeout}
+            "parameters": parameters, "headers": headers, "priority": priority, "timeout": timeout,
+            "sequence_id": sequence_id, "sequence_start": sequence_start, "sequence_end": sequence_end}
 
 
 class PoolBase:
@@ -59,8 +61,11 @@ class PoolBase:
         elif self._router.add(box):
             self._want(box.name)
 
-    def _attempts(self, model: str) -> Attempts:
-        return Attempts(self._router, model, self.protocol, time.monotonic() + self.retry_deadline, self._want)
+    def _attempts(self, model: str, options: dict[str, Any]) -> Attempts:
+        sequence = options.get("sequence_id") or None
+        return Attempts(self._router, model, self.protocol, time.monotonic() + self.retry_deadline, self._want,
+                        None if sequence is None else (model, options.get("model_version", ""), sequence),
+                        bool(options.get("sequence_end")))
 
 
 class Attempts:
@@ -69,8 +74,10 @@ class Attempts:
     other exception, raised to the caller) or ``succeeded``."""
 
     def __init__(self, router: Router, model: str, protocol: str, deadline: float,
-                 want: Callable[[str], None]) -> None:
+                 want: Callable[[str], None], sequence: Hashable | None = None, ends: bool = False) -> None:
         self._router = router
+        self._sequence = sequence
+        self._ends = ends
         self._model = model
         self._protocol = protocol
         self._deadline = deadline
@@ -80,7 +87,7 @@ class Attempts:
         self._started = 0.0
 
     def choose(self) -> Box | None:
-        box = self._router.choose(self._model, self._protocol, self._tried)
+        box = self._router.choose(self._model, self._protocol, self._tried, self._sequence)
         self._started = time.monotonic()
         return box
 
@@ -105,3 +112,5 @@ class Attempts:
 
     def succeeded(self, box: Box) -> None:
         self._router.succeeded(box.name, self._model, time.monotonic() - self._started)
+        if self._sequence is not None and self._ends:
+            self._router.unpin(self._sequence)

@@ -105,11 +105,13 @@ class BoxPool(PoolBase):
     # -- requests --------------------------------------------------------------------------------
     def infer(self, model: str, inputs: Sequence[Any], outputs: Any = None, *, model_version: str = "",
               request_id: str = "", parameters: dict | None = None, headers: dict | None = None,
-              priority: int = 0, timeout: int | None = None) -> Any:
+              priority: int = 0, timeout: int | None = None, sequence_id: int | str = 0,
+              sequence_start: bool = False, sequence_end: bool = False) -> Any:
         """tritonclient's ``infer`` (inputs, outputs and result of the pool's protocol), on the box best
         placed to answer; NoBoxAvailable when none could within ``retry_deadline``."""
-        options = infer_options(outputs, model_version, request_id, parameters, headers, priority, timeout)
-        attempts = self._attempts(model)
+        options = infer_options(outputs, model_version, request_id, parameters, headers, priority, timeout,
+                                sequence_id, sequence_start, sequence_end)
+        attempts = self._attempts(model, options)
         while True:
             box = attempts.choose()
             if box is None:

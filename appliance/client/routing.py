@@ -18,7 +18,8 @@ import dataclasses
 import random
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterable
 
 from appliance.client.boxes import Box
 
@@ -63,6 +64,10 @@ class BoxState:
                 "failed": self.failed, "index_error": self.index_error}
 
 
+MAX_PINNED = 65536
+"""Sequences remembered at once (the least recently used are forgotten first)."""
+
+
 class Router:
     def __init__(self, cooldown: float = 30.0, busy_backoff: float = 0.25, rng: random.Random | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -72,6 +77,8 @@ class Router:
         self._clock = clock
         self._boxes: dict[str, BoxState] = {}
         self._lock = threading.Lock()
+        # Sequence -> the box holding its state: every step of a stateful stream must reach the same box.
+        self._pinned: OrderedDict[Hashable, str] = OrderedDict()
 
     # -- the set of boxes -------------------------------------------------------------------------
     def add(self, box: Box) -> bool:
@@ -125,15 +132,21 @@ class Router:
         return [s for s in self._boxes.values()
                 if s.models is not None and model in s.models and s.box.url_for(protocol) is not None]
 
-    def choose(self, model: str, protocol: str, exclude: set[str]) -> Box | None:
+    def choose(self, model: str, protocol: str, exclude: set[str], sequence: Hashable | None = None) -> Box | None:
         """The box for the next request (counted outstanding until ``finished``); None when no box that
-        has the model READY is free to take it now."""
+        has the model READY is free to take it now. A request of a ``sequence`` goes to the box its
+        sequence started on while that box can take it (elsewhere the sequence's state is unknown: that
+        box answers that the sequence needs START, which the caller sees)."""
         now = self._clock()
         with self._lock:
             candidates = [s for s in self._holders(model, protocol)
                           if s.down_until <= now and s.box.name not in exclude]
             if not candidates:
                 return None
+            pinned = self._pinned.get(sequence) if sequence is not None else None
+            held = [s for s in candidates if s.box.name == pinned]
+            if held:
+                candidates = held
             if len(candidates) == 1:
                 chosen = candidates[0]
             else:
@@ -150,7 +163,20 @@ class Router:
                 else:
                     chosen = first if one < other else second
             chosen.outstanding += 1
+            if sequence is not None:
+                self._pin(sequence, chosen.box.name)
             return chosen.box
+
+    def _pin(self, sequence: Hashable, name: str) -> None:
+        self._pinned[sequence] = name
+        self._pinned.move_to_end(sequence)
+        while len(self._pinned) > MAX_PINNED:  # abandoned sequences: the servers reap them too
+            self._pinned.popitem(last=False)
+
+    def unpin(self, sequence: Hashable) -> None:
+        """The sequence ended: its next START may go anywhere."""
+        with self._lock:
+            self._pinned.pop(sequence, None)
 
     def next_free(self, model: str, protocol: str) -> float | None:
         """Seconds until a box with the model stops cooling down (0: one is free now); None: no box

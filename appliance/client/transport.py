@@ -118,7 +118,7 @@ class HttpTransport:
         body, json_size = triton_http.InferenceServerClient.generate_request_body(
             inputs, outputs=options.get("outputs"), request_id=options.get("request_id", ""),
             priority=options.get("priority", 0), timeout=options.get("timeout"),
-            parameters=options.get("parameters"))
+            parameters=options.get("parameters"), **sequence_options(options))
         headers = dict(options.get("headers") or {})
         if json_size is not None:
             headers["Inference-Header-Content-Length"] = str(json_size)
@@ -169,7 +169,13 @@ def grpc_options(options: dict[str, Any], timeout: float, token: str | None) -> 
     return {"model_version": options.get("model_version", ""), "outputs": options.get("outputs"),
             "request_id": options.get("request_id", ""), "priority": options.get("priority", 0),
             "timeout": options.get("timeout"), "parameters": options.get("parameters"),
-            "client_timeout": timeout, "headers": headers or None}
+            "client_timeout": timeout, "headers": headers or None, **sequence_options(options)}
+
+
+def sequence_options(options: dict[str, Any]) -> dict[str, Any]:
+    """tritonclient's sequence keywords (the same for HTTP and gRPC)."""
+    return {"sequence_id": options.get("sequence_id", 0), "sequence_start": bool(options.get("sequence_start")),
+            "sequence_end": bool(options.get("sequence_end"))}
 
 
 class GrpcTransport:

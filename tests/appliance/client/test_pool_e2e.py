@@ -87,3 +87,40 @@ def test_many_tasks_through_one_async_pool(boxes, protocol):
     assert values == [2.0 * i + 1 for i in range(200)]
     assert all(s["outstanding"] == 0 for s in stats.values())
     assert sum(s["served"]["affine"] for s in stats.values()) == 200
+
+
+@pytest.fixture(scope="module")
+def stateful_boxes(module_daemon, tmp_path_factory):
+    """Two boxes with the accumulator (OUTPUT = the running sum of the sequence's INPUTs, state kept by
+    each daemon): a sequence must stay on one box to add up."""
+    from appliance.examples.sequence import accumulator_config, accumulator_model, write_sequence_model
+
+    daemons = []
+    for name in "ab":
+        repo = tmp_path_factory.mktemp(f"stateful-{name}")
+        write_sequence_model(repo, "acc", accumulator_model(), accumulator_config(idle_us=60_000_000))
+        daemons.append(module_daemon(repo))
+    return [Box(name=n, addresses=("127.0.0.1",), port=d.port, grpc_port=d.grpc_port) for n, d in zip("ab", daemons)]
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_each_sequence_stays_on_one_box_and_adds_up(stateful_boxes, protocol):
+    module = MODULES[protocol]
+    steps = 6
+
+    def run(sequence: int) -> list[int]:
+        sums = []
+        for step in range(steps):
+            tensor = module.InferInput("INPUT", [1, 1], "INT32")
+            tensor.set_data_from_numpy(np.array([[sequence + step]], np.int32))
+            result = pool.infer("acc", [tensor], sequence_id=1000 + sequence, sequence_start=step == 0,
+                                sequence_end=step == steps - 1)
+            sums.append(int(result.as_numpy("OUTPUT")[0, 0]))
+        return sums
+
+    with BoxPool(stateful_boxes, protocol) as pool, ThreadPoolExecutor(8) as executor:
+        got = list(executor.map(run, range(16)))
+        stats = pool.stats()
+    expected = [list(np.cumsum([s + step for step in range(steps)])) for s in range(16)]
+    assert got == expected  # a step sent to the other box would restart from 0 or be refused
+    assert all(stats[n]["served"].get("acc", 0) > 0 for n in "ab")  # sequences spread over both boxes

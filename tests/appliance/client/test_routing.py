@@ -178,3 +178,33 @@ def test_a_box_whose_index_cannot_be_read_is_named_when_no_box_has_the_model():
     router.index_failed("locked", "cannot read its repository index (HTTP 401: token required)")
     with pytest.raises(NoBoxAvailable, match="models unknown on locked: .*HTTP 401"):
         router.pause("x", "http", set(), 10.0, None)
+
+
+def test_a_sequence_stays_on_the_box_it_started_on_until_it_ends():
+    router, _ = _router("a", "b", "c")
+    first = router.choose("m", "http", set(), sequence=("m", "", 7)).name
+    router.succeeded(first, "m", 0.001)
+    for _ in range(20):  # however loaded that box gets meanwhile
+        assert router.choose("m", "http", set(), sequence=("m", "", 7)).name == first
+    for name in "abc":  # nothing outstanding any more
+        while router.snapshot()[name]["outstanding"]:
+            router.succeeded(name, "m", 0.001)
+    others = set()
+    for n in range(100, 160):
+        chosen = router.choose("m", "http", set(), sequence=("m", "", n)).name
+        router.succeeded(chosen, "m", 0.001)
+        others.add(chosen)
+    assert len(others) == 3  # other sequences still spread
+    router.unpin(("m", "", 7))
+    assert {router.choose("m", "http", {first}, sequence=("m", "", 7)).name} <= {"a", "b", "c"} - {first}
+
+
+def test_a_sequence_whose_box_is_gone_goes_elsewhere_and_stays_there():
+    router, _ = _router("a", "b")
+    first = router.choose("m", "http", set(), sequence="s").name
+    router.remove(first)
+    second = router.choose("m", "http", set(), sequence="s").name
+    assert second != first
+    router.add(_box(first))
+    router.set_models(first, {"m"})
+    assert all(router.choose("m", "http", set(), sequence="s").name == second for _ in range(10))
