@@ -81,6 +81,29 @@ class InstancePool:
         self._inboxes[index].put(run)
         return future
 
+    def begin(self, index: int, start: Callable[[Backend, Callable[[Any, BaseException | None], None]], bool]
+              ) -> asyncio.Future | None:
+        """Start work on an acquired instance that completes on another thread by itself (a backend's
+        ``start_requests``): ``start(backend, finished)`` returns False when it cannot, and then this
+        returns None with the instance still acquired; otherwise ``finished(result, error)`` (from any
+        thread) resolves the future and releases the instance, with no thread of the pool in between."""
+        assert self._loop is not None
+        loop = self._loop
+        future: asyncio.Future = loop.create_future()
+
+        def finished(result: Any, error: BaseException | None) -> None:
+            try:
+                loop.call_soon_threadsafe(self._finish, index, future, result, error)
+            except RuntimeError:  # the loop is closed: the daemon stopped without waiting for this batch
+                pass
+
+        try:
+            started = start(self._backends[index], finished)
+        except Exception as exc:  # handed to the waiter, as a thread would
+            self._finish(index, future, None, exc)
+            return future
+        return future if started else None
+
     def run_inline(self, index: int, work: Callable[[Backend], T]) -> T:
         """Run ``work(backend)`` on an acquired instance right here, on the event loop's thread, and
         release it: for work shorter than the hop to its thread (see scheduler.execution). The instance

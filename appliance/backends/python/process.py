@@ -95,6 +95,10 @@ class ModelProcess:
         self.conn = Connection(parent.detach())
         self._send_lock = threading.Lock()
         self._replies: queue.SimpleQueue = queue.SimpleQueue()
+        self._reply_to: Callable[[tuple | None], None] | None = None
+        """Where the next reply goes instead of ``_replies`` (a command sent with ``call_async``)."""
+        self._reply_lock = threading.Lock()
+        self._ended = False
         self._handlers = dict(handlers)
         self._closed_handlers: list[Callable[[], None]] = []
         self.output_arena: Arena | None = None
@@ -125,6 +129,18 @@ class ModelProcess:
             raise ConfigError(f"model.py of '{self.name}' failed: {reply[1]}\n{reply[2]}")
         return reply
 
+    def call_async(self, message: tuple, on_reply: Callable[[tuple | None], None]) -> None:
+        """Send a command without waiting: ``on_reply`` gets its reply on the reader thread (None if the
+        process ended first). Commands are answered in order, and the daemon sends one at a time."""
+        with self._reply_lock:
+            ended = self._ended
+            if not ended:
+                self._reply_to = on_reply
+        if ended:  # the reader has stopped: nobody would answer
+            on_reply(None)
+            return
+        self.send(message)
+
     def on_exit(self, callback: Callable[[], None]) -> None:
         """Called (on the reader thread) once the process is gone."""
         self._closed_handlers.append(callback)
@@ -138,7 +154,7 @@ class ModelProcess:
                     break
                 kind = message[0]
                 if kind in REPLIES:
-                    self._replies.put(message)
+                    self._reply(message)
                     continue
                 handler = self._handlers.get(kind)
                 if handler is None:
@@ -149,12 +165,25 @@ class ModelProcess:
                 except Exception:
                     log.exception("model %s: handling its %r message failed", self.name, kind)
         finally:
-            self._replies.put(None)
+            self._reply(None)
             for callback in self._closed_handlers:
                 try:
                     callback()
                 except Exception:
                     log.exception("model %s: cleaning up after its process failed", self.name)
+
+    def _reply(self, message: tuple | None) -> None:
+        with self._reply_lock:
+            on_reply, self._reply_to = self._reply_to, None
+            if message is None:
+                self._ended = True
+        if on_reply is None:
+            self._replies.put(message)
+            return
+        try:
+            on_reply(message)
+        except Exception:
+            log.exception("model %s: handling its reply failed", self.name)
 
     # -- arenas ------------------------------------------------------------------------------
 
