@@ -9,6 +9,7 @@ raises fails only the batch it was given; a decoupled model's responses stream t
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import subprocess
@@ -223,6 +224,13 @@ class PythonBackend(Backend):
         if (instance is None or not self._ready or not instance.process.alive
                 or sum(a.nbytes for r in requests for a in r.inputs.values()) > _START_INPUT_BYTES):
             return False  # a restart blocks; large inputs are copied off the event loop
+        if not self._decoupled:
+            # A decoupled model's streamed responses may have to wait for the client (backpressure): its
+            # channel stays with the reader thread, which may block, where the event loop never may.
+            try:
+                instance.process.read_on(asyncio.get_running_loop())
+            except RuntimeError:  # not called on an event loop: the reader thread reads on
+                pass
         keys = instance.requests.open(requests, streamed=self._decoupled)
         try:
             arena_info, batch = self._write_inputs(requests, keys)

@@ -9,6 +9,7 @@ registered for it. Sending is serialized by a lock, so any thread may send.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import queue
@@ -103,6 +104,10 @@ class ModelProcess:
         self._closed_handlers: list[Callable[[], None]] = []
         self.output_arena: Arena | None = None
         self.exit_code: int | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._on_loop = False
+        """The event loop reads the channel (after ``read_on``), not the reader thread."""
+        self._ended_event = threading.Event()
         self._reader = threading.Thread(target=self._read, name=f"python-model-reader:{self.name}", daemon=True)
         self._reader.start()
 
@@ -145,6 +150,15 @@ class ModelProcess:
         """Called (on the reader thread) once the process is gone."""
         self._closed_handlers.append(callback)
 
+    def read_on(self, loop: asyncio.AbstractEventLoop) -> None:
+        """From now on the event loop reads the channel (call on its thread): a reply wakes the loop
+        itself, not a thread that must then wake it. The reader thread hands over at a marker the
+        model process echoes, so that every message is read exactly once, in order."""
+        if self._loop is not None:
+            return
+        self._loop = loop
+        self.send(("handover",))
+
     def _read(self) -> None:
         try:
             while True:
@@ -152,25 +166,61 @@ class ModelProcess:
                     message = self.conn.recv()
                 except (EOFError, OSError):
                     break
-                kind = message[0]
-                if kind in REPLIES:
-                    self._reply(message)
-                    continue
-                handler = self._handlers.get(kind)
-                if handler is None:
-                    log.error("model %s sent an unknown message %r", self.name, kind)
-                    continue
-                try:
-                    handler(message)
-                except Exception:
-                    log.exception("model %s: handling its %r message failed", self.name, kind)
-        finally:
+                if message[0] == "handed_over" and self._loop is not None:
+                    try:
+                        self._loop.call_soon_threadsafe(self._read_on_loop)
+                    except RuntimeError:  # the loop is closed: read on here
+                        continue
+                    return
+                self._dispatch(message)
+        except BaseException:
+            self._end()
+            raise
+        self._end()
+
+    def _read_on_loop(self) -> None:
+        assert self._loop is not None
+        self._loop.add_reader(self.conn.fileno(), self._readable)
+        self._on_loop = True
+
+    def _readable(self) -> None:
+        """The channel is readable (on the event loop): one message. Messages are small (tensors travel
+        through shared memory), so reading one never waits for long."""
+        try:
+            message = self.conn.recv()
+        except (EOFError, OSError):
+            assert self._loop is not None
+            self._loop.remove_reader(self.conn.fileno())
+            self._on_loop = False
+            # Ending waits for the process: never on the event loop.
+            threading.Thread(target=self._end, name=f"python-model-end:{self.name}", daemon=True).start()
+            return
+        self._dispatch(message)
+
+    def _dispatch(self, message: tuple) -> None:
+        kind = message[0]
+        if kind in REPLIES:
+            self._reply(message)
+            return
+        handler = self._handlers.get(kind)
+        if handler is None:
+            log.error("model %s sent an unknown message %r", self.name, kind)
+            return
+        try:
+            handler(message)
+        except Exception:
+            log.exception("model %s: handling its %r message failed", self.name, kind)
+
+    def _end(self) -> None:
+        try:
             self._reply(None)
             for callback in self._closed_handlers:
                 try:
                     callback()
                 except Exception:
                     log.exception("model %s: cleaning up after its process failed", self.name)
+        finally:
+            self._ended_event.set()
 
     def _reply(self, message: tuple | None) -> None:
         with self._reply_lock:
@@ -225,8 +275,31 @@ class ModelProcess:
                 self.process.wait()
         self.exit_code = self.process.returncode
         self._reader.join(timeout=5)
+        if self._on_loop and self._loop is not None and asyncio._get_running_loop() is self._loop:
+            # Stopped from the loop that reads the channel: it cannot read the end while blocked here.
+            self._loop.remove_reader(self.conn.fileno())
+            self._on_loop = False
+            self._end()
+        elif not self._ended_event.wait(5) and self._on_loop:  # the loop is not running: stop it reading
+            self._forget_reader()
         self.conn.close()
         self._drop_output_arena()
+
+    def _forget_reader(self) -> None:
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        try:
+            if loop.is_running():
+                asyncio.run_coroutine_threadsafe(self._remove_reader(), loop).result(5)
+            else:
+                loop.remove_reader(self.conn.fileno())
+        except (RuntimeError, TimeoutError, OSError, ValueError):
+            log.warning("model %s: could not stop the event loop reading its channel", self.name)
+
+    async def _remove_reader(self) -> None:
+        assert self._loop is not None
+        self._loop.remove_reader(self.conn.fileno())
 
     def kill(self) -> None:
         if self.process.poll() is None:

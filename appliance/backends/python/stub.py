@@ -226,6 +226,8 @@ def _read(rt: Runtime, commands: queue.SimpleQueue) -> None:
             kind = message[0]
             if kind in _COMMANDS:
                 commands.put(message)
+            elif kind == "handover":  # the daemon's event loop reads what follows
+                rt.send(("handed_over",))
             elif kind == "free":
                 for block in message[1]:
                     rt.blocks.free(block)
