@@ -40,6 +40,18 @@ _START_INPUT_BYTES = 64 * 1024
 them costs less than the hop to an instance thread; larger ones are copied on the instance's thread."""
 
 
+def _small(requests: Sequence[BackendRequest]) -> bool:
+    """Whether the inputs are cheap to copy on the event loop (BYTES tensors are sized only when
+    serialized, so they never count as small)."""
+    total = 0
+    for request in requests:
+        for array in request.inputs.values():
+            if array.dtype.hasobject:
+                return False
+            total += array.nbytes
+    return total <= _START_INPUT_BYTES
+
+
 def model_parameters(parameters: Mapping[str, object]) -> str:
     """The request's own parameters as the JSON text ``request.parameters()`` returns."""
     kept = {key: value for key, value in parameters.items()
@@ -218,11 +230,11 @@ class PythonBackend(Backend):
 
     def start_requests(self, requests: Sequence[BackendRequest],
                        done: Callable[[BatchResult | BaseException], None]) -> bool:
-        """The event loop writes the inputs (when small) and sends the batch; the reply is read on the
-        channel's reader thread, which completes the batch: no instance thread waits for the model."""
+        """The event loop writes the inputs (when small) and sends the batch; whoever reads the channel
+        (the event loop itself, once handed over) completes the batch with the reply: no instance thread
+        waits for the model."""
         instance = self._instance
-        if (instance is None or not self._ready or not instance.process.alive
-                or sum(a.nbytes for r in requests for a in r.inputs.values()) > _START_INPUT_BYTES):
+        if instance is None or not self._ready or not instance.process.alive or not _small(requests):
             return False  # a restart blocks; large inputs are copied off the event loop
         if not self._decoupled:
             # A decoupled model's streamed responses may have to wait for the client (backpressure): its

@@ -3,8 +3,10 @@
 The channel is multiplexed: the model process answers the daemon's commands (describe, initialize,
 execute, finalize) in order, and in between, from any of its threads, sends messages of its own:
 streamed responses of decoupled models, BLS calls, log records, metric updates. A reader thread
-receives everything; replies go to the caller waiting in ``call``, every other kind to the handler
-registered for it. Sending is serialized by a lock, so any thread may send.
+receives everything until ``read_on`` hands the channel to the event loop (then a reply or a call wakes
+the loop itself); replies go to the caller waiting in ``call`` or to the callback of ``call_async``,
+every other kind to the handler registered for it. Sending is serialized by a lock, so any thread may
+send.
 """
 
 from __future__ import annotations
@@ -108,6 +110,7 @@ class ModelProcess:
         self._on_loop = False
         """The event loop reads the channel (after ``read_on``), not the reader thread."""
         self._ended_event = threading.Event()
+        self._ending = False
         self._reader = threading.Thread(target=self._read, name=f"python-model-reader:{self.name}", daemon=True)
         self._reader.start()
 
@@ -212,6 +215,10 @@ class ModelProcess:
             log.exception("model %s: handling its %r message failed", self.name, kind)
 
     def _end(self) -> None:
+        with self._reply_lock:
+            if self._ending:  # the loop's end thread and stop() may both get here
+                return
+            self._ending = True
         try:
             self._reply(None)
             for callback in self._closed_handlers:
@@ -275,13 +282,18 @@ class ModelProcess:
                 self.process.wait()
         self.exit_code = self.process.returncode
         self._reader.join(timeout=5)
-        if self._on_loop and self._loop is not None and asyncio._get_running_loop() is self._loop:
-            # Stopped from the loop that reads the channel: it cannot read the end while blocked here.
-            self._loop.remove_reader(self.conn.fileno())
-            self._on_loop = False
-            self._end()
-        elif not self._ended_event.wait(5) and self._on_loop:  # the loop is not running: stop it reading
-            self._forget_reader()
+        loop = self._loop
+        if loop is not None and not self._ended_event.is_set():
+            if asyncio._get_running_loop() is loop or not loop.is_running():
+                # Stopped from the loop that reads the channel (it cannot read the end while blocked
+                # here), or with that loop stopped: nobody else will read the end, so it ends here.
+                if self._on_loop and not loop.is_closed():
+                    loop.remove_reader(self.conn.fileno())
+                self._on_loop = False
+                self._end()
+            elif not self._ended_event.wait(5):
+                self._forget_reader()
+                self._end()
         self.conn.close()
         self._drop_output_arena()
 
