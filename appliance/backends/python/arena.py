@@ -68,7 +68,10 @@ class Arena:
         return cls(path, size, owner=False)
 
     def close(self) -> None:
-        self._map.close()
+        try:
+            self._map.close()
+        except BufferError:  # arrays still view it (a model kept an input): unmapped when they go
+            pass
         if self.owner:
             try:
                 os.unlink(self.path)
