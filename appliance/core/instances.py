@@ -37,6 +37,8 @@ class InstancePool:
             thread.start()
         self._free: asyncio.Queue[int] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._elsewhere: dict[int, threading.Event] = {}
+        """Per instance, the batch last started with ``begin``: set once it has finished."""
         self._closed: set[int] = set()
         """Instances whose backend close() has been called: a second close() leaves them be."""
 
@@ -91,7 +93,11 @@ class InstancePool:
         loop = self._loop
         future: asyncio.Future = loop.create_future()
 
+        running = threading.Event()
+        self._elsewhere[index] = running
+
         def finished(result: Any, error: BaseException | None) -> None:
+            running.set()
             try:
                 loop.call_soon_threadsafe(self._finish, index, future, result, error)
             except RuntimeError:  # the loop is closed: the daemon stopped without waiting for this batch
@@ -100,9 +106,13 @@ class InstancePool:
         try:
             started = start(self._backends[index], finished)
         except Exception as exc:  # handed to the waiter, as a thread would
+            running.set()
             self._finish(index, future, None, exc)
             return future
-        return future if started else None
+        if not started:
+            running.set()
+            return None
+        return future
 
     def run_inline(self, index: int, work: Callable[[Backend], T]) -> T:
         """Run ``work(backend)`` on an acquired instance right here, on the event loop's thread, and
@@ -165,6 +175,14 @@ class InstancePool:
             if index in self._closed:  # closed by an earlier call
                 continue
             thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            elsewhere = self._elsewhere.get(index)
+            if elsewhere is not None and not elsewhere.wait(
+                    None if deadline is None else max(0.0, deadline - time.monotonic())):
+                errors.append(TimeoutError(
+                    f"instance {thread.name} was still running a batch when its time to close ran out; "
+                    "left running until the process exits"
+                ))
+                continue
             if thread.is_alive():
                 errors.append(TimeoutError(
                     f"instance {thread.name} was still running a batch when its time to close ran out; "
