@@ -134,7 +134,7 @@ def _exec_cost(base: str, count: int) -> dict[str, float]:
 def measure(args: argparse.Namespace, workdir: Path) -> dict:
     require_wrk()
     repo = write_repository(workdir / "repo")
-    server = start_appliance(repo, workdir / "state", "--no-selection")
+    server = start_appliance(repo, workdir / "state")  # as deployed: selection decides where the identity runs
     body, headers = _body(), {"Content-Type": "application/json"}
     runs: dict[int, dict[str, list[Result]]] = {c: {s: [] for s in SERIES} for c in args.concurrency}
     exec_costs = []

@@ -292,6 +292,15 @@ class Backend(abc.ABC):
         split: list[dict[str, np.ndarray] | BaseException] = list(_split_outputs(results, requests))
         return BatchResult(split, input_ns=gathered - start, output_ns=time.perf_counter_ns() - ran)
 
+    def start_requests(self, requests: Sequence[BackendRequest],
+                       done: Callable[[BatchResult | BaseException], None]) -> bool:
+        """Start the requests of one batch without blocking the caller (the event loop), for a backend
+        whose batch runs elsewhere (another process): ``done`` is called once, from any thread, with the
+        batch's result or the exception that failed it. Return False, without calling ``done``, when it
+        cannot start that way right now (e.g. it must first restart something, or the inputs are large):
+        the scheduler then runs ``run_requests`` on the instance's thread. This default never starts."""
+        return False
+
     def close(self) -> None:  # noqa: B027 - most runtimes free themselves when dropped
         """Release what the instance holds."""
 

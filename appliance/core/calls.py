@@ -9,6 +9,7 @@ a stream, through a sink. The thread that asked never waits on the loop, and the
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -68,6 +69,12 @@ class LocalModels:
             coroutine.close()
             future: Future = Future()
             future.set_exception(Unavailable("the server is not running"))
+            return future
+        if asyncio._get_running_loop() is self._loop:  # called on the loop (a channel it reads): no hop
+            task = self._loop.create_task(coroutine)
+            future = Future()
+            task.add_done_callback(functools.partial(_settle, future))
+            future.add_done_callback(lambda done: task.cancel() if done.cancelled() else None)
             return future
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop)
 
@@ -167,6 +174,19 @@ class LocalModels:
         self._check_control("unload")
         self._registry.model_dir(name)
         await self._registry.unload(name, unload_dependents=unload_dependents)
+
+
+def _settle(future: Future, task: asyncio.Task) -> None:
+    if future.cancelled():
+        return
+    if task.cancelled():
+        future.cancel()
+        return
+    error = task.exception()
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(task.result())
 
 
 class _Cancelled(ApplianceError):

@@ -37,6 +37,8 @@ class InstancePool:
             thread.start()
         self._free: asyncio.Queue[int] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._elsewhere: dict[int, threading.Event] = {}
+        """Per instance, the batch last started with ``begin``: set once it has finished."""
         self._closed: set[int] = set()
         """Instances whose backend close() has been called: a second close() leaves them be."""
 
@@ -79,6 +81,37 @@ class InstancePool:
                 pass
 
         self._inboxes[index].put(run)
+        return future
+
+    def begin(self, index: int, start: Callable[[Backend, Callable[[Any, BaseException | None], None]], bool]
+              ) -> asyncio.Future | None:
+        """Start work on an acquired instance that completes on another thread by itself (a backend's
+        ``start_requests``): ``start(backend, finished)`` returns False when it cannot, and then this
+        returns None with the instance still acquired; otherwise ``finished(result, error)`` (from any
+        thread) resolves the future and releases the instance, with no thread of the pool in between."""
+        assert self._loop is not None
+        loop = self._loop
+        future: asyncio.Future = loop.create_future()
+
+        running = threading.Event()
+        self._elsewhere[index] = running
+
+        def finished(result: Any, error: BaseException | None) -> None:
+            running.set()
+            try:
+                loop.call_soon_threadsafe(self._finish, index, future, result, error)
+            except RuntimeError:  # the loop is closed: the daemon stopped without waiting for this batch
+                pass
+
+        try:
+            started = start(self._backends[index], finished)
+        except Exception as exc:  # handed to the waiter, as a thread would
+            running.set()
+            self._finish(index, future, None, exc)
+            return future
+        if not started:
+            running.set()
+            return None
         return future
 
     def run_inline(self, index: int, work: Callable[[Backend], T]) -> T:
@@ -142,6 +175,14 @@ class InstancePool:
             if index in self._closed:  # closed by an earlier call
                 continue
             thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            elsewhere = self._elsewhere.get(index)
+            if elsewhere is not None and not elsewhere.wait(
+                    None if deadline is None else max(0.0, deadline - time.monotonic())):
+                errors.append(TimeoutError(
+                    f"instance {thread.name} was still running a batch when its time to close ran out; "
+                    "left running until the process exits"
+                ))
+                continue
             if thread.is_alive():
                 errors.append(TimeoutError(
                     f"instance {thread.name} was still running a batch when its time to close ran out; "

@@ -9,10 +9,11 @@ raises fails only the batch it was given; a decoupled model's responses stream t
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -34,6 +35,21 @@ log = logging.getLogger(__name__)
 # leaves them out, as Triton's does.
 _TRANSPORT_PREFIXES = ("shared_memory_", "binary_data", "sequence_", "triton_")
 _TRANSPORT_KEYS = frozenset({"priority", "timeout", "headers"})
+_START_INPUT_BYTES = 64 * 1024
+"""Inputs up to this size are written into the arena on the event loop (``start_requests``): copying
+them costs less than the hop to an instance thread; larger ones are copied on the instance's thread."""
+
+
+def _small(requests: Sequence[BackendRequest]) -> bool:
+    """Whether the inputs are cheap to copy on the event loop (BYTES tensors are sized only when
+    serialized, so they never count as small)."""
+    total = 0
+    for request in requests:
+        for array in request.inputs.values():
+            if array.dtype.hasobject:
+                return False
+            total += array.nbytes
+    return total <= _START_INPUT_BYTES
 
 
 def model_parameters(parameters: Mapping[str, object]) -> str:
@@ -212,15 +228,66 @@ class PythonBackend(Backend):
         instance.requests.finish_batch(keys, results)
         return BatchResult(results)
 
-    def _results(self, reply: tuple, count: int) -> list[dict[str, np.ndarray] | BaseException]:
-        assert self._instance is not None
+    def start_requests(self, requests: Sequence[BackendRequest],
+                       done: Callable[[BatchResult | BaseException], None]) -> bool:
+        """The event loop writes the inputs (when small) and sends the batch; whoever reads the channel
+        (the event loop itself, once handed over) completes the batch with the reply: no instance thread
+        waits for the model."""
+        instance = self._instance
+        if instance is None or not self._ready or not instance.process.alive or not _small(requests):
+            return False  # a restart blocks; large inputs are copied off the event loop
+        if not self._decoupled:
+            # A decoupled model's streamed responses may have to wait for the client (backpressure): its
+            # channel stays with the reader thread, which may block, where the event loop never may.
+            try:
+                instance.process.read_on(asyncio.get_running_loop())
+            except RuntimeError:  # not called on an event loop: the reader thread reads on
+                pass
+        keys = instance.requests.open(requests, streamed=self._decoupled)
+        try:
+            arena_info, batch = self._write_inputs(requests, keys)
+        except BaseException as exc:
+            instance.requests.finish_batch(keys, [exc for _ in keys])
+            raise
+
+        def replied(reply: tuple | None) -> None:
+            try:
+                results = self._replied(instance, reply, len(requests))
+                instance.requests.finish_batch(keys, results)
+            except BaseException as exc:  # noqa: BLE001 - the batch must complete, whatever happened
+                done(exc)
+                return
+            done(BatchResult(results))
+
+        instance.process.call_async(("execute", arena_info, batch), replied)
+        return True
+
+    def _replied(self, instance: _Instance, reply: tuple | None,
+                 count: int) -> list[dict[str, np.ndarray] | BaseException]:
+        if reply is None:
+            self._ready = False
+            try:
+                code: int | None = instance.process.process.wait(5)
+            except subprocess.TimeoutExpired:  # closed its end of the channel but lingers
+                code = None
+            return [InferenceFailed(f"the model process of '{instance.process.name}' exited with code {code} "
+                                    "while handling the request; it is restarted for the next request")
+                    for _ in range(count)]
+        if reply[0] == "crashed":
+            raise ConfigError(f"model.py of '{instance.process.name}' failed: {reply[1]}\n{reply[2]}")
+        return self._results(reply, count, instance)
+
+    def _results(self, reply: tuple, count: int,
+                 instance: _Instance | None = None) -> list[dict[str, np.ndarray] | BaseException]:
+        instance = instance or self._instance
+        assert instance is not None
         if reply[0] == "failed":
             error = InferenceFailed(f"model.py execute() failed: {reply[1]}")
             return [error for _ in range(count)]
         _, arena_info, packed = reply
         if packed is None:  # decoupled: the responses went to the sinks
             return [{} for _ in range(count)]
-        arena = self._instance.process.outputs(arena_info)
+        arena = instance.process.outputs(arena_info)
         results: list[dict[str, np.ndarray] | BaseException] = []
         for item in packed:
             if item[0] == "error":

@@ -1,8 +1,9 @@
 """What a model process asks of the daemon, served on the daemon's side: BLS calls (through the daemon's
 own data plane), questions (is_cancelled, is_model_ready, load/unload), log records and custom metrics.
 
-Runs on the process's reader thread and never blocks it on a model: a BLS call is handed to the data
-plane, and its answer is sent when the call completes (on the event loop's thread).
+Runs on whatever reads the process's channel (its reader thread, or the event loop once the channel is
+handed over) and never blocks it on a model: a BLS call is handed to the data plane, and its answer is
+sent when the call completes (on the event loop's thread).
 """
 
 from __future__ import annotations

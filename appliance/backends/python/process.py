@@ -3,12 +3,15 @@
 The channel is multiplexed: the model process answers the daemon's commands (describe, initialize,
 execute, finalize) in order, and in between, from any of its threads, sends messages of its own:
 streamed responses of decoupled models, BLS calls, log records, metric updates. A reader thread
-receives everything; replies go to the caller waiting in ``call``, every other kind to the handler
-registered for it. Sending is serialized by a lock, so any thread may send.
+receives everything until ``read_on`` hands the channel to the event loop (then a reply or a call wakes
+the loop itself); replies go to the caller waiting in ``call`` or to the callback of ``call_async``,
+every other kind to the handler registered for it. Sending is serialized by a lock, so any thread may
+send.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import queue
@@ -95,10 +98,19 @@ class ModelProcess:
         self.conn = Connection(parent.detach())
         self._send_lock = threading.Lock()
         self._replies: queue.SimpleQueue = queue.SimpleQueue()
+        self._reply_to: Callable[[tuple | None], None] | None = None
+        """Where the next reply goes instead of ``_replies`` (a command sent with ``call_async``)."""
+        self._reply_lock = threading.Lock()
+        self._ended = False
         self._handlers = dict(handlers)
         self._closed_handlers: list[Callable[[], None]] = []
         self.output_arena: Arena | None = None
         self.exit_code: int | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._on_loop = False
+        """The event loop reads the channel (after ``read_on``), not the reader thread."""
+        self._ended_event = threading.Event()
+        self._ending = False
         self._reader = threading.Thread(target=self._read, name=f"python-model-reader:{self.name}", daemon=True)
         self._reader.start()
 
@@ -125,9 +137,30 @@ class ModelProcess:
             raise ConfigError(f"model.py of '{self.name}' failed: {reply[1]}\n{reply[2]}")
         return reply
 
+    def call_async(self, message: tuple, on_reply: Callable[[tuple | None], None]) -> None:
+        """Send a command without waiting: ``on_reply`` gets its reply on the reader thread (None if the
+        process ended first). Commands are answered in order, and the daemon sends one at a time."""
+        with self._reply_lock:
+            ended = self._ended
+            if not ended:
+                self._reply_to = on_reply
+        if ended:  # the reader has stopped: nobody would answer
+            on_reply(None)
+            return
+        self.send(message)
+
     def on_exit(self, callback: Callable[[], None]) -> None:
         """Called (on the reader thread) once the process is gone."""
         self._closed_handlers.append(callback)
+
+    def read_on(self, loop: asyncio.AbstractEventLoop) -> None:
+        """From now on the event loop reads the channel (call on its thread): a reply wakes the loop
+        itself, not a thread that must then wake it. The reader thread hands over at a marker the
+        model process echoes, so that every message is read exactly once, in order."""
+        if self._loop is not None:
+            return
+        self._loop = loop
+        self.send(("handover",))
 
     def _read(self) -> None:
         try:
@@ -136,25 +169,78 @@ class ModelProcess:
                     message = self.conn.recv()
                 except (EOFError, OSError):
                     break
-                kind = message[0]
-                if kind in REPLIES:
-                    self._replies.put(message)
-                    continue
-                handler = self._handlers.get(kind)
-                if handler is None:
-                    log.error("model %s sent an unknown message %r", self.name, kind)
-                    continue
-                try:
-                    handler(message)
-                except Exception:
-                    log.exception("model %s: handling its %r message failed", self.name, kind)
-        finally:
-            self._replies.put(None)
+                if message[0] == "handed_over" and self._loop is not None:
+                    try:
+                        self._loop.call_soon_threadsafe(self._read_on_loop)
+                    except RuntimeError:  # the loop is closed: read on here
+                        continue
+                    return
+                self._dispatch(message)
+        except BaseException:
+            self._end()
+            raise
+        self._end()
+
+    def _read_on_loop(self) -> None:
+        assert self._loop is not None
+        self._loop.add_reader(self.conn.fileno(), self._readable)
+        self._on_loop = True
+
+    def _readable(self) -> None:
+        """The channel is readable (on the event loop): one message. Messages are small (tensors travel
+        through shared memory), so reading one never waits for long."""
+        try:
+            message = self.conn.recv()
+        except (EOFError, OSError):
+            assert self._loop is not None
+            self._loop.remove_reader(self.conn.fileno())
+            self._on_loop = False
+            # Ending waits for the process: never on the event loop.
+            threading.Thread(target=self._end, name=f"python-model-end:{self.name}", daemon=True).start()
+            return
+        self._dispatch(message)
+
+    def _dispatch(self, message: tuple) -> None:
+        kind = message[0]
+        if kind in REPLIES:
+            self._reply(message)
+            return
+        handler = self._handlers.get(kind)
+        if handler is None:
+            log.error("model %s sent an unknown message %r", self.name, kind)
+            return
+        try:
+            handler(message)
+        except Exception:
+            log.exception("model %s: handling its %r message failed", self.name, kind)
+
+    def _end(self) -> None:
+        with self._reply_lock:
+            if self._ending:  # the loop's end thread and stop() may both get here
+                return
+            self._ending = True
+        try:
+            self._reply(None)
             for callback in self._closed_handlers:
                 try:
                     callback()
                 except Exception:
                     log.exception("model %s: cleaning up after its process failed", self.name)
+        finally:
+            self._ended_event.set()
+
+    def _reply(self, message: tuple | None) -> None:
+        with self._reply_lock:
+            on_reply, self._reply_to = self._reply_to, None
+            if message is None:
+                self._ended = True
+        if on_reply is None:
+            self._replies.put(message)
+            return
+        try:
+            on_reply(message)
+        except Exception:
+            log.exception("model %s: handling its reply failed", self.name)
 
     # -- arenas ------------------------------------------------------------------------------
 
@@ -196,8 +282,36 @@ class ModelProcess:
                 self.process.wait()
         self.exit_code = self.process.returncode
         self._reader.join(timeout=5)
+        loop = self._loop
+        if loop is not None and not self._ended_event.is_set():
+            if asyncio._get_running_loop() is loop or not loop.is_running():
+                # Stopped from the loop that reads the channel (it cannot read the end while blocked
+                # here), or with that loop stopped: nobody else will read the end, so it ends here.
+                if self._on_loop and not loop.is_closed():
+                    loop.remove_reader(self.conn.fileno())
+                self._on_loop = False
+                self._end()
+            elif not self._ended_event.wait(5):
+                self._forget_reader()
+                self._end()
         self.conn.close()
         self._drop_output_arena()
+
+    def _forget_reader(self) -> None:
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        try:
+            if loop.is_running():
+                asyncio.run_coroutine_threadsafe(self._remove_reader(), loop).result(5)
+            else:
+                loop.remove_reader(self.conn.fileno())
+        except (RuntimeError, TimeoutError, OSError, ValueError):
+            log.warning("model %s: could not stop the event loop reading its channel", self.name)
+
+    async def _remove_reader(self) -> None:
+        assert self._loop is not None
+        self._loop.remove_reader(self.conn.fileno())
 
     def kill(self) -> None:
         if self.process.poll() is None:

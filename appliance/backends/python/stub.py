@@ -2,8 +2,9 @@
 
 Run by the daemon as ``python -m appliance.backends.python.stub FD MODEL_FILE DAEMON_PID``, with FD one
 end of a socket pair. The main thread runs the commands (describe, initialize, execute, finalize) in
-order; a reader thread receives everything, answers the model's own calls (BLS, is_cancelled) as they
-come back, and ends the process when the daemon goes away. Tensors travel through shared-memory arenas.
+order, and reads the channel itself while it waits for the next one; a reader thread reads while it runs
+one and the model's own calls (BLS, is_cancelled) wait for answers (see ``reading``). Whichever reads
+the end of the channel ends the process: the daemon went away. Tensors travel through shared-memory arenas.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import inspect
 import json
 import logging
 import os
-import queue
 import signal
 import sys
 import threading
@@ -30,10 +30,10 @@ from appliance.backends.python.pb import runtime
 from appliance.backends.python.pb.logger import forward_logging
 from appliance.backends.python.pb.runtime import Runtime
 from appliance.backends.python.pb.transfer import error_of, tensors_of
+from appliance.backends.python.reading import Reading
 
 log = logging.getLogger("appliance.python-stub")
 
-_COMMANDS = frozenset({"describe", "initialize", "execute", "finalize"})
 _PR_SET_PDEATHSIG = 1
 
 
@@ -184,12 +184,12 @@ def _execute(model: _Model, requests: list, rt: Runtime, output: Arena | None) -
     return ("done", output.info(), packed), output
 
 
-def serve(rt: Runtime, commands: queue.SimpleQueue, model_file: Path) -> None:
+def serve(rt: Runtime, commands: Reading, model_file: Path) -> None:
     model_class = _load_model_class(model_file)
-    command, config = commands.get()
+    command, config = commands.next_command()
     assert command == "describe"
     rt.send(("described", _auto_complete(model_class, config)))
-    command, args = commands.get()
+    command, args = commands.next_command()
     assert command == "initialize"
     try:
         model = _Model(model_class)
@@ -198,10 +198,12 @@ def serve(rt: Runtime, commands: queue.SimpleQueue, model_file: Path) -> None:
     except Exception as exc:
         rt.send(_failure(exc))
         return
+    if model.decoupled:
+        commands.keep_reader()
     rt.send(("ready", None))
     inputs, output = _Attached(), None
     while True:
-        message = commands.get()
+        message = commands.next_command()
         if message[0] == "finalize":
             break
         _, arena_info, batch = message
@@ -218,22 +220,20 @@ def serve(rt: Runtime, commands: queue.SimpleQueue, model_file: Path) -> None:
     rt.send(("finalized", None))
 
 
-def _read(rt: Runtime, commands: queue.SimpleQueue) -> None:
-    """The reader thread: commands to the main thread, answers to the calls waiting for them."""
-    try:
-        while True:
-            message = rt.conn.recv()
-            kind = message[0]
-            if kind in _COMMANDS:
-                commands.put(message)
-            elif kind == "free":
-                for block in message[1]:
-                    rt.blocks.free(block)
-            else:
-                rt.answer(message)
-    except (EOFError, OSError):
-        pass
-    # The daemon is gone (it stopped, or died): nobody will read what this process makes.
+def _dispatch(rt: Runtime, message: tuple) -> None:
+    """A message of the daemon that is not a command, on the thread that read it."""
+    kind = message[0]
+    if kind == "handover":  # the daemon's event loop reads what follows
+        rt.send(("handed_over",))
+    elif kind == "free":
+        for block in message[1]:
+            rt.blocks.free(block)
+    else:
+        rt.answer(message)
+
+
+def _gone(rt: Runtime) -> None:
+    """The daemon is gone (it stopped, or died): nobody will read what this process makes."""
     rt.fail_calls("the server went away")
     rt.close()
     os._exit(0)
@@ -246,8 +246,7 @@ def main() -> None:
     rt = Runtime(conn, model_file.parent.parent.name)
     runtime.install(rt)
     forward_logging(rt)
-    commands: queue.SimpleQueue = queue.SimpleQueue()
-    threading.Thread(target=_read, args=(rt, commands), name="pb-reader", daemon=True).start()
+    commands = Reading(rt, lambda message: _dispatch(rt, message), lambda: _gone(rt))
     try:
         serve(rt, commands, model_file)
     except Exception as exc:

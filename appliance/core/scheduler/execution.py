@@ -17,16 +17,17 @@ import queue
 import statistics
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from appliance.backends import Backend, BackendRequest
+from appliance.backends.base import BatchResult
 from appliance.core.stats import BatchTiming
 
 __all__ = ["INLINE_BUDGET_NS", "THREADED", "ExecutionMode", "choose_execution", "execute_batch",
-           "measure_thread_hop", "plan_batch_ns"]
+           "measure_thread_hop", "plan_batch_ns", "start_batch"]
 
 INLINE_BUDGET_NS = 200_000
 """The longest a batch run inline may block the event loop."""
@@ -126,3 +127,22 @@ def execute_batch(
     end = time.monotonic_ns()
     infer = max(0, end - start - batch.input_ns - batch.output_ns)
     return batch.results, BatchTiming(batch.input_ns, infer, batch.output_ns, start, end)
+
+
+def start_batch(
+    backend: Backend, finished: Callable[[Any, BaseException | None], None], requests: Sequence[BackendRequest]
+) -> bool:
+    """Start requests as one batch with the backend's ``start_requests`` (it completes on a thread of its
+    own, e.g. when another process replies); ``finished`` gets what ``execute_batch`` returns, or the
+    error. False when the backend cannot start it that way (then ``finished`` is never called)."""
+    start = time.monotonic_ns()
+
+    def done(batch: BatchResult | BaseException) -> None:
+        if isinstance(batch, BaseException):
+            finished(None, batch)
+            return
+        end = time.monotonic_ns()
+        infer = max(0, end - start - batch.input_ns - batch.output_ns)
+        finished((batch.results, BatchTiming(batch.input_ns, infer, batch.output_ns, start, end)), None)
+
+    return backend.start_requests(requests, done)

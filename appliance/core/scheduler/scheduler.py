@@ -23,7 +23,7 @@ import numpy as np
 
 from appliance.backends import BackendRequest
 from appliance.core.instances import InstancePool
-from appliance.core.scheduler.execution import THREADED, ExecutionMode, execute_batch
+from appliance.core.scheduler.execution import THREADED, ExecutionMode, execute_batch, start_batch
 from appliance.core.scheduler.policy import SchedulerPolicy
 from appliance.core.scheduler.queue import Pending, RequestQueue
 from appliance.core.stats import BatchTiming, ModelStats, StepTiming
@@ -307,7 +307,11 @@ class Scheduler:
             self._run_inline(index, batch, queue_ns, work, items)
             return
         self._in_flight += len(batch)
-        future = self.pool.execute(index, work)
+        # A backend that runs the batch in another process starts it from here and is woken by its
+        # reply, with no instance thread in between; otherwise (or when it cannot now) the thread runs it.
+        future = self.pool.begin(index, functools.partial(start_batch, requests=requests))
+        if future is None:
+            future = self.pool.execute(index, work)
         future.add_done_callback(functools.partial(self._on_batch_done, batch, queue_ns))
 
     def _run_inline(self, index: int, batch: list[Pending], queue_ns: list[int], work: Any, items: int) -> None:

@@ -103,3 +103,44 @@ def test_a_batch_that_ends_after_its_loop_closed_is_dropped_quietly(make_pool):
     loop.close()  # as when the daemon stops without waiting for a stuck batch
     errors = pool.close(timeout=5)
     assert errors == [] and backend.closed
+
+
+async def test_work_started_elsewhere_completes_from_another_thread_and_frees_the_instance(make_pool):
+    import threading
+
+    pool = make_pool([FakeBackend()])
+    pool.start()
+
+    def start(backend, finished):
+        threading.Thread(target=finished, args=("done", None)).start()
+        return True
+
+    index = await pool.acquire()
+    future = pool.begin(index, start)
+    assert future is not None
+    assert await future == "done"
+    assert pool.idle == 1
+
+
+async def test_work_that_cannot_start_elsewhere_leaves_the_instance_acquired(make_pool):
+    pool = make_pool([FakeBackend()])
+    pool.start()
+    index = await pool.acquire()
+    assert pool.begin(index, lambda backend, finished: False) is None
+    assert pool.idle == 0
+    assert np.array_equal((await pool.execute(index, _double))["y"], [[2.0]])
+    assert pool.idle == 1
+
+
+async def test_work_that_fails_to_start_reaches_the_waiter_and_frees_the_instance(make_pool):
+    pool = make_pool([FakeBackend()])
+    pool.start()
+
+    def start(backend, finished):
+        raise RuntimeError("no")
+
+    future = pool.begin(await pool.acquire(), start)
+    assert future is not None
+    with pytest.raises(RuntimeError, match="no"):
+        await future
+    assert pool.idle == 1

@@ -34,6 +34,8 @@ class Runtime:
         self._calls_lock = threading.Lock()
         self._released: list[int] = []
         self._released_lock = threading.Lock()
+        self.on_call: Callable[[], None] | None = None
+        """Told when a call starts (before its request is sent), so that some thread reads its answers."""
 
     def send(self, message: tuple) -> None:
         with self._send_lock:
@@ -65,6 +67,8 @@ class Runtime:
         call = next(self._ids)
         with self._calls_lock:
             self._calls[call] = on_answer
+        if self.on_call is not None:
+            self.on_call()
         return call
 
     def ask(self, what: str, *args: Any, timeout: float | None = None) -> Any:

@@ -1,0 +1,116 @@
+"""Who reads the model process's end of the channel: the main thread or the reader thread.
+
+The main thread runs the daemon's commands one at a time. While it waits for the next one it reads the
+channel itself, so a command wakes it directly, not through another thread (a thread hop costs as much
+as the whole round trip to the daemon). While it runs a command nobody reads, unless another thread
+starts a call that needs an answer (BLS, ``is_cancelled``, a metric family): then the reader thread
+takes over and keeps reading (commands it reads go to the main thread through a queue) until a command
+passes without calls, when the main thread takes reading back through a wake-up pipe. Exactly one thread
+reads at any time, so every message is read once and in order. A daemon that goes away while nobody
+reads is noticed by PR_SET_PDEATHSIG, or when the command ends.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import select
+import threading
+from collections.abc import Callable
+
+from appliance.backends.python.pb.runtime import Runtime
+
+__all__ = ["COMMANDS", "Reading"]
+
+COMMANDS = frozenset({"describe", "initialize", "execute", "finalize"})
+
+_MAIN, _BUSY, _READER = "main", "busy", "reader"
+
+
+class Reading:
+    def __init__(self, rt: Runtime, dispatch: Callable[[tuple], None], gone: Callable[[], None]) -> None:
+        """``dispatch``: handles a message that is not a command, on the thread that read it; ``gone``:
+        the daemon closed the channel (never returns)."""
+        self._rt = rt
+        self._dispatch = dispatch
+        self._gone = gone
+        self._lock = threading.Lock()
+        self._state = _MAIN
+        self._called = False
+        """A call was started during the current command."""
+        self._always = False
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._reader_turn = threading.Event()
+        self._main_turn = threading.Event()
+        self._wake_read, self._wake_write = os.pipe()
+        rt.on_call = self.call_started
+        threading.Thread(target=self._read, name="pb-reader", daemon=True).start()
+
+    def keep_reader(self) -> None:
+        """The reader thread reads from now on (a decoupled model: the blocks of the responses it sends
+        during execute() come back to it as they are read)."""
+        self._always = True
+        self.call_started()
+
+    def call_started(self) -> None:
+        """Some thread waits for an answer: make sure a thread reads (any thread, before it sends)."""
+        with self._lock:
+            self._called = True
+            if self._state != _BUSY:
+                return
+            self._state = _READER
+        self._reader_turn.set()
+
+    def next_command(self) -> tuple:
+        """Main thread: the next command, reading (and dispatching what else comes) while it waits."""
+        with self._lock:
+            reclaim = self._state == _READER and not self._called and not self._always
+            if self._state == _BUSY:
+                self._state = _MAIN
+            self._called = False
+        if reclaim:  # the last command made no call: the reader thread hands reading back
+            self._main_turn.clear()
+            os.write(self._wake_write, b"x")
+            self._main_turn.wait()
+        while True:
+            with self._lock:
+                reading = self._state == _MAIN
+            if not reading:  # the reader thread reads on: its commands come through the queue
+                message = self._commands.get()
+            else:
+                try:
+                    message = self._commands.get_nowait()  # read by the reader thread before it handed back
+                except queue.Empty:
+                    message = self._recv()
+            if message[0] in COMMANDS:
+                with self._lock:
+                    if self._state == _MAIN:
+                        self._state = _BUSY
+                return message
+            self._dispatch(message)
+
+    def _recv(self) -> tuple:
+        try:
+            return self._rt.conn.recv()
+        except (EOFError, OSError):
+            self._gone()
+            raise
+
+    def _read(self) -> None:
+        conn = self._rt.conn.fileno()
+        while True:
+            self._reader_turn.wait()
+            self._reader_turn.clear()
+            while True:
+                ready, _, _ = select.select([self._wake_read, conn], [], [])
+                if self._wake_read in ready:
+                    os.read(self._wake_read, 64)
+                    with self._lock:
+                        self._state = _MAIN
+                    self._main_turn.set()
+                    break
+                message = self._recv()
+                if message[0] in COMMANDS:
+                    self._commands.put(message)
+                else:
+                    self._dispatch(message)
