@@ -11,13 +11,9 @@ import pytest
 
 from appliance.backends.base import BackendRequest
 from tests.appliance.backends.python.harness import RecordingSink, loaded, write_model
+from tests.appliance.backends.python.models import REPEAT_CONFIG
 
-DECOUPLED_CONFIG = """
-backend: "python"
-model_transaction_policy { decoupled: true }
-input [ { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] } ]
-output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
-"""
+DECOUPLED_CONFIG = REPEAT_CONFIG  # IN: INT32 [-1] -> OUT: INT32 [1], decoupled
 
 # As Triton's repeat example: one response per element, sent from a thread after execute() returned.
 REPEAT = """
