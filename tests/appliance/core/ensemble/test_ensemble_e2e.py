@@ -10,13 +10,12 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from PIL import Image
 from tritonclient.utils import InferenceServerException
 
 from tests.appliance.core.ensemble.image_pipeline import LABELS, image_pipeline_repository, write_images
 from tests.appliance.core.ensemble.repos import diamond_repository
 from tests.http_util import call
-
-PIL = pytest.importorskip("PIL.Image")
 
 ENSEMBLE = "preprocess_inception_ensemble"
 
@@ -36,7 +35,7 @@ def served(module_daemon, tmp_path_factory):
 
 
 def _pixels(path) -> np.ndarray:
-    image = PIL.open(io.BytesIO(path.read_bytes())).convert("RGB").resize((16, 16))
+    image = Image.open(io.BytesIO(path.read_bytes())).convert("RGB").resize((16, 16))
     return np.asarray(image, dtype=np.float32).transpose(2, 0, 1) / 255.0
 
 
