@@ -33,25 +33,17 @@ def test_http_and_grpc_requests_batch_together(start_daemon, repo):
     results: dict[int, np.ndarray] = {}
     errors: list[BaseException] = []
 
-    def over_http(index: int) -> None:
+    def send(index: int) -> None:  # odd rows over HTTP, even ones over gRPC
+        module, url = (triton_http, daemon.url) if index % 2 else (triton_grpc, daemon.grpc_url)
         try:
-            with triton_http.InferenceServerClient(daemon.url) as client:
-                tensor = triton_http.InferInput("input", [1, 784], "FP32")
+            with module.InferenceServerClient(url) as client:
+                tensor = module.InferInput("input", [1, 784], "FP32")
                 tensor.set_data_from_numpy(rows[index : index + 1])
                 results[index] = client.infer("together", [tensor]).as_numpy("probabilities")
         except BaseException as exc:  # noqa: BLE001 - reported by the test
             errors.append(exc)
 
-    def over_grpc(index: int) -> None:
-        try:
-            with triton_grpc.InferenceServerClient(daemon.grpc_url) as client:
-                tensor = triton_grpc.InferInput("input", [1, 784], "FP32")
-                tensor.set_data_from_numpy(rows[index : index + 1])
-                results[index] = client.infer("together", [tensor]).as_numpy("probabilities")
-        except BaseException as exc:  # noqa: BLE001 - reported by the test
-            errors.append(exc)
-
-    threads = [threading.Thread(target=over_http if i % 2 else over_grpc, args=(i,)) for i in range(16)]
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(16)]
     for thread in threads:
         thread.start()
     for thread in threads:
