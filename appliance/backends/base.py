@@ -42,6 +42,7 @@ __all__ = [
     "ModelCalls",
     "Outputs",
     "ResponseSink",
+    "not_cancelled",
     "RuntimeOptions",
     "threads_per_instance",
     "usable_cores",
@@ -191,7 +192,8 @@ class Outputs(dict[str, np.ndarray]):
         self.parameters: Mapping[str, object] = dict(parameters or {})
 
 
-def _never() -> bool:
+def not_cancelled() -> bool:
+    """The cancellation probe of a request nobody can cancel."""
     return False
 
 
@@ -215,7 +217,7 @@ class BackendRequest:
     sink: ResponseSink | None = None
     """Set for a request to a decoupled model: every response goes here, and the request's entry in
     ``BatchResult.results`` is ignored unless it is an exception (sent as an error, then final)."""
-    cancelled: Callable[[], bool] = _never
+    cancelled: Callable[[], bool] = not_cancelled
     """True once the client went away or cancelled (Triton's ``request.is_cancelled()``)."""
 
 

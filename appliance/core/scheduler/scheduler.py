@@ -9,7 +9,6 @@ waiter gets a result or an exception: a failed batch fails each request in it.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import itertools
 import logging
@@ -22,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from appliance.backends import BackendRequest
+from appliance.backends.base import not_cancelled
 from appliance.core.instances import InstancePool
 from appliance.core.scheduler.execution import THREADED, ExecutionMode, execute_batch, start_batch
 from appliance.core.scheduler.policy import SchedulerPolicy
@@ -385,12 +385,9 @@ class Scheduler:
 
 
 def _backend_request(pending: Pending) -> BackendRequest:
-    request = BackendRequest(pending.inputs, pending.outputs, pending.parameters, pending.size,
-                             request_id=pending.request_id, timeout_us=_timeout_us(pending.parameters),
-                             sink=pending.sink)
-    if pending.cancelled is not None:
-        request = dataclasses.replace(request, cancelled=pending.cancelled)
-    return request
+    return BackendRequest(pending.inputs, pending.outputs, pending.parameters, pending.size,
+                          request_id=pending.request_id, timeout_us=_timeout_us(pending.parameters),
+                          sink=pending.sink, cancelled=pending.cancelled or not_cancelled)
 
 
 def _timeout_us(parameters: Mapping[str, Any]) -> int:
