@@ -10,14 +10,14 @@ import time
 
 from appliance import __version__
 from appliance.client.boxes import Browser
+from appliance.composition import Appliance
 from appliance.grpc import GrpcServer
 from appliance.mdns.announcer import Announcer, box_id, catalog_digest
 from appliance.mdns.fleet import FleetView
 from appliance.rest.app import build_app, build_metrics_app
-from appliance.rest.server import ConnectionLimiter, HttpServer, fit_connections_to_descriptors
-from appliance.server import Appliance
-from appliance.service.notify import Notifier
+from appliance.rest.http_server import ConnectionLimiter, HttpServer, fit_connections_to_descriptors
 from appliance.settings import Settings
+from appliance.systemd.notify import Notifier
 
 __all__ = ["serve"]
 

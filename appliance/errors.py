@@ -2,7 +2,7 @@
 
 Each error carries the HTTP status it maps to as a class attribute (an ``http.HTTPStatus``, not a
 framework constant); the REST layer turns any of them into ``{"error": "..."}`` in one place, the gRPC
-layer into a status code (``appliance.grpc.errors``) from that same attribute.
+layer into a status code (``appliance.grpc.status``) from that same attribute.
 """
 
 from __future__ import annotations

@@ -137,8 +137,8 @@ async def _core(repo: Path, calls: int, repeats: int) -> dict[str, float]:
     """Median per-call time (us) of ModelVersion.infer, one call at a time, on the ONNX model and on the
     one- and two-step ONNX ensembles."""
     from appliance.backends import RuntimeOptions
-    from appliance.core.registry import ModelRegistry
-    from appliance.core.types import InferInput, InferRequest
+    from appliance.engine.types import InferInput, InferRequest
+    from appliance.repository.registry import ModelRegistry
 
     registry = ModelRegistry(repo, RuntimeOptions(), drain_timeout=5)
     await registry.load_all(["onnx", "wrap_onnx", "onnx_onnx"])

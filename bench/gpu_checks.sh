@@ -11,4 +11,4 @@ python3 -m venv .venv-gpu
 .venv-gpu/bin/pip install --quiet -e '.[nvidia,test]'
 log=${OUT:-.}/gpu_checks.log
 .venv-gpu/bin/python -m pytest -v -rs tests/appliance/backends/test_tensorrt.py \
-  tests/appliance/core/shared_memory/test_cuda.py tests/appliance/rest/test_cuda_shared_memory_e2e.py 2>&1 | tee "$log"
+  tests/appliance/protocol/shared_memory/test_cuda.py tests/appliance/rest/test_cuda_shared_memory_e2e.py 2>&1 | tee "$log"

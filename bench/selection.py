@@ -30,7 +30,7 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from appliance.backends import Backend, LoadContext, RuntimeOptions, named
-from appliance.core.config import complete_config
+from appliance.repository.config import complete_config
 from bench.models import cnn_model
 from bench.process import start_appliance
 

@@ -107,7 +107,7 @@ class ResponseSink(Protocol):
     during or after ``run_requests``; the last one carries ``final=True`` (it may hold no outputs).
 
     ``send`` may block the calling thread while the client is behind in reading (backpressure, see
-    appliance.core.streaming), so call it from the backend's own threads, never from the event loop."""
+    appliance.engine.streaming), so call it from the backend's own threads, never from the event loop."""
 
     def send(
         self,

@@ -22,8 +22,8 @@ from google.protobuf import json_format
 
 from appliance.client.boxes import Box
 from appliance.commands.targets import add_target_options, fetch_json, read_token, select_boxes
-from appliance.core.config import CONFIG_FILENAME, read_config
 from appliance.errors import ConfigError
+from appliance.repository.config import CONFIG_FILENAME, read_config
 from appliance.settings import Settings
 
 __all__ = ["add_parser", "model_parameters", "run"]

@@ -7,8 +7,8 @@ import asyncio
 import sys
 from typing import Any
 
-from appliance.core.loader import load_model
 from appliance.errors import ConfigError
+from appliance.repository.loader import load_model
 from appliance.selection.report import format_selection
 from appliance.settings import Settings
 
@@ -32,7 +32,7 @@ def _progress_bar(message: str, step: int, steps: int) -> None:
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
     import hardware_probe
-    from appliance.server import make_selector, resolve_repository, runtime_options
+    from appliance.composition import make_selector, resolve_repository, runtime_options
 
     report = hardware_probe.probe()
     selector = make_selector(settings, report)

@@ -21,8 +21,8 @@ import grpc
 import psutil
 
 from appliance.access import Network, address_in, check_bearer
-from appliance.core.shared_memory import LocalPeers
 from appliance.errors import Unavailable
+from appliance.protocol.shared_memory import LocalPeers
 
 __all__ = ["Access", "AccessRules", "Gate", "is_local_peer", "peer_address"]
 

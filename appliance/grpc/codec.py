@@ -16,16 +16,16 @@ from typing import Any
 import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
-from appliance.core.shared_memory.params import shared_memory_ref
-from appliance.core.tensor_checks import (
+from appliance.engine.tensor_checks import (
     BYTES_ELEMENT_OVERHEAD,
     DecodeLimits,
     check_datatype,
     check_shape,
     decode_raw_tensor,
 )
-from appliance.core.types import InferInput, InferRequest, InferResponse, RequestedOutput, SharedMemoryInput
+from appliance.engine.types import InferInput, InferRequest, InferResponse, RequestedOutput, SharedMemoryInput
 from appliance.errors import InvalidInput
+from appliance.protocol.shared_memory.params import shared_memory_ref
 from appliance.tensors import encode_bytes_tensor, numpy_dtype
 
 __all__ = ["decode_infer_request", "encode_infer_response", "from_parameters", "set_parameters", "stream_options"]

@@ -16,18 +16,18 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
 from appliance.budget import Account, MemoryBudget
-from appliance.core.dataplane import SERVER_NAME, DataPlane
-from appliance.core.log_settings import LogSettings as LogControl
-from appliance.core.model import ModelVersion
-from appliance.core.shared_memory import SharedMemoryRegistry
-from appliance.core.tensor_checks import DecodeLimits
-from appliance.core.trace_settings import TraceSettings
-from appliance.core.types import InferRequest
+from appliance.engine.model import ModelVersion
+from appliance.engine.tensor_checks import DecodeLimits
+from appliance.engine.types import InferRequest
 from appliance.errors import ApplianceError, InvalidInput, ModelNotFound, NotSupported
 from appliance.grpc.access import Access, Gate, is_local_peer
 from appliance.grpc.codec import decode_infer_request, encode_infer_response, from_parameters, stream_options
-from appliance.grpc.errors import abort, abort_unexpected
+from appliance.grpc.status import abort, abort_unexpected
 from appliance.grpc.stream import serve_stream, stream_message
+from appliance.protocol.dataplane import SERVER_NAME, DataPlane
+from appliance.protocol.log_settings import LogSettings as LogControl
+from appliance.protocol.shared_memory import SharedMemoryRegistry
+from appliance.protocol.trace_settings import TraceSettings
 
 __all__ = ["InferenceService"]
 

@@ -26,11 +26,11 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 import grpc
 from tritonclient.grpc import service_pb2 as pb
 
-from appliance.core.streaming import StreamItem
+from appliance.engine.streaming import StreamItem
 from appliance.errors import ApplianceError, Unavailable
 from appliance.grpc.access import Access, Gate
 from appliance.grpc.codec import encode_infer_response
-from appliance.grpc.errors import abort
+from appliance.grpc.status import abort
 
 __all__ = ["serve_stream", "stream_message"]
 

@@ -7,7 +7,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from appliance.core.stats import LATENCY_BUCKETS_US
+from appliance.engine.stats import LATENCY_BUCKETS_US
 from appliance.errors import Unavailable
 from appliance.metrics.samples import ModelSample, merge_samples
 from appliance.metrics.store import connect

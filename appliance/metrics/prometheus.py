@@ -12,8 +12,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 
-from appliance.core.model import ModelVersion
-from appliance.core.stats import LATENCY_BUCKETS_US, FailureReason
+from appliance.engine.model import ModelVersion
+from appliance.engine.stats import LATENCY_BUCKETS_US, FailureReason
 
 __all__ = ["TritonCollector", "render"]
 

@@ -10,7 +10,7 @@ import json
 from collections import Counter
 from typing import Any
 
-from appliance.core.stats import ModelStats
+from appliance.engine.stats import ModelStats
 
 __all__ = ["ModelSample", "Snapshotter", "merge_samples"]
 

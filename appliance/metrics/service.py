@@ -17,7 +17,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from appliance.core.model import ModelVersion
+from appliance.engine.model import ModelVersion
 from appliance.metrics.custom import CustomMetrics
 from appliance.metrics.prometheus import TritonCollector, render
 from appliance.metrics.samples import Snapshotter

@@ -1,5 +1,5 @@
 """The REST front end: an aiohttp application over a started ``Appliance`` (routes, the error
-middleware, access rules). It parses and serialises; it builds no resource (``appliance.server`` does)."""
+middleware, access rules). It parses and serialises; it builds no resource (``appliance.composition`` does)."""
 
 from __future__ import annotations
 
@@ -8,16 +8,16 @@ import asyncio
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from appliance.composition import Appliance
 from appliance.errors import Unavailable
 from appliance.mdns.fleet import FleetView
 from appliance.rest import security
 from appliance.rest.body import BodyLimits
 from appliance.rest.browser import host_policy
 from appliance.rest.codec import DecodeLimits
-from appliance.rest.errors import error_middleware
+from appliance.rest.error_middleware import error_middleware
 from appliance.rest.handlers import CONTROL_HANDLERS, OPEN_HANDLERS, ROUTES, UNLIMITED_HANDLERS
 from appliance.rest.keys import BODY_LIMITS, BUDGET, DATAPLANE, FLEET, LIMITS, LOGS, METRICS, SETTINGS, STATE, TRACES
-from appliance.server import Appliance
 from appliance.settings import Settings
 
 __all__ = ["access_rules", "build_app", "build_metrics_app"]

@@ -16,8 +16,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from appliance.core.shared_memory.params import shared_memory_ref
-from appliance.core.tensor_checks import (
+from appliance.engine.tensor_checks import (
     BYTES_ELEMENT_OVERHEAD,
     MAX_ELEMENTS,
     DecodeLimits,
@@ -25,8 +24,9 @@ from appliance.core.tensor_checks import (
     check_shape,
     decode_raw_tensor,
 )
-from appliance.core.types import InferInput, InferRequest, InferResponse, RequestedOutput, SharedMemoryInput
+from appliance.engine.types import InferInput, InferRequest, InferResponse, RequestedOutput, SharedMemoryInput
 from appliance.errors import InvalidInput
+from appliance.protocol.shared_memory.params import shared_memory_ref
 from appliance.tensors import decode_bytes_tensor, element_size, encode_bytes_tensor, numpy_dtype
 
 __all__ = [

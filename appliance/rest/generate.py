@@ -17,8 +17,8 @@ import orjson
 from aiohttp import web
 
 from appliance.budget import Account
-from appliance.core.model import ModelVersion
-from appliance.core.streaming import Responses, StreamItem
+from appliance.engine.model import ModelVersion
+from appliance.engine.streaming import Responses, StreamItem
 from appliance.errors import ApplianceError, InferenceFailed
 from appliance.rest.body import read_body
 from appliance.rest.generate_codec import decode_generate_request, encode_generate_response, sse_event

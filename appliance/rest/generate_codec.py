@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 import orjson
 
-from appliance.core.signature import ModelSignature
-from appliance.core.tensor_checks import BYTES_ELEMENT_OVERHEAD, DecodeLimits
-from appliance.core.types import InferInput, InferRequest, InferResponse
+from appliance.engine.signature import ModelSignature
+from appliance.engine.tensor_checks import BYTES_ELEMENT_OVERHEAD, DecodeLimits
+from appliance.engine.types import InferInput, InferRequest, InferResponse
 from appliance.errors import InferenceFailed, InvalidInput
 from appliance.rest.codec import decode_json_data, output_text, parse_json_object
 from appliance.tensors import element_size

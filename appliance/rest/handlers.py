@@ -13,9 +13,9 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from appliance.budget import Account
-from appliance.core.model import ModelVersion
-from appliance.core.types import InferRequest
 from appliance.dashboard import STATIC_DIR
+from appliance.engine.model import ModelVersion
+from appliance.engine.types import InferRequest
 from appliance.errors import InvalidInput
 from appliance.metrics.history import history
 from appliance.rest import shared_memory
@@ -27,7 +27,7 @@ from appliance.rest.codec import (
     decode_raw_request,
     encode_infer_response,
 )
-from appliance.rest.errors import error_response
+from appliance.rest.error_middleware import error_response
 from appliance.rest.generate import generate, generate_stream
 from appliance.rest.jsonio import json_response as _json
 from appliance.rest.jsonio import optional_json as _optional_json

@@ -5,11 +5,11 @@ from __future__ import annotations
 from aiohttp import web
 
 from appliance.budget import MemoryBudget
-from appliance.core.dataplane import DataPlane
-from appliance.core.log_settings import LogSettings
-from appliance.core.trace_settings import TraceSettings
 from appliance.mdns.fleet import FleetView
 from appliance.metrics.service import MetricsService
+from appliance.protocol.dataplane import DataPlane
+from appliance.protocol.log_settings import LogSettings
+from appliance.protocol.trace_settings import TraceSettings
 from appliance.rest.body import BodyLimits
 from appliance.rest.codec import DecodeLimits
 from appliance.settings import Settings

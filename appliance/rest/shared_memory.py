@@ -18,8 +18,8 @@ import binascii
 
 from aiohttp import web
 
-from appliance.core.shared_memory import SharedMemoryRegistry
 from appliance.errors import InvalidInput, NotSupported
+from appliance.protocol.shared_memory import SharedMemoryRegistry
 from appliance.rest.jsonio import json_response, optional_json
 from appliance.rest.keys import DATAPLANE
 from appliance.rest.security import ACCESS, client_address

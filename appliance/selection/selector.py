@@ -21,8 +21,8 @@ from typing import Any
 from tritonclient.grpc import model_config_pb2 as mc
 
 from appliance.backends import BACKENDS, BackendInfo, LoadContext, usable_cores
-from appliance.core.config import config_to_json
 from appliance.errors import ConfigError
+from appliance.repository.config import config_to_json
 from appliance.selection.candidates import CandidateBench, best
 from appliance.selection.decision import ONLY_PLAN, Choice, build_decision, measured_outcome, plan_from
 from appliance.selection.inputs import InputSearch, tuning_inputs

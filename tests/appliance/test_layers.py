@@ -49,11 +49,26 @@ def test_backends_import_only_the_leaf_modules():
     assert _violations("appliance.backends", allowed) == []
 
 
-def test_the_core_knows_no_front_end():
-    for path in _modules("appliance.core"):
+@pytest.mark.parametrize("package", ["appliance.engine", "appliance.repository", "appliance.protocol"])
+def test_the_core_knows_no_front_end(package):
+    for path in _modules(package):
         names = _all_imports(path)
-        assert not {n for n in names if n.split(".")[0] == "aiohttp"}, path
-        assert not {n for n in names if n.startswith(("appliance.rest", "appliance.grpc"))}, path
+        assert not {n for n in names if n.split(".")[0] in ("aiohttp", "grpc")}, path
+        assert not {n for n in names if n.startswith(("appliance.rest", "appliance.grpc", "appliance.composition",
+                                                      "appliance.daemon", "appliance.cli"))}, path
+
+
+def test_the_engine_knows_neither_the_repository_nor_the_protocol():
+    allowed = ("appliance.engine", "appliance.backends", "appliance.tensors", "appliance.config_json",
+               "appliance.errors")
+    assert _violations("appliance.engine", allowed) == []
+
+
+def test_the_repository_knows_no_protocol():
+    assert not [
+        f"{path} imports {name}" for path in _modules("appliance.repository") for name in _imports(path)
+        if name.startswith("appliance.protocol")
+    ]
 
 
 def test_the_tuning_child_and_the_selector_share_the_job_module_and_nothing_else():

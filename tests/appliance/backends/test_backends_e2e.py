@@ -161,7 +161,7 @@ def test_onnx_only_daemon_imports_neither_torch_nor_openvino(tmp_path):
         "import asyncio, sys\n"
         "from pathlib import Path\n"
         "from appliance.rest.app import build_app\n"
-        "from appliance.server import Appliance\n"
+        "from appliance.composition import Appliance\n"
         "from appliance.settings import Settings\n"
         "async def main():\n"
         f"    settings = Settings(state_dir=Path({str(tmp_path / 'state')!r}), model_repository=Path({str(repo)!r}),\n"

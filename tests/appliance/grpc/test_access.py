@@ -22,7 +22,7 @@ from appliance.errors import (
     Unavailable,
 )
 from appliance.grpc.access import Access, AccessRules, Gate, peer_address
-from appliance.grpc.errors import status_code
+from appliance.grpc.status import status_code
 
 
 @pytest.mark.parametrize("peer,address", [

@@ -7,8 +7,8 @@ import pytest
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor
 
-from appliance.core.tensor_checks import DecodeLimits
-from appliance.core.types import InferOutput, InferResponse
+from appliance.engine.tensor_checks import DecodeLimits
+from appliance.engine.types import InferOutput, InferResponse
 from appliance.errors import InvalidInput
 from appliance.grpc.codec import (
     CONTENTS_FIELD,
@@ -201,7 +201,7 @@ def test_malformed_shared_memory_parameters(build, message):
 
 
 def test_outputs_in_shared_memory_come_back_as_parameters():
-    from appliance.core.types import SharedMemoryRef
+    from appliance.engine.types import SharedMemoryRef
 
     response = InferResponse("m", 1, [
         InferOutput("in_region", "INT32", np.zeros((1, 16), np.int32), SharedMemoryRef("out", 64, 8)),

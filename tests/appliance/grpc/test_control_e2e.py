@@ -84,14 +84,15 @@ def test_log_settings_change_the_daemons_log(start_daemon, repo):
         assert updated["log_format"].string_param == "ISO8601"
         mark = len(daemon.log())
         client.load_model("affine")
-        _wait_for(daemon, r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z INFO appliance.core.registry: model affine ready",
-                  mark)
+        _wait_for(daemon, r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z INFO appliance.repository.registry: "
+                  r"model affine ready", mark)
         client.update_log_settings({"log_info": False})
         mark = len(daemon.log())
         client.load_model("other")
         with pytest.raises(InferenceServerException, match="failed to load"):
             client.load_model("broken")
-        _wait_for(daemon, r"ERROR appliance.core.registry: model broken failed to load", mark)  # errors still show...
+        # errors still show...
+        _wait_for(daemon, r"ERROR appliance.repository.registry: model broken failed to load", mark)
         assert "model other ready" not in daemon.log()[mark:]  # ...info lines do not
         with pytest.raises(InferenceServerException, match="expect boolean for 'log_error'") as excinfo:
             client.update_log_settings({"log_error": None})  # a value of no type

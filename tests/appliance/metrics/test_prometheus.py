@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 from prometheus_client import CollectorRegistry
 
-from appliance.core.stats import LATENCY_BUCKETS_US, BatchTiming, FailureReason, ModelStats, SequenceCounts
+from appliance.engine.stats import LATENCY_BUCKETS_US, BatchTiming, FailureReason, ModelStats, SequenceCounts
 from appliance.metrics.prometheus import TritonCollector, render
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from appliance.core.stats import LATENCY_BUCKETS_US, BatchTiming, FailureReason, ModelStats
+from appliance.engine.stats import LATENCY_BUCKETS_US, BatchTiming, FailureReason, ModelStats
 from appliance.metrics.samples import ModelSample, Snapshotter, merge_samples
 
 

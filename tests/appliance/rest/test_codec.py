@@ -8,7 +8,7 @@ import struct
 import numpy as np
 import pytest
 
-from appliance.core.types import (
+from appliance.engine.types import (
     InferOutput,
     InferRequest,
     InferResponse,

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from appliance.core.shared_memory import CudaIpc
 from appliance.examples import build_example_repository
+from appliance.protocol.shared_memory import CudaIpc
 
 
 def _reason() -> str | None:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import re
 
+from appliance.composition import Appliance
 from appliance.examples import build_example_repository
 from appliance.rest.app import build_app
 from appliance.rest.openapi import openapi_document
-from appliance.server import Appliance
 from appliance.settings import Settings
 
 

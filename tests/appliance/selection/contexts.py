@@ -8,7 +8,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from appliance.backends import LoadContext, RuntimeOptions, named
-from appliance.core.config import complete_config
+from appliance.repository.config import complete_config
 
 ONNX = named("onnxruntime")
 

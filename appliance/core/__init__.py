@@ -1,1 +1,0 @@
-"""The core: model repository, configs, registry and per-model scheduling. No HTTP in here."""

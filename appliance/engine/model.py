@@ -1,0 +1,235 @@
+"""A loaded, servable model version: validation, scheduling and output post-processing."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import functools
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+from tritonclient.grpc import model_config_pb2 as mc
+
+from appliance.backends import BackendInfo
+from appliance.backends.base import Outputs
+from appliance.engine.classification import classify
+from appliance.engine.signature import ModelSignature, input_reshapes
+from appliance.engine.stats import FailureReason, ModelStats, StepTiming
+from appliance.engine.streaming import RawResponse, ResponseChannel, ResponseStream, StreamLimits
+from appliance.engine.traffic import TrafficStats
+from appliance.engine.types import InferOutput, InferRequest, InferResponse, RequestedOutput
+from appliance.engine.validation import validate_request
+from appliance.errors import ApplianceError, InferenceFailed, InvalidInput, Unavailable
+from appliance.tensors import v2_datatype
+
+if TYPE_CHECKING:
+    from appliance.backends.base import ResponseSink
+    from appliance.engine.trace import Trace
+
+__all__ = ["ModelVersion", "VersionScheduler"]
+
+
+class VersionScheduler(Protocol):
+    """What runs a version's validated requests: a backend model's batching scheduler
+    (``appliance.engine.scheduler.Scheduler``), a stateful model's sequence batcher
+    (``appliance.engine.scheduler.SequenceScheduler``) or an ensemble's (``appliance.repository.ensemble``)."""
+
+    @property
+    def pending(self) -> int: ...
+
+    @property
+    def execution(self) -> dict[str, Any]:
+        """Where its batches run (``/selection`` shows it): inline on the event loop or on threads."""
+
+    def start(self) -> None: ...
+
+    async def submit(self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str], batch_size: int,
+                     parameters: Mapping[str, Any], trace: Trace | None = None,
+                     timing: StepTiming | None = None, request_id: str = "", sink: ResponseSink | None = None,
+                     cancelled: Callable[[], bool] | None = None) -> dict[str, np.ndarray]: ...
+
+    async def drain(self, timeout: float) -> bool: ...
+
+    async def close(self, timeout: float | None = None) -> list[BaseException]: ...
+
+
+def _failure_reason(exc: BaseException) -> str:
+    if isinstance(exc, asyncio.CancelledError):
+        return FailureReason.CANCELED
+    if isinstance(exc, Unavailable):
+        return FailureReason.REJECTED
+    if isinstance(exc, (InferenceFailed, ApplianceError)) and not isinstance(exc, InvalidInput):
+        return FailureReason.BACKEND
+    return FailureReason.OTHER
+
+
+@dataclasses.dataclass(eq=False)
+class ModelVersion:
+    name: str
+    version: int
+    config: mc.ModelConfig
+    signature: ModelSignature
+    backend: BackendInfo | None
+    """The runtime serving it; None for an ensemble, which has none of its own."""
+    scheduler: VersionScheduler
+    stats: ModelStats
+    labels: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    selection: dict[str, Any] | None = None
+    """The measured plan decision (see appliance.selection), with ``cache`` hit/miss."""
+
+    def __post_init__(self) -> None:
+        self._streams: set[ResponseChannel] = set()  # open streams of a decoupled model, failed at close
+        self._users = 0  # requests holding this version (see in_use), so a retired version drains
+        self.traffic = TrafficStats(self.signature.batched)
+        """The shapes, batch sizes and concurrency of the requests this version served, when selection
+        chose its plan (see core.retune)."""
+        batch = (-1,) if self.signature.batched else ()
+        # config `reshape`: clients send `dims`, the runtime sees `reshape.shape` (and back for outputs).
+        self._input_reshape = input_reshapes(self.config)
+        self._output_reshape = {
+            o.name: (*batch, *o.dims) for o in self.config.output if o.HasField("reshape")
+        }
+        # No outputs named in a request: every output the model has, none classified (built once).
+        self._every_output = [RequestedOutput(name) for name in self.signature.outputs]
+        self._every_output_name = [name for name in self.signature.outputs]
+
+    @property
+    def platform(self) -> str:
+        return self.config.platform or (self.backend.platform if self.backend is not None else "")
+
+    @property
+    def backend_name(self) -> str:
+        return self.backend.name if self.backend is not None else self.platform
+
+    @property
+    def decoupled(self) -> bool:
+        """Zero, one or many responses per request (config ``model_transaction_policy { decoupled: true }``):
+        served by ``open_stream`` only."""
+        return self.config.model_transaction_policy.decoupled
+
+    def start(self) -> None:
+        self.scheduler.start()
+
+    async def infer(self, request: InferRequest) -> InferResponse:
+        """Validate, schedule and post-process one request; counts it in ``stats`` and ``traffic`` once
+        it is valid."""
+        if self.decoupled:
+            raise InvalidInput(
+                f"model '{self.name}' is decoupled (it may send any number of responses per request); call it "
+                "through a streaming API: HTTP generate_stream or gRPC ModelStreamInfer"
+            )
+        batch_size = validate_request(self.name, self.signature, request)
+        if self.selection is not None:  # what retuning on traffic looks at
+            self.traffic.record(((t.name, t.data.shape) for t in request.inputs), batch_size, self._users)
+        start = time.perf_counter_ns()
+        try:
+            response = await self._run(request, batch_size)
+        except BaseException as exc:
+            self.stats.record_request(False, time.perf_counter_ns() - start, _failure_reason(exc))
+            raise
+        self.stats.record_request(True, time.perf_counter_ns() - start)
+        return response
+
+    def _runtime_inputs(self, request: InferRequest) -> dict[str, np.ndarray]:
+        inputs = {t.name: t.data for t in request.inputs}
+        for name, shape in self._input_reshape.items():
+            if name in inputs:
+                inputs[name] = inputs[name].reshape(shape)
+        return inputs
+
+    async def _run(self, request: InferRequest, batch_size: int) -> InferResponse:
+        inputs = self._runtime_inputs(request)
+        # No outputs named: every output the model has, none classified.
+        wanted = request.outputs or self._every_output
+        names = [o.name for o in wanted] if request.outputs else self._every_output_name
+        results = await self.scheduler.submit(inputs, names, batch_size, request.parameters, request.trace,
+                                              request.timing, request_id=request.id or "")
+        outputs = []
+        for requested in wanted:
+            data = results.get(requested.name)
+            if data is None:
+                raise InferenceFailed(
+                    f"model '{self.name}' version {self.version} did not produce output '{requested.name}'")
+            outputs.append(self._output(requested, data))
+        # A model may set response parameters (Triton's Python InferenceResponse(parameters=...)).
+        parameters = dict(results.parameters) if isinstance(results, Outputs) else {}
+        return InferResponse(self.name, self.version, outputs, id=request.id, parameters=parameters)
+
+    def _output(self, requested: RequestedOutput, data: np.ndarray) -> InferOutput:
+        name = requested.name
+        data = np.asarray(data) if not isinstance(data, np.ndarray) else data
+        if name in self._output_reshape:
+            data = data.reshape(self._output_reshape[name])
+        if requested.classification:
+            data = classify(name, data, requested.classification, self.labels.get(name, []), self.signature.batched)
+        return InferOutput(name, v2_datatype(data.dtype), data)
+
+    async def open_stream(self, request: InferRequest, limits: StreamLimits | None = None,
+                          account: tuple[Callable[[int], None], Callable[[int], None]] | None = None) -> ResponseStream:
+        """Validate and queue one request to a decoupled model; its responses come from the returned
+        stream (see appliance.engine.streaming). Counted in ``stats`` once, when the stream ends.
+        ``account``: (reserve, release) of the request's memory account, for the responses not yet read."""
+        if not self.decoupled:
+            raise InvalidInput(f"model '{self.name}' is not decoupled; it answers each request once through infer")
+        batch_size = validate_request(self.name, self.signature, request)
+        start = time.perf_counter_ns()
+        loop = asyncio.get_running_loop()
+        channel = ResponseChannel(f"{self.name}:{self.version}", loop, limits or StreamLimits(), *(account or ()))
+        inputs = self._runtime_inputs(request)
+        wanted = request.outputs or [RequestedOutput(name) for name in self.signature.outputs]
+        submitted = asyncio.ensure_future(self.scheduler.submit(
+            inputs, [o.name for o in wanted], batch_size, request.parameters, request.trace,
+            request_id=request.id or "", sink=channel, cancelled=channel.cancelled))
+
+        def ran(task: asyncio.Future) -> None:
+            # run_requests returned: responses may still follow (Triton), unless it failed the request.
+            if not task.cancelled() and task.exception() is not None:
+                channel.fail(task.exception())  # type: ignore[arg-type]
+
+        def closed(error: BaseException | None) -> None:
+            self._streams.discard(channel)
+            if isinstance(error, asyncio.CancelledError) and not submitted.done():
+                submitted.cancel()  # the client went away: a request still queued never runs
+            if error is None:
+                self.stats.record_request(True, time.perf_counter_ns() - start)
+            else:
+                self.stats.record_request(False, time.perf_counter_ns() - start, _failure_reason(error))
+
+        submitted.add_done_callback(ran)
+        self._streams.add(channel)
+        convert = functools.partial(self._stream_response, wanted=wanted, request_id=request.id)
+        return ResponseStream(channel, convert, closed, submitted)
+
+    def _stream_response(self, raw: RawResponse, wanted: list[RequestedOutput],
+                         request_id: str | None) -> InferResponse:
+        """One response of a decoupled model: the requested outputs it carries (a decoupled model may send
+        a response with only some of them), post-processed as ``infer`` does."""
+        results = raw.outputs or {}
+        outputs = [self._output(o, results[o.name]) for o in wanted if o.name in results]
+        return InferResponse(self.name, self.version, outputs, id=request_id, parameters=dict(raw.parameters or {}))
+
+    @contextlib.contextmanager
+    def in_use(self) -> Iterator[ModelVersion]:
+        """Held by a request from lookup to response: a version being replaced or unloaded waits for
+        every request that already chose it, even one still reading its body."""
+        self._users += 1
+        try:
+            yield self
+        finally:
+            self._users -= 1
+
+    async def drain(self, timeout: float) -> bool:
+        """Wait (bounded) until no request holds this version and its queue and instances are idle."""
+        deadline = time.monotonic() + timeout
+        while self._users and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        return await self.scheduler.drain(max(0.0, deadline - time.monotonic()))
+
+    async def close(self, timeout: float | None = None) -> list[BaseException]:
+        for channel in list(self._streams):  # the model's process is about to go: no final response will come
+            channel.fail(Unavailable(f"model {self.name} version {self.version} was unloaded before it finished "
+                                     "this request's responses"))
+        return await self.scheduler.close(timeout)

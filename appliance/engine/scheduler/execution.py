@@ -1,0 +1,148 @@
+"""What runs a batch: one batch through the backend, timed; and where it runs (an instance's thread,
+or the event loop itself for a model faster than the hop to a thread and back).
+
+The backend gathers inputs and splits outputs (by default, concatenation along the batch dimension:
+see appliance.backends.base). On an instance's thread large inputs never stall the event loop; a tiny
+model (a batch in a few µs) costs less run inline than the ≈ 50–100 µs a thread hop costs, so a plan
+whose measured batch latency is below the measured hop, and below a budget the loop may block for, runs
+inline. A batch size whose inline runs overrun the budget (their median) goes back to threads, and larger
+ones, for a while.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import queue
+import statistics
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from appliance.backends import Backend, BackendRequest
+from appliance.backends.base import BatchResult
+from appliance.engine.stats import BatchTiming
+
+__all__ = ["INLINE_BUDGET_NS", "THREADED", "ExecutionMode", "choose_execution", "execute_batch",
+           "measure_thread_hop", "plan_batch_ns", "start_batch"]
+
+INLINE_BUDGET_NS = 200_000
+"""The longest a batch run inline may block the event loop."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ExecutionMode:
+    """Where a model version's batches run, and the measurements that decided it."""
+
+    inline: bool
+    reason: str
+    batch_ns: int | None = None
+    """The plan's measured batch latency (selection's latency on its smallest tuning input)."""
+    hop_ns: int | None = None
+    """The measured round trip from the event loop to an instance thread and back."""
+    budget_ns: int = INLINE_BUDGET_NS
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "execution": "inline" if self.inline else "threaded",
+            "reason": self.reason,
+            "batch_us": None if self.batch_ns is None else round(self.batch_ns / 1000, 1),
+            "hop_us": None if self.hop_ns is None else round(self.hop_ns / 1000, 1),
+            "budget_us": round(self.budget_ns / 1000, 1),
+        }
+
+
+THREADED = ExecutionMode(False, "the default: every batch runs on an instance thread")
+
+
+def choose_execution(batch_ns: int | None, hop_ns: int | None, inline_safe: bool,
+                     budget_ns: int = INLINE_BUDGET_NS) -> ExecutionMode:
+    """Inline when the plan's measured batch latency is below both the measured thread hop and the
+    budget, and the backend runs in this process (one that waits on another process must never block
+    the loop); threaded otherwise, saying why."""
+    def mode(inline: bool, reason: str) -> ExecutionMode:
+        return ExecutionMode(inline, reason, batch_ns, hop_ns, budget_ns)
+
+    if not inline_safe:
+        return mode(False, "the backend does not run in this process (a batch waits on another process)")
+    if batch_ns is None:
+        return mode(False, "the plan's batch latency was not measured (selection off, or only one plan)")
+    if not hop_ns:
+        return mode(False, "the thread hop was not measured")
+    if batch_ns >= budget_ns:
+        return mode(False, f"a batch ({batch_ns / 1000:.0f} µs) takes longer than the event loop may block "
+                           f"({budget_ns / 1000:.0f} µs)")
+    if batch_ns >= hop_ns:
+        return mode(False, f"a batch ({batch_ns / 1000:.0f} µs) costs more than the hop to a thread "
+                           f"({hop_ns / 1000:.0f} µs)")
+    return mode(True, f"a batch ({batch_ns / 1000:.1f} µs) costs less than the hop to a thread "
+                      f"({hop_ns / 1000:.0f} µs)")
+
+
+def plan_batch_ns(selection: Mapping[str, Any] | None) -> int | None:
+    """The chosen plan's measured batch latency from a selection decision (None when not measured)."""
+    if not selection or selection.get("status") != "measured":
+        return None
+    for row in selection.get("candidates") or ():
+        if row.get("plan") == selection.get("chosen") and isinstance(row.get("latency_ms"), (int, float)):
+            return int(row["latency_ms"] * 1e6)
+    return None
+
+
+async def measure_thread_hop(rounds: int = 200) -> int:
+    """Median ns for the running loop to hand a no-op to a thread and be woken with its result, by the
+    path an instance takes (a SimpleQueue in, call_soon_threadsafe back)."""
+    loop = asyncio.get_running_loop()
+    inbox: queue.SimpleQueue = queue.SimpleQueue()
+
+    def serve() -> None:
+        while (future := inbox.get()) is not None:
+            loop.call_soon_threadsafe(future.set_result, None)
+
+    thread = threading.Thread(target=serve, name="hop-probe", daemon=True)
+    thread.start()
+    samples = []
+    try:
+        for _ in range(rounds):
+            future = loop.create_future()
+            start = time.perf_counter_ns()
+            inbox.put(future)
+            await future
+            samples.append(time.perf_counter_ns() - start)
+    finally:
+        inbox.put(None)
+    return int(statistics.median(samples[rounds // 10:]))  # the first rounds warm the thread up
+
+
+def execute_batch(
+    backend: Backend, requests: Sequence[BackendRequest]
+) -> tuple[list[dict[str, np.ndarray] | BaseException], BatchTiming]:
+    """Run requests as one batch: one result (or that request's error) per request, and what it cost."""
+    # monotonic_ns, not perf_counter_ns: the start and end go into traces beside the front ends' times.
+    start = time.monotonic_ns()
+    batch = backend.run_requests(requests)
+    end = time.monotonic_ns()
+    infer = max(0, end - start - batch.input_ns - batch.output_ns)
+    return batch.results, BatchTiming(batch.input_ns, infer, batch.output_ns, start, end)
+
+
+def start_batch(
+    backend: Backend, finished: Callable[[Any, BaseException | None], None], requests: Sequence[BackendRequest]
+) -> bool:
+    """Start requests as one batch with the backend's ``start_requests`` (it completes on a thread of its
+    own, e.g. when another process replies); ``finished`` gets what ``execute_batch`` returns, or the
+    error. False when the backend cannot start it that way (then ``finished`` is never called)."""
+    start = time.monotonic_ns()
+
+    def done(batch: BatchResult | BaseException) -> None:
+        if isinstance(batch, BaseException):
+            finished(None, batch)
+            return
+        end = time.monotonic_ns()
+        infer = max(0, end - start - batch.input_ns - batch.output_ns)
+        finished((batch.results, BatchTiming(batch.input_ns, infer, batch.output_ns, start, end)), None)
+
+    return backend.start_requests(requests, done)

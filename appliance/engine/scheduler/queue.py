@@ -1,0 +1,99 @@
+"""The pending-request queue of one model version: one FIFO per priority level plus the requests
+whose queue timeout passed under the DELAY action (served after everything else)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from appliance.engine.scheduler.policy import SchedulerPolicy
+
+if TYPE_CHECKING:
+    from appliance.backends.base import ResponseSink
+    from appliance.engine.stats import StepTiming
+    from appliance.engine.trace import Trace
+
+__all__ = ["Pending", "RequestQueue"]
+
+
+@dataclasses.dataclass(eq=False, slots=True)
+class Pending:
+    inputs: Mapping[str, np.ndarray]
+    outputs: tuple[str, ...]
+    size: int
+    """Batch items this request carries."""
+    key: tuple
+    """Requests batch together only when their keys (input names and non-batch shapes) are equal."""
+    future: asyncio.Future
+    arrival: float
+    level: int
+    seq: int
+    parameters: Mapping[str, object] = dataclasses.field(default_factory=dict)
+    timer: asyncio.TimerHandle | None = None
+    delayed: bool = False
+    queued: bool = False
+    completed: bool = False
+    trace: Trace | None = None
+    timing: StepTiming | None = None
+    """Told this request's queue and compute times (an ensemble step's)."""
+    request_id: str = ""
+    sink: ResponseSink | None = None
+    """Where a decoupled model's responses go (see appliance.engine.streaming)."""
+    cancelled: Callable[[], bool] | None = None
+
+
+class RequestQueue:
+    def __init__(self, policy: SchedulerPolicy) -> None:
+        self._policy = policy
+        self._levels: list[deque[Pending]] = [deque() for _ in range(policy.levels)]
+        self._delayed: deque[Pending] = deque()
+        self._count = 0
+        self.items = 0
+        """Batch items across every queued request."""
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __bool__(self) -> bool:
+        return self._count > 0
+
+    def __iter__(self) -> Iterator[Pending]:
+        """Pending requests in the order they should run: by priority, then arrival; delayed last."""
+        for level in self._levels:
+            yield from level
+        yield from self._delayed
+
+    def level_full(self, level: int) -> bool:
+        limit = self._policy.queue_policy(level).max_queue_size
+        return limit > 0 and len(self._levels[level]) >= limit
+
+    def push(self, pending: Pending) -> None:
+        self._levels[pending.level].append(pending)
+        pending.queued = True
+        self._count += 1
+        self.items += pending.size
+
+    def remove(self, pending: Pending) -> bool:
+        """Take a request out wherever it is; False if it was not queued."""
+        if not pending.queued:
+            return False
+        (self._delayed if pending.delayed else self._levels[pending.level]).remove(pending)
+        pending.queued = False
+        self._count -= 1
+        self.items -= pending.size
+        if pending.timer is not None:
+            pending.timer.cancel()
+            pending.timer = None
+        return True
+
+    def delay(self, pending: Pending) -> None:
+        """Move a request whose timeout passed behind every request still in time."""
+        if pending.queued and not pending.delayed:
+            self._levels[pending.level].remove(pending)
+            pending.delayed = True
+            self._delayed.append(pending)

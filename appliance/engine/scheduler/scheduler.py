@@ -1,0 +1,407 @@
+"""One model version's scheduler: a queue, a batcher task, and the instances it feeds.
+
+Without dynamic batching each request executes alone (Triton's default scheduler). With it, requests
+queued while the instances are busy, or that arrive within ``max_queue_delay``, are combined up to
+``max_batch_size``, preferring ``preferred_batch_size``; outputs are split back per request. Every
+waiter gets a result or an exception: a failed batch fails each request in it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import itertools
+import logging
+import statistics
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from appliance.backends import BackendRequest
+from appliance.backends.base import not_cancelled
+from appliance.engine.instances import InstancePool
+from appliance.engine.scheduler.execution import THREADED, ExecutionMode, execute_batch, start_batch
+from appliance.engine.scheduler.policy import SchedulerPolicy
+from appliance.engine.scheduler.queue import Pending, RequestQueue
+from appliance.engine.stats import BatchTiming, ModelStats, StepTiming
+from appliance.errors import ApplianceError, InferenceFailed, Unavailable
+
+if TYPE_CHECKING:
+    from appliance.backends.base import ResponseSink
+    from appliance.engine.trace import Trace
+
+__all__ = ["Scheduler"]
+
+log = logging.getLogger(__name__)
+
+_INLINE_RETRY_AFTER = 30.0
+"""Seconds after which batch sizes sent back to threads run inline again (and are judged again)."""
+_INLINE_WINDOW, _INLINE_MIN_RUNS = 9, 5
+"""The recent inline runs of one batch size whose median is held against the budget, and how many it
+takes at least (a batch size that overruns is sent back to instance threads within a few runs)."""
+
+
+class Scheduler:
+    def __init__(self, label: str, pool: InstancePool, policy: SchedulerPolicy, stats: ModelStats,
+                 execution: ExecutionMode = THREADED) -> None:
+        self.label = label
+        self.pool = pool
+        self.policy = policy
+        self.stats = stats
+        self._queue = RequestQueue(policy)
+        self._seq = itertools.count()
+        self._next_seq = 0
+        self._finished: dict[int, tuple[Pending, Any, BaseException | None]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wakeup: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+        self._closing = False
+        self._flush_scheduled = False
+        self._in_flight = 0
+        self._execution = execution
+        # Batches of up to this many items run inline; a size whose recent inline runs take longer than
+        # the budget (their median: one slow run may be the OS preempting the loop) lowers it.
+        self._inline_limit = max(policy.max_batch_size, 1) if execution.inline else 0
+        self._inline_items = self._inline_limit
+        self._inline_ns: dict[int, deque[int]] = {}
+        self._inline_retry_at = 0.0
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Create the loop-bound parts; call from inside the running event loop."""
+        self._loop = asyncio.get_running_loop()
+        self._wakeup = asyncio.Event()
+        self.pool.start()
+        self._task = self._loop.create_task(self._batch_loop(), name=f"batcher:{self.label}")
+
+    @property
+    def execution(self) -> dict[str, Any]:
+        """Where batches run (inline or threaded), why, and the largest batch still run inline."""
+        return {**self._execution.as_json(), "inline_max_batch": self._inline_items}
+
+    @property
+    def pending(self) -> int:
+        return len(self._queue)
+
+    async def drain(self, timeout: float) -> bool:
+        """Stop taking requests; wait (bounded) until queued and running work has finished."""
+        self._closing = True
+        assert self._loop is not None
+        deadline = self._loop.time() + timeout
+        while self._queue or self._in_flight:
+            if self._loop.time() >= deadline:
+                return False
+            await asyncio.sleep(0.01)
+        return await self.pool.drain(max(deadline - self._loop.time(), 0.0))
+
+    async def close(self, timeout: float | None = None) -> list[BaseException]:
+        """Fail whatever is still queued, then stop the instances (their threads are joined off the
+        event loop, within ``timeout`` when given); returns the errors instead of raising them."""
+        self._closing = True
+        if self._task is not None:
+            self._task.cancel()
+        for pending in list(self._queue):
+            self._queue.remove(pending)
+            self._complete(pending, None, Unavailable(f"model {self.label} was unloaded before this request ran"))
+        return await asyncio.to_thread(self.pool.close, timeout)
+
+    # -- the request side --------------------------------------------------------------------
+
+    async def submit(
+        self,
+        inputs: Mapping[str, np.ndarray],
+        outputs: Sequence[str],
+        batch_size: int,
+        parameters: Mapping[str, Any],
+        trace: Trace | None = None,
+        timing: StepTiming | None = None,
+        request_id: str = "",
+        sink: ResponseSink | None = None,
+        cancelled: Callable[[], bool] | None = None,
+    ) -> dict[str, np.ndarray]:
+        """Queue one validated request and wait for its outputs; ``trace`` gets QUEUE_START and the
+        COMPUTE_* timestamps of the batch it ran in, ``timing`` its queue and compute times. For a
+        decoupled model, ``sink`` receives the responses and this returns once the backend's
+        ``run_requests`` has (the instance is free again while responses may still follow);
+        ``cancelled`` is the request's cancellation probe."""
+        assert self._loop is not None, "Scheduler.start() was not called"
+        if self._closing:
+            raise Unavailable(f"model {self.label} is unloading", retry_after=1)
+        policy = self.policy
+        level = policy.level_of(parameters)
+        timeout = policy.timeout_of(level, parameters)
+        loop = self._loop
+        key = tuple(sorted((name, array.shape[1:]) for name, array in inputs.items())) if policy.dynamic else ()
+        if self._queue.level_full(level):
+            raise Unavailable(
+                f"the queue of model {self.label} is full "
+                f"(max_queue_size {policy.queue_policy(level).max_queue_size}); retry later",
+                retry_after=1,
+            )
+        # Sequence numbers go only to accepted requests: preserve_ordering waits for each of them.
+        pending = Pending(
+            inputs, tuple(outputs), batch_size, key, loop.create_future(), loop.time(), level, next(self._seq),
+            parameters, trace=trace, timing=timing, request_id=request_id, sink=sink, cancelled=cancelled,
+        )
+        if trace is not None:
+            trace.mark("QUEUE_START")
+        self._queue.push(pending)
+        if timeout > 0:
+            pending.timer = loop.call_at(pending.arrival + timeout, self._expire, pending, timeout)
+        pending.future.add_done_callback(functools.partial(self._on_waiter_done, pending))
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            try:
+                if policy.dynamic:
+                    # Dispatch one loop iteration later, once every request that arrived in this
+                    # iteration has queued: requests that arrive together are batched together.
+                    await asyncio.sleep(0)
+            except BaseException:  # cancelled meanwhile (its client went away): it never executes
+                pending.future.cancel()
+                if self._queue.remove(pending):
+                    self._complete(pending, None, None)
+                raise
+            finally:  # even if this request was cancelled meanwhile: the others must not wait
+                if self._flush_scheduled:
+                    # Here rather than in a callback of its own: an inline batch has completed this
+                    # request when it returns, so it answers without another loop iteration.
+                    self._flush()
+        return await pending.future
+
+    def _on_waiter_done(self, pending: Pending, future: asyncio.Future) -> None:
+        # A client that went away while queued: drop the request, it never executes.
+        if future.cancelled() and self._queue.remove(pending):
+            self._complete(pending, None, None)
+
+    def _expire(self, pending: Pending, timeout: float) -> None:
+        pending.timer = None
+        if not pending.queued or pending.delayed:
+            return
+        if self.policy.queue_policy(pending.level).delay_on_timeout:
+            self._queue.delay(pending)
+            return
+        self._queue.remove(pending)
+        self._complete(
+            pending, None,
+            Unavailable(f"request timed out after {timeout * 1000:.1f} ms in the queue of model {self.label}"),
+        )
+
+    # -- the batcher -------------------------------------------------------------------------
+
+    def _flush(self) -> None:
+        """Dispatch every batch that is ready to free instances, without waiting for anything."""
+        self._flush_scheduled = False
+        assert self._loop is not None and self._wakeup is not None
+        while self._queue:
+            batch, final = self._peek_batch(self.pool.idle)
+            if not final and self.policy.dynamic and self._delay_left(batch[0]) > 0:
+                break  # the batcher task waits for company
+            index = self.pool.try_acquire()
+            if index is None:
+                break  # the batcher task waits for an instance
+            if not final and self.policy.preferred_batch_sizes:
+                batch = self._trim_to_preferred(batch)
+            for pending in batch:
+                self._queue.remove(pending)
+            self._dispatch(index, batch)
+        if self._queue:
+            self._wakeup.set()
+
+    def _delay_left(self, oldest: Pending) -> float:
+        assert self._loop is not None
+        return oldest.arrival + self.policy.max_queue_delay - self._loop.time()
+
+    async def _batch_loop(self) -> None:
+        assert self._wakeup is not None
+        while True:
+            if not self._queue:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            index = await self.pool.acquire()
+            try:
+                batch = await self._collect_batch()
+            except BaseException:
+                self.pool.release(index)
+                raise
+            if batch:
+                self._dispatch(index, batch)
+            else:
+                self.pool.release(index)
+
+    def _batch_limit(self, idle: int) -> int:
+        """Items the next batch may take: max_batch_size, but with several idle instances and no
+        preferred sizes, the queued work is spread over them rather than piled onto one."""
+        limit = self.policy.max_batch_size
+        if idle > 1 and not self.policy.preferred_batch_sizes:
+            limit = min(limit, max(1, -(-self._queue.items // idle)))
+        return limit
+
+    def _peek_batch(self, idle: int = 1) -> tuple[list[Pending], bool]:
+        """The requests that would form the next batch, and whether it can grow no further."""
+        policy = self.policy
+        batch: list[Pending] = []
+        size = 0
+        limit = self._batch_limit(idle)
+        target = policy.preferred_batch_sizes[-1] if policy.preferred_batch_sizes else limit
+        for pending in self._queue:
+            if not batch:
+                batch.append(pending)
+                size = pending.size
+                if not policy.dynamic:
+                    return batch, True
+                continue
+            if pending.key != batch[0].key or size + pending.size > limit:
+                return batch, True  # FIFO: the next request cannot join, so this batch is final
+            batch.append(pending)
+            size += pending.size
+            if size >= target:
+                return batch, True
+        return batch, size >= target
+
+    def _trim_to_preferred(self, batch: list[Pending]) -> list[Pending]:
+        preferred = set(self.policy.preferred_batch_sizes)
+        best = 0
+        for count, total in enumerate(itertools.accumulate(p.size for p in batch), start=1):
+            if total in preferred:
+                best = count
+        return batch[:best] if best else batch
+
+    async def _collect_batch(self) -> list[Pending]:
+        assert self._loop is not None and self._wakeup is not None
+        policy = self.policy
+        while True:
+            batch, final = self._peek_batch(self.pool.idle + 1)  # + the instance this task holds
+            if not batch or final:
+                break
+            wait = self._delay_left(batch[0])
+            if wait <= 0:
+                if policy.preferred_batch_sizes:
+                    batch = self._trim_to_preferred(batch)
+                break
+            self._wakeup.clear()
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), wait)
+            except TimeoutError:
+                pass
+        for pending in batch:
+            self._queue.remove(pending)
+        return batch
+
+    def _dispatch(self, index: int, batch: list[Pending]) -> None:
+        assert self._loop is not None
+        now = self._loop.time()
+        queue_ns = [int((now - p.arrival) * 1e9) for p in batch]
+        requests = [_backend_request(p) for p in batch]
+        work = functools.partial(execute_batch, requests=requests)
+        items = sum(p.size for p in batch)
+        if self._inline_items < self._inline_limit and now >= self._inline_retry_at:
+            # A busy spell may have sent sizes back to threads: they get another chance now and then.
+            self._inline_items = self._inline_limit
+            self._inline_ns.clear()
+        if items <= self._inline_items:
+            self._run_inline(index, batch, queue_ns, work, items)
+            return
+        self._in_flight += len(batch)
+        # A backend that runs the batch in another process starts it from here and is woken by its
+        # reply, with no instance thread in between; otherwise (or when it cannot now) the thread runs it.
+        future = self.pool.begin(index, functools.partial(start_batch, requests=requests))
+        if future is None:
+            future = self.pool.execute(index, work)
+        future.add_done_callback(functools.partial(self._on_batch_done, batch, queue_ns))
+
+    def _run_inline(self, index: int, batch: list[Pending], queue_ns: list[int], work: Any, items: int) -> None:
+        # The loop thread's CPU time, not the wall clock: the OS running other processes, or another
+        # thread holding the GIL, is the box's contention, not what the batch costs.
+        started = time.thread_time_ns()
+        try:
+            outcome = self.pool.run_inline(index, work)
+        except Exception as exc:  # as a thread hands it over: every waiter gets it
+            self._finish_batch(batch, queue_ns, None, exc)
+            return
+        recent = self._inline_ns.setdefault(items, deque(maxlen=_INLINE_WINDOW))
+        recent.append(time.thread_time_ns() - started)
+        if len(recent) >= _INLINE_MIN_RUNS and statistics.median(recent) > self._execution.budget_ns:
+            self._inline_items = min(self._inline_items, items - 1)
+            assert self._loop is not None
+            self._inline_retry_at = self._loop.time() + _INLINE_RETRY_AFTER
+            log.info("model %s: batches of %d take %d µs inline (median), over the %d µs budget; batches of %d "
+                     "and more run on instance threads", self.label, items, statistics.median(recent) // 1000,
+                     self._execution.budget_ns // 1000, items)
+        self._finish_batch(batch, queue_ns, outcome, None)
+
+    def _on_batch_done(self, batch: list[Pending], queue_ns: list[int], future: asyncio.Future) -> None:
+        self._in_flight -= len(batch)
+        error = future.exception()
+        self._finish_batch(batch, queue_ns, None if error is not None else future.result(), error)
+
+    def _finish_batch(self, batch: list[Pending], queue_ns: list[int], outcome: Any,
+                      error: BaseException | None) -> None:
+        if error is not None:
+            if not isinstance(error, ApplianceError):
+                log.error("model %s: batch of %d failed: %r", self.label, len(batch), error)
+                error = InferenceFailed(f"model {self.label} failed: {type(error).__name__}: {error}")
+            for pending in batch:
+                self._complete(pending, None, error)
+            return
+        results, timing = outcome
+        self.stats.record_batch(sum(p.size for p in batch), len(batch), queue_ns, timing)
+        for pending, result, waited in zip(batch, results, queue_ns):
+            if pending.trace is not None:
+                _mark_compute(pending.trace, timing)
+            if pending.timing is not None:
+                pending.timing.add(waited, timing)
+            if isinstance(result, BaseException):
+                self._complete(pending, None, result)
+            else:
+                self._complete(pending, result, None)
+
+    # -- results -----------------------------------------------------------------------------
+
+    def _complete(self, pending: Pending, result: Any, error: BaseException | None) -> None:
+        if pending.completed:
+            return
+        pending.completed = True
+        if not self.policy.preserve_ordering:
+            self._resolve(pending, result, error)
+            return
+        self._finished[pending.seq] = (pending, result, error)
+        while self._next_seq in self._finished:
+            self._resolve(*self._finished.pop(self._next_seq))
+            self._next_seq += 1
+
+    @staticmethod
+    def _resolve(pending: Pending, result: Any, error: BaseException | None) -> None:
+        if pending.future.done():
+            return
+        if error is not None:
+            pending.future.set_exception(error)
+        else:
+            pending.future.set_result(result)
+
+
+def _backend_request(pending: Pending) -> BackendRequest:
+    return BackendRequest(pending.inputs, pending.outputs, pending.parameters, pending.size,
+                          request_id=pending.request_id, timeout_us=_timeout_us(pending.parameters),
+                          sink=pending.sink, cancelled=pending.cancelled or not_cancelled)
+
+
+def _timeout_us(parameters: Mapping[str, Any]) -> int:
+    """The client's ``timeout`` parameter (microseconds, Triton's), 0 when it set none."""
+    value = parameters.get("timeout")
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def _mark_compute(trace: Trace, timing: BatchTiming) -> None:
+    """Triton's COMPUTE_* timestamps from the batch's timing, kept in order even if a backend's input and
+    output times overlap its total."""
+    start, end = timing.start_ns, timing.end_ns
+    input_end = min(start + timing.input_ns, end)
+    output_start = max(input_end, end - timing.output_ns)
+    for name, ns in (("COMPUTE_START", start), ("COMPUTE_INPUT_END", input_end),
+                     ("COMPUTE_OUTPUT_START", output_start), ("COMPUTE_END", end)):
+        trace.mark(name, ns)

@@ -1,0 +1,400 @@
+"""Triton's sequence batcher: the scheduler of a model with ``sequence_batching``.
+
+Every request names its sequence (correlation ID, START/END flags: see correlation). A sequence is
+placed on one instance for its whole life (sequence_slots); its requests run in arrival order, one at a
+time. When an instance is free it runs one batch of the ready sequences placed on it:
+
+- direct: every sequence owns one batch slot (a row); the batch holds rows 0..n, an empty row gets READY
+  false and zeros. It runs once ``minimum_slot_utilization`` of the slots are ready, or when the oldest
+  ready request has waited ``max_queue_delay_microseconds``.
+- oldest: the oldest ready request of each of up to ``max_batch_size`` sequences, as the dynamic batcher
+  would batch them (``preferred_batch_size``, ``max_queue_delay_microseconds``, ``preserve_ordering``).
+
+The batcher adds the control tensors and the implicit state to each row (state) and keeps each
+sequence's new state from its outputs. A sequence with nothing queued for ``max_sequence_idle_microseconds``
+is ended and its slot given to the backlog. Memory stays bounded whatever clients do: the slots, a
+backlog of at most ``BACKLOG_PER_SLOT`` sequences per slot (beyond it a new sequence gets 503), at most
+``MAX_QUEUED_PER_SEQUENCE`` requests queued per sequence, and a bounded record of ended IDs (for the
+error a late request gets).
+
+A request once accepted runs even if its client goes away: skipping it would change the state every
+later request of its sequence sees.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import itertools
+import logging
+import math
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from appliance.backends import BackendRequest
+from appliance.backends.base import ResponseSink
+from appliance.engine.instances import InstancePool
+from appliance.engine.scheduler.correlation import END, START, sequence_ids
+from appliance.engine.scheduler.execution import ExecutionMode, execute_batch
+from appliance.engine.scheduler.scheduler import _mark_compute
+from appliance.engine.scheduler.sequence_policy import SequencePolicy
+from appliance.engine.scheduler.sequence_slots import Lane, Sequence, SequenceRequest, SlotTable
+from appliance.engine.scheduler.state import control_tensors, initial_states, padding_inputs
+from appliance.engine.stats import ModelStats, SequenceCounts, StepTiming
+from appliance.errors import ApplianceError, InferenceFailed, InvalidInput, Unavailable
+
+if TYPE_CHECKING:
+    from appliance.engine.trace import Trace
+
+__all__ = ["BACKLOG_PER_SLOT", "MAX_QUEUED_PER_SEQUENCE", "SequenceScheduler"]
+
+# A step waits for the one before it and carries state: the batches stay on instance threads.
+THREADED_SEQUENCES = ExecutionMode(False, "a sequence model's batches run on instance threads")
+
+log = logging.getLogger(__name__)
+
+BACKLOG_PER_SLOT = 4
+MIN_BACKLOG = 64
+MAX_QUEUED_PER_SEQUENCE = 256
+MAX_REMEMBERED_ENDS = 4096
+
+Row = tuple[Sequence, SequenceRequest]
+
+
+class SequenceScheduler:
+    def __init__(self, label: str, model: str, pool: InstancePool, policy: SequencePolicy,
+                 stats: ModelStats) -> None:
+        self.label = label
+        self.pool = pool
+        self.policy = policy
+        self.stats = stats
+        self.counts = stats.sequences = SequenceCounts()
+        self._model = model
+        places = policy.slots_per_instance
+        self._table = SlotTable(pool.size, places, max(MIN_BACKLOG, BACKLOG_PER_SLOT * places * pool.size))
+        self._sequences: dict[int | str, Sequence] = {}
+        self._ended: OrderedDict[int | str, str] = OrderedDict()
+        """Recently ended IDs and how they ended, so a late request learns why its sequence is gone."""
+        self._order = itertools.count()
+        self._next_order = 0
+        self._finished: dict[int, tuple[SequenceRequest, Any, BaseException | None]] = {}
+        self._queued = 0
+        self._in_flight = 0
+        self._closing = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._initial_shapes = tuple((name, value.shape) for name, value in initial_states(policy).items())
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self.pool.start()
+
+    @property
+    def pending(self) -> int:
+        return self._queued
+
+    @property
+    def execution(self) -> dict[str, Any]:
+        return THREADED_SEQUENCES.as_json()
+
+    async def drain(self, timeout: float) -> bool:
+        self._closing = True
+        assert self._loop is not None
+        deadline = self._loop.time() + timeout
+        while self._queued or self._in_flight:
+            if self._loop.time() >= deadline:
+                return False
+            await asyncio.sleep(0.01)
+        return await self.pool.drain(max(deadline - self._loop.time(), 0.0))
+
+    async def close(self, timeout: float | None = None) -> list[BaseException]:
+        self._closing = True
+        gone = Unavailable(f"model {self.label} was unloaded before this request ran")
+        for lane in self._table.lanes:
+            if lane.timer is not None:
+                lane.timer.cancel()
+        for sequence in list(self._sequences.values()):
+            if sequence.idle_timer is not None:
+                sequence.idle_timer.cancel()
+            while sequence.queue:
+                self._queued -= 1
+                self._complete(sequence.queue.popleft(), None, gone)
+        self._sequences.clear()
+        return await asyncio.to_thread(self.pool.close, timeout)
+
+    # -- the request side --------------------------------------------------------------------
+
+    async def submit(self, inputs: Mapping[str, np.ndarray], outputs: Iterable[str], batch_size: int,
+                     parameters: Mapping[str, Any], trace: Trace | None = None,
+                     timing: StepTiming | None = None, request_id: str = "", sink: ResponseSink | None = None,
+                     cancelled: Callable[[], bool] | None = None) -> dict[str, np.ndarray]:
+        """Queue one validated request on its sequence and wait for its outputs. An accepted request runs
+        even if its client goes away (``cancelled`` is not consulted): later steps need its state."""
+        if sink is not None:
+            raise InvalidInput(f"model '{self._model}' is decoupled; sequence models answer each request once")
+        loop = self._loop
+        assert loop is not None, "SequenceScheduler.start() was not called"
+        if self._closing:
+            raise Unavailable(f"model {self.label} is unloading", retry_after=1)
+        ids = sequence_ids(parameters, self._model, self.policy.corrid)
+        if self.policy.batched and batch_size != 1:
+            raise InvalidInput(
+                f"inference request to model '{self._model}' must specify batch-size 1 due to requirements of "
+                f"sequence batcher; got {batch_size}: send one step of the sequence per request"
+            )
+        sequence = self._sequences.get(ids.corrid)
+        if not ids.start and (sequence is None or sequence.ending):
+            raise InvalidInput(self._no_start(ids.corrid, sequence is not None))
+        if sequence is None:
+            sequence = self._open(ids.corrid)
+        elif ids.start:
+            # Triton's behaviour: a START on a live sequence begins it again in the same slot (state reset).
+            log.debug("model %s: sequence %r restarted by a new START", self.label, ids.corrid)
+        if len(sequence.queue) >= MAX_QUEUED_PER_SEQUENCE:
+            raise Unavailable(
+                f"sequence {ids.corrid} of model '{self._model}' has {MAX_QUEUED_PER_SEQUENCE} requests queued; "
+                "wait for answers before sending more", retry_after=1,
+            )
+        if sequence.idle_timer is not None:
+            sequence.idle_timer.cancel()
+            sequence.idle_timer = None
+        key = tuple(sorted((name, array.shape) for name, array in inputs.items()))
+        request = SequenceRequest(inputs, tuple(outputs), parameters, ids.flags, loop.create_future(), loop.time(),
+                                  key, next(self._order), trace, timing, request_id)
+        if trace is not None:
+            trace.mark("QUEUE_START")
+        sequence.queue.append(request)
+        sequence.ending = ids.end
+        self._queued += 1
+        if ids.start:
+            self.counts.started += 1
+        if sequence.lane is not None:
+            self._kick(self._table.lanes[sequence.lane])
+        return await request.future
+
+    def _open(self, corrid: int | str) -> Sequence:
+        sequence = Sequence(corrid)
+        if not self._table.enqueue(sequence):
+            self.counts.rejected += 1
+            raise Unavailable(
+                f"model '{self._model}' has no free sequence slot and its backlog of "
+                f"{self._table.backlog_limit} sequences is full; end sequences (sequence_end) or retry later",
+                retry_after=1,
+            )
+        self._sequences[corrid] = sequence
+        self._ended.pop(corrid, None)
+        self._count_places()
+        return sequence
+
+    def _no_start(self, corrid: int | str, ending: bool) -> str:
+        message = (f"inference request for sequence {corrid} to model '{self._model}' must specify the START flag "
+                   "on the first request of the sequence")
+        how = "its last request carried END" if ending else self._ended.get(corrid)
+        if how is None:
+            return message + "; send sequence_start: true to begin it"
+        return message + f"; sequence {corrid} {how}: send sequence_start: true to begin it again"
+
+    # -- batching ----------------------------------------------------------------------------
+
+    def _kick(self, lane: Lane) -> None:
+        """Look at the lane one loop iteration later: requests arriving together run together."""
+        if not lane.scheduled:
+            lane.scheduled = True
+            assert self._loop is not None
+            self._loop.call_soon(self._run_lane, lane)
+
+    def _on_delay(self, lane: Lane) -> None:
+        lane.timer = None
+        self._run_lane(lane)
+
+    def _key(self, sequence: Sequence) -> tuple:
+        """What must match for two sequences' next requests to share a batch: input and state shapes."""
+        request = sequence.queue[0]
+        if request.flags & START or not sequence.state:
+            return request.key, self._initial_shapes
+        return request.key, tuple((name, value.shape) for name, value in sequence.state.items())
+
+    def _run_lane(self, lane: Lane) -> None:
+        lane.scheduled = False
+        if lane.busy:
+            return  # its batch's end looks again
+        if lane.timer is not None:
+            lane.timer.cancel()
+            lane.timer = None
+        ready = [s for s in lane.members() if s.ready]
+        if not ready:
+            return
+        policy = self.policy
+        ready.sort(key=lambda s: s.queue[0].order)
+        oldest = ready[0]
+        key = self._key(oldest)
+        chosen = [s for s in ready if self._key(s) == key]
+        if policy.strategy == "direct":
+            target = max(1, math.ceil(policy.minimum_slot_utilization * len(lane.places)))
+        else:
+            chosen = chosen[:max(policy.max_batch_size, 1)]
+            target = policy.preferred_batch_sizes[-1] if policy.preferred_batch_sizes else max(policy.max_batch_size, 1)
+        if len(chosen) < target:
+            assert self._loop is not None
+            due = oldest.queue[0].arrival + policy.max_queue_delay
+            if due > self._loop.time():
+                lane.timer = self._loop.call_at(due, self._on_delay, lane)
+                return
+            fitting = [p for p in policy.preferred_batch_sizes if p <= len(chosen)]
+            if fitting:
+                chosen = chosen[:fitting[-1]]
+        self._dispatch(lane, chosen)
+
+    def _dispatch(self, lane: Lane, chosen: list[Sequence]) -> None:
+        assert self._loop is not None
+        # The pool counts idle instances; which one runs is this lane's (each lane is one instance).
+        token = self.pool.try_acquire()
+        if token is None:  # cannot happen while lanes track their instance; look again when one frees
+            self._loop.call_later(0.001, self._kick, lane)
+            return
+        lane.busy = True
+        now = self._loop.time()
+        direct = self.policy.strategy == "direct"
+        # direct: a sequence's row is its slot, whatever runs beside it; oldest: rows in age order.
+        positions = [(s.slot or 0) if direct else index for index, s in enumerate(chosen)]
+        rows: list[Row | None] = [None] * (max(positions) + 1)
+        for position, sequence in zip(positions, chosen):
+            request = sequence.queue.popleft()
+            self._queued -= 1
+            sequence.running = True
+            rows[position] = (sequence, request)
+        requests = self._backend_requests(rows)
+        queue_ns = [int((now - row[1].arrival) * 1e9) for row in rows if row is not None]
+        self._in_flight += len(chosen)
+        future = self.pool.execute(lane.index, functools.partial(execute_batch, requests=requests))
+        future.add_done_callback(functools.partial(self._finish, lane, rows, queue_ns))
+
+    def _backend_requests(self, rows: list[Row | None]) -> list[BackendRequest]:
+        policy = self.policy
+        state_outputs = tuple(spec.output for spec in policy.states)
+        requests: list[BackendRequest | None] = []
+        template: dict[str, np.ndarray] | None = None
+        for row in rows:
+            if row is None:
+                requests.append(None)
+                continue
+            sequence, request = row
+            if request.flags & START or not sequence.state:
+                sequence.state = initial_states(policy)
+            feed = {**request.inputs, **control_tensors(policy, request.flags, sequence.corrid), **sequence.state}
+            template = template or feed
+            outputs = tuple(dict.fromkeys((*request.outputs, *state_outputs)))
+            requests.append(BackendRequest(feed, outputs, request.parameters, 1, request_id=request.request_id,
+                                           correlation_id=sequence.corrid, flags=request.flags))
+        assert template is not None
+        padding = BackendRequest(padding_inputs(template, policy), (), {}, 1) if None in requests else None
+        return [r if r is not None else padding for r in requests]  # type: ignore[misc]
+
+    def _finish(self, lane: Lane, rows: list[Row | None], queue_ns: list[int], future: asyncio.Future) -> None:
+        lane.busy = False
+        real = [(index, row) for index, row in enumerate(rows) if row is not None]
+        self._in_flight -= len(real)
+        error = future.exception()
+        if error is not None:
+            if not isinstance(error, ApplianceError):
+                log.error("model %s: sequence batch of %d failed: %r", self.label, len(real), error)
+                error = InferenceFailed(f"model {self.label} failed: {type(error).__name__}: {error}")
+            for _, (sequence, request) in real:
+                sequence.running = False
+                self._complete(request, None, error)
+        else:
+            results, timing = future.result()
+            self.stats.record_batch(len(real), len(real), queue_ns, timing)
+            for position, (index, (sequence, request)) in enumerate(real):
+                sequence.running = False
+                if request.trace is not None:
+                    _mark_compute(request.trace, timing)
+                if request.timing is not None:
+                    request.timing.add(queue_ns[position], timing)
+                self._settle(sequence, request, results[index])
+        for _, (sequence, request) in real:
+            self._after_step(sequence, request)
+        self._kick(lane)
+
+    def _settle(self, sequence: Sequence, request: SequenceRequest,
+                result: dict[str, np.ndarray] | BaseException) -> None:
+        """Keep the sequence's new state from the outputs; answer the client with what it asked for."""
+        if isinstance(result, BaseException):
+            self._complete(request, None, result)
+            return
+        for spec in self.policy.states:
+            value = result.get(spec.output)
+            if value is None:
+                self._complete(request, None, InferenceFailed(
+                    f"model '{self._model}' did not produce its state output '{spec.output}'; the state of sequence "
+                    f"{sequence.corrid} was not updated"))
+                return
+            # A copy: the row is a view of the whole batch's output, which must not live as long as the sequence.
+            sequence.state[spec.input] = np.array(value, copy=True)
+        self._complete(request, {name: result[name] for name in request.outputs if name in result}, None)
+
+    def _after_step(self, sequence: Sequence, request: SequenceRequest) -> None:
+        if request.flags & END and not sequence.queue:
+            self._end(sequence, "already ended (its last request carried END)", reaped=False)
+        elif not sequence.queue and self._sequences.get(sequence.corrid) is sequence:
+            assert self._loop is not None
+            sequence.idle_timer = self._loop.call_later(self.policy.idle_timeout, self._reap, sequence)
+
+    def _reap(self, sequence: Sequence) -> None:
+        sequence.idle_timer = None
+        if sequence.queue or sequence.running or self._sequences.get(sequence.corrid) is not sequence:
+            return
+        idle_us = round(self.policy.idle_timeout * 1e6)
+        log.info("model %s: sequence %r idle for %d us, ended", self.label, sequence.corrid, idle_us)
+        self._end(sequence, f"was ended after {idle_us} us without a request (max_sequence_idle_microseconds)",
+                  reaped=True)
+
+    def _end(self, sequence: Sequence, how: str, reaped: bool) -> None:
+        if sequence.idle_timer is not None:
+            sequence.idle_timer.cancel()
+            sequence.idle_timer = None
+        if self._sequences.get(sequence.corrid) is sequence:
+            del self._sequences[sequence.corrid]
+        self._ended[sequence.corrid] = how
+        while len(self._ended) > MAX_REMEMBERED_ENDS:
+            self._ended.popitem(last=False)
+        if reaped:
+            self.counts.reaped += 1
+        else:
+            self.counts.ended += 1
+        sequence.state = {}
+        for promoted in self._table.remove(sequence):
+            assert promoted.lane is not None
+            self._kick(self._table.lanes[promoted.lane])
+        self._count_places()
+
+    def _count_places(self) -> None:
+        self.counts.backlog = len(self._table.backlog)
+        self.counts.active = len(self._sequences) - self.counts.backlog
+
+    # -- results -----------------------------------------------------------------------------
+
+    def _complete(self, request: SequenceRequest, result: Any, error: BaseException | None) -> None:
+        if request.completed:
+            return
+        request.completed = True
+        if not self.policy.preserve_ordering:
+            _resolve(request, result, error)
+            return
+        self._finished[request.order] = (request, result, error)
+        while self._next_order in self._finished:
+            _resolve(*self._finished.pop(self._next_order))
+            self._next_order += 1
+
+
+def _resolve(request: SequenceRequest, result: Any, error: BaseException | None) -> None:
+    if request.future.done():
+        return
+    if error is not None:
+        request.future.set_exception(error)
+    else:
+        request.future.set_result(result)

@@ -1,0 +1,74 @@
+"""The tensors the sequence batcher adds to a request before it runs: one per ``control_input``
+(START, END, READY, CORRID) and the sequence's implicit state (``state``), each one batch row.
+
+A batch slot with no request (the direct strategy runs slots 0..n together) gets READY false, START
+and END false, CORRID 0 and the initial state; its outputs are thrown away.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+from tritonclient.grpc import model_config_pb2 as mc
+
+from appliance.engine.scheduler.correlation import END, START
+from appliance.engine.scheduler.sequence_policy import Control, SequencePolicy, StateSpec, sequence_policy
+from appliance.tensors import numpy_dtype
+
+__all__ = ["control_tensors", "initial_states", "padding_inputs", "sequence_sample", "with_sequence_tensors"]
+
+
+def _row(value: object, datatype: str, batched: bool) -> np.ndarray:
+    shape = (1, 1) if batched else (1,)
+    if datatype == "BYTES":
+        text = value if isinstance(value, str) else ""  # only an empty slot has no string ID
+        return np.full(shape, text.encode(), dtype=object)
+    return np.full(shape, value, dtype=numpy_dtype(datatype))
+
+
+def _control_value(control: Control, flags: int, corrid: int | str, ready: bool) -> object:
+    if control.kind == "corrid":
+        return corrid
+    on = {"start": bool(flags & START), "end": bool(flags & END), "ready": ready}[control.kind]
+    return control.false_true[1 if on else 0]
+
+
+def control_tensors(policy: SequencePolicy, flags: int, corrid: int | str, ready: bool = True) -> dict[str, np.ndarray]:
+    """One request's control inputs (shape [1, 1] when the model batches, else [1])."""
+    return {c.name: _row(_control_value(c, flags, corrid, ready), c.datatype, policy.batched) for c in policy.controls}
+
+
+def _state_row(spec: StateSpec, batched: bool) -> np.ndarray:
+    return spec.initial[np.newaxis].copy() if batched else spec.initial.copy()
+
+
+def initial_states(policy: SequencePolicy) -> dict[str, np.ndarray]:
+    """A new sequence's implicit state, keyed by the model input that takes it (one batch row)."""
+    return {spec.input: _state_row(spec, policy.batched) for spec in policy.states}
+
+
+def padding_inputs(template: Mapping[str, np.ndarray], policy: SequencePolicy) -> dict[str, np.ndarray]:
+    """An empty slot's inputs: zeros shaped as a real request of the same batch, READY false."""
+    inputs = {name: np.full(value.shape, b"", dtype=object) if value.dtype == object else np.zeros_like(value)
+              for name, value in template.items()}
+    inputs.update(control_tensors(policy, 0, 0, ready=False))
+    return inputs
+
+
+def sequence_sample(policy: SequencePolicy, batch: int) -> dict[str, np.ndarray]:
+    """Control and state tensors for ``batch`` rows of sequence starts: what tuning and warmup add to a
+    sample so a sequence model runs outside the batcher."""
+    rows = [{**control_tensors(policy, START, index + 1), **initial_states(policy)} for index in range(max(batch, 1))]
+    if not policy.batched:
+        return rows[0]
+    return {name: np.concatenate([row[name] for row in rows]) for name in rows[0]}
+
+
+def with_sequence_tensors(config: mc.ModelConfig, inputs: Mapping[str, np.ndarray],
+                          batch: int) -> dict[str, np.ndarray]:
+    """``inputs`` (as the runtime takes them) plus, for a sequence model, the control and state tensors of
+    ``batch`` sequence starts; unchanged for any other model."""
+    if not config.HasField("sequence_batching"):
+        return dict(inputs)
+    return {**inputs, **sequence_sample(sequence_policy(config, None), batch)}

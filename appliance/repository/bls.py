@@ -1,0 +1,196 @@
+"""The registry's models as backends call them (Triton's BLS), from any thread.
+
+A Python model's call to another model arrives on a reader thread of the daemon; it is run here on the
+event loop through the called model's own scheduler, exactly as a client's request (it batches with
+them and counts in the statistics), and its outcome comes back as a ``concurrent.futures.Future`` or, for
+a stream, through a sink. The thread that asked never waits on the loop, and the loop never waits on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Callable
+from concurrent.futures import Future
+from http import HTTPStatus
+from typing import TYPE_CHECKING, Any
+
+from appliance.backends.base import ModelCall, Outputs, ResponseSink
+from appliance.engine.types import InferInput, InferRequest, InferResponse, RequestedOutput
+from appliance.errors import ApplianceError, InvalidInput, ModelNotFound, ModelNotReady, Unavailable
+from appliance.repository.config import config_from_json
+from appliance.tensors import v2_datatype
+
+if TYPE_CHECKING:
+    from appliance.engine.model import ModelVersion
+    from appliance.repository.registry import ModelRegistry
+
+__all__ = ["LocalModels"]
+
+log = logging.getLogger(__name__)
+
+
+def _outputs(response: InferResponse) -> Outputs:
+    return Outputs({output.name: output.data for output in response.outputs}, response.parameters)
+
+
+def _request(call: ModelCall) -> InferRequest:
+    parameters: dict[str, Any] = dict(call.parameters)
+    if call.timeout_us:
+        parameters["timeout"] = call.timeout_us
+    if call.correlation_id:  # a sequence, as a client would name it
+        parameters["sequence_id"] = call.correlation_id
+        parameters["sequence_start"] = bool(call.flags & 1)
+        parameters["sequence_end"] = bool(call.flags & 2)
+    return InferRequest(
+        inputs=[InferInput(name, v2_datatype(array.dtype), array) for name, array in call.inputs.items()],
+        outputs=[RequestedOutput(name) for name in call.outputs],
+        id=call.request_id or None,
+        parameters=parameters,
+    )
+
+
+class LocalModels:
+    """Implements ``appliance.backends.base.ModelCalls`` over a model registry."""
+
+    def __init__(self, registry: ModelRegistry, explicit: bool) -> None:
+        """``explicit``: the model control mode lets models be loaded and unloaded on demand."""
+        self._registry = registry
+        self._explicit = explicit
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The loop the registry's models run on (set before the first model that may call loads)."""
+        self._loop = loop
+
+    def _submit(self, coroutine: Any) -> Future:
+        if self._loop is None or self._loop.is_closed():
+            coroutine.close()
+            future: Future = Future()
+            future.set_exception(Unavailable("the server is not running"))
+            return future
+        if asyncio._get_running_loop() is self._loop:  # called on the loop (a channel it reads): no hop
+            task = self._loop.create_task(coroutine)
+            future = Future()
+            task.add_done_callback(functools.partial(_settle, future))
+            future.add_done_callback(lambda done: task.cancel() if done.cancelled() else None)
+            return future
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+
+    def _model(self, call: ModelCall) -> ModelVersion:
+        version = str(call.model_version) if call.model_version > 0 else None
+        try:
+            return self._registry.get(call.model_name, version)
+        except (ModelNotFound, ModelNotReady):
+            # Triton's words (python_backend request_executor.cc), which model code may look for.
+            raise Unavailable(
+                f"Failed for execute the inference request. Model '{call.model_name}' is not ready."
+            ) from None
+
+    # -- inference -------------------------------------------------------------------------------
+
+    def infer(self, call: ModelCall) -> Future[Outputs]:
+        return self._submit(self._infer(call))
+
+    async def _infer(self, call: ModelCall) -> Outputs:
+        model = self._model(call)
+        with model.in_use():
+            if model.decoupled:
+                raise InvalidInput(
+                    f"Model {call.model_name} is using the decoupled. The current BLS request call doesn't support "
+                    "models using the decoupled transaction policy. Please use 'decoupled=True' argument to the "
+                    "'exec' or 'async_exec' calls for decoupled models.'"
+                )
+            return _outputs(await model.infer(_request(call)))
+
+    def stream(self, call: ModelCall, sink: ResponseSink) -> Callable[[], None]:
+        future = self._submit(self._stream(call, sink))
+        loop = self._loop
+
+        def cancel() -> None:
+            if loop is not None and not loop.is_closed():
+                loop.call_soon_threadsafe(future.cancel)
+
+        return cancel
+
+    async def _stream(self, call: ModelCall, sink: ResponseSink) -> None:
+        try:
+            model = self._model(call)
+            with model.in_use():
+                if not model.decoupled:  # a stream of one
+                    outputs = _outputs(await model.infer(_request(call)))
+                    sink.send(outputs, parameters=outputs.parameters, final=True)
+                    return
+                stream = await model.open_stream(_request(call))
+                try:
+                    async for item in stream:
+                        sent = _outputs(item.response) if item.response is not None else None
+                        sink.send(sent, error=item.error, parameters=sent.parameters if sent else None,
+                                  final=item.final)
+                        if item.final:
+                            return
+                finally:
+                    stream.close()
+                sink.send(None, error=Unavailable(f"model '{call.model_name}' ended the stream early"), final=True)
+        except asyncio.CancelledError:
+            sink.send(None, error=_Cancelled("the request was cancelled"), final=True)
+            raise
+        except ApplianceError as exc:
+            sink.send(None, error=exc, final=True)
+        except Exception as exc:  # noqa: BLE001 - reported to the caller, never lost on the loop
+            log.exception("a streamed call to model %s failed", call.model_name)
+            sink.send(None, error=exc, final=True)
+
+    # -- readiness and lifecycle -----------------------------------------------------------------
+
+    def ready(self, name: str, version: str = "") -> bool:
+        try:
+            self._registry.get(name, version or None)
+        except ApplianceError:
+            return False
+        return True
+
+    def _check_control(self, action: str) -> None:
+        if not self._explicit:
+            raise InvalidInput(
+                f"explicit model {action} is not allowed unless the model control mode is explicit; start the "
+                "daemon with --model-control-mode explicit"
+            )
+
+    def load(self, name: str, config: str = "") -> Future[None]:
+        return self._submit(self._load(name, config))
+
+    async def _load(self, name: str, config: str) -> None:
+        self._check_control("load")
+        self._registry.model_dir(name)
+        override = config_from_json(config, name) if config else None
+        await self._registry.load(name, override)
+
+    def unload(self, name: str, unload_dependents: bool = False) -> Future[None]:
+        return self._submit(self._unload(name, unload_dependents))
+
+    async def _unload(self, name: str, unload_dependents: bool) -> None:
+        self._check_control("unload")
+        self._registry.model_dir(name)
+        await self._registry.unload(name, unload_dependents=unload_dependents)
+
+
+def _settle(future: Future, task: asyncio.Task) -> None:
+    if future.cancelled():
+        return
+    if task.cancelled():
+        future.cancel()
+        return
+    error = task.exception()
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(task.result())
+
+
+class _Cancelled(ApplianceError):
+    """Triton's CANCELLED: a 400 over HTTP, its own code over gRPC."""
+
+    status = HTTPStatus.BAD_REQUEST
+    grpc_code = "CANCELLED"

@@ -1,0 +1,104 @@
+"""An ensemble's plan checked against its composing models' configs: each mapped tensor exists, every
+required input is fed, batching fits, and every ensemble tensor has one data type and a shape all its
+readers and writers agree on (-1 matches any size)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+from appliance.errors import ConfigError
+from appliance.repository.ensemble.plan import EnsemblePlan, Step
+
+__all__ = ["check_composition"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Use:
+    """One place an ensemble tensor is declared: its type and full shape (batch dimension included)."""
+
+    datatype: int
+    shape: tuple[int, ...]
+    source: str
+
+
+def _full_shape(entry: mc.ModelInput | mc.ModelOutput, batched: bool) -> tuple[int, ...]:
+    return (-1, *entry.dims) if batched else tuple(entry.dims)
+
+
+def _shapes_agree(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    return len(a) == len(b) and all(x == y or x == -1 or y == -1 for x, y in zip(a, b))
+
+
+def _shape_text(shape: tuple[int, ...]) -> str:
+    return "[" + ",".join(str(d) for d in shape) + "]"
+
+
+def _check_step(plan: EnsemblePlan, ensemble: mc.ModelConfig, step: Step, config: mc.ModelConfig,
+                uses: dict[str, list[_Use]]) -> None:
+    name = plan.name
+    if config.model_transaction_policy.decoupled:
+        raise ConfigError(f"in ensemble '{name}', {step.label} is a decoupled model; ensembles of decoupled "
+                          "models are not supported by this server yet: call it directly or from a Python model")
+    if ensemble.max_batch_size > config.max_batch_size:
+        raise ConfigError(
+            f"ensemble {name} allows maximum batch size {ensemble.max_batch_size}, but it contains model "
+            f"{step.model} which only allows maximum batch size to be {config.max_batch_size}; lower the "
+            "ensemble's max_batch_size (0 when a composing model does not batch)"
+        )
+    batched = config.max_batch_size > 0
+    model_inputs = {entry.name: entry for entry in config.input}
+    model_outputs = {entry.name: entry for entry in config.output}
+    for key, tensor in step.inputs.items():
+        entry = model_inputs.get(key)
+        if entry is None:
+            raise ConfigError(f"in ensemble {name}, ensemble tensor {tensor} is mapping to non-existing input "
+                              f"{key} in model {step.model} ({step.label}); its inputs are {sorted(model_inputs)}")
+        uses.setdefault(tensor, []).append(_Use(entry.data_type, _full_shape(entry, batched),
+                                                f"input '{key}' of {step.label}"))
+    for key, entry in model_inputs.items():
+        if key not in step.inputs and not entry.optional:
+            raise ConfigError(f"in ensemble {name}, input {key} in model {step.model} is not mapped to any "
+                              f"ensemble tensors; add it to the input_map of step {step.number}")
+    for key, tensor in step.outputs.items():
+        out = model_outputs.get(key)
+        if out is None:
+            raise ConfigError(f"in ensemble {name}, ensemble tensor {tensor} is mapped from non-existing output "
+                              f"{key} in model {step.model} ({step.label}); its outputs are {sorted(model_outputs)}")
+        uses.setdefault(tensor, []).append(_Use(out.data_type, _full_shape(out, batched),
+                                                f"output '{key}' of {step.label}"))
+
+
+def _check_agreement(name: str, tensor: str, uses: list[_Use]) -> None:
+    first = uses[0]
+    for other in uses[1:]:
+        if other.datatype != first.datatype:
+            raise ConfigError(
+                f"in ensemble {name}, ensemble tensor {tensor}: inconsistent data type: "
+                f"{mc.DataType.Name(first.datatype)} is inferred from {first.source} while "
+                f"{mc.DataType.Name(other.datatype)} is inferred from {other.source}; make both declare one type"
+            )
+        if not _shapes_agree(first.shape, other.shape):
+            raise ConfigError(
+                f"in ensemble {name}, ensemble tensor {tensor}: inconsistent shape: {_shape_text(first.shape)} "
+                f"is inferred from {first.source} while {_shape_text(other.shape)} is inferred from "
+                f"{other.source} (shapes include the batch dimension, -1 when batched)"
+            )
+
+
+def check_composition(plan: EnsemblePlan, ensemble: mc.ModelConfig,
+                      config_of: Callable[[Step], mc.ModelConfig]) -> None:
+    """Raise ConfigError naming the step and tensor at fault. ``config_of(step)``: the config of the
+    version the step runs (raises ConfigError when that model or version is not loaded)."""
+    uses: dict[str, list[_Use]] = {}
+    batched = ensemble.max_batch_size > 0
+    for kind, entries in (("input", ensemble.input), ("output", ensemble.output)):
+        for entry in entries:
+            uses.setdefault(entry.name, []).append(
+                _Use(entry.data_type, _full_shape(entry, batched), f"ensemble {kind} '{entry.name}'"))
+    for step in plan.steps:
+        _check_step(plan, ensemble, step, config_of(step), uses)
+    for tensor, found in uses.items():
+        _check_agreement(plan.name, tensor, found)

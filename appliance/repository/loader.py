@@ -1,0 +1,259 @@
+"""Load one model directory of a Triton-layout repository (blocking: call it off the event loop)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+from appliance.backends import (
+    Backend,
+    BackendInfo,
+    BackendServices,
+    LoadContext,
+    RuntimeOptions,
+    named,
+    resolve_backend,
+    threads_per_instance,
+)
+from appliance.engine.classification import read_labels
+from appliance.engine.instances import InstancePool
+from appliance.engine.model import ModelVersion
+from appliance.engine.model_files import check_config_paths, confined
+from appliance.engine.scheduler import (
+    Scheduler,
+    SchedulerPolicy,
+    SequencePolicy,
+    SequenceScheduler,
+    policy_from_config,
+    sequence_policy,
+)
+from appliance.engine.scheduler.execution import choose_execution, plan_batch_ns
+from appliance.engine.stats import ModelStats
+from appliance.errors import ApplianceError, ConfigError
+from appliance.repository.config import (
+    check_decoupled,
+    complete_config,
+    is_ensemble,
+    read_config,
+    select_versions,
+    signature_of,
+)
+from appliance.repository.warmup import run_warmup, warmup_samples
+from appliance.selection.job import TuneRequest
+
+if TYPE_CHECKING:
+    from appliance.selection import Selector
+
+__all__ = ["LoadedModel", "load_model", "version_dirs"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class LoadedModel:
+    name: str
+    config: mc.ModelConfig
+    versions: dict[int, ModelVersion]
+    failures: dict[int, str]
+    """Versions the policy asked for that could not load, with the reason."""
+
+
+def version_dirs(model_dir: Path) -> dict[int, Path]:
+    return {
+        int(child.name): child
+        for child in model_dir.iterdir()
+        if child.is_dir() and child.name.isdigit() and not child.name.startswith("0")
+    }
+
+
+def _instance_count(config: mc.ModelConfig, info: BackendInfo) -> int:
+    if not config.instance_group:
+        return info.cpu_instances
+    return sum(group.count if group.count > 0 else info.cpu_instances for group in config.instance_group)
+
+
+def _model_file(model_dir: Path, version_dir: Path, filename: str) -> Path:
+    path = confined(model_dir, f"{version_dir.name}/{filename}", "default_model_filename")
+    if not path.exists():
+        raise ConfigError(
+            f"model '{model_dir.name}' version {version_dir.name} has no {filename}; "
+            f"expected {model_dir.name}/{version_dir.name}/{filename}"
+        )
+    return path
+
+
+def _complete(config: mc.ModelConfig, info: BackendInfo, backend: Backend) -> mc.ModelConfig:
+    return complete_config(
+        config,
+        platform=info.platform,
+        backend=info.name,
+        default_filename=info.default_filename,
+        inputs=backend.inputs(),
+        outputs=backend.outputs(),
+        cpu_instances=info.cpu_instances,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _ModelLoad:
+    """What loading one model directory shares across its versions."""
+
+    model_dir: Path
+    info: BackendInfo
+    """The backend its config (or its files) asks for."""
+    options: RuntimeOptions
+    selector: Selector | None
+    retune: bool
+    """Measure again even where a decision is cached."""
+    explicit_instances: bool
+    """The user's config set instance_group (before auto-completion added one)."""
+    services: BackendServices | None = None
+    """What the daemon lends backends (see LoadContext.services)."""
+
+
+def _load_version(
+    load: _ModelLoad, version: int, version_dir: Path, config: mc.ModelConfig, traffic: dict | None
+) -> tuple[mc.ModelConfig, ModelVersion]:
+    """Load every instance of one version: the first instance's tensors complete the config, the
+    selector (when there is one) picks the plan the instances then run (and, on the CPU, how many
+    instances with how many threads, unless the user's config set instance_group). ``traffic``: the
+    traffic profile to tune this version on (a retune on real traffic, see core.retune)."""
+    model_dir, info, options, selector = load.model_dir, load.info, load.options, load.selector
+    model_file = _model_file(model_dir, version_dir, config.default_model_filename or info.default_filename)
+    instances: list[Backend] = []
+    count = _instance_count(config, info)
+    threads = threads_per_instance(options, count)
+
+    def context(index: int, cfg: mc.ModelConfig, artefacts: Path | None = None) -> LoadContext:
+        return LoadContext(model_dir.name, version, model_file, cfg, options, index, threads, artefacts,
+                           services=load.services)
+
+    selection: dict | None = None
+    target = info
+    try:
+        first = info.load(context(0, config))
+        instances.append(first)
+        config = _complete(first.completed_config(config), info, first)
+        check_decoupled(config, info.name, info.decoupled)  # auto_complete_config may have set the policy
+        warmup = warmup_samples(config, model_dir)  # a broken sample fails the load before any tuning
+        plan_config, artefacts = config, None
+        if selector is not None:
+            request = TuneRequest(load.explicit_instances, traffic)
+            choice = selector.choose(info, context(0, config), force=load.retune, request=request)
+            selection = {**choice.decision, "cache": choice.cache}
+            if choice.unmeasured:
+                log.warning("model %s version %d: %s. To fix: %s", model_dir.name, version,
+                            choice.decision.get("reason"), choice.decision.get("fix"))
+            elif choice.measured:  # serve with the chosen plan (and its cached artefacts)
+                first.close()
+                instances.clear()
+                target = named(choice.plan.backend)
+                plan_config, artefacts = choice.plan.apply(config), choice.artefacts
+                if choice.plan.instances:  # the served config says how many instances really run
+                    del config.instance_group[:]
+                    config.instance_group.extend(plan_config.instance_group)
+                    count = choice.plan.instances
+                    threads = choice.plan.threads or threads_per_instance(options, count)
+        check_decoupled(config, target.name, target.decoupled)
+        for index in range(len(instances), count):
+            instances.append(target.load(context(index, plan_config, artefacts)))
+        for backend in instances:
+            backend.configure(config)
+        run_warmup(instances, warmup, config, version)
+        labels = {
+            out.name: read_labels(model_dir, out.label_filename, f"output '{out.name}' label_filename")
+            for out in config.output if out.label_filename
+        }
+        policy: SchedulerPolicy | SequencePolicy = (
+            sequence_policy(config, model_dir) if config.HasField("sequence_batching") else policy_from_config(config)
+        )
+    except BaseException:
+        for backend in instances:
+            backend.close()
+        raise
+    label = f"{model_dir.name}:{version}"
+    stats = ModelStats()
+    pool = InstancePool(label, instances)
+    scheduler: Scheduler | SequenceScheduler
+    if isinstance(policy, SequencePolicy):  # a sequence's steps run in order on threads
+        scheduler = SequenceScheduler(label, model_dir.name, pool, policy, stats)
+    else:
+        execution = choose_execution(plan_batch_ns(selection), options.thread_hop_ns, target.in_process)
+        scheduler = Scheduler(label, pool, policy, stats, execution)
+    model = ModelVersion(
+        name=model_dir.name,
+        version=version,
+        config=config,
+        signature=signature_of(config),
+        backend=target,
+        scheduler=scheduler,
+        stats=stats,
+        labels=labels,
+        selection=selection,
+    )
+    return config, model
+
+
+def load_model(
+    model_dir: Path,
+    options: RuntimeOptions,
+    selector: Selector | None = None,
+    retune: bool = False,
+    config_override: mc.ModelConfig | None = None,
+    traffic: dict[int, dict] | None = None,
+    services: BackendServices | None = None,
+) -> LoadedModel:
+    """Parse, auto-complete and load every version the policy selects.
+
+    A model-level problem (config, no versions, unknown backend) raises ConfigError; a version that
+    fails to load is recorded in ``failures`` while the others load. ``traffic``: per version, the
+    traffic profile to tune it on (a retune on real traffic, see core.retune).
+    """
+    if config_override is not None:  # the load API's parameters.config replaces config.pbtxt
+        config = mc.ModelConfig()
+        config.CopyFrom(config_override)  # already checked by config_from_json, as read_config checks
+    else:
+        config = read_config(model_dir)
+    if is_ensemble(config):
+        steps = sorted({step.model_name for step in config.ensemble_scheduling.step})
+        raise ConfigError(f"model '{model_dir.name}' is an ensemble: it runs no backend of its own to load or "
+                          f"tune alone; the daemon serves it, and its composing models {steps} are the ones to tune")
+    available = version_dirs(model_dir)
+    if not available:
+        raise ConfigError(
+            f"model '{model_dir.name}' has no version directory; expected "
+            f"{model_dir.name}/1/<model file> (e.g. {model_dir.name}/1/model.onnx)"
+        )
+    check_config_paths(config, model_dir, available.values())
+    info = resolve_backend(model_dir.name, config.backend, config.platform, list(available.values()))
+    config.name = config.name or model_dir.name
+    check_decoupled(config, info.name, info.decoupled)  # before any instance loads
+    load = _ModelLoad(model_dir, info, options, selector, retune, explicit_instances=bool(config.instance_group),
+                      services=services)
+    selected = select_versions(config, available)
+    versions: dict[int, ModelVersion] = {}
+    failures: dict[int, str] = {}
+    completed: mc.ModelConfig | None = None
+    # The newest version auto-completes the config (as Triton does); the rest are checked against it.
+    for version in reversed(selected):
+        try:
+            completed_here, model = _load_version(load, version, available[version], completed or config,
+                                                  (traffic or {}).get(version))
+        except ApplianceError as exc:
+            failures[version] = exc.message
+            log.warning("model %s version %d failed to load: %s", model_dir.name, version, exc.message)
+            continue
+        except Exception as exc:  # a runtime's own error type: still only this version fails
+            failures[version] = f"{type(exc).__name__}: {exc}"
+            log.exception("model %s version %d failed to load", model_dir.name, version)
+            continue
+        completed = completed or completed_here
+        versions[version] = model
+    if not versions:
+        reasons = "; ".join(f"version {v}: {r}" for v, r in sorted(failures.items()))
+        raise ConfigError(f"model '{model_dir.name}' has no loadable version ({reasons})")
+    return LoadedModel(model_dir.name, completed or config, versions, failures)

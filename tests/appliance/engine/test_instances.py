@@ -1,0 +1,146 @@
+"""The instance pool through its public API, with backends that sleep or raise."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from appliance.engine.instances import InstancePool
+from tests.fakes import FakeBackend
+
+
+def _double(backend):
+    return backend.run({"x": np.array([[1.0]])}, ["y"])
+
+
+@pytest.fixture
+def make_pool():
+    """make_pool(backends) -> InstancePool; every pool's threads are stopped after the test."""
+    pools: list[InstancePool] = []
+
+    def make(backends) -> InstancePool:
+        pools.append(InstancePool("m", backends))
+        return pools[-1]
+
+    yield make
+    for pool in pools:
+        pool.close(timeout=5)
+
+
+async def test_each_instance_runs_on_its_own_thread_one_job_at_a_time(make_pool):
+    shared = FakeBackend.shared_counter()
+    backends = [FakeBackend(delay=0.05, counter=shared), FakeBackend(delay=0.05, counter=shared)]
+    pool = make_pool(backends)
+    pool.start()
+
+    async def one():
+        index = await pool.acquire()
+        return await pool.execute(index, _double)
+
+    results = await asyncio.gather(*(one() for _ in range(6)))
+    assert all(r["y"][0, 0] == 2.0 for r in results)
+    assert all(b.max_active == 1 for b in backends)  # never two threads in one instance
+    assert shared.max_active == 2  # but the two instances overlapped
+    pool.close()
+    assert all(b.closed for b in backends)
+
+
+async def test_errors_reach_the_waiter_and_the_instance_is_freed(make_pool):
+    pool = make_pool([FakeBackend(fail="exploded")])
+    pool.start()
+    for _ in range(3):
+        index = await pool.acquire()
+        with pytest.raises(RuntimeError, match="exploded"):
+            await pool.execute(index, _double)
+    assert pool.idle == 1
+
+
+async def test_cancelled_waiter_does_not_free_a_busy_instance(make_pool):
+    backend = FakeBackend(delay=0.2)
+    pool = make_pool([backend])
+    pool.start()
+    index = await pool.acquire()
+    first = asyncio.ensure_future(pool.execute(index, _double))
+    await asyncio.sleep(0.05)
+    first.cancel()
+    assert pool.try_acquire() is None  # still running on its thread
+    index = await pool.acquire()
+    await pool.execute(index, _double)
+    assert backend.max_active == 1
+    assert await pool.drain(timeout=5)
+
+
+async def test_close_with_a_timeout_leaves_a_busy_instance_running(make_pool):
+    busy, idle = FakeBackend(delay=1.5), FakeBackend()
+    pool = make_pool([busy, idle])
+    pool.start()
+    index = await pool.acquire()
+    assert index == 0
+    running = pool.execute(index, _double)
+    await asyncio.sleep(0.05)
+    started = asyncio.get_running_loop().time()
+    errors = await asyncio.to_thread(pool.close, 0.3)
+    assert asyncio.get_running_loop().time() - started < 1.0  # not the 1.5 s the batch takes
+    assert len(errors) == 1 and isinstance(errors[0], TimeoutError) and "m#0" in str(errors[0])
+    assert idle.closed and not busy.closed  # a runtime is never closed under a running call
+    await running  # the batch still ends well (and before this test's loop closes)
+    assert await asyncio.to_thread(pool.close, 5) == [] and busy.closed  # a second close closes the rest
+
+
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_batch_that_ends_after_its_loop_closed_is_dropped_quietly(make_pool):
+    backend = FakeBackend(delay=0.3)
+    pool = make_pool([backend])
+    loop = asyncio.new_event_loop()
+
+    async def start_and_leave() -> None:
+        pool.start()
+        pool.execute(await pool.acquire(), _double)
+
+    loop.run_until_complete(start_and_leave())
+    loop.close()  # as when the daemon stops without waiting for a stuck batch
+    errors = pool.close(timeout=5)
+    assert errors == [] and backend.closed
+
+
+async def test_work_started_elsewhere_completes_from_another_thread_and_frees_the_instance(make_pool):
+    import threading
+
+    pool = make_pool([FakeBackend()])
+    pool.start()
+
+    def start(backend, finished):
+        threading.Thread(target=finished, args=("done", None)).start()
+        return True
+
+    index = await pool.acquire()
+    future = pool.begin(index, start)
+    assert future is not None
+    assert await future == "done"
+    assert pool.idle == 1
+
+
+async def test_work_that_cannot_start_elsewhere_leaves_the_instance_acquired(make_pool):
+    pool = make_pool([FakeBackend()])
+    pool.start()
+    index = await pool.acquire()
+    assert pool.begin(index, lambda backend, finished: False) is None
+    assert pool.idle == 0
+    assert np.array_equal((await pool.execute(index, _double))["y"], [[2.0]])
+    assert pool.idle == 1
+
+
+async def test_work_that_fails_to_start_reaches_the_waiter_and_frees_the_instance(make_pool):
+    pool = make_pool([FakeBackend()])
+    pool.start()
+
+    def start(backend, finished):
+        raise RuntimeError("no")
+
+    future = pool.begin(await pool.acquire(), start)
+    assert future is not None
+    with pytest.raises(RuntimeError, match="no"):
+        await future
+    assert pool.idle == 1

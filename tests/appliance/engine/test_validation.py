@@ -1,0 +1,44 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from appliance.engine.signature import ModelSignature, TensorSpec
+from appliance.engine.types import InferInput, InferRequest, RequestedOutput
+from appliance.engine.validation import validate_request
+from appliance.errors import InvalidInput
+
+SIGNATURE = ModelSignature(
+    max_batch_size=4,
+    inputs={"a": TensorSpec("a", "FP32", (-1, 3)), "b": TensorSpec("b", "INT32", (2,), optional=True)},
+    outputs={"y": TensorSpec("y", "FP32", (3,))},
+)
+
+
+def _request(*inputs, outputs=()):
+    return InferRequest([InferInput(n, d, a) for n, d, a in inputs], [RequestedOutput(o) for o in outputs])
+
+
+def test_valid_request_returns_its_batch_size():
+    request = _request(("a", "FP32", np.zeros((3, 5, 3), np.float32)), ("b", "INT32", np.zeros((3, 2), np.int32)))
+    assert validate_request("m", SIGNATURE, request) == 3
+
+
+def test_optional_input_may_be_left_out():
+    assert validate_request("m", SIGNATURE, _request(("a", "FP32", np.zeros((1, 1, 3), np.float32)))) == 1
+
+
+@pytest.mark.parametrize("inputs,outputs,message", [
+    ([("a", "FP32", np.zeros((5, 1, 3), np.float32))], (), "must be 1..4"),
+    ([("a", "FP32", np.zeros((1, 1, 4), np.float32))], (), "Expected [-1,-1,3], got [1,1,4]"),
+    ([("a", "FP64", np.zeros((1, 1, 3)))], (), "expects 'FP32'"),
+    ([("a", "FP32", np.zeros((1, 1, 3), np.float32)), ("b", "INT32", np.zeros((2, 2), np.int32))], (),
+     "disagree on the batch size"),
+    ([("a", "FP32", np.zeros((1, 1, 3), np.float32))] * 2, (), "more than once"),
+    ([("b", "INT32", np.zeros((1, 2), np.int32))], (), "missing ['a']"),
+    ([("a", "FP32", np.zeros((1, 1, 3), np.float32))], ("z",), "unexpected inference output 'z'"),
+])
+def test_invalid_requests(inputs, outputs, message):
+    with pytest.raises(InvalidInput) as info:
+        validate_request("m", SIGNATURE, _request(*inputs, outputs=outputs))
+    assert message in info.value.message

@@ -1,0 +1,93 @@
+"""Trace files: Triton's JSON list, valid after every write; rotation every log_frequency traces; the
+byte bound; memory only without a writable directory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from appliance.protocol.trace_writer import TraceWriter
+
+
+def _trace(number: int, padding: int = 0) -> dict:
+    return {"id": number, "model_name": "m", "model_version": 1,
+            "timestamps": [{"name": "REQUEST_START", "ns": number}, {"name": "X" * padding, "ns": number + 1}]}
+
+
+def _ids(path: Path) -> list[int]:
+    return [t["id"] for t in json.loads(path.read_text())]
+
+
+def test_one_file_stays_a_valid_json_list_as_traces_come(tmp_path):
+    writer = TraceWriter(tmp_path / "traces")
+    writer.add(_trace(1))
+    writer.flush()
+    path = tmp_path / "traces" / "trace.json"
+    assert _ids(path) == [1]
+    writer.add(_trace(2))
+    writer.add(_trace(3))
+    writer.flush()
+    assert _ids(path) == [1, 2, 3]
+    assert json.loads(path.read_text())[1] == _trace(2)
+    writer.close()
+
+
+def test_log_frequency_starts_a_new_numbered_file_every_n_traces(tmp_path):
+    writer = TraceWriter(tmp_path, "t.json")
+    for number in range(1, 6):
+        writer.add(_trace(number), log_frequency=2)
+    writer.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.json.0", "t.json.1", "t.json.2"]
+    assert [_ids(tmp_path / f"t.json.{i}") for i in range(3)] == [[1, 2], [3, 4], [5]]
+
+
+def test_the_oldest_files_are_removed_to_stay_under_the_byte_bound(tmp_path):
+    size = len(json.dumps(_trace(1, padding=1000))) + 2
+    writer = TraceWriter(tmp_path, max_bytes=3 * size)
+    for number in range(1, 8):
+        writer.add(_trace(number, padding=1000), log_frequency=1)
+    writer.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["trace.json.4", "trace.json.5", "trace.json.6"]
+    assert sum(p.stat().st_size for p in tmp_path.iterdir()) <= 3 * size
+    assert _ids(tmp_path / "trace.json.6") == [7]
+
+
+def test_a_single_file_at_the_bound_takes_no_more_traces(tmp_path):
+    size = len(json.dumps(_trace(1, padding=1000))) + 2
+    writer = TraceWriter(tmp_path, max_bytes=2 * size + 10)
+    for number in range(1, 5):
+        writer.add(_trace(number, padding=1000))
+    writer.close()
+    assert _ids(tmp_path / "trace.json") == [1, 2]
+    assert writer.dropped == 2
+    assert (tmp_path / "trace.json").stat().st_size <= 2 * size + 10
+
+
+def test_files_of_an_earlier_run_are_replaced(tmp_path):
+    (tmp_path / "trace.json").write_text("old")
+    (tmp_path / "trace.json.7").write_text("old")
+    (tmp_path / "keep.txt").write_text("not a trace file")
+    writer = TraceWriter(tmp_path)
+    writer.add(_trace(1))
+    writer.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.txt", "trace.json"]
+    assert _ids(tmp_path / "trace.json") == [1]
+
+
+def test_without_a_directory_traces_are_kept_in_memory_bounded():
+    writer = TraceWriter(None, memory_traces=3)
+    for number in range(1, 6):
+        writer.add(_trace(number))
+    writer.close()
+    assert [t["id"] for t in writer.kept()] == [3, 4, 5]
+
+
+def test_a_directory_that_cannot_be_written_falls_back_to_memory(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")  # a file where the directory should be: mkdir fails
+    reasons: list[str] = []
+    writer = TraceWriter(blocker / "traces", on_error=reasons.append)
+    writer.add(_trace(1))
+    writer.close()
+    assert [t["id"] for t in writer.kept()] == [1]
+    assert len(reasons) == 1 and "cannot write trace files" in reasons[0]

@@ -1,0 +1,70 @@
+"""The tracer's sampling: trace_level, trace_rate, trace_count, per-model settings over the global ones."""
+
+from __future__ import annotations
+
+from appliance.protocol.trace_settings import TraceSettings
+from appliance.protocol.trace_writer import TraceWriter
+from appliance.protocol.tracing import Tracer
+
+
+def _tracer() -> tuple[Tracer, TraceSettings, TraceWriter]:
+    settings = TraceSettings()
+    writer = TraceWriter(None)  # in memory: what was finished is readable at once after flush
+    return Tracer(settings, writer), settings, writer
+
+
+def _sampled(tracer: Tracer, model: str, requests: int) -> list[int]:
+    """Which of ``requests`` requests to ``model`` were traced (their indexes)."""
+    traced = []
+    for index in range(requests):
+        trace = tracer.start(model, 1)
+        if trace is not None:
+            tracer.finish(trace)
+            traced.append(index)
+    return traced
+
+
+def test_nothing_is_traced_while_the_level_is_off():
+    tracer, settings, _ = _tracer()
+    settings.update({"trace_rate": ["1"]})
+    assert _sampled(tracer, "m", 10) == []
+
+
+def test_one_request_in_trace_rate_is_traced():
+    tracer, settings, writer = _tracer()
+    settings.update({"trace_level": ["TIMESTAMPS"], "trace_rate": ["3"]})
+    assert _sampled(tracer, "m", 10) == [0, 3, 6, 9]
+    writer.close()
+    kept = writer.kept()
+    assert [t["id"] for t in kept] == [1, 2, 3, 4]
+    assert kept[0]["model_name"] == "m" and kept[0]["model_version"] == 1
+    assert [s["name"] for s in kept[0]["timestamps"]] == ["REQUEST_START", "REQUEST_END"]
+    assert kept[0]["timestamps"][0]["ns"] <= kept[0]["timestamps"][1]["ns"]
+
+
+def test_trace_count_is_counted_down_and_stops_tracing():
+    tracer, settings, _ = _tracer()
+    settings.update({"trace_level": ["TIMESTAMPS"], "trace_rate": ["1"], "trace_count": ["2"]})
+    assert _sampled(tracer, "m", 5) == [0, 1]
+    assert settings.get()["trace_count"] == ["0"]
+    settings.update({"trace_count": ["-1"]})
+    assert len(_sampled(tracer, "m", 5)) == 5
+    assert settings.get()["trace_count"] == ["-1"]  # no limit is not counted down
+
+
+def test_a_models_own_settings_override_the_global_ones():
+    tracer, settings, _ = _tracer()
+    settings.update({"trace_level": ["TIMESTAMPS"], "trace_rate": ["1"]}, model="traced")
+    settings.update({"trace_count": ["1"]}, model="traced")
+    assert _sampled(tracer, "other", 3) == []  # the global level is still OFF
+    assert _sampled(tracer, "traced", 3) == [0]  # its own count ran out
+    assert settings.get("traced")["trace_count"] == ["0"] and settings.get()["trace_count"] == ["-1"]
+    settings.update({"trace_count": []}, model="traced")  # cleared: the global count (no limit) again
+    assert _sampled(tracer, "traced", 3) == [0, 1, 2]
+
+
+def test_the_rate_is_counted_per_model():
+    tracer, settings, _ = _tracer()
+    settings.update({"trace_level": ["TIMESTAMPS"], "trace_rate": ["2"]})
+    picks = [tracer.start(model, 1) is not None for model in ("a", "b", "a", "b", "a")]
+    assert picks == [True, True, False, False, True]

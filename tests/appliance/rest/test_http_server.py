@@ -1,0 +1,95 @@
+"""The connection limiter in front of a plain asyncio server, and fitting the bound to the descriptors."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import textwrap
+
+from appliance.rest.http_server import ConnectionLimiter
+
+
+class _Echo(asyncio.Protocol):
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.transport.write(data)
+
+
+async def _open(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    return await asyncio.open_connection("127.0.0.1", port)
+
+
+async def test_connections_beyond_the_limit_get_503_and_slots_come_back():
+    limiter = ConnectionLimiter(3)
+    server = await asyncio.get_running_loop().create_server(limiter.wrap(_Echo), "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        held = [await _open(port) for _ in range(3)]
+        for reader, writer in held:  # the three are served
+            writer.write(b"ping")
+            assert await asyncio.wait_for(reader.readexactly(4), 2) == b"ping"
+        assert limiter.open == 3
+        reader, writer = await _open(port)
+        answer = await asyncio.wait_for(reader.read(), 2)  # answered and closed at once
+        writer.close()
+        assert answer.startswith(b"HTTP/1.1 503 Service Unavailable\r\n") and b"Retry-After: 1" in answer
+        assert b"max_connections" in answer and limiter.refused == 1
+        for _, writer in held:
+            writer.close()
+        for _ in range(100):
+            if limiter.open == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert limiter.open == 0  # every slot given back once its connection closed
+        reader, writer = await _open(port)
+        writer.write(b"again")
+        assert await asyncio.wait_for(reader.readexactly(5), 2) == b"again"
+        writer.close()
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_one_limit_is_shared_by_every_server_it_wraps():
+    limiter = ConnectionLimiter(1)
+    loop = asyncio.get_running_loop()
+    first = await loop.create_server(limiter.wrap(_Echo), "127.0.0.1", 0)
+    second = await loop.create_server(limiter.wrap(_Echo), "127.0.0.1", 0)
+    try:
+        _, held = await _open(first.sockets[0].getsockname()[1])
+        reader, writer = await _open(second.sockets[0].getsockname()[1])
+        assert (await asyncio.wait_for(reader.read(), 2)).startswith(b"HTTP/1.1 503")
+        writer.close()
+        held.close()
+    finally:
+        for server in (first, second):
+            server.close()
+            await server.wait_closed()
+
+
+FIT = textwrap.dedent('''
+    import logging, resource, sys
+    from appliance.rest.http_server import fit_connections_to_descriptors
+    logging.basicConfig(stream=sys.stdout, format="%(levelname)s %(message)s")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[1]), int(sys.argv[2])))
+    print("fits", fit_connections_to_descriptors(int(sys.argv[3])))
+    print("soft", resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+''')
+
+
+def _fit(soft: int, hard: int, wanted: int) -> str:
+    return subprocess.run([sys.executable, "-c", FIT, str(soft), str(hard), str(wanted)],
+                          capture_output=True, text=True, check=True).stdout
+
+
+def test_the_soft_descriptor_limit_is_raised_to_fit():
+    out = _fit(300, 8192, 1000)
+    assert "fits 1000" in out and "soft 1256" in out and "WARNING" not in out
+
+
+def test_a_low_hard_limit_lowers_the_bound_and_says_how_to_fix_it():
+    out = _fit(300, 300, 1000)
+    assert "fits 44" in out and "LimitNOFILE=" in out

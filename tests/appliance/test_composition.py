@@ -1,0 +1,130 @@
+"""The composition root: what it starts, what it tolerates, how it stops."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from appliance.composition import Appliance
+from appliance.errors import ConfigError, ModelNotReady
+from appliance.examples import build_example_repository
+from appliance.settings import Settings
+from tests.readonly import unwritable
+
+
+def _settings(tmp_path, **overrides) -> Settings:
+    values = {"state_dir": tmp_path / "state", "model_repository": build_example_repository(tmp_path / "repo"),
+              "selection": False, **overrides}
+    return Settings(**values)
+
+
+async def test_starts_loads_and_stops_in_reverse(tmp_path):
+    appliance = await Appliance.start(_settings(tmp_path))
+    await asyncio.wait_for(appliance.dataplane.wait_loaded(), 60)
+    assert appliance.dataplane.live() and appliance.registry.ready_count() == 3
+    assert appliance.metrics is not None and (tmp_path / "state" / "metrics.db").exists()
+    assert await appliance.close() == []
+    assert appliance.registry.ready_count() == 0
+    with pytest.raises(ModelNotReady):
+        appliance.dataplane.model("simple")
+
+
+async def test_the_daemon_starts_without_a_writable_place_for_its_token(tmp_path):
+    appliance = await Appliance.start(_settings(tmp_path, state_dir=unwritable(tmp_path), metrics=False))
+    try:
+        assert "token_not_saved" in [p.kind for p in appliance.state.problems] and len(appliance.token) >= 32
+    finally:
+        await appliance.close()
+
+
+async def test_an_empty_token_file_stops_the_start_with_the_fix(tmp_path):
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "auth-token").write_text("")
+    with pytest.raises(ConfigError, match="delete the file"):
+        await Appliance.start(_settings(tmp_path))
+
+
+async def test_a_repository_load_that_dies_makes_the_server_not_live(tmp_path, monkeypatch):
+    import hardware_probe
+
+    def broken_probe(timeout: float):
+        raise RuntimeError("the probe child could not start")
+
+    monkeypatch.setattr(hardware_probe, "probe_isolated", broken_probe)
+    appliance = await Appliance.start(_settings(tmp_path, metrics=False))
+    try:
+        for _ in range(100):
+            if not appliance.dataplane.live():
+                break
+            await asyncio.sleep(0.02)
+        assert not appliance.dataplane.live()
+        assert "the probe child could not start" in (appliance.dataplane.failure or "")
+    finally:
+        await appliance.close()
+
+
+async def test_a_failing_start_stops_what_it_had_started(tmp_path):
+    settings = _settings(tmp_path)
+    (tmp_path / "missing").mkdir()
+    bad = Settings(state_dir=settings.state_dir, model_repository=tmp_path / "missing" / "repo", selection=False)
+    with pytest.raises(ConfigError, match="does not exist"):
+        await Appliance.start(bad)
+    # The metrics history it had opened is closed again: a new start opens the same database.
+    appliance = await Appliance.start(settings)
+    await appliance.close()
+
+
+async def test_shared_memory_regions_are_closed_at_stop(tmp_path, shm_object):
+    from tests.descriptors import opened
+
+    appliance = await Appliance.start(_settings(tmp_path, metrics=False, shm_max_regions=3))
+    key, _ = shm_object(64)
+    own = opened("self", key)
+    try:
+        appliance.shared_memory.system.register("r", key, 0, 64, local=True)
+        assert appliance.shared_memory.counts() == (1, 64) and opened("self", key) == own + 1
+        assert "system_shared_memory" in appliance.dataplane.server_metadata()["extensions"]
+    finally:
+        await appliance.close()
+    assert opened("self", key) == own and appliance.shared_memory.counts() == (0, 0)
+    with pytest.raises(Exception, match="stopping"):
+        appliance.shared_memory.system.register("again", key, 0, 64, local=True)
+
+
+async def test_a_read_only_state_dir_keeps_traces_in_memory_and_says_so(tmp_path):
+    import numpy as np
+    from tritonclient.utils import triton_to_np_dtype
+
+    from appliance.engine.types import InferInput, InferRequest
+
+    appliance = await Appliance.start(_settings(tmp_path, state_dir=unwritable(tmp_path), metrics=False))
+    try:
+        (read_only,) = [p for p in appliance.state.problems if p.kind == "read_only"]
+        assert "traces stay in memory" in read_only.message
+        await asyncio.wait_for(appliance.dataplane.wait_loaded(), 60)
+        appliance.traces.update({"trace_level": ["TIMESTAMPS"], "trace_rate": ["1"]})
+        dataplane = appliance.dataplane
+        metadata = dataplane.model_metadata("simple")
+        inputs = [InferInput(t["name"], t["datatype"], np.zeros([1 if d == -1 else d for d in t["shape"]],
+                                                                 dtype=triton_to_np_dtype(t["datatype"])))
+                  for t in metadata["inputs"]]
+        with dataplane.model("simple").in_use() as model:
+            await dataplane.infer(model, InferRequest(inputs), local=True)
+        tracer = dataplane.tracer
+        assert tracer is not None
+        await asyncio.to_thread(tracer.writer.flush)
+        (trace,) = tracer.writer.kept()
+        assert trace["model_name"] == "simple" and len(trace["timestamps"]) == 7
+    finally:
+        await appliance.close()
+
+
+async def test_the_stream_settings_bound_every_decoupled_request(tmp_path):
+    appliance = await Appliance.start(_settings(tmp_path, metrics=False, stream_buffer_bytes=1 << 20,
+                                                stream_stall_timeout=5.0))
+    try:
+        limits = appliance.dataplane.stream_limits
+        assert (limits.max_bytes, limits.stall_timeout) == (1 << 20, 5.0)
+    finally:
+        await appliance.close()
