@@ -1,0 +1,113 @@
+"""The documented differences from Triton, each tied by name to a row of the "Differences from Triton"
+table, and able to undo exactly what its row describes.
+
+A Difference names its table row (the "what" cell, verbatim), the corpus cases it may explain (fnmatch
+patterns) and ``reconcile(triton, appliance)``: the appliance's answer with that one difference
+undone, or None where the difference does not apply. A case whose answers differ is documented when
+the differences matching it, applied in turn, make the two answers equal. A Difference that explains
+no case any more is stale: the suite says so, so the table does not keep rows the code left behind.
+"""
+
+from __future__ import annotations
+
+import copy
+import fnmatch
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.oracle.wire import Answer
+
+__all__ = ["DIFFERENCES", "Difference", "explain", "table_rows", "touching"]
+
+Reconcile = Callable[[Answer, Answer], "Answer | None"]
+
+
+@dataclass(frozen=True)
+class Difference:
+    row: str
+    cases: tuple[str, ...]
+    reconcile: Reconcile
+
+    def applies_to(self, case_name: str) -> bool:
+        return any(fnmatch.fnmatchcase(case_name, pattern) for pattern in self.cases)
+
+
+def explain(case_name: str, triton: Answer, appliance: Answer,
+            differences: Sequence[Difference]) -> list[Difference] | None:
+    """The differences that together turn the appliance's answer into Triton's; None if they cannot."""
+    used, current = _undo(case_name, triton, appliance, differences)
+    return used if used and current.as_dict() == triton.as_dict() else None
+
+
+def touching(case_name: str, triton: Answer, appliance: Answer,
+             differences: Sequence[Difference]) -> list[Difference]:
+    """The differences that change this case's answer at all (explaining all of it or not)."""
+    return _undo(case_name, triton, appliance, differences)[0]
+
+
+def _undo(case_name: str, triton: Answer, appliance: Answer,
+          differences: Sequence[Difference]) -> tuple[list[Difference], Answer]:
+    used: list[Difference] = []
+    current = appliance
+    for difference in differences:
+        if not difference.applies_to(case_name):
+            continue
+        undone = difference.reconcile(triton, current)
+        if undone is not None and undone.as_dict() != current.as_dict():
+            used.append(difference)
+            current = undone
+    return used, current
+
+
+def table_rows(root: Path) -> list[str]:
+    """The "what" cells of the table, from docs/differences-from-triton.md (or the README's section)."""
+    page = root / "docs" / "differences-from-triton.md"
+    text = page.read_text() if page.exists() else _readme_section(root / "README.md")
+    rows = []
+    for line in text.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if line.startswith("|") and len(cells) >= 4 and cells[0] not in ("what", "") and not set(cells[0]) <= {"-"}:
+            rows.append(cells[0])
+    return rows
+
+
+def _readme_section(readme: Path) -> str:
+    text = readme.read_text()
+    match = re.search(r"^#+ Differences from Triton\n(.*?)(?=^#+ )", text, re.S | re.M)
+    return match.group(1) if match else ""
+
+
+# -- reconcilers ---------------------------------------------------------------------------------------
+
+def _take_triton(when: Callable[[Answer, Answer], bool]) -> Reconcile:
+    """The whole answer differs by design (status and words) when ``when`` holds."""
+    def reconcile(triton: Answer, appliance: Answer) -> Answer | None:
+        return copy.deepcopy(triton) if when(triton, appliance) else None
+    return reconcile
+
+
+def _statuses(triton_status: str, appliance_status: str) -> Callable[[Answer, Answer], bool]:
+    return lambda triton, appliance: triton.status == triton_status and appliance.status == appliance_status
+
+
+def _without_index_origin(triton: Answer, appliance: Answer) -> Answer | None:
+    if not isinstance(appliance.body, list):
+        return None
+    body = [{key: value for key, value in row.items() if key != "origin"} if isinstance(row, dict) else row
+            for row in appliance.body]
+    return Answer(appliance.status, body, appliance.extra)
+
+
+def _either(*whens: Callable[[Answer, Answer], bool]) -> Callable[[Answer, Answer], bool]:
+    return lambda triton, appliance: any(when(triton, appliance) for when in whens)
+
+
+DIFFERENCES: tuple[Difference, ...] = (
+    Difference("repository index rows", ("http.repository.index.*",), _without_index_origin),
+    Difference("`/infer` or `ModelInfer` on a decoupled model", ("*.error.decoupled_unary*",),
+               _take_triton(_either(_statuses("501", "400"), _statuses("UNIMPLEMENTED", "INVALID_ARGUMENT")))),
+    Difference("`generate` on a model that sends several (or no) responses", ("http.generate.decoupled_*",),
+               _take_triton(_statuses("200", "500"))),
+)

@@ -1,0 +1,149 @@
+"""The appliance answers what real Triton answers: the same corpus to both, every difference fixed or a
+named row of the "Differences from Triton" table.
+
+Real Triton 2.51 and the appliance serve one repository of Python-backend models (tests/oracle/models.py)
+in explicit model control mode; a second pair in mode ``none`` takes the refused load/unload calls.
+Set ORACLE_REPORT=<file> to get every answer that differs, documented or not.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.oracle.corpus import explicit_mode_corpus, none_mode_corpus, regions
+from tests.oracle.differential import Outcome, compare, counts, describe
+from tests.oracle.known import DIFFERENCES, explain, table_rows, touching
+from tests.oracle.models import IDENTITY, LABELLED_CONFIG, LABELS, write_python_model, write_repository
+from tests.oracle.server import TritonServer
+from tests.oracle.wire import Target
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Transitional, while issue 24 is worked on: differences not yet fixed or documented (fnmatch patterns of
+# case names -> what is being done). Reported, not failures; each entry leaves as its group is settled.
+PENDING: dict[str, str] = {
+    "*.server.metadata": "extensions: Triton's order; cuda_shared_memory",
+    "*.model.*": "readiness/metadata of unknown versions, version strings, config JSON fields",
+    "*.load.*": "load errors: statuses and words; config JSON",
+    "*.unload.*": "unload of an unknown model",
+    "*.unloaded.*": "metadata/infer/stats after unload",
+    "*.none.*": "load/unload in mode none (item 9)",
+    "*.repository.index.*": "index rows: version, reason",
+    "http.unknown_path": "words", "http.method.*": "words",
+    "*.infer.*": "raw binary (item 6), ensembles, sequence words",
+    "*.error.*": "error words and statuses (items 7, 12)",
+    "*.sequence.*": "string sequence_id on a UINT64 CORRID; words",
+    "*.stream.*": "triton_grpc_error (item 2); stream error responses",
+    "*.generate*": "generate schema errors, duplicate keys (item 7)",
+    "*.shm.*": "shared-memory words and statuses (items 8, 12)",
+    "*.cudashm.*": "CUDA shared memory without CUDA",
+    "*.trace.*": "trace settings (item 11)",
+    "*.logging.*": "log settings errors",
+    "*.stats.*": "statistics zeros, response_stats, memory_usage",
+}
+
+
+@pytest.fixture(scope="module")
+def oracle_repository(tmp_path_factory) -> Path:
+    return write_repository(tmp_path_factory.mktemp("oracle") / "models")
+
+
+@pytest.fixture(scope="module")
+def small_repository(tmp_path_factory) -> Path:
+    repository = tmp_path_factory.mktemp("oracle-none") / "models"
+    write_python_model(repository, "identity", IDENTITY, LABELLED_CONFIG)
+    (repository / "identity" / "labels.txt").write_text(LABELS)
+    return repository
+
+
+def _pair(triton_install, module_daemon, repository: Path, mode: str, *loads: str) -> Iterator[tuple[Target, Target]]:
+    triton = TritonServer(repository, model_control=mode, args=[f"--load-model={m}" for m in loads],
+                          triton=triton_install, log_path=repository.parent / f"triton-{mode}.log").launch()
+    try:
+        extra = ["--model-control-mode", mode, *[arg for m in loads for arg in ("--load-model", m)]]
+        appliance = module_daemon(repository, *extra)
+        triton.wait_ready()
+        yield (Target("triton", triton.http_url, triton.grpc_url),
+               Target("appliance", appliance.url, appliance.grpc_url))
+    finally:
+        triton.stop()
+
+
+@pytest.fixture(scope="module")
+def explicit_outcomes(triton_install, module_daemon, oracle_repository) -> list[Outcome]:
+    for triton, appliance in _pair(triton_install, module_daemon, oracle_repository, "explicit", "*"):
+        with regions() as made:
+            return compare(explicit_mode_corpus(made), triton, appliance)
+    raise AssertionError("unreachable")
+
+
+@pytest.fixture(scope="module")
+def none_outcomes(triton_install, module_daemon, small_repository) -> list[Outcome]:
+    for triton, appliance in _pair(triton_install, module_daemon, small_repository, "none"):
+        return compare(none_mode_corpus(), triton, appliance)
+    raise AssertionError("unreachable")
+
+
+@pytest.fixture(scope="module")
+def outcomes(explicit_outcomes, none_outcomes) -> list[Outcome]:
+    return explicit_outcomes + none_outcomes
+
+
+def test_every_difference_from_triton_is_fixed_or_documented(outcomes):
+    undocumented, pending, documented = [], [], []
+    for outcome in outcomes:
+        if outcome.kind == "identical":
+            continue
+        used = explain(outcome.case.name, outcome.triton, outcome.appliance, DIFFERENCES)
+        if used is not None:
+            documented.append((outcome, [difference.row for difference in used]))
+        elif any(_matches(outcome.case.name, pattern) for pattern in PENDING):
+            pending.append(outcome)
+        else:
+            undocumented.append(outcome)
+    summary = (f"{len(outcomes)} cases: {counts(outcomes)}; documented {len(documented)}, "
+               f"pending {len(pending)}, undocumented {len(undocumented)}")
+    print(summary)
+    _write_report(summary, outcomes, documented, pending, undocumented)
+    assert not undocumented, summary + "\n" + "\n".join(describe(outcome) for outcome in undocumented)
+
+
+def test_documented_differences_are_rows_of_the_table():
+    rows = table_rows(ROOT)
+    missing = [difference.row for difference in DIFFERENCES if difference.row not in rows]
+    assert not missing, f"tests/oracle/known.py names rows the table does not have: {missing}"
+
+
+def test_no_documented_difference_is_stale(outcomes):
+    used = set()
+    for outcome in outcomes:
+        if outcome.kind != "identical":
+            used.update(difference.row for difference in touching(outcome.case.name, outcome.triton,
+                                                                  outcome.appliance, DIFFERENCES))
+    stale = [difference.row for difference in DIFFERENCES if difference.row not in used]
+    assert not stale, f"these documented differences no longer show (remove them from known.py and the table): {stale}"
+
+
+def _matches(name: str, pattern: str) -> bool:
+    import fnmatch
+
+    return fnmatch.fnmatchcase(name, pattern)
+
+
+def _write_report(summary: str, outcomes, documented, pending, undocumented) -> None:
+    target = os.environ.get("ORACLE_REPORT")
+    if not target:
+        return
+    lines = [summary, "", "## undocumented"]
+    lines += [describe(outcome, 1000) for outcome in undocumented]
+    lines += ["", "## pending"] + [describe(outcome, 1000) for outcome in pending]
+    lines += ["", "## documented"] + [f"{outcome.case.name}: {json.dumps(rows)}" for outcome, rows in documented]
+    lines += ["", "## identical"] + [outcome.case.name for outcome in outcomes if outcome.kind == "identical"]
+    Path(target).write_text("\n".join(lines) + "\n")
