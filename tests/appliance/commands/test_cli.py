@@ -88,11 +88,12 @@ def test_cache_ls_of_a_state_dir_without_a_cache_creates_nothing(tmp_path):
     assert cleared.returncode == 0 and "removed 0 entries" in cleared.stdout
 
 
-def test_readme_command_line_block_is_the_parsers_own():
+def test_the_documented_command_line_block_is_the_parsers_own():
     from pathlib import Path
 
     from appliance.cli import usage_summary
 
-    readme = (Path(__file__).parents[3] / "README.md").read_text()
-    block = readme.split("## Command line\n\n```\n", 1)[1].split("```", 1)[0]
-    assert block == usage_summary(), "README's command-line block drifted: paste `python -m appliance.cli`"
+    page = (Path(__file__).parents[3] / "docs" / "getting-started.md").read_text()
+    block = page.split("## Command line\n\n```\n", 1)[1].split("```", 1)[0]
+    assert block == usage_summary(), (
+        "docs/getting-started.md's command-line block drifted: paste the output of `python -m appliance.cli`")
