@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.builders import cnn_model, save
 
 
@@ -18,6 +20,7 @@ def _appliance(*args: str, env: dict | None = None) -> subprocess.CompletedProce
                           timeout=300, env=environment)
 
 
+@pytest.mark.slow  # the hardware probe imports every runtime in a child process
 def test_probe_json_reports_this_box():
     result = _appliance("probe", "--json")
     assert result.returncode == 0, result.stderr
@@ -31,11 +34,13 @@ def test_probe_json_reports_this_box():
     assert len(report["fingerprint"]) >= 16 and "cpu" in report["accelerators"]
 
 
+@pytest.mark.slow  # the hardware probe imports every runtime in a child process
 def test_probe_table():
     result = _appliance("probe")
     assert result.returncode == 0 and "fingerprint" in result.stdout and "onnxruntime" in result.stdout
 
 
+@pytest.mark.slow  # tuning measures plans
 def test_tune_then_cache_ls_and_clear(tmp_path):
     repo = tmp_path / "repo"
     save(cnn_model(), repo / "cnn" / "1" / "model.onnx")
@@ -51,6 +56,7 @@ def test_tune_then_cache_ls_and_clear(tmp_path):
     assert "removed 1 entries" in cleared.stdout
 
 
+@pytest.mark.slow  # tuning measures plans
 def test_tune_unknown_model_is_a_clear_error(tmp_path):
     result = _appliance("tune", "nope", "--model-repository", str(tmp_path), "--state-dir", str(tmp_path / "s"))
     assert result.returncode == 2 and "no model 'nope'" in result.stderr
