@@ -16,10 +16,13 @@ __all__ = [
     "ConfigError",
     "Forbidden",
     "InferenceFailed",
+    "InputMismatch",
     "InvalidInput",
+    "LoadRefused",
     "ModelNotFound",
     "ModelNotReady",
     "NotFound",
+    "NotInRepository",
     "NotSupported",
     "PayloadTooLarge",
     "PushRefused",
@@ -50,6 +53,22 @@ class InvalidInput(ApplianceError):
     """The request is malformed or does not match the model (Triton: INVALID_ARG)."""
 
     status = HTTPStatus.BAD_REQUEST
+
+
+class InputMismatch(InvalidInput):
+    """An input's data does not fit its shape or datatype. Found while decoding, before the model's name
+    is at hand: ``triton`` holds Triton's words with ``{model}`` for the name (``finish`` fills it in,
+    with the request's id)."""
+
+    def __init__(self, message: str, triton: str) -> None:
+        super().__init__(message)
+        self.triton = triton
+        self.request_id: str | None = None
+        """The request's id, where the decoder knew it."""
+
+    def finish(self, model: str) -> InvalidInput:
+        prefix = f"[request id: {self.request_id or '<id_unknown>'}] "
+        return InvalidInput(prefix + self.triton.replace("{model}", model))
 
 
 class PayloadTooLarge(ApplianceError):
@@ -88,12 +107,16 @@ class UnsupportedMediaType(ApplianceError):
     status = HTTPStatus.UNSUPPORTED_MEDIA_TYPE
 
 
-class PushRefused(InvalidInput):
-    """Pushed files the server cannot use (Triton: "failed to poll from model repository"): the request's
-    fault over HTTP (400), INTERNAL over gRPC as Triton answers there (its gRPC model-control example
-    checks that code)."""
+class LoadRefused(InvalidInput):
+    """A load request whose config override or files the server cannot use (Triton: "failed to poll from
+    model repository"): the request's fault over HTTP (400), INTERNAL over gRPC as Triton answers there
+    (its gRPC model-control example checks that code)."""
 
     grpc_code = "INTERNAL"
+
+
+class PushRefused(LoadRefused):
+    """Pushed files the server cannot use."""
 
 
 class PushTooLarge(PayloadTooLarge):
@@ -114,6 +137,12 @@ class NotFound(ApplianceError):
 
 class ModelNotFound(NotFound):
     """Unknown model or version."""
+
+
+class NotInRepository(ModelNotFound):
+    """A load of a model the repository does not have: 404 over HTTP, INTERNAL over gRPC as Triton."""
+
+    grpc_code = "INTERNAL"
 
 
 class RegionNotFound(NotFound):

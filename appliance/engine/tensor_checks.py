@@ -12,11 +12,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from appliance.errors import InvalidInput
+from appliance.errors import InputMismatch, InvalidInput
 from appliance.tensors import decode_bytes_tensor, element_size, numpy_dtype
 
-__all__ = ["BYTES_ELEMENT_OVERHEAD", "MAX_DIMS", "MAX_ELEMENTS", "DecodeLimits", "check_datatype", "check_shape",
-           "decode_raw_tensor"]
+__all__ = ["BYTES_ELEMENT_OVERHEAD", "MAX_DIMS", "MAX_ELEMENTS", "DecodeLimits", "byte_size_words", "check_datatype",
+           "check_shape", "decode_raw_tensor"]
 
 # Largest tensor (in elements) any request may declare; guards the arithmetic, not the memory (the
 # request size limit does that).
@@ -62,6 +62,11 @@ def check_shape(raw: object, name: str, limit: int) -> tuple[tuple[int, ...], in
     return tuple(dims), count
 
 
+def byte_size_words(name: str, expected: int, got: int) -> str:
+    """Triton's words for an input whose bytes do not fit its shape (``{model}`` for the model)."""
+    return f"input byte size mismatch for input '{name}' for model '{{model}}'. Expected {expected}, got {got}"
+
+
 def decode_raw_tensor(chunk: memoryview | bytes, datatype: str, shape: tuple[int, ...], count: int,
                       name: str, size_name: str = "the raw data size") -> np.ndarray:
     """A tensor from its raw bytes (little-endian elements, BYTES as 4-byte-length-prefixed items),
@@ -74,8 +79,9 @@ def decode_raw_tensor(chunk: memoryview | bytes, datatype: str, shape: tuple[int
     itemsize = element_size(datatype)
     assert itemsize is not None
     if len(chunk) != count * itemsize:
-        raise InvalidInput(
+        raise InputMismatch(
             f"input '{name}': shape {list(shape)} of {datatype} needs {count * itemsize} bytes, "
-            f"{size_name} is {len(chunk)}"
+            f"{size_name} is {len(chunk)}",
+            byte_size_words(name, count * itemsize, len(chunk)),
         )
     return np.frombuffer(chunk, dtype=numpy_dtype(datatype)).reshape(shape)

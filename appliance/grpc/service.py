@@ -17,7 +17,6 @@ from appliance.budget import Account
 from appliance.engine.model import ModelVersion
 from appliance.engine.tensor_checks import DecodeLimits
 from appliance.engine.types import InferRequest
-from appliance.errors import ModelNotFound
 from appliance.grpc.access import Gate, caller_of
 from appliance.grpc.admission import Received, parse
 from appliance.grpc.codec import decode_infer_request, encode_infer_response, from_parameters, stream_options
@@ -79,11 +78,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         return pb.ServerReadyResponse(ready=self._dataplane.ready())
 
     async def ModelReady(self, request: pb.ModelReadyRequest, context: Any) -> pb.ModelReadyResponse:
-        try:
-            ready = self._dataplane.model_ready(request.name, request.version or None)
-        except ModelNotFound:
-            ready = False  # as Triton: an unknown model is simply not ready
-        return pb.ModelReadyResponse(ready=ready)
+        return pb.ModelReadyResponse(ready=self._dataplane.model_ready(request.name, request.version or None))
 
     async def ServerMetadata(self, request: pb.ServerMetadataRequest, context: Any) -> pb.ServerMetadataResponse:
         metadata = self._dataplane.server_metadata()

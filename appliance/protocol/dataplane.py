@@ -22,7 +22,7 @@ from appliance import __version__
 from appliance.budget import Account, MemoryBudget
 from appliance.engine.streaming import Responses, StreamLimits
 from appliance.engine.tensor_checks import DecodeLimits
-from appliance.errors import ModelNotReady, NotSupported, Unavailable
+from appliance.errors import InvalidInput, ModelNotFound, ModelNotReady, NotSupported, Unavailable
 from appliance.protocol.admission import AccessPolicy, Admission, Caller
 from appliance.protocol.inference import NOT_SERVED, Inference, InferSource
 from appliance.protocol.log_settings import LogSettings, LogValues
@@ -41,6 +41,7 @@ from appliance.protocol.results import (
 from appliance.protocol.shared_memory import SharedMemoryRegistry
 from appliance.protocol.trace_settings import TraceSettings
 from appliance.protocol.tracing import Tracer
+from appliance.repository.config import as_reported
 from appliance.repository.pushed import PushStore
 from appliance.repository.registry import ModelRegistry, ModelState
 from appliance.state import StateDir
@@ -167,10 +168,11 @@ class DataPlane:
         return ServerMetadata(SERVER_NAME, __version__, (*EXTENSIONS, *served))
 
     def model_ready(self, name: str, version: str | None = None) -> bool:
-        """Raises ModelNotFound for a model the repository does not have."""
+        """False for a model or version that does not serve (unknown ones too, as Triton answers);
+        raises InvalidInput for a version that is not a number."""
         try:
             self._registry.get(name, version)
-        except ModelNotReady:
+        except (ModelNotReady, ModelNotFound):
             return False
         return True
 
@@ -186,17 +188,25 @@ class DataPlane:
                              tensors(signature.inputs), tensors(signature.outputs))
 
     def model_config(self, name: str, version: str | None = None) -> mc.ModelConfig:
-        """Triton's ModelConfig message of the version that serves."""
-        return self._registry.get(name, version).config
+        """Triton's ModelConfig message of the version that serves, as Triton reports it."""
+        return as_reported(self._registry.get(name, version).config)
 
     def model_statistics(self, name: str | None = None, version: str | None = None) -> list[VersionStatistics]:
         """Triton's statistics extension: every ready version, one model, or one version."""
         if name is None:
             models = self._registry.ready_versions()
         elif version is None:
-            models = [m for _, m in sorted(self._registry.entry(name).versions.items())]
+            try:
+                models = [m for _, m in sorted(self._registry.entry(name).versions.items())]
+            except ModelNotFound:
+                models = []
+            if not models:  # Triton's words and status (INVALID_ARG) for an unknown or unloaded model
+                raise InvalidInput(f"requested model '{name[:255]}' is not available")
         else:
-            models = [self._registry.get(name, version)]
+            try:
+                models = [self._registry.get(name, version)]
+            except (ModelNotFound, ModelNotReady) as error:
+                raise InvalidInput(f"requested model version is not available for model '{name[:255]}'") from error
         return [VersionStatistics(m.name, str(m.version), m.stats.as_json()) for m in models]
 
     def model_selection(self, name: str, version: str | None = None) -> dict[str, Any]:

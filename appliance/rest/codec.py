@@ -25,7 +25,7 @@ from appliance.engine.tensor_checks import (
     decode_raw_tensor,
 )
 from appliance.engine.types import InferInput, InferRequest, InferResponse, RequestedOutput, SharedMemoryInput
-from appliance.errors import InvalidInput
+from appliance.errors import InputMismatch, InvalidInput
 from appliance.protocol.shared_memory.params import shared_memory_ref
 from appliance.tensors import decode_bytes_tensor, element_size, encode_bytes_tensor, numpy_dtype
 
@@ -175,6 +175,16 @@ def decode_infer_request(
     ``reserve(size)`` is called with the bytes each input will allocate, after its shape is checked and
     before anything is allocated; it may raise to refuse (the transport's memory budget does)."""
     header = _parse_header(body, header_length)
+    try:
+        return _decode_request(header, body, header_length, limits, reserve)
+    except InputMismatch as mismatch:
+        request_id = header.get("id")
+        mismatch.request_id = request_id if isinstance(request_id, str) else None
+        raise
+
+
+def _decode_request(header: dict[str, Any], body: bytes, header_length: int | None, limits: DecodeLimits,
+                    reserve: Callable[[int], None]) -> InferRequest:
     raw_inputs = header.get("inputs")
     if not isinstance(raw_inputs, list):
         # Empty is allowed: a model may have no inputs (Triton's Python models that only call others).
@@ -231,7 +241,7 @@ def decode_infer_request(
         if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
             raise InvalidInput(f"outputs[{position}] must be an object with a 'name' string")
         if any(o.name == raw["name"] for o in outputs):
-            raise InvalidInput(f"output '{raw['name'][:255]}' already exists in request")
+            continue  # as Triton: an output named twice is returned once
         params = _parameters(raw, f"output '{raw['name']}'")
         shared = shared_memory_ref(params, f"output '{raw['name']}'")
         classification = params.get("classification", 0)
@@ -264,10 +274,21 @@ def decode_raw_request(
     shape: tuple[int, ...],
     limits: DecodeLimits = _DEFAULT_LIMITS,
     reserve: Callable[[int], None] = _ignore,
+    one_element: bool = False,
 ) -> InferRequest:
     """Triton's raw binary request (``Inference-Header-Content-Length: 0``): the whole body is the
     model's only input, ``shape`` as its config gives it (one -1 is taken from the body's size); every
-    output is returned as binary data."""
+    output is returned as binary data. A BYTES input must be declared with dims [1] (``one_element``):
+    the body is then its one element, without a length prefix, as Triton reads it."""
+    if datatype == "BYTES":
+        if not one_element:
+            raise InvalidInput(f"[request id: <id_unknown>] For BYTE datatype raw input '{name}', the model must "
+                               f"have input shape [1]; send a JSON header with {HEADER_LENGTH} instead")
+        reserve(len(body) + BYTES_ELEMENT_OVERHEAD)
+        element = np.empty(1, dtype=object)
+        element[0] = bytes(body)
+        return InferRequest([InferInput(name, datatype, element.reshape(shape))], [], None,
+                            {"binary_data_output": True})
     itemsize = element_size(datatype)
     variable = [i for i, d in enumerate(shape) if d < 0]
     if variable and (itemsize is None or len(variable) > 1):

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,9 +13,9 @@ import grpc
 
 from tests.oracle.corpus import Case
 from tests.oracle.normalise import normalise
-from tests.oracle.wire import Answer, Target, send
+from tests.oracle.wire import Answer, Http, Target, send
 
-__all__ = ["Outcome", "compare", "counts", "describe"]
+__all__ = ["OracleDied", "Outcome", "compare", "counts", "describe", "diff_paths"]
 
 
 @dataclass
@@ -33,8 +34,14 @@ class Outcome:
         return "identical"
 
 
-def compare(cases: Sequence[Case], triton: Target, appliance: Target) -> list[Outcome]:
-    """Each case to Triton, then to the appliance (its hooks around each), answers normalised."""
+class OracleDied(RuntimeError):
+    """Real Triton stopped answering (tritonserver 2.51 has crashed on a stream's end here)."""
+
+
+def compare(cases: Sequence[Case], triton: Target, appliance: Target,
+            triton_alive: Callable[[], bool] = lambda: True) -> list[Outcome]:
+    """Each case to Triton, then to the appliance (its hooks around each), answers normalised.
+    Raises OracleDied, naming the case, when Triton's process is gone."""
     channels: dict[str, grpc.Channel] = {}
     outcomes = []
     try:
@@ -46,12 +53,26 @@ def compare(cases: Sequence[Case], triton: Target, appliance: Target) -> list[Ou
                 answer = send(case.request, target, channels)
                 if case.after is not None:
                     answer.extra = case.after()
+                if case.settle:
+                    _settle(target, channels)
                 answers.append(normalise(case.name, answer))
+            if not triton_alive():
+                raise OracleDied(f"tritonserver died at case {case.name}")
             outcomes.append(Outcome(case, *answers))
     finally:
         for channel in channels.values():
             channel.close()
     return outcomes
+
+
+def _settle(target: Target, channels: dict[str, grpc.Channel], timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        index = send(Http("POST", "/v2/repository/index", b"{}"), target, channels)
+        rows = index.body if isinstance(index.body, list) else []
+        if not any(isinstance(row, dict) and row.get("state") in ("LOADING", "UNLOADING") for row in rows):
+            return
+        time.sleep(0.05)
 
 
 def counts(outcomes: Sequence[Outcome]) -> dict[str, int]:

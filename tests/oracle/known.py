@@ -16,6 +16,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tests.oracle.wire import Answer
 
@@ -100,12 +101,86 @@ def _without_index_origin(triton: Answer, appliance: Answer) -> Answer | None:
     return Answer(appliance.status, body, appliance.extra)
 
 
+def _messages(answer: Answer) -> list[tuple[list[Any], str]]:
+    """Where an answer carries error words: (container path, key) pairs, in order."""
+    found: list[tuple[list[Any], str]] = []
+    body = answer.body
+    if isinstance(body, dict):
+        for key in ("error", "message"):
+            if isinstance(body.get(key), str):
+                found.append(([], key))
+        for index, event in enumerate(body.get("events") or []):
+            if isinstance(event, dict) and isinstance(event.get("error"), str):
+                found.append((["events", index], "error"))
+        for index, response in enumerate(body.get("responses") or []):
+            if isinstance(response, dict):
+                for key in ("error_message", "stream_error"):
+                    if isinstance(response.get(key), str):
+                        found.append((["responses", index], key))
+    return found
+
+
+def _at(body: Any, path: list[Any]) -> Any:
+    for step in path:
+        body = body[step]
+    return body
+
+
+_HINT = re.compile(r"^(; |: | \()")
+
+
+def _words_then_hint(triton: Answer, appliance: Answer) -> Answer | None:
+    """Same status and shape; each appliance message is Triton's followed by what to change."""
+    if triton.status != appliance.status:
+        return None
+    theirs, ours = _messages(triton), _messages(appliance)
+    if [place for place in theirs] != [place for place in ours]:
+        return None
+    undone = copy.deepcopy(appliance)
+    for path, key in ours:
+        expected, actual = _at(triton.body, path)[key], _at(undone.body, path)[key]
+        if actual != expected:
+            if not (actual.startswith(expected) and _HINT.match(actual[len(expected):])):
+                return None
+            _at(undone.body, path)[key] = expected
+    return undone
+
+
+_PARSER = ("Unable to parse", "attempt to access", "attempt to get members", "failed to parse the request JSON")
+
+
+def _parser_words(answer: Answer) -> bool:
+    """Triton's HTTP front end passes RapidJSON's complaint on as a 500."""
+    return isinstance(answer.body, dict) and any(words in str(answer.body.get("error", "")) for words in _PARSER)
+
+
+def _load_refusal(appliance_status: str) -> Reconcile:
+    """Triton answers a load it cannot do with 500 "failed to poll from model repository"; here the HTTP
+    status says whose fault it is, and the words go on with what is wrong."""
+    def reconcile(triton: Answer, appliance: Answer) -> Answer | None:
+        if triton.status != "500" or appliance.status != appliance_status or not isinstance(appliance.body, dict):
+            return None
+        theirs, ours = str(triton.body.get("error", "")), str(appliance.body.get("error", ""))
+        if not (theirs.endswith("failed to poll from model repository") and ours.startswith(theirs)):
+            return None
+        return copy.deepcopy(triton)
+    return reconcile
+
+
 def _either(*whens: Callable[[Answer, Answer], bool]) -> Callable[[Answer, Answer], bool]:
     return lambda triton, appliance: any(when(triton, appliance) for when in whens)
 
 
 DIFFERENCES: tuple[Difference, ...] = (
+    Difference("error messages", ("*",), _words_then_hint),
+    Difference("a request body Triton's JSON parser refuses (malformed JSON, a member of the wrong JSON type)",
+               ("http.*",),
+               _take_triton(lambda triton, appliance: _statuses("500", "400")(triton, appliance)
+                            and _parser_words(triton))),
     Difference("repository index rows", ("http.repository.index.*",), _without_index_origin),
+    Difference("a load request's config or file override that cannot be used (JSON that is no model config; a file "
+               "name with `..`, absolute, too long...)", ("http.load.*",), _load_refusal("400")),
+    Difference("a load of a model the repository does not have", ("http.load.*",), _load_refusal("404")),
     Difference("`/infer` or `ModelInfer` on a decoupled model", ("*.error.decoupled_unary*",),
                _take_triton(_either(_statuses("501", "400"), _statuses("UNIMPLEMENTED", "INVALID_ARGUMENT")))),
     Difference("`generate` on a model that sends several (or no) responses", ("http.generate.decoupled_*",),

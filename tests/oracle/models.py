@@ -91,6 +91,7 @@ class TritonPythonModel:
 DOUBLE_CONFIG = '''
 backend: "python"
 max_batch_size: 8
+dynamic_batching { }
 input [ { name: "X" data_type: TYPE_INT32 dims: [ 16 ] } ]
 output [ { name: "Y" data_type: TYPE_INT32 dims: [ 16 ] } ]
 instance_group [ { kind: KIND_CPU count: 1 } ]
@@ -271,6 +272,22 @@ output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
 instance_group [ { kind: KIND_CPU count: 1 } ]
 '''
 
+# Echoes INPUT0 as OUTPUT0, but raises for a negative first element: successes and failures to count.
+FAILS_OR_ECHO = '''
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            if float(x.reshape(-1)[0]) < 0:
+                raise pb_utils.TritonModelException("negative input raised")
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x)]))
+        return responses
+'''
+
 MODELS: dict[str, tuple[str, str]] = {
     "identity": (IDENTITY, LABELLED_CONFIG),
     "add_sub": (ADD_SUB, ADD_SUB_CONFIG),
@@ -282,6 +299,9 @@ MODELS: dict[str, tuple[str, str]] = {
     "fails": (FAILS, FAILS_CONFIG),
     # A second copy of identity: unloaded and loaded again by the corpus while the rest keeps serving.
     "spare": (IDENTITY, LABELLED_CONFIG),
+    # Copies that only the statistics cases call, so their counts do not hang on every other case.
+    "counted": (FAILS_OR_ECHO, FAILS_CONFIG),
+    "counted_repeat": (REPEAT, REPEAT_CONFIG),
 }
 """name -> (model.py, config.pbtxt) for every Python model; the ensemble ``pipeline`` comes on top."""
 

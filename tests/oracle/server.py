@@ -74,6 +74,9 @@ class TritonServer:
             raise TritonUnavailable("tritonserver is not running (start() first)")
         return self.process.pid
 
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
     def log(self) -> str:
         try:
             return self.log_path.read_text(errors="replace")

@@ -139,17 +139,22 @@ def _stream(call: Callable, messages: Sequence[Message], metadata: Any, expected
     responses: list[Any] = []
     status = "OK"
     stream = call(requests(), timeout=_TIMEOUT_S, metadata=metadata)
+    ended = False
     try:
         for response in stream:
             responses.append(_message_dict(response))
             if expected is not None and len(responses) >= expected:
                 break
+        else:
+            ended = True
     except grpc.RpcError as error:
+        ended = True
         status = error.code().name
         responses.append({"stream_error": error.details()})
     finally:
         finished.set()
-        stream.cancel()
+        if not ended:  # only a stream cut short: cancelling one that ended has crashed tritonserver 2.51
+            stream.cancel()
     return Answer(status, {"responses": responses})
 
 

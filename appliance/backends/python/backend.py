@@ -13,6 +13,7 @@ import asyncio
 import json
 import logging
 import subprocess
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -101,6 +102,8 @@ class PythonBackend(Backend):
         self._context = context
         self._inputs_arena: Arena | None = None
         self._config_json: dict = {}
+        self._config: Any = None
+        """The final, auto-completed config (set by configure)."""
         self._decoupled = False
         self._ready = False
         instance = _Instance(context)
@@ -138,19 +141,10 @@ class PythonBackend(Backend):
 
     def _args(self) -> dict[str, str]:
         context = self._context
-        group = 0
-        index = context.instance_index
-        # Triton names instances <model>_<group>_<index in group> (instance_group entries in order).
-        for position, entry in enumerate(context.config.instance_group):
-            count = entry.count if entry.count > 0 else 1
-            if index < count:
-                group = position
-                break
-            index -= count
         return {
             "model_config": json.dumps(self._config_json),
             "model_instance_kind": "CPU",
-            "model_instance_name": f"{context.model_name}_{group}_{index}",
+            "model_instance_name": self._instance_name,
             "model_instance_device_id": "0",
             "model_repository": str(context.version_dir.parent),
             "model_version": str(context.version),
@@ -159,6 +153,7 @@ class PythonBackend(Backend):
 
     def configure(self, config: Any) -> None:
         """Initialize the model with the final (auto-completed) config."""
+        self._config = config
         self._config_json = config_to_json(config)
         self._decoupled = bool(config.model_transaction_policy.decoupled)
         self._initialize()
@@ -216,17 +211,28 @@ class PythonBackend(Backend):
         instance = self._instance
         keys = instance.requests.open(requests, streamed=self._decoupled)
         results: list[dict[str, np.ndarray] | BaseException]
+        # Triton's compute_input / compute_output: handing the inputs to the model process, taking its
+        # outputs back; the rest of the call is the model's own time.
+        started = time.perf_counter_ns()
+        input_ns = output_ns = 0
         try:
             arena_info, batch = self._write_inputs(requests, keys)
+            input_ns = time.perf_counter_ns() - started
             reply = instance.process.call(("execute", arena_info, batch))
         except ProcessExited as exc:
             self._ready = False
             error = InferenceFailed(f"{exc.message}; it is restarted for the next request")
             results = [error for _ in requests]
         else:
-            results = self._results(reply, len(requests))
+            replied = time.perf_counter_ns()
+            try:
+                results = self._results(reply, len(requests))
+            except InferenceFailed as failed:  # execute() raised: the batch failed as a whole
+                instance.requests.finish_batch(keys, [failed for _ in keys])
+                raise
+            output_ns = time.perf_counter_ns() - replied
         instance.requests.finish_batch(keys, results)
-        return BatchResult(results)
+        return BatchResult(results, input_ns=input_ns, output_ns=output_ns)
 
     def start_requests(self, requests: Sequence[BackendRequest],
                        done: Callable[[BatchResult | BaseException], None]) -> bool:
@@ -244,20 +250,26 @@ class PythonBackend(Backend):
             except RuntimeError:  # not called on an event loop: the reader thread reads on
                 pass
         keys = instance.requests.open(requests, streamed=self._decoupled)
+        started = time.perf_counter_ns()
         try:
             arena_info, batch = self._write_inputs(requests, keys)
         except BaseException as exc:
             instance.requests.finish_batch(keys, [exc for _ in keys])
             raise
+        input_ns = time.perf_counter_ns() - started
 
         def replied(reply: tuple | None) -> None:
             try:
+                taken = time.perf_counter_ns()
                 results = self._replied(instance, reply, len(requests))
+                output_ns = time.perf_counter_ns() - taken
                 instance.requests.finish_batch(keys, results)
             except BaseException as exc:  # noqa: BLE001 - the batch must complete, whatever happened
+                if isinstance(exc, InferenceFailed):  # execute() raised: the batch failed as a whole
+                    instance.requests.finish_batch(keys, [exc for _ in keys])
                 done(exc)
                 return
-            done(BatchResult(results))
+            done(BatchResult(results, input_ns=input_ns, output_ns=output_ns))
 
         instance.process.call_async(("execute", arena_info, batch), replied)
         return True
@@ -282,8 +294,9 @@ class PythonBackend(Backend):
         instance = instance or self._instance
         assert instance is not None
         if reply[0] == "failed":
-            error = InferenceFailed(f"model.py execute() failed: {reply[1]}")
-            return [error for _ in range(count)]
+            # The batch failed as a whole (Triton records no execution for it), in Triton's words.
+            raise InferenceFailed(f"Failed to process the request(s) for model '{self._instance_name}', "
+                                  f"message: {reply[1]}")
         _, arena_info, packed = reply
         if packed is None:  # decoupled: the responses went to the sinks
             return [{} for _ in range(count)]
@@ -296,6 +309,20 @@ class PythonBackend(Backend):
                 parameters = json.loads(item[2]) if item[2] else {}
                 results.append(Outputs({d[0]: arena.read(d, copy=True) for d in item[1]}, parameters))
         return results
+
+    @property
+    def _instance_name(self) -> str:
+        """Triton's name of this instance: its instance group's name (auto-completed ones are
+        <model>_<group>), then its index in the group."""
+        context = self._context
+        index = context.instance_index
+        groups = (self._config or context.config).instance_group
+        for position, group in enumerate(groups):
+            count = group.count if group.count > 0 else 1
+            if index < count:
+                return f"{group.name or f'{context.model_name}_{position}'}_{index}"
+            index -= count
+        return f"{context.model_name}_0_{context.instance_index}"
 
     def close(self) -> None:
         if self._instance is not None:

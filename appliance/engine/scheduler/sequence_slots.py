@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from collections import deque
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
@@ -40,6 +41,8 @@ class SequenceRequest:
     timing: StepTiming | None = None
     request_id: str = ""
     completed: bool = False
+    arrival_ns: int = dataclasses.field(default_factory=time.monotonic_ns)
+    """For the statistics' queue time (``arrival`` is the loop's clock: see queue.Pending)."""
 
 
 @dataclasses.dataclass(eq=False, slots=True)

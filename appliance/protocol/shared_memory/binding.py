@@ -25,8 +25,9 @@ from collections.abc import Callable
 
 import numpy as np
 
+from appliance.engine.tensor_checks import byte_size_words
 from appliance.engine.types import InferInput, InferRequest, InferResponse, SharedMemoryInput, SharedMemoryRef
-from appliance.errors import InvalidInput
+from appliance.errors import InputMismatch, InvalidInput
 from appliance.protocol.shared_memory.table import Lease, Region, RegionTable
 from appliance.tensors import decode_bytes_tensor, element_size, encode_bytes_tensor, numpy_dtype
 
@@ -84,16 +85,13 @@ async def _read_input(table: RegionTable, shared: SharedMemoryInput, reserve: Ca
         if datatype == "BF16":
             raise InvalidInput(f"{what}: datatype BF16 is not supported by this server")
         if itemsize is not None and ref.byte_size != count * itemsize:
-            raise InvalidInput(
+            raise InputMismatch(
                 f"{what}: shape {list(shape)} of {datatype} needs {count * itemsize} bytes, "
-                f"shared_memory_byte_size is {ref.byte_size}"
+                f"shared_memory_byte_size is {ref.byte_size}",
+                byte_size_words(name, count * itemsize, ref.byte_size),
             )
-        if itemsize is None and ref.byte_size < 4 * count:
-            raise InvalidInput(
-                f"{what}: {count} BYTES elements need at least {4 * count} bytes of length prefixes, "
-                f"shared_memory_byte_size is {ref.byte_size}"
-            )
-        reserve(ref.byte_size + (count * _BYTES_ELEMENT_OVERHEAD if itemsize is None else 0))
+        # BYTES: at most one element per 4 bytes whatever the shape claims (decoding refuses a mismatch).
+        reserve(ref.byte_size + (min(count, ref.byte_size // 4) * _BYTES_ELEMENT_OVERHEAD if itemsize is None else 0))
         buffer = np.empty(ref.byte_size, dtype=np.uint8)
     except BaseException:
         lease.release()

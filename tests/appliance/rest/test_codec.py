@@ -16,7 +16,7 @@ from appliance.engine.types import (
     SharedMemoryInput,
     SharedMemoryRef,
 )
-from appliance.errors import InvalidInput
+from appliance.errors import InputMismatch, InvalidInput
 from appliance.rest.codec import (
     DecodeLimits,
     decode_bytes_tensor,
@@ -87,16 +87,21 @@ def test_bytes_tensor_round_trip():
     assert list(decode_bytes_tensor(encode_bytes_tensor(array), 3, "t")) == list(array)
 
 
-@pytest.mark.parametrize("raw,count,message", [
-    (struct.pack("<I", 5) + b"abc", 1, "claims 5 bytes"),
-    (struct.pack("<I", 1) + b"a", 2, "2 BYTES elements need at least 8 bytes"),
-    (struct.pack("<I", 4) + b"abcd" + b"\0\0", 2, "ends after 1 of 2"),
-    (struct.pack("<I", 1) + b"ab", 1, "1 bytes left over"),
-    (b"\x01\x00", 1, "need at least 4 bytes"),
+@pytest.mark.parametrize("raw,count,triton", [
+    # Triton's words, counting elements as Triton does (one that runs past the end counts).
+    (struct.pack("<I", 5) + b"abc", 1, "input 't' for model 'm': BYTES element 0 claims 5 bytes, but only 3 remain"),
+    (struct.pack("<I", 1) + b"a", 2, "expected 2 string elements for inference input 't' for model 'm', got 1"),
+    (struct.pack("<I", 4) + b"abcd" + b"\0\0", 2, "expected 2 string elements for inference input 't' for model "
+                                                  "'m', got 1"),
+    (struct.pack("<I", 1) + b"ab", 1, "unexpected number of string elements 2 for inference input 't' for model "
+                                      "'m', expecting 1"),
+    (b"\x01\x00", 1, "expected 1 string elements for inference input 't' for model 'm', got 0"),
+    (struct.pack("<I", 255) + b"abcd", 2, "expected 2 string elements for inference input 't' for model 'm', got 1"),
 ])
-def test_bytes_tensor_rejects_inconsistent_lengths(raw, count, message):
-    with pytest.raises(InvalidInput, match=message):
+def test_bytes_tensor_rejects_inconsistent_lengths(raw, count, triton):
+    with pytest.raises(InputMismatch) as info:
         decode_bytes_tensor(raw, count, "t")
+    assert info.value.finish("m").message == f"[request id: <id_unknown>] {triton}"
 
 
 def test_claimed_size_is_checked_before_anything_is_allocated():

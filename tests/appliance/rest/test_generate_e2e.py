@@ -92,7 +92,7 @@ def test_a_model_that_answers_once_works_with_both(daemon):
     ("/v2/models/nope/generate", {}, 404, "nope"),
     ("/v2/models/simple/generate", {"INPUT0": [1, 2, 3], "INPUT1": [1] * 16}, 400,
      "can not convert input 'INPUT0' to tensor with proper shape"),
-    ("/v2/models/simple/generate_stream", {"INPUT1": [1] * 16}, 400, "missing ['INPUT0']"),
+    ("/v2/models/simple/generate_stream", {"INPUT1": [1] * 16}, 400, "missing required input(s) ['INPUT0']"),
     ("/v2/models/words/generate_stream", {"text_input": "x", "p": [1]}, 400, "parameter 'p' has invalid type"),
 ])
 def test_requests_that_fail_before_inference_are_json_errors(daemon, path, body, status, words):

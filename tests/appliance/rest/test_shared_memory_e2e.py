@@ -172,7 +172,8 @@ def test_bad_uses_are_refused_and_the_daemon_stays_up(triton_client, regions):
     cases = [
         (_inputs("io", offset1=2 * SIZE), None, "400", "Invalid offset for shared memory region: 'io'"),
         (_inputs("io", offset1=SIZE + 4), None, "400", "Invalid offset + byte size for shared memory region: 'io'"),
-        (_inputs("io", byte_size=60), None, "400", "needs 64 bytes, shared_memory_byte_size is 60"),
+        (_inputs("io", byte_size=60), None, "400", "input byte size mismatch for input 'INPUT0' for model 'simple'. "
+                                                   "Expected 64, got 60"),
         (_inputs("nowhere"), None, "404", "Unable to find shared memory region: 'nowhere'"),
         (_inputs("io"), _outputs("io", byte_size=96), "400", "Invalid offset + byte size"),
         (_inputs("io"), _outputs("io", byte_size=32), "400",

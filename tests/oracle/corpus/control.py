@@ -7,7 +7,7 @@ from tritonclient.grpc import service_pb2 as pb
 from tests.oracle.corpus.case import Case, get, post
 from tests.oracle.wire import Grpc, Http
 
-__all__ = ["health_and_metadata", "logging", "repository_index", "statistics", "trace"]
+__all__ = ["all_statistics", "health_and_metadata", "logging", "repository_index", "statistics", "trace"]
 
 MODELS = ("identity", "add_sub", "double", "strings", "text", "repeat", "accumulator", "fails", "pipeline")
 
@@ -133,16 +133,37 @@ def logging() -> list[Case]:
 
 
 def statistics() -> list[Case]:
+    """Counts and times of ``counted`` and ``counted_repeat``, which only these cases call."""
+    from tests.oracle.corpus.tensors import In, Request
+
+    def counted(name: str, values: list[float], shape: list[int]) -> Request:
+        return Request("counted", [In("INPUT0", "FP32", shape, values)], id=name)
+
+    repeat = Request("counted_repeat", [In("IN", "INT32", [3], [1, 2, 3])])
     cases = [
-        get("stats.all", "/v2/models/stats"),
+        # The stream first: Triton counts a decoupled request once it is released, after its stream ended.
+        Case("grpc.stats.call.repeat", Grpc("ModelStreamInfer", stream=(repeat.grpc_message(),))),
+        Case("http.stats.call.one", counted("one", [1.0, 2.0], [1, 2]).http()),
+        Case("http.stats.call.batch", counted("batch", [1.0, 2.0], [2, 1]).http()),
+        Case("grpc.stats.call.one", counted("one", [1.0], [1, 1]).grpc()),
+        Case("http.stats.call.raises", counted("raises", [-1.0], [1, 1]).http()),
+        Case("grpc.stats.call.wrong_type", Grpc("ModelInfer", Request(
+            "counted", [In("INPUT0", "INT32", [1, 1], [1])]).grpc_message())),
+        get("stats.counted", "/v2/models/counted/stats"),
+        get("stats.counted.version", "/v2/models/counted/versions/1/stats"),
+        get("stats.counted_repeat", "/v2/models/counted_repeat/stats"),
         get("stats.unknown_model", "/v2/models/nope/stats"),
         get("stats.unknown_version", "/v2/models/identity/versions/7/stats"),
-        Case("grpc.stats.all", Grpc("ModelStatistics", pb.ModelStatisticsRequest())),
+        Case("grpc.stats.counted", Grpc("ModelStatistics", pb.ModelStatisticsRequest(name="counted"))),
+        Case("grpc.stats.counted_repeat", Grpc("ModelStatistics", pb.ModelStatisticsRequest(name="counted_repeat"))),
         Case("grpc.stats.unknown_model", Grpc("ModelStatistics", pb.ModelStatisticsRequest(name="nope"))),
+        Case("grpc.stats.unknown_version", Grpc("ModelStatistics", pb.ModelStatisticsRequest(
+            name="identity", version="7"))),
     ]
-    for model in MODELS:
-        cases += [
-            get(f"stats.{model}", f"/v2/models/{model}/stats"),
-            Case(f"grpc.stats.{model}", Grpc("ModelStatistics", pb.ModelStatisticsRequest(name=model))),
-        ]
     return cases
+
+
+def all_statistics() -> list[Case]:
+    """Every model's statistics, where the repository is small and the calls before are known."""
+    return [get("stats.all", "/v2/models/stats"),
+            Case("grpc.stats.all", Grpc("ModelStatistics", pb.ModelStatisticsRequest()))]

@@ -67,6 +67,8 @@ def _raw_binary() -> list[Case]:
     return [
         raw("identity", "identity", raw_bytes("FP32", [1.0, 2.0])),
         raw("strings_one_element", "strings", b"427"),
+        raw("text_one_element", "text", b"427"),
+        raw("text_prefixed", "text", raw_bytes("BYTES", ["427"])),
         raw("strings_prefixed", "strings", raw_bytes("BYTES", ["427"])),
         raw("two_inputs", "add_sub", raw_bytes("INT32", _A)),
         raw("empty", "identity", b""),

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from tritonclient.grpc import service_pb2 as pb
 
 from tests.oracle.corpus.case import Case, get, post
-from tests.oracle.corpus.control import repository_index
+from tests.oracle.corpus.control import all_statistics, repository_index
 from tests.oracle.corpus.tensors import In, Request
 from tests.oracle.wire import Grpc
 
@@ -34,7 +35,11 @@ def _grpc_unload(name: str, model: str, dependents: bool = False) -> Case:
     request = pb.RepositoryModelUnloadRequest(model_name=model)
     if dependents:
         request.parameters["unload_dependents"].bool_param = True
-    return Case(f"grpc.{name}", Grpc("RepositoryModelUnload", request))
+    return Case(f"grpc.{name}", Grpc("RepositoryModelUnload", request), settle=True)
+
+
+def _unload(name: str, model: str, body: dict) -> Case:
+    return replace(post(name, f"/v2/repository/models/{model}/unload", body), settle=True)
 
 
 def _after_unload(tag: str, transport: str) -> list[Case]:
@@ -57,12 +62,12 @@ def _after_unload(tag: str, transport: str) -> list[Case]:
 
 def load_unload() -> list[Case]:
     cases = [
-        post("unload.spare", "/v2/repository/models/spare/unload", {}),
+        _unload("unload.spare", "spare", {}),
         *repository_index("after_unload"),
         *_after_unload("unloaded", "http"),
         *_after_unload("unloaded", "grpc"),
-        post("unload.spare_again", "/v2/repository/models/spare/unload", {}),
-        post("unload.unknown", "/v2/repository/models/nope/unload", {}),
+        _unload("unload.spare_again", "spare", {}),
+        _unload("unload.unknown", "nope", {}),
         post("load.spare", "/v2/repository/models/spare/load", {}),
         Case("http.reloaded.infer", _spare().http()),
         post("load.unknown", "/v2/repository/models/nope/load", {}),
@@ -72,7 +77,7 @@ def load_unload() -> list[Case]:
         post("load.config_not_string", "/v2/repository/models/spare/load", {"parameters": {"config": {"a": 1}}}),
         post("load.bad_body", "/v2/repository/models/spare/load", raw=b"{", headers=(("Content-Type",
                                                                                        "application/json"),)),
-        post("unload.dependents", "/v2/repository/models/spare/unload", {"parameters": {"unload_dependents": True}}),
+        _unload("unload.dependents", "spare", {"parameters": {"unload_dependents": True}}),
         post("load.spare_back", "/v2/repository/models/spare/load", {}),
         _grpc_unload("unload.spare", "spare"),
         _grpc_unload("unload.spare_again", "spare"),
@@ -94,10 +99,13 @@ def control_refused() -> list[Case]:
     """In model control mode ``none`` (a second pair of servers)."""
     return [
         post("none.load", "/v2/repository/models/identity/load", {}),
-        post("none.unload", "/v2/repository/models/identity/unload", {}),
+        _unload("none.unload", "identity", {}),
         post("none.load_unknown", "/v2/repository/models/nope/load", {}),
         _grpc_load("none.load", "identity"),
         _grpc_unload("none.unload", "identity"),
         _grpc_load("none.load_unknown", "nope"),
         *repository_index("none"),
+        Case("http.none.infer", Request("identity", [In("INPUT0", "FP32", [1, 2], [1.0, 2.0])]).http()),
+        Case("grpc.none.infer", Request("identity", [In("INPUT0", "FP32", [2, 1], [1.0, 2.0])]).grpc()),
+        *all_statistics(),
     ]

@@ -113,7 +113,7 @@ def _http(made: Regions) -> list[Case]:
              _register_body("/triton_python_backend_shm_region_1")),
         post("shm.register.offset_past_end", f"{base}/region/far/register", _register_body(made.input_key, 4096, 64)),
         post("shm.register.too_big", f"{base}/region/big/register", _register_body(made.input_key, 0, 1 << 20)),
-        post("shm.register.size_zero", f"{base}/region/zero/register", _register_body(made.input_key, 0, 0)),
+        # (byte_size 0 over HTTP is left out: tritonserver 2.51 drops the connection, then stalls the next call.)
         post("shm.register.missing_key", f"{base}/region/nokey/register", {"offset": 0, "byte_size": 64}),
         post("shm.register.negative_offset", f"{base}/region/neg/register", _register_body(made.input_key, -1)),
     ]
