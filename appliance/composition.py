@@ -21,7 +21,10 @@ from appliance.backends import BackendServices, RuntimeOptions
 from appliance.backends.children import ChildProcesses
 from appliance.backends.python.arena import remove_stale_arenas
 from appliance.budget import MemoryBudget
+from appliance.engine.rate_limiter import RateLimiter
+from appliance.engine.response_cache import ResponseCache
 from appliance.engine.scheduler.execution import measure_thread_hop
+from appliance.engine.server_wide import ServerWide
 from appliance.engine.streaming import StreamLimits
 from appliance.errors import ConfigError
 from appliance.examples import ensure_example_repository, example_repository
@@ -83,6 +86,16 @@ def make_selector(settings: Settings, report: ProbeReport, isolate: bool = False
     )
 
 
+def _server_wide(settings: Settings) -> ServerWide:
+    """The response cache (``cache_config``) and the rate limiter (``rate_limit``) the models share."""
+    cache = settings.response_cache
+    return ServerWide(
+        response_cache=ResponseCache(cache.size) if cache is not None else None,
+        rate_limiter=RateLimiter(settings.rate_limit_resource_limits) if settings.rate_limit == "execution_count"
+        else None,
+    )
+
+
 def _retention(settings: Settings) -> Retention:
     return Retention(
         raw_seconds=int(settings.history_raw_hours * 3600),
@@ -135,7 +148,8 @@ class Appliance:
         token = await asyncio.to_thread(control_token, settings, state)
         registries: list[ModelRegistry] = []  # the metrics start first, to see the models load
         custom_metrics = CustomMetrics() if settings.metrics else None
-        metrics = await cls._start_metrics(settings, state, registries, lifecycle, custom_metrics)
+        server = _server_wide(settings)
+        metrics = await cls._start_metrics(settings, state, registries, lifecycle, custom_metrics, server)
         shared_memory = SharedMemoryRegistry(
             settings.client_shm,
             SharedMemoryLimits(settings.shm_max_regions, settings.shm_max_bytes),
@@ -165,6 +179,7 @@ class Appliance:
             services=BackendServices(metrics=custom_metrics, processes=children),
             control_mode=settings.model_control_mode,
             overlay=pushed.model_dirs if pushed is not None else None,
+            server=server,
         )
         try:
             await asyncio.to_thread(registry.discover)
@@ -197,12 +212,13 @@ class Appliance:
 
     @staticmethod
     async def _start_metrics(settings: Settings, state: StateDir, registries: list[ModelRegistry],
-                             lifecycle: Lifecycle, custom: CustomMetrics | None) -> MetricsService | None:
+                             lifecycle: Lifecycle, custom: CustomMetrics | None,
+                             server: ServerWide) -> MetricsService | None:
         if not settings.metrics:
             return None
         service = MetricsService(
             settings.metrics_db, _retention(settings), settings.metrics_interval,
-            lambda: registries[0].ready_versions() if registries else [], state, custom=custom,
+            lambda: registries[0].ready_versions() if registries else [], state, custom=custom, server=server,
         )
         await service.start()
         service.event("daemon_start", detail={"version": __version__})

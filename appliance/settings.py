@@ -18,6 +18,8 @@ from typing import Any
 
 import platformdirs
 
+from appliance.engine.rate_limiter import ResourceLimit
+from appliance.engine.response_cache import CacheConfig
 from appliance.errors import ConfigError
 
 __all__ = ["ENV_PREFIX", "Settings", "default_state_dir", "load_settings"]
@@ -92,6 +94,17 @@ class Settings:
     """Requests a model version serves before its traffic is judged."""
     cache_max_bytes: int = 2 * 1024**3
     """Size bound of the model cache (least recently used entries are evicted)."""
+    cache_config: tuple[str, ...] = ()
+    """Triton's --cache-config: ``local,size=<bytes>`` keeps the responses of models whose config says
+    ``response_cache { enable: true }`` in memory, least recently used out first; empty: no response cache."""
+    rate_limit: str = "off"
+    """Triton's --rate-limit: execution_count runs a model instance only when the resources its instance
+    group's rate_limiter names are free, the least-run instance (weighted by priority) first; off ignores
+    rate_limiter."""
+    rate_limit_resources: tuple[str, ...] = ()
+    """Triton's --rate-limit-resource: copies of each rate-limiter resource, NAME:COUNT for every device or
+    NAME:COUNT:DEVICE for one; empty: the most any loaded instance asks for. Once given, every resource
+    the models name must be listed."""
     metrics: bool = True
     """Keep on-device history in <state_dir>/metrics.db and serve /metrics."""
     metrics_port: int | None = None
@@ -224,6 +237,21 @@ class Settings:
             raise ConfigError(f"intra_op_threads must be >= 0, got {self.intra_op_threads}")
         if self.event_loop not in ("auto", "uvloop", "asyncio"):
             raise ConfigError(f"event_loop must be auto, uvloop or asyncio, got {self.event_loop!r}")
+        object.__setattr__(self, "rate_limit", self.rate_limit.strip().lower())
+        if self.rate_limit not in ("execution_count", "off"):
+            raise ConfigError(f"rate_limit must be execution_count or off, got {self.rate_limit!r}")
+        self.response_cache  # noqa: B018 - validates cache_config
+        self.rate_limit_resource_limits  # noqa: B018 - validates rate_limit_resources
+
+    @property
+    def response_cache(self) -> CacheConfig | None:
+        """cache_config, parsed (None: no response cache)."""
+        return CacheConfig.parse(self.cache_config)
+
+    @property
+    def rate_limit_resource_limits(self) -> tuple[ResourceLimit, ...]:
+        """rate_limit_resources, parsed."""
+        return tuple(ResourceLimit.parse(entry) for entry in self.rate_limit_resources)
 
     @property
     def example_repository_dir(self) -> Path:

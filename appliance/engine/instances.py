@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from appliance.backends import Backend
+from appliance.engine.rate_limiter import InstanceLimits
 
 __all__ = ["InstancePool"]
 
@@ -22,9 +23,12 @@ T = TypeVar("T")
 
 
 class InstancePool:
-    def __init__(self, label: str, backends: Sequence[Backend]) -> None:
+    def __init__(self, label: str, backends: Sequence[Backend], limits: InstanceLimits | None = None) -> None:
+        """``limits``: the instances' places under the server's rate limiter (None: not rate limited); the
+        schedulers take an instance's resources after the instance, and the pool unregisters them at close."""
         if not backends:
             raise ValueError("an instance pool needs at least one backend instance")
+        self.limits = limits
         self._label = label
         self._backends = list(backends)
         # One plain thread per instance fed by a SimpleQueue: cheaper per dispatch than an executor.
@@ -194,4 +198,6 @@ class InstancePool:
                 backend.close()
             except Exception as exc:
                 errors.append(exc)
+        if self.limits is not None:  # a batch still running gives its resources up: the version is gone
+            self.limits.close()
         return errors

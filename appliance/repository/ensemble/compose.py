@@ -39,6 +39,11 @@ def _shape_text(shape: tuple[int, ...]) -> str:
 def _check_step(plan: EnsemblePlan, ensemble: mc.ModelConfig, step: Step, config: mc.ModelConfig,
                 uses: dict[str, list[_Use]]) -> None:
     name = plan.name
+    if ensemble.response_cache.enable and config.HasField("sequence_batching"):
+        # Triton: an ensemble caches only if every composing model could (a sequence step answers from its state).
+        raise ConfigError(f"Response Cache does not currently support model {name}: its {step.label} uses the "
+                          "sequence batching scheduler, whose answers depend on the sequence's state. Please "
+                          "disable the ensemble's response cache.")
     if config.model_transaction_policy.decoupled:
         raise ConfigError(f"in ensemble '{name}', {step.label} is a decoupled model; ensembles of decoupled "
                           "models are not supported by this server yet: call it directly or from a Python model")

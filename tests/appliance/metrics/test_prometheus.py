@@ -18,7 +18,8 @@ def _version(name: str, version: int, pending: int = 0) -> SimpleNamespace:
     stats.record_request(True, 3_000_000)
     stats.record_request(False, 50_000, FailureReason.REJECTED)
     stats.record_batch(2, 2, [1_000, 3_000], BatchTiming(1_000, 5_000, 2_000))
-    return SimpleNamespace(name=name, version=version, stats=stats, scheduler=SimpleNamespace(pending=pending))
+    return SimpleNamespace(name=name, version=version, stats=stats, scheduler=SimpleNamespace(pending=pending),
+                           response_cache=None)
 
 
 def _scrape(models, system=None) -> tuple[dict[str, float], str]:
