@@ -146,13 +146,15 @@ class InstancePool:
         self._free.put_nowait(index)
 
     def _finish(self, index: int, future: asyncio.Future, result: Any, error: BaseException | None) -> None:
+        # The waiter's callbacks run before whoever waits for a free instance (asyncio runs callbacks in
+        # the order they are scheduled): the scheduler gives the instance's rate-limiter resources back
+        # before the instance is taken again.
+        if not future.cancelled():
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(result)
         self.release(index)
-        if future.cancelled():
-            return
-        if error is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(result)
 
     async def drain(self, timeout: float) -> bool:
         """Wait until every instance is idle; False if ``timeout`` passed first."""

@@ -108,3 +108,36 @@ def test_shared_memory_defaults_admit_this_host_only():
 def test_shared_memory_settings_are_validated(env, message):
     with pytest.raises(ConfigError, match=message):
         load_settings({}, env)
+
+
+def test_response_cache_and_rate_limiter_are_off_by_default():
+    settings = load_settings({}, {"HOME": "/home/u"})
+    assert settings.response_cache is None and settings.rate_limit == "off"
+    assert settings.rate_limit_resource_limits == ()
+
+
+def test_tritons_cache_and_rate_limit_flags():
+    from appliance.cli import _parser
+    from appliance.engine.rate_limiter import ResourceLimit
+    from appliance.engine.response_cache import CacheConfig
+
+    args = _parser().parse_args(["serve", "--cache-config", "local,size=1048576", "--rate-limit", "EXECUTION_COUNT",
+                                 "--rate-limit-resource", "R1:4", "--rate-limit-resource", "R2:2:1"])
+    settings = load_settings(vars(args), {})
+    assert settings.response_cache == CacheConfig(1048576)
+    assert settings.rate_limit == "execution_count"
+    assert settings.rate_limit_resource_limits == (ResourceLimit("r1", 4), ResourceLimit("r2", 2, 1))
+    from_env = load_settings({}, {"APPLIANCE_CACHE_CONFIG": "local,size=4096", "APPLIANCE_RATE_LIMIT": "off",
+                                  "APPLIANCE_RATE_LIMIT_RESOURCES": "R1:4,R2:2:1"})
+    assert from_env.response_cache == CacheConfig(4096) and len(from_env.rate_limit_resource_limits) == 2
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"APPLIANCE_CACHE_CONFIG": "redis,size=4096"}, "unknown cache 'redis'"),
+    ({"APPLIANCE_CACHE_CONFIG": "local,size=12"}, "too small"),
+    ({"APPLIANCE_RATE_LIMIT": "sometimes"}, "rate_limit must be execution_count or off"),
+    ({"APPLIANCE_RATE_LIMIT_RESOURCES": "R1"}, "<resource_name>:<count>"),
+])
+def test_cache_and_rate_limit_settings_are_validated(env, message):
+    with pytest.raises(ConfigError, match=message):
+        load_settings({}, env)
