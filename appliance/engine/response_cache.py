@@ -1,14 +1,16 @@
 """Triton's response cache: the outputs of models with ``response_cache { enable: true }``, kept for the
 whole server under one byte bound (``cache_config = local,size=<bytes>``), least recently used out first.
 
-A request's key is a SHA-256 over what decides its answer: the model version that ran it (a reload is a new
+A request's key is a keyed BLAKE3 hash (a key drawn at start, so no client can aim at another's key) over
+what decides its answer: the model version that ran it (a reload is a new
 version of the cache's contents, so a model whose files changed never answers from its old outputs), every
 input's name, datatype, shape and bytes, the outputs it asked the model for, and the request parameters
 the model can read. What only shapes the response on its way out (classification, binary or JSON output,
 shared-memory regions, the request id) is not in the key: the cache keeps the model's raw outputs, and each
 request that hits them post-processes and encodes them again. Triton's key is a 64-bit hash of the
-inputs' names and bytes only (two shapes of the same bytes collide there); a 256-bit digest makes a
-collision, accidental or crafted by a client, out of reach.
+inputs' names and bytes only (two shapes of the same bytes collide there); a 256-bit keyed digest makes a
+collision, accidental or crafted by a client, out of reach. BLAKE3 hashes a 600 KB frame in about 0.1 ms
+(SHA-256 takes 0.35 ms), which is what a request that misses pays.
 
 The cache's bytes are its own: they are bounded by ``size`` and never counted against the request memory
 budget. Everything here runs on the event loop (no locks).
@@ -17,11 +19,12 @@ budget. Everything here runs on the event loop (no locks).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import itertools
+import os
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 
+import blake3
 import numpy as np
 
 from appliance.backends.base import Outputs
@@ -35,6 +38,8 @@ ENTRY_OVERHEAD = 256
 _BYTES_ITEM_OVERHEAD = 33
 """What CPython spends on one ``bytes`` object besides its contents."""
 _OWNERS = itertools.count(1)
+_KEY = os.urandom(32)
+"""This process's hashing key: keys are never shown, and a restart empties the cache anyway."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -91,7 +96,7 @@ def request_key(owner: bytes, inputs: Sequence[InferInput], outputs: Iterable[st
     """The cache key of a request to the version ``owner`` (``ResponseCache.owner()``): its inputs (name,
     datatype, shape, bytes), the outputs it asked the model for, and ``parameters``, the request
     parameters as the model reads them (JSON text; empty when there are none)."""
-    digest = hashlib.sha256(owner)
+    digest = blake3.blake3(owner, key=_KEY)
     for tensor in sorted(inputs, key=lambda t: t.name):
         data = tensor.data
         digest.update(f"\0i{len(tensor.name)}:{tensor.name}|{tensor.datatype}|{data.shape}|".encode())
@@ -101,7 +106,7 @@ def request_key(owner: bytes, inputs: Sequence[InferInput], outputs: Iterable[st
                 digest.update(len(raw).to_bytes(8, "little"))
                 digest.update(raw)
         else:
-            digest.update(np.ascontiguousarray(data).data)
+            digest.update(np.ascontiguousarray(data).reshape(-1).view(np.uint8).data)
     for name in sorted(set(outputs)):
         digest.update(f"\0o{len(name)}:{name}".encode())
     if parameters:
