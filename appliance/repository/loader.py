@@ -100,6 +100,16 @@ def _complete(config: mc.ModelConfig, info: BackendInfo, backend: Backend) -> mc
     )
 
 
+def _rate_limiter(config: mc.ModelConfig) -> mc.ModelRateLimiter | None:
+    """The rate_limiter of the config's instance groups (the first that has one), as a copy."""
+    for group in config.instance_group:
+        if group.HasField("rate_limiter"):
+            limiter = mc.ModelRateLimiter()
+            limiter.CopyFrom(group.rate_limiter)
+            return limiter
+    return None
+
+
 @dataclasses.dataclass(frozen=True)
 class _ModelLoad:
     """What loading one model directory shares across its versions."""
@@ -161,8 +171,11 @@ def _load_version(
                 target = named(choice.plan.backend)
                 plan_config, artefacts = choice.plan.apply(config), choice.artefacts
                 if choice.plan.instances:  # the served config says how many instances really run
+                    limiter = _rate_limiter(config)
                     del config.instance_group[:]
                     config.instance_group.extend(plan_config.instance_group)
+                    for group in config.instance_group if limiter is not None else ():
+                        group.rate_limiter.CopyFrom(limiter)  # the measured instances keep what they hold
                     count = choice.plan.instances
                     threads = choice.plan.threads or threads_per_instance(options, count)
         check_decoupled(config, target.name, target.decoupled)
