@@ -1,7 +1,8 @@
 """The rate limiter end to end: a daemon started with --rate-limit execution_count serving two Python models
 whose instance groups name one accelerator; the models record when each execution starts and ends (the
-system's monotonic clock, shared by their processes), and no two executions overlap. A model that needs
-more copies than --rate-limit-resource gives fails to load with Triton's words."""
+system's monotonic clock, shared by their processes): no two executions overlap, and priority 1 runs about
+twice as often as priority 2. A model that needs more copies than --rate-limit-resource gives fails to load
+with Triton's words."""
 
 from __future__ import annotations
 
@@ -71,6 +72,16 @@ def test_two_models_sharing_an_accelerator_never_execute_at_once(daemon):
     statistics = httpclient.InferenceServerClient(daemon.url).get_inference_statistics("classifier")
     limited = statistics["model_stats"][0]["rate_limiter_stats"]
     assert limited["priority"] == 2 and limited["executions"] >= 6 and limited["waits"] >= 1
+
+
+def test_priority_one_runs_twice_as_often_as_priority_two_under_saturation(daemon):
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        spans = list(pool.map(lambda model: _span(daemon.url, model), ["detector", "classifier"] * 24))
+    # Executions 12 to 30 of 48: both models have requests waiting, and the earlier test's executions (which
+    # rank the first model ahead until its count catches up) are behind; the limiter alone picks who runs.
+    window = [model for model, _, _ in sorted(spans, key=lambda span: span[1])[12:30]]
+    ratio = window.count("detector") / window.count("classifier")
+    assert 1.5 <= ratio <= 2.6, window
 
 
 def test_a_model_needing_more_than_the_server_gives_fails_to_load_in_tritons_words(daemon):
