@@ -7,11 +7,11 @@ One daemon (``--cache-config local,size=256 MiB``) serves the same ONNX model tw
 (``response_cache { enable: true }``) and ``camera`` (no cache), so every series runs against the same
 process and the on/off ratios compare like with like. The model is a small CNN over a 3x224x224 FP32 frame
 (three strided 3x3 convolutions of 32, 64 and 128 channels, about 120 M multiply-adds: lighter than a
-MobileNet) sent as 602 KB of binary data over HTTP, as a camera client sends it. Clients are closed-loop threads on
-keep-alive connections; each keeps its own "previous frame":
+MobileNet) sent as 602 KB of binary data over HTTP, as a camera client sends it. wrk drives the streams
+(closed loop, keep-alive connections), choosing each request's frame in Lua:
 
-- 50 % repeated: each request repeats the client's previous frame with probability 0.5, else sends a frame
-  never seen before (a unique counter stamped into its pixels);
+- 50 % repeated: each request repeats the previous frame with probability 0.5, else sends a frame never
+  seen before (a unique counter stamped into its pixels);
 - repeated half: every request repeats the previous frame (the repeated half of that stream, alone);
 - 0 % repeated: every frame is new (every request misses: what the cache costs when it never helps).
 
@@ -23,21 +23,22 @@ machine may be shared.
 from __future__ import annotations
 
 import argparse
-import http.client
+import asyncio
+import itertools
 import json
 import os
-import random
 import statistics
 import sys
 import tempfile
-import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from bench.loadgen import Result, run_wrk
 from bench.process import start_appliance
 
 FRAME = (3, 224, 224)
@@ -87,126 +88,151 @@ def write_repository(root: Path) -> Path:
     return root
 
 
-class Stream:
-    """One client's frames: the previous one again with probability ``repeat``, else a frame never sent."""
-
-    _counter = iter(range(1, 1 << 62))
-    _lock = threading.Lock()
-
-    def __init__(self, repeat: float, seed: int) -> None:
-        self.repeat = repeat
-        self._random = random.Random(seed)
-        pixels = np.random.default_rng(seed).random((1, *FRAME), np.float32)
-        header = json.dumps({"inputs": [{"name": "frame", "shape": [1, *FRAME], "datatype": "FP32",
-                                         "parameters": {"binary_data_size": pixels.nbytes}}],
-                             "outputs": [{"name": "scores", "parameters": {"binary_data": True}}]}).encode()
-        self.headers = {"Inference-Header-Content-Length": str(len(header)),
-                        "Content-Type": "application/octet-stream"}
-        self._body = bytearray(header + pixels.tobytes())
-        self._stamp = len(header)  # the first pixels carry the frame's number
-        self._new_frame()
-
-    def _new_frame(self) -> None:
-        with Stream._lock:
-            number = next(Stream._counter)
-        self._body[self._stamp:self._stamp + 8] = np.array([number], np.float64).tobytes()
-        self.body = bytes(self._body)
-
-    def next(self) -> bool:
-        """Advance to the next frame; True when it repeats the previous one."""
-        if self._random.random() < self.repeat:
-            return True
-        self._new_frame()
-        return False
+# wrk's request(): a frame is the previous one again with probability REPEAT, else one never sent before
+# (the series' number and a counter written over its first pixels); a repeated frame resends the very
+# same request bytes.
+_STREAM_LUA = """
+local repeat_p, stamp, series = {repeat}, {stamp}, {series}
+local prefix, suffix = wrk.body:sub(1, stamp), wrk.body:sub(stamp + 9)
+local count, last = 0, nil
+math.randomseed({seed})
+request = function()
+  if last == nil or math.random() >= repeat_p then
+    count = count + 1
+    last = wrk.format(nil, nil, nil, prefix .. string.format("%04x%04x", series, count % 65536) .. suffix)
+  end
+  return last
+end
+"""
 
 
-def run_series(port: int, model: str, repeat: float, concurrency: int, seconds: float,
-               seed: int) -> dict[str, float]:
-    """Closed-loop clients for ``seconds``: req/s, p50 (ms), and the p50 of repeated and of new frames."""
-    path = f"/v2/models/{model}/infer"
-    deadline = time.monotonic() + seconds
-    results: list[list[tuple[float, bool]]] = [[] for _ in range(concurrency)]
-    errors: list[str] = []
+def frame_request(seed: int = 0) -> tuple[bytes, dict[str, str], int]:
+    """One frame as tritonclient sends it (binary data after a JSON header): body, headers, and where the
+    frame's bytes start."""
+    pixels = np.random.default_rng(seed).random((1, *FRAME), np.float32)
+    header = json.dumps({"inputs": [{"name": "frame", "shape": [1, *FRAME], "datatype": "FP32",
+                                     "parameters": {"binary_data_size": pixels.nbytes}}],
+                         "outputs": [{"name": "scores", "parameters": {"binary_data": True}}]}).encode()
+    headers = {"Inference-Header-Content-Length": str(len(header)), "Content-Type": "application/octet-stream"}
+    return header + pixels.tobytes(), headers, len(header)
 
-    def client(index: int) -> None:
-        stream = Stream(repeat, seed * 1000 + index)
-        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-        first = True
-        try:
-            while time.monotonic() < deadline:
-                repeated = stream.next() and not first
-                first = False
-                start = time.perf_counter()
-                connection.request("POST", path, body=stream.body, headers=stream.headers)
-                response = connection.getresponse()
-                response.read()
-                if response.status != 200:
-                    errors.append(f"HTTP {response.status}")
-                    return
-                results[index].append((time.perf_counter() - start, repeated))
-        finally:
-            connection.close()
 
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(concurrency)]
-    started = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    elapsed = time.perf_counter() - started
-    if errors:
-        raise RuntimeError(f"{model}: {errors[0]}")
-    every = [entry for per_client in results for entry in per_client]
-
-    def p50(values: list[float]) -> float:
-        return statistics.median(values) * 1000 if values else float("nan")
-
-    return {"rps": len(every) / elapsed, "p50": p50([t for t, _ in every]),
-            "p50_repeated": p50([t for t, r in every if r]), "p50_new": p50([t for t, r in every if not r])}
+def run_series(base: str, model: str, repeat: float, concurrency: int, seconds: float, series: int) -> Result:
+    """wrk on one model for ``seconds``: a stream whose frames repeat with probability ``repeat``."""
+    body, headers, stamp = frame_request()
+    lua = _STREAM_LUA.format(repeat=repeat, stamp=stamp, series=series % 65536, seed=series)
+    result = run_wrk(f"{base}/v2/models/{model}/infer", body, headers, concurrency, seconds, lua)
+    if result.errors:
+        raise RuntimeError(f"{model}: {result.errors} requests failed")
+    return result
 
 
 def measure(repo: Path, state: Path, args: argparse.Namespace) -> dict[tuple[str, str, int], dict[str, float]]:
     server = start_appliance(repo, state, "--no-selection", "--no-grpc", "--cache-config", f"local,size={CACHE_BYTES}")
-    raw: dict[tuple[str, str, int], list[dict[str, float]]] = {}
+    raw: dict[tuple[str, str, int], list[Result]] = {}
+    series = itertools.count(1)
     try:
         for model in MODELS.values():  # warm-up: the first requests pay for lazy set-up
-            run_series(server.port, model, 0.5, 1, 1.0, seed=99)
+            run_series(server.base, model, 0.5, 1, 1.0, next(series))
         for repeat in range(args.repeats):
             for concurrency in args.concurrency:
                 for stream, probability in STREAMS.items():
                     for cache, model in MODELS.items():  # on and off back to back: the same load on both
-                        result = run_series(server.port, model, probability, concurrency, args.seconds,
-                                            seed=repeat * 10 + concurrency)
+                        result = run_series(server.base, model, probability, concurrency, args.seconds,
+                                            next(series))
                         raw.setdefault((stream, cache, concurrency), []).append(result)
                         print(f"  repeat {repeat + 1}/{args.repeats} c={concurrency} {stream:14} cache {cache:3} "
-                              f"{result['rps']:8.1f} req/s p50 {result['p50']:.2f} ms", file=sys.stderr)
+                              f"{result.requests_per_s:8.1f} req/s p50 {result.p50_ms:.2f} ms", file=sys.stderr)
+        statistics_of = _statistics(server.port)
     finally:
         server.stop()
-    return {key: {name: statistics.median(r[name] for r in results) for name in results[0]}
-            for key, results in raw.items()}
+    medians = {key: {"rps": statistics.median(r.requests_per_s for r in results),
+                     "p50": statistics.median(r.p50_ms for r in results),
+                     "p99": statistics.median(r.p99_ms for r in results)} for key, results in raw.items()}
+    medians[("cache", "hits", 0)] = statistics_of
+    return medians
+
+
+async def _core(repo: Path, requests: int, repeats: int) -> dict[str, float]:
+    """CPU µs per request in the core (``ModelVersion.infer`` one request at a time, no transport): a new
+    frame with the cache off (what a miss costs anyway) and a repeated frame with the cache on (a hit), as
+    the whole process's CPU time (the runtime's threads included); and the cache's own work on a miss
+    (the key over the frame and the insertion, the thread's CPU time). CPU time, unlike the wall clock,
+    does not grow when other processes share the box."""
+    from appliance.backends import RuntimeOptions
+    from appliance.engine.response_cache import ResponseCache, request_key
+    from appliance.engine.server_wide import ServerWide
+    from appliance.engine.types import InferInput, InferRequest
+    from appliance.repository.registry import ModelRegistry
+
+    cache = ResponseCache(CACHE_BYTES)
+    registry = ModelRegistry(repo, RuntimeOptions(), drain_timeout=5, server=ServerWide(response_cache=cache))
+    await registry.load_all()
+    frame = np.random.default_rng(1).random((1, *FRAME), np.float32)
+    counter = itertools.count(1)
+    medians: dict[str, list[float]] = {"miss, cache off": [], "hit, cache on": [], "the cache's work on a miss": []}
+    try:
+        for _ in range(repeats):
+            for case, name, new in (("miss, cache off", MODELS["off"], True), ("hit, cache on", MODELS["on"], False)):
+                model = registry.get(name)
+                await model.infer(InferRequest([InferInput("frame", "FP32", frame.copy())]))  # the frame to hit
+                times = []
+                for _ in range(requests):
+                    if new:
+                        frame[0, 0, 0, 0] = next(counter)
+                    request = InferRequest([InferInput("frame", "FP32", frame.copy())])
+                    started = time.process_time()
+                    outputs = await model.infer(request)
+                    times.append((time.process_time() - started) * 1e6)
+                medians[case].append(statistics.mean(times))
+            owner, work = ResponseCache.owner(), []
+            kept = {o.name: o.data for o in outputs.outputs}
+            for _ in range(requests):
+                frame[0, 0, 0, 0] = next(counter)
+                started = time.thread_time()
+                key = request_key(owner, [InferInput("frame", "FP32", frame)], ["scores"])
+                cache.lookup(key)
+                cache.insert(key, owner, kept)
+                work.append((time.thread_time() - started) * 1e6)
+            cache.forget(owner)
+            medians["the cache's work on a miss"].append(statistics.mean(work))
+    finally:
+        await registry.close(10)
+    return {case: statistics.median(values) for case, values in medians.items()}
+
+
+def _statistics(port: int) -> dict[str, float]:
+    """The cached model's hits and misses over the whole run (Triton's statistics extension)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/models/{MODELS['on']}/stats", timeout=10) as answer:
+        inference = json.load(answer)["model_stats"][0]["inference_stats"]
+    return {"rps": float(inference["cache_hit"]["count"]), "p50": float(inference["cache_miss"]["count"]),
+            "p99": 0.0}
 
 
 def _mark(ok: bool) -> str:
     return "met" if ok else "MISSED"
 
 
-def report(results: dict, args: argparse.Namespace, load: tuple[list[float], list[float]]) -> str:
+def report(results: dict, core: dict[str, float], args: argparse.Namespace,
+           load: tuple[list[float], list[float]]) -> str:
+    hits = results.pop(("cache", "hits", 0))
     lines = [f"Command: python -m bench.response_cache --seconds {args.seconds} --repeats {args.repeats} "
              f"--concurrency {','.join(map(str, args.concurrency))}", "",
              f"Load average (1, 5, 15 min) before: {', '.join(f'{v:.2f}' for v in load[0])}; after: "
              f"{', '.join(f'{v:.2f}' for v in load[1])} on {os.cpu_count()} CPUs (shared machine; on and off run "
              "back to back in every repeat).", "",
              f"Frames: FP32 {'x'.join(map(str, FRAME))} ({int(np.prod(FRAME)) * 4 // 1000} KB) as binary data over "
-             "HTTP; medians of repeats.", "",
-             "| stream | c | cache | req/s | p50 ms | p50 repeated frames ms | p50 new frames ms |",
-             "|---|---|---|---|---|---|---|"]
+             "HTTP (wrk, one thread); medians of repeats. The cached model answered "
+             f"{int(hits['rps'])} requests from the cache and {int(hits['p50'])} from the model.", "",
+             "| stream | c | cache | req/s | p50 ms | p99 ms |", "|---|---|---|---|---|---|"]
     for concurrency in args.concurrency:
         for stream in STREAMS:
             for cache in MODELS:
                 m = results[(stream, cache, concurrency)]
                 lines.append(f"| {stream} | {concurrency} | {cache} | {m['rps']:.1f} | {m['p50']:.2f} | "
-                             f"{m['p50_repeated']:.2f} | {m['p50_new']:.2f} |")
+                             f"{m['p99']:.2f} |")
     lines += ["", "| target | c | measured | verdict |", "|---|---|---|---|"]
+
     def ratio(stream: str, concurrency: int) -> float:
         return results[(stream, "on", concurrency)]["rps"] / results[(stream, "off", concurrency)]["rps"]
 
@@ -218,6 +244,15 @@ def report(results: dict, args: argparse.Namespace, load: tuple[list[float], lis
                   f"| cost on the 0 % repeated stream <= {COST_TARGET:.0%} | {concurrency} | {cost:+.1%} | "
                   f"{_mark(cost <= COST_TARGET)} |",
                   f"| (the 50 % stream as a whole, cache on / off) | {concurrency} | {mixed:.2f}x | — |"]
+    off, work, hit = core["miss, cache off"], core["the cache's work on a miss"], core["hit, cache on"]
+    lines += ["", "## In the core (ModelVersion.infer, no transport; CPU µs per request, mean of "
+              f"{args.core_requests}, median of repeats)", "", "| case | CPU µs per request |", "|---|---|",
+              *(f"| {case} | {value:.0f} |" for case, value in core.items()), "",
+              "| figure | measured | target |", "|---|---|---|",
+              f"| what the cache adds to a miss: its work / a miss's CPU | {work / off:+.1%} | "
+              f"<= {COST_TARGET:.0%}: {_mark(work / off <= COST_TARGET)} |",
+              f"| a repeated frame, CPU off / CPU hit | {off / hit:.1f}x | >= {SPEEDUP_TARGET}x: "
+              f"{_mark(off / hit >= SPEEDUP_TARGET)} |"]
     return "\n".join(lines) + "\n"
 
 
@@ -226,13 +261,15 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=4)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--concurrency", type=lambda s: [int(v) for v in s.split(",")], default=[1, 4])
+    parser.add_argument("--core-requests", type=int, default=100, help="requests per case in the core series")
     parser.add_argument("--out", type=Path, default=Path("bench/results/response-cache.md"))
     args = parser.parse_args()
     load_before = list(os.getloadavg())
     with tempfile.TemporaryDirectory() as tmp:
         repo = write_repository(Path(tmp) / "repo")
+        core = asyncio.run(_core(repo, args.core_requests, args.repeats))
         results = measure(repo, Path(tmp) / "state", args)
-    text = report(results, args, (load_before, list(os.getloadavg())))
+    text = report(results, core, args, (load_before, list(os.getloadavg())))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("# Response cache\n\n" + text)
     print(text)
