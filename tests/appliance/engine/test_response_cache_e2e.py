@@ -60,6 +60,20 @@ def test_hits_and_misses_in_tritons_statistics_over_http_and_grpc(daemon):
     assert _cache_counts(client.get_inference_statistics("uncached")) == (0, 0)
 
 
+def test_a_grpc_request_hits_what_an_http_request_left(daemon):
+    x = X + 50
+    square = [httpclient.InferRequestedOutput("square")]
+    _infer(httpclient.InferenceServerClient(daemon.url), "cached", x, outputs=square)  # over HTTP, then gRPC
+    client = grpcclient.InferenceServerClient(daemon.grpc_url)
+    hits = client.get_inference_statistics("cached").model_stats[0].inference_stats.cache_hit.count
+    tensor = grpcclient.InferInput("x", list(x.shape), "FP32")
+    tensor.set_data_from_numpy(x)
+    result = client.infer("cached", [tensor], outputs=[grpcclient.InferRequestedOutput("square")])
+    np.testing.assert_array_equal(result.as_numpy("square"), x * x)
+    assert result.as_numpy("double") is None
+    assert client.get_inference_statistics("cached").model_stats[0].inference_stats.cache_hit.count == hits + 1
+
+
 def test_each_request_gets_its_own_encoding_of_a_cached_answer(daemon):
     client = httpclient.InferenceServerClient(daemon.url)
     x = X + 20
