@@ -94,6 +94,9 @@ def make_selector(settings: Settings, report: ProbeReport, isolate: bool = False
 def _server_wide(settings: Settings) -> ServerWide:
     """The response cache (``cache_config``) and the rate limiter (``rate_limit``) the models share."""
     cache = settings.response_cache
+    if settings.rate_limit_resources and settings.rate_limit == "off":
+        log.warning("rate_limit_resources are ignored while rate_limit is off; start with --rate-limit "
+                    "execution_count to limit model instances by them")
     return ServerWide(
         response_cache=ResponseCache(cache.size) if cache is not None else None,
         rate_limiter=RateLimiter(settings.rate_limit_resource_limits) if settings.rate_limit == "execution_count"
