@@ -20,7 +20,7 @@ from appliance.errors import InvalidInput
 from appliance.repository.registry import ModelRegistry, ModelState
 from tests.appliance.repository.ensemble.decoupled_repos import decoupled_repository
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.slow]  # ten model processes
 
 ENSEMBLES = ["rsq", "rfan", "outer", "endless_chain", "partial_chain", "partial_out", "tally_chain", "flood",
              "limited"]
