@@ -127,9 +127,9 @@ class StepSlots:
         try:
             await asyncio.wait_for(slots.acquire(), self._patience)
         except TimeoutError:
-            log.error("ensemble '%s' could not schedule %s within %g s (%d requests in flight, "
-                      "max_inflight_requests %d); running it anyway to avoid a deadlock", self._ensemble,
-                      step.label, self._patience, self._limit, self._limit)
+            log.error("ensemble '%s' could not schedule %s within %g s (its %d requests in flight, "
+                      "max_inflight_requests, did not end); running it anyway to avoid a deadlock", self._ensemble,
+                      step.label, self._patience, self._limit)
             return False
         return True
 
@@ -281,6 +281,13 @@ class EnsembleRun:
             raise NotSupported(f"ensemble '{self._plan.name}' has a decoupled step ({step.label}); call it through "
                                "a streaming API: HTTP generate_stream or gRPC ModelStreamInfer")
         taken = await self._slots.acquire(step)
+
+        def ended() -> None:  # the step's last response came (or it failed): its slot is free (Triton)
+            nonlocal taken
+            if taken:
+                taken = False
+                self._slots.release(step)
+
         try:
             try:
                 model = self._resolve(step.model, step.version)
@@ -288,13 +295,12 @@ class EnsembleRun:
             except Exception as exc:
                 raise in_ensemble(self._plan.name, exc) from None
             with model.in_use():
-                await self._read_stream(model, request, sequence, step, index, emit)
+                await self._read_stream(model, request, sequence, step, index, emit, ended)
         finally:
-            if taken:
-                self._slots.release(step)
+            ended()
 
     async def _read_stream(self, model: ModelVersion, request: InferRequest, sequence: SequenceTag, step: Step,
-                           index: int, emit: Emit) -> None:
+                           index: int, emit: Emit, ended: Callable[[], None]) -> None:
         stream: ResponseStream | None = None
         try:
             if model.decoupled:
@@ -319,6 +325,7 @@ class EnsembleRun:
                                                   done, window))
                     previous = done
                 self._live -= 1  # the stream ended: its frames are all open
+                ended()
         except BaseExceptionGroup as failed:
             raise _first_error(failed) from None
         finally:
