@@ -58,6 +58,7 @@ Resolve = Callable[[str, int | None], "ModelVersion"]
 """(model, version or None for the newest) -> the ready version, or ModelNotReady/ModelNotFound."""
 
 _SEQUENCE_KEYS = ("sequence_id", "sequence_start", "sequence_end")
+_DEFAULT_LIMITS = StreamLimits()
 
 
 def in_ensemble(name: str, exc: BaseException) -> ApplianceError:
@@ -163,7 +164,7 @@ class EnsembleRun:
         self._sequence = SequenceTag.of(parameters)
         self._request_id = request_id
         self._sink = sink
-        self._limits = sink.limits if sink is not None else StreamLimits()
+        self._limits = sink.limits if sink is not None else _DEFAULT_LIMITS
         self.spent = StepTiming()
         self._live = 0
         """Frames that may still answer: the emitting one alone means its answer is the last."""
@@ -237,7 +238,8 @@ class EnsembleRun:
 
     def _request(self, step: Step, frame: Frame) -> tuple[InferRequest, SequenceTag]:
         read = [frame[tensor] for tensor in step.inputs.values()]
-        sequence = read[0].sequence if read else self._sequence  # a frame's tensors share one (flow_of)
+        # The first input whose sequence a step's response set, as Triton takes it (it logs a mismatch).
+        sequence = next((t.sequence for t in read if t.sequence != self._sequence), self._sequence)
         parameters = dict(self._parameters)
         if sequence != self._sequence:  # a step's response set it: the steps after it follow
             parameters.update(sequence.parameters())
