@@ -57,7 +57,7 @@ log = logging.getLogger(__name__)
 Resolve = Callable[[str, int | None], "ModelVersion"]
 """(model, version or None for the newest) -> the ready version, or ModelNotReady/ModelNotFound."""
 
-_SEQUENCE_KEYS = ("sequence_id", "sequence_start", "sequence_end")
+_SEQUENCE_KEYS = frozenset(("sequence_id", "sequence_start", "sequence_end"))
 _DEFAULT_LIMITS = StreamLimits()
 
 
@@ -119,6 +119,10 @@ class StepSlots:
         self._limit = limit
         self._patience = patience
         self._slots: dict[int, asyncio.Semaphore] = {}
+
+    @property
+    def limited(self) -> bool:
+        return self._limit > 0
 
     async def acquire(self, step: Step) -> bool:
         """True when a slot was taken (and must be given back with ``release``)."""
@@ -237,15 +241,19 @@ class EnsembleRun:
     # -- steps ------------------------------------------------------------------------------------
 
     def _request(self, step: Step, frame: Frame) -> tuple[InferRequest, SequenceTag]:
-        read = [frame[tensor] for tensor in step.inputs.values()]
-        # The first input whose sequence a step's response set, as Triton takes it (it logs a mismatch).
-        sequence = next((t.sequence for t in read if t.sequence != self._sequence), self._sequence)
+        sequence = self._sequence
+        inputs = []
+        for key, name in step.inputs.items():
+            tensor = frame[name]
+            if tensor.sequence is not self._sequence and sequence is self._sequence:
+                sequence = tensor.sequence  # the first a step's response set, as Triton takes it
+            if tensor.data is not None:
+                inputs.append(InferInput(key, v2_datatype(tensor.data.dtype), tensor.data))
         parameters = dict(self._parameters)
-        if sequence != self._sequence:  # a step's response set it: the steps after it follow
+        if sequence is not self._sequence:  # the steps after a response that set it follow it
             parameters.update(sequence.parameters())
         request = InferRequest(
-            inputs=[InferInput(key, v2_datatype(t.data.dtype), t.data)
-                    for key, t in zip(step.inputs, read, strict=True) if t.data is not None],
+            inputs=inputs,
             outputs=[RequestedOutput(key) for key, tensor in step.outputs.items() if tensor in self._needed],
             id=self._request_id or None,
             parameters=parameters,
@@ -255,14 +263,14 @@ class EnsembleRun:
 
     def _made(self, step: Step, response: InferResponse, sequence: SequenceTag) -> Frame:
         """The tensors one response of ``step`` makes (None for a mapped output it did not produce)."""
-        if any(key in response.parameters for key in _SEQUENCE_KEYS):
+        if response.parameters and not _SEQUENCE_KEYS.isdisjoint(response.parameters):
             sequence = SequenceTag.of(response.parameters, sequence)
         produced = {output.name: output.data for output in response.outputs}
         return {tensor: _Tensor(produced.get(key), sequence) for key, tensor in step.outputs.items()
                 if tensor in self._needed}
 
     async def _run_step(self, step: Step, frame: Frame) -> Frame:
-        taken = await self._slots.acquire(step)
+        taken = self._slots.limited and await self._slots.acquire(step)
         try:
             model = self._resolve(step.model, step.version)
             request, sequence = self._request(step, frame)
@@ -282,7 +290,7 @@ class EnsembleRun:
         if self._sink is None:
             raise NotSupported(f"ensemble '{self._plan.name}' has a decoupled step ({step.label}); call it through "
                                "a streaming API: HTTP generate_stream or gRPC ModelStreamInfer")
-        taken = await self._slots.acquire(step)
+        taken = self._slots.limited and await self._slots.acquire(step)
 
         def ended() -> None:  # the step's last response came (or it failed): its slot is free (Triton)
             nonlocal taken
