@@ -15,6 +15,7 @@ from appliance.engine.types import InferInput, InferRequest
 from appliance.errors import ConfigError
 from appliance.repository.config import config_to_json
 from appliance.repository.ensemble import check_composition, plan_ensemble
+from appliance.repository.ensemble.load import load_ensemble
 from appliance.repository.registry import ModelRegistry, ModelState
 from tests.appliance.repository.ensemble.repos import F8, chain_repository, ensemble_config, step, write_ensemble
 
@@ -84,3 +85,20 @@ def test_an_ensemble_over_a_sequence_model_cannot_cache():
         check_composition(plan, ensemble, lambda _: stateful)
     ensemble.ClearField("response_cache")
     check_composition(plan, ensemble, lambda _: stateful)  # without the cache it composes
+
+
+def test_a_decoupled_ensemble_cannot_cache_in_tritons_words(tmp_path):
+    ensemble = text_format.Parse(
+        'name: "streamer" platform: "ensemble" max_batch_size: 8 ' + CACHED
+        + 'input [{ name: "IN" data_type: TYPE_FP32 dims: [8] }] '
+        + 'output [{ name: "OUT" data_type: TYPE_FP32 dims: [8] }]'
+        + ' ensemble_scheduling { step [' + step("repeat", {"x": "IN"}, {"y": "OUT"}) + '] }', mc.ModelConfig())
+    decoupled = text_format.Parse(
+        'name: "repeat" backend: "python" max_batch_size: 8 model_transaction_policy { decoupled: true } '
+        'input [{ name: "x" data_type: TYPE_FP32 dims: [8] }] output [{ name: "y" data_type: TYPE_FP32 dims: [8] }]',
+        mc.ModelConfig())
+    (tmp_path / "streamer" / "1").mkdir(parents=True)
+    with pytest.raises(ConfigError, match="Response Cache does not currently support model streamer with 'decoupled' "
+                                          "transaction policy. Please disable the response cache."):
+        load_ensemble(tmp_path / "streamer", ensemble, plan_ensemble(ensemble), lambda _: decoupled,
+                      lambda *_: None, ResponseCache(1 << 20))
