@@ -84,6 +84,11 @@ class Tensor:
     def is_bf16(self) -> bool:
         return self._bf16
 
+    def detach(self) -> None:
+        """Own its data (a copy) instead of viewing memory the server will reuse."""
+        if self._array.base is not None:
+            self._array = self._array.copy()
+
     def raw(self) -> np.ndarray:
         """The array as stored (BF16 as uint16 words)."""
         return self._array
