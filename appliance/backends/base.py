@@ -223,6 +223,8 @@ class BackendRequest:
     ``BatchResult.results`` is ignored unless it is an exception (sent as an error, then final)."""
     cancelled: Callable[[], bool] = not_cancelled
     """True once the client went away or cancelled (Triton's ``request.is_cancelled()``)."""
+    padding: bool = False
+    """A row that fills an empty slot of a sequence batch (Triton's null request): its result is ignored."""
 
 
 class Reschedule:

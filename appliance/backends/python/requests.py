@@ -105,11 +105,15 @@ class OpenRequests:
         with self._lock:
             for index, key in enumerate(keys):
                 entry = self._open.get(key)
-                if entry is None:  # streamed, and final already sent; or answered through its sender
-                    results[index] = {} if not isinstance(results[index], _Sent) else results[index]
+                if entry is None:  # streamed, and final already sent: its sink has had everything
+                    results[index] = {}
                     continue
                 entry.executing = False
                 result = results[index]
+                if entry.request.padding:  # nobody waits for what the model makes of it
+                    del self._open[key]
+                    results[index] = {}
+                    continue
                 if entry.streamed:
                     if isinstance(result, (BaseException, type(RESCHEDULE))):
                         del self._open[key]
