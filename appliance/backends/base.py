@@ -154,7 +154,14 @@ class ModelCalls(Protocol):
 
     def ready(self, name: str, version: str = "") -> bool: ...
 
-    def load(self, name: str, config: str = "") -> Future[None]: ...
+    def load(self, name: str, config: str = "", files: Mapping[str, bytes] | None = None) -> Future[None]:
+        """Load (or reload) ``name``, with a config override (JSON) and, with ``files``
+        (``{"file:1/model.onnx": b"..."}``), from those files instead of the repository's: a push, kept and
+        bounded as the load API's pushes are."""
+
+    def push_limits(self) -> tuple[int, int] | None:
+        """(largest file, all pushed files together) in bytes that ``load(files=...)`` accepts; None when
+        it accepts no files."""
 
     def unload(self, name: str, unload_dependents: bool = False) -> Future[None]: ...
 
