@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from http import HTTPStatus
 
-from appliance.backends.base import RESCHEDULE, BackendRequest, Outputs, RequestResult
+from appliance.backends.base import BackendRequest, Outputs, RequestResult, Reschedule
 from appliance.backends.python.arena import Attachments
 from appliance.errors import ApplianceError
 
@@ -115,7 +115,7 @@ class OpenRequests:
                     results[index] = {}
                     continue
                 if entry.streamed:
-                    if isinstance(result, (BaseException, type(RESCHEDULE))):
+                    if isinstance(result, (BaseException, Reschedule)):
                         del self._open[key]
                     elif isinstance(result, _Sent):
                         results[index] = {}
