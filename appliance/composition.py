@@ -98,13 +98,14 @@ def rest_config(settings: Settings, state: StateDir) -> RestConfig:
     )
 
 
-def split_connections(total: int, grpc: bool) -> tuple[int, int]:
-    """max_connections (fitted under the descriptor limit) as (HTTP and metrics ports, gRPC port): gRPC
-    multiplexes its calls on few connections, so a quarter of the bound is its own; a flood of idle
-    connections to one port then never locks the other out."""
-    if not grpc or total < 2:
+def split_connections(settings: Settings, total: int) -> tuple[int, int]:
+    """max_connections (``total``: fitted under the descriptor limit) as (HTTP and metrics ports, gRPC
+    port): gRPC multiplexes its calls on few connections, so a share of the bound is its own (a quarter
+    unless grpc_max_connections says); a flood of idle connections to one port never locks the other out."""
+    if not settings.grpc or total < 2:
         return total, 0
-    share = max(1, total // 4)
+    wanted = settings.grpc_max_connections or max(1, settings.max_connections // 4)
+    share = max(1, min(total - 1, wanted * total // settings.max_connections))
     return total - share, share
 
 
@@ -114,10 +115,10 @@ def grpc_config(settings: Settings, connections: int) -> GrpcConfig:
         receivers=max(1, settings.max_request_memory_bytes // settings.max_request_bytes),
         receive_timeout=settings.body_timeout,
         max_connections=connections,
-        max_streams=settings.max_concurrent_requests,
+        max_streams=settings.grpc_max_streams,
         max_streams_per_connection=settings.max_concurrent_requests,
         idle_timeout=settings.header_timeout,
-        stream=StreamRules(),
+        stream=StreamRules(settings.grpc_stream_max_pending, settings.grpc_stream_idle_timeout),
     )
 
 

@@ -9,6 +9,7 @@ import socket
 import time
 
 from appliance import __version__
+from appliance.allocator import return_large_buffers
 from appliance.client.boxes import Browser
 from appliance.composition import Appliance, grpc_config, rest_config, split_connections
 from appliance.grpc.grpc_server import GrpcServer
@@ -83,6 +84,7 @@ async def _browse(settings: Settings, own_id: str) -> tuple[Browser | None, Flee
 async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     """Serve until ``stop`` is set (or a SIGTERM/SIGINT arrives when no event is given)."""
     loop = asyncio.get_running_loop()
+    return_large_buffers()  # large request buffers go back to the system when freed
     notifier = Notifier(settings.notify_socket, settings.watchdog_usec)
     background: set[asyncio.Task] = set()
 
@@ -100,8 +102,8 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         loop.add_signal_handler(signal.SIGHUP, lambda: spawn(_reload(appliance, notifier)))
     # One bound on connections over every port, fitted under the file-descriptor limit: gRPC's acceptors
     # take their share of it, the HTTP and metrics ports count the rest together.
-    http_connections, grpc_connections = split_connections(fit_connections_to_descriptors(settings.max_connections),
-                                                           settings.grpc)
+    http_connections, grpc_connections = split_connections(settings,
+                                                           fit_connections_to_descriptors(settings.max_connections))
     limiter = ConnectionLimiter(http_connections)
     # The box id is kept in the state dir: read (or made) only when the box shows itself on the LAN.
     own_id = await asyncio.to_thread(box_id, settings.state_dir, appliance.state) if settings.mdns else ""

@@ -45,6 +45,16 @@ class Settings:
     """Serve KServe v2 over gRPC (Triton's GRPCInferenceService) beside HTTP (``--no-grpc`` turns it off)."""
     grpc_port: int = 8001
     """The gRPC port (Triton's 8001); 0 picks a free one."""
+    grpc_max_connections: int | None = None
+    """Connections the gRPC port takes out of max_connections (the HTTP ports count the rest); default a
+    quarter of it."""
+    grpc_max_streams: int = 256
+    """ModelStreamInfer streams open at once (each also counts as a request in max_concurrent_requests)."""
+    grpc_stream_max_pending: int = 64
+    """Requests of one stream read and not yet answered; the stream reads no further until one is (HTTP/2
+    flow control then holds the client back)."""
+    grpc_stream_idle_timeout: float = 300.0
+    """Seconds a stream with no request in flight may send nothing before it is ended (UNAVAILABLE)."""
     mdns: bool = True
     """Announce the box on the LAN (``_kserve-v2._tcp``, ``_http._tcp``)."""
     name: str | None = None
@@ -180,6 +190,12 @@ class Settings:
             )
         if self.max_connections < 1:
             raise ConfigError(f"max_connections must be at least 1, got {self.max_connections}")
+        if self.grpc_max_connections is not None and not 1 <= self.grpc_max_connections < self.max_connections:
+            raise ConfigError(f"grpc_max_connections must be at least 1 and below max_connections "
+                              f"({self.max_connections}), got {self.grpc_max_connections}")
+        if self.grpc_max_streams < 1 or self.grpc_stream_max_pending < 1 or not self.grpc_stream_idle_timeout > 0:
+            raise ConfigError("grpc_max_streams and grpc_stream_max_pending must be at least 1 and "
+                              "grpc_stream_idle_timeout > 0 seconds")
         for name in ("header_timeout", "body_timeout"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
