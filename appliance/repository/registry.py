@@ -367,7 +367,10 @@ class ModelRegistry:
             entry = self._models[user]
             assert entry.plan is not None and entry.config is not None
             try:
-                check_composition(entry.plan, entry.config, functools.partial(self._step_config, user))
+                flow = check_composition(entry.plan, entry.config, functools.partial(self._step_config, user))
+                if flow.is_decoupled != entry.config.model_transaction_policy.decoupled:
+                    now = "would now be" if flow.is_decoupled else "would no longer be"
+                    raise ConfigError(f"the ensemble {now} decoupled (its clients stream differently)")
             except ConfigError as exc:
                 await self.unload(user, f"composing model '{name}' was reloaded with a config this ensemble no "
                                         f"longer fits: {exc.message}; fix one of them and load '{user}' again")
