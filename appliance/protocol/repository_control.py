@@ -9,7 +9,7 @@ from typing import Any
 from appliance.errors import ConfigError, InvalidInput, NotSupported, PayloadTooLarge, PushRefused, PushTooLarge
 from appliance.protocol.results import IndexEntry
 from appliance.repository.config import config_from_json
-from appliance.repository.pushed import FILE_PREFIX, PushStore, file_parameters
+from appliance.repository.pushed import FILE_PREFIX, PushStore, check_push_name, file_parameters
 from appliance.repository.registry import ModelRegistry, ModelState
 
 __all__ = ["RepositoryControl"]
@@ -78,6 +78,7 @@ class RepositoryControl:
     @staticmethod
     def _push_request(store: PushStore, name: str, parameters: dict[str, Any]) -> tuple[Any, dict[str, bytes]]:
         """The pushed config and files, checked (InvalidInput or PayloadTooLarge saying what is wrong)."""
+        check_push_name(name)
         if "config" not in parameters:  # Triton's rule: the override directory's files come with a config
             raise InvalidInput("file overrides need the 'config' parameter (the model's configuration as JSON): the "
                                "pushed files replace the model's directory")
@@ -97,9 +98,25 @@ class RepositoryControl:
             if not self._registry.in_repository(name) and name not in store.model_dirs():
                 self._registry.forget(name)  # a failed first push leaves no entry behind
             raise
-        replaced = await asyncio.to_thread(store.commit, staged)
+        try:
+            replaced = await asyncio.to_thread(store.commit, staged)
+        except BaseException:  # a disk that filled up between the files and origin.json: back to before
+            await asyncio.to_thread(store.discard, staged)
+            await self._serve_previous(store, name)
+            raise
         if replaced is not None:  # the versions it served are closed by now
             await asyncio.to_thread(store.remove_generation, replaced)
+
+    async def _serve_previous(self, store: PushStore, name: str) -> None:
+        """After a push that loaded but could not be kept: serve what served before it, or nothing."""
+        previous = store.model_dirs().get(name)
+        if previous is not None:
+            await self._registry.load(name, None, source=previous, raise_errors=False)
+        elif self._registry.in_repository(name):
+            await self._registry.load(name, None, source=self._registry.repository / name, raise_errors=False)
+        else:
+            await self._registry.unload(name)
+            self._registry.forget(name)
 
     async def unload(self, name: str, parameters: dict[str, Any]) -> None:
         """Unload; ``parameters.unload_dependents`` (a boolean) also unloads the composing models of an
