@@ -106,8 +106,9 @@ def parse_version(text: str | None) -> int | None:
 
 
 class ModelRegistry:
-    def __init__(self, repository: Path, options: RuntimeOptions, selector: Selector | None = None,
-                 retune: bool = False, drain_timeout: float = 10.0,
+    def __init__(self, repository: Path, options: RuntimeOptions,
+                 selector: asyncio.Future[Selector | None] | None = None, retune: bool = False,
+                 drain_timeout: float = 10.0,
                  on_event: Callable[[str, str, int | None, dict], None] | None = None,
                  overlay: Callable[[], Mapping[str, Path]] | None = None,
                  services: BackendServices | None = None, control_mode: str = "none",
@@ -124,7 +125,8 @@ class ModelRegistry:
         self._locks: dict[str, asyncio.Lock] = {}
         self._options = options
         self._selector = selector
-        """None serves each model with its config's backend as is."""
+        """Picks each model's plan once the hardware probe has run (a load waits for it); None, or a future
+        that comes to None, serves each model with its config's backend as is."""
         self._on_event = on_event
         self._retune = retune
         self._models: dict[str, ModelEntry] = {}
@@ -168,15 +170,10 @@ class ModelRegistry:
             self._models.setdefault(path.name, ModelEntry(path.name))
         return paths
 
-    async def load_all(self, names: Iterable[str] | None = None, selector: Selector | None = None) -> None:
+    async def load_all(self, names: Iterable[str] | None = None) -> None:
         """Load every discovered model (or only ``names``), concurrently: a model with a cached plan is
         ready while another one is still measuring its candidates (the selector lets one model tune at
-        a time). A model that fails is recorded UNAVAILABLE with its reason.
-
-        ``selector``, when given, picks the plan of these and of every later load: it needs the hardware
-        probe, which runs after the front ends answer, so it arrives with the first load."""
-        if selector is not None:
-            self._selector = selector
+        a time). A model that fails is recorded UNAVAILABLE with its reason."""
         if not self._models:
             await asyncio.to_thread(self.discover)
         wanted = list(self._models) if names is None else [n for n in names if n in self._models]
@@ -261,8 +258,9 @@ class ModelRegistry:
                 plan = plan_ensemble(config)
                 loaded = await self._load_ensemble(path, config, plan, chain)
             else:
+                selector = await self._selector if self._selector is not None else None
                 loaded = await asyncio.to_thread(
-                    load_model, path, self._options, self._selector, self._retune, config_override, traffic,
+                    load_model, path, self._options, selector, self._retune, config_override, traffic,
                     self._services,
                 )
         except Exception as exc:
