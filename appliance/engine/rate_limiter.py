@@ -33,9 +33,10 @@ from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
 
+from appliance.engine.shared_config import ResourceLimit
 from appliance.errors import ConfigError
 
-__all__ = ["InstanceLimits", "InstanceNeeds", "RateLimitCounts", "RateLimiter", "ResourceLimit", "instance_needs"]
+__all__ = ["InstanceLimits", "InstanceNeeds", "RateLimitCounts", "RateLimiter", "instance_needs"]
 
 GLOBAL = "global"
 """The scope of a global resource (a device's scope is its number)."""
@@ -43,32 +44,6 @@ GLOBAL = "global"
 Scope = str | int
 Key = tuple[Scope, str]
 """A resource pool: (scope, lowercased name)."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class ResourceLimit:
-    """One entry of the server's ``rate_limit_resources`` (Triton's ``--rate-limit-resource``)."""
-
-    name: str
-    count: int
-    device: int | None = None
-    """None: the count applies to every device (and to a global resource of that name)."""
-
-    @classmethod
-    def parse(cls, text: str) -> ResourceLimit:
-        problem = ("rate_limit_resources entry format is '<resource_name>:<count>:<device>' or "
-                   f"'<resource_name>:<count>'. Got {text!r}")
-        parts = text.strip().split(":")
-        if len(parts) not in (2, 3) or not parts[0]:
-            raise ConfigError(problem)
-        try:
-            count = int(parts[1])
-            device = int(parts[2]) if len(parts) == 3 else None
-        except ValueError:
-            raise ConfigError(problem) from None
-        if count < 0 or (device is not None and device < 0):
-            raise ConfigError(f"{problem}: the count and the device must be >= 0")
-        return cls(parts[0].lower(), count, device)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

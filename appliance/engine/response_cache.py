@@ -29,9 +29,8 @@ import numpy as np
 
 from appliance.backends.base import Outputs
 from appliance.engine.types import InferInput
-from appliance.errors import ConfigError
 
-__all__ = ["CacheConfig", "ResponseCache", "request_key"]
+__all__ = ["ResponseCache", "request_key"]
 
 ENTRY_OVERHEAD = 256
 """Bytes an entry costs beyond its tensors (the key, the bookkeeping), counted against the size."""
@@ -40,55 +39,6 @@ _BYTES_ITEM_OVERHEAD = 33
 _OWNERS = itertools.count(1)
 _KEY = os.urandom(32)
 """This process's hashing key: keys are never shown, and a restart empties the cache anyway."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class CacheConfig:
-    """The server's ``cache_config`` (Triton's ``--cache-config <cache>,<setting>=<value>``): only the
-    ``local`` cache, with its one setting ``size`` in bytes."""
-
-    size: int
-
-    @classmethod
-    def parse(cls, entries: Iterable[str]) -> CacheConfig | None:
-        """``("local,size=1048576",)``, or the same split at its commas (how a comma-separated setting
-        arrives from the environment); nothing given is no cache."""
-        tokens = [token.strip() for entry in entries for token in str(entry).split(",") if token.strip()]
-        if not tokens:
-            return None
-        cache: str | None = None
-        settings: dict[str, str] = {}
-        for token in tokens:
-            if "=" not in token:
-                if cache is not None and token != cache:
-                    raise ConfigError(f"cache_config names two caches ({cache!r} and {token!r}); this server "
-                                      "has one cache implementation: local,size=<bytes>")
-                cache = token
-                continue
-            if cache is None:
-                raise ConfigError(f"cache_config {','.join(tokens)!r}: no cache specified; the format is "
-                                  "<cache name>,<setting>=<value>, e.g. local,size=1048576")
-            key, _, value = token.partition("=")
-            if not key or not value:
-                raise ConfigError(f"cache_config option format is '<cache name>,<setting>=<value>'. Got {token!r}")
-            settings[key.strip()] = value.strip()
-        if cache != "local":
-            raise ConfigError(f"cache_config: unknown cache {cache!r}; this server implements the 'local' cache "
-                              "(local,size=<bytes>)")
-        unknown = sorted(set(settings) - {"size"})
-        if unknown:
-            raise ConfigError(f"cache_config: the local cache has no setting {', '.join(unknown)}; it takes "
-                              "size=<bytes>")
-        if "size" not in settings:
-            raise ConfigError("cache_config: the local cache needs its size: local,size=<bytes>")
-        try:
-            size = int(settings["size"])
-        except ValueError:
-            raise ConfigError(f"cache_config: size must be a number of bytes, got {settings['size']!r}") from None
-        if size < 1024:
-            raise ConfigError(f"cache_config: size {size} is too small to hold a response; give at least 1024 "
-                              "bytes, or leave cache_config out to run without a cache")
-        return cls(size)
 
 
 def request_key(owner: bytes, inputs: Sequence[InferInput], outputs: Iterable[str],

@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from appliance.engine.response_cache import ENTRY_OVERHEAD, CacheConfig, ResponseCache, request_key
+from appliance.engine.response_cache import ENTRY_OVERHEAD, ResponseCache, request_key
+from appliance.engine.shared_config import CacheConfig
 from appliance.engine.types import InferInput
 from appliance.errors import ConfigError
 
