@@ -42,6 +42,7 @@ __all__ = [
     "ModelCalls",
     "Outputs",
     "ResponseSink",
+    "StreamedCall",
     "not_cancelled",
     "RuntimeOptions",
     "threads_per_instance",
@@ -136,6 +137,17 @@ class ModelCall:
     parameters: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
+class StreamedCall(Protocol):
+    """A streamed call to another model, in flight (what ``ModelCalls.stream`` returns)."""
+
+    def cancel(self) -> None:
+        """Ask the called model to stop: its ``request.is_cancelled()`` turns True, and its responses
+        keep coming until its final one (Triton's ``ResponseIterator.cancel()``: a request, not a cut)."""
+
+    def abandon(self) -> None:
+        """Nobody reads the responses any more (the caller is gone): cancel the request and drop them."""
+
+
 class ModelCalls(Protocol):
     """The daemon's models as a backend may call them: through the same schedulers as every other
     request (they batch together and count in the statistics). Every method may be called from any
@@ -144,9 +156,9 @@ class ModelCalls(Protocol):
     def infer(self, call: ModelCall) -> Future[Outputs]:
         """The outputs, or the error (an ApplianceError carrying the status a client would get)."""
 
-    def stream(self, call: ModelCall, sink: ResponseSink) -> Callable[[], None]:
+    def stream(self, call: ModelCall, sink: ResponseSink) -> StreamedCall:
         """Every response of the call goes to ``sink`` (one then final for a model that is not
-        decoupled); returns a function that cancels the call."""
+        decoupled)."""
 
     def ready(self, name: str, version: str = "") -> bool: ...
 

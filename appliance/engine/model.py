@@ -146,7 +146,8 @@ class ModelVersion:
         wanted = request.outputs or self._every_output
         names = [o.name for o in wanted] if request.outputs else self._every_output_name
         results = await self.scheduler.submit(inputs, names, batch_size, request.parameters, request.trace,
-                                              request.timing, request_id=request.id or "")
+                                              request.timing, request_id=request.id or "",
+                                              cancelled=request.cancelled)
         outputs = []
         for requested in wanted:
             data = results.get(requested.name)
@@ -180,9 +181,11 @@ class ModelVersion:
         channel = ResponseChannel(f"{self.name}:{self.version}", loop, limits or StreamLimits(), *(account or ()))
         inputs = self._runtime_inputs(request)
         wanted = request.outputs or [RequestedOutput(name) for name in self.signature.outputs]
+        asked = request.cancelled
+        cancelled = channel.cancelled if asked is None else (lambda: channel.cancelled() or asked())
         submitted = asyncio.ensure_future(self.scheduler.submit(
             inputs, [o.name for o in wanted], batch_size, request.parameters, request.trace,
-            request_id=request.id or "", sink=channel, cancelled=channel.cancelled))
+            request_id=request.id or "", sink=channel, cancelled=cancelled))
 
         def ran(task: asyncio.Future) -> None:
             # run_requests returned: responses may still follow (Triton), unless it failed the request.

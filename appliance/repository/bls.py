@@ -16,7 +16,7 @@ from concurrent.futures import Future
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
-from appliance.backends.base import ModelCall, Outputs, ResponseSink
+from appliance.backends.base import ModelCall, Outputs, ResponseSink, StreamedCall
 from appliance.engine.types import InferInput, InferRequest, InferResponse, RequestedOutput
 from appliance.errors import ApplianceError, InvalidInput, ModelNotFound, ModelNotReady, Unavailable
 from appliance.repository.config import config_from_json
@@ -35,7 +35,7 @@ def _outputs(response: InferResponse) -> Outputs:
     return Outputs({output.name: output.data for output in response.outputs}, response.parameters)
 
 
-def _request(call: ModelCall) -> InferRequest:
+def _request(call: ModelCall, cancelled: Callable[[], bool] | None = None) -> InferRequest:
     parameters: dict[str, Any] = dict(call.parameters)
     if call.timeout_us:
         parameters["timeout"] = call.timeout_us
@@ -48,6 +48,7 @@ def _request(call: ModelCall) -> InferRequest:
         outputs=[RequestedOutput(name) for name in call.outputs],
         id=call.request_id or None,
         parameters=parameters,
+        cancelled=cancelled,
     )
 
 
@@ -104,25 +105,20 @@ class LocalModels:
                 )
             return _outputs(await model.infer(_request(call)))
 
-    def stream(self, call: ModelCall, sink: ResponseSink) -> Callable[[], None]:
-        future = self._submit(self._stream(call, sink))
-        loop = self._loop
+    def stream(self, call: ModelCall, sink: ResponseSink) -> StreamedCall:
+        streamed = _StreamedCall(self._loop)
+        streamed.future = self._submit(self._stream(call, sink, streamed))
+        return streamed
 
-        def cancel() -> None:
-            if loop is not None and not loop.is_closed():
-                loop.call_soon_threadsafe(future.cancel)
-
-        return cancel
-
-    async def _stream(self, call: ModelCall, sink: ResponseSink) -> None:
+    async def _stream(self, call: ModelCall, sink: ResponseSink, streamed: _StreamedCall) -> None:
         try:
             model = self._model(call)
             with model.in_use():
                 if not model.decoupled:  # a stream of one
-                    outputs = _outputs(await model.infer(_request(call)))
+                    outputs = _outputs(await model.infer(_request(call, streamed.cancelled)))
                     sink.send(outputs, parameters=outputs.parameters, final=True)
                     return
-                stream = await model.open_stream(_request(call))
+                stream = await model.open_stream(_request(call, streamed.cancelled))
                 try:
                     async for item in stream:
                         sent = _outputs(item.response) if item.response is not None else None
@@ -187,6 +183,29 @@ def _settle(future: Future, task: asyncio.Task) -> None:
         future.set_exception(error)
     else:
         future.set_result(task.result())
+
+
+class _StreamedCall:
+    """A streamed call in flight (``appliance.backends.base.StreamedCall``); its methods may be called
+    from any thread."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop | None) -> None:
+        self._loop = loop
+        self._asked = False
+        self.future: Future | None = None
+
+    def cancelled(self) -> bool:
+        """The called model's cancellation probe."""
+        return self._asked
+
+    def cancel(self) -> None:
+        self._asked = True  # read by the model's is_cancelled(); what it still sends is delivered
+
+    def abandon(self) -> None:
+        self._asked = True
+        loop, future = self._loop, self.future
+        if loop is not None and future is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(future.cancel)
 
 
 class _Cancelled(ApplianceError):

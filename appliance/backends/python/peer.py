@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from appliance.backends.base import BackendServices, ModelCall
+from appliance.backends.base import BackendServices, ModelCall, StreamedCall
 from appliance.backends.python.arena import Attachments, BlockRef, Blocks, Descriptor
 from appliance.backends.python.requests import ModelError, OpenRequests
 from appliance.errors import ApplianceError
@@ -67,7 +67,7 @@ class Peer:
         """Where the daemon writes BLS outputs for the model process."""
         self.attachments = Attachments()
         """The model process's blocks, as the daemon reads them."""
-        self._streams: dict[int, Callable[[], None]] = {}
+        self._streams: dict[int, StreamedCall] = {}
         self._lock = threading.Lock()
         self._log = logging.getLogger(f"appliance.model.{model}")
 
@@ -95,9 +95,9 @@ class Peer:
             self.send_result(call, None, ModelError(f"invalid BLS request: {exc}", 3), None, True)
             return
         if meta.get("decoupled"):
-            cancel = models.stream(request, _CallSink(self, call))
+            streamed = models.stream(request, _CallSink(self, call))
             with self._lock:
-                self._streams[call] = cancel
+                self._streams[call] = streamed
             return
         future = models.infer(request)
         future.add_done_callback(lambda done: self._answer_infer(call, done))
@@ -128,10 +128,11 @@ class Peer:
             self._streams.pop(call, None)
 
     def on_cancel(self, message: tuple) -> None:
+        """``ResponseIterator.cancel()``: the called model is asked to stop; what it still sends arrives."""
         with self._lock:
-            cancel = self._streams.get(message[1])
-        if cancel is not None:
-            cancel()
+            streamed = self._streams.get(message[1])
+        if streamed is not None:
+            streamed.cancel()
 
     def on_free(self, message: tuple) -> None:
         for block in message[1]:
@@ -197,8 +198,8 @@ class Peer:
         with self._lock:
             streams = list(self._streams.values())
             self._streams.clear()
-        for cancel in streams:
-            cancel()
+        for streamed in streams:
+            streamed.abandon()
         if self._services.metrics is not None:
             self._services.metrics.release(self)
         self.blocks.close()
