@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
 import shutil
 from pathlib import Path
 
@@ -19,7 +20,7 @@ import hardware_probe
 from appliance import __version__
 from appliance.backends import BackendServices, RuntimeOptions
 from appliance.backends.children import ChildProcesses
-from appliance.backends.python.arena import remove_stale_arenas
+from appliance.backends.python.arena import arena_usage, remove_stale_arenas
 from appliance.budget import MemoryBudget
 from appliance.engine.scheduler.execution import measure_thread_hop
 from appliance.engine.streaming import StreamLimits
@@ -135,7 +136,8 @@ class Appliance:
         token = await asyncio.to_thread(control_token, settings, state)
         registries: list[ModelRegistry] = []  # the metrics start first, to see the models load
         custom_metrics = CustomMetrics() if settings.metrics else None
-        metrics = await cls._start_metrics(settings, state, registries, lifecycle, custom_metrics)
+        children = ChildProcesses()
+        metrics = await cls._start_metrics(settings, state, registries, lifecycle, custom_metrics, children)
         shared_memory = SharedMemoryRegistry(
             settings.client_shm,
             SharedMemoryLimits(settings.shm_max_regions, settings.shm_max_bytes),
@@ -150,7 +152,6 @@ class Appliance:
         if scratch is not None:
             lifecycle.on_close("the temporary example repository",
                                lambda: asyncio.to_thread(shutil.rmtree, scratch, True))
-        children = ChildProcesses()
         # Closed after the models (below): what is left then are model processes stuck in a call.
         lifecycle.on_close("the model processes", lambda: cls._end_children(children, settings.exit_timeout))
         pushed, pushes = await asyncio.to_thread(cls._open_pushes, settings, state)
@@ -197,12 +198,14 @@ class Appliance:
 
     @staticmethod
     async def _start_metrics(settings: Settings, state: StateDir, registries: list[ModelRegistry],
-                             lifecycle: Lifecycle, custom: CustomMetrics | None) -> MetricsService | None:
+                             lifecycle: Lifecycle, custom: CustomMetrics | None,
+                             children: ChildProcesses) -> MetricsService | None:
         if not settings.metrics:
             return None
         service = MetricsService(
             settings.metrics_db, _retention(settings), settings.metrics_interval,
             lambda: registries[0].ready_versions() if registries else [], state, custom=custom,
+            arenas=lambda: arena_usage({os.getpid(), *children.pids()}),
         )
         await service.start()
         service.event("daemon_start", detail={"version": __version__})

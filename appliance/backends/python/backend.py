@@ -20,7 +20,7 @@ import numpy as np
 from google.protobuf import json_format
 
 from appliance.backends.base import Backend, BackendRequest, BatchResult, LoadContext, Outputs
-from appliance.backends.python.arena import Arena, Attachments
+from appliance.backends.python.arena import Arena, Attachments, reusable_size
 from appliance.backends.python.peer import Peer
 from appliance.backends.python.process import ModelProcess, ProcessExited
 from appliance.backends.python.requests import ModelError, OpenRequests, model_error
@@ -199,7 +199,7 @@ class PythonBackend(Backend):
         if self._inputs_arena is None or self._inputs_arena.size < needed:
             if self._inputs_arena is not None:
                 self._inputs_arena.close()
-            self._inputs_arena = Arena.create(needed * 2)
+            self._inputs_arena = Arena.create(reusable_size(needed), self._context.model_name)
         batch, offset = [], 0
         for key, request, request_tensors in zip(keys, requests, tensors):
             descriptors, offset = self._inputs_arena.write(request_tensors, offset)
@@ -225,8 +225,17 @@ class PythonBackend(Backend):
             results = [error for _ in requests]
         else:
             results = self._results(reply, len(requests))
+        self._let_go_of_inputs()
         instance.requests.finish_batch(keys, results)
         return BatchResult(results)
+
+    def _let_go_of_inputs(self) -> None:
+        """After a batch: an arena larger than those kept for reuse goes (the model process has let go
+        of its view of it too)."""
+        arena = self._inputs_arena
+        if arena is not None and arena.oversized:
+            self._inputs_arena = None
+            arena.close()
 
     def start_requests(self, requests: Sequence[BackendRequest],
                        done: Callable[[BatchResult | BaseException], None]) -> bool:
@@ -253,6 +262,7 @@ class PythonBackend(Backend):
         def replied(reply: tuple | None) -> None:
             try:
                 results = self._replied(instance, reply, len(requests))
+                self._let_go_of_inputs()
                 instance.requests.finish_batch(keys, results)
             except BaseException as exc:  # noqa: BLE001 - the batch must complete, whatever happened
                 done(exc)
@@ -295,6 +305,8 @@ class PythonBackend(Backend):
             else:
                 parameters = json.loads(item[2]) if item[2] else {}
                 results.append(Outputs({d[0]: arena.read(d, copy=True) for d in item[1]}, parameters))
+        if arena.oversized:  # read (copied): the model process has let go of it already
+            instance.process.drop_output_arena()
         return results
 
     def close(self) -> None:

@@ -63,7 +63,7 @@ class Peer:
         self._send = send
         self._requests = requests
         self._services = services or BackendServices()
-        self.blocks = Blocks()
+        self.blocks = Blocks(model)
         """Where the daemon writes BLS outputs for the model process."""
         self.attachments = Attachments()
         """The model process's blocks, as the daemon reads them."""

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from appliance.backends.python import triton_python_backend_utils as pb_utils
-from appliance.backends.python.arena import Arena
+from appliance.backends.python.arena import Arena, reusable_size
 from appliance.backends.python.pb import runtime
 from appliance.backends.python.pb.logger import forward_logging
 from appliance.backends.python.pb.runtime import Runtime
@@ -87,6 +87,12 @@ class _Attached:
             self.arena = Arena.attach(info["path"], info["size"])
         return self.arena
 
+    def let_go_if_oversized(self) -> None:
+        """After execute(): an oversized arena held one batch; the daemon removes it."""
+        if self.arena is not None and self.arena.oversized:
+            self.arena.close()
+            self.arena = None
+
 
 def _requests(arena: Arena, batch: list[dict], copy: bool) -> list[pb_utils.InferenceRequest]:
     """The batch as model.py sees it; ``copy``: detach inputs from the arena (a decoupled model may
@@ -98,7 +104,7 @@ def _requests(arena: Arena, batch: list[dict], copy: bool) -> list[pb_utils.Infe
     ]
 
 
-def _pack_responses(responses: list, arena: Arena | None) -> tuple[list[Any], Arena]:
+def _pack_responses(responses: list, arena: Arena | None, model: str) -> tuple[list[Any], Arena]:
     """Write every response's tensors into the output arena (growing it); errors stay as messages."""
     tensors = []
     packed: list[Any] = []
@@ -113,7 +119,7 @@ def _pack_responses(responses: list, arena: Arena | None) -> tuple[list[Any], Ar
     if arena is None or arena.size < needed:
         if arena is not None:
             arena.close()
-        arena = Arena.create(needed * 2)
+        arena = Arena.create(reusable_size(needed), model)
     offset = 0
     for index, (response, response_tensors) in enumerate(zip(packed, tensors)):
         error = error_of(response)
@@ -180,7 +186,7 @@ def _execute(model: _Model, requests: list, rt: Runtime, output: Arena | None) -
         count = len(responses) if isinstance(responses, list) else type(responses).__name__
         return ("failed", f"execute() returned {count} responses for {len(requests)} requests; "
                           "it must return a list with one InferenceResponse per request", ""), output
-    packed, output = _pack_responses(responses, output)
+    packed, output = _pack_responses(responses, output, rt.model_name)
     return ("done", output.info(), packed), output
 
 
@@ -210,6 +216,10 @@ def serve(rt: Runtime, commands: Reading, model_file: Path) -> None:
         requests = _requests(inputs.get(arena_info), batch, copy=model.decoupled)
         reply, output = _execute(model, requests, rt, output)
         rt.send(reply)
+        inputs.let_go_if_oversized()
+        if output is not None and output.oversized:  # the daemon reads it, then removes it
+            output.release()
+            output = None
         rt.flush_released()
     try:
         model.call("finalize")
