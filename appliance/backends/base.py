@@ -326,6 +326,11 @@ class Backend(abc.ABC):
     def configure(self, config: ModelConfig) -> None:  # noqa: B027 - only some backends care
         """Called once with the final, auto-completed config before the first run."""
 
+    def check_ready(self) -> None:  # noqa: B027 - only runtimes in another process can be lost
+        """Called once every instance is configured and warmed up, right before the version is served:
+        a runtime that lives in another process makes sure it still does (or raises ConfigError, which
+        fails the load), so that the first request does not find it gone."""
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class BackendInfo:

@@ -176,6 +176,18 @@ class PythonBackend(Backend):
             raise ConfigError(f"initialize() of model '{name}' failed: {reply[1]}")
         self._ready = True
 
+    def check_ready(self) -> None:
+        """A model process that died after its initialize() (killed while the other instances loaded)
+        is started again before the version is served; if that fails, so does the load."""
+        instance = self._instance
+        if instance is not None and self._ready and instance.process.alive:
+            return
+        try:
+            self._restart()
+        except ProcessExited as exc:
+            raise ConfigError(f"the model process of '{self._context.model_name}' exited with code {exc.code} "
+                              "while it was started again before serving") from None
+
     def _restart(self) -> None:
         if self._instance is not None:
             self._instance.stop(timeout=1)

@@ -266,7 +266,9 @@ class ModelProcess:
 
     @property
     def alive(self) -> bool:
-        return self.process.poll() is None
+        # poll() says None while another thread waits for the process (the reader, reaping a process
+        # that died): the end of the channel, seen first, settles it.
+        return not self._ending and self.process.poll() is None
 
     @property
     def pid(self) -> int:
