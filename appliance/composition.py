@@ -155,6 +155,8 @@ class Appliance:
         # Closed after the models (below): what is left then are model processes stuck in a call.
         lifecycle.on_close("the model processes", lambda: cls._end_children(children, settings.exit_timeout))
         pushed, pushes = await asyncio.to_thread(cls._open_pushes, settings, state)
+        stream_limits = StreamLimits(max_bytes=settings.stream_buffer_bytes,
+                                     stall_timeout=settings.stream_stall_timeout, deadline=settings.request_deadline)
         hop = await measure_thread_hop()
         log.info("thread hop (event loop -> instance thread -> event loop): %.0f µs", hop / 1000)
         registry = ModelRegistry(
@@ -166,6 +168,7 @@ class Appliance:
             services=BackendServices(metrics=custom_metrics, processes=children),
             control_mode=settings.model_control_mode,
             overlay=pushed.model_dirs if pushed is not None else None,
+            call_limits=stream_limits,
         )
         try:
             await asyncio.to_thread(registry.discover)
@@ -176,8 +179,7 @@ class Appliance:
         traces, tracer = cls._start_tracing(settings, state, lifecycle)
         dataplane = DataPlane(registry, shared_memory=shared_memory, strict_readiness=settings.strict_readiness,
                               control_mode=settings.model_control_mode, tracer=tracer, pushes=pushes,
-                              stream_limits=StreamLimits(max_bytes=settings.stream_buffer_bytes,
-                                                         stall_timeout=settings.stream_stall_timeout))
+                              stream_limits=stream_limits)
         logs = LogSettings(logging.getLogger(), LogValues.from_level(settings.log_level))
 
         async def restore_logging() -> None:

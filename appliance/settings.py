@@ -148,6 +148,12 @@ class Settings:
     most 64 responses, and within max_request_memory_bytes); past it the model's send waits."""
     stream_stall_timeout: float = 60.0
     """Seconds a decoupled model waits for its client to read before the request fails as stalled."""
+    request_deadline: float = 0.0
+    """Seconds a request to a decoupled model (a stream) and a call of a model to a model (BLS) may take
+    from arrival to its final response; past it the request is cancelled (the model sees
+    is_cancelled(), a request still queued never runs) and its caller gets DEADLINE_EXCEEDED (HTTP 504).
+    0, the default, sets none, as in Triton: a model that never sends its final flag, or one that calls
+    itself with a single instance, then holds its request for ever."""
     max_tensor_elements: int = 1 << 30
     max_inputs: int = 256
     trace_file: str = "trace.json"
@@ -214,6 +220,8 @@ class Settings:
                               f"{self.trace_file!r}")
         if self.trace_max_bytes < 4096:
             raise ConfigError(f"trace_max_bytes must be at least 4096, got {self.trace_max_bytes}")
+        if not self.request_deadline >= 0:
+            raise ConfigError(f"request_deadline must be >= 0 seconds (0: none), got {self.request_deadline}")
         if self.stream_buffer_bytes < 1 or not self.stream_stall_timeout > 0:
             raise ConfigError(f"stream_buffer_bytes must be at least 1 and stream_stall_timeout > 0 seconds, got "
                               f"{self.stream_buffer_bytes} and {self.stream_stall_timeout}")

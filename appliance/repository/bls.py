@@ -11,14 +11,15 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
 from appliance.backends.base import ModelCall, Outputs, ResponseSink, StreamedCall
+from appliance.engine.streaming import StreamLimits
 from appliance.engine.types import InferInput, InferRequest, InferResponse, RequestedOutput
-from appliance.errors import ApplianceError, InvalidInput, ModelNotFound, ModelNotReady, Unavailable
+from appliance.errors import ApplianceError, DeadlineExceeded, InvalidInput, ModelNotFound, ModelNotReady, Unavailable
 from appliance.repository.config import config_from_json
 from appliance.tensors import v2_datatype
 
@@ -55,10 +56,12 @@ def _request(call: ModelCall, cancelled: Callable[[], bool] | None = None) -> In
 class LocalModels:
     """Implements ``appliance.backends.base.ModelCalls`` over a model registry."""
 
-    def __init__(self, registry: ModelRegistry, explicit: bool) -> None:
-        """``explicit``: the model control mode lets models be loaded and unloaded on demand."""
+    def __init__(self, registry: ModelRegistry, explicit: bool, limits: StreamLimits | None = None) -> None:
+        """``explicit``: the model control mode lets models be loaded and unloaded on demand; ``limits``:
+        the calls' deadline (0: none) and how far a streamed one may run ahead of its caller."""
         self._registry = registry
         self._explicit = explicit
+        self._limits = limits or StreamLimits()
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -103,7 +106,21 @@ class LocalModels:
                     "models using the decoupled transaction policy. Please use 'decoupled=True' argument to the "
                     "'exec' or 'async_exec' calls for decoupled models.'"
                 )
-            return _outputs(await model.infer(_request(call)))
+            return _outputs(await self._bounded(model.infer(_request(call)), call))
+
+    async def _bounded(self, running: Awaitable[InferResponse], call: ModelCall,
+                       cancelled: Callable[[], bool] | None = None) -> InferResponse:
+        """The call, cancelled past the deadline (a call of a model to itself, waiting in the queue of the
+        only instance, which its caller holds, would otherwise wait for ever)."""
+        deadline = self._limits.deadline
+        if deadline <= 0:
+            return await running
+        try:
+            return await asyncio.wait_for(running, deadline)
+        except TimeoutError:
+            raise DeadlineExceeded(
+                f"the call to model '{call.model_name}' did not complete within request_deadline ({deadline:g} s); "
+                "it was cancelled") from None
 
     def stream(self, call: ModelCall, sink: ResponseSink) -> StreamedCall:
         streamed = _StreamedCall(self._loop)
@@ -115,10 +132,10 @@ class LocalModels:
             model = self._model(call)
             with model.in_use():
                 if not model.decoupled:  # a stream of one
-                    outputs = _outputs(await model.infer(_request(call, streamed.cancelled)))
+                    outputs = _outputs(await self._bounded(model.infer(_request(call, streamed.cancelled)), call))
                     sink.send(outputs, parameters=outputs.parameters, final=True)
                     return
-                stream = await model.open_stream(_request(call, streamed.cancelled))
+                stream = await model.open_stream(_request(call, streamed.cancelled), self._limits)
                 try:
                     async for item in stream:
                         sent = _outputs(item.response) if item.response is not None else None

@@ -27,6 +27,7 @@ __all__ = ["Peer"]
 
 # HTTP status of an error -> the TritonError code a model sees in response.error().code().
 _CODES = {HTTPStatus.NOT_FOUND: 2, HTTPStatus.BAD_REQUEST: 3, HTTPStatus.SERVICE_UNAVAILABLE: 4,
+          HTTPStatus.GATEWAY_TIMEOUT: 4,
           HTTPStatus.NOT_IMPLEMENTED: 5, HTTPStatus.CONFLICT: 6}
 
 

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Sequence
 from http import HTTPStatus
 
-from appliance.backends.base import BackendRequest, Outputs
+from appliance.backends.base import BackendRequest, Outputs, ResponseSink
 from appliance.backends.python.arena import Attachments
 from appliance.errors import ApplianceError
 
@@ -48,9 +48,12 @@ def model_error(error: tuple[str, int]) -> ModelError:
     return ModelError(error[0], error[1])
 
 
-@dataclasses.dataclass(eq=False)
+@dataclasses.dataclass(eq=False, slots=True)
 class _Open:
-    request: BackendRequest
+    sink: ResponseSink | None
+    cancelled: Callable[[], bool]
+    """Only what later messages need, not the request (its inputs): a decoupled model that never sends
+    its final flag keeps its entry, which must stay small."""
     streamed: bool
     """Its responses go to request.sink (a decoupled model)."""
     executing: bool = True
@@ -73,7 +76,7 @@ class OpenRequests:
         with self._lock:
             keys = [next(self._keys) for _ in requests]
             for key, request in zip(keys, requests):
-                self._open[key] = _Open(request, streamed and request.sink is not None)
+                self._open[key] = _Open(request.sink, request.cancelled, streamed and request.sink is not None)
         return keys
 
     def finish_batch(self, keys: Sequence[int], results: list) -> None:
@@ -94,7 +97,7 @@ class OpenRequests:
     def cancelled(self, key: int) -> bool:
         with self._lock:
             entry = self._open.get(key)
-        return entry is not None and bool(entry.request.cancelled())
+        return entry is not None and bool(entry.cancelled())
 
     def on_response(self, message: tuple) -> None:
         """A streamed response (reader thread): ("response", key, block, descriptors, error, parameters, final)."""
@@ -106,11 +109,11 @@ class OpenRequests:
             entry = self._open.get(key)
             if entry is not None and final:
                 del self._open[key]
-        if entry is None or entry.request.sink is None:
+        if entry is None or entry.sink is None:
             log.warning("model %s sent a response for a request that is already complete; dropped", self._model)
             return
         params = _parameters(parameters)
-        sink = entry.request.sink
+        sink = entry.sink
         if error is not None:
             sink.send(None, error=model_error(error), parameters=params, final=final)
         else:
@@ -124,8 +127,8 @@ class OpenRequests:
             entries = [entry for entry in self._open.values() if not entry.executing]
             self._open = {key: entry for key, entry in self._open.items() if entry.executing}
         for entry in entries:
-            if entry.streamed and entry.request.sink is not None:
-                entry.request.sink.send(None, error=ModelError(reason, 1), final=True)
+            if entry.streamed and entry.sink is not None:
+                entry.sink.send(None, error=ModelError(reason, 1), final=True)
 
 
 def _parameters(text: str | None) -> dict[str, object]:
