@@ -14,7 +14,7 @@ from appliance.commands import cache, discover, explain, fleet, install_service,
 from appliance.errors import ApplianceError
 from appliance.settings import Settings, load_settings
 
-__all__ = ["main", "usage_summary"]
+__all__ = ["main", "serve_flags", "usage_summary"]
 
 _COMMANDS = {
     "probe": probe,
@@ -70,6 +70,16 @@ def _serve_parser(sub: Any) -> None:
                    help="who may use shared memory: off, local (clients on this host; the default) or any")
 
 
+def serve_flags() -> dict[str, tuple[str, ...]]:
+    """The settings ``appliance serve`` takes as flags: each setting's key and its flags."""
+    sub = argparse.ArgumentParser().add_subparsers()
+    _serve_parser(sub)
+    (serve,) = sub.choices.values()
+    flags = {action.dest: tuple(action.option_strings) for action in serve._actions if action.option_strings}
+    flags.pop("help", None)
+    return flags
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="appliance", description="Edge inference appliance")
     parser.add_argument("--version", action="version", version=f"appliance {__version__}")
@@ -96,7 +106,7 @@ def usage_summary(width: int = 100) -> str:
 
 def _setup_logging(settings: Settings) -> None:
     logging.basicConfig(
-        level=settings.log_level.upper(),
+        level=settings.server.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
@@ -108,9 +118,9 @@ def _run_serve(settings: Settings) -> int:
     from appliance import event_loop
     from appliance.daemon import serve
 
-    name = event_loop.loop_name(settings.event_loop)
+    name = event_loop.loop_name(settings.server.event_loop)
     logging.getLogger("appliance").info("event loop: %s", name)
-    event_loop.run(serve(settings), settings.event_loop)
+    event_loop.run(serve(settings), settings.server.event_loop)
     return 0
 
 
