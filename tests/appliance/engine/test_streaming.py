@@ -488,6 +488,8 @@ async def test_a_stream_queued_past_its_deadline_never_runs(make_model):
     assert isinstance((await _read_all(first))[-1].error, DeadlineExceeded)  # it had run past it too
     assert len(await _read_all(await plane.infer_stream(model, _request(3)))) == 1
     assert ran == [1, 3]
+
+
 # -- a producer on the event loop (an ensemble streaming its answers): ResponseChannel.put ----------------
 
 
