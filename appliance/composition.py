@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
 import shutil
 from pathlib import Path
 
@@ -21,7 +22,7 @@ import hardware_probe
 from appliance import __version__
 from appliance.backends import BackendServices, RuntimeOptions
 from appliance.backends.children import ChildProcesses
-from appliance.backends.python.arena import remove_stale_arenas
+from appliance.backends.python.arena import arena_usage, remove_stale_arenas
 from appliance.budget import MemoryBudget
 from appliance.engine.scheduler.execution import measure_thread_hop
 from appliance.engine.streaming import StreamLimits
@@ -142,10 +143,15 @@ def _retention(metrics: MetricsSection) -> Retention:
     )
 
 
+def _stream_limits(limits: LimitsSection) -> StreamLimits:
+    """One for every stream: the clients' (the data plane's rules) and the models' own calls (BLS)."""
+    return StreamLimits(max_bytes=limits.stream_buffer_bytes, stall_timeout=limits.stream_stall_timeout,
+                        deadline=limits.request_deadline)
+
+
 def _rules(models: ModelsSection, limits: LimitsSection) -> Rules:
     return Rules(control_mode=models.control_mode, strict_readiness=models.strict_readiness,
-                 decode=DecodeLimits(limits.max_tensor_elements, limits.max_inputs),
-                 streams=StreamLimits(max_bytes=limits.stream_buffer_bytes, stall_timeout=limits.stream_stall_timeout))
+                 decode=DecodeLimits(limits.max_tensor_elements, limits.max_inputs), streams=_stream_limits(limits))
 
 
 @dataclasses.dataclass(eq=False)
@@ -204,7 +210,8 @@ async def _compose(settings: Settings, lifecycle: Lifecycle, connections: int) -
     token = await asyncio.to_thread(control_token, settings.auth, server.state_dir, state)
     registries: list[ModelRegistry] = []  # the metrics start first, to see the models load
     custom_metrics = CustomMetrics() if settings.metrics.enabled else None
-    metrics = await _start_metrics(settings.metrics, server, state, registries, lifecycle, custom_metrics)
+    children = ChildProcesses()
+    metrics = await _start_metrics(settings.metrics, server, state, registries, lifecycle, custom_metrics, children)
     shm = settings.shm
     shared_memory = SharedMemoryRegistry(shm.client_shm, SharedMemoryLimits(shm.max_regions, shm.max_bytes),
                                          LocalPeers(shm.local_networks))
@@ -212,7 +219,6 @@ async def _compose(settings: Settings, lifecycle: Lifecycle, connections: int) -
     repository, scratch = await asyncio.to_thread(_repository, server, state)
     if scratch is not None:
         lifecycle.on_close("the temporary example repository", lambda: asyncio.to_thread(shutil.rmtree, scratch, True))
-    children = ChildProcesses()
     # Closed after the models (below): what is left then are model processes stuck in a call.
     lifecycle.on_close("the model processes", lambda: _end_children(children, server.exit_timeout))
     pushed, pushes = await asyncio.to_thread(_open_pushes, settings.models, server, state)
@@ -232,6 +238,7 @@ async def _compose(settings: Settings, lifecycle: Lifecycle, connections: int) -
         control_mode=settings.models.control_mode,
         overlay=pushed.model_dirs if pushed is not None else None,
         pushes=pushes,
+        call_limits=_stream_limits(settings.limits),
     )
     try:
         await asyncio.to_thread(registry.discover)
@@ -273,12 +280,13 @@ async def _call(function) -> None:
 
 async def _start_metrics(section: MetricsSection, server: ServerSection, state: StateDir,
                          registries: list[ModelRegistry], lifecycle: Lifecycle,
-                         custom: CustomMetrics | None) -> MetricsService | None:
+                         custom: CustomMetrics | None, children: ChildProcesses) -> MetricsService | None:
     if not section.enabled:
         return None
     service = MetricsService(
         server.metrics_db, _retention(section), section.interval,
         lambda: registries[0].ready_versions() if registries else [], state, custom=custom,
+        arenas=lambda: arena_usage({os.getpid(), *children.pids()}),
     )
     await service.start()
     service.event("daemon_start", detail={"version": __version__})

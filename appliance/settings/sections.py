@@ -216,8 +216,17 @@ class LimitsSection:
     64 responses, and within max_request_memory_bytes); past it the model's send waits."""
     stream_stall_timeout: float = 60.0
     """Seconds a decoupled model waits for its client to read before the request fails as stalled."""
+    request_deadline: float = 0.0
+    """Seconds a request to a decoupled model (a stream) and a call of a model to a model (BLS) may take
+    from arrival to its final response; past it the request is cancelled (the model sees
+    is_cancelled(), a request still queued never runs) and its caller gets DEADLINE_EXCEEDED (HTTP 504).
+    0, the default, sets none, as in Triton: a model that never sends its final flag, or one that calls
+    itself with a single instance, then holds its request for ever."""
 
     def __post_init__(self) -> None:
+        if not self.request_deadline >= 0:
+            raise ConfigError(f"{_key(self, 'request_deadline')} must be >= 0 seconds (0: none), got "
+                              f"{self.request_deadline}")
         _at_least(self, 1024, "max_request_bytes")
         if self.max_request_memory_bytes < self.max_request_bytes:
             raise ConfigError(
