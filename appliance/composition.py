@@ -16,6 +16,7 @@ import dataclasses
 import logging
 import os
 import shutil
+import socket
 from pathlib import Path
 
 import hardware_probe
@@ -49,6 +50,7 @@ from appliance.selection import Selector
 from appliance.selection.selector import Hardware, SelectionSettings, open_cache
 from appliance.settings import Settings
 from appliance.settings.sections import (
+    FleetSection,
     GrpcSection,
     HttpSection,
     LimitsSection,
@@ -149,9 +151,11 @@ def _stream_limits(limits: LimitsSection) -> StreamLimits:
                         deadline=limits.request_deadline)
 
 
-def _rules(models: ModelsSection, limits: LimitsSection) -> Rules:
+def _rules(models: ModelsSection, limits: LimitsSection, fleet: FleetSection) -> Rules:
+    host = socket.gethostname()
     return Rules(control_mode=models.control_mode, strict_readiness=models.strict_readiness,
-                 decode=DecodeLimits(limits.max_tensor_elements, limits.max_inputs), streams=_stream_limits(limits))
+                 decode=DecodeLimits(limits.max_tensor_elements, limits.max_inputs), streams=_stream_limits(limits),
+                 box_name=fleet.box_name(host), host=host)
 
 
 @dataclasses.dataclass(eq=False)
@@ -252,7 +256,7 @@ async def _compose(settings: Settings, lifecycle: Lifecycle, connections: int) -
     limits = settings.limits
     admission = Admission(AccessPolicy(token, parse_networks(settings.auth.exempt_networks),
                                        settings.auth.protect_inference), limits.max_concurrent_requests)
-    dataplane = DataPlane(registry, _rules(settings.models, limits), admission=admission,
+    dataplane = DataPlane(registry, _rules(settings.models, limits, settings.fleet), admission=admission,
                           budget=MemoryBudget(limits.max_request_memory_bytes), shared_memory=shared_memory,
                           tracer=tracer, traces=traces, logs=logs, pushes=pushes, state=state, hardware=hardware)
     http_connections, grpc_connections = split_connections(settings.http, settings.grpc, connections)

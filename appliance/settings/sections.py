@@ -392,3 +392,7 @@ class FleetSection:
     """The box's friendly name on the LAN; default the hostname."""
     mdns_interfaces: tuple[str, ...] = ()
     """IPv4 addresses of the interfaces to announce on; empty means all."""
+
+    def box_name(self, hostname: str) -> str:
+        """The name the box goes by (mDNS, the dashboard): ``name``, else the host's short name."""
+        return self.name or hostname.split(".")[0]
