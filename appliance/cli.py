@@ -56,6 +56,9 @@ def _serve_parser(sub: Any) -> None:
     p.add_argument("--exit-timeout-secs", dest="exit_timeout", type=float,
                    help="at stop, seconds to wait for Python model processes stuck in a call before killing "
                         "them (default 30, as Triton)")
+    p.add_argument("--request-deadline", dest="request_deadline", type=float, metavar="SECONDS",
+                   help="cancel a streamed request or a BLS call that has not ended after this many seconds "
+                        "(default 0: never, as Triton)")
     p.add_argument("--no-selection", dest="selection", action="store_const", const=False,
                    help="serve each model with its config's backend, without measuring plans")
     p.add_argument("--retune", action="store_const", const=True, help="ignore cached plan decisions, measure again")

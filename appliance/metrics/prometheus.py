@@ -23,10 +23,13 @@ _REASONS = (FailureReason.REJECTED, FailureReason.CANCELED, FailureReason.BACKEN
 
 class TritonCollector:
     def __init__(self, models: Callable[[], list[ModelVersion]], system: Callable[[], dict[str, Any] | None],
+                 arenas: Callable[[], dict[str, int] | None] = lambda: None,
                  server: ServerWide | None = None) -> None:
-        """``server``: the response cache and rate limiter, whose own figures are exported when present."""
+        """``arenas``: the latest sample of the Python backend's shared-memory arenas, bytes by model.
+        ``server``: the response cache and rate limiter, whose own figures are exported when present."""
         self._models = models
         self._system = system
+        self._arenas = arenas
         self._server = server or ServerWide()
 
     def collect(self) -> Iterator[Metric]:
@@ -107,6 +110,15 @@ class TritonCollector:
             yield from (cache_hits, cache_misses, cache_hit_us, cache_miss_us)
         yield from self._cache_metrics()
         yield from self._rate_limiter_metrics(limited_waits, limited_us)
+        arenas = self._arenas()
+        if arenas is not None:
+            family = GaugeMetricFamily(
+                "appliance_python_arena_bytes",
+                "Shared memory (/dev/shm) the Python backend's tensor arenas take for a model, daemon and model "
+                "processes together, in bytes (outside the request memory budget)", labels=["model"])
+            for name, used in sorted(arenas.items()):
+                family.add_metric([name], used)
+            yield family
         yield from self._system_metrics()
 
     def _cache_metrics(self) -> Iterator[Metric]:

@@ -219,8 +219,17 @@ class LimitsSection:
     64 responses, and within max_request_memory_bytes); past it the model's send waits."""
     stream_stall_timeout: float = 60.0
     """Seconds a decoupled model waits for its client to read before the request fails as stalled."""
+    request_deadline: float = 0.0
+    """Seconds a request to a decoupled model (a stream) and a call of a model to a model (BLS) may take
+    from arrival to its final response; past it the request is cancelled (the model sees
+    is_cancelled(), a request still queued never runs) and its caller gets DEADLINE_EXCEEDED (HTTP 504).
+    0, the default, sets none, as in Triton: a model that never sends its final flag, or one that calls
+    itself with a single instance, then holds its request for ever."""
 
     def __post_init__(self) -> None:
+        if not self.request_deadline >= 0:
+            raise ConfigError(f"{_key(self, 'request_deadline')} must be >= 0 seconds (0: none), got "
+                              f"{self.request_deadline}")
         _at_least(self, 1024, "max_request_bytes")
         if self.max_request_memory_bytes < self.max_request_bytes:
             raise ConfigError(
@@ -386,6 +395,10 @@ class FleetSection:
     """The box's friendly name on the LAN; default the hostname."""
     mdns_interfaces: tuple[str, ...] = ()
     """IPv4 addresses of the interfaces to announce on; empty means all."""
+
+    def box_name(self, hostname: str) -> str:
+        """The name the box goes by (mDNS, the dashboard): ``name``, else the host's short name."""
+        return self.name or hostname.split(".")[0]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -34,6 +34,7 @@ def test_systemd_state_directory():
     ({"http_port": 70000}, {}, "http_port must be"),
     ({}, {"APPLIANCE_HTTP_PORT": "eighty"}, "setting 'http_port'"),
     ({}, {"APPLIANCE_MDNS": "maybe"}, "expected true/false"),
+    ({"request_deadline": -1.0}, {}, "request_deadline must be >= 0"),
 ])
 def test_bad_values_say_which_setting(flags, env, message):
     with pytest.raises(ConfigError, match=message):

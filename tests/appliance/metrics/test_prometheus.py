@@ -26,9 +26,9 @@ def _version(name: str, version: int, pending: int = 0) -> SimpleNamespace:
                            response_cache=None)
 
 
-def _scrape(models, system=None, server=None) -> tuple[dict[str, float], str]:
+def _scrape(models, system=None, arenas=None, server=None) -> tuple[dict[str, float], str]:
     registry = CollectorRegistry()
-    registry.register(TritonCollector(lambda: models, lambda: system, server))
+    registry.register(TritonCollector(lambda: models, lambda: system, lambda: arenas, server))
     text = render(registry).decode()
     # Triton's users query nv_inference_request_success, not ..._total (memory_total_bytes is a name)
     assert "_total " not in text and "_total{" not in text
@@ -139,3 +139,11 @@ def test_the_rate_limiter_shows_its_resources_and_the_waits():
     assert metrics[_key("appliance_rate_limiter_waits", model="m", version="1")] == 3
     assert metrics[_key("appliance_rate_limiter_wait_duration_us", model="m", version="1")] == 7
     assert "appliance_rate_limiter" not in _scrape([_version("m", 1)])[1]
+
+
+def test_python_arenas_are_counted_by_model_once_sampled():
+    assert "appliance_python_arena_bytes" not in _scrape([])[1]  # not sampled yet (or --no-metrics)
+    metrics, text = _scrape([], arenas={"bls": 65536, "echo": 2 << 20})
+    assert metrics['appliance_python_arena_bytes{model="bls"}'] == 65536
+    assert metrics['appliance_python_arena_bytes{model="echo"}'] == 2 << 20
+    assert "# TYPE appliance_python_arena_bytes gauge" in text
