@@ -31,9 +31,9 @@ def _shape_text(dims: tuple[int, ...] | list[int]) -> str:
     return "[" + ",".join(str(d) for d in dims) + "]"
 
 
-def _names(names: list[str]) -> str:
-    # Triton joins them as ['a','b'] and, for none, prints only the closing bracket.
-    return "[" + ",".join(f"'{name}'" for name in sorted(names)) + "]" if names else "]"
+def _names(names: list[str], none: str = "[]") -> str:
+    # Triton joins them as ['a','b']; for no missing input it prints only the closing bracket.
+    return "[" + ",".join(f"'{name}'" for name in sorted(names)) + "]" if names else none
 
 
 def validate_request(model: str, signature: ModelSignature, request: InferRequest) -> int:
@@ -48,7 +48,7 @@ def validate_request(model: str, signature: ModelSignature, request: InferReques
         missing = [name for name in required if name not in given]
         raise InvalidInput(
             f"{prefix}expected {len(signature.inputs)} inputs but got {len(given)} inputs for model '{model}'. "
-            f"Got input(s) {_names(given)}, but missing required input(s) {_names(missing)}. Please provide all "
+            f"Got input(s) {_names(given)}, but missing required input(s) {_names(missing, ']')}. Please provide all "
             "required input(s)."
         )
     batch: int | None = None

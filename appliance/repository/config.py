@@ -92,10 +92,18 @@ def check_decoupled(config: mc.ModelConfig, backend: str, supported: bool) -> No
             "(model_transaction_policy { decoupled: true }): only the python backend sends several responses per "
             "request; drop the policy, or wrap the model in a Python model that sends the responses"
         )
-    if config.model_transaction_policy.decoupled and config.HasField("sequence_batching"):
+    if config.model_transaction_policy.decoupled and config.response_cache.enable:
+        # Triton's words (model_config_utils.cc); a decoupled model's responses are a stream, not one answer.
         raise ConfigError(
-            f"model '{config.name}': decoupled sequence models are not supported by this server: the sequence "
-            "batcher answers each step once; drop one of model_transaction_policy.decoupled and sequence_batching"
+            f"Response Cache does not currently support model {config.name} with 'decoupled' transaction policy. "
+            "Please disable the response cache."
+        )
+    if config.model_transaction_policy.decoupled and config.sequence_batching.state:
+        raise ConfigError(
+            f"model '{config.name}': implicit state (sequence_batching state) is carried from a step's outputs "
+            "to the next step, but a decoupled model sends its outputs as responses, after its step may have "
+            "ended; drop the state (keep it in the model) or the decoupled policy (Triton keeps implicit state "
+            "for the onnxruntime, tensorrt and pytorch backends only)"
         )
 
 
@@ -123,6 +131,12 @@ def validate_config(config: mc.ModelConfig, model_name: str, where: str) -> mc.M
         total += group.count
     if total > MAX_INSTANCES:
         raise ConfigError(f"{where}: {total} instances asked for; at most {MAX_INSTANCES} per model")
+    if config.HasField("sequence_batching") and config.response_cache.enable:
+        # Triton's words: a sequence's answers depend on its state, not only on the request's inputs.
+        raise ConfigError(
+            f"Response Cache does not currently support model {config.name} with sequence batching scheduler. "
+            "Please disable the response cache."
+        )
     check_sequence_config(config, where)
     if any(size < 1 for size in config.dynamic_batching.preferred_batch_size):
         raise ConfigError(f"{where}: dynamic_batching preferred_batch_size entries must be >= 1")

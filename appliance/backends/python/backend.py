@@ -15,16 +15,26 @@ import logging
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
 from google.protobuf import json_format
 
-from appliance.backends.base import Backend, BackendRequest, BatchResult, LoadContext, Outputs
-from appliance.backends.python.arena import Arena, Attachments
+from appliance.backends.base import (
+    RESCHEDULE,
+    Backend,
+    BackendRequest,
+    BatchResult,
+    LoadContext,
+    Outputs,
+    RequestResult,
+    reschedule_refused,
+)
+from appliance.backends.python.arena import Arena, Attachments, reusable_size
 from appliance.backends.python.peer import Peer
 from appliance.backends.python.process import ModelProcess, ProcessExited
-from appliance.backends.python.requests import ModelError, OpenRequests, model_error
+from appliance.backends.python.requests import SENT, ModelError, OpenRequests, model_error
 from appliance.config_json import config_to_json
 from appliance.errors import ConfigError, InferenceFailed
 
@@ -105,6 +115,8 @@ class PythonBackend(Backend):
         self._config: Any = None
         """The final, auto-completed config (set by configure)."""
         self._decoupled = False
+        self._iterative = False
+        """RESCHEDULE is honoured (iterative_sequence); otherwise a rescheduled request fails."""
         self._ready = False
         instance = _Instance(context)
         try:
@@ -156,6 +168,7 @@ class PythonBackend(Backend):
         self._config = config
         self._config_json = config_to_json(config)
         self._decoupled = bool(config.model_transaction_policy.decoupled)
+        self._iterative = config.HasField("sequence_batching") and config.sequence_batching.iterative_sequence
         self._initialize()
 
     def _initialize(self) -> None:
@@ -171,6 +184,18 @@ class PythonBackend(Backend):
             raise ConfigError(f"initialize() of model '{name}' failed: {reply[1]}")
         self._ready = True
 
+    def check_ready(self) -> None:
+        """A model process that died after its initialize() (killed while the other instances loaded)
+        is started again before the version is served; if that fails, so does the load."""
+        instance = self._instance
+        if instance is not None and self._ready and instance.process.alive:
+            return
+        try:
+            self._restart()
+        except ProcessExited as exc:
+            raise ConfigError(f"the model process of '{self._context.model_name}' exited with code {exc.code} "
+                              "while it was started again before serving") from None
+
     def _restart(self) -> None:
         if self._instance is not None:
             self._instance.stop(timeout=1)
@@ -184,8 +209,12 @@ class PythonBackend(Backend):
 
     def run(self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]) -> dict[str, np.ndarray]:
         (result,) = self.run_requests([BackendRequest(inputs, outputs)]).results
+        if isinstance(result, Future):
+            result = result.result()
         if isinstance(result, BaseException):
             raise result
+        if not isinstance(result, dict):
+            raise reschedule_refused(self._context.model_name)
         return result
 
     def _write_inputs(self, requests: Sequence[BackendRequest], keys: list[int]) -> tuple[dict, list[dict]]:
@@ -194,7 +223,7 @@ class PythonBackend(Backend):
         if self._inputs_arena is None or self._inputs_arena.size < needed:
             if self._inputs_arena is not None:
                 self._inputs_arena.close()
-            self._inputs_arena = Arena.create(needed * 2)
+            self._inputs_arena = Arena.create(reusable_size(needed), self._context.model_name)
         batch, offset = [], 0
         for key, request, request_tensors in zip(keys, requests, tensors):
             descriptors, offset = self._inputs_arena.write(request_tensors, offset)
@@ -210,7 +239,7 @@ class PythonBackend(Backend):
         assert self._instance is not None
         instance = self._instance
         keys = instance.requests.open(requests, streamed=self._decoupled)
-        results: list[dict[str, np.ndarray] | BaseException]
+        results: list[Any]
         # Triton's compute_input / compute_output: handing the inputs to the model process, taking its
         # outputs back; the rest of the call is the model's own time.
         started = time.perf_counter_ns()
@@ -229,10 +258,19 @@ class PythonBackend(Backend):
                 results = self._results(reply, len(requests))
             except InferenceFailed as failed:  # execute() raised: the batch failed as a whole
                 instance.requests.finish_batch(keys, [failed for _ in keys])
+                self._let_go_of_inputs()
                 raise
             output_ns = time.perf_counter_ns() - replied
-        instance.requests.finish_batch(keys, results)
-        return BatchResult(results, input_ns=input_ns, output_ns=output_ns)
+        self._let_go_of_inputs()
+        return BatchResult(instance.requests.finish_batch(keys, results), input_ns=input_ns, output_ns=output_ns)
+
+    def _let_go_of_inputs(self) -> None:
+        """After a batch: an arena larger than those kept for reuse goes (the model process has let go
+        of its view of it too)."""
+        arena = self._inputs_arena
+        if arena is not None and arena.oversized:
+            self._inputs_arena = None
+            arena.close()
 
     def start_requests(self, requests: Sequence[BackendRequest],
                        done: Callable[[BatchResult | BaseException], None]) -> bool:
@@ -261,12 +299,14 @@ class PythonBackend(Backend):
         def replied(reply: tuple | None) -> None:
             try:
                 taken = time.perf_counter_ns()
-                results = self._replied(instance, reply, len(requests))
+                replies = self._replied(instance, reply, len(requests))
                 output_ns = time.perf_counter_ns() - taken
-                instance.requests.finish_batch(keys, results)
+                self._let_go_of_inputs()
+                results = instance.requests.finish_batch(keys, replies)
             except BaseException as exc:  # noqa: BLE001 - the batch must complete, whatever happened
                 if isinstance(exc, InferenceFailed):  # execute() raised: the batch failed as a whole
                     instance.requests.finish_batch(keys, [exc for _ in keys])
+                    self._let_go_of_inputs()
                 done(exc)
                 return
             done(BatchResult(results, input_ns=input_ns, output_ns=output_ns))
@@ -274,8 +314,7 @@ class PythonBackend(Backend):
         instance.process.call_async(("execute", arena_info, batch), replied)
         return True
 
-    def _replied(self, instance: _Instance, reply: tuple | None,
-                 count: int) -> list[dict[str, np.ndarray] | BaseException]:
+    def _replied(self, instance: _Instance, reply: tuple | None, count: int) -> list[Any]:
         if reply is None:
             self._ready = False
             try:
@@ -289,25 +328,34 @@ class PythonBackend(Backend):
             raise ConfigError(f"model.py of '{instance.process.name}' failed: {reply[1]}\n{reply[2]}")
         return self._results(reply, count, instance)
 
-    def _results(self, reply: tuple, count: int,
-                 instance: _Instance | None = None) -> list[dict[str, np.ndarray] | BaseException]:
+    def _results(self, reply: tuple, count: int, instance: _Instance | None = None) -> list[Any]:
+        """One result per request: outputs, error, RESCHEDULE, or SENT (its response sender answers it:
+        ``OpenRequests.finish_batch`` puts the answer, or a future of it, in its place)."""
         instance = instance or self._instance
         assert instance is not None
         if reply[0] == "failed":
-            # The batch failed as a whole (Triton records no execution for it), in Triton's words.
+            # The batch failed as a whole (Triton counts the execution, but no inference), in its words.
             raise InferenceFailed(f"Failed to process the request(s) for model '{self._instance_name}', "
                                   f"message: {reply[1]}")
         _, arena_info, packed = reply
         if packed is None:  # decoupled: the responses went to the sinks
             return [{} for _ in range(count)]
-        arena = instance.process.outputs(arena_info)
-        results: list[dict[str, np.ndarray] | BaseException] = []
+        arena = instance.process.outputs(arena_info) if arena_info is not None else None
+        results: list[RequestResult | object] = []
         for item in packed:
-            if item[0] == "error":
+            kind = item[0]
+            if kind == "error":
                 results.append(model_error((item[1], item[2])))
+            elif kind == "sent":
+                results.append(SENT)
+            elif kind == "reschedule":
+                results.append(RESCHEDULE if self._iterative else reschedule_refused(self._context.model_name))
             else:
+                assert arena is not None
                 parameters = json.loads(item[2]) if item[2] else {}
                 results.append(Outputs({d[0]: arena.read(d, copy=True) for d in item[1]}, parameters))
+        if arena is not None and arena.oversized:  # read (copied): the model process let go of it already
+            instance.process.drop_output_arena()
         return results
 
     @property

@@ -12,12 +12,15 @@ import asyncio
 import dataclasses
 import time
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from appliance.backends.base import not_cancelled
+
 if TYPE_CHECKING:
+    from appliance.backends.base import ResponseSink
     from appliance.engine.stats import StepTiming
     from appliance.engine.trace import Trace
 
@@ -41,6 +44,11 @@ class SequenceRequest:
     timing: StepTiming | None = None
     request_id: str = ""
     completed: bool = False
+    sink: ResponseSink | None = None
+    """A decoupled model's request: where its responses go, whichever step sends them."""
+    cancelled: Callable[[], bool] = not_cancelled
+    again: bool = False
+    """The model released it with RESCHEDULE (an iterative sequence): it is queued to run again."""
     arrival_ns: int = dataclasses.field(default_factory=time.monotonic_ns)
     """For the statistics' queue time (``arrival`` is the loop's clock: see queue.Pending)."""
 

@@ -13,6 +13,8 @@ import queue
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from appliance.backends.python.pb import runtime
 from appliance.backends.python.pb.errors import TritonError, TritonModelException
 from appliance.backends.python.pb.transfer import read_tensors, tensors_of, write_tensors
@@ -85,16 +87,25 @@ class ResponseIterator:
         return response
 
     def cancel(self) -> None:
-        """Ask the server to cancel the request (the model it calls sees request.is_cancelled())."""
+        """Ask the called model to stop: its request.is_cancelled() turns True. What it still sends
+        arrives here, up to its final response (a model that ignores the cancellation streams on)."""
         runtime.current().send(("cancel", self._call))
 
 
-def _iterator(request: InferenceRequest) -> ResponseIterator:
+def _iterator(request: InferenceRequest, first: Callable[[], None] | None = None) -> ResponseIterator:
+    """``first``: told (on the reader thread) when the first answer is in the iterator."""
     iterator = ResponseIterator.__new__(ResponseIterator)
     iterator._queue = queue.SimpleQueue()
     iterator._done = False
 
-    iterator._call = _start(request, True, lambda response, final: iterator._queue.put((response, final)))
+    def deliver(response: InferenceResponse, final: bool) -> None:
+        nonlocal first
+        iterator._queue.put((response, final))
+        if first is not None:
+            told, first = first, None
+            told()
+
+    iterator._call = _start(request, True, deliver)
     return iterator
 
 
@@ -117,13 +128,24 @@ async def _execute_async(request: InferenceRequest) -> InferenceResponse:
     return await future
 
 
-def _settle(future: asyncio.Future, response: InferenceResponse) -> None:
+def _settle(future: asyncio.Future, value: Any) -> None:
     if not future.done():
-        future.set_result(response)
+        future.set_result(value)
 
 
 async def _iterate_async(request: InferenceRequest) -> ResponseIterator:
-    return _iterator(request)
+    """As Triton's (``exec`` in an executor): the iterator once the first response is in, awaited
+    without holding the event loop, so other coroutines (other requests of an async execute()) run
+    meanwhile; a model whose responses all come at once then iterates without ever blocking the loop."""
+    loop = asyncio.get_running_loop()
+    arrived: asyncio.Future = loop.create_future()
+
+    def first() -> None:
+        loop.call_soon_threadsafe(_settle, arrived, None)
+
+    iterator = _iterator(request, first)
+    await arrived
+    return iterator
 
 
 def execute_async(request: InferenceRequest, decoupled: bool) -> Any:
@@ -135,10 +157,28 @@ def is_model_ready(model_name: str, model_version: str = "") -> bool:
 
 
 def load_model(model_name: str, config: str = "", files: dict | None = None) -> None:
-    if files:
-        raise TritonModelException("load_model(files=...) is not supported by this server; put the files in "
-                                   "the model repository")
-    runtime.current().ask("load", model_name, config)
+    """Load (or reload) a model (explicit model control mode), with ``config`` (JSON) overriding its
+    config.pbtxt and, with ``files`` (``{"file:1/model.onnx": b"..."}``, which need ``config``), from those
+    files: the server keeps them as it keeps a push over the load API (confined names, bounded sizes)."""
+    rt = runtime.current()
+    if not files:
+        rt.ask("load", model_name, config)
+        return
+    if not isinstance(files, dict):
+        raise TritonModelException(f"files must be a dict of 'file:<path>' names to bytes, not {type(files).__name__}")
+    pairs = []
+    for key, data in files.items():
+        if not isinstance(key, str) or not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TritonModelException(
+                f"files must map 'file:<path>' names (str) to their contents (bytes); got {type(key).__name__} -> "
+                f"{type(data).__name__}")
+        pairs.append((key, np.frombuffer(data, dtype=np.uint8)))
+    ref, descriptors = write_tensors(pairs)
+    try:
+        rt.ask("load", model_name, config, ref, descriptors)
+    finally:
+        if ref is not None:  # the daemon has copied the files out by its answer
+            rt.blocks.free(ref[0])
 
 
 def unload_model(model_name: str, unload_dependents: bool = False) -> None:

@@ -42,7 +42,6 @@ def _write(tmp_path, text: str):
     ('state [ { input_name: "s" data_type: TYPE_FP32 dims: [ 2 ] } ]', "needs input_name and output_name"),
     ('direct { minimum_slot_utilization: 2.0 }', "minimum_slot_utilization must lie in 0.0..1.0"),
     ('oldest { preferred_batch_size: [ 16 ] }', "must lie in 1..max_batch_size"),
-    ("iterative_sequence: true", "iterative_sequence is not supported"),
 ])
 def test_unservable_sections_fail_to_load_with_the_fix(tmp_path, section, words):
     model = _write(tmp_path, f"max_batch_size: 8\nsequence_batching {{ {section} }}\n{INPUT}")
@@ -62,6 +61,9 @@ def test_policy_defaults_follow_triton():
     oldest = _policy(accumulator_config("oldest { max_queue_delay_microseconds: 500 preferred_batch_size: [4, 2] }"))
     assert oldest.strategy == "oldest" and oldest.max_candidate_sequences == 8
     assert oldest.preferred_batch_sizes == (2, 4) and oldest.max_queue_delay == 0.0005
+    assert not direct.iterative and not oldest.iterative
+    assert _policy(accumulator_config("iterative_sequence: true")).iterative
+    assert _policy(accumulator_config("iterative_sequence: true oldest { }")).iterative
 
 
 def test_initial_state_from_a_file_inside_the_model(tmp_path):
@@ -139,10 +141,19 @@ def test_correlation_ids_accepted(parameters, control, expected):
     ({"sequence_id": 3, "sequence_end": 1}, None, "'sequence_end' must be a boolean"),
     ({"sequence_id": 3}, Control("CORRID", "corrid", "BYTES"),
      "^sequence batching control 'CORRID' data-type is 'UINT64', but model 'm' expects 'BYTES'"),
-    ({"sequence_id": "3"}, Control("CORRID", "corrid", "INT32"),
-     "^sequence batching control 'CORRID' data-type is 'BYTES', but model 'm' expects 'UINT64'"),
     ({"sequence_id": 2**31}, Control("CORRID", "corrid", "INT32"), "does not fit model 'm''s INT32 control"),
 ])
 def test_correlation_ids_refused(parameters, control, words):
     with pytest.raises(InvalidInput, match=words):
         sequence_ids(parameters, "m", control)
+
+
+def test_a_string_id_for_a_numeric_corrid_is_taken_as_triton_takes_it():
+    """Triton 2.51 accepts it and fills CORRID with the ID's first bytes as a BYTES element (its 4-byte
+    length, then its text), read as the control's number (tests/oracle checked INT32 and UINT64)."""
+    from appliance.engine.scheduler.state import _string_id_as_number
+
+    assert sequence_ids({"sequence_id": "walk"}, "m", Control("CORRID", "corrid", "UINT64")).corrid == "walk"
+    assert _string_id_as_number("walk", "UINT64") == 7740669023272042500
+    assert _string_id_as_number("12", "UINT64") == 55186034786306
+    assert _string_id_as_number("walk", "INT32") == 4
