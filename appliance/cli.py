@@ -70,6 +70,9 @@ def _serve_parser(sub: Any) -> None:
                    help="who may use shared memory: off, local (clients on this host; the default) or any")
     p.add_argument("--cache-config", dest="cache_config", action="append", metavar="local,size=BYTES",
                    help="keep responses of models with response_cache { enable: true } (Triton's flag)")
+    p.add_argument("--trace-config", dest="trace_config", action="append", metavar="[triton,]SETTING=VALUE",
+                   help="trace settings from the start (Triton's flag): level=TIMESTAMPS, rate=N, count=N, "
+                        "triton,file=PATH, triton,log-frequency=N (repeatable)")
     p.add_argument("--rate-limit", type=str.lower, choices=["execution_count", "off"],
                    help="execution_count: run instances only when their rate_limiter resources are free "
                         "(Triton's flag; default off)")

@@ -42,7 +42,7 @@ from appliance.protocol.admission import AccessPolicy, Admission, parse_networks
 from appliance.protocol.dataplane import DataPlane, Rules
 from appliance.protocol.log_settings import LogSettings, LogValues
 from appliance.protocol.shared_memory import LocalPeers, SharedMemoryLimits, SharedMemoryRegistry
-from appliance.protocol.trace_settings import TraceSettings
+from appliance.protocol.trace_settings import TraceSettings, TraceValues
 from appliance.protocol.trace_writer import TraceWriter
 from appliance.protocol.tracing import Tracer
 from appliance.repository.pushed import PushLimits, PushStore
@@ -334,10 +334,17 @@ def _start_tracing(settings: Settings, state: StateDir, lifecycle: Lifecycle) ->
     def failed(reason: str) -> None:
         state.note("traces", f"{reason}: traces are kept in memory only", fix)
 
-    writer = TraceWriter(server.trace_dir if state.writable else None, section.file, section.max_bytes,
-                         on_error=failed, max_files=section.max_files)
+    start = section.start
+    if start.file is not None:  # Triton's --trace-config triton,file=<path>: the operator's path, as given
+        chosen = Path(start.file).resolve()
+        writer = TraceWriter(chosen.parent, chosen.name, section.max_bytes, on_error=failed,
+                             max_files=section.max_files)
+    else:
+        writer = TraceWriter(server.trace_dir if state.writable else None, section.file, section.max_bytes,
+                             on_error=failed, max_files=section.max_files)
     lifecycle.on_close("the trace writer", lambda: asyncio.to_thread(writer.close))
-    traces = TraceSettings(trace_file=str(server.trace_dir / section.file))
+    defaults = TraceValues(level=start.level, rate=start.rate, count=start.count, log_frequency=start.log_frequency)
+    traces = TraceSettings(defaults, trace_file=start.file or str(server.trace_dir / section.file))
     return traces, Tracer(traces, writer)
 
 

@@ -45,6 +45,9 @@ class ApplianceError(Exception):
     grpc_code: str | None = None
     """The gRPC status (a grpc.StatusCode name) where it is not the one ``status`` maps to (Triton's
     UNKNOWN, ALREADY_EXISTS and CANCELLED are all 400 over HTTP, each its own code over gRPC)."""
+    from_model: bool = False
+    """Raised by the model's run (its backend or its own error), not by the server before it ran: a
+    stream answers those as the request's failed response (Triton's triton_grpc_error ends the stream)."""
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -62,14 +65,16 @@ class InputMismatch(InvalidInput):
     is at hand: ``triton`` holds Triton's words with ``{model}`` for the name (``finish`` fills it in,
     with the request's id)."""
 
-    def __init__(self, message: str, triton: str) -> None:
+    def __init__(self, message: str, triton: str, prefixed: bool = True) -> None:
         super().__init__(message)
         self.triton = triton
+        self.prefixed = prefixed
+        """Triton puts its ``[request id: ...]`` prefix before these words."""
         self.request_id: str | None = None
         """The request's id, where the decoder knew it."""
 
     def finish(self, model: str) -> InvalidInput:
-        prefix = f"[request id: {self.request_id or '<id_unknown>'}] "
+        prefix = f"[request id: {self.request_id or '<id_unknown>'}] " if self.prefixed else ""
         return InvalidInput(prefix + self.triton.replace("{model}", model))
 
 
@@ -182,6 +187,7 @@ class InferenceFailed(ApplianceError):
     """The runtime raised while executing a request that passed validation (Triton: INTERNAL)."""
 
     status = HTTPStatus.INTERNAL_SERVER_ERROR
+    from_model = True
 
 
 class InsufficientStorage(ApplianceError):

@@ -40,8 +40,8 @@ def check_datatype(datatype: object, name: str) -> str:
         raise InvalidInput(f"input '{name}' needs a 'datatype' string (e.g. \"FP32\")")
     try:
         element_size(datatype)
-    except ValueError as exc:
-        raise InvalidInput(f"input '{name}': {exc}") from None
+    except ValueError as exc:  # Triton's words, then the datatypes there are
+        raise InvalidInput(f"invalid datatype for input {name}; {exc}") from None
     return datatype
 
 
@@ -49,6 +49,13 @@ def check_shape(raw: object, name: str, limit: int) -> tuple[tuple[int, ...], in
     """The shape as a tuple and its element count; at most ``MAX_DIMS`` non-negative dimensions and no
     more than ``limit`` (max_tensor_elements) elements or elements per dimension."""
     dims = list(raw) if isinstance(raw, Sequence) and not isinstance(raw, (str, bytes)) else raw
+    if isinstance(dims, list) and len(dims) <= MAX_DIMS and all(type(d) is int for d in dims) and any(
+            d < 0 for d in dims):
+        raise InputMismatch(
+            f"input '{name}': 'shape' must be a list of non-negative integers, got {dims!r}"[:400],
+            f"All input dimensions should be specified for input '{name}' for model '{{model}}', got "
+            f"[{','.join(str(d) for d in dims)}]",
+        )
     if not isinstance(dims, list) or len(dims) > MAX_DIMS or not all(type(d) is int and d >= 0 for d in dims):
         raise InvalidInput(
             f"input '{name}': 'shape' must be a list of at most {MAX_DIMS} non-negative integers, got {dims!r}"[:400]

@@ -136,6 +136,7 @@ def _decode_contents(tensor: Any, datatype: str, shape: tuple[int, ...], count: 
                 f"contents.{field_name}",
                 f"unexpected explicit tensor data for input tensor '{name}' for model '{{model}}' of type "
                 f"'{_FIELD_DATATYPE[other]}', expected datatype '{datatype}'",
+                prefixed=False,
             )
     if len(values) != count:
         itemsize = element_size(datatype) or 0
@@ -157,6 +158,14 @@ def _decode_contents(tensor: Any, datatype: str, shape: tuple[int, ...], count: 
             raise InvalidInput(f"input '{name}': contents.{field_name} holds a value out of {datatype}'s range")
         source = source.astype(dtype)
     return source.reshape(shape)
+
+
+def _check_shared_memory_types(parameters: Any, name: str) -> None:
+    """Triton takes a tensor's shared-memory offset and size only as int64_param."""
+    for key in ("shared_memory_offset", "shared_memory_byte_size"):
+        parameter = parameters.get(key)
+        if parameter is not None and parameter.WhichOneof("parameter_choice") != "int64_param":
+            raise InvalidInput(f"invalid value type for '{key}' parameter for tensor '{name}', expected int64_param.")
 
 
 def decode_infer_request(
@@ -188,6 +197,8 @@ def _decode(request: pb.ModelInferRequest, limits: DecodeLimits, reserve: Callab
             raise InvalidInput(f"an input of the request for model '{model[:255]}' has no name")
         datatype = check_datatype(tensor.datatype, name)
         shape, count = check_shape(list(tensor.shape), name, limits.max_tensor_elements)
+        if tensor.parameters:
+            _check_shared_memory_types(tensor.parameters, name)
         shared = shared_memory_ref(from_parameters(tensor.parameters), f"input '{name}'") if tensor.parameters else None
         if shared is not None:
             if tensor.HasField("contents"):
@@ -244,9 +255,6 @@ def encode_infer_response(response: InferResponse) -> pb.ModelInferResponse:
                  for o in response.outputs],
         raw_output_contents=[b"" if o.shared_memory is not None else _raw(o.data) for o in response.outputs],
     )
-    for output, tensor in zip(response.outputs, message.outputs):
-        if output.shared_memory is not None:  # written into the client's region: where, and no data
-            set_parameters(tensor.parameters, output.shared_memory.parameters())
     if response.parameters:
         set_parameters(message.parameters, response.parameters)
     return message

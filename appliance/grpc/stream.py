@@ -120,6 +120,7 @@ async def _read(raw: bytes, account: Account) -> pb.ModelInferRequest:
 async def serve_stream(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext, respond: Respond,
                        gate: Gate, dataplane: DataPlane, rules: StreamRules) -> None:
     caller = caller_of(context)
+    grpc_errors = wants_grpc_errors(context)
     loop = asyncio.get_running_loop()
     writing = asyncio.Lock()  # one write at a time on the stream
     pending: set[asyncio.Task] = set()
@@ -143,7 +144,13 @@ async def serve_stream(requests: AsyncIterator[bytes], context: grpc.aio.Service
                 if not fatal.done():
                     fatal.set_result(failed.error)
             except ApplianceError as exc:
-                await write(_refused(message, exc.message))
+                if not exc.from_model:  # refused before it ran: the stream goes on
+                    await write(_refused(message, exc.message))
+                elif grpc_errors:
+                    if not fatal.done():
+                        fatal.set_result(exc)
+                else:
+                    await write(_error(message, exc.message))
             except Exception as exc:  # noqa: BLE001 - a bug: this request fails, the stream goes on
                 log.error("unhandled error serving a ModelStreamInfer request", exc_info=exc)
                 await write(_refused(message, f"internal error: {type(exc).__name__}: {exc}"))
@@ -202,10 +209,10 @@ async def serve_stream(requests: AsyncIterator[bytes], context: grpc.aio.Service
                 ended = Unavailable(f"the stream sent nothing for {rules.idle_timeout:g} s with no request in "
                                     "flight (the grpc stream_idle_timeout setting); open a new stream")
                 break
-        if pending and ended is None:
+        if pending and not fatal.done():  # answer what was read (a failed response ends it at once)
             await asyncio.gather(*pending)
-            if fatal.done():  # the last requests' responses may fail too
-                ended = fatal.result()
+        if fatal.done() and ended is None:  # a response failed (triton_grpc_error), maybe the last one
+            ended = fatal.result()
     finally:
         stopping.cancel()
         fatal.cancel()

@@ -51,22 +51,24 @@ __all__ = ["EXTENSIONS", "SERVER_NAME", "DataPlane", "Rules"]
 # Triton's own clients check the name (simple_http_health_metadata.py: name == "triton"); the version is
 # this server's own. docs/differences-from-triton.md.
 SERVER_NAME = "triton"
-# Only the Triton extensions this server implements (the shared-memory ones are added where they are
-# served: see SharedMemoryRegistry.extensions).
+# Triton's extensions in Triton's order; the shared-memory ones only where they are served (see
+# SharedMemoryRegistry.extensions). docs/differences-from-triton.md.
 EXTENSIONS = (
-    "binary_tensor_data",
     "classification",
-    "logging",
-    "model_configuration",
+    "sequence",
     "model_repository",
     "model_repository(unload_dependents)",
-    "parameters",
     "schedule_policy",
-    "sequence",
-    "sequence(string_id)",
+    "model_configuration",
+    "system_shared_memory",
+    "cuda_shared_memory",
+    "binary_tensor_data",
+    "parameters",
     "statistics",
     "trace",
+    "logging",
 )
+_SHARED_MEMORY = frozenset({"system_shared_memory", "cuda_shared_memory"})
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -169,8 +171,9 @@ class DataPlane:
                       {"name": self._rules.box_name, "host": self._rules.host})
 
     def server_metadata(self) -> ServerMetadata:
-        served = self._shared_memory.extensions() if self._shared_memory is not None else []
-        return ServerMetadata(SERVER_NAME, __version__, (*EXTENSIONS, *served))
+        served = set(self._shared_memory.extensions()) if self._shared_memory is not None else set()
+        return ServerMetadata(SERVER_NAME, __version__,
+                              tuple(name for name in EXTENSIONS if name not in _SHARED_MEMORY or name in served))
 
     def model_ready(self, name: str, version: str | None = None) -> bool:
         """False for a model or version that does not serve (unknown ones too, as Triton answers);
@@ -309,8 +312,8 @@ class DataPlane:
                        changes: dict[str, list[str]] | None = None) -> dict[str, list[str]]:
         """Triton's trace settings in force (global, or the model's), after applying ``changes`` (all or
         none of them; an empty list clears a setting)."""
-        if model is not None:
-            self._registry.entry(model)  # NOT_FOUND for a model the repository does not have
+        if model is not None and not self._registry.known(model):
+            raise InvalidInput(f"Request for unknown model : {model[:255]}")  # Triton's words and status
         if changes:
             return self._traces.update(changes, model)
         return self._traces.get(model)

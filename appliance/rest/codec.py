@@ -68,7 +68,8 @@ def _ignore(size: int) -> None:
 def _parse_header(body: bytes, header_length: int | None) -> dict[str, Any]:
     if header_length is not None and not 0 <= header_length <= len(body):
         raise InvalidInput(
-            f"{HEADER_LENGTH} is {header_length}, but the body has only {len(body)} bytes"
+            f"inference header size should be in range (0, {len(body)}), got: {header_length}; {HEADER_LENGTH} is "
+            "larger than the body"
         )
     text = body if header_length is None else body[:header_length]
     return parse_json_object(text, "a JSON object with an 'inputs' list")
@@ -238,7 +239,9 @@ def _decode_request(header: dict[str, Any], body: bytes, header_length: int | No
         elif "data" in raw:
             data = decode_json_data(raw["data"], datatype, shape, count, name)
         else:
-            raise InvalidInput(f"input '{name}' has neither 'data' nor parameters.binary_data_size")
+            raise InvalidInput("Input must set only one of the following fields: 'data', 'binary_data_size' in "
+                               "'parameters', 'shared_memory_region' in 'parameters'. But no field is set; input "
+                               f"'{name}' has none")
         inputs.append(InferInput(name, datatype, data))
     if offset != len(body):
         raise InvalidInput(
@@ -382,8 +385,8 @@ def encode_infer_response(
             "datatype": output.datatype,
             "shape": list(output.data.shape),
         }
-        if output.shared_memory is not None:  # written into the client's region: where, and no data
-            entry["parameters"] = output.shared_memory.parameters()
+        if output.shared_memory is not None:
+            pass  # written into the client's region: no data (nor its parameters, as Triton answers)
         elif binary:
             raw = _raw_bytes(output.data)
             entry["parameters"] = {"binary_data_size": len(raw)}
@@ -401,6 +404,6 @@ def encode_infer_response(
         document["parameters"] = response.parameters
     document["outputs"] = entries
     header = orjson.dumps(document, option=orjson.OPT_SERIALIZE_NUMPY)
-    if not chunks:
+    if not any(chunks):  # no binary bytes at all (none asked, or all empty): plain JSON, as Triton answers
         return header, None
     return b"".join([header, *chunks]), len(header)

@@ -270,8 +270,8 @@ def _setting_values(key: str, value: object) -> list[str]:
     if value is None:
         return []
     items = value if isinstance(value, list) else [value]
-    if not all(isinstance(item, (str, int)) and not isinstance(item, bool) for item in items):
-        raise InvalidInput(f"trace setting {key[:80]!r} must be a string, a list of strings or null")
+    if not all(isinstance(item, str) for item in items):  # Triton's JSON reader takes strings only
+        raise InvalidInput(f"trace setting {key[:80]!r} must be a string, a list of strings or null (e.g. \"1\")")
     return [str(item) for item in items]
 
 

@@ -364,10 +364,73 @@ class MetricsSection:
         _at_least(self, 1, "history_max_bytes")
 
 
+_TRACE_LEVELS = ("OFF", "TIMESTAMPS", "TENSORS")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TraceStart:
+    """What Triton's ``--trace-config`` flags set at start-up: the global trace settings and the file."""
+
+    level: tuple[str, ...] = ()
+    rate: int = 1000
+    count: int = -1
+    log_frequency: int = 0
+    file: str | None = None
+    """The trace file as given (a path, relative to the daemon's working directory); None: the default
+    file under the state dir."""
+
+    @classmethod
+    def parse(cls, entries: tuple[str, ...]) -> TraceStart:
+        """``("triton,file=t.log", "level=TIMESTAMPS", "rate=1")``, or the same split at its commas (how
+        a comma-separated setting arrives from the environment): a mode name applies to the settings
+        after it (file and log-frequency are the triton mode's), the others are global."""
+        values: dict[str, Any] = {}
+        levels: list[str] = []
+        mode: str | None = None
+        for token in (t.strip() for entry in entries for t in str(entry).split(",") if t.strip()):
+            if "=" not in token:
+                mode = token
+                if mode != "triton":
+                    raise ConfigError(f"trace_config: trace mode {mode!r} is not served here; this server writes "
+                                      "Triton's trace files (triton,file=<path>)")
+                continue
+            name, _, value = (part.strip() for part in token.partition("="))
+            name = name.replace("-", "_")
+            if name in ("file", "log_frequency") and mode != "triton":
+                raise ConfigError(f"trace_config: {name} is a setting of the triton trace mode: "
+                                  f"--trace-config triton,{token}")
+            if name == "mode":
+                if value != "triton":
+                    raise ConfigError(f"trace_config: trace mode {value!r} is not served here; use mode=triton")
+            elif name == "level":
+                if value.upper() not in _TRACE_LEVELS:
+                    raise ConfigError(f"trace_config: level {value!r}; use OFF, TIMESTAMPS or TENSORS")
+                levels = [] if value.upper() == "OFF" else [*levels, value.upper()]
+            elif name == "file":
+                if not value:
+                    raise ConfigError("trace_config: file= needs a path")
+                values["file"] = value
+            elif name in ("rate", "count", "log_frequency"):
+                try:
+                    values[name] = int(value)
+                except ValueError:
+                    raise ConfigError(f"trace_config: {name} must be an integer, got {value!r}") from None
+            else:
+                raise ConfigError(f"trace_config: unknown setting {name!r}; the settings are level, rate, count, "
+                                  "mode, and triton,file / triton,log-frequency")
+        return cls(level=tuple(dict.fromkeys(levels)), **values)
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class TraceSection:
-    """Triton's trace extension: where traces go."""
+    """Triton's trace extension: where traces go, and (Triton's --trace-config) what is traced from the
+    start."""
 
+    config: tuple[str, ...] = key((), "trace_config")
+    """Triton's --trace-config (repeatable): level=OFF|TIMESTAMPS|TENSORS, rate=N, count=N, mode=triton
+    set the global trace settings at start-up; triton,file=<path> writes traces to that file instead of
+    <state_dir>/traces/ (the path as given, relative to the working directory: the operator's choice,
+    never a client's), triton,log-frequency=N starts a new file every N traces."""
     file: str = key("trace.json", "trace_file")
     """File name of Triton's trace file, in <state_dir>/traces/ (numbered trace.json.0, .1... with
     log_frequency); the directory is fixed and clients cannot change it."""
@@ -383,6 +446,11 @@ class TraceSection:
                               f"{self.file!r}")
         _at_least(self, 4096, "max_bytes")
         _at_least(self, 1, "max_files")
+        TraceStart.parse(self.config)
+
+    @property
+    def start(self) -> TraceStart:
+        return TraceStart.parse(self.config)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -214,3 +214,18 @@ def test_cache_and_rate_limit_tables_in_the_settings_file(tmp_path):
 def test_cache_and_rate_limit_settings_are_validated(env, message):
     with pytest.raises(ConfigError, match=message):
         load_settings({}, env)
+
+
+def test_trace_config_takes_tritons_flags():
+    from appliance.settings.sections import TraceStart
+
+    start = TraceStart.parse(("triton,file=global_unittest.log", "level=TIMESTAMPS", "rate=1"))
+    assert start == TraceStart(level=("TIMESTAMPS",), rate=1, file="global_unittest.log")
+    # As it arrives from the environment (split at its commas); log-frequency is the triton mode's.
+    split = TraceStart.parse(("triton", "file=t.log", "log-frequency=2", "count=5", "level=OFF"))
+    assert (split.file, split.log_frequency, split.count, split.level) == ("t.log", 2, 5, ())
+    for bad, words in ((("opentelemetry,url=x",), "not served here"), (("file=t.log",), "triton,file=t.log"),
+                       (("level=LOUD",), "OFF, TIMESTAMPS or TENSORS"), (("rate=often",), "integer"),
+                       (("colour=blue",), "unknown setting")):
+        with pytest.raises(ConfigError, match=words):
+            TraceStart.parse(bad)

@@ -55,6 +55,8 @@ def compare(cases: Sequence[Case], triton: Target, appliance: Target,
                     answer.extra = case.after()
                 if case.settle:
                     _settle(target, channels)
+                if case.counted is not None:
+                    _counted(target, channels, case.counted)
                 answers.append(normalise(case.name, answer))
             if not triton_alive():
                 raise OracleDied(f"tritonserver died at case {case.name}")
@@ -71,6 +73,16 @@ def _settle(target: Target, channels: dict[str, grpc.Channel], timeout: float = 
         index = send(Http("POST", "/v2/repository/index", b"{}"), target, channels)
         rows = index.body if isinstance(index.body, list) else []
         if not any(isinstance(row, dict) and row.get("state") in ("LOADING", "UNLOADING") for row in rows):
+            return
+        time.sleep(0.05)
+
+
+def _counted(target: Target, channels: dict[str, grpc.Channel], model: str, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        answer = send(Http("GET", f"/v2/models/{model}/stats"), target, channels)
+        rows = answer.body.get("model_stats", []) if isinstance(answer.body, dict) else []
+        if any(row.get("execution_count") for row in rows):
             return
         time.sleep(0.05)
 

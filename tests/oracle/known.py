@@ -167,6 +167,75 @@ def _load_refusal(appliance_status: str) -> Reconcile:
     return reconcile
 
 
+def _with_cuda_extension(triton: Answer, appliance: Answer) -> Answer | None:
+    if not isinstance(appliance.body, dict) or not isinstance(appliance.body.get("extensions"), list):
+        return None
+    extensions = list(appliance.body["extensions"])
+    if "cuda_shared_memory" in extensions or "system_shared_memory" not in extensions:
+        return None
+    extensions.insert(extensions.index("system_shared_memory") + 1, "cuda_shared_memory")
+    return Answer(appliance.status, {**appliance.body, "extensions": extensions}, appliance.extra)
+
+
+def _default_trace_file(triton: Answer, appliance: Answer) -> Answer | None:
+    """Triton's trace_file is empty; the appliance's default file lies under its state dir."""
+    body = copy.deepcopy(appliance.body)
+    if _error_words(triton).endswith("trace file name is not given") and appliance.status in ("200", "OK"):
+        return copy.deepcopy(triton)  # Triton refuses per-model settings without a file; here there is one
+    if isinstance(body, dict) and str(body.get("trace_file", "")).endswith("trace.json"):
+        body["trace_file"] = ""
+    elif isinstance(body, dict) and "settings" in body:
+        values = body["settings"].get("trace_file", {}).get("value", [])
+        if not (values and values[0].endswith("trace.json")):
+            return None
+        values[0] = ""
+    else:
+        return None
+    return Answer(appliance.status, body, appliance.extra)
+
+
+def _refused_setting(triton: Answer, appliance: Answer) -> Answer | None:
+    words = _error_words(appliance)
+    if appliance.status not in ("400", "INVALID_ARGUMENT"):
+        return None
+    ignored = triton.status in ("200", "OK") and words.startswith(("unknown trace setting", "unknown trace level",
+                                                                  "unknown log setting"))
+    bad_format = triton.status == "503" and "log_format" in words
+    return copy.deepcopy(triton) if ignored or bad_format else None
+
+
+def _error_words(answer: Answer) -> str:
+    body = answer.body if isinstance(answer.body, dict) else {}
+    return str(body.get("error", body.get("message", "")))
+
+
+def _without_max_inflight(appliance: Answer) -> Answer | None:
+    body = copy.deepcopy(appliance.body)
+    config = body.get("config", body) if isinstance(body, dict) else None
+    scheduling = config.get("ensemble_scheduling") if isinstance(config, dict) else None
+    if not isinstance(scheduling, dict) or "max_inflight_requests" not in scheduling:
+        return None
+    del scheduling["max_inflight_requests"]
+    return Answer(appliance.status, body, appliance.extra)
+
+
+def _in_tritons_output_order(triton: Answer, appliance: Answer) -> Answer | None:
+    """The same outputs (and raw contents with them), in the order Triton listed them."""
+    theirs, ours = triton.body, appliance.body
+    if not (isinstance(theirs, dict) and isinstance(ours, dict) and "outputs" in theirs and "outputs" in ours):
+        return None
+    order = [output.get("name") for output in theirs["outputs"]]
+    names = [output.get("name") for output in ours["outputs"]]
+    if sorted(order) != sorted(names) or order == names:
+        return None
+    body = copy.deepcopy(ours)
+    position = [names.index(name) for name in order]
+    body["outputs"] = [ours["outputs"][i] for i in position]
+    if "raw_output_contents" in ours:
+        body["raw_output_contents"] = [ours["raw_output_contents"][i] for i in position]
+    return Answer(appliance.status, body, appliance.extra)
+
+
 def _either(*whens: Callable[[Answer, Answer], bool]) -> Callable[[Answer, Answer], bool]:
     return lambda triton, appliance: any(when(triton, appliance) for when in whens)
 
@@ -178,11 +247,26 @@ DIFFERENCES: tuple[Difference, ...] = (
                _take_triton(lambda triton, appliance: _statuses("500", "400")(triton, appliance)
                             and _parser_words(triton))),
     Difference("repository index rows", ("http.repository.index.*",), _without_index_origin),
+    Difference("server metadata `extensions`", ("*.server.metadata",), _with_cuda_extension),
+    Difference("CUDA shared memory where CUDA cannot work", ("*.cudashm.register",),
+               _take_triton(_either(_statuses("400", "501"), _statuses("INVALID_ARGUMENT", "UNIMPLEMENTED")))),
+    Difference("a system shared-memory region that cannot be registered (no such object, a bad key, past the "
+               "object's end, size 0)", ("*.shm.register.*",),
+               _take_triton(_either(_statuses("500", "400"), _statuses("INTERNAL", "INVALID_ARGUMENT")))),
+    Difference("an output's shared-memory region too small for it", ("*.shm.infer.output_too_small",),
+               _take_triton(_either(_statuses("500", "400"), _statuses("INTERNAL", "INVALID_ARGUMENT")))),
+    Difference("`trace_file` (trace settings)", ("*.trace.*",), _default_trace_file),
+    Difference("trace and log settings with an unknown name or value", ("*.trace.*", "*.logging.*"), _refused_setting),
+    Difference("a JSON body that repeats a key (`/infer`)", ("http.error.json.duplicate_key",),
+               _take_triton(_statuses("200", "400"))),
+    Difference("the order of an ensemble's outputs in a response", ("*.infer.pipeline*",), _in_tritons_output_order),
+    Difference("an ensemble's config JSON: `ensemble_scheduling.max_inflight_requests`", ("*.model.config.pipeline",),
+               lambda triton, appliance: _without_max_inflight(appliance)),
     Difference("a load request's config or file override that cannot be used (JSON that is no model config; a file "
                "name with `..`, absolute, too long...)", ("http.load.*",), _load_refusal("400")),
     Difference("a load of a model the repository does not have", ("http.load.*",), _load_refusal("404")),
     Difference("`/infer` or `ModelInfer` on a decoupled model", ("*.error.decoupled_unary*",),
                _take_triton(_either(_statuses("501", "400"), _statuses("UNIMPLEMENTED", "INVALID_ARGUMENT")))),
     Difference("`generate` on a model that sends several (or no) responses", ("http.generate.decoupled_*",),
-               _take_triton(_statuses("200", "500"))),
+               _take_triton(_statuses("200", "400"))),
 )

@@ -28,19 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # Transitional, while issue 24 is worked on: differences not yet fixed or documented (fnmatch patterns of
 # case names -> what is being done). Reported, not failures; each entry leaves as its group is settled.
-PENDING: dict[str, str] = {
-    "*.server.metadata": "extensions: Triton's order; cuda_shared_memory",
-    "*.model.config.pipeline": "ensembles' model_transaction_policy and max_inflight_requests (the cache helper)",
-    "*.infer.*": "raw binary (item 6), ensembles, sequence words",
-    "*.error.*": "error words and statuses (items 7, 12)",
-    "*.sequence.*": "string sequence_id on a UINT64 CORRID; words",
-    "*.stream.*": "triton_grpc_error (item 2); stream error responses",
-    "*.generate*": "generate schema errors, duplicate keys (item 7)",
-    "*.shm.*": "shared-memory words and statuses (items 8, 12)",
-    "*.cudashm.*": "CUDA shared memory without CUDA",
-    "*.trace.*": "trace settings (item 11)",
-    "*.logging.*": "log settings errors",
-}
+PENDING: dict[str, str] = {}
 
 
 @pytest.fixture(scope="module")

@@ -42,12 +42,12 @@ def _check_bounds(region: Region, ref: SharedMemoryRef, what: str) -> None:
     """Triton's checks (and words) for a tensor's place in a region, on every use."""
     if ref.offset >= region.byte_size:
         raise InvalidInput(
-            f"{what}: Invalid offset for shared memory region: '{ref.region}' (offset {ref.offset}, the region "
+            f"Invalid offset for shared memory region: '{ref.region}' ({what}: offset {ref.offset}, the region "
             f"has {region.byte_size} bytes)"
         )
     if ref.offset + ref.byte_size > region.byte_size:
         raise InvalidInput(
-            f"{what}: Invalid offset + byte size for shared memory region: '{ref.region}' (offset {ref.offset} + "
+            f"Invalid offset + byte size for shared memory region: '{ref.region}' ({what}: offset {ref.offset} + "
             f"byte size {ref.byte_size} is beyond the region's {region.byte_size} bytes)"
         )
 
@@ -113,6 +113,8 @@ class Binding:
 
     def __init__(self, targets: dict[str, tuple[Lease, SharedMemoryRef]]) -> None:
         self._targets = targets
+        self._held: list[Lease] = []
+        """The input regions, held for the request's life (an unregister waits for it, as in Triton)."""
 
     async def write(self, response: InferResponse) -> None:
         """Write each output bound to a region there and mark it, so the response carries the region's
@@ -134,7 +136,10 @@ class Binding:
 
     def close(self) -> None:
         targets, self._targets = self._targets, {}
+        held, self._held = self._held, []
         for lease, _ in targets.values():
+            lease.release()
+        for lease in held:
             lease.release()
 
     def __enter__(self) -> Binding:
@@ -164,6 +169,7 @@ async def bind(table: RegionTable, request: InferRequest, *, local: bool, reserv
             binding._targets[output.name] = (lease, ref)
             _check_bounds(lease.region, ref, f"output '{output.name}'")
         for shared in request.shared_inputs:
+            binding._held.append(table.lease(shared.source.region))
             request.inputs.append(await _read_input(table, shared, reserve))
         request.shared_inputs = []
     except BaseException:

@@ -1,11 +1,10 @@
 """The registered regions of both kinds, by name: who may use them, how many, and who holds them.
 
 A region is held open (its file descriptor, or its opened CUDA IPC handle) while it is registered
-*or* leased. A request leases every region it writes an output into for as long as it runs; a
-region unregistered meanwhile leaves the table at once (its name can be registered again) and is
-closed when the last lease is given back, so a request never reads or writes through a closed
-descriptor (or one the kernel has handed to another file). Inputs are copied out under a short
-lease before the request is scheduled.
+*or* leased. A request leases every region it names for as long as it runs; a region unregistered
+meanwhile stays in the table, listed and usable by name, until the last lease is given back, and only
+then leaves it and is closed (as Triton keeps a region in use until its inferences end), so a request
+never reads or writes through a closed descriptor (or one the kernel has handed to another file).
 """
 
 from __future__ import annotations
@@ -197,6 +196,8 @@ class RegionTable:
             closing = entry.retired and entry.leases == 0
             if closing:
                 self._open.discard(entry)
+                if self._entries.get(entry.name) is entry:
+                    del self._entries[entry.name]
         if closing:
             self._close(entry)
 
@@ -219,19 +220,22 @@ class RegionTable:
     def remove(self, kind: str, name: str | None = None) -> None:
         """Unregister one region of ``kind`` (an unknown name is not an error, as in Triton), or every one."""
         with self._lock:
-            names = [n for n, e in self._entries.items() if e.region.kind == kind and (name is None or n == name)]
+            names = [n for n, e in self._entries.items()
+                     if e.region.kind == kind and (name is None or n == name) and not e.retired]
             closing = [self._retire(n) for n in names]
         for entry in closing:
             if entry is not None:
                 self._close(entry)
 
     def _retire(self, name: str) -> _Entry | None:
-        """Take ``name`` out of the table (lock held); the entry if it can be closed now."""
-        entry = self._entries.pop(name)
+        """Unregister ``name`` (lock held): the entry if it can be closed now; one still leased stays in
+        the table until its last lease is given back."""
+        entry = self._entries[name]
         entry.retired = True
         if entry.leases:
-            log.info("shared memory region '%s' is unregistered; it closes when the requests using it finish", name)
+            log.info("shared memory region '%s' is unregistered; it stays until the requests using it finish", name)
             return None
+        del self._entries[name]
         self._open.discard(entry)
         return entry
 

@@ -215,7 +215,7 @@ def test_malformed_shared_memory_parameters(build, message):
         decode_infer_request(_request(tensor))
 
 
-def test_outputs_in_shared_memory_come_back_as_parameters():
+def test_outputs_in_shared_memory_come_back_without_data_or_parameters():
     from appliance.engine.types import SharedMemoryRef
 
     response = InferResponse("m", 1, [
@@ -224,8 +224,7 @@ def test_outputs_in_shared_memory_come_back_as_parameters():
     ])
     message = encode_infer_response(response)
     assert list(message.raw_output_contents) == [b"", np.arange(4, dtype=np.int32).tobytes()]  # positions kept
-    assert from_parameters(message.outputs[0].parameters) == {
-        "shared_memory_region": "out", "shared_memory_byte_size": 64, "shared_memory_offset": 8}
+    assert not message.outputs[0].parameters  # as Triton 2.51 answers (tests/oracle)
     assert list(message.outputs[0].shape) == [1, 16] and not message.outputs[1].parameters
 
 

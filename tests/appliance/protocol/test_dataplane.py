@@ -261,8 +261,8 @@ async def test_hardware_is_unavailable_until_the_probe_reports(registry):
     assert plane.hardware() == {"accelerators": ["cpu"]}
 
 
-async def test_trace_settings_of_an_unknown_model_are_not_found(plane):
-    with pytest.raises(ModelNotFound):
+async def test_trace_settings_of_an_unknown_model_are_refused_in_tritons_words(plane):
+    with pytest.raises(InvalidInput, match="^Request for unknown model : nope$"):
         plane.trace_settings("nope")
     assert plane.trace_settings("simple", {"trace_rate": ["7"]})["trace_rate"] == ["7"]
     assert plane.trace_settings()["trace_rate"] == ["1000"]

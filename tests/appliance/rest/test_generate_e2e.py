@@ -59,10 +59,10 @@ def test_generate_returns_the_one_response_of_a_decoupled_model(daemon):
 
 def test_generate_refuses_a_model_that_sends_several_responses(daemon):
     status, _, body = call(daemon.port, "POST", "/v2/models/words/generate", {"text_input": "two words"})
-    assert status == 500 and "generate expects model to produce exactly 1 response" in body["error"]
+    assert status == 400 and "generate expects model to produce exactly 1 response" in body["error"]
     assert "use generate stream" in body["error"]
     status, _, body = call(daemon.port, "POST", "/v2/models/repeat/generate", {"IN": []})  # none at all
-    assert status == 500 and "exactly 1 response" in body["error"]
+    assert status == 400 and "exactly 1 response" in body["error"]
 
 
 def test_errors_in_the_stream_are_error_events_and_the_stream_goes_on(daemon):

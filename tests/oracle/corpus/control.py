@@ -142,7 +142,8 @@ def statistics() -> list[Case]:
     repeat = Request("counted_repeat", [In("IN", "INT32", [3], [1, 2, 3])])
     cases = [
         # The stream first: Triton counts a decoupled request once it is released, after its stream ended.
-        Case("grpc.stats.call.repeat", Grpc("ModelStreamInfer", stream=(repeat.grpc_message(),))),
+        Case("grpc.stats.call.repeat", Grpc("ModelStreamInfer", stream=(repeat.grpc_message(),)),
+             counted="counted_repeat"),
         Case("http.stats.call.one", counted("one", [1.0, 2.0], [1, 2]).http()),
         Case("http.stats.call.batch", counted("batch", [1.0, 2.0], [2, 1]).http()),
         Case("grpc.stats.call.one", counted("one", [1.0], [1, 1]).grpc()),

@@ -100,10 +100,13 @@ def generate() -> list[Case]:
         gen("unknown_model", "nope", {"text_input": "hello"}),
         gen("decoupled_several", "repeat", {"IN": [1, 2]}),
         gen("decoupled_none", "repeat", {"IN": []}),
+        gen("model_error", "fails", {"INPUT0": [1.0]}),
+        gen("model_raises", "fails", {"INPUT0": [-1.0]}),
         gen("text", "text", {"text_input": "hello"}, stream=True),
         gen("repeat", "repeat", {"IN": [4, 5, 6]}, stream=True),
         gen("repeat_none", "repeat", {"IN": []}, stream=True),
         gen("unknown_model", "nope", {"text_input": "hello"}, stream=True),
         gen("missing_input", "text", {}, stream=True),
         gen("model_error", "fails", {"INPUT0": [1.0]}, stream=True),
+        gen("model_raises", "fails", {"INPUT0": [-1.0]}, stream=True),
     ]

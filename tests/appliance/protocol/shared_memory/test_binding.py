@@ -19,7 +19,7 @@ from appliance.engine.types import (
     SharedMemoryInput,
     SharedMemoryRef,
 )
-from appliance.errors import Forbidden, InvalidInput, PayloadTooLarge, RegionNotFound
+from appliance.errors import AlreadyExists, Forbidden, InvalidInput, PayloadTooLarge, RegionNotFound
 from appliance.protocol.shared_memory import LocalPeers, SharedMemoryLimits, SharedMemoryRegistry
 from appliance.protocol.shared_memory.binding import bind
 from appliance.protocol.shared_memory.table import RegionTable
@@ -177,17 +177,23 @@ async def test_the_memory_budget_is_asked_before_reading(shm, shm_object):
     assert opened("self", key) == 2
 
 
-async def test_a_region_unregistered_during_a_request_closes_when_the_request_is_done(shm, shm_object):
+async def test_a_region_unregistered_during_a_request_stays_until_the_request_is_done(shm, shm_object):
+    """As Triton (L0_shared_memory's unregister-during-inference tests): listed and usable until the
+    requests using it end, then gone without another unregister."""
     key, memory = _region(shm, shm_object, "io", bytes(64))
     request = InferRequest([], [RequestedOutput("y", shared_memory=SharedMemoryRef("io", 16, 16))])
     with await shm.bind(request, local=True, reserve=Reservations()) as binding:
         shm.system.unregister(local=True)
-        assert shm.system.status(local=True) == [] and opened("self", key) == 3  # still leased
-        shm.system.register("io", key, 0, 8, local=True)  # the name is free again, for another region
+        assert [r["name"] for r in shm.system.status(local=True)] == ["io"] and opened("self", key) == 3
+        with pytest.raises(AlreadyExists, match="already in manager"):
+            shm.system.register("io", key, 0, 8, local=True)
+        second = InferRequest([], [RequestedOutput("y", shared_memory=SharedMemoryRef("io", 16, 0))])
+        with await shm.bind(second, local=True, reserve=Reservations()):  # a later request may still name it
+            pass
         await binding.write(InferResponse("m", 1, [InferOutput("y", "INT32", np.arange(4, dtype=np.int32))]))
-    # The output went into the region the request named, which is closed now.
+    # The output went into the region the request named, which is gone and closed now.
     np.testing.assert_array_equal(np.frombuffer(memory.buf, np.int32, 4, 16), np.arange(4))
-    assert opened("self", key) == 3 and shm.counts() == (1, 8)  # the new registration only
+    assert shm.system.status(local=True) == [] and opened("self", key) == 2 and shm.counts() == (0, 0)
 
 
 async def test_an_object_shrunk_after_registration_is_an_error_not_a_crash(shm, shm_object):
