@@ -25,7 +25,9 @@ from appliance.engine.scheduler.execution import measure_thread_hop
 from appliance.engine.streaming import StreamLimits
 from appliance.errors import ConfigError
 from appliance.examples import ensure_example_repository, example_repository
+from appliance.fleet_signature import FleetVerifier
 from appliance.lifecycle import Lifecycle
+from appliance.mdns.announcer import box_id
 from appliance.metrics.custom import CustomMetrics
 from appliance.metrics.service import MetricsService
 from appliance.metrics.store import Retention
@@ -101,6 +103,10 @@ class Appliance:
     """The state dir as checked at start: what is degraded, and why."""
     token: str
     """The control token every front end checks."""
+    box_id: str
+    """This box's stable id (<state_dir>/device-id), announced on the LAN and bound into signed requests."""
+    signatures: FleetVerifier
+    """Verifies requests signed with the token (the fleet's way to prove it without sending it)."""
     budget: MemoryBudget
     """Request bytes in memory, over every request of every front end."""
     metrics: MetricsService | None
@@ -133,6 +139,7 @@ class Appliance:
         if stale:
             log.info("removed %d shared-memory arenas left by model processes that died", len(stale))
         token = await asyncio.to_thread(control_token, settings, state)
+        own_id = await asyncio.to_thread(box_id, settings.state_dir, state)
         registries: list[ModelRegistry] = []  # the metrics start first, to see the models load
         custom_metrics = CustomMetrics() if settings.metrics else None
         metrics = await cls._start_metrics(settings, state, registries, lifecycle, custom_metrics)
@@ -183,7 +190,8 @@ class Appliance:
             logs.restore()
 
         lifecycle.on_close("the log settings", restore_logging)
-        appliance = cls(settings, state, token, MemoryBudget(settings.max_request_memory_bytes), metrics,
+        appliance = cls(settings, state, token, own_id, FleetVerifier(token, own_id),
+                        MemoryBudget(settings.max_request_memory_bytes), metrics,
                         shared_memory, registry, dataplane, traces, logs, lifecycle)
         log.info("loading model repository %s", repository)
         task = asyncio.create_task(appliance._load_repository(), name="load-repository")

@@ -12,7 +12,7 @@ from appliance import __version__
 from appliance.client.boxes import Browser
 from appliance.composition import Appliance
 from appliance.grpc import GrpcServer
-from appliance.mdns.announcer import Announcer, box_id, catalog_digest
+from appliance.mdns.announcer import Announcer, catalog_digest
 from appliance.mdns.fleet import FleetView
 from appliance.rest.app import build_app, build_metrics_app
 from appliance.rest.http_server import ConnectionLimiter, HttpServer, fit_connections_to_descriptors
@@ -100,8 +100,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         loop.add_signal_handler(signal.SIGHUP, lambda: spawn(_reload(appliance, notifier)))
     # One bound on connections over both ports, fitted under the file-descriptor limit.
     limiter = ConnectionLimiter(fit_connections_to_descriptors(settings.max_connections))
-    # The box id is kept in the state dir: read (or made) only when the box shows itself on the LAN.
-    own_id = await asyncio.to_thread(box_id, settings.state_dir, appliance.state) if settings.mdns else ""
+    own_id = appliance.box_id
     browser, fleet = await _browse(settings, own_id)
     app = build_app(appliance, fleet)
     server = HttpServer(app, limiter, settings.header_timeout)

@@ -123,6 +123,10 @@ class Settings:
     mDNS names always work); ".example.com" allows a domain and its subdomains, "*" any name."""
     protect_inference: bool = False
     """Require the token for inference, metadata and metrics too (health stays open)."""
+    trusted_boxes: Path | None = None
+    """For the fleet commands: the file of the boxes the operator pinned (``appliance fleet trust``: box id
+    and address), the only ones ``appliance push`` acts on and ``appliance fleet`` signs for; default
+    <state_dir>/trusted-boxes.json. A box merely found on the LAN is never trusted."""
     client_shm: str = "local"
     """Who may use shared memory (register, unregister and status of regions, and inference that names
     one): off (nobody), local (clients on this host: see shm_local_networks) or any (every client
@@ -241,6 +245,10 @@ class Settings:
     def pushed_dir(self) -> Path:
         """Models pushed over the load API, an overlay of the repository (see core.pushed)."""
         return self.state_dir / "pushed"
+
+    @property
+    def trusted_boxes_file(self) -> Path:
+        return self.trusted_boxes if self.trusted_boxes is not None else self.state_dir / "trusted-boxes.json"
 
     @property
     def metrics_db(self) -> Path:

@@ -10,6 +10,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from appliance.composition import Appliance
 from appliance.errors import Unavailable
+from appliance.fleet_signature import FleetVerifier
 from appliance.mdns.fleet import FleetView
 from appliance.rest import security
 from appliance.rest.body import BodyLimits
@@ -17,15 +18,28 @@ from appliance.rest.browser import host_policy
 from appliance.rest.codec import DecodeLimits
 from appliance.rest.error_middleware import error_middleware
 from appliance.rest.handlers import CONTROL_HANDLERS, OPEN_HANDLERS, ROUTES, UNLIMITED_HANDLERS
-from appliance.rest.keys import BODY_LIMITS, BUDGET, DATAPLANE, FLEET, LIMITS, LOGS, METRICS, SETTINGS, STATE, TRACES
+from appliance.rest.keys import (
+    BODY_LIMITS,
+    BUDGET,
+    DATAPLANE,
+    FLEET,
+    LIMITS,
+    LOGS,
+    METRICS,
+    SETTINGS,
+    SIGNATURES,
+    STATE,
+    TRACES,
+)
 from appliance.settings import Settings
 
 __all__ = ["access_rules", "build_app", "build_metrics_app"]
 
 
-def access_rules(settings: Settings, token: str) -> security.AccessRules:
+def access_rules(settings: Settings, token: str, signatures: FleetVerifier | None = None) -> security.AccessRules:
     return security.AccessRules(
         token=token,
+        signatures=signatures,
         control=CONTROL_HANDLERS,
         open=OPEN_HANDLERS,
         unlimited=UNLIMITED_HANDLERS,
@@ -51,7 +65,8 @@ def build_app(appliance: Appliance, fleet: FleetView | None = None) -> web.Appli
     app[BUDGET] = appliance.budget
     app[TRACES] = appliance.traces
     app[FLEET] = fleet or FleetView(None, None)
-    security.install(app, access_rules(settings, appliance.token))
+    app[SIGNATURES] = appliance.signatures
+    security.install(app, access_rules(settings, appliance.token, appliance.signatures))
     app.add_routes(ROUTES)
     return app
 

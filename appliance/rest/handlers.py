@@ -17,6 +17,7 @@ from appliance.dashboard import STATIC_DIR
 from appliance.engine.model import ModelVersion
 from appliance.engine.types import InferRequest
 from appliance.errors import InvalidInput
+from appliance.fleet_signature import NONCE_PATH, NONCE_TTL, SCHEME
 from appliance.metrics.history import history
 from appliance.rest import shared_memory
 from appliance.rest.body import read_body
@@ -31,7 +32,19 @@ from appliance.rest.error_middleware import error_response
 from appliance.rest.generate import generate, generate_stream
 from appliance.rest.jsonio import json_response as _json
 from appliance.rest.jsonio import optional_json as _optional_json
-from appliance.rest.keys import BODY_LIMITS, BUDGET, DATAPLANE, FLEET, LIMITS, LOGS, METRICS, SETTINGS, STATE, TRACES
+from appliance.rest.keys import (
+    BODY_LIMITS,
+    BUDGET,
+    DATAPLANE,
+    FLEET,
+    LIMITS,
+    LOGS,
+    METRICS,
+    SETTINGS,
+    SIGNATURES,
+    STATE,
+    TRACES,
+)
 from appliance.rest.openapi import openapi_document
 
 __all__ = ["CONTROL_HANDLERS", "OPEN_HANDLERS", "ROUTES", "UNLIMITED_HANDLERS"]
@@ -227,6 +240,14 @@ async def fleet(request: web.Request) -> web.Response:
     return _json(request.app[FLEET].as_json())
 
 
+async def fleet_nonce(request: web.Request) -> web.Response:
+    """A nonce for one signed request (appliance.fleet_signature), and this box's id; needs no token."""
+    signatures = request.app[SIGNATURES]
+    response = _json({"id": signatures.box_id, "nonce": signatures.nonce(), "expires_in": NONCE_TTL, "scheme": SCHEME})
+    response.headers["Cache-Control"] = "no-store"
+    return response
+
+
 async def openapi(request: web.Request) -> web.Response:
     return _json(openapi_document())
 
@@ -316,6 +337,7 @@ ROUTES = [
     web.get("/v2/history", metrics_history),
     web.get("/v2/probe", hardware),
     web.get("/v2/fleet", fleet),
+    web.get(NONCE_PATH, fleet_nonce),
     web.get("/v2/openapi.json", openapi),
     web.get("/v2/health", server_health),
     web.get("/v2/logging", log_settings),
@@ -350,5 +372,5 @@ ROUTES = [
 CONTROL_HANDLERS = frozenset({
     load_model, unload_model, update_log_settings, change_trace_setting, *shared_memory.CONTROL_HANDLERS,
 })
-OPEN_HANDLERS = frozenset({server_live, server_ready, server_health})
+OPEN_HANDLERS = frozenset({server_live, server_ready, server_health, fleet_nonce})
 UNLIMITED_HANDLERS = frozenset({server_live, server_ready, server_health, prometheus_metrics})

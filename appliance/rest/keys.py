@@ -5,6 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from appliance.budget import MemoryBudget
+from appliance.fleet_signature import FleetVerifier
 from appliance.mdns.fleet import FleetView
 from appliance.metrics.service import MetricsService
 from appliance.protocol.dataplane import DataPlane
@@ -15,7 +16,8 @@ from appliance.rest.codec import DecodeLimits
 from appliance.settings import Settings
 from appliance.state import StateDir
 
-__all__ = ["BODY_LIMITS", "BUDGET", "DATAPLANE", "FLEET", "LIMITS", "LOGS", "METRICS", "SETTINGS", "STATE", "TRACES"]
+__all__ = ["BODY_LIMITS", "BUDGET", "DATAPLANE", "FLEET", "LIMITS", "LOGS", "METRICS", "SETTINGS", "SIGNATURES",
+           "STATE", "TRACES"]
 
 SETTINGS = web.AppKey("settings", Settings)
 DATAPLANE = web.AppKey("dataplane", DataPlane)
@@ -27,3 +29,4 @@ STATE = web.AppKey("state", StateDir)
 LOGS = web.AppKey("logs", LogSettings)
 TRACES = web.AppKey("traces", TraceSettings)
 FLEET = web.AppKey("fleet", FleetView)
+SIGNATURES = web.AppKey("signatures", FleetVerifier)

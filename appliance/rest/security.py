@@ -12,6 +12,8 @@ from aiohttp import web
 
 from appliance.access import Network, address_in, check_bearer, parse_networks
 from appliance.errors import Unavailable
+from appliance.fleet_signature import FleetVerifier, parse
+from appliance.rest.body import SIGNED_BODY
 from appliance.rest.browser import HostPolicy, check_control_request, check_host
 from appliance.rest.keys import SETTINGS
 
@@ -44,6 +46,9 @@ class AccessRules:
     its health checks and metrics."""
     protect_inference: bool = False
     hosts: HostPolicy = dataclasses.field(default_factory=lambda: HostPolicy(frozenset(), any_host=True))
+    signatures: FleetVerifier | None = None
+    """Verifies Fleet-signed requests (appliance.fleet_signature), which prove the token without carrying
+    it; accepted wherever the bearer token is. None: bearer tokens only."""
 
 
 def client_address(request: web.Request, trusted_proxies: tuple[Network, ...]) -> str | None:
@@ -69,10 +74,19 @@ def make_auth_middleware(rules: AccessRules):
             check_control_request(request)
         guarded = control or (rules.protect_inference and matched not in rules.open)
         if guarded and not address_in(client_address(request, rules.trusted_proxies), rules.exempt):
-            check_bearer(request.headers.get("Authorization"), rules.token, "'Authorization: Bearer <token>'")
+            _check_credentials(request, rules)
         return await handler(request)
 
     return auth_middleware
+
+
+def _check_credentials(request: web.Request, rules: AccessRules) -> None:
+    """The bearer token, or a Fleet signature (its body is checked as it is read: rest/body.py)."""
+    value = request.headers.get("Authorization")
+    if rules.signatures is not None and parse(value) is not None:
+        request[SIGNED_BODY] = rules.signatures.verify(value, request.method, request.raw_path)
+        return
+    check_bearer(value, rules.token, "'Authorization: Bearer <token>' (or a Fleet signature: appliance push)")
 
 
 @web.middleware
