@@ -20,7 +20,7 @@ from appliance.repository.registry import ModelRegistry, ModelState
 __all__ = ["EXTENSIONS", "SERVER_NAME", "DataPlane"]
 
 # Triton's own clients check the name (simple_http_health_metadata.py: name == "triton"); the version is
-# this server's own. README: "Differences from Triton".
+# this server's own. docs/differences-from-triton.md.
 SERVER_NAME = "triton"
 # Only the Triton extensions this server implements (the shared-memory ones are added where they are
 # served: see SharedMemoryRegistry.extensions).
