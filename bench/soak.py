@@ -597,7 +597,9 @@ def main() -> None:
                 samples.append(taken)
                 print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in taken.items()}),
                       file=sys.stderr, flush=True)
-                (args.out / "soak.json").write_text(json.dumps({"samples": samples}, indent=1))
+                with tally.lock:
+                    failures = {"server_errors": list(tally.server_errors), "other_errors": list(tally.other_errors)}
+                (args.out / "soak.json").write_text(json.dumps({"samples": samples, **failures}, indent=1))
                 next_sample += args.sample_every
     except KeyboardInterrupt:
         died = died or None
