@@ -1,12 +1,13 @@
 """A real box and a fake one on the LAN, inside a private network namespace (see test_fleet_trust.py);
 prints what it saw as JSON on its last line.
 
-box-real is a daemon that exempts no address (every control request needs the token: here, a
-signature). The fake box is an HTTP server that logs every request it receives (line, headers, body)
-and announces itself over mDNS twice: as "box-fake" with an id of its own, and as "box-imp" with the
-real box's id (an impostor). It plays the strongest part it can: asked for a nonce, it fetches one from
-the real box and hands it on (so that anything signed for it would carry a nonce the real box issued),
-and it answers every other request 200. Afterwards it replays everything it received to the real box.
+box-real is a daemon that exempts no address and protects inference (every request but health needs
+the token: a signature from the CLI, the bearer token from a BoxPool). The fake box is an HTTP server
+that logs every request it receives (line, headers, body) and announces itself over mDNS twice: as
+"box-fake" with an id of its own, and as "box-imp" with the real box's id (an impostor). It plays the
+strongest part it can: asked for a nonce, it fetches one from the real box and hands it on (so that
+anything signed for it would carry a nonce the real box issued), and it answers every other request
+200. Afterwards it replays everything it received to the real box.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ from pathlib import Path
 
 from zeroconf import IPVersion, ServiceInfo, Zeroconf
 
+from appliance.client import BoxPool
 from appliance.mdns import KSERVE_TYPE
-from tests.appliance.mdns.fleet_scenario import LOOPBACK, call, cli, launch, model_dirs, wait_started
+from tests.appliance.mdns.fleet_scenario import LOOPBACK, call, cli, launch, model_dirs, tensor, wait_started
 from tests.appliance.mdns.scenario import stop_all
 
 TOKEN = "fleet-token-0123456789-abcdefghij"
@@ -118,13 +120,33 @@ def _request(port: int, method: str, path: str, body: bytes, headers: dict) -> t
         connection.close()
 
 
+def pool_requests(pins: Path | None) -> dict:
+    """A BoxPool with the token, following the LAN: with the pins file it sends the token to box-real;
+    without, to no box it merely found (so box-real, which protects inference, serves it nothing)."""
+    with BoxPool(interfaces=(LOOPBACK,), token=TOKEN, trusted_boxes=pins, retry_deadline=2) as pool:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not (pool.stats().get("box-real", {}).get("models")
+                                                   or pool.stats().get("box-real", {}).get("index_error")):
+            time.sleep(0.1)
+        answers = []
+        for value in range(5):
+            try:
+                answers.append(float(pool.infer("n", [tensor("n", value)]).as_numpy("y")[0, 0]))
+            except Exception as exc:  # noqa: BLE001 - recorded
+                answers.append(f"{type(exc).__name__}: {exc}"[:300])
+        return {"answers": answers, "stats": pool.stats()}
+
+
 def _run(command: subprocess.CompletedProcess) -> dict:
     return {"rc": command.returncode, "stdout": command.stdout, "stderr": command.stderr}
 
 
 def _models(port: int) -> list[str]:
-    rows = call(port, "POST", "/v2/repository/index", {})[1]
-    return sorted(row["name"] for row in rows)  # type: ignore[union-attr]
+    """The real box's models (it protects inference: the scenario reads it as its operator, with the token)."""
+    status, raw = _request(port, "POST", "/v2/repository/index", b"{}",
+                           {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"})
+    assert status == 200, raw
+    return sorted(row["name"] for row in json.loads(raw))
 
 
 def main() -> None:
@@ -135,7 +157,8 @@ def main() -> None:
     os.environ["APPLIANCE_TRUSTED_BOXES"] = str(work / "trusted-boxes.json")
     token_file = work / "fleet-token"
     token_file.write_text(TOKEN + "\n")
-    secure = {"APPLIANCE_AUTH_TOKEN": TOKEN, "APPLIANCE_AUTH_EXEMPT_NETWORKS": ""}
+    secure = {"APPLIANCE_AUTH_TOKEN": TOKEN, "APPLIANCE_AUTH_EXEMPT_NETWORKS": "",
+              "APPLIANCE_PROTECT_INFERENCE": "true"}
     find = ("--mdns-interface", LOOPBACK, "--timeout", "3")
     try:
         process, log = launch("box-real", work, env=secure)
@@ -151,6 +174,8 @@ def main() -> None:
         result["trust_real"] = _run(cli("fleet", "trust", "box-real", *find))
         result["push_all"] = _run(cli("push", str(n_dir), "--all", *token, *find))
         result["fleet"] = _run(cli("fleet", "--json", *token, *find))
+        result["pool_pinned"] = pool_requests(work / "trusted-boxes.json")
+        result["pool_unpinned"] = pool_requests(None)
         result["seen_before_pinning"] = list(fake.seen)
         # The operator's mistake: pinning the fake box. It now gets signed requests, for its own id.
         result["trust_fake"] = _run(cli("fleet", "trust", "box-fake", *find))

@@ -4,7 +4,8 @@ it). The scenario is fake_box_scenario.py.
 
 The fake box logs every header it receives and then replays all of it to the real box: it must never
 see the token, and nothing it saw may make the real box load anything. Pushes to the pinned real box
-work (signed); a pinned box that moves is refused until it is pinned again.
+work (signed), `appliance fleet` reads it (signed: it protects inference), a BoxPool gives its bearer
+token to it only when it is pinned; a pinned box that moves is refused until it is pinned again.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ def test_appliance_fleet_reads_every_box_and_says_which_are_trusted(lan):
     rows = {row["name"]: row for row in json.loads(lan["fleet"]["stdout"])}
     assert (rows["box-real"]["trust"], rows["box-fake"]["trust"], rows["box-imp"]["trust"]) == (
         "pinned", "no", "CHANGED")
-    assert rows["box-real"]["error"] is None and rows["box-real"]["models_ready"] == 1
+    assert rows["box-real"]["error"] is None and rows["box-real"]["models_ready"] == 1  # read signed: it protects
+    assert rows["box-real"]["version"] and rows["box-real"]["hw"]
     assert "now answers at" in rows["box-imp"]["error"]
 
 
@@ -67,3 +69,15 @@ def test_a_pinned_box_that_moves_is_refused_until_pinned_again(lan):
     assert lan["trust_again"]["rc"] == 0
     assert lan["push_again"]["rc"] == 0, lan["push_again"]
     assert "moved" in lan["real_models_after"]
+
+
+def test_a_pool_sends_its_token_to_pinned_boxes_only(lan):
+    """box-real protects inference: a BoxPool with the token and the pins is served by it; without the
+    pins the token goes to no box found on the LAN, so box-real refuses the pool (401, token needed)."""
+    pinned, unpinned = lan["pool_pinned"], lan["pool_unpinned"]
+    assert pinned["answers"] == [0.0, 5.0, 10.0, 15.0, 20.0], pinned
+    assert pinned["stats"]["box-real"]["served"] == {"n": 5}
+    assert "needs 'Authorization: Bearer <token>'" in unpinned["stats"]["box-real"]["index_error"], unpinned
+    assert all(isinstance(answer, str) and "NoBoxAvailable" in answer for answer in unpinned["answers"])
+    index_reads = [r for r in lan["seen_before_pinning"] if r["path"] == "/v2/repository/index"]
+    assert index_reads and not [r for r in index_reads if "Authorization" in r["headers"]]
