@@ -24,7 +24,7 @@ from appliance.errors import ConfigError
 from appliance.fleet_signature import NONCE_PATH, sign
 from appliance.settings import Settings
 
-__all__ = ["BoxClient", "Refusal", "Target", "add_target_options", "fetch_json", "read_token", "select_boxes",
+__all__ = ["BoxClient", "Refusal", "Target", "add_target_options", "explicit_boxes", "read_token", "select_boxes",
            "targets", "trust_store"]
 
 
@@ -118,13 +118,6 @@ def read_token(path: Path | None, settings: Settings) -> str | None:
     if not token:
         raise ConfigError(f"--token-file {path} is empty; copy the box's <state_dir>/auth-token")
     return token
-
-
-def fetch_json(box: Box, method: str, path: str, body: bytes | None = None, timeout: float = 10.0,
-               headers: Sequence[tuple[str, str]] = ()) -> tuple[int, Any]:
-    """(status, JSON answer or None) of one request to a box (no credentials); OSError when it cannot be
-    reached."""
-    return BoxClient(box, timeout).call(method, path, body, headers)
 
 
 class Refusal(Exception):
