@@ -28,8 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from appliance.access import check_bearer
 from appliance.fleet_signature import FleetVerifier, sign
+from appliance.protocol.admission import check_bearer
 from bench.models import cnn_model, write_repository
 from bench.process import Server, start_appliance
 

@@ -10,12 +10,12 @@
   loop); gzip and deflate are inflated here with ``zlib.decompressobj`` and ``max_length``, so no more
   than the limit is ever produced, on a worker thread unless the compressed body is tiny. Junk
   compressed data is a 400, any other coding a 415 that names the accepted ones.
+- Signed requests (appliance.fleet_signature): the body, as sent, must have the digest signed (401).
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import hashlib
 import zlib
 
@@ -24,11 +24,12 @@ from aiohttp import web
 from appliance.budget import Account
 from appliance.errors import InvalidInput, PayloadTooLarge, RequestTimeout, UnsupportedEncoding
 from appliance.fleet_signature import FleetVerifier
+from appliance.rest.config import BodyLimits
 
 __all__ = ["ACCEPTED_ENCODINGS", "SIGNED_BODY", "BodyLimits", "decompress", "read_body", "too_large"]
 
 SIGNED_BODY = "appliance.signed_body"
-"""Request key: the SHA-256 (hex) a Fleet-signed request's body must have, as sent (set by the auth
+"""Request key: the SHA-256 (hex) a signed request's body must have, as sent (set by the admission
 middleware once the signature is verified; checked here, as the body is read)."""
 
 ACCEPTED_ENCODINGS = ("gzip", "deflate", "identity")
@@ -38,14 +39,6 @@ ACCEPTED_ENCODINGS = ("gzip", "deflate", "identity")
 _INLINE_COMPRESSED_BYTES = 4096
 # Output produced (and reserved) per decompress call.
 _INFLATE_STEP = 1 << 20
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class BodyLimits:
-    max_bytes: int
-    """Largest body, as sent and as decompressed (max_request_bytes)."""
-    read_timeout: float
-    """Seconds to wait for each next piece of the body (body_timeout)."""
 
 
 def too_large(limit: int) -> PayloadTooLarge:
