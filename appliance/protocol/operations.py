@@ -68,6 +68,6 @@ ACCESS: Mapping[Operation, Access] = types.MappingProxyType({
 })
 """The access level of every operation, for every transport."""
 
-BOUNDLESS = frozenset({*_OPEN, Operation.METRICS})
+BOUNDLESS = frozenset({Operation.SERVER_LIVE, Operation.SERVER_READY, Operation.SERVER_HEALTH, Operation.METRICS})
 """Operations outside max_concurrent_requests: a box busy with (or flooded by) requests still answers
 its health checks and scrapes."""
