@@ -187,3 +187,25 @@ def _replay(port: int, raw: bytes) -> bytes:
     with socket.create_connection(("127.0.0.1", port), source_address=(REMOTE, 0), timeout=30) as sock:
         sock.sendall(raw)
         return sock.recv(65536)
+
+
+def test_pins_by_address_and_a_box_that_is_not_the_one_pinned_there(box, files, tmp_path):
+    env = _cli_env(tmp_path)
+    url = f"127.0.0.1:{box.port}"
+    wrong = _appliance("fleet", "trust", "--url", url, "--id", "ffffffff-0000-4000-8000-000000000000", env=env)
+    assert wrong.returncode == 1 and f"is box {box.extra['id']}, not ffffffff" in wrong.stdout
+    pinned = _appliance("fleet", "trust", "--url", url, "--id", box.extra["id"], env=env)
+    assert pinned.returncode == 0 and f"pinned {url}: box {box.extra['id']} at {url}" in pinned.stdout
+    listed = _appliance("fleet", "trusted", "--json", env=env)
+    assert [(p["id"], p["address"]) for p in json.loads(listed.stdout)] == [(box.extra["id"], url)]
+    # Another box is pinned at that address (as if this one had replaced it): a push by URL is refused.
+    pins = json.loads(Path(env["APPLIANCE_TRUSTED_BOXES"]).read_text())
+    pins["boxes"][0]["id"] = "0ld0ld00-0000-4000-8000-000000000000"
+    Path(env["APPLIANCE_TRUSTED_BOXES"]).write_text(json.dumps(pins))
+    refused = _appliance("push", str(files / "push" / "tripler"), "--url", url, "--token-file", str(files / "token"),
+                         "--name", "replaced", env=env)
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert f"not pushed: the box at {url} now says it is box {box.extra['id']}" in refused.stdout
+    assert "appliance fleet trust --url" in refused.stdout and "replaced" not in _models(box.port)
+    assert _appliance("fleet", "untrust", url, env=env).returncode == 0
+    assert json.loads(_appliance("fleet", "trusted", "--json", env=env).stdout) == []
