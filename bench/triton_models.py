@@ -9,7 +9,8 @@ only (the one backend the pytriton wheel's tritonserver has), every instance KIN
 - ``repeat``: a decoupled model that answers each request with ``REPEATS`` responses, then the final flag.
 
 ``trusted=True`` marks every Python model ``in_process`` (the appliance's plan for models the operator
-trusts; Triton ignores parameters it does not know).
+trusts; Triton ignores parameters it does not know), and pins that plan for ``bls``, which selection
+cannot measure.
 """
 
 from __future__ import annotations
@@ -125,6 +126,9 @@ ensemble_scheduling {
 '''
 
 _TRUSTED = 'parameters { key: "in_process" value: { string_value: "true" } }\n'
+# A model that calls other models cannot be measured by selection (a tuning process serves no other
+# model): the pin is the plan it gets when nothing could be measured.
+_PINNED = 'parameters { key: "plan" value: { string_value: "python:in-process" } }\n'
 
 
 def write_repository(root: Path, trusted: bool = False) -> Path:
@@ -132,7 +136,9 @@ def write_repository(root: Path, trusted: bool = False) -> Path:
     for name, (backend, source, config) in _CONFIGS.items():
         (root / name / "1").mkdir(parents=True, exist_ok=True)
         (root / name / "1" / "model.py").write_text(source.lstrip())
-        text = f'backend: "{backend}"\n{config}{_ONE_INSTANCE}' + (_TRUSTED if trusted else "")
+        text = f'backend: "{backend}"\n{config}{_ONE_INSTANCE}'
+        if trusted:
+            text += _TRUSTED + (_PINNED if name == "bls" else "")
         (root / name / "config.pbtxt").write_text(text)
     (root / "pipeline" / "1").mkdir(parents=True, exist_ok=True)
     (root / "pipeline" / "config.pbtxt").write_text(_ENSEMBLE.lstrip())

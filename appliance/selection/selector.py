@@ -27,7 +27,14 @@ from appliance.selection.candidates import CandidateBench, best
 from appliance.selection.decision import ONLY_PLAN, Choice, build_decision, measured_outcome, plan_from
 from appliance.selection.inputs import InputSearch, tuning_inputs
 from appliance.selection.job import Hardware, SelectionSettings, TuneRequest, TuningJob
-from appliance.selection.plans import DEFAULT_PLAN, Plan, enumerate_plans, instance_variants
+from appliance.selection.plans import (
+    DEFAULT_PLAN,
+    IN_PROCESS_PLAN,
+    Plan,
+    enumerate_plans,
+    instance_variants,
+    offers_in_process,
+)
 from appliance.state import StateDir
 from model_cache import BrokenEntry, ModelCache, cache_key, hash_files
 
@@ -129,6 +136,8 @@ class Selector:
         in instance x thread variants unless the config's own instance_group fixes the instances (and
         does not set parameters tune_instances); ``threads`` fixes the threads (the settings')."""
         plans = [*enumerate_plans(info.name, self._hardware.probe, self._hardware.cpu_flags), *self._extra_plans]
+        if info.name == "python" and offers_in_process(config):
+            plans.append(IN_PROCESS_PLAN)
         if not explicit_instances or _flag(config, "tune_instances"):
             plans = instance_variants(plans, usable_cores(), threads)
         skipped: dict[str, str] = {}
@@ -272,7 +281,12 @@ class Selector:
                 reasons = "; ".join(f"{r['plan']}: {r.get('reason')}" for r in results)
                 raise ConfigError(f"model {context.model_name!r}: no plan can load it here ({reasons})")
             # Nothing measured: the config's default plan serves, as --no-selection serves the model.
-            plan = next((p for p in plans if p.id == chosen), None) or Plan(DEFAULT_PLAN, info.name)
+            # Nothing measured (e.g. a Python model that calls other models, which a tuning process cannot
+            # serve): the plan the config pins, else the config's default plan.
+            pinned = _pinned(config)
+            plan = (next((p for p in plans if p.id == chosen), None)
+                    or next((p for p in plans if pinned and pinned in (p.id, p.base)), None)
+                    or Plan(DEFAULT_PLAN, info.name))
             decision = build_decision(context, self._hardware.fingerprint, objective, plan, chosen, results,
                                       **measured_outcome(search, chosen is not None, traffic))
             report(f"chose {plan.id}", done=True)

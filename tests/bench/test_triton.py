@@ -4,13 +4,16 @@ serves the repository both servers are measured on, with the answers each model 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 
 import numpy as np
+import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
@@ -35,10 +38,17 @@ def test_cpu_of_a_child_started_from_another_thread_counts():
     child.wait(30)
 
 
-def test_the_appliance_serves_the_bench_repository(tmp_path):
-    repo = write_repository(tmp_path / "repo")
+@pytest.mark.parametrize("trusted", [False, True], ids=["isolated", "in-process"])
+def test_the_appliance_serves_the_bench_repository(tmp_path, trusted):
+    repo = write_repository(tmp_path / "repo", trusted=trusted)
     server = start_appliance(repo, tmp_path / "state")
     try:
+        if trusted:  # selection measured both plans (the BLS model pins in-process: it cannot be measured)
+            for model in ("identity", "bls"):
+                with urllib.request.urlopen(f"{server.base}/v2/models/{model}/selection", timeout=10) as answer:
+                    decision = json.load(answer)
+                assert {row["plan"] for row in decision["candidates"]} >= {"python", "python:in-process"}
+            assert decision["plan"]["plan"] == "python:in-process"
         http = httpclient.InferenceServerClient(f"127.0.0.1:{server.port}")
         data = np.arange(16, dtype=np.float32).reshape(1, 16)
         for model in ("identity", "identity_batched", "bls", "pipeline"):

@@ -21,6 +21,7 @@ from google.protobuf import json_format
 
 from appliance.backends.base import Backend, BackendRequest, BatchResult, LoadContext, Outputs
 from appliance.backends.python.arena import Arena, Attachments
+from appliance.backends.python.model_args import initialize_args
 from appliance.backends.python.peer import Peer
 from appliance.backends.python.process import ModelProcess, ProcessExited
 from appliance.backends.python.requests import ModelError, OpenRequests, model_error
@@ -137,25 +138,7 @@ class PythonBackend(Backend):
         return completed
 
     def _args(self) -> dict[str, str]:
-        context = self._context
-        group = 0
-        index = context.instance_index
-        # Triton names instances <model>_<group>_<index in group> (instance_group entries in order).
-        for position, entry in enumerate(context.config.instance_group):
-            count = entry.count if entry.count > 0 else 1
-            if index < count:
-                group = position
-                break
-            index -= count
-        return {
-            "model_config": json.dumps(self._config_json),
-            "model_instance_kind": "CPU",
-            "model_instance_name": f"{context.model_name}_{group}_{index}",
-            "model_instance_device_id": "0",
-            "model_repository": str(context.version_dir.parent),
-            "model_version": str(context.version),
-            "model_name": context.model_name,
-        }
+        return initialize_args(self._context, self._config_json)
 
     def configure(self, config: Any) -> None:
         """Initialize the model with the final (auto-completed) config."""
