@@ -1,5 +1,6 @@
-# The two commands a new user runs: `make serve` and `make test`. Both create and reuse .venv, as does
-# `make lint` (ruff and mypy, configured in pyproject.toml; CI runs it before the tests).
+# The two commands a new user runs: `make serve` and `make test`. Both create and reuse .venv, as do
+# `make test-fast` (unit tests only) and `make lint` (ruff and mypy, configured in pyproject.toml; CI runs
+# it before the tests).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -11,7 +12,7 @@ STAMP := $(VENV)/.installed-$(FLAVOUR)
 # elsewhere use e.g. TORCH_SPEC="torch --index-url https://download.pytorch.org/whl/cpu").
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: venv serve test lint bench clean
+.PHONY: venv serve test test-fast lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,8 +27,13 @@ venv: $(STAMP)
 serve: venv
 	$(BIN)/appliance serve --host $(HOST) --http-port $(PORT) --no-mdns
 
+# Everything (what CI runs), the 30 slowest tests listed at the end.
 test: venv
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --durations=30
+
+# The unit tests only: nothing that starts a daemon, needs a GPU or takes long (a couple of minutes).
+test-fast: venv
+	$(BIN)/python -m pytest -m "not e2e and not slow and not gpu"
 
 lint: venv
 	$(BIN)/ruff check .

@@ -79,8 +79,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def usage_summary(width: int = 100) -> str:
-    """Every subcommand's usage line, as the README's "Command line" block shows it (a test keeps the
-    two equal: regenerate the block with ``python -m appliance.cli``)."""
+    """Every subcommand's usage line, as docs/getting-started.md's "Command line" block shows it (a test
+    keeps the two equal: regenerate the block with ``python -m appliance.cli``)."""
     parser = _parser()
     commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))  # noqa: SLF001
     parser.formatter_class = lambda prog: argparse.HelpFormatter(prog, width=width)
@@ -125,5 +125,5 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
-if __name__ == "__main__":  # prints the README's command-line block
+if __name__ == "__main__":  # prints docs/getting-started.md's command-line block
     print(usage_summary(), end="")

@@ -23,13 +23,16 @@ from appliance.backends.python.arena import remove_stale_arenas
 from appliance.budget import MemoryBudget
 from appliance.engine.scheduler.execution import measure_thread_hop
 from appliance.engine.streaming import StreamLimits
+from appliance.engine.tensor_checks import DecodeLimits
 from appliance.errors import ConfigError
 from appliance.examples import ensure_example_repository, example_repository
+from appliance.grpc.config import GrpcConfig, StreamRules
 from appliance.lifecycle import Lifecycle
 from appliance.metrics.custom import CustomMetrics
 from appliance.metrics.service import MetricsService
 from appliance.metrics.store import Retention
-from appliance.protocol.dataplane import DataPlane
+from appliance.protocol.admission import AccessPolicy, Admission, parse_networks
+from appliance.protocol.dataplane import DataPlane, Rules
 from appliance.protocol.log_settings import LogSettings, LogValues
 from appliance.protocol.shared_memory import LocalPeers, SharedMemoryLimits, SharedMemoryRegistry
 from appliance.protocol.trace_settings import TraceSettings
@@ -38,6 +41,7 @@ from appliance.protocol.tracing import Tracer
 from appliance.repository.pushed import PushLimits, PushStore
 from appliance.repository.registry import ModelRegistry
 from appliance.repository.retune import RetunePolicy, Retuner
+from appliance.rest.config import BodyLimits, RestConfig, host_policy
 from appliance.selection import Selector
 from appliance.selection.selector import Hardware, SelectionSettings, open_cache
 from appliance.settings import Settings
@@ -45,7 +49,8 @@ from appliance.state import StateDir
 from appliance.token import control_token
 from hardware_probe import ProbeReport
 
-__all__ = ["Appliance", "make_selector", "resolve_repository", "runtime_options"]
+__all__ = ["Appliance", "grpc_config", "make_selector", "resolve_repository", "rest_config", "runtime_options",
+           "split_connections"]
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +88,39 @@ def make_selector(settings: Settings, report: ProbeReport, isolate: bool = False
     )
 
 
+def rest_config(settings: Settings, state: StateDir) -> RestConfig:
+    return RestConfig(
+        body=BodyLimits(settings.max_request_bytes, settings.body_timeout),
+        hosts=host_policy(settings.allowed_hosts, settings.name),
+        trusted_proxies=parse_networks(settings.trusted_proxies),
+        history=settings.metrics_db if settings.metrics else None,
+        history_read_only=not state.writable,
+    )
+
+
+def split_connections(total: int, grpc: bool) -> tuple[int, int]:
+    """max_connections (fitted under the descriptor limit) as (HTTP and metrics ports, gRPC port): gRPC
+    multiplexes its calls on few connections, so a quarter of the bound is its own; a flood of idle
+    connections to one port then never locks the other out."""
+    if not grpc or total < 2:
+        return total, 0
+    share = max(1, total // 4)
+    return total - share, share
+
+
+def grpc_config(settings: Settings, connections: int) -> GrpcConfig:
+    return GrpcConfig(
+        max_message_bytes=settings.max_request_bytes,
+        receivers=max(1, settings.max_request_memory_bytes // settings.max_request_bytes),
+        receive_timeout=settings.body_timeout,
+        max_connections=connections,
+        max_streams=settings.max_concurrent_requests,
+        max_streams_per_connection=settings.max_concurrent_requests,
+        idle_timeout=settings.header_timeout,
+        stream=StreamRules(),
+    )
+
+
 def _retention(settings: Settings) -> Retention:
     return Retention(
         raw_seconds=int(settings.history_raw_hours * 3600),
@@ -112,6 +150,10 @@ class Appliance:
     """Triton's trace settings, global and per model; traces go to <state_dir>/traces/."""
     logs: LogSettings
     """Triton's log settings, applied to this process's logging when changed."""
+    hardware: asyncio.Future[dict]
+    """The hardware probe's report (JSON), once the start-up probe has run."""
+    tracer: Tracer
+    """Samples requests for Triton's trace extension and hands them to the trace writer."""
     _lifecycle: Lifecycle
 
     @classmethod
@@ -173,18 +215,24 @@ class Appliance:
         registries.append(registry)
         lifecycle.on_close("the models", lambda: cls._close_models(registry))
         traces, tracer = cls._start_tracing(settings, state, lifecycle)
-        dataplane = DataPlane(registry, shared_memory=shared_memory, strict_readiness=settings.strict_readiness,
-                              control_mode=settings.model_control_mode, tracer=tracer, pushes=pushes,
-                              stream_limits=StreamLimits(max_bytes=settings.stream_buffer_bytes,
-                                                         stall_timeout=settings.stream_stall_timeout))
         logs = LogSettings(logging.getLogger(), LogValues.from_level(settings.log_level))
 
         async def restore_logging() -> None:
             logs.restore()
 
         lifecycle.on_close("the log settings", restore_logging)
-        appliance = cls(settings, state, token, MemoryBudget(settings.max_request_memory_bytes), metrics,
-                        shared_memory, registry, dataplane, traces, logs, lifecycle)
+        budget = MemoryBudget(settings.max_request_memory_bytes)
+        admission = Admission(AccessPolicy(token, parse_networks(settings.auth_exempt_networks),
+                                           settings.protect_inference), settings.max_concurrent_requests)
+        hardware: asyncio.Future[dict] = asyncio.get_running_loop().create_future()
+        rules = Rules(control_mode=settings.model_control_mode, strict_readiness=settings.strict_readiness,
+                      decode=DecodeLimits(settings.max_tensor_elements, settings.max_inputs),
+                      streams=StreamLimits(max_bytes=settings.stream_buffer_bytes,
+                                           stall_timeout=settings.stream_stall_timeout))
+        dataplane = DataPlane(registry, rules, admission=admission, budget=budget, shared_memory=shared_memory,
+                              tracer=tracer, traces=traces, logs=logs, pushes=pushes, state=state, hardware=hardware)
+        appliance = cls(settings, state, token, budget, metrics, shared_memory, registry, dataplane, traces, logs,
+                        hardware, tracer, lifecycle)
         log.info("loading model repository %s", repository)
         task = asyncio.create_task(appliance._load_repository(), name="load-repository")
         task.add_done_callback(appliance._loading_ended)
@@ -272,7 +320,7 @@ class Appliance:
         # Probing imports the runtimes (seconds): done with the front ends already answering, and in a
         # child process, so that a daemon serving only ONNX never holds torch or OpenVINO.
         report = await asyncio.to_thread(hardware_probe.probe_isolated, 15.0)
-        dataplane.hardware = {**report.to_json(), "summary": report.summary()}
+        self.hardware.set_result({**report.to_json(), "summary": report.summary()})
         log.info("hardware: %s", report.summary())
         if self.metrics is not None:
             self.metrics.event("hardware", detail={"fingerprint": report.fingerprint, "summary": report.summary()})

@@ -10,8 +10,8 @@ import time
 
 from appliance import __version__
 from appliance.client.boxes import Browser
-from appliance.composition import Appliance
-from appliance.grpc import GrpcServer
+from appliance.composition import Appliance, grpc_config, rest_config, split_connections
+from appliance.grpc.grpc_server import GrpcServer
 from appliance.mdns.announcer import Announcer, box_id, catalog_digest
 from appliance.mdns.fleet import FleetView
 from appliance.rest.app import build_app, build_metrics_app
@@ -42,16 +42,16 @@ async def _reload(appliance: Appliance, notifier: Notifier) -> None:
     notifier.reloading()
     dataplane = appliance.dataplane
     await dataplane.wait_loaded()
-    changes = await dataplane.registry.rescan()
+    changes = await appliance.registry.rescan()
     log.info("repository re-scanned: added %s, removed %s, reloaded %s", changes["added"] or "none",
              changes["removed"] or "none", changes["reloaded"] or "none")
     notifier.ready(dataplane.status_line())
 
 async def _start_announcer(appliance: Appliance, port: int, grpc_port: int | None, own_id: str) -> Announcer:
-    settings, dataplane = appliance.settings, appliance.dataplane
+    settings, registry, hardware = appliance.settings, appliance.registry, appliance.hardware
 
     def accelerators() -> list[str]:
-        return (dataplane.hardware or {}).get("accelerators", ["cpu"])
+        return hardware.result().get("accelerators", ["cpu"]) if hardware.done() else ["cpu"]
 
     announcer = Announcer(
         settings.name or socket.gethostname().split(".")[0],
@@ -60,9 +60,9 @@ async def _start_announcer(appliance: Appliance, port: int, grpc_port: int | Non
         settings.mdns_interfaces,
         own_id,
         accelerators,
-        dataplane.registry.ready_count,
+        registry.ready_count,
         grpc_port,
-        lambda: catalog_digest(dataplane.registry.ready_names()),
+        lambda: catalog_digest(registry.ready_names()),
     )
     await announcer.start()
     return announcer
@@ -98,12 +98,16 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         loop.add_signal_handler(signal.SIGHUP, lambda: spawn(_reload(appliance, notifier)))
-    # One bound on connections over both ports, fitted under the file-descriptor limit.
-    limiter = ConnectionLimiter(fit_connections_to_descriptors(settings.max_connections))
+    # One bound on connections over every port, fitted under the file-descriptor limit: gRPC's acceptors
+    # take their share of it, the HTTP and metrics ports count the rest together.
+    http_connections, grpc_connections = split_connections(fit_connections_to_descriptors(settings.max_connections),
+                                                           settings.grpc)
+    limiter = ConnectionLimiter(http_connections)
     # The box id is kept in the state dir: read (or made) only when the box shows itself on the LAN.
     own_id = await asyncio.to_thread(box_id, settings.state_dir, appliance.state) if settings.mdns else ""
     browser, fleet = await _browse(settings, own_id)
-    app = build_app(appliance, fleet)
+    config = rest_config(settings, state)
+    app = build_app(appliance.dataplane, config, metrics=appliance.metrics, fleet=fleet)
     server = HttpServer(app, limiter, settings.header_timeout)
     metrics_server: HttpServer | None = None
     grpc_server: GrpcServer | None = None
@@ -116,13 +120,14 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             log.info("appliance %s serving KServe v2 on http://%s:%d (state dir %s)",
                      __version__, _host(address[0]), address[1], settings.state_dir)
         if settings.grpc:
-            grpc_server = GrpcServer(appliance)
+            grpc_server = GrpcServer(appliance.dataplane, grpc_config(settings, grpc_connections))
             grpc_port = await grpc_server.start(settings.host, settings.grpc_port)
             log.info("serving KServe v2 over gRPC on %s:%d", _host(settings.host), grpc_port)
         if state.degraded:
             log.warning("%s", state.summary())
-        if settings.metrics_port is not None and settings.metrics:
-            metrics = HttpServer(build_metrics_app(app), limiter, settings.header_timeout)
+        if settings.metrics_port is not None and appliance.metrics is not None:
+            metrics = HttpServer(build_metrics_app(appliance.dataplane, config, appliance.metrics), limiter,
+                                 settings.header_timeout)
             await metrics.setup()
             metrics_server = metrics
             await metrics_server.listen(settings.host, settings.metrics_port)

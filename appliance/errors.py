@@ -22,6 +22,8 @@ __all__ = [
     "NotFound",
     "NotSupported",
     "PayloadTooLarge",
+    "PushRefused",
+    "PushTooLarge",
     "RegionNotFound",
     "RequestTimeout",
     "Unauthorized",
@@ -84,6 +86,20 @@ class Forbidden(ApplianceError):
 
 class UnsupportedMediaType(ApplianceError):
     status = HTTPStatus.UNSUPPORTED_MEDIA_TYPE
+
+
+class PushRefused(InvalidInput):
+    """Pushed files the server cannot use (Triton: "failed to poll from model repository"): the request's
+    fault over HTTP (400), INTERNAL over gRPC as Triton answers there (its gRPC model-control example
+    checks that code)."""
+
+    grpc_code = "INTERNAL"
+
+
+class PushTooLarge(PayloadTooLarge):
+    """A push over a size limit: 413 over HTTP, INTERNAL over gRPC (as ``PushRefused``)."""
+
+    grpc_code = "INTERNAL"
 
 
 class AlreadyExists(InvalidInput):

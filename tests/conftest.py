@@ -119,6 +119,20 @@ def _daemon_factory(tmp_path_factory) -> Iterator:
         daemon.stop()
 
 
+# Fixtures that start a real daemon: a test using one is end to end (marked e2e), as is every test in a
+# *_e2e.py module (those start daemons or model processes of their own).
+_DAEMON_FIXTURES = frozenset({"start_daemon", "module_daemon", "daemon", "client"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Marks each test e2e when it starts a daemon, so ``-m "not e2e"`` (make test-fast) leaves them out;
+    ``slow`` and ``gpu`` are set by the modules themselves."""
+    e2e = pytest.mark.e2e
+    for item in items:
+        if item.path.name.endswith("_e2e.py") or _DAEMON_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(e2e)
+
+
 @pytest.fixture
 def start_daemon(tmp_path_factory) -> Iterator:
     """Factory: start_daemon(repository, *extra_args, env=None) -> Daemon; stopped after the test."""

@@ -16,7 +16,7 @@ __all__ = ["add_parser", "run"]
 
 def add_parser(sub: Any) -> None:
     parser = sub.add_parser("install-service", help="write the systemd unit that runs this installation")
-    parser.add_argument("--unit-path", type=Path, default=Path("/etc/systemd/system/appliance.systemd"))
+    parser.add_argument("--unit-path", type=Path, default=Path("/etc/systemd/system/appliance.service"))
     parser.add_argument("--model-repository", dest="unit_repository", type=str,
                         help="repository the service serves (default: the built-in example)")
     parser.add_argument("--grpc-port", dest="unit_grpc_port", type=int,

@@ -1,6 +1,3 @@
 """The gRPC front end: Triton's ``inference.GRPCInferenceService`` (the messages and service generated in
-``tritonclient.grpc``) over a started ``Appliance``, beside the REST one and with the same rules."""
-
-from appliance.grpc.grpc_server import GrpcServer
-
-__all__ = ["GrpcServer"]
+``tritonclient.grpc``) over the data plane, beside the REST one and with the same rules
+(``appliance.grpc.grpc_server.GrpcServer``; its configuration, free of grpc, in ``appliance.grpc.config``)."""

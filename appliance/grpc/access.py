@@ -1,47 +1,27 @@
-"""Who may call which RPC, how many at once, and whether the server still takes calls.
+"""Who a gRPC caller is, and the gate every call passes: the data plane's admission (the token from the
+``authorization`` metadata, the bound on requests in flight), a bound on open streams, and the stop.
 
-The rules are REST's: control RPCs (repository load/unload, shared-memory registration, changes to the
-log and trace settings) need ``authorization: Bearer <token>`` metadata unless the peer is in
-``auth_exempt_networks``; with ``protect_inference`` every RPC but ServerLive/ServerReady needs it.
 There is no ``trusted_proxies`` here: a gRPC peer is the client itself (nothing forwards its address).
-Browser checks (Host, Origin) do not apply either: a browser cannot speak gRPC's HTTP/2 with trailers.
+Browser rules do not apply either: a browser cannot speak gRPC's HTTP/2 with trailers.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
-import enum
-import socket
 import urllib.parse
 from collections.abc import Iterator
 
 import grpc
-import psutil
 
-from appliance.access import Network, address_in, check_bearer
 from appliance.errors import Unavailable
-from appliance.protocol.shared_memory import LocalPeers
+from appliance.protocol.admission import Caller
+from appliance.protocol.dataplane import DataPlane
+from appliance.protocol.operations import Operation
 
-__all__ = ["Access", "AccessRules", "Gate", "is_local_peer", "peer_address"]
+__all__ = ["Gate", "caller_of", "peer_address"]
 
-
-class Access(enum.Enum):
-    OPEN = "open"
-    """Health: needs nothing and is outside the request bound."""
-    INFERENCE = "inference"
-    """Inference and metadata: the token only with protect_inference."""
-    CONTROL = "control"
-    """Changes the server: the token unless the peer is exempt."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class AccessRules:
-    token: str
-    exempt: tuple[Network, ...]
-    protect_inference: bool = False
-    max_concurrent_requests: int = 1024
+_CREDENTIALS = "'authorization: Bearer <token>' metadata"
 
 
 def peer_address(peer: str) -> str | None:
@@ -55,36 +35,25 @@ def peer_address(peer: str) -> str | None:
     return None
 
 
-def is_local_peer(context: grpc.aio.ServicerContext, local_peers: LocalPeers) -> bool:
-    """Whether the caller runs on this host (client_shm = local): its address is in shm_local_networks, or
-    is one of this host's own addresses. grpc.aio does not say which local address a call reached (REST
-    compares the two); a peer with an address of this host is on this host all the same, since no other
-    machine can complete a TCP handshake from it."""
-    peer = peer_address(context.peer())
-    if peer is None:
-        return False
-    own = peer if peer.split("%")[0] in _host_addresses() else None
-    return local_peers.contains(peer, own)
-
-
-def _host_addresses() -> set[str]:
-    return {a.address.split("%")[0] for addresses in psutil.net_if_addrs().values() for a in addresses
-            if a.family in (socket.AF_INET, socket.AF_INET6)}
-
-
-def _authorization(context: grpc.aio.ServicerContext) -> str | None:
+def caller_of(context: grpc.aio.ServicerContext) -> Caller:
+    """The call's client for the data plane: its address, and its ``authorization`` metadata."""
+    authorization = None
     for key, value in context.invocation_metadata() or ():
         if key == "authorization":
-            return value if isinstance(value, str) else value.decode("latin-1")
-    return None
+            authorization = value if isinstance(value, str) else value.decode("latin-1")
+            break
+    return Caller(peer_address(context.peer()), authorization, credentials=_CREDENTIALS)
 
 
 class Gate:
-    """Checks the caller of each RPC, bounds the requests in flight, and turns every new call away
-    once the server is stopping (the calls already admitted finish)."""
+    """Admits each call through the data plane before a byte of its message is read, bounds the open
+    ModelStreamInfer streams, and turns every new call (and new request on an open stream) away once the
+    server is stopping; the calls already admitted finish, and at the deadline are cancelled."""
 
-    def __init__(self, rules: AccessRules) -> None:
-        self._rules = rules
+    def __init__(self, dataplane: DataPlane, max_streams: int = 1024) -> None:
+        self._dataplane = dataplane
+        self.max_streams = max_streams
+        self._streams = 0
         self._running: set[asyncio.Task] = set()
         self._stopping = asyncio.Event()
 
@@ -92,12 +61,9 @@ class Gate:
     def in_flight(self) -> int:
         return len(self._running)
 
-    def check_caller(self, context: grpc.aio.ServicerContext, access: Access) -> None:
-        """Raise Unauthorized when the RPC needs the token and the call lacks it."""
-        rules = self._rules
-        guarded = access is Access.CONTROL or (rules.protect_inference and access is not Access.OPEN)
-        if guarded and not address_in(peer_address(context.peer()), rules.exempt):
-            check_bearer(_authorization(context), rules.token, "'authorization: Bearer <token>' metadata")
+    @property
+    def streams(self) -> int:
+        return self._streams
 
     @property
     def stopping(self) -> bool:
@@ -116,23 +82,31 @@ class Gate:
                               "has restarted", retry_after=1)
 
     @contextlib.contextmanager
-    def admit(self, access: Access) -> Iterator[None]:
-        """Held while one request runs; refuses when stopping or at max_concurrent_requests."""
+    def admit(self, operation: Operation, caller: Caller) -> Iterator[None]:
+        """Held while one call (or one request of a stream) runs."""
         self.refuse_if_stopping()
-        if access is Access.OPEN:
-            yield
-            return
-        limit = self._rules.max_concurrent_requests
-        if len(self._running) >= limit:
-            raise Unavailable(f"the server is handling {limit} requests already (max_concurrent_requests); retry",
-                              retry_after=1)
-        task = asyncio.current_task()
-        assert task is not None, "requests are admitted on the event loop"
-        self._running.add(task)
-        try:
-            yield
-        finally:
-            self._running.discard(task)
+        with self._dataplane.admit(operation, caller):
+            task = asyncio.current_task()
+            assert task is not None, "requests are admitted on the event loop"
+            self._running.add(task)
+            try:
+                yield
+            finally:
+                self._running.discard(task)
+
+    @contextlib.contextmanager
+    def open_stream(self, caller: Caller) -> Iterator[None]:
+        """Held while a ModelStreamInfer stream is open: it counts in max_concurrent_requests (as one
+        request) and among the grpc max_streams."""
+        if self._streams >= self.max_streams:
+            raise Unavailable(f"the server has {self.max_streams} ModelStreamInfer streams open already (the grpc "
+                              "max_streams setting); retry, or send more requests on an open stream", retry_after=1)
+        with self.admit(Operation.INFER_STREAM, caller):
+            self._streams += 1
+            try:
+                yield
+            finally:
+                self._streams -= 1
 
     async def wait_running(self, timeout: float) -> int:
         """Wait up to ``timeout`` for the requests running now to end; how many did not end by themselves

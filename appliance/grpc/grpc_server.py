@@ -1,11 +1,17 @@
 """The gRPC front end: Triton's GRPCInferenceService served by ``grpc.aio`` in the daemon's event loop,
-over a started ``Appliance``.
+over the data plane. What it bounds (see docs/security.md):
 
-- Messages: ``max_request_bytes`` is the largest message received (gRPC answers RESOURCE_EXHAUSTED
-  above it, before the message reaches a handler); answers are not bounded, as over HTTP.
-- Connections: a connection has ``header_timeout`` to complete its HTTP/2 handshake and is closed after
-  as long without a call (the HTTP side's idle keep-alive bound). ``max_connections`` counts HTTP
-  connections only: gRPC multiplexes calls on few connections and grpc.aio has no connection hook.
+- Admission: every call is admitted before its message is read (``appliance.grpc.admission``): the
+  token from its metadata, max_concurrent_requests, and a receive slot; each open ModelStreamInfer
+  stream counts as a request and among ``max_streams``.
+- Messages: ``max_message_bytes`` is the largest message received (gRPC answers RESOURCE_EXHAUSTED
+  above it, before the message reaches a handler); ``receivers`` messages are received at once, so
+  that ``receivers × max_message_bytes`` fits in the memory budget; answers are not bounded, as over HTTP.
+- Connections: ``max_connections`` over all acceptors (the daemon's max_connections is shared between
+  the HTTP and gRPC ports: see ``appliance.composition``); at most ``max_streams_per_connection``
+  concurrent calls on one connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS); a connection has
+  ``idle_timeout`` to complete its HTTP/2 handshake and is closed after as long without a call; clients
+  that stay silent on an open call are pinged, and dropped when they do not answer.
 - Acceptors: several grpc.aio servers share the port (see ``GrpcServer``).
 - Stop: new calls (and new requests on open streams) are answered UNAVAILABLE at once, calls in
   progress get until the deadline, then are cancelled.
@@ -15,39 +21,29 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import socket
 import time
 
 import grpc
 from tritonclient.grpc import service_pb2_grpc
 
-from appliance.access import parse_networks
-from appliance.composition import Appliance
-from appliance.engine.tensor_checks import DecodeLimits
 from appliance.errors import ConfigError
-from appliance.grpc.access import AccessRules, Gate
+from appliance.grpc.access import Gate
+from appliance.grpc.admission import AdmissionInterceptor, Receivers
+from appliance.grpc.config import GrpcConfig
 from appliance.grpc.service import InferenceService
+from appliance.protocol.dataplane import DataPlane
 
-__all__ = ["GrpcServer", "build_service"]
+__all__ = ["GrpcServer"]
 
 log = logging.getLogger(__name__)
 
 # What requests still running at the stop deadline get to end once cancelled (as over HTTP).
 _CANCEL_GRACE = 0.5
-# grpc.aio servers sharing the port (see GrpcServer).
-ACCEPTORS = 4
-
-
-def build_service(appliance: Appliance, gate: Gate) -> InferenceService:
-    settings = appliance.settings
-    return InferenceService(
-        appliance.dataplane,
-        appliance.budget,
-        DecodeLimits(settings.max_tensor_elements, settings.max_inputs),
-        appliance.traces,
-        appliance.logs,
-        gate,
-    )
+# Server pings on connections with calls open: a client that vanished without closing is dropped.
+_KEEPALIVE_MS = 60_000
+_KEEPALIVE_TIMEOUT_MS = 20_000
 
 
 def _probe_port(host: str, port: int) -> int:
@@ -72,30 +68,31 @@ class GrpcServer:
     queue thread and the event loop, so under concurrent load a single one spends its time accepting.
     The kernel spreads connections over the acceptors; they share one service, gate and data plane."""
 
-    def __init__(self, appliance: Appliance, acceptors: int = ACCEPTORS) -> None:
+    def __init__(self, dataplane: DataPlane, config: GrpcConfig) -> None:
+        acceptors = config.acceptors
         if acceptors < 1:
             raise ValueError(f"a gRPC server needs at least one acceptor, got {acceptors}")
-        settings = appliance.settings
-        self.gate = Gate(AccessRules(
-            token=appliance.token,
-            exempt=parse_networks(settings.auth_exempt_networks),
-            protect_inference=settings.protect_inference,
-            max_concurrent_requests=settings.max_concurrent_requests,
-        ))
-        idle_ms = int(settings.header_timeout * 1000)
+        self.gate = Gate(dataplane, config.max_streams)
+        idle_ms = int(config.idle_timeout * 1000)
         options = [
-            ("grpc.max_receive_message_length", settings.max_request_bytes),
+            ("grpc.max_receive_message_length", config.max_message_bytes),
             ("grpc.max_send_message_length", -1),
             ("grpc.so_reuseport", 1 if acceptors > 1 else 0),
             ("grpc.server_handshake_timeout_ms", idle_ms),
             ("grpc.max_connection_idle_ms", idle_ms),
+            # Counted per acceptor; the kernel spreads connections over them.
+            ("grpc.max_allowed_incoming_connections", max(1, math.ceil(config.max_connections / acceptors))),
+            ("grpc.max_concurrent_streams", config.max_streams_per_connection),
+            ("grpc.keepalive_time_ms", _KEEPALIVE_MS),
+            ("grpc.keepalive_timeout_ms", _KEEPALIVE_TIMEOUT_MS),
             # Clients that keep their connection alive with pings (tritonclient's KeepAliveOptions) are
             # welcome to, as under Triton.
             ("grpc.http2.min_ping_interval_without_data_ms", 1000),
             ("grpc.http2.max_ping_strikes", 0),
         ]
-        service = build_service(appliance, self.gate)
-        self._servers = [grpc.aio.server(options=options) for _ in range(acceptors)]
+        service = InferenceService(dataplane, self.gate, config.stream)
+        interceptor = AdmissionInterceptor(dataplane, self.gate, Receivers(config.receivers, config.receive_timeout))
+        self._servers = [grpc.aio.server(options=options, interceptors=[interceptor]) for _ in range(acceptors)]
         for server in self._servers:
             service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(service, server)
         self.port: int | None = None

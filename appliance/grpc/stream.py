@@ -11,6 +11,11 @@ stream (or goes away) cancels its requests in flight: their models see ``request
 Requests of one sequence (the same ``sequence_id``) reach the model in the order they were sent: each
 waits until the one before it on this stream is answered (a sequence runs one step at a time anyway).
 
+Bounds: a request's bytes count on the memory budget from the moment it is read (before it waits for
+the one before it); at most ``max_pending`` requests of one stream are read and not yet answered, and
+the stream reads no further until one is, so HTTP/2 flow control holds the client back; a stream with
+nothing in flight that sends nothing for ``idle_timeout`` is ended (UNAVAILABLE: open a new one).
+
 When the server stops, the stream reads no further: the requests already read are answered, then the
 stream ends UNAVAILABLE so the client knows that what it sent after that was not served.
 """
@@ -26,17 +31,23 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 import grpc
 from tritonclient.grpc import service_pb2 as pb
 
+from appliance.budget import Account
 from appliance.engine.streaming import StreamItem
 from appliance.errors import ApplianceError, Unavailable
-from appliance.grpc.access import Access, Gate
+from appliance.grpc.access import Gate, caller_of
+from appliance.grpc.admission import parse
 from appliance.grpc.codec import encode_infer_response
+from appliance.grpc.config import StreamRules
 from appliance.grpc.status import abort
+from appliance.protocol.dataplane import DataPlane
+from appliance.protocol.inference import off_loop
+from appliance.protocol.operations import Operation
 
 __all__ = ["serve_stream", "stream_message"]
 
 log = logging.getLogger(__name__)
 
-Respond = Callable[[pb.ModelInferRequest], AsyncGenerator[pb.ModelStreamInferResponse, None]]
+Respond = Callable[[pb.ModelInferRequest, Account], AsyncGenerator[pb.ModelStreamInferResponse, None]]
 
 FINAL = "triton_final_response"
 
@@ -77,56 +88,92 @@ def _sequence_key(request: pb.ModelInferRequest) -> tuple[str, str, object] | No
     return None if value in (None, 0, "") else (request.model_name, request.model_version, value)
 
 
-async def serve_stream(requests: AsyncIterator[pb.ModelInferRequest], context: grpc.aio.ServicerContext,
-                       respond: Respond, gate: Gate) -> None:
+async def _read(raw: bytes, account: Account) -> pb.ModelInferRequest:
+    """One request as read from the stream: its bytes counted on ``account`` before it is parsed."""
+    account.reserve(len(raw))
+    message = await off_loop(len(raw), parse, raw, "ModelStreamInfer", pb.ModelInferRequest.FromString, account)
+    account.release(len(raw))  # the bytes go once parsed: the message is what is held
+    return message
+
+
+async def serve_stream(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext, respond: Respond,
+                       gate: Gate, dataplane: DataPlane, rules: StreamRules) -> None:
+    caller = caller_of(context)
+    loop = asyncio.get_running_loop()
     writing = asyncio.Lock()  # one write at a time on the stream
     pending: set[asyncio.Task] = set()
     last_of_sequence: dict[object, asyncio.Task] = {}
+    quiet_since = loop.time()
 
     async def write(message: pb.ModelStreamInferResponse) -> None:
         async with writing:
             await context.write(message)  # waits while the client is slow: the model is held back
 
-    async def answer(request: pb.ModelInferRequest, before: asyncio.Task | None) -> None:
-        if before is not None:
-            await asyncio.wait((before,))
-        try:
-            with gate.admit(Access.INFERENCE):
-                async with contextlib.aclosing(respond(request)) as messages:
-                    async for message in messages:
-                        await write(message)
-        except ApplianceError as exc:
-            await write(_error(request, exc.message))
-        except Exception as exc:  # noqa: BLE001 - a bug: this request fails, the stream goes on
-            log.error("unhandled error serving a ModelStreamInfer request", exc_info=exc)
-            await write(_error(request, f"internal error: {type(exc).__name__}: {exc}"))
+    async def answer(message: pb.ModelInferRequest, account: Account, before: asyncio.Task | None) -> None:
+        with account:  # counted from the read until answered, whichever way this ends
+            if before is not None:
+                await asyncio.wait((before,))
+            try:
+                with gate.admit(Operation.INFER, caller):
+                    async with contextlib.aclosing(respond(message, account)) as messages:
+                        async for reply in messages:
+                            await write(reply)
+            except ApplianceError as exc:
+                await write(_error(message, exc.message))
+            except Exception as exc:  # noqa: BLE001 - a bug: this request fails, the stream goes on
+                log.error("unhandled error serving a ModelStreamInfer request", exc_info=exc)
+                await write(_error(message, f"internal error: {type(exc).__name__}: {exc}"))
 
     def forget(key: object, task: asyncio.Task) -> None:
+        nonlocal quiet_since
         pending.discard(task)
         if last_of_sequence.get(key) is task:
             del last_of_sequence[key]
+        if not pending:
+            quiet_since = loop.time()
 
     stopping = asyncio.ensure_future(gate.wait_stopping())
     reader = aiter(requests)
     read: asyncio.Future | None = None
-    interrupted = False
+    ended: ApplianceError | None = None
     try:
         while True:
-            read = asyncio.ensure_future(anext(reader))
-            await asyncio.wait((read, stopping), return_when=asyncio.FIRST_COMPLETED)
-            if not read.done():
-                interrupted = True
+            if read is None and len(pending) < rules.max_pending:
+                read = asyncio.ensure_future(anext(reader))
+            waits = {stopping, *pending, *((read,) if read is not None else ())}
+            timeout = None if pending else max(0.0, quiet_since + rules.idle_timeout - loop.time())
+            await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            if read is not None and read.done():
+                done, read = read, None
+                try:
+                    raw = done.result()
+                except StopAsyncIteration:
+                    break
+                account = dataplane.account()
+                try:
+                    message = await _read(raw, account)
+                except ApplianceError as exc:  # this request is refused; the stream goes on
+                    account.close()
+                    await write(_error(pb.ModelInferRequest(), exc.message))
+                    continue
+                finally:
+                    del raw
+                key = _sequence_key(message)
+                before = last_of_sequence.get(key) if key is not None else None
+                task = asyncio.create_task(answer(message, account, before))
+                pending.add(task)
+                if key is not None:
+                    last_of_sequence[key] = task
+                task.add_done_callback(functools.partial(forget, key))
+                continue
+            if stopping.done():
+                ended = Unavailable("the server is stopping: requests sent on this stream after the ones answered "
+                                    "were not served; retry them on another box", retry_after=1)
                 break
-            try:
-                request = read.result()
-            except StopAsyncIteration:
+            if not pending and loop.time() - quiet_since >= rules.idle_timeout:
+                ended = Unavailable(f"the stream sent nothing for {rules.idle_timeout:g} s with no request in "
+                                    "flight (the grpc stream_idle_timeout setting); open a new stream")
                 break
-            key = _sequence_key(request)
-            task = asyncio.create_task(answer(request, last_of_sequence.get(key) if key is not None else None))
-            pending.add(task)
-            if key is not None:
-                last_of_sequence[key] = task
-            task.add_done_callback(functools.partial(forget, key))
         if pending:
             await asyncio.gather(*pending)
     finally:
@@ -139,6 +186,5 @@ async def serve_stream(requests: AsyncIterator[pb.ModelInferRequest], context: g
             read.exception()  # retrieved: the stream's end (StopAsyncIteration) needs no log line
         for task in pending:  # the client went away: its requests are dropped from the queues or cancelled
             task.cancel()
-    if interrupted:
-        await abort(context, Unavailable("the server is stopping: requests sent on this stream after the "
-                                         "ones answered were not served; retry them on another box", retry_after=1))
+    if ended is not None:
+        await abort(context, ended)

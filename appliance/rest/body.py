@@ -15,13 +15,13 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import zlib
 
 from aiohttp import web
 
 from appliance.budget import Account
 from appliance.errors import InvalidInput, PayloadTooLarge, RequestTimeout, UnsupportedEncoding
+from appliance.rest.config import BodyLimits
 
 __all__ = ["ACCEPTED_ENCODINGS", "BodyLimits", "decompress", "read_body", "too_large"]
 
@@ -32,14 +32,6 @@ ACCEPTED_ENCODINGS = ("gzip", "deflate", "identity")
 _INLINE_COMPRESSED_BYTES = 4096
 # Output produced (and reserved) per decompress call.
 _INFLATE_STEP = 1 << 20
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class BodyLimits:
-    max_bytes: int
-    """Largest body, as sent and as decompressed (max_request_bytes)."""
-    read_timeout: float
-    """Seconds to wait for each next piece of the body (body_timeout)."""
 
 
 def too_large(limit: int) -> PayloadTooLarge:

@@ -17,7 +17,7 @@ from appliance.errors import (
     UnsupportedEncoding,
 )
 from appliance.rest.body import too_large
-from appliance.rest.keys import SETTINGS
+from appliance.rest.keys import CONFIG
 
 __all__ = ["error_middleware", "error_response"]
 
@@ -53,7 +53,7 @@ async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
     except ApplianceError as exc:
         return _from_appliance(exc)
     except web.HTTPRequestEntityTooLarge:
-        return _from_appliance(too_large(request.app[SETTINGS].max_request_bytes))
+        return _from_appliance(too_large(request.app[CONFIG].body.max_bytes))
     except web.HTTPException as exc:
         if exc.status < 400:
             raise

@@ -12,17 +12,22 @@ disconnects cancels its request: the handler is cancelled, the stream closed, th
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import orjson
 from aiohttp import web
 
 from appliance.budget import Account
 from appliance.engine.model import ModelVersion
-from appliance.engine.streaming import Responses, StreamItem
+from appliance.engine.streaming import StreamItem
+from appliance.engine.tensor_checks import DecodeLimits
+from appliance.engine.types import InferRequest
 from appliance.errors import ApplianceError, InferenceFailed
+from appliance.protocol.inference import Target
 from appliance.rest.body import read_body
 from appliance.rest.generate_codec import decode_generate_request, encode_generate_response, sse_event
-from appliance.rest.keys import BODY_LIMITS, BUDGET, DATAPLANE, LIMITS
+from appliance.rest.keys import CONFIG, DATAPLANE
+from appliance.rest.security import caller
 
 __all__ = ["generate", "generate_stream"]
 
@@ -31,35 +36,45 @@ _ONE_RESPONSE = ("generate expects model to produce exactly 1 response, use gene
                  "generates various number of responses")
 
 
-async def _responses(request: web.Request, model: ModelVersion, account: Account, received_ns: int) -> Responses:
-    body = await read_body(request, account, request.app[BODY_LIMITS])
-    decoded = decode_generate_request(body, model.signature, request.app[LIMITS], account.reserve)
-    return await request.app[DATAPLANE].infer_stream(model, decoded, local=False, reserve=account.reserve,
-                                                     release=account.release, received_ns=received_ns)
+class _GenerateBody:
+    """A generate request: a flat JSON object of the model's inputs and parameters."""
+
+    endpoint = "generate end point"
+    streaming_alternative = "POST .../generate_stream"
+
+    def __init__(self, request: web.Request) -> None:
+        self._request = request
+        self._body = b""
+
+    async def target(self, account: Account) -> Target:
+        return Target(self._request.match_info["model"], self._request.match_info.get("version"))
+
+    async def receive(self, account: Account) -> int:
+        self._body = await read_body(self._request, account, self._request.app[CONFIG].body)
+        return len(self._body)
+
+    def decode(self, model: ModelVersion, limits: DecodeLimits, reserve: Callable[[int], None]) -> InferRequest:
+        return decode_generate_request(self._body, model.signature, limits, reserve)
 
 
-def _model(request: web.Request) -> ModelVersion:
-    return request.app[DATAPLANE].model(request.match_info["model"], request.match_info.get("version"))
+def _responses(request: web.Request):
+    plane = request.app[DATAPLANE]
+    return plane.infer_stream(caller(request), _GenerateBody(request), received_ns=time.monotonic_ns())
 
 
 async def generate(request: web.Request) -> web.Response:
-    received_ns = time.monotonic_ns()
-    with _model(request).in_use() as model, request.app[BUDGET].account() as account:
-        responses = await _responses(request, model, account, received_ns)
-        try:
-            answer: bytes | None = None
-            async for item in responses:
-                if item.error is not None:
-                    raise item.error
-                if item.response is None:
-                    continue  # the final flag alone
-                if answer is not None:
-                    raise InferenceFailed(_ONE_RESPONSE)  # closing the stream cancels the rest
-                answer = encode_generate_response(item.response)
-            if answer is None:
-                raise InferenceFailed(_ONE_RESPONSE)
-        finally:
-            responses.close()
+    async with _responses(request) as responses:
+        answer: bytes | None = None
+        async for item in responses:
+            if item.error is not None:
+                raise item.error
+            if item.response is None:
+                continue  # the final flag alone
+            if answer is not None:
+                raise InferenceFailed(_ONE_RESPONSE)  # leaving the stream cancels the rest
+            answer = encode_generate_response(item.response)
+        if answer is None:
+            raise InferenceFailed(_ONE_RESPONSE)
     return web.Response(body=answer, content_type="application/json")
 
 
@@ -75,29 +90,24 @@ def _event(item: StreamItem) -> bytes | None:
 
 
 async def generate_stream(request: web.Request) -> web.StreamResponse:
-    received_ns = time.monotonic_ns()
-    with _model(request).in_use() as model, request.app[BUDGET].account() as account:
-        responses = await _responses(request, model, account, received_ns)
-        try:
-            stream: web.StreamResponse | None = None
-            async for item in responses:
-                if item.final:
-                    responses.close()  # counted in the statistics before the client sees the end
-                event = _event(item)
-                if event is None:
-                    continue
-                if stream is None:
-                    status = item.error.status if item.error is not None else 200
-                    stream = web.StreamResponse(status=status, headers=_SSE_HEADERS)
-                    await stream.prepare(request)
-                try:
-                    await stream.write(event)  # waits while the client is slow: the model is held back
-                except ConnectionError:
-                    return stream  # the client went away: closing the responses cancels the request
-            if stream is None:  # the model sent no response at all: an empty event stream
-                stream = web.StreamResponse(headers=_SSE_HEADERS)
+    async with _responses(request) as responses:
+        stream: web.StreamResponse | None = None
+        async for item in responses:
+            if item.final:
+                responses.close()  # counted in the statistics before the client sees the end
+            event = _event(item)
+            if event is None:
+                continue
+            if stream is None:
+                status = item.error.status if item.error is not None else 200
+                stream = web.StreamResponse(status=status, headers=_SSE_HEADERS)
                 await stream.prepare(request)
-            await stream.write_eof()
-        finally:
-            responses.close()
+            try:
+                await stream.write(event)  # waits while the client is slow: the model is held back
+            except ConnectionError:
+                return stream  # the client went away: leaving the responses cancels the request
+        if stream is None:  # the model sent no response at all: an empty event stream
+            stream = web.StreamResponse(headers=_SSE_HEADERS)
+            await stream.prepare(request)
+        await stream.write_eof()
     return stream

@@ -1,9 +1,9 @@
-"""Route handlers: parse the HTTP request, call the data plane, serialise the answer."""
+"""Route handlers: parse the HTTP request, call the data plane, serialise the answer. Each route names
+the data-plane operation it performs (``OPERATIONS``): what the admission middleware admits."""
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import math
 import re
 import time
@@ -13,34 +13,31 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from appliance.budget import Account
+from appliance.config_json import config_to_json
 from appliance.dashboard import STATIC_DIR
 from appliance.engine.model import ModelVersion
+from appliance.engine.tensor_checks import DecodeLimits
 from appliance.engine.types import InferRequest
-from appliance.errors import InvalidInput
+from appliance.errors import InvalidInput, Unavailable
 from appliance.metrics.history import history
+from appliance.protocol.inference import Target
+from appliance.protocol.operations import Operation
 from appliance.rest import shared_memory
 from appliance.rest.body import read_body
-from appliance.rest.codec import (
-    HEADER_LENGTH,
-    DecodeLimits,
-    decode_infer_request,
-    decode_raw_request,
-    encode_infer_response,
-)
+from appliance.rest.codec import HEADER_LENGTH, decode_infer_request, decode_raw_request, encode_infer_response
 from appliance.rest.error_middleware import error_response
 from appliance.rest.generate import generate, generate_stream
 from appliance.rest.jsonio import json_response as _json
 from appliance.rest.jsonio import optional_json as _optional_json
-from appliance.rest.keys import BODY_LIMITS, BUDGET, DATAPLANE, FLEET, LIMITS, LOGS, METRICS, SETTINGS, STATE, TRACES
+from appliance.rest.keys import CONFIG, DATAPLANE, FLEET, METRICS
 from appliance.rest.openapi import openapi_document
+from appliance.rest.security import caller
 
-__all__ = ["CONTROL_HANDLERS", "OPEN_HANDLERS", "ROUTES", "UNLIMITED_HANDLERS"]
+__all__ = ["OPERATIONS", "ROUTES"]
 
 _DIGITS = re.compile(r"[0-9]{1,15}")  # ASCII only: str.isdigit() also takes '²'
 _MAX_UNIX_TIME = 1 << 36  # the year 4147: far enough, and SQLite's integers hold it
 _MAX_VERSION = (1 << 63) - 1
-# JSON (or BYTES tensors) above this is decoded on a worker thread so that it never stalls the event loop.
-_DECODE_OFF_LOOP_BYTES = 1 << 20
 
 
 def _model_args(request: web.Request) -> tuple[str, str | None]:
@@ -57,31 +54,26 @@ async def server_ready(request: web.Request) -> web.Response:
 
 async def server_health(request: web.Request) -> web.Response:
     """Liveness, readiness and what is degraded in the state dir (read-only, a database moved aside...)."""
-    dataplane = request.app[DATAPLANE]
-    details = {"live": dataplane.live(), "ready": dataplane.ready(), "state": request.app[STATE].to_json()}
-    if dataplane.failure is not None:
-        details["failure"] = dataplane.failure
-    return _json(details)
+    return _json(request.app[DATAPLANE].health().as_json())
 
 
 async def server_metadata(request: web.Request) -> web.Response:
-    return _json(request.app[DATAPLANE].server_metadata())
+    return _json(request.app[DATAPLANE].server_metadata().as_json())
 
 
 async def model_metadata(request: web.Request) -> web.Response:
-    return _json(request.app[DATAPLANE].model_metadata(*_model_args(request)))
+    return _json(request.app[DATAPLANE].model_metadata(*_model_args(request)).as_json())
 
 
 async def model_ready(request: web.Request) -> web.Response:
     name, version = _model_args(request)
-    dataplane = request.app[DATAPLANE]
-    if dataplane.model_ready(name, version):
+    if request.app[DATAPLANE].model_ready(name, version):
         return web.Response(status=200)
     return error_response(503, f"model '{name}' is not ready")
 
 
 async def model_config(request: web.Request) -> web.Response:
-    return _json(request.app[DATAPLANE].model_config(*_model_args(request)))
+    return _json(config_to_json(request.app[DATAPLANE].model_config(*_model_args(request))))
 
 
 def _header_length(request: web.Request) -> int | None:
@@ -91,20 +83,6 @@ def _header_length(request: web.Request) -> int | None:
     if not _DIGITS.fullmatch(raw.strip()):
         raise InvalidInput(f"{HEADER_LENGTH} must be a non-negative integer of at most 15 digits, got {raw[:40]!r}")
     return int(raw)
-
-
-async def _read_body(request: web.Request, account: Account) -> bytes:
-    return await read_body(request, account, request.app[BODY_LIMITS])
-
-
-async def infer(request: web.Request) -> web.Response:
-    received_ns = time.monotonic_ns()  # the trace's REQUEST_START
-    dataplane = request.app[DATAPLANE]
-    # Looked up (404/503) before the body is read, and held until the response: a reload or unload
-    # lets this request finish on the version it started with.
-    # The request's bytes in memory (body, decoded tensors) count against the budget until it answers.
-    with dataplane.model(*_model_args(request)).in_use() as model, request.app[BUDGET].account() as account:
-        return await _infer(request, model, account, received_ns)
 
 
 def _decode_raw(body: bytes, model: ModelVersion, limits: DecodeLimits,
@@ -121,55 +99,60 @@ def _decode_raw(body: bytes, model: ModelVersion, limits: DecodeLimits,
     return decode_raw_request(body, spec.name, spec.datatype, shape, limits, reserve)
 
 
-def _decode_off_loop(body: bytes, header_length: int | None) -> bool:
-    """Whether decoding costs more than the trip to a worker thread: a big JSON document does; binary
-    fixed-size tensors are views of the body whatever their size (only BYTES ones are parsed)."""
+def _decoding_work(body: bytes, header_length: int | None) -> int:
+    """The bytes decoding works through: all of a JSON body; of a binary one its JSON header, and its
+    tensors only when they are BYTES ones (fixed-size tensors are views of the body, whatever their size)."""
     if header_length is None or header_length >= len(body):
-        return len(body) > _DECODE_OFF_LOOP_BYTES
-    if header_length > _DECODE_OFF_LOOP_BYTES:
-        return True
-    return len(body) > _DECODE_OFF_LOOP_BYTES and (header_length == 0 or b'"BYTES"' in body[:header_length])
+        return len(body)
+    if header_length == 0 or b'"BYTES"' in body[:header_length]:
+        return len(body)
+    return header_length
 
 
-async def _infer(request: web.Request, model: ModelVersion, account: Account, received_ns: int) -> web.Response:
-    if model.decoupled:
-        raise InvalidInput(
-            "HTTP end point doesn't support models with decoupled transaction policy; call model "
-            f"'{model.name}' through POST .../generate_stream (or gRPC ModelStreamInfer), which returns all its "
-            "responses"
-        )
-    header_length = _header_length(request)
-    body = await _read_body(request, account)
-    limits = request.app[LIMITS]
-    if header_length == 0:
-        decode = functools.partial(_decode_raw, model=model)
-    else:
-        decode = functools.partial(decode_infer_request, header_length=header_length)
-    if _decode_off_loop(body, header_length):
-        decoded: InferRequest = await asyncio.to_thread(decode, body, limits=limits, reserve=account.reserve)
-    else:
-        decoded = decode(body, limits=limits, reserve=account.reserve)
-    local = shared_memory.is_local_client(request) if decoded.uses_shared_memory else False
-    response = await request.app[DATAPLANE].infer(model, decoded, local=local, reserve=account.reserve,
-                                                  received_ns=received_ns)
-    payload, json_length = encode_infer_response(response, decoded)
+class _InferBody:
+    """A KServe v2 infer request over HTTP: JSON, JSON with binary tensors, or one raw binary tensor."""
+
+    endpoint = "HTTP end point"
+    streaming_alternative = ("POST .../generate_stream (or gRPC ModelStreamInfer), which returns all its "
+                             "responses")
+
+    def __init__(self, request: web.Request) -> None:
+        self._request = request
+        self._body = b""
+        self._header_length: int | None = None
+
+    async def target(self, account: Account) -> Target:
+        return Target(*_model_args(self._request))
+
+    async def receive(self, account: Account) -> int:
+        self._header_length = _header_length(self._request)
+        self._body = await read_body(self._request, account, self._request.app[CONFIG].body)
+        return _decoding_work(self._body, self._header_length)
+
+    def decode(self, model: ModelVersion, limits: DecodeLimits, reserve: Callable[[int], None]) -> InferRequest:
+        if self._header_length == 0:
+            return _decode_raw(self._body, model, limits, reserve)
+        return decode_infer_request(self._body, self._header_length, limits, reserve)
+
+
+async def infer(request: web.Request) -> web.Response:
+    received_ns = time.monotonic_ns()  # the trace's REQUEST_START
+    async with request.app[DATAPLANE].infer(caller(request), _InferBody(request), received_ns=received_ns) as result:
+        payload, json_length = encode_infer_response(result.response, result.request)
     if json_length is None:
-        result = web.Response(body=payload, content_type="application/json")
+        answer = web.Response(body=payload, content_type="application/json")
     else:
-        result = web.Response(
-            body=payload,
-            content_type="application/octet-stream",
-            headers={HEADER_LENGTH: str(json_length)},
-        )
+        answer = web.Response(body=payload, content_type="application/octet-stream",
+                              headers={HEADER_LENGTH: str(json_length)})
     accepted = request.headers.get("Accept-Encoding")
     if accepted and ("gzip" in accepted or "deflate" in accepted):
-        result.enable_compression()
-    return result
+        answer.enable_compression()
+    return answer
 
 
 async def model_statistics(request: web.Request) -> web.Response:
-    name = request.match_info.get("model")
-    return _json(request.app[DATAPLANE].model_statistics(name, request.match_info.get("version")))
+    rows = request.app[DATAPLANE].model_statistics(request.match_info.get("model"), request.match_info.get("version"))
+    return _json({"model_stats": [row.as_json() for row in rows]})
 
 
 async def model_selection(request: web.Request) -> web.Response:
@@ -179,7 +162,7 @@ async def model_selection(request: web.Request) -> web.Response:
 async def prometheus_metrics(request: web.Request) -> web.Response:
     metrics = request.app.get(METRICS)
     if metrics is None:
-        return error_response(503, "metrics are switched off (settings: metrics = false)")
+        raise Unavailable("metrics are switched off (settings: metrics = false)")
     body = await asyncio.to_thread(metrics.prometheus)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
@@ -199,7 +182,9 @@ def _query_int(request: web.Request, name: str, default: int | None, low: int, h
 
 
 async def metrics_history(request: web.Request) -> web.Response:
-    settings = request.app[SETTINGS]
+    config = request.app[CONFIG]
+    if config.history is None:
+        raise Unavailable("metrics are switched off (settings: metrics = false): there is no history")
     now = int(time.time())
     until = _query_int(request, "until", now + 1, 0, _MAX_UNIX_TIME)
     since = _query_int(request, "since", (until or now) - 3600, 0, _MAX_UNIX_TIME)
@@ -208,18 +193,15 @@ async def metrics_history(request: web.Request) -> web.Response:
     model = request.query.get("model") or None
     version = _query_int(request, "version", None, 1, _MAX_VERSION)
     try:
-        result = await asyncio.to_thread(history, settings.metrics_db, since, until, step, model, version,
-                                         not request.app[STATE].writable)
+        result = await asyncio.to_thread(history, config.history, since, until, step, model, version,
+                                         config.history_read_only)
     except ValueError as exc:
         raise InvalidInput(str(exc)) from None
     return _json(result)
 
 
 async def hardware(request: web.Request) -> web.Response:
-    report = request.app[DATAPLANE].hardware
-    if report is None:
-        return error_response(503, "the hardware probe is still running; try again in a few seconds")
-    return _json(report)
+    return _json(request.app[DATAPLANE].hardware())
 
 
 async def fleet(request: web.Request) -> web.Response:
@@ -255,28 +237,27 @@ async def unload_model(request: web.Request) -> web.Response:
 
 async def repository_index(request: web.Request) -> web.Response:
     body = await _optional_json(request, 'a JSON object such as {"ready": true}')
-    return _json(request.app[DATAPLANE].repository_index(bool(body.get("ready", False))))
+    rows = request.app[DATAPLANE].repository_index(bool(body.get("ready", False)))
+    return _json([row.as_json() for row in rows])
 
 
 async def trace_setting(request: web.Request) -> web.Response:
-    """Triton's trace extension: GET answers the settings in force (global, or the model's); POST changes
-    them ({"trace_level": ["TIMESTAMPS"], "trace_rate": "1"}; null clears one) and answers the result."""
-    model = request.match_info.get("model")
-    if model is not None:
-        request.app[DATAPLANE].registry.entry(model)  # 404 for a model the repository does not have
-    traces = request.app[TRACES]
-    if request.method == "POST":
-        body = await _optional_json(request, 'a JSON object such as {"trace_level": ["TIMESTAMPS"], "trace_rate": "1"}')
-        values = traces.update({key: _setting_values(key, value) for key, value in body.items()}, model)
-    else:
-        values = traces.get(model)
-    # As Triton answers over HTTP: the level as a list, every other setting as one string.
-    return _json({key: value if key == "trace_level" else (value[0] if value else "") for key, value in values.items()})
+    """Triton's trace extension: GET answers the settings in force (global, or the model's)."""
+    return _trace_answer(request.app[DATAPLANE].trace_settings(request.match_info.get("model")))
 
 
 async def change_trace_setting(request: web.Request) -> web.Response:
-    """The POST of trace_setting, its own handler so that changing settings is a control action."""
-    return await trace_setting(request)
+    """POST changes them ({"trace_level": ["TIMESTAMPS"], "trace_rate": "1"}; null clears one) and answers
+    the result (a control operation)."""
+    model = request.match_info.get("model")
+    body = await _optional_json(request, 'a JSON object such as {"trace_level": ["TIMESTAMPS"], "trace_rate": "1"}')
+    changes = {key: _setting_values(key, value) for key, value in body.items()}
+    return _trace_answer(request.app[DATAPLANE].trace_settings(model, changes))
+
+
+def _trace_answer(values: dict[str, list[str]]) -> web.Response:
+    # As Triton answers over HTTP: the level as a list, every other setting as one string.
+    return _json({key: value if key == "trace_level" else (value[0] if value else "") for key, value in values.items()})
 
 
 def _setting_values(key: str, value: object) -> list[str]:
@@ -293,62 +274,58 @@ _VERSION = "/v2/models/{model}/versions/{version}"
 
 async def log_settings(request: web.Request) -> web.Response:
     """Triton's logging extension: the daemon's log settings."""
-    return _json(request.app[LOGS].get())
+    return _json(request.app[DATAPLANE].log_settings())
 
 
 async def update_log_settings(request: web.Request) -> web.Response:
     """Change the daemon's log settings at once (a control endpoint); answers the settings now."""
     changes = await _optional_json(request, 'a JSON object such as {"log_verbose_level": 1}')
-    return _json(request.app[LOGS].update(changes))
+    return _json(request.app[DATAPLANE].log_settings(changes))
 
 
-ROUTES = [
+_ROUTES: list[tuple[str, str, Callable, Operation]] = [
     # Inference first: aiohttp tries the routes under /v2 in this order, a pattern match each.
-    web.post(_MODEL + "/infer", infer),
-    web.post(_VERSION + "/infer", infer),
-    web.post(_MODEL + "/generate", generate),
-    web.post(_VERSION + "/generate", generate),
-    web.post(_MODEL + "/generate_stream", generate_stream),
-    web.post(_VERSION + "/generate_stream", generate_stream),
-    web.get("/", dashboard),
-    web.static("/dashboard/static", STATIC_DIR),
-    web.get("/metrics", prometheus_metrics),
-    web.get("/v2/history", metrics_history),
-    web.get("/v2/probe", hardware),
-    web.get("/v2/fleet", fleet),
-    web.get("/v2/openapi.json", openapi),
-    web.get("/v2/health", server_health),
-    web.get("/v2/logging", log_settings),
-    web.post("/v2/logging", update_log_settings),
-    web.get("/v2/health/live", server_live),
-    web.get("/v2/health/ready", server_ready),
-    web.get("/v2", server_metadata),
-    web.post("/v2/repository/index", repository_index),
-    web.post("/v2/repository/models/{model}/load", load_model),
-    web.post("/v2/repository/models/{model}/unload", unload_model),
-    web.get("/v2/models/stats", model_statistics),
-    web.get("/v2/trace/setting", trace_setting),
-    web.get(_MODEL + "/trace/setting", trace_setting),
-    web.post("/v2/trace/setting", change_trace_setting),
-    web.post(_MODEL + "/trace/setting", change_trace_setting),
+    ("POST", _MODEL + "/infer", infer, Operation.INFER),
+    ("POST", _VERSION + "/infer", infer, Operation.INFER),
+    ("POST", _MODEL + "/generate", generate, Operation.INFER),
+    ("POST", _VERSION + "/generate", generate, Operation.INFER),
+    ("POST", _MODEL + "/generate_stream", generate_stream, Operation.INFER_STREAM),
+    ("POST", _VERSION + "/generate_stream", generate_stream, Operation.INFER_STREAM),
+    ("GET", "/", dashboard, Operation.DOCUMENTS),
+    ("GET", "/metrics", prometheus_metrics, Operation.METRICS),
+    ("GET", "/v2/history", metrics_history, Operation.HISTORY),
+    ("GET", "/v2/probe", hardware, Operation.HARDWARE),
+    ("GET", "/v2/fleet", fleet, Operation.FLEET),
+    ("GET", "/v2/openapi.json", openapi, Operation.DOCUMENTS),
+    ("GET", "/v2/health", server_health, Operation.SERVER_HEALTH),
+    ("GET", "/v2/logging", log_settings, Operation.LOG_SETTINGS),
+    ("POST", "/v2/logging", update_log_settings, Operation.LOG_UPDATE),
+    ("GET", "/v2/health/live", server_live, Operation.SERVER_LIVE),
+    ("GET", "/v2/health/ready", server_ready, Operation.SERVER_READY),
+    ("GET", "/v2", server_metadata, Operation.SERVER_METADATA),
+    ("POST", "/v2/repository/index", repository_index, Operation.REPOSITORY_INDEX),
+    ("POST", "/v2/repository/models/{model}/load", load_model, Operation.MODEL_LOAD),
+    ("POST", "/v2/repository/models/{model}/unload", unload_model, Operation.MODEL_UNLOAD),
+    ("GET", "/v2/models/stats", model_statistics, Operation.MODEL_STATISTICS),
+    ("GET", "/v2/trace/setting", trace_setting, Operation.TRACE_SETTINGS),
+    ("GET", _MODEL + "/trace/setting", trace_setting, Operation.TRACE_SETTINGS),
+    ("POST", "/v2/trace/setting", change_trace_setting, Operation.TRACE_UPDATE),
+    ("POST", _MODEL + "/trace/setting", change_trace_setting, Operation.TRACE_UPDATE),
     *(
         route
         for prefix in (_MODEL, _VERSION)
         for route in (
-            web.get(prefix, model_metadata),
-            web.get(prefix + "/ready", model_ready),
-            web.get(prefix + "/config", model_config),
-            web.get(prefix + "/stats", model_statistics),
-            web.get(prefix + "/selection", model_selection),
+            ("GET", prefix, model_metadata, Operation.MODEL_METADATA),
+            ("GET", prefix + "/ready", model_ready, Operation.MODEL_READY),
+            ("GET", prefix + "/config", model_config, Operation.MODEL_CONFIG),
+            ("GET", prefix + "/stats", model_statistics, Operation.MODEL_STATISTICS),
+            ("GET", prefix + "/selection", model_selection, Operation.MODEL_SELECTION),
         )
     ),
     *shared_memory.ROUTES,
 ]
 
-# Access levels, by handler (see rest/security.py): control needs the token from a non-exempt address
-# and passes the browser checks; open needs nothing even when inference is protected.
-CONTROL_HANDLERS = frozenset({
-    load_model, unload_model, update_log_settings, change_trace_setting, *shared_memory.CONTROL_HANDLERS,
-})
-OPEN_HANDLERS = frozenset({server_live, server_ready, server_health})
-UNLIMITED_HANDLERS = frozenset({server_live, server_ready, server_health, prometheus_metrics})
+ROUTES: list[web.AbstractRouteDef] = [web.route(method, path, handler) for method, path, handler, _ in _ROUTES]
+ROUTES.insert(7, web.static("/dashboard/static", STATIC_DIR))
+OPERATIONS = {handler: operation for _, _, handler, operation in _ROUTES}
+"""The data-plane operation each handler performs (one operation per handler)."""

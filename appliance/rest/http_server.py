@@ -1,9 +1,10 @@
 """The HTTP server around an application: a bound on open connections, a bound on the time a connection
 may take to send its request head, and a stop that keeps to one deadline.
 
-- **Connections** (``max_connections``, shared by every port of the daemon): each accepted connection is
-  counted until it closes; beyond the bound a new one gets a short 503 and is closed at once, never
-  queued behind the others and never handed to aiohttp (so it counts against no request limit).
+- **Connections** (``max_connections``, shared by every port of the daemon: the gRPC port takes its share,
+  the HTTP and metrics ports count the rest together): each accepted connection is counted until it
+  closes; beyond the bound a new one gets a short 503 and is closed at once, never queued behind the
+  others and never handed to aiohttp (so it counts against no request limit).
 - **Request heads** (``header_timeout``, nginx's client_header_timeout): aiohttp arms its keep-alive
   timer when a connection opens and closes a connection that is still waiting for a complete request
   head when it fires, so its ``keepalive_timeout`` is the header timeout (and bounds idle keep-alive
@@ -126,7 +127,8 @@ class _Counted(asyncio.Protocol):
 
 
 def _refusal_response(limit: int) -> bytes:
-    body = orjson.dumps({"error": f"the server has {limit} connections open (max_connections); retry shortly"})
+    body = orjson.dumps({"error": f"the server's HTTP ports have {limit} connections open (max_connections, less the "
+                                  "gRPC port's share); retry shortly"})
     head = (
         "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
         f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n"

@@ -7,7 +7,7 @@ from aiohttp import web
 
 from appliance.rest.body import read_body
 from appliance.rest.codec import parse_json_object
-from appliance.rest.keys import BODY_LIMITS, BUDGET
+from appliance.rest.keys import CONFIG, DATAPLANE
 
 __all__ = ["json_response", "optional_json"]
 
@@ -20,6 +20,6 @@ async def optional_json(request: web.Request, expected: str) -> dict:
     """The body as a JSON object (``expected`` describes it in errors); an absent or blank body is ``{}``."""
     if not request.can_read_body:
         return {}
-    with request.app[BUDGET].account() as account:
-        raw = await read_body(request, account, request.app[BODY_LIMITS])
+    with request.app[DATAPLANE].account() as account:
+        raw = await read_body(request, account, request.app[CONFIG].body)
         return parse_json_object(raw, expected) if raw.strip() else {}

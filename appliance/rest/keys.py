@@ -2,28 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from typing import Any
+
 from aiohttp import web
 
-from appliance.budget import MemoryBudget
 from appliance.mdns.fleet import FleetView
 from appliance.metrics.service import MetricsService
 from appliance.protocol.dataplane import DataPlane
-from appliance.protocol.log_settings import LogSettings
-from appliance.protocol.trace_settings import TraceSettings
-from appliance.rest.body import BodyLimits
-from appliance.rest.codec import DecodeLimits
-from appliance.settings import Settings
-from appliance.state import StateDir
+from appliance.protocol.operations import Operation
+from appliance.rest.config import RestConfig
 
-__all__ = ["BODY_LIMITS", "BUDGET", "DATAPLANE", "FLEET", "LIMITS", "LOGS", "METRICS", "SETTINGS", "STATE", "TRACES"]
+__all__ = ["CONFIG", "DATAPLANE", "FLEET", "METRICS", "OPERATIONS"]
 
-SETTINGS = web.AppKey("settings", Settings)
+CONFIG = web.AppKey("config", RestConfig)
 DATAPLANE = web.AppKey("dataplane", DataPlane)
 METRICS = web.AppKey("metrics", MetricsService)
-LIMITS = web.AppKey("limits", DecodeLimits)
-BODY_LIMITS = web.AppKey("body_limits", BodyLimits)
-BUDGET = web.AppKey("budget", MemoryBudget)
-STATE = web.AppKey("state", StateDir)
-LOGS = web.AppKey("logs", LogSettings)
-TRACES = web.AppKey("traces", TraceSettings)
 FLEET = web.AppKey("fleet", FleetView)
+OPERATIONS: web.AppKey[Mapping[Callable[..., Any], Operation]] = web.AppKey("operations")
+"""The operation each route's handler performs: what the admission middleware admits."""

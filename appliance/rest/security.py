@@ -1,52 +1,22 @@
-"""Who may do what, and how much at once: bearer tokens for control endpoints (or everything), and a
-bound on requests in flight. Both are aiohttp middlewares; their errors go through the error middleware."""
+"""Admission over HTTP: the request's ``Host`` must name this box, then the data plane admits the
+operation the matched route asks for (token, browser rules, the bound on requests in flight) before the
+handler reads a byte of the body. Errors go through the error middleware."""
 
 from __future__ import annotations
 
-import dataclasses
-import logging
-from collections.abc import Callable
-from typing import Any
-
 from aiohttp import web
 
-from appliance.access import Network, address_in, check_bearer, parse_networks
-from appliance.errors import Unavailable
-from appliance.rest.browser import HostPolicy, check_control_request, check_host
-from appliance.rest.keys import SETTINGS
+from appliance.protocol.admission import Caller, Network, address_in
+from appliance.protocol.operations import Operation
+from appliance.rest.browser import browser_refusal, check_host
+from appliance.rest.keys import CONFIG, DATAPLANE, OPERATIONS
 
-__all__ = [
-    "ACCESS",
-    "AccessRules",
-    "client_address",
-    "concurrency_middleware",
-    "install",
-    "make_auth_middleware",
-    "parse_networks",
-]
+__all__ = ["admission_middleware", "caller", "client_address"]
 
-log = logging.getLogger(__name__)
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class AccessRules:
-    """Who may call what: routes are told apart by the handler that matched, never by the path text
-    (a path with %2F decodes differently from how it routes)."""
-
-    token: str
-    control: frozenset[Callable[..., Any]]
-    """Handlers that change the server's state: the token (unless exempt) and the browser checks."""
-    open: frozenset[Callable[..., Any]]
-    """Handlers that need nothing, even with protect_inference (health)."""
-    exempt: tuple[Network, ...]
-    trusted_proxies: tuple[Network, ...] = ()
-    unlimited: frozenset[Callable[..., Any]] = frozenset()
-    """Handlers outside max_concurrent_requests: a box busy with (or flooded by) requests still answers
-    its health checks and metrics."""
-    protect_inference: bool = False
-    hosts: HostPolicy = dataclasses.field(default_factory=lambda: HostPolicy(frozenset(), any_host=True))
+_CALLER = "appliance.caller"
 
 
-def client_address(request: web.Request, trusted_proxies: tuple[Network, ...]) -> str | None:
+def client_address(request: web.BaseRequest, trusted_proxies: tuple[Network, ...]) -> str | None:
     """The client's address: the peer's, or, when the peer is a trusted proxy, the last address in
     X-Forwarded-For that is not one of the trusted proxies."""
     peer = request.remote
@@ -59,49 +29,29 @@ def client_address(request: web.Request, trusted_proxies: tuple[Network, ...]) -
     return hops[0] if hops else peer
 
 
-def make_auth_middleware(rules: AccessRules):
-    @web.middleware
-    async def auth_middleware(request: web.Request, handler) -> web.StreamResponse:
-        check_host(request, rules.hosts)
-        matched = request.match_info.handler
-        control = matched in rules.control
-        if control:
-            check_control_request(request)
-        guarded = control or (rules.protect_inference and matched not in rules.open)
-        if guarded and not address_in(client_address(request, rules.trusted_proxies), rules.exempt):
-            check_bearer(request.headers.get("Authorization"), rules.token, "'Authorization: Bearer <token>'")
-        return await handler(request)
+def _caller(request: web.Request) -> Caller:
+    address = client_address(request, request.app[CONFIG].trusted_proxies)
+    direct = address == request.remote
+    connected_to = None
+    if direct and request.transport is not None:
+        sockname = request.transport.get_extra_info("sockname")
+        connected_to = sockname[0] if isinstance(sockname, tuple) and sockname else None
+    return Caller(address, request.headers.get("Authorization"), connected_to=connected_to, direct=direct,
+                  browser_refusal=browser_refusal(request))
 
-    return auth_middleware
+
+def caller(request: web.Request) -> Caller:
+    """The client of ``request``, as the admission middleware described it to the data plane."""
+    found = request.get(_CALLER)
+    return found if isinstance(found, Caller) else _caller(request)
 
 
 @web.middleware
-async def concurrency_middleware(request: web.Request, handler) -> web.StreamResponse:
-    app = request.app
-    if request.match_info.handler in app[ACCESS].unlimited:
+async def admission_middleware(request: web.Request, handler) -> web.StreamResponse:
+    check_host(request, request.app[CONFIG].hosts)
+    # Routes are told apart by the handler that matched, never by the path text (a path with %2F
+    # decodes differently from how it routes); anything unlisted (a 404, static files) reads.
+    operation = request.app[OPERATIONS].get(request.match_info.handler, Operation.DOCUMENTS)
+    request[_CALLER] = who = _caller(request)
+    with request.app[DATAPLANE].admit(operation, who):
         return await handler(request)
-    limit = app[SETTINGS].max_concurrent_requests
-    state = app[_IN_FLIGHT]
-    if state[0] >= limit:
-        raise Unavailable(f"the server is handling {limit} requests already (max_concurrent_requests); retry",
-                          retry_after=1)
-    state[0] += 1
-    try:
-        return await handler(request)
-    finally:
-        state[0] -= 1
-
-
-_IN_FLIGHT = web.AppKey("in_flight", list)
-
-
-ACCESS = web.AppKey("access", AccessRules)
-
-
-def install(app: web.Application, rules: AccessRules, limit_requests: bool = True) -> None:
-    """Add the middlewares (auth first, then the in-flight bound) to an application being built."""
-    app[ACCESS] = rules
-    app[_IN_FLIGHT] = [0]
-    app.middlewares.append(make_auth_middleware(rules))
-    if limit_requests:
-        app.middlewares.append(concurrency_middleware)

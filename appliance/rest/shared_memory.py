@@ -1,54 +1,29 @@
-"""Triton's shared-memory routes over REST: parse, call the core registry, answer.
+"""Triton's shared-memory routes over REST: parse, call the data plane, answer.
 
     GET  /v2/{systemsharedmemory,cudasharedmemory}[/region/{region}]/status
     POST /v2/systemsharedmemory/region/{region}/register   {"key", "offset", "byte_size"}
     POST /v2/cudasharedmemory/region/{region}/register     {"raw_handle": {"b64"}, "device_id", "byte_size"}
     POST /v2/{systemsharedmemory,cudasharedmemory}[/region/{region}]/unregister
-
-Whether the client is on this host is decided here (its address, the connection's own address, the
-trusted proxies) with the core's ``LocalPeers``, and handed to the registry, which applies
-``client_shm``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
+from collections.abc import Callable
 
 from aiohttp import web
 
-from appliance.errors import InvalidInput, NotSupported
-from appliance.protocol.shared_memory import SharedMemoryRegistry
+from appliance.errors import InvalidInput
+from appliance.protocol.operations import Operation
 from appliance.rest.jsonio import json_response, optional_json
 from appliance.rest.keys import DATAPLANE
-from appliance.rest.security import ACCESS, client_address
+from appliance.rest.security import caller
 
-__all__ = ["CONTROL_HANDLERS", "ROUTES", "is_local_client"]
+__all__ = ["ROUTES"]
 
 # A cudaIpcMemHandle_t is 64 bytes: 88 characters of base64.
 _MAX_HANDLE_TEXT = 128
-
-
-def is_local_client(request: web.Request) -> bool:
-    """Whether the client of ``request`` is on this host (``LocalPeers``): the forwarded client behind a
-    trusted proxy, else the peer, compared also with the address its connection reached."""
-    shared_memory = request.app[DATAPLANE].shared_memory
-    if shared_memory is None:
-        return False
-    client = client_address(request, request.app[ACCESS].trusted_proxies)
-    connected_to = None
-    if client == request.remote and request.transport is not None:
-        sockname = request.transport.get_extra_info("sockname")
-        connected_to = sockname[0] if isinstance(sockname, tuple) and sockname else None
-    return shared_memory.local_peers.contains(client, connected_to)
-
-
-def _registry(request: web.Request) -> SharedMemoryRegistry:
-    shared_memory = request.app[DATAPLANE].shared_memory
-    if shared_memory is None:
-        raise NotSupported("shared memory is not served by this server")
-    return shared_memory
 
 
 def _region(request: web.Request) -> str | None:
@@ -56,8 +31,8 @@ def _region(request: web.Request) -> str | None:
 
 
 async def system_status(request: web.Request) -> web.Response:
-    status = _registry(request).system.status(_region(request), local=is_local_client(request))
-    return json_response(status)
+    regions = request.app[DATAPLANE].shared_memory_status("system", caller(request), _region(request))
+    return json_response([region.as_json() for region in regions])
 
 
 async def system_register(request: web.Request) -> web.Response:
@@ -65,19 +40,20 @@ async def system_register(request: web.Request) -> web.Response:
     name = request.match_info["region"]
     if "key" not in body or "byte_size" not in body:
         raise InvalidInput(f"failed to register shared memory region '{name}': the body needs 'key' and 'byte_size'")
-    _registry(request).system.register(name, body["key"], body.get("offset", 0), body["byte_size"],
-                                       local=is_local_client(request))
+    request.app[DATAPLANE].register_system_shared_memory(caller(request), name, body["key"], body.get("offset", 0),
+                                                         body["byte_size"])
     return web.Response(status=200)
 
 
 async def system_unregister(request: web.Request) -> web.Response:
     await optional_json(request, "an empty body")
-    _registry(request).system.unregister(_region(request), local=is_local_client(request))
+    await request.app[DATAPLANE].unregister_shared_memory("system", caller(request), _region(request))
     return web.Response(status=200)
 
 
 async def cuda_status(request: web.Request) -> web.Response:
-    return json_response(_registry(request).cuda.status(_region(request), local=is_local_client(request)))
+    regions = request.app[DATAPLANE].shared_memory_status("cuda", caller(request), _region(request))
+    return json_response([region.as_json() for region in regions])
 
 
 def _raw_handle(body: dict, name: str) -> bytes:
@@ -100,40 +76,36 @@ async def cuda_register(request: web.Request) -> web.Response:
     body = await optional_json(request, 'a JSON object such as {"raw_handle": {"b64": "..."}, "device_id": 0, '
                                         '"byte_size": 64}')
     name = request.match_info["region"]
-    registry = _registry(request)
-    local = is_local_client(request)
-    # Where CUDA cannot work, the registry's answer (501) says what it needs, whatever the body holds.
+    plane = request.app[DATAPLANE]
+    # Where CUDA cannot work, the data plane's answer (501) says what it needs, whatever the body holds.
     raw, byte_size = b"", 0
-    if registry.cuda.enabled:
+    if plane.cuda_shared_memory:
         raw, claimed = _raw_handle(body, name), body.get("byte_size")
         if type(claimed) is not int or claimed < 0:
             raise InvalidInput(f"failed to register shared memory region '{name}': 'byte_size' must be a "
                                "non-negative integer")
         byte_size = claimed
-    # Off the loop: the first IPC handle a process opens initialises CUDA (a second or more).
-    await asyncio.to_thread(registry.cuda.register, name, raw, body.get("device_id", 0), byte_size, local=local)
+    await plane.register_cuda_shared_memory(caller(request), name, raw, body.get("device_id", 0), byte_size)
     return web.Response(status=200)
 
 
 async def cuda_unregister(request: web.Request) -> web.Response:
     await optional_json(request, "an empty body")
-    await asyncio.to_thread(_registry(request).cuda.unregister, _region(request), local=is_local_client(request))
+    await request.app[DATAPLANE].unregister_shared_memory("cuda", caller(request), _region(request))
     return web.Response(status=200)
 
 
-def _routes(kind: str, status, register, unregister) -> list[web.RouteDef]:
+def _routes(kind: str, status: Callable, register: Callable,
+            unregister: Callable) -> list[tuple[str, str, Callable, Operation]]:
     base = f"/v2/{kind}sharedmemory"
     return [
-        web.get(f"{base}/status", status),
-        web.get(base + "/region/{region}/status", status),
-        web.post(base + "/region/{region}/register", register),
-        web.post(f"{base}/unregister", unregister),
-        web.post(base + "/region/{region}/unregister", unregister),
+        ("GET", f"{base}/status", status, Operation.SHM_STATUS),
+        ("GET", base + "/region/{region}/status", status, Operation.SHM_STATUS),
+        ("POST", base + "/region/{region}/register", register, Operation.SHM_REGISTER),
+        ("POST", f"{base}/unregister", unregister, Operation.SHM_UNREGISTER),
+        ("POST", base + "/region/{region}/unregister", unregister, Operation.SHM_UNREGISTER),
     ]
 
 
 ROUTES = [*_routes("system", system_status, system_register, system_unregister),
           *_routes("cuda", cuda_status, cuda_register, cuda_unregister)]
-# Registering and unregistering change the server's state: the token (off the exempt networks) and the
-# browser checks apply, as to model loading.
-CONTROL_HANDLERS = frozenset({system_register, system_unregister, cuda_register, cuda_unregister})

@@ -10,6 +10,7 @@ from appliance.composition import Appliance
 from appliance.errors import ConfigError, ModelNotReady
 from appliance.examples import build_example_repository
 from appliance.settings import Settings
+from tests.appliance.protocol.sources import LOCAL, Decoded
 from tests.readonly import unwritable
 
 
@@ -27,7 +28,7 @@ async def test_starts_loads_and_stops_in_reverse(tmp_path):
     assert await appliance.close() == []
     assert appliance.registry.ready_count() == 0
     with pytest.raises(ModelNotReady):
-        appliance.dataplane.model("simple")
+        appliance.dataplane.model_metadata("simple")
 
 
 async def test_the_daemon_starts_without_a_writable_place_for_its_token(tmp_path):
@@ -84,7 +85,7 @@ async def test_shared_memory_regions_are_closed_at_stop(tmp_path, shm_object):
     try:
         appliance.shared_memory.system.register("r", key, 0, 64, local=True)
         assert appliance.shared_memory.counts() == (1, 64) and opened("self", key) == own + 1
-        assert "system_shared_memory" in appliance.dataplane.server_metadata()["extensions"]
+        assert "system_shared_memory" in appliance.dataplane.server_metadata().extensions
     finally:
         await appliance.close()
     assert opened("self", key) == own and appliance.shared_memory.counts() == (0, 0)
@@ -106,13 +107,12 @@ async def test_a_read_only_state_dir_keeps_traces_in_memory_and_says_so(tmp_path
         appliance.traces.update({"trace_level": ["TIMESTAMPS"], "trace_rate": ["1"]})
         dataplane = appliance.dataplane
         metadata = dataplane.model_metadata("simple")
-        inputs = [InferInput(t["name"], t["datatype"], np.zeros([1 if d == -1 else d for d in t["shape"]],
-                                                                 dtype=triton_to_np_dtype(t["datatype"])))
-                  for t in metadata["inputs"]]
-        with dataplane.model("simple").in_use() as model:
-            await dataplane.infer(model, InferRequest(inputs), local=True)
-        tracer = dataplane.tracer
-        assert tracer is not None
+        inputs = [InferInput(t.name, t.datatype, np.zeros([1 if d == -1 else d for d in t.shape],
+                                                         dtype=triton_to_np_dtype(t.datatype)))
+                  for t in metadata.inputs]
+        async with dataplane.infer(LOCAL, Decoded("simple", InferRequest(inputs))):
+            pass
+        tracer = appliance.tracer
         await asyncio.to_thread(tracer.writer.flush)
         (trace,) = tracer.writer.kept()
         assert trace["model_name"] == "simple" and len(trace["timestamps"]) == 7
@@ -124,7 +124,7 @@ async def test_the_stream_settings_bound_every_decoupled_request(tmp_path):
     appliance = await Appliance.start(_settings(tmp_path, metrics=False, stream_buffer_bytes=1 << 20,
                                                 stream_stall_timeout=5.0))
     try:
-        limits = appliance.dataplane.stream_limits
+        limits = appliance.dataplane.rules.streams
         assert (limits.max_bytes, limits.stall_timeout) == (1 << 20, 5.0)
     finally:
         await appliance.close()

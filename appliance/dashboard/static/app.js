@@ -94,6 +94,18 @@
     return el;
   }
 
+  // A long text (an OpenVINO conversion error runs to 20 lines) shows its first line; the whole text
+  // opens on demand, so one failed plan never pushes the models table to three screens.
+  function longText(text, cls) {
+    const full = String(text == null ? "" : text).trim();
+    const first = full.split("\n", 1)[0];
+    const shortened = first.length > 160 ? `${first.slice(0, 157)}…` : first;
+    if (shortened === full) return h("div", { class: cls }, full);
+    return h("details", { class: `${cls} long-text` },
+      h("summary", { title: "show the whole text" }, shortened),
+      h("pre", {}, full));
+  }
+
   function replaceChildren(el, ...children) {
     el.replaceChildren();
     for (const child of children.flat(Infinity)) if (child != null) el.append(child);
@@ -267,7 +279,7 @@
       return h("tr", { "data-model": row.name },
         h("td", { class: "model-name" }, row.name, row.origin === "pushed" ? [" ", pill("pushed", "accent")] : null),
         h("td", { class: "mono" }, row.version != null ? row.version : "—"),
-        h("td", {}, pill(row.state, statusKind(row.state)), row.reason ? h("div", { class: "reason" }, row.reason) : null),
+        h("td", {}, pill(row.state, statusKind(row.state)), row.reason ? longText(row.reason, "reason") : null),
         h("td", {}, renderChosen(row, answer)),
         h("td", {}, renderCandidates(answer)));
     }));
@@ -296,9 +308,9 @@
 
   function renderChosen(row, answer) {
     if (row.state !== "READY") return h("span", { class: "muted" }, "not serving");
-    if (answer.error) return h("span", { class: "reason" }, answer.error);
+    if (answer.error) return longText(answer.error, "reason");
     const selection = answer.selection || {};
-    if (!selection.chosen) return h("span", { class: "muted" }, selection.reason || "the config's backend");
+    if (!selection.chosen) return selection.reason ? longText(selection.reason, "muted") : h("span", { class: "muted" }, "the config's backend");
     return h("div", {},
       h("span", { class: "plan chosen" }, selection.chosen),
       h("div", { class: "meta" },
@@ -317,7 +329,7 @@
       const width = slowest > 0 && c.latency_ms != null ? Math.max(2, (100 * c.latency_ms) / slowest) : 0;
       const head = [h("td", { class: "plan" }, isChosen ? "★ " : "", c.plan), h("td", {}, pill(c.status, statusKind(c.status)))];
       if (c.status !== "ok") {
-        return h("tr", {}, head, h("td", { colSpan: 3, class: "why" }, c.reason || ""));
+        return h("tr", {}, head, h("td", { colSpan: 3, class: "why" }, longText(c.reason || "", "why-text")));
       }
       return h("tr", { class: isChosen ? "is-chosen" : "" }, head,
         h("td", { class: "bar-cell" },

@@ -11,7 +11,11 @@ locality says nothing about the client's.
 from __future__ import annotations
 
 import ipaddress
+import socket
+import time
 from collections.abc import Iterable
+
+import psutil
 
 __all__ = ["LocalPeers"]
 
@@ -44,3 +48,27 @@ class LocalPeers:
         if any(address in network for network in self.networks):
             return True
         return connected_to is not None and address == _parse(connected_to)
+
+    def is_local(self, client: str | None, connected_to: str | None, *, direct: bool) -> bool:
+        """``contains``, for a transport that may not know which local address a connection reached
+        (grpc.aio does not say): a direct peer with an address of this host is on this host all the same,
+        since no other machine can complete a TCP handshake from it."""
+        if connected_to is None and direct and client is not None and client.split("%")[0] in _host_addresses():
+            connected_to = client
+        return self.contains(client, connected_to)
+
+
+_HOST_ADDRESSES_TTL = 5.0
+_host_cache: tuple[float, frozenset[str]] = (-_HOST_ADDRESSES_TTL, frozenset())
+
+
+def _host_addresses() -> frozenset[str]:
+    """This host's own addresses (read again every few seconds: interfaces come and go)."""
+    global _host_cache
+    read_at, addresses = _host_cache
+    now = time.monotonic()
+    if now - read_at >= _HOST_ADDRESSES_TTL:
+        addresses = frozenset(a.address.split("%")[0] for found in psutil.net_if_addrs().values() for a in found
+                              if a.family in (socket.AF_INET, socket.AF_INET6))
+        _host_cache = (now, addresses)
+    return addresses

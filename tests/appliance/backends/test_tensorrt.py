@@ -16,7 +16,7 @@ from tests.builders import save
 
 torch = pytest.importorskip("torch")
 trt = pytest.importorskip("tensorrt")
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="TensorRT needs a CUDA GPU")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="TensorRT needs a CUDA GPU")]
 
 
 def _build_engine(onnx_path, plan_path, max_batch: int = 8) -> None:

@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.builders import cnn_model, save
 
 
@@ -18,6 +20,7 @@ def _appliance(*args: str, env: dict | None = None) -> subprocess.CompletedProce
                           timeout=300, env=environment)
 
 
+@pytest.mark.slow  # the hardware probe imports every runtime in a child process
 def test_probe_json_reports_this_box():
     result = _appliance("probe", "--json")
     assert result.returncode == 0, result.stderr
@@ -31,11 +34,13 @@ def test_probe_json_reports_this_box():
     assert len(report["fingerprint"]) >= 16 and "cpu" in report["accelerators"]
 
 
+@pytest.mark.slow  # the hardware probe imports every runtime in a child process
 def test_probe_table():
     result = _appliance("probe")
     assert result.returncode == 0 and "fingerprint" in result.stdout and "onnxruntime" in result.stdout
 
 
+@pytest.mark.slow  # tuning measures plans
 def test_tune_then_cache_ls_and_clear(tmp_path):
     repo = tmp_path / "repo"
     save(cnn_model(), repo / "cnn" / "1" / "model.onnx")
@@ -51,6 +56,7 @@ def test_tune_then_cache_ls_and_clear(tmp_path):
     assert "removed 1 entries" in cleared.stdout
 
 
+@pytest.mark.slow  # tuning measures plans
 def test_tune_unknown_model_is_a_clear_error(tmp_path):
     result = _appliance("tune", "nope", "--model-repository", str(tmp_path), "--state-dir", str(tmp_path / "s"))
     assert result.returncode == 2 and "no model 'nope'" in result.stderr
@@ -88,11 +94,12 @@ def test_cache_ls_of_a_state_dir_without_a_cache_creates_nothing(tmp_path):
     assert cleared.returncode == 0 and "removed 0 entries" in cleared.stdout
 
 
-def test_readme_command_line_block_is_the_parsers_own():
+def test_the_documented_command_line_block_is_the_parsers_own():
     from pathlib import Path
 
     from appliance.cli import usage_summary
 
-    readme = (Path(__file__).parents[3] / "README.md").read_text()
-    block = readme.split("## Command line\n\n```\n", 1)[1].split("```", 1)[0]
-    assert block == usage_summary(), "README's command-line block drifted: paste `python -m appliance.cli`"
+    page = (Path(__file__).parents[3] / "docs" / "getting-started.md").read_text()
+    block = page.split("## Command line\n\n```\n", 1)[1].split("```", 1)[0]
+    assert block == usage_summary(), (
+        "docs/getting-started.md's command-line block drifted: paste the output of `python -m appliance.cli`")

@@ -20,9 +20,11 @@ from appliance.engine.model import ModelVersion
 from appliance.engine.scheduler import Scheduler, policy_from_config
 from appliance.engine.stats import ModelStats
 from appliance.engine.streaming import StreamItem, StreamLimits
+from appliance.engine.tensor_checks import DecodeLimits
 from appliance.engine.types import InferInput, InferRequest
 from appliance.errors import InferenceFailed, InvalidInput, Unavailable
-from appliance.protocol.dataplane import DataPlane
+from appliance.protocol.admission import Caller
+from appliance.protocol.inference import Inference
 from appliance.protocol.trace_settings import TraceSettings
 from appliance.protocol.trace_writer import TraceWriter
 from appliance.protocol.tracing import Tracer
@@ -83,18 +85,37 @@ def _out(value: int) -> dict[str, np.ndarray]:
 async def make_model(tmp_path):
     made: list[ModelVersion] = []
 
-    async def make(backend: Backend, limits: StreamLimits | None = None) -> tuple[ModelVersion, DataPlane]:
+    async def make(backend: Backend, limits: StreamLimits | None = None) -> tuple[ModelVersion, _Plane]:
         config = text_format.Parse(CONFIG, mc.ModelConfig())
         stats = ModelStats()
         scheduler = Scheduler("repeat:1", InstancePool("repeat:1", [backend]), policy_from_config(config), stats)
         model = ModelVersion("repeat", 1, config, signature_of(config), named("python"), scheduler, stats)
         model.start()
         made.append(model)
-        return model, DataPlane(ModelRegistry(tmp_path, RuntimeOptions()), stream_limits=limits)
+        return model, _Plane(_inference(tmp_path, limits=limits))
 
     yield make
     for model in made:
         await model.close(10)
+
+
+def _ignore(size: int) -> None:
+    pass
+
+
+def _inference(tmp_path, limits: StreamLimits | None = None, tracer: Tracer | None = None) -> Inference:
+    return Inference(ModelRegistry(tmp_path, RuntimeOptions()), MemoryBudget(1 << 40), DecodeLimits(),
+                     shared_memory=None, tracer=tracer, stream_limits=limits or StreamLimits())
+
+
+class _Plane:
+    """The data plane's inference, on a model built here (held by the test): a decoded request's responses."""
+
+    def __init__(self, inference: Inference) -> None:
+        self._inference = inference
+
+    async def infer_stream(self, model: ModelVersion, request: InferRequest, reserve=_ignore, release=_ignore):
+        return await self._inference.respond(model, request, Caller("127.0.0.1"), reserve, release)
 
 
 def _request(*values: int, request_id: str | None = "r1") -> InferRequest:
@@ -137,7 +158,7 @@ async def test_many_responses_arrive_in_order_and_the_last_is_final(make_model):
         request.sink.send(final=True)
 
     model, plane = await make_model(SendingBackend(repeat))
-    stream = await plane.infer_stream(model, _request(*range(500)), local=False)
+    stream = await plane.infer_stream(model, _request(*range(500)))
     items = await _read_all(stream)
     assert [int(i.response.outputs[0].data[0]) for i in items[:-1]] == list(range(500))
     assert all(i.response.id == "r1" and i.response.parameters["index"] == n for n, i in enumerate(items[:-1]))
@@ -150,13 +171,13 @@ async def test_many_responses_arrive_in_order_and_the_last_is_final(make_model):
 
 async def test_zero_responses_then_final(make_model):
     model, plane = await make_model(SendingBackend(lambda request: request.sink.send(final=True)))
-    items = await _read_all(await plane.infer_stream(model, _request(1), local=False))
+    items = await _read_all(await plane.infer_stream(model, _request(1)))
     assert items == [StreamItem(None, None, True)]
 
 
 async def test_a_response_may_be_final_itself(make_model):
     model, plane = await make_model(SendingBackend(lambda request: request.sink.send(_out(7), final=True)))
-    (item,) = await _read_all(await plane.infer_stream(model, _request(1), local=False))
+    (item,) = await _read_all(await plane.infer_stream(model, _request(1)))
     assert item.final and item.response.outputs[0].name == "OUT" and item.response.outputs[0].data.tolist() == [7]
 
 
@@ -174,8 +195,8 @@ async def test_the_instance_is_free_once_run_requests_returns(make_model):
             request.sink.send(_out(2), final=True)
 
     model, plane = await make_model(SendingBackend(script))
-    first = await plane.infer_stream(model, _request(1), local=False)
-    second = await plane.infer_stream(model, _request(2), local=False)
+    first = await plane.infer_stream(model, _request(1))
+    second = await plane.infer_stream(model, _request(2))
     assert [i.response.outputs[0].data.tolist() for i in await _read_all(second)] == [[2]]
     assert [i.response.outputs[0].data.tolist() for i in await _read_all(first)] == [[1]]
 
@@ -187,7 +208,7 @@ async def test_an_error_response_mid_stream_and_the_stream_goes_on(make_model):
         request.sink.send(_out(3), final=True)
 
     model, plane = await make_model(SendingBackend(script))
-    items = await _read_all(await plane.infer_stream(model, _request(1), local=False))
+    items = await _read_all(await plane.infer_stream(model, _request(1)))
     assert [(i.response is not None, i.error is not None, i.final) for i in items] == [
         (True, False, False), (False, True, False), (True, False, True)]
     assert items[1].error.message == "frame 2 is corrupt"
@@ -195,7 +216,7 @@ async def test_an_error_response_mid_stream_and_the_stream_goes_on(make_model):
 
 async def test_a_final_error_fails_the_request_once(make_model):
     model, plane = await make_model(SendingBackend(lambda r: r.sink.send(error=ValueError("bad"), final=True)))
-    (item,) = await _read_all(await plane.infer_stream(model, _request(1), local=False))
+    (item,) = await _read_all(await plane.infer_stream(model, _request(1)))
     assert item.final and isinstance(item.error, InferenceFailed) and "ValueError: bad" in item.error.message
     stats = model.stats.as_json()["inference_stats"]
     assert stats["fail"]["count"] == 1 and stats["success"]["count"] == 0
@@ -204,7 +225,7 @@ async def test_a_final_error_fails_the_request_once(make_model):
 
 async def test_a_backend_exception_ends_the_stream_with_its_error(make_model):
     model, plane = await make_model(SendingBackend(lambda r: None, fail=InferenceFailed("the model crashed")))
-    (item,) = await _read_all(await plane.infer_stream(model, _request(1), local=False))
+    (item,) = await _read_all(await plane.infer_stream(model, _request(1)))
     assert item.final and item.error.message == "the model crashed"
 
 
@@ -212,9 +233,7 @@ async def test_invalid_requests_fail_before_the_stream_starts(make_model):
     model, plane = await make_model(SendingBackend(lambda r: r.sink.send(final=True)))
     bad = InferRequest([InferInput("IN", "FP32", np.zeros(2, np.float32))])
     with pytest.raises(InvalidInput, match="data-type"):
-        await plane.infer_stream(model, bad, local=False)
-    with pytest.raises(InvalidInput, match="decoupled"):
-        await plane.infer(model, _request(1), local=False)
+        await plane.infer_stream(model, bad)
     assert model.stats.as_json()["inference_stats"]["fail"]["count"] == 0  # never counted: it never ran
 
 
@@ -233,7 +252,7 @@ async def test_closing_the_stream_cancels_the_request_and_the_model_sees_it(make
 
     backend = SendingBackend(endless)
     model, plane = await make_model(backend)
-    stream = await plane.infer_stream(model, _request(1), local=False)
+    stream = await plane.infer_stream(model, _request(1))
     received = [await anext(stream) for _ in range(3)]
     stream.close()
     assert [i.response.outputs[0].data.tolist() for i in received] == [[0], [1], [2]]
@@ -256,7 +275,7 @@ async def test_a_cancelled_task_cancels_its_request(make_model):
     started = asyncio.Event()
 
     async def consume() -> None:
-        stream = await plane.infer_stream(model, _request(1), local=False)
+        stream = await plane.infer_stream(model, _request(1))
         try:
             async for _ in stream:
                 started.set()
@@ -284,7 +303,7 @@ async def test_a_model_ahead_of_its_reader_is_held_back(make_model):
 
     backend = SendingBackend(flood)
     model, plane = await make_model(backend, StreamLimits(max_responses=8))
-    stream = await plane.infer_stream(model, _request(1), local=False)
+    stream = await plane.infer_stream(model, _request(1))
     first = await anext(stream)
     for _ in range(50):  # give the model every chance to run ahead
         await asyncio.sleep(0.01)
@@ -299,7 +318,7 @@ async def test_a_byte_bound_holds_back_large_responses(make_model):
     big = _mebibytes(20, sent)
 
     model, plane = await make_model(SendingBackend(big), StreamLimits(max_bytes=3 << 20))
-    stream = await plane.infer_stream(model, _request(1), local=False)
+    stream = await plane.infer_stream(model, _request(1))
     await anext(stream)
     for _ in range(50):
         await asyncio.sleep(0.01)
@@ -317,7 +336,7 @@ async def test_a_reader_that_stalls_fails_the_request_and_frees_the_model(make_m
         assert request.cancelled()
 
     model, plane = await make_model(SendingBackend(flood), StreamLimits(max_responses=4, stall_timeout=0.2))
-    stream = await plane.infer_stream(model, _request(1), local=False)
+    stream = await plane.infer_stream(model, _request(1))
     assert await asyncio.to_thread(unblocked.wait, 30)
     items = await _read_all(stream)
     assert len(items) == 1 and items[0].final and isinstance(items[0].error, Unavailable)
@@ -332,7 +351,7 @@ async def test_unloading_ends_open_streams(make_model):
         release.wait(30)
 
     model, plane = await make_model(SendingBackend(slow))
-    stream = await plane.infer_stream(model, _request(1), local=False)
+    stream = await plane.infer_stream(model, _request(1))
     assert (await anext(stream)).response is not None
     await model.close(10)
     release.set()
@@ -349,7 +368,7 @@ async def test_unread_responses_count_against_the_memory_budget_and_are_given_ba
     budget = MemoryBudget(4 << 20)
     model, plane = await make_model(SendingBackend(big))
     with budget.account() as account:
-        stream = await plane.infer_stream(model, _request(1), local=False, reserve=account.reserve,
+        stream = await plane.infer_stream(model, _request(1), reserve=account.reserve,
                                           release=account.release)
         await anext(stream)
         for _ in range(50):
@@ -366,7 +385,7 @@ async def test_unread_responses_count_against_the_memory_budget_and_are_given_ba
 
     model, plane = await make_model(SendingBackend(stuck))
     with budget.account() as account:
-        stream = await plane.infer_stream(model, _request(1), local=False, reserve=account.reserve,
+        stream = await plane.infer_stream(model, _request(1), reserve=account.reserve,
                                           release=account.release)
         await _eventually(lambda: account.held == 2 << 20)
         stream.close()  # the client went away: what it never read is given back
@@ -378,7 +397,7 @@ async def test_a_response_the_budget_cannot_hold_fails_the_request(make_model):
     model, plane = await make_model(SendingBackend(lambda r: r.sink.send({"OUT": np.zeros(1 << 20, np.int32)})))
     budget = MemoryBudget(1 << 20)
     with budget.account() as account:
-        stream = await plane.infer_stream(model, _request(1), local=False, reserve=account.reserve,
+        stream = await plane.infer_stream(model, _request(1), reserve=account.reserve,
                                           release=account.release)
         (item,) = await _read_all(stream)
     assert item.final and "max_request_memory_bytes" in item.error.message and budget.used == 0
@@ -388,8 +407,8 @@ async def test_a_traced_stream_is_written_when_it_ends(make_model, tmp_path):
     settings, writer = TraceSettings(), TraceWriter(None)
     settings.update({"trace_level": ["TIMESTAMPS"], "trace_rate": ["1"]})
     model, _ = await make_model(SendingBackend(lambda r: (r.sink.send(_out(1)), r.sink.send(final=True))))
-    plane = DataPlane(ModelRegistry(tmp_path, RuntimeOptions()), tracer=Tracer(settings, writer))
-    stream = await plane.infer_stream(model, _request(1), local=False)
+    plane = _Plane(_inference(tmp_path, tracer=Tracer(settings, writer)))
+    stream = await plane.infer_stream(model, _request(1))
     assert len(await _read_all(stream)) == 2
     await stream.ran
     await asyncio.sleep(0)  # the trace is handed to the writer by the callback of ``ran``
@@ -411,11 +430,11 @@ async def test_a_stream_closed_while_its_request_is_queued_never_runs(make_model
             return super().run_requests(requests)
 
     model, plane = await make_model(Blocking(lambda r: r.sink.send(final=True)))
-    first = await plane.infer_stream(model, _request(1), local=False)
+    first = await plane.infer_stream(model, _request(1))
     await _eventually(lambda: ran == [1])
-    second = await plane.infer_stream(model, _request(2), local=False)
+    second = await plane.infer_stream(model, _request(2))
     second.close()  # its client went away while it waited for the instance
     release.set()
     assert len(await _read_all(first)) == 1
-    assert len(await _read_all(await plane.infer_stream(model, _request(3), local=False))) == 1
+    assert len(await _read_all(await plane.infer_stream(model, _request(3)))) == 1
     assert ran == [1, 3] and model.stats.failures == {"CANCELED": 1}  # 2 would have run before 3

@@ -3,10 +3,11 @@ to Triton's status codes."""
 
 from __future__ import annotations
 
+from unittest import mock
+
 import grpc
 import pytest
 
-from appliance.access import parse_networks
 from appliance.errors import (
     AlreadyExists,
     ConfigError,
@@ -17,12 +18,18 @@ from appliance.errors import (
     ModelNotReady,
     NotSupported,
     PayloadTooLarge,
+    PushRefused,
+    PushTooLarge,
     RegionNotFound,
     Unauthorized,
     Unavailable,
 )
-from appliance.grpc.access import Access, AccessRules, Gate, peer_address
+from appliance.grpc.access import Gate, caller_of, peer_address
 from appliance.grpc.status import status_code
+from appliance.protocol.admission import AccessPolicy, Admission, Caller
+from appliance.protocol.dataplane import DataPlane
+from appliance.protocol.operations import Operation
+from appliance.repository.registry import ModelRegistry
 
 
 @pytest.mark.parametrize("peer,address", [
@@ -51,37 +58,35 @@ class _Context:
 TOKEN = "a-token-of-at-least-16"
 
 
-@pytest.mark.parametrize("protect", [False, True])
-def test_token_rules(protect):
-    gate = Gate(AccessRules(TOKEN, parse_networks(["127.0.0.1/32"]), protect_inference=protect))
-    remote, local = "ipv4:10.0.0.5:4000", "ipv4:127.0.0.1:4000"
-    gate.check_caller(_Context(local), Access.CONTROL)  # exempt
-    gate.check_caller(_Context(remote), Access.OPEN)
-    with pytest.raises(Unauthorized, match="'authorization: Bearer <token>' metadata"):
-        gate.check_caller(_Context(remote), Access.CONTROL)
-    with pytest.raises(Unauthorized):
-        gate.check_caller(_Context(remote, (("authorization", "Bearer wrong"),)), Access.CONTROL)
-    with pytest.raises(Unauthorized):
-        gate.check_caller(_Context(remote, (("authorization", "Bearer "),)), Access.CONTROL)
-    gate.check_caller(_Context(remote, (("authorization", f"Bearer {TOKEN}"),)), Access.CONTROL)
-    if protect:
-        with pytest.raises(Unauthorized):
-            gate.check_caller(_Context(remote), Access.INFERENCE)
-    else:
-        gate.check_caller(_Context(remote), Access.INFERENCE)
+def test_the_caller_is_the_peer_with_its_authorization_metadata():
+    caller = caller_of(_Context("ipv4:10.0.0.5:4000", (("x", "y"), ("authorization", f"Bearer {TOKEN}"))))
+    assert caller.address == "10.0.0.5" and caller.authorization == f"Bearer {TOKEN}"
+    assert "metadata" in caller.credentials and caller.browser_refusal is None  # browsers cannot speak gRPC
+    assert caller_of(_Context("unix:/run/a.sock")).address is None
 
 
-async def test_request_bound_and_stop():
-    gate = Gate(AccessRules(TOKEN, (), max_concurrent_requests=1))
-    with gate.admit(Access.INFERENCE):
+def _plane(limit: int = 1024) -> DataPlane:
+    registry = mock.Mock(spec=ModelRegistry)
+    return DataPlane(registry, admission=Admission(AccessPolicy(TOKEN), limit))
+
+
+async def test_request_bound_streams_and_stop():
+    gate = Gate(_plane(limit=2), max_streams=1)
+    with gate.admit(Operation.INFER, Caller("127.0.0.1")):
         assert gate.in_flight == 1
-        with pytest.raises(Unavailable, match="max_concurrent_requests"), gate.admit(Access.INFERENCE):
+        with gate.open_stream(Caller("127.0.0.1")):
+            assert gate.streams == 1
+            with pytest.raises(Unavailable, match="max_concurrent_requests"), gate.admit(Operation.INFER,
+                                                                                          Caller("127.0.0.1")):
+                pass
+            with gate.admit(Operation.SERVER_LIVE, Caller("127.0.0.1")):  # health stays outside the bound
+                pass
+        with gate.open_stream(Caller("127.0.0.1")), pytest.raises(Unavailable, match="max_streams"), \
+                gate.open_stream(Caller("127.0.0.1")):
             pass
-        with gate.admit(Access.OPEN):  # health stays outside the bound
-            pass
-    assert gate.in_flight == 0
+    assert gate.in_flight == 0 and gate.streams == 0
     gate.stop()
-    with pytest.raises(Unavailable, match="stopping"), gate.admit(Access.OPEN):
+    with pytest.raises(Unavailable, match="stopping"), gate.admit(Operation.SERVER_LIVE, Caller("127.0.0.1")):
         pass
 
 
@@ -98,6 +103,8 @@ async def test_request_bound_and_stop():
     (AlreadyExists("x"), grpc.StatusCode.ALREADY_EXISTS),
     (RegionNotFound("x"), grpc.StatusCode.NOT_FOUND),
     (Forbidden("x"), grpc.StatusCode.PERMISSION_DENIED),
+    (PushRefused("x"), grpc.StatusCode.INTERNAL),
+    (PushTooLarge("x"), grpc.StatusCode.INTERNAL),
 ])
 def test_status_codes_are_tritons(error, code):
     assert status_code(error) is code

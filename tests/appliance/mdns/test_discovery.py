@@ -9,6 +9,9 @@ import pytest
 from appliance.mdns.announcer import catalog_digest, txt_record
 from tests.appliance.mdns.netns import run_scenario
 
+# The scenario starts real daemons in a private network namespace.
+pytestmark = pytest.mark.e2e
+
 
 @pytest.fixture(scope="module")
 def scenario():

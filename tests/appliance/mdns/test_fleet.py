@@ -18,6 +18,9 @@ import pytest
 
 from tests.appliance.mdns.netns import run_scenario
 
+# The scenario starts real daemons in a private network namespace.
+pytestmark = pytest.mark.e2e
+
 
 @pytest.fixture(scope="module")
 def fleet():

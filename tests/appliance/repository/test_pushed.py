@@ -11,7 +11,7 @@ import pytest
 
 from appliance.backends import RuntimeOptions
 from appliance.errors import ConfigError, InvalidInput, PayloadTooLarge
-from appliance.protocol.dataplane import DataPlane
+from appliance.protocol.dataplane import DataPlane, Rules
 from appliance.repository.config import config_from_json
 from appliance.repository.pushed import PushLimits, PushStore, file_parameters
 from appliance.repository.registry import ModelRegistry
@@ -105,7 +105,7 @@ async def fleet_box(tmp_path):
         await asyncio.to_thread(store.open)
         registry = ModelRegistry(repo, RuntimeOptions(), overlay=store.model_dirs)
         await registry.load_all(["affine", *store.model_dirs()])
-        plane = DataPlane(registry, control_mode="explicit", pushes=store)
+        plane = DataPlane(registry, Rules(control_mode="explicit"), pushes=store)
         plane.mark_loaded()
         made.append(registry)
         return plane
@@ -120,12 +120,12 @@ async def test_a_push_is_served_listed_as_pushed_and_kept_across_a_restart(fleet
     plane = await make()
     await plane.load_model("new", _push(3))
     assert plane.model_ready("new")
-    rows = {r["name"]: r for r in plane.repository_index()}
-    assert rows["new"]["origin"] == "pushed" and rows["affine"]["origin"] == "repository"
-    assert plane.model_config("new")["max_batch_size"] == 4
+    rows = {r.name: r for r in plane.repository_index()}
+    assert rows["new"].origin == "pushed" and rows["affine"].origin == "repository"
+    assert plane.model_config("new").max_batch_size == 4
     again = await make()  # a restart: the overlay is read from the state dir
     assert again.model_ready("new")
-    assert {r["name"]: r["origin"] for r in again.repository_index()}["new"] == "pushed"
+    assert {r.name: r.origin for r in again.repository_index()}["new"] == "pushed"
     assert len(list(root.iterdir())) == 1
 
 
@@ -133,11 +133,11 @@ async def test_a_push_over_a_repository_model_replaces_it_until_a_plain_load(fle
     make, root = fleet_box
     plane = await make()
     await plane.load_model("affine", _push(5, version=7))
-    assert plane.model_metadata("affine")["versions"] == ["7"]
-    assert {r["name"]: r["origin"] for r in plane.repository_index()}["affine"] == "pushed"
+    assert plane.model_metadata("affine").versions == ("7",)
+    assert {r.name: r.origin for r in plane.repository_index()}["affine"] == "pushed"
     await plane.load_model("affine", {})  # as Triton: a load without files serves the repository again
-    assert plane.model_metadata("affine")["versions"] == ["1"]
-    assert {r["name"]: r["origin"] for r in plane.repository_index()}["affine"] == "repository"
+    assert plane.model_metadata("affine").versions == ("1",)
+    assert {r.name: r.origin for r in plane.repository_index()}["affine"] == "repository"
     assert _files_on_disk(root) == []
 
 
@@ -158,7 +158,7 @@ async def test_a_new_push_loads_beside_the_serving_one_without_downtime(fleet_bo
     stop.set()
     await asker
     assert served and all(served)
-    assert plane.model_metadata("m")["versions"] == ["2"]
+    assert plane.model_metadata("m").versions == ("2",)
     assert [p.name for p in root.iterdir()] and len(list(root.iterdir())) == 1  # the old generation is gone
 
 
@@ -178,7 +178,7 @@ async def test_refused_and_failed_pushes_leave_nothing(fleet_box):
     with pytest.raises(ConfigError, match="failed to load 'm'"):  # not an ONNX file: staged, failed, removed
         await plane.load_model("m", {"config": '{"backend": "onnxruntime"}', "file:1/model.onnx": "AAAA"})
     assert _files_on_disk(root) == [] and list(root.iterdir()) == []
-    assert "m" not in {r["name"] for r in plane.repository_index()}
+    assert "m" not in {r.name for r in plane.repository_index()}
 
 
 async def test_an_unload_removes_the_pushed_files(fleet_box):
@@ -187,9 +187,9 @@ async def test_an_unload_removes_the_pushed_files(fleet_box):
     await plane.load_model("m", _push(3))
     await plane.unload_model("m")
     assert _files_on_disk(root) == []
-    assert "m" not in {r["name"] for r in plane.repository_index()}
+    assert "m" not in {r.name for r in plane.repository_index()}
     again = await make()
-    assert "m" not in {r["name"] for r in again.repository_index()}
+    assert "m" not in {r.name for r in again.repository_index()}
 
 
 async def test_unloading_a_push_over_a_repository_model_serves_the_repository_again_in_mode_none(tmp_path):
@@ -198,15 +198,15 @@ async def test_unloading_a_push_over_a_repository_model_serves_the_repository_ag
     store = PushStore(tmp_path / "pushed", LIMITS)
     registry = ModelRegistry(repo, RuntimeOptions(), overlay=store.model_dirs)
     await registry.load_all()
-    plane = DataPlane(registry, control_mode="none", pushes=store)
+    plane = DataPlane(registry, Rules(control_mode="none"), pushes=store)
     plane.mark_loaded()
     try:
         await plane.load_model("affine", _push(5, version=3))  # a push is accepted in mode none
-        assert plane.model_metadata("affine")["versions"] == ["3"]
+        assert plane.model_metadata("affine").versions == ("3",)
         with pytest.raises(InvalidInput, match="--model-control-mode explicit"):
             await plane.load_model("affine", {})  # a plain load is not, as in Triton
         await plane.unload_model("affine")  # an unload of a pushed model is
-        assert plane.model_metadata("affine")["versions"] == ["1"]
-        assert {r["name"]: r["origin"] for r in plane.repository_index()}["affine"] == "repository"
+        assert plane.model_metadata("affine").versions == ("1",)
+        assert {r.name: r.origin for r in plane.repository_index()}["affine"] == "repository"
     finally:
         await registry.close(5)

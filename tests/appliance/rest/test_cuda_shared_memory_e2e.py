@@ -20,7 +20,8 @@ def _reason() -> str | None:
     return reason
 
 
-pytestmark = pytest.mark.skipif(_reason() is not None, reason=f"CUDA shared memory: {_reason()}")
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(_reason() is not None, reason=f"CUDA shared memory: {_reason()}")]
 
 
 @pytest.fixture(scope="module")

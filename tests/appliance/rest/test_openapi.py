@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import re
 
-from appliance.composition import Appliance
-from appliance.examples import build_example_repository
+from appliance.backends import RuntimeOptions
+from appliance.protocol.dataplane import DataPlane
+from appliance.repository.registry import ModelRegistry
 from appliance.rest.app import build_app
+from appliance.rest.config import BodyLimits, RestConfig
 from appliance.rest.openapi import openapi_document
-from appliance.settings import Settings
 
 
 def _spec_path(route_path: str) -> str:
@@ -17,13 +18,8 @@ def _spec_path(route_path: str) -> str:
 
 
 async def test_every_route_is_described(tmp_path):
-    repo = build_example_repository(tmp_path / "repo")
-    appliance = await Appliance.start(Settings(state_dir=tmp_path / "state", model_repository=repo, metrics=False,
-                                               selection=False, model_control_mode="explicit"))
-    try:
-        app = build_app(appliance)
-    finally:
-        await appliance.close()
+    plane = DataPlane(ModelRegistry(tmp_path, RuntimeOptions()))
+    app = build_app(plane, RestConfig(BodyLimits(1 << 20, 5.0)))
     document = openapi_document()
     described = {(path, method.upper()) for path, operations in document["paths"].items() for method in operations}
     served = set()

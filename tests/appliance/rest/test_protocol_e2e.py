@@ -153,7 +153,7 @@ def test_load_failures_say_failed_to_load(daemon):
 
 
 def test_a_model_that_is_not_ready_is_a_503_not_triton_400(daemon):
-    """A deliberate difference (README: Differences from Triton): a retry can succeed."""
+    """A deliberate difference (docs/differences-from-triton.md): a retry can succeed."""
     body = {"inputs": [{"name": n, "shape": [1, 16], "datatype": "BYTES", "data": ["1"] * 16}
                        for n in ("INPUT0", "INPUT1")]}
     status, _, payload = call(daemon.port, "POST", "/v2/models/simple_string/infer", body)

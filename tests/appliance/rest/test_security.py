@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from aiohttp.test_utils import make_mocked_request
 
-from appliance.rest.security import client_address, parse_networks
+from appliance.protocol.admission import parse_networks
+from appliance.rest.security import client_address
 
 
 @pytest.mark.parametrize("peer, forwarded, expected", [

@@ -20,21 +20,21 @@ needs_systemd = pytest.mark.skipif(shutil.which("systemd-analyze") is None,
 
 
 def test_committed_unit_is_the_default_rendering():
-    assert (ROOT / "systemd" / "appliance.systemd").read_text() == render_unit()
+    assert (ROOT / "systemd" / "appliance.service").read_text() == render_unit()
 
 
 @needs_systemd
 def test_unit_verifies_clean(tmp_path):
-    unit = tmp_path / "appliance.systemd"
+    unit = tmp_path / "appliance.service"
     unit.write_text(render_unit(str(Path(sys.executable).with_name("appliance"))))
     result = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True)
     assert result.returncode == 0 and result.stdout.strip() == "", result.stdout + result.stderr
-    assert "appliance.systemd" not in result.stderr, result.stderr
+    assert "appliance.service" not in result.stderr, result.stderr
 
 
 @needs_systemd
 def test_exposure_is_at_most_2_5():
-    unit = ROOT / "systemd" / "appliance.systemd"
+    unit = ROOT / "systemd" / "appliance.service"
     result = subprocess.run(["systemd-analyze", "security", "--offline=yes", str(unit)],
                             capture_output=True, text=True)
     match = re.search(r"Overall exposure level for appliance\.service: ([\d.]+)", result.stdout)
@@ -43,7 +43,7 @@ def test_exposure_is_at_most_2_5():
 
 
 def test_install_service_writes_this_venvs_executable(tmp_path):
-    target = tmp_path / "appliance.systemd"
+    target = tmp_path / "appliance.service"
     result = subprocess.run([sys.executable, "-m", "appliance", "install-service", "--unit-path", str(target),
                              "--model-repository", "/srv/models"], capture_output=True, text=True, check=True)
     text = target.read_text()
@@ -58,7 +58,7 @@ def test_descriptor_limit_leaves_room_for_max_connections():
 
 
 def test_install_service_passes_the_grpc_choice(tmp_path):
-    target = tmp_path / "appliance.systemd"
+    target = tmp_path / "appliance.service"
     subprocess.run([sys.executable, "-m", "appliance", "install-service", "--unit-path", str(target),
                     "--grpc-port", "9001"], capture_output=True, text=True, check=True)
     assert re.search(r"^ExecStart=\S+ serve --grpc-port 9001$", target.read_text(), re.MULTILINE)

@@ -52,7 +52,10 @@ def _gpu_reason() -> str | None:
     return None
 
 
-gpu = pytest.mark.skipif(_gpu_reason() is not None, reason=f"CUDA shared memory: {_gpu_reason()}")
+def gpu(test):
+    """Marks a test as needing a GPU (``-m "not gpu"``) and skips it, with the reason, where none is."""
+    reason = _gpu_reason()
+    return pytest.mark.gpu(pytest.mark.skipif(reason is not None, reason=f"CUDA shared memory: {reason}")(test))
 
 
 # CUDA IPC handles open only in another process than the one that exported them: the client runs apart.

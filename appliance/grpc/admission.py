@@ -1,0 +1,196 @@
+"""Admission before a byte is read: a server interceptor in front of every RPC of the service.
+
+grpc.aio reads a unary call's whole message before it calls the handler, so a token checked in the
+handler comes too late (ten unauthenticated 200 MiB calls were all read, and parsed, before each was
+refused). The interceptor turns every unary RPC into one that reads its message itself, after:
+
+1. admission through the data plane: the caller's ``authorization`` metadata and address decide the
+   token (``appliance.protocol.operations.ACCESS``), then the bound on requests in flight;
+2. a receive slot: at most ``receivers`` messages are being received at once, and receivers times the
+   largest message (``max_request_bytes``) fits in ``max_request_memory_bytes``; a call waits for a
+   slot (up to the receive timeout, then UNAVAILABLE).
+
+Once read, the message's bytes count on the request's account of the memory budget, and it is parsed
+on a worker thread when it is large (``appliance.protocol.inference.off_loop``); a message that is not
+the protobuf it should be is INVALID_ARGUMENT. ModelInfer gets the raw bytes and its account
+(``Received``): the data plane parses it, counted there. ModelStreamInfer is admitted as a stream
+(``appliance.grpc.stream``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import functools
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+from google.protobuf.message import DecodeError
+from tritonclient.grpc import service_pb2 as pb
+
+from appliance.budget import Account
+from appliance.errors import ApplianceError, InvalidInput, RequestTimeout, Unavailable
+from appliance.grpc.access import Gate, caller_of
+from appliance.grpc.status import abort, abort_unexpected
+from appliance.protocol.dataplane import DataPlane
+from appliance.protocol.inference import off_loop
+from appliance.protocol.operations import Operation
+
+__all__ = ["OPERATIONS", "AdmissionInterceptor", "Received", "Receivers", "parse"]
+
+log = logging.getLogger(__name__)
+
+_SERVICE = "/inference.GRPCInferenceService/"
+OPERATIONS: dict[str, Operation] = {
+    "ServerLive": Operation.SERVER_LIVE,
+    "ServerReady": Operation.SERVER_READY,
+    "ModelReady": Operation.MODEL_READY,
+    "ServerMetadata": Operation.SERVER_METADATA,
+    "ModelMetadata": Operation.MODEL_METADATA,
+    "ModelConfig": Operation.MODEL_CONFIG,
+    "ModelStatistics": Operation.MODEL_STATISTICS,
+    "ModelInfer": Operation.INFER,
+    "ModelStreamInfer": Operation.INFER_STREAM,
+    "RepositoryIndex": Operation.REPOSITORY_INDEX,
+    "RepositoryModelLoad": Operation.MODEL_LOAD,
+    "RepositoryModelUnload": Operation.MODEL_UNLOAD,
+    "SystemSharedMemoryStatus": Operation.SHM_STATUS,
+    "SystemSharedMemoryRegister": Operation.SHM_REGISTER,
+    "SystemSharedMemoryUnregister": Operation.SHM_UNREGISTER,
+    "CudaSharedMemoryStatus": Operation.SHM_STATUS,
+    "CudaSharedMemoryRegister": Operation.SHM_REGISTER,
+    "CudaSharedMemoryUnregister": Operation.SHM_UNREGISTER,
+    "TraceSetting": Operation.TRACE_SETTINGS,
+    "LogSettings": Operation.LOG_SETTINGS,
+}
+"""The data-plane operation of each RPC (reading settings; a request that changes them is the
+operation's *_UPDATE, decided once the message is read)."""
+
+_METHODS = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods_by_name
+_UPDATES = {Operation.TRACE_SETTINGS: Operation.TRACE_UPDATE, Operation.LOG_SETTINGS: Operation.LOG_UPDATE}
+_RAW = frozenset({"ModelInfer"})
+"""RPCs whose handler takes the message's bytes (``Received``) and parses them itself, on its account."""
+
+
+@dataclasses.dataclass(slots=True)
+class Received:
+    """A message as read, not parsed: its bytes are counted on ``account``."""
+
+    raw: bytes
+    account: Account
+
+
+class Receivers:
+    """At most ``count`` messages being received at once: grpc buffers a message whole before handing it
+    over, so this bounds what it holds before anything can be counted."""
+
+    def __init__(self, count: int, timeout: float) -> None:
+        if count < 1:
+            raise ValueError(f"at least one receiver is needed, got {count}")
+        self.count = count
+        self._slots = asyncio.Semaphore(count)
+        self._timeout = timeout
+
+    @contextlib.asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        try:
+            async with asyncio.timeout(self._timeout):
+                await self._slots.acquire()
+        except TimeoutError:
+            raise Unavailable(f"the server is receiving {self.count} large messages already and none ended within "
+                              f"{self._timeout:g} s; retry", retry_after=1) from None
+        try:
+            yield
+        finally:
+            self._slots.release()
+
+    async def receive(self, requests: AsyncIterator[bytes]) -> bytes:
+        """The call's one message (within the receive timeout)."""
+        async with self.slot():
+            try:
+                async with asyncio.timeout(self._timeout):
+                    return await anext(requests)
+            except TimeoutError:
+                raise RequestTimeout(f"the request message did not arrive within {self._timeout:g} s; send it "
+                                     "without pauses (the server's body_timeout setting)") from None
+            except StopAsyncIteration:
+                raise InvalidInput("the call ended without its request message") from None
+
+
+def parse(raw: bytes, method: str, deserializer: Callable[[bytes], Any], account: Account) -> Any:
+    """The request message of ``method`` in ``raw``; its parsed copy counted on ``account``."""
+    account.reserve(len(raw))
+    try:
+        return deserializer(raw)
+    except DecodeError as exc:
+        name = _METHODS[method].input_type.name if method in _METHODS else "request"
+        raise InvalidInput(f"the request is not a valid {name} message ({exc}); send the {name} of Triton's "
+                           f"GRPCInferenceService.{method}") from None
+
+
+def _operation(base: Operation, request: Any) -> Operation:
+    """Changing the log or trace settings is control; reading them is like metadata."""
+    if base in _UPDATES and request.settings:
+        return _UPDATES[base]
+    return base
+
+
+class AdmissionInterceptor(grpc.aio.ServerInterceptor):
+    def __init__(self, dataplane: DataPlane, gate: Gate, receivers: Receivers) -> None:
+        self._dataplane = dataplane
+        self._gate = gate
+        self._receivers = receivers
+
+    async def intercept_service(self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
+                                details: grpc.HandlerCallDetails) -> Any:
+        handler = await continuation(details)
+        method = details.method.removeprefix(_SERVICE)
+        operation = OPERATIONS.get(method)
+        if handler is None or operation is None or details.method == method:
+            return handler
+        if handler.request_streaming:  # ModelStreamInfer: admitted as a stream, its messages read raw
+            return grpc.stream_stream_rpc_method_handler(
+                functools.partial(self._stream, handler.stream_stream), request_deserializer=None,
+                response_serializer=handler.response_serializer)
+        behaviour = functools.partial(self._unary, method, operation, handler.unary_unary, handler.request_deserializer)
+        return grpc.stream_unary_rpc_method_handler(behaviour, request_deserializer=None,
+                                                    response_serializer=handler.response_serializer)
+
+    async def _unary(self, method: str, operation: Operation, behaviour: Callable[..., Awaitable[Any]],
+                     deserializer: Any, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> Any:
+        caller = caller_of(context)
+        try:
+            # Settings RPCs are admitted as reads first; a change is checked again once the message says so.
+            with self._gate.admit(operation, caller), self._dataplane.account() as account:
+                raw = await self._receivers.receive(requests)
+                account.reserve(len(raw))
+                if method in _RAW:
+                    received = Received(raw, account)
+                    del raw  # the handler drops the bytes once it has parsed them
+                    return await behaviour(received, context)
+                request = await off_loop(len(raw), parse, raw, method, deserializer, account)
+                account.release(len(raw))  # the bytes go once parsed: the message is what is held
+                del raw
+                changed = _operation(operation, request)
+                if changed is not operation:
+                    self._dataplane.check_access(changed, caller)
+                return await behaviour(request, context)
+        except ApplianceError as exc:
+            error = exc
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a bug: answered INTERNAL and logged
+            await abort_unexpected(context, method, exc)
+        await abort(context, error)
+
+    async def _stream(self, behaviour: Callable[..., Awaitable[None]], requests: AsyncIterator[bytes],
+                      context: grpc.aio.ServicerContext) -> None:
+        try:
+            self._gate.refuse_if_stopping()
+            with self._gate.open_stream(caller_of(context)):
+                await behaviour(requests, context)
+        except ApplianceError as exc:
+            await abort(context, exc)

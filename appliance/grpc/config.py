@@ -1,0 +1,39 @@
+"""What the gRPC front end is configured with, free of grpc: built by ``appliance.composition`` from
+the settings' ``grpc`` and ``limits`` sections."""
+
+from __future__ import annotations
+
+import dataclasses
+
+__all__ = ["ACCEPTORS", "GrpcConfig", "StreamRules"]
+
+ACCEPTORS = 4
+"""grpc.aio servers sharing the port (see ``appliance.grpc.grpc_server.GrpcServer``)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StreamRules:
+    max_pending: int = 16
+    """Requests of one stream read and not yet answered; reading pauses at it."""
+    idle_timeout: float = 300.0
+    """Seconds a stream with nothing in flight may stay silent before it is ended."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GrpcConfig:
+    """What the gRPC front end is configured with: built by ``appliance.composition.compose`` from the
+    settings' ``grpc`` and ``limits`` sections."""
+
+    max_message_bytes: int = 256 * 1024**2
+    receivers: int = 4
+    """Messages received at once (what gRPC buffers before a handler can count it)."""
+    receive_timeout: float = 60.0
+    """Seconds a call's message may take to arrive once its turn to be received has come."""
+    max_connections: int = 1024
+    """Connections over every acceptor together."""
+    max_streams: int = 1024
+    """ModelStreamInfer streams open at once."""
+    max_streams_per_connection: int = 1024
+    idle_timeout: float = 60.0
+    stream: StreamRules = StreamRules()
+    acceptors: int = ACCEPTORS

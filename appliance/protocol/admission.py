@@ -1,0 +1,123 @@
+"""Who may call what, and how many at once: the same decision for every transport, made before the
+server holds any of the request's bytes.
+
+A front end describes its client as a ``Caller`` (its address, the credentials it sent, and for HTTP
+whether a web page on another site may have sent it), names the ``Operation`` and asks
+``Admission.admit``; the access level comes from ``appliance.protocol.operations.ACCESS``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hmac
+import ipaddress
+from collections.abc import Iterable, Iterator
+
+from appliance.errors import ApplianceError, Unauthorized, Unavailable
+from appliance.protocol.operations import ACCESS, BOUNDLESS, Access, Operation
+
+__all__ = ["AccessPolicy", "Admission", "Caller", "Network", "address_in", "check_bearer", "parse_networks"]
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def parse_networks(networks: Iterable[str]) -> tuple[Network, ...]:
+    return tuple(ipaddress.ip_network(n, strict=False) for n in networks)
+
+
+def address_in(address: str | None, networks: tuple[Network, ...]) -> bool:
+    """Whether ``address`` (an IP literal, maybe with an IPv6 zone) lies in one of ``networks``; junk and
+    None (a UNIX socket peer) lie in none."""
+    if not address:
+        return False
+    try:
+        parsed = ipaddress.ip_address(address.split("%")[0])
+    except ValueError:
+        return False
+    return any(parsed in network for network in networks)
+
+
+def check_bearer(value: str | None, token: str, how: str) -> None:
+    """Raise ``Unauthorized`` unless ``value`` is ``Bearer <token>`` (compared in constant time; an empty
+    bearer never matches). ``how`` tells the client where the token goes."""
+    scheme, _, given = (value or "").partition(" ")
+    given = given.strip()
+    if scheme.lower() != "bearer" or not given or not hmac.compare_digest(given.encode(), token.encode()):
+        raise Unauthorized(
+            f"this endpoint needs {how} from this address; the token is in <state-dir>/auth-token on the "
+            "appliance (or the auth_token setting)"
+        )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Caller:
+    """The client of one request, as its transport sees it."""
+
+    address: str | None
+    """Its IP address (behind a trusted proxy, the one the proxy forwarded); None for a UNIX socket."""
+    authorization: str | None = None
+    """The credentials it sent (``Bearer <token>``), from the Authorization header or metadata."""
+    credentials: str = "'Authorization: Bearer <token>'"
+    """Where this transport's clients put the token, for the refusal's message."""
+    connected_to: str | None = None
+    """The address of this host its connection reached, when the transport knows it."""
+    direct: bool = True
+    """Whether ``address`` is the connection's own peer (False: a proxy forwarded it)."""
+    browser_refusal: ApplianceError | None = None
+    """The error for this request where browser rules apply (control operations, requests naming a
+    shared-memory region): set when a page of another site may have sent it; None otherwise."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AccessPolicy:
+    token: str
+    exempt: tuple[Network, ...] = ()
+    """Clients in these networks need no token (auth_exempt_networks)."""
+    protect_inference: bool = False
+
+    def check(self, operation: Operation, caller: Caller) -> None:
+        """Raise the refusal (Forbidden, UnsupportedMediaType, Unauthorized) if ``caller`` may not ask for
+        ``operation``."""
+        level = ACCESS[operation]
+        if level is Access.CONTROL and caller.browser_refusal is not None:
+            raise caller.browser_refusal
+        guarded = level is Access.CONTROL or (self.protect_inference and level is not Access.OPEN)
+        if guarded and not address_in(caller.address, self.exempt):
+            check_bearer(caller.authorization, self.token, caller.credentials)
+
+
+class Admission:
+    """The access policy and the bound on requests handled at once (``max_concurrent_requests``), over
+    every front end together. Single-threaded: used on the event loop only."""
+
+    def __init__(self, policy: AccessPolicy, max_concurrent_requests: int = 1024) -> None:
+        if max_concurrent_requests < 1:
+            raise ValueError(f"max_concurrent_requests must be at least 1, got {max_concurrent_requests}")
+        self.policy = policy
+        self.limit = max_concurrent_requests
+        self._in_flight = 0
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    def check(self, operation: Operation, caller: Caller) -> None:
+        self.policy.check(operation, caller)
+
+    @contextlib.contextmanager
+    def admit(self, operation: Operation, caller: Caller) -> Iterator[None]:
+        """Held while the request is handled: refused (before it holds any bytes) when the caller may not
+        ask for ``operation`` or max_concurrent_requests are running already."""
+        self.policy.check(operation, caller)
+        if operation in BOUNDLESS:
+            yield
+            return
+        if self._in_flight >= self.limit:
+            raise Unavailable(f"the server is handling {self.limit} requests already (max_concurrent_requests); "
+                              "retry", retry_after=1)
+        self._in_flight += 1
+        try:
+            yield
+        finally:
+            self._in_flight -= 1

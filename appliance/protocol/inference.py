@@ -1,0 +1,205 @@
+"""Inference through the data plane: the one opening every transport's inference shares.
+
+Look the model up (404/503 before the request's bytes are read) and hold it until the answer, open the
+request's account of the memory budget, refuse a decoupled model where only one response can go back,
+read and decode the request (on a worker thread when decoding is real work), apply the browser rules
+to a request that names a shared-memory region, move tensors in and out of shared memory, trace it.
+
+A transport hands its request in as an ``InferSource``: its wire form, read and decoded on demand.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from collections.abc import AsyncIterator, Callable
+from typing import Protocol, TypeVar
+
+from appliance.budget import Account, MemoryBudget
+from appliance.engine.model import ModelVersion
+from appliance.engine.streaming import OneResponse, Responses, StreamLimits
+from appliance.engine.tensor_checks import DecodeLimits
+from appliance.engine.types import InferRequest, InferResponse
+from appliance.errors import InvalidInput, NotSupported
+from appliance.protocol.admission import Caller
+from appliance.protocol.results import InferResult
+from appliance.protocol.shared_memory import SharedMemoryRegistry
+from appliance.protocol.tracing import Tracer
+from appliance.repository.registry import ModelRegistry
+
+__all__ = ["DECODE_OFF_LOOP_BYTES", "Inference", "InferSource", "NOT_SERVED", "Target", "off_loop"]
+
+DECODE_OFF_LOOP_BYTES = 1 << 20
+"""Decoding work above this many bytes (JSON text, BYTES tensors, a protobuf message) runs on a worker
+thread, so that it never stalls the event loop; below it the trip to a thread costs more."""
+
+NOT_SERVED = "shared memory is not served by this server; send the tensors in the request"
+
+T = TypeVar("T")
+
+
+async def off_loop(size: int, function: Callable[..., T], *args: object) -> T:
+    """``function(*args)`` on a worker thread when ``size`` bytes of work justify it, else right here."""
+    if size > DECODE_OFF_LOOP_BYTES:
+        return await asyncio.to_thread(function, *args)
+    return function(*args)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Target:
+    """The model a request names: ``version`` None for the model's policy (the latest ready one)."""
+
+    model: str
+    version: str | None = None
+
+
+class InferSource(Protocol):
+    """One inference request as its transport holds it."""
+
+    endpoint: str
+    """What the client called, as refusals name it ("HTTP end point", "ModelInfer RPC")."""
+    streaming_alternative: str
+    """Where a decoupled model's responses can be had instead, for the refusal."""
+
+    async def target(self, account: Account) -> Target:
+        """The model the request names. A transport that carries the name inside the message (gRPC)
+        reads the message here, counted on ``account``."""
+
+    async def receive(self, account: Account) -> int:
+        """Read the rest of the request into memory, counted on ``account``; answer how many bytes of it
+        decoding works through (it then runs on a worker thread above DECODE_OFF_LOOP_BYTES)."""
+
+    def decode(self, model: ModelVersion, limits: DecodeLimits, reserve: Callable[[int], None]) -> InferRequest:
+        """The core request; ``reserve`` counts what decoding allocates before it is allocated."""
+
+
+def decoupled_refusal(source: InferSource, model: str) -> InvalidInput:
+    return InvalidInput(f"{source.endpoint} doesn't support models with decoupled transaction policy; call model "
+                        f"'{model}' through {source.streaming_alternative}")
+
+
+class Inference:
+    def __init__(self, registry: ModelRegistry, budget: MemoryBudget, limits: DecodeLimits, *,
+                 shared_memory: SharedMemoryRegistry | None, tracer: Tracer | None,
+                 stream_limits: StreamLimits) -> None:
+        self._registry = registry
+        self._budget = budget
+        self._limits = limits
+        self._shared_memory = shared_memory
+        self._tracer = tracer
+        self._stream_limits = stream_limits
+
+    def account(self) -> Account:
+        """A new account of the memory budget, for a transport that must count bytes it reads before the
+        request reaches ``infer`` (a stream's requests, reserved when read)."""
+        return self._budget.account()
+
+    @contextlib.asynccontextmanager
+    async def infer(self, caller: Caller, source: InferSource, *, received_ns: int | None = None,
+                    account: Account | None = None) -> AsyncIterator[InferResult]:
+        """One request, one response: the model stays held and the request's bytes counted while the
+        caller encodes the result inside the ``async with``. ``account``: one the transport opened to
+        count bytes it read before (closed here)."""
+        with account or self._budget.account() as opened:
+            target = await source.target(opened)
+            with self._registry.get(target.model, target.version).in_use() as model:
+                if model.decoupled:
+                    raise decoupled_refusal(source, model.name)
+                request = await self._decode(model, source, caller, opened)
+                response = await self._run(model, request, caller, opened.reserve, received_ns)
+                yield InferResult(request, response)
+
+    @contextlib.asynccontextmanager
+    async def infer_stream(self, caller: Caller, source: InferSource, *, received_ns: int | None = None,
+                           account: Account | None = None) -> AsyncIterator[Responses]:
+        """Every response of one request, to read with ``async for`` inside the ``async with``: a
+        decoupled model's as it sends them (the last one final), any other model's one response as a
+        stream of one. Errors found before the request runs raise here; later ones arrive as items with
+        ``error`` set (responses not yet read count on the request's account). Leaving early cancels the
+        request (the model sees ``is_cancelled()``)."""
+        with account or self._budget.account() as opened:
+            target = await source.target(opened)
+            with self._registry.get(target.model, target.version).in_use() as model:
+                request = await self._decode(model, source, caller, opened)
+                responses = await self.respond(model, request, caller, opened.reserve, opened.release, received_ns)
+                try:
+                    yield responses
+                finally:
+                    responses.close()
+
+    async def respond(self, model: ModelVersion, request: InferRequest, caller: Caller,
+                      reserve: Callable[[int], None], release: Callable[[int], None],
+                      received_ns: int | None = None) -> Responses:
+        """Run a decoded ``request`` on ``model`` (held by the caller until the result is closed): its
+        responses as ``infer_stream`` hands them out. ``reserve`` and ``release``: the request's account."""
+        if model.decoupled:
+            return await self._open_stream(model, request, caller, reserve, release, received_ns)
+        return OneResponse(await self._run(model, request, caller, reserve, received_ns))
+
+    async def _decode(self, model: ModelVersion, source: InferSource, caller: Caller,
+                      account: Account) -> InferRequest:
+        work = await source.receive(account)
+        request = await off_loop(work, source.decode, model, self._limits, account.reserve)
+        if request.uses_shared_memory:
+            if self._shared_memory is None:
+                raise NotSupported(NOT_SERVED)
+            if caller.browser_refusal is not None:  # a page must not read or write another client's regions
+                raise caller.browser_refusal
+        return request
+
+    def _local(self, caller: Caller) -> bool:
+        assert self._shared_memory is not None
+        return self._shared_memory.local_peers.is_local(caller.address, caller.connected_to, direct=caller.direct)
+
+    async def _run(self, model: ModelVersion, request: InferRequest, caller: Caller,
+                   reserve: Callable[[int], None], received_ns: int | None) -> InferResponse:
+        tracer = self._tracer
+        request.trace = tracer.start(model.name, model.version, received_ns) if tracer is not None else None
+        if request.trace is None:
+            return await self._run_bound(model, request, caller, reserve)
+        try:
+            return await self._run_bound(model, request, caller, reserve)
+        finally:
+            assert tracer is not None
+            tracer.finish(request.trace)
+
+    async def _run_bound(self, model: ModelVersion, request: InferRequest, caller: Caller,
+                         reserve: Callable[[int], None]) -> InferResponse:
+        """Run ``request``, its tensors read from and written into the shared-memory regions it names."""
+        if not request.uses_shared_memory:
+            return await model.infer(request)
+        assert self._shared_memory is not None
+        with await self._shared_memory.bind(request, local=self._local(caller), reserve=reserve) as binding:
+            response = await model.infer(request)
+            await binding.write(response)
+        return response
+
+    async def _open_stream(self, model: ModelVersion, request: InferRequest, caller: Caller,
+                           reserve: Callable[[int], None], release: Callable[[int], None],
+                           received_ns: int | None) -> Responses:
+        tracer = self._tracer
+        request.trace = tracer.start(model.name, model.version, received_ns) if tracer is not None else None
+        binding = None
+        try:
+            if request.uses_shared_memory:
+                assert self._shared_memory is not None
+                binding = await self._shared_memory.bind(request, local=self._local(caller), reserve=reserve)
+            stream = await model.open_stream(request, self._stream_limits, (reserve, release))
+        except BaseException:
+            if binding is not None:
+                binding.close()
+            if request.trace is not None:
+                assert tracer is not None
+                tracer.finish(request.trace)
+            raise
+        if request.trace is not None:
+            trace = request.trace
+            assert tracer is not None
+            # Written once the stream has ended and the request has run (its COMPUTE_* marks are set when
+            # run_requests returns, which may come after the final response).
+            stream.on_close(lambda _: stream.ran.add_done_callback(lambda _: tracer.finish(trace)))
+        if binding is not None:
+            stream.set_writer(binding.write)  # each response's outputs go into the regions it named
+            stream.on_close(lambda _: binding.close())
+        return stream

@@ -1,0 +1,128 @@
+"""What the data plane answers, typed: each front end turns these into its wire format (REST into
+JSON with ``as_json``, gRPC into the protobuf message field by field). Nothing here knows a transport."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from appliance.engine.types import InferRequest, InferResponse
+
+__all__ = [
+    "Health",
+    "IndexEntry",
+    "InferResult",
+    "ModelMetadata",
+    "RegionStatus",
+    "ServerMetadata",
+    "TensorMetadata",
+    "VersionStatistics",
+]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Health:
+    live: bool
+    ready: bool
+    failure: str | None
+    """Why the server stopped being live (None while it is)."""
+    state: dict[str, Any]
+    """The state dir's condition (read-only, a database moved aside...), as JSON."""
+
+    def as_json(self) -> dict[str, Any]:
+        details: dict[str, Any] = {"live": self.live, "ready": self.ready, "state": self.state}
+        if self.failure is not None:
+            details["failure"] = self.failure
+        return details
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ServerMetadata:
+    name: str
+    version: str
+    extensions: tuple[str, ...]
+
+    def as_json(self) -> dict[str, Any]:
+        return {"name": self.name, "version": self.version, "extensions": list(self.extensions)}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TensorMetadata:
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+
+    def as_json(self) -> dict[str, Any]:
+        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ModelMetadata:
+    name: str
+    versions: tuple[str, ...]
+    platform: str
+    inputs: tuple[TensorMetadata, ...]
+    outputs: tuple[TensorMetadata, ...]
+
+    def as_json(self) -> dict[str, Any]:
+        return {"name": self.name, "versions": list(self.versions), "platform": self.platform,
+                "inputs": [t.as_json() for t in self.inputs], "outputs": [t.as_json() for t in self.outputs]}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class VersionStatistics:
+    name: str
+    version: str
+    statistics: dict[str, Any]
+    """Triton's statistics of one version in its JSON form (inference_stats, batch_stats...), plus the
+    appliance's own members (sequence_stats) that Triton's gRPC message has no field for."""
+
+    def as_json(self) -> dict[str, Any]:
+        return {"name": self.name, "version": self.version, **self.statistics}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class IndexEntry:
+    """One row of Triton's repository index, with the appliance's ``origin``: "repository", or "pushed"
+    (its files came in a load request)."""
+
+    name: str
+    state: str
+    reason: str
+    origin: str
+    version: str | None = None
+    """None for a row about the model rather than one of its versions (it is not READY)."""
+
+    def as_json(self) -> dict[str, Any]:
+        row: dict[str, Any] = {"name": self.name}
+        if self.version is not None:
+            row["version"] = self.version
+        row.update(state=self.state, reason=self.reason, origin=self.origin)
+        return row
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RegionStatus:
+    """A registered shared-memory region: ``key`` and ``offset`` for system ones, ``device_id`` for CUDA."""
+
+    name: str
+    key: str | None = None
+    offset: int | None = None
+    device_id: int | None = None
+    byte_size: int = 0
+
+    @classmethod
+    def of(cls, fields: dict[str, Any]) -> RegionStatus:
+        return cls(**fields)
+
+    def as_json(self) -> dict[str, Any]:
+        return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)
+                if getattr(self, field.name) is not None}
+
+
+@dataclasses.dataclass(slots=True)
+class InferResult:
+    """One inference: the request as decoded (its requested outputs steer the encoding) and the answer."""
+
+    request: InferRequest
+    response: InferResponse

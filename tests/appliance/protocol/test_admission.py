@@ -1,0 +1,69 @@
+"""Who may call what, for every transport: the one operation table, the token rules, the browser rules
+and the bound on requests in flight."""
+
+from __future__ import annotations
+
+import pytest
+
+from appliance.errors import Forbidden, Unauthorized, Unavailable
+from appliance.protocol.admission import AccessPolicy, Admission, Caller, parse_networks
+from appliance.protocol.operations import ACCESS, BOUNDLESS, Access, Operation
+
+TOKEN = "a-token-of-at-least-16"
+REMOTE, LOCAL = "10.0.0.5", "127.0.0.1"
+
+
+def test_every_operation_has_one_access_level_and_the_control_ones_change_the_server():
+    assert set(ACCESS) == set(Operation)
+    control = {op for op, level in ACCESS.items() if level is Access.CONTROL}
+    assert control == {Operation.MODEL_LOAD, Operation.MODEL_UNLOAD, Operation.SHM_REGISTER,
+                       Operation.SHM_UNREGISTER, Operation.TRACE_UPDATE, Operation.LOG_UPDATE}
+    assert {op for op, level in ACCESS.items() if level is Access.OPEN} == {
+        Operation.SERVER_LIVE, Operation.SERVER_READY, Operation.SERVER_HEALTH}
+    assert {Operation.SERVER_LIVE, Operation.SERVER_READY, Operation.SERVER_HEALTH, Operation.METRICS} == BOUNDLESS
+
+
+@pytest.mark.parametrize("protect", [False, True])
+def test_token_rules(protect):
+    policy = AccessPolicy(TOKEN, parse_networks(["127.0.0.1/32"]), protect_inference=protect)
+    policy.check(Operation.MODEL_LOAD, Caller(LOCAL))  # exempt
+    policy.check(Operation.SERVER_LIVE, Caller(REMOTE))
+    with pytest.raises(Unauthorized, match="'Authorization: Bearer <token>'"):
+        policy.check(Operation.MODEL_LOAD, Caller(REMOTE))
+    with pytest.raises(Unauthorized, match="'authorization: Bearer <token>' metadata"):
+        policy.check(Operation.MODEL_LOAD, Caller(REMOTE, credentials="'authorization: Bearer <token>' metadata"))
+    for wrong in ("Bearer wrong", "Bearer ", "Basic " + TOKEN, TOKEN):
+        with pytest.raises(Unauthorized):
+            policy.check(Operation.LOG_UPDATE, Caller(REMOTE, wrong))
+    policy.check(Operation.MODEL_LOAD, Caller(REMOTE, f"Bearer {TOKEN}"))
+    if protect:
+        with pytest.raises(Unauthorized):
+            policy.check(Operation.INFER, Caller(REMOTE))
+        policy.check(Operation.INFER, Caller(LOCAL))
+    else:
+        policy.check(Operation.INFER, Caller(REMOTE))
+    policy.check(Operation.SERVER_HEALTH, Caller(None))  # a UNIX socket peer is never exempt, health is open
+
+
+def test_browser_rules_guard_control_even_with_the_token_and_from_an_exempt_address():
+    policy = AccessPolicy(TOKEN, parse_networks(["127.0.0.0/8"]))
+    page = Caller(LOCAL, f"Bearer {TOKEN}", browser_refusal=Forbidden("another site"))
+    with pytest.raises(Forbidden):
+        policy.check(Operation.SHM_REGISTER, page)
+    policy.check(Operation.INFER, page)  # inference: the data plane applies them only to shared memory
+
+
+def test_the_bound_on_requests_in_flight_leaves_health_and_metrics_out():
+    admission = Admission(AccessPolicy(TOKEN), max_concurrent_requests=1)
+    with admission.admit(Operation.INFER, Caller(LOCAL)):
+        assert admission.in_flight == 1
+        with pytest.raises(Unavailable, match="max_concurrent_requests"), admission.admit(Operation.MODEL_METADATA,
+                                                                                           Caller(LOCAL)):
+            pass
+        for operation in BOUNDLESS:
+            with admission.admit(operation, Caller(LOCAL)):
+                pass
+    assert admission.in_flight == 0
+    with pytest.raises(Unauthorized), admission.admit(Operation.MODEL_LOAD, Caller(REMOTE)):
+        pass
+    assert admission.in_flight == 0
