@@ -177,7 +177,10 @@ def _load_version(
         raise
     label = f"{model_dir.name}:{version}"
     stats = ModelStats()
-    pool = InstancePool(label, instances)
+    # Batches that cannot grow by waiting (no dynamic batching) are handed on as soon as they are queued,
+    # to a backend that can queue them (a model process): it never waits for the daemon between them.
+    pipelined = isinstance(policy, SchedulerPolicy) and not policy.dynamic
+    pool = InstancePool(label, instances, min(b.pipeline_depth for b in instances) if pipelined else 1)
     scheduler: Scheduler | SequenceScheduler
     if isinstance(policy, SequencePolicy):  # a sequence's steps run in order on threads
         scheduler = SequenceScheduler(label, model_dir.name, pool, policy, stats)

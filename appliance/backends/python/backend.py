@@ -12,7 +12,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import queue
 import subprocess
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -100,7 +102,13 @@ class PythonBackend(Backend):
 
     def __init__(self, context: LoadContext) -> None:
         self._context = context
-        self._inputs_arena: Arena | None = None
+        self._input_arenas: list[Arena | None] = [None, None]
+        """Two, taken in turn: with a batch on its way while one runs (pipeline_depth 2), the next batch's
+        inputs must not overwrite those the model is reading. The third batch is sent only once the
+        first has answered (the pool lends an instance twice at most)."""
+        self._turn = 0
+        self._sending = threading.Lock()
+        """Held while a batch's inputs are written and it is sent: from the loop and the instance thread."""
         self._config_json: dict = {}
         self._decoupled = False
         self._ready = False
@@ -179,18 +187,26 @@ class PythonBackend(Backend):
     def _write_inputs(self, requests: Sequence[BackendRequest], keys: list[int]) -> tuple[dict, list[dict]]:
         tensors = [list(r.inputs.items()) for r in requests]
         needed = sum(Arena.needed(t) for t in tensors)
-        if self._inputs_arena is None or self._inputs_arena.size < needed:
-            if self._inputs_arena is not None:
-                self._inputs_arena.close()
-            self._inputs_arena = Arena.create(needed * 2)
+        arena = self._input_arenas[self._turn]
+        if arena is None or arena.size < needed:
+            if arena is not None:
+                arena.close()
+            arena = self._input_arenas[self._turn] = Arena.create(needed * 2)
+        self._turn ^= 1
         batch, offset = [], 0
         for key, request, request_tensors in zip(keys, requests, tensors):
-            descriptors, offset = self._inputs_arena.write(request_tensors, offset)
+            descriptors, offset = arena.write(request_tensors, offset)
             batch.append({"key": key, "inputs": descriptors, "outputs": list(request.outputs),
                           "id": request.request_id, "correlation_id": request.correlation_id,
                           "flags": request.flags, "timeout": request.timeout_us,
                           "parameters": model_parameters(request.parameters)})
-        return self._inputs_arena.info(), batch
+        return arena.info(), batch
+
+    @property
+    def pipeline_depth(self) -> int:  # type: ignore[override]
+        """Two batches on their way at once (the model process queues the second), except for a decoupled
+        model, whose channel is read by a thread that may wait for a slow client."""
+        return 1 if self._decoupled else 2
 
     def run_requests(self, requests: Sequence[BackendRequest]) -> BatchResult:
         if self._instance is None or not self._instance.process.alive or not self._ready:
@@ -199,9 +215,18 @@ class PythonBackend(Backend):
         instance = self._instance
         keys = instance.requests.open(requests, streamed=self._decoupled)
         results: list[dict[str, np.ndarray] | BaseException]
+        replies: queue.SimpleQueue = queue.SimpleQueue()
         try:
-            arena_info, batch = self._write_inputs(requests, keys)
-            reply = instance.process.call(("execute", arena_info, batch))
+            with self._sending:
+                arena_info, batch = self._write_inputs(requests, keys)
+                instance.process.call_async(("execute", arena_info, batch), replies.put)
+            reply = replies.get()
+            if reply is None:
+                code = instance.process.process.wait()
+                raise ProcessExited(f"the model process of '{instance.process.name}' exited with code {code} "
+                                    "while handling the request", code)
+            if reply[0] == "crashed":
+                raise ConfigError(f"model.py of '{instance.process.name}' failed: {reply[1]}\n{reply[2]}")
         except ProcessExited as exc:
             self._ready = False
             error = InferenceFailed(f"{exc.message}; it is restarted for the next request")
@@ -226,12 +251,6 @@ class PythonBackend(Backend):
                 instance.process.read_on(asyncio.get_running_loop())
             except RuntimeError:  # not called on an event loop: the reader thread reads on
                 pass
-        keys = instance.requests.open(requests, streamed=self._decoupled)
-        try:
-            arena_info, batch = self._write_inputs(requests, keys)
-        except BaseException as exc:
-            instance.requests.finish_batch(keys, [exc for _ in keys])
-            raise
 
         def replied(reply: tuple | None) -> None:
             try:
@@ -242,7 +261,18 @@ class PythonBackend(Backend):
                 return
             done(BatchResult(results))
 
-        instance.process.call_async(("execute", arena_info, batch), replied)
+        if not self._sending.acquire(blocking=False):
+            return False  # the instance thread is writing a large batch: this one follows it there
+        try:
+            keys = instance.requests.open(requests, streamed=self._decoupled)
+            try:
+                arena_info, batch = self._write_inputs(requests, keys)
+            except BaseException as exc:
+                instance.requests.finish_batch(keys, [exc for _ in keys])
+                raise
+            instance.process.call_async(("execute", arena_info, batch), replied)
+        finally:
+            self._sending.release()
         return True
 
     def _replied(self, instance: _Instance, reply: tuple | None,
@@ -284,7 +314,8 @@ class PythonBackend(Backend):
         if self._instance is not None:
             self._instance.stop()
             self._instance = None
-        if self._inputs_arena is not None:
-            self._inputs_arena.close()
-            self._inputs_arena = None
+        for index, arena in enumerate(self._input_arenas):
+            if arena is not None:
+                arena.close()
+                self._input_arenas[index] = None
 

@@ -75,17 +75,22 @@ def _auto_complete(model_class: type, config: dict) -> dict:
 
 
 class _Attached:
-    """The daemon's input arena, re-attached whenever the daemon replaces it."""
+    """The daemon's input arenas (it writes batches into two in turn), attached as they show up; one the
+    daemon replaced (it grew) is let go of."""
+
+    KEEP = 3
+    """The two in use, and the one a grown arena replaced (let go of one batch later)."""
 
     def __init__(self) -> None:
-        self.arena: Arena | None = None
+        self.arenas: dict[str, Arena] = {}
 
     def get(self, info: dict) -> Arena:
-        if self.arena is None or self.arena.path != info["path"]:
-            if self.arena is not None:
-                self.arena.close()
-            self.arena = Arena.attach(info["path"], info["size"])
-        return self.arena
+        arena = self.arenas.get(info["path"])
+        if arena is None:
+            arena = self.arenas[info["path"]] = Arena.attach(info["path"], info["size"])
+            while len(self.arenas) > self.KEEP:
+                self.arenas.pop(next(iter(self.arenas))).close()
+        return arena
 
 
 def _requests(arena: Arena, batch: list[dict], copy: bool) -> list[pb_utils.InferenceRequest]:
@@ -201,22 +206,27 @@ def serve(rt: Runtime, commands: Reading, model_file: Path) -> None:
     if model.decoupled:
         commands.keep_reader()
     rt.send(("ready", None))
-    inputs, output = _Attached(), None
+    # Replies are written into two output arenas in turn: the daemon may send the next batch before it
+    # has read this one's outputs, but not the one after (it lends the instance twice at most).
+    inputs, turn = _Attached(), 0
+    outputs: list[Arena | None] = [None, None]
     while True:
         message = commands.next_command()
         if message[0] == "finalize":
             break
         _, arena_info, batch = message
         requests = _requests(inputs.get(arena_info), batch, copy=model.decoupled)
-        reply, output = _execute(model, requests, rt, output)
+        reply, outputs[turn] = _execute(model, requests, rt, outputs[turn])
+        turn ^= 1
         rt.send(reply)
         rt.flush_released()
     try:
         model.call("finalize")
     except Exception as exc:
         _failure(exc)
-    if output is not None:
-        output.close()
+    for output in outputs:
+        if output is not None:
+            output.close()
     rt.send(("finalized", None))
 
 
