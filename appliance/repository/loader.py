@@ -171,6 +171,9 @@ def _load_version(
         policy: SchedulerPolicy | SequencePolicy = (
             sequence_policy(config, model_dir) if config.HasField("sequence_batching") else policy_from_config(config)
         )
+        cap = ((selection or {}).get("batching") or {}).get("cap")
+        if isinstance(policy, SchedulerPolicy) and policy.dynamic and not policy.preferred_batch_sizes and cap:
+            policy = dataclasses.replace(policy, batch_cap=int(cap))  # selection measured no gain above it
     except BaseException:
         for backend in instances:
             backend.close()
