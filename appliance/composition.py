@@ -207,6 +207,7 @@ class Appliance:
             services=BackendServices(metrics=custom_metrics, processes=children),
             control_mode=settings.model_control_mode,
             overlay=pushed.model_dirs if pushed is not None else None,
+            pushes=pushes,
         )
         try:
             await asyncio.to_thread(registry.discover)

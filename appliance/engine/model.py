@@ -147,13 +147,10 @@ class ModelVersion:
         names = [o.name for o in wanted] if request.outputs else self._every_output_name
         results = await self.scheduler.submit(inputs, names, batch_size, request.parameters, request.trace,
                                               request.timing, request_id=request.id or "")
-        outputs = []
-        for requested in wanted:
-            data = results.get(requested.name)
-            if data is None:
-                raise InferenceFailed(
-                    f"model '{self.name}' version {self.version} did not produce output '{requested.name}'")
-            outputs.append(self._output(requested, data))
+        # An output the model did not produce is left out of the response, as Triton does (a Python model
+        # may answer with some of its outputs; an ensemble step may, and the ensemble passes that on).
+        outputs = [self._output(requested, results[requested.name]) for requested in wanted
+                   if results.get(requested.name) is not None]
         # A model may set response parameters (Triton's Python InferenceResponse(parameters=...)).
         parameters = dict(results.parameters) if isinstance(results, Outputs) else {}
         return InferResponse(self.name, self.version, outputs, id=request.id, parameters=parameters)
@@ -181,7 +178,7 @@ class ModelVersion:
         inputs = self._runtime_inputs(request)
         wanted = request.outputs or [RequestedOutput(name) for name in self.signature.outputs]
         submitted = asyncio.ensure_future(self.scheduler.submit(
-            inputs, [o.name for o in wanted], batch_size, request.parameters, request.trace,
+            inputs, [o.name for o in wanted], batch_size, request.parameters, request.trace, request.timing,
             request_id=request.id or "", sink=channel, cancelled=channel.cancelled))
 
         def ran(task: asyncio.Future) -> None:

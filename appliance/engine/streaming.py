@@ -12,6 +12,8 @@ without bound). A consumer that reads nothing for
 ``stall_timeout`` seconds while the model waits fails the request ("the client stopped reading") and
 cancels it, so a stuck client cannot hold a model thread forever. ``send`` is never called on the event
 loop's thread by a backend; if it is, it cannot block there, and a full channel fails the request.
+A producer on the event loop (an ensemble streaming its responses) calls ``put`` instead, which waits
+for room the same way without blocking the loop.
 
 Once the consumer goes away (``cancel``), ``cancelled()`` turns True (Triton's
 ``request.is_cancelled()``) and every later response is dropped.
@@ -116,6 +118,17 @@ class ResponseChannel:
         """The final response (or a failure) is queued: nothing more is accepted."""
         self._cancelled = False
         self._waiter: asyncio.Future | None = None
+        self._room: asyncio.Future | None = None
+        """Set while ``put`` waits for the consumer to make room (woken by ``receive`` and ``cancel``)."""
+
+    @property
+    def limits(self) -> StreamLimits:
+        return self._limits
+
+    @property
+    def account(self) -> tuple[Callable[[int], None], Callable[[int], None]]:
+        """(reserve, release) of the request's memory account, for streams opened on its behalf."""
+        return self._reserve, self._release
 
     # -- the backend side (any thread) ------------------------------------------------------------
 
@@ -179,13 +192,51 @@ class ResponseChannel:
             now = time.monotonic()
             deadline = deadline if deadline is not None else now + limits.stall_timeout
             if now >= deadline:
-                self._fail_locked(Unavailable(
-                    f"the client read none of the {len(self._items)} pending responses of model {self._label} "
-                    f"for {limits.stall_timeout:g} s; the request was cancelled (read the stream faster)"))
+                self._fail_locked(self._stalled())
                 return False
             self._lock.wait(deadline - now)
             if self._ended or self._cancelled:
                 return False
+
+    def _stalled(self) -> Unavailable:
+        return Unavailable(f"the client read none of the {len(self._items)} pending responses of model {self._label} "
+                           f"for {self._limits.stall_timeout:g} s; the request was cancelled (read the stream faster)")
+
+    async def put(
+        self,
+        outputs: Mapping[str, np.ndarray] | None = None,
+        *,
+        parameters: Mapping[str, object] | None = None,
+        final: bool = False,
+    ) -> bool:
+        """``send`` for a producer on the event loop: waits (without blocking the loop) while the consumer
+        is behind, and fails the request as stalled after ``stall_timeout`` as ``send`` does. False once
+        the request has been cancelled or failed: the producer should stop."""
+        item = RawResponse(dict(outputs) if outputs else None, None, dict(parameters) if parameters else None,
+                           final, _nbytes(outputs))
+        deadline: float | None = None
+        while True:
+            with self._lock:
+                if self._ended or self._cancelled:
+                    return False
+                try:
+                    fits = self._fits(item.size)
+                except ApplianceError as exc:
+                    self._fail_locked(exc)
+                    return False
+                if fits:
+                    self._push(item)
+                    return True
+                now = time.monotonic()
+                deadline = deadline if deadline is not None else now + self._limits.stall_timeout
+                if now >= deadline:
+                    self._fail_locked(self._stalled())
+                    return False
+                room = self._room = self._loop.create_future()
+            try:
+                await asyncio.wait_for(room, deadline - now)
+            except TimeoutError:
+                pass  # judged at the top of the loop
 
     def _push(self, item: RawResponse) -> None:
         self._items.append(item)
@@ -209,6 +260,16 @@ class ResponseChannel:
         self._drop_pending()
         self._push(RawResponse(None, error, None, True))
         self._lock.notify_all()
+        self._wake_producer()
+
+    def _wake_producer(self) -> None:
+        """Under the lock: wake ``put`` (on the event loop), if it waits for room."""
+        room, self._room = self._room, None
+        if room is not None:
+            if threading.get_ident() == self._loop_thread:
+                _wake(room)
+            else:
+                self._loop.call_soon_threadsafe(_wake, room)
 
     # -- the event-loop side ----------------------------------------------------------------------
 
@@ -232,6 +293,7 @@ class ResponseChannel:
             self._cancelled = True
             self._drop_pending()
             self._lock.notify_all()
+            self._wake_producer()
             waiter, self._waiter = self._waiter, None
         if waiter is not None:
             _wake(waiter)
@@ -245,6 +307,7 @@ class ResponseChannel:
                     self._bytes -= item.size
                     self._release(item.size)  # handed on: the front end's own accounting takes over
                     self._lock.notify_all()  # a model waiting for room may go on
+                    self._wake_producer()
                     return item
                 if self._ended or self._cancelled:
                     return None

@@ -34,6 +34,7 @@ from appliance.repository.ensemble.dependencies import find_cycle, users_of
 from appliance.repository.loader import LoadedModel, load_model
 
 if TYPE_CHECKING:
+    from appliance.repository.pushed import PushStore
     from appliance.selection import Selector
 
 __all__ = ["NOT_LOADED", "ModelEntry", "ModelRegistry", "ModelState", "directory_signature", "parse_version"]
@@ -109,13 +110,14 @@ class ModelRegistry:
                  retune: bool = False, drain_timeout: float = 10.0,
                  on_event: Callable[[str, str, int | None, dict], None] | None = None,
                  overlay: Callable[[], Mapping[str, Path]] | None = None,
-                 services: BackendServices | None = None, control_mode: str = "none") -> None:
+                 services: BackendServices | None = None, control_mode: str = "none",
+                 pushes: PushStore | None = None) -> None:
         """``on_event`` is told of model_loaded / model_failed / backend_chosen / model_unloaded (kind,
         model, version, detail): the metrics history records them. ``overlay``: model name -> directory
         of the models pushed over the load API (core.pushed), served in place of the repository's.
         ``services``: what the daemon lends backends; the registry adds its own models to it
         (``LocalModels``: Python models call models), which may load and unload models when
-        ``control_mode`` is explicit."""
+        ``control_mode`` is explicit, with files kept in ``pushes`` (as the load API's pushes are)."""
         self._overlay = overlay
         self.repository = repository
         self._drain_timeout = drain_timeout
@@ -126,7 +128,7 @@ class ModelRegistry:
         self._on_event = on_event
         self._retune = retune
         self._models: dict[str, ModelEntry] = {}
-        self._calls = LocalModels(self, explicit=control_mode == "explicit")
+        self._calls = LocalModels(self, explicit=control_mode == "explicit", pushes=pushes)
         self._services = dataclasses.replace(services or BackendServices(), models=self._calls)
         self._held: set[str] = set()
         """Models a push is replacing: re-scans and retunes leave them alone meanwhile."""
@@ -367,7 +369,10 @@ class ModelRegistry:
             entry = self._models[user]
             assert entry.plan is not None and entry.config is not None
             try:
-                check_composition(entry.plan, entry.config, functools.partial(self._step_config, user))
+                flow = check_composition(entry.plan, entry.config, functools.partial(self._step_config, user))
+                if flow.is_decoupled != entry.config.model_transaction_policy.decoupled:
+                    now = "would now be" if flow.is_decoupled else "would no longer be"
+                    raise ConfigError(f"the ensemble {now} decoupled (its clients stream differently)")
             except ConfigError as exc:
                 await self.unload(user, f"composing model '{name}' was reloaded with a config this ensemble no "
                                         f"longer fits: {exc.message}; fix one of them and load '{user}' again")

@@ -25,13 +25,14 @@ import sys
 import threading
 import types
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
 from multiprocessing.connection import Connection
 from typing import Any, cast
 
 import numpy as np
 from google.protobuf import json_format
 
-from appliance.backends.base import Backend, BackendRequest, BatchResult, LoadContext, Outputs
+from appliance.backends.base import Backend, BackendRequest, BatchResult, LoadContext, Outputs, reschedule_refused
 from appliance.backends.python import triton_python_backend_utils as pb_utils
 from appliance.backends.python.arena import Attachments
 from appliance.backends.python.backend import model_parameters
@@ -40,7 +41,10 @@ from appliance.backends.python.pb import runtime
 from appliance.backends.python.pb.runtime import Runtime
 from appliance.backends.python.pb.transfer import error_of, tensors_of
 from appliance.backends.python.peer import Peer
-from appliance.backends.python.requests import OpenRequests, model_error
+from appliance.backends.python.requests import SENT, OpenRequests, model_error
+from appliance.backends.python.stub import RESCHEDULED as RESCHEDULED_MARK
+from appliance.backends.python.stub import SENT as SENT_MARK
+from appliance.backends.python.stub import returned_entries
 from appliance.config_json import config_to_json
 from appliance.errors import ConfigError, InferenceFailed
 
@@ -175,8 +179,12 @@ class InProcessPythonBackend(Backend):
 
     def run(self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]) -> dict[str, np.ndarray]:
         (result,) = self.run_requests([BackendRequest(inputs, outputs)]).results
+        if isinstance(result, Future):  # answered through its response sender
+            result = result.result()
         if isinstance(result, BaseException):
             raise result
+        if not isinstance(result, dict):
+            raise reschedule_refused(self._context.model_name)
         return result
 
     def run_requests(self, requests: Sequence[BackendRequest]) -> BatchResult:
@@ -187,47 +195,38 @@ class InProcessPythonBackend(Backend):
             pb_utils.InferenceRequest.served(key, [pb_utils.Tensor(name, array) for name, array in r.inputs.items()],
                                              {"outputs": list(r.outputs), "id": r.request_id,
                                               "correlation_id": r.correlation_id, "flags": r.flags,
-                                              "timeout": r.timeout_us, "parameters": model_parameters(r.parameters)})
+                                              "timeout": r.timeout_us, "parameters": model_parameters(r.parameters)},
+                                             False)
             for key, r in zip(keys, requests)
         ]
-        results: list[dict[str, np.ndarray] | BaseException]
+        results: list[Any]
         try:
             with runtime.serving(self._runtime):
-                responses = self._call("execute", served)
+                entries = returned_entries(False, served, self._call("execute", served))
         except Exception as exc:  # noqa: BLE001 - the batch fails, as a model process's would
             log.error("model %s: execute() failed", self._context.model_name, exc_info=True)
             error = InferenceFailed(f"model.py execute() failed: {type(exc).__name__}: {exc}")
             results = [error for _ in requests]
         else:
-            results = self._results(responses, len(requests))
-        self._requests.finish_batch(keys, results)
-        return BatchResult(results)
+            results = [self._result(entry) for entry in entries or ()]
+        return BatchResult(self._requests.finish_batch(keys, results))
 
-    @staticmethod
-    def _results(responses: Any, count: int) -> list[dict[str, np.ndarray] | BaseException]:
-        if not isinstance(responses, list) or len(responses) != count:
-            found = len(responses) if isinstance(responses, list) else type(responses).__name__
-            wrong = InferenceFailed(f"model.py execute() failed: execute() returned {found} responses for {count} "
-                                    "requests; it must return a list with one InferenceResponse per request")
-            return [wrong for _ in range(count)]
-        results: list[dict[str, np.ndarray] | BaseException] = []
-        for response in responses:
-            if not isinstance(response, pb_utils.InferenceResponse):
-                results.append(InferenceFailed(f"execute() returned a {type(response).__name__}, not a "
-                                               "pb_utils.InferenceResponse"))
-                continue
-            error = error_of(response)
-            if error is not None:
-                results.append(model_error(error))
-                continue
-            try:
-                tensors = dict(tensors_of(response.output_tensors(), "output"))
-            except pb_utils.TritonModelException as exc:
-                results.append(model_error((str(exc), pb_utils.TritonError.INTERNAL)))
-                continue
-            parameters = response.parameters()
-            results.append(Outputs(tensors, json.loads(parameters) if parameters not in ("", "{}") else None))
-        return results
+    def _result(self, entry: Any) -> Any:
+        """A request's result from what execute() gave for it: its outputs, its error, SENT (its response
+        sender answers it), or a refused reschedule (iterative sequences run in a process)."""
+        if entry == SENT_MARK:
+            return SENT
+        if entry == RESCHEDULED_MARK:
+            return reschedule_refused(self._context.model_name)
+        error = error_of(entry)
+        if error is not None:
+            return model_error(error)
+        try:
+            tensors = dict(tensors_of(entry.output_tensors(), "output"))
+        except pb_utils.TritonModelException as exc:
+            return model_error((str(exc), pb_utils.TritonError.INTERNAL))
+        parameters = entry.parameters()
+        return Outputs(tensors, json.loads(parameters) if parameters not in ("", "{}") else None)
 
     def close(self) -> None:
         if self._model is not None:

@@ -1,6 +1,7 @@
 """An ensemble's plan checked against its composing models' configs: each mapped tensor exists, every
-required input is fed, batching fits, and every ensemble tensor has one data type and a shape all its
-readers and writers agree on (-1 matches any size)."""
+required input is fed, batching fits, every ensemble tensor has one data type and a shape all its
+readers and writers agree on (-1 matches any size), and the responses of decoupled steps flow as Triton
+lets them (see ``appliance.repository.ensemble.flow``)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import Callable
 from tritonclient.grpc import model_config_pb2 as mc
 
 from appliance.errors import ConfigError
+from appliance.repository.ensemble.flow import EnsembleFlow, flow_of
 from appliance.repository.ensemble.plan import EnsemblePlan, Step
 
 __all__ = ["check_composition"]
@@ -39,9 +41,6 @@ def _shape_text(shape: tuple[int, ...]) -> str:
 def _check_step(plan: EnsemblePlan, ensemble: mc.ModelConfig, step: Step, config: mc.ModelConfig,
                 uses: dict[str, list[_Use]]) -> None:
     name = plan.name
-    if config.model_transaction_policy.decoupled:
-        raise ConfigError(f"in ensemble '{name}', {step.label} is a decoupled model; ensembles of decoupled "
-                          "models are not supported by this server yet: call it directly or from a Python model")
     if ensemble.max_batch_size > config.max_batch_size:
         raise ConfigError(
             f"ensemble {name} allows maximum batch size {ensemble.max_batch_size}, but it contains model "
@@ -89,9 +88,12 @@ def _check_agreement(name: str, tensor: str, uses: list[_Use]) -> None:
 
 
 def check_composition(plan: EnsemblePlan, ensemble: mc.ModelConfig,
-                      config_of: Callable[[Step], mc.ModelConfig]) -> None:
-    """Raise ConfigError naming the step and tensor at fault. ``config_of(step)``: the config of the
-    version the step runs (raises ConfigError when that model or version is not loaded)."""
+                      config_of: Callable[[Step], mc.ModelConfig]) -> EnsembleFlow:
+    """How requests flow through the ensemble with these composing models (which steps are decoupled), or
+    ConfigError naming the step and tensor at fault. ``config_of(step)``: the config of the version the
+    step runs (raises ConfigError when that model or version is not loaded)."""
+    decoupled = frozenset(step.number for step in plan.steps
+                          if config_of(step).model_transaction_policy.decoupled)
     uses: dict[str, list[_Use]] = {}
     batched = ensemble.max_batch_size > 0
     for kind, entries in (("input", ensemble.input), ("output", ensemble.output)):
@@ -102,3 +104,4 @@ def check_composition(plan: EnsemblePlan, ensemble: mc.ModelConfig,
         _check_step(plan, ensemble, step, config_of(step), uses)
     for tensor, found in uses.items():
         _check_agreement(plan.name, tensor, found)
+    return flow_of(plan, decoupled)

@@ -14,7 +14,7 @@ from appliance.engine.model import ModelVersion
 from appliance.engine.model_files import check_config_paths
 from appliance.engine.stats import ModelStats
 from appliance.errors import ConfigError
-from appliance.repository.config import check_decoupled, select_versions, signature_of
+from appliance.repository.config import select_versions, signature_of
 from appliance.repository.ensemble.compose import check_composition
 from appliance.repository.ensemble.plan import ENSEMBLE_PLATFORM, EnsemblePlan, Step
 from appliance.repository.ensemble.scheduler import EnsembleScheduler, Resolve
@@ -44,8 +44,9 @@ def load_ensemble(model_dir: Path, config: mc.ModelConfig, plan: EnsemblePlan,
                           "(an ensemble has no model file, but Triton's layout still wants a version)")
     check_config_paths(config, model_dir, available.values())
     config = _complete(config)
-    check_composition(plan, config, config_of)
-    check_decoupled(config, "ensemble", False)  # an ensemble answers each request once (its steps are checked above)
+    flow = check_composition(plan, config, config_of)
+    # Triton decides it from the steps, whatever the config says: decoupled when any step is.
+    config.model_transaction_policy.decoupled = flow.is_decoupled
     labels = {out.name: read_labels(model_dir, out.label_filename, f"output '{out.name}' label_filename")
               for out in config.output if out.label_filename}
     versions = {}
@@ -53,7 +54,8 @@ def load_ensemble(model_dir: Path, config: mc.ModelConfig, plan: EnsemblePlan,
         stats = ModelStats()
         versions[version] = ModelVersion(
             name=name, version=version, config=config, signature=signature_of(config), backend=None,
-            scheduler=EnsembleScheduler(plan, resolve, stats), stats=stats, labels=labels,
+            scheduler=EnsembleScheduler(flow, resolve, stats, config.ensemble_scheduling.max_inflight_requests),
+            stats=stats, labels=labels,
         )
     return LoadedModel(name, config, versions, {})
 

@@ -19,7 +19,7 @@ from appliance.engine.instances import InstancePool
 from appliance.engine.model import ModelVersion
 from appliance.engine.scheduler import Scheduler, policy_from_config
 from appliance.engine.stats import ModelStats
-from appliance.engine.streaming import StreamItem, StreamLimits
+from appliance.engine.streaming import ResponseChannel, StreamItem, StreamLimits
 from appliance.engine.tensor_checks import DecodeLimits
 from appliance.engine.types import InferInput, InferRequest
 from appliance.errors import InferenceFailed, InvalidInput, Unavailable
@@ -438,3 +438,39 @@ async def test_a_stream_closed_while_its_request_is_queued_never_runs(make_model
     assert len(await _read_all(first)) == 1
     assert len(await _read_all(await plane.infer_stream(model, _request(3)))) == 1
     assert ran == [1, 3] and model.stats.failures == {"CANCELED": 1}  # 2 would have run before 3
+
+
+# -- a producer on the event loop (an ensemble streaming its answers): ResponseChannel.put ----------------
+
+
+async def test_put_waits_for_the_reader_without_blocking_the_loop():
+    channel = ResponseChannel("ensemble", asyncio.get_running_loop(), StreamLimits(max_responses=2))
+    assert await channel.put(_out(0)) and await channel.put(_out(1))
+    third = asyncio.create_task(channel.put(_out(2), final=True))
+    await asyncio.sleep(0.1)
+    assert not third.done()  # full: it waits, and the loop runs on (this test does)
+    first = await channel.receive()
+    assert first is not None and int(first.outputs["OUT"][0]) == 0
+    assert await asyncio.wait_for(third, 5)
+    rest = [await channel.receive(), await channel.receive()]
+    assert [int(r.outputs["OUT"][0]) for r in rest if r is not None] == [1, 2] and rest[-1].final
+    assert await channel.receive() is None
+
+
+async def test_put_fails_the_request_when_the_reader_stalls():
+    channel = ResponseChannel("ensemble", asyncio.get_running_loop(), StreamLimits(max_responses=1, stall_timeout=0.2))
+    assert await channel.put(_out(0))
+    assert not await asyncio.wait_for(channel.put(_out(1)), 5)  # stalled: the producer is told to stop
+    end = await channel.receive()
+    assert end is not None and end.final and end.error is not None and "read none of the" in end.error.message
+    assert channel.cancelled()
+
+
+async def test_put_stops_at_once_when_the_reader_goes_away():
+    channel = ResponseChannel("ensemble", asyncio.get_running_loop(), StreamLimits(max_responses=1, stall_timeout=30))
+    assert await channel.put(_out(0))
+    waiting = asyncio.create_task(channel.put(_out(1)))
+    await asyncio.sleep(0.05)
+    channel.cancel()
+    assert not await asyncio.wait_for(waiting, 1)
+    assert not await channel.put(_out(2))
