@@ -67,6 +67,8 @@ def _small(requests: Sequence[BackendRequest]) -> bool:
 
 def model_parameters(parameters: Mapping[str, object]) -> str:
     """The request's own parameters as the JSON text ``request.parameters()`` returns."""
+    if not parameters:
+        return "{}"
     kept = {key: value for key, value in parameters.items()
             if key not in _TRANSPORT_KEYS and not key.startswith(_TRANSPORT_PREFIXES)}
     return json.dumps(kept, default=str)
@@ -327,7 +329,7 @@ class PythonBackend(Backend):
                 results.append(RESCHEDULE if self._iterative else reschedule_refused(self._context.model_name))
             else:
                 assert arena is not None
-                parameters = json.loads(item[2]) if item[2] else {}
+                parameters = json.loads(item[2]) if item[2] and item[2] != "{}" else {}
                 results.append(Outputs({d[0]: arena.read(d, copy=True) for d in item[1]}, parameters))
         return results
 

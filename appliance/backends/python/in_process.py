@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import inspect
+import itertools
 import json
 import logging
 import re
@@ -57,6 +58,7 @@ PLAN_PARAMETER = "python_plan"
 is loaded with; selection offers that plan where the config sets parameters ``in_process``."""
 
 _IMPORT_LOCK = threading.Lock()
+_LOADS = itertools.count(1)
 
 
 def _load_model_class(context: LoadContext) -> type:
@@ -65,7 +67,9 @@ def _load_model_class(context: LoadContext) -> type:
     model process, the version and model directories are on sys.path for sibling modules."""
     sys.modules.setdefault("triton_python_backend_utils", pb_utils)
     version_dir = context.version_dir
-    package = "_appliance_model_" + re.sub(r"\W", "_", f"{context.model_name}_{context.version}_{id(context)}")
+    # A number of its own per load (an object's id may be reused once it is gone): a reload, or another
+    # model's instance, never finds an earlier import's modules (its relative imports included).
+    package = "_appliance_model_" + re.sub(r"\W", "_", f"{context.model_name}_{context.version}_{next(_LOADS)}")
     with _IMPORT_LOCK:
         for path in (str(version_dir), str(version_dir.parent)):
             if path not in sys.path:

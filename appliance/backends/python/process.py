@@ -16,6 +16,7 @@ import asyncio
 import collections
 import logging
 import os
+import pickle
 import queue
 import socket
 import subprocess
@@ -36,6 +37,8 @@ REPLIES = frozenset({"described", "ready", "done", "failed", "finalized", "crash
 """The kinds that answer a command of the daemon (everything else is a message of the model's own)."""
 
 Handler = Callable[[tuple], None]
+_PICKLE = pickle.HIGHEST_PROTOCOL
+"""Messages are pickled directly (multiprocessing's ForkingPickler costs a pickler object per message)."""
 _OUTPUT_ARENAS = 3
 """Output arenas kept attached: the two a model process answers from in turn (see stub.serve), and the
 one a grown arena replaced."""
@@ -126,7 +129,7 @@ class ModelProcess:
         the reader)."""
         try:
             with self._send_lock:
-                self.conn.send(message)
+                self.conn.send_bytes(pickle.dumps(message, _PICKLE))
         except (OSError, ValueError):
             pass
 
@@ -175,7 +178,7 @@ class ModelProcess:
         try:
             while True:
                 try:
-                    message = self.conn.recv()
+                    message = pickle.loads(self.conn.recv_bytes())
                 except (EOFError, OSError):
                     break
                 if message[0] == "handed_over" and self._loop is not None:
@@ -199,7 +202,7 @@ class ModelProcess:
         """The channel is readable (on the event loop): one message. Messages are small (tensors travel
         through shared memory), so reading one never waits for long."""
         try:
-            message = self.conn.recv()
+            message = pickle.loads(self.conn.recv_bytes())
         except (EOFError, OSError):
             assert self._loop is not None
             self._loop.remove_reader(self.conn.fileno())

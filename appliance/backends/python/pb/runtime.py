@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import pickle
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
@@ -42,7 +43,7 @@ class Runtime:
 
     def send(self, message: tuple) -> None:
         with self._send_lock:
-            self.conn.send(message)
+            self.conn.send_bytes(pickle.dumps(message, pickle.HIGHEST_PROTOCOL))
 
     def release(self, block: int) -> None:
         """The daemon may reuse one of its blocks (its tensors were copied out). Told with the next BLS call
