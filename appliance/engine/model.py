@@ -22,7 +22,7 @@ from appliance.engine.streaming import RawResponse, ResponseChannel, ResponseStr
 from appliance.engine.traffic import TrafficStats
 from appliance.engine.types import InferOutput, InferRequest, InferResponse, RequestedOutput
 from appliance.engine.validation import validate_request
-from appliance.errors import ApplianceError, InferenceFailed, InvalidInput, Unavailable
+from appliance.errors import ApplianceError, DeadlineExceeded, InferenceFailed, InvalidInput, Unavailable
 from appliance.tensors import v2_datatype
 
 if TYPE_CHECKING:
@@ -57,7 +57,7 @@ class VersionScheduler(Protocol):
 
 
 def _failure_reason(exc: BaseException) -> str:
-    if isinstance(exc, asyncio.CancelledError):
+    if isinstance(exc, (asyncio.CancelledError, DeadlineExceeded)):
         return FailureReason.CANCELED
     if isinstance(exc, Unavailable):
         return FailureReason.REJECTED
@@ -146,7 +146,8 @@ class ModelVersion:
         wanted = request.outputs or self._every_output
         names = [o.name for o in wanted] if request.outputs else self._every_output_name
         results = await self.scheduler.submit(inputs, names, batch_size, request.parameters, request.trace,
-                                              request.timing, request_id=request.id or "")
+                                              request.timing, request_id=request.id or "",
+                                              cancelled=request.cancelled)
         # An output the model did not produce is left out of the response, as Triton does (a Python model
         # may answer with some of its outputs; an ensemble step may, and the ensemble passes that on).
         outputs = [self._output(requested, results[requested.name]) for requested in wanted
@@ -174,19 +175,28 @@ class ModelVersion:
         batch_size = validate_request(self.name, self.signature, request)
         start = time.perf_counter_ns()
         loop = asyncio.get_running_loop()
-        channel = ResponseChannel(f"{self.name}:{self.version}", loop, limits or StreamLimits(), *(account or ()))
+        limits = limits or StreamLimits()
+        channel = ResponseChannel(f"{self.name}:{self.version}", loop, limits, *(account or ()))
         inputs = self._runtime_inputs(request)
         wanted = request.outputs or [RequestedOutput(name) for name in self.signature.outputs]
+        asked = request.cancelled
+        cancelled = channel.cancelled if asked is None else (lambda: channel.cancelled() or asked())
         submitted = asyncio.ensure_future(self.scheduler.submit(
             inputs, [o.name for o in wanted], batch_size, request.parameters, request.trace, request.timing,
-            request_id=request.id or "", sink=channel, cancelled=channel.cancelled))
+            request_id=request.id or "", sink=channel, cancelled=cancelled))
 
         def ran(task: asyncio.Future) -> None:
             # run_requests returned: responses may still follow (Triton), unless it failed the request.
             if not task.cancelled() and task.exception() is not None:
                 channel.fail(task.exception())  # type: ignore[arg-type]
 
+        deadline: asyncio.TimerHandle | None = None
+        if limits.deadline > 0:
+            deadline = loop.call_later(limits.deadline, self._expire, channel, submitted, limits.deadline)
+
         def closed(error: BaseException | None) -> None:
+            if deadline is not None:
+                deadline.cancel()
             self._streams.discard(channel)
             if isinstance(error, asyncio.CancelledError) and not submitted.done():
                 submitted.cancel()  # the client went away: a request still queued never runs
@@ -199,6 +209,13 @@ class ModelVersion:
         self._streams.add(channel)
         convert = functools.partial(self._stream_response, wanted=wanted, request_id=request.id)
         return ResponseStream(channel, convert, closed, submitted)
+
+    def _expire(self, channel: ResponseChannel, submitted: asyncio.Future, seconds: float) -> None:
+        channel.expire(DeadlineExceeded(
+            f"model '{self.name}' sent no final response within request_deadline ({seconds:g} s); the request "
+            "was cancelled (raise request_deadline if the model needs longer, or make it send its final flag)"))
+        if not submitted.done():  # still queued: it never runs; running: the model sees is_cancelled()
+            submitted.cancel()
 
     def _stream_response(self, raw: RawResponse, wanted: list[RequestedOutput],
                          request_id: str | None) -> InferResponse:

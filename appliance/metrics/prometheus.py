@@ -21,9 +21,12 @@ _REASONS = (FailureReason.REJECTED, FailureReason.CANCELED, FailureReason.BACKEN
 
 
 class TritonCollector:
-    def __init__(self, models: Callable[[], list[ModelVersion]], system: Callable[[], dict[str, Any] | None]) -> None:
+    def __init__(self, models: Callable[[], list[ModelVersion]], system: Callable[[], dict[str, Any] | None],
+                 arenas: Callable[[], dict[str, int] | None] = lambda: None) -> None:
+        """``arenas``: the latest sample of the Python backend's shared-memory arenas, bytes by model."""
         self._models = models
         self._system = system
+        self._arenas = arenas
 
     def collect(self) -> Iterator[Metric]:
         labels = ["model", "version"]
@@ -80,6 +83,15 @@ class TritonCollector:
                     output_us, latency)
         if sequences.samples:  # only where a model has sequence_batching
             yield from (sequences, backlog, sequence_ends)
+        arenas = self._arenas()
+        if arenas is not None:
+            family = GaugeMetricFamily(
+                "appliance_python_arena_bytes",
+                "Shared memory (/dev/shm) the Python backend's tensor arenas take for a model, daemon and model "
+                "processes together, in bytes (outside the request memory budget)", labels=["model"])
+            for name, used in sorted(arenas.items()):
+                family.add_metric([name], used)
+            yield family
         yield from self._system_metrics()
 
     def _system_metrics(self) -> Iterator[Metric]:

@@ -164,6 +164,8 @@ def _load_version(
         for backend in instances:
             backend.configure(config)
         run_warmup(instances, warmup, config, version)
+        for backend in instances:
+            backend.check_ready()
         labels = {
             out.name: read_labels(model_dir, out.label_filename, f"output '{out.name}' label_filename")
             for out in config.output if out.label_filename

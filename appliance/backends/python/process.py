@@ -266,11 +266,15 @@ class ModelProcess:
         if arena is None:
             arena = self._output_arenas[info["path"]] = Arena.attach(info["path"], info["size"])
             while len(self._output_arenas) > _OUTPUT_ARENAS:
-                self._drop_output_arena(next(iter(self._output_arenas)))
+                self.drop_output_arena(next(iter(self._output_arenas)))
         return arena
 
-    def _drop_output_arena(self, path: str) -> None:
-        arena = self._output_arenas.pop(path)
+    def drop_output_arena(self, path: str) -> None:
+        """Unmap an output arena and remove its file: the model process leaves an oversized one to the
+        daemon, which reads it last, and one that dies removes nothing."""
+        arena = self._output_arenas.pop(path, None)
+        if arena is None:
+            return
         arena.close()
         try:  # the model process made it; remove it in case that process cannot
             os.unlink(arena.path)
@@ -281,7 +285,13 @@ class ModelProcess:
 
     @property
     def alive(self) -> bool:
-        return self.process.poll() is None
+        # poll() says None while another thread waits for the process (the reader, reaping a process
+        # that died): the end of the channel, seen first, settles it.
+        return not self._ending and self.process.poll() is None
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
 
     def request_stop(self) -> None:
         """Ask model.py to finalize and exit once it is done with what it runs (never blocks)."""
@@ -313,7 +323,7 @@ class ModelProcess:
                 self._end()
         self.conn.close()
         for path in list(self._output_arenas):
-            self._drop_output_arena(path)
+            self.drop_output_arena(path)
 
     def _forget_reader(self) -> None:
         loop = self._loop

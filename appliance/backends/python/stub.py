@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from appliance.backends.python import triton_python_backend_utils as pb_utils
-from appliance.backends.python.arena import Arena
+from appliance.backends.python.arena import Arena, reusable_size
 from appliance.backends.python.pb import runtime
 from appliance.backends.python.pb.logger import forward_logging
 from appliance.backends.python.pb.runtime import Runtime
@@ -92,6 +92,13 @@ class _Attached:
                 self.arenas.pop(next(iter(self.arenas))).close()
         return arena
 
+    def let_go_if_oversized(self, info: dict) -> None:
+        """After execute(): an oversized arena held this one batch; the daemon removes it."""
+        arena = self.arenas.get(info["path"])
+        if arena is not None and arena.oversized:
+            del self.arenas[info["path"]]
+            arena.close()
+
 
 def _requests(arena: Arena, batch: list[dict], decoupled: bool) -> list[pb_utils.InferenceRequest]:
     """The batch as model.py sees it. A decoupled model's inputs are detached from the arena (it may
@@ -152,7 +159,7 @@ def returned_entries(decoupled: bool, requests: list, responses: Any) -> list | 
     return entries
 
 
-def _pack_responses(responses: list, arena: Arena | None) -> tuple[list[Any], Arena]:
+def _pack_responses(responses: list, arena: Arena | None, model: str) -> tuple[list[Any], Arena]:
     """Write every response's tensors into the output arena (growing it); errors stay as messages,
     requests answered elsewhere (SENT, RESCHEDULED) as their marks."""
     tensors: list[list[tuple[str, Any]]] = []
@@ -172,7 +179,7 @@ def _pack_responses(responses: list, arena: Arena | None) -> tuple[list[Any], Ar
     if arena is None or arena.size < needed:
         if arena is not None:
             arena.close()
-        arena = Arena.create(needed * 2)
+        arena = Arena.create(reusable_size(needed), model)
     offset = 0
     for index, (response, response_tensors) in enumerate(zip(packed, tensors)):
         if isinstance(response, tuple):
@@ -237,7 +244,7 @@ def _execute(model: _Model, requests: list, rt: Runtime, output: Arena | None) -
         return _failure(exc), output
     if entries is None:
         return ("done", None, None), output
-    packed, output = _pack_responses(entries, output)
+    packed, output = _pack_responses(entries, output, rt.model_name)
     return ("done", output.info(), packed), output
 
 
@@ -269,8 +276,13 @@ def serve(rt: Runtime, commands: Reading, model_file: Path) -> None:
         _, arena_info, batch = message
         requests = _requests(inputs.get(arena_info), batch, model.decoupled)
         reply, outputs[turn] = _execute(model, requests, rt, outputs[turn])
+        output = outputs[turn]
+        if output is not None and output.oversized:  # the daemon reads it, then removes it
+            output.release()
+            outputs[turn] = None
         turn ^= 1
         rt.send(reply)
+        inputs.let_go_if_oversized(arena_info)
         rt.flush_released()
     try:
         model.call("finalize")

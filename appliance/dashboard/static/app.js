@@ -191,9 +191,13 @@
 
   // ---- the box: server metadata and the hardware probe.
 
-  function renderServer(meta) {
-    $("box-name").textContent = meta.name || "appliance";
-    $("server-version").textContent = `${meta.name || "appliance"} ${meta.version || ""}`.trim();
+  // The header names the box (its fleet name and host), not the protocol's server name: every
+  // appliance answers "triton" there, for Triton's clients.
+  function renderServer(meta, health) {
+    const box = (health && health.box) || {};
+    $("box-name").textContent = box.name || "appliance";
+    $("box-name").title = box.host ? `host ${box.host}` : "";
+    $("server-version").textContent = `appliance ${meta.version || ""} · ${box.host || ""} · KServe v2 (Triton protocol)`;
   }
 
   function renderProbe(probe) {
@@ -505,7 +509,7 @@
       getJSON("/v2/fleet"),
     ]);
     renderFleet(fleet);
-    renderServer(meta);
+    renderServer(meta, health);
     renderHealth(health);
     if (probe instanceof ApiError) renderProbeError(probe); else renderProbe(probe);
     renderModelFilter(rows);  // before asking for history, so that it never names a model that has gone

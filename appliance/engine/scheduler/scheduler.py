@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from appliance.backends import BackendRequest
-from appliance.backends.base import Reschedule, not_cancelled, reschedule_refused
+from appliance.backends.base import Reschedule, reschedule_refused
 from appliance.engine.instances import InstancePool
 from appliance.engine.scheduler.execution import THREADED, ExecutionMode, execute_batch, start_batch
 from appliance.engine.scheduler.policy import SchedulerPolicy
@@ -405,9 +405,12 @@ class Scheduler:
 
 
 def _backend_request(pending: Pending) -> BackendRequest:
+    # Without a probe of its own, a request is cancelled when its waiter is (the client went away: the
+    # front end's task was cancelled, and with it the future it awaited), so a running model sees
+    # request.is_cancelled() turn True; Future.cancelled() only reads a flag, from any thread.
     return BackendRequest(pending.inputs, pending.outputs, pending.parameters, pending.size,
                           request_id=pending.request_id, timeout_us=_timeout_us(pending.parameters),
-                          sink=pending.sink, cancelled=pending.cancelled or not_cancelled)
+                          sink=pending.sink, cancelled=pending.cancelled or pending.future.cancelled)
 
 
 def _timeout_us(parameters: Mapping[str, Any]) -> int:

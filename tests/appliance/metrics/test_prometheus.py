@@ -21,9 +21,9 @@ def _version(name: str, version: int, pending: int = 0) -> SimpleNamespace:
     return SimpleNamespace(name=name, version=version, stats=stats, scheduler=SimpleNamespace(pending=pending))
 
 
-def _scrape(models, system=None) -> tuple[dict[str, float], str]:
+def _scrape(models, system=None, arenas=None) -> tuple[dict[str, float], str]:
     registry = CollectorRegistry()
-    registry.register(TritonCollector(lambda: models, lambda: system))
+    registry.register(TritonCollector(lambda: models, lambda: system, lambda: arenas))
     text = render(registry).decode()
     # Triton's users query nv_inference_request_success, not ..._total (memory_total_bytes is a name)
     assert "_total " not in text and "_total{" not in text
@@ -93,3 +93,11 @@ def test_sequence_models_add_the_batchers_counts():
     assert "# TYPE appliance_sequence_count counter" in text
     assert not any('model="plain"' in line for line in text.splitlines() if "sequence" in line)
     assert "appliance_sequence" not in _scrape([plain])[1]
+
+
+def test_python_arenas_are_counted_by_model_once_sampled():
+    assert "appliance_python_arena_bytes" not in _scrape([])[1]  # not sampled yet (or --no-metrics)
+    metrics, text = _scrape([], arenas={"bls": 65536, "echo": 2 << 20})
+    assert metrics['appliance_python_arena_bytes{model="bls"}'] == 65536
+    assert metrics['appliance_python_arena_bytes{model="echo"}'] == 2 << 20
+    assert "# TYPE appliance_python_arena_bytes gauge" in text
