@@ -25,7 +25,10 @@ from appliance.backends import BackendServices, RuntimeOptions
 from appliance.backends.children import ChildProcesses
 from appliance.backends.python.arena import arena_usage, remove_stale_arenas
 from appliance.budget import MemoryBudget
+from appliance.engine.rate_limiter import RateLimiter
+from appliance.engine.response_cache import ResponseCache
 from appliance.engine.scheduler.execution import measure_thread_hop
+from appliance.engine.server_wide import ServerWide
 from appliance.engine.streaming import StreamLimits
 from appliance.engine.tensor_checks import DecodeLimits
 from appliance.errors import ConfigError
@@ -56,6 +59,8 @@ from appliance.settings.sections import (
     LimitsSection,
     MetricsSection,
     ModelsSection,
+    RateLimiterSection,
+    ResponseCacheSection,
     SelectionSection,
     ServerSection,
 )
@@ -63,7 +68,8 @@ from appliance.state import StateDir
 from appliance.token import control_token
 from hardware_probe import ProbeReport
 
-__all__ = ["Appliance", "compose", "make_selector", "resolve_repository", "runtime_options", "split_connections"]
+__all__ = ["Appliance", "compose", "make_selector", "resolve_repository", "runtime_options", "server_wide",
+           "split_connections"]
 
 log = logging.getLogger(__name__)
 
@@ -192,6 +198,18 @@ class Appliance:
         return await self._lifecycle.close()
 
 
+def server_wide(cache: ResponseCacheSection, limiter: RateLimiterSection) -> ServerWide:
+    """The response cache (``cache_config``) and the rate limiter (``rate_limit``) the models share."""
+    if limiter.resources and not limiter.enabled:
+        log.warning("rate_limit_resources are ignored while rate_limit is off; start with --rate-limit "
+                    "execution_count to limit model instances by them")
+    config = cache.parsed
+    return ServerWide(
+        response_cache=ResponseCache(config.size) if config is not None else None,
+        rate_limiter=RateLimiter(limiter.limits) if limiter.enabled else None,
+    )
+
+
 async def compose(settings: Settings, connections: int | None = None) -> Appliance:
     """Build and start every component in order; if one fails, those already started are stopped again.
     ``connections``: max_connections as fitted under the descriptor limit (default: as set)."""
@@ -215,7 +233,9 @@ async def _compose(settings: Settings, lifecycle: Lifecycle, connections: int) -
     registries: list[ModelRegistry] = []  # the metrics start first, to see the models load
     custom_metrics = CustomMetrics() if settings.metrics.enabled else None
     children = ChildProcesses()
-    metrics = await _start_metrics(settings.metrics, server, state, registries, lifecycle, custom_metrics, children)
+    shared = server_wide(settings.response_cache, settings.rate_limiter)
+    metrics = await _start_metrics(settings.metrics, server, state, registries, lifecycle, custom_metrics, children,
+                                   shared)
     shm = settings.shm
     shared_memory = SharedMemoryRegistry(shm.client_shm, SharedMemoryLimits(shm.max_regions, shm.max_bytes),
                                          LocalPeers(shm.local_networks))
@@ -243,6 +263,7 @@ async def _compose(settings: Settings, lifecycle: Lifecycle, connections: int) -
         overlay=pushed.model_dirs if pushed is not None else None,
         pushes=pushes,
         call_limits=_stream_limits(settings.limits),
+        server=shared,
     )
     try:
         await asyncio.to_thread(registry.discover)
@@ -284,13 +305,14 @@ async def _call(function) -> None:
 
 async def _start_metrics(section: MetricsSection, server: ServerSection, state: StateDir,
                          registries: list[ModelRegistry], lifecycle: Lifecycle,
-                         custom: CustomMetrics | None, children: ChildProcesses) -> MetricsService | None:
+                         custom: CustomMetrics | None, children: ChildProcesses,
+                         shared: ServerWide) -> MetricsService | None:
     if not section.enabled:
         return None
     service = MetricsService(
         server.metrics_db, _retention(section), section.interval,
         lambda: registries[0].ready_versions() if registries else [], state, custom=custom,
-        arenas=lambda: arena_usage({os.getpid(), *children.pids()}),
+        arenas=lambda: arena_usage({os.getpid(), *children.pids()}), server=shared,
     )
     await service.start()
     service.event("daemon_start", detail={"version": __version__})

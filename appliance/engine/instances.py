@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from appliance.backends import Backend
+from appliance.engine.rate_limiter import InstanceLimits
 
 __all__ = ["InstancePool"]
 
@@ -26,11 +27,16 @@ T = TypeVar("T")
 
 
 class InstancePool:
-    def __init__(self, label: str, backends: Sequence[Backend], depth: int = 1) -> None:
+    def __init__(self, label: str, backends: Sequence[Backend], limits: InstanceLimits | None = None,
+                 depth: int = 1) -> None:
+        """``limits``: the instances' places under the server's rate limiter (None: not rate limited); the
+        schedulers take an instance's resources after the instance, and the pool unregisters them at close.
+        ``depth``: how many batches an instance may be given at once (see the module's docstring)."""
         if not backends:
             raise ValueError("an instance pool needs at least one backend instance")
         if depth < 1:
             raise ValueError(f"an instance pool's depth must be at least 1, got {depth}")
+        self.limits = limits
         self._label = label
         self.depth = depth
         self._backends = list(backends)
@@ -157,13 +163,15 @@ class InstancePool:
         self._free.put_nowait(index)
 
     def _finish(self, index: int, future: asyncio.Future, result: Any, error: BaseException | None) -> None:
+        # The waiter's callbacks run before whoever waits for a free instance (asyncio runs callbacks in
+        # the order they are scheduled): the scheduler gives the instance's rate-limiter resources back
+        # before the instance is taken again.
+        if not future.cancelled():
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(result)
         self.release(index)
-        if future.cancelled():
-            return
-        if error is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(result)
 
     async def drain(self, timeout: float) -> bool:
         """Wait until every instance is idle; False if ``timeout`` passed first."""
@@ -209,4 +217,6 @@ class InstancePool:
                 backend.close()
             except Exception as exc:
                 errors.append(exc)
+        if self.limits is not None:  # a batch still running gives its resources up: the version is gone
+            self.limits.close()
         return errors

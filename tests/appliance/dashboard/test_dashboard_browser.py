@@ -191,6 +191,24 @@ def test_dashboard_shows_a_banner_when_the_state_dir_is_read_only(start_daemon, 
     assert run.returncode == 0, run.stderr[-4000:]
 
 
+@needs_chromium
+def test_dashboard_shows_the_response_cache_hit_rate(start_daemon, tmp_path):
+    repo = tmp_path / "repo"
+    save(mlp_model(), repo / "mlp" / "1" / "model.onnx")
+    (repo / "mlp" / "config.pbtxt").write_text("max_batch_size: 8\nresponse_cache { enable: true }\n")
+    daemon = start_daemon(repo, "--cache-config", "local,size=1048576")
+    body = {"inputs": [{"name": "input", "shape": [1, 784], "datatype": "FP32", "data": [0.25] * 784}]}
+    for _ in range(4):  # one miss, then three hits
+        status, _, payload = call(daemon.port, "POST", "/v2/models/mlp/infer", body)
+        assert status == 200, payload
+    page, dom, console = _render(daemon.base + "/", daemon.base, tmp_path / "profile")
+    assert page.get("data-state") == "rendered", f"{page}\ndaemon log:\n{daemon.log()[-3000:]}"
+    assert console == [], "the page reported errors on the console:\n" + "\n".join(console)
+    assert re.search(r'<div class="tile-label">Response cache</div><div class="tile-value">75\.0 %</div>'
+                     r'<div class="tile-note">hit rate · 3 hits, 1 misses</div>', dom), "no hit-rate tile"
+    assert "responses 75.0 % from cache" in dom, "the model's row shows no hit rate"
+
+
 def test_page_loads_nothing_from_outside_the_daemon():
     """Offline boxes: the page and its vendored chart library come from the daemon, no CDN."""
     for name in ("index.html", "app.js", "style.css"):
