@@ -14,8 +14,10 @@ __all__ = [
     "ApplianceError",
     "BackendUnavailable",
     "ConfigError",
+    "DeadlineExceeded",
     "Forbidden",
     "InferenceFailed",
+    "InsufficientStorage",
     "InvalidInput",
     "ModelNotFound",
     "ModelNotReady",
@@ -140,10 +142,23 @@ class ModelNotReady(Unavailable):
     pass
 
 
+class DeadlineExceeded(ApplianceError):
+    """A request ran past the deadline the daemon gives it (``request_deadline``); it was cancelled."""
+
+    status = HTTPStatus.GATEWAY_TIMEOUT
+    grpc_code = "DEADLINE_EXCEEDED"
+
+
 class InferenceFailed(ApplianceError):
     """The runtime raised while executing a request that passed validation (Triton: INTERNAL)."""
 
     status = HTTPStatus.INTERNAL_SERVER_ERROR
+
+
+class InsufficientStorage(ApplianceError):
+    """The box has no room to keep what the request sends (a full disk): 507 over HTTP."""
+
+    status = HTTPStatus.INSUFFICIENT_STORAGE
 
 
 class ConfigError(ApplianceError):

@@ -79,7 +79,7 @@ def select_boxes(args: argparse.Namespace, choose: bool) -> list[Box]:
 
 
 def trust_store(settings: Settings) -> TrustStore:
-    return TrustStore.load(settings.trusted_boxes_file)
+    return TrustStore.load(settings.fleet.trusted_boxes_file(settings.server.state_dir))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,7 +110,7 @@ def read_token(path: Path | None, settings: Settings) -> str | None:
     (enough for a box that exempts this client's address, such as its own host). It is only ever used
     to sign requests; it is not sent."""
     if path is None:
-        return settings.auth_token
+        return settings.auth.token
     try:
         token = path.read_text().strip()
     except OSError as exc:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from appliance.errors import ConfigError, InvalidInput, PayloadTooLarge, PushRefused, PushTooLarge
 from appliance.repository.config import config_from_json
-from appliance.repository.pushed import PushStore, file_parameters
+from appliance.repository.pushed import PushStore, check_push_name, file_parameters
 
 if TYPE_CHECKING:
     from tritonclient.grpc import model_config_pb2 as mc
@@ -36,6 +36,7 @@ def checked_push(store: PushStore, name: str, parameters: Mapping[str, Any]) -> 
     a refusal carries Triton's words first ("failed to poll from model repository" is what Triton says
     of file overrides it cannot use), then what is wrong."""
     try:
+        check_push_name(name)
         if "config" not in parameters:  # Triton's rule: the override directory's files come with a config
             raise InvalidInput("file overrides need the 'config' parameter (the model's configuration as JSON): "
                                "the pushed files replace the model's directory")
@@ -64,6 +65,23 @@ async def load_push(registry: ModelRegistry, store: PushStore, name: str, overri
             if not registry.in_repository(name) and name not in store.model_dirs():
                 registry.forget(name)  # a failed first push leaves no entry behind
             raise
-        replaced = await asyncio.to_thread(store.commit, staged)
+        try:
+            replaced = await asyncio.to_thread(store.commit, staged)
+        except BaseException:  # a disk that filled up between the files and origin.json: back to before
+            await asyncio.to_thread(store.discard, staged)
+            await _serve_previous(registry, store, name)
+            raise
         if replaced is not None:  # the versions it served are closed by now
             await asyncio.to_thread(store.remove_generation, replaced)
+
+
+async def _serve_previous(registry: ModelRegistry, store: PushStore, name: str) -> None:
+    """After a push that loaded but could not be kept: serve what served before it, or nothing."""
+    previous = store.model_dirs().get(name)
+    if previous is not None:
+        await registry.load(name, None, source=previous, raise_errors=False)
+    elif registry.in_repository(name):
+        await registry.load(name, None, source=registry.repository / name, raise_errors=False)
+    else:
+        await registry.unload(name)
+        registry.forget(name)

@@ -39,6 +39,8 @@ __all__ = [
     "decode_raw_request",
     "encode_bytes_tensor",
     "encode_infer_response",
+    "json_numbers",
+    "non_finite_token",
     "output_text",
     "parse_json_object",
 ]
@@ -148,9 +150,15 @@ def decode_json_data(data: Any, datatype: str, shape: tuple[int, ...], count: in
             f"input '{name}': 'data' does not hold {datatype} values: expected {_KIND_WORDS[dtype.kind]}, "
             f"got {_describe(source)}"
         )
-    array = source.astype(dtype, copy=False)
+    with np.errstate(over="ignore"):
+        array = source.astype(dtype, copy=False)
     if dtype.kind in "iu" and source.size and not np.array_equal(array, source):
         raise InvalidInput(f"input '{name}': 'data' does not hold {datatype} values: a value is out of range")
+    if dtype.kind == "f" and source.size and not np.isfinite(array).all():
+        # JSON holds no infinities: a value that became one did not fit (1e39 as FP32).
+        raise InvalidInput(f"input '{name}': 'data' does not hold {datatype} values: a value is beyond "
+                           f"{datatype}'s range (±{float(np.finfo(dtype).max):.6g}); send it as binary data to pass "
+                           "an infinity")
     return array.reshape(shape)
 
 
@@ -299,13 +307,30 @@ def _json_refused(name: str) -> InvalidInput:
                         f"('{name}': ask for it with binary_data: true, or binary_data_output: true)")
 
 
+def non_finite_token(value: float) -> bytes:
+    """How Triton writes a value JSON has no number for."""
+    return b"NaN" if math.isnan(value) else b"Infinity" if value > 0 else b"-Infinity"
+
+
+def json_numbers(array: np.ndarray) -> Any:
+    """A numeric tensor's values for orjson: the array itself, or, when it holds infinities or NaN, a
+    fragment that writes them as Triton does (``Infinity``, ``-Infinity``, ``NaN``: JavaScript's words,
+    which Python's json and tritonclient read; strict JSON parsers do not, so ask for such outputs as
+    binary data when a client needs them exactly)."""
+    flat = np.ascontiguousarray(array).ravel()
+    if flat.dtype.kind != "f" or np.isfinite(flat).all():
+        return flat  # orjson serialises C-contiguous native arrays directly (OPT_SERIALIZE_NUMPY)
+    items = [orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY) if np.isfinite(value)
+             else non_finite_token(float(value)) for value in flat]
+    return orjson.Fragment(b"[" + b",".join(items) + b"]")
+
+
 def _json_data(name: str, array: np.ndarray) -> Any:
     if array.dtype == BF16:
         raise _json_refused(name)
     if array.dtype == object:
         return [output_text(name, item) for item in array.ravel()]
-    # orjson serialises C-contiguous native arrays directly (OPT_SERIALIZE_NUMPY).
-    return np.ascontiguousarray(array).ravel()
+    return json_numbers(array)
 
 
 def _raw_bytes(array: np.ndarray) -> bytes:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import math
 import struct
 
 import ml_dtypes
 import numpy as np
+import orjson
 import pytest
 
 from appliance.engine.types import (
@@ -291,3 +293,26 @@ def test_outputs_written_to_shared_memory_carry_their_place_and_no_data():
                                           "shared_memory_offset": 64}
     assert "data" not in outputs["s"] and outputs["h"]["parameters"] == {"binary_data_size": 2}
     assert len(body) == length + 2  # only the binary output's bytes follow the header
+
+
+@pytest.mark.parametrize("datatype, value", [("FP32", 1e39), ("FP32", -3.5e38), ("FP16", 70000.0)])
+def test_a_float_beyond_its_type_is_refused_not_made_infinite(datatype, value):
+    """Issue 22 (Low): FP32 1e39 in JSON became inf (docs promised 400)."""
+    body = {"inputs": [{"name": "x", "shape": [1], "datatype": datatype, "data": [value]}]}
+    with pytest.raises(InvalidInput, match=f"beyond {datatype}'s range"):
+        decode_infer_request(orjson.dumps(body))
+    body["inputs"][0]["data"] = [3.4e38 if datatype == "FP32" else 65504.0]  # the largest finite value fits
+    assert np.isfinite(decode_infer_request(orjson.dumps(body)).inputs[0].data).all()
+
+
+def test_non_finite_outputs_are_written_as_triton_writes_them():
+    """Infinity, -Infinity and NaN as Triton's JSON has them (Python's json and tritonclient read them);
+    binary outputs carry them exactly."""
+    values = np.array([[1.5, np.inf, -np.inf, np.nan]], np.float32)
+    response = InferResponse("m", 1, [InferOutput("y", "FP32", values)])
+    body, json_length = encode_infer_response(response)
+    assert json_length is None and b'"data":[1.5,Infinity,-Infinity,NaN]' in body
+    decoded = json.loads(body)["outputs"][0]["data"]
+    assert decoded[:3] == [1.5, float("inf"), float("-inf")] and math.isnan(decoded[3])
+    finite = InferResponse("m", 1, [InferOutput("y", "FP32", np.array([[0.1, 2.0]], np.float32))])
+    assert b'"data":[0.1,2.0]' in encode_infer_response(finite)[0]
