@@ -14,7 +14,8 @@ import logging
 from collections.abc import Callable
 from concurrent.futures import Future
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 from appliance.backends.base import ModelCall, Outputs, ResponseSink
 from appliance.engine.types import InferInput, InferRequest, InferResponse, RequestedOutput
@@ -24,9 +25,20 @@ from appliance.tensors import v2_datatype
 
 if TYPE_CHECKING:
     from appliance.engine.model import ModelVersion
-    from appliance.repository.registry import ModelRegistry
 
-__all__ = ["LocalModels"]
+__all__ = ["LocalModels", "Models"]
+
+
+class Models(Protocol):
+    """What calls to models need of the registry that holds them."""
+
+    def get(self, name: str, version: str | None = None) -> ModelVersion: ...
+
+    def model_dir(self, name: str) -> Path: ...
+
+    async def load(self, name: str, config_override: Any = None) -> Any: ...
+
+    async def unload(self, name: str, *, unload_dependents: bool = False) -> Any: ...
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +66,7 @@ def _request(call: ModelCall) -> InferRequest:
 class LocalModels:
     """Implements ``appliance.backends.base.ModelCalls`` over a model registry."""
 
-    def __init__(self, registry: ModelRegistry, explicit: bool) -> None:
+    def __init__(self, registry: Models, explicit: bool) -> None:
         """``explicit``: the model control mode lets models be loaded and unloaded on demand."""
         self._registry = registry
         self._explicit = explicit

@@ -12,7 +12,6 @@ import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from tritonclient.grpc import model_config_pb2 as mc
 
@@ -32,9 +31,7 @@ from appliance.repository.ensemble import (
 )
 from appliance.repository.ensemble.dependencies import find_cycle, users_of
 from appliance.repository.loader import LoadedModel, load_model
-
-if TYPE_CHECKING:
-    from appliance.selection import Selector
+from appliance.repository.plan_choice import PlanChooser
 
 __all__ = ["NOT_LOADED", "ModelEntry", "ModelRegistry", "ModelState", "directory_signature", "parse_version"]
 
@@ -106,7 +103,7 @@ def parse_version(text: str | None) -> int | None:
 
 class ModelRegistry:
     def __init__(self, repository: Path, options: RuntimeOptions,
-                 selector: asyncio.Future[Selector | None] | None = None, retune: bool = False,
+                 selector: asyncio.Future[PlanChooser | None] | None = None, retune: bool = False,
                  drain_timeout: float = 10.0,
                  on_event: Callable[[str, str, int | None, dict], None] | None = None,
                  overlay: Callable[[], Mapping[str, Path]] | None = None,
