@@ -232,6 +232,7 @@ async def _compose(settings: Settings, lifecycle: Lifecycle, connections: int) -
         services=BackendServices(metrics=custom_metrics, processes=children),
         control_mode=settings.models.control_mode,
         overlay=pushed.model_dirs if pushed is not None else None,
+        pushes=pushes,
     )
     try:
         await asyncio.to_thread(registry.discover)

@@ -12,6 +12,7 @@ import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tritonclient.grpc import model_config_pb2 as mc
 
@@ -32,6 +33,9 @@ from appliance.repository.ensemble import (
 from appliance.repository.ensemble.dependencies import find_cycle, users_of
 from appliance.repository.loader import LoadedModel, load_model
 from appliance.repository.plan_choice import PlanChooser
+
+if TYPE_CHECKING:
+    from appliance.repository.pushed import PushStore
 
 __all__ = ["NOT_LOADED", "ModelEntry", "ModelRegistry", "ModelState", "directory_signature", "parse_version"]
 
@@ -107,13 +111,14 @@ class ModelRegistry:
                  drain_timeout: float = 10.0,
                  on_event: Callable[[str, str, int | None, dict], None] | None = None,
                  overlay: Callable[[], Mapping[str, Path]] | None = None,
-                 services: BackendServices | None = None, control_mode: str = "none") -> None:
+                 services: BackendServices | None = None, control_mode: str = "none",
+                 pushes: PushStore | None = None) -> None:
         """``on_event`` is told of model_loaded / model_failed / backend_chosen / model_unloaded (kind,
         model, version, detail): the metrics history records them. ``overlay``: model name -> directory
         of the models pushed over the load API (core.pushed), served in place of the repository's.
         ``services``: what the daemon lends backends; the registry adds its own models to it
         (``LocalModels``: Python models call models), which may load and unload models when
-        ``control_mode`` is explicit."""
+        ``control_mode`` is explicit, with files kept in ``pushes`` (as the load API's pushes are)."""
         self._overlay = overlay
         self.repository = repository
         self._drain_timeout = drain_timeout
@@ -125,7 +130,7 @@ class ModelRegistry:
         self._on_event = on_event
         self._retune = retune
         self._models: dict[str, ModelEntry] = {}
-        self._calls = LocalModels(self, explicit=control_mode == "explicit")
+        self._calls = LocalModels(self, explicit=control_mode == "explicit", pushes=pushes)
         self._services = dataclasses.replace(services or BackendServices(), models=self._calls)
         self._held: set[str] = set()
         """Models a push is replacing: re-scans and retunes leave them alone meanwhile."""

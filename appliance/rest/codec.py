@@ -27,7 +27,7 @@ from appliance.engine.tensor_checks import (
 from appliance.engine.types import InferInput, InferRequest, InferResponse, RequestedOutput, SharedMemoryInput
 from appliance.errors import InvalidInput
 from appliance.protocol.shared_memory.params import shared_memory_ref
-from appliance.tensors import decode_bytes_tensor, element_size, encode_bytes_tensor, numpy_dtype
+from appliance.tensors import BF16, decode_bytes_tensor, element_size, encode_bytes_tensor, numpy_dtype
 
 __all__ = [
     "DecodeLimits",
@@ -122,6 +122,9 @@ def _describe(values: np.ndarray) -> str:
 def decode_json_data(data: Any, datatype: str, shape: tuple[int, ...], count: int, name: str) -> np.ndarray:
     # Any nesting is accepted as long as the element count matches, as Triton does (JSON itself is
     # bounded to 1024 levels by orjson).
+    if datatype == "BF16":  # JSON numbers would round through FP64 to BF16 behind the client's back
+        raise InvalidInput(f"receiving BF16 data via JSON is not supported. Please use the binary data format for "
+                           f"input {name}")
     if not isinstance(data, list):
         data = [data]
     if datatype == "BYTES":
@@ -298,6 +301,12 @@ def decode_raw_request(
     return InferRequest([InferInput(name, datatype, data)], [], None, {"binary_data_output": True})
 
 
+def _json_refused(name: str) -> InvalidInput:
+    """Triton's error (its words first) for a BF16 output a client asked for as JSON."""
+    return InvalidInput(f"sending BF16 data via JSON is not supported. Please use the binary data format for output "
+                        f"('{name}': ask for it with binary_data: true, or binary_data_output: true)")
+
+
 def non_finite_token(value: float) -> bytes:
     """How Triton writes a value JSON has no number for."""
     return b"NaN" if math.isnan(value) else b"Infinity" if value > 0 else b"-Infinity"
@@ -317,6 +326,8 @@ def json_numbers(array: np.ndarray) -> Any:
 
 
 def _json_data(name: str, array: np.ndarray) -> Any:
+    if array.dtype == BF16:
+        raise _json_refused(name)
     if array.dtype == object:
         return [output_text(name, item) for item in array.ravel()]
     return json_numbers(array)
