@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from appliance.backends import Backend
+from appliance.engine.rate_limiter import InstanceLimits
 
 __all__ = ["InstancePool"]
 
@@ -22,9 +23,12 @@ T = TypeVar("T")
 
 
 class InstancePool:
-    def __init__(self, label: str, backends: Sequence[Backend]) -> None:
+    def __init__(self, label: str, backends: Sequence[Backend], limits: InstanceLimits | None = None) -> None:
+        """``limits``: the instances' places under the server's rate limiter (None: not rate limited); the
+        schedulers take an instance's resources after the instance, and the pool unregisters them at close."""
         if not backends:
             raise ValueError("an instance pool needs at least one backend instance")
+        self.limits = limits
         self._label = label
         self._backends = list(backends)
         # One plain thread per instance fed by a SimpleQueue: cheaper per dispatch than an executor.
@@ -142,13 +146,15 @@ class InstancePool:
         self._free.put_nowait(index)
 
     def _finish(self, index: int, future: asyncio.Future, result: Any, error: BaseException | None) -> None:
+        # The waiter's callbacks run before whoever waits for a free instance (asyncio runs callbacks in
+        # the order they are scheduled): the scheduler gives the instance's rate-limiter resources back
+        # before the instance is taken again.
+        if not future.cancelled():
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(result)
         self.release(index)
-        if future.cancelled():
-            return
-        if error is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(result)
 
     async def drain(self, timeout: float) -> bool:
         """Wait until every instance is idle; False if ``timeout`` passed first."""
@@ -194,4 +200,6 @@ class InstancePool:
                 backend.close()
             except Exception as exc:
                 errors.append(exc)
+        if self.limits is not None:  # a batch still running gives its resources up: the version is gone
+            self.limits.close()
         return errors

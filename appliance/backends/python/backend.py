@@ -30,7 +30,7 @@ from appliance.backends.base import (
     RequestResult,
     reschedule_refused,
 )
-from appliance.backends.python.arena import Arena, Attachments
+from appliance.backends.python.arena import Arena, Attachments, reusable_size
 from appliance.backends.python.peer import Peer
 from appliance.backends.python.process import ModelProcess, ProcessExited
 from appliance.backends.python.requests import SENT, ModelError, OpenRequests, model_error
@@ -189,6 +189,18 @@ class PythonBackend(Backend):
             raise ConfigError(f"initialize() of model '{name}' failed: {reply[1]}")
         self._ready = True
 
+    def check_ready(self) -> None:
+        """A model process that died after its initialize() (killed while the other instances loaded)
+        is started again before the version is served; if that fails, so does the load."""
+        instance = self._instance
+        if instance is not None and self._ready and instance.process.alive:
+            return
+        try:
+            self._restart()
+        except ProcessExited as exc:
+            raise ConfigError(f"the model process of '{self._context.model_name}' exited with code {exc.code} "
+                              "while it was started again before serving") from None
+
     def _restart(self) -> None:
         if self._instance is not None:
             self._instance.stop(timeout=1)
@@ -216,7 +228,7 @@ class PythonBackend(Backend):
         if self._inputs_arena is None or self._inputs_arena.size < needed:
             if self._inputs_arena is not None:
                 self._inputs_arena.close()
-            self._inputs_arena = Arena.create(needed * 2)
+            self._inputs_arena = Arena.create(reusable_size(needed), self._context.model_name)
         batch, offset = [], 0
         for key, request, request_tensors in zip(keys, requests, tensors):
             descriptors, offset = self._inputs_arena.write(request_tensors, offset)
@@ -242,7 +254,16 @@ class PythonBackend(Backend):
             results = [error for _ in requests]
         else:
             results = self._results(reply, len(requests))
+        self._let_go_of_inputs()
         return BatchResult(instance.requests.finish_batch(keys, results))
+
+    def _let_go_of_inputs(self) -> None:
+        """After a batch: an arena larger than those kept for reuse goes (the model process has let go
+        of its view of it too)."""
+        arena = self._inputs_arena
+        if arena is not None and arena.oversized:
+            self._inputs_arena = None
+            arena.close()
 
     def start_requests(self, requests: Sequence[BackendRequest],
                        done: Callable[[BatchResult | BaseException], None]) -> bool:
@@ -268,7 +289,9 @@ class PythonBackend(Backend):
 
         def replied(reply: tuple | None) -> None:
             try:
-                results = instance.requests.finish_batch(keys, self._replied(instance, reply, len(requests)))
+                replies = self._replied(instance, reply, len(requests))
+                self._let_go_of_inputs()
+                results = instance.requests.finish_batch(keys, replies)
             except BaseException as exc:  # noqa: BLE001 - the batch must complete, whatever happened
                 done(exc)
                 return
@@ -316,6 +339,8 @@ class PythonBackend(Backend):
                 assert arena is not None
                 parameters = json.loads(item[2]) if item[2] else {}
                 results.append(Outputs({d[0]: arena.read(d, copy=True) for d in item[1]}, parameters))
+        if arena is not None and arena.oversized:  # read (copied): the model process let go of it already
+            instance.process.drop_output_arena()
         return results
 
     def close(self) -> None:

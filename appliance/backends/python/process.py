@@ -247,11 +247,13 @@ class ModelProcess:
     def outputs(self, info: dict) -> Arena:
         """The process's output arena for execute replies (re-attached when it grew)."""
         if self.output_arena is None or self.output_arena.path != info["path"]:
-            self._drop_output_arena()
+            self.drop_output_arena()
             self.output_arena = Arena.attach(info["path"], info["size"])
         return self.output_arena
 
-    def _drop_output_arena(self) -> None:
+    def drop_output_arena(self) -> None:
+        """Unmap the output arena and remove its file: the model process leaves an oversized one to the
+        daemon, which reads it last, and one that dies removes nothing."""
         if self.output_arena is not None:
             self.output_arena.close()
             try:  # the model process made it; remove it in case that process cannot
@@ -264,7 +266,13 @@ class ModelProcess:
 
     @property
     def alive(self) -> bool:
-        return self.process.poll() is None
+        # poll() says None while another thread waits for the process (the reader, reaping a process
+        # that died): the end of the channel, seen first, settles it.
+        return not self._ending and self.process.poll() is None
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
 
     def request_stop(self) -> None:
         """Ask model.py to finalize and exit once it is done with what it runs (never blocks)."""
@@ -295,7 +303,7 @@ class ModelProcess:
                 self._forget_reader()
                 self._end()
         self.conn.close()
-        self._drop_output_arena()
+        self.drop_output_arena()
 
     def _forget_reader(self) -> None:
         loop = self._loop

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from appliance.backends.python import triton_python_backend_utils as pb_utils
-from appliance.backends.python.arena import Arena
+from appliance.backends.python.arena import Arena, reusable_size
 from appliance.backends.python.pb import runtime
 from appliance.backends.python.pb.logger import forward_logging
 from appliance.backends.python.pb.runtime import Runtime
@@ -87,6 +87,12 @@ class _Attached:
             self.arena = Arena.attach(info["path"], info["size"])
         return self.arena
 
+    def let_go_if_oversized(self) -> None:
+        """After execute(): an oversized arena held one batch; the daemon removes it."""
+        if self.arena is not None and self.arena.oversized:
+            self.arena.close()
+            self.arena = None
+
 
 def _requests(arena: Arena, batch: list[dict], decoupled: bool) -> list[pb_utils.InferenceRequest]:
     """The batch as model.py sees it. A decoupled model's inputs are detached from the arena (it may
@@ -146,7 +152,7 @@ def _returned(model: _Model, requests: list, responses: Any) -> list | None:
     return entries
 
 
-def _pack_responses(responses: list, arena: Arena | None) -> tuple[list[Any], Arena]:
+def _pack_responses(responses: list, arena: Arena | None, model: str) -> tuple[list[Any], Arena]:
     """Write every response's tensors into the output arena (growing it); errors stay as messages,
     requests answered elsewhere (SENT, RESCHEDULED) as their marks."""
     tensors: list[list[tuple[str, Any]]] = []
@@ -166,7 +172,7 @@ def _pack_responses(responses: list, arena: Arena | None) -> tuple[list[Any], Ar
     if arena is None or arena.size < needed:
         if arena is not None:
             arena.close()
-        arena = Arena.create(needed * 2)
+        arena = Arena.create(reusable_size(needed), model)
     offset = 0
     for index, (response, response_tensors) in enumerate(zip(packed, tensors)):
         if isinstance(response, tuple):
@@ -231,7 +237,7 @@ def _execute(model: _Model, requests: list, rt: Runtime, output: Arena | None) -
         return _failure(exc), output
     if entries is None:
         return ("done", None, None), output
-    packed, output = _pack_responses(entries, output)
+    packed, output = _pack_responses(entries, output, rt.model_name)
     return ("done", output.info(), packed), output
 
 
@@ -261,6 +267,10 @@ def serve(rt: Runtime, commands: Reading, model_file: Path) -> None:
         requests = _requests(inputs.get(arena_info), batch, model.decoupled)
         reply, output = _execute(model, requests, rt, output)
         rt.send(reply)
+        inputs.let_go_if_oversized()
+        if output is not None and output.oversized:  # the daemon reads it, then removes it
+            output.release()
+            output = None
         rt.flush_released()
     try:
         model.call("finalize")

@@ -24,7 +24,7 @@ class Runtime:
     def __init__(self, conn: Connection, model_name: str) -> None:
         self.conn = conn
         self.model_name = model_name
-        self.blocks = Blocks()
+        self.blocks = Blocks(model_name)
         """Where this process writes the tensors of streamed responses and BLS requests."""
         self.attachments = Attachments()
         """The daemon's blocks (BLS responses), as this process reads them."""
@@ -41,12 +41,13 @@ class Runtime:
         with self._send_lock:
             self.conn.send(message)
 
-    def release(self, block: int) -> None:
+    def release(self, block: int, now: bool = False) -> None:
         """The daemon may reuse one of its blocks (its tensors were copied out). Told with the next BLS call
-        or after the next execute(), not at once: a message less on every call's path."""
+        or after the next execute(), not at once: a message less on every call's path; ``now`` for a
+        block whose segment (an oversized one) the daemon removes as soon as it is free."""
         with self._released_lock:
             self._released.append(block)
-            if len(self._released) < _RELEASE_BATCH:
+            if len(self._released) < _RELEASE_BATCH and not now:
                 return
             blocks, self._released = self._released, []
         self.send(("free", blocks))
