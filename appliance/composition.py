@@ -45,6 +45,7 @@ from appliance.protocol.shared_memory import LocalPeers, SharedMemoryLimits, Sha
 from appliance.protocol.trace_settings import TraceSettings
 from appliance.protocol.trace_writer import TraceWriter
 from appliance.protocol.tracing import Tracer
+from appliance.repository.plan_choice import PlanChooser
 from appliance.repository.pushed import PushLimits, PushStore
 from appliance.repository.registry import ModelRegistry
 from appliance.repository.retune import RetunePolicy, Retuner
@@ -249,7 +250,7 @@ async def _compose(settings: Settings, lifecycle: Lifecycle, connections: int) -
     hop = await measure_thread_hop()
     log.info("thread hop (event loop -> instance thread -> event loop): %.0f µs", hop / 1000)
     loop = asyncio.get_running_loop()
-    selector: asyncio.Future[Selector | None] = loop.create_future()
+    selector: asyncio.Future[PlanChooser | None] = loop.create_future()
     hardware: asyncio.Future[dict] = loop.create_future()
     registry = ModelRegistry(
         repository,
@@ -380,7 +381,7 @@ async def _close_models(registry: ModelRegistry) -> None:
         log.error("error while closing a model: %s", error)
 
 
-async def _load_repository(appliance: Appliance, selector: asyncio.Future[Selector | None]) -> None:
+async def _load_repository(appliance: Appliance, selector: asyncio.Future[PlanChooser | None]) -> None:
     settings, registry, dataplane = appliance.settings, appliance.registry, appliance.dataplane
     # Probing imports the runtimes (seconds): done with the front ends already answering, and in a child
     # process, so that a daemon serving only ONNX never holds torch or OpenVINO.

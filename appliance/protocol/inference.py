@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import dataclasses
 from collections.abc import AsyncIterator, Callable
-from typing import Protocol, TypeVar
+from typing import Protocol
 
 from appliance.budget import Account, MemoryBudget
 from appliance.engine.model import ModelVersion
@@ -28,23 +28,13 @@ from appliance.protocol.shared_memory import SharedMemoryRegistry
 from appliance.protocol.tracing import Tracer
 from appliance.repository.registry import ModelRegistry
 
-__all__ = ["DECODE_OFF_LOOP_BYTES", "Inference", "InferSource", "NOT_SERVED", "Target", "off_loop"]
+__all__ = ["DECODE_OFF_LOOP_BYTES", "Inference", "InferSource", "NOT_SERVED", "Target"]
 
 DECODE_OFF_LOOP_BYTES = 1 << 20
 """Decoding work above this many bytes (JSON text, BYTES tensors, a protobuf message) runs on a worker
 thread, so that it never stalls the event loop; below it the trip to a thread costs more."""
 
 NOT_SERVED = "shared memory is not served by this server; send the tensors in the request"
-
-T = TypeVar("T")
-
-
-async def off_loop(size: int, function: Callable[..., T], *args: object) -> T:
-    """``function(*args)`` on a worker thread when ``size`` bytes of work justify it, else right here."""
-    if size > DECODE_OFF_LOOP_BYTES:
-        return await asyncio.to_thread(function, *args)
-    return function(*args)
-
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Target:
@@ -140,7 +130,10 @@ class Inference:
     async def _decode(self, model: ModelVersion, source: InferSource, caller: Caller,
                       account: Account) -> InferRequest:
         work = await source.receive(account)
-        request = await off_loop(work, source.decode, model, self._limits, account.reserve)
+        if work > DECODE_OFF_LOOP_BYTES:
+            request = await asyncio.to_thread(source.decode, model, self._limits, account.reserve)
+        else:
+            request = source.decode(model, self._limits, account.reserve)
         if request.uses_shared_memory:
             if self._shared_memory is None:
                 raise NotSupported(NOT_SERVED)

@@ -4,7 +4,7 @@ setting and how to fix it) and each component is handed only its section.
 Every field has a flat name, its *key*: ``APPLIANCE_<KEY>`` in the environment, ``<key> = ...`` at the
 top of the TOML file (or the field's own name inside its section's table, ``[http] port = 8000``), and
 ``--<key with dashes>`` where the command line has a flag. The key is the field's name unless ``key()``
-says otherwise. The docstring under each field is its documentation (``appliance.settings.reference``
+says otherwise. The docstring under each field is its documentation (``appliance.settings_reference``
 reads it for docs/settings.md).
 """
 
