@@ -13,6 +13,7 @@ from appliance import __version__, log_limit
 from appliance.commands import cache, discover, explain, fleet, install_service, probe, push, stats, tune
 from appliance.errors import ApplianceError
 from appliance.settings import Settings, load_settings
+from appliance.trace_flags import trace_flags
 
 __all__ = ["main", "usage_summary"]
 
@@ -65,6 +66,13 @@ def _serve_parser(sub: Any) -> None:
                    help="auto: uvloop when installed (the default), else asyncio's own loop")
     p.add_argument("--client-shm", choices=["off", "local", "any"],
                    help="who may use shared memory: off, local (clients on this host; the default) or any")
+    p.add_argument("--trace-config", dest="trace_config", action="append", default=[], metavar="[MODE,]SETTING=VALUE",
+                   help="Triton's trace settings at start: level=OFF|TIMESTAMPS|TENSORS, rate=N, count=N, "
+                        "mode=triton, triton,file=PATH, triton,log-frequency=N (repeatable)")
+    for flag, kind in (("--trace-file", str), ("--trace-rate", int), ("--trace-count", int),
+                       ("--trace-log-frequency", int)):
+        p.add_argument(flag, dest=flag[2:].replace("-", "_"), type=kind, help=argparse.SUPPRESS)
+    p.add_argument("--trace-level", dest="trace_levels", action="append", default=[], help=argparse.SUPPRESS)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -111,10 +119,19 @@ def _run_serve(settings: Settings) -> int:
     return 0
 
 
+def _trace_flags(flags: dict[str, Any]) -> dict[str, object]:
+    """tritonserver's trace flags (taken out of ``flags``) as trace settings."""
+    return trace_flags(flags.pop("trace_config"), file=flags.pop("trace_file"), levels=flags.pop("trace_levels"),
+                       rate=flags.pop("trace_rate"), count=flags.pop("trace_count"),
+                       log_frequency=flags.pop("trace_log_frequency"))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     flags = {k: v for k, v in vars(args).items() if k not in ("command", "config")}
     try:
+        if args.command == "serve":
+            flags.update(_trace_flags(flags))
         settings = load_settings(flags, os.environ, args.config)
         _setup_logging(settings)
         if args.command == "serve":

@@ -35,7 +35,7 @@ from appliance.protocol.admission import AccessPolicy, Admission, parse_networks
 from appliance.protocol.dataplane import DataPlane, Rules
 from appliance.protocol.log_settings import LogSettings, LogValues
 from appliance.protocol.shared_memory import LocalPeers, SharedMemoryLimits, SharedMemoryRegistry
-from appliance.protocol.trace_settings import TraceSettings
+from appliance.protocol.trace_settings import TraceSettings, TraceValues
 from appliance.protocol.trace_writer import TraceWriter
 from appliance.protocol.tracing import Tracer
 from appliance.repository.pushed import PushLimits, PushStore
@@ -264,17 +264,27 @@ class Appliance:
 
     @staticmethod
     def _start_tracing(settings: Settings, state: StateDir, lifecycle: Lifecycle) -> tuple[TraceSettings, Tracer]:
-        """Traces go to files under the state dir only; a read-only one keeps them in memory (bounded)."""
+        """Traces go to files under the state dir (or where trace_path says); a read-only directory keeps
+        them in memory (bounded)."""
         # A read-only state dir is reported once (its read_only problem says traces stay in memory).
-        fix = f"make {settings.state_dir} writable, then restart the daemon"
+        where = Path(settings.trace_path).parent if settings.trace_path is not None else settings.state_dir
+        fix = f"make {where} writable, then restart the daemon"
 
         def failed(reason: str) -> None:
             state.note("traces", f"{reason}: traces are kept in memory only", fix)
 
-        writer = TraceWriter(settings.trace_dir if state.writable else None, settings.trace_file,
-                             settings.trace_max_bytes, on_error=failed)
+        if settings.trace_path is not None:  # Triton's --trace-config triton,file=<path>: where the operator said
+            path = Path(settings.trace_path).expanduser().absolute()
+            directory: Path | None = path.parent
+            name, reported = path.name, settings.trace_path
+        else:
+            directory = settings.trace_dir if state.writable else None
+            name, reported = settings.trace_file, str(settings.trace_dir / settings.trace_file)
+        writer = TraceWriter(directory, name, settings.trace_max_bytes, on_error=failed)
         lifecycle.on_close("the trace writer", lambda: asyncio.to_thread(writer.close))
-        traces = TraceSettings(trace_file=str(settings.trace_dir / settings.trace_file))
+        defaults = TraceValues(settings.trace_level, settings.trace_rate, settings.trace_count,
+                               settings.trace_log_frequency)
+        traces = TraceSettings(defaults, trace_file=reported, mode=settings.trace_mode)
         return traces, Tracer(traces, writer)
 
     @staticmethod

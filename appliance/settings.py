@@ -155,6 +155,18 @@ class Settings:
     log_frequency); the directory is fixed and clients cannot change it."""
     trace_max_bytes: int = 64 * 1024**2
     """Bytes of trace files kept: the oldest numbered files are removed, a single file stops growing."""
+    trace_path: str | None = None
+    """Triton's ``--trace-config triton,file=<path>``: the trace file at this path instead (relative to the
+    daemon's working directory, as Triton's), reported as given."""
+    trace_level: tuple[str, ...] = ()
+    """Trace settings in force at start (Triton's ``--trace-config level=``, ``rate=``, ``count=``,
+    ``triton,log-frequency=``); the trace extension changes them at run time and clearing a global one
+    returns it to this. Level: empty or OFF (off), TIMESTAMPS and/or TENSORS."""
+    trace_rate: int = 1000
+    trace_count: int = -1
+    trace_log_frequency: int = 0
+    trace_mode: str = "triton"
+    """Only Triton's trace files (``triton``) are written here; OpenTelemetry export is not built in."""
     """Input tensors in one request."""
     notify_socket: str | None = None
     """systemd's NOTIFY_SOCKET (taken from the environment systemd sets)."""
@@ -214,6 +226,7 @@ class Settings:
                               f"{self.trace_file!r}")
         if self.trace_max_bytes < 4096:
             raise ConfigError(f"trace_max_bytes must be at least 4096, got {self.trace_max_bytes}")
+        self._check_trace_defaults()
         if self.stream_buffer_bytes < 1 or not self.stream_stall_timeout > 0:
             raise ConfigError(f"stream_buffer_bytes must be at least 1 and stream_stall_timeout > 0 seconds, got "
                               f"{self.stream_buffer_bytes} and {self.stream_stall_timeout}")
@@ -224,6 +237,22 @@ class Settings:
             raise ConfigError(f"intra_op_threads must be >= 0, got {self.intra_op_threads}")
         if self.event_loop not in ("auto", "uvloop", "asyncio"):
             raise ConfigError(f"event_loop must be auto, uvloop or asyncio, got {self.event_loop!r}")
+
+    def _check_trace_defaults(self) -> None:
+        levels = tuple(level.strip().upper() for level in self.trace_level)
+        if not set(levels) <= {"OFF", "TIMESTAMPS", "TENSORS"}:
+            raise ConfigError(f"trace_level must be OFF, or TIMESTAMPS and/or TENSORS, got {list(self.trace_level)}")
+        object.__setattr__(self, "trace_level", () if "OFF" in levels else
+                           tuple(level for level in ("TIMESTAMPS", "TENSORS") if level in levels))
+        for name, low, high in (("trace_rate", 0, 2**32 - 1), ("trace_count", -1, 2**31 - 1),
+                                ("trace_log_frequency", 0, 2**32 - 1)):
+            if not low <= getattr(self, name) <= high:
+                raise ConfigError(f"{name} must be {low}..{high}, got {getattr(self, name)}")
+        if self.trace_mode != "triton":
+            raise ConfigError(f"trace_mode {self.trace_mode!r} is not supported: the appliance writes Triton's trace "
+                              "files only (trace_mode = triton); OpenTelemetry export is not built in")
+        if self.trace_path is not None and (not self.trace_path.strip() or self.trace_path.endswith("/")):
+            raise ConfigError(f"trace_path must name a file, got {self.trace_path!r}")
 
     @property
     def example_repository_dir(self) -> Path:
