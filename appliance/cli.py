@@ -13,9 +13,9 @@ from appliance import __version__, log_limit
 from appliance.commands import cache, discover, explain, fleet, install_service, probe, push, stats, tune
 from appliance.errors import ApplianceError
 from appliance.settings import Settings, load_settings
-from appliance.trace_flags import trace_flags
+from appliance.trace_flags import TRACE_SPELLINGS, trace_flags
 
-__all__ = ["main", "usage_summary"]
+__all__ = ["main", "serve_flags", "usage_summary"]
 
 _COMMANDS = {
     "probe": probe,
@@ -75,6 +75,19 @@ def _serve_parser(sub: Any) -> None:
     p.add_argument("--trace-level", dest="trace_levels", action="append", default=[], help=argparse.SUPPRESS)
 
 
+def serve_flags() -> dict[str, tuple[str, ...]]:
+    """The settings ``appliance serve`` takes as flags: each setting's key and its flags."""
+    sub = argparse.ArgumentParser().add_subparsers()
+    _serve_parser(sub)
+    (serve,) = sub.choices.values()
+    flags = {action.dest: tuple(action.option_strings) for action in serve._actions if action.option_strings}
+    for name in ("help", "trace_config", "trace_file", "trace_levels", "trace_rate", "trace_count",
+                 "trace_log_frequency"):
+        flags.pop(name, None)
+    flags.update({setting: (spelling,) for setting, spelling in TRACE_SPELLINGS.items()})
+    return flags
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="appliance", description="Edge inference appliance")
     parser.add_argument("--version", action="version", version=f"appliance {__version__}")
@@ -101,7 +114,7 @@ def usage_summary(width: int = 100) -> str:
 
 def _setup_logging(settings: Settings) -> None:
     logging.basicConfig(
-        level=settings.log_level.upper(),
+        level=settings.server.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
@@ -113,9 +126,9 @@ def _run_serve(settings: Settings) -> int:
     from appliance import event_loop
     from appliance.daemon import serve
 
-    name = event_loop.loop_name(settings.event_loop)
+    name = event_loop.loop_name(settings.server.event_loop)
     logging.getLogger("appliance").info("event loop: %s", name)
-    event_loop.run(serve(settings), settings.event_loop)
+    event_loop.run(serve(settings), settings.server.event_loop)
     return 0
 
 

@@ -1,10 +1,12 @@
-"""The composition root: every resource of the daemon, made from ``Settings``, free of any transport.
+"""The composition root: ``compose(settings)`` builds every component of the daemon, front-end
+configurations included, each handed only its section of the settings; free of any transport.
 
-``Appliance.start`` checks the state dir, takes the control token, opens the metrics history, finds
-the model repository and starts loading it in the background (the hardware probe runs first, in a
-child process, while the front ends already answer); ``close`` stops all of it in reverse order. REST
-(``appliance.rest``) and gRPC (``appliance.grpc``) are front ends handed the started appliance: they
-translate their wire formats to calls on its ``dataplane`` and build nothing themselves.
+It checks the state dir, takes the control token, opens the metrics history, finds the model
+repository and starts loading it in the background (the hardware probe runs first, in a child
+process, while the front ends already answer: what depends on it, the selector and the report, is a
+future handed in at construction). ``Appliance.close`` stops all of it in reverse order. REST
+(``appliance.rest``) and gRPC (``appliance.grpc``) are front ends the daemon builds from ``rest`` and
+``grpc`` over the ``dataplane``: they translate their wire formats and build nothing themselves.
 """
 
 from __future__ import annotations
@@ -45,12 +47,20 @@ from appliance.rest.config import BodyLimits, RestConfig, host_policy
 from appliance.selection import Selector
 from appliance.selection.selector import Hardware, SelectionSettings, open_cache
 from appliance.settings import Settings
+from appliance.settings.sections import (
+    GrpcSection,
+    HttpSection,
+    LimitsSection,
+    MetricsSection,
+    ModelsSection,
+    SelectionSection,
+    ServerSection,
+)
 from appliance.state import StateDir
 from appliance.token import control_token
 from hardware_probe import ProbeReport
 
-__all__ = ["Appliance", "grpc_config", "make_selector", "resolve_repository", "rest_config", "runtime_options",
-           "split_connections"]
+__all__ = ["Appliance", "compose", "make_selector", "resolve_repository", "runtime_options", "split_connections"]
 
 log = logging.getLogger(__name__)
 
@@ -61,307 +71,329 @@ log = logging.getLogger(__name__)
 CLOSE_GRACE = 1.0
 
 
-def runtime_options(settings: Settings) -> RuntimeOptions:
-    return RuntimeOptions(onnx_providers=settings.onnx_providers, intra_op_threads=settings.intra_op_threads)
+def runtime_options(models: ModelsSection) -> RuntimeOptions:
+    return RuntimeOptions(onnx_providers=models.onnx_providers, intra_op_threads=models.intra_op_threads)
 
 
-def resolve_repository(settings: Settings) -> Path:
+def resolve_repository(server: ServerSection) -> Path:
     """The repository to serve: the configured one, else the built-in example (generated once)."""
-    if settings.model_repository is not None:
-        return settings.model_repository
-    return ensure_example_repository(settings.example_repository_dir)
+    if server.model_repository is not None:
+        return server.model_repository
+    return ensure_example_repository(server.example_repository_dir)
 
 
-def make_selector(settings: Settings, report: ProbeReport, isolate: bool = False,
+def make_selector(section: SelectionSection, server: ServerSection, report: ProbeReport, isolate: bool = False,
                   state: StateDir | None = None) -> Selector | None:
     """``isolate``: measure candidates in a child process (the daemon), not in this one (the CLI).
     ``state``: the daemon's checked state dir (checked here for the CLI)."""
-    if not settings.selection:
+    if not section.enabled:
         return None
-    state = state or StateDir.check(settings.state_dir)
+    state = state or StateDir.check(server.state_dir)
     return Selector(
         Hardware.of(report),
-        open_cache(settings.cache_dir, settings.cache_max_bytes, state),
-        SelectionSettings(budget=settings.tune_budget),
+        open_cache(server.cache_dir, section.cache_max_bytes, state),
+        SelectionSettings(budget=section.tune_budget),
         isolate=isolate,
         state=state,
     )
 
 
-def rest_config(settings: Settings, state: StateDir) -> RestConfig:
+def split_connections(http: HttpSection, grpc: GrpcSection, total: int) -> tuple[int, int]:
+    """max_connections (``total``: fitted under the descriptor limit) as (HTTP and metrics ports, gRPC
+    port): gRPC multiplexes its calls on few connections, so a share of the bound is its own (a quarter
+    unless grpc_max_connections says); a flood of idle connections to one port never locks the other out."""
+    if not grpc.enabled or total < 2:
+        return total, 0
+    wanted = grpc.max_connections or max(1, http.max_connections // 4)
+    share = max(1, min(total - 1, wanted * total // http.max_connections))
+    return total - share, share
+
+
+def rest_config(http: HttpSection, limits: LimitsSection, metrics: MetricsSection, server: ServerSection,
+                box_name: str | None, state: StateDir) -> RestConfig:
     return RestConfig(
-        body=BodyLimits(settings.max_request_bytes, settings.body_timeout),
-        hosts=host_policy(settings.allowed_hosts, settings.name),
-        trusted_proxies=parse_networks(settings.trusted_proxies),
-        history=settings.metrics_db if settings.metrics else None,
+        body=BodyLimits(limits.max_request_bytes, http.body_timeout),
+        hosts=host_policy(http.allowed_hosts, box_name),
+        trusted_proxies=parse_networks(http.trusted_proxies),
+        history=server.metrics_db if metrics.enabled else None,
         history_read_only=not state.writable,
     )
 
 
-def split_connections(total: int, grpc: bool) -> tuple[int, int]:
-    """max_connections (fitted under the descriptor limit) as (HTTP and metrics ports, gRPC port): gRPC
-    multiplexes its calls on few connections, so a quarter of the bound is its own; a flood of idle
-    connections to one port then never locks the other out."""
-    if not grpc or total < 2:
-        return total, 0
-    share = max(1, total // 4)
-    return total - share, share
-
-
-def grpc_config(settings: Settings, connections: int) -> GrpcConfig:
+def grpc_config(grpc: GrpcSection, limits: LimitsSection, http: HttpSection, connections: int) -> GrpcConfig:
     return GrpcConfig(
-        max_message_bytes=settings.max_request_bytes,
-        receivers=max(1, settings.max_request_memory_bytes // settings.max_request_bytes),
-        receive_timeout=settings.body_timeout,
+        max_message_bytes=limits.max_request_bytes,
+        receivers=max(1, limits.max_request_memory_bytes // limits.max_request_bytes),
+        receive_timeout=http.body_timeout,
         max_connections=connections,
-        max_streams=settings.max_concurrent_requests,
-        max_streams_per_connection=settings.max_concurrent_requests,
-        idle_timeout=settings.header_timeout,
-        stream=StreamRules(),
+        max_streams=grpc.max_streams,
+        max_streams_per_connection=limits.max_concurrent_requests,
+        idle_timeout=http.header_timeout,
+        stream=StreamRules(grpc.stream_max_pending, grpc.stream_idle_timeout),
     )
 
 
-def _retention(settings: Settings) -> Retention:
+def _retention(metrics: MetricsSection) -> Retention:
     return Retention(
-        raw_seconds=int(settings.history_raw_hours * 3600),
-        minute_seconds=int(settings.history_minute_days * 86400),
-        hour_seconds=int(settings.history_hour_days * 86400),
-        max_bytes=settings.history_max_bytes,
+        raw_seconds=int(metrics.history_raw_hours * 3600),
+        minute_seconds=int(metrics.history_minute_days * 86400),
+        hour_seconds=int(metrics.history_hour_days * 86400),
+        max_bytes=metrics.history_max_bytes,
     )
+
+
+def _rules(models: ModelsSection, limits: LimitsSection) -> Rules:
+    return Rules(control_mode=models.control_mode, strict_readiness=models.strict_readiness,
+                 decode=DecodeLimits(limits.max_tensor_elements, limits.max_inputs),
+                 streams=StreamLimits(max_bytes=limits.stream_buffer_bytes, stall_timeout=limits.stream_stall_timeout))
 
 
 @dataclasses.dataclass(eq=False)
 class Appliance:
-    """A started appliance; made by ``Appliance.start`` only."""
+    """A started appliance; made by ``compose`` only."""
 
     settings: Settings
     state: StateDir
     """The state dir as checked at start: what is degraded, and why."""
     token: str
-    """The control token every front end checks."""
-    budget: MemoryBudget
-    """Request bytes in memory, over every request of every front end."""
+    """The control token every front end's admission checks."""
     metrics: MetricsService | None
     shared_memory: SharedMemoryRegistry
     """Clients' shared-memory regions, unregistered (closed) at stop."""
     registry: ModelRegistry
     dataplane: DataPlane
+    """The one way in for every front end."""
     traces: TraceSettings
     """Triton's trace settings, global and per model; traces go to <state_dir>/traces/."""
-    logs: LogSettings
-    """Triton's log settings, applied to this process's logging when changed."""
-    hardware: asyncio.Future[dict]
-    """The hardware probe's report (JSON), once the start-up probe has run."""
     tracer: Tracer
     """Samples requests for Triton's trace extension and hands them to the trace writer."""
+    hardware: asyncio.Future[dict]
+    """The hardware probe's report (JSON), once the start-up probe has run."""
+    rest: RestConfig
+    """The REST front end's configuration (the HTTP port; the metrics port takes the same rules)."""
+    grpc: GrpcConfig | None
+    """The gRPC front end's configuration; None with --no-grpc."""
+    http_connections: int
+    """Connections the HTTP and metrics ports may hold together (the rest of max_connections is gRPC's)."""
     _lifecycle: Lifecycle
-
-    @classmethod
-    async def start(cls, settings: Settings) -> Appliance:
-        """Start every resource in order; if one fails, those already started are stopped again."""
-        lifecycle = Lifecycle()
-        try:
-            return await cls._start(settings, lifecycle)
-        except BaseException:
-            await lifecycle.close()
-            raise
-
-    @classmethod
-    async def _start(cls, settings: Settings, lifecycle: Lifecycle) -> Appliance:
-        # Checked once, before anything reads or writes there: a read-only or damaged state dir
-        # degrades the appliance (and says so), it never stops it.
-        state = await asyncio.to_thread(StateDir.check, settings.state_dir)
-        stale = await asyncio.to_thread(remove_stale_arenas)
-        if stale:
-            log.info("removed %d shared-memory arenas left by model processes that died", len(stale))
-        token = await asyncio.to_thread(control_token, settings, state)
-        registries: list[ModelRegistry] = []  # the metrics start first, to see the models load
-        custom_metrics = CustomMetrics() if settings.metrics else None
-        metrics = await cls._start_metrics(settings, state, registries, lifecycle, custom_metrics)
-        shared_memory = SharedMemoryRegistry(
-            settings.client_shm,
-            SharedMemoryLimits(settings.shm_max_regions, settings.shm_max_bytes),
-            LocalPeers(settings.shm_local_networks),
-        )
-
-        async def close_shared_memory() -> None:
-            shared_memory.close()
-
-        lifecycle.on_close("the shared memory regions", close_shared_memory)
-        repository, scratch = await asyncio.to_thread(cls._repository, settings, state)
-        if scratch is not None:
-            lifecycle.on_close("the temporary example repository",
-                               lambda: asyncio.to_thread(shutil.rmtree, scratch, True))
-        children = ChildProcesses()
-        # Closed after the models (below): what is left then are model processes stuck in a call.
-        lifecycle.on_close("the model processes", lambda: cls._end_children(children, settings.exit_timeout))
-        pushed, pushes = await asyncio.to_thread(cls._open_pushes, settings, state)
-        hop = await measure_thread_hop()
-        log.info("thread hop (event loop -> instance thread -> event loop): %.0f µs", hop / 1000)
-        registry = ModelRegistry(
-            repository,
-            dataclasses.replace(runtime_options(settings), thread_hop_ns=hop),
-            retune=settings.retune,
-            drain_timeout=settings.shutdown_timeout,
-            on_event=metrics.event if metrics is not None else None,
-            services=BackendServices(metrics=custom_metrics, processes=children),
-            control_mode=settings.model_control_mode,
-            overlay=pushed.model_dirs if pushed is not None else None,
-        )
-        try:
-            await asyncio.to_thread(registry.discover)
-        except FileNotFoundError as exc:
-            raise ConfigError(str(exc)) from exc
-        registries.append(registry)
-        lifecycle.on_close("the models", lambda: cls._close_models(registry))
-        traces, tracer = cls._start_tracing(settings, state, lifecycle)
-        logs = LogSettings(logging.getLogger(), LogValues.from_level(settings.log_level))
-
-        async def restore_logging() -> None:
-            logs.restore()
-
-        lifecycle.on_close("the log settings", restore_logging)
-        budget = MemoryBudget(settings.max_request_memory_bytes)
-        admission = Admission(AccessPolicy(token, parse_networks(settings.auth_exempt_networks),
-                                           settings.protect_inference), settings.max_concurrent_requests)
-        hardware: asyncio.Future[dict] = asyncio.get_running_loop().create_future()
-        rules = Rules(control_mode=settings.model_control_mode, strict_readiness=settings.strict_readiness,
-                      decode=DecodeLimits(settings.max_tensor_elements, settings.max_inputs),
-                      streams=StreamLimits(max_bytes=settings.stream_buffer_bytes,
-                                           stall_timeout=settings.stream_stall_timeout))
-        dataplane = DataPlane(registry, rules, admission=admission, budget=budget, shared_memory=shared_memory,
-                              tracer=tracer, traces=traces, logs=logs, pushes=pushes, state=state, hardware=hardware)
-        appliance = cls(settings, state, token, budget, metrics, shared_memory, registry, dataplane, traces, logs,
-                        hardware, tracer, lifecycle)
-        log.info("loading model repository %s", repository)
-        task = asyncio.create_task(appliance._load_repository(), name="load-repository")
-        task.add_done_callback(appliance._loading_ended)
-        lifecycle.on_close("loading the repository", lambda: _cancel(task))
-        if settings.selection and settings.retune_on_traffic:
-            retuner = Retuner(registry, RetunePolicy(settings.retune_interval, settings.retune_min_requests))
-            retuning = asyncio.create_task(retuner.run(dataplane.wait_loaded), name="retune-on-traffic")
-            lifecycle.on_close("retuning on traffic", lambda: _cancel(retuning))
-        return appliance
-
-    @staticmethod
-    async def _start_metrics(settings: Settings, state: StateDir, registries: list[ModelRegistry],
-                             lifecycle: Lifecycle, custom: CustomMetrics | None) -> MetricsService | None:
-        if not settings.metrics:
-            return None
-        service = MetricsService(
-            settings.metrics_db, _retention(settings), settings.metrics_interval,
-            lambda: registries[0].ready_versions() if registries else [], state, custom=custom,
-        )
-        await service.start()
-        service.event("daemon_start", detail={"version": __version__})
-
-        async def stop() -> None:
-            service.event("daemon_stop")
-            await service.stop()
-
-        lifecycle.on_close("the metrics history", stop)
-        return service
-
-    @staticmethod
-    def _start_tracing(settings: Settings, state: StateDir, lifecycle: Lifecycle) -> tuple[TraceSettings, Tracer]:
-        """Traces go to files under the state dir (or where trace_path says); a read-only directory keeps
-        them in memory (bounded)."""
-        # A read-only state dir is reported once (its read_only problem says traces stay in memory).
-        where = Path(settings.trace_path).parent if settings.trace_path is not None else settings.state_dir
-        fix = f"make {where} writable, then restart the daemon"
-
-        def failed(reason: str) -> None:
-            state.note("traces", f"{reason}: traces are kept in memory only", fix)
-
-        if settings.trace_path is not None:  # Triton's --trace-config triton,file=<path>: where the operator said
-            path = Path(settings.trace_path).expanduser().absolute()
-            directory: Path | None = path.parent
-            name, reported = path.name, settings.trace_path
-        else:
-            directory = settings.trace_dir if state.writable else None
-            name, reported = settings.trace_file, str(settings.trace_dir / settings.trace_file)
-        writer = TraceWriter(directory, name, settings.trace_max_bytes, on_error=failed)
-        lifecycle.on_close("the trace writer", lambda: asyncio.to_thread(writer.close))
-        defaults = TraceValues(settings.trace_level, settings.trace_rate, settings.trace_count,
-                               settings.trace_log_frequency)
-        traces = TraceSettings(defaults, trace_file=reported, mode=settings.trace_mode)
-        return traces, Tracer(traces, writer)
-
-    @staticmethod
-    def _open_pushes(settings: Settings, state: StateDir) -> tuple[PushStore | None, PushStore | None]:
-        """The models pushed over the load API in earlier runs: (the store serving them, the store taking
-        new pushes). A read-only state dir still serves what was pushed before, and takes no new push."""
-        store = PushStore(settings.pushed_dir, PushLimits(settings.push_max_file_bytes, settings.push_max_total_bytes))
-        try:
-            pushed = store.open()
-        except OSError as exc:
-            state.note("pushed_models_unreadable",
-                       f"the pushed models in {settings.pushed_dir} cannot be read ({exc.strerror or exc}): they are "
-                       "not served, and pushes are refused", f"make {settings.pushed_dir} readable and writable")
-            return None, None
-        if pushed:
-            log.info("pushed models kept from earlier runs: %s", ", ".join(sorted(pushed)))
-        return store, store if state.writable else None
-
-    @staticmethod
-    def _repository(settings: Settings, state: StateDir) -> tuple[Path, Path | None]:
-        """The repository, and a temporary directory to remove at stop (where the example went)."""
-        if settings.model_repository is not None:
-            return settings.model_repository, None
-        return example_repository(settings.example_repository_dir, state)
-
-    @staticmethod
-    async def _end_children(children: ChildProcesses, exit_timeout: float) -> None:
-        if not children.alive():
-            return
-        log.info("waiting up to %.0f s (exit_timeout) for model processes still busy", exit_timeout)
-        killed = await asyncio.to_thread(children.stop, exit_timeout)
-        if killed:
-            log.warning("killed the processes of models %s: still busy after exit_timeout", ", ".join(killed))
-
-    @staticmethod
-    async def _close_models(registry: ModelRegistry) -> None:
-        errors = await registry.close(CLOSE_GRACE)
-        for error in errors:
-            log.error("error while closing a model: %s", error)
-
-    async def _load_repository(self) -> None:
-        settings, registry, dataplane = self.settings, self.registry, self.dataplane
-        # Probing imports the runtimes (seconds): done with the front ends already answering, and in a
-        # child process, so that a daemon serving only ONNX never holds torch or OpenVINO.
-        report = await asyncio.to_thread(hardware_probe.probe_isolated, 15.0)
-        self.hardware.set_result({**report.to_json(), "summary": report.summary()})
-        log.info("hardware: %s", report.summary())
-        if self.metrics is not None:
-            self.metrics.event("hardware", detail={"fingerprint": report.fingerprint, "summary": report.summary()})
-        selector = make_selector(settings, report, isolate=True, state=self.state)
-        explicit = settings.model_control_mode == "explicit" and "*" not in settings.load_models
-        # Pushed models were loaded by a request: they serve again after a restart, in every mode.
-        await registry.load_all((*settings.load_models, *registry.pushed_names()) if explicit else None,
-                                selector=selector)
-        dataplane.mark_loaded()
-        log.info("repository loaded: %d of %d models ready", registry.ready_count(), len(registry.entries()))
-        if settings.model_control_mode == "poll":
-            while True:
-                await asyncio.sleep(settings.repository_poll_secs)
-                changes = await registry.rescan()
-                if any(changes.values()):
-                    log.info("repository poll: %s", changes)
-
-    def _loading_ended(self, task: asyncio.Task) -> None:
-        """A load task that died leaves models LOADING for ever: say why at once and stop being live,
-        so that a supervisor (systemd's watchdog, a Kubernetes liveness probe) restarts the daemon."""
-        if task.cancelled() or task.exception() is None:
-            return
-        exc = task.exception()
-        assert exc is not None
-        reason = f"loading the model repository failed: {type(exc).__name__}: {exc}"
-        log.error("%s; the daemon reports itself not live", reason, exc_info=exc)
-        self.dataplane.fail(reason)
 
     async def close(self) -> list[BaseException]:
         """Stop everything in reverse order of start; the errors met on the way (each logged)."""
         return await self._lifecycle.close()
+
+
+async def compose(settings: Settings, connections: int | None = None) -> Appliance:
+    """Build and start every component in order; if one fails, those already started are stopped again.
+    ``connections``: max_connections as fitted under the descriptor limit (default: as set)."""
+    lifecycle = Lifecycle()
+    try:
+        return await _compose(settings, lifecycle, connections or settings.http.max_connections)
+    except BaseException:
+        await lifecycle.close()
+        raise
+
+
+async def _compose(settings: Settings, lifecycle: Lifecycle, connections: int) -> Appliance:
+    server = settings.server
+    # Checked once, before anything reads or writes there: a read-only or damaged state dir degrades the
+    # appliance (and says so), it never stops it.
+    state = await asyncio.to_thread(StateDir.check, server.state_dir)
+    stale = await asyncio.to_thread(remove_stale_arenas)
+    if stale:
+        log.info("removed %d shared-memory arenas left by model processes that died", len(stale))
+    token = await asyncio.to_thread(control_token, settings.auth, server.state_dir, state)
+    registries: list[ModelRegistry] = []  # the metrics start first, to see the models load
+    custom_metrics = CustomMetrics() if settings.metrics.enabled else None
+    metrics = await _start_metrics(settings.metrics, server, state, registries, lifecycle, custom_metrics)
+    shm = settings.shm
+    shared_memory = SharedMemoryRegistry(shm.client_shm, SharedMemoryLimits(shm.max_regions, shm.max_bytes),
+                                         LocalPeers(shm.local_networks))
+    lifecycle.on_close("the shared memory regions", lambda: _call(shared_memory.close))
+    repository, scratch = await asyncio.to_thread(_repository, server, state)
+    if scratch is not None:
+        lifecycle.on_close("the temporary example repository", lambda: asyncio.to_thread(shutil.rmtree, scratch, True))
+    children = ChildProcesses()
+    # Closed after the models (below): what is left then are model processes stuck in a call.
+    lifecycle.on_close("the model processes", lambda: _end_children(children, server.exit_timeout))
+    pushed, pushes = await asyncio.to_thread(_open_pushes, settings.models, server, state)
+    hop = await measure_thread_hop()
+    log.info("thread hop (event loop -> instance thread -> event loop): %.0f µs", hop / 1000)
+    loop = asyncio.get_running_loop()
+    selector: asyncio.Future[Selector | None] = loop.create_future()
+    hardware: asyncio.Future[dict] = loop.create_future()
+    registry = ModelRegistry(
+        repository,
+        dataclasses.replace(runtime_options(settings.models), thread_hop_ns=hop),
+        selector=selector,
+        retune=settings.selection.retune,
+        drain_timeout=server.shutdown_timeout,
+        on_event=metrics.event if metrics is not None else None,
+        services=BackendServices(metrics=custom_metrics, processes=children),
+        control_mode=settings.models.control_mode,
+        overlay=pushed.model_dirs if pushed is not None else None,
+        pushes=pushes,
+    )
+    try:
+        await asyncio.to_thread(registry.discover)
+    except FileNotFoundError as exc:
+        raise ConfigError(str(exc)) from exc
+    registries.append(registry)
+    lifecycle.on_close("the models", lambda: _close_models(registry))
+    traces, tracer = _start_tracing(settings, state, lifecycle)
+    logs = LogSettings(logging.getLogger(), LogValues.from_level(server.log_level))
+    lifecycle.on_close("the log settings", lambda: _call(logs.restore))
+    limits = settings.limits
+    admission = Admission(AccessPolicy(token, parse_networks(settings.auth.exempt_networks),
+                                       settings.auth.protect_inference), limits.max_concurrent_requests)
+    dataplane = DataPlane(registry, _rules(settings.models, limits), admission=admission,
+                          budget=MemoryBudget(limits.max_request_memory_bytes), shared_memory=shared_memory,
+                          tracer=tracer, traces=traces, logs=logs, pushes=pushes, state=state, hardware=hardware)
+    http_connections, grpc_connections = split_connections(settings.http, settings.grpc, connections)
+    appliance = Appliance(
+        settings, state, token, metrics, shared_memory, registry, dataplane, traces, tracer, hardware,
+        rest_config(settings.http, limits, settings.metrics, server, settings.fleet.name, state),
+        grpc_config(settings.grpc, limits, settings.http, grpc_connections) if settings.grpc.enabled else None,
+        http_connections, lifecycle,
+    )
+    log.info("loading model repository %s", repository)
+    task = asyncio.create_task(_load_repository(appliance, selector), name="load-repository")
+    task.add_done_callback(lambda done: _loading_ended(dataplane, done))
+    lifecycle.on_close("loading the repository", lambda: _cancel(task))
+    if settings.selection.enabled and settings.selection.retune_on_traffic:
+        retuner = Retuner(registry, RetunePolicy(settings.selection.retune_interval,
+                                                 settings.selection.retune_min_requests))
+        retuning = asyncio.create_task(retuner.run(dataplane.wait_loaded), name="retune-on-traffic")
+        lifecycle.on_close("retuning on traffic", lambda: _cancel(retuning))
+    return appliance
+
+
+async def _call(function) -> None:
+    function()
+
+
+async def _start_metrics(section: MetricsSection, server: ServerSection, state: StateDir,
+                         registries: list[ModelRegistry], lifecycle: Lifecycle,
+                         custom: CustomMetrics | None) -> MetricsService | None:
+    if not section.enabled:
+        return None
+    service = MetricsService(
+        server.metrics_db, _retention(section), section.interval,
+        lambda: registries[0].ready_versions() if registries else [], state, custom=custom,
+    )
+    await service.start()
+    service.event("daemon_start", detail={"version": __version__})
+
+    async def stop() -> None:
+        service.event("daemon_stop")
+        await service.stop()
+
+    lifecycle.on_close("the metrics history", stop)
+    return service
+
+
+def _start_tracing(settings: Settings, state: StateDir, lifecycle: Lifecycle) -> tuple[TraceSettings, Tracer]:
+    """Traces go to files under the state dir (or where trace_path says); a read-only directory keeps them
+    in memory (bounded)."""
+    server, section = settings.server, settings.trace
+    # A read-only state dir is reported once (its read_only problem says traces stay in memory).
+    where = Path(section.path).parent if section.path is not None else server.state_dir
+    fix = f"make {where} writable, then restart the daemon"
+
+    def failed(reason: str) -> None:
+        state.note("traces", f"{reason}: traces are kept in memory only", fix)
+
+    if section.path is not None:  # Triton's --trace-config triton,file=<path>: where the operator said
+        path = Path(section.path).expanduser().absolute()
+        directory: Path | None = path.parent
+        name, reported = path.name, section.path
+    else:
+        directory = server.trace_dir if state.writable else None
+        name, reported = section.file, str(server.trace_dir / section.file)
+    writer = TraceWriter(directory, name, section.max_bytes, on_error=failed, max_files=section.max_files)
+    lifecycle.on_close("the trace writer", lambda: asyncio.to_thread(writer.close))
+    defaults = TraceValues(section.level, section.rate, section.count, section.log_frequency)
+    traces = TraceSettings(defaults, trace_file=reported, mode=section.mode)
+    return traces, Tracer(traces, writer)
+
+
+def _open_pushes(models: ModelsSection, server: ServerSection,
+                 state: StateDir) -> tuple[PushStore | None, PushStore | None]:
+    """The models pushed over the load API in earlier runs: (the store serving them, the store taking new
+    pushes). A read-only state dir still serves what was pushed before, and takes no new push."""
+    store = PushStore(server.pushed_dir, PushLimits(models.push_max_file_bytes, models.push_max_total_bytes))
+    try:
+        pushed = store.open()
+    except OSError as exc:
+        state.note("pushed_models_unreadable",
+                   f"the pushed models in {server.pushed_dir} cannot be read ({exc.strerror or exc}): they are "
+                   "not served, and pushes are refused", f"make {server.pushed_dir} readable and writable")
+        return None, None
+    if pushed:
+        log.info("pushed models kept from earlier runs: %s", ", ".join(sorted(pushed)))
+    return store, store if state.writable else None
+
+
+def _repository(server: ServerSection, state: StateDir) -> tuple[Path, Path | None]:
+    """The repository, and a temporary directory to remove at stop (where the example went)."""
+    if server.model_repository is not None:
+        return server.model_repository, None
+    return example_repository(server.example_repository_dir, state)
+
+
+async def _end_children(children: ChildProcesses, exit_timeout: float) -> None:
+    if not children.alive():
+        return
+    log.info("waiting up to %.0f s (exit_timeout) for model processes still busy", exit_timeout)
+    killed = await asyncio.to_thread(children.stop, exit_timeout)
+    if killed:
+        log.warning("killed the processes of models %s: still busy after exit_timeout", ", ".join(killed))
+
+
+async def _close_models(registry: ModelRegistry) -> None:
+    errors = await registry.close(CLOSE_GRACE)
+    for error in errors:
+        log.error("error while closing a model: %s", error)
+
+
+async def _load_repository(appliance: Appliance, selector: asyncio.Future[Selector | None]) -> None:
+    settings, registry, dataplane = appliance.settings, appliance.registry, appliance.dataplane
+    # Probing imports the runtimes (seconds): done with the front ends already answering, and in a child
+    # process, so that a daemon serving only ONNX never holds torch or OpenVINO.
+    try:
+        report = await asyncio.to_thread(hardware_probe.probe_isolated, 15.0)
+    except BaseException:
+        selector.set_result(None)  # loads waiting for a plan go on with their configs' backends
+        raise
+    appliance.hardware.set_result({**report.to_json(), "summary": report.summary()})
+    log.info("hardware: %s", report.summary())
+    if appliance.metrics is not None:
+        appliance.metrics.event("hardware", detail={"fingerprint": report.fingerprint, "summary": report.summary()})
+    selector.set_result(make_selector(settings.selection, settings.server, report, isolate=True,
+                                      state=appliance.state))
+    models = settings.models
+    explicit = models.control_mode == "explicit" and "*" not in models.load_models
+    # Pushed models were loaded by a request: they serve again after a restart, in every mode.
+    await registry.load_all((*models.load_models, *registry.pushed_names()) if explicit else None)
+    dataplane.mark_loaded()
+    log.info("repository loaded: %d of %d models ready", registry.ready_count(), len(registry.entries()))
+    if models.control_mode == "poll":
+        while True:
+            await asyncio.sleep(models.repository_poll_secs)
+            changes = await registry.rescan()
+            if any(changes.values()):
+                log.info("repository poll: %s", changes)
+
+
+def _loading_ended(dataplane: DataPlane, task: asyncio.Task) -> None:
+    """A load task that died leaves models LOADING for ever: say why at once and stop being live, so that
+    a supervisor (systemd's watchdog, a Kubernetes liveness probe) restarts the daemon."""
+    if task.cancelled() or task.exception() is None:
+        return
+    exc = task.exception()
+    assert exc is not None
+    reason = f"loading the model repository failed: {type(exc).__name__}: {exc}"
+    log.error("%s; the daemon reports itself not live", reason, exc_info=exc)
+    dataplane.fail(reason)
 
 
 async def _cancel(task: asyncio.Task) -> None:

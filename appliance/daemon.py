@@ -9,14 +9,16 @@ import socket
 import time
 
 from appliance import __version__
+from appliance.allocator import return_large_buffers
 from appliance.client.boxes import Browser
-from appliance.composition import Appliance, grpc_config, rest_config, split_connections
+from appliance.composition import Appliance, compose
 from appliance.grpc.grpc_server import GrpcServer
 from appliance.mdns.announcer import Announcer, box_id, catalog_digest
 from appliance.mdns.fleet import FleetView
 from appliance.rest.app import build_app, build_metrics_app
 from appliance.rest.http_server import ConnectionLimiter, HttpServer, fit_connections_to_descriptors
 from appliance.settings import Settings
+from appliance.settings.sections import FleetSection
 from appliance.systemd.notify import Notifier
 
 __all__ = ["serve"]
@@ -48,16 +50,16 @@ async def _reload(appliance: Appliance, notifier: Notifier) -> None:
     notifier.ready(dataplane.status_line())
 
 async def _start_announcer(appliance: Appliance, port: int, grpc_port: int | None, own_id: str) -> Announcer:
-    settings, registry, hardware = appliance.settings, appliance.registry, appliance.hardware
+    fleet, registry, hardware = appliance.settings.fleet, appliance.registry, appliance.hardware
 
     def accelerators() -> list[str]:
         return hardware.result().get("accelerators", ["cpu"]) if hardware.done() else ["cpu"]
 
     announcer = Announcer(
-        settings.name or socket.gethostname().split(".")[0],
+        fleet.name or socket.gethostname().split(".")[0],
         port,
-        settings.host,
-        settings.mdns_interfaces,
+        appliance.settings.server.host,
+        fleet.mdns_interfaces,
         own_id,
         accelerators,
         registry.ready_count,
@@ -67,13 +69,13 @@ async def _start_announcer(appliance: Appliance, port: int, grpc_port: int | Non
     await announcer.start()
     return announcer
 
-async def _browse(settings: Settings, own_id: str) -> tuple[Browser | None, FleetView]:
+async def _browse(fleet: FleetSection, own_id: str) -> tuple[Browser | None, FleetView]:
     """The dashboard's fleet panel: the boxes this one sees on the LAN, from its own mDNS browser (one
     that cannot start is reported there, and the daemon serves on)."""
-    if not settings.mdns:
+    if not fleet.mdns:
         return None, FleetView(None, own_id)
     try:
-        browser = await asyncio.to_thread(Browser, settings.mdns_interfaces)
+        browser = await asyncio.to_thread(Browser, fleet.mdns_interfaces)
     except OSError as exc:
         log.warning("cannot browse the LAN over mDNS (%s): the dashboard's fleet panel stays empty", exc)
         return None, FleetView(None, own_id, f"cannot browse the LAN over mDNS: {exc}")
@@ -83,7 +85,9 @@ async def _browse(settings: Settings, own_id: str) -> tuple[Browser | None, Flee
 async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     """Serve until ``stop`` is set (or a SIGTERM/SIGINT arrives when no event is given)."""
     loop = asyncio.get_running_loop()
-    notifier = Notifier(settings.notify_socket, settings.watchdog_usec)
+    return_large_buffers()  # large request buffers go back to the system when freed
+    server_section, fleet_section = settings.server, settings.fleet
+    notifier = Notifier(server_section.notify_socket, server_section.watchdog_usec)
     background: set[asyncio.Task] = set()
 
     def spawn(coroutine) -> None:
@@ -91,63 +95,62 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         background.add(task)
         task.add_done_callback(background.discard)
 
-    appliance = await Appliance.start(settings)
+    # One bound on connections over every port, fitted under the file-descriptor limit: gRPC's acceptors
+    # take their share of it, the HTTP and metrics ports count the rest together.
+    appliance = await compose(settings, fit_connections_to_descriptors(settings.http.max_connections))
     state = appliance.state
     if stop is None:
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         loop.add_signal_handler(signal.SIGHUP, lambda: spawn(_reload(appliance, notifier)))
-    # One bound on connections over every port, fitted under the file-descriptor limit: gRPC's acceptors
-    # take their share of it, the HTTP and metrics ports count the rest together.
-    http_connections, grpc_connections = split_connections(fit_connections_to_descriptors(settings.max_connections),
-                                                           settings.grpc)
-    limiter = ConnectionLimiter(http_connections)
+    limiter = ConnectionLimiter(appliance.http_connections)
     # The box id is kept in the state dir: read (or made) only when the box shows itself on the LAN.
-    own_id = await asyncio.to_thread(box_id, settings.state_dir, appliance.state) if settings.mdns else ""
-    browser, fleet = await _browse(settings, own_id)
-    config = rest_config(settings, state)
-    app = build_app(appliance.dataplane, config, metrics=appliance.metrics, fleet=fleet)
-    server = HttpServer(app, limiter, settings.header_timeout)
+    own_id = (await asyncio.to_thread(box_id, server_section.state_dir, appliance.state)
+              if fleet_section.mdns else "")
+    browser, fleet = await _browse(fleet_section, own_id)
+    header_timeout, host = settings.http.header_timeout, server_section.host
+    app = build_app(appliance.dataplane, appliance.rest, metrics=appliance.metrics, fleet=fleet)
+    server = HttpServer(app, limiter, header_timeout)
     metrics_server: HttpServer | None = None
     grpc_server: GrpcServer | None = None
     announcer: Announcer | None = None
     deadline: float | None = None
     try:
         await server.setup()
-        await server.listen(settings.host, settings.http_port)
+        await server.listen(host, settings.http.port)
         for address in server.addresses:
             log.info("appliance %s serving KServe v2 on http://%s:%d (state dir %s)",
-                     __version__, _host(address[0]), address[1], settings.state_dir)
-        if settings.grpc:
-            grpc_server = GrpcServer(appliance.dataplane, grpc_config(settings, grpc_connections))
-            grpc_port = await grpc_server.start(settings.host, settings.grpc_port)
-            log.info("serving KServe v2 over gRPC on %s:%d", _host(settings.host), grpc_port)
+                     __version__, _host(address[0]), address[1], server_section.state_dir)
+        if appliance.grpc is not None:
+            grpc_server = GrpcServer(appliance.dataplane, appliance.grpc)
+            grpc_port = await grpc_server.start(host, settings.grpc.port)
+            log.info("serving KServe v2 over gRPC on %s:%d", _host(host), grpc_port)
         if state.degraded:
             log.warning("%s", state.summary())
-        if settings.metrics_port is not None and appliance.metrics is not None:
-            metrics = HttpServer(build_metrics_app(appliance.dataplane, config, appliance.metrics), limiter,
-                                 settings.header_timeout)
+        if settings.metrics.port is not None and appliance.metrics is not None:
+            metrics = HttpServer(build_metrics_app(appliance.dataplane, appliance.rest, appliance.metrics), limiter,
+                                 header_timeout)
             await metrics.setup()
             metrics_server = metrics
-            await metrics_server.listen(settings.host, settings.metrics_port)
+            await metrics_server.listen(host, settings.metrics.port)
             for address in metrics_server.addresses:
                 log.info("serving Prometheus metrics on http://%s:%d/metrics", _host(address[0]), address[1])
         spawn(_announce_ready(appliance, notifier))
         spawn(notifier.watchdog())
-        if settings.mdns:
+        if fleet_section.mdns:
             announcer = await _start_announcer(appliance, server.addresses[0][1],
                                                grpc_server.port if grpc_server is not None else None, own_id)
         await stop.wait()
         # One deadline for the whole stop, whatever each stage would allow on its own.
-        deadline = time.monotonic() + settings.shutdown_timeout
+        deadline = time.monotonic() + server_section.shutdown_timeout
         notifier.stopping()
         if announcer is not None:
             await announcer.stop()  # goodbye first: clients stop picking this box while it drains
-        log.info("stopping: finishing in-flight requests (up to %.0f s)", settings.shutdown_timeout)
+        log.info("stopping: finishing in-flight requests (up to %.0f s)", server_section.shutdown_timeout)
     finally:
         if deadline is None:
-            deadline = time.monotonic() + settings.shutdown_timeout
+            deadline = time.monotonic() + server_section.shutdown_timeout
         for task in list(background):
             task.cancel()
         if announcer is not None:

@@ -16,6 +16,7 @@ __all__ = [
     "ConfigError",
     "Forbidden",
     "InferenceFailed",
+    "InsufficientStorage",
     "InvalidInput",
     "ModelNotFound",
     "ModelNotReady",
@@ -144,6 +145,12 @@ class InferenceFailed(ApplianceError):
     """The runtime raised while executing a request that passed validation (Triton: INTERNAL)."""
 
     status = HTTPStatus.INTERNAL_SERVER_ERROR
+
+
+class InsufficientStorage(ApplianceError):
+    """The box has no room to keep what the request sends (a full disk): 507 over HTTP."""
+
+    status = HTTPStatus.INSUFFICIENT_STORAGE
 
 
 class ConfigError(ApplianceError):

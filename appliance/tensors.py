@@ -3,8 +3,13 @@ a runtime's description of a tensor, and Triton's binary encoding of BYTES eleme
 
 A leaf: the core, the backends and the front ends import it, and it imports nothing of theirs.
 
-BYTES tensors are numpy ``object`` arrays whose elements are ``bytes``. BF16 has no numpy type: it is
-listed so that configs parse, but no backend here accepts it yet.
+BYTES tensors are numpy ``object`` arrays whose elements are ``bytes``. BF16 tensors are arrays of
+``ml_dtypes.bfloat16``: numpy has no bfloat16 of its own, and ml_dtypes' is the one Triton's own client
+(tritonclient's ``set_data_from_numpy`` / ``as_numpy`` for BF16), JAX, TensorFlow and onnx use; it is a
+dtype of its own (a BF16 tensor cannot be mistaken for UINT16, as 16-bit words tagged BF16 could be once
+an operation dropped the tag), two bytes per element laid out as the wire format lays them out (so
+binary bodies, raw gRPC contents, shared memory and the Python backend's arenas carry it unchanged),
+and ``array.view(np.int16)`` hands the same memory to torch as ``torch.bfloat16``.
 """
 
 from __future__ import annotations
@@ -12,11 +17,13 @@ from __future__ import annotations
 import dataclasses
 import struct
 
+import ml_dtypes
 import numpy as np
 
 from appliance.errors import InvalidInput
 
 __all__ = [
+    "BF16",
     "CONFIG_TO_V2",
     "V2_TO_CONFIG",
     "RuntimeTensor",
@@ -39,7 +46,10 @@ class RuntimeTensor:
 
 # -- datatypes ------------------------------------------------------------------------------------
 
-_V2_TO_NUMPY: dict[str, np.dtype | None] = {
+BF16 = np.dtype(ml_dtypes.bfloat16)
+"""The numpy dtype of BF16 tensors."""
+
+_V2_TO_NUMPY: dict[str, np.dtype] = {
     "BOOL": np.dtype(np.bool_),
     "UINT8": np.dtype(np.uint8),
     "UINT16": np.dtype(np.uint16),
@@ -53,9 +63,9 @@ _V2_TO_NUMPY: dict[str, np.dtype | None] = {
     "FP32": np.dtype(np.float32),
     "FP64": np.dtype(np.float64),
     "BYTES": np.dtype(object),
-    "BF16": None,
+    "BF16": BF16,
 }
-_NUMPY_TO_V2 = {dt: name for name, dt in _V2_TO_NUMPY.items() if dt is not None and name != "BYTES"}
+_NUMPY_TO_V2 = {dt: name for name, dt in _V2_TO_NUMPY.items() if name != "BYTES"}
 
 # Triton config enum names ("TYPE_FP32") <-> v2 names ("FP32"); TYPE_STRING is v2's BYTES.
 V2_TO_CONFIG = {name: "TYPE_STRING" if name == "BYTES" else f"TYPE_{name}" for name in _V2_TO_NUMPY}
@@ -63,11 +73,9 @@ CONFIG_TO_V2 = {cfg: v2 for v2, cfg in V2_TO_CONFIG.items()}
 
 
 def numpy_dtype(datatype: str) -> np.dtype:
-    """The numpy dtype for a v2 datatype; ValueError for unknown or unsupported (BF16)."""
+    """The numpy dtype for a v2 datatype (BF16: ``ml_dtypes.bfloat16``); ValueError for an unknown one."""
     dtype = _V2_TO_NUMPY.get(datatype)
     if dtype is None:
-        if datatype in _V2_TO_NUMPY:
-            raise ValueError(f"datatype {datatype} is not supported by this server")
         raise ValueError(
             f"unknown datatype {datatype!r}; expected one of {', '.join(_V2_TO_NUMPY)}"
         )
@@ -88,8 +96,6 @@ def element_size(datatype: str) -> int | None:
     """Bytes per element in the binary encoding, or None for variable-size BYTES."""
     if datatype == "BYTES":
         return None
-    if datatype == "BF16":
-        return 2
     return numpy_dtype(datatype).itemsize
 
 

@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 from appliance.errors import ConfigError
-from appliance.settings import Settings
+from appliance.settings.sections import AuthSection
 from appliance.state import StateDir
 
 __all__ = ["MIN_TOKEN_LENGTH", "control_token", "ensure_token"]
@@ -24,17 +24,17 @@ log = logging.getLogger(__name__)
 MIN_TOKEN_LENGTH = 16
 
 
-def control_token(settings: Settings, state: StateDir) -> str:
+def control_token(auth: AuthSection, state_dir: Path, state: StateDir) -> str:
     """The configured token, else the one saved in the state dir; one that cannot be saved (or read)
     is kept in memory, so that the daemon still starts (blocking)."""
-    if settings.auth_token:
-        return settings.auth_token
+    if auth.token:
+        return auth.token
     try:  # an empty or short token file is a ConfigError: the daemon refuses to start and says why
-        return ensure_token(settings.state_dir)
+        return ensure_token(state_dir)
     except OSError as exc:
         problem = exc.strerror or str(exc)
     state.note("token_not_saved",
-               f"the control token in {settings.state_dir / 'auth-token'} cannot be read or saved ({problem}): "
+               f"the control token in {state_dir / 'auth-token'} cannot be read or saved ({problem}): "
                f"using a one-off token kept in memory, so until a restart the token-protected endpoints "
                f"(load/unload; everything but health with protect_inference) answer only clients in "
                f"auth_exempt_networks",

@@ -13,7 +13,15 @@ from collections.abc import Sequence
 
 from appliance.errors import ConfigError
 
-__all__ = ["trace_flags"]
+__all__ = ["TRACE_SPELLINGS", "trace_flags"]
+
+TRACE_SPELLINGS = {
+    "trace_level": "--trace-config level=", "trace_rate": "--trace-config rate=",
+    "trace_count": "--trace-config count=",
+    "trace_log_frequency": "--trace-config triton,log-frequency=", "trace_mode": "--trace-config mode=",
+    "trace_path": "--trace-config triton,file=",
+}
+"""Each trace setting's flag, as tritonserver spells it."""
 
 _LEVELS = {"off": "OFF", "false": "OFF", "true": "TIMESTAMPS", "on": "TIMESTAMPS", "min": "TIMESTAMPS",
            "max": "TIMESTAMPS", "timestamps": "TIMESTAMPS", "tensors": "TENSORS"}

@@ -18,11 +18,11 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 import numpy as np
 
-from appliance.errors import BackendUnavailable, InferenceFailed
+from appliance.errors import BackendUnavailable, InferenceFailed, InvalidInput
 from appliance.tensors import RuntimeTensor
 
 if TYPE_CHECKING:
@@ -41,8 +41,12 @@ __all__ = [
     "ModelCall",
     "ModelCalls",
     "Outputs",
+    "RESCHEDULE",
+    "RequestResult",
+    "Reschedule",
     "ResponseSink",
     "not_cancelled",
+    "reschedule_refused",
     "RuntimeOptions",
     "threads_per_instance",
     "usable_cores",
@@ -150,7 +154,14 @@ class ModelCalls(Protocol):
 
     def ready(self, name: str, version: str = "") -> bool: ...
 
-    def load(self, name: str, config: str = "") -> Future[None]: ...
+    def load(self, name: str, config: str = "", files: Mapping[str, bytes] | None = None) -> Future[None]:
+        """Load (or reload) ``name``, with a config override (JSON) and, with ``files``
+        (``{"file:1/model.onnx": b"..."}``), from those files instead of the repository's: a push, kept and
+        bounded as the load API's pushes are."""
+
+    def push_limits(self) -> tuple[int, int] | None:
+        """(largest file, all pushed files together) in bytes that ``load(files=...)`` accepts; None when
+        it accepts no files."""
 
     def unload(self, name: str, unload_dependents: bool = False) -> Future[None]: ...
 
@@ -219,15 +230,45 @@ class BackendRequest:
     ``BatchResult.results`` is ignored unless it is an exception (sent as an error, then final)."""
     cancelled: Callable[[], bool] = not_cancelled
     """True once the client went away or cancelled (Triton's ``request.is_cancelled()``)."""
+    padding: bool = False
+    """A row that fills an empty slot of a sequence batch (Triton's null request): its result is ignored."""
+
+
+class Reschedule:
+    """The result of a request the model released with Triton's TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
+    it runs again in a later batch (a model with ``sequence_batching { iterative_sequence: true }``; any
+    other model's backend fails such a request with ``reschedule_refused``)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "RESCHEDULE"
+
+
+RESCHEDULE = Reschedule()
+
+RequestResult: TypeAlias = "dict[str, np.ndarray] | BaseException | Future[dict[str, np.ndarray]] | Reschedule"
+"""One request's result in a batch: its outputs; the error that failed it alone; a future of its outputs
+when the model answers after the batch returned (a Python model's response sender); or RESCHEDULE."""
+
+
+def reschedule_refused(model: str) -> InvalidInput:
+    """Triton's error (its words first) for a request released with RESCHEDULE by a model whose scheduler
+    cannot run it again."""
+    return InvalidInput(
+        "Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, while the model is not configured to "
+        f"handle such a flag. (model '{model}': add sequence_batching {{ iterative_sequence: true }} to its "
+        "config, or do not call request.set_release_flags(TRITONSERVER_REQUEST_RELEASE_RESCHEDULE))"
+    )
 
 
 @dataclasses.dataclass(slots=True)
 class BatchResult:
-    """One result per request, in order: its outputs, or the error that failed it alone. A backend that
-    can tell reports how long it spent gathering inputs and scattering outputs (Triton's compute_input
-    and compute_output); the rest of the call counts as inference."""
+    """One result per request, in order (see ``RequestResult``). A backend that can tell reports how long
+    it spent gathering inputs and scattering outputs (Triton's compute_input and compute_output); the
+    rest of the call counts as inference."""
 
-    results: list[dict[str, np.ndarray] | BaseException]
+    results: list[RequestResult]
     input_ns: int = 0
     output_ns: int = 0
 
@@ -291,7 +332,7 @@ class Backend(abc.ABC):
         outputs = list(dict.fromkeys(name for r in requests for name in r.outputs))
         results = self.run(feed, outputs)
         ran = time.perf_counter_ns()
-        split: list[dict[str, np.ndarray] | BaseException] = list(_split_outputs(results, requests))
+        split: list[RequestResult] = list(_split_outputs(results, requests))
         return BatchResult(split, input_ns=gathered - start, output_ns=time.perf_counter_ns() - ran)
 
     def start_requests(self, requests: Sequence[BackendRequest],

@@ -43,6 +43,12 @@ def _describe(args: Sequence[ort.NodeArg]) -> list[RuntimeTensor]:
     return tensors
 
 
+def _status(error: Exception) -> str:
+    """The runtime's own words after its boilerplate ("... Status Message: stoll" -> "stoll")."""
+    text = str(error)
+    return text.rpartition("Status Message:")[2].strip()[:200] or text[:200]
+
+
 def _to_strings(array: np.ndarray) -> np.ndarray:
     try:
         return np.array([item.decode("utf-8") for item in array.ravel()], dtype=object).reshape(array.shape)
@@ -105,6 +111,10 @@ class OnnxRuntimeBackend(Backend):
         except (ort_state.InvalidArgument, ort_state.Fail) as exc:
             raise InvalidInput(f"onnxruntime refused the input: {exc}") from exc
         except Exception as exc:  # the runtime's own exception types vary by provider
+            if self._string_inputs and "Cast node" in str(exc):
+                # A graph that parses its BYTES inputs as numbers (Cast from string) got text that is not one.
+                raise InvalidInput(f"the model could not read a BYTES input as a number ({_status(exc)}); send each "
+                                   "element as the text of a number, such as '12' or '-0.5'") from exc
             raise InferenceFailed(f"onnxruntime failed to execute the model: {exc}") from exc
         return {
             name: _to_bytes(value) if name in self._string_outputs else value

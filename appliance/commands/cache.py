@@ -20,10 +20,10 @@ def add_parser(sub: Any) -> None:
 
 
 def _clear(settings: Settings) -> int:
-    if not settings.cache_dir.is_dir():
-        print(f"removed 0 entries: there is no model cache at {settings.cache_dir}")
+    if not settings.server.cache_dir.is_dir():
+        print(f"removed 0 entries: there is no model cache at {settings.server.cache_dir}")
         return 0
-    cache = ModelCache(settings.cache_dir, settings.cache_max_bytes)
+    cache = ModelCache(settings.server.cache_dir, settings.selection.cache_max_bytes)
     try:
         removed = cache.clear()
     except OSError as exc:
@@ -37,7 +37,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     if args.action == "clear":
         return _clear(settings)
     # Listing writes nothing: it works on a read-only state dir and never creates the cache.
-    cache = ModelCache(settings.cache_dir, settings.cache_max_bytes, writable=False)
+    cache = ModelCache(settings.server.cache_dir, settings.selection.cache_max_bytes, writable=False)
     entries, broken = cache.entries(), cache.broken()
     total = sum(e.size for e in entries) + sum(b.size for b in broken)
     print(f"{cache.root}: {len(entries)} entries, {total} bytes (limit {cache.max_bytes})"

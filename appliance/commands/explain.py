@@ -24,7 +24,7 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
-    base = args.url or f"http://127.0.0.1:{settings.http_port}"
+    base = args.url or f"http://127.0.0.1:{settings.http.port}"
     path = f"/v2/models/{args.model}" + (f"/versions/{args.version}" if args.version else "") + "/selection"
     try:
         with urllib.request.urlopen(base.rstrip("/") + path, timeout=10) as response:

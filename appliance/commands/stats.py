@@ -37,10 +37,10 @@ def _cell(value: Any) -> str:
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
-    if not settings.metrics_db.exists():
-        raise ConfigError(f"no metrics history at {settings.metrics_db}; is --state-dir the daemon's?")
+    if not settings.server.metrics_db.exists():
+        raise ConfigError(f"no metrics history at {settings.server.metrics_db}; is --state-dir the daemon's?")
     until = int(time.time()) + 1
-    result = history(settings.metrics_db, until - args.since, until, args.step, args.model)
+    result = history(settings.server.metrics_db, until - args.since, until, args.step, args.model)
     if args.json:
         print(json.dumps(result, indent=2))
         return 0

@@ -66,7 +66,7 @@ def read_token(path: Path | None, settings: Settings) -> str | None:
     """The bearer token: from --token-file, else the auth_token setting (APPLIANCE_AUTH_TOKEN), else
     none (enough for a box that exempts this client's address, such as its own host)."""
     if path is None:
-        return settings.auth_token
+        return settings.auth.token
     try:
         token = path.read_text().strip()
     except OSError as exc:

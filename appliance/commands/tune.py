@@ -35,14 +35,14 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     from appliance.composition import make_selector, resolve_repository, runtime_options
 
     report = hardware_probe.probe()
-    selector = make_selector(settings, report)
+    selector = make_selector(settings.selection, settings.server, report)
     if selector is None:
         raise ConfigError("selection is switched off in the settings (selection = false)")
     selector.progress = _progress_bar
-    model_dir = resolve_repository(settings) / args.model
+    model_dir = resolve_repository(settings.server) / args.model
     if not model_dir.is_dir():
         raise ConfigError(f"no model {args.model!r} in {model_dir.parent}")
-    loaded = load_model(model_dir, runtime_options(settings), selector, retune=True)
+    loaded = load_model(model_dir, runtime_options(settings.models), selector, retune=True)
     for _, model in sorted(loaded.versions.items()):
         print(format_selection(model.selection or {}))
         asyncio.run(model.close())

@@ -35,7 +35,7 @@ class DecodeLimits:
 
 
 def check_datatype(datatype: object, name: str) -> str:
-    """A v2 datatype name this server knows (BF16 included: refused where its data is read)."""
+    """A v2 datatype name this server knows."""
     if not isinstance(datatype, str) or not datatype:
         raise InvalidInput(f"input '{name}' needs a 'datatype' string (e.g. \"FP32\")")
     try:
@@ -69,8 +69,6 @@ def decode_raw_tensor(chunk: memoryview | bytes, datatype: str, shape: tuple[int
     says in errors where the size came from (``binary_data_size``, ``raw_input_contents[0]``...)."""
     if datatype == "BYTES":
         return decode_bytes_tensor(chunk, count, name).reshape(shape)
-    if datatype == "BF16":
-        raise InvalidInput(f"input '{name}': datatype BF16 is not supported by this server")
     itemsize = element_size(datatype)
     assert itemsize is not None
     if len(chunk) != count * itemsize:

@@ -13,7 +13,7 @@ ACCEPTORS = 4
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class StreamRules:
-    max_pending: int = 16
+    max_pending: int = 64
     """Requests of one stream read and not yet answered; reading pauses at it."""
     idle_timeout: float = 300.0
     """Seconds a stream with nothing in flight may stay silent before it is ended."""

@@ -6,10 +6,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from appliance.errors import ConfigError, InvalidInput, NotSupported, PayloadTooLarge, PushRefused, PushTooLarge
+from appliance.errors import InvalidInput, NotSupported
 from appliance.protocol.results import IndexEntry
-from appliance.repository.config import config_from_json
-from appliance.repository.pushed import FILE_PREFIX, PushStore, file_parameters
+from appliance.repository.push_load import checked_push, config_override, load_push
+from appliance.repository.pushed import FILE_PREFIX, PushStore
 from appliance.repository.registry import ModelRegistry, ModelState
 
 __all__ = ["RepositoryControl"]
@@ -51,7 +51,7 @@ class RepositoryControl:
             await self._push(name, parameters)
             return
         self._check_control("load")
-        override = _config(name, parameters)
+        override = config_override(name, parameters)
         async with self._lock(name):
             if self._pushed(name) and self._registry.in_repository(name):
                 await self._registry.load(name, override, source=self._registry.repository / name)
@@ -64,42 +64,9 @@ class RepositoryControl:
         if self._pushes is None:
             raise NotSupported("this box keeps no pushed models (its state dir is not writable); put the files in "
                                "the repository, or make the state dir writable and restart the daemon")
-        # Triton's words first ("failed to poll from model repository" is what Triton says of file
-        # overrides it cannot use), then what is wrong.
-        try:
-            override, files = self._push_request(self._pushes, name, parameters)
-        except (InvalidInput, PayloadTooLarge) as exc:
-            refusal = PushTooLarge if isinstance(exc, PayloadTooLarge) else PushRefused
-            raise refusal(f"failed to load '{name}', failed to poll from model repository: {exc.message}") from None
+        override, files = checked_push(self._pushes, name, parameters)
         async with self._lock(name):
-            with self._registry.hold(name):
-                await self._stage_and_load(self._pushes, name, override, files)
-
-    @staticmethod
-    def _push_request(store: PushStore, name: str, parameters: dict[str, Any]) -> tuple[Any, dict[str, bytes]]:
-        """The pushed config and files, checked (InvalidInput or PayloadTooLarge saying what is wrong)."""
-        if "config" not in parameters:  # Triton's rule: the override directory's files come with a config
-            raise InvalidInput("file overrides need the 'config' parameter (the model's configuration as JSON): the "
-                               "pushed files replace the model's directory")
-        override = _config(name, parameters)
-        files = file_parameters(parameters, store.limits.max_file_bytes)
-        if not any("/" in relative and relative.split("/")[0].isdigit() for relative in files):
-            raise InvalidInput("the pushed files have no version directory; send the model file as "
-                               "'file:1/<file name>' (e.g. file:1/model.onnx)")
-        return override, files
-
-    async def _stage_and_load(self, store: PushStore, name: str, override: Any, files: dict[str, bytes]) -> None:
-        staged = await asyncio.to_thread(store.stage, name, override, files)
-        try:  # loaded beside the serving versions: requests switch over once it is ready
-            await self._registry.load(name, None, source=staged.model_dir)
-        except BaseException:
-            await asyncio.to_thread(store.discard, staged)
-            if not self._registry.in_repository(name) and name not in store.model_dirs():
-                self._registry.forget(name)  # a failed first push leaves no entry behind
-            raise
-        replaced = await asyncio.to_thread(store.commit, staged)
-        if replaced is not None:  # the versions it served are closed by now
-            await asyncio.to_thread(store.remove_generation, replaced)
+            await load_push(self._registry, self._pushes, name, override, files)
 
     async def unload(self, name: str, parameters: dict[str, Any]) -> None:
         """Unload; ``parameters.unload_dependents`` (a boolean) also unloads the composing models of an
@@ -142,11 +109,3 @@ class RepositoryControl:
                             for version, reason in sorted(entry.failures.items()))
         return rows
 
-
-def _config(name: str, parameters: dict[str, Any]) -> Any:
-    if "config" not in parameters:
-        return None
-    try:
-        return config_from_json(parameters["config"], name)
-    except ConfigError as exc:
-        raise ConfigError(f"failed to load '{name}': {exc.message}") from None

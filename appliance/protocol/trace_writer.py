@@ -7,10 +7,11 @@ a model's own; see ``trace_settings``), and go where Triton's TraceManager puts 
 ``log_frequency`` N > 0 fills numbered files of N traces each, and a stream counted by ``trace_count``
 fills a numbered file that is closed when its count runs out (``trace.json.0``, ``trace.json.1``...,
 numbered in the order they are started, one sequence per trace file). The files together stay under
-``max_bytes``: the oldest files are removed (one still being written is started afresh when its next
-trace comes), and a single file that reached the bound takes no more traces (the dropped ones are
-counted and logged). Without a writable directory (a read-only state dir, or writes that started
-failing) the newest traces are kept in memory only, bounded.
+``max_bytes`` of disk, counted in the filesystem's blocks a file occupies (a trace of 400 bytes alone in
+its file takes a whole 4 KiB block), and under ``max_files`` files: the oldest files are removed (one
+still being written is started afresh when its next trace comes), and a single file that reached the
+bound takes no more traces (the dropped ones are counted and logged). Without a writable directory (a
+read-only state dir, or writes that started failing) the newest traces are kept in memory only, bounded.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import queue
 import re
 import threading
@@ -31,6 +33,8 @@ __all__ = ["TraceWriter"]
 log = logging.getLogger(__name__)
 
 _STOP = object()
+_BLOCK = 4096
+"""The block size assumed where the filesystem does not say."""
 _MAX_STREAMS = 1024
 """Numbered files kept open for streams at once; the oldest stream's file ends beyond it."""
 
@@ -51,18 +55,21 @@ class _Route:
 
 class TraceWriter:
     def __init__(self, directory: Path | None, file_name: str = "trace.json", max_bytes: int = 64 * 1024**2,
-                 memory_traces: int = 1000, on_error: Callable[[str], None] | None = None) -> None:
+                 memory_traces: int = 1000, on_error: Callable[[str], None] | None = None,
+                 max_files: int = 1000) -> None:
         """``directory`` None: keep traces in memory only; ``on_error(reason)``: told once when writing
         files fails (then traces are kept in memory only)."""
         self.directory = directory
         self.file_name = file_name
         self.max_bytes = max_bytes
+        self.max_files = max_files
+        self._block = _BLOCK
         self.dropped = 0
         """Traces not written because a single trace file had reached ``max_bytes``."""
         self._memory: deque[dict[str, Any]] = deque(maxlen=memory_traces)
         self._on_error = on_error
         self._queue: queue.Queue[Any] = queue.Queue()
-        self._files: dict[Path, int] = {}  # the files written, oldest first, with sizes
+        self._files: dict[Path, int] = {}  # the files written, oldest first, with their sizes
         self._index = 0  # the next numbered file's number
         self._chunks: dict[Hashable, list[int]] = {}  # per stream: its open numbered file's [number, traces]
         self._thread: threading.Thread | None = None
@@ -119,6 +126,7 @@ class TraceWriter:
         assert self.directory is not None
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
+            self._block = os.statvfs(self.directory).f_bsize or _BLOCK
             pattern = re.compile(re.escape(self.file_name) + r"(\.[0-9]+)?")
             for path in self.directory.iterdir():
                 if pattern.fullmatch(path.name):
@@ -164,16 +172,19 @@ class TraceWriter:
         fresh = path not in self._files  # never written, or removed to stay under the bound
         added = len(data) + 2  # "[" and "]" around a new file's first trace, ",\n" before another one
         current = self._files.get(path, 0)
-        total = sum(self._files.values()) - current
-        while total + current + added > self.max_bytes and any(p != path for p in self._files):
+        # What the files take on disk once this trace is in: the other files, and this one grown.
+        others = sum(self._on_disk(size) for p, size in self._files.items() if p != path)
+        grown = self._on_disk(current + added)
+        while any(p != path for p in self._files) and (
+                others + grown > self.max_bytes or len(self._files) + fresh > self.max_files):
             old = next(p for p in self._files if p != path)
             old.unlink(missing_ok=True)
-            total -= self._files.pop(old)
-        if total + current + added > self.max_bytes:
+            others -= self._on_disk(self._files.pop(old))
+        if others + grown > self.max_bytes:
             self.dropped += 1
             if self.dropped == 1:
-                log.warning("trace file %s reached trace_max_bytes (%d); further traces are dropped: set "
-                            "log_frequency > 0 to rotate files, or raise trace_max_bytes", path, self.max_bytes)
+                log.warning("trace file %s reached trace_max_bytes (%d bytes on disk); further traces are dropped: "
+                            "set log_frequency > 0 to rotate files, or raise trace_max_bytes", path, self.max_bytes)
             return
         if fresh:
             with open(path, "wb") as out:
@@ -184,6 +195,10 @@ class TraceWriter:
                 out.seek(-1, 2)
                 out.write(b",\n" + data + b"]")
             self._files[path] = current + added
+
+    def _on_disk(self, size: int) -> int:
+        """The bytes a file of ``size`` bytes occupies: whole blocks, at least one."""
+        return max(1, -(-size // self._block)) * self._block
 
     def _fail(self, exc: OSError) -> None:
         if self.directory is None:

@@ -11,19 +11,22 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
 from appliance.backends.base import ModelCall, Outputs, ResponseSink
 from appliance.engine.types import InferInput, InferRequest, InferResponse, RequestedOutput
-from appliance.errors import ApplianceError, InvalidInput, ModelNotFound, ModelNotReady, Unavailable
+from appliance.errors import ApplianceError, InvalidInput, ModelNotFound, ModelNotReady, NotSupported, Unavailable
 from appliance.repository.config import config_from_json
+from appliance.repository.push_load import checked_push, load_push
+from appliance.repository.pushed import FILE_PREFIX
 from appliance.tensors import v2_datatype
 
 if TYPE_CHECKING:
     from appliance.engine.model import ModelVersion
+    from appliance.repository.pushed import PushStore
     from appliance.repository.registry import ModelRegistry
 
 __all__ = ["LocalModels"]
@@ -54,10 +57,13 @@ def _request(call: ModelCall) -> InferRequest:
 class LocalModels:
     """Implements ``appliance.backends.base.ModelCalls`` over a model registry."""
 
-    def __init__(self, registry: ModelRegistry, explicit: bool) -> None:
-        """``explicit``: the model control mode lets models be loaded and unloaded on demand."""
+    def __init__(self, registry: ModelRegistry, explicit: bool, pushes: PushStore | None = None) -> None:
+        """``explicit``: the model control mode lets models be loaded and unloaded on demand. ``pushes``:
+        where a model's ``load_model(files=...)`` keeps the files, as the load API keeps a push's (None:
+        files are refused)."""
         self._registry = registry
         self._explicit = explicit
+        self._pushes = pushes
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -158,12 +164,27 @@ class LocalModels:
                 "daemon with --model-control-mode explicit"
             )
 
-    def load(self, name: str, config: str = "") -> Future[None]:
-        return self._submit(self._load(name, config))
+    def push_limits(self) -> tuple[int, int] | None:
+        limits = self._pushes.limits if self._pushes is not None else None
+        return (limits.max_file_bytes, limits.max_total_bytes) if limits is not None else None
 
-    async def _load(self, name: str, config: str) -> None:
+    def load(self, name: str, config: str = "", files: Mapping[str, bytes] | None = None) -> Future[None]:
+        return self._submit(self._load(name, config, files or {}))
+
+    async def _load(self, name: str, config: str, files: Mapping[str, bytes]) -> None:
         self._check_control("load")
         self._registry.model_dir(name)
+        if files:  # the load API's file overrides: the same checks, the same store, the same bounds
+            if self._pushes is None:
+                raise NotSupported("this box keeps no pushed models (its state dir is not writable); put the "
+                                   "files in the repository, or make the state dir writable and restart the daemon")
+            bad = [key for key in files if not key.startswith(FILE_PREFIX)]
+            if bad:
+                raise InvalidInput(f"load_model files are named '{FILE_PREFIX}<path>' (e.g. 'file:1/model.onnx'), "
+                                   f"got {bad[0][:120]!r}")
+            override, checked = checked_push(self._pushes, name, {"config": config, **files} if config else files)
+            await load_push(self._registry, self._pushes, name, override, checked)
+            return
         override = config_from_json(config, name) if config else None
         await self._registry.load(name, override)
 

@@ -91,10 +91,12 @@ def check_decoupled(config: mc.ModelConfig, backend: str, supported: bool) -> No
             "(model_transaction_policy { decoupled: true }): only the python backend sends several responses per "
             "request; drop the policy, or wrap the model in a Python model that sends the responses"
         )
-    if config.model_transaction_policy.decoupled and config.HasField("sequence_batching"):
+    if config.model_transaction_policy.decoupled and config.sequence_batching.state:
         raise ConfigError(
-            f"model '{config.name}': decoupled sequence models are not supported by this server: the sequence "
-            "batcher answers each step once; drop one of model_transaction_policy.decoupled and sequence_batching"
+            f"model '{config.name}': implicit state (sequence_batching state) is carried from a step's outputs "
+            "to the next step, but a decoupled model sends its outputs as responses, after its step may have "
+            "ended; drop the state (keep it in the model) or the decoupled policy (Triton keeps implicit state "
+            "for the onnxruntime, tensorrt and pytorch backends only)"
         )
 
 

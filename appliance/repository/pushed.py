@@ -24,6 +24,7 @@ from __future__ import annotations
 import base64
 import binascii
 import dataclasses
+import errno
 import json
 import logging
 import os
@@ -39,10 +40,10 @@ from typing import Any
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from appliance.errors import InvalidInput, PayloadTooLarge
+from appliance.errors import InsufficientStorage, InvalidInput, PayloadTooLarge
 from appliance.repository.config import CONFIG_FILENAME
 
-__all__ = ["FILE_PREFIX", "PushLimits", "PushStore", "Staged", "file_parameters"]
+__all__ = ["FILE_PREFIX", "PushLimits", "PushStore", "Staged", "check_push_name", "file_parameters"]
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +75,15 @@ class Staged:
     @property
     def model_dir(self) -> Path:
         return self.generation / self.name
+
+
+def check_push_name(name: str) -> None:
+    """Refuse a model name the store cannot keep: a generation holds its model's directory beside
+    origin.json (and, while it is written, .origin.json.tmp), and a hidden name is never served (scans
+    skip hidden entries)."""
+    if name == ORIGIN_FILE or name.startswith("."):
+        raise InvalidInput(f"a pushed model cannot be named {name[:80]!r}: the names {ORIGIN_FILE!r} and any "
+                           "starting with '.' are the pushed-model store's own; name the model otherwise")
 
 
 def _check_name(relative: str) -> str:
@@ -218,8 +228,9 @@ class PushStore:
             self._write(model_dir, CONFIG_FILENAME, text_format.MessageToString(config).encode())
             for relative, data in sorted(files.items()):
                 self._write(model_dir, relative, data)
-        except BaseException:
+        except BaseException as exc:
             self.discard(Staged(name, generation, {}))
+            _raise_if_full(exc, self.root, f"'{name}' ({size} bytes)")
             raise
         return Staged(name, generation, {relative: len(data) for relative, data in files.items()})
 
@@ -251,11 +262,16 @@ class PushStore:
         origin = {"name": staged.name, "origin": "pushed", "pushed_at": time.time(), "pushed_by": pushed_by,
                   "files": staged.files, "bytes": sum(staged.files.values())}
         temporary = staged.generation / f".{ORIGIN_FILE}.tmp"
-        with open(temporary, "w") as handle:
-            json.dump(origin, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, staged.generation / ORIGIN_FILE)
+        try:
+            with open(temporary, "w") as handle:
+                json.dump(origin, handle)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(temporary, staged.generation / ORIGIN_FILE)
+        except OSError as exc:
+            temporary.unlink(missing_ok=True)
+            _raise_if_full(exc, self.root, f"'{staged.name}'")
+            raise
         with self._lock:
             self._pending.discard(staged.generation)
             replaced = self._current.get(staged.name)
@@ -278,3 +294,12 @@ class PushStore:
     @staticmethod
     def remove_generation(generation: Path) -> None:
         shutil.rmtree(generation, ignore_errors=True)
+
+
+def _raise_if_full(error: BaseException, root: Path, what: str) -> None:
+    """A disk (or quota) full while a push was written is the box's state, not a bug: 507, saying so."""
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+        raise InsufficientStorage(
+            f"the disk holding {root} is full ({error.strerror}): the push of {what} was not kept and nothing of "
+            "it is left on disk; free space there (or unload pushed models no longer needed) and push again"
+        ) from None

@@ -34,6 +34,7 @@ from appliance.repository.ensemble.dependencies import find_cycle, users_of
 from appliance.repository.loader import LoadedModel, load_model
 
 if TYPE_CHECKING:
+    from appliance.repository.pushed import PushStore
     from appliance.selection import Selector
 
 __all__ = ["NOT_LOADED", "ModelEntry", "ModelRegistry", "ModelState", "directory_signature", "parse_version"]
@@ -105,28 +106,31 @@ def parse_version(text: str | None) -> int | None:
 
 
 class ModelRegistry:
-    def __init__(self, repository: Path, options: RuntimeOptions, selector: Selector | None = None,
-                 retune: bool = False, drain_timeout: float = 10.0,
+    def __init__(self, repository: Path, options: RuntimeOptions,
+                 selector: asyncio.Future[Selector | None] | None = None, retune: bool = False,
+                 drain_timeout: float = 10.0,
                  on_event: Callable[[str, str, int | None, dict], None] | None = None,
                  overlay: Callable[[], Mapping[str, Path]] | None = None,
-                 services: BackendServices | None = None, control_mode: str = "none") -> None:
+                 services: BackendServices | None = None, control_mode: str = "none",
+                 pushes: PushStore | None = None) -> None:
         """``on_event`` is told of model_loaded / model_failed / backend_chosen / model_unloaded (kind,
         model, version, detail): the metrics history records them. ``overlay``: model name -> directory
         of the models pushed over the load API (core.pushed), served in place of the repository's.
         ``services``: what the daemon lends backends; the registry adds its own models to it
         (``LocalModels``: Python models call models), which may load and unload models when
-        ``control_mode`` is explicit."""
+        ``control_mode`` is explicit, with files kept in ``pushes`` (as the load API's pushes are)."""
         self._overlay = overlay
         self.repository = repository
         self._drain_timeout = drain_timeout
         self._locks: dict[str, asyncio.Lock] = {}
         self._options = options
         self._selector = selector
-        """None serves each model with its config's backend as is."""
+        """Picks each model's plan once the hardware probe has run (a load waits for it); None, or a future
+        that comes to None, serves each model with its config's backend as is."""
         self._on_event = on_event
         self._retune = retune
         self._models: dict[str, ModelEntry] = {}
-        self._calls = LocalModels(self, explicit=control_mode == "explicit")
+        self._calls = LocalModels(self, explicit=control_mode == "explicit", pushes=pushes)
         self._services = dataclasses.replace(services or BackendServices(), models=self._calls)
         self._held: set[str] = set()
         """Models a push is replacing: re-scans and retunes leave them alone meanwhile."""
@@ -166,15 +170,10 @@ class ModelRegistry:
             self._models.setdefault(path.name, ModelEntry(path.name))
         return paths
 
-    async def load_all(self, names: Iterable[str] | None = None, selector: Selector | None = None) -> None:
+    async def load_all(self, names: Iterable[str] | None = None) -> None:
         """Load every discovered model (or only ``names``), concurrently: a model with a cached plan is
         ready while another one is still measuring its candidates (the selector lets one model tune at
-        a time). A model that fails is recorded UNAVAILABLE with its reason.
-
-        ``selector``, when given, picks the plan of these and of every later load: it needs the hardware
-        probe, which runs after the front ends answer, so it arrives with the first load."""
-        if selector is not None:
-            self._selector = selector
+        a time). A model that fails is recorded UNAVAILABLE with its reason."""
         if not self._models:
             await asyncio.to_thread(self.discover)
         wanted = list(self._models) if names is None else [n for n in names if n in self._models]
@@ -259,8 +258,9 @@ class ModelRegistry:
                 plan = plan_ensemble(config)
                 loaded = await self._load_ensemble(path, config, plan, chain)
             else:
+                selector = await self._selector if self._selector is not None else None
                 loaded = await asyncio.to_thread(
-                    load_model, path, self._options, self._selector, self._retune, config_override, traffic,
+                    load_model, path, self._options, selector, self._retune, config_override, traffic,
                     self._services,
                 )
         except Exception as exc:

@@ -14,6 +14,7 @@ import dataclasses
 import logging
 import math
 from collections.abc import Sequence
+from concurrent.futures import Future
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +30,9 @@ from appliance.tensors import CONFIG_TO_V2, decode_bytes_tensor, numpy_dtype
 __all__ = ["WarmupSample", "random_tensor", "run_warmup", "warmup_samples"]
 
 log = logging.getLogger(__name__)
+
+WARMUP_ANSWER_TIMEOUT = 60.0
+"""Seconds a warmup run waits for an answer the model sends after its batch returned."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,6 +139,8 @@ def run_warmup(instances: Sequence[Backend], samples: Sequence[WarmupSample], co
             for _ in range(sample.count):
                 try:
                     (result,) = backend.run_requests([BackendRequest(feed, outputs, size=sample.batch)]).results
+                    if isinstance(result, Future):  # answered by the model after the batch returned
+                        result = result.result(timeout=WARMUP_ANSWER_TIMEOUT)
                     if isinstance(result, BaseException):
                         raise result
                 except Exception as exc:

@@ -27,7 +27,7 @@ from appliance.engine.tensor_checks import (
 from appliance.engine.types import InferInput, InferRequest, InferResponse, RequestedOutput, SharedMemoryInput
 from appliance.errors import InvalidInput
 from appliance.protocol.shared_memory.params import shared_memory_ref
-from appliance.tensors import decode_bytes_tensor, element_size, encode_bytes_tensor, numpy_dtype
+from appliance.tensors import BF16, decode_bytes_tensor, element_size, encode_bytes_tensor, numpy_dtype
 
 __all__ = [
     "DecodeLimits",
@@ -39,6 +39,8 @@ __all__ = [
     "decode_raw_request",
     "encode_bytes_tensor",
     "encode_infer_response",
+    "json_numbers",
+    "non_finite_token",
     "output_text",
     "parse_json_object",
 ]
@@ -120,6 +122,9 @@ def _describe(values: np.ndarray) -> str:
 def decode_json_data(data: Any, datatype: str, shape: tuple[int, ...], count: int, name: str) -> np.ndarray:
     # Any nesting is accepted as long as the element count matches, as Triton does (JSON itself is
     # bounded to 1024 levels by orjson).
+    if datatype == "BF16":  # JSON numbers would round through FP64 to BF16 behind the client's back
+        raise InvalidInput(f"receiving BF16 data via JSON is not supported. Please use the binary data format for "
+                           f"input {name}")
     if not isinstance(data, list):
         data = [data]
     if datatype == "BYTES":
@@ -145,9 +150,15 @@ def decode_json_data(data: Any, datatype: str, shape: tuple[int, ...], count: in
             f"input '{name}': 'data' does not hold {datatype} values: expected {_KIND_WORDS[dtype.kind]}, "
             f"got {_describe(source)}"
         )
-    array = source.astype(dtype, copy=False)
+    with np.errstate(over="ignore"):
+        array = source.astype(dtype, copy=False)
     if dtype.kind in "iu" and source.size and not np.array_equal(array, source):
         raise InvalidInput(f"input '{name}': 'data' does not hold {datatype} values: a value is out of range")
+    if dtype.kind == "f" and source.size and not np.isfinite(array).all():
+        # JSON holds no infinities: a value that became one did not fit (1e39 as FP32).
+        raise InvalidInput(f"input '{name}': 'data' does not hold {datatype} values: a value is beyond "
+                           f"{datatype}'s range (±{float(np.finfo(dtype).max):.6g}); send it as binary data to pass "
+                           "an infinity")
     return array.reshape(shape)
 
 
@@ -290,11 +301,36 @@ def decode_raw_request(
     return InferRequest([InferInput(name, datatype, data)], [], None, {"binary_data_output": True})
 
 
+def _json_refused(name: str) -> InvalidInput:
+    """Triton's error (its words first) for a BF16 output a client asked for as JSON."""
+    return InvalidInput(f"sending BF16 data via JSON is not supported. Please use the binary data format for output "
+                        f"('{name}': ask for it with binary_data: true, or binary_data_output: true)")
+
+
+def non_finite_token(value: float) -> bytes:
+    """How Triton writes a value JSON has no number for."""
+    return b"NaN" if math.isnan(value) else b"Infinity" if value > 0 else b"-Infinity"
+
+
+def json_numbers(array: np.ndarray) -> Any:
+    """A numeric tensor's values for orjson: the array itself, or, when it holds infinities or NaN, a
+    fragment that writes them as Triton does (``Infinity``, ``-Infinity``, ``NaN``: JavaScript's words,
+    which Python's json and tritonclient read; strict JSON parsers do not, so ask for such outputs as
+    binary data when a client needs them exactly)."""
+    flat = np.ascontiguousarray(array).ravel()
+    if flat.dtype.kind != "f" or np.isfinite(flat).all():
+        return flat  # orjson serialises C-contiguous native arrays directly (OPT_SERIALIZE_NUMPY)
+    items = [orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY) if np.isfinite(value)
+             else non_finite_token(float(value)) for value in flat]
+    return orjson.Fragment(b"[" + b",".join(items) + b"]")
+
+
 def _json_data(name: str, array: np.ndarray) -> Any:
+    if array.dtype == BF16:
+        raise _json_refused(name)
     if array.dtype == object:
         return [output_text(name, item) for item in array.ravel()]
-    # orjson serialises C-contiguous native arrays directly (OPT_SERIALIZE_NUMPY).
-    return np.ascontiguousarray(array).ravel()
+    return json_numbers(array)
 
 
 def _raw_bytes(array: np.ndarray) -> bytes:

@@ -24,8 +24,8 @@ from appliance.engine.signature import ModelSignature
 from appliance.engine.tensor_checks import BYTES_ELEMENT_OVERHEAD, DecodeLimits
 from appliance.engine.types import InferInput, InferRequest, InferResponse
 from appliance.errors import InferenceFailed, InvalidInput
-from appliance.rest.codec import decode_json_data, output_text, parse_json_object
-from appliance.tensors import element_size
+from appliance.rest.codec import decode_json_data, non_finite_token, output_text, parse_json_object
+from appliance.tensors import BF16, element_size
 
 __all__ = ["decode_generate_request", "encode_generate_response", "sse_event"]
 
@@ -117,10 +117,15 @@ def decode_generate_request(body: bytes, signature: ModelSignature, limits: Deco
 
 
 def _value(name: str, data: np.ndarray) -> Any:
+    if data.dtype == BF16:
+        raise InvalidInput(f"sending BF16 data via JSON is not supported. Please use the binary data format for output "
+                           f"('{name}': generate answers in JSON only; call infer and ask for binary outputs)")
     if data.dtype == object:
         values: list[Any] = [output_text(name, item) for item in data.ravel()]
     else:
         values = data.ravel().tolist()
+        if data.dtype.kind == "f" and not np.isfinite(data).all():  # written as Triton writes them
+            values = [v if math.isfinite(v) else orjson.Fragment(non_finite_token(v)) for v in values]
     return values[0] if len(values) == 1 else values
 
 

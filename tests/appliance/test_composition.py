@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from appliance.composition import Appliance
+from appliance.composition import compose
 from appliance.errors import ConfigError, ModelNotReady
 from appliance.examples import build_example_repository
 from appliance.settings import Settings
@@ -17,11 +17,11 @@ from tests.readonly import unwritable
 def _settings(tmp_path, **overrides) -> Settings:
     values = {"state_dir": tmp_path / "state", "model_repository": build_example_repository(tmp_path / "repo"),
               "selection": False, **overrides}
-    return Settings(**values)
+    return Settings.build(**values)
 
 
 async def test_starts_loads_and_stops_in_reverse(tmp_path):
-    appliance = await Appliance.start(_settings(tmp_path))
+    appliance = await compose(_settings(tmp_path))
     await asyncio.wait_for(appliance.dataplane.wait_loaded(), 60)
     assert appliance.dataplane.live() and appliance.registry.ready_count() == 3
     assert appliance.metrics is not None and (tmp_path / "state" / "metrics.db").exists()
@@ -32,7 +32,7 @@ async def test_starts_loads_and_stops_in_reverse(tmp_path):
 
 
 async def test_the_daemon_starts_without_a_writable_place_for_its_token(tmp_path):
-    appliance = await Appliance.start(_settings(tmp_path, state_dir=unwritable(tmp_path), metrics=False))
+    appliance = await compose(_settings(tmp_path, state_dir=unwritable(tmp_path), metrics=False))
     try:
         assert "token_not_saved" in [p.kind for p in appliance.state.problems] and len(appliance.token) >= 32
     finally:
@@ -43,7 +43,7 @@ async def test_an_empty_token_file_stops_the_start_with_the_fix(tmp_path):
     (tmp_path / "state").mkdir()
     (tmp_path / "state" / "auth-token").write_text("")
     with pytest.raises(ConfigError, match="delete the file"):
-        await Appliance.start(_settings(tmp_path))
+        await compose(_settings(tmp_path))
 
 
 async def test_a_repository_load_that_dies_makes_the_server_not_live(tmp_path, monkeypatch):
@@ -53,7 +53,7 @@ async def test_a_repository_load_that_dies_makes_the_server_not_live(tmp_path, m
         raise RuntimeError("the probe child could not start")
 
     monkeypatch.setattr(hardware_probe, "probe_isolated", broken_probe)
-    appliance = await Appliance.start(_settings(tmp_path, metrics=False))
+    appliance = await compose(_settings(tmp_path, metrics=False))
     try:
         for _ in range(100):
             if not appliance.dataplane.live():
@@ -68,18 +68,19 @@ async def test_a_repository_load_that_dies_makes_the_server_not_live(tmp_path, m
 async def test_a_failing_start_stops_what_it_had_started(tmp_path):
     settings = _settings(tmp_path)
     (tmp_path / "missing").mkdir()
-    bad = Settings(state_dir=settings.state_dir, model_repository=tmp_path / "missing" / "repo", selection=False)
+    bad = Settings.build(state_dir=settings.server.state_dir, model_repository=tmp_path / "missing" / "repo",
+                         selection=False)
     with pytest.raises(ConfigError, match="does not exist"):
-        await Appliance.start(bad)
+        await compose(bad)
     # The metrics history it had opened is closed again: a new start opens the same database.
-    appliance = await Appliance.start(settings)
+    appliance = await compose(settings)
     await appliance.close()
 
 
 async def test_shared_memory_regions_are_closed_at_stop(tmp_path, shm_object):
     from tests.descriptors import opened
 
-    appliance = await Appliance.start(_settings(tmp_path, metrics=False, shm_max_regions=3))
+    appliance = await compose(_settings(tmp_path, metrics=False, shm_max_regions=3))
     key, _ = shm_object(64)
     own = opened("self", key)
     try:
@@ -99,7 +100,7 @@ async def test_a_read_only_state_dir_keeps_traces_in_memory_and_says_so(tmp_path
 
     from appliance.engine.types import InferInput, InferRequest
 
-    appliance = await Appliance.start(_settings(tmp_path, state_dir=unwritable(tmp_path), metrics=False))
+    appliance = await compose(_settings(tmp_path, state_dir=unwritable(tmp_path), metrics=False))
     try:
         (read_only,) = [p for p in appliance.state.problems if p.kind == "read_only"]
         assert "traces stay in memory" in read_only.message
@@ -120,8 +121,55 @@ async def test_a_read_only_state_dir_keeps_traces_in_memory_and_says_so(tmp_path
         await appliance.close()
 
 
+async def test_each_front_end_gets_its_configuration_from_its_sections(tmp_path):
+    appliance = await compose(_settings(tmp_path, metrics=False, max_request_bytes=16 << 20,
+                                        max_request_memory_bytes=64 << 20, max_connections=400,
+                                        grpc_stream_max_pending=3, body_timeout=7.0), connections=200)
+    try:
+        assert appliance.rest.body.max_bytes == 16 << 20 and appliance.rest.body.read_timeout == 7.0
+        assert appliance.rest.history is None  # metrics off: no history to read
+        grpc = appliance.grpc
+        assert grpc is not None and grpc.receivers == 4 and grpc.max_message_bytes == 16 << 20
+        assert grpc.stream.max_pending == 3 and grpc.receive_timeout == 7.0
+        # max_connections fitted to 200 descriptors: a quarter for gRPC, the rest for HTTP and metrics.
+        assert (appliance.http_connections, grpc.max_connections) == (150, 50)
+    finally:
+        await appliance.close()
+    appliance = await compose(_settings(tmp_path, metrics=False, grpc=False))
+    try:
+        assert appliance.grpc is None and appliance.http_connections == 4096
+    finally:
+        await appliance.close()
+
+
+async def test_loads_wait_for_the_selector_that_comes_with_the_hardware_probe(tmp_path, monkeypatch):
+    import hardware_probe
+
+    release = asyncio.Event()
+    real = hardware_probe.probe_isolated
+
+    def slow_probe(timeout: float):
+        import time
+
+        while not release.is_set():
+            time.sleep(0.01)
+        return real(timeout)
+
+    monkeypatch.setattr(hardware_probe, "probe_isolated", slow_probe)
+    appliance = await compose(_settings(tmp_path, metrics=False))
+    try:
+        await asyncio.sleep(0.3)
+        assert not appliance.hardware.done() and appliance.registry.ready_count() == 0
+        release.set()
+        await asyncio.wait_for(appliance.dataplane.wait_loaded(), 60)
+        assert appliance.hardware.done() and appliance.registry.ready_count() == 3
+        assert "summary" in appliance.dataplane.hardware()
+    finally:
+        await appliance.close()
+
+
 async def test_the_stream_settings_bound_every_decoupled_request(tmp_path):
-    appliance = await Appliance.start(_settings(tmp_path, metrics=False, stream_buffer_bytes=1 << 20,
+    appliance = await compose(_settings(tmp_path, metrics=False, stream_buffer_bytes=1 << 20,
                                                 stream_stall_timeout=5.0))
     try:
         limits = appliance.dataplane.rules.streams

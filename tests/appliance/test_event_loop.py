@@ -41,6 +41,6 @@ def test_uvloop_asked_for_but_missing_says_how_to_fix(monkeypatch):
 
 def test_an_unknown_loop_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="auto, uvloop or asyncio"):
-        Settings(state_dir=tmp_path, event_loop="trio")
+        Settings.build(state_dir=tmp_path, event_loop="trio")
     with pytest.raises(ConfigError, match="event_loop must be one of"):
         event_loop.loop_name("trio")

@@ -26,10 +26,15 @@ def test_strings_of_any_numpy_kind_are_bytes():
     assert element_size("BYTES") is None
 
 
-def test_bf16_parses_in_configs_but_is_refused_as_data():
+def test_bf16_is_ml_dtypes_bfloat16_as_tritonclient_has_it():
+    from tritonclient.utils import np_to_triton_dtype, triton_to_np_dtype
+
     assert CONFIG_TO_V2["TYPE_BF16"] == "BF16" and element_size("BF16") == 2
-    with pytest.raises(ValueError, match="not supported"):
-        numpy_dtype("BF16")
+    assert numpy_dtype("BF16") == triton_to_np_dtype("BF16") and np_to_triton_dtype(numpy_dtype("BF16")) == "BF16"
+    values = np.array([1.5, -2.0, 3.25], dtype=numpy_dtype("BF16"))
+    assert v2_datatype(values.dtype) == "BF16" and v2_datatype(np.dtype(np.uint16)) == "UINT16"
+    # The wire format: each element's 16 bits, little endian (the top half of the FP32 bit pattern).
+    assert values.tobytes() == (np.array([1.5, -2.0, 3.25], np.float32).view(np.uint32) >> 16).astype("<u2").tobytes()
     with pytest.raises(ValueError, match="expected one of"):
         numpy_dtype("FP8")
 

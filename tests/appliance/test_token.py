@@ -50,6 +50,6 @@ def test_daemon_refuses_to_start_with_an_empty_token(tmp_path):
 
 def test_a_short_token_setting_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="at least 16"):
-        Settings(state_dir=tmp_path, auth_token="  ")
+        Settings.build(state_dir=tmp_path, auth_token="  ")
     with pytest.raises(ConfigError, match="not a network"):
-        Settings(state_dir=tmp_path, trusted_proxies=("proxy.lan",))
+        Settings.build(state_dir=tmp_path, trusted_proxies=("proxy.lan",))

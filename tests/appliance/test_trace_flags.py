@@ -16,9 +16,9 @@ def test_tritons_spelling_becomes_the_trace_settings():
                          "triton,log-frequency=3"])
     assert flags == {"trace_path": "bls_trace.log", "trace_level": ("TIMESTAMPS",), "trace_rate": 4,
                      "trace_count": 6, "trace_mode": "triton", "trace_log_frequency": 3}
-    settings = load_settings({**flags, "state_dir": "/tmp/x"})
-    assert (settings.trace_path, settings.trace_level, settings.trace_rate, settings.trace_count,
-            settings.trace_log_frequency) == ("bls_trace.log", ("TIMESTAMPS",), 4, 6, 3)
+    trace = load_settings({**flags, "state_dir": "/tmp/x"}).trace
+    assert (trace.path, trace.level, trace.rate, trace.count, trace.log_frequency) == \
+        ("bls_trace.log", ("TIMESTAMPS",), 4, 6, 3)
 
 
 @pytest.mark.parametrize(("levels", "expected"), [
@@ -28,7 +28,7 @@ def test_tritons_spelling_becomes_the_trace_settings():
 ])
 def test_levels_add_up_and_off_wins(levels, expected):
     assert trace_flags([f"level={level}" for level in levels])["trace_level"] == expected
-    off_or_on = load_settings({"state_dir": "/tmp/x", "trace_level": expected}).trace_level
+    off_or_on = load_settings({"state_dir": "/tmp/x", "trace_level": expected}).trace.level
     assert off_or_on == (() if "OFF" in expected else tuple(sorted(expected, key=["TIMESTAMPS", "TENSORS"].index)))
 
 

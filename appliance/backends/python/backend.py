@@ -14,16 +14,26 @@ import json
 import logging
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
 from google.protobuf import json_format
 
-from appliance.backends.base import Backend, BackendRequest, BatchResult, LoadContext, Outputs
+from appliance.backends.base import (
+    RESCHEDULE,
+    Backend,
+    BackendRequest,
+    BatchResult,
+    LoadContext,
+    Outputs,
+    RequestResult,
+    reschedule_refused,
+)
 from appliance.backends.python.arena import Arena, Attachments
 from appliance.backends.python.peer import Peer
 from appliance.backends.python.process import ModelProcess, ProcessExited
-from appliance.backends.python.requests import ModelError, OpenRequests, model_error
+from appliance.backends.python.requests import SENT, ModelError, OpenRequests, model_error
 from appliance.config_json import config_to_json
 from appliance.errors import ConfigError, InferenceFailed
 
@@ -102,6 +112,8 @@ class PythonBackend(Backend):
         self._inputs_arena: Arena | None = None
         self._config_json: dict = {}
         self._decoupled = False
+        self._iterative = False
+        """RESCHEDULE is honoured (iterative_sequence); otherwise a rescheduled request fails."""
         self._ready = False
         instance = _Instance(context)
         try:
@@ -161,6 +173,7 @@ class PythonBackend(Backend):
         """Initialize the model with the final (auto-completed) config."""
         self._config_json = config_to_json(config)
         self._decoupled = bool(config.model_transaction_policy.decoupled)
+        self._iterative = config.HasField("sequence_batching") and config.sequence_batching.iterative_sequence
         self._initialize()
 
     def _initialize(self) -> None:
@@ -189,8 +202,12 @@ class PythonBackend(Backend):
 
     def run(self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]) -> dict[str, np.ndarray]:
         (result,) = self.run_requests([BackendRequest(inputs, outputs)]).results
+        if isinstance(result, Future):
+            result = result.result()
         if isinstance(result, BaseException):
             raise result
+        if not isinstance(result, dict):
+            raise reschedule_refused(self._context.model_name)
         return result
 
     def _write_inputs(self, requests: Sequence[BackendRequest], keys: list[int]) -> tuple[dict, list[dict]]:
@@ -215,7 +232,7 @@ class PythonBackend(Backend):
         assert self._instance is not None
         instance = self._instance
         keys = instance.requests.open(requests, streamed=self._decoupled)
-        results: list[dict[str, np.ndarray] | BaseException]
+        results: list[Any]
         try:
             arena_info, batch = self._write_inputs(requests, keys)
             reply = instance.process.call(("execute", arena_info, batch))
@@ -225,8 +242,7 @@ class PythonBackend(Backend):
             results = [error for _ in requests]
         else:
             results = self._results(reply, len(requests))
-        instance.requests.finish_batch(keys, results)
-        return BatchResult(results)
+        return BatchResult(instance.requests.finish_batch(keys, results))
 
     def start_requests(self, requests: Sequence[BackendRequest],
                        done: Callable[[BatchResult | BaseException], None]) -> bool:
@@ -252,8 +268,7 @@ class PythonBackend(Backend):
 
         def replied(reply: tuple | None) -> None:
             try:
-                results = self._replied(instance, reply, len(requests))
-                instance.requests.finish_batch(keys, results)
+                results = instance.requests.finish_batch(keys, self._replied(instance, reply, len(requests)))
             except BaseException as exc:  # noqa: BLE001 - the batch must complete, whatever happened
                 done(exc)
                 return
@@ -262,8 +277,7 @@ class PythonBackend(Backend):
         instance.process.call_async(("execute", arena_info, batch), replied)
         return True
 
-    def _replied(self, instance: _Instance, reply: tuple | None,
-                 count: int) -> list[dict[str, np.ndarray] | BaseException]:
+    def _replied(self, instance: _Instance, reply: tuple | None, count: int) -> list[Any]:
         if reply is None:
             self._ready = False
             try:
@@ -277,8 +291,9 @@ class PythonBackend(Backend):
             raise ConfigError(f"model.py of '{instance.process.name}' failed: {reply[1]}\n{reply[2]}")
         return self._results(reply, count, instance)
 
-    def _results(self, reply: tuple, count: int,
-                 instance: _Instance | None = None) -> list[dict[str, np.ndarray] | BaseException]:
+    def _results(self, reply: tuple, count: int, instance: _Instance | None = None) -> list[Any]:
+        """One result per request: outputs, error, RESCHEDULE, or SENT (its response sender answers it:
+        ``OpenRequests.finish_batch`` puts the answer, or a future of it, in its place)."""
         instance = instance or self._instance
         assert instance is not None
         if reply[0] == "failed":
@@ -287,12 +302,18 @@ class PythonBackend(Backend):
         _, arena_info, packed = reply
         if packed is None:  # decoupled: the responses went to the sinks
             return [{} for _ in range(count)]
-        arena = instance.process.outputs(arena_info)
-        results: list[dict[str, np.ndarray] | BaseException] = []
+        arena = instance.process.outputs(arena_info) if arena_info is not None else None
+        results: list[RequestResult | object] = []
         for item in packed:
-            if item[0] == "error":
+            kind = item[0]
+            if kind == "error":
                 results.append(model_error((item[1], item[2])))
+            elif kind == "sent":
+                results.append(SENT)
+            elif kind == "reschedule":
+                results.append(RESCHEDULE if self._iterative else reschedule_refused(self._context.model_name))
             else:
+                assert arena is not None
                 parameters = json.loads(item[2]) if item[2] else {}
                 results.append(Outputs({d[0]: arena.read(d, copy=True) for d in item[1]}, parameters))
         return results

@@ -18,10 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from appliance.backends.base import BackendServices, ModelCall
+from appliance.backends.base import BackendServices, ModelCall, ModelCalls
 from appliance.backends.python.arena import Attachments, BlockRef, Blocks, Descriptor
 from appliance.backends.python.requests import ModelError, OpenRequests
-from appliance.errors import ApplianceError
+from appliance.errors import ApplianceError, NotSupported, PushRefused, PushTooLarge
 
 __all__ = ["Peer"]
 
@@ -31,6 +31,8 @@ _CODES = {HTTPStatus.NOT_FOUND: 2, HTTPStatus.BAD_REQUEST: 3, HTTPStatus.SERVICE
 
 
 _GRPC_CODES = {"UNKNOWN": 0, "ALREADY_EXISTS": 6, "CANCELLED": 7}
+_MAX_FILES = 1000
+"""Files one load_model() may carry (as a load request's file overrides)."""
 
 
 def _error(exc: BaseException) -> tuple[str, int]:
@@ -176,10 +178,35 @@ class Peer:
         if what == "model_ready":
             return models.ready(*args)
         if what == "load":
-            return models.load(*args)
+            return models.load(*self._load_args(models, args))
         if what == "unload":
             return models.unload(*args)
         raise ValueError(f"unknown question {what!r}")
+
+    def _load_args(self, models: ModelCalls, args: tuple) -> tuple[str, str, dict[str, bytes] | None]:
+        """(name, config, files) of a load_model(): the files travel in a block of the model process, and
+        are copied out only once their count and sizes are within what the box keeps of a push."""
+        name, config, *attached = args
+        if not attached:
+            return name, config, None
+        ref, descriptors = attached
+        limits = models.push_limits()
+        if limits is None:
+            raise NotSupported("this box keeps no pushed models (its state dir is not writable); put the files in "
+                               "the repository, or make the state dir writable and restart the daemon")
+        max_file, max_total = limits
+        refused = f"failed to load '{name}', failed to poll from model repository: "
+        if len(descriptors) > _MAX_FILES or any(d[1] != "UINT8" or len(d[2]) != 1 for d in descriptors):
+            raise PushRefused(refused + f"load_model takes at most {_MAX_FILES} files, each bytes")
+        for descriptor in descriptors:
+            if descriptor[4] > max_file:
+                raise PushTooLarge(refused + f"file override {descriptor[0][:120]!r} has {descriptor[4]} bytes, more "
+                                   f"than push_max_file_bytes ({max_file}); raise the setting on the box or load a "
+                                   "smaller file")
+        if sum(d[4] for d in descriptors) > max_total:
+            raise PushTooLarge(refused + f"the files hold more than push_max_total_bytes ({max_total}) together")
+        arrays = self.attachments.read(ref, descriptors) if ref is not None else {}
+        return name, config, {key: array.tobytes() for key, array in arrays.items()}
 
     # -- logs and metrics ------------------------------------------------------------------------
 

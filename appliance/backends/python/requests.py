@@ -1,7 +1,8 @@
 """The requests a model process holds, by key: what its streamed responses and is_cancelled() refer to.
 
-A request to a model that is not decoupled is open while its batch executes; one to a decoupled model
-until its final response (which may come long after execute() returned, from any thread of the model).
+A request to a model that is not decoupled is open while its batch executes, or, when the model answers
+it through its response sender, until that response comes; one to a decoupled model until its final
+response (which may come long after execute() returned, from any thread of the model).
 """
 
 from __future__ import annotations
@@ -12,13 +13,14 @@ import json
 import logging
 import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from http import HTTPStatus
 
-from appliance.backends.base import BackendRequest, Outputs
+from appliance.backends.base import BackendRequest, Outputs, RequestResult, Reschedule
 from appliance.backends.python.arena import Attachments
 from appliance.errors import ApplianceError
 
-__all__ = ["ModelError", "OpenRequests", "model_error"]
+__all__ = ["SENT", "ModelError", "OpenRequests", "model_error"]
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +50,15 @@ def model_error(error: tuple[str, int]) -> ModelError:
     return ModelError(error[0], error[1])
 
 
+class _Sent:
+    """The result execute() gave for a request it answers (or answered) through its response sender."""
+
+    __slots__ = ()
+
+
+SENT = _Sent()
+
+
 @dataclasses.dataclass(eq=False)
 class _Open:
     request: BackendRequest
@@ -55,6 +66,13 @@ class _Open:
     """Its responses go to request.sink (a decoupled model)."""
     executing: bool = True
     """Its batch is still in execute(): if the process dies now, the batch's error reaches it."""
+    answer: Future | None = None
+    """A request that does not stream: the response its sender sent (the first one counts)."""
+
+    def answered(self) -> Future:
+        if self.answer is None:
+            self.answer = Future()
+        return self.answer
 
 
 class OpenRequests:
@@ -76,20 +94,41 @@ class OpenRequests:
                 self._open[key] = _Open(request, streamed and request.sink is not None)
         return keys
 
-    def finish_batch(self, keys: Sequence[int], results: list) -> None:
-        """After execute() (``results``: one per request, outputs or error, changed in place): a request
-        that does not stream is closed; a streaming one stays open until its final response, unless
-        execute() failed it (the core then sends the error, then final). A streaming request that has
-        sent its final response already gets an empty result: its sink has had everything."""
+    def finish_batch(self, keys: Sequence[int], results: list[RequestResult | _Sent]) -> list[RequestResult]:
+        """After execute() (``results``: one per request: outputs, error, SENT or RESCHEDULE; changed in
+        place and returned): a request that does not stream is closed, unless its response sender is
+        still to answer (its result is then a future of that answer); a streaming one stays open until its
+        final response, unless execute() failed or rescheduled it (the core then sends the error, then
+        final; or runs it again under a new key). A streaming request that has sent its final response
+        already gets an empty result: its sink has had everything. A request its sender answered keeps that
+        answer whatever execute() did afterwards (Triton: the first response reached the client)."""
         with self._lock:
             for index, key in enumerate(keys):
                 entry = self._open.get(key)
-                if entry is None:  # streamed, and final already sent
+                if entry is None:  # streamed, and final already sent: its sink has had everything
                     results[index] = {}
                     continue
                 entry.executing = False
-                if not entry.streamed or isinstance(results[index], BaseException):
+                result = results[index]
+                if entry.request.padding:  # nobody waits for what the model makes of it
                     del self._open[key]
+                    results[index] = {}
+                    continue
+                if entry.streamed:
+                    if isinstance(result, (BaseException, Reschedule)):
+                        del self._open[key]
+                    elif isinstance(result, _Sent):
+                        results[index] = {}
+                    continue
+                if isinstance(result, _Sent) or entry.answer is not None:
+                    answer = entry.answered()
+                    if not answer.done():
+                        results[index] = answer  # the sender answers later, from another thread
+                        continue
+                    error = answer.exception()
+                    results[index] = error if error is not None else answer.result()
+                del self._open[key]
+        return results  # type: ignore[return-value]  # no _Sent is left
 
     def cancelled(self, key: int) -> bool:
         with self._lock:
@@ -102,14 +141,20 @@ class OpenRequests:
         outputs = self._attachments.read(ref, descriptors) if ref is not None else None
         if ref is not None:
             self._free(ref[0])
+        flag_only = ref is None and error is None and parameters is None  # send(flags=FINAL) alone
+        params = _parameters(parameters)
         with self._lock:
             entry = self._open.get(key)
+            if entry is not None and not entry.streamed:
+                if not flag_only:
+                    self._answer(key, entry, outputs, error, params)
+                return
             if entry is not None and final:
                 del self._open[key]
         if entry is None or entry.request.sink is None:
-            log.warning("model %s sent a response for a request that is already complete; dropped", self._model)
+            if not flag_only:  # a flag alone may close a request its sender answered already
+                log.warning("model %s sent a response for a request that is already complete; dropped", self._model)
             return
-        params = _parameters(parameters)
         sink = entry.request.sink
         if error is not None:
             sink.send(None, error=model_error(error), parameters=params, final=final)
@@ -117,15 +162,31 @@ class OpenRequests:
             sink.send(Outputs(outputs or {}, params) if outputs is not None else None, parameters=params,
                       final=final)
 
+    def _answer(self, key: int, entry: _Open, outputs: dict | None, error: tuple[str, int] | None,
+                params: dict[str, object]) -> None:
+        """Under the lock: the response a sender sent for a request that does not stream is its answer
+        (the model process lets through one response, then the final flag alone)."""
+        answer = entry.answered()
+        if not answer.done():
+            if error is not None:
+                answer.set_exception(model_error(error))
+            else:
+                answer.set_result(Outputs(outputs or {}, params))
+        if not entry.executing:  # finish_batch has handed the future on
+            del self._open[key]
+
     def fail_all(self, reason: str) -> None:
-        """The model process is gone: every streaming request still open ends with an error (those of
-        the batch in execute() get theirs from it)."""
+        """The model process is gone: every streaming request still open ends with an error, and so does
+        every request still waiting for its sender's answer (those of the batch in execute() get theirs
+        from it)."""
         with self._lock:
             entries = [entry for entry in self._open.values() if not entry.executing]
             self._open = {key: entry for key, entry in self._open.items() if entry.executing}
         for entry in entries:
             if entry.streamed and entry.request.sink is not None:
                 entry.request.sink.send(None, error=ModelError(reason, 1), final=True)
+            elif entry.answer is not None and not entry.answer.done():
+                entry.answer.set_exception(ModelError(reason, 1))
 
 
 def _parameters(text: str | None) -> dict[str, object]:

@@ -88,21 +88,74 @@ class _Attached:
         return self.arena
 
 
-def _requests(arena: Arena, batch: list[dict], copy: bool) -> list[pb_utils.InferenceRequest]:
-    """The batch as model.py sees it; ``copy``: detach inputs from the arena (a decoupled model may
+def _requests(arena: Arena, batch: list[dict], decoupled: bool) -> list[pb_utils.InferenceRequest]:
+    """The batch as model.py sees it. A decoupled model's inputs are detached from the arena (it may
     read them after execute() returned, when the arena holds the next batch)."""
     return [
         pb_utils.InferenceRequest.served(
-            item["key"], [pb_utils.Tensor(d[0], arena.read(d, copy=copy)) for d in item["inputs"]], item)
+            item["key"], [pb_utils.Tensor(d[0], arena.read(d, copy=decoupled)) for d in item["inputs"]], item,
+            decoupled)
         for item in batch
     ]
 
 
+SENT = ("sent",)
+"""A request answered through its response sender (now, or later from another thread)."""
+RESCHEDULED = ("reschedule",)
+"""A request the model released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE: it runs again."""
+
+
+def _unanswered(request: pb_utils.InferenceRequest) -> tuple[str]:
+    rescheduled = request.release_flags() == pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
+    return RESCHEDULED if rescheduled else SENT
+
+
+def _returned(model: _Model, requests: list, responses: Any) -> list | None:
+    """What execute() returned, checked with Triton's rules and words: one entry per request, an
+    InferenceResponse or SENT/RESCHEDULED; None for a decoupled model that rescheduled nothing."""
+    if model.decoupled:
+        if responses is not None:
+            raise pb_utils.TritonModelException(
+                "Python model is using the decoupled mode and the execute function must return None (send "
+                "responses with request.get_response_sender())")
+        marks = [_unanswered(request) for request in requests]
+        return list(marks) if RESCHEDULED in marks else None
+    if responses is None:
+        return [_unanswered(request) for request in requests]
+    if not isinstance(responses, list) or len(responses) != len(requests):
+        count = len(responses) if isinstance(responses, list) else type(responses).__name__
+        raise pb_utils.TritonModelException(
+            f"execute() returned {count} responses for {len(requests)} requests; it must return a list with one "
+            "InferenceResponse (or None, for a request answered through its response sender) per request")
+    entries: list[Any] = []
+    for request, response in zip(requests, responses):
+        if response is None:
+            entries.append(_unanswered(request))
+            continue
+        if request.release_flags() == pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
+            raise pb_utils.TritonModelException(
+                "Expected a None object in the execute function return list for reschduled request, found type "
+                f"'{type(response)}'.")
+        if not isinstance(response, pb_utils.InferenceResponse):
+            raise pb_utils.TritonModelException(
+                "Expected an 'InferenceResponse' object in the execute function return list, found type "
+                f"'{type(response)}'.")
+        if request._sender is not None:
+            request._sender.returned()  # raises if the sender has answered already, as in Triton
+        entries.append(response)
+    return entries
+
+
 def _pack_responses(responses: list, arena: Arena | None) -> tuple[list[Any], Arena]:
-    """Write every response's tensors into the output arena (growing it); errors stay as messages."""
-    tensors = []
+    """Write every response's tensors into the output arena (growing it); errors stay as messages,
+    requests answered elsewhere (SENT, RESCHEDULED) as their marks."""
+    tensors: list[list[tuple[str, Any]]] = []
     packed: list[Any] = []
     for response in responses:
+        if isinstance(response, tuple):
+            tensors.append([])
+            packed.append(response)
+            continue
         try:
             tensors.append([] if response.has_error() else tensors_of(response.output_tensors(), "output"))
         except pb_utils.TritonModelException as exc:
@@ -116,6 +169,8 @@ def _pack_responses(responses: list, arena: Arena | None) -> tuple[list[Any], Ar
         arena = Arena.create(needed * 2)
     offset = 0
     for index, (response, response_tensors) in enumerate(zip(packed, tensors)):
+        if isinstance(response, tuple):
+            continue
         error = error_of(response)
         if error is not None:
             packed[index] = ("error", *error)
@@ -167,20 +222,16 @@ def _failure(exc: BaseException) -> tuple[str, str, str]:
 
 
 def _execute(model: _Model, requests: list, rt: Runtime, output: Arena | None) -> tuple[tuple, Arena | None]:
+    """("done", arena, packed): packed holds one entry per request (see _pack_responses), or is None when
+    every request streams its responses (a decoupled model that rescheduled nothing); ("failed", ...)."""
     try:
         responses = model.call("execute", requests, background=model.decoupled)
+        entries = _returned(model, requests, responses)
     except Exception as exc:
         return _failure(exc), output
-    if model.decoupled:
-        if responses is not None:
-            return ("failed", "Python model is using the decoupled mode and the execute function must return "
-                              "None (send responses with request.get_response_sender())", ""), output
+    if entries is None:
         return ("done", None, None), output
-    if not isinstance(responses, list) or len(responses) != len(requests):
-        count = len(responses) if isinstance(responses, list) else type(responses).__name__
-        return ("failed", f"execute() returned {count} responses for {len(requests)} requests; "
-                          "it must return a list with one InferenceResponse per request", ""), output
-    packed, output = _pack_responses(responses, output)
+    packed, output = _pack_responses(entries, output)
     return ("done", output.info(), packed), output
 
 
@@ -207,7 +258,7 @@ def serve(rt: Runtime, commands: Reading, model_file: Path) -> None:
         if message[0] == "finalize":
             break
         _, arena_info, batch = message
-        requests = _requests(inputs.get(arena_info), batch, copy=model.decoupled)
+        requests = _requests(inputs.get(arena_info), batch, model.decoupled)
         reply, output = _execute(model, requests, rt, output)
         rt.send(reply)
         rt.flush_released()
@@ -241,6 +292,9 @@ def _gone(rt: Runtime) -> None:
 
 def main() -> None:
     fd, model_file, daemon_pid = int(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+    # The model sees no arguments, as in Triton's stub, whose Python is embedded: unittest.main() in a
+    # model.py (Triton's qa models run their tests so) must not take ours for test names.
+    del sys.argv[1:]
     _die_with(daemon_pid)
     conn = Connection(fd)
     rt = Runtime(conn, model_file.parent.parent.name)

@@ -20,10 +20,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import numpy as np
-
 from appliance.backends import Backend, BackendRequest
-from appliance.backends.base import BatchResult
+from appliance.backends.base import BatchResult, RequestResult
 from appliance.engine.stats import BatchTiming
 
 __all__ = ["INLINE_BUDGET_NS", "THREADED", "ExecutionMode", "choose_execution", "execute_batch",
@@ -119,7 +117,7 @@ async def measure_thread_hop(rounds: int = 200) -> int:
 
 def execute_batch(
     backend: Backend, requests: Sequence[BackendRequest]
-) -> tuple[list[dict[str, np.ndarray] | BaseException], BatchTiming]:
+) -> tuple[list[RequestResult], BatchTiming]:
     """Run requests as one batch: one result (or that request's error) per request, and what it cost."""
     # monotonic_ns, not perf_counter_ns: the start and end go into traces beside the front ends' times.
     start = time.monotonic_ns()

@@ -16,12 +16,13 @@ import statistics
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from appliance.backends import BackendRequest
-from appliance.backends.base import not_cancelled
+from appliance.backends.base import Reschedule, not_cancelled, reschedule_refused
 from appliance.engine.instances import InstancePool
 from appliance.engine.scheduler.execution import THREADED, ExecutionMode, execute_batch, start_batch
 from appliance.engine.scheduler.policy import SchedulerPolicy
@@ -357,8 +358,25 @@ class Scheduler:
                 pending.timing.add(waited, timing)
             if isinstance(result, BaseException):
                 self._complete(pending, None, result)
+            elif isinstance(result, Future):  # the model answers later (a Python response sender)
+                self._complete_later(pending, result)
+            elif isinstance(result, Reschedule):  # only the iterative sequence batcher runs it again
+                self._complete(pending, None, reschedule_refused(self.label))
             else:
                 self._complete(pending, result, None)
+
+    def _complete_later(self, pending: Pending, answer: Future) -> None:
+        assert self._loop is not None
+        loop = self._loop
+
+        def answered(done: Future) -> None:
+            error = done.exception()
+            try:
+                loop.call_soon_threadsafe(self._complete, pending, None if error else done.result(), error)
+            except RuntimeError:  # the loop has closed: the daemon stopped, nobody waits any more
+                pass
+
+        answer.add_done_callback(answered)
 
     # -- results -----------------------------------------------------------------------------
 

@@ -19,6 +19,16 @@ error a late request gets).
 
 A request once accepted runs even if its client goes away: skipping it would change the state every
 later request of its sequence sees.
+
+A decoupled model's requests send their responses to their sinks; a step ends when the backend's
+``run_requests`` returns (responses may follow), and the sequence's next request may then run.
+
+``iterative_sequence`` (Triton's iterative scheduling, e.g. a model that makes one token per step): a
+request without a sequence ID starts a sequence of its own (a fresh ID, START). After each step the model
+either releases the request with RESCHEDULE, and it is queued again on its sequence (neither START nor
+END, its state kept) to run in a later batch beside new and other rescheduled requests (continuous
+batching), or completes it, which ends the sequence and frees its slot for the backlog. A request whose
+client went away is not run again.
 """
 
 from __future__ import annotations
@@ -30,14 +40,15 @@ import logging
 import math
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from appliance.backends import BackendRequest
-from appliance.backends.base import ResponseSink
+from appliance.backends.base import RequestResult, Reschedule, ResponseSink, not_cancelled, reschedule_refused
 from appliance.engine.instances import InstancePool
-from appliance.engine.scheduler.correlation import END, START, sequence_ids
+from appliance.engine.scheduler.correlation import END, START, SequenceIds, sequence_ids
 from appliance.engine.scheduler.execution import ExecutionMode, execute_batch
 from appliance.engine.scheduler.scheduler import _mark_compute
 from appliance.engine.scheduler.sequence_policy import SequencePolicy
@@ -86,6 +97,7 @@ class SequenceScheduler:
         self._closing = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._initial_shapes = tuple((name, value.shape) for name, value in initial_states(policy).items())
+        self._fresh_ids = itertools.count(1)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -132,15 +144,15 @@ class SequenceScheduler:
                      parameters: Mapping[str, Any], trace: Trace | None = None,
                      timing: StepTiming | None = None, request_id: str = "", sink: ResponseSink | None = None,
                      cancelled: Callable[[], bool] | None = None) -> dict[str, np.ndarray]:
-        """Queue one validated request on its sequence and wait for its outputs. An accepted request runs
-        even if its client goes away (``cancelled`` is not consulted): later steps need its state."""
-        if sink is not None:
-            raise InvalidInput(f"model '{self._model}' is decoupled; sequence models answer each request once")
+        """Queue one validated request on its sequence and wait for its outputs (a decoupled model's: until
+        its step ran; its responses go to ``sink``). An accepted request runs even if its client goes away
+        (``cancelled`` is not consulted, except before an iterative request runs again): later steps
+        need its state."""
         loop = self._loop
         assert loop is not None, "SequenceScheduler.start() was not called"
         if self._closing:
             raise Unavailable(f"model {self.label} is unloading", retry_after=1)
-        ids = sequence_ids(parameters, self._model, self.policy.corrid)
+        ids = self._ids(parameters)
         if self.policy.batched and batch_size != 1:
             raise InvalidInput(
                 f"inference request to model '{self._model}' must specify batch-size 1 due to requirements of "
@@ -164,7 +176,8 @@ class SequenceScheduler:
             sequence.idle_timer = None
         key = tuple(sorted((name, array.shape) for name, array in inputs.items()))
         request = SequenceRequest(inputs, tuple(outputs), parameters, ids.flags, loop.create_future(), loop.time(),
-                                  key, next(self._order), trace, timing, request_id)
+                                  key, next(self._order), trace, timing, request_id, sink=sink,
+                                  cancelled=cancelled or not_cancelled)
         if trace is not None:
             trace.mark("QUEUE_START")
         sequence.queue.append(request)
@@ -175,6 +188,23 @@ class SequenceScheduler:
         if sequence.lane is not None:
             self._kick(self._table.lanes[sequence.lane])
         return await request.future
+
+    def _ids(self, parameters: Mapping[str, Any]) -> SequenceIds:
+        """The request's sequence; under iterative_sequence, one of its own when it names none."""
+        corrid = parameters.get("sequence_id", 0)
+        if self.policy.iterative and (corrid == "" or (type(corrid) is int and corrid == 0)):
+            return SequenceIds(self._fresh_id(), START)
+        return sequence_ids(parameters, self._model, self.policy.corrid)
+
+    def _fresh_id(self) -> int | str:
+        """The next ID no live sequence holds (Triton's iterative sequencer counts from 1), a string when
+        the model's CORRID control takes strings."""
+        as_text = self.policy.corrid is not None and self.policy.corrid.datatype == "BYTES"
+        while True:
+            number = next(self._fresh_ids)
+            corrid: int | str = str(number) if as_text else number
+            if corrid not in self._sequences:
+                return corrid
 
     def _open(self, corrid: int | str) -> Sequence:
         sequence = Sequence(corrid)
@@ -289,9 +319,12 @@ class SequenceScheduler:
             template = template or feed
             outputs = tuple(dict.fromkeys((*request.outputs, *state_outputs)))
             requests.append(BackendRequest(feed, outputs, request.parameters, 1, request_id=request.request_id,
-                                           correlation_id=sequence.corrid, flags=request.flags))
+                                           correlation_id=sequence.corrid, flags=request.flags, sink=request.sink,
+                                           cancelled=request.cancelled))
         assert template is not None
-        padding = BackendRequest(padding_inputs(template, policy), (), {}, 1) if None in requests else None
+        padding = None
+        if None in requests:
+            padding = BackendRequest(padding_inputs(template, policy), (), {}, 1, padding=True)
         return [r if r is not None else padding for r in requests]  # type: ignore[misc]
 
     def _finish(self, lane: Lane, rows: list[Row | None], queue_ns: list[int], future: asyncio.Future) -> None:
@@ -320,11 +353,25 @@ class SequenceScheduler:
             self._after_step(sequence, request)
         self._kick(lane)
 
-    def _settle(self, sequence: Sequence, request: SequenceRequest,
-                result: dict[str, np.ndarray] | BaseException) -> None:
-        """Keep the sequence's new state from the outputs; answer the client with what it asked for."""
+    def _settle(self, sequence: Sequence, request: SequenceRequest, result: RequestResult) -> None:
+        """Keep the sequence's new state from the outputs; answer the client with what it asked for (or run
+        the request again: iterative_sequence)."""
         if isinstance(result, BaseException):
             self._complete(request, None, result)
+            return
+        if isinstance(result, Reschedule):
+            if self.policy.iterative:
+                self._reschedule(sequence, request)
+            else:
+                self._complete(request, None, reschedule_refused(self._model))
+            return
+        if isinstance(result, Future):  # the model answers after its step (a Python response sender)
+            if self.policy.states:
+                self._complete(request, None, InferenceFailed(
+                    f"model '{self._model}' answered after its step returned, but its implicit state must come "
+                    "with the step's outputs; return the response from execute()"))
+                return
+            self._complete_later(request, result)
             return
         for spec in self.policy.states:
             value = result.get(spec.output)
@@ -337,8 +384,43 @@ class SequenceScheduler:
             sequence.state[spec.input] = np.array(value, copy=True)
         self._complete(request, {name: result[name] for name in request.outputs if name in result}, None)
 
+    def _reschedule(self, sequence: Sequence, request: SequenceRequest) -> None:
+        """Queue the request on its sequence again (Triton: flags cleared, queued anew), unless its client
+        went away."""
+        if request.future.done() or request.cancelled():
+            self._complete(request, None, Unavailable(
+                f"the request to model '{self._model}' was cancelled; it is not run again"))
+            return
+        assert self._loop is not None
+        request.flags = 0
+        request.arrival = self._loop.time()
+        request.again = True
+        if request.trace is not None:
+            request.trace.mark("QUEUE_START")
+        sequence.queue.append(request)
+        self._queued += 1
+
+    def _complete_later(self, request: SequenceRequest, answer: Future) -> None:
+        assert self._loop is not None
+        loop = self._loop
+
+        def answered(done: Future) -> None:
+            error = done.exception()
+            outputs = None if error else {n: v for n, v in done.result().items() if n in request.outputs}
+            try:
+                loop.call_soon_threadsafe(self._complete, request, outputs, error)
+            except RuntimeError:  # the loop has closed: the daemon stopped, nobody waits any more
+                pass
+
+        answer.add_done_callback(answered)
+
     def _after_step(self, sequence: Sequence, request: SequenceRequest) -> None:
-        if request.flags & END and not sequence.queue:
+        if request.again:
+            request.again = False  # queued to run again: the sequence goes on
+        elif self.policy.iterative and not sequence.queue and self._sequences.get(sequence.corrid) is sequence:
+            # Triton ends an iterative sequence once its request is released for good.
+            self._end(sequence, "already ended (its request completed)", reaped=False)
+        elif request.flags & END and not sequence.queue:
             self._end(sequence, "already ended (its last request carried END)", reaped=False)
         elif not sequence.queue and self._sequences.get(sequence.corrid) is sequence:
             assert self._loop is not None

@@ -86,6 +86,9 @@ class SequencePolicy:
     preserve_ordering: bool = False
     controls: tuple[Control, ...] = ()
     states: tuple[StateSpec, ...] = ()
+    iterative: bool = False
+    """``iterative_sequence``: a request without a sequence ID starts a sequence of its own; the model may
+    release it with RESCHEDULE to run it again in a later batch; the sequence ends when it completes."""
 
     @property
     def batched(self) -> bool:
@@ -168,8 +171,6 @@ def check_sequence_config(config: mc.ModelConfig, where: str) -> None:
         return
     batching = config.sequence_batching
     names = [_control(where, entry).name for entry in batching.control_input]
-    if batching.iterative_sequence:
-        raise ConfigError(f"{where}: iterative_sequence is not supported by this server; serve the model from Triton")
     for state in batching.state:
         _state_shape(where, state)
         if len(state.initial_state) > 1:
@@ -261,6 +262,7 @@ def sequence_policy(config: mc.ModelConfig, model_dir: Path | None) -> SequenceP
             preserve_ordering=oldest.preserve_ordering,
             controls=controls,
             states=tuple(states),
+            iterative=batching.iterative_sequence,
         )
     direct = batching.direct
     return SequencePolicy(
@@ -271,4 +273,5 @@ def sequence_policy(config: mc.ModelConfig, model_dir: Path | None) -> SequenceP
         minimum_slot_utilization=direct.minimum_slot_utilization,
         controls=controls,
         states=tuple(states),
+        iterative=batching.iterative_sequence,
     )

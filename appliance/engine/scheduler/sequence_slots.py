@@ -11,12 +11,15 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from appliance.backends.base import not_cancelled
+
 if TYPE_CHECKING:
+    from appliance.backends.base import ResponseSink
     from appliance.engine.stats import StepTiming
     from appliance.engine.trace import Trace
 
@@ -40,6 +43,11 @@ class SequenceRequest:
     timing: StepTiming | None = None
     request_id: str = ""
     completed: bool = False
+    sink: ResponseSink | None = None
+    """A decoupled model's request: where its responses go, whichever step sends them."""
+    cancelled: Callable[[], bool] = not_cancelled
+    again: bool = False
+    """The model released it with RESCHEDULE (an iterative sequence): it is queued to run again."""
 
 
 @dataclasses.dataclass(eq=False, slots=True)

@@ -83,8 +83,6 @@ async def _read_input(lease: Lease, shared: SharedMemoryInput, reserve: Callable
         _check_bounds(lease.region, ref, what)
         count = math.prod(shape)
         itemsize = element_size(datatype)
-        if datatype == "BF16":
-            raise InvalidInput(f"{what}: datatype BF16 is not supported by this server")
         if itemsize is not None and ref.byte_size != count * itemsize:
             raise InvalidInput(
                 f"{what}: shape {list(shape)} of {datatype} needs {count * itemsize} bytes, "

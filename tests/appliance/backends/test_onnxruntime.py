@@ -40,6 +40,14 @@ def test_non_utf8_bytes_are_invalid_input(example):
         backend.run({"INPUT0": a, "INPUT1": a}, ["OUTPUT0"])
 
 
+def test_text_that_is_not_a_number_for_a_graph_that_parses_numbers_is_invalid_input(example):
+    """Issue 22 (Low): non-numeric BYTES to simple_string (which casts its strings to INT32) was INTERNAL."""
+    backend = _load(example / "simple_string" / "1" / "model.onnx")
+    a = np.array([[b"abc"] * 16], dtype=object)
+    with pytest.raises(InvalidInput, match="could not read a BYTES input as a number"):
+        backend.run({"INPUT0": a, "INPUT1": a}, ["OUTPUT0"])
+
+
 def test_unloadable_file_is_a_config_error(tmp_path):
     path = tmp_path / "model.onnx"
     path.write_bytes(b"\x00garbage")

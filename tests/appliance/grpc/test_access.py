@@ -13,6 +13,7 @@ from appliance.errors import (
     ConfigError,
     Forbidden,
     InferenceFailed,
+    InsufficientStorage,
     InvalidInput,
     ModelNotFound,
     ModelNotReady,
@@ -105,6 +106,7 @@ async def test_request_bound_streams_and_stop():
     (Forbidden("x"), grpc.StatusCode.PERMISSION_DENIED),
     (PushRefused("x"), grpc.StatusCode.INTERNAL),
     (PushTooLarge("x"), grpc.StatusCode.INTERNAL),
+    (InsufficientStorage("x"), grpc.StatusCode.RESOURCE_EXHAUSTED),
 ])
 def test_status_codes_are_tritons(error, code):
     assert status_code(error) is code

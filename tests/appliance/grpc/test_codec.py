@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2 as pb
@@ -20,7 +21,7 @@ from appliance.grpc.codec import (
 
 NUMPY = {"BOOL": np.bool_, "INT8": np.int8, "INT16": np.int16, "INT32": np.int32, "INT64": np.int64,
          "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32, "UINT64": np.uint64,
-         "FP16": np.float16, "FP32": np.float32, "FP64": np.float64}
+         "FP16": np.float16, "FP32": np.float32, "FP64": np.float64, "BF16": ml_dtypes.bfloat16}
 
 
 def _request(*tensors: pb.ModelInferRequest.InferInputTensor, raw: list[bytes] | None = None) -> pb.ModelInferRequest:
@@ -86,7 +87,8 @@ def test_contents_and_raw_contents_do_not_mix():
     (lambda: _request(_tensor("x", "FP32", [-1]), raw=[b""]), "non-negative integers"),
     (lambda: _request(_tensor("x", "FP32", [2**31, 2**31]), raw=[b""]), "max_tensor_elements"),
     (lambda: _request(_tensor("x", "FLOAT", [1]), raw=[b"\0" * 4]), "unknown datatype 'FLOAT'"),
-    (lambda: _request(_tensor("x", "BF16", [1]), raw=[b"\0" * 2]), "BF16 is not supported"),
+    (lambda: _request(_tensor("x", "BF16", [2]), raw=[b"\0" * 2]), r"needs 4 bytes, raw_input_contents\[0\] size is 2"),
+    (lambda: _request(_tensor("x", "BF16", [1])), "has no data"),
     (lambda: _request(_tensor("", "FP32", [1]), raw=[b"\0" * 4]), "has no name"),
     (lambda: _request(_tensor("s", "BYTES", [2]), raw=[b"\1\0\0\0a\0\0\0"]), "ends after 1 of 2 elements"),
 ])
@@ -161,6 +163,19 @@ def test_responses_carry_raw_output_contents():
     np.testing.assert_array_equal(np.frombuffer(message.raw_output_contents[0], np.float32).reshape(2, 3), numbers)
     assert deserialize_bytes_tensor(message.raw_output_contents[1]).tolist() == [b"1:0.5", b"2:0.25"]
     assert message.parameters["sequence_end"].bool_param is True
+
+
+def test_bf16_travels_as_raw_contents_both_ways():
+    values = np.array([[1.5, -2.0, 3.25]], dtype=ml_dtypes.bfloat16)
+    decoded = decode_infer_request(_request(_tensor("x", "BF16", [1, 3]), raw=[values.tobytes()]))
+    assert decoded.inputs[0].datatype == "BF16" and decoded.inputs[0].data.dtype == ml_dtypes.bfloat16
+    assert decoded.inputs[0].data.tolist() == values.tolist()
+    message = encode_infer_response(InferResponse("m", 1, [InferOutput("y", "BF16", values)]))
+    assert message.outputs[0].datatype == "BF16" and message.raw_output_contents[0] == values.tobytes()
+    typed = _tensor("x", "BF16", [1])
+    typed.contents.fp32_contents.append(1.0)
+    with pytest.raises(InvalidInput, match="BF16 has no typed contents field; send it in raw_input_contents"):
+        decode_infer_request(_request(typed))
 
 
 def _shm(target, region: str, byte_size: int, offset: int = 0) -> None:

@@ -4,6 +4,7 @@ byte bound; memory only without a writable directory."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from appliance.protocol.trace_writer import TraceWriter
@@ -41,26 +42,51 @@ def test_log_frequency_starts_a_new_numbered_file_every_n_traces(tmp_path):
     assert [_ids(tmp_path / f"t.json.{i}") for i in range(3)] == [[1, 2], [3, 4], [5]]
 
 
-def test_the_oldest_files_are_removed_to_stay_under_the_byte_bound(tmp_path):
-    size = len(json.dumps(_trace(1, padding=1000))) + 2
-    writer = TraceWriter(tmp_path, max_bytes=3 * size)
-    for number in range(1, 8):
+def _on_disk(directory: Path) -> int:
+    return sum(p.stat().st_blocks * 512 for p in directory.iterdir())
+
+
+def test_the_oldest_files_are_removed_to_stay_under_the_bound_on_disk(tmp_path):
+    block = os.statvfs(tmp_path).f_bsize
+    writer = TraceWriter(tmp_path, max_bytes=3 * block)
+    for number in range(1, 8):  # each ~1 KiB, alone in its file: a whole block each on disk
         writer.add(_trace(number, padding=1000), log_frequency=1)
     writer.close()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["trace.json.4", "trace.json.5", "trace.json.6"]
-    assert sum(p.stat().st_size for p in tmp_path.iterdir()) <= 3 * size
+    assert _on_disk(tmp_path) <= 3 * block
     assert _ids(tmp_path / "trace.json.6") == [7]
 
 
+def test_many_small_files_count_the_blocks_they_take(tmp_path):
+    """Issue 22 (Low): trace_max_bytes counted the bytes written, 3000 one-trace files took ten times it."""
+    bound = 512 * 1024
+    writer = TraceWriter(tmp_path, max_bytes=bound)
+    for number in range(600):
+        writer.add(_trace(number), log_frequency=1)
+    writer.close()
+    assert _on_disk(tmp_path) <= bound
+    assert _ids(tmp_path / "trace.json.599") == [599]
+
+
+def test_the_number_of_files_is_bounded(tmp_path):
+    writer = TraceWriter(tmp_path, max_files=5)
+    for number in range(20):
+        writer.add(_trace(number), log_frequency=1)
+    writer.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"trace.json.{i}" for i in range(15, 20)]
+
+
 def test_a_single_file_at_the_bound_takes_no_more_traces(tmp_path):
+    block = os.statvfs(tmp_path).f_bsize
     size = len(json.dumps(_trace(1, padding=1000))) + 2
-    writer = TraceWriter(tmp_path, max_bytes=2 * size + 10)
-    for number in range(1, 5):
+    writer = TraceWriter(tmp_path, max_bytes=2 * block)
+    for number in range(1, 12):
         writer.add(_trace(number, padding=1000))
     writer.close()
-    assert _ids(tmp_path / "trace.json") == [1, 2]
-    assert writer.dropped == 2
-    assert (tmp_path / "trace.json").stat().st_size <= 2 * size + 10
+    fits = (2 * block) // size
+    assert _ids(tmp_path / "trace.json") == list(range(1, fits + 1))
+    assert writer.dropped == 11 - fits
+    assert _on_disk(tmp_path) <= 2 * block
 
 
 def test_files_of_an_earlier_run_are_replaced(tmp_path):
@@ -121,12 +147,12 @@ def test_a_counted_stream_writes_a_numbered_file_closed_when_its_count_runs_out(
 
 
 def test_a_file_removed_for_the_bound_is_started_again_by_its_stream(tmp_path):
-    size = len(json.dumps(_trace(1, padding=1000))) + 2
-    writer = TraceWriter(tmp_path, max_bytes=3 * size)
+    block = os.statvfs(tmp_path).f_bsize
+    writer = TraceWriter(tmp_path, max_bytes=3 * block)
     writer.add(_trace(1, padding=1000), stream="g")  # trace.json, the oldest
     for number in (2, 3, 4):
         writer.add(_trace(number, padding=1000), 1, stream=number)  # trace.json.0-2: push it out
     writer.add(_trace(5, padding=1000), stream="g")
     writer.close()
     assert _ids(tmp_path / "trace.json") == [5]  # a valid list again, not an append to a removed file
-    assert sum(p.stat().st_size for p in tmp_path.iterdir()) <= 3 * size
+    assert _on_disk(tmp_path) <= 3 * block

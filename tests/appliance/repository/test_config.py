@@ -163,17 +163,13 @@ def test_config_pbtxt_is_read_with_a_bound(tmp_path):
         read_config(tmp_path / "m")
 
 
-@pytest.mark.parametrize("text, words", [
-    ("sequence_batching { iterative_sequence: true }", "iterative_sequence is not supported"),
-])
-def test_configs_this_server_cannot_honour_fail_to_load(tmp_path, text, words):
+def test_iterative_sequence_configs_load(tmp_path):
+    text = "sequence_batching { iterative_sequence: true }"
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.pbtxt").write_text(text)
-    with pytest.raises(ConfigError, match=words):
-        read_config(tmp_path / "m")
-    with pytest.raises(ConfigError, match=words):
-        config_from_json(json.dumps(json_format.MessageToDict(
-            text_format.Parse(text, mc.ModelConfig()), preserving_proto_field_name=True)), "m")
+    assert read_config(tmp_path / "m").sequence_batching.iterative_sequence
+    document = json_format.MessageToDict(text_format.Parse(text, mc.ModelConfig()), preserving_proto_field_name=True)
+    assert config_from_json(json.dumps(document), "m").sequence_batching.iterative_sequence
 
 
 def test_decoupled_configs_load_for_backends_that_send_many_responses(tmp_path):
@@ -185,6 +181,10 @@ def test_decoupled_configs_load_for_backends_that_send_many_responses(tmp_path):
     with pytest.raises(ConfigError, match="the onnxruntime backend cannot serve decoupled models.*drop the policy"):
         check_decoupled(config, "onnxruntime", False)
     check_decoupled(mc.ModelConfig(name="m"), "onnxruntime", False)  # not decoupled: nothing to refuse
-    stateful = text_format.Parse("model_transaction_policy { decoupled: true } sequence_batching {}", mc.ModelConfig())
-    with pytest.raises(ConfigError, match="decoupled sequence models are not supported"):
+    sequence = text_format.Parse("model_transaction_policy { decoupled: true } sequence_batching {}", mc.ModelConfig())
+    check_decoupled(sequence, "python", True)  # a decoupled sequence model: each step streams its responses
+    stateful = text_format.Parse('model_transaction_policy { decoupled: true } sequence_batching { state [ { '
+                                 'input_name: "s" output_name: "t" data_type: TYPE_FP32 dims: [ 1 ] } ] }',
+                                 mc.ModelConfig())
+    with pytest.raises(ConfigError, match="implicit state .* a decoupled model sends its outputs as responses"):
         check_decoupled(stateful, "python", True)

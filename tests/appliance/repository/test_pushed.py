@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import errno
 
 import pytest
 
 from appliance.backends import RuntimeOptions
-from appliance.errors import ConfigError, InvalidInput, PayloadTooLarge
+from appliance.errors import ConfigError, InsufficientStorage, InvalidInput, PayloadTooLarge, PushRefused
 from appliance.protocol.dataplane import DataPlane, Rules
 from appliance.repository.config import config_from_json
 from appliance.repository.pushed import PushLimits, PushStore, file_parameters
@@ -210,3 +211,31 @@ async def test_unloading_a_push_over_a_repository_model_serves_the_repository_ag
         assert {r.name: r.origin for r in plane.repository_index()}["affine"] == "repository"
     finally:
         await registry.close(5)
+
+
+@pytest.mark.parametrize("name", ["origin.json", ".origin.json.tmp", ".hidden"])
+async def test_names_the_store_keeps_for_itself_are_refused(fleet_box, name):
+    """Issue 22 (Low): a push named origin.json answered 500 yet was READY, and the restart deleted it."""
+    make, root = fleet_box
+    plane = await make()
+    with pytest.raises(PushRefused, match="the pushed-model store's own"):
+        await plane.load_model(name, _push(3))
+    assert _files_on_disk(root) == [] and name not in {r.name for r in plane.repository_index()}
+
+
+async def test_a_push_onto_a_full_disk_is_507_and_leaves_nothing(fleet_box, monkeypatch):
+    """Issue 22 (Low): a push onto a full disk answered 500; it is the box's state, said as 507."""
+    make, root = fleet_box
+    plane = await make()
+    real = PushStore._write
+
+    def full(model_dir, relative, data):
+        if relative.endswith("model.onnx"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(model_dir, relative, data)
+
+    monkeypatch.setattr(PushStore, "_write", staticmethod(full))
+    with pytest.raises(InsufficientStorage, match="is full") as excinfo:
+        await plane.load_model("m", _push(3))
+    assert excinfo.value.status == 507 and "push again" in excinfo.value.message
+    assert _files_on_disk(root) == [] and "m" not in {r.name for r in plane.repository_index()}

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import math
 import struct
 
+import ml_dtypes
 import numpy as np
+import orjson
 import pytest
 
 from appliance.engine.types import (
@@ -55,7 +58,7 @@ def test_json_request_fields_are_kept():
 
 
 @pytest.mark.parametrize("datatype,dtype", [("FP16", np.float16), ("FP32", np.float32), ("UINT64", np.uint64),
-                                            ("BOOL", np.bool_), ("INT8", np.int8)])
+                                            ("BOOL", np.bool_), ("INT8", np.int8), ("BF16", ml_dtypes.bfloat16)])
 def test_binary_input_is_read_in_place(datatype, dtype):
     data = np.arange(6).astype(dtype).reshape(2, 3)
     header = {"inputs": [{"name": "x", "shape": [2, 3], "datatype": datatype,
@@ -129,7 +132,8 @@ def test_input_count_is_bounded_and_any_data_nesting_with_the_right_count_is_acc
     (b'{"outputs": []}', "must have an 'inputs' list"),
     (b'{"inputs": [5]}', "inputs[0] must be a JSON object"),
     (b'{"inputs": [{"shape": [1], "datatype": "FP32", "data": [1]}]}', "needs a 'name'"),
-    (b'{"inputs": [{"name": "x", "shape": [1], "datatype": "BF16", "data": [1]}]}', "not supported"),
+    (b'{"inputs": [{"name": "x", "shape": [1], "datatype": "BF16", "data": [1]}]}',
+     "^receiving BF16 data via JSON is not supported. Please use the binary data format for input x$"),
     (b'{"inputs": [{"name": "x", "shape": [1.5], "datatype": "FP32", "data": [1]}]}', "non-negative integers"),
     (b'{"inputs": [{"name": "x", "shape": [true], "datatype": "FP32", "data": [1]}]}', "non-negative integers"),
     (b'{"inputs": [{"name": "x", "shape": [2], "datatype": "UINT8", "data": [1, 300]}]}', "does not hold UINT8"),
@@ -188,6 +192,17 @@ def test_encode_binary_outputs_where_requested():
     raw = body[length:]
     np.testing.assert_array_equal(np.frombuffer(raw[:8], np.float32), [1.5, 2.5])
     assert list(decode_bytes_tensor(raw[8:], 2, "s")) == [b"ab", b"c"]
+
+
+def test_bf16_outputs_go_binary_and_json_refuses_them_with_tritons_words():
+    values = np.array([[1.5, -2.0]], dtype=ml_dtypes.bfloat16)
+    response = InferResponse("m", 1, [InferOutput("b", "BF16", values)])
+    body, length = encode_infer_response(response, InferRequest(inputs=[], parameters={"binary_data_output": True}))
+    header = json.loads(body[:length])
+    assert header["outputs"][0]["datatype"] == "BF16" and body[length:] == values.tobytes()
+    with pytest.raises(InvalidInput, match="^sending BF16 data via JSON is not supported. Please use the binary data "
+                                           "format for output"):
+        encode_infer_response(response)
 
 
 def test_binary_data_output_makes_every_output_binary():
@@ -278,3 +293,26 @@ def test_outputs_written_to_shared_memory_carry_their_place_and_no_data():
                                           "shared_memory_offset": 64}
     assert "data" not in outputs["s"] and outputs["h"]["parameters"] == {"binary_data_size": 2}
     assert len(body) == length + 2  # only the binary output's bytes follow the header
+
+
+@pytest.mark.parametrize("datatype, value", [("FP32", 1e39), ("FP32", -3.5e38), ("FP16", 70000.0)])
+def test_a_float_beyond_its_type_is_refused_not_made_infinite(datatype, value):
+    """Issue 22 (Low): FP32 1e39 in JSON became inf (docs promised 400)."""
+    body = {"inputs": [{"name": "x", "shape": [1], "datatype": datatype, "data": [value]}]}
+    with pytest.raises(InvalidInput, match=f"beyond {datatype}'s range"):
+        decode_infer_request(orjson.dumps(body))
+    body["inputs"][0]["data"] = [3.4e38 if datatype == "FP32" else 65504.0]  # the largest finite value fits
+    assert np.isfinite(decode_infer_request(orjson.dumps(body)).inputs[0].data).all()
+
+
+def test_non_finite_outputs_are_written_as_triton_writes_them():
+    """Infinity, -Infinity and NaN as Triton's JSON has them (Python's json and tritonclient read them);
+    binary outputs carry them exactly."""
+    values = np.array([[1.5, np.inf, -np.inf, np.nan]], np.float32)
+    response = InferResponse("m", 1, [InferOutput("y", "FP32", values)])
+    body, json_length = encode_infer_response(response)
+    assert json_length is None and b'"data":[1.5,Infinity,-Infinity,NaN]' in body
+    decoded = json.loads(body)["outputs"][0]["data"]
+    assert decoded[:3] == [1.5, float("inf"), float("-inf")] and math.isnan(decoded[3])
+    finite = InferResponse("m", 1, [InferOutput("y", "FP32", np.array([[0.1, 2.0]], np.float32))])
+    assert b'"data":[0.1,2.0]' in encode_infer_response(finite)[0]

@@ -117,6 +117,7 @@ def test_override_configs_are_checked_like_config_pbtxt(daemon, config, words):
     ({"Content-Type": "application/x-www-form-urlencoded"}, 415),
     ({"Content-Type": "multipart/form-data; boundary=x"}, 415),
     ({"Content-Type": "application/json; charset=utf-8"}, 200),
+    ({"Content-Type": "application/octet-stream"}, 200),  # tritonclient.http.aio's: needs a preflight
     ({}, 200),  # tritonclient sends no Content-Type
     ({"Origin": "http://evil.example"}, 403),
     ({"Origin": "null"}, 403),
@@ -217,3 +218,22 @@ def test_daemon_stays_healthy_under_the_control_attacks(daemon, outside):
                         headers={"Content-Type": "text/plain"})[0] == 415
     assert daemon.process.poll() is None
     assert call(daemon.port, "POST", "/v2/models/simple/infer", INFER)[0] == 200
+
+
+async def test_tritonclient_http_aio_control_calls_work(daemon):
+    """Issue 22 item 7: tritonclient.http.aio sends Content-Type: application/octet-stream on load,
+    unload, shared-memory unregister and trace updates (a type a page cannot send without a preflight);
+    the browser rule refused it with 415."""
+    import tritonclient.http.aio as aio
+
+    client = aio.InferenceServerClient(daemon.url)
+    try:
+        await client.unload_model("simple")
+        await client.load_model("simple")
+        await client.unregister_system_shared_memory()
+        settings = await client.update_trace_settings(settings={"trace_rate": "5"})
+        assert settings["trace_rate"] == "5"
+        await client.update_trace_settings(settings={"trace_rate": None})
+        assert await client.is_model_ready("simple")
+    finally:
+        await client.close()

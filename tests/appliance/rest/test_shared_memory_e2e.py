@@ -255,6 +255,30 @@ def test_registration_takes_the_control_rules(daemon):
     assert status == 415
 
 
+@pytest.mark.parametrize("headers", [
+    {"Content-Type": "text/plain", "Origin": "http://evil.example", "Sec-Fetch-Site": "cross-site"},
+    {"Content-Type": "text/plain"},
+    {"Origin": "http://evil.example"},
+    {"Sec-Fetch-Site": "cross-site"},
+])
+def test_a_cross_site_page_cannot_write_into_another_clients_region(daemon, triton_client, regions, headers):
+    """Issue 22 item 5: an inference request that names a region gets the control endpoints' browser
+    rules (a page could make a browser on the box write model outputs into a victim's region)."""
+    key, handle = regions(2 * SIZE)
+    _fill(handle)
+    triton_client.register_system_shared_memory("victim_out", key, 2 * SIZE)
+    body = {"inputs": [{"name": n, "shape": [1, 16], "datatype": "INT32", "data": [1] * 16} for n in ("INPUT0",
+                                                                                                    "INPUT1")],
+            "outputs": [{"name": "OUTPUT0", "parameters": {"shared_memory_region": "victim_out",
+                                                           "shared_memory_byte_size": SIZE}}]}
+    status, _, payload = call(daemon.port, "POST", "/v2/models/simple/infer", body, headers=headers)
+    assert status in (403, 415) and "shared memory" in payload["error"], payload
+    assert shm.get_contents_as_numpy(handle, np.int32, [1, 16]).tolist() == X.tolist()  # untouched
+    plain = {"inputs": body["inputs"]}  # no region named: inference stays open to pages, as Triton's
+    assert call(daemon.port, "POST", "/v2/models/simple/infer", plain, headers=headers)[0] == 200
+    assert call(daemon.port, "POST", "/v2/models/simple/infer", body)[0] == 200  # a program, not a page
+
+
 @pytest.fixture(scope="module")
 def narrow_daemon(module_daemon, repository):
     """A daemon for which only 127.0.0.1 is this host (no shm_local_networks: the client must connect from

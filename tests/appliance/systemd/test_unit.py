@@ -54,7 +54,7 @@ def test_install_service_writes_this_venvs_executable(tmp_path):
 
 def test_descriptor_limit_leaves_room_for_max_connections():
     limit = int(re.search(r"^LimitNOFILE=(\d+)$", render_unit(), re.MULTILINE).group(1))
-    assert limit >= Settings(state_dir=Path("/tmp")).max_connections + 1024
+    assert limit >= Settings.build(state_dir=Path("/tmp")).http.max_connections + 1024
 
 
 def test_install_service_passes_the_grpc_choice(tmp_path):

@@ -13,6 +13,8 @@ import queue
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from appliance.backends.python.pb import runtime
 from appliance.backends.python.pb.errors import TritonError, TritonModelException
 from appliance.backends.python.pb.transfer import read_tensors, tensors_of, write_tensors
@@ -135,10 +137,28 @@ def is_model_ready(model_name: str, model_version: str = "") -> bool:
 
 
 def load_model(model_name: str, config: str = "", files: dict | None = None) -> None:
-    if files:
-        raise TritonModelException("load_model(files=...) is not supported by this server; put the files in "
-                                   "the model repository")
-    runtime.current().ask("load", model_name, config)
+    """Load (or reload) a model (explicit model control mode), with ``config`` (JSON) overriding its
+    config.pbtxt and, with ``files`` (``{"file:1/model.onnx": b"..."}``, which need ``config``), from those
+    files: the server keeps them as it keeps a push over the load API (confined names, bounded sizes)."""
+    rt = runtime.current()
+    if not files:
+        rt.ask("load", model_name, config)
+        return
+    if not isinstance(files, dict):
+        raise TritonModelException(f"files must be a dict of 'file:<path>' names to bytes, not {type(files).__name__}")
+    pairs = []
+    for key, data in files.items():
+        if not isinstance(key, str) or not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TritonModelException(
+                f"files must map 'file:<path>' names (str) to their contents (bytes); got {type(key).__name__} -> "
+                f"{type(data).__name__}")
+        pairs.append((key, np.frombuffer(data, dtype=np.uint8)))
+    ref, descriptors = write_tensors(pairs)
+    try:
+        rt.ask("load", model_name, config, ref, descriptors)
+    finally:
+        if ref is not None:  # the daemon has copied the files out by its answer
+            rt.blocks.free(ref[0])
 
 
 def unload_model(model_name: str, unload_dependents: bool = False) -> None:

@@ -83,12 +83,16 @@ class InferenceResponse:
 
 
 class ResponseSender:
-    """Sends the responses of one request to a decoupled model: any number, from any thread, during or
-    after execute(); the last one carries TRITONSERVER_RESPONSE_COMPLETE_FINAL."""
+    """Sends the responses of one request: for a decoupled model any number, from any thread, during or
+    after execute(), the last one carrying TRITONSERVER_RESPONSE_COMPLETE_FINAL; for a model that is not
+    decoupled exactly one response (with the final flag, or followed by it), execute() returning None
+    (or None in that request's place), as Triton allows."""
 
-    def __init__(self, key: int) -> None:
+    def __init__(self, key: int, decoupled: bool = True) -> None:
         self._key = key
+        self._decoupled = decoupled
         self._closed = False
+        self._sent = 0
         self._lock = threading.Lock()
 
     def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
@@ -102,10 +106,29 @@ class ResponseSender:
             raise TritonModelException(f"send() takes a pb_utils.InferenceResponse, not {type(response).__name__}")
         final = flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL
         with self._lock:
-            if self._closed:
-                raise TritonModelException("Unable to send response. Response sender has been closed.")
-            self._closed = final
+            self._count(response is not None, final)
             send_response(self._key, response, final)
+
+    def _count(self, with_response: bool, final: bool) -> None:
+        """Triton's rules (its words), under the lock."""
+        if not self._decoupled:
+            if with_response and self._sent > 0:
+                raise TritonModelException(
+                    "Unable to send response. Non-decoupled model cannot send more than one response.")
+            if not with_response and final and self._sent == 0:
+                raise TritonModelException(
+                    "Unable to send response. Non-decoupled model cannot send complete final before sending a "
+                    "response.")
+        if self._closed:
+            raise TritonModelException("Unable to send response. Response sender has been closed.")
+        self._closed = final
+        self._sent += 1
+
+    def returned(self) -> None:
+        """execute() returned a response for this request (a model that is not decoupled): it counts as
+        sent with the final flag, as in Triton."""
+        with self._lock:
+            self._count(True, True)
 
     def is_cancelled(self) -> bool:
         return bool(runtime.current().ask("cancelled", self._key))
@@ -132,15 +155,19 @@ class InferenceRequest:
         self.model_name = _text(model_name, "model_name")
         self.model_version = int(model_version)
         self._key: int | None = None  # set on the requests the server hands to execute()
+        self._decoupled = True
         self._sender: ResponseSender | None = None
+        self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
 
     @classmethod
-    def served(cls, key: int, inputs: list[Tensor], item: dict) -> InferenceRequest:
-        """A request of the batch the daemon sent to execute()."""
+    def served(cls, key: int, inputs: list[Tensor], item: dict, decoupled: bool = True) -> InferenceRequest:
+        """A request of the batch the daemon sent to execute() (``decoupled``: the model's transaction
+        policy, which sets its response sender's rules)."""
         request = cls(item.get("id", ""), item.get("correlation_id", 0), inputs=inputs,
                       requested_output_names=item["outputs"], flags=item.get("flags", 0),
                       timeout=item.get("timeout", 0), parameters=item.get("parameters") or "{}")
         request._key = key
+        request._decoupled = decoupled
         return request
 
     def inputs(self) -> list[Tensor]:
@@ -176,8 +203,18 @@ class InferenceRequest:
         if self._key is None:
             raise TritonModelException("only a request the server passed to execute() has a response sender")
         if self._sender is None:
-            self._sender = ResponseSender(self._key)
+            if not self._decoupled:
+                # Its inputs are views of the input arena, which the next batch overwrites: a model that
+                # answers after execute() returned must still read this request's own inputs.
+                for tensor in self._inputs:
+                    tensor.detach()
+            self._sender = ResponseSender(self._key, self._decoupled)
         return self._sender
+
+    @property
+    def answered(self) -> bool:
+        """Its response sender has sent a response (or the final flag)."""
+        return self._sender is not None and self._sender._sent > 0
 
     def is_cancelled(self) -> bool:
         if self._key is None:
@@ -185,10 +222,17 @@ class InferenceRequest:
         return bool(runtime.current().ask("cancelled", self._key))
 
     def set_release_flags(self, flags: int) -> None:
-        if flags != TRITONSERVER_REQUEST_RELEASE_ALL:
+        """TRITONSERVER_REQUEST_RELEASE_RESCHEDULE: run this request again in a later batch, once execute()
+        returns (a model with ``sequence_batching { iterative_sequence: true }``); RELEASE_ALL (the default):
+        the request is done when its response is."""
+        if flags not in (TRITONSERVER_REQUEST_RELEASE_ALL, TRITONSERVER_REQUEST_RELEASE_RESCHEDULE):
             raise TritonModelException(
-                "rescheduling requests (TRITONSERVER_REQUEST_RELEASE_RESCHEDULE) is not supported by this server"
-            )
+                f"release flags must be TRITONSERVER_REQUEST_RELEASE_ALL ({TRITONSERVER_REQUEST_RELEASE_ALL}) or "
+                f"TRITONSERVER_REQUEST_RELEASE_RESCHEDULE ({TRITONSERVER_REQUEST_RELEASE_RESCHEDULE}), got {flags!r}")
+        self._release_flags = int(flags)
+
+    def release_flags(self) -> int:
+        return self._release_flags
 
     # -- BLS -----------------------------------------------------------------------------------
 

@@ -1,7 +1,8 @@
 """``pb_utils.Tensor``: a named numpy array, exchanged with other frameworks through DLPack.
 
-BF16 has no numpy type: a BF16 tensor keeps its raw 16-bit words (``as_numpy`` refuses it, as in
-Triton) and travels to and from torch through DLPack.
+BF16 has no numpy type of its own: a BF16 tensor holds an ``ml_dtypes.bfloat16`` array (the server's
+BF16 arrays, see appliance.tensors), travels to and from torch through DLPack, and goes to clients and
+other models like any tensor; ``as_numpy`` refuses it with Triton's words, as Triton's does.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import numpy as np
 
 from appliance.backends.python.pb.errors import TritonModelException
 from appliance.backends.python.pb.types import BF16_CODE, numpy_to_triton_type
+from appliance.tensors import BF16
 
 __all__ = ["Tensor"]
 
@@ -45,7 +47,14 @@ def _from_capsule_bf16(capsule: Any) -> np.ndarray | None:
         tensor = torch.utils.dlpack.from_dlpack(capsule)
     except Exception:  # noqa: BLE001 - not a capsule torch can read either
         return None
-    return tensor.contiguous().view(torch.int16).numpy().view(np.uint16) if tensor.dtype == torch.bfloat16 else None
+    return _torch_bf16_array(tensor) if tensor.dtype == torch.bfloat16 else None
+
+
+def _torch_bf16_array(tensor: Any) -> np.ndarray:
+    """A torch.bfloat16 tensor's memory as a BF16 array (no copy when it is contiguous)."""
+    import torch
+
+    return tensor.contiguous().view(torch.int16).numpy().view(BF16)
 
 
 class Tensor:
@@ -56,9 +65,13 @@ class Tensor:
         if array.dtype.kind in "SU":
             array = np.array([v.encode() if isinstance(v, str) else bytes(v) for v in array.ravel()],
                              dtype=object).reshape(array.shape)
+        if bf16 and array.dtype != BF16:  # BF16's 16-bit words, as uint16 or int16
+            if array.dtype.itemsize != 2 or array.dtype.kind not in "iu":
+                raise TritonModelException(f"tensor '{name}': bf16=True takes 16-bit words (uint16), not {array.dtype}")
+            array = array.view(BF16)
         self._name = name
         self._array = array
-        self._bf16 = bf16
+        self._bf16 = array.dtype == BF16
 
     def name(self) -> str:
         return self._name
@@ -66,8 +79,8 @@ class Tensor:
     def as_numpy(self) -> np.ndarray:
         if self._bf16:
             raise TritonModelException(
-                f"tensor '{self._name}' is BF16, which numpy has no type for; use Tensor.to_dlpack() and "
-                "torch.utils.dlpack.from_dlpack() to read it"
+                "Tensor dtype is BF16 and cannot be converted to NumPy. Use to_dlpack() and from_dlpack() instead. "
+                f"(tensor '{self._name}')"
             )
         return self._array
 
@@ -84,8 +97,13 @@ class Tensor:
     def is_bf16(self) -> bool:
         return self._bf16
 
+    def detach(self) -> None:
+        """Own its data (a copy) instead of viewing memory the server will reuse."""
+        if self._array.base is not None:
+            self._array = self._array.copy()
+
     def raw(self) -> np.ndarray:
-        """The array as stored (BF16 as uint16 words)."""
+        """The array as stored (BF16 as ``ml_dtypes.bfloat16``)."""
         return self._array
 
     # -- DLPack --------------------------------------------------------------------------------
@@ -98,7 +116,8 @@ class Tensor:
         if self._bf16:
             import torch  # only a BF16 tensor needs it: numpy cannot describe bfloat16
 
-            return torch.utils.dlpack.to_dlpack(torch.from_numpy(self._array.view(np.int16)).view(torch.bfloat16))
+            words = np.ascontiguousarray(self._array).view(np.int16)
+            return torch.utils.dlpack.to_dlpack(torch.from_numpy(words).view(torch.bfloat16))
         if self._array.dtype == object:
             raise TritonModelException(f"tensor '{self._name}' holds BYTES, which DLPack cannot describe")
         return np.ascontiguousarray(self._array).__dlpack__()
@@ -110,9 +129,7 @@ class Tensor:
     def from_dlpack(name: str, capsule: Any) -> Tensor:
         """A tensor sharing the memory of a DLPack capsule or of any object with ``__dlpack__``."""
         if _is_torch_bf16(capsule):
-            import torch
-
-            return Tensor(name, capsule.contiguous().view(torch.int16).numpy().view(np.uint16), bf16=True)
+            return Tensor(name, _torch_bf16_array(capsule))
         source = capsule if hasattr(capsule, "__dlpack__") else _Capsule(capsule)
         if hasattr(capsule, "__dlpack_device__") and capsule.__dlpack_device__()[0] != _DLPACK_CPU[0]:
             raise TritonModelException(
@@ -125,5 +142,5 @@ class Tensor:
             if not hasattr(capsule, "__dlpack__"):
                 words = _from_capsule_bf16(capsule)
                 if words is not None:
-                    return Tensor(name, words, bf16=True)
+                    return Tensor(name, words)
             raise TritonModelException(f"cannot make tensor '{name}' from DLPack: {exc}") from exc

@@ -10,7 +10,7 @@ import numpy as np
 
 from appliance.backends.python.arena import BlockRef, Descriptor
 from appliance.backends.python.pb import runtime
-from appliance.backends.python.pb.errors import TritonError, TritonModelException
+from appliance.backends.python.pb.errors import TritonError
 from appliance.backends.python.pb.tensor import Tensor
 
 if TYPE_CHECKING:
@@ -20,15 +20,8 @@ __all__ = ["error_of", "read_tensors", "send_response", "tensors_of", "write_ten
 
 
 def tensors_of(tensors: list[Tensor], what: str) -> list[tuple[str, np.ndarray]]:
-    pairs = []
-    for tensor in tensors:
-        if tensor.is_bf16:
-            raise TritonModelException(
-                f"{what} '{tensor.name()}' is BF16: BF16 tensors can be used inside a model process (DLPack, "
-                "torch) but this server cannot send them to another model or a client yet"
-            )
-        pairs.append((tensor.name(), tensor.raw()))
-    return pairs
+    """(name, array) of each tensor (BF16 as ``ml_dtypes.bfloat16``), as the arenas carry them."""
+    return [(tensor.name(), tensor.raw()) for tensor in tensors]
 
 
 def write_tensors(pairs: list[tuple[str, np.ndarray]]) -> tuple[BlockRef | None, list[Descriptor]]:

@@ -101,3 +101,35 @@ def test_a_model_with_no_inputs_loads_as_under_triton(tmp_path):
         assert backend.inputs() == []
         (result,) = backend.run_requests([BackendRequest({}, ["y"])]).results
         assert result["y"].tolist() == [0]
+
+
+UNITTEST = """
+import sys
+import unittest
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class Checks(unittest.TestCase):
+    def test_one(self):
+        self.assertEqual(1, 1)
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        result = unittest.main("model", exit=False, argv=None)  # Triton's qa models run their tests so
+        ran = result.result.testsRun if result.result.wasSuccessful() else -1
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("y", np.array([ran, len(sys.argv)], np.float32)),
+                                            pb_utils.Tensor("name", np.array([b""], dtype=object))])
+                for _ in requests]
+"""
+
+
+def test_a_model_sees_no_command_line_arguments(tmp_path):
+    # As under Triton's stub (an embedded interpreter): unittest.main() in a model must not take the model
+    # process's own arguments for test names.
+    model = write_model(tmp_path, "unittests", UNITTEST, CONFIG)
+    with loaded(model, CONFIG) as backend:
+        (result,) = backend.run_requests([BackendRequest({"x": np.zeros(2, np.float32)}, ["y"])]).results
+    assert result["y"].tolist() == [1, 1]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -53,11 +54,27 @@ def test_bf16_tensors_stay_bf16_through_dlpack():
     source = torch.tensor([1.5, -2.0, 3.25], dtype=torch.bfloat16)
     tensor = pb_utils.Tensor.from_dlpack("b", source)
     assert tensor.triton_dtype() == 14
-    with pytest.raises(pb_utils.TritonModelException, match="BF16"):
+    with pytest.raises(pb_utils.TritonModelException, match="^Tensor dtype is BF16 and cannot be converted to NumPy"):
         tensor.as_numpy()
     assert torch.utils.dlpack.from_dlpack(tensor.to_dlpack()).tolist() == [1.5, -2.0, 3.25]
     from_capsule = pb_utils.Tensor.from_dlpack("c", torch.utils.dlpack.to_dlpack(source))
     assert from_capsule.triton_dtype() == 14
+    # What goes to the server is the server's BF16 array (ml_dtypes.bfloat16), the same memory as torch's.
+    raw = tensor.raw()
+    assert raw.dtype == ml_dtypes.bfloat16 and raw.tolist() == [1.5, -2.0, 3.25]
+    source[0] = 4.0
+    assert tensor.raw()[0] == 4.0
+
+
+def test_bf16_tensors_from_the_server_and_from_words():
+    torch = pytest.importorskip("torch")
+    arrived = pb_utils.Tensor("x", np.array([[0.5, 8.0]], dtype=ml_dtypes.bfloat16))  # as an arena hands it over
+    assert arrived.triton_dtype() == 14 and arrived.shape() == [1, 2]
+    assert torch.from_dlpack(arrived).tolist() == [[0.5, 8.0]]
+    words = np.array([0x3FC0, 0xC000], np.uint16)  # 1.5, -2.0
+    assert pb_utils.Tensor("w", words, bf16=True).raw().tolist() == [1.5, -2.0]
+    with pytest.raises(pb_utils.TritonModelException, match="16-bit words"):
+        pb_utils.Tensor("f", np.ones(2, np.float32), bf16=True)
 
 
 def test_strings_become_bytes_tensors():

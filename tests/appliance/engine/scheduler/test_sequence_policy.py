@@ -42,7 +42,6 @@ def _write(tmp_path, text: str):
     ('state [ { input_name: "s" data_type: TYPE_FP32 dims: [ 2 ] } ]', "needs input_name and output_name"),
     ('direct { minimum_slot_utilization: 2.0 }', "minimum_slot_utilization must lie in 0.0..1.0"),
     ('oldest { preferred_batch_size: [ 16 ] }', "must lie in 1..max_batch_size"),
-    ("iterative_sequence: true", "iterative_sequence is not supported"),
 ])
 def test_unservable_sections_fail_to_load_with_the_fix(tmp_path, section, words):
     model = _write(tmp_path, f"max_batch_size: 8\nsequence_batching {{ {section} }}\n{INPUT}")
@@ -62,6 +61,9 @@ def test_policy_defaults_follow_triton():
     oldest = _policy(accumulator_config("oldest { max_queue_delay_microseconds: 500 preferred_batch_size: [4, 2] }"))
     assert oldest.strategy == "oldest" and oldest.max_candidate_sequences == 8
     assert oldest.preferred_batch_sizes == (2, 4) and oldest.max_queue_delay == 0.0005
+    assert not direct.iterative and not oldest.iterative
+    assert _policy(accumulator_config("iterative_sequence: true")).iterative
+    assert _policy(accumulator_config("iterative_sequence: true oldest { }")).iterative
 
 
 def test_initial_state_from_a_file_inside_the_model(tmp_path):

@@ -7,6 +7,7 @@ import asyncio
 import os
 import threading
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -71,6 +72,19 @@ async def test_inputs_are_read_and_outputs_written(shm, shm_object):
     np.testing.assert_array_equal(np.frombuffer(out.buf, np.float32, 12, 8).reshape(3, 4), x * 2)
     assert response.outputs[0].shared_memory == SharedMemoryRef("out", 48, 8)
     assert response.outputs[1].shared_memory is None  # not asked for in shared memory: stays in the response
+
+
+async def test_bf16_tensors_go_both_ways(shm, shm_object):
+    x = np.array([[1.5, -2.0, 3.25]], dtype=ml_dtypes.bfloat16)
+    _region(shm, shm_object, "in", x.tobytes())
+    out_key, out = shm_object(64)
+    shm.system.register("out", out_key, 0, 64, local=True)
+    request = InferRequest([], [RequestedOutput("y", shared_memory=SharedMemoryRef("out", 64))],
+                           shared_inputs=[_input("x", "BF16", (1, 3), "in", 6)])
+    with await shm.bind(request, local=True, reserve=Reservations()) as binding:
+        assert request.inputs[0].data.dtype == ml_dtypes.bfloat16 and request.inputs[0].data.tolist() == x.tolist()
+        await binding.write(InferResponse("m", 1, [InferOutput("y", "BF16", x * 2)]))
+    assert np.frombuffer(out.buf, ml_dtypes.bfloat16, 3).tolist() == [3.0, -4.0, 6.5]
 
 
 @pytest.mark.parametrize(("shape", "byte_size", "message"), [

@@ -1,0 +1,136 @@
+"""Where each setting's value comes from: defaults, the TOML file (flat keys, or a section's table),
+``APPLIANCE_<KEY>`` environment variables and flags; each value converted to its field's declared type."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import platformdirs
+
+from appliance.errors import ConfigError
+from appliance.settings import sections
+
+__all__ = ["ENV_PREFIX", "SECTIONS", "default_state_dir", "flat_fields", "load_values", "setting_types"]
+
+ENV_PREFIX = "APPLIANCE_"
+
+SECTIONS: dict[str, type] = {
+    "server": sections.ServerSection,
+    "http": sections.HttpSection,
+    "grpc": sections.GrpcSection,
+    "limits": sections.LimitsSection,
+    "auth": sections.AuthSection,
+    "shm": sections.ShmSection,
+    "models": sections.ModelsSection,
+    "selection": sections.SelectionSection,
+    "metrics": sections.MetricsSection,
+    "trace": sections.TraceSection,
+    "fleet": sections.FleetSection,
+}
+"""Each section's name (its TOML table, its attribute of ``Settings``) and class, in documentation order."""
+
+# What systemd hands a service through its environment, under its own names.
+_SYSTEMD = {"notify_socket": "NOTIFY_SOCKET", "watchdog_usec": "WATCHDOG_USEC"}
+
+
+def default_state_dir(env: Mapping[str, str]) -> Path:
+    # systemd's StateDirectory= exports STATE_DIRECTORY; elsewhere use the user's data dir.
+    if env.get("STATE_DIRECTORY"):
+        return Path(env["STATE_DIRECTORY"].split(":")[0])
+    return Path(platformdirs.user_data_dir("appliance"))
+
+
+@functools.cache
+def flat_fields() -> dict[str, tuple[str, str]]:
+    """Every setting's flat key -> (its section, its field's name there)."""
+    found: dict[str, tuple[str, str]] = {}
+    for section, cls in SECTIONS.items():
+        for field in dataclasses.fields(cls):
+            flat = field.metadata.get("key", field.name)
+            assert flat not in found, f"two settings have the key {flat!r}"
+            found[flat] = (section, field.name)
+    return found
+
+
+@functools.cache
+def setting_types() -> dict[str, Any]:
+    """Every setting's flat key -> its declared type."""
+    hints = {section: typing.get_type_hints(cls) for section, cls in SECTIONS.items()}
+    return {flat: hints[section][name] for flat, (section, name) in flat_fields().items()}
+
+
+def _convert(name: str, hint: Any, value: Any) -> Any:
+    """Convert a TOML, environment or flag value to the field's declared type."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None or value == "":
+            return None
+        (inner,) = [a for a in typing.get_args(hint) if a is not type(None)]
+        return _convert(name, inner, value)
+    try:
+        if hint is bool:
+            if isinstance(value, bool):
+                return value
+            text = str(value).strip().lower()
+            if text in ("1", "true", "yes", "on"):
+                return True
+            if text in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(f"expected true/false, got {value!r}")
+        if origin is tuple:
+            items = value.split(",") if isinstance(value, str) else list(value)
+            return tuple(str(i).strip() for i in items if str(i).strip())
+        if hint is Path:
+            return Path(value).expanduser()
+        return hint(value)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"setting {name!r}: cannot use {value!r} ({exc})") from exc
+
+
+def _read_file(config_file: Path) -> dict[str, Any]:
+    """The file's settings as flat keys: top-level keys, and ``[section]`` tables of field names."""
+    try:
+        document = tomllib.loads(Path(config_file).read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"cannot read settings file {config_file}: {exc}") from exc
+    fields = flat_fields()
+    values: dict[str, Any] = {}
+    for name, value in document.items():
+        if name in SECTIONS and isinstance(value, dict):
+            by_field = {field: flat for flat, (section, field) in fields.items() if section == name}
+            unknown = sorted(set(value) - set(by_field))
+            if unknown:
+                raise ConfigError(f"unknown setting(s) {unknown} in the [{name}] table of {config_file}; its "
+                                  f"settings are: {', '.join(sorted(by_field))}")
+            values.update({by_field[field]: item for field, item in value.items()})
+        elif name in fields:
+            values[name] = value
+        else:
+            raise ConfigError(f"unknown setting(s) {[name]} in {config_file}; known settings: "
+                              f"{', '.join(sorted(fields))} (or tables [{'], ['.join(SECTIONS)}])")
+    return values
+
+
+def load_values(flags: Mapping[str, Any], env: Mapping[str, str], config_file: Path | None) -> dict[str, Any]:
+    """Every setting given anywhere, as flat keys, converted to its type (lowest precedence first)."""
+    fields = flat_fields()
+    values: dict[str, Any] = {"state_dir": default_state_dir(env)}
+    values.update({name: env[variable] for name, variable in _SYSTEMD.items() if env.get(variable)})
+    if config_file is None and env.get(ENV_PREFIX + "CONFIG"):
+        config_file = Path(env[ENV_PREFIX + "CONFIG"])
+    if config_file is not None:
+        values.update(_read_file(config_file))
+    for name in fields:
+        variable = ENV_PREFIX + name.upper()
+        if variable in env:
+            values[name] = env[variable]
+    values.update({name: value for name, value in flags.items() if value is not None and name in fields})
+    types_ = setting_types()
+    return {name: _convert(name, types_[name], value) for name, value in values.items()}

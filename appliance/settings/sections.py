@@ -1,0 +1,413 @@
+"""The settings, one frozen section per concern; each checks its own values (``ConfigError`` naming the
+setting and how to fix it) and each component is handed only its section.
+
+Every field has a flat name, its *key*: ``APPLIANCE_<KEY>`` in the environment, ``<key> = ...`` at the
+top of the TOML file (or the field's own name inside its section's table, ``[http] port = 8000``), and
+``--<key with dashes>`` where the command line has a flag. The key is the field's name unless ``key()``
+says otherwise. The docstring under each field is its documentation (``appliance.settings.reference``
+reads it for docs/settings.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+from pathlib import Path
+from typing import Any
+
+from appliance.errors import ConfigError
+
+__all__ = [
+    "AuthSection",
+    "FleetSection",
+    "GrpcSection",
+    "HttpSection",
+    "LimitsSection",
+    "MetricsSection",
+    "ModelsSection",
+    "SelectionSection",
+    "ServerSection",
+    "ShmSection",
+    "TraceSection",
+    "key",
+]
+
+LOOPBACK = ("127.0.0.0/8", "::1/128")
+
+
+def key(default: Any, name: str) -> Any:
+    """A field whose flat name (environment, TOML top level, flag) is ``name``."""
+    return dataclasses.field(default=default, metadata={"key": name})
+
+
+def _positive(section: object, *names: str) -> None:
+    for name in names:
+        if not getattr(section, name) > 0:
+            raise ConfigError(f"{_key(section, name)} must be > 0, got {getattr(section, name)}")
+
+
+def _at_least(section: object, low: int, *names: str) -> None:
+    for name in names:
+        if getattr(section, name) < low:
+            raise ConfigError(f"{_key(section, name)} must be at least {low}, got {getattr(section, name)}")
+
+
+def _one_of(section: object, name: str, choices: tuple[str, ...]) -> None:
+    if getattr(section, name) not in choices:
+        raise ConfigError(f"{_key(section, name)} must be {', '.join(choices[:-1])} or {choices[-1]}, got "
+                          f"{getattr(section, name)!r}")
+
+
+def _networks(section: object, *names: str) -> None:
+    for name in names:
+        for network in getattr(section, name):
+            try:
+                ipaddress.ip_network(network, strict=False)
+            except ValueError:
+                raise ConfigError(f"{_key(section, name)}: {network!r} is not a network such as "
+                                  "192.168.1.0/24") from None
+
+
+def _port(section: object, name: str) -> None:
+    if not 0 <= getattr(section, name) <= 65535:
+        raise ConfigError(f"{_key(section, name)} must be 0..65535, got {getattr(section, name)}")
+
+
+def _key(section: object, name: str) -> str:
+    field = next(f for f in dataclasses.fields(section) if f.name == name)  # type: ignore[arg-type]
+    return field.metadata.get("key", name)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ServerSection:
+    """The daemon itself: where it keeps its files, what it serves, how it logs and stops."""
+
+    state_dir: Path
+    """Where the daemon keeps its files (token, cache, metrics, traces, pushed models). ``load_settings``
+    resolves it from the flag, the environment or the platform's data directory, never the working
+    directory."""
+    model_repository: Path | None = None
+    """Triton-layout model repository; none serves the built-in example repository."""
+    host: str = "0.0.0.0"
+    """The address every port binds."""
+    log_level: str = "INFO"
+    """DEBUG, INFO, WARNING or ERROR."""
+    event_loop: str = "auto"
+    """auto (uvloop when installed, else asyncio's), uvloop or asyncio."""
+    shutdown_timeout: float = 10.0
+    """Seconds a stopping daemon waits for in-flight requests: one deadline for the whole stop (requests
+    still running then are cancelled; models get a second more to finish and close)."""
+    exit_timeout: float = 30.0
+    """Triton's --exit-timeout-secs: once the models are closed, seconds the daemon still waits for Python
+    model processes that could not close (stuck in execute() or initialize()) before it kills them."""
+    notify_socket: str | None = None
+    """systemd's NOTIFY_SOCKET (taken from the environment systemd sets)."""
+    watchdog_usec: int | None = None
+    """systemd's WATCHDOG_USEC (taken from the environment systemd sets)."""
+
+    def __post_init__(self) -> None:
+        # An absolute path: a relative one would follow whatever directory the process started in.
+        object.__setattr__(self, "state_dir", Path(self.state_dir).expanduser().absolute())
+        _one_of(self, "event_loop", ("auto", "uvloop", "asyncio"))
+        _positive(self, "shutdown_timeout")
+        if self.exit_timeout < 0:
+            raise ConfigError(f"exit_timeout must be >= 0 seconds, got {self.exit_timeout}")
+
+    @property
+    def example_repository_dir(self) -> Path:
+        return self.state_dir / "example-repository"
+
+    @property
+    def cache_dir(self) -> Path:
+        return self.state_dir / "cache"
+
+    @property
+    def trace_dir(self) -> Path:
+        return self.state_dir / "traces"
+
+    @property
+    def pushed_dir(self) -> Path:
+        """Models pushed over the load API, an overlay of the repository (see appliance.repository.pushed)."""
+        return self.state_dir / "pushed"
+
+    @property
+    def metrics_db(self) -> Path:
+        return self.state_dir / "metrics.db"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class HttpSection:
+    """The HTTP port (and the metrics port's connections)."""
+
+    port: int = key(8000, "http_port")
+    """The HTTP port (Triton's 8000); 0 picks a free one."""
+    max_connections: int = 4096
+    """Client connections open at once over every port (the gRPC port takes grpc_max_connections of them);
+    a connection beyond it gets a short 503 and is closed. Kept below the file-descriptor limit (the
+    unit's LimitNOFILE=), with descriptors to spare for health checks, files and SQLite."""
+    header_timeout: float = 60.0
+    """Seconds a connection may take to send a complete request head, and may stay idle between requests
+    (over gRPC: to complete its handshake, and without a call); then it is closed."""
+    body_timeout: float = 60.0
+    """Seconds a request body may go without a byte arriving (then 408); over gRPC, the time a message may
+    take to arrive once its turn to be received has come."""
+    allowed_hosts: tuple[str, ...] = ()
+    """Extra names the box answers to in the Host header (IP literals, localhost, the hostname and its mDNS
+    names always work); ".example.com" allows a domain and its subdomains, "*" any name."""
+    trusted_proxies: tuple[str, ...] = ()
+    """Reverse proxies (networks) whose X-Forwarded-For names the real client. Off by default: behind a
+    local proxy every client would otherwise look like loopback, and loopback needs no token."""
+
+    def __post_init__(self) -> None:
+        _port(self, "port")
+        _at_least(self, 1, "max_connections")
+        _positive(self, "header_timeout", "body_timeout")
+        _networks(self, "trusted_proxies")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GrpcSection:
+    """The gRPC port: Triton's GRPCInferenceService."""
+
+    enabled: bool = key(True, "grpc")
+    """Serve KServe v2 over gRPC beside HTTP (--no-grpc turns it off)."""
+    port: int = key(8001, "grpc_port")
+    """The gRPC port (Triton's 8001); 0 picks a free one."""
+    max_connections: int | None = key(None, "grpc_max_connections")
+    """Connections the gRPC port takes out of max_connections (the HTTP ports count the rest); default a
+    quarter of it."""
+    max_streams: int = key(256, "grpc_max_streams")
+    """ModelStreamInfer streams open at once (each also counts as a request in max_concurrent_requests)."""
+    stream_max_pending: int = key(64, "grpc_stream_max_pending")
+    """Requests of one stream read and not yet answered; the stream reads no further until one is (HTTP/2
+    flow control then holds the client back)."""
+    stream_idle_timeout: float = key(300.0, "grpc_stream_idle_timeout")
+    """Seconds a stream with no request in flight may send nothing before it is ended (UNAVAILABLE)."""
+
+    def __post_init__(self) -> None:
+        _port(self, "port")
+        _at_least(self, 1, "max_streams", "stream_max_pending")
+        _positive(self, "stream_idle_timeout")
+        if self.max_connections is not None:
+            _at_least(self, 1, "max_connections")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LimitsSection:
+    """What one request, and all of them together, may take."""
+
+    max_request_bytes: int = 256 * 1024**2
+    """Largest request body accepted, as sent and once decompressed (HTTP 413 above it), and largest gRPC
+    message (RESOURCE_EXHAUSTED above it)."""
+    max_request_memory_bytes: int = 1024**3
+    """Request bytes held in memory at once over all requests and ports: bodies and messages as they
+    arrive, decompressed bodies, decoded tensors. Beyond it 503 with Retry-After (gRPC: UNAVAILABLE); at
+    least max_request_bytes. gRPC receives at most max_request_memory_bytes // max_request_bytes messages
+    at once."""
+    max_concurrent_requests: int = 1024
+    """Requests handled at once over every port (an open gRPC stream counts as one); beyond it 503 with
+    Retry-After (gRPC: UNAVAILABLE)."""
+    max_tensor_elements: int = 1 << 30
+    """Elements of one tensor (checked on the declared shape before anything is allocated)."""
+    max_inputs: int = 256
+    """Input tensors in one request."""
+    stream_buffer_bytes: int = 64 * 1024**2
+    """Output bytes a decoupled model may send ahead of the client reading them, per request (also at most
+    64 responses, and within max_request_memory_bytes); past it the model's send waits."""
+    stream_stall_timeout: float = 60.0
+    """Seconds a decoupled model waits for its client to read before the request fails as stalled."""
+
+    def __post_init__(self) -> None:
+        _at_least(self, 1024, "max_request_bytes")
+        if self.max_request_memory_bytes < self.max_request_bytes:
+            raise ConfigError(
+                f"max_request_memory_bytes ({self.max_request_memory_bytes}) must be at least max_request_bytes "
+                f"({self.max_request_bytes}): one request of the largest size must fit; raise it or lower "
+                "max_request_bytes"
+            )
+        _at_least(self, 1, "max_concurrent_requests", "max_tensor_elements", "max_inputs", "stream_buffer_bytes")
+        _positive(self, "stream_stall_timeout")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AuthSection:
+    """Who needs the bearer token."""
+
+    token: str | None = key(None, "auth_token")
+    """Bearer token for control endpoints (and everything but health with protect_inference); default: the
+    token kept in <state_dir>/auth-token, created 0600 on first start."""
+    exempt_networks: tuple[str, ...] = key(LOOPBACK, "auth_exempt_networks")
+    """Clients in these networks need no token (loopback by default)."""
+    protect_inference: bool = False
+    """Require the token for inference, metadata and metrics too (health stays open)."""
+
+    def __post_init__(self) -> None:
+        if self.token is not None and len(self.token.strip()) < 16:
+            raise ConfigError("auth_token must be at least 16 characters (32 random ones are better)")
+        _networks(self, "exempt_networks")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ShmSection:
+    """Clients' shared-memory regions."""
+
+    client_shm: str = "local"
+    """Who may use shared memory (register, unregister and status of regions, and inference that names
+    one): off (nobody), local (clients on this host: see shm_local_networks) or any (every client the
+    other rules admit; regions are still only objects in this host's /dev/shm or GPUs)."""
+    local_networks: tuple[str, ...] = key(LOOPBACK, "shm_local_networks")
+    """Client addresses that count as this host for client_shm = local (besides a client that connects
+    from the very address it connects to, which only a process on this host can do)."""
+    max_regions: int = key(64, "shm_max_regions")
+    """Shared-memory regions registered at once (system and CUDA together)."""
+    max_bytes: int = key(2 * 1024**3, "shm_max_bytes")
+    """Bytes of all registered shared-memory regions together."""
+
+    def __post_init__(self) -> None:
+        _one_of(self, "client_shm", ("off", "local", "any"))
+        _at_least(self, 1, "max_regions", "max_bytes")
+        _networks(self, "local_networks")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ModelsSection:
+    """The model repository, what is loaded, and how models run."""
+
+    control_mode: str = key("none", "model_control_mode")
+    """Triton's: none (load all, no load/unload API), poll (re-scan every repository_poll_secs), explicit
+    (load load_models at start; the API loads and unloads)."""
+    load_models: tuple[str, ...] = ()
+    """Models to load at start in explicit mode ("*" for all)."""
+    repository_poll_secs: float = 15.0
+    """Poll mode: seconds between two scans of the repository."""
+    strict_readiness: bool = True
+    """As Triton: the server is ready only when every model is ready."""
+    onnx_providers: tuple[str, ...] = ("CPUExecutionProvider",)
+    """onnxruntime execution providers to try, in order of preference."""
+    intra_op_threads: int = 0
+    """Threads each runtime may use inside one operator; 0 lets the runtime decide."""
+    push_max_file_bytes: int = 256 * 1024**2
+    """Largest file a push may carry (the load API's file:<version>/<name> parameters); 413 above. Over
+    HTTP a file also travels base64-encoded in a body bounded by max_request_bytes, over gRPC in a
+    message bounded by it."""
+    push_max_total_bytes: int = 2 * 1024**3
+    """Bytes of all pushed models kept together in <state_dir>/pushed (a push replacing a model's files
+    does not count the old ones); 413 above."""
+
+    def __post_init__(self) -> None:
+        _one_of(self, "control_mode", ("none", "poll", "explicit"))
+        _positive(self, "repository_poll_secs")
+        _at_least(self, 0, "intra_op_threads")
+        _at_least(self, 1, "push_max_file_bytes", "push_max_total_bytes")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SelectionSection:
+    """Measuring which plan (runtime, provider, device) runs each model fastest here."""
+
+    enabled: bool = key(True, "selection")
+    """Measure the plans of each model and cache the choice (--no-selection serves configs as written)."""
+    retune: bool = False
+    """Ignore cached plan decisions and measure again."""
+    tune_budget: float = 0.3
+    """Seconds of timing per candidate plan and batch size."""
+    retune_on_traffic: bool = True
+    """Tune a served model again on its requests' shapes when it could not be measured at load, or when
+    most of its requests have shapes it was not tuned on; switch to the new plan without downtime."""
+    retune_interval: float = 600.0
+    """Seconds between two retunes of one model."""
+    retune_min_requests: int = 100
+    """Requests a model version serves before its traffic is judged."""
+    cache_max_bytes: int = 2 * 1024**3
+    """Size bound of the model cache (least recently used entries are evicted)."""
+
+    def __post_init__(self) -> None:
+        _positive(self, "tune_budget", "retune_interval")
+        _at_least(self, 1, "retune_min_requests", "cache_max_bytes")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MetricsSection:
+    """On-device history and Prometheus metrics."""
+
+    enabled: bool = key(True, "metrics")
+    """Keep on-device history in <state_dir>/metrics.db and serve /metrics (--no-metrics)."""
+    port: int | None = key(None, "metrics_port")
+    """A separate port that serves only /metrics (Triton's 8002); none: /metrics on the HTTP port only."""
+    interval: float = key(1.0, "metrics_interval")
+    """Seconds between two samples of the history."""
+    history_raw_hours: float = 24.0
+    """Hours the history keeps its raw samples."""
+    history_minute_days: float = 7.0
+    """Days the history keeps its per-minute rollups."""
+    history_hour_days: float = 90.0
+    """Days the history keeps its per-hour rollups."""
+    history_max_bytes: int = 256 * 1024 * 1024
+    """Size bound of the history database."""
+
+    def __post_init__(self) -> None:
+        if self.port is not None:
+            _port(self, "port")
+        _positive(self, "interval", "history_raw_hours", "history_minute_days", "history_hour_days")
+        _at_least(self, 1, "history_max_bytes")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TraceSection:
+    """Triton's trace extension: where traces go, and the settings in force at start."""
+
+    file: str = key("trace.json", "trace_file")
+    """File name of Triton's trace file, in <state_dir>/traces/ (numbered trace.json.0, .1... with
+    log_frequency); the directory is fixed and clients cannot change it."""
+    max_bytes: int = key(64 * 1024**2, "trace_max_bytes")
+    """Disk space trace files may take (counted in the blocks they occupy): the oldest numbered files are
+    removed, a single file stops growing."""
+    max_files: int = key(1000, "trace_max_files")
+    """Trace files kept at once: the oldest numbered files are removed beyond it."""
+    path: str | None = key(None, "trace_path")
+    """Triton's --trace-config triton,file=<path>: the trace file at this path instead (relative to the
+    daemon's working directory, as Triton's), reported as given."""
+    level: tuple[str, ...] = key((), "trace_level")
+    """Trace settings in force at start (Triton's --trace-config level=, rate=, count=,
+    triton,log-frequency=); the trace extension changes them at run time and clearing a global one
+    returns it to these. Level: empty or OFF (off), TIMESTAMPS and/or TENSORS."""
+    rate: int = key(1000, "trace_rate")
+    """Trace the rate-th request, the 2*rate-th... (at start; see trace_level)."""
+    count: int = key(-1, "trace_count")
+    """Requests to trace, -1 for no limit (at start; see trace_level)."""
+    log_frequency: int = key(0, "trace_log_frequency")
+    """Traces per numbered trace file, 0 for one file (at start; see trace_level)."""
+    mode: str = key("triton", "trace_mode")
+    """Only Triton's trace files (triton) are written here; OpenTelemetry export is not built in."""
+
+    def __post_init__(self) -> None:
+        if not self.file or self.file in (".", "..") or "/" in self.file or "\\" in self.file:
+            raise ConfigError(f"trace_file must be a plain file name (it goes in <state_dir>/traces/), got "
+                              f"{self.file!r}")
+        _at_least(self, 4096, "max_bytes")
+        _at_least(self, 1, "max_files")
+        levels = tuple(level.strip().upper() for level in self.level)
+        if not set(levels) <= {"OFF", "TIMESTAMPS", "TENSORS"}:
+            raise ConfigError(f"trace_level must be OFF, or TIMESTAMPS and/or TENSORS, got {list(self.level)}")
+        object.__setattr__(self, "level", () if "OFF" in levels else
+                           tuple(level for level in ("TIMESTAMPS", "TENSORS") if level in levels))
+        for name, low, high in (("rate", 0, 2**32 - 1), ("count", -1, 2**31 - 1), ("log_frequency", 0, 2**32 - 1)):
+            if not low <= getattr(self, name) <= high:
+                raise ConfigError(f"{_key(self, name)} must be {low}..{high}, got {getattr(self, name)}")
+        if self.mode != "triton":
+            raise ConfigError(f"trace_mode {self.mode!r} is not supported: the appliance writes Triton's trace "
+                              "files only (trace_mode = triton); OpenTelemetry export is not built in")
+        if self.path is not None and (not self.path.strip() or self.path.endswith("/")):
+            raise ConfigError(f"trace_path must name a file, got {self.path!r}")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FleetSection:
+    """The box on the LAN: its mDNS announcement."""
+
+    mdns: bool = True
+    """Announce the box on the LAN (_kserve-v2._tcp, _http._tcp) and browse for the others (--no-mdns)."""
+    name: str | None = None
+    """The box's friendly name on the LAN; default the hostname."""
+    mdns_interfaces: tuple[str, ...] = ()
+    """IPv4 addresses of the interfaces to announce on; empty means all."""

@@ -1,0 +1,163 @@
+"""The response sender of a model that is not decoupled (Triton's rules): one response, with the final
+flag or followed by it, sent during execute() or later from another thread, execute() returning None (or
+None in that request's place); what breaks the rules fails with Triton's words."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+
+import numpy as np
+import pytest
+
+from appliance.backends.base import BackendRequest
+from tests.appliance.backends.python.harness import loaded, write_model
+
+CONFIG = """
+backend: "python"
+max_batch_size: 8
+input [ { name: "MODE" data_type: TYPE_STRING dims: [ 1 ] }, { name: "X" data_type: TYPE_INT32 dims: [ 2 ] } ]
+output [ { name: "Y" data_type: TYPE_INT32 dims: [ 2 ] } ]
+"""
+
+# MODE says how each request is answered: "return" (in the list execute returns), "before" (sent with the
+# final flag during execute), "then_final" (sent, then the final flag alone), "after" (from a thread once
+# execute returned), "final_first" (the final flag before any response), "twice" (two responses during
+# execute), "send_and_return" (sent, and returned too). Y is X * 10 + a mark of the path taken.
+SENDER = """
+import threading
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+def _response(request, mark):
+    x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+    return pb_utils.InferenceResponse([pb_utils.Tensor("Y", (x * 10 + mark).astype(np.int32))])
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        returned, later = [], []
+        for request in requests:
+            mode = pb_utils.get_input_tensor_by_name(request, "MODE").as_numpy()[0, 0].decode()
+            final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+            if mode == "return":
+                returned.append(_response(request, 1))
+                continue
+            sender = request.get_response_sender()
+            if mode == "before":
+                sender.send(_response(request, 2), flags=final)
+            elif mode == "then_final":
+                sender.send(_response(request, 3))
+                sender.send(flags=final)
+            elif mode == "after":
+                later.append((request, sender))
+            elif mode == "final_first":
+                sender.send(flags=final)
+            elif mode == "twice":
+                sender.send(_response(request, 5))
+                sender.send(_response(request, 6))
+            elif mode == "send_and_return":
+                sender.send(_response(request, 7), flags=final)
+                returned.append(_response(request, 8))
+                continue
+            returned.append(None)
+        if later:
+            threading.Thread(target=self._answer_later, args=(later,)).start()
+        return None if all(r is None for r in returned) else returned
+
+    def _answer_later(self, later):
+        time.sleep(0.3)  # well after execute() returned: the next batch may have run meanwhile
+        for request, sender in later:
+            sender.send(_response(request, 4), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+"""
+
+
+def _request(mode: str, x: list[int]) -> BackendRequest:
+    return BackendRequest({"MODE": np.array([[mode.encode()]], dtype=object), "X": np.array([x], np.int32)},
+                          ["Y"])
+
+
+def _answer(result, timeout: float = 10.0):
+    if isinstance(result, Future):
+        result = result.result(timeout)
+    if isinstance(result, BaseException):
+        raise result
+    return result["Y"].tolist()
+
+
+@pytest.fixture(scope="module")
+def backend(tmp_path_factory):
+    model = write_model(tmp_path_factory.mktemp("sender"), "sender", SENDER, CONFIG)
+    with loaded(model, CONFIG) as backend:
+        yield backend
+
+
+def test_a_response_sent_during_execute_is_the_answer(backend):
+    before, then_final = backend.run_requests([_request("before", [1, 2]), _request("then_final", [3, 4])]).results
+    assert _answer(before) == [[12, 22]]
+    assert _answer(then_final) == [[33, 43]]
+
+
+def test_a_response_sent_after_execute_returned_comes_later(backend):
+    (late,) = backend.run_requests([_request("after", [5, 6])]).results
+    assert isinstance(late, Future) and not late.done()
+    # The instance is free meanwhile: another batch runs, and its inputs overwrite the arena the late
+    # request's inputs were in.
+    (now,) = backend.run_requests([_request("return", [7, 8])]).results
+    assert _answer(now) == [[71, 81]]
+    assert _answer(late) == [[54, 64]]
+
+
+def test_one_batch_answers_each_request_its_own_way(backend):
+    results = backend.run_requests([_request("return", [1, 1]), _request("before", [2, 2]),
+                                    _request("after", [3, 3])]).results
+    assert [_answer(r) for r in results] == [[[11, 11]], [[22, 22]], [[34, 34]]]
+
+
+def test_a_final_flag_before_any_response_fails_with_tritons_words(backend):
+    (result,) = backend.run_requests([_request("final_first", [1, 1])]).results
+    with pytest.raises(Exception, match="Non-decoupled model cannot send complete final before sending a response"):
+        _answer(result)
+
+
+def test_the_first_response_counts_when_a_second_is_refused(backend):
+    # Triton: the second send raises in the model, which fails execute(); the first response has reached
+    # the client already, so that is the answer.
+    (result,) = backend.run_requests([_request("twice", [1, 2])]).results
+    assert _answer(result) == [[15, 25]]
+
+
+def test_a_response_returned_after_one_was_sent_is_refused_but_the_sent_one_stands(backend):
+    sent, other = backend.run_requests([_request("send_and_return", [1, 2]), _request("return", [3, 4])]).results
+    assert _answer(sent) == [[17, 27]]
+    # execute() failed (Triton's words) for the request that had no answer yet.
+    with pytest.raises(Exception, match="Non-decoupled model cannot send more than one response"):
+        _answer(other)
+
+
+DIES = """
+import os
+import threading
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            request.get_response_sender()
+        threading.Thread(target=lambda: (time.sleep(0.2), os._exit(3))).start()
+        return None
+"""
+
+
+def test_a_late_answer_fails_when_the_process_dies_first(tmp_path):
+    model = write_model(tmp_path, "dies", DIES, CONFIG)
+    with loaded(model, CONFIG) as backend:
+        (late,) = backend.run_requests([_request("after", [1, 1])]).results
+        assert isinstance(late, Future)
+        with pytest.raises(Exception, match="exited with code 3"):
+            _answer(late)
