@@ -111,3 +111,20 @@ def test_traces_go_to_the_writer_with_their_scopes_file_rules():
     assert g == ("g", 0, {"stream": global_scope, "counted": False, "last": False})
     assert m1 == ("m", 7, {"stream": model_scope, "counted": True, "last": False})
     assert m2 == ("m", 7, {"stream": model_scope, "counted": True, "last": True})  # its count ran out
+
+
+def test_a_front_ends_marks_surround_the_cores_as_triton_names_them():
+    tracer, settings, writer = _tracer()
+    settings.update({"trace_level": ["TIMESTAMPS"], "trace_rate": ["1"]})
+    for frontend, receive, send in (
+            ("HTTP", ("HTTP_RECV_START", "HTTP_RECV_END"), ("HTTP_SEND_START", "HTTP_SEND_END")),
+            ("GRPC", ("GRPC_WAITREAD_START", "GRPC_WAITREAD_END"), ("GRPC_SEND_START", "GRPC_SEND_END"))):
+        trace = tracer.start("m", 1, 100, frontend=frontend, read_ns=200)
+        Tracer.end(trace)
+        tracer.finish(trace, (frontend, 300, 400))
+        writer.flush()
+        marks = [(s["name"], s["ns"]) for s in writer.kept()[-1]["timestamps"]]
+        assert marks[:3] == [(receive[0], 100), (receive[1], 200), ("REQUEST_START", 200)]
+        assert [name for name, _ in marks[3:]] == ["REQUEST_END", *send]
+        assert marks[-2:] == [(send[0], 300), (send[1], 400)]
+    writer.close()
