@@ -120,7 +120,7 @@ class RegionTable:
         """Refuse a client the ``client_shm`` setting does not let use shared memory."""
         if self.client_shm == "off":
             raise Forbidden(
-                "shared memory is switched off on this appliance (client_shm = off); set client_shm = local "
+                "Client shared memory is disabled on this appliance (client_shm = off); set client_shm = local "
                 "to let clients on this host use it"
             )
         if self.client_shm == "local" and not local:
@@ -129,6 +129,12 @@ class RegionTable:
                 "from another address; run the client on the appliance and connect to it from there, or "
                 "set client_shm = any"
             )
+
+    def check_status_client(self, local: bool) -> None:
+        """Status asks less: with client shared memory off it answers (nothing is registered), as Triton
+        does with client shared memory disabled; otherwise as ``check_client``."""
+        if self.client_shm != "off":
+            self.check_client(local)
 
     def add(self, name: str, byte_size: int, open_region: Callable[[], Region]) -> None:
         """Register ``name``: check the name and the limits, then open the region (outside the lock:
