@@ -42,7 +42,7 @@ from appliance.protocol.admission import AccessPolicy, Admission, parse_networks
 from appliance.protocol.dataplane import DataPlane, Rules
 from appliance.protocol.log_settings import LogSettings, LogValues
 from appliance.protocol.shared_memory import LocalPeers, SharedMemoryLimits, SharedMemoryRegistry
-from appliance.protocol.trace_settings import TraceSettings
+from appliance.protocol.trace_settings import TraceSettings, TraceValues
 from appliance.protocol.trace_writer import TraceWriter
 from appliance.protocol.tracing import Tracer
 from appliance.repository.plan_choice import PlanChooser
@@ -327,18 +327,27 @@ async def _start_metrics(section: MetricsSection, server: ServerSection, state: 
 
 
 def _start_tracing(settings: Settings, state: StateDir, lifecycle: Lifecycle) -> tuple[TraceSettings, Tracer]:
-    """Traces go to files under the state dir only; a read-only one keeps them in memory (bounded)."""
+    """Traces go to files under the state dir (or where trace_path says); a read-only directory keeps them
+    in memory (bounded)."""
     server, section = settings.server, settings.trace
     # A read-only state dir is reported once (its read_only problem says traces stay in memory).
-    fix = f"make {server.state_dir} writable, then restart the daemon"
+    where = Path(section.path).parent if section.path is not None else server.state_dir
+    fix = f"make {where} writable, then restart the daemon"
 
     def failed(reason: str) -> None:
         state.note("traces", f"{reason}: traces are kept in memory only", fix)
 
-    writer = TraceWriter(server.trace_dir if state.writable else None, section.file, section.max_bytes,
-                         on_error=failed, max_files=section.max_files)
+    if section.path is not None:  # Triton's --trace-config triton,file=<path>: where the operator said
+        path = Path(section.path).expanduser().absolute()
+        directory: Path | None = path.parent
+        name, reported = path.name, section.path
+    else:
+        directory = server.trace_dir if state.writable else None
+        name, reported = section.file, str(server.trace_dir / section.file)
+    writer = TraceWriter(directory, name, section.max_bytes, on_error=failed, max_files=section.max_files)
     lifecycle.on_close("the trace writer", lambda: asyncio.to_thread(writer.close))
-    traces = TraceSettings(trace_file=str(server.trace_dir / section.file))
+    defaults = TraceValues(section.level, section.rate, section.count, section.log_frequency)
+    traces = TraceSettings(defaults, trace_file=reported, mode=section.mode)
     return traces, Tracer(traces, writer)
 
 

@@ -36,6 +36,7 @@ class InferMessage:
     when large) unless it comes parsed, then decoded."""
 
     endpoint = "ModelInfer RPC"
+    frontend = "GRPC"
     streaming_alternative = "ModelStreamInfer (tritonclient: start_stream and async_stream_infer)"
 
     def __init__(self, raw: bytes | None = None, message: pb.ModelInferRequest | None = None) -> None:
