@@ -44,9 +44,10 @@ from appliance.protocol.admission import AccessPolicy, Admission, parse_networks
 from appliance.protocol.dataplane import DataPlane, Rules
 from appliance.protocol.log_settings import LogSettings, LogValues
 from appliance.protocol.shared_memory import LocalPeers, SharedMemoryLimits, SharedMemoryRegistry
-from appliance.protocol.trace_settings import TraceSettings
+from appliance.protocol.trace_settings import TraceSettings, TraceValues
 from appliance.protocol.trace_writer import TraceWriter
 from appliance.protocol.tracing import Tracer
+from appliance.repository.plan_choice import PlanChooser
 from appliance.repository.pushed import PushLimits, PushStore
 from appliance.repository.registry import ModelRegistry
 from appliance.repository.retune import RetunePolicy, Retuner
@@ -254,7 +255,7 @@ async def _compose(settings: Settings, lifecycle: Lifecycle, connections: int) -
     hop = await measure_thread_hop()
     log.info("thread hop (event loop -> instance thread -> event loop): %.0f µs", hop / 1000)
     loop = asyncio.get_running_loop()
-    selector: asyncio.Future[Selector | None] = loop.create_future()
+    selector: asyncio.Future[PlanChooser | None] = loop.create_future()
     hardware: asyncio.Future[dict] = loop.create_future()
     registry = ModelRegistry(
         repository,
@@ -332,18 +333,27 @@ async def _start_metrics(section: MetricsSection, server: ServerSection, state: 
 
 
 def _start_tracing(settings: Settings, state: StateDir, lifecycle: Lifecycle) -> tuple[TraceSettings, Tracer]:
-    """Traces go to files under the state dir only; a read-only one keeps them in memory (bounded)."""
+    """Traces go to files under the state dir (or where trace_path says); a read-only directory keeps them
+    in memory (bounded)."""
     server, section = settings.server, settings.trace
     # A read-only state dir is reported once (its read_only problem says traces stay in memory).
-    fix = f"make {server.state_dir} writable, then restart the daemon"
+    where = Path(section.path).parent if section.path is not None else server.state_dir
+    fix = f"make {where} writable, then restart the daemon"
 
     def failed(reason: str) -> None:
         state.note("traces", f"{reason}: traces are kept in memory only", fix)
 
-    writer = TraceWriter(server.trace_dir if state.writable else None, section.file, section.max_bytes,
-                         on_error=failed, max_files=section.max_files)
+    if section.path is not None:  # Triton's --trace-config triton,file=<path>: where the operator said
+        path = Path(section.path).expanduser().absolute()
+        directory: Path | None = path.parent
+        name, reported = path.name, section.path
+    else:
+        directory = server.trace_dir if state.writable else None
+        name, reported = section.file, str(server.trace_dir / section.file)
+    writer = TraceWriter(directory, name, section.max_bytes, on_error=failed, max_files=section.max_files)
     lifecycle.on_close("the trace writer", lambda: asyncio.to_thread(writer.close))
-    traces = TraceSettings(trace_file=str(server.trace_dir / section.file))
+    defaults = TraceValues(section.level, section.rate, section.count, section.log_frequency)
+    traces = TraceSettings(defaults, trace_file=reported, mode=section.mode)
     return traces, Tracer(traces, writer)
 
 
@@ -386,7 +396,7 @@ async def _close_models(registry: ModelRegistry) -> None:
         log.error("error while closing a model: %s", error)
 
 
-async def _load_repository(appliance: Appliance, selector: asyncio.Future[Selector | None]) -> None:
+async def _load_repository(appliance: Appliance, selector: asyncio.Future[PlanChooser | None]) -> None:
     settings, registry, dataplane = appliance.settings, appliance.registry, appliance.dataplane
     # Probing imports the runtimes (seconds): done with the front ends already answering, and in a child
     # process, so that a daemon serving only ONNX never holds torch or OpenVINO.

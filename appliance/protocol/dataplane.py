@@ -22,7 +22,7 @@ from appliance import __version__
 from appliance.budget import Account, MemoryBudget
 from appliance.engine.streaming import Responses, StreamLimits
 from appliance.engine.tensor_checks import DecodeLimits
-from appliance.errors import ModelNotReady, NotSupported, Unavailable
+from appliance.errors import InvalidInput, ModelNotFound, ModelNotReady, NotSupported, Unavailable
 from appliance.fleet_signature import NONCE_TTL, SCHEME
 from appliance.protocol.admission import AccessPolicy, Admission, Caller
 from appliance.protocol.inference import NOT_SERVED, Inference, InferSource
@@ -310,7 +310,10 @@ class DataPlane:
         """Triton's trace settings in force (global, or the model's), after applying ``changes`` (all or
         none of them; an empty list clears a setting)."""
         if model is not None:
-            self._registry.entry(model)  # NOT_FOUND for a model the repository does not have
+            try:
+                self._registry.get(model)
+            except (ModelNotFound, ModelNotReady):  # Triton's words and status for any model not ready
+                raise InvalidInput(f"Request for unknown model : {model[:255]}") from None
         if changes:
             return self._traces.update(changes, model)
         return self._traces.get(model)

@@ -114,6 +114,7 @@ class _InferBody:
     """A KServe v2 infer request over HTTP: JSON, JSON with binary tensors, or one raw binary tensor."""
 
     endpoint = "HTTP end point"
+    frontend = "HTTP"
     streaming_alternative = ("POST .../generate_stream (or gRPC ModelStreamInfer), which returns all its "
                              "responses")
 
