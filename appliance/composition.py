@@ -33,8 +33,10 @@ from appliance.engine.streaming import StreamLimits
 from appliance.engine.tensor_checks import DecodeLimits
 from appliance.errors import ConfigError
 from appliance.examples import ensure_example_repository, example_repository
+from appliance.fleet_signature import FleetVerifier
 from appliance.grpc.config import GrpcConfig, StreamRules
 from appliance.lifecycle import Lifecycle
+from appliance.mdns.announcer import box_id
 from appliance.metrics.custom import CustomMetrics
 from appliance.metrics.service import MetricsService
 from appliance.metrics.store import Retention
@@ -174,6 +176,8 @@ class Appliance:
     """The state dir as checked at start: what is degraded, and why."""
     token: str
     """The control token every front end's admission checks."""
+    box_id: str
+    """This box's stable id (<state_dir>/device-id), announced on the LAN and bound into signed requests."""
     metrics: MetricsService | None
     shared_memory: SharedMemoryRegistry
     """Clients' shared-memory regions, unregistered (closed) at stop."""
@@ -231,6 +235,7 @@ async def _compose(settings: Settings, lifecycle: Lifecycle, connections: int) -
     if stale:
         log.info("removed %d shared-memory arenas left by model processes that died", len(stale))
     token = await asyncio.to_thread(control_token, settings.auth, server.state_dir, state)
+    own_id = await asyncio.to_thread(box_id, server.state_dir, state)
     registries: list[ModelRegistry] = []  # the metrics start first, to see the models load
     custom_metrics = CustomMetrics() if settings.metrics.enabled else None
     children = ChildProcesses()
@@ -277,13 +282,14 @@ async def _compose(settings: Settings, lifecycle: Lifecycle, connections: int) -
     lifecycle.on_close("the log settings", lambda: _call(logs.restore))
     limits = settings.limits
     admission = Admission(AccessPolicy(token, parse_networks(settings.auth.exempt_networks),
-                                       settings.auth.protect_inference), limits.max_concurrent_requests)
+                                       settings.auth.protect_inference, FleetVerifier(token, own_id)),
+                          limits.max_concurrent_requests)
     dataplane = DataPlane(registry, _rules(settings.models, limits, settings.fleet), admission=admission,
                           budget=MemoryBudget(limits.max_request_memory_bytes), shared_memory=shared_memory,
                           tracer=tracer, traces=traces, logs=logs, pushes=pushes, state=state, hardware=hardware)
     http_connections, grpc_connections = split_connections(settings.http, settings.grpc, connections)
     appliance = Appliance(
-        settings, state, token, metrics, shared_memory, registry, dataplane, traces, tracer, hardware,
+        settings, state, token, own_id, metrics, shared_memory, registry, dataplane, traces, tracer, hardware,
         rest_config(settings.http, limits, settings.metrics, server, settings.fleet.name, state),
         grpc_config(settings.grpc, limits, settings.http, grpc_connections) if settings.grpc.enabled else None,
         http_connections, lifecycle,

@@ -415,7 +415,7 @@ class TraceSection:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class FleetSection:
-    """The box on the LAN: its mDNS announcement."""
+    """The box on the LAN: its mDNS announcement; and, for the fleet commands, the boxes trusted."""
 
     mdns: bool = True
     """Announce the box on the LAN (_kserve-v2._tcp, _http._tcp) and browse for the others (--no-mdns)."""
@@ -423,6 +423,13 @@ class FleetSection:
     """The box's friendly name on the LAN; default the hostname."""
     mdns_interfaces: tuple[str, ...] = ()
     """IPv4 addresses of the interfaces to announce on; empty means all."""
+    trusted_boxes: Path | None = None
+    """For the fleet commands: the file of the boxes the operator pinned (``appliance fleet trust``: box id
+    and address), the only ones ``appliance push`` acts on and ``appliance fleet`` signs for; default
+    <state_dir>/trusted-boxes.json. A box merely found on the LAN is never trusted."""
+
+    def trusted_boxes_file(self, state_dir: Path) -> Path:
+        return self.trusted_boxes if self.trusted_boxes is not None else state_dir / "trusted-boxes.json"
 
     def box_name(self, hostname: str) -> str:
         """The name the box goes by (mDNS, the dashboard): ``name``, else the host's short name."""
