@@ -314,6 +314,12 @@ def _split_outputs(
 class Backend(abc.ABC):
     """One loaded model instance."""
 
+    pipeline_depth: int = 1
+    """Batches this instance may be handed before the first completes: more than 1 for a backend whose
+    ``start_requests`` sends batches to another process, which queues them and runs them in order (the
+    next one is there when the current one ends). The scheduler uses it for models without dynamic
+    batching, whose batches would not grow by waiting."""
+
     @abc.abstractmethod
     def inputs(self) -> Sequence[RuntimeTensor] | None:
         """The runtime's description of the model inputs; None when the file does not say (the

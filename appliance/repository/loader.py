@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from tritonclient.grpc import model_config_pb2 as mc
 
@@ -44,11 +43,8 @@ from appliance.repository.config import (
     select_versions,
     signature_of,
 )
+from appliance.repository.plan_choice import PlanChooser, TuneRequest
 from appliance.repository.warmup import run_warmup, warmup_samples
-from appliance.selection.job import TuneRequest
-
-if TYPE_CHECKING:
-    from appliance.selection import Selector
 
 __all__ = ["LoadedModel", "load_model", "version_dirs"]
 
@@ -118,7 +114,7 @@ class _ModelLoad:
     info: BackendInfo
     """The backend its config (or its files) asks for."""
     options: RuntimeOptions
-    selector: Selector | None
+    selector: PlanChooser | None
     retune: bool
     """Measure again even where a decision is cached."""
     explicit_instances: bool
@@ -193,6 +189,9 @@ def _load_version(
         policy: SchedulerPolicy | SequencePolicy = (
             sequence_policy(config, model_dir) if config.HasField("sequence_batching") else policy_from_config(config)
         )
+        cap = ((selection or {}).get("batching") or {}).get("cap")
+        if isinstance(policy, SchedulerPolicy) and policy.dynamic and not policy.preferred_batch_sizes and cap:
+            policy = dataclasses.replace(policy, batch_cap=int(cap))  # selection measured no gain above it
         if load.server.rate_limiter is not None:  # last: a refusal here leaves nothing registered
             stats.rate_limiter = RateLimitCounts()
             limits = load.server.rate_limiter.register(label, instance_needs(config, len(instances)),
@@ -201,7 +200,11 @@ def _load_version(
         for backend in instances:
             backend.close()
         raise
-    pool = InstancePool(label, instances, limits)
+    # Batches that cannot grow by waiting (no dynamic batching) are handed on as soon as they are queued,
+    # to a backend that can queue them (a model process): it never waits for the daemon between them. Not
+    # under the rate limiter, whose resources count one execution per instance.
+    pipelined = isinstance(policy, SchedulerPolicy) and not policy.dynamic and limits is None
+    pool = InstancePool(label, instances, limits, min(b.pipeline_depth for b in instances) if pipelined else 1)
     scheduler: Scheduler | SequenceScheduler
     if isinstance(policy, SequencePolicy):  # a sequence's steps run in order on threads
         scheduler = SequenceScheduler(label, model_dir.name, pool, policy, stats)
@@ -226,7 +229,7 @@ def _load_version(
 def load_model(
     model_dir: Path,
     options: RuntimeOptions,
-    selector: Selector | None = None,
+    selector: PlanChooser | None = None,
     retune: bool = False,
     config_override: mc.ModelConfig | None = None,
     traffic: dict[int, dict] | None = None,

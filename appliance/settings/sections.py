@@ -4,7 +4,7 @@ setting and how to fix it) and each component is handed only its section.
 Every field has a flat name, its *key*: ``APPLIANCE_<KEY>`` in the environment, ``<key> = ...`` at the
 top of the TOML file (or the field's own name inside its section's table, ``[http] port = 8000``), and
 ``--<key with dashes>`` where the command line has a flag. The key is the field's name unless ``key()``
-says otherwise. The docstring under each field is its documentation (``appliance.settings.reference``
+says otherwise. The docstring under each field is its documentation (``appliance.settings_reference``
 reads it for docs/settings.md).
 """
 
@@ -364,73 +364,10 @@ class MetricsSection:
         _at_least(self, 1, "history_max_bytes")
 
 
-_TRACE_LEVELS = ("OFF", "TIMESTAMPS", "TENSORS")
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class TraceStart:
-    """What Triton's ``--trace-config`` flags set at start-up: the global trace settings and the file."""
-
-    level: tuple[str, ...] = ()
-    rate: int = 1000
-    count: int = -1
-    log_frequency: int = 0
-    file: str | None = None
-    """The trace file as given (a path, relative to the daemon's working directory); None: the default
-    file under the state dir."""
-
-    @classmethod
-    def parse(cls, entries: tuple[str, ...]) -> TraceStart:
-        """``("triton,file=t.log", "level=TIMESTAMPS", "rate=1")``, or the same split at its commas (how
-        a comma-separated setting arrives from the environment): a mode name applies to the settings
-        after it (file and log-frequency are the triton mode's), the others are global."""
-        values: dict[str, Any] = {}
-        levels: list[str] = []
-        mode: str | None = None
-        for token in (t.strip() for entry in entries for t in str(entry).split(",") if t.strip()):
-            if "=" not in token:
-                mode = token
-                if mode != "triton":
-                    raise ConfigError(f"trace_config: trace mode {mode!r} is not served here; this server writes "
-                                      "Triton's trace files (triton,file=<path>)")
-                continue
-            name, _, value = (part.strip() for part in token.partition("="))
-            name = name.replace("-", "_")
-            if name in ("file", "log_frequency") and mode != "triton":
-                raise ConfigError(f"trace_config: {name} is a setting of the triton trace mode: "
-                                  f"--trace-config triton,{token}")
-            if name == "mode":
-                if value != "triton":
-                    raise ConfigError(f"trace_config: trace mode {value!r} is not served here; use mode=triton")
-            elif name == "level":
-                if value.upper() not in _TRACE_LEVELS:
-                    raise ConfigError(f"trace_config: level {value!r}; use OFF, TIMESTAMPS or TENSORS")
-                levels = [] if value.upper() == "OFF" else [*levels, value.upper()]
-            elif name == "file":
-                if not value:
-                    raise ConfigError("trace_config: file= needs a path")
-                values["file"] = value
-            elif name in ("rate", "count", "log_frequency"):
-                try:
-                    values[name] = int(value)
-                except ValueError:
-                    raise ConfigError(f"trace_config: {name} must be an integer, got {value!r}") from None
-            else:
-                raise ConfigError(f"trace_config: unknown setting {name!r}; the settings are level, rate, count, "
-                                  "mode, and triton,file / triton,log-frequency")
-        return cls(level=tuple(dict.fromkeys(levels)), **values)
-
-
 @dataclasses.dataclass(frozen=True, slots=True)
 class TraceSection:
-    """Triton's trace extension: where traces go, and (Triton's --trace-config) what is traced from the
-    start."""
+    """Triton's trace extension: where traces go, and the settings in force at start."""
 
-    config: tuple[str, ...] = key((), "trace_config")
-    """Triton's --trace-config (repeatable): level=OFF|TIMESTAMPS|TENSORS, rate=N, count=N, mode=triton
-    set the global trace settings at start-up; triton,file=<path> writes traces to that file instead of
-    <state_dir>/traces/ (the path as given, relative to the working directory: the operator's choice,
-    never a client's), triton,log-frequency=N starts a new file every N traces."""
     file: str = key("trace.json", "trace_file")
     """File name of Triton's trace file, in <state_dir>/traces/ (numbered trace.json.0, .1... with
     log_frequency); the directory is fixed and clients cannot change it."""
@@ -439,6 +376,21 @@ class TraceSection:
     removed, a single file stops growing."""
     max_files: int = key(1000, "trace_max_files")
     """Trace files kept at once: the oldest numbered files are removed beyond it."""
+    path: str | None = key(None, "trace_path")
+    """Triton's --trace-config triton,file=<path>: the trace file at this path instead (relative to the
+    daemon's working directory, as Triton's), reported as given."""
+    level: tuple[str, ...] = key((), "trace_level")
+    """Trace settings in force at start (Triton's --trace-config level=, rate=, count=,
+    triton,log-frequency=); the trace extension changes them at run time and clearing a global one
+    returns it to these. Level: empty or OFF (off), TIMESTAMPS and/or TENSORS."""
+    rate: int = key(1000, "trace_rate")
+    """Trace the rate-th request, the 2*rate-th... (at start; see trace_level)."""
+    count: int = key(-1, "trace_count")
+    """Requests to trace, -1 for no limit (at start; see trace_level)."""
+    log_frequency: int = key(0, "trace_log_frequency")
+    """Traces per numbered trace file, 0 for one file (at start; see trace_level)."""
+    mode: str = key("triton", "trace_mode")
+    """Only Triton's trace files (triton) are written here; OpenTelemetry export is not built in."""
 
     def __post_init__(self) -> None:
         if not self.file or self.file in (".", "..") or "/" in self.file or "\\" in self.file:
@@ -446,16 +398,24 @@ class TraceSection:
                               f"{self.file!r}")
         _at_least(self, 4096, "max_bytes")
         _at_least(self, 1, "max_files")
-        TraceStart.parse(self.config)
-
-    @property
-    def start(self) -> TraceStart:
-        return TraceStart.parse(self.config)
+        levels = tuple(level.strip().upper() for level in self.level)
+        if not set(levels) <= {"OFF", "TIMESTAMPS", "TENSORS"}:
+            raise ConfigError(f"trace_level must be OFF, or TIMESTAMPS and/or TENSORS, got {list(self.level)}")
+        object.__setattr__(self, "level", () if "OFF" in levels else
+                           tuple(level for level in ("TIMESTAMPS", "TENSORS") if level in levels))
+        for name, low, high in (("rate", 0, 2**32 - 1), ("count", -1, 2**31 - 1), ("log_frequency", 0, 2**32 - 1)):
+            if not low <= getattr(self, name) <= high:
+                raise ConfigError(f"{_key(self, name)} must be {low}..{high}, got {getattr(self, name)}")
+        if self.mode != "triton":
+            raise ConfigError(f"trace_mode {self.mode!r} is not supported: the appliance writes Triton's trace "
+                              "files only (trace_mode = triton); OpenTelemetry export is not built in")
+        if self.path is not None and (not self.path.strip() or self.path.endswith("/")):
+            raise ConfigError(f"trace_path must name a file, got {self.path!r}")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class FleetSection:
-    """The box on the LAN: its mDNS announcement."""
+    """The box on the LAN: its mDNS announcement; and, for the fleet commands, the boxes trusted."""
 
     mdns: bool = True
     """Announce the box on the LAN (_kserve-v2._tcp, _http._tcp) and browse for the others (--no-mdns)."""
@@ -463,6 +423,13 @@ class FleetSection:
     """The box's friendly name on the LAN; default the hostname."""
     mdns_interfaces: tuple[str, ...] = ()
     """IPv4 addresses of the interfaces to announce on; empty means all."""
+    trusted_boxes: Path | None = None
+    """For the fleet commands: the file of the boxes the operator pinned (``appliance fleet trust``: box id
+    and address), the only ones ``appliance push`` acts on and ``appliance fleet`` signs for; default
+    <state_dir>/trusted-boxes.json. A box merely found on the LAN is never trusted."""
+
+    def trusted_boxes_file(self, state_dir: Path) -> Path:
+        return self.trusted_boxes if self.trusted_boxes is not None else state_dir / "trusted-boxes.json"
 
     def box_name(self, hostname: str) -> str:
         """The name the box goes by (mDNS, the dashboard): ``name``, else the host's short name."""

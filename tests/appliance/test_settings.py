@@ -163,15 +163,15 @@ def test_every_environment_variable_and_flag_of_before_still_works():
 
 
 def test_the_settings_reference_in_the_docs_is_the_code_s():
-    """docs/settings.md holds python -m appliance.settings.reference's output between its markers."""
-    from appliance.settings.reference import BEGIN, END, markdown
+    """docs/settings.md holds python -m appliance.settings_reference's output between its markers."""
+    from appliance.settings_reference import BEGIN, END, markdown
 
     document = (Path(__file__).resolve().parents[2] / "docs" / "settings.md").read_text()
     start, end = document.find(BEGIN), document.find(END)
     assert start != -1 and end != -1, "docs/settings.md has no generated reference: run python -m " \
-                                      "appliance.settings.reference --write docs/settings.md"
+                                      "appliance.settings_reference --write docs/settings.md"
     assert document[start:end + len(END) + 1] == markdown(), "docs/settings.md is stale: run python -m " \
-                                                               "appliance.settings.reference --write docs/settings.md"
+                                                               "appliance.settings_reference --write docs/settings.md"
 
 
 def test_response_cache_and_rate_limiter_are_off_by_default():
@@ -215,17 +215,3 @@ def test_cache_and_rate_limit_settings_are_validated(env, message):
     with pytest.raises(ConfigError, match=message):
         load_settings({}, env)
 
-
-def test_trace_config_takes_tritons_flags():
-    from appliance.settings.sections import TraceStart
-
-    start = TraceStart.parse(("triton,file=global_unittest.log", "level=TIMESTAMPS", "rate=1"))
-    assert start == TraceStart(level=("TIMESTAMPS",), rate=1, file="global_unittest.log")
-    # As it arrives from the environment (split at its commas); log-frequency is the triton mode's.
-    split = TraceStart.parse(("triton", "file=t.log", "log-frequency=2", "count=5", "level=OFF"))
-    assert (split.file, split.log_frequency, split.count, split.level) == ("t.log", 2, 5, ())
-    for bad, words in ((("opentelemetry,url=x",), "not served here"), (("file=t.log",), "triton,file=t.log"),
-                       (("level=LOUD",), "OFF, TIMESTAMPS or TENSORS"), (("rate=often",), "integer"),
-                       (("colour=blue",), "unknown setting")):
-        with pytest.raises(ConfigError, match=words):
-            TraceStart.parse(bad)

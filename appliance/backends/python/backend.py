@@ -12,7 +12,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import queue
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
@@ -32,6 +34,7 @@ from appliance.backends.base import (
     reschedule_refused,
 )
 from appliance.backends.python.arena import Arena, Attachments, reusable_size
+from appliance.backends.python.model_args import initialize_args, instance_name
 from appliance.backends.python.peer import Peer
 from appliance.backends.python.process import ModelProcess, ProcessExited
 from appliance.backends.python.requests import SENT, ModelError, OpenRequests, model_error
@@ -51,6 +54,14 @@ _START_INPUT_BYTES = 64 * 1024
 them costs less than the hop to an instance thread; larger ones are copied on the instance's thread."""
 
 
+def _failed_batch(results: list[Any], failed: InferenceFailed) -> list[Any]:
+    """After execute() raised: the batch failed as a whole (Triton counts the execution, no inference)
+    unless a request was answered through its response sender before, whose answer stands."""
+    if all(result is failed for result in results):
+        raise failed
+    return results
+
+
 def _small(requests: Sequence[BackendRequest]) -> bool:
     """Whether the inputs are cheap to copy on the event loop (BYTES tensors are sized only when
     serialized, so they never count as small)."""
@@ -65,6 +76,8 @@ def _small(requests: Sequence[BackendRequest]) -> bool:
 
 def model_parameters(parameters: Mapping[str, object]) -> str:
     """The request's own parameters as the JSON text ``request.parameters()`` returns."""
+    if not parameters:
+        return "{}"
     kept = {key: value for key, value in parameters.items()
             if key not in _TRANSPORT_KEYS and not key.startswith(_TRANSPORT_PREFIXES)}
     return json.dumps(kept, default=str)
@@ -110,7 +123,13 @@ class PythonBackend(Backend):
 
     def __init__(self, context: LoadContext) -> None:
         self._context = context
-        self._inputs_arena: Arena | None = None
+        self._input_arenas: list[Arena | None] = [None, None]
+        """Two, taken in turn: with a batch on its way while one runs (pipeline_depth 2), the next batch's
+        inputs must not overwrite those the model is reading. The third batch is sent only once the
+        first has answered (the pool lends an instance twice at most)."""
+        self._turn = 0
+        self._sending = threading.Lock()
+        """Held while a batch's inputs are written and it is sent: from the loop and the instance thread."""
         self._config_json: dict = {}
         self._config: Any = None
         """The final, auto-completed config (set by configure)."""
@@ -152,16 +171,7 @@ class PythonBackend(Backend):
         return completed
 
     def _args(self) -> dict[str, str]:
-        context = self._context
-        return {
-            "model_config": json.dumps(self._config_json),
-            "model_instance_kind": "CPU",
-            "model_instance_name": self._instance_name,
-            "model_instance_device_id": "0",
-            "model_repository": str(context.version_dir.parent),
-            "model_version": str(context.version),
-            "model_name": context.model_name,
-        }
+        return initialize_args(self._context, self._config_json, self._config)
 
     def configure(self, config: Any) -> None:
         """Initialize the model with the final (auto-completed) config."""
@@ -220,18 +230,26 @@ class PythonBackend(Backend):
     def _write_inputs(self, requests: Sequence[BackendRequest], keys: list[int]) -> tuple[dict, list[dict]]:
         tensors = [list(r.inputs.items()) for r in requests]
         needed = sum(Arena.needed(t) for t in tensors)
-        if self._inputs_arena is None or self._inputs_arena.size < needed:
-            if self._inputs_arena is not None:
-                self._inputs_arena.close()
-            self._inputs_arena = Arena.create(reusable_size(needed), self._context.model_name)
+        arena = self._input_arenas[self._turn]
+        if arena is None or arena.size < needed:
+            if arena is not None:
+                arena.close()
+            arena = self._input_arenas[self._turn] = Arena.create(reusable_size(needed), self._context.model_name)
+        self._turn ^= 1
         batch, offset = [], 0
         for key, request, request_tensors in zip(keys, requests, tensors):
-            descriptors, offset = self._inputs_arena.write(request_tensors, offset)
+            descriptors, offset = arena.write(request_tensors, offset)
             batch.append({"key": key, "inputs": descriptors, "outputs": list(request.outputs),
                           "id": request.request_id, "correlation_id": request.correlation_id,
                           "flags": request.flags, "timeout": request.timeout_us,
                           "parameters": model_parameters(request.parameters)})
-        return self._inputs_arena.info(), batch
+        return arena.info(), batch
+
+    @property
+    def pipeline_depth(self) -> int:  # type: ignore[override]
+        """Two batches on their way at once (the model process queues the second), except for a decoupled
+        model, whose channel is read by a thread that may wait for a slow client."""
+        return 1 if self._decoupled else 2
 
     def run_requests(self, requests: Sequence[BackendRequest]) -> BatchResult:
         if self._instance is None or not self._instance.process.alive or not self._ready:
@@ -240,14 +258,23 @@ class PythonBackend(Backend):
         instance = self._instance
         keys = instance.requests.open(requests, streamed=self._decoupled)
         results: list[Any]
+        replies: queue.SimpleQueue = queue.SimpleQueue()
         # Triton's compute_input / compute_output: handing the inputs to the model process, taking its
         # outputs back; the rest of the call is the model's own time.
-        started = time.perf_counter_ns()
         input_ns = output_ns = 0
         try:
-            arena_info, batch = self._write_inputs(requests, keys)
-            input_ns = time.perf_counter_ns() - started
-            reply = instance.process.call(("execute", arena_info, batch))
+            with self._sending:
+                started = time.perf_counter_ns()
+                arena_info, batch = self._write_inputs(requests, keys)
+                input_ns = time.perf_counter_ns() - started
+                instance.process.call_async(("execute", arena_info, batch), replies.put)
+            reply = replies.get()
+            if reply is None:
+                code = instance.process.process.wait()
+                raise ProcessExited(f"the model process of '{instance.process.name}' exited with code {code} "
+                                    "while handling the request", code)
+            if reply[0] == "crashed":
+                raise ConfigError(f"model.py of '{instance.process.name}' failed: {reply[1]}\n{reply[2]}")
         except ProcessExited as exc:
             self._ready = False
             error = InferenceFailed(f"{exc.message}; it is restarted for the next request")
@@ -256,21 +283,20 @@ class PythonBackend(Backend):
             replied = time.perf_counter_ns()
             try:
                 results = self._results(reply, len(requests))
-            except InferenceFailed as failed:  # execute() raised: the batch failed as a whole
-                instance.requests.finish_batch(keys, [failed for _ in keys])
-                self._let_go_of_inputs()
-                raise
+            except InferenceFailed as failed:  # execute() raised
+                self._let_go_of_inputs(arena_info["path"])
+                return BatchResult(_failed_batch(instance.requests.finish_batch(keys, [failed for _ in keys]), failed))
             output_ns = time.perf_counter_ns() - replied
-        self._let_go_of_inputs()
+        self._let_go_of_inputs(arena_info["path"])
         return BatchResult(instance.requests.finish_batch(keys, results), input_ns=input_ns, output_ns=output_ns)
 
-    def _let_go_of_inputs(self) -> None:
-        """After a batch: an arena larger than those kept for reuse goes (the model process has let go
-        of its view of it too)."""
-        arena = self._inputs_arena
-        if arena is not None and arena.oversized:
-            self._inputs_arena = None
-            arena.close()
+    def _let_go_of_inputs(self, path: str) -> None:
+        """After a batch: the arena it was written into (``path``), if larger than those kept for reuse,
+        goes (the model process has let go of its view of it too)."""
+        for index, arena in enumerate(self._input_arenas):
+            if arena is not None and arena.path == path and arena.oversized:
+                self._input_arenas[index] = None
+                arena.close()
 
     def start_requests(self, requests: Sequence[BackendRequest],
                        done: Callable[[BatchResult | BaseException], None]) -> bool:
@@ -287,31 +313,44 @@ class PythonBackend(Backend):
                 instance.process.read_on(asyncio.get_running_loop())
             except RuntimeError:  # not called on an event loop: the reader thread reads on
                 pass
-        keys = instance.requests.open(requests, streamed=self._decoupled)
-        started = time.perf_counter_ns()
-        try:
-            arena_info, batch = self._write_inputs(requests, keys)
-        except BaseException as exc:
-            instance.requests.finish_batch(keys, [exc for _ in keys])
-            raise
-        input_ns = time.perf_counter_ns() - started
+
+        input_ns = 0
 
         def replied(reply: tuple | None) -> None:
             try:
                 taken = time.perf_counter_ns()
                 replies = self._replied(instance, reply, len(requests))
                 output_ns = time.perf_counter_ns() - taken
-                self._let_go_of_inputs()
+                self._let_go_of_inputs(arena_info["path"])
                 results = instance.requests.finish_batch(keys, replies)
             except BaseException as exc:  # noqa: BLE001 - the batch must complete, whatever happened
-                if isinstance(exc, InferenceFailed):  # execute() raised: the batch failed as a whole
-                    instance.requests.finish_batch(keys, [exc for _ in keys])
-                    self._let_go_of_inputs()
+                if isinstance(exc, InferenceFailed):  # execute() raised
+                    self._let_go_of_inputs(arena_info["path"])
+                    try:
+                        answered = _failed_batch(instance.requests.finish_batch(keys, [exc for _ in keys]), exc)
+                    except InferenceFailed as failed:
+                        done(failed)
+                        return
+                    done(BatchResult(answered))
+                    return
                 done(exc)
                 return
             done(BatchResult(results, input_ns=input_ns, output_ns=output_ns))
 
-        instance.process.call_async(("execute", arena_info, batch), replied)
+        if not self._sending.acquire(blocking=False):
+            return False  # the instance thread is writing a large batch: this one follows it there
+        try:
+            keys = instance.requests.open(requests, streamed=self._decoupled)
+            started = time.perf_counter_ns()
+            try:
+                arena_info, batch = self._write_inputs(requests, keys)
+            except BaseException as exc:
+                instance.requests.finish_batch(keys, [exc for _ in keys])
+                raise
+            input_ns = time.perf_counter_ns() - started
+            instance.process.call_async(("execute", arena_info, batch), replied)
+        finally:
+            self._sending.release()
         return True
 
     def _replied(self, instance: _Instance, reply: tuple | None, count: int) -> list[Any]:
@@ -335,8 +374,8 @@ class PythonBackend(Backend):
         assert instance is not None
         if reply[0] == "failed":
             # The batch failed as a whole (Triton counts the execution, but no inference), in its words.
-            raise InferenceFailed(f"Failed to process the request(s) for model '{self._instance_name}', "
-                                  f"message: {reply[1]}")
+            raise InferenceFailed(f"Failed to process the request(s) for model "
+                                  f"'{instance_name(self._context, self._config)}', message: {reply[1]}")
         _, arena_info, packed = reply
         if packed is None:  # decoupled: the responses went to the sinks
             return [{} for _ in range(count)]
@@ -352,31 +391,18 @@ class PythonBackend(Backend):
                 results.append(RESCHEDULE if self._iterative else reschedule_refused(self._context.model_name))
             else:
                 assert arena is not None
-                parameters = json.loads(item[2]) if item[2] else {}
+                parameters = json.loads(item[2]) if item[2] and item[2] != "{}" else {}
                 results.append(Outputs({d[0]: arena.read(d, copy=True) for d in item[1]}, parameters))
         if arena is not None and arena.oversized:  # read (copied): the model process let go of it already
-            instance.process.drop_output_arena()
+            instance.process.drop_output_arena(arena.path)
         return results
-
-    @property
-    def _instance_name(self) -> str:
-        """Triton's name of this instance: its instance group's name (auto-completed ones are
-        <model>_<group>), then its index in the group."""
-        context = self._context
-        index = context.instance_index
-        groups = (self._config or context.config).instance_group
-        for position, group in enumerate(groups):
-            count = group.count if group.count > 0 else 1
-            if index < count:
-                return f"{group.name or f'{context.model_name}_{position}'}_{index}"
-            index -= count
-        return f"{context.model_name}_0_{context.instance_index}"
 
     def close(self) -> None:
         if self._instance is not None:
             self._instance.stop()
             self._instance = None
-        if self._inputs_arena is not None:
-            self._inputs_arena.close()
-            self._inputs_arena = None
+        for index, arena in enumerate(self._input_arenas):
+            if arena is not None:
+                arena.close()
+                self._input_arenas[index] = None
 

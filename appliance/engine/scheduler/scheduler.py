@@ -252,6 +252,8 @@ class Scheduler:
         """Items the next batch may take: max_batch_size, but with several idle instances and no
         preferred sizes, the queued work is spread over them rather than piled onto one."""
         limit = self.policy.max_batch_size
+        if self.policy.batch_cap:
+            limit = min(limit, self.policy.batch_cap)
         if idle > 1 and not self.policy.preferred_batch_sizes:
             limit = min(limit, max(1, -(-self._queue.items // idle)))
         return limit

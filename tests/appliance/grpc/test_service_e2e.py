@@ -279,7 +279,7 @@ def test_trace_settings(client):
     assert _code(excinfo) == "StatusCode.UNIMPLEMENTED"
     with pytest.raises(InferenceServerException, match="Request for unknown model : nope") as excinfo:
         client.get_trace_settings("nope")
-    assert _code(excinfo) == "StatusCode.INVALID_ARGUMENT"  # Triton's words and status
+    assert _code(excinfo) == "StatusCode.INVALID_ARGUMENT"  # as Triton
 
 
 def test_unary_rpcs_are_all_served(daemon):
