@@ -231,6 +231,8 @@ def _decode(request: pb.ModelInferRequest, limits: DecodeLimits, reserve: Callab
             raise InvalidInput(f"a requested output of the request for model '{model[:255]}' has no name")
         if any(requested.name == output.name for requested in outputs):
             continue  # as Triton: an output named twice is returned once
+        if output.parameters:
+            _check_shared_memory_types(output.parameters, output.name)
         parameters = from_parameters(output.parameters)
         shared = shared_memory_ref(parameters, f"output '{output.name}'")
         classification = parameters.get("classification")

@@ -42,15 +42,15 @@ _BYTES_ELEMENT_OVERHEAD = 8 + 33
 
 def _check_bounds(region: Region, ref: SharedMemoryRef, what: str) -> None:
     """Triton's checks (and words) for a tensor's place in a region, on every use."""
-    if ref.offset + ref.byte_size >= 1 << 64:
-        raise InvalidInput(
-            f"Integer overflow detected: byte_size {ref.byte_size} + offset {ref.offset} does not fit 64 bits "
-            f"({what} in shared memory region '{ref.region}')"
-        )
     if ref.offset >= region.byte_size:
         raise InvalidInput(
             f"Invalid offset for shared memory region: '{ref.region}' ({what}: offset {ref.offset}, the region "
             f"has {region.byte_size} bytes)"
+        )
+    if ref.offset + ref.byte_size >= 1 << 64:
+        raise InvalidInput(  # 2.51's words, then the newer Triton's (its L0_shared_memory checks those)
+            f"Invalid offset + byte size for shared memory region: '{ref.region}' (Integer overflow detected: "
+            f"byte_size {ref.byte_size} + offset {ref.offset} does not fit 64 bits; {what})"
         )
     if ref.offset + ref.byte_size > region.byte_size:
         raise InvalidInput(

@@ -83,6 +83,7 @@ def _infer_cases(made: Regions) -> list[tuple[str, Request]]:
         ("input_size_wrong", Request("add_sub", [_shm_input("INPUT0", 0, 32), _shm_input("INPUT1", 64)])),
         ("output_too_small", Request("add_sub", both_in, [_shm_output("OUTPUT0", 0, 32)])),
         ("output_past_end", Request("add_sub", both_in, [_shm_output("OUTPUT0", 100)])),
+        ("output_size_overflow", Request("add_sub", both_in, [_shm_output("OUTPUT0", 32, 2**64 - 32)])),
         ("unknown_region", Request("add_sub", [_shm_input("INPUT0", 0, region="nowhere"), _shm_input("INPUT1", 64)])),
     ]
 
