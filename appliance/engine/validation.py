@@ -88,6 +88,10 @@ def validate_request(model: str, signature: ModelSignature, request: InferReques
                 f"{prefix}unexpected shape for input '{tensor.name}' for model '{model}'. Expected "
                 f"{_shape_text(signature.full_shape(spec))}, got {_shape_text(tensor.data.shape)}{note}"
             )
+    named = [output.name for output in request.outputs]
+    if len(set(named)) < len(named):  # Triton's words (2.51 returned it once; its later releases refuse it)
+        twice = next(name for index, name in enumerate(named) if name in named[:index])
+        raise InvalidInput(f"output '{twice}' already exists in request")
     for output in request.outputs:
         if output.name not in signature.outputs:
             raise InvalidInput(

@@ -229,8 +229,6 @@ def _decode(request: pb.ModelInferRequest, limits: DecodeLimits, reserve: Callab
     for output in request.outputs:
         if not output.name:
             raise InvalidInput(f"a requested output of the request for model '{model[:255]}' has no name")
-        if any(requested.name == output.name for requested in outputs):
-            continue  # as Triton: an output named twice is returned once
         if output.parameters:
             _check_shared_memory_types(output.parameters, output.name)
         parameters = from_parameters(output.parameters)

@@ -95,13 +95,25 @@ def _parameters(obj: dict[str, Any], where: str) -> dict[str, Any]:
     return params
 
 
+# Triton's limit on a request document's nesting; a tensor's 'data' sits 3 levels down ({"inputs": [{...}]}).
+MAX_JSON_DEPTH = 100
+_DATA_DEPTH = MAX_JSON_DEPTH - 3
+
+
+def _too_deep(name: str) -> InvalidInput:
+    return InvalidInput(f"JSON nesting depth exceeds maximum allowed limit ({MAX_JSON_DEPTH}); input '{name}': "
+                        "send 'data' flat (its shape says how it is laid out)")
+
+
 def _flatten_strings(data: Any, name: str) -> list[bytes]:
     out: list[bytes] = []
-    stack = [data]
+    stack = [(data, 0)]
     while stack:
-        item = stack.pop()
+        item, depth = stack.pop()
         if isinstance(item, list):
-            stack.extend(reversed(item))
+            if depth >= _DATA_DEPTH:
+                raise _too_deep(name)
+            stack.extend((inner, depth + 1) for inner in reversed(item))
         elif isinstance(item, str):
             out.append(item.encode("utf-8"))
         else:
@@ -121,8 +133,8 @@ def _describe(values: np.ndarray) -> str:
 
 
 def decode_json_data(data: Any, datatype: str, shape: tuple[int, ...], count: int, name: str) -> np.ndarray:
-    # Any nesting is accepted as long as the element count matches, as Triton does (JSON itself is
-    # bounded to 1024 levels by orjson).
+    # Any nesting is accepted as long as the element count matches, down to Triton's depth limit (numpy
+    # refuses ragged lists, so the first elements' chain is the depth of a list it takes).
     if datatype == "BF16":  # JSON numbers would round through FP64 to BF16 behind the client's back
         raise InvalidInput(f"receiving BF16 data via JSON is not supported. Please use the binary data format for "
                            f"input {name}")
@@ -137,6 +149,11 @@ def decode_json_data(data: Any, datatype: str, shape: tuple[int, ...], count: in
         array = np.empty(count, dtype=object)
         array[:] = items
         return array.reshape(shape)
+    depth, first = 0, data
+    while isinstance(first, list) and first:
+        depth, first = depth + 1, first[0]
+        if depth > _DATA_DEPTH:
+            raise _too_deep(name)
     try:
         dtype = numpy_dtype(datatype)
         source = np.array(data)  # the JSON values' own kind first: 1.5 must not become an INT32 1
@@ -254,8 +271,6 @@ def _decode_request(header: dict[str, Any], body: bytes, header_length: int | No
     for position, raw in enumerate(raw_outputs):
         if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
             raise InvalidInput(f"outputs[{position}] must be an object with a 'name' string")
-        if any(o.name == raw["name"] for o in outputs):
-            continue  # as Triton: an output named twice is returned once
         params = _parameters(raw, f"output '{raw['name']}'")
         shared = shared_memory_ref(params, f"output '{raw['name']}'")
         classification = params.get("classification", 0)

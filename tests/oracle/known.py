@@ -257,6 +257,12 @@ DIFFERENCES: tuple[Difference, ...] = (
                _take_triton(_either(_statuses("500", "400"), _statuses("INTERNAL", "INVALID_ARGUMENT")))),
     Difference("`trace_file` (trace settings)", ("*.trace.*",), _default_trace_file),
     Difference("trace and log settings with an unknown name or value", ("*.trace.*", "*.logging.*"), _refused_setting),
+    Difference("an output named twice in one request", ("*.error.duplicate_output*",),
+               _take_triton(lambda triton, appliance: triton.status in ("200", "OK")
+                            and "already exists in request" in _error_words(appliance))),
+    Difference("an input's JSON `data` nested deeper than Triton's limit", ("http.json.deep_strings",),
+               _take_triton(lambda triton, appliance: triton.status == "200"
+                            and "JSON nesting depth exceeds maximum allowed limit" in _error_words(appliance))),
     Difference("a JSON body that repeats a key (`/infer`)", ("http.error.json.duplicate_key",),
                _take_triton(_statuses("200", "400"))),
     Difference("the order of an ensemble's outputs in a response", ("*.infer.pipeline*",), _in_tritons_output_order),

@@ -50,6 +50,7 @@ def test_optional_input_may_be_left_out():
     ([("a", "FP32", np.zeros((1, 1, 3), np.float32)), ("c", "INT32", np.zeros((1, 2), np.int32))], (),
      "[request id: <id_unknown>] unexpected inference input 'c' for model 'm'"),
     ([("a", "FP32", np.zeros((1, 1, 3), np.float32))], ("z",), "unexpected inference output 'z' for model 'm'"),
+    ([("a", "FP32", np.zeros((1, 1, 3), np.float32))], ("y", "y"), "output 'y' already exists in request"),
 ])
 def test_invalid_requests(inputs, outputs, message):
     with pytest.raises(InvalidInput) as info:

@@ -228,6 +228,13 @@ def test_outputs_in_shared_memory_come_back_without_data_or_parameters():
     assert list(message.outputs[0].shape) == [1, 16] and not message.outputs[1].parameters
 
 
+def test_an_output_named_twice_reaches_validation_as_twice():
+    request = _request(_tensor("x", "FP32", [1]), raw=[b"\0" * 4])
+    request.outputs.add(name="y")
+    request.outputs.add(name="y")
+    assert [o.name for o in decode_infer_request(request).outputs] == ["y", "y"]  # refused by validate_request
+
+
 def test_raw_contents_beyond_the_inputs_are_left_unread():
     """As Triton 2.51 answers (tests/oracle): the extra chunk is not an error."""
     decoded = decode_infer_request(_request(_tensor("x", "FP32", [1]), raw=[b"\0" * 4, b"\0" * 4]))

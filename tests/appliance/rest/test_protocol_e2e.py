@@ -102,12 +102,28 @@ def test_binary_data_output_is_only_the_default_for_outputs_not_listed(daemon):
     assert all("binary_data_size" in o["parameters"] for o in header["outputs"]) and len(raw) == 128
 
 
-def test_an_output_named_twice_comes_back_once(daemon):
-    """As Triton 2.51 answers, over HTTP and gRPC alike (tests/oracle)."""
+def test_duplicate_output_names_are_refused(daemon):
+    """As Triton's later releases (qa L0_http test_duplicate_output_names; 2.51 returned it once: see
+    docs/differences-from-triton.md); gRPC alike (tests/appliance/engine/test_validation.py)."""
     inputs = [{"name": n, "shape": [1, 16], "datatype": "INT32", "data": [1] * 16} for n in ("INPUT0", "INPUT1")]
     body = {"inputs": inputs, "outputs": [{"name": "OUTPUT0"}, {"name": "OUTPUT0"}]}
     status, _, payload = call(daemon.port, "POST", "/v2/models/simple/infer", body)
-    assert status == 200 and [o["name"] for o in payload["outputs"]] == ["OUTPUT0"]
+    assert status == 400 and payload["error"] == "output 'OUTPUT0' already exists in request"
+
+
+def test_json_nesting_deeper_than_tritons_limit_is_refused(daemon):
+    """Triton's later releases refuse a request nested past 100 levels (qa L0_http
+    test_json_recursion_depth_limit; 2.51 took any depth)."""
+    def nested(depth):
+        value = [1] * 16
+        for _ in range(depth):
+            value = [value]
+        return value
+    inputs = [{"name": n, "shape": [1, 16], "datatype": "INT32", "data": nested(120)} for n in ("INPUT0", "INPUT1")]
+    status, _, payload = call(daemon.port, "POST", "/v2/models/simple/infer", {"inputs": inputs})
+    assert status == 400 and "JSON nesting depth exceeds maximum allowed limit (100)" in payload["error"]
+    inputs = [{**tensor, "data": nested(50)} for tensor in inputs]
+    assert call(daemon.port, "POST", "/v2/models/simple/infer", {"inputs": inputs})[0] == 200
 
 
 def test_any_nesting_with_the_right_element_count_is_accepted(daemon):
