@@ -22,6 +22,7 @@ __all__ = ["BYTES_ELEMENT_OVERHEAD", "MAX_DIMS", "MAX_ELEMENTS", "DecodeLimits",
 # request size limit does that).
 MAX_ELEMENTS = 2**40
 MAX_DIMS = 64
+_UINT64 = 1 << 64
 # What one BYTES element costs beyond its text: a pointer in the object array and a bytes object.
 BYTES_ELEMENT_OVERHEAD = 8 + 33
 
@@ -45,9 +46,10 @@ def check_datatype(datatype: object, name: str) -> str:
     return datatype
 
 
-def check_shape(raw: object, name: str, limit: int) -> tuple[tuple[int, ...], int]:
+def check_shape(raw: object, name: str, limit: int, itemsize: int | None = None) -> tuple[tuple[int, ...], int]:
     """The shape as a tuple and its element count; at most ``MAX_DIMS`` non-negative dimensions and no
-    more than ``limit`` (max_tensor_elements) elements or elements per dimension."""
+    more than ``limit`` (max_tensor_elements) elements or elements per dimension. ``itemsize``: the
+    datatype's element size, for Triton's byte-size overflow check."""
     dims = list(raw) if isinstance(raw, Sequence) and not isinstance(raw, (str, bytes)) else raw
     if isinstance(dims, list) and len(dims) <= MAX_DIMS and all(type(d) is int for d in dims) and any(
             d < 0 for d in dims):
@@ -61,6 +63,12 @@ def check_shape(raw: object, name: str, limit: int) -> tuple[tuple[int, ...], in
             f"input '{name}': 'shape' must be a list of at most {MAX_DIMS} non-negative integers, got {dims!r}"[:400]
         )
     count, bound = math.prod(dims), min(limit, MAX_ELEMENTS)
+    if count >= _UINT64:  # Triton's words, then this server's bound
+        raise InvalidInput(f"input '{name}': shape {dims} causes total element count to exceed maximum size of "
+                           f"{_UINT64 - 1}; at most {bound} elements are allowed (max_tensor_elements)")
+    if itemsize and count * itemsize >= _UINT64:
+        raise InvalidInput(f"byte size overflow for input '{name}': shape {dims} of {itemsize}-byte elements; at "
+                           f"most {bound} elements are allowed (max_tensor_elements)")
     if count > bound or any(d > bound for d in dims):  # [0, 2**62] has no elements but no numpy shape
         raise InvalidInput(
             f"input '{name}': shape {dims} has more elements, or a larger dimension, than the {bound} "

@@ -196,7 +196,7 @@ def _decode(request: pb.ModelInferRequest, limits: DecodeLimits, reserve: Callab
         if not name:
             raise InvalidInput(f"an input of the request for model '{model[:255]}' has no name")
         datatype = check_datatype(tensor.datatype, name)
-        shape, count = check_shape(list(tensor.shape), name, limits.max_tensor_elements)
+        shape, count = check_shape(list(tensor.shape), name, limits.max_tensor_elements, element_size(datatype))
         if tensor.parameters:
             _check_shared_memory_types(tensor.parameters, name)
         shared = shared_memory_ref(from_parameters(tensor.parameters), f"input '{name}'") if tensor.parameters else None

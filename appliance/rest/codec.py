@@ -232,7 +232,7 @@ def _decode_request(header: dict[str, Any], body: bytes, header_length: int | No
         if not isinstance(name, str) or not name:
             raise InvalidInput(f"inputs[{position}] needs a 'name' string")
         datatype = check_datatype(raw.get("datatype"), name)
-        shape, count = check_shape(raw.get("shape"), name, limits.max_tensor_elements)
+        shape, count = check_shape(raw.get("shape"), name, limits.max_tensor_elements, element_size(datatype))
         params = _parameters(raw, f"input '{name}'")
         shared = shared_memory_ref(params, f"input '{name}'")
         if shared is not None:
@@ -321,9 +321,9 @@ def decode_raw_request(
     itemsize = element_size(datatype)
     variable = [i for i, d in enumerate(shape) if d < 0]
     if variable and (itemsize is None or len(variable) > 1):
-        raise InvalidInput(
-            f"a raw binary request cannot tell the shape of input '{name}' ({list(shape)}, {datatype}); send a "
-            f"JSON header with {HEADER_LENGTH} instead"
+        raise InvalidInput(  # Triton's words, then the fix
+            f"The shape of the raw input '{name}' can not be deduced because there are more than one "
+            f"variable-sized dimension ({list(shape)}); send a JSON header with {HEADER_LENGTH} instead"
         )
     if variable:
         assert itemsize is not None  # BYTES with a variable dim was refused above
