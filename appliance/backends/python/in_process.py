@@ -165,7 +165,7 @@ class InProcessPythonBackend(Backend):
         with runtime.serving(self._runtime):
             try:
                 self._model = self._class()
-                self._call("initialize", initialize_args(self._context, config_to_json(config)))
+                self._call("initialize", initialize_args(self._context, config_to_json(config), config))
             except Exception as exc:
                 raise ConfigError(f"initialize() of model '{self._context.model_name}' failed: "
                                   f"{type(exc).__name__}: {exc}") from exc

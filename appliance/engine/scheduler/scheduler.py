@@ -312,7 +312,8 @@ class Scheduler:
     def _dispatch(self, index: int, batch: list[Pending]) -> None:
         assert self._loop is not None
         now = self._loop.time()
-        queue_ns = [int((now - p.arrival) * 1e9) for p in batch]
+        stamp = time.monotonic_ns()
+        queue_ns = [stamp - p.arrival_ns for p in batch]
         requests = [_backend_request(p) for p in batch]
         work = functools.partial(execute_batch, requests=requests)
         items = sum(p.size for p in batch)
@@ -370,6 +371,8 @@ class Scheduler:
             if not isinstance(error, ApplianceError):
                 log.error("model %s: batch of %d failed: %r", self.label, len(batch), error)
                 error = InferenceFailed(f"model {self.label} failed: {type(error).__name__}: {error}")
+            if isinstance(error, InferenceFailed):  # it ran and failed (not refused before running)
+                self.stats.record_failed_batch(sum(p.size for p in batch))
             for pending in batch:
                 self._complete(pending, None, error)
             return
