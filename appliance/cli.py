@@ -13,6 +13,7 @@ from appliance import __version__, log_limit
 from appliance.commands import cache, discover, explain, fleet, install_service, probe, push, stats, tune
 from appliance.errors import ApplianceError
 from appliance.settings import Settings, load_settings
+from appliance.trace_flags import TRACE_SPELLINGS, trace_flags
 
 __all__ = ["main", "serve_flags", "usage_summary"]
 
@@ -75,6 +76,13 @@ def _serve_parser(sub: Any) -> None:
                         "(Triton's flag; default off)")
     p.add_argument("--rate-limit-resource", dest="rate_limit_resources", action="append",
                    metavar="NAME:COUNT[:DEVICE]", help="copies of a rate-limiter resource (repeatable)")
+    p.add_argument("--trace-config", dest="trace_config", action="append", default=[], metavar="[MODE,]SETTING=VALUE",
+                   help="Triton's trace settings at start: level=OFF|TIMESTAMPS|TENSORS, rate=N, count=N, "
+                        "mode=triton, triton,file=PATH, triton,log-frequency=N (repeatable)")
+    for flag, kind in (("--trace-file", str), ("--trace-rate", int), ("--trace-count", int),
+                       ("--trace-log-frequency", int)):
+        p.add_argument(flag, dest=flag[2:].replace("-", "_"), type=kind, help=argparse.SUPPRESS)
+    p.add_argument("--trace-level", dest="trace_levels", action="append", default=[], help=argparse.SUPPRESS)
 
 
 def serve_flags() -> dict[str, tuple[str, ...]]:
@@ -83,7 +91,10 @@ def serve_flags() -> dict[str, tuple[str, ...]]:
     _serve_parser(sub)
     (serve,) = sub.choices.values()
     flags = {action.dest: tuple(action.option_strings) for action in serve._actions if action.option_strings}
-    flags.pop("help", None)
+    for name in ("help", "trace_config", "trace_file", "trace_levels", "trace_rate", "trace_count",
+                 "trace_log_frequency"):
+        flags.pop(name, None)
+    flags.update({setting: (spelling,) for setting, spelling in TRACE_SPELLINGS.items()})
     return flags
 
 
@@ -131,10 +142,19 @@ def _run_serve(settings: Settings) -> int:
     return 0
 
 
+def _trace_flags(flags: dict[str, Any]) -> dict[str, object]:
+    """tritonserver's trace flags (taken out of ``flags``) as trace settings."""
+    return trace_flags(flags.pop("trace_config"), file=flags.pop("trace_file"), levels=flags.pop("trace_levels"),
+                       rate=flags.pop("trace_rate"), count=flags.pop("trace_count"),
+                       log_frequency=flags.pop("trace_log_frequency"))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     flags = {k: v for k, v in vars(args).items() if k not in ("command", "config")}
     try:
+        if args.command == "serve":
+            flags.update(_trace_flags(flags))
         settings = load_settings(flags, os.environ, args.config)
         _setup_logging(settings)
         if args.command == "serve":

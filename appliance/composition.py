@@ -33,8 +33,10 @@ from appliance.engine.streaming import StreamLimits
 from appliance.engine.tensor_checks import DecodeLimits
 from appliance.errors import ConfigError
 from appliance.examples import ensure_example_repository, example_repository
+from appliance.fleet_signature import FleetVerifier
 from appliance.grpc.config import GrpcConfig, StreamRules
 from appliance.lifecycle import Lifecycle
+from appliance.mdns.announcer import box_id
 from appliance.metrics.custom import CustomMetrics
 from appliance.metrics.service import MetricsService
 from appliance.metrics.store import Retention
@@ -42,9 +44,10 @@ from appliance.protocol.admission import AccessPolicy, Admission, parse_networks
 from appliance.protocol.dataplane import DataPlane, Rules
 from appliance.protocol.log_settings import LogSettings, LogValues
 from appliance.protocol.shared_memory import LocalPeers, SharedMemoryLimits, SharedMemoryRegistry
-from appliance.protocol.trace_settings import TraceSettings
+from appliance.protocol.trace_settings import TraceSettings, TraceValues
 from appliance.protocol.trace_writer import TraceWriter
 from appliance.protocol.tracing import Tracer
+from appliance.repository.plan_choice import PlanChooser
 from appliance.repository.pushed import PushLimits, PushStore
 from appliance.repository.registry import ModelRegistry
 from appliance.repository.retune import RetunePolicy, Retuner
@@ -173,6 +176,8 @@ class Appliance:
     """The state dir as checked at start: what is degraded, and why."""
     token: str
     """The control token every front end's admission checks."""
+    box_id: str
+    """This box's stable id (<state_dir>/device-id), announced on the LAN and bound into signed requests."""
     metrics: MetricsService | None
     shared_memory: SharedMemoryRegistry
     """Clients' shared-memory regions, unregistered (closed) at stop."""
@@ -230,6 +235,7 @@ async def _compose(settings: Settings, lifecycle: Lifecycle, connections: int) -
     if stale:
         log.info("removed %d shared-memory arenas left by model processes that died", len(stale))
     token = await asyncio.to_thread(control_token, settings.auth, server.state_dir, state)
+    own_id = await asyncio.to_thread(box_id, server.state_dir, state)
     registries: list[ModelRegistry] = []  # the metrics start first, to see the models load
     custom_metrics = CustomMetrics() if settings.metrics.enabled else None
     children = ChildProcesses()
@@ -249,7 +255,7 @@ async def _compose(settings: Settings, lifecycle: Lifecycle, connections: int) -
     hop = await measure_thread_hop()
     log.info("thread hop (event loop -> instance thread -> event loop): %.0f µs", hop / 1000)
     loop = asyncio.get_running_loop()
-    selector: asyncio.Future[Selector | None] = loop.create_future()
+    selector: asyncio.Future[PlanChooser | None] = loop.create_future()
     hardware: asyncio.Future[dict] = loop.create_future()
     registry = ModelRegistry(
         repository,
@@ -276,13 +282,14 @@ async def _compose(settings: Settings, lifecycle: Lifecycle, connections: int) -
     lifecycle.on_close("the log settings", lambda: _call(logs.restore))
     limits = settings.limits
     admission = Admission(AccessPolicy(token, parse_networks(settings.auth.exempt_networks),
-                                       settings.auth.protect_inference), limits.max_concurrent_requests)
+                                       settings.auth.protect_inference, FleetVerifier(token, own_id)),
+                          limits.max_concurrent_requests)
     dataplane = DataPlane(registry, _rules(settings.models, limits, settings.fleet), admission=admission,
                           budget=MemoryBudget(limits.max_request_memory_bytes), shared_memory=shared_memory,
                           tracer=tracer, traces=traces, logs=logs, pushes=pushes, state=state, hardware=hardware)
     http_connections, grpc_connections = split_connections(settings.http, settings.grpc, connections)
     appliance = Appliance(
-        settings, state, token, metrics, shared_memory, registry, dataplane, traces, tracer, hardware,
+        settings, state, token, own_id, metrics, shared_memory, registry, dataplane, traces, tracer, hardware,
         rest_config(settings.http, limits, settings.metrics, server, settings.fleet.name, state),
         grpc_config(settings.grpc, limits, settings.http, grpc_connections) if settings.grpc.enabled else None,
         http_connections, lifecycle,
@@ -326,18 +333,27 @@ async def _start_metrics(section: MetricsSection, server: ServerSection, state: 
 
 
 def _start_tracing(settings: Settings, state: StateDir, lifecycle: Lifecycle) -> tuple[TraceSettings, Tracer]:
-    """Traces go to files under the state dir only; a read-only one keeps them in memory (bounded)."""
+    """Traces go to files under the state dir (or where trace_path says); a read-only directory keeps them
+    in memory (bounded)."""
     server, section = settings.server, settings.trace
     # A read-only state dir is reported once (its read_only problem says traces stay in memory).
-    fix = f"make {server.state_dir} writable, then restart the daemon"
+    where = Path(section.path).parent if section.path is not None else server.state_dir
+    fix = f"make {where} writable, then restart the daemon"
 
     def failed(reason: str) -> None:
         state.note("traces", f"{reason}: traces are kept in memory only", fix)
 
-    writer = TraceWriter(server.trace_dir if state.writable else None, section.file, section.max_bytes,
-                         on_error=failed, max_files=section.max_files)
+    if section.path is not None:  # Triton's --trace-config triton,file=<path>: where the operator said
+        path = Path(section.path).expanduser().absolute()
+        directory: Path | None = path.parent
+        name, reported = path.name, section.path
+    else:
+        directory = server.trace_dir if state.writable else None
+        name, reported = section.file, str(server.trace_dir / section.file)
+    writer = TraceWriter(directory, name, section.max_bytes, on_error=failed, max_files=section.max_files)
     lifecycle.on_close("the trace writer", lambda: asyncio.to_thread(writer.close))
-    traces = TraceSettings(trace_file=str(server.trace_dir / section.file))
+    defaults = TraceValues(section.level, section.rate, section.count, section.log_frequency)
+    traces = TraceSettings(defaults, trace_file=reported, mode=section.mode)
     return traces, Tracer(traces, writer)
 
 
@@ -380,7 +396,7 @@ async def _close_models(registry: ModelRegistry) -> None:
         log.error("error while closing a model: %s", error)
 
 
-async def _load_repository(appliance: Appliance, selector: asyncio.Future[Selector | None]) -> None:
+async def _load_repository(appliance: Appliance, selector: asyncio.Future[PlanChooser | None]) -> None:
     settings, registry, dataplane = appliance.settings, appliance.registry, appliance.dataplane
     # Probing imports the runtimes (seconds): done with the front ends already answering, and in a child
     # process, so that a daemon serving only ONNX never holds torch or OpenVINO.

@@ -13,7 +13,7 @@ from appliance.allocator import return_large_buffers
 from appliance.client.boxes import Browser
 from appliance.composition import Appliance, compose
 from appliance.grpc.grpc_server import GrpcServer
-from appliance.mdns.announcer import Announcer, box_id, catalog_digest
+from appliance.mdns.announcer import Announcer, catalog_digest
 from appliance.mdns.fleet import FleetView
 from appliance.rest.app import build_app, build_metrics_app
 from appliance.rest.http_server import ConnectionLimiter, HttpServer, fit_connections_to_descriptors
@@ -105,9 +105,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             loop.add_signal_handler(sig, stop.set)
         loop.add_signal_handler(signal.SIGHUP, lambda: spawn(_reload(appliance, notifier)))
     limiter = ConnectionLimiter(appliance.http_connections)
-    # The box id is kept in the state dir: read (or made) only when the box shows itself on the LAN.
-    own_id = (await asyncio.to_thread(box_id, server_section.state_dir, appliance.state)
-              if fleet_section.mdns else "")
+    own_id = appliance.box_id
     browser, fleet = await _browse(fleet_section, own_id)
     header_timeout, host = settings.http.header_timeout, server_section.host
     app = build_app(appliance.dataplane, appliance.rest, metrics=appliance.metrics, fleet=fleet)

@@ -26,6 +26,7 @@ __all__ = [
     "PayloadTooLarge",
     "PushRefused",
     "PushTooLarge",
+    "RefusedByRuntime",
     "RegionNotFound",
     "RequestTimeout",
     "Unauthorized",
@@ -88,6 +89,11 @@ class Forbidden(ApplianceError):
 
 class UnsupportedMediaType(ApplianceError):
     status = HTTPStatus.UNSUPPORTED_MEDIA_TYPE
+
+
+class RefusedByRuntime(InvalidInput):
+    """The runtime refused the request's data while running it (text that is not a number for a graph that
+    parses numbers): the request's fault (400), counted as a backend failure as Triton counts it."""
 
 
 class PushRefused(InvalidInput):

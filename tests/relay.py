@@ -9,9 +9,11 @@ import threading
 from collections.abc import Iterator
 
 
-def _pump(source: socket.socket, target: socket.socket) -> None:
+def _pump(source: socket.socket, target: socket.socket, seen: list[bytes] | None = None) -> None:
     try:
         while data := source.recv(65536):
+            if seen is not None:
+                seen.append(data)
             target.sendall(data)
     except OSError:
         pass
@@ -21,8 +23,9 @@ def _pump(source: socket.socket, target: socket.socket) -> None:
 
 
 @contextlib.contextmanager
-def relay(target_port: int, source_address: str) -> Iterator[int]:
-    """Yield a port on 127.0.0.1 whose connections reach 127.0.0.1:``target_port`` from ``source_address``."""
+def relay(target_port: int, source_address: str, seen: list[bytes] | None = None) -> Iterator[int]:
+    """Yield a port on 127.0.0.1 whose connections reach 127.0.0.1:``target_port`` from ``source_address``;
+    ``seen`` collects every byte the clients sent (what a box in the middle would see)."""
     listener = socket.create_server(("127.0.0.1", 0))
     sockets: list[socket.socket] = [listener]
 
@@ -34,8 +37,8 @@ def relay(target_port: int, source_address: str) -> Iterator[int]:
                 return
             upstream = socket.create_connection(("127.0.0.1", target_port), source_address=(source_address, 0))
             sockets.extend((client, upstream))
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=_pump, args=(a, b), daemon=True).start()
+            for a, b, log in ((client, upstream, seen), (upstream, client, None)):
+                threading.Thread(target=_pump, args=(a, b, log), daemon=True).start()
 
     threading.Thread(target=serve, daemon=True).start()
     try:

@@ -9,7 +9,7 @@ import onnxruntime as ort
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
 from appliance.backends.base import Backend, LoadContext
-from appliance.errors import ConfigError, InferenceFailed, InvalidInput
+from appliance.errors import ConfigError, InferenceFailed, InvalidInput, RefusedByRuntime
 from appliance.tensors import RuntimeTensor
 
 __all__ = ["OnnxRuntimeBackend"]
@@ -109,12 +109,12 @@ class OnnxRuntimeBackend(Backend):
         try:
             results = self._session.run(list(outputs), feed)
         except (ort_state.InvalidArgument, ort_state.Fail) as exc:
-            raise InvalidInput(f"onnxruntime refused the input: {exc}") from exc
+            raise RefusedByRuntime(f"onnxruntime refused the input: {exc}") from exc
         except Exception as exc:  # the runtime's own exception types vary by provider
             if self._string_inputs and "Cast node" in str(exc):
                 # A graph that parses its BYTES inputs as numbers (Cast from string) got text that is not one.
-                raise InvalidInput(f"the model could not read a BYTES input as a number ({_status(exc)}); send each "
-                                   "element as the text of a number, such as '12' or '-0.5'") from exc
+                raise RefusedByRuntime(f"the model could not read a BYTES input as a number ({_status(exc)}); send "
+                                       "each element as the text of a number, such as '12' or '-0.5'") from exc
             raise InferenceFailed(f"onnxruntime failed to execute the model: {exc}") from exc
         return {
             name: _to_bytes(value) if name in self._string_outputs else value

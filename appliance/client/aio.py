@@ -14,12 +14,13 @@ import contextlib
 import json
 import logging
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 from tritonclient.utils import InferenceServerException
 
-from appliance.client.attempts import PoolBase, as_boxes, infer_options
+from appliance.client.attempts import PoolBase, as_boxes, infer_options, token_policy
 from appliance.client.boxes import Box, Browser
 from appliance.client.routing import NoBoxAvailable
 from appliance.client.transport import (
@@ -34,6 +35,7 @@ from appliance.client.transport import (
     ready_models,
     sequence_options,
 )
+from appliance.client.trust import TrustStore
 
 __all__ = ["AsyncBoxPool"]
 
@@ -45,9 +47,10 @@ class AsyncBoxPool(PoolBase):
 
     def __init__(self, boxes: Sequence[Box | str] | None = None, protocol: str = "http", *, cooldown: float = 30.0,
                  token: str | None = None, timeout: float = 60.0, retry_deadline: float = 30.0,
-                 refresh: float = 10.0, interfaces: Sequence[str] = (), busy_backoff: float = 0.25) -> None:
-        super().__init__(protocol, cooldown, retry_deadline, busy_backoff)
-        self._token = token
+                 refresh: float = 10.0, interfaces: Sequence[str] = (), busy_backoff: float = 0.25,
+                 trusted_boxes: TrustStore | str | Path | None = None) -> None:
+        super().__init__(protocol, cooldown, retry_deadline, busy_backoff,
+                         token_policy(token, trusted_boxes, boxes is not None, "AsyncBoxPool"))
         self._timeout = timeout
         self._fixed = as_boxes(boxes) if boxes is not None else None
         if self._fixed is not None and not self._fixed:
@@ -95,7 +98,8 @@ class AsyncBoxPool(PoolBase):
         assert self._session is not None
         try:
             async with self._session.post(box.base_url + "/v2/repository/index", data=b'{"ready": true}',
-                                          headers=headers_for(self._token, {"Content-Type": "application/json"}),
+                                          headers=headers_for(self._tokens.token_for(box),
+                                                              {"Content-Type": "application/json"}),
                                           timeout=aiohttp.ClientTimeout(total=10)) as response:
                 body = await response.read()
                 if response.status != 200:
@@ -152,7 +156,7 @@ class AsyncBoxPool(PoolBase):
         body, json_size = triton_http.InferenceServerClient.generate_request_body(
             inputs, outputs=options["outputs"], request_id=options["request_id"], priority=options["priority"],
             timeout=options["timeout"], parameters=options["parameters"], **sequence_options(options))
-        headers = headers_for(self._token, options["headers"])
+        headers = headers_for(self._tokens.token_for(box), options["headers"])
         if json_size is not None:
             headers.update({"Inference-Header-Content-Length": str(json_size),
                             "Content-Type": "application/octet-stream"})
@@ -185,7 +189,8 @@ class AsyncBoxPool(PoolBase):
         if client is None:
             client = self._grpc[url] = triton_grpc_aio.InferenceServerClient(url)
         try:
-            return await client.infer(model, inputs, **grpc_options(options, self._timeout, self._token))
+            token = self._tokens.token_for(box)
+            return await client.infer(model, inputs, **grpc_options(options, self._timeout, token))
         except InferenceServerException as exc:
             raise classify_grpc(exc, box.name) from None
 

@@ -7,15 +7,20 @@ to give up live here once, so the two cannot drift apart.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Hashable, Sequence
+from pathlib import Path
 from typing import Any
 
 from appliance.client.boxes import PROTOCOLS, Box
 from appliance.client.routing import Router
 from appliance.client.transport import Refused, Unreachable
+from appliance.client.trust import TokenPolicy, TrustStore
 
-__all__ = ["Attempts", "PoolBase", "as_boxes", "infer_options"]
+__all__ = ["Attempts", "PoolBase", "as_boxes", "infer_options", "token_policy"]
+
+log = logging.getLogger(__name__)
 
 
 def as_boxes(boxes: Sequence[Box | str]) -> list[Box]:
@@ -30,15 +35,29 @@ def infer_options(outputs: Any, model_version: str, request_id: str, parameters:
             "sequence_id": sequence_id, "sequence_start": sequence_start, "sequence_end": sequence_end}
 
 
+def token_policy(token: str | None, trusted_boxes: TrustStore | str | Path | None, named: bool,
+                 pool: str) -> TokenPolicy:
+    """Where a pool's bearer token may go: see TokenPolicy."""
+    trusted = trusted_boxes if isinstance(trusted_boxes, TrustStore) or trusted_boxes is None else (
+        TrustStore.load(trusted_boxes))
+    if token is not None and not named and trusted is None:
+        log.warning("%s: the token goes to no box found on the LAN (a box merely found there is not trusted "
+                    "with it); pin your boxes (appliance fleet trust NAME) and pass trusted_boxes=<the pins "
+                    "file>, or name the boxes", pool)
+    return TokenPolicy(token, trusted, named)
+
+
 class PoolBase:
     """The router and the box views of a pool; ``_want`` asks the pool to re-read one box's models."""
 
-    def __init__(self, protocol: str, cooldown: float, retry_deadline: float, busy_backoff: float) -> None:
+    def __init__(self, protocol: str, cooldown: float, retry_deadline: float, busy_backoff: float,
+                 tokens: TokenPolicy) -> None:
         if protocol not in PROTOCOLS:
             raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
         self.protocol = protocol
         self.retry_deadline = retry_deadline
         self._router = Router(cooldown, busy_backoff)
+        self._tokens = tokens
 
     def boxes(self) -> list[Box]:
         return sorted(self._router.boxes(), key=lambda b: b.name)
@@ -58,7 +77,7 @@ class PoolBase:
     def _box_changed(self, box: Box, present: bool) -> None:
         if not present:
             self._router.remove(box.name)
-        elif self._router.add(box):
+        elif self._router.add(self._tokens.route(box)):
             self._want(box.name)
 
     def _attempts(self, model: str, options: dict[str, Any]) -> Attempts:

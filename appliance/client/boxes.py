@@ -14,13 +14,14 @@ from typing import Any
 
 from zeroconf import InterfaceChoice, IPVersion, ServiceBrowser, ServiceStateChange, Zeroconf
 
-from appliance.mdns import KSERVE_TYPE
-
-__all__ = ["PROTOCOLS", "Box", "Browser", "discover"]
+__all__ = ["HTTP_TYPE", "KSERVE_TYPE", "PROTOCOLS", "Box", "Browser", "discover"]
 
 log = logging.getLogger(__name__)
 
 PROTOCOLS = ("http", "grpc")
+KSERVE_TYPE = "_kserve-v2._tcp.local."
+"""The mDNS service type a box announces (appliance.mdns.announcer) and apps browse for."""
+HTTP_TYPE = "_http._tcp.local."
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,14 +16,16 @@ import queue
 import threading
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from tritonclient.utils import InferenceServerException
 
-from appliance.client.attempts import PoolBase, as_boxes, infer_options
+from appliance.client.attempts import PoolBase, as_boxes, infer_options, token_policy
 from appliance.client.boxes import Box, Browser
 from appliance.client.routing import NoBoxAvailable
 from appliance.client.transport import GrpcTransport, HttpTransport, Refused, Unreachable
+from appliance.client.trust import TrustStore
 
 __all__ = ["BoxPool"]
 
@@ -37,17 +39,22 @@ class BoxPool(PoolBase):
 
     ``boxes``: a fixed list (Box or "host:port"); None follows the LAN over mDNS (``interfaces``: the
     IPv4 addresses of the interfaces to listen on). ``token``: the bearer token, for boxes that protect
-    inference. ``timeout``: seconds one attempt may wait for its answer. ``retry_deadline``: seconds a
-    request may spend being retried and waiting for a free box. ``refresh``: seconds between two reads
-    of every box's ready models (also read at once when a box's mDNS record changes)."""
+    inference: sent to the boxes of a fixed list, and of the boxes found on the LAN only to those pinned in
+    ``trusted_boxes`` (a TrustStore or the path of its file: ``appliance fleet trust`` makes it), at
+    their pinned address; never to a box merely found. ``timeout``: seconds one attempt may wait for its
+    answer. ``retry_deadline``: seconds a request may spend being retried and waiting for a free box.
+    ``refresh``: seconds between two reads of every box's ready models (also read at once when a box's
+    mDNS record changes)."""
 
     def __init__(self, boxes: Sequence[Box | str] | None = None, protocol: str = "http", *, cooldown: float = 30.0,
                  token: str | None = None, timeout: float = 60.0, retry_deadline: float = 30.0,
-                 refresh: float = 10.0, interfaces: Sequence[str] = (), busy_backoff: float = 0.25) -> None:
-        super().__init__(protocol, cooldown, retry_deadline, busy_backoff)
-        self._index = HttpTransport(timeout=10.0, token=token)
+                 refresh: float = 10.0, interfaces: Sequence[str] = (), busy_backoff: float = 0.25,
+                 trusted_boxes: TrustStore | str | Path | None = None) -> None:
+        tokens = token_policy(token, trusted_boxes, boxes is not None, "BoxPool")
+        super().__init__(protocol, cooldown, retry_deadline, busy_backoff, tokens)
+        self._index = HttpTransport(timeout=10.0, tokens=tokens)
         self._transport: HttpTransport | GrpcTransport = (
-            GrpcTransport(timeout, token) if protocol == "grpc" else HttpTransport(timeout, token))
+            GrpcTransport(timeout, tokens) if protocol == "grpc" else HttpTransport(timeout, tokens))
         self._refresh_every = refresh
         self._wanted: queue.Queue[str | None] = queue.Queue()
         self._closed = threading.Event()

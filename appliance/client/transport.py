@@ -28,6 +28,7 @@ import urllib3
 from tritonclient.utils import InferenceServerException
 
 from appliance.client.boxes import Box
+from appliance.client.trust import TokenPolicy
 
 __all__ = ["GrpcTransport", "HttpTransport", "Refused", "Unreachable", "infer_path", "ready_models"]
 
@@ -95,8 +96,10 @@ def headers_for(token: str | None, extra: Mapping[str, str] | None) -> dict[str,
 
 
 class HttpTransport:
-    def __init__(self, timeout: float, token: str | None = None, connect_timeout: float = 5.0) -> None:
-        self.token = token
+    """``tokens``: which boxes get the bearer token (none by default)."""
+
+    def __init__(self, timeout: float, tokens: TokenPolicy | None = None, connect_timeout: float = 5.0) -> None:
+        self.tokens = tokens or TokenPolicy(None, None, named=True)
         self._http = urllib3.PoolManager(num_pools=64, maxsize=64, retries=False,
                                          timeout=urllib3.Timeout(connect=connect_timeout, read=timeout))
 
@@ -104,7 +107,7 @@ class HttpTransport:
                 headers: Mapping[str, str] | None = None) -> urllib3.BaseHTTPResponse:
         try:
             return self._http.request(method, box.base_url + path, body=body,
-                                      headers=headers_for(self.token, headers))
+                                      headers=headers_for(self.tokens.token_for(box), headers))
         except urllib3.exceptions.ReadTimeoutError as exc:  # the model may be running it: not retried
             raise InferenceServerException(msg=f"{box.name}: timed out waiting for the answer ({exc})") from None
         except (urllib3.exceptions.NewConnectionError, urllib3.exceptions.ConnectTimeoutError) as exc:
@@ -179,11 +182,12 @@ def sequence_options(options: dict[str, Any]) -> dict[str, Any]:
 
 
 class GrpcTransport:
-    """tritonclient.grpc clients, one per thread and box (a grpc channel each)."""
+    """tritonclient.grpc clients, one per thread and box (a grpc channel each); ``tokens``: which boxes
+    get the bearer token (none by default)."""
 
-    def __init__(self, timeout: float, token: str | None = None) -> None:
+    def __init__(self, timeout: float, tokens: TokenPolicy | None = None) -> None:
         self.timeout = timeout
-        self.token = token
+        self.tokens = tokens or TokenPolicy(None, None, named=True)
         self._local = threading.local()
         self._all: list[Any] = []
         self._lock = threading.Lock()
@@ -201,7 +205,8 @@ class GrpcTransport:
 
     def infer(self, box: Box, model: str, inputs: Sequence[Any], options: dict[str, Any]) -> Any:
         try:
-            return self._client(box).infer(model, inputs, **grpc_options(options, self.timeout, self.token))
+            return self._client(box).infer(model, inputs,
+                                           **grpc_options(options, self.timeout, self.tokens.token_for(box)))
         except InferenceServerException as exc:
             raise classify_grpc(exc, box.name) from None
 

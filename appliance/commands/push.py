@@ -3,6 +3,10 @@
 The directory's config.pbtxt goes as the ``config`` parameter (JSON), every other file as a
 ``file:<path>`` parameter (base64), as Triton's load API takes file overrides. Boxes are loaded in
 parallel, with one progress line each; the exit status is 1 when any box failed (each named, with why).
+
+Only to trusted boxes (see targets.py): a box found on the LAN that the operator did not pin is refused
+before anything is sent to it, with the command that pins it. The token is never sent: the push is
+signed for the pinned box id, over a nonce that box issued (appliance.fleet_signature).
 """
 
 from __future__ import annotations
@@ -20,8 +24,18 @@ from urllib.parse import quote
 
 from google.protobuf import json_format
 
-from appliance.client.boxes import Box
-from appliance.commands.targets import add_target_options, fetch_json, read_token, select_boxes
+from appliance.client.trust import TrustStore
+from appliance.commands.targets import (
+    BoxClient,
+    Refusal,
+    Target,
+    add_target_options,
+    explicit_boxes,
+    read_token,
+    select_boxes,
+    targets,
+    trust_store,
+)
 from appliance.errors import ConfigError
 from appliance.repository.config import CONFIG_FILENAME, read_config
 from appliance.settings import Settings
@@ -37,8 +51,9 @@ def add_parser(sub: Any) -> None:
                         help="a model directory: config.pbtxt (optional) and version directories (1/model.onnx)")
     add_target_options(parser, choose=True)
     parser.add_argument("--token-file", type=Path,
-                        help="file holding the boxes' control token (default: APPLIANCE_AUTH_TOKEN; none is "
-                             "needed from an address the box exempts, such as its own host)")
+                        help="file holding the boxes' control token, used to sign the push and never sent "
+                             "(default: APPLIANCE_AUTH_TOKEN; none is needed from an address the box exempts, "
+                             "such as its own host)")
     parser.add_argument("--name", dest="model_name", help="the model's name on the boxes (default: the directory's)")
     parser.add_argument("--load-timeout", type=float, default=600.0,
                         help="seconds a box may take to load the model (default 600)")
@@ -77,18 +92,49 @@ def model_parameters(model_dir: Path, name: str) -> tuple[dict[str, str], int]:
     return parameters, sum(len(data) for data in files.values())
 
 
-def _push(box: Box, name: str, body: bytes, token: str | None, timeout: float) -> str:
+def _identity(client: BoxClient, target: Target, store: TrustStore) -> tuple[str, str] | None:
+    """(box id, nonce) of a trusted box once it has proved it is the box expected; None for a box named
+    by URL that does not sign (Triton); Refusal otherwise."""
+    pin = target.trust.pin
+    if not target.named and pin is not None:
+        return pin.id, client.expect(pin.id, f"at {pin.where}")
+    identity = client.identify()
+    if identity is not None:
+        verdict = store.named_verdict(target.box, identity[0])
+        if not verdict.trusted:
+            raise Refusal(verdict.reason)
+    return identity
+
+
+def _push(target: Target, name: str, body: bytes, token: str | None, store: TrustStore, timeout: float) -> str:
     """'' when the box loaded the model, else why not."""
-    try:
-        status, answer = fetch_json(box, "POST", f"/v2/repository/models/{quote(name, safe='')}/load", body,
-                                    token, timeout)
-    except OSError as exc:
-        return f"cannot reach {box.base_url}: {exc}"
+    if not target.trust.trusted:
+        return f"not pushed: {target.trust.reason}"
+    box = target.reachable_box
+    path = f"/v2/repository/models/{quote(name, safe='')}/load"
+    with BoxClient(box) as client:
+        try:
+            identity = _identity(client, target, store)
+            if token and identity is not None:
+                status, answer = client.signed(token, *identity, "POST", path, body, timeout)
+            else:
+                status, answer = client.call("POST", path, body, timeout=timeout)
+        except Refusal as exc:
+            return f"not pushed: {exc}"
+        except OSError as exc:
+            return f"cannot reach {box.base_url}: {exc}"
     if status == 200:
         return ""
     error = answer.get("error") if isinstance(answer, dict) else answer
-    hint = {401: " (pass the box's token: --token-file F)",
-            403: " (this client may not load models on the box)"}.get(status, "")
+    if status == 401 and token is None:
+        hint = " (give the boxes' token: --token-file F; it signs the push and is never sent)"
+    elif status == 401 and identity is None:
+        hint = (" (the box takes no signed requests: Triton or an older appliance; this command never sends the "
+                "token itself)")
+    elif status == 401:
+        hint = " (the box's token is not the one in --token-file or APPLIANCE_AUTH_TOKEN)"
+    else:
+        hint = {403: " (this client may not load models on the box)"}.get(status, "")
     return f"HTTP {status}: {error}{hint}"
 
 
@@ -96,7 +142,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     name = args.model_name or args.model_dir.resolve().name
     parameters, size = model_parameters(args.model_dir, name)
     token = read_token(args.token_file, settings)
-    boxes = select_boxes(args, choose=True)
+    store = trust_store(settings)
+    chosen = targets(select_boxes(args, choose=True), explicit_boxes(args), store)
     body = json.dumps({"parameters": parameters}).encode()
     lock = threading.Lock()
 
@@ -104,22 +151,27 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         with lock:
             print(line, flush=True)
 
-    def one(box: Box) -> str:
+    def one(target: Target) -> str:
+        box = target.box
+        if not target.trust.trusted:
+            problem = f"not pushed: {target.trust.reason}"
+            say(f"{box.name}: {problem}")
+            return problem
         amount = f"{size / 1e6:.1f} MB" if size >= 100_000 else f"{size / 1e3:.1f} kB"
-        say(f"{box.name}: pushing {name} ({amount}) to {box.base_url}")
+        say(f"{box.name}: pushing {name} ({amount}) to {target.reachable_box.base_url}")
         started = time.monotonic()
-        problem = _push(box, name, body, token, args.load_timeout)
+        problem = _push(target, name, body, token, store, args.load_timeout)
         took = time.monotonic() - started
         say(f"{box.name}: FAILED after {took:.1f} s: {problem}" if problem else
             f"{box.name}: {name} loaded in {took:.1f} s")
         return problem
 
-    with concurrent.futures.ThreadPoolExecutor(max_workers=min(16, len(boxes))) as pool:
-        problems = dict(zip((b.name for b in boxes), pool.map(one, boxes)))
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(16, len(chosen))) as pool:
+        problems = dict(zip((t.box.name for t in chosen), pool.map(one, chosen)))
     failed = {box: problem for box, problem in problems.items() if problem}
     if failed:
-        print(f"appliance push: {name} failed on {len(failed)} of {len(boxes)} box(es): "
+        print(f"appliance push: {name} failed on {len(failed)} of {len(chosen)} box(es): "
               + "; ".join(f"{box}: {problem}" for box, problem in failed.items()), file=sys.stderr)
         return 1
-    print(f"{name} loaded on {len(boxes)} box(es)")
+    print(f"{name} loaded on {len(chosen)} box(es)")
     return 0

@@ -1,8 +1,17 @@
-"""Which boxes a fleet command talks to (found over mDNS, or named by URL), and a small HTTP helper."""
+"""Which boxes a fleet command talks to (found over mDNS, or named by URL), whether each is trusted, and
+HTTP to one box: plain, or signed with the token (which never leaves this machine).
+
+A box found on the LAN is trusted only when the operator pinned it (``appliance fleet trust``: its id
+at its address, see appliance.client.trust); a box named with ``--url`` is trusted for the command that
+names it, unless another box was pinned at that address. Whatever a box is, the token is never sent:
+requests that need it are signed (appliance.fleet_signature) for the box id the client expects, with a
+nonce that box issued.
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import http.client
 import json
 from collections.abc import Sequence
@@ -10,10 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from appliance.client.boxes import Box, discover
+from appliance.client.trust import Trust, TrustStore
 from appliance.errors import ConfigError
+from appliance.fleet_signature import NONCE_PATH, sign
 from appliance.settings import Settings
 
-__all__ = ["add_target_options", "fetch_json", "read_token", "select_boxes"]
+__all__ = ["BoxClient", "Refusal", "Target", "add_target_options", "explicit_boxes", "read_token", "select_boxes",
+           "targets", "trust_store"]
 
 
 def add_target_options(parser: argparse.ArgumentParser, choose: bool) -> None:
@@ -29,12 +41,16 @@ def add_target_options(parser: argparse.ArgumentParser, choose: bool) -> None:
                         help="listen only on the interface with this IPv4 address (repeatable)")
 
 
-def select_boxes(args: argparse.Namespace, choose: bool) -> list[Box]:
-    """The boxes the arguments name; ConfigError saying what is wrong otherwise."""
+def explicit_boxes(args: argparse.Namespace) -> list[Box]:
     try:
-        explicit = [Box.at(url) for url in args.urls]
+        return [Box.at(url) for url in args.urls]
     except ValueError as exc:
         raise ConfigError(f"--url: {exc}") from None
+
+
+def select_boxes(args: argparse.Namespace, choose: bool) -> list[Box]:
+    """The boxes the arguments name; ConfigError saying what is wrong otherwise."""
+    explicit = explicit_boxes(args)
     if choose:
         names: list[str] = args.to
         if names and args.all:
@@ -62,9 +78,37 @@ def select_boxes(args: argparse.Namespace, choose: bool) -> list[Box]:
     return explicit + found
 
 
+def trust_store(settings: Settings) -> TrustStore:
+    return TrustStore.load(settings.fleet.trusted_boxes_file(settings.server.state_dir))
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """A box a command acts on. ``trust`` for a box found on the LAN is decided from the pins alone,
+    before any contact; for a box named by URL once it has said its id (``BoxClient.identify``)."""
+
+    box: Box
+    named: bool
+    """Named with --url (not found on the LAN)."""
+    trust: Trust
+
+    @property
+    def reachable_box(self) -> Box:
+        """The box at the address to use: a pinned box at its pinned address."""
+        return self.trust.box or self.box
+
+
+def targets(boxes: Sequence[Box], named: Sequence[Box], store: TrustStore) -> list[Target]:
+    """``named``: the boxes given by --url (trusted for this command once they say their id)."""
+    given = set(named)
+    return [Target(box, True, Trust(True, box=box)) if box in given else Target(box, False, store.verdict(box))
+            for box in boxes]
+
+
 def read_token(path: Path | None, settings: Settings) -> str | None:
-    """The bearer token: from --token-file, else the auth_token setting (APPLIANCE_AUTH_TOKEN), else
-    none (enough for a box that exempts this client's address, such as its own host)."""
+    """The token: from --token-file, else the auth_token setting (APPLIANCE_AUTH_TOKEN), else none
+    (enough for a box that exempts this client's address, such as its own host). It is only ever used
+    to sign requests; it is not sent."""
     if path is None:
         return settings.auth.token
     try:
@@ -76,24 +120,86 @@ def read_token(path: Path | None, settings: Settings) -> str | None:
     return token
 
 
-def fetch_json(box: Box, method: str, path: str, body: bytes | None = None, token: str | None = None,
-               timeout: float = 10.0, headers: Sequence[tuple[str, str]] = ()) -> tuple[int, Any]:
-    """(status, JSON answer or None) of one request to a box; OSError when it cannot be reached."""
-    connection = http.client.HTTPConnection(box.addresses[0], box.port, timeout=timeout)
-    try:
+class Refusal(Exception):
+    """The command will not send this request to this box (it is not the box it was pinned as...)."""
+
+
+class BoxClient:
+    """HTTP to one box, over one keep-alive connection: ``call`` sends a request as is; ``signed`` proves
+    the token with a signature over a fresh nonce of the box, for the box id expected."""
+
+    def __init__(self, box: Box, timeout: float = 10.0) -> None:
+        self.box = box
+        self._timeout = timeout
+        self._connection: http.client.HTTPConnection | None = None
+
+    def __enter__(self) -> BoxClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
+
+    def call(self, method: str, path: str, body: bytes | None = None,
+             headers: Sequence[tuple[str, str]] = (), timeout: float | None = None) -> tuple[int, Any]:
+        """(status, JSON answer or None); OSError when the box cannot be reached."""
+        if self._connection is None:
+            self._connection = http.client.HTTPConnection(self.box.addresses[0], self.box.port, timeout=self._timeout)
+        self._connection.timeout = timeout or self._timeout
+        if self._connection.sock is not None:
+            self._connection.sock.settimeout(self._connection.timeout)
         sent = dict(headers)
         if body is not None:
             sent.setdefault("Content-Type", "application/json")
-        if token:
-            sent["Authorization"] = f"Bearer {token}"
-        connection.request(method, path, body=body, headers=sent)
-        response = connection.getresponse()
-        raw = response.read()
-    except http.client.HTTPException as exc:
-        raise OSError(f"bad answer: {exc}") from None
-    finally:
-        connection.close()
-    try:
-        return response.status, json.loads(raw) if raw else None
-    except ValueError:
-        return response.status, raw[:300].decode("utf-8", "replace")
+        try:
+            self._connection.request(method, path, body=body, headers=sent)
+            response = self._connection.getresponse()
+            raw = response.read()
+        except http.client.HTTPException as exc:
+            self.close()
+            raise OSError(f"bad answer: {exc}") from None
+        except OSError:
+            self.close()
+            raise
+        if response.will_close:
+            self.close()
+        try:
+            return response.status, json.loads(raw) if raw else None
+        except ValueError:
+            return response.status, raw[:300].decode("utf-8", "replace")
+
+    def identify(self) -> tuple[str, str] | None:
+        """(box id, a nonce) as the box answers them; None when it does not sign (Triton, an older
+        appliance)."""
+        status, answer = self.call("GET", NONCE_PATH)
+        if status == 404:
+            return None
+        if status != 200 or not isinstance(answer, dict) or not isinstance(answer.get("id"), str) \
+                or not isinstance(answer.get("nonce"), str):
+            raise OSError(f"{NONCE_PATH} answered HTTP {status}: {str(answer)[:200]}")
+        return answer["id"], answer["nonce"]
+
+    def expect(self, box_id: str, where: str) -> str:
+        """A nonce of this box, once it has said it is ``box_id``; Refusal otherwise (``where``: the
+        pin's description)."""
+        identity = self.identify()
+        if identity is None:
+            raise Refusal(f"{self.box.name} at {self.box.url} does not prove its identity (it answers no "
+                          f"{NONCE_PATH}: not an appliance, or one too old to take signed requests), so it is not "
+                          f"sent anything; it was pinned as box {box_id} {where}")
+        answered, nonce = identity
+        if answered != box_id:
+            raise Refusal(f"the box at {self.box.url} now says it is box {answered}, but {self.box.name} was pinned "
+                          f"as box {box_id} {where}: another box, or an impostor, is there; if you replaced the "
+                          f"box, check it and pin it again: appliance fleet trust {self.box.name}")
+        return nonce
+
+    def signed(self, token: str, box_id: str, nonce: str, method: str, path: str, body: bytes | None = None,
+               timeout: float | None = None) -> tuple[int, Any]:
+        """The request with ``Authorization: Fleet ...`` over ``nonce`` (one request per nonce)."""
+        header = sign(token, box_id, nonce, method, path, body or b"")
+        return self.call(method, path, body, [("Authorization", header)], timeout)

@@ -24,7 +24,13 @@ from appliance.engine.streaming import RawResponse, ResponseChannel, ResponseStr
 from appliance.engine.traffic import TrafficStats
 from appliance.engine.types import InferOutput, InferRequest, InferResponse, RequestedOutput
 from appliance.engine.validation import validate_request
-from appliance.errors import ApplianceError, DeadlineExceeded, InferenceFailed, InvalidInput, Unavailable
+from appliance.errors import (
+    ApplianceError,
+    DeadlineExceeded,
+    InvalidInput,
+    RefusedByRuntime,
+    Unavailable,
+)
 from appliance.tensors import v2_datatype
 
 if TYPE_CHECKING:
@@ -63,7 +69,7 @@ def _failure_reason(exc: BaseException) -> str:
         return FailureReason.CANCELED
     if isinstance(exc, Unavailable):
         return FailureReason.REJECTED
-    if isinstance(exc, (InferenceFailed, ApplianceError)) and not isinstance(exc, InvalidInput):
+    if isinstance(exc, RefusedByRuntime) or (isinstance(exc, ApplianceError) and not isinstance(exc, InvalidInput)):
         return FailureReason.BACKEND
     return FailureReason.OTHER
 

@@ -17,6 +17,8 @@ class Trace:
     model_name: str
     model_version: int
     timestamps: list[tuple[str, int]] = dataclasses.field(default_factory=list)
+    sink: Any = None
+    """Whatever the tracer needs to file the finished trace (the protocol's, opaque here)."""
 
     def mark(self, name: str, ns: int | None = None) -> None:
         self.timestamps.append((name, time.monotonic_ns() if ns is None else ns))

@@ -31,7 +31,9 @@ def build_example_repository(target: Path) -> Path:
     """Write the example repository into ``target`` (which must not exist yet)."""
     from appliance.examples import models
 
-    return models.build_example_repository(target)
+    models.build_example_repository(target)
+    (target / ".generation").write_text(GENERATION)
+    return target
 
 
 def mlp_model(seed: int = 0, inputs: int = 784, hidden: int = 64, classes: int = 10) -> onnx.ModelProto:

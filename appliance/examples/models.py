@@ -9,8 +9,6 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from appliance.examples import GENERATION
-
 __all__ = ["build_example_repository", "mlp_model"]
 
 _OPSET = [helper.make_opsetid("", 17)]
@@ -93,5 +91,4 @@ def build_example_repository(target: Path) -> Path:
         _save(_add_sub_model(element), target / name / "1" / "model.onnx")
         (target / name / "config.pbtxt").write_text(_SIMPLE_CONFIG.format(name=name, dtype=dtype))
     _save(mlp_model(), target / "mlp" / "1" / "model.onnx")
-    (target / ".generation").write_text(GENERATION)
     return target

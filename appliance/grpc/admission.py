@@ -11,7 +11,7 @@ refused). The interceptor turns every unary RPC into one that reads its message 
    slot (up to the receive timeout, then UNAVAILABLE).
 
 Once read, the message's bytes count on the request's account of the memory budget, and it is parsed
-on a worker thread when it is large (``appliance.protocol.inference.off_loop``); a message that is not
+on a worker thread when it is large (above ``DECODE_OFF_LOOP_BYTES``); a message that is not
 the protobuf it should be is INVALID_ARGUMENT. ModelInfer gets the raw bytes and its account
 (``Received``): the data plane parses it, counted there. ModelStreamInfer is admitted as a stream
 (``appliance.grpc.stream``).
@@ -20,6 +20,7 @@ the protobuf it should be is INVALID_ARGUMENT. ModelInfer gets the raw bytes and
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -36,7 +37,7 @@ from appliance.errors import ApplianceError, InvalidInput, RequestTimeout, Unava
 from appliance.grpc.access import Gate, caller_of
 from appliance.grpc.status import abort, abort_unexpected
 from appliance.protocol.dataplane import DataPlane
-from appliance.protocol.inference import off_loop
+from appliance.protocol.inference import DECODE_OFF_LOOP_BYTES
 from appliance.protocol.operations import Operation
 
 __all__ = ["OPERATIONS", "AdmissionInterceptor", "Received", "Receivers", "parse"]
@@ -86,45 +87,66 @@ class Received:
 
 class Receivers:
     """At most ``count`` messages being received at once: grpc buffers a message whole before handing it
-    over, so this bounds what it holds before anything can be counted."""
+    over, so this bounds what it holds before anything can be counted. A free slot is taken without a
+    trip through the event loop; a call that finds none waits (up to the receive timeout) in order."""
 
     def __init__(self, count: int, timeout: float) -> None:
         if count < 1:
             raise ValueError(f"at least one receiver is needed, got {count}")
         self.count = count
-        self._slots = asyncio.Semaphore(count)
+        self._free = count
+        self._waiting: collections.deque[asyncio.Future[None]] = collections.deque()
         self._timeout = timeout
 
-    @contextlib.asynccontextmanager
-    async def slot(self) -> AsyncIterator[None]:
+    async def _acquire(self) -> None:
+        if self._free > 0 and not self._waiting:
+            self._free -= 1
+            return
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.append(turn)
         try:
             async with asyncio.timeout(self._timeout):
-                await self._slots.acquire()
+                await turn  # the slot is handed over by _release
         except TimeoutError:
-            raise Unavailable(f"the server is receiving {self.count} large messages already and none ended within "
-                              f"{self._timeout:g} s; retry", retry_after=1) from None
-        try:
-            yield
+            raise Unavailable(f"the server is receiving {self.count} large messages already and none ended "
+                              f"within {self._timeout:g} s; retry", retry_after=1) from None
+        except BaseException:
+            if turn.done() and not turn.cancelled():
+                self._release()  # handed over just as this call gave up: pass it on
+            raise
         finally:
-            self._slots.release()
+            if not turn.done():
+                turn.cancel()
+            with contextlib.suppress(ValueError):
+                self._waiting.remove(turn)
+
+    def _release(self) -> None:
+        while self._waiting:
+            turn = self._waiting.popleft()
+            if not turn.done():
+                turn.set_result(None)
+                return
+        self._free += 1
 
     async def receive(self, requests: AsyncIterator[bytes]) -> bytes:
         """The call's one message (within the receive timeout), and for a large one the end of its
         requests too: grpc.aio keeps a message it handed over alive, after the call, until the end of the
         requests is read or the garbage collector finds the call (24 calls of 16 MiB: 388 MiB kept);
         for a small message that extra read would cost more than the bytes it frees."""
-        async with self.slot():
-            try:
-                async with asyncio.timeout(self._timeout):
-                    message = await anext(requests)
-                    if len(message) >= _DRAIN_BYTES:
-                        async for _ in requests:
-                            raise InvalidInput("a unary RPC got a second request message; send one per call")
-            except TimeoutError:
-                raise RequestTimeout(f"the request message did not arrive within {self._timeout:g} s; send it "
-                                     "without pauses (the server's body_timeout setting)") from None
-            except StopAsyncIteration:
-                raise InvalidInput("the call ended without its request message") from None
+        await self._acquire()
+        try:
+            async with asyncio.timeout(self._timeout):
+                message = await anext(requests)
+                if len(message) >= _DRAIN_BYTES:
+                    async for _ in requests:
+                        raise InvalidInput("a unary RPC got a second request message; send one per call")
+        except TimeoutError:
+            raise RequestTimeout(f"the request message did not arrive within {self._timeout:g} s; send it "
+                                 "without pauses (the server's body_timeout setting)") from None
+        except StopAsyncIteration:
+            raise InvalidInput("the call ended without its request message") from None
+        finally:
+            self._release()
         return message
 
 
@@ -215,7 +237,10 @@ class AdmissionInterceptor(grpc.aio.ServerInterceptor):
                 received = Received(raw, account)
                 del raw  # the handler drops the bytes once it has parsed them
                 return await behaviour(received, context)
-            request = await off_loop(size, parse, raw, method, deserializer, account)
+            if size > DECODE_OFF_LOOP_BYTES:
+                request = await asyncio.to_thread(parse, raw, method, deserializer, account)
+            else:
+                request = parse(raw, method, deserializer, account)
             del raw
             account.release(size)  # the bytes went once parsed: the message is what is held
             changed = _operation(operation, request)

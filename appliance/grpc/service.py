@@ -4,6 +4,7 @@ typed answer back into a message. Admission happened before the message was read
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
@@ -24,7 +25,7 @@ from appliance.grpc.codec import decode_infer_request, encode_infer_response, fr
 from appliance.grpc.config import StreamRules
 from appliance.grpc.stream import serve_stream, stream_message
 from appliance.protocol.dataplane import DataPlane
-from appliance.protocol.inference import Target, off_loop
+from appliance.protocol.inference import DECODE_OFF_LOOP_BYTES, Target
 from appliance.protocol.results import RegionStatus
 
 __all__ = ["InferMessage", "InferenceService"]
@@ -35,6 +36,7 @@ class InferMessage:
     when large) unless it comes parsed, then decoded."""
 
     endpoint = "ModelInfer RPC"
+    frontend = "GRPC"
     streaming_alternative = "ModelStreamInfer (tritonclient: start_stream and async_stream_infer)"
 
     def __init__(self, raw: bytes | None = None, message: pb.ModelInferRequest | None = None) -> None:
@@ -48,8 +50,11 @@ class InferMessage:
         if self.message is None:
             raw, self._raw = self._raw, None
             assert raw is not None
-            self.message = await off_loop(len(raw), parse, raw, "ModelInfer", pb.ModelInferRequest.FromString,
-                                          account)
+            if len(raw) > DECODE_OFF_LOOP_BYTES:
+                self.message = await asyncio.to_thread(parse, raw, "ModelInfer", pb.ModelInferRequest.FromString,
+                                                       account)
+            else:
+                self.message = parse(raw, "ModelInfer", pb.ModelInferRequest.FromString, account)
             account.release(len(raw))  # the bytes go once parsed: the message is what is held
         assert self.message is not None
         return Target(self.message.model_name, self.message.model_version or None)

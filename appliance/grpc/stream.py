@@ -40,7 +40,7 @@ from appliance.grpc.codec import encode_infer_response
 from appliance.grpc.config import StreamRules
 from appliance.grpc.status import abort
 from appliance.protocol.dataplane import DataPlane
-from appliance.protocol.inference import off_loop
+from appliance.protocol.inference import DECODE_OFF_LOOP_BYTES
 from appliance.protocol.operations import Operation
 
 __all__ = ["serve_stream", "stream_message"]
@@ -91,7 +91,10 @@ def _sequence_key(request: pb.ModelInferRequest) -> tuple[str, str, object] | No
 async def _read(raw: bytes, account: Account) -> pb.ModelInferRequest:
     """One request as read from the stream: its bytes counted on ``account`` before it is parsed."""
     account.reserve(len(raw))
-    message = await off_loop(len(raw), parse, raw, "ModelStreamInfer", pb.ModelInferRequest.FromString, account)
+    if len(raw) > DECODE_OFF_LOOP_BYTES:
+        message = await asyncio.to_thread(parse, raw, "ModelStreamInfer", pb.ModelInferRequest.FromString, account)
+    else:
+        message = parse(raw, "ModelStreamInfer", pb.ModelInferRequest.FromString, account)
     account.release(len(raw))  # the bytes go once parsed: the message is what is held
     return message
 

@@ -1,6 +1,6 @@
-"""LAN discovery: the daemon announces itself over mDNS; apps find boxes with appliance.client."""
+"""LAN discovery: the daemon announces itself over mDNS; apps find boxes with appliance.client (which
+defines the service types both sides use)."""
 
-KSERVE_TYPE = "_kserve-v2._tcp.local."
-HTTP_TYPE = "_http._tcp.local."
+from appliance.client.boxes import HTTP_TYPE, KSERVE_TYPE
 
 __all__ = ["HTTP_TYPE", "KSERVE_TYPE"]

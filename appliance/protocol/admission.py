@@ -15,6 +15,7 @@ import ipaddress
 from collections.abc import Iterable, Iterator
 
 from appliance.errors import ApplianceError, Unauthorized, Unavailable
+from appliance.fleet_signature import FleetVerifier, parse
 from appliance.protocol.operations import ACCESS, BOUNDLESS, Access, Operation
 
 __all__ = ["AccessPolicy", "Admission", "Caller", "Network", "address_in", "check_bearer", "parse_networks"]
@@ -67,6 +68,9 @@ class Caller:
     browser_refusal: ApplianceError | None = None
     """The error for this request where browser rules apply (control operations, requests naming a
     shared-memory region): set when a page of another site may have sent it; None otherwise."""
+    request_line: tuple[str, str] | None = None
+    """The method and the target (path and query, as sent) where the transport has them (HTTP): what a
+    signed request (``Authorization: Fleet ...``) covers. None: signed requests are not taken."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -75,16 +79,24 @@ class AccessPolicy:
     exempt: tuple[Network, ...] = ()
     """Clients in these networks need no token (auth_exempt_networks)."""
     protect_inference: bool = False
+    signatures: FleetVerifier | None = None
+    """Verifies signed requests, which prove the token without carrying it (the fleet commands send
+    them); taken wherever the bearer token is, from callers that give their request line."""
 
-    def check(self, operation: Operation, caller: Caller) -> None:
+    def check(self, operation: Operation, caller: Caller) -> str | None:
         """Raise the refusal (Forbidden, UnsupportedMediaType, Unauthorized) if ``caller`` may not ask for
-        ``operation``."""
+        ``operation``. For a signed request, the SHA-256 (hex) its body must have: the transport checks
+        it as it reads the body."""
         level = ACCESS[operation]
         if level is Access.CONTROL and caller.browser_refusal is not None:
             raise caller.browser_refusal
         guarded = level is Access.CONTROL or (self.protect_inference and level is not Access.OPEN)
         if guarded and not address_in(caller.address, self.exempt):
+            line = caller.request_line
+            if self.signatures is not None and line is not None and parse(caller.authorization) is not None:
+                return self.signatures.verify(caller.authorization, *line)
             check_bearer(caller.authorization, self.token, caller.credentials)
+        return None
 
 
 class Admission:
@@ -102,22 +114,23 @@ class Admission:
     def in_flight(self) -> int:
         return self._in_flight
 
-    def check(self, operation: Operation, caller: Caller) -> None:
-        self.policy.check(operation, caller)
+    def check(self, operation: Operation, caller: Caller) -> str | None:
+        return self.policy.check(operation, caller)
 
     @contextlib.contextmanager
-    def admit(self, operation: Operation, caller: Caller) -> Iterator[None]:
+    def admit(self, operation: Operation, caller: Caller) -> Iterator[str | None]:
         """Held while the request is handled: refused (before it holds any bytes) when the caller may not
-        ask for ``operation`` or max_concurrent_requests are running already."""
-        self.policy.check(operation, caller)
+        ask for ``operation`` or max_concurrent_requests are running already. Yields the body digest a
+        signed request must match (see AccessPolicy.check)."""
+        signed_body = self.policy.check(operation, caller)
         if operation in BOUNDLESS:
-            yield
+            yield signed_body
             return
         if self._in_flight >= self.limit:
             raise Unavailable(f"the server is handling {self.limit} requests already (max_concurrent_requests); "
                               "retry", retry_after=1)
         self._in_flight += 1
         try:
-            yield
+            yield signed_body
         finally:
             self._in_flight -= 1

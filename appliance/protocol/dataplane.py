@@ -22,7 +22,8 @@ from appliance import __version__
 from appliance.budget import Account, MemoryBudget
 from appliance.engine.streaming import Responses, StreamLimits
 from appliance.engine.tensor_checks import DecodeLimits
-from appliance.errors import ModelNotReady, NotSupported, Unavailable
+from appliance.errors import InvalidInput, ModelNotFound, ModelNotReady, NotSupported, Unavailable
+from appliance.fleet_signature import NONCE_TTL, SCHEME
 from appliance.protocol.admission import AccessPolicy, Admission, Caller
 from appliance.protocol.inference import NOT_SERVED, Inference, InferSource
 from appliance.protocol.log_settings import LogSettings, LogValues
@@ -143,14 +144,23 @@ class DataPlane:
     # Admission
 
     @contextlib.contextmanager
-    def admit(self, operation: Operation, caller: Caller) -> Iterator[None]:
-        """Held while one request is handled; a transport asks before it reads the request's bytes."""
-        with self._admission.admit(operation, caller):
-            yield
+    def admit(self, operation: Operation, caller: Caller) -> Iterator[str | None]:
+        """Held while one request is handled; a transport asks before it reads the request's bytes. Yields
+        the SHA-256 (hex) a signed request's body must have (None: not signed), which the transport checks
+        as it reads the body."""
+        with self._admission.admit(operation, caller) as signed_body:
+            yield signed_body
 
     def check_access(self, operation: Operation, caller: Caller) -> None:
         """The access policy alone (for each request read from an open stream, admitted with the stream)."""
         self._admission.check(operation, caller)
+
+    def fleet_nonce(self) -> dict[str, Any]:
+        """This box's id and a fresh nonce for one signed request (appliance.fleet_signature)."""
+        signatures = self._admission.policy.signatures
+        if signatures is None:
+            raise NotSupported("this server takes no signed requests; send the bearer token")
+        return {"id": signatures.box_id, "nonce": signatures.nonce(), "expires_in": NONCE_TTL, "scheme": SCHEME}
 
     # Health and metadata
 
@@ -300,7 +310,10 @@ class DataPlane:
         """Triton's trace settings in force (global, or the model's), after applying ``changes`` (all or
         none of them; an empty list clears a setting)."""
         if model is not None:
-            self._registry.entry(model)  # NOT_FOUND for a model the repository does not have
+            try:
+                self._registry.get(model)
+            except (ModelNotFound, ModelNotReady):  # Triton's words and status for any model not ready
+                raise InvalidInput(f"Request for unknown model : {model[:255]}") from None
         if changes:
             return self._traces.update(changes, model)
         return self._traces.get(model)

@@ -13,8 +13,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import time
 from collections.abc import AsyncIterator, Callable
-from typing import Protocol, TypeVar
+from typing import Protocol
 
 from appliance.budget import Account, MemoryBudget
 from appliance.engine.model import ModelVersion
@@ -25,26 +26,16 @@ from appliance.errors import InvalidInput, NotSupported
 from appliance.protocol.admission import Caller
 from appliance.protocol.results import InferResult
 from appliance.protocol.shared_memory import SharedMemoryRegistry
-from appliance.protocol.tracing import Tracer
+from appliance.protocol.tracing import Trace, Tracer
 from appliance.repository.registry import ModelRegistry
 
-__all__ = ["DECODE_OFF_LOOP_BYTES", "Inference", "InferSource", "NOT_SERVED", "Target", "off_loop"]
+__all__ = ["DECODE_OFF_LOOP_BYTES", "Inference", "InferSource", "NOT_SERVED", "Target"]
 
 DECODE_OFF_LOOP_BYTES = 1 << 20
 """Decoding work above this many bytes (JSON text, BYTES tensors, a protobuf message) runs on a worker
 thread, so that it never stalls the event loop; below it the trip to a thread costs more."""
 
 NOT_SERVED = "shared memory is not served by this server; send the tensors in the request"
-
-T = TypeVar("T")
-
-
-async def off_loop(size: int, function: Callable[..., T], *args: object) -> T:
-    """``function(*args)`` on a worker thread when ``size`` bytes of work justify it, else right here."""
-    if size > DECODE_OFF_LOOP_BYTES:
-        return await asyncio.to_thread(function, *args)
-    return function(*args)
-
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Target:
@@ -59,6 +50,8 @@ class InferSource(Protocol):
 
     endpoint: str
     """What the client called, as refusals name it ("HTTP end point", "ModelInfer RPC")."""
+    frontend: str
+    """The transport, as trace marks name it: "HTTP" or "GRPC"."""
     streaming_alternative: str
     """Where a decoupled model's responses can be had instead, for the refusal."""
 
@@ -107,8 +100,20 @@ class Inference:
                 if model.decoupled:
                     raise decoupled_refusal(source, model.name)
                 request = await self._decode(model, source, caller, opened)
-                response = await self._run(model, request, caller, opened.reserve, received_ns)
-                yield InferResult(request, response)
+                request.trace = self._start_trace(model, source, received_ns)
+                if request.trace is None:
+                    yield InferResult(request, await self._run(model, request, caller, opened.reserve))
+                    return
+                sent: tuple[str, int, int] | None = None
+                try:
+                    response = await self._run(model, request, caller, opened.reserve)
+                    sending = time.monotonic_ns()
+                    yield InferResult(request, response)  # the front end encodes its answer in the block
+                    if received_ns is not None:  # a front end's request: its marks around the answer too
+                        sent = (source.frontend, sending, time.monotonic_ns())
+                finally:
+                    assert self._tracer is not None
+                    self._tracer.finish(request.trace, sent)
 
     @contextlib.asynccontextmanager
     async def infer_stream(self, caller: Caller, source: InferSource, *, received_ns: int | None = None,
@@ -122,25 +127,41 @@ class Inference:
             target = await source.target(opened)
             with self._registry.get(target.model, target.version).in_use() as model:
                 request = await self._decode(model, source, caller, opened)
-                responses = await self.respond(model, request, caller, opened.reserve, opened.release, received_ns)
+                request.trace = self._start_trace(model, source, received_ns)
+                responses = await self.respond(model, request, caller, opened.reserve, opened.release)
                 try:
                     yield responses
                 finally:
                     responses.close()
 
     async def respond(self, model: ModelVersion, request: InferRequest, caller: Caller,
-                      reserve: Callable[[int], None], release: Callable[[int], None],
-                      received_ns: int | None = None) -> Responses:
+                      reserve: Callable[[int], None], release: Callable[[int], None]) -> Responses:
         """Run a decoded ``request`` on ``model`` (held by the caller until the result is closed): its
-        responses as ``infer_stream`` hands them out. ``reserve`` and ``release``: the request's account."""
+        responses as ``infer_stream`` hands them out. ``reserve`` and ``release``: the request's account.
+        A trace the request carries is written when its last response is ready."""
         if model.decoupled:
-            return await self._open_stream(model, request, caller, reserve, release, received_ns)
-        return OneResponse(await self._run(model, request, caller, reserve, received_ns))
+            return await self._open_stream(model, request, caller, reserve, release)
+        try:
+            return OneResponse(await self._run(model, request, caller, reserve))
+        finally:
+            if request.trace is not None:
+                assert self._tracer is not None
+                self._tracer.finish(request.trace)
+
+    def _start_trace(self, model: ModelVersion, source: InferSource, received_ns: int | None) -> Trace | None:
+        """The request's trace when it is sampled: its front end's receive marks, then REQUEST_START."""
+        if self._tracer is None:
+            return None
+        return self._tracer.start(model.name, model.version, received_ns, frontend=source.frontend,
+                                  read_ns=time.monotonic_ns())
 
     async def _decode(self, model: ModelVersion, source: InferSource, caller: Caller,
                       account: Account) -> InferRequest:
         work = await source.receive(account)
-        request = await off_loop(work, source.decode, model, self._limits, account.reserve)
+        if work > DECODE_OFF_LOOP_BYTES:
+            request = await asyncio.to_thread(source.decode, model, self._limits, account.reserve)
+        else:
+            request = source.decode(model, self._limits, account.reserve)
         if request.uses_shared_memory:
             if self._shared_memory is None:
                 raise NotSupported(NOT_SERVED)
@@ -153,16 +174,12 @@ class Inference:
         return self._shared_memory.local_peers.is_local(caller.address, caller.connected_to, direct=caller.direct)
 
     async def _run(self, model: ModelVersion, request: InferRequest, caller: Caller,
-                   reserve: Callable[[int], None], received_ns: int | None) -> InferResponse:
-        tracer = self._tracer
-        request.trace = tracer.start(model.name, model.version, received_ns) if tracer is not None else None
-        if request.trace is None:
-            return await self._run_bound(model, request, caller, reserve)
+                   reserve: Callable[[int], None]) -> InferResponse:
         try:
             return await self._run_bound(model, request, caller, reserve)
         finally:
-            assert tracer is not None
-            tracer.finish(request.trace)
+            if request.trace is not None:
+                Tracer.end(request.trace)
 
     async def _run_bound(self, model: ModelVersion, request: InferRequest, caller: Caller,
                          reserve: Callable[[int], None]) -> InferResponse:
@@ -176,10 +193,8 @@ class Inference:
         return response
 
     async def _open_stream(self, model: ModelVersion, request: InferRequest, caller: Caller,
-                           reserve: Callable[[int], None], release: Callable[[int], None],
-                           received_ns: int | None) -> Responses:
+                           reserve: Callable[[int], None], release: Callable[[int], None]) -> Responses:
         tracer = self._tracer
-        request.trace = tracer.start(model.name, model.version, received_ns) if tracer is not None else None
         binding = None
         try:
             if request.uses_shared_memory:

@@ -52,13 +52,15 @@ class Operation(enum.Enum):
     """The on-device metrics history (SQLite)."""
     HARDWARE = "hardware"
     FLEET = "fleet"
+    FLEET_NONCE = "fleet_nonce"
+    """This box's id and a nonce for one signed request (appliance.fleet_signature)."""
     DOCUMENTS = "documents"
     """The dashboard's page and files, the OpenAPI document."""
 
 
 _CONTROL = {Operation.MODEL_LOAD, Operation.MODEL_UNLOAD, Operation.SHM_REGISTER, Operation.SHM_UNREGISTER,
             Operation.TRACE_UPDATE, Operation.LOG_UPDATE}
-_OPEN = {Operation.SERVER_LIVE, Operation.SERVER_READY, Operation.SERVER_HEALTH}
+_OPEN = {Operation.SERVER_LIVE, Operation.SERVER_READY, Operation.SERVER_HEALTH, Operation.FLEET_NONCE}
 
 ACCESS: Mapping[Operation, Access] = types.MappingProxyType({
     operation: Access.CONTROL if operation in _CONTROL else Access.OPEN if operation in _OPEN else Access.INFERENCE
@@ -66,6 +68,6 @@ ACCESS: Mapping[Operation, Access] = types.MappingProxyType({
 })
 """The access level of every operation, for every transport."""
 
-BOUNDLESS = frozenset({*_OPEN, Operation.METRICS})
+BOUNDLESS = frozenset({Operation.SERVER_LIVE, Operation.SERVER_READY, Operation.SERVER_HEALTH, Operation.METRICS})
 """Operations outside max_concurrent_requests: a box busy with (or flooded by) requests still answers
 its health checks and scrapes."""

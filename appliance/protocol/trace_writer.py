@@ -1,18 +1,22 @@
-"""Where finished traces go: JSON files under ``<state_dir>/traces/``, written on a thread of their own.
+"""Where finished traces go: JSON files, written on a thread of their own.
 
 The files are Triton's: a JSON list of traces, kept valid after every write (each trace is appended
-before the closing bracket). With ``log_frequency`` N > 0 a new file is started every N traces
-(``trace.json.0``, ``trace.json.1``... as Triton names them); with 0 everything goes to one file. The
-files together stay under ``max_bytes`` of disk, counted in the filesystem's blocks a file occupies (a
-trace of 400 bytes alone in its file takes a whole 4 KiB block), and under ``max_files`` files: the
-oldest numbered files are removed, and a single file that reached the bound takes no more traces (the
-dropped ones are counted and logged). Without a writable
-directory (a read-only state dir, or writes that started failing) the newest traces are kept in memory
-only, bounded.
+before the closing bracket). Traces come in streams, one per settings scope (the global settings, or
+a model's own; see ``trace_settings``), and go where Triton's TraceManager puts them: a stream with
+``log_frequency`` 0 and no ``trace_count`` appends to the trace file itself; a stream with
+``log_frequency`` N > 0 fills numbered files of N traces each, and a stream counted by ``trace_count``
+fills a numbered file that is closed when its count runs out (``trace.json.0``, ``trace.json.1``...,
+numbered in the order they are started, one sequence per trace file). The files together stay under
+``max_bytes`` of disk, counted in the filesystem's blocks a file occupies (a trace of 400 bytes alone in
+its file takes a whole 4 KiB block), and under ``max_files`` files: the oldest files are removed (one
+still being written is started afresh when its next trace comes), and a single file that reached the
+bound takes no more traces (the dropped ones are counted and logged). Without a writable directory (a
+read-only state dir, or writes that started failing) the newest traces are kept in memory only, bounded.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -20,7 +24,7 @@ import queue
 import re
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +35,22 @@ log = logging.getLogger(__name__)
 _STOP = object()
 _BLOCK = 4096
 """The block size assumed where the filesystem does not say."""
+_MAX_STREAMS = 1024
+"""Numbered files kept open for streams at once; the oldest stream's file ends beyond it."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Route:
+    """Where a trace goes: its stream and that stream's file rules."""
+
+    stream: Hashable
+    log_frequency: int
+    counted: bool
+    last: bool
+
+    @property
+    def numbered(self) -> bool:
+        return self.log_frequency > 0 or self.counted
 
 
 class TraceWriter:
@@ -49,10 +69,9 @@ class TraceWriter:
         self._memory: deque[dict[str, Any]] = deque(maxlen=memory_traces)
         self._on_error = on_error
         self._queue: queue.Queue[Any] = queue.Queue()
-        self._files: deque[tuple[Path, int]] = deque()  # the files written, oldest first, with their sizes
-        self._index = 0
-        self._in_file = 0
-        self._frequency: int | None = None
+        self._files: dict[Path, int] = {}  # the files written, oldest first, with their sizes
+        self._index = 0  # the next numbered file's number
+        self._chunks: dict[Hashable, list[int]] = {}  # per stream: its open numbered file's [number, traces]
         self._thread: threading.Thread | None = None
 
     @property
@@ -60,12 +79,17 @@ class TraceWriter:
         """The trace file (the base name of the numbered ones), as the settings report it."""
         return self.directory / self.file_name if self.directory is not None else None
 
-    def add(self, trace: dict[str, Any], log_frequency: int = 0) -> None:
-        """Queue one finished trace (never blocks); the writer thread starts on the first one."""
+    def add(self, trace: dict[str, Any], log_frequency: int = 0, *, stream: Hashable = None, counted: bool = False,
+            last: bool = False) -> None:
+        """Queue one finished trace (never blocks); the writer thread starts on the first one.
+
+        ``stream``: the scope the trace was sampled in; ``log_frequency``: its traces per numbered file
+        (0: none); ``counted``: the scope is limited by trace_count, so its traces go to a numbered file;
+        ``last``: the scope's count ran out with this trace, which closes that file."""
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="trace-writer", daemon=True)
             self._thread.start()
-        self._queue.put((trace, log_frequency))
+        self._queue.put((trace, _Route(stream, log_frequency, counted, last)))
 
     def flush(self) -> None:
         """Wait until every queued trace is written (blocks: call off the event loop)."""
@@ -110,42 +134,52 @@ class TraceWriter:
         except OSError as exc:
             self._fail(exc)
 
-    def _write(self, trace: dict[str, Any], log_frequency: int) -> None:
+    def _write(self, trace: dict[str, Any], route: _Route) -> None:
         if self.directory is None:
             self._memory.append(trace)
             return
         data = json.dumps(trace).encode()
         try:
-            self._append(data, log_frequency)
+            self._append(data, self._target(route))
         except OSError as exc:
             self._fail(exc)
             self._memory.append(trace)
+        self._advance(route)
 
-    def _append(self, data: bytes, log_frequency: int) -> None:
+    def _target(self, route: _Route) -> Path:
+        """The file this stream's next trace goes to."""
         assert self.directory is not None
-        if log_frequency != self._frequency:  # a changed frequency starts a new file
-            self._frequency = log_frequency
-            self._in_file = 0
-            if self._files:
-                self._index += 1
-        if log_frequency > 0 and self._in_file >= log_frequency:
+        if not route.numbered:
+            return self.directory / self.file_name
+        chunk = self._chunks.get(route.stream)
+        if chunk is None:
+            chunk = self._chunks[route.stream] = [self._index, 0]
             self._index += 1
-            self._in_file = 0
-        name = f"{self.file_name}.{self._index}" if log_frequency > 0 else self.file_name
-        path = self.directory / name
-        fresh = self._in_file == 0
+            while len(self._chunks) > _MAX_STREAMS:  # streams of scopes replaced long ago: their files end
+                del self._chunks[next(iter(self._chunks))]
+        return self.directory / f"{self.file_name}.{chunk[0]}"
+
+    def _advance(self, route: _Route) -> None:
+        """Count the trace in its stream's numbered file; close the file when it is full or the last."""
+        chunk = self._chunks.get(route.stream) if route.numbered else None
+        if chunk is None:
+            return
+        chunk[1] += 1
+        if route.last or (route.log_frequency > 0 and chunk[1] >= route.log_frequency):
+            del self._chunks[route.stream]
+
+    def _append(self, data: bytes, path: Path) -> None:
+        fresh = path not in self._files  # never written, or removed to stay under the bound
         added = len(data) + 2  # "[" and "]" around a new file's first trace, ",\n" before another one
-        if fresh:  # a file name used again (log_frequency changed back) is overwritten
-            self._files = deque((p, size) for p, size in self._files if p != path)
-        current = 0 if fresh else self._files[-1][1]
+        current = self._files.get(path, 0)
         # What the files take on disk once this trace is in: the other files, and this one grown.
-        others = sum(self._on_disk(size) for p, size in self._files if p != path)
+        others = sum(self._on_disk(size) for p, size in self._files.items() if p != path)
         grown = self._on_disk(current + added)
-        while self._files and self._files[0][0] != path and (
+        while any(p != path for p in self._files) and (
                 others + grown > self.max_bytes or len(self._files) + fresh > self.max_files):
-            old, size = self._files.popleft()
+            old = next(p for p in self._files if p != path)
             old.unlink(missing_ok=True)
-            others -= self._on_disk(size)
+            others -= self._on_disk(self._files.pop(old))
         if others + grown > self.max_bytes:
             self.dropped += 1
             if self.dropped == 1:
@@ -155,14 +189,12 @@ class TraceWriter:
         if fresh:
             with open(path, "wb") as out:
                 out.write(b"[" + data + b"]")
-            self._files.append((path, added))
+            self._files[path] = added
         else:
             with open(path, "r+b") as out:
                 out.seek(-1, 2)
                 out.write(b",\n" + data + b"]")
-            last, size = self._files[-1]
-            self._files[-1] = (last, size + added)
-        self._in_file += 1
+            self._files[path] = current + added
 
     def _on_disk(self, size: int) -> int:
         """The bytes a file of ``size`` bytes occupies: whole blocks, at least one."""

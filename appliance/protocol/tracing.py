@@ -1,50 +1,72 @@
 """Triton's trace extension: which requests are traced, and what a trace records.
 
 A ``Trace`` travels with its request (``InferRequest.trace``) from the front end through the scheduler
-and collects Triton's timestamp names with ``time.monotonic_ns()`` values: REQUEST_START (the front end
-got the request), QUEUE_START, COMPUTE_START, COMPUTE_INPUT_END, COMPUTE_OUTPUT_START, COMPUTE_END (from
-the batch's measured timing) and REQUEST_END (the response is ready). The ``Tracer`` samples requests
-by the settings in force for their model and hands finished traces to a ``TraceWriter``.
+and collects Triton's timestamp names with ``time.monotonic_ns()`` values: the front end's
+(``HTTP_RECV_START``/``HTTP_RECV_END`` or ``GRPC_WAITREAD_START``/``GRPC_WAITREAD_END`` around reading the
+request, ``..._SEND_START``/``..._SEND_END`` around answering it), REQUEST_START (the request is decoded),
+QUEUE_START, COMPUTE_START, COMPUTE_INPUT_END, COMPUTE_OUTPUT_START, COMPUTE_END (from the batch's
+measured timing) and REQUEST_END (the response is ready) — the names NVIDIA's trace_summary.py reads.
+The ``Tracer`` samples requests by the settings in force for their model (the model's own scope, else
+the global one: one request in ``trace_rate`` counted in that scope, as Triton counts) and hands
+finished traces to a ``TraceWriter`` with the scope's file rules.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections import Counter
 
 from appliance.engine.trace import Trace
-from appliance.protocol.trace_settings import TraceSettings
+from appliance.protocol.trace_settings import TraceScope, TraceSettings
 from appliance.protocol.trace_writer import TraceWriter
 
 __all__ = ["Trace", "Tracer"]
 
 
 class Tracer:
-    """Samples requests: per model, one request in ``trace_rate`` while ``trace_count`` allows, when the
-    model's ``trace_level`` includes TIMESTAMPS. Used from the event loop only."""
+    """Samples requests: per scope, one request in ``trace_rate`` while ``trace_count`` allows, when the
+    scope's ``trace_level`` includes TIMESTAMPS. Used from the event loop only."""
 
     def __init__(self, settings: TraceSettings, writer: TraceWriter) -> None:
         self.settings = settings
         self.writer = writer
         self._ids = itertools.count(1)
-        self._seen: Counter[str] = Counter()
 
-    def start(self, model_name: str, model_version: int, received_ns: int | None = None) -> Trace | None:
-        """A new trace for this request, or None when it is not sampled; ``received_ns``: when the front
-        end got the request (``time.monotonic_ns()``), now when not given."""
-        values = self.settings.values(model_name)
-        if "TIMESTAMPS" not in values.level or values.rate < 1 or values.count == 0:
+    def start(self, model_name: str, model_version: int, received_ns: int | None = None, *,
+              frontend: str | None = None, read_ns: int | None = None) -> Trace | None:
+        """A new trace for this request, or None when it is not sampled. ``received_ns``: when the front
+        end got the request; ``read_ns``: when it had read it (``time.monotonic_ns()``); ``frontend``:
+        "HTTP" or "GRPC", whose receive marks the trace then carries."""
+        scope = self.settings.scope(model_name)
+        if not scope.sample():
             return None
-        seen = self._seen[model_name]
-        self._seen[model_name] = seen + 1
-        if seen % values.rate:
-            return None
-        self.settings.consume(model_name)
-        trace = Trace(next(self._ids), model_name, model_version)
-        trace.mark("REQUEST_START", received_ns)
+        trace = Trace(next(self._ids), model_name, model_version, sink=scope)
+        if frontend is not None and received_ns is not None:
+            names = _RECEIVE[frontend]
+            trace.mark(names[0], received_ns)
+            trace.mark(names[1], read_ns)
+        trace.mark("REQUEST_START", read_ns if frontend is not None else received_ns)
         return trace
 
-    def finish(self, trace: Trace) -> None:
-        """The request answered (or failed): mark REQUEST_END and hand the trace to the writer."""
-        trace.mark("REQUEST_END")
-        self.writer.add(trace.to_json(), self.settings.values().log_frequency)
+    @staticmethod
+    def end(trace: Trace) -> None:
+        """The response is ready: mark REQUEST_END (once)."""
+        if not any(name == "REQUEST_END" for name, _ in trace.timestamps):
+            trace.mark("REQUEST_END")
+
+    def finish(self, trace: Trace, sent: tuple[str, int, int] | None = None) -> None:
+        """The request answered (or failed): mark REQUEST_END (unless marked), the front end's send marks
+        (``sent``: its frontend and the send's start and end), and hand the trace to the writer."""
+        self.end(trace)
+        if sent is not None:
+            frontend, start, end = sent
+            trace.mark(f"{frontend}_SEND_START", start)
+            trace.mark(f"{frontend}_SEND_END", end)
+        scope = trace.sink
+        assert isinstance(scope, TraceScope)
+        last = scope.collect()
+        self.writer.add(trace.to_json(), scope.values.log_frequency, stream=scope.id, counted=scope.limited,
+                        last=last)
+
+
+_RECEIVE = {"HTTP": ("HTTP_RECV_START", "HTTP_RECV_END"), "GRPC": ("GRPC_WAITREAD_START", "GRPC_WAITREAD_END")}
+"""Each front end's marks around reading a request, as Triton names them."""

@@ -31,14 +31,15 @@ from appliance.errors import (
 from appliance.repository.config import config_from_json
 from appliance.repository.push_load import checked_push, load_push
 from appliance.repository.pushed import FILE_PREFIX
+from appliance.repository.served import Models
 from appliance.tensors import v2_datatype
 
 if TYPE_CHECKING:
     from appliance.engine.model import ModelVersion
     from appliance.repository.pushed import PushStore
-    from appliance.repository.registry import ModelRegistry
 
 __all__ = ["LocalModels"]
+
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,7 @@ def _request(call: ModelCall, cancelled: Callable[[], bool] | None = None) -> In
 class LocalModels:
     """Implements ``appliance.backends.base.ModelCalls`` over a model registry."""
 
-    def __init__(self, registry: ModelRegistry, explicit: bool, pushes: PushStore | None = None,
+    def __init__(self, registry: Models, explicit: bool, pushes: PushStore | None = None,
                  limits: StreamLimits | None = None) -> None:
         """``explicit``: the model control mode lets models be loaded and unloaded on demand. ``pushes``:
         where a model's ``load_model(files=...)`` keeps the files, as the load API keeps a push's (None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from tritonclient.grpc import model_config_pb2 as mc
 
@@ -44,11 +43,8 @@ from appliance.repository.config import (
     select_versions,
     signature_of,
 )
+from appliance.repository.plan_choice import PlanChooser, TuneRequest
 from appliance.repository.warmup import run_warmup, warmup_samples
-from appliance.selection.job import TuneRequest
-
-if TYPE_CHECKING:
-    from appliance.selection import Selector
 
 __all__ = ["LoadedModel", "load_model", "version_dirs"]
 
@@ -118,7 +114,7 @@ class _ModelLoad:
     info: BackendInfo
     """The backend its config (or its files) asks for."""
     options: RuntimeOptions
-    selector: Selector | None
+    selector: PlanChooser | None
     retune: bool
     """Measure again even where a decision is cached."""
     explicit_instances: bool
@@ -233,7 +229,7 @@ def _load_version(
 def load_model(
     model_dir: Path,
     options: RuntimeOptions,
-    selector: Selector | None = None,
+    selector: PlanChooser | None = None,
     retune: bool = False,
     config_override: mc.ModelConfig | None = None,
     traffic: dict[int, dict] | None = None,

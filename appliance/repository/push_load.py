@@ -12,11 +12,10 @@ from typing import TYPE_CHECKING, Any
 from appliance.errors import ConfigError, InvalidInput, PayloadTooLarge, PushRefused, PushTooLarge
 from appliance.repository.config import config_from_json
 from appliance.repository.pushed import PushStore, check_push_name, file_parameters
+from appliance.repository.served import Models
 
 if TYPE_CHECKING:
     from tritonclient.grpc import model_config_pb2 as mc
-
-    from appliance.repository.registry import ModelRegistry
 
 __all__ = ["checked_push", "config_override", "load_push"]
 
@@ -52,7 +51,7 @@ def checked_push(store: PushStore, name: str, parameters: Mapping[str, Any]) -> 
     return override, files
 
 
-async def load_push(registry: ModelRegistry, store: PushStore, name: str, override: mc.ModelConfig,
+async def load_push(registry: Models, store: PushStore, name: str, override: mc.ModelConfig,
                     files: dict[str, bytes]) -> None:
     """Stage the files, load the model from them beside the serving versions (requests switch over once it
     is ready), then keep them as the model's overlay; a failed load leaves nothing behind."""
@@ -75,7 +74,7 @@ async def load_push(registry: ModelRegistry, store: PushStore, name: str, overri
             await asyncio.to_thread(store.remove_generation, replaced)
 
 
-async def _serve_previous(registry: ModelRegistry, store: PushStore, name: str) -> None:
+async def _serve_previous(registry: Models, store: PushStore, name: str) -> None:
     """After a push that loaded but could not be kept: serve what served before it, or nothing."""
     previous = store.model_dirs().get(name)
     if previous is not None:

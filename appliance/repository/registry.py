@@ -34,10 +34,10 @@ from appliance.repository.ensemble import (
 )
 from appliance.repository.ensemble.dependencies import find_cycle, users_of
 from appliance.repository.loader import LoadedModel, load_model
+from appliance.repository.plan_choice import PlanChooser
 
 if TYPE_CHECKING:
     from appliance.repository.pushed import PushStore
-    from appliance.selection import Selector
 
 __all__ = ["NOT_LOADED", "ModelEntry", "ModelRegistry", "ModelState", "directory_signature", "parse_version"]
 
@@ -109,7 +109,7 @@ def parse_version(text: str | None) -> int | None:
 
 class ModelRegistry:
     def __init__(self, repository: Path, options: RuntimeOptions,
-                 selector: asyncio.Future[Selector | None] | None = None, retune: bool = False,
+                 selector: asyncio.Future[PlanChooser | None] | None = None, retune: bool = False,
                  drain_timeout: float = 10.0,
                  on_event: Callable[[str, str, int | None, dict], None] | None = None,
                  overlay: Callable[[], Mapping[str, Path]] | None = None,

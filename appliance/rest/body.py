@@ -10,20 +10,27 @@
   loop); gzip and deflate are inflated here with ``zlib.decompressobj`` and ``max_length``, so no more
   than the limit is ever produced, on a worker thread unless the compressed body is tiny. Junk
   compressed data is a 400, any other coding a 415 that names the accepted ones.
+- Signed requests (appliance.fleet_signature): the body, as sent, must have the digest signed (401).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import zlib
 
 from aiohttp import web
 
 from appliance.budget import Account
 from appliance.errors import InvalidInput, PayloadTooLarge, RequestTimeout, UnsupportedEncoding
+from appliance.fleet_signature import FleetVerifier
 from appliance.rest.config import BodyLimits
 
-__all__ = ["ACCEPTED_ENCODINGS", "BodyLimits", "decompress", "read_body", "too_large"]
+__all__ = ["ACCEPTED_ENCODINGS", "SIGNED_BODY", "BodyLimits", "decompress", "read_body", "too_large"]
+
+SIGNED_BODY = "appliance.signed_body"
+"""Request key: the SHA-256 (hex) a signed request's body must have, as sent (set by the admission
+middleware once the signature is verified; checked here, as the body is read)."""
 
 ACCEPTED_ENCODINGS = ("gzip", "deflate", "identity")
 
@@ -48,12 +55,18 @@ async def read_body(request: web.BaseRequest, account: Account, limits: BodyLimi
         raise too_large(limits.max_bytes)
     chunks: list[bytes] = []
     received = 0
+    signed: str | None = request.get(SIGNED_BODY)
+    digest = hashlib.sha256() if signed is not None else None
     while chunk := await _next_chunk(request, limits.read_timeout, received):
         received += len(chunk)
         if received > limits.max_bytes:
             raise too_large(limits.max_bytes)
         account.reserve(len(chunk))
         chunks.append(chunk)
+        if digest is not None:
+            digest.update(chunk)
+    if signed is not None and digest is not None:
+        FleetVerifier.check_body(signed, digest.hexdigest())
     body = _join(chunks, account)
     if coding == "identity":
         return body

@@ -40,6 +40,7 @@ class _GenerateBody:
     """A generate request: a flat JSON object of the model's inputs and parameters."""
 
     endpoint = "generate end point"
+    frontend = "HTTP"
     streaming_alternative = "POST .../generate_stream"
 
     def __init__(self, request: web.Request) -> None:

@@ -19,6 +19,7 @@ from appliance.engine.model import ModelVersion
 from appliance.engine.tensor_checks import DecodeLimits
 from appliance.engine.types import InferRequest
 from appliance.errors import InvalidInput, Unavailable
+from appliance.fleet_signature import NONCE_PATH
 from appliance.metrics.history import history
 from appliance.protocol.inference import Target
 from appliance.protocol.operations import Operation
@@ -113,6 +114,7 @@ class _InferBody:
     """A KServe v2 infer request over HTTP: JSON, JSON with binary tensors, or one raw binary tensor."""
 
     endpoint = "HTTP end point"
+    frontend = "HTTP"
     streaming_alternative = ("POST .../generate_stream (or gRPC ModelStreamInfer), which returns all its "
                              "responses")
 
@@ -209,6 +211,13 @@ async def fleet(request: web.Request) -> web.Response:
     return _json(request.app[FLEET].as_json())
 
 
+async def fleet_nonce(request: web.Request) -> web.Response:
+    """This box's id and a nonce for one signed request (appliance.fleet_signature); needs no token."""
+    response = _json(request.app[DATAPLANE].fleet_nonce())
+    response.headers["Cache-Control"] = "no-store"
+    return response
+
+
 async def openapi(request: web.Request) -> web.Response:
     return _json(openapi_document())
 
@@ -296,6 +305,7 @@ _ROUTES: list[tuple[str, str, Callable, Operation]] = [
     ("GET", "/v2/history", metrics_history, Operation.HISTORY),
     ("GET", "/v2/probe", hardware, Operation.HARDWARE),
     ("GET", "/v2/fleet", fleet, Operation.FLEET),
+    ("GET", NONCE_PATH, fleet_nonce, Operation.FLEET_NONCE),
     ("GET", "/v2/openapi.json", openapi, Operation.DOCUMENTS),
     ("GET", "/v2/health", server_health, Operation.SERVER_HEALTH),
     ("GET", "/v2/logging", log_settings, Operation.LOG_SETTINGS),

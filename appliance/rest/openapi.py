@@ -196,6 +196,10 @@ def openapi_document() -> dict[str, Any]:
             "/v2/fleet": {"get": _operation(
                 "The boxes this one sees on the LAN over mDNS (the dashboard's fleet panel): name, URL, "
                 "dashboard link, hardware, ready models, version", _JSON, errors=(401,))},
+            "/v2/fleet/nonce": {"get": _operation(
+                "This box's id and a nonce for one signed request (Authorization: Fleet id=, nonce=, body=, mac=: "
+                "an HMAC of the request under the token, which never travels; see docs/fleet.md). Needs no token",
+                _JSON, errors=())},
             "/v2/probe": {"get": _operation("Hardware probe report", _JSON, errors=(503,))},
             "/v2/history": {"get": _operation("Metrics history as time series", _JSON, parameters=history,
                                               errors=(400,))},

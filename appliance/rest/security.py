@@ -8,6 +8,7 @@ from aiohttp import web
 
 from appliance.protocol.admission import Caller, Network, address_in
 from appliance.protocol.operations import Operation
+from appliance.rest.body import SIGNED_BODY
 from appliance.rest.browser import browser_refusal, check_host
 from appliance.rest.keys import CONFIG, DATAPLANE, OPERATIONS
 
@@ -37,7 +38,7 @@ def _caller(request: web.Request) -> Caller:
         sockname = request.transport.get_extra_info("sockname")
         connected_to = sockname[0] if isinstance(sockname, tuple) and sockname else None
     return Caller(address, request.headers.get("Authorization"), connected_to=connected_to, direct=direct,
-                  browser_refusal=browser_refusal(request))
+                  browser_refusal=browser_refusal(request), request_line=(request.method, request.raw_path))
 
 
 def caller(request: web.Request) -> Caller:
@@ -53,5 +54,7 @@ async def admission_middleware(request: web.Request, handler) -> web.StreamRespo
     # decodes differently from how it routes); anything unlisted (a 404, static files) reads.
     operation = request.app[OPERATIONS].get(request.match_info.handler, Operation.DOCUMENTS)
     request[_CALLER] = who = _caller(request)
-    with request.app[DATAPLANE].admit(operation, who):
+    with request.app[DATAPLANE].admit(operation, who) as signed_body:
+        if signed_body is not None:  # a signed request: its body must be the one signed (rest/body.py)
+            request[SIGNED_BODY] = signed_body
         return await handler(request)

@@ -15,6 +15,7 @@ from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from appliance.backends import LoadContext, RuntimeOptions
+from appliance.repository.plan_choice import TuneRequest
 from appliance.selection.inputs import DYNAMIC_SIZES
 from appliance.selection.plans import ProbeView
 
@@ -32,16 +33,6 @@ class SelectionSettings:
     reduced_rtol: float = 2e-2
     dynamic_sizes: tuple[int, ...] = DYNAMIC_SIZES
     """Sizes tried for variable dimensions when synthetic inputs are all there is to tune with."""
-
-
-@dataclasses.dataclass(frozen=True)
-class TuneRequest:
-    """What a model version is tuned for beyond its config (part of the cache key)."""
-
-    explicit_instances: bool = False
-    """The user's config sets instance_group: the instances are kept unless it sets tune_instances."""
-    traffic: dict[str, Any] | None = None
-    """A retune on real traffic: the traffic's profile (core.traffic), tuned on first; None at load."""
 
 
 @dataclasses.dataclass(frozen=True)

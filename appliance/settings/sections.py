@@ -4,7 +4,7 @@ setting and how to fix it) and each component is handed only its section.
 Every field has a flat name, its *key*: ``APPLIANCE_<KEY>`` in the environment, ``<key> = ...`` at the
 top of the TOML file (or the field's own name inside its section's table, ``[http] port = 8000``), and
 ``--<key with dashes>`` where the command line has a flag. The key is the field's name unless ``key()``
-says otherwise. The docstring under each field is its documentation (``appliance.settings.reference``
+says otherwise. The docstring under each field is its documentation (``appliance.settings_reference``
 reads it for docs/settings.md).
 """
 
@@ -366,7 +366,7 @@ class MetricsSection:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class TraceSection:
-    """Triton's trace extension: where traces go."""
+    """Triton's trace extension: where traces go, and the settings in force at start."""
 
     file: str = key("trace.json", "trace_file")
     """File name of Triton's trace file, in <state_dir>/traces/ (numbered trace.json.0, .1... with
@@ -376,6 +376,21 @@ class TraceSection:
     removed, a single file stops growing."""
     max_files: int = key(1000, "trace_max_files")
     """Trace files kept at once: the oldest numbered files are removed beyond it."""
+    path: str | None = key(None, "trace_path")
+    """Triton's --trace-config triton,file=<path>: the trace file at this path instead (relative to the
+    daemon's working directory, as Triton's), reported as given."""
+    level: tuple[str, ...] = key((), "trace_level")
+    """Trace settings in force at start (Triton's --trace-config level=, rate=, count=,
+    triton,log-frequency=); the trace extension changes them at run time and clearing a global one
+    returns it to these. Level: empty or OFF (off), TIMESTAMPS and/or TENSORS."""
+    rate: int = key(1000, "trace_rate")
+    """Trace the rate-th request, the 2*rate-th... (at start; see trace_level)."""
+    count: int = key(-1, "trace_count")
+    """Requests to trace, -1 for no limit (at start; see trace_level)."""
+    log_frequency: int = key(0, "trace_log_frequency")
+    """Traces per numbered trace file, 0 for one file (at start; see trace_level)."""
+    mode: str = key("triton", "trace_mode")
+    """Only Triton's trace files (triton) are written here; OpenTelemetry export is not built in."""
 
     def __post_init__(self) -> None:
         if not self.file or self.file in (".", "..") or "/" in self.file or "\\" in self.file:
@@ -383,11 +398,24 @@ class TraceSection:
                               f"{self.file!r}")
         _at_least(self, 4096, "max_bytes")
         _at_least(self, 1, "max_files")
+        levels = tuple(level.strip().upper() for level in self.level)
+        if not set(levels) <= {"OFF", "TIMESTAMPS", "TENSORS"}:
+            raise ConfigError(f"trace_level must be OFF, or TIMESTAMPS and/or TENSORS, got {list(self.level)}")
+        object.__setattr__(self, "level", () if "OFF" in levels else
+                           tuple(level for level in ("TIMESTAMPS", "TENSORS") if level in levels))
+        for name, low, high in (("rate", 0, 2**32 - 1), ("count", -1, 2**31 - 1), ("log_frequency", 0, 2**32 - 1)):
+            if not low <= getattr(self, name) <= high:
+                raise ConfigError(f"{_key(self, name)} must be {low}..{high}, got {getattr(self, name)}")
+        if self.mode != "triton":
+            raise ConfigError(f"trace_mode {self.mode!r} is not supported: the appliance writes Triton's trace "
+                              "files only (trace_mode = triton); OpenTelemetry export is not built in")
+        if self.path is not None and (not self.path.strip() or self.path.endswith("/")):
+            raise ConfigError(f"trace_path must name a file, got {self.path!r}")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class FleetSection:
-    """The box on the LAN: its mDNS announcement."""
+    """The box on the LAN: its mDNS announcement; and, for the fleet commands, the boxes trusted."""
 
     mdns: bool = True
     """Announce the box on the LAN (_kserve-v2._tcp, _http._tcp) and browse for the others (--no-mdns)."""
@@ -395,6 +423,13 @@ class FleetSection:
     """The box's friendly name on the LAN; default the hostname."""
     mdns_interfaces: tuple[str, ...] = ()
     """IPv4 addresses of the interfaces to announce on; empty means all."""
+    trusted_boxes: Path | None = None
+    """For the fleet commands: the file of the boxes the operator pinned (``appliance fleet trust``: box id
+    and address), the only ones ``appliance push`` acts on and ``appliance fleet`` signs for; default
+    <state_dir>/trusted-boxes.json. A box merely found on the LAN is never trusted."""
+
+    def trusted_boxes_file(self, state_dir: Path) -> Path:
+        return self.trusted_boxes if self.trusted_boxes is not None else state_dir / "trusted-boxes.json"
 
     def box_name(self, hostname: str) -> str:
         """The name the box goes by (mDNS, the dashboard): ``name``, else the host's short name."""

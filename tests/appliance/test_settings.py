@@ -163,15 +163,15 @@ def test_every_environment_variable_and_flag_of_before_still_works():
 
 
 def test_the_settings_reference_in_the_docs_is_the_code_s():
-    """docs/settings.md holds python -m appliance.settings.reference's output between its markers."""
-    from appliance.settings.reference import BEGIN, END, markdown
+    """docs/settings.md holds python -m appliance.settings_reference's output between its markers."""
+    from appliance.settings_reference import BEGIN, END, markdown
 
     document = (Path(__file__).resolve().parents[2] / "docs" / "settings.md").read_text()
     start, end = document.find(BEGIN), document.find(END)
     assert start != -1 and end != -1, "docs/settings.md has no generated reference: run python -m " \
-                                      "appliance.settings.reference --write docs/settings.md"
+                                      "appliance.settings_reference --write docs/settings.md"
     assert document[start:end + len(END) + 1] == markdown(), "docs/settings.md is stale: run python -m " \
-                                                               "appliance.settings.reference --write docs/settings.md"
+                                                               "appliance.settings_reference --write docs/settings.md"
 
 
 def test_response_cache_and_rate_limiter_are_off_by_default():

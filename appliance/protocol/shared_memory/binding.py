@@ -4,13 +4,15 @@
 
 - each input in shared memory: its region is leased, the offset and size are checked against the
   region, the size against the declared shape and datatype (before anything is allocated), the
-  bytes are reserved on the request's memory account and copied out, and the lease is given back.
-  The copy is the request's own: a region unregistered, rewritten or shrunk afterwards cannot touch
-  what the model reads.
+  bytes are reserved on the request's memory account and copied out. The copy is the request's own:
+  a region rewritten or shrunk afterwards cannot touch what the model reads.
 - each output to go into shared memory: its region is leased and the bounds are checked, so a
-  request that could not deliver its outputs never runs; the lease holds until the response is
-  written (``Binding.write``), so an unregister meanwhile lets the request finish into the region
-  it named, which then closes.
+  request that could not deliver its outputs never runs; the response is written there
+  (``Binding.write``).
+
+Every region a request names stays leased until the binding closes (the response written), as
+Triton holds them: a region unregistered meanwhile stays listed until then, the request finishes
+into the region it named, and the region then leaves the table and closes.
 
 Copies of more than a MiB run on a worker thread; the region stays leased until that thread is
 done, even when the request is cancelled first (a thread cannot be stopped).
@@ -73,10 +75,10 @@ async def _copy(lease: Lease, work: Callable[[], None], size: int) -> None:
         await _off_loop(lease, work)
 
 
-async def _read_input(table: RegionTable, shared: SharedMemoryInput, reserve: Callable[[int], None]) -> InferInput:
+async def _read_input(lease: Lease, shared: SharedMemoryInput, reserve: Callable[[int], None]) -> InferInput:
+    """Copy one input out of its region under ``lease`` (given back once the copy is over)."""
     name, datatype, shape, ref = shared.name, shared.datatype, shared.shape, shared.source
     what = f"input '{name}'"
-    lease = table.lease(ref.region)
     try:
         _check_bounds(lease.region, ref, what)
         count = math.prod(shape)
@@ -111,10 +113,13 @@ def _raw(datatype: str, data: np.ndarray) -> memoryview:
 
 
 class Binding:
-    """The output regions one request holds; use it as a context manager around the inference."""
+    """The regions one request holds (its outputs' and inputs'); use it as a context manager around the
+    inference."""
 
     def __init__(self, targets: dict[str, tuple[Lease, SharedMemoryRef]]) -> None:
         self._targets = targets
+        self._inputs: list[Lease] = []
+        """Leases on the input regions: they keep an unregistered region listed until the request ends."""
 
     async def write(self, response: InferResponse) -> None:
         """Write each output bound to a region there and mark it, so the response carries the region's
@@ -136,7 +141,8 @@ class Binding:
 
     def close(self) -> None:
         targets, self._targets = self._targets, {}
-        for lease, _ in targets.values():
+        inputs, self._inputs = self._inputs, []
+        for lease in [lease for lease, _ in targets.values()] + inputs:
             lease.release()
 
     def __enter__(self) -> Binding:
@@ -166,7 +172,9 @@ async def bind(table: RegionTable, request: InferRequest, *, local: bool, reserv
             binding._targets[output.name] = (lease, ref)
             _check_bounds(lease.region, ref, f"output '{output.name}'")
         for shared in request.shared_inputs:
-            request.inputs.append(await _read_input(table, shared, reserve))
+            lease = table.lease(shared.source.region)
+            binding._inputs.append(lease.clone())
+            request.inputs.append(await _read_input(lease, shared, reserve))
         request.shared_inputs = []
     except BaseException:
         binding.close()

@@ -175,7 +175,7 @@ class CudaSharedMemory:
         self._table.add(name, byte_size, lambda: self._ipc.open(handle, device_id, byte_size, name))
 
     def status(self, name: str | None = None, *, local: bool) -> list[dict[str, Any]]:
-        self._table.check_client(local)
+        self._table.check_status_client(local)
         return [{"name": n, **r.status()} for n, r in self._table.find("cuda", name)]
 
     def unregister(self, name: str | None = None, *, local: bool) -> None:

@@ -164,7 +164,7 @@ class SystemSharedMemory:
             self._directory, file_name, key, offset, byte_size, name))
 
     def status(self, name: str | None = None, *, local: bool) -> list[dict[str, Any]]:
-        self._table.check_client(local)
+        self._table.check_status_client(local)
         return [{"name": n, **r.status()} for n, r in self._table.find("system", name)]
 
     def unregister(self, name: str | None = None, *, local: bool) -> None:

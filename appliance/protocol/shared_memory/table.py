@@ -1,11 +1,11 @@
 """The registered regions of both kinds, by name: who may use them, how many, and who holds them.
 
 A region is held open (its file descriptor, or its opened CUDA IPC handle) while it is registered
-*or* leased. A request leases every region it writes an output into for as long as it runs; a
-region unregistered meanwhile leaves the table at once (its name can be registered again) and is
-closed when the last lease is given back, so a request never reads or writes through a closed
-descriptor (or one the kernel has handed to another file). Inputs are copied out under a short
-lease before the request is scheduled.
+*or* leased. A request leases every region it names, input or output, for as long as it runs. A
+region unregistered while leased stays in the table, listed by status and usable by requests, as
+Triton keeps it (its name cannot be registered again meanwhile); it leaves the table and is closed
+when the last lease is given back, so a request never reads or writes through a closed descriptor
+(or one the kernel has handed to another file).
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ class RegionTable:
         """Refuse a client the ``client_shm`` setting does not let use shared memory."""
         if self.client_shm == "off":
             raise Forbidden(
-                "shared memory is switched off on this appliance (client_shm = off); set client_shm = local "
+                "Client shared memory is disabled on this appliance (client_shm = off); set client_shm = local "
                 "to let clients on this host use it"
             )
         if self.client_shm == "local" and not local:
@@ -129,6 +129,12 @@ class RegionTable:
                 "from another address; run the client on the appliance and connect to it from there, or "
                 "set client_shm = any"
             )
+
+    def check_status_client(self, local: bool) -> None:
+        """Status asks less: with client shared memory off it answers (nothing is registered), as Triton
+        does with client shared memory disabled; otherwise as ``check_client``."""
+        if self.client_shm != "off":
+            self.check_client(local)
 
     def add(self, name: str, byte_size: int, open_region: Callable[[], Region]) -> None:
         """Register ``name``: check the name and the limits, then open the region (outside the lock:
@@ -178,6 +184,7 @@ class RegionTable:
         return InvalidInput("the appliance is stopping; shared memory regions cannot be registered now")
 
     def lease(self, name: str) -> Lease:
+        """Hold the region ``name`` (one awaiting its unregister too, as Triton lets requests use it)."""
         with self._lock:
             entry = self._entries.get(name)
             if entry is None:
@@ -197,6 +204,8 @@ class RegionTable:
             closing = entry.retired and entry.leases == 0
             if closing:
                 self._open.discard(entry)
+                if self._entries.get(entry.name) is entry:  # unregistered meanwhile: it leaves the table now
+                    del self._entries[entry.name]
         if closing:
             self._close(entry)
 
@@ -226,12 +235,17 @@ class RegionTable:
                 self._close(entry)
 
     def _retire(self, name: str) -> _Entry | None:
-        """Take ``name`` out of the table (lock held); the entry if it can be closed now."""
-        entry = self._entries.pop(name)
-        entry.retired = True
+        """Unregister ``name`` (lock held): out of the table and the entry returned to be closed now, or,
+        while requests hold it, marked to leave the table when the last of them is done (Triton's
+        "will be unregistered after in-flight requests complete")."""
+        entry = self._entries[name]
         if entry.leases:
-            log.info("shared memory region '%s' is unregistered; it closes when the requests using it finish", name)
+            if not entry.retired:
+                log.info("shared memory region '%s' will be unregistered after in-flight requests complete", name)
+            entry.retired = True
             return None
+        entry.retired = True
+        del self._entries[name]
         self._open.discard(entry)
         return entry
 

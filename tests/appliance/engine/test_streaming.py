@@ -407,8 +407,11 @@ async def test_a_traced_stream_is_written_when_it_ends(make_model, tmp_path):
     settings, writer = TraceSettings(), TraceWriter(None)
     settings.update({"trace_level": ["TIMESTAMPS"], "trace_rate": ["1"]})
     model, _ = await make_model(SendingBackend(lambda r: (r.sink.send(_out(1)), r.sink.send(final=True))))
-    plane = _Plane(_inference(tmp_path, tracer=Tracer(settings, writer)))
-    stream = await plane.infer_stream(model, _request(1))
+    tracer = Tracer(settings, writer)
+    plane = _Plane(_inference(tmp_path, tracer=tracer))
+    request = _request(1)
+    request.trace = tracer.start(model.name, model.version)  # as infer_stream starts it
+    stream = await plane.infer_stream(model, request)
     assert len(await _read_all(stream)) == 2
     await stream.ran
     await asyncio.sleep(0)  # the trace is handed to the writer by the callback of ``ran``

@@ -277,9 +277,9 @@ def test_trace_settings(client):
     with pytest.raises(InferenceServerException) as excinfo:
         client.update_trace_settings(settings={"trace_file": "/tmp/trace.json"})
     assert _code(excinfo) == "StatusCode.UNIMPLEMENTED"
-    with pytest.raises(InferenceServerException) as excinfo:
+    with pytest.raises(InferenceServerException, match="Request for unknown model : nope") as excinfo:
         client.get_trace_settings("nope")
-    assert _code(excinfo) == "StatusCode.NOT_FOUND"
+    assert _code(excinfo) == "StatusCode.INVALID_ARGUMENT"  # as Triton
 
 
 def test_unary_rpcs_are_all_served(daemon):

@@ -3,8 +3,9 @@ saw as JSON on its last line.
 
 box-a is killed (SIGKILL: no goodbye) half-way through the requests; box-b is saturated: it takes one
 request at a time (APPLIANCE_MAX_CONCURRENT_REQUESTS=1) and answers 503 with Retry-After beyond it; box-c and
-box-d are plain. Model "m" is pushed to every box (--all), model "n" only to box-a and box-c.
-A live BoxPool (mDNS) sends 3,000 requests from 8 threads, one in ten for "n".
+box-d are plain. Model "m" is pushed to every box (--all: refused while the boxes are not pinned, then
+pinned with `appliance fleet trust --all`), model "n" only to box-a and box-c. A live BoxPool (mDNS)
+sends 3,000 requests from 8 threads, one in ten for "n".
 """
 
 from __future__ import annotations
@@ -206,6 +207,7 @@ def coming_and_going(pool: BoxPool, work: Path, processes: dict[str, subprocess.
     wait_started(process, log)
     seen["e_joined_after"] = wait_for(lambda: pool.stats().get("box-e", {}).get("models") is not None, 15)
     seen["e_models_before_push"] = pool.stats().get("box-e", {}).get("models")
+    seen["trust_e"] = cli("fleet", "trust", "box-e", "--mdns-interface", LOOPBACK).returncode
     seen["push_e"] = cli("push", str(m_dir), "--to", "box-e", "--mdns-interface", LOOPBACK).returncode
     seen["e_models_read_after"] = wait_for(lambda: pool.stats()["box-e"]["models"] == ["m"], 15)
 
@@ -250,6 +252,12 @@ def main() -> None:
         result["ports"] = ports
         m_dir, n_dir = model_dirs(work)
 
+        # The CLI's pins go to the scenario's directory (the default is the user's data dir).
+        os.environ["APPLIANCE_TRUSTED_BOXES"] = str(work / "trusted-boxes.json")
+        unpinned = cli("push", str(m_dir), "--all", "--mdns-interface", LOOPBACK, "--timeout", "3")
+        result["push_unpinned"] = {"rc": unpinned.returncode, "stdout": unpinned.stdout, "stderr": unpinned.stderr}
+        trusted = cli("fleet", "trust", "--all", "--mdns-interface", LOOPBACK, "--timeout", "3")
+        result["trust_all"] = {"rc": trusted.returncode, "stdout": trusted.stdout, "stderr": trusted.stderr}
         push_all = cli("push", str(m_dir), "--all", "--mdns-interface", LOOPBACK, "--timeout", "3")
         result["push_all"] = {"rc": push_all.returncode, "stdout": push_all.stdout, "stderr": push_all.stderr}
         push_some = cli("push", str(n_dir), "--to", "box-a", "--to", "box-c", "--mdns-interface", LOOPBACK)

@@ -27,6 +27,19 @@ def fleet():
     return run_scenario("tests.appliance.mdns.fleet_scenario", "fleet tests", timeout=480, stderr_tail=5000)
 
 
+def test_push_refuses_boxes_merely_found_until_they_are_pinned(fleet):
+    refused = fleet["push_unpinned"]
+    assert refused["rc"] == 1, refused
+    for name in ("box-a", "box-b", "box-c", "box-d"):
+        assert f"{name}: not pushed: {name} (127.0.0.1:" in refused["stdout"]
+        assert f"appliance fleet trust {name}" in refused["stdout"]
+    assert "pushing" not in refused["stdout"]  # nothing was sent to any of them
+    trusted = fleet["trust_all"]
+    assert trusted["rc"] == 0, trusted
+    assert sorted(line.split()[1].rstrip(":") for line in trusted["stdout"].splitlines()
+                  if line.startswith("pinned ")) == ["box-a", "box-b", "box-c", "box-d"]
+
+
 def test_push_all_loads_the_model_on_every_box_with_a_line_each(fleet):
     push = fleet["push_all"]
     assert push["rc"] == 0, push
@@ -89,7 +102,7 @@ def test_appliance_fleet_lists_every_box(fleet):
     assert {"box-c", "box-d", "box-e"} <= set(rows) and "box-b" not in rows
     for name in ("box-c", "box-d", "box-e"):
         row = rows[name]
-        assert row["error"] is None and row["version"] and row["hw"]
+        assert row["error"] is None and row["version"] and row["hw"] and row["trusted"] and row["trust"] == "pinned"
         assert row["address"].startswith("127.0.0.1:")
     assert rows["box-d"]["address"] == f"127.0.0.1:{fleet['ports']['box-d']}"
     assert (rows["box-c"]["models_ready"], rows["box-c"]["models_total"]) == (2, 2)
@@ -113,7 +126,7 @@ def test_the_pool_follows_boxes_coming_and_going(fleet):
     seen = fleet["coming_and_going"]
     assert seen["b_left_after"] is not None  # its goodbye removed it from the pool
     assert seen["e_joined_after"] is not None and seen["e_models_before_push"] == []
-    assert seen["push_e"] == 0
+    assert seen["trust_e"] == 0 and seen["push_e"] == 0
     assert seen["e_models_read_after"] is not None  # the record's new digest made the pool read it again
     assert seen["answers"] == [2.0]
     assert seen["served"]["box-e"] > 0 and "box-b" not in seen["served"]

@@ -18,6 +18,7 @@ LOCAL = Caller("127.0.0.1")
 
 class Decoded:
     endpoint = "the test's end point"
+    frontend = "HTTP"
     streaming_alternative = "a stream"
 
     def __init__(self, model: str, request: InferRequest, version: str | None = None, size: int = 0) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from appliance.errors import Forbidden, Unauthorized, Unavailable
+from appliance.fleet_signature import FleetVerifier, body_digest, sign
 from appliance.protocol.admission import AccessPolicy, Admission, Caller, parse_networks
 from appliance.protocol.operations import ACCESS, BOUNDLESS, Access, Operation
 
@@ -19,7 +20,7 @@ def test_every_operation_has_one_access_level_and_the_control_ones_change_the_se
     assert control == {Operation.MODEL_LOAD, Operation.MODEL_UNLOAD, Operation.SHM_REGISTER,
                        Operation.SHM_UNREGISTER, Operation.TRACE_UPDATE, Operation.LOG_UPDATE}
     assert {op for op, level in ACCESS.items() if level is Access.OPEN} == {
-        Operation.SERVER_LIVE, Operation.SERVER_READY, Operation.SERVER_HEALTH}
+        Operation.SERVER_LIVE, Operation.SERVER_READY, Operation.SERVER_HEALTH, Operation.FLEET_NONCE}
     assert {Operation.SERVER_LIVE, Operation.SERVER_READY, Operation.SERVER_HEALTH, Operation.METRICS} == BOUNDLESS
 
 
@@ -43,6 +44,23 @@ def test_token_rules(protect):
     else:
         policy.check(Operation.INFER, Caller(REMOTE))
     policy.check(Operation.SERVER_HEALTH, Caller(None))  # a UNIX socket peer is never exempt, health is open
+
+
+def test_a_signed_request_proves_the_token_where_the_transport_gives_its_request_line():
+    box = FleetVerifier(TOKEN, "8d5a3c1e-1111-4222-8333-944445555666")
+    policy = AccessPolicy(TOKEN, parse_networks(["127.0.0.1/32"]), signatures=box)
+    body = b'{"parameters": {}}'
+    signed = sign(TOKEN, box.box_id, box.nonce(), "POST", "/v2/repository/models/m/load", body)
+    line = ("POST", "/v2/repository/models/m/load")
+    assert policy.check(Operation.MODEL_LOAD, Caller(REMOTE, signed, request_line=line)) == body_digest(body)
+    with pytest.raises(Unauthorized, match="used already"):
+        policy.check(Operation.MODEL_LOAD, Caller(REMOTE, signed, request_line=line))
+    fresh = sign(TOKEN, box.box_id, box.nonce(), "POST", "/v2/repository/models/m/load", body)
+    with pytest.raises(Unauthorized, match="Bearer"):  # gRPC gives no request line: the bearer token only
+        policy.check(Operation.MODEL_LOAD, Caller(REMOTE, fresh))
+    assert policy.check(Operation.MODEL_LOAD, Caller(LOCAL, fresh, request_line=line)) is None  # exempt
+    with pytest.raises(Unauthorized):  # a policy without signatures takes none
+        AccessPolicy(TOKEN).check(Operation.MODEL_LOAD, Caller(REMOTE, fresh, request_line=line))
 
 
 def test_browser_rules_guard_control_even_with_the_token_and_from_an_exempt_address():

@@ -238,8 +238,15 @@ async def test_hardware_is_unavailable_until_the_probe_reports(registry):
     assert plane.hardware() == {"accelerators": ["cpu"]}
 
 
-async def test_trace_settings_of_an_unknown_model_are_not_found(plane):
-    with pytest.raises(ModelNotFound):
-        plane.trace_settings("nope")
+async def test_trace_settings_of_a_model_not_ready_are_refused_as_triton_refuses_them(plane):
+    # Triton 2.51 (and L0_trace trace_endpoint_test): INVALID_ARG "Request for unknown model : <name>" for an
+    # unknown model and for one that is not ready alike.
+    for name in ("nope", "broken"):
+        with pytest.raises(InvalidInput) as refused:
+            plane.trace_settings(name)
+        assert refused.value.message == f"Request for unknown model : {name}"
+    await plane.unload_model("simple_string")
+    with pytest.raises(InvalidInput, match="Request for unknown model : simple_string"):
+        plane.trace_settings("simple_string", {"trace_rate": ["7"]})
     assert plane.trace_settings("simple", {"trace_rate": ["7"]})["trace_rate"] == ["7"]
     assert plane.trace_settings()["trace_rate"] == ["1000"]

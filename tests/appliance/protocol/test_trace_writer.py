@@ -117,3 +117,42 @@ def test_a_directory_that_cannot_be_written_falls_back_to_memory(tmp_path):
     writer.close()
     assert [t["id"] for t in writer.kept()] == [1]
     assert len(reasons) == 1 and "cannot write trace files" in reasons[0]
+
+
+def test_each_stream_fills_numbered_files_of_its_own(tmp_path):
+    # As Triton's trace settings objects: a model with log_frequency 2 of its own writes t.json.N files
+    # of two traces while the global settings' traces go on into t.json (L0_trace's global_trace.log).
+    writer = TraceWriter(tmp_path, "t.json")
+    for number, stream, frequency in ((1, "simple", 2), (2, "global", 0), (3, "simple", 2), (4, "other", 3),
+                                      (5, "simple", 2), (6, "global", 0), (7, "other", 3)):
+        writer.add(_trace(number), frequency, stream=stream)
+    writer.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.json", "t.json.0", "t.json.1", "t.json.2"]
+    assert _ids(tmp_path / "t.json") == [2, 6]
+    assert [_ids(tmp_path / f"t.json.{i}") for i in range(3)] == [[1, 3], [4, 7], [5]]
+
+
+def test_a_counted_stream_writes_a_numbered_file_closed_when_its_count_runs_out(tmp_path):
+    # L0_trace's global_count.log: 20 traces before trace_count was set stay in the file itself, the 5
+    # counted ones go to global_count.log.0; a count set again starts the next number.
+    writer = TraceWriter(tmp_path, "global_count.log")
+    for number in range(1, 4):
+        writer.add(_trace(number), stream="before")
+    for number in range(4, 7):
+        writer.add(_trace(number), stream="counted", counted=True, last=number == 6)
+    writer.add(_trace(7), stream="again", counted=True, last=True)
+    writer.close()
+    assert _ids(tmp_path / "global_count.log") == [1, 2, 3]
+    assert _ids(tmp_path / "global_count.log.0") == [4, 5, 6] and _ids(tmp_path / "global_count.log.1") == [7]
+
+
+def test_a_file_removed_for_the_bound_is_started_again_by_its_stream(tmp_path):
+    block = os.statvfs(tmp_path).f_bsize
+    writer = TraceWriter(tmp_path, max_bytes=3 * block)
+    writer.add(_trace(1, padding=1000), stream="g")  # trace.json, the oldest
+    for number in (2, 3, 4):
+        writer.add(_trace(number, padding=1000), 1, stream=number)  # trace.json.0-2: push it out
+    writer.add(_trace(5, padding=1000), stream="g")
+    writer.close()
+    assert _ids(tmp_path / "trace.json") == [5]  # a valid list again, not an append to a removed file
+    assert _on_disk(tmp_path) <= 3 * block

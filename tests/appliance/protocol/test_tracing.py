@@ -33,10 +33,10 @@ def test_nothing_is_traced_while_the_level_is_off():
 def test_one_request_in_trace_rate_is_traced():
     tracer, settings, writer = _tracer()
     settings.update({"trace_level": ["TIMESTAMPS"], "trace_rate": ["3"]})
-    assert _sampled(tracer, "m", 10) == [0, 3, 6, 9]
+    assert _sampled(tracer, "m", 10) == [2, 5, 8]  # as Triton: the rate-th request, the 2*rate-th...
     writer.close()
     kept = writer.kept()
-    assert [t["id"] for t in kept] == [1, 2, 3, 4]
+    assert [t["id"] for t in kept] == [1, 2, 3]
     assert kept[0]["model_name"] == "m" and kept[0]["model_version"] == 1
     assert [s["name"] for s in kept[0]["timestamps"]] == ["REQUEST_START", "REQUEST_END"]
     assert kept[0]["timestamps"][0]["ns"] <= kept[0]["timestamps"][1]["ns"]
@@ -63,8 +63,68 @@ def test_a_models_own_settings_override_the_global_ones():
     assert _sampled(tracer, "traced", 3) == [0, 1, 2]
 
 
-def test_the_rate_is_counted_per_model():
+def test_the_rate_is_counted_per_settings_scope_as_triton_counts_it():
+    # Triton counts requests in the settings object they are sampled by: every model that follows the
+    # global settings shares one count; a model with settings of its own counts its own requests.
     tracer, settings, _ = _tracer()
     settings.update({"trace_level": ["TIMESTAMPS"], "trace_rate": ["2"]})
     picks = [tracer.start(model, 1) is not None for model in ("a", "b", "a", "b", "a")]
-    assert picks == [True, True, False, False, True]
+    assert picks == [False, True, False, True, False]
+    settings.update({"log_frequency": ["5"]}, model="a")  # a scope of its own: counted from 0
+    picks = [tracer.start(model, 1) is not None for model in ("a", "b", "a", "b", "a")]
+    assert picks == [False, True, True, False, False]  # b: the global count goes on (6th, 7th)
+
+
+def test_an_update_starts_the_count_afresh():
+    tracer, settings, _ = _tracer()
+    settings.update({"trace_level": ["TIMESTAMPS"], "trace_rate": ["3"]})
+    assert _sampled(tracer, "m", 2) == []
+    settings.update({"trace_rate": ["3"]})  # a new settings object, as Triton replaces it
+    assert _sampled(tracer, "m", 3) == [2]
+
+
+def test_a_models_count_is_its_own_once_it_has_settings():
+    tracer, settings, _ = _tracer()
+    settings.update({"trace_level": ["TIMESTAMPS"], "trace_rate": ["1"], "trace_count": ["3"]})
+    settings.update({"log_frequency": ["2"]}, model="m")  # takes a copy of the global count
+    assert _sampled(tracer, "m", 5) == [0, 1, 2]
+    assert settings.get("m")["trace_count"] == ["0"] and settings.get()["trace_count"] == ["3"]
+    assert _sampled(tracer, "other", 5) == [0, 1, 2]
+    assert settings.get()["trace_count"] == ["0"]
+
+
+def test_traces_go_to_the_writer_with_their_scopes_file_rules():
+    calls = []
+
+    class Writer:
+        def add(self, trace, log_frequency=0, **route):
+            calls.append((trace["model_name"], log_frequency, route))
+
+    settings = TraceSettings()
+    tracer = Tracer(settings, Writer())  # type: ignore[arg-type]
+    settings.update({"trace_level": ["TIMESTAMPS"], "trace_rate": ["1"]})
+    settings.update({"trace_count": ["2"], "log_frequency": ["7"]}, model="m")
+    for model in ("g", "m", "m"):
+        tracer.finish(tracer.start(model, 1))
+    (g, m1, m2) = calls
+    global_scope, model_scope = settings.scope("g").id, settings.scope("m").id
+    assert g == ("g", 0, {"stream": global_scope, "counted": False, "last": False})
+    assert m1 == ("m", 7, {"stream": model_scope, "counted": True, "last": False})
+    assert m2 == ("m", 7, {"stream": model_scope, "counted": True, "last": True})  # its count ran out
+
+
+def test_a_front_ends_marks_surround_the_cores_as_triton_names_them():
+    tracer, settings, writer = _tracer()
+    settings.update({"trace_level": ["TIMESTAMPS"], "trace_rate": ["1"]})
+    for frontend, receive, send in (
+            ("HTTP", ("HTTP_RECV_START", "HTTP_RECV_END"), ("HTTP_SEND_START", "HTTP_SEND_END")),
+            ("GRPC", ("GRPC_WAITREAD_START", "GRPC_WAITREAD_END"), ("GRPC_SEND_START", "GRPC_SEND_END"))):
+        trace = tracer.start("m", 1, 100, frontend=frontend, read_ns=200)
+        Tracer.end(trace)
+        tracer.finish(trace, (frontend, 300, 400))
+        writer.flush()
+        marks = [(s["name"], s["ns"]) for s in writer.kept()[-1]["timestamps"]]
+        assert marks[:3] == [(receive[0], 100), (receive[1], 200), ("REQUEST_START", 200)]
+        assert [name for name, _ in marks[3:]] == ["REQUEST_END", *send]
+        assert marks[-2:] == [(send[0], 300), (send[1], 400)]
+    writer.close()

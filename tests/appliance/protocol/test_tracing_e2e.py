@@ -17,6 +17,10 @@ from tests.builders import identity_model, write_model
 
 ORDER = ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START",
          "COMPUTE_END", "REQUEST_END"]
+# The front ends' marks around the core's, as Triton names them (NVIDIA's trace_summary.py keeps only traces
+# that carry HTTP_RECV_START or GRPC_WAITREAD_START).
+HTTP_ORDER = ["HTTP_RECV_START", "HTTP_RECV_END", *ORDER, "HTTP_SEND_START", "HTTP_SEND_END"]
+GRPC_ORDER = ["GRPC_WAITREAD_START", "GRPC_WAITREAD_END", *ORDER, "GRPC_SEND_START", "GRPC_SEND_END"]
 
 
 @pytest.fixture(scope="module")
@@ -67,12 +71,13 @@ def test_traced_requests_are_written_with_ordered_timestamps(daemon, client):
 
     traces = _read_traces(trace_file, 4)
     assert len(traces) == 4 and len({t["id"] for t in traces}) == 4
+    orders = []
     for trace in traces:
         assert trace["model_name"] == "identity" and trace["model_version"] == 1
-        names = [s["name"] for s in trace["timestamps"]]
-        assert names == ORDER
+        orders.append([s["name"] for s in trace["timestamps"]])
         times = [s["ns"] for s in trace["timestamps"]]
         assert times == sorted(times) and times[0] > 0
+    assert sorted(orders) == sorted([HTTP_ORDER] * 3 + [GRPC_ORDER])
 
 
 def test_a_models_settings_and_the_refusals(daemon, client):
@@ -82,15 +87,18 @@ def test_a_models_settings_and_the_refusals(daemon, client):
     assert changed["trace_count"] == "1"
     assert client.get_trace_settings()["trace_level"] == ["OFF"]
     trace_file = Path(client.get_trace_settings()["trace_file"])
-    before = len(json.loads(trace_file.read_text())) if trace_file.exists() else 0
+    numbered = set(trace_file.parent.glob(trace_file.name + ".*"))
     _infer(client, "identity")  # global level OFF: not traced
     _infer(client, "other")
     _infer(client, "other")  # trace_count ran out
-    traces = _read_traces(trace_file, before + 1)
-    time.sleep(0.3)
-    traces = json.loads(trace_file.read_text())
-    assert [t["model_name"] for t in traces[before:]] == ["other"]
     assert client.get_trace_settings(model_name="other")["trace_count"] == "0"
+    # As Triton: the traces a trace_count allowed go to a numbered file of their own once it runs out.
+    deadline = time.monotonic() + 10
+    while not (new := set(trace_file.parent.glob(trace_file.name + ".*")) - numbered) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (counted,) = new
+    traces = _read_traces(counted, 1)
+    assert [t["model_name"] for t in traces] == ["other"]
 
     with pytest.raises(InferenceServerException, match="404|not found|unknown"):
         client.get_trace_settings(model_name="nope")
@@ -98,3 +106,35 @@ def test_a_models_settings_and_the_refusals(daemon, client):
         client.update_trace_settings(settings={"trace_file": "/etc/passwd"})
     with pytest.raises(InferenceServerException, match="unknown trace level"):
         client.update_trace_settings(settings={"trace_level": ["LOTS"]})
+
+
+def test_start_up_trace_flags_as_tritonserver_spells_them(start_daemon, repository, tmp_path):
+    # L0_trace: tritonserver --trace-config triton,file=... --trace-config level=TIMESTAMPS --trace-config rate=1
+    path = tmp_path / "out" / "global_unittest.log"
+    daemon = start_daemon(repository, "--trace-config", f"triton,file={path}", "--trace-config", "level=TIMESTAMPS",
+                          "--trace-config", "rate=1", "--trace-config=mode=triton", "--trace-config",
+                          "triton,log-frequency=0")
+    with triton.InferenceServerClient(daemon.url) as client:
+        initial = {"trace_file": str(path), "trace_level": ["TIMESTAMPS"], "trace_rate": "1", "trace_count": "-1",
+                   "log_frequency": "0", "trace_mode": "triton"}
+        assert client.get_trace_settings() == initial and client.get_trace_settings(model_name="identity") == initial
+        client.update_trace_settings(model_name="other", settings={"log_frequency": "2"})
+        for _ in range(2):
+            _infer(client, "identity")
+        for _ in range(3):
+            _infer(client, "other")
+        client.update_trace_settings(settings={"trace_rate": "9"})
+        client.update_trace_settings(settings={"trace_rate": None})  # back to the start-up value, not 1000
+        assert client.get_trace_settings() == initial
+    assert [t["model_name"] for t in _read_traces(path, 2)] == ["identity", "identity"]
+    assert [len(_read_traces(Path(f"{path}.{i}"), n)) for i, n in ((0, 2), (1, 1))] == [2, 1]  # other's own files
+
+
+def test_bad_trace_flags_stop_the_daemon_with_the_reason(start_daemon, repository):
+    for flags, words in ((["--trace-config", "level=LOUD"], "invalid value for trace level option: LOUD"),
+                         (["--trace-config", "mode=opentelemetry"], "OpenTelemetry export is not built in"),
+                         (["--trace-config", "opentelemetry,url=localhost:4318"], "not built in"),
+                         (["--trace-config", "rate"], "option format is")):
+        with pytest.raises(RuntimeError, match="exited") as failed:
+            start_daemon(repository, *flags)
+        assert words in str(failed.value)

@@ -11,23 +11,41 @@ from __future__ import annotations
 import asyncio
 import queue
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from appliance.backends.python.pb import runtime
 from appliance.backends.python.pb.errors import TritonError, TritonModelException
+from appliance.backends.python.pb.response import InferenceResponse
+from appliance.backends.python.pb.tensor import Tensor
 from appliance.backends.python.pb.transfer import read_tensors, tensors_of, write_tensors
-
-if TYPE_CHECKING:
-    from appliance.backends.python.pb.messages import InferenceRequest, InferenceResponse
 
 __all__ = ["ResponseIterator", "execute", "execute_async", "is_model_ready", "load_model", "unload_model"]
 
 
-def _response(message: tuple) -> InferenceResponse:
-    from appliance.backends.python.pb.messages import InferenceResponse
+class InferenceRequest(Protocol):
+    """What a call takes of pb_utils.InferenceRequest (appliance.backends.python.pb.messages, which calls here)."""
 
+    model_name: str
+    model_version: int
+
+    def inputs(self) -> list[Tensor]: ...
+
+    def requested_output_names(self) -> list[str]: ...
+
+    def request_id(self) -> str: ...
+
+    def correlation_id(self) -> int | str: ...
+
+    def flags(self) -> int: ...
+
+    def timeout(self) -> int: ...
+
+    def parameters(self) -> str: ...
+
+
+def _response(message: tuple) -> InferenceResponse:
     if message[0] == "gone":
         return InferenceResponse(error=TritonError(message[3], TritonError.UNAVAILABLE))
     _, _, ref, descriptors, error, parameters, _ = message

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Iterable
 from typing import Any
 
 from appliance.backends.python.pb import runtime
-from appliance.backends.python.pb.errors import TritonError, TritonModelException
+from appliance.backends.python.pb.errors import TritonModelException
+from appliance.backends.python.pb.response import InferenceResponse, parameters_json, text_argument
 from appliance.backends.python.pb.tensor import Tensor
 from appliance.backends.python.pb.transfer import send_response
 
@@ -28,58 +28,6 @@ TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 TRITONSERVER_REQUEST_RELEASE_ALL = 1
 TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
-
-
-def _parameters_json(parameters: Any) -> str:
-    """Parameters as Triton keeps them: JSON text of a dict of str keys to bool, int or str values."""
-    if parameters is None:
-        return "{}"
-    if isinstance(parameters, str):  # already JSON (the server's own requests)
-        json.loads(parameters)
-        return parameters
-    if not isinstance(parameters, dict):
-        raise TritonModelException(f"parameters must be a dict, found type {type(parameters)}")
-    for key, value in parameters.items():
-        if not isinstance(key, str):
-            raise TritonModelException(f"Expect parameters keys to have type str, found type {type(key)}")
-        if not isinstance(value, (str, int, bool)):
-            raise TritonModelException(
-                f"Expect parameters values to have type bool/int/str, found type {type(value)}")
-    return json.dumps(parameters)
-
-
-def _text(value: Any, what: str) -> str:
-    """A string argument as Triton's bindings take it: str, or bytes holding UTF-8 (a BYTES element)."""
-    if isinstance(value, bytes):
-        return value.decode("utf-8")
-    if isinstance(value, str):
-        return str(value)
-    raise TritonModelException(f"{what} must be a string, not {type(value).__name__}")
-
-
-class InferenceResponse:
-    def __init__(self, output_tensors: Iterable[Tensor] | None = None, error: TritonError | str | None = None,
-                 parameters: dict | str | None = None) -> None:
-        self._outputs = list(output_tensors or [])
-        for tensor in self._outputs:
-            if not isinstance(tensor, Tensor):
-                raise TritonModelException(
-                    f"output_tensors must hold pb_utils.Tensor objects, not {type(tensor).__name__}")
-        self._error = TritonError(error) if isinstance(error, str) else error
-        self._parameters = _parameters_json(parameters)
-
-    def output_tensors(self) -> list[Tensor]:
-        return self._outputs
-
-    def has_error(self) -> bool:
-        return self._error is not None
-
-    def error(self) -> TritonError | None:
-        return self._error
-
-    def parameters(self) -> str:
-        """JSON text, as in Triton."""
-        return self._parameters
 
 
 class ResponseSender:
@@ -145,14 +93,14 @@ class InferenceRequest:
         for tensor in self._inputs:
             if not isinstance(tensor, Tensor):
                 raise TritonModelException(f"inputs must hold pb_utils.Tensor objects, not {type(tensor).__name__}")
-        self._requested = [_text(name, "requested_output_names") for name in requested_output_names]
-        self._id = _text(request_id, "request_id")
+        self._requested = [text_argument(name, "requested_output_names") for name in requested_output_names]
+        self._id = text_argument(request_id, "request_id")
         self._correlation_id = correlation_id
         self._flags = int(flags)
         self._timeout = int(timeout)
-        self._parameters = _parameters_json(parameters)
+        self._parameters = parameters_json(parameters)
         self._trace = trace
-        self.model_name = _text(model_name, "model_name")
+        self.model_name = text_argument(model_name, "model_name")
         self.model_version = int(model_version)
         self._key: int | None = None  # set on the requests the server hands to execute()
         self._decoupled = True

@@ -4,17 +4,15 @@ blocks, only their descriptors into messages."""
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from appliance.backends.python.arena import KEEP_BYTES, BlockRef, Descriptor
 from appliance.backends.python.pb import runtime
 from appliance.backends.python.pb.errors import TritonError
+from appliance.backends.python.pb.response import InferenceResponse
 from appliance.backends.python.pb.tensor import Tensor
-
-if TYPE_CHECKING:
-    from appliance.backends.python.pb.messages import InferenceResponse
 
 __all__ = ["error_of", "read_tensors", "send_response", "tensors_of", "write_tensors"]
 

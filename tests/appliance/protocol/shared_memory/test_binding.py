@@ -19,7 +19,7 @@ from appliance.engine.types import (
     SharedMemoryInput,
     SharedMemoryRef,
 )
-from appliance.errors import Forbidden, InvalidInput, PayloadTooLarge, RegionNotFound
+from appliance.errors import AlreadyExists, Forbidden, InvalidInput, PayloadTooLarge, RegionNotFound
 from appliance.protocol.shared_memory import LocalPeers, SharedMemoryLimits, SharedMemoryRegistry
 from appliance.protocol.shared_memory.binding import bind
 from appliance.protocol.shared_memory.table import RegionTable
@@ -177,17 +177,64 @@ async def test_the_memory_budget_is_asked_before_reading(shm, shm_object):
     assert opened("self", key) == 2
 
 
-async def test_a_region_unregistered_during_a_request_closes_when_the_request_is_done(shm, shm_object):
+async def test_a_region_unregistered_during_a_request_stays_listed_until_the_request_is_done(shm, shm_object):
+    # Triton (L0_shared_memory TestSharedMemoryUnregister): unregister succeeds, the region stays in
+    # status (and its name taken) until the request using it ends, then it is gone without another call.
     key, memory = _region(shm, shm_object, "io", bytes(64))
     request = InferRequest([], [RequestedOutput("y", shared_memory=SharedMemoryRef("io", 16, 16))])
     with await shm.bind(request, local=True, reserve=Reservations()) as binding:
         shm.system.unregister(local=True)
-        assert shm.system.status(local=True) == [] and opened("self", key) == 3  # still leased
-        shm.system.register("io", key, 0, 8, local=True)  # the name is free again, for another region
+        assert [r["name"] for r in shm.system.status(local=True)] == ["io"] and opened("self", key) == 3
+        with pytest.raises(AlreadyExists, match="'io' already in manager"):
+            shm.system.register("io", key, 0, 8, local=True)
         await binding.write(InferResponse("m", 1, [InferOutput("y", "INT32", np.arange(4, dtype=np.int32))]))
-    # The output went into the region the request named, which is closed now.
+    # The output went into the region the request named, which is unregistered and closed now.
     np.testing.assert_array_equal(np.frombuffer(memory.buf, np.int32, 4, 16), np.arange(4))
-    assert opened("self", key) == 3 and shm.counts() == (1, 8)  # the new registration only
+    assert shm.system.status(local=True) == [] and opened("self", key) == 2 and shm.counts() == (0, 0)
+    with pytest.raises(RegionNotFound):
+        shm.system.status("io", local=True)
+    shm.system.register("io", key, 0, 8, local=True)  # the name is free again
+    assert shm.counts() == (1, 8)
+
+
+async def test_input_regions_stay_held_for_the_whole_request(shm, shm_object):
+    key, _ = _region(shm, shm_object, "in", np.arange(4, dtype=np.int32).tobytes())
+    request = InferRequest([], shared_inputs=[_input("x", "INT32", (4,), "in", 16)])
+    with await shm.bind(request, local=True, reserve=Reservations()):
+        np.testing.assert_array_equal(request.inputs[0].data, np.arange(4))
+        shm.system.unregister("in", local=True)
+        assert [r["name"] for r in shm.system.status(local=True)] == ["in"]
+    assert shm.system.status(local=True) == [] and opened("self", key) == 2
+
+
+async def test_a_region_awaiting_unregister_serves_new_requests_until_the_last_ends(shm, shm_object):
+    # Triton lets a request name a region that is awaiting its unregister; the region goes when the last
+    # request holding it ends (test_unregister_shm_during_inference_multiple_req).
+    key, _ = _region(shm, shm_object, "in", np.arange(4, dtype=np.int32).tobytes())
+
+    def request() -> InferRequest:
+        return InferRequest([], shared_inputs=[_input("x", "INT32", (4,), "in", 16)])
+
+    first = await shm.bind(request(), local=True, reserve=Reservations())
+    shm.system.unregister(local=True)
+    second_request = request()
+    second = await shm.bind(second_request, local=True, reserve=Reservations())
+    np.testing.assert_array_equal(second_request.inputs[0].data, np.arange(4))
+    first.close()
+    assert [r["name"] for r in shm.system.status(local=True)] == ["in"]  # the second still holds it
+    shm.system.unregister(local=True)  # again, while held: still no error, still listed
+    assert len(shm.system.status(local=True)) == 1
+    second.close()
+    assert shm.system.status(local=True) == [] and opened("self", key) == 2 and shm.counts() == (0, 0)
+
+
+async def test_a_request_that_fails_to_bind_gives_every_region_back(shm, shm_object):
+    _region(shm, shm_object, "in", bytes(16))
+    bad = InferRequest([], shared_inputs=[_input("x", "INT32", (4,), "in", 16), _input("z", "INT32", (4,), "nope", 16)])
+    with pytest.raises(RegionNotFound):
+        await shm.bind(bad, local=True, reserve=Reservations())
+    shm.system.unregister(local=True)
+    assert shm.system.status(local=True) == [] and shm.counts() == (0, 0)
 
 
 async def test_an_object_shrunk_after_registration_is_an_error_not_a_crash(shm, shm_object):

@@ -173,9 +173,10 @@ def test_close_unregisters_everything_and_refuses_new_regions(shm_object):
 def test_clients_the_setting_does_not_admit_are_refused(shm_object, client_shm):
     shm = registry(client_shm)
     key, _ = shm_object(64)
-    for call in (lambda: shm.system.register("r", key, 0, 64, local=False),
-                 lambda: shm.system.status(local=False),
-                 lambda: shm.system.unregister(local=False)):
+    calls = [lambda: shm.system.register("r", key, 0, 64, local=False), lambda: shm.system.unregister(local=False)]
+    if client_shm == "local":
+        calls.append(lambda: shm.system.status(local=False))
+    for call in calls:
         error = refused(call, key)
         assert isinstance(error, Forbidden) and f"client_shm = {client_shm}" in error.message
     assert not held(key)
@@ -192,3 +193,15 @@ def test_any_admits_remote_clients(shm_object):
     assert shm.system.status(local=False)[0]["name"] == "r"
     shm.system.unregister(local=False)
     assert not held(key)
+
+
+def test_with_client_shared_memory_off_status_answers_and_the_rest_says_it_is_disabled(shm_object):
+    # Triton >= 2.6x without --allow-client-shm (L0_shared_memory test_client_shm_disabled_by_default):
+    # status allowed and empty; register and unregister refused with "Client shared memory is disabled".
+    shm = registry("off")
+    key, _ = shm_object(8)
+    assert shm.system.status(local=True) == [] and shm.cuda.status(local=False) == []
+    for call in (lambda: shm.system.register("r", key, 0, 8, local=True),
+                 lambda: shm.system.unregister("r", local=True)):
+        assert refused(call, key).message.startswith("Client shared memory is disabled")
+    assert shm.system.status(local=True) == []

@@ -1,0 +1,190 @@
+"""The boxes a client trusts: pinned by the operator, by box id and address. A box found on the LAN is
+only a claim (anyone can announce ``_kserve-v2._tcp`` with any name and id), so nothing secret goes to
+a box merely found there.
+
+``appliance fleet trust NAME`` pins a box (its id, as it answers at its address); ``appliance push``
+refuses a box that is not pinned, and signs what it sends to a pinned one (appliance.fleet_signature:
+the token itself never travels); ``BoxPool(token=..., trusted_boxes=...)`` sends its bearer token only to
+pinned boxes, at their pinned address. A pinned box that turns up at another address, or another box
+(another id) under its name or at its address, is not trusted until the operator pins it again.
+
+The pins are a small JSON file (the ``trusted_boxes`` setting; default ``<state_dir>/trusted-boxes.json``),
+written whole (a temporary file renamed over it), mode 0600.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+
+import platformdirs
+
+from appliance.client.boxes import Box
+from appliance.errors import ConfigError
+
+__all__ = ["FILE_NAME", "Pin", "TokenPolicy", "Trust", "TrustStore", "default_path"]
+
+FILE_NAME = "trusted-boxes.json"
+
+
+def default_path() -> Path:
+    """The pins the CLI uses when no state dir or ``trusted_boxes`` setting says otherwise."""
+    return Path(platformdirs.user_data_dir("appliance")) / FILE_NAME
+
+
+@dataclasses.dataclass(frozen=True)
+class Pin:
+    name: str
+    id: str
+    address: str
+    port: int
+    pinned_at: str = ""
+
+    @property
+    def where(self) -> str:
+        return f"{self.address}:{self.port}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Trust:
+    trusted: bool
+    reason: str = ""
+    """Why not, with the command that fixes it ('' when trusted)."""
+    pin: Pin | None = None
+    changed: bool = False
+    """A pinned box moved, or another box took a pinned one's name or address (not merely unknown)."""
+    box: Box | None = None
+    """The box to talk to, at its pinned address (when trusted)."""
+
+
+def _trust_again(name: str) -> str:
+    return f"appliance fleet trust {name}"
+
+
+class TrustStore:
+    """The pins in one file; ``load`` reads it (a missing file holds none), ``save`` writes it whole."""
+
+    def __init__(self, path: Path, pins: Iterable[Pin] = ()) -> None:
+        self.path = path
+        self._pins = list(pins)
+
+    @classmethod
+    def load(cls, path: Path | str | None = None) -> TrustStore:
+        path = Path(path) if path is not None else default_path()
+        try:
+            document = json.loads(path.read_text())
+        except FileNotFoundError:
+            return cls(path)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"cannot read the pinned boxes in {path} ({exc}); fix or delete the file and pin "
+                              "the boxes again (appliance fleet trust NAME)") from None
+        try:
+            pins = [Pin(str(p["name"]), str(p["id"]), str(p["address"]), int(p["port"]), str(p.get("pinned_at", "")))
+                    for p in document["boxes"]]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(f"{path} is not a file of pinned boxes ({type(exc).__name__}: {exc}); delete it and "
+                              "pin the boxes again (appliance fleet trust NAME)") from None
+        return cls(path, pins)
+
+    def pins(self) -> list[Pin]:
+        return list(self._pins)
+
+    def pin(self, box: Box, box_id: str) -> Pin:
+        """Trust ``box`` as the box ``box_id`` at its first address; a pin of the same name, id or address
+        is replaced. Call ``save`` to keep it."""
+        if not box_id:
+            raise ConfigError(f"{box.name} at {box.url} says no box id: it is not an appliance (or one too old to "
+                              "sign requests); nothing is pinned")
+        now = datetime.datetime.now(datetime.UTC).replace(microsecond=0).isoformat()
+        made = Pin(box.name, box_id, box.addresses[0], box.port, now)
+        self._pins = [p for p in self._pins if p.name != made.name and p.id != made.id and p.where != made.where]
+        self._pins.append(made)
+        return made
+
+    def unpin(self, name: str) -> list[Pin]:
+        """Forget the pins of this name (or box id); the ones removed."""
+        gone = [p for p in self._pins if name in (p.name, p.id)]
+        self._pins = [p for p in self._pins if p not in gone]
+        return gone
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        document = {"version": 1, "boxes": [dataclasses.asdict(p) for p in self._pins]}
+        fd, temporary = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.")  # mode 0600
+        try:
+            with os.fdopen(fd, "w") as handle:
+                json.dump(document, handle, indent=2)
+                handle.write("\n")
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(temporary, self.path)
+        except BaseException:
+            Path(temporary).unlink(missing_ok=True)
+            raise
+
+    def verdict(self, box: Box) -> Trust:
+        """Whether a box found on the LAN (its record's name, id and addresses) is one the operator pinned."""
+        where = f"{box.addresses[0]}:{box.port}"
+        for pin in self._pins:
+            if box.id and pin.id == box.id and pin.address in box.addresses and pin.port == box.port:
+                return Trust(True, pin=pin, box=dataclasses.replace(box, addresses=(pin.address,)))
+        same_id = next((p for p in self._pins if box.id and p.id == box.id), None)
+        if same_id is not None:
+            return Trust(False, f"{box.name} (box {box.id}) now answers at {where}, not at {same_id.where} where it "
+                                f"was pinned: if it moved, check it and pin it again: {_trust_again(box.name)}",
+                         same_id, changed=True)
+        same_name = next((p for p in self._pins if p.name == box.name), None)
+        if same_name is not None:
+            return Trust(False, f"{box.name} now says it is box {box.id or '(no id)'}, but it was pinned as box "
+                                f"{same_name.id}: another box, or an impostor, took its name; if you replaced the "
+                                f"box, check it and pin it again: {_trust_again(box.name)}", same_name, changed=True)
+        same_place = next((p for p in self._pins if p.address in box.addresses and p.port == box.port), None)
+        if same_place is not None:
+            return Trust(False, f"the box at {same_place.where} now says it is {box.name} (box {box.id or '(no id)'}), "
+                                f"but {same_place.name} (box {same_place.id}) was pinned there: check it, then pin it: "
+                                f"{_trust_again(box.name)}", same_place, changed=True)
+        return Trust(False, f"{box.name} ({where}) was found on the LAN but is not pinned, and a box merely found "
+                            f"there is not trusted: check it is yours (`appliance discover`), then "
+                            f"{_trust_again(box.name)}")
+
+    def named_verdict(self, box: Box, box_id: str) -> Trust:
+        """A box the operator named by address (--url), which answered ``box_id`` there: trusted for this
+        command, unless another box was pinned at that address."""
+        for pin in self._pins:
+            if pin.where == f"{box.addresses[0]}:{box.port}" and pin.id != box_id:
+                return Trust(False, f"the box at {pin.where} now says it is box {box_id or '(no id)'}, but "
+                                    f"{pin.name} (box {pin.id}) was pinned there: check it, then pin it again: "
+                                    f"appliance fleet trust --url {pin.where}", pin, changed=True)
+        return Trust(True, box=box)
+
+
+class TokenPolicy:
+    """Which boxes a pool sends its bearer token to: every box the app named itself (a fixed list), and
+    of the boxes found on the LAN only those pinned in ``trusted`` (at their pinned address); never a box
+    merely found."""
+
+    def __init__(self, token: str | None, trusted: TrustStore | None, named: bool) -> None:
+        self.token = token
+        self._trusted = trusted
+        self._named = named
+
+    def route(self, box: Box) -> Box:
+        """The box as the pool should reach it: a pinned one at its pinned address."""
+        if self.token is None or self._named or self._trusted is None:
+            return box
+        trust = self._trusted.verdict(box)
+        return trust.box if trust.trusted and trust.box is not None else box
+
+    def token_for(self, box: Box) -> str | None:
+        if self.token is None or self._named:
+            return self.token
+        if self._trusted is None:
+            return None
+        trust = self._trusted.verdict(box)
+        pin = trust.pin
+        return self.token if trust.trusted and pin is not None and box.addresses[0] == pin.address else None

@@ -1,0 +1,101 @@
+"""Pinned boxes: which boxes found on the LAN are trusted, why the others are not, and where a pool's
+bearer token may go."""
+
+from __future__ import annotations
+
+import json
+import stat
+
+import pytest
+
+from appliance.client.boxes import Box
+from appliance.client.trust import TokenPolicy, TrustStore
+from appliance.errors import ConfigError
+
+REAL = "11111111-1111-4111-8111-111111111111"
+OTHER = "22222222-2222-4222-8222-222222222222"
+
+
+def _box(name="aisle-3", box_id=REAL, addresses=("10.0.0.12",), port=8000) -> Box:
+    return Box(name=name, addresses=tuple(addresses), port=port, id=box_id)
+
+
+@pytest.fixture
+def store(tmp_path):
+    made = TrustStore.load(tmp_path / "pins" / "trusted-boxes.json")
+    made.pin(_box(), REAL)
+    made.save()
+    return TrustStore.load(made.path)
+
+
+def test_pins_are_kept_whole_and_private(store):
+    assert [(p.name, p.id, p.where) for p in store.pins()] == [("aisle-3", REAL, "10.0.0.12:8000")]
+    assert stat.S_IMODE(store.path.stat().st_mode) == 0o600
+    assert json.loads(store.path.read_text())["version"] == 1
+    assert [p.name for p in store.path.parent.iterdir()] == ["trusted-boxes.json"]  # no temporary left
+
+
+def test_a_pinned_box_at_its_address_is_trusted_and_reached_there(store):
+    trust = store.verdict(_box(addresses=("192.168.7.7", "10.0.0.12")))  # also announces another address
+    assert trust.trusted and trust.box is not None and trust.box.addresses == ("10.0.0.12",)
+
+
+@pytest.mark.parametrize("box, words", [
+    (_box(name="aisle-9", box_id=OTHER, addresses=("10.0.0.99",)), "not pinned"),
+    (_box(addresses=("10.0.0.66",)), "now answers at 10.0.0.66:8000, not at 10.0.0.12:8000"),
+    (_box(port=8080), "now answers at 10.0.0.12:8080"),
+    (_box(box_id=OTHER, addresses=("10.0.0.66",)), f"now says it is box {OTHER}, but it was pinned as box {REAL}"),
+    (_box(name="aisle-4", box_id=OTHER), f"the box at 10.0.0.12:8000 now says it is aisle-4 (box {OTHER})"),
+    (_box(box_id=""), "now says it is box (no id)"),
+])
+def test_any_other_box_is_not_trusted_and_the_message_says_how_to_fix_it(store, box, words):
+    trust = store.verdict(box)
+    assert not trust.trusted and trust.box is None
+    assert words in trust.reason
+    assert f"appliance fleet trust {box.name}" in trust.reason
+    assert trust.changed == (words != "not pinned")
+
+
+def test_a_box_named_by_address_is_trusted_unless_another_was_pinned_there(store):
+    named = Box.at("10.0.0.12:8000")
+    assert store.named_verdict(named, REAL).trusted
+    refused = store.named_verdict(named, OTHER)
+    assert not refused.trusted and refused.changed and "fleet trust --url 10.0.0.12:8000" in refused.reason
+    assert store.named_verdict(Box.at("10.0.0.50:8000"), OTHER).trusted
+
+
+def test_pinning_again_replaces_the_pin_of_that_name_id_or_address(store):
+    store.pin(_box(addresses=("10.0.0.66",)), REAL)  # the box moved: one pin, at its new address
+    assert [(p.name, p.where) for p in store.pins()] == [("aisle-3", "10.0.0.66:8000")]
+    store.pin(_box(name="aisle-4", box_id=OTHER, addresses=("10.0.0.66",)), OTHER)  # another box took its address
+    assert [(p.name, p.id) for p in store.pins()] == [("aisle-4", OTHER)]
+    store.pin(_box(name="aisle-4", box_id=REAL), REAL)  # a box that took another's name
+    assert [(p.name, p.id, p.where) for p in store.pins()] == [("aisle-4", REAL, "10.0.0.12:8000")]
+    with pytest.raises(ConfigError, match="says no box id"):
+        store.pin(_box(), "")
+    assert [p.name for p in store.unpin(REAL)] == ["aisle-4"] and store.pins() == []
+
+
+def test_a_damaged_pins_file_is_a_clear_error(tmp_path):
+    path = tmp_path / "trusted-boxes.json"
+    path.write_text("{")
+    with pytest.raises(ConfigError, match="delete the file"):
+        TrustStore.load(path)
+    path.write_text('{"boxes": [{"name": "x"}]}')
+    with pytest.raises(ConfigError, match="not a file of pinned boxes"):
+        TrustStore.load(path)
+    assert TrustStore.load(tmp_path / "absent.json").pins() == []
+
+
+def test_a_pool_token_goes_only_to_named_or_pinned_boxes(store):
+    following = TokenPolicy("secret", store, named=False)
+    pinned = _box(addresses=("192.168.7.7", "10.0.0.12"))
+    assert following.token_for(pinned) is None  # the pinned box, but reached at an address it was not pinned at
+    routed = following.route(pinned)
+    assert routed.addresses == ("10.0.0.12",) and following.token_for(routed) == "secret"
+    for stranger in (_box(name="fake", box_id=OTHER, addresses=("10.0.0.66",)), _box(addresses=("10.0.0.66",)),
+                     _box(box_id=OTHER)):
+        assert following.token_for(stranger) is None and following.route(stranger) == stranger
+    assert TokenPolicy("secret", None, named=False).token_for(routed) is None  # no pins: no discovered box
+    assert TokenPolicy("secret", None, named=True).token_for(_box(box_id="")) == "secret"  # the app named it
+    assert TokenPolicy(None, store, named=False).token_for(routed) is None

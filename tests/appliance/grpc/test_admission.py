@@ -1,0 +1,55 @@
+"""The receive slots of the gRPC admission: at most ``count`` messages received at once, handed over in
+order, a wait bounded in time; the map of RPCs to operations covers the whole service."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from tritonclient.grpc import service_pb2 as pb
+
+from appliance.errors import InvalidInput, RequestTimeout, Unavailable
+from appliance.grpc.admission import OPERATIONS, Receivers
+
+
+async def _messages(*items: bytes, pause: float = 0.0):
+    for item in items:
+        await asyncio.sleep(pause)
+        yield item
+
+
+def test_every_rpc_of_the_service_names_its_operation():
+    assert set(OPERATIONS) == set(pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods_by_name)
+
+
+async def test_at_most_count_messages_are_received_at_once_and_waiters_go_in_order():
+    receivers = Receivers(2, timeout=5)
+    receiving, peak, order = 0, 0, []
+
+    async def slow(tag: int):
+        nonlocal receiving, peak
+        receiving += 1
+        peak = max(peak, receiving)
+        await asyncio.sleep(0.05)
+        receiving -= 1
+        order.append(tag)
+        yield b"x"
+
+    results = await asyncio.gather(*(receivers.receive(slow(i)) for i in range(6)))
+    assert results == [b"x"] * 6 and peak == 2 and order[:2] == [0, 1]
+
+
+async def test_a_message_that_never_comes_and_a_slot_that_never_frees_are_bounded():
+    receivers = Receivers(1, timeout=0.2)
+    first = asyncio.create_task(receivers.receive(_messages(b"late", pause=1)))
+    await asyncio.sleep(0.01)
+    second = asyncio.create_task(receivers.receive(_messages(b"late", pause=1)))  # gets the slot at 0.2 s
+    await asyncio.sleep(0.01)
+    with pytest.raises(Unavailable, match="receiving 1 large messages"):  # still queued at its 0.2 s
+        await receivers.receive(_messages(b"x"))
+    for task in (first, second):
+        with pytest.raises(RequestTimeout, match="did not arrive"):
+            await task
+    assert await receivers.receive(_messages(b"x")) == b"x"  # the slot came back
+    with pytest.raises(InvalidInput, match="without its request message"):
+        await receivers.receive(_messages())
