@@ -43,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="json (wrk), grpc (h2load) or both: json,grpc")
     parser.add_argument("--native", action="store_true", help="include native frames (C extensions)")
     parser.add_argument("--raw", action="store_true", help="collapsed stacks (.txt) instead of SVG, to read")
+    parser.add_argument("--gil", action="store_true",
+                        help="only samples holding the GIL: Python's CPU, without threads waiting in syscalls")
     parser.add_argument("--model", choices=sorted(_MODELS), default="tiny",
                         help="the bench repository's model to drive (identity_python: the Python backend)")
     parser.add_argument("--triton-case", choices=sorted(TRITON_CASES),
@@ -126,6 +128,8 @@ def _record(py_spy: str, pid: int, args: argparse.Namespace, path: Path, drive):
                "--format", "raw" if args.raw else "flamegraph", "--output", str(path)]
     # Native stacks need the process paused while it is read; Python stacks are read without pausing.
     command.append("--native" if args.native else "--nonblocking")
+    if args.gil:
+        command.append("--gil")
     recorder = threading.Thread(target=subprocess.run, args=(command,), kwargs={"check": True, "capture_output": True})
     recorder.start()
     try:
