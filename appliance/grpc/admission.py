@@ -208,7 +208,7 @@ class AdmittingHandlers(grpc.GenericRpcHandler):
             self._handlers[f"/{_SERVICE_NAME}/{method}"] = handler
 
     def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
-        return self._handlers.get(handler_call_details.method)  # type: ignore[attr-defined]
+        return self._handlers.get(handler_call_details.method)
 
     async def _unary(self, method: str, operation: Operation, behaviour: Callable[..., Awaitable[Any]],
                      deserializer: Any, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> Any:
