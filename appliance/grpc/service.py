@@ -117,7 +117,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         received_ns = time.monotonic_ns()  # the trace's REQUEST_START
         source = InferMessage(request.raw)
         del request.raw
-        async with self._dataplane.infer(caller_of(context), source, received_ns=received_ns,
+        async with self._dataplane.infer(request.caller, source, received_ns=received_ns,
                                          account=request.account) as result:
             return encode_infer_response(result.response)
 
