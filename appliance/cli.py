@@ -57,6 +57,9 @@ def _serve_parser(sub: Any) -> None:
     p.add_argument("--exit-timeout-secs", dest="exit_timeout", type=float,
                    help="at stop, seconds to wait for Python model processes stuck in a call before killing "
                         "them (default 30, as Triton)")
+    p.add_argument("--request-deadline", dest="request_deadline", type=float, metavar="SECONDS",
+                   help="cancel a streamed request or a BLS call that has not ended after this many seconds "
+                        "(default 0: never, as Triton)")
     p.add_argument("--no-selection", dest="selection", action="store_const", const=False,
                    help="serve each model with its config's backend, without measuring plans")
     p.add_argument("--retune", action="store_const", const=True, help="ignore cached plan decisions, measure again")
@@ -73,6 +76,13 @@ def _serve_parser(sub: Any) -> None:
                        ("--trace-log-frequency", int)):
         p.add_argument(flag, dest=flag[2:].replace("-", "_"), type=kind, help=argparse.SUPPRESS)
     p.add_argument("--trace-level", dest="trace_levels", action="append", default=[], help=argparse.SUPPRESS)
+    p.add_argument("--cache-config", dest="cache_config", action="append", metavar="local,size=BYTES",
+                   help="keep responses of models with response_cache { enable: true } (Triton's flag)")
+    p.add_argument("--rate-limit", type=str.lower, choices=["execution_count", "off"],
+                   help="execution_count: run instances only when their rate_limiter resources are free "
+                        "(Triton's flag; default off)")
+    p.add_argument("--rate-limit-resource", dest="rate_limit_resources", action="append",
+                   metavar="NAME:COUNT[:DEVICE]", help="copies of a rate-limiter resource (repeatable)")
 
 
 def serve_flags() -> dict[str, tuple[str, ...]]:

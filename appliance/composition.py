@@ -14,16 +14,21 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
 import shutil
+import socket
 from pathlib import Path
 
 import hardware_probe
 from appliance import __version__
 from appliance.backends import BackendServices, RuntimeOptions
 from appliance.backends.children import ChildProcesses
-from appliance.backends.python.arena import remove_stale_arenas
+from appliance.backends.python.arena import arena_usage, remove_stale_arenas
 from appliance.budget import MemoryBudget
+from appliance.engine.rate_limiter import RateLimiter
+from appliance.engine.response_cache import ResponseCache
 from appliance.engine.scheduler.execution import measure_thread_hop
+from appliance.engine.server_wide import ServerWide
 from appliance.engine.streaming import StreamLimits
 from appliance.engine.tensor_checks import DecodeLimits
 from appliance.errors import ConfigError
@@ -48,11 +53,14 @@ from appliance.selection import Selector
 from appliance.selection.selector import Hardware, SelectionSettings, open_cache
 from appliance.settings import Settings
 from appliance.settings.sections import (
+    FleetSection,
     GrpcSection,
     HttpSection,
     LimitsSection,
     MetricsSection,
     ModelsSection,
+    RateLimiterSection,
+    ResponseCacheSection,
     SelectionSection,
     ServerSection,
 )
@@ -60,7 +68,8 @@ from appliance.state import StateDir
 from appliance.token import control_token
 from hardware_probe import ProbeReport
 
-__all__ = ["Appliance", "compose", "make_selector", "resolve_repository", "runtime_options", "split_connections"]
+__all__ = ["Appliance", "compose", "make_selector", "resolve_repository", "runtime_options", "server_wide",
+           "split_connections"]
 
 log = logging.getLogger(__name__)
 
@@ -142,10 +151,17 @@ def _retention(metrics: MetricsSection) -> Retention:
     )
 
 
-def _rules(models: ModelsSection, limits: LimitsSection) -> Rules:
+def _stream_limits(limits: LimitsSection) -> StreamLimits:
+    """One for every stream: the clients' (the data plane's rules) and the models' own calls (BLS)."""
+    return StreamLimits(max_bytes=limits.stream_buffer_bytes, stall_timeout=limits.stream_stall_timeout,
+                        deadline=limits.request_deadline)
+
+
+def _rules(models: ModelsSection, limits: LimitsSection, fleet: FleetSection) -> Rules:
+    host = socket.gethostname()
     return Rules(control_mode=models.control_mode, strict_readiness=models.strict_readiness,
-                 decode=DecodeLimits(limits.max_tensor_elements, limits.max_inputs),
-                 streams=StreamLimits(max_bytes=limits.stream_buffer_bytes, stall_timeout=limits.stream_stall_timeout))
+                 decode=DecodeLimits(limits.max_tensor_elements, limits.max_inputs), streams=_stream_limits(limits),
+                 box_name=fleet.box_name(host), host=host)
 
 
 @dataclasses.dataclass(eq=False)
@@ -182,6 +198,18 @@ class Appliance:
         return await self._lifecycle.close()
 
 
+def server_wide(cache: ResponseCacheSection, limiter: RateLimiterSection) -> ServerWide:
+    """The response cache (``cache_config``) and the rate limiter (``rate_limit``) the models share."""
+    if limiter.resources and not limiter.enabled:
+        log.warning("rate_limit_resources are ignored while rate_limit is off; start with --rate-limit "
+                    "execution_count to limit model instances by them")
+    config = cache.parsed
+    return ServerWide(
+        response_cache=ResponseCache(config.size) if config is not None else None,
+        rate_limiter=RateLimiter(limiter.limits) if limiter.enabled else None,
+    )
+
+
 async def compose(settings: Settings, connections: int | None = None) -> Appliance:
     """Build and start every component in order; if one fails, those already started are stopped again.
     ``connections``: max_connections as fitted under the descriptor limit (default: as set)."""
@@ -204,7 +232,10 @@ async def _compose(settings: Settings, lifecycle: Lifecycle, connections: int) -
     token = await asyncio.to_thread(control_token, settings.auth, server.state_dir, state)
     registries: list[ModelRegistry] = []  # the metrics start first, to see the models load
     custom_metrics = CustomMetrics() if settings.metrics.enabled else None
-    metrics = await _start_metrics(settings.metrics, server, state, registries, lifecycle, custom_metrics)
+    children = ChildProcesses()
+    shared = server_wide(settings.response_cache, settings.rate_limiter)
+    metrics = await _start_metrics(settings.metrics, server, state, registries, lifecycle, custom_metrics, children,
+                                   shared)
     shm = settings.shm
     shared_memory = SharedMemoryRegistry(shm.client_shm, SharedMemoryLimits(shm.max_regions, shm.max_bytes),
                                          LocalPeers(shm.local_networks))
@@ -212,7 +243,6 @@ async def _compose(settings: Settings, lifecycle: Lifecycle, connections: int) -
     repository, scratch = await asyncio.to_thread(_repository, server, state)
     if scratch is not None:
         lifecycle.on_close("the temporary example repository", lambda: asyncio.to_thread(shutil.rmtree, scratch, True))
-    children = ChildProcesses()
     # Closed after the models (below): what is left then are model processes stuck in a call.
     lifecycle.on_close("the model processes", lambda: _end_children(children, server.exit_timeout))
     pushed, pushes = await asyncio.to_thread(_open_pushes, settings.models, server, state)
@@ -232,6 +262,8 @@ async def _compose(settings: Settings, lifecycle: Lifecycle, connections: int) -
         control_mode=settings.models.control_mode,
         overlay=pushed.model_dirs if pushed is not None else None,
         pushes=pushes,
+        call_limits=_stream_limits(settings.limits),
+        server=shared,
     )
     try:
         await asyncio.to_thread(registry.discover)
@@ -245,7 +277,7 @@ async def _compose(settings: Settings, lifecycle: Lifecycle, connections: int) -
     limits = settings.limits
     admission = Admission(AccessPolicy(token, parse_networks(settings.auth.exempt_networks),
                                        settings.auth.protect_inference), limits.max_concurrent_requests)
-    dataplane = DataPlane(registry, _rules(settings.models, limits), admission=admission,
+    dataplane = DataPlane(registry, _rules(settings.models, limits, settings.fleet), admission=admission,
                           budget=MemoryBudget(limits.max_request_memory_bytes), shared_memory=shared_memory,
                           tracer=tracer, traces=traces, logs=logs, pushes=pushes, state=state, hardware=hardware)
     http_connections, grpc_connections = split_connections(settings.http, settings.grpc, connections)
@@ -273,12 +305,14 @@ async def _call(function) -> None:
 
 async def _start_metrics(section: MetricsSection, server: ServerSection, state: StateDir,
                          registries: list[ModelRegistry], lifecycle: Lifecycle,
-                         custom: CustomMetrics | None) -> MetricsService | None:
+                         custom: CustomMetrics | None, children: ChildProcesses,
+                         shared: ServerWide) -> MetricsService | None:
     if not section.enabled:
         return None
     service = MetricsService(
         server.metrics_db, _retention(section), section.interval,
         lambda: registries[0].ready_versions() if registries else [], state, custom=custom,
+        arenas=lambda: arena_usage({os.getpid(), *children.pids()}), server=shared,
     )
     await service.start()
     service.event("daemon_start", detail={"version": __version__})

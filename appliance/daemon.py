@@ -56,7 +56,7 @@ async def _start_announcer(appliance: Appliance, port: int, grpc_port: int | Non
         return hardware.result().get("accelerators", ["cpu"]) if hardware.done() else ["cpu"]
 
     announcer = Announcer(
-        fleet.name or socket.gethostname().split(".")[0],
+        fleet.box_name(socket.gethostname()),
         port,
         appliance.settings.server.host,
         fleet.mdns_interfaces,

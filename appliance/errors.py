@@ -14,6 +14,7 @@ __all__ = [
     "ApplianceError",
     "BackendUnavailable",
     "ConfigError",
+    "DeadlineExceeded",
     "Forbidden",
     "InferenceFailed",
     "InsufficientStorage",
@@ -139,6 +140,13 @@ class Unavailable(ApplianceError):
 
 class ModelNotReady(Unavailable):
     pass
+
+
+class DeadlineExceeded(ApplianceError):
+    """A request ran past the deadline the daemon gives it (``request_deadline``); it was cancelled."""
+
+    status = HTTPStatus.GATEWAY_TIMEOUT
+    grpc_code = "DEADLINE_EXCEEDED"
 
 
 class InferenceFailed(ApplianceError):

@@ -59,7 +59,10 @@ def _ms(text: str) -> float:
     return float(match.group(1)) * _UNITS[match.group(2)]
 
 
-def run_wrk(url: str, body: bytes, headers: dict[str, str], concurrency: int, seconds: float) -> Result:
+def run_wrk(url: str, body: bytes, headers: dict[str, str], concurrency: int, seconds: float,
+            lua: str = "") -> Result:
+    """POST ``body`` for ``seconds`` over ``concurrency`` connections; ``lua``: more of wrk's script, run
+    after ``wrk.body`` is set (a ``request`` function that varies the body, for instance)."""
     if not url.startswith("http://127.0.0.1:"):
         raise ValueError("load is only ever sent to 127.0.0.1")
     with tempfile.TemporaryDirectory() as tmp:
@@ -68,7 +71,7 @@ def run_wrk(url: str, body: bytes, headers: dict[str, str], concurrency: int, se
         script = Path(tmp) / "post.lua"
         lines = ['wrk.method = "POST"']
         lines += [f'wrk.headers["{k}"] = "{v}"' for k, v in headers.items()]
-        lines += [f'local f = io.open("{body_path}", "rb")', "wrk.body = f:read(\"*a\")", "f:close()"]
+        lines += [f'local f = io.open("{body_path}", "rb")', "wrk.body = f:read(\"*a\")", "f:close()", lua]
         script.write_text("\n".join(lines) + "\n")
         output = subprocess.run(
             [require_wrk(), "-t1", f"-c{concurrency}", f"-d{max(1, round(seconds))}s", "--latency", "-s", str(script),

@@ -1,11 +1,13 @@
 """Flame graphs of the daemon's request path: py-spy samples the daemon while wrk drives one series.
 
     python -m bench.profile [--seconds 8] [--concurrency 1,16] [--tag after] [--native]
+                            [--model tiny|identity_python|identity_onnx]
 
 Starts the daemon on the bench repository (127.0.0.1, ephemeral ports, mDNS off), warms it up, then for
 each concurrency runs ``py-spy record --pid`` for the length of a wrk run of the tiny MLP over JSON (and
 with ``--protocols json,grpc`` an h2load run over gRPC) and writes
-bench/results/flame-<tag>-tiny-<json|grpc>-c<N>.svg. py-spy needs ptrace rights over the daemon (root,
+bench/results/flame-<tag>-<model>-<json|grpc>-c<N>.svg; the daemon's child processes (a Python model's)
+are sampled too, each under its own root frame. py-spy needs ptrace rights over the daemon (root,
 or kernel.yama.ptrace_scope = 0): pip install py-spy.
 """
 
@@ -23,7 +25,9 @@ from pathlib import Path
 from bench.loadgen import require_h2load, require_wrk, run_h2load, run_wrk
 from bench.models import write_repository
 from bench.process import start_appliance
-from bench.serving import _JSON, _TINY, RESULTS, _grpc_body, _json_body
+from bench.serving import _IDENTITY, _JSON, _TINY, RESULTS, _grpc_body, _json_body
+
+_MODELS = {"tiny": _TINY, "identity_python": _IDENTITY, "identity_onnx": _IDENTITY}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="json (wrk), grpc (h2load) or both: json,grpc")
     parser.add_argument("--native", action="store_true", help="include native frames (C extensions)")
     parser.add_argument("--raw", action="store_true", help="collapsed stacks (.txt) instead of SVG, to read")
+    parser.add_argument("--model", choices=sorted(_MODELS), default="tiny",
+                        help="the bench repository's model to drive (identity_python: the Python backend)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     require_wrk()
@@ -48,17 +54,18 @@ def main(argv: list[str] | None = None) -> int:
         repo = write_repository(Path(tmp) / "repo")
         appliance = start_appliance(repo, Path(tmp) / "state")
         try:
-            url, body = f"{appliance.base}/v2/models/tiny/infer", _json_body(_TINY)
+            tensor = _MODELS[args.model]
+            url, body = f"{appliance.base}/v2/models/{args.model}/infer", _json_body(tensor)
             rpc = f"http://127.0.0.1:{appliance.grpc_port}/inference.GRPCInferenceService/ModelInfer"
             drivers = {
                 "json": lambda c, seconds: run_wrk(url, body, _JSON, c, seconds),
-                "grpc": lambda c, seconds: run_h2load(rpc, _grpc_body("tiny", _TINY), c, seconds)[0],
+                "grpc": lambda c, seconds: run_h2load(rpc, _grpc_body(args.model, tensor), c, seconds)[0],
             }
             for protocol in args.protocols:
                 drivers[protocol](2, 2)  # warm-up
             for protocol in args.protocols:
                 for concurrency in args.concurrency:
-                    name = f"flame-{args.tag}-tiny-{protocol}-c{concurrency}.{'txt' if args.raw else 'svg'}"
+                    name = f"flame-{args.tag}-{args.model}-{protocol}-c{concurrency}.{'txt' if args.raw else 'svg'}"
                     drive = functools.partial(drivers[protocol], concurrency, args.seconds)
                     result = _record(py_spy, appliance.process.pid, args, args.out / name, drive)
                     print(f"{protocol} c={concurrency}: {result.requests_per_s:.0f} req/s, "
@@ -70,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _record(py_spy: str, pid: int, args: argparse.Namespace, path: Path, drive):
     """Sample ``pid`` with py-spy for as long as ``drive()`` loads it; ``drive``'s result."""
-    command = [py_spy, "record", "--pid", str(pid), "--duration", str(args.seconds), "--rate", "250",
+    command = [py_spy, "record", "--pid", str(pid), "--subprocesses", "--duration", str(args.seconds), "--rate", "250",
                "--format", "raw" if args.raw else "flamegraph", "--output", str(path)]
     # Native stacks need the process paused while it is read; Python stacks are read without pausing.
     command.append("--native" if args.native else "--nonblocking")

@@ -24,19 +24,14 @@ from bench.loadgen import require_wrk, run_wrk
 from bench.models import write_repository
 from bench.process import Server, start_appliance, start_floor
 from bench.serving import _JSON, _TINY, RESULTS, _json_body, machine
+from bench.triton import tree_cpu_seconds
 
-_TICK = os.sysconf("SC_CLK_TCK")
 _HERE = str(Path(__file__).resolve().parent.parent)
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system time of ``pid`` and its direct children (a Python model's process), in seconds."""
-    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    total = 0
-    for process in (pid, *map(int, children)):
-        fields = Path(f"/proc/{process}/stat").read_text().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])
-    return total / _TICK
+    """User + system time of ``pid`` and every process below it (a Python model's process), in seconds."""
+    return tree_cpu_seconds(pid)
 
 
 def _start(name: str, tree: str, repo: Path, state: Path, *args: str) -> Server:

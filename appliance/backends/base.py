@@ -45,6 +45,7 @@ __all__ = [
     "RequestResult",
     "Reschedule",
     "ResponseSink",
+    "StreamedCall",
     "not_cancelled",
     "reschedule_refused",
     "RuntimeOptions",
@@ -140,6 +141,17 @@ class ModelCall:
     parameters: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
+class StreamedCall(Protocol):
+    """A streamed call to another model, in flight (what ``ModelCalls.stream`` returns)."""
+
+    def cancel(self) -> None:
+        """Ask the called model to stop: its ``request.is_cancelled()`` turns True, and its responses
+        keep coming until its final one (Triton's ``ResponseIterator.cancel()``: a request, not a cut)."""
+
+    def abandon(self) -> None:
+        """Nobody reads the responses any more (the caller is gone): cancel the request and drop them."""
+
+
 class ModelCalls(Protocol):
     """The daemon's models as a backend may call them: through the same schedulers as every other
     request (they batch together and count in the statistics). Every method may be called from any
@@ -148,9 +160,9 @@ class ModelCalls(Protocol):
     def infer(self, call: ModelCall) -> Future[Outputs]:
         """The outputs, or the error (an ApplianceError carrying the status a client would get)."""
 
-    def stream(self, call: ModelCall, sink: ResponseSink) -> Callable[[], None]:
+    def stream(self, call: ModelCall, sink: ResponseSink) -> StreamedCall:
         """Every response of the call goes to ``sink`` (one then final for a model that is not
-        decoupled); returns a function that cancels the call."""
+        decoupled)."""
 
     def ready(self, name: str, version: str = "") -> bool: ...
 
@@ -302,6 +314,12 @@ def _split_outputs(
 class Backend(abc.ABC):
     """One loaded model instance."""
 
+    pipeline_depth: int = 1
+    """Batches this instance may be handed before the first completes: more than 1 for a backend whose
+    ``start_requests`` sends batches to another process, which queues them and runs them in order (the
+    next one is there when the current one ends). The scheduler uses it for models without dynamic
+    batching, whose batches would not grow by waiting."""
+
     @abc.abstractmethod
     def inputs(self) -> Sequence[RuntimeTensor] | None:
         """The runtime's description of the model inputs; None when the file does not say (the
@@ -354,6 +372,11 @@ class Backend(abc.ABC):
 
     def configure(self, config: ModelConfig) -> None:  # noqa: B027 - only some backends care
         """Called once with the final, auto-completed config before the first run."""
+
+    def check_ready(self) -> None:  # noqa: B027 - only runtimes in another process can be lost
+        """Called once every instance is configured and warmed up, right before the version is served:
+        a runtime that lives in another process makes sure it still does (or raises ConfigError, which
+        fails the load), so that the first request does not find it gone."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -22,6 +22,9 @@ class ChildProcess(Protocol):
     name: str
 
     @property
+    def pid(self) -> int: ...
+
+    @property
     def alive(self) -> bool: ...
 
     def request_stop(self) -> None:
@@ -42,6 +45,11 @@ class ChildProcesses:
     def unregister(self, child: ChildProcess) -> None:
         with self._lock:
             self._children.discard(child)
+
+    def pids(self) -> set[int]:
+        """The process ids of every registered child (alive or not: what a dead one left counts too)."""
+        with self._lock:
+            return {child.pid for child in self._children}
 
     def alive(self) -> list[ChildProcess]:
         with self._lock:

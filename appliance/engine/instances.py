@@ -3,6 +3,10 @@
 The scheduler acquires a free instance, hands it work with ``execute``, and the instance frees itself
 when its thread is done, even if every awaiting request was cancelled meanwhile: an instance is never
 used by two threads at once, so backends need no locks.
+
+A pool of ``depth`` 2 (a backend whose batches run in another process, which queues what it is sent)
+lends each instance twice: the next batch is sent while the current one runs, so the model process
+never waits for the daemon between batches. The instance's thread still runs one batch at a time.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from appliance.backends import Backend
+from appliance.engine.rate_limiter import InstanceLimits
 
 __all__ = ["InstancePool"]
 
@@ -22,10 +27,18 @@ T = TypeVar("T")
 
 
 class InstancePool:
-    def __init__(self, label: str, backends: Sequence[Backend]) -> None:
+    def __init__(self, label: str, backends: Sequence[Backend], limits: InstanceLimits | None = None,
+                 depth: int = 1) -> None:
+        """``limits``: the instances' places under the server's rate limiter (None: not rate limited); the
+        schedulers take an instance's resources after the instance, and the pool unregisters them at close.
+        ``depth``: how many batches an instance may be given at once (see the module's docstring)."""
         if not backends:
             raise ValueError("an instance pool needs at least one backend instance")
+        if depth < 1:
+            raise ValueError(f"an instance pool's depth must be at least 1, got {depth}")
+        self.limits = limits
         self._label = label
+        self.depth = depth
         self._backends = list(backends)
         # One plain thread per instance fed by a SimpleQueue: cheaper per dispatch than an executor.
         self._inboxes: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in backends]
@@ -37,8 +50,8 @@ class InstancePool:
             thread.start()
         self._free: asyncio.Queue[int] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._elsewhere: dict[int, threading.Event] = {}
-        """Per instance, the batch last started with ``begin``: set once it has finished."""
+        self._elsewhere: dict[int, list[threading.Event]] = {}
+        """Per instance, the batches started with ``begin`` that have not finished (each set when it has)."""
         self._closed: set[int] = set()
         """Instances whose backend close() has been called: a second close() leaves them be."""
 
@@ -48,14 +61,16 @@ class InstancePool:
 
     @property
     def idle(self) -> int:
+        """Instances with nothing to do (with depth > 1: free places, up to depth per instance)."""
         return self._free.qsize() if self._free is not None else 0
 
     def start(self) -> None:
         """Bind to the running loop; call from inside it."""
         self._loop = asyncio.get_running_loop()
         self._free = asyncio.Queue()
-        for index in range(len(self._backends)):
-            self._free.put_nowait(index)
+        for _ in range(self.depth):
+            for index in range(len(self._backends)):
+                self._free.put_nowait(index)
 
     async def acquire(self) -> int:
         assert self._free is not None, "InstancePool.start() was not called"
@@ -94,10 +109,16 @@ class InstancePool:
         future: asyncio.Future = loop.create_future()
 
         running = threading.Event()
-        self._elsewhere[index] = running
+        started_here = self._elsewhere.setdefault(index, [])
+        started_here[:] = [event for event in started_here if not event.is_set()]
+        started_here.append(running)
+        loop_thread = threading.get_ident()
 
         def finished(result: Any, error: BaseException | None) -> None:
             running.set()
+            if threading.get_ident() == loop_thread:  # read on the loop itself: no wake-up through its pipe
+                loop.call_soon(self._finish, index, future, result, error)
+                return
             try:
                 loop.call_soon_threadsafe(self._finish, index, future, result, error)
             except RuntimeError:  # the loop is closed: the daemon stopped without waiting for this batch
@@ -142,19 +163,21 @@ class InstancePool:
         self._free.put_nowait(index)
 
     def _finish(self, index: int, future: asyncio.Future, result: Any, error: BaseException | None) -> None:
+        # The waiter's callbacks run before whoever waits for a free instance (asyncio runs callbacks in
+        # the order they are scheduled): the scheduler gives the instance's rate-limiter resources back
+        # before the instance is taken again.
+        if not future.cancelled():
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(result)
         self.release(index)
-        if future.cancelled():
-            return
-        if error is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(result)
 
     async def drain(self, timeout: float) -> bool:
         """Wait until every instance is idle; False if ``timeout`` passed first."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        while self.idle < self.size:
+        while self.idle < self.size * self.depth:
             if loop.time() >= deadline:
                 return False
             await asyncio.sleep(0.01)
@@ -175,9 +198,9 @@ class InstancePool:
             if index in self._closed:  # closed by an earlier call
                 continue
             thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
-            elsewhere = self._elsewhere.get(index)
-            if elsewhere is not None and not elsewhere.wait(
-                    None if deadline is None else max(0.0, deadline - time.monotonic())):
+            elsewhere = self._elsewhere.get(index, [])
+            if not all(event.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+                       for event in list(elsewhere)):
                 errors.append(TimeoutError(
                     f"instance {thread.name} was still running a batch when its time to close ran out; "
                     "left running until the process exits"
@@ -194,4 +217,6 @@ class InstancePool:
                 backend.close()
             except Exception as exc:
                 errors.append(exc)
+        if self.limits is not None:  # a batch still running gives its resources up: the version is gone
+            self.limits.close()
         return errors

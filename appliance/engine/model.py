@@ -15,14 +15,16 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from appliance.backends import BackendInfo
 from appliance.backends.base import Outputs
+from appliance.backends.python.backend import model_parameters
 from appliance.engine.classification import classify
+from appliance.engine.response_cache import ResponseCache, request_key
 from appliance.engine.signature import ModelSignature, input_reshapes
 from appliance.engine.stats import FailureReason, ModelStats, StepTiming
 from appliance.engine.streaming import RawResponse, ResponseChannel, ResponseStream, StreamLimits
 from appliance.engine.traffic import TrafficStats
 from appliance.engine.types import InferOutput, InferRequest, InferResponse, RequestedOutput
 from appliance.engine.validation import validate_request
-from appliance.errors import ApplianceError, InferenceFailed, InvalidInput, Unavailable
+from appliance.errors import ApplianceError, DeadlineExceeded, InferenceFailed, InvalidInput, Unavailable
 from appliance.tensors import v2_datatype
 
 if TYPE_CHECKING:
@@ -57,7 +59,7 @@ class VersionScheduler(Protocol):
 
 
 def _failure_reason(exc: BaseException) -> str:
-    if isinstance(exc, asyncio.CancelledError):
+    if isinstance(exc, (asyncio.CancelledError, DeadlineExceeded)):
         return FailureReason.CANCELED
     if isinstance(exc, Unavailable):
         return FailureReason.REJECTED
@@ -79,8 +81,14 @@ class ModelVersion:
     labels: dict[str, list[str]] = dataclasses.field(default_factory=dict)
     selection: dict[str, Any] | None = None
     """The measured plan decision (see appliance.selection), with ``cache`` hit/miss."""
+    response_cache: ResponseCache | None = None
+    """The server's response cache, when the server has one (``cache_config``) and this version's config
+    enables it (``response_cache { enable: true }``); None answers every request from the model."""
 
     def __post_init__(self) -> None:
+        if self.response_cache is not None and not self.config.response_cache.enable:
+            self.response_cache = None
+        self._cache_owner = ResponseCache.owner()  # this version's entries, dropped when it closes
         self._streams: set[ResponseChannel] = set()  # open streams of a decoupled model, failed at close
         self._users = 0  # requests holding this version (see in_use), so a retired version drains
         self.traffic = TrafficStats(self.signature.batched)
@@ -141,12 +149,13 @@ class ModelVersion:
         return inputs
 
     async def _run(self, request: InferRequest, batch_size: int) -> InferResponse:
-        inputs = self._runtime_inputs(request)
         # No outputs named: every output the model has, none classified.
         wanted = request.outputs or self._every_output
         names = [o.name for o in wanted] if request.outputs else self._every_output_name
-        results = await self.scheduler.submit(inputs, names, batch_size, request.parameters, request.trace,
-                                              request.timing, request_id=request.id or "")
+        if self.response_cache is not None:
+            results = await self._cached(request, names, batch_size, self.response_cache)
+        else:
+            results = await self._submit(request, names, batch_size)
         # An output the model did not produce is left out of the response, as Triton does (a Python model
         # may answer with some of its outputs; an ensemble step may, and the ensemble passes that on).
         outputs = [self._output(requested, results[requested.name]) for requested in wanted
@@ -154,6 +163,33 @@ class ModelVersion:
         # A model may set response parameters (Triton's Python InferenceResponse(parameters=...)).
         parameters = dict(results.parameters) if isinstance(results, Outputs) else {}
         return InferResponse(self.name, self.version, outputs, id=request.id, parameters=parameters)
+
+    def _submit(self, request: InferRequest, names: list[str], batch_size: int) -> Any:
+        return self.scheduler.submit(self._runtime_inputs(request), names, batch_size, request.parameters,
+                                     request.trace, request.timing, request_id=request.id or "",
+                                     cancelled=request.cancelled)
+
+    async def _cached(self, request: InferRequest, names: list[str], batch_size: int,
+                      cache: ResponseCache) -> Mapping[str, np.ndarray]:
+        """The model's outputs from the response cache, or from the model (then kept): a hit never
+        queues. Counted as Triton counts them: a hit's time is its lookup, a miss's its lookup and insert."""
+        started = time.perf_counter_ns()
+        parameters = model_parameters(request.parameters) if request.parameters else ""
+        key = request_key(self._cache_owner, request.inputs, names, "" if parameters == "{}" else parameters)
+        looked_up = time.perf_counter_ns()
+        stored = cache.lookup(key, looked_up - started)
+        if stored is not None:
+            self.stats.record_cache_hit(time.perf_counter_ns() - started)
+            return stored
+        lookup_ns = time.perf_counter_ns() - started
+        results = await self._submit(request, names, batch_size)
+        inserting = time.perf_counter_ns()
+        stored = cache.insert(key, self._cache_owner, results,
+                              results.parameters if isinstance(results, Outputs) else None)
+        insert_ns = time.perf_counter_ns() - inserting
+        cache.record_insertion(insert_ns)
+        self.stats.record_cache_miss(lookup_ns + insert_ns)
+        return stored if stored is not None else results
 
     def _output(self, requested: RequestedOutput, data: np.ndarray) -> InferOutput:
         name = requested.name
@@ -174,19 +210,28 @@ class ModelVersion:
         batch_size = validate_request(self.name, self.signature, request)
         start = time.perf_counter_ns()
         loop = asyncio.get_running_loop()
-        channel = ResponseChannel(f"{self.name}:{self.version}", loop, limits or StreamLimits(), *(account or ()))
+        limits = limits or StreamLimits()
+        channel = ResponseChannel(f"{self.name}:{self.version}", loop, limits, *(account or ()))
         inputs = self._runtime_inputs(request)
         wanted = request.outputs or [RequestedOutput(name) for name in self.signature.outputs]
+        asked = request.cancelled
+        cancelled = channel.cancelled if asked is None else (lambda: channel.cancelled() or asked())
         submitted = asyncio.ensure_future(self.scheduler.submit(
             inputs, [o.name for o in wanted], batch_size, request.parameters, request.trace, request.timing,
-            request_id=request.id or "", sink=channel, cancelled=channel.cancelled))
+            request_id=request.id or "", sink=channel, cancelled=cancelled))
 
         def ran(task: asyncio.Future) -> None:
             # run_requests returned: responses may still follow (Triton), unless it failed the request.
             if not task.cancelled() and task.exception() is not None:
                 channel.fail(task.exception())  # type: ignore[arg-type]
 
+        deadline: asyncio.TimerHandle | None = None
+        if limits.deadline > 0:
+            deadline = loop.call_later(limits.deadline, self._expire, channel, submitted, limits.deadline)
+
         def closed(error: BaseException | None) -> None:
+            if deadline is not None:
+                deadline.cancel()
             self._streams.discard(channel)
             if isinstance(error, asyncio.CancelledError) and not submitted.done():
                 submitted.cancel()  # the client went away: a request still queued never runs
@@ -199,6 +244,13 @@ class ModelVersion:
         self._streams.add(channel)
         convert = functools.partial(self._stream_response, wanted=wanted, request_id=request.id)
         return ResponseStream(channel, convert, closed, submitted)
+
+    def _expire(self, channel: ResponseChannel, submitted: asyncio.Future, seconds: float) -> None:
+        channel.expire(DeadlineExceeded(
+            f"model '{self.name}' sent no final response within request_deadline ({seconds:g} s); the request "
+            "was cancelled (raise request_deadline if the model needs longer, or make it send its final flag)"))
+        if not submitted.done():  # still queued: it never runs; running: the model sees is_cancelled()
+            submitted.cancel()
 
     def _stream_response(self, raw: RawResponse, wanted: list[RequestedOutput],
                          request_id: str | None) -> InferResponse:
@@ -226,6 +278,8 @@ class ModelVersion:
         return await self.scheduler.drain(max(0.0, deadline - time.monotonic()))
 
     async def close(self, timeout: float | None = None) -> list[BaseException]:
+        if self.response_cache is not None:
+            self.response_cache.forget(self._cache_owner)
         for channel in list(self._streams):  # the model's process is about to go: no final response will come
             channel.fail(Unavailable(f"model {self.name} version {self.version} was unloaded before it finished "
                                      "this request's responses"))

@@ -9,7 +9,10 @@ import bisect
 import dataclasses
 import time
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from appliance.engine.rate_limiter import RateLimitCounts
 
 __all__ = ["LATENCY_BUCKETS_US", "BatchTiming", "Duration", "FailureReason", "ModelStats", "SequenceCounts",
            "StepTiming"]
@@ -106,6 +109,11 @@ class ModelStats:
         self.compute_input = Duration()
         self.compute_infer = Duration()
         self.compute_output = Duration()
+        self.cache_hit = Duration()
+        """Requests answered from the response cache, and the time their lookups took."""
+        self.cache_miss = Duration()
+        """Requests the response cache did not hold (answered by the model, then kept), and the time their
+        lookups and insertions took."""
         self.inference_count = 0
         self.execution_count = 0
         self.last_inference_ms = 0
@@ -115,6 +123,8 @@ class ModelStats:
         """Request counts per latency bucket (cumulative over the version's life, like the rest)."""
         self.sequences: SequenceCounts | None = None
         """Set for a model served by the sequence batcher."""
+        self.rate_limiter: RateLimitCounts | None = None
+        """Set for a model whose instances run under the rate limiter."""
 
     def record_request(self, ok: bool, duration_ns: int, reason: str = FailureReason.OTHER) -> None:
         (self.success if ok else self.fail).add(duration_ns)
@@ -122,6 +132,15 @@ class ModelStats:
             self.failures[reason] += 1
         self.latency_histogram[bisect.bisect_left(LATENCY_BUCKETS_US, duration_ns // 1000)] += 1
         self.last_inference_ms = time.time_ns() // 1_000_000
+
+    def record_cache_hit(self, duration_ns: int) -> None:
+        """A request answered from the response cache: it never queued (Triton counts it in ``queue``
+        with no time) and never ran, so the compute and execution counters stay as they were."""
+        self.cache_hit.add(duration_ns)
+        self.queue.add(0)
+
+    def record_cache_miss(self, duration_ns: int) -> None:
+        self.cache_miss.add(duration_ns)
 
     def record_batch(self, batch_size: int, requests: int, queue_ns: list[int], timing: BatchTiming) -> None:
         self.execution_count += 1
@@ -145,6 +164,8 @@ class ModelStats:
         document = self._triton_json()
         if self.sequences is not None:
             document["sequence_stats"] = self.sequences.as_json()
+        if self.rate_limiter is not None:
+            document["rate_limiter_stats"] = self.rate_limiter.as_json()
         return document
 
     def _triton_json(self) -> dict[str, Any]:
@@ -159,8 +180,8 @@ class ModelStats:
                 "compute_input": self.compute_input.as_json(),
                 "compute_infer": self.compute_infer.as_json(),
                 "compute_output": self.compute_output.as_json(),
-                "cache_hit": {"count": 0, "ns": 0},
-                "cache_miss": {"count": 0, "ns": 0},
+                "cache_hit": self.cache_hit.as_json(),
+                "cache_miss": self.cache_miss.as_json(),
             },
             "batch_stats": [
                 {

@@ -61,6 +61,11 @@ class StreamLimits:
     nothing else is pending)."""
     stall_timeout: float = 60.0
     """Seconds ``send`` waits for the consumer to read before the request fails as stalled."""
+    deadline: float = 0.0
+    """Seconds from the request's arrival to its final response; 0: none (as in Triton). Past it the
+    request is cancelled (the model sees ``is_cancelled()``), what the model sends later is dropped, and
+    the stream ends with ``DeadlineExceeded``: a model that never sends its final flag cannot hold a
+    request (its memory, its place in ``max_concurrent_requests``, a caller waiting) for ever."""
 
 
 @dataclasses.dataclass(slots=True)
@@ -280,6 +285,13 @@ class ResponseChannel:
     @property
     def ended(self) -> bool:
         return self._ended
+
+    def expire(self, error: ApplianceError) -> None:
+        """The request's deadline passed (any thread): unless it has ended, it is cancelled, what is
+        pending is dropped and the stream ends with ``error``."""
+        with self._lock:
+            if not self._ended:
+                self._fail_locked(error)
 
     def fail(self, error: BaseException) -> None:
         """End the stream with ``error`` unless it has ended already (the request failed to run)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -83,6 +84,10 @@ class InferRequest:
     """Set by the data plane when this request is traced (see appliance.protocol.tracing)."""
     timing: StepTiming | None = None
     """Set by an ensemble for each of its steps: collects the step's queue and compute times."""
+    cancelled: Callable[[], bool] | None = None
+    """The caller's own cancellation probe, for a caller that asks the model to stop yet keeps reading
+    its responses (a BLS stream's ``cancel()``); without one, a request is cancelled when its caller
+    stops waiting for it."""
 
     @property
     def uses_shared_memory(self) -> bool:

@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from appliance.engine.model import ModelVersion
+from appliance.engine.server_wide import ServerWide
 from appliance.engine.stats import LATENCY_BUCKETS_US, FailureReason
 
 __all__ = ["TritonCollector", "render"]
@@ -21,9 +22,15 @@ _REASONS = (FailureReason.REJECTED, FailureReason.CANCELED, FailureReason.BACKEN
 
 
 class TritonCollector:
-    def __init__(self, models: Callable[[], list[ModelVersion]], system: Callable[[], dict[str, Any] | None]) -> None:
+    def __init__(self, models: Callable[[], list[ModelVersion]], system: Callable[[], dict[str, Any] | None],
+                 arenas: Callable[[], dict[str, int] | None] = lambda: None,
+                 server: ServerWide | None = None) -> None:
+        """``arenas``: the latest sample of the Python backend's shared-memory arenas, bytes by model.
+        ``server``: the response cache and rate limiter, whose own figures are exported when present."""
         self._models = models
         self._system = system
+        self._arenas = arenas
+        self._server = server or ServerWide()
 
     def collect(self) -> Iterator[Metric]:
         labels = ["model", "version"]
@@ -52,9 +59,28 @@ class TritonCollector:
         sequence_ends = _TritonCounter("appliance_sequence_count",
                                        "Sequences started, ended (END flag), reaped (idle) or rejected (no slot)",
                                        [*labels, "event"])
-        for model in self._models():
+        # Triton's per-model cache counters, for models whose responses are cached only (as Triton).
+        cache_hits = counter("nv_cache_num_hits_per_model", "Number of cache hits per model")
+        cache_misses = counter("nv_cache_num_misses_per_model", "Number of cache misses per model")
+        cache_hit_us = counter("nv_cache_hit_duration_per_model", "Total cache hit duration per model, in microseconds")
+        cache_miss_us = counter("nv_cache_miss_duration_per_model",
+                                "Total cache miss (insert+lookup) duration per model, in microseconds")
+        limited_waits = counter("appliance_rate_limiter_waits",
+                                "Executions that waited for rate-limiter resources (models under the rate limiter)")
+        limited_us = counter("appliance_rate_limiter_wait_duration_us",
+                             "Cumulative time executions waited for rate-limiter resources (us)")
+        models = self._models()
+        for model in models:
             values = [model.name, str(model.version)]
             stats = model.stats
+            if model.response_cache is not None:
+                cache_hits.add_metric(values, stats.cache_hit.count)
+                cache_misses.add_metric(values, stats.cache_miss.count)
+                cache_hit_us.add_metric(values, stats.cache_hit.ns // 1000)
+                cache_miss_us.add_metric(values, stats.cache_miss.ns // 1000)
+            if stats.rate_limiter is not None:
+                limited_waits.add_metric(values, stats.rate_limiter.waits)
+                limited_us.add_metric(values, stats.rate_limiter.wait_ns // 1000)
             success.add_metric(values, stats.success.count)
             for reason in _REASONS:
                 failure.add_metric([*values, reason], stats.failures.get(reason, 0))
@@ -80,7 +106,56 @@ class TritonCollector:
                     output_us, latency)
         if sequences.samples:  # only where a model has sequence_batching
             yield from (sequences, backlog, sequence_ends)
+        if cache_hits.samples:
+            yield from (cache_hits, cache_misses, cache_hit_us, cache_miss_us)
+        yield from self._cache_metrics()
+        yield from self._rate_limiter_metrics(limited_waits, limited_us)
+        arenas = self._arenas()
+        if arenas is not None:
+            family = GaugeMetricFamily(
+                "appliance_python_arena_bytes",
+                "Shared memory (/dev/shm) the Python backend's tensor arenas take for a model, daemon and model "
+                "processes together, in bytes (outside the request memory budget)", labels=["model"])
+            for name, used in sorted(arenas.items()):
+                family.add_metric([name], used)
+            yield family
         yield from self._system_metrics()
+
+    def _cache_metrics(self) -> Iterator[Metric]:
+        """The response cache's own figures, under the names Triton's local cache reports them."""
+        cache = self._server.response_cache
+        if cache is None:
+            return
+        for name, text, value in (
+            ("nv_cache_util", "Cache utilization [0.0 - 1.0]", cache.utilization),
+            ("nv_cache_num_entries", "Number of responses stored in response cache", cache.entries),
+            ("nv_cache_num_lookups", "Number of cache lookups in response cache", cache.lookups),
+            ("nv_cache_num_hits", "Number of cache hits in response cache", cache.hits),
+            ("nv_cache_num_misses", "Number of cache misses in response cache", cache.misses),
+            ("nv_cache_num_evictions", "Number of cache evictions in response cache", cache.evictions),
+            ("nv_cache_lookup_duration", "Total cache lookup duration (hit and miss), in microseconds",
+             cache.lookup_ns // 1000),
+            ("nv_cache_insertion_duration", "Total cache insertion duration, in microseconds",
+             cache.insertion_ns // 1000),
+            ("appliance_response_cache_used_bytes", "Bytes the response cache holds", cache.used),
+            ("appliance_response_cache_size_bytes", "The response cache's size bound (cache_config size)",
+             cache.capacity),
+        ):
+            yield GaugeMetricFamily(name, text, value=value)
+
+    def _rate_limiter_metrics(self, waits: Metric, wait_us: Metric) -> Iterator[Metric]:
+        limiter = self._server.rate_limiter
+        if limiter is None:
+            return
+        labels = ["resource", "device"]
+        capacity = GaugeMetricFamily("appliance_rate_limiter_resource_count",
+                                     "Copies of a rate-limiter resource (per device, or device=global)", labels=labels)
+        in_use = GaugeMetricFamily("appliance_rate_limiter_resource_in_use",
+                                   "Copies of a rate-limiter resource held by executing instances", labels=labels)
+        for resource in limiter.resources():
+            capacity.add_metric([resource["name"], resource["device"]], resource["capacity"])
+            in_use.add_metric([resource["name"], resource["device"]], resource["in_use"])
+        yield from (capacity, in_use, waits, wait_us)
 
     def _system_metrics(self) -> Iterator[Metric]:
         sample = self._system()

@@ -18,6 +18,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from appliance.engine.model import ModelVersion
+from appliance.engine.server_wide import ServerWide
 from appliance.metrics.custom import CustomMetrics
 from appliance.metrics.prometheus import TritonCollector, render
 from appliance.metrics.samples import Snapshotter
@@ -33,9 +34,12 @@ log = logging.getLogger(__name__)
 class MetricsService:
     def __init__(self, path: Path, retention: Retention, interval: float,
                  models: Callable[[], list[ModelVersion]], state: StateDir,
-                 custom: CustomMetrics | None = None) -> None:
+                 custom: CustomMetrics | None = None, arenas: Callable[[], dict[str, int]] | None = None,
+                 server: ServerWide | None = None) -> None:
         """``custom``: metric families models define (Python models' pb_utils.MetricFamily), exported
-        after the server's own."""
+        after the server's own; ``arenas``: measures the Python backend's shared-memory arenas, bytes
+        by model (blocking, called off the event loop each tick). ``server``: the response cache and rate
+        limiter, whose figures /metrics shows."""
         self.path = path
         self._retention = retention
         self._interval = interval
@@ -48,8 +52,11 @@ class MetricsService:
         self._sampler: SystemSampler | None = None
         self._task: asyncio.Task | None = None
         self.latest_system: dict[str, Any] | None = None
+        self._arenas = arenas
+        self.latest_arenas: dict[str, int] | None = None
         self._registry = CollectorRegistry(auto_describe=False)
-        self._registry.register(TritonCollector(models, lambda: self.latest_system))
+        self._registry.register(TritonCollector(models, lambda: self.latest_system, lambda: self.latest_arenas,
+                                                server))
 
     async def start(self) -> None:
         self._sampler = await asyncio.to_thread(SystemSampler)
@@ -105,6 +112,8 @@ class MetricsService:
             system = await asyncio.to_thread(self._sampler.sample)
             system["t"] = t
             self.latest_system = system
+            if self._arenas is not None:
+                self.latest_arenas = await asyncio.to_thread(self._arenas)
             if self._store is not None:
                 self._store.put_system(system)
         except Exception:

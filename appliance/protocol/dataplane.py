@@ -78,6 +78,10 @@ class Rules:
     """Ready only when every model is ready (as Triton)."""
     decode: DecodeLimits = DecodeLimits()
     streams: StreamLimits = StreamLimits()
+    box_name: str = ""
+    """The name this box goes by (the fleet name, else the host's), shown in /v2/health."""
+    host: str = ""
+    """The host's name, shown in /v2/health."""
 
 
 class DataPlane:
@@ -160,7 +164,8 @@ class DataPlane:
 
     def health(self) -> Health:
         state = self._state.to_json() if self._state is not None else {}
-        return Health(self.live(), self.ready(), self.failure, state)
+        return Health(self.live(), self.ready(), self.failure, state,
+                      {"name": self._rules.box_name, "host": self._rules.host})
 
     def server_metadata(self) -> ServerMetadata:
         served = self._shared_memory.extensions() if self._shared_memory is not None else []

@@ -28,9 +28,12 @@ class Health:
     """Why the server stopped being live (None while it is)."""
     state: dict[str, Any]
     """The state dir's condition (read-only, a database moved aside...), as JSON."""
+    box: dict[str, str]
+    """Which box answers: its name (the fleet name, else the host's) and host name, for people (the
+    dashboard's header), never for clients to parse as Triton's server name."""
 
     def as_json(self) -> dict[str, Any]:
-        details: dict[str, Any] = {"live": self.live, "ready": self.ready, "state": self.state}
+        details: dict[str, Any] = {"live": self.live, "ready": self.ready, "state": self.state, "box": self.box}
         if self.failure is not None:
             details["failure"] = self.failure
         return details

@@ -11,14 +11,23 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import Future
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
-from appliance.backends.base import ModelCall, Outputs, ResponseSink
+from appliance.backends.base import ModelCall, Outputs, ResponseSink, StreamedCall
+from appliance.engine.streaming import StreamLimits
 from appliance.engine.types import InferInput, InferRequest, InferResponse, RequestedOutput
-from appliance.errors import ApplianceError, InvalidInput, ModelNotFound, ModelNotReady, NotSupported, Unavailable
+from appliance.errors import (
+    ApplianceError,
+    DeadlineExceeded,
+    InvalidInput,
+    ModelNotFound,
+    ModelNotReady,
+    NotSupported,
+    Unavailable,
+)
 from appliance.repository.config import config_from_json
 from appliance.repository.push_load import checked_push, load_push
 from appliance.repository.pushed import FILE_PREFIX
@@ -38,7 +47,7 @@ def _outputs(response: InferResponse) -> Outputs:
     return Outputs({output.name: output.data for output in response.outputs}, response.parameters)
 
 
-def _request(call: ModelCall) -> InferRequest:
+def _request(call: ModelCall, cancelled: Callable[[], bool] | None = None) -> InferRequest:
     parameters: dict[str, Any] = dict(call.parameters)
     if call.timeout_us:
         parameters["timeout"] = call.timeout_us
@@ -51,19 +60,23 @@ def _request(call: ModelCall) -> InferRequest:
         outputs=[RequestedOutput(name) for name in call.outputs],
         id=call.request_id or None,
         parameters=parameters,
+        cancelled=cancelled,
     )
 
 
 class LocalModels:
     """Implements ``appliance.backends.base.ModelCalls`` over a model registry."""
 
-    def __init__(self, registry: ModelRegistry, explicit: bool, pushes: PushStore | None = None) -> None:
+    def __init__(self, registry: ModelRegistry, explicit: bool, pushes: PushStore | None = None,
+                 limits: StreamLimits | None = None) -> None:
         """``explicit``: the model control mode lets models be loaded and unloaded on demand. ``pushes``:
         where a model's ``load_model(files=...)`` keeps the files, as the load API keeps a push's (None:
-        files are refused)."""
+        files are refused). ``limits``: the calls' deadline (0: none) and how far a streamed one may run
+        ahead of its caller."""
         self._registry = registry
         self._explicit = explicit
         self._pushes = pushes
+        self._limits = limits or StreamLimits()
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -108,27 +121,36 @@ class LocalModels:
                     "models using the decoupled transaction policy. Please use 'decoupled=True' argument to the "
                     "'exec' or 'async_exec' calls for decoupled models.'"
                 )
-            return _outputs(await model.infer(_request(call)))
+            return _outputs(await self._bounded(model.infer(_request(call)), call))
 
-    def stream(self, call: ModelCall, sink: ResponseSink) -> Callable[[], None]:
-        future = self._submit(self._stream(call, sink))
-        loop = self._loop
+    async def _bounded(self, running: Awaitable[InferResponse], call: ModelCall,
+                       cancelled: Callable[[], bool] | None = None) -> InferResponse:
+        """The call, cancelled past the deadline (a call of a model to itself, waiting in the queue of the
+        only instance, which its caller holds, would otherwise wait for ever)."""
+        deadline = self._limits.deadline
+        if deadline <= 0:
+            return await running
+        try:
+            return await asyncio.wait_for(running, deadline)
+        except TimeoutError:
+            raise DeadlineExceeded(
+                f"the call to model '{call.model_name}' did not complete within request_deadline ({deadline:g} s); "
+                "it was cancelled") from None
 
-        def cancel() -> None:
-            if loop is not None and not loop.is_closed():
-                loop.call_soon_threadsafe(future.cancel)
+    def stream(self, call: ModelCall, sink: ResponseSink) -> StreamedCall:
+        streamed = _StreamedCall(self._loop)
+        streamed.future = self._submit(self._stream(call, sink, streamed))
+        return streamed
 
-        return cancel
-
-    async def _stream(self, call: ModelCall, sink: ResponseSink) -> None:
+    async def _stream(self, call: ModelCall, sink: ResponseSink, streamed: _StreamedCall) -> None:
         try:
             model = self._model(call)
             with model.in_use():
                 if not model.decoupled:  # a stream of one
-                    outputs = _outputs(await model.infer(_request(call)))
+                    outputs = _outputs(await self._bounded(model.infer(_request(call, streamed.cancelled)), call))
                     sink.send(outputs, parameters=outputs.parameters, final=True)
                     return
-                stream = await model.open_stream(_request(call))
+                stream = await model.open_stream(_request(call, streamed.cancelled), self._limits)
                 try:
                     async for item in stream:
                         sent = _outputs(item.response) if item.response is not None else None
@@ -208,6 +230,29 @@ def _settle(future: Future, task: asyncio.Task) -> None:
         future.set_exception(error)
     else:
         future.set_result(task.result())
+
+
+class _StreamedCall:
+    """A streamed call in flight (``appliance.backends.base.StreamedCall``); its methods may be called
+    from any thread."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop | None) -> None:
+        self._loop = loop
+        self._asked = False
+        self.future: Future | None = None
+
+    def cancelled(self) -> bool:
+        """The called model's cancellation probe."""
+        return self._asked
+
+    def cancel(self) -> None:
+        self._asked = True  # read by the model's is_cancelled(); what it still sends is delivered
+
+    def abandon(self) -> None:
+        self._asked = True
+        loop, future = self._loop, self.future
+        if loop is not None and future is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(future.cancel)
 
 
 class _Cancelled(ApplianceError):

@@ -91,6 +91,12 @@ def check_decoupled(config: mc.ModelConfig, backend: str, supported: bool) -> No
             "(model_transaction_policy { decoupled: true }): only the python backend sends several responses per "
             "request; drop the policy, or wrap the model in a Python model that sends the responses"
         )
+    if config.model_transaction_policy.decoupled and config.response_cache.enable:
+        # Triton's words (model_config_utils.cc); a decoupled model's responses are a stream, not one answer.
+        raise ConfigError(
+            f"Response Cache does not currently support model {config.name} with 'decoupled' transaction policy. "
+            "Please disable the response cache."
+        )
     if config.model_transaction_policy.decoupled and config.sequence_batching.state:
         raise ConfigError(
             f"model '{config.name}': implicit state (sequence_batching state) is carried from a step's outputs "
@@ -124,6 +130,12 @@ def validate_config(config: mc.ModelConfig, model_name: str, where: str) -> mc.M
         total += group.count
     if total > MAX_INSTANCES:
         raise ConfigError(f"{where}: {total} instances asked for; at most {MAX_INSTANCES} per model")
+    if config.HasField("sequence_batching") and config.response_cache.enable:
+        # Triton's words: a sequence's answers depend on its state, not only on the request's inputs.
+        raise ConfigError(
+            f"Response Cache does not currently support model {config.name} with sequence batching scheduler. "
+            "Please disable the response cache."
+        )
     check_sequence_config(config, where)
     if any(size < 1 for size in config.dynamic_batching.preferred_batch_size):
         raise ConfigError(f"{where}: dynamic_batching preferred_batch_size entries must be >= 1")

@@ -23,6 +23,7 @@ from appliance.engine.classification import read_labels
 from appliance.engine.instances import InstancePool
 from appliance.engine.model import ModelVersion
 from appliance.engine.model_files import check_config_paths, confined
+from appliance.engine.rate_limiter import RateLimitCounts, instance_needs
 from appliance.engine.scheduler import (
     Scheduler,
     SchedulerPolicy,
@@ -32,6 +33,7 @@ from appliance.engine.scheduler import (
     sequence_policy,
 )
 from appliance.engine.scheduler.execution import choose_execution, plan_batch_ns
+from appliance.engine.server_wide import ServerWide
 from appliance.engine.stats import ModelStats
 from appliance.errors import ApplianceError, ConfigError
 from appliance.repository.config import (
@@ -98,6 +100,16 @@ def _complete(config: mc.ModelConfig, info: BackendInfo, backend: Backend) -> mc
     )
 
 
+def _rate_limiter(config: mc.ModelConfig) -> mc.ModelRateLimiter | None:
+    """The rate_limiter of the config's instance groups (the first that has one), as a copy."""
+    for group in config.instance_group:
+        if group.HasField("rate_limiter"):
+            limiter = mc.ModelRateLimiter()
+            limiter.CopyFrom(group.rate_limiter)
+            return limiter
+    return None
+
+
 @dataclasses.dataclass(frozen=True)
 class _ModelLoad:
     """What loading one model directory shares across its versions."""
@@ -113,6 +125,8 @@ class _ModelLoad:
     """The user's config set instance_group (before auto-completion added one)."""
     services: BackendServices | None = None
     """What the daemon lends backends (see LoadContext.services)."""
+    server: ServerWide = ServerWide()
+    """The response cache and rate limiter every version shares."""
 
 
 def _load_version(
@@ -134,6 +148,9 @@ def _load_version(
 
     selection: dict | None = None
     target = info
+    label = f"{model_dir.name}:{version}"
+    stats = ModelStats()
+    limits = None
     try:
         first = info.load(context(0, config))
         instances.append(first)
@@ -154,8 +171,11 @@ def _load_version(
                 target = named(choice.plan.backend)
                 plan_config, artefacts = choice.plan.apply(config), choice.artefacts
                 if choice.plan.instances:  # the served config says how many instances really run
+                    limiter = _rate_limiter(config)
                     del config.instance_group[:]
                     config.instance_group.extend(plan_config.instance_group)
+                    for group in config.instance_group if limiter is not None else ():
+                        group.rate_limiter.CopyFrom(limiter)  # the measured instances keep what they hold
                     count = choice.plan.instances
                     threads = choice.plan.threads or threads_per_instance(options, count)
         check_decoupled(config, target.name, target.decoupled)
@@ -164,6 +184,8 @@ def _load_version(
         for backend in instances:
             backend.configure(config)
         run_warmup(instances, warmup, config, version)
+        for backend in instances:
+            backend.check_ready()
         labels = {
             out.name: read_labels(model_dir, out.label_filename, f"output '{out.name}' label_filename")
             for out in config.output if out.label_filename
@@ -171,13 +193,22 @@ def _load_version(
         policy: SchedulerPolicy | SequencePolicy = (
             sequence_policy(config, model_dir) if config.HasField("sequence_batching") else policy_from_config(config)
         )
+        cap = ((selection or {}).get("batching") or {}).get("cap")
+        if isinstance(policy, SchedulerPolicy) and policy.dynamic and not policy.preferred_batch_sizes and cap:
+            policy = dataclasses.replace(policy, batch_cap=int(cap))  # selection measured no gain above it
+        if load.server.rate_limiter is not None:  # last: a refusal here leaves nothing registered
+            stats.rate_limiter = RateLimitCounts()
+            limits = load.server.rate_limiter.register(label, instance_needs(config, len(instances)),
+                                                       stats.rate_limiter)
     except BaseException:
         for backend in instances:
             backend.close()
         raise
-    label = f"{model_dir.name}:{version}"
-    stats = ModelStats()
-    pool = InstancePool(label, instances)
+    # Batches that cannot grow by waiting (no dynamic batching) are handed on as soon as they are queued,
+    # to a backend that can queue them (a model process): it never waits for the daemon between them. Not
+    # under the rate limiter, whose resources count one execution per instance.
+    pipelined = isinstance(policy, SchedulerPolicy) and not policy.dynamic and limits is None
+    pool = InstancePool(label, instances, limits, min(b.pipeline_depth for b in instances) if pipelined else 1)
     scheduler: Scheduler | SequenceScheduler
     if isinstance(policy, SequencePolicy):  # a sequence's steps run in order on threads
         scheduler = SequenceScheduler(label, model_dir.name, pool, policy, stats)
@@ -194,6 +225,7 @@ def _load_version(
         stats=stats,
         labels=labels,
         selection=selection,
+        response_cache=load.server.response_cache,
     )
     return config, model
 
@@ -206,6 +238,7 @@ def load_model(
     config_override: mc.ModelConfig | None = None,
     traffic: dict[int, dict] | None = None,
     services: BackendServices | None = None,
+    server: ServerWide | None = None,
 ) -> LoadedModel:
     """Parse, auto-complete and load every version the policy selects.
 
@@ -233,7 +266,7 @@ def load_model(
     config.name = config.name or model_dir.name
     check_decoupled(config, info.name, info.decoupled)  # before any instance loads
     load = _ModelLoad(model_dir, info, options, selector, retune, explicit_instances=bool(config.instance_group),
-                      services=services)
+                      services=services, server=server or ServerWide())
     selected = select_versions(config, available)
     versions: dict[int, ModelVersion] = {}
     failures: dict[int, str] = {}

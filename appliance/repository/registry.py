@@ -19,6 +19,8 @@ from tritonclient.grpc import model_config_pb2 as mc
 from appliance.backends import RuntimeOptions
 from appliance.backends.base import BackendServices
 from appliance.engine.model import ModelVersion
+from appliance.engine.server_wide import ServerWide
+from appliance.engine.streaming import StreamLimits
 from appliance.errors import ApplianceError, ConfigError, InvalidInput, ModelNotFound, ModelNotReady
 from appliance.repository.bls import LocalModels
 from appliance.repository.config import read_config
@@ -112,13 +114,17 @@ class ModelRegistry:
                  on_event: Callable[[str, str, int | None, dict], None] | None = None,
                  overlay: Callable[[], Mapping[str, Path]] | None = None,
                  services: BackendServices | None = None, control_mode: str = "none",
-                 pushes: PushStore | None = None) -> None:
+                 pushes: PushStore | None = None, call_limits: StreamLimits | None = None,
+                 server: ServerWide | None = None) -> None:
         """``on_event`` is told of model_loaded / model_failed / backend_chosen / model_unloaded (kind,
         model, version, detail): the metrics history records them. ``overlay``: model name -> directory
         of the models pushed over the load API (core.pushed), served in place of the repository's.
         ``services``: what the daemon lends backends; the registry adds its own models to it
         (``LocalModels``: Python models call models), which may load and unload models when
-        ``control_mode`` is explicit, with files kept in ``pushes`` (as the load API's pushes are)."""
+        ``control_mode`` is explicit, with files kept in ``pushes`` (as the load API's pushes are);
+        ``call_limits`` bound those calls (their deadline, and the responses of a streamed one held for the
+        calling model). ``server``: the response cache and rate limiter the models share."""
+        self._server = server or ServerWide()
         self._overlay = overlay
         self.repository = repository
         self._drain_timeout = drain_timeout
@@ -130,7 +136,7 @@ class ModelRegistry:
         self._on_event = on_event
         self._retune = retune
         self._models: dict[str, ModelEntry] = {}
-        self._calls = LocalModels(self, explicit=control_mode == "explicit", pushes=pushes)
+        self._calls = LocalModels(self, explicit=control_mode == "explicit", pushes=pushes, limits=call_limits)
         self._services = dataclasses.replace(services or BackendServices(), models=self._calls)
         self._held: set[str] = set()
         """Models a push is replacing: re-scans and retunes leave them alone meanwhile."""
@@ -261,7 +267,7 @@ class ModelRegistry:
                 selector = await self._selector if self._selector is not None else None
                 loaded = await asyncio.to_thread(
                     load_model, path, self._options, selector, self._retune, config_override, traffic,
-                    self._services,
+                    self._services, self._server,
                 )
         except Exception as exc:
             message = exc.message if isinstance(exc, ApplianceError) else f"{type(exc).__name__}: {exc}"
@@ -299,7 +305,7 @@ class ModelRegistry:
             await self._require(name, model, chain)
         configs = {step.number: self._step_config(name, step) for step in plan.steps}
         return await asyncio.to_thread(load_ensemble, path, config, plan, lambda step: configs[step.number],
-                                       self._resolve)
+                                       self._resolve, self._server.response_cache)
 
     def _plan_on_disk(self, name: str) -> EnsemblePlan | None:
         """The plan of a model not loaded yet, if it is an ensemble (blocking; None when unreadable: its

@@ -15,19 +15,36 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from appliance.backends import Backend, BackendInfo, LoadContext
 from appliance.errors import ConfigError
 from appliance.selection.inputs import InputSearch, InputSet
 from appliance.selection.measure import error_reason, max_abs_error, rate_concurrent, time_runs, within_tolerance
 from appliance.selection.plans import Plan
 
-__all__ = ["CONFIRM_ROUNDS", "CONFIRM_WITHIN", "CandidateBench", "best", "metric_of"]
+__all__ = ["BATCH_SIZES", "BATCH_WITHIN", "CONFIRM_ROUNDS", "CONFIRM_WITHIN", "CandidateBench", "batch_cap", "best",
+           "metric_of"]
 
 log = logging.getLogger(__name__)
 
 CONFIRM_WITHIN = 0.15
 """Finalists whose first timings differ by less than this fraction are timed again."""
 CONFIRM_ROUNDS = 3
+BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
+"""Batch sizes the chosen plan's throughput is measured at (up to the model's max_batch_size)."""
+BATCH_WITHIN = 0.05
+"""The batcher's cap is the largest size whose items/s is within this fraction of the best size's."""
+
+
+def batch_cap(items_per_s: dict[int, float], max_batch_size: int) -> int | None:
+    """The largest batch worth forming: the largest measured size within BATCH_WITHIN of the best
+    throughput, or None when that is the largest size the model takes (nothing to cap)."""
+    if not items_per_s:
+        return None
+    top = max(items_per_s.values())
+    cap = max(size for size, rate in items_per_s.items() if rate >= (1 - BATCH_WITHIN) * top)
+    return None if cap >= max_batch_size else cap
 
 
 def metric_of(objective: str) -> str:
@@ -121,6 +138,28 @@ class CandidateBench:
         for row, values in zip(finalists, rounds):
             row[key] = round(statistics.median(values), 4 if key == "latency_ms" else 1)
             row["timed_again"] = True
+
+    def batch_curve(self, plan: Plan, max_batch_size: int) -> dict[int, float]:
+        """Items/s of ``plan`` at each batch size up to ``max_batch_size``, every instance busy: where the
+        runtime's throughput peaks below the largest batch, the batcher should not form larger ones
+        (Model Analyzer's job, done on the box). Empty when the tuning inputs cannot be tiled."""
+        found = self.search.found
+        if found is None or max_batch_size < 2:
+            return {}
+        smallest = min(found.samples, key=lambda sample: sample.batch)
+        if smallest.batch != 1:
+            return {}
+        rates: dict[int, float] = {}
+        instances = self._build_instances(plan)
+        try:
+            busy = instances[: self.concurrency] if self.concurrency else instances
+            for size in (b for b in BATCH_SIZES if b <= max_batch_size):
+                inputs = {name: np.repeat(array, size, axis=0) for name, array in smallest.inputs.items()}
+                runs = [functools.partial(b.run, inputs, self.search.outputs) for b in busy]
+                rates[size] = round(size * rate_concurrent(runs, self.budget / 2), 1)
+        finally:
+            _close(instances)
+        return rates
 
     def _build_instances(self, plan: Plan) -> list[Backend]:
         target = next((b for b in self.backends if b.name == plan.backend), self.info)

@@ -9,7 +9,8 @@ from typing import Any, Protocol
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-__all__ = ["DEFAULT_PLAN", "INSTANCE_COUNTS", "Plan", "ProbeView", "enumerate_plans", "instance_variants"]
+__all__ = ["DEFAULT_PLAN", "INSTANCE_COUNTS", "IN_PROCESS_PLAN", "Plan", "ProbeView", "enumerate_plans",
+           "instance_variants", "offers_in_process"]
 
 DEFAULT_PLAN = "default"
 """The plan id of a model served as its config says (no candidate could be measured)."""
@@ -61,6 +62,18 @@ class Plan:
     def as_json(self) -> dict[str, Any]:
         return {"plan": self.id, "backend": self.backend, "parameters": dict(self.parameters),
                 "reduced_precision": self.reduced_precision, "instances": self.instances, "threads": self.threads}
+
+
+IN_PROCESS_PLAN = Plan("python:in-process", "python", (("python_plan", "in-process"),))
+"""A Python model run inside the daemon (no process hop), for models the operator trusts: offered only
+where the config sets parameters in_process (see appliance.backends.python.in_process)."""
+
+
+def offers_in_process(config: mc.ModelConfig) -> bool:
+    """Whether the operator allows the in-process plan for this Python model (not for decoupled ones)."""
+    value = config.parameters.get("in_process")
+    allowed = value is not None and value.string_value.strip().lower() in ("1", "true", "yes")
+    return allowed and not config.model_transaction_policy.decoupled
 
 
 def _on_cpu(plan: Plan) -> bool:

@@ -23,11 +23,18 @@ from tritonclient.grpc import model_config_pb2 as mc
 from appliance.backends import BACKENDS, BackendInfo, LoadContext, usable_cores
 from appliance.errors import ConfigError
 from appliance.repository.config import config_to_json
-from appliance.selection.candidates import CandidateBench, best
+from appliance.selection.candidates import BATCH_WITHIN, CandidateBench, batch_cap, best
 from appliance.selection.decision import ONLY_PLAN, Choice, build_decision, measured_outcome, plan_from
 from appliance.selection.inputs import InputSearch, tuning_inputs
 from appliance.selection.job import Hardware, SelectionSettings, TuneRequest, TuningJob
-from appliance.selection.plans import DEFAULT_PLAN, Plan, enumerate_plans, instance_variants
+from appliance.selection.plans import (
+    DEFAULT_PLAN,
+    IN_PROCESS_PLAN,
+    Plan,
+    enumerate_plans,
+    instance_variants,
+    offers_in_process,
+)
 from appliance.state import StateDir
 from model_cache import BrokenEntry, ModelCache, cache_key, hash_files
 
@@ -129,6 +136,8 @@ class Selector:
         in instance x thread variants unless the config's own instance_group fixes the instances (and
         does not set parameters tune_instances); ``threads`` fixes the threads (the settings')."""
         plans = [*enumerate_plans(info.name, self._hardware.probe, self._hardware.cpu_flags), *self._extra_plans]
+        if info.name == "python" and offers_in_process(config):
+            plans.append(IN_PROCESS_PLAN)
         if not explicit_instances or _flag(config, "tune_instances"):
             plans = instance_variants(plans, usable_cores(), threads)
         skipped: dict[str, str] = {}
@@ -272,9 +281,18 @@ class Selector:
                 reasons = "; ".join(f"{r['plan']}: {r.get('reason')}" for r in results)
                 raise ConfigError(f"model {context.model_name!r}: no plan can load it here ({reasons})")
             # Nothing measured: the config's default plan serves, as --no-selection serves the model.
-            plan = next((p for p in plans if p.id == chosen), None) or Plan(DEFAULT_PLAN, info.name)
+            # Nothing measured (e.g. a Python model that calls other models, which a tuning process cannot
+            # serve): the plan the config pins, else the config's default plan.
+            pinned = _pinned(config)
+            plan = (next((p for p in plans if p.id == chosen), None)
+                    or next((p for p in plans if pinned and pinned in (p.id, p.base)), None)
+                    or Plan(DEFAULT_PLAN, info.name))
+            outcome = measured_outcome(search, chosen is not None, traffic)
+            if chosen is not None and config.HasField("dynamic_batching") and config.max_batch_size > 1:
+                report(f"measuring {plan.id} by batch size")
+                outcome["batching"] = self._batching(bench, plan, config.max_batch_size)
             decision = build_decision(context, self._hardware.fingerprint, objective, plan, chosen, results,
-                                      **measured_outcome(search, chosen is not None, traffic))
+                                      **outcome)
             report(f"chose {plan.id}", done=True)
             if self._cache is None:
                 return Choice(plan, decision, "off", None)
@@ -284,6 +302,25 @@ class Selector:
                 self._unsaved(context, exc.strerror or str(exc))
                 return Choice(plan, decision, "miss", None)
         return Choice(plan, decision, "miss", entry.artefacts)
+
+
+    @staticmethod
+    def _batching(bench: CandidateBench, plan: Plan, max_batch_size: int) -> dict[str, Any]:
+        """The chosen plan's items/s by batch size, and the cap the batcher gets from it."""
+        try:
+            rates = bench.batch_curve(plan, max_batch_size)
+        except Exception as exc:  # the plan was measured already: serve it uncapped
+            log.warning("measuring %s by batch size failed (%s): batches are not capped", plan.id, exc)
+            return {"items_per_s": {}, "cap": None, "reason": f"not measured: {exc}"}
+        cap = batch_cap(rates, max_batch_size)
+        if not rates:
+            reason = "not measured: the tuning inputs hold no single-item sample to tile"
+        elif cap is None:
+            reason = "throughput grows up to the largest batch: not capped"
+        else:
+            reason = (f"batches above {cap} add no throughput here (within {BATCH_WITHIN:.0%} of the best): "
+                      f"the batcher forms at most {cap} unless the config sets preferred_batch_size")
+        return {"items_per_s": {str(size): rate for size, rate in rates.items()}, "cap": cap, "reason": reason}
 
 
 class _Progress:

@@ -27,6 +27,8 @@ from appliance.settings.sections import (
     LimitsSection,
     MetricsSection,
     ModelsSection,
+    RateLimiterSection,
+    ResponseCacheSection,
     SelectionSection,
     ServerSection,
     ShmSection,
@@ -49,6 +51,8 @@ class Settings:
     metrics: MetricsSection = dataclasses.field(default_factory=MetricsSection)
     trace: TraceSection = dataclasses.field(default_factory=TraceSection)
     fleet: FleetSection = dataclasses.field(default_factory=FleetSection)
+    response_cache: ResponseCacheSection = dataclasses.field(default_factory=ResponseCacheSection)
+    rate_limiter: RateLimiterSection = dataclasses.field(default_factory=RateLimiterSection)
 
     def __post_init__(self) -> None:
         """What spans two sections."""

@@ -33,6 +33,8 @@ SECTIONS: dict[str, type] = {
     "metrics": sections.MetricsSection,
     "trace": sections.TraceSection,
     "fleet": sections.FleetSection,
+    "response_cache": sections.ResponseCacheSection,
+    "rate_limiter": sections.RateLimiterSection,
 }
 """Each section's name (its TOML table, its attribute of ``Settings``) and class, in documentation order."""
 

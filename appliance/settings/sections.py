@@ -15,6 +15,7 @@ import ipaddress
 from pathlib import Path
 from typing import Any
 
+from appliance.engine.shared_config import CacheConfig, ResourceLimit
 from appliance.errors import ConfigError
 
 __all__ = [
@@ -25,6 +26,8 @@ __all__ = [
     "LimitsSection",
     "MetricsSection",
     "ModelsSection",
+    "RateLimiterSection",
+    "ResponseCacheSection",
     "SelectionSection",
     "ServerSection",
     "ShmSection",
@@ -216,8 +219,17 @@ class LimitsSection:
     64 responses, and within max_request_memory_bytes); past it the model's send waits."""
     stream_stall_timeout: float = 60.0
     """Seconds a decoupled model waits for its client to read before the request fails as stalled."""
+    request_deadline: float = 0.0
+    """Seconds a request to a decoupled model (a stream) and a call of a model to a model (BLS) may take
+    from arrival to its final response; past it the request is cancelled (the model sees
+    is_cancelled(), a request still queued never runs) and its caller gets DEADLINE_EXCEEDED (HTTP 504).
+    0, the default, sets none, as in Triton: a model that never sends its final flag, or one that calls
+    itself with a single instance, then holds its request for ever."""
 
     def __post_init__(self) -> None:
+        if not self.request_deadline >= 0:
+            raise ConfigError(f"{_key(self, 'request_deadline')} must be >= 0 seconds (0: none), got "
+                              f"{self.request_deadline}")
         _at_least(self, 1024, "max_request_bytes")
         if self.max_request_memory_bytes < self.max_request_bytes:
             raise ConfigError(
@@ -411,3 +423,52 @@ class FleetSection:
     """The box's friendly name on the LAN; default the hostname."""
     mdns_interfaces: tuple[str, ...] = ()
     """IPv4 addresses of the interfaces to announce on; empty means all."""
+
+    def box_name(self, hostname: str) -> str:
+        """The name the box goes by (mDNS, the dashboard): ``name``, else the host's short name."""
+        return self.name or hostname.split(".")[0]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ResponseCacheSection:
+    """Triton's response cache, shared by every model whose config enables it (see docs/response-cache.md)."""
+
+    config: tuple[str, ...] = key((), "cache_config")
+    """Triton's --cache-config: local,size=<bytes> keeps the responses of models whose config says
+    response_cache { enable: true } in memory, under that bound, least recently used out first; empty: no
+    response cache, whatever the models say."""
+
+    def __post_init__(self) -> None:
+        CacheConfig.parse(self.config)
+
+    @property
+    def parsed(self) -> CacheConfig | None:
+        """The cache to run (None: none)."""
+        return CacheConfig.parse(self.config)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RateLimiterSection:
+    """Triton's rate limiter: which model instances may execute at once (see docs/rate-limiter.md)."""
+
+    mode: str = key("off", "rate_limit")
+    """Triton's --rate-limit: execution_count runs a model instance only when the resources its instance
+    group's rate_limiter names are free, the instance with the fewest executions times its priority first;
+    off ignores every rate_limiter."""
+    resources: tuple[str, ...] = key((), "rate_limit_resources")
+    """Triton's --rate-limit-resource (repeatable): copies of a rate-limiter resource, NAME:COUNT for every
+    device or NAME:COUNT:DEVICE for one; empty: the most any loaded instance asks for. Once any is given,
+    every resource the models name must be listed with enough copies, or the model fails to load."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mode", self.mode.strip().lower())
+        _one_of(self, "mode", ("execution_count", "off"))
+        self.limits  # noqa: B018 - checks every entry
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode == "execution_count"
+
+    @property
+    def limits(self) -> tuple[ResourceLimit, ...]:
+        return tuple(ResourceLimit.parse(entry) for entry in self.resources)

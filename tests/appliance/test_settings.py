@@ -34,6 +34,7 @@ def test_systemd_state_directory():
     ({"http_port": 70000}, {}, "http_port must be"),
     ({}, {"APPLIANCE_HTTP_PORT": "eighty"}, "setting 'http_port'"),
     ({}, {"APPLIANCE_MDNS": "maybe"}, "expected true/false"),
+    ({"request_deadline": -1.0}, {}, "request_deadline must be >= 0"),
 ])
 def test_bad_values_say_which_setting(flags, env, message):
     with pytest.raises(ConfigError, match=message):
@@ -171,3 +172,45 @@ def test_the_settings_reference_in_the_docs_is_the_code_s():
                                       "appliance.settings.reference --write docs/settings.md"
     assert document[start:end + len(END) + 1] == markdown(), "docs/settings.md is stale: run python -m " \
                                                                "appliance.settings.reference --write docs/settings.md"
+
+
+def test_response_cache_and_rate_limiter_are_off_by_default():
+    settings = load_settings({}, {"HOME": "/home/u"})
+    assert settings.response_cache.parsed is None
+    assert settings.rate_limiter.mode == "off" and not settings.rate_limiter.enabled
+    assert settings.rate_limiter.limits == ()
+
+
+def test_tritons_cache_and_rate_limit_flags():
+    from appliance.cli import _parser
+    from appliance.engine.shared_config import CacheConfig, ResourceLimit
+
+    args = _parser().parse_args(["serve", "--cache-config", "local,size=1048576", "--rate-limit", "EXECUTION_COUNT",
+                                 "--rate-limit-resource", "R1:4", "--rate-limit-resource", "R2:2:1"])
+    settings = load_settings(vars(args), {})
+    assert settings.response_cache.parsed == CacheConfig(1048576)
+    assert settings.rate_limiter.enabled
+    assert settings.rate_limiter.limits == (ResourceLimit("r1", 4), ResourceLimit("r2", 2, 1))
+    from_env = load_settings({}, {"APPLIANCE_CACHE_CONFIG": "local,size=4096", "APPLIANCE_RATE_LIMIT": "off",
+                                  "APPLIANCE_RATE_LIMIT_RESOURCES": "R1:4,R2:2:1"})
+    assert from_env.response_cache.parsed == CacheConfig(4096) and len(from_env.rate_limiter.limits) == 2
+
+
+def test_cache_and_rate_limit_tables_in_the_settings_file(tmp_path):
+    file = tmp_path / "appliance.toml"
+    file.write_text('[response_cache]\nconfig = ["local,size=8192"]\n[rate_limiter]\nmode = "execution_count"\n'
+                    'resources = ["npu:1"]\n')
+    settings = load_settings({}, {}, file)
+    assert settings.response_cache.parsed is not None and settings.response_cache.parsed.size == 8192
+    assert settings.rate_limiter.enabled and settings.rate_limiter.limits[0].name == "npu"
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"APPLIANCE_CACHE_CONFIG": "redis,size=4096"}, "unknown cache 'redis'"),
+    ({"APPLIANCE_CACHE_CONFIG": "local,size=12"}, "too small"),
+    ({"APPLIANCE_RATE_LIMIT": "sometimes"}, "rate_limit must be execution_count or off"),
+    ({"APPLIANCE_RATE_LIMIT_RESOURCES": "R1"}, "<resource_name>:<count>"),
+])
+def test_cache_and_rate_limit_settings_are_validated(env, message):
+    with pytest.raises(ConfigError, match=message):
+        load_settings({}, env)

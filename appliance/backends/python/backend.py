@@ -12,7 +12,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import queue
 import subprocess
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any
@@ -30,7 +32,8 @@ from appliance.backends.base import (
     RequestResult,
     reschedule_refused,
 )
-from appliance.backends.python.arena import Arena, Attachments
+from appliance.backends.python.arena import Arena, Attachments, reusable_size
+from appliance.backends.python.model_args import initialize_args
 from appliance.backends.python.peer import Peer
 from appliance.backends.python.process import ModelProcess, ProcessExited
 from appliance.backends.python.requests import SENT, ModelError, OpenRequests, model_error
@@ -64,6 +67,8 @@ def _small(requests: Sequence[BackendRequest]) -> bool:
 
 def model_parameters(parameters: Mapping[str, object]) -> str:
     """The request's own parameters as the JSON text ``request.parameters()`` returns."""
+    if not parameters:
+        return "{}"
     kept = {key: value for key, value in parameters.items()
             if key not in _TRANSPORT_KEYS and not key.startswith(_TRANSPORT_PREFIXES)}
     return json.dumps(kept, default=str)
@@ -109,7 +114,13 @@ class PythonBackend(Backend):
 
     def __init__(self, context: LoadContext) -> None:
         self._context = context
-        self._inputs_arena: Arena | None = None
+        self._input_arenas: list[Arena | None] = [None, None]
+        """Two, taken in turn: with a batch on its way while one runs (pipeline_depth 2), the next batch's
+        inputs must not overwrite those the model is reading. The third batch is sent only once the
+        first has answered (the pool lends an instance twice at most)."""
+        self._turn = 0
+        self._sending = threading.Lock()
+        """Held while a batch's inputs are written and it is sent: from the loop and the instance thread."""
         self._config_json: dict = {}
         self._decoupled = False
         self._iterative = False
@@ -149,25 +160,7 @@ class PythonBackend(Backend):
         return completed
 
     def _args(self) -> dict[str, str]:
-        context = self._context
-        group = 0
-        index = context.instance_index
-        # Triton names instances <model>_<group>_<index in group> (instance_group entries in order).
-        for position, entry in enumerate(context.config.instance_group):
-            count = entry.count if entry.count > 0 else 1
-            if index < count:
-                group = position
-                break
-            index -= count
-        return {
-            "model_config": json.dumps(self._config_json),
-            "model_instance_kind": "CPU",
-            "model_instance_name": f"{context.model_name}_{group}_{index}",
-            "model_instance_device_id": "0",
-            "model_repository": str(context.version_dir.parent),
-            "model_version": str(context.version),
-            "model_name": context.model_name,
-        }
+        return initialize_args(self._context, self._config_json)
 
     def configure(self, config: Any) -> None:
         """Initialize the model with the final (auto-completed) config."""
@@ -188,6 +181,18 @@ class PythonBackend(Backend):
         if reply[0] != "ready":
             raise ConfigError(f"initialize() of model '{name}' failed: {reply[1]}")
         self._ready = True
+
+    def check_ready(self) -> None:
+        """A model process that died after its initialize() (killed while the other instances loaded)
+        is started again before the version is served; if that fails, so does the load."""
+        instance = self._instance
+        if instance is not None and self._ready and instance.process.alive:
+            return
+        try:
+            self._restart()
+        except ProcessExited as exc:
+            raise ConfigError(f"the model process of '{self._context.model_name}' exited with code {exc.code} "
+                              "while it was started again before serving") from None
 
     def _restart(self) -> None:
         if self._instance is not None:
@@ -213,18 +218,26 @@ class PythonBackend(Backend):
     def _write_inputs(self, requests: Sequence[BackendRequest], keys: list[int]) -> tuple[dict, list[dict]]:
         tensors = [list(r.inputs.items()) for r in requests]
         needed = sum(Arena.needed(t) for t in tensors)
-        if self._inputs_arena is None or self._inputs_arena.size < needed:
-            if self._inputs_arena is not None:
-                self._inputs_arena.close()
-            self._inputs_arena = Arena.create(needed * 2)
+        arena = self._input_arenas[self._turn]
+        if arena is None or arena.size < needed:
+            if arena is not None:
+                arena.close()
+            arena = self._input_arenas[self._turn] = Arena.create(reusable_size(needed), self._context.model_name)
+        self._turn ^= 1
         batch, offset = [], 0
         for key, request, request_tensors in zip(keys, requests, tensors):
-            descriptors, offset = self._inputs_arena.write(request_tensors, offset)
+            descriptors, offset = arena.write(request_tensors, offset)
             batch.append({"key": key, "inputs": descriptors, "outputs": list(request.outputs),
                           "id": request.request_id, "correlation_id": request.correlation_id,
                           "flags": request.flags, "timeout": request.timeout_us,
                           "parameters": model_parameters(request.parameters)})
-        return self._inputs_arena.info(), batch
+        return arena.info(), batch
+
+    @property
+    def pipeline_depth(self) -> int:  # type: ignore[override]
+        """Two batches on their way at once (the model process queues the second), except for a decoupled
+        model, whose channel is read by a thread that may wait for a slow client."""
+        return 1 if self._decoupled else 2
 
     def run_requests(self, requests: Sequence[BackendRequest]) -> BatchResult:
         if self._instance is None or not self._instance.process.alive or not self._ready:
@@ -233,16 +246,34 @@ class PythonBackend(Backend):
         instance = self._instance
         keys = instance.requests.open(requests, streamed=self._decoupled)
         results: list[Any]
+        replies: queue.SimpleQueue = queue.SimpleQueue()
         try:
-            arena_info, batch = self._write_inputs(requests, keys)
-            reply = instance.process.call(("execute", arena_info, batch))
+            with self._sending:
+                arena_info, batch = self._write_inputs(requests, keys)
+                instance.process.call_async(("execute", arena_info, batch), replies.put)
+            reply = replies.get()
+            if reply is None:
+                code = instance.process.process.wait()
+                raise ProcessExited(f"the model process of '{instance.process.name}' exited with code {code} "
+                                    "while handling the request", code)
+            if reply[0] == "crashed":
+                raise ConfigError(f"model.py of '{instance.process.name}' failed: {reply[1]}\n{reply[2]}")
         except ProcessExited as exc:
             self._ready = False
             error = InferenceFailed(f"{exc.message}; it is restarted for the next request")
             results = [error for _ in requests]
         else:
             results = self._results(reply, len(requests))
+        self._let_go_of_inputs(arena_info["path"])
         return BatchResult(instance.requests.finish_batch(keys, results))
+
+    def _let_go_of_inputs(self, path: str) -> None:
+        """After a batch: the arena it was written into (``path``), if larger than those kept for reuse,
+        goes (the model process has let go of its view of it too)."""
+        for index, arena in enumerate(self._input_arenas):
+            if arena is not None and arena.path == path and arena.oversized:
+                self._input_arenas[index] = None
+                arena.close()
 
     def start_requests(self, requests: Sequence[BackendRequest],
                        done: Callable[[BatchResult | BaseException], None]) -> bool:
@@ -259,22 +290,29 @@ class PythonBackend(Backend):
                 instance.process.read_on(asyncio.get_running_loop())
             except RuntimeError:  # not called on an event loop: the reader thread reads on
                 pass
-        keys = instance.requests.open(requests, streamed=self._decoupled)
-        try:
-            arena_info, batch = self._write_inputs(requests, keys)
-        except BaseException as exc:
-            instance.requests.finish_batch(keys, [exc for _ in keys])
-            raise
 
         def replied(reply: tuple | None) -> None:
             try:
-                results = instance.requests.finish_batch(keys, self._replied(instance, reply, len(requests)))
+                replies = self._replied(instance, reply, len(requests))
+                self._let_go_of_inputs(arena_info["path"])
+                results = instance.requests.finish_batch(keys, replies)
             except BaseException as exc:  # noqa: BLE001 - the batch must complete, whatever happened
                 done(exc)
                 return
             done(BatchResult(results))
 
-        instance.process.call_async(("execute", arena_info, batch), replied)
+        if not self._sending.acquire(blocking=False):
+            return False  # the instance thread is writing a large batch: this one follows it there
+        try:
+            keys = instance.requests.open(requests, streamed=self._decoupled)
+            try:
+                arena_info, batch = self._write_inputs(requests, keys)
+            except BaseException as exc:
+                instance.requests.finish_batch(keys, [exc for _ in keys])
+                raise
+            instance.process.call_async(("execute", arena_info, batch), replied)
+        finally:
+            self._sending.release()
         return True
 
     def _replied(self, instance: _Instance, reply: tuple | None, count: int) -> list[Any]:
@@ -314,15 +352,18 @@ class PythonBackend(Backend):
                 results.append(RESCHEDULE if self._iterative else reschedule_refused(self._context.model_name))
             else:
                 assert arena is not None
-                parameters = json.loads(item[2]) if item[2] else {}
+                parameters = json.loads(item[2]) if item[2] and item[2] != "{}" else {}
                 results.append(Outputs({d[0]: arena.read(d, copy=True) for d in item[1]}, parameters))
+        if arena is not None and arena.oversized:  # read (copied): the model process let go of it already
+            instance.process.drop_output_arena(arena.path)
         return results
 
     def close(self) -> None:
         if self._instance is not None:
             self._instance.stop()
             self._instance = None
-        if self._inputs_arena is not None:
-            self._inputs_arena.close()
-            self._inputs_arena = None
+        for index, arena in enumerate(self._input_arenas):
+            if arena is not None:
+                arena.close()
+                self._input_arenas[index] = None
 

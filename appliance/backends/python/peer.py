@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from appliance.backends.base import BackendServices, ModelCall, ModelCalls
+from appliance.backends.base import BackendServices, ModelCall, ModelCalls, StreamedCall
 from appliance.backends.python.arena import Attachments, BlockRef, Blocks, Descriptor
 from appliance.backends.python.requests import ModelError, OpenRequests
 from appliance.errors import ApplianceError, NotSupported, PushRefused, PushTooLarge
@@ -27,6 +27,7 @@ __all__ = ["Peer"]
 
 # HTTP status of an error -> the TritonError code a model sees in response.error().code().
 _CODES = {HTTPStatus.NOT_FOUND: 2, HTTPStatus.BAD_REQUEST: 3, HTTPStatus.SERVICE_UNAVAILABLE: 4,
+          HTTPStatus.GATEWAY_TIMEOUT: 4,
           HTTPStatus.NOT_IMPLEMENTED: 5, HTTPStatus.CONFLICT: 6}
 
 
@@ -65,11 +66,11 @@ class Peer:
         self._send = send
         self._requests = requests
         self._services = services or BackendServices()
-        self.blocks = Blocks()
+        self.blocks = Blocks(model)
         """Where the daemon writes BLS outputs for the model process."""
         self.attachments = Attachments()
         """The model process's blocks, as the daemon reads them."""
-        self._streams: dict[int, Callable[[], None]] = {}
+        self._streams: dict[int, StreamedCall] = {}
         self._lock = threading.Lock()
         self._log = logging.getLogger(f"appliance.model.{model}")
 
@@ -97,9 +98,9 @@ class Peer:
             self.send_result(call, None, ModelError(f"invalid BLS request: {exc}", 3), None, True)
             return
         if meta.get("decoupled"):
-            cancel = models.stream(request, _CallSink(self, call))
+            streamed = models.stream(request, _CallSink(self, call))
             with self._lock:
-                self._streams[call] = cancel
+                self._streams[call] = streamed
             return
         future = models.infer(request)
         future.add_done_callback(lambda done: self._answer_infer(call, done))
@@ -130,10 +131,11 @@ class Peer:
             self._streams.pop(call, None)
 
     def on_cancel(self, message: tuple) -> None:
+        """``ResponseIterator.cancel()``: the called model is asked to stop; what it still sends arrives."""
         with self._lock:
-            cancel = self._streams.get(message[1])
-        if cancel is not None:
-            cancel()
+            streamed = self._streams.get(message[1])
+        if streamed is not None:
+            streamed.cancel()
 
     def on_free(self, message: tuple) -> None:
         for block in message[1]:
@@ -224,8 +226,8 @@ class Peer:
         with self._lock:
             streams = list(self._streams.values())
             self._streams.clear()
-        for cancel in streams:
-            cancel()
+        for streamed in streams:
+            streamed.abandon()
         if self._services.metrics is not None:
             self._services.metrics.release(self)
         self.blocks.close()

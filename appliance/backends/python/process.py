@@ -4,16 +4,19 @@ The channel is multiplexed: the model process answers the daemon's commands (des
 execute, finalize) in order, and in between, from any of its threads, sends messages of its own:
 streamed responses of decoupled models, BLS calls, log records, metric updates. A reader thread
 receives everything until ``read_on`` hands the channel to the event loop (then a reply or a call wakes
-the loop itself); replies go to the caller waiting in ``call`` or to the callback of ``call_async``,
-every other kind to the handler registered for it. Sending is serialized by a lock, so any thread may
-send.
+the loop itself); replies go, in the order the commands were sent, to the caller waiting in ``call`` or
+to the callback of ``call_async`` (several commands may be on their way at once: the model process runs
+them in order), every other kind to the handler registered for it. Sending is serialized by a lock, so
+any thread may send.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
+import pickle
 import queue
 import socket
 import subprocess
@@ -34,6 +37,11 @@ REPLIES = frozenset({"described", "ready", "done", "failed", "finalized", "crash
 """The kinds that answer a command of the daemon (everything else is a message of the model's own)."""
 
 Handler = Callable[[tuple], None]
+_PICKLE = pickle.HIGHEST_PROTOCOL
+"""Messages are pickled directly (multiprocessing's ForkingPickler costs a pickler object per message)."""
+_OUTPUT_ARENAS = 3
+"""Output arenas kept attached: the two a model process answers from in turn (see stub.serve), and the
+one a grown arena replaced."""
 
 
 class ProcessExited(InferenceFailed):
@@ -97,14 +105,14 @@ class ModelProcess:
             child.close()
         self.conn = Connection(parent.detach())
         self._send_lock = threading.Lock()
-        self._replies: queue.SimpleQueue = queue.SimpleQueue()
-        self._reply_to: Callable[[tuple | None], None] | None = None
-        """Where the next reply goes instead of ``_replies`` (a command sent with ``call_async``)."""
+        self._waiting: collections.deque[Callable[[tuple | None], None]] = collections.deque()
+        """Where the replies to the commands sent go, oldest first (None: the process ended first)."""
         self._reply_lock = threading.Lock()
         self._ended = False
         self._handlers = dict(handlers)
         self._closed_handlers: list[Callable[[], None]] = []
-        self.output_arena: Arena | None = None
+        self._output_arenas: dict[str, Arena] = {}
+        """The model process's output arenas, attached, oldest first."""
         self.exit_code: int | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._on_loop = False
@@ -121,15 +129,25 @@ class ModelProcess:
         the reader)."""
         try:
             with self._send_lock:
-                self.conn.send(message)
+                self.conn.send_bytes(pickle.dumps(message, _PICKLE))
         except (OSError, ValueError):
             pass
+
+    def _command(self, message: tuple, on_reply: Callable[[tuple | None], None]) -> bool:
+        """Send a command whose reply goes to ``on_reply``; False if the process has ended (nobody would
+        answer). The queue of waiters and the channel take commands in the same order."""
+        with self._reply_lock:
+            if self._ended:
+                return False
+            self._waiting.append(on_reply)
+            self.send(message)
+        return True
 
     def call(self, message: tuple, doing: str = "handling the request") -> tuple:
         """Send a command and wait for its reply; ``doing`` names the step in the error if the process
         ends meanwhile."""
-        self.send(message)
-        reply = self._replies.get()
+        box: queue.SimpleQueue = queue.SimpleQueue()
+        reply = box.get() if self._command(message, box.put) else None
         if reply is None:
             code = self.process.wait()
             raise ProcessExited(f"the model process of '{self.name}' exited with code {code} while {doing}", code)
@@ -138,16 +156,10 @@ class ModelProcess:
         return reply
 
     def call_async(self, message: tuple, on_reply: Callable[[tuple | None], None]) -> None:
-        """Send a command without waiting: ``on_reply`` gets its reply on the reader thread (None if the
-        process ended first). Commands are answered in order, and the daemon sends one at a time."""
-        with self._reply_lock:
-            ended = self._ended
-            if not ended:
-                self._reply_to = on_reply
-        if ended:  # the reader has stopped: nobody would answer
+        """Send a command without waiting: ``on_reply`` gets its reply on whatever reads the channel (None
+        if the process ended first). Commands are answered in the order they were sent."""
+        if not self._command(message, on_reply):  # the reader has stopped: nobody would answer
             on_reply(None)
-            return
-        self.send(message)
 
     def on_exit(self, callback: Callable[[], None]) -> None:
         """Called (on the reader thread) once the process is gone."""
@@ -166,7 +178,7 @@ class ModelProcess:
         try:
             while True:
                 try:
-                    message = self.conn.recv()
+                    message = pickle.loads(self.conn.recv_bytes())
                 except (EOFError, OSError):
                     break
                 if message[0] == "handed_over" and self._loop is not None:
@@ -190,7 +202,7 @@ class ModelProcess:
         """The channel is readable (on the event loop): one message. Messages are small (tensors travel
         through shared memory), so reading one never waits for long."""
         try:
-            message = self.conn.recv()
+            message = pickle.loads(self.conn.recv_bytes())
         except (EOFError, OSError):
             assert self._loop is not None
             self._loop.remove_reader(self.conn.fileno())
@@ -231,40 +243,55 @@ class ModelProcess:
 
     def _reply(self, message: tuple | None) -> None:
         with self._reply_lock:
-            on_reply, self._reply_to = self._reply_to, None
-            if message is None:
+            if message is None:  # the end: every command still waiting gets None
                 self._ended = True
-        if on_reply is None:
-            self._replies.put(message)
-            return
-        try:
-            on_reply(message)
-        except Exception:
-            log.exception("model %s: handling its reply failed", self.name)
+                waiting = list(self._waiting)
+                self._waiting.clear()
+            else:
+                waiting = [self._waiting.popleft()] if self._waiting else []
+        if not waiting and message is not None:  # e.g. finalize's answer at stop: nobody waits for it
+            log.debug("model %s: reply %r with no command waiting", self.name, message[0])
+        for on_reply in waiting:
+            try:
+                on_reply(message)
+            except Exception:
+                log.exception("model %s: handling its reply failed", self.name)
 
     # -- arenas ------------------------------------------------------------------------------
 
     def outputs(self, info: dict) -> Arena:
-        """The process's output arena for execute replies (re-attached when it grew)."""
-        if self.output_arena is None or self.output_arena.path != info["path"]:
-            self._drop_output_arena()
-            self.output_arena = Arena.attach(info["path"], info["size"])
-        return self.output_arena
+        """The process's output arena of an execute reply (it answers from two in turn; one that grew
+        replaces the one it grew from)."""
+        arena = self._output_arenas.get(info["path"])
+        if arena is None:
+            arena = self._output_arenas[info["path"]] = Arena.attach(info["path"], info["size"])
+            while len(self._output_arenas) > _OUTPUT_ARENAS:
+                self.drop_output_arena(next(iter(self._output_arenas)))
+        return arena
 
-    def _drop_output_arena(self) -> None:
-        if self.output_arena is not None:
-            self.output_arena.close()
-            try:  # the model process made it; remove it in case that process cannot
-                os.unlink(self.output_arena.path)
-            except FileNotFoundError:
-                pass
-            self.output_arena = None
+    def drop_output_arena(self, path: str) -> None:
+        """Unmap an output arena and remove its file: the model process leaves an oversized one to the
+        daemon, which reads it last, and one that dies removes nothing."""
+        arena = self._output_arenas.pop(path, None)
+        if arena is None:
+            return
+        arena.close()
+        try:  # the model process made it; remove it in case that process cannot
+            os.unlink(arena.path)
+        except FileNotFoundError:
+            pass
 
     # -- the end -----------------------------------------------------------------------------
 
     @property
     def alive(self) -> bool:
-        return self.process.poll() is None
+        # poll() says None while another thread waits for the process (the reader, reaping a process
+        # that died): the end of the channel, seen first, settles it.
+        return not self._ending and self.process.poll() is None
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
 
     def request_stop(self) -> None:
         """Ask model.py to finalize and exit once it is done with what it runs (never blocks)."""
@@ -295,7 +322,8 @@ class ModelProcess:
                 self._forget_reader()
                 self._end()
         self.conn.close()
-        self._drop_output_arena()
+        for path in list(self._output_arenas):
+            self.drop_output_arena(path)
 
     def _forget_reader(self) -> None:
         loop = self._loop

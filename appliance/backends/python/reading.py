@@ -13,6 +13,7 @@ reads is noticed by PR_SET_PDEATHSIG, or when the command ends.
 from __future__ import annotations
 
 import os
+import pickle
 import queue
 import select
 import threading
@@ -91,7 +92,7 @@ class Reading:
 
     def _recv(self) -> tuple:
         try:
-            return self._rt.conn.recv()
+            return pickle.loads(self._rt.conn.recv_bytes())
         except (EOFError, OSError):
             self._gone()
             raise

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from http import HTTPStatus
 
-from appliance.backends.base import BackendRequest, Outputs, RequestResult, Reschedule
+from appliance.backends.base import BackendRequest, Outputs, RequestResult, Reschedule, ResponseSink
 from appliance.backends.python.arena import Attachments
 from appliance.errors import ApplianceError
 
@@ -59,9 +59,13 @@ class _Sent:
 SENT = _Sent()
 
 
-@dataclasses.dataclass(eq=False)
+@dataclasses.dataclass(eq=False, slots=True)
 class _Open:
-    request: BackendRequest
+    sink: ResponseSink | None
+    cancelled: Callable[[], bool]
+    padding: bool
+    """Only what later messages need, not the request (its inputs): a decoupled model that never sends
+    its final flag keeps its entry, which must stay small."""
     streamed: bool
     """Its responses go to request.sink (a decoupled model)."""
     executing: bool = True
@@ -91,7 +95,8 @@ class OpenRequests:
         with self._lock:
             keys = [next(self._keys) for _ in requests]
             for key, request in zip(keys, requests):
-                self._open[key] = _Open(request, streamed and request.sink is not None)
+                self._open[key] = _Open(request.sink, request.cancelled, request.padding,
+                                        streamed and request.sink is not None)
         return keys
 
     def finish_batch(self, keys: Sequence[int], results: list[RequestResult | _Sent]) -> list[RequestResult]:
@@ -110,7 +115,7 @@ class OpenRequests:
                     continue
                 entry.executing = False
                 result = results[index]
-                if entry.request.padding:  # nobody waits for what the model makes of it
+                if entry.padding:  # nobody waits for what the model makes of it
                     del self._open[key]
                     results[index] = {}
                     continue
@@ -133,7 +138,7 @@ class OpenRequests:
     def cancelled(self, key: int) -> bool:
         with self._lock:
             entry = self._open.get(key)
-        return entry is not None and bool(entry.request.cancelled())
+        return entry is not None and bool(entry.cancelled())
 
     def on_response(self, message: tuple) -> None:
         """A streamed response (reader thread): ("response", key, block, descriptors, error, parameters, final)."""
@@ -151,11 +156,11 @@ class OpenRequests:
                 return
             if entry is not None and final:
                 del self._open[key]
-        if entry is None or entry.request.sink is None:
+        if entry is None or entry.sink is None:
             if not flag_only:  # a flag alone may close a request its sender answered already
                 log.warning("model %s sent a response for a request that is already complete; dropped", self._model)
             return
-        sink = entry.request.sink
+        sink = entry.sink
         if error is not None:
             sink.send(None, error=model_error(error), parameters=params, final=final)
         else:
@@ -183,8 +188,8 @@ class OpenRequests:
             entries = [entry for entry in self._open.values() if not entry.executing]
             self._open = {key: entry for key, entry in self._open.items() if entry.executing}
         for entry in entries:
-            if entry.streamed and entry.request.sink is not None:
-                entry.request.sink.send(None, error=ModelError(reason, 1), final=True)
+            if entry.streamed and entry.sink is not None:
+                entry.sink.send(None, error=ModelError(reason, 1), final=True)
             elif entry.answer is not None and not entry.answer.done():
                 entry.answer.set_exception(ModelError(reason, 1))
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from appliance.backends.python import triton_python_backend_utils as pb_utils
-from appliance.backends.python.arena import Arena
+from appliance.backends.python.arena import Arena, reusable_size
 from appliance.backends.python.pb import runtime
 from appliance.backends.python.pb.logger import forward_logging
 from appliance.backends.python.pb.runtime import Runtime
@@ -75,17 +75,29 @@ def _auto_complete(model_class: type, config: dict) -> dict:
 
 
 class _Attached:
-    """The daemon's input arena, re-attached whenever the daemon replaces it."""
+    """The daemon's input arenas (it writes batches into two in turn), attached as they show up; one the
+    daemon replaced (it grew) is let go of."""
+
+    KEEP = 3
+    """The two in use, and the one a grown arena replaced (let go of one batch later)."""
 
     def __init__(self) -> None:
-        self.arena: Arena | None = None
+        self.arenas: dict[str, Arena] = {}
 
     def get(self, info: dict) -> Arena:
-        if self.arena is None or self.arena.path != info["path"]:
-            if self.arena is not None:
-                self.arena.close()
-            self.arena = Arena.attach(info["path"], info["size"])
-        return self.arena
+        arena = self.arenas.get(info["path"])
+        if arena is None:
+            arena = self.arenas[info["path"]] = Arena.attach(info["path"], info["size"])
+            while len(self.arenas) > self.KEEP:
+                self.arenas.pop(next(iter(self.arenas))).close()
+        return arena
+
+    def let_go_if_oversized(self, info: dict) -> None:
+        """After execute(): an oversized arena held this one batch; the daemon removes it."""
+        arena = self.arenas.get(info["path"])
+        if arena is not None and arena.oversized:
+            del self.arenas[info["path"]]
+            arena.close()
 
 
 def _requests(arena: Arena, batch: list[dict], decoupled: bool) -> list[pb_utils.InferenceRequest]:
@@ -110,10 +122,11 @@ def _unanswered(request: pb_utils.InferenceRequest) -> tuple[str]:
     return RESCHEDULED if rescheduled else SENT
 
 
-def _returned(model: _Model, requests: list, responses: Any) -> list | None:
+def returned_entries(decoupled: bool, requests: list, responses: Any) -> list | None:
     """What execute() returned, checked with Triton's rules and words: one entry per request, an
-    InferenceResponse or SENT/RESCHEDULED; None for a decoupled model that rescheduled nothing."""
-    if model.decoupled:
+    InferenceResponse or SENT/RESCHEDULED; None for a decoupled model that rescheduled nothing. (Also
+    the in-process plan's: appliance.backends.python.in_process.)"""
+    if decoupled:
         if responses is not None:
             raise pb_utils.TritonModelException(
                 "Python model is using the decoupled mode and the execute function must return None (send "
@@ -146,7 +159,7 @@ def _returned(model: _Model, requests: list, responses: Any) -> list | None:
     return entries
 
 
-def _pack_responses(responses: list, arena: Arena | None) -> tuple[list[Any], Arena]:
+def _pack_responses(responses: list, arena: Arena | None, model: str) -> tuple[list[Any], Arena]:
     """Write every response's tensors into the output arena (growing it); errors stay as messages,
     requests answered elsewhere (SENT, RESCHEDULED) as their marks."""
     tensors: list[list[tuple[str, Any]]] = []
@@ -166,7 +179,7 @@ def _pack_responses(responses: list, arena: Arena | None) -> tuple[list[Any], Ar
     if arena is None or arena.size < needed:
         if arena is not None:
             arena.close()
-        arena = Arena.create(needed * 2)
+        arena = Arena.create(reusable_size(needed), model)
     offset = 0
     for index, (response, response_tensors) in enumerate(zip(packed, tensors)):
         if isinstance(response, tuple):
@@ -226,12 +239,12 @@ def _execute(model: _Model, requests: list, rt: Runtime, output: Arena | None) -
     every request streams its responses (a decoupled model that rescheduled nothing); ("failed", ...)."""
     try:
         responses = model.call("execute", requests, background=model.decoupled)
-        entries = _returned(model, requests, responses)
+        entries = returned_entries(model.decoupled, requests, responses)
     except Exception as exc:
         return _failure(exc), output
     if entries is None:
         return ("done", None, None), output
-    packed, output = _pack_responses(entries, output)
+    packed, output = _pack_responses(entries, output, rt.model_name)
     return ("done", output.info(), packed), output
 
 
@@ -252,22 +265,32 @@ def serve(rt: Runtime, commands: Reading, model_file: Path) -> None:
     if model.decoupled:
         commands.keep_reader()
     rt.send(("ready", None))
-    inputs, output = _Attached(), None
+    # Replies are written into two output arenas in turn: the daemon may send the next batch before it
+    # has read this one's outputs, but not the one after (it lends the instance twice at most).
+    inputs, turn = _Attached(), 0
+    outputs: list[Arena | None] = [None, None]
     while True:
         message = commands.next_command()
         if message[0] == "finalize":
             break
         _, arena_info, batch = message
         requests = _requests(inputs.get(arena_info), batch, model.decoupled)
-        reply, output = _execute(model, requests, rt, output)
+        reply, outputs[turn] = _execute(model, requests, rt, outputs[turn])
+        output = outputs[turn]
+        if output is not None and output.oversized:  # the daemon reads it, then removes it
+            output.release()
+            outputs[turn] = None
+        turn ^= 1
         rt.send(reply)
+        inputs.let_go_if_oversized(arena_info)
         rt.flush_released()
     try:
         model.call("finalize")
     except Exception as exc:
         _failure(exc)
-    if output is not None:
-        output.close()
+    for output in outputs:
+        if output is not None:
+            output.close()
     rt.send(("finalized", None))
 
 

@@ -191,9 +191,13 @@
 
   // ---- the box: server metadata and the hardware probe.
 
-  function renderServer(meta) {
-    $("box-name").textContent = meta.name || "appliance";
-    $("server-version").textContent = `${meta.name || "appliance"} ${meta.version || ""}`.trim();
+  // The header names the box (its fleet name and host), not the protocol's server name: every
+  // appliance answers "triton" there, for Triton's clients.
+  function renderServer(meta, health) {
+    const box = (health && health.box) || {};
+    $("box-name").textContent = box.name || "appliance";
+    $("box-name").title = box.host ? `host ${box.host}` : "";
+    $("server-version").textContent = `appliance ${meta.version || ""} · ${box.host || ""} · KServe v2 (Triton protocol)`;
   }
 
   function renderProbe(probe) {
@@ -266,7 +270,27 @@
     return new Map(answers.map(([row, answer]) => [`${row.name}/${row.version}`, answer]));
   }
 
-  function renderModels(rows, selections) {
+  // ---- the response cache: Triton's cache_hit / cache_miss counts per version, over each version's life.
+
+  function cacheSummary(statistics) {
+    const perVersion = new Map();
+    let hits = 0;
+    let misses = 0;
+    for (const entry of (statistics && statistics.model_stats) || []) {
+      const counts = entry.inference_stats || {};
+      const hit = (counts.cache_hit || {}).count || 0;
+      const miss = (counts.cache_miss || {}).count || 0;
+      if (hit + miss === 0) continue;
+      perVersion.set(`${entry.name}/${entry.version}`, { hits: hit, misses: miss });
+      hits += hit;
+      misses += miss;
+    }
+    return { perVersion, hits, misses };
+  }
+
+  const hitRate = (c) => (c.hits + c.misses ? (100 * c.hits) / (c.hits + c.misses) : null);
+
+  function renderModels(rows, selections, cache) {
     const ready = rows.filter((row) => row.state === "READY").length;
     $("models-count").textContent = `${ready} of ${rows.length} ready`;
     const tbody = $("models").tBodies[0];
@@ -280,7 +304,7 @@
         h("td", { class: "model-name" }, row.name, row.origin === "pushed" ? [" ", pill("pushed", "accent")] : null),
         h("td", { class: "mono" }, row.version != null ? row.version : "—"),
         h("td", {}, pill(row.state, statusKind(row.state)), row.reason ? longText(row.reason, "reason") : null),
-        h("td", {}, renderChosen(row, answer)),
+        h("td", {}, renderChosen(row, answer, cache.perVersion.get(`${row.name}/${row.version}`))),
         h("td", {}, renderCandidates(answer)));
     }));
   }
@@ -306,16 +330,24 @@
       h("td", { class: "mono" }, box.version || "—"))));
   }
 
-  function renderChosen(row, answer) {
+  function renderChosen(row, answer, cached) {
     if (row.state !== "READY") return h("span", { class: "muted" }, "not serving");
     if (answer.error) return longText(answer.error, "reason");
     const selection = answer.selection || {};
-    if (!selection.chosen) return selection.reason ? longText(selection.reason, "muted") : h("span", { class: "muted" }, "the config's backend");
+    const responses = cached
+      ? pill(`responses ${fmt.percent(hitRate(cached))} from cache`, "accent")
+      : null;
+    if (!selection.chosen) {
+      return h("div", {},
+        selection.reason ? longText(selection.reason, "muted") : h("span", { class: "muted" }, "the config's backend"),
+        responses ? h("div", { class: "meta" }, responses) : null);
+    }
     return h("div", {},
       h("span", { class: "plan chosen" }, selection.chosen),
       h("div", { class: "meta" },
         selection.objective ? pill(`for ${selection.objective}`, "neutral") : null,
-        selection.cache ? pill(`cache ${selection.cache}`, statusKind(selection.cache)) : null));
+        selection.cache ? pill(`cache ${selection.cache}`, statusKind(selection.cache)) : null,
+        responses));
   }
 
   function renderCandidates(answer) {
@@ -367,7 +399,7 @@
   };
   const sum = (values) => (values || []).reduce((total, v) => total + (v || 0), 0);
 
-  function renderTiles(history, rows) {
+  function renderTiles(history, rows, cache) {
     const s = history.series || {};
     const sys = history.system || {};
     const failures = sum(s.failure);
@@ -383,7 +415,11 @@
         `${RANGES[view.range].label} · ${failures ? `${fmt.count(failures)} failed` : "none failed"}`,
         failures ? "bad" : ""),
       tile("CPU", fmt.percent(last(sys.cpu_percent)), `memory ${fmt.percent(last(sys.memory_percent))}`),
-      tile("Models", `${ready} / ${rows.length}`, "ready", ready < rows.length ? "warn" : ""));
+      tile("Models", `${ready} / ${rows.length}`, "ready", ready < rows.length ? "warn" : ""),
+      cache.hits + cache.misses
+        ? tile("Response cache", fmt.percent(hitRate(cache)),
+          `hit rate · ${fmt.count(cache.hits)} hits, ${fmt.count(cache.misses)} misses`)
+        : null);
   }
 
   // ---- charts: one uPlot per entry of CHARTS, created once and fed new data on each refresh.
@@ -494,7 +530,7 @@
   }
 
   async function refresh() {
-    const [meta, health, probe, rows, fleet] = await Promise.all([
+    const [meta, health, probe, rows, fleet, statistics] = await Promise.all([
       getJSON("/v2"),
       getJSON("/v2/health"),
       getJSON("/v2/probe").catch((error) => {
@@ -503,17 +539,22 @@
       }),
       postJSON("/v2/repository/index", {}),
       getJSON("/v2/fleet"),
+      getJSON("/v2/models/stats").catch((error) => {
+        if (error instanceof ApiError) return null;  // statistics refused (a token needed): no hit rate shown
+        throw error;
+      }),
     ]);
+    const cache = cacheSummary(statistics);
     renderFleet(fleet);
-    renderServer(meta);
+    renderServer(meta, health);
     renderHealth(health);
     if (probe instanceof ApiError) renderProbeError(probe); else renderProbe(probe);
     renderModelFilter(rows);  // before asking for history, so that it never names a model that has gone
     const pending = getJSON(historyPath());
     pending.catch(() => {});  // awaited below: an early failure is not an unhandled rejection
-    renderModels(rows, await loadSelections(rows));
+    renderModels(rows, await loadSelections(rows), cache);
     const history = await pending;
-    renderTiles(history, rows);
+    renderTiles(history, rows, cache);
     const now = Math.floor(Date.now() / 1000);
     view.since = history.since != null ? history.since : now - RANGES[view.range].seconds;
     view.until = history.until != null ? history.until : now;

@@ -65,7 +65,8 @@ def choose_execution(batch_ns: int | None, hop_ns: int | None, inline_safe: bool
         return ExecutionMode(inline, reason, batch_ns, hop_ns, budget_ns)
 
     if not inline_safe:
-        return mode(False, "the backend does not run in this process (a batch waits on another process)")
+        return mode(False, "a batch may wait on something else (another process, the GPU, or a model it calls "
+                           "back through the event loop)")
     if batch_ns is None:
         return mode(False, "the plan's batch latency was not measured (selection off, or only one plan)")
     if not hop_ns:

@@ -31,6 +31,9 @@ class SchedulerPolicy:
     dynamic: bool = False
     """Combine requests (dynamic_batching); otherwise each request executes alone, as Triton's default."""
     preferred_batch_sizes: tuple[int, ...] = ()
+    batch_cap: int = 0
+    """The most items a batch the scheduler forms may hold (0: max_batch_size): selection measured no gain
+    above it on this box. A single request larger than the cap still runs whole."""
     max_queue_delay: float = 0.0
     """Seconds the oldest request may wait for others to join its batch."""
     preserve_ordering: bool = False

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from appliance.backends import BackendRequest
-from appliance.backends.base import Reschedule, not_cancelled, reschedule_refused
+from appliance.backends.base import Reschedule, reschedule_refused
 from appliance.engine.instances import InstancePool
 from appliance.engine.scheduler.execution import THREADED, ExecutionMode, execute_batch, start_batch
 from appliance.engine.scheduler.policy import SchedulerPolicy
@@ -204,6 +204,10 @@ class Scheduler:
             index = self.pool.try_acquire()
             if index is None:
                 break  # the batcher task waits for an instance
+            limits = self.pool.limits
+            if limits is not None and not limits.try_take(index):
+                self.pool.release(index)
+                break  # the batcher task waits for the instance's resources, in rank order
             if not final and self.policy.preferred_batch_sizes:
                 batch = self._trim_to_preferred(batch)
             for pending in batch:
@@ -224,20 +228,32 @@ class Scheduler:
                 await self._wakeup.wait()
                 continue
             index = await self.pool.acquire()
+            limits = self.pool.limits
+            held = False
             try:
+                if limits is not None:  # the rate limiter: the instance runs once its resources are free
+                    await limits.take(index)
+                    held = True
                 batch = await self._collect_batch()
             except BaseException:
+                if held:
+                    assert limits is not None
+                    limits.give_back(index, executed=False)
                 self.pool.release(index)
                 raise
             if batch:
                 self._dispatch(index, batch)
             else:
+                if limits is not None:
+                    limits.give_back(index, executed=False)
                 self.pool.release(index)
 
     def _batch_limit(self, idle: int) -> int:
         """Items the next batch may take: max_batch_size, but with several idle instances and no
         preferred sizes, the queued work is spread over them rather than piled onto one."""
         limit = self.policy.max_batch_size
+        if self.policy.batch_cap:
+            limit = min(limit, self.policy.batch_cap)
         if idle > 1 and not self.policy.preferred_batch_sizes:
             limit = min(limit, max(1, -(-self._queue.items // idle)))
         return limit
@@ -313,7 +329,12 @@ class Scheduler:
         future = self.pool.begin(index, functools.partial(start_batch, requests=requests))
         if future is None:
             future = self.pool.execute(index, work)
-        future.add_done_callback(functools.partial(self._on_batch_done, batch, queue_ns))
+        future.add_done_callback(functools.partial(self._on_batch_done, index, batch, queue_ns))
+
+    def _ran(self, index: int) -> None:
+        """Instance ``index`` finished a batch: its rate-limiter resources go back."""
+        if self.pool.limits is not None:
+            self.pool.limits.give_back(index, executed=True, pending=bool(self._queue))
 
     def _run_inline(self, index: int, batch: list[Pending], queue_ns: list[int], work: Any, items: int) -> None:
         # The loop thread's CPU time, not the wall clock: the OS running other processes, or another
@@ -322,8 +343,10 @@ class Scheduler:
         try:
             outcome = self.pool.run_inline(index, work)
         except Exception as exc:  # as a thread hands it over: every waiter gets it
+            self._ran(index)
             self._finish_batch(batch, queue_ns, None, exc)
             return
+        self._ran(index)
         recent = self._inline_ns.setdefault(items, deque(maxlen=_INLINE_WINDOW))
         recent.append(time.thread_time_ns() - started)
         if len(recent) >= _INLINE_MIN_RUNS and statistics.median(recent) > self._execution.budget_ns:
@@ -335,8 +358,9 @@ class Scheduler:
                      self._execution.budget_ns // 1000, items)
         self._finish_batch(batch, queue_ns, outcome, None)
 
-    def _on_batch_done(self, batch: list[Pending], queue_ns: list[int], future: asyncio.Future) -> None:
+    def _on_batch_done(self, index: int, batch: list[Pending], queue_ns: list[int], future: asyncio.Future) -> None:
         self._in_flight -= len(batch)
+        self._ran(index)
         error = future.exception()
         self._finish_batch(batch, queue_ns, None if error is not None else future.result(), error)
 
@@ -403,9 +427,12 @@ class Scheduler:
 
 
 def _backend_request(pending: Pending) -> BackendRequest:
+    # Without a probe of its own, a request is cancelled when its waiter is (the client went away: the
+    # front end's task was cancelled, and with it the future it awaited), so a running model sees
+    # request.is_cancelled() turn True; Future.cancelled() only reads a flag, from any thread.
     return BackendRequest(pending.inputs, pending.outputs, pending.parameters, pending.size,
                           request_id=pending.request_id, timeout_us=_timeout_us(pending.parameters),
-                          sink=pending.sink, cancelled=pending.cancelled or not_cancelled)
+                          sink=pending.sink, cancelled=pending.cancelled or pending.future.cancelled)
 
 
 def _timeout_us(parameters: Mapping[str, Any]) -> int:

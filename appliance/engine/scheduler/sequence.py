@@ -97,6 +97,10 @@ class SequenceScheduler:
         self._closing = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._initial_shapes = tuple((name, value.shape) for name, value in initial_states(policy).items())
+        self._waiting: set[int] = set()
+        """Lanes waiting in the rate limiter for their instance's resources."""
+        self._granted: set[int] = set()
+        """Lanes holding their instance's resources, about to dispatch."""
         self._fresh_ids = itertools.count(1)
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -257,6 +261,7 @@ class SequenceScheduler:
             lane.timer = None
         ready = [s for s in lane.members() if s.ready]
         if not ready:
+            self._give_back(lane, executed=False)
             return
         policy = self.policy
         ready.sort(key=lambda s: s.queue[0].order)
@@ -286,6 +291,15 @@ class SequenceScheduler:
         if token is None:  # cannot happen while lanes track their instance; look again when one frees
             self._loop.call_later(0.001, self._kick, lane)
             return
+        limits = self.pool.limits
+        if limits is not None and lane.index not in self._granted and (
+                lane.index in self._waiting or not limits.try_take(lane.index)):
+            self.pool.release(token)  # the rate limiter: wait for the instance's resources in rank order
+            if lane.index not in self._waiting:
+                self._waiting.add(lane.index)
+                limits.when_free(lane.index, functools.partial(self._on_granted, lane))
+            return
+        self._granted.discard(lane.index)
         lane.busy = True
         now = self._loop.time()
         direct = self.policy.strategy == "direct"
@@ -302,6 +316,19 @@ class SequenceScheduler:
         self._in_flight += len(chosen)
         future = self.pool.execute(lane.index, functools.partial(execute_batch, requests=requests))
         future.add_done_callback(functools.partial(self._finish, lane, rows, queue_ns))
+
+    def _on_granted(self, lane: Lane) -> None:
+        self._waiting.discard(lane.index)
+        self._granted.add(lane.index)
+        self._kick(lane)
+
+    def _give_back(self, lane: Lane, executed: bool) -> None:
+        """The lane's rate-limiter resources go back after a batch, or unused."""
+        limits = self.pool.limits
+        if limits is None or not (executed or lane.index in self._granted):
+            return
+        self._granted.discard(lane.index)
+        limits.give_back(lane.index, executed, pending=any(s.ready for s in lane.members()))
 
     def _backend_requests(self, rows: list[Row | None]) -> list[BackendRequest]:
         policy = self.policy
@@ -351,6 +378,7 @@ class SequenceScheduler:
                 self._settle(sequence, request, results[index])
         for _, (sequence, request) in real:
             self._after_step(sequence, request)
+        self._give_back(lane, executed=True)
         self._kick(lane)
 
     def _settle(self, sequence: Sequence, request: SequenceRequest, result: RequestResult) -> None:

@@ -41,6 +41,11 @@ def _shape_text(shape: tuple[int, ...]) -> str:
 def _check_step(plan: EnsemblePlan, ensemble: mc.ModelConfig, step: Step, config: mc.ModelConfig,
                 uses: dict[str, list[_Use]]) -> None:
     name = plan.name
+    if ensemble.response_cache.enable and config.HasField("sequence_batching"):
+        # Triton: an ensemble caches only if every composing model could (a sequence step answers from its state).
+        raise ConfigError(f"Response Cache does not currently support model {name}: its {step.label} uses the "
+                          "sequence batching scheduler, whose answers depend on the sequence's state. Please "
+                          "disable the ensemble's response cache.")
     if ensemble.max_batch_size > config.max_batch_size:
         raise ConfigError(
             f"ensemble {name} allows maximum batch size {ensemble.max_batch_size}, but it contains model "

@@ -8,7 +8,14 @@ import sys
 import time
 from pathlib import Path
 
-from appliance.backends.python.arena import ARENA_PREFIX, Arena, remove_stale_arenas
+from appliance.backends.python.arena import (
+    ARENA_PREFIX,
+    KEEP_BYTES,
+    Arena,
+    arena_usage,
+    remove_stale_arenas,
+    reusable_size,
+)
 
 
 def test_arenas_of_dead_processes_are_removed(tmp_path):
@@ -43,3 +50,35 @@ def test_arenas_of_exited_but_unreaped_processes_are_removed(tmp_path):
         assert remove_stale_arenas(str(tmp_path)) == [f"{ARENA_PREFIX}{child.pid}-abc"]
     finally:
         child.wait()
+
+
+def test_arenas_are_sized_with_room_to_spare_up_to_what_is_kept():
+    assert reusable_size(1000) == 1 << 16  # the smallest arena
+    assert reusable_size(1 << 20) == 2 << 20  # room for a larger next message
+    assert reusable_size(KEEP_BYTES - 64) == KEEP_BYTES  # the spare is capped
+    assert reusable_size(KEEP_BYTES + 1) == KEEP_BYTES + 64  # past the cap: exactly its size (aligned)
+    arena = Arena.create(1024)
+    try:
+        assert not arena.oversized
+    finally:
+        arena.close()
+
+
+def test_arena_usage_counts_the_pages_of_the_given_processes_by_model(tmp_path):
+    (tmp_path / f"{ARENA_PREFIX}{os.getpid()}-resnet-v2-abc123").write_bytes(b"x" * 8192)
+    (tmp_path / f"{ARENA_PREFIX}{os.getpid()}-resnet-v2-def456").write_bytes(b"x" * 4096)
+    (tmp_path / f"{ARENA_PREFIX}{os.getpid()}-bls-ghi789").write_bytes(b"x")
+    (tmp_path / f"{ARENA_PREFIX}1-other-abc").write_bytes(b"x" * 4096)  # not one of ours
+    usage = arena_usage({os.getpid()}, str(tmp_path))
+    assert set(usage) == {"resnet-v2", "bls"}
+    assert usage["resnet-v2"] >= 12288 and 0 < usage["bls"] < 12288
+
+
+def test_an_arena_names_the_model_it_serves():
+    arena = Arena.create(1024, "my model/1")
+    try:
+        name = os.path.basename(arena.path)
+        assert name.startswith(f"{ARENA_PREFIX}{os.getpid()}-my_model_1-")
+        assert arena_usage({os.getpid()}, os.path.dirname(arena.path)).get("my_model_1", -1) >= 0
+    finally:
+        arena.close()

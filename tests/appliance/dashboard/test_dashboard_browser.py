@@ -72,10 +72,26 @@ def _render(url: str, base: str, profile: Path, attempts: int = 3) -> tuple[dict
     return body, run.stdout, _page_console(run.stderr, base)
 
 
+# A model that fails to load with a long, many-line reason (as OpenVINO's conversion errors are): the
+# models table shows its first line, the rest on demand.
+_BROKEN_FIRST_LINE = "the converter refused this model"
+_BROKEN = f"""
+class TritonPythonModel:
+    def initialize(self, args):
+        details = "".join(f"\\n  detail line {{i}} of the converter" for i in range(20))
+        raise RuntimeError({_BROKEN_FIRST_LINE!r} + details)
+"""
+
+
 @pytest.fixture(scope="module")
 def busy_daemon(module_daemon, tmp_path_factory):
     repo = tmp_path_factory.mktemp("dashboard") / "repo"
     save(mlp_model(), repo / "mlp" / "1" / "model.onnx")
+    (repo / "broken" / "1").mkdir(parents=True)
+    (repo / "broken" / "1" / "model.py").write_text(_BROKEN)
+    (repo / "broken" / "config.pbtxt").write_text(
+        'backend: "python"\ninput [ { name: "x" data_type: TYPE_FP32 dims: [ 2 ] } ]\n'
+        'output [ { name: "y" data_type: TYPE_FP32 dims: [ 2 ] } ]\n')
     # Measured selection (a short budget): the page shows the chosen plan and its alternatives.
     daemon = module_daemon(repo, selection=True, env={"APPLIANCE_TUNE_BUDGET": "0.05"})
     body = {"inputs": [{"name": "input", "shape": [1, 784], "datatype": "FP32", "data": [0.5] * 784}]}
@@ -104,6 +120,17 @@ def test_dashboard_renders_models_and_live_charts(busy_daemon, tmp_path):
     url = daemon.base + "/"
     body, dom, console = _render(url, daemon.base, tmp_path / "profile")
     _assert_rendered(daemon, body, dom, console)
+
+    # The header names the box (GET /v2/health's box), never the protocol's server name "triton".
+    status, _, health = call(daemon.port, "GET", "/v2/health")
+    assert status == 200, health
+    assert re.search(rf'<h1 id="box-name"[^>]*>{re.escape(health["box"]["name"])}</h1>', dom), "box name not shown"
+    assert '<h1 id="box-name">triton</h1>' not in dom
+    # A long failure: its first line in the table, the whole text folded away until asked for.
+    folded = re.search(r'<details class="reason long-text"><summary[^>]*>([^<]*)</summary><pre>([^<]*)</pre>', dom)
+    assert folded, "the broken model's long reason is not folded"
+    assert _BROKEN_FIRST_LINE in folded.group(1) and "detail line" not in folded.group(1)
+    assert "detail line 19 of the converter" in folded.group(2)
 
     # The model with its state, its chosen plan and every measured alternative; the box's fingerprint.
     assert '<td class="model-name">mlp</td>' in dom
@@ -162,6 +189,24 @@ def test_dashboard_shows_a_banner_when_the_state_dir_is_read_only(start_daemon, 
     screenshot.unlink(missing_ok=True)
     run = _chromium(daemon.base + "/", tmp_path / "profile", f"--screenshot={screenshot}", "--window-size=1400,1000")
     assert run.returncode == 0, run.stderr[-4000:]
+
+
+@needs_chromium
+def test_dashboard_shows_the_response_cache_hit_rate(start_daemon, tmp_path):
+    repo = tmp_path / "repo"
+    save(mlp_model(), repo / "mlp" / "1" / "model.onnx")
+    (repo / "mlp" / "config.pbtxt").write_text("max_batch_size: 8\nresponse_cache { enable: true }\n")
+    daemon = start_daemon(repo, "--cache-config", "local,size=1048576")
+    body = {"inputs": [{"name": "input", "shape": [1, 784], "datatype": "FP32", "data": [0.25] * 784}]}
+    for _ in range(4):  # one miss, then three hits
+        status, _, payload = call(daemon.port, "POST", "/v2/models/mlp/infer", body)
+        assert status == 200, payload
+    page, dom, console = _render(daemon.base + "/", daemon.base, tmp_path / "profile")
+    assert page.get("data-state") == "rendered", f"{page}\ndaemon log:\n{daemon.log()[-3000:]}"
+    assert console == [], "the page reported errors on the console:\n" + "\n".join(console)
+    assert re.search(r'<div class="tile-label">Response cache</div><div class="tile-value">75\.0 %</div>'
+                     r'<div class="tile-note">hit rate · 3 hits, 1 misses</div>', dom), "no hit-rate tile"
+    assert "responses 75.0 % from cache" in dom, "the model's row shows no hit rate"
 
 
 def test_page_loads_nothing_from_outside_the_daemon():

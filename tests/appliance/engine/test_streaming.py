@@ -22,7 +22,7 @@ from appliance.engine.stats import ModelStats
 from appliance.engine.streaming import ResponseChannel, StreamItem, StreamLimits
 from appliance.engine.tensor_checks import DecodeLimits
 from appliance.engine.types import InferInput, InferRequest
-from appliance.errors import InferenceFailed, InvalidInput, Unavailable
+from appliance.errors import DeadlineExceeded, InferenceFailed, InvalidInput, Unavailable
 from appliance.protocol.admission import Caller
 from appliance.protocol.inference import Inference
 from appliance.protocol.trace_settings import TraceSettings
@@ -441,6 +441,56 @@ async def test_a_stream_closed_while_its_request_is_queued_never_runs(make_model
     assert len(await _read_all(first)) == 1
     assert len(await _read_all(await plane.infer_stream(model, _request(3)))) == 1
     assert ran == [1, 3] and model.stats.failures == {"CANCELED": 1}  # 2 would have run before 3
+
+
+async def test_a_stream_past_its_deadline_is_cancelled_and_ends_deadline_exceeded(make_model):
+    seen_cancelled = threading.Event()
+
+    def never_final(request: BackendRequest) -> None:  # streams until cancelled, and never sends final
+        while not request.cancelled():
+            request.sink.send(_out(1))
+            threading.Event().wait(0.02)
+        seen_cancelled.set()
+        request.sink.send(_out(2))  # dropped: the request has ended
+
+    model, plane = await make_model(SendingBackend(never_final), StreamLimits(deadline=0.3))
+    items = await _read_all(await plane.infer_stream(model, _request(1)))
+    assert items and all(i.response.outputs[0].data.tolist() == [1] for i in items[:-1])
+    last = items[-1]
+    assert last.final and isinstance(last.error, DeadlineExceeded) and "request_deadline (0.3 s)" in last.error.message
+    assert last.error.status == 504 and last.error.grpc_code == "DEADLINE_EXCEEDED"
+    assert await asyncio.to_thread(seen_cancelled.wait, 30)
+    assert model.stats.failures == {"CANCELED": 1}
+
+
+async def test_a_stream_that_ends_in_time_is_not_touched_by_its_deadline(make_model):
+    model, plane = await make_model(SendingBackend(lambda r: (r.sink.send(_out(3)), r.sink.send(final=True))),
+                                    StreamLimits(deadline=0.2))
+    items = await _read_all(await plane.infer_stream(model, _request(1)))
+    assert [i.error for i in items] == [None, None] and items[-1].final
+    await asyncio.sleep(0.4)  # past the deadline: nothing happens to a request that has ended
+    assert model.stats.failures == {} and model.stats.success.count == 1
+
+
+async def test_a_stream_queued_past_its_deadline_never_runs(make_model):
+    release, ran = threading.Event(), []
+
+    class Blocking(SendingBackend):
+        def run_requests(self, requests):
+            ran.extend(int(r.inputs["IN"][0]) for r in requests)
+            if ran[-1] == 1:
+                release.wait(30)  # holds the only instance past the second request's deadline
+            return super().run_requests(requests)
+
+    model, plane = await make_model(Blocking(lambda r: r.sink.send(final=True)), StreamLimits(deadline=0.3))
+    first = await plane.infer_stream(model, _request(1))
+    await _eventually(lambda: ran == [1])
+    second = await _read_all(await plane.infer_stream(model, _request(2)))
+    assert isinstance(second[-1].error, DeadlineExceeded)
+    release.set()
+    assert isinstance((await _read_all(first))[-1].error, DeadlineExceeded)  # it had run past it too
+    assert len(await _read_all(await plane.infer_stream(model, _request(3)))) == 1
+    assert ran == [1, 3]
 
 
 # -- a producer on the event loop (an ensemble streaming its answers): ResponseChannel.put ----------------

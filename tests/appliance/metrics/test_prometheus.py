@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
+from appliance.engine.rate_limiter import InstanceNeeds, RateLimitCounts, RateLimiter
+from appliance.engine.response_cache import ResponseCache
+from appliance.engine.server_wide import ServerWide
 from appliance.engine.stats import LATENCY_BUCKETS_US, BatchTiming, FailureReason, ModelStats, SequenceCounts
 from appliance.metrics.prometheus import TritonCollector, render
 
@@ -18,12 +22,13 @@ def _version(name: str, version: int, pending: int = 0) -> SimpleNamespace:
     stats.record_request(True, 3_000_000)
     stats.record_request(False, 50_000, FailureReason.REJECTED)
     stats.record_batch(2, 2, [1_000, 3_000], BatchTiming(1_000, 5_000, 2_000))
-    return SimpleNamespace(name=name, version=version, stats=stats, scheduler=SimpleNamespace(pending=pending))
+    return SimpleNamespace(name=name, version=version, stats=stats, scheduler=SimpleNamespace(pending=pending),
+                           response_cache=None)
 
 
-def _scrape(models, system=None) -> tuple[dict[str, float], str]:
+def _scrape(models, system=None, arenas=None, server=None) -> tuple[dict[str, float], str]:
     registry = CollectorRegistry()
-    registry.register(TritonCollector(lambda: models, lambda: system))
+    registry.register(TritonCollector(lambda: models, lambda: system, lambda: arenas, server))
     text = render(registry).decode()
     # Triton's users query nv_inference_request_success, not ..._total (memory_total_bytes is a name)
     assert "_total " not in text and "_total{" not in text
@@ -93,3 +98,52 @@ def test_sequence_models_add_the_batchers_counts():
     assert "# TYPE appliance_sequence_count counter" in text
     assert not any('model="plain"' in line for line in text.splitlines() if "sequence" in line)
     assert "appliance_sequence" not in _scrape([plain])[1]
+
+
+def test_cached_models_add_tritons_cache_counters_and_the_cache_its_own_gauges():
+    cache = ResponseCache(10_000)
+    cache.insert(b"k", ResponseCache.owner(), {"y": np.zeros(250, np.float32)})
+    cache.lookup(b"k")
+    cache.lookup(b"other")
+    plain, cached = _version("plain", 1), _version("cached", 1)
+    cached.response_cache = cache
+    cached.stats.record_cache_hit(4_000)
+    cached.stats.record_cache_hit(2_000)
+    cached.stats.record_cache_miss(9_000)
+    metrics, text = _scrape([plain, cached], server=ServerWide(response_cache=cache))
+    m = {"model": "cached", "version": "1"}
+    assert metrics[_key("nv_cache_num_hits_per_model", **m)] == 2
+    assert metrics[_key("nv_cache_num_misses_per_model", **m)] == 1
+    assert metrics[_key("nv_cache_hit_duration_per_model", **m)] == 6  # us
+    assert metrics[_key("nv_cache_miss_duration_per_model", **m)] == 9
+    assert "# TYPE nv_cache_num_hits_per_model counter" in text
+    assert not any('model="plain"' in line for line in text.splitlines() if "nv_cache" in line)
+    assert metrics["nv_cache_num_entries"] == 1 and metrics["nv_cache_num_hits"] == 1
+    assert metrics["nv_cache_num_misses"] == 1 and metrics["nv_cache_num_lookups"] == 2
+    assert metrics["nv_cache_util"] == pytest.approx(cache.used / 10_000)
+    assert metrics["appliance_response_cache_size_bytes"] == 10_000
+    assert metrics["appliance_response_cache_used_bytes"] == cache.used
+    assert "nv_cache" not in _scrape([plain])[1]  # no cache configured: no cache metrics at all
+
+
+def test_the_rate_limiter_shows_its_resources_and_the_waits():
+    limiter = RateLimiter()
+    counts = RateLimitCounts(waits=3, wait_ns=7_000)
+    limiter.register("m:1", [InstanceNeeds(0, (("gpu_slot", False, 2), ("bus", True, 1)))], counts)
+    model = _version("m", 1)
+    model.stats.rate_limiter = counts
+    metrics, text = _scrape([model], server=ServerWide(rate_limiter=limiter))
+    assert metrics[_key("appliance_rate_limiter_resource_count", resource="gpu_slot", device="0")] == 2
+    assert metrics[_key("appliance_rate_limiter_resource_count", resource="bus", device="global")] == 1
+    assert metrics[_key("appliance_rate_limiter_resource_in_use", resource="bus", device="global")] == 0
+    assert metrics[_key("appliance_rate_limiter_waits", model="m", version="1")] == 3
+    assert metrics[_key("appliance_rate_limiter_wait_duration_us", model="m", version="1")] == 7
+    assert "appliance_rate_limiter" not in _scrape([_version("m", 1)])[1]
+
+
+def test_python_arenas_are_counted_by_model_once_sampled():
+    assert "appliance_python_arena_bytes" not in _scrape([])[1]  # not sampled yet (or --no-metrics)
+    metrics, text = _scrape([], arenas={"bls": 65536, "echo": 2 << 20})
+    assert metrics['appliance_python_arena_bytes{model="bls"}'] == 65536
+    assert metrics['appliance_python_arena_bytes{model="echo"}'] == 2 << 20
+    assert "# TYPE appliance_python_arena_bytes gauge" in text

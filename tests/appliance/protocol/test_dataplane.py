@@ -78,6 +78,13 @@ async def test_ready_once_loaded_and_then_only_when_every_model_is_unless_not_st
     assert not strict.live() and strict.failure == "the repository load died"
 
 
+async def test_health_names_the_box_for_people_while_metadata_keeps_tritons_name(registry):
+    plane = DataPlane(registry, Rules(box_name="kitchen", host="kitchen.lan"))
+    health = plane.health().as_json()
+    assert health["box"] == {"name": "kitchen", "host": "kitchen.lan"}
+    assert plane.server_metadata().name == SERVER_NAME == "triton"
+
+
 async def test_server_and_model_metadata(plane):
     server = plane.server_metadata()
     assert server.name == SERVER_NAME and server.version == __version__ and "statistics" in server.extensions

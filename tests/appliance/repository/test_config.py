@@ -188,3 +188,16 @@ def test_decoupled_configs_load_for_backends_that_send_many_responses(tmp_path):
                                  mc.ModelConfig())
     with pytest.raises(ConfigError, match="implicit state .* a decoupled model sends its outputs as responses"):
         check_decoupled(stateful, "python", True)
+
+
+def test_the_response_cache_is_refused_for_sequence_and_decoupled_models_in_tritons_words(tmp_path):
+    (tmp_path / "stateful").mkdir()
+    (tmp_path / "stateful" / "config.pbtxt").write_text("sequence_batching {} response_cache { enable: true }")
+    with pytest.raises(ConfigError, match="Response Cache does not currently support model stateful with sequence "
+                                          "batching scheduler. Please disable the response cache."):
+        read_config(tmp_path / "stateful")
+    streaming = _config("model_transaction_policy { decoupled: true } response_cache { enable: true }", "streaming")
+    with pytest.raises(ConfigError, match="Response Cache does not currently support model streaming with "
+                                          "'decoupled' transaction policy. Please disable the response cache."):
+        check_decoupled(streaming, "python", True)
+    check_decoupled(_config("response_cache { enable: true }"), "onnxruntime", False)  # an ordinary model caches

@@ -121,6 +121,16 @@ def test_an_explicit_instance_group_serves_as_written(tmp_path, selector, load):
     assert model.scheduler.pool.size == 1
 
 
+def test_measured_instances_keep_the_instance_groups_rate_limiter(tmp_path, selector, load):
+    config = ('instance_group [ { count: 1 kind: KIND_CPU rate_limiter { resources [ { name: "npu" count: 1 } ] '
+              'priority: 3 } } ]\nparameters { key: "tune_instances" value: { string_value: "true" } }')
+    model = load(write_model(tmp_path, "cnn", cnn_model(), config=config), selector).versions[1]
+    groups = config_to_json(model.config)["instance_group"]
+    assert sum(group["count"] for group in groups) == model.selection["plan"]["instances"]
+    assert all(group["rate_limiter"] == {"resources": [{"name": "npu", "global": False, "count": 1}], "priority": 3}
+               for group in groups)
+
+
 def test_a_decoupled_onnx_model_fails_to_load_with_the_reason(load, versions):
     model_dir = versions('platform: "onnxruntime_onnx" model_transaction_policy { decoupled: true }')
     with pytest.raises(ConfigError, match="the onnxruntime backend cannot serve decoupled models"):

@@ -87,16 +87,25 @@ class ResponseIterator:
         return response
 
     def cancel(self) -> None:
-        """Ask the server to cancel the request (the model it calls sees request.is_cancelled())."""
+        """Ask the called model to stop: its request.is_cancelled() turns True. What it still sends
+        arrives here, up to its final response (a model that ignores the cancellation streams on)."""
         runtime.current().send(("cancel", self._call))
 
 
-def _iterator(request: InferenceRequest) -> ResponseIterator:
+def _iterator(request: InferenceRequest, first: Callable[[], None] | None = None) -> ResponseIterator:
+    """``first``: told (on the reader thread) when the first answer is in the iterator."""
     iterator = ResponseIterator.__new__(ResponseIterator)
     iterator._queue = queue.SimpleQueue()
     iterator._done = False
 
-    iterator._call = _start(request, True, lambda response, final: iterator._queue.put((response, final)))
+    def deliver(response: InferenceResponse, final: bool) -> None:
+        nonlocal first
+        iterator._queue.put((response, final))
+        if first is not None:
+            told, first = first, None
+            told()
+
+    iterator._call = _start(request, True, deliver)
     return iterator
 
 
@@ -119,13 +128,24 @@ async def _execute_async(request: InferenceRequest) -> InferenceResponse:
     return await future
 
 
-def _settle(future: asyncio.Future, response: InferenceResponse) -> None:
+def _settle(future: asyncio.Future, value: Any) -> None:
     if not future.done():
-        future.set_result(response)
+        future.set_result(value)
 
 
 async def _iterate_async(request: InferenceRequest) -> ResponseIterator:
-    return _iterator(request)
+    """As Triton's (``exec`` in an executor): the iterator once the first response is in, awaited
+    without holding the event loop, so other coroutines (other requests of an async execute()) run
+    meanwhile; a model whose responses all come at once then iterates without ever blocking the loop."""
+    loop = asyncio.get_running_loop()
+    arrived: asyncio.Future = loop.create_future()
+
+    def first() -> None:
+        loop.call_soon_threadsafe(_settle, arrived, None)
+
+    iterator = _iterator(request, first)
+    await arrived
+    return iterator
 
 
 def execute_async(request: InferenceRequest, decoupled: bool) -> Any:

@@ -1,15 +1,19 @@
 """The model process's end of the channel to the daemon, as pb_utils calls see it.
 
 One per model process (Triton's stub is a process-wide singleton too): the stub installs it at start,
-before model.py is imported. Any thread may send; ``ask`` waits for the daemon's answer to one
+before model.py is imported. A model the daemon runs in its own process (the in-process plan) has one
+of its own, current on the thread that runs its initialize/execute/finalize (``serving``). Any thread
+may send; ``ask`` waits for the daemon's answer to one
 question, ``start_call`` opens a call whose answers (one, or a stream) go to a callback.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import pickle
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from multiprocessing.connection import Connection
 from typing import Any
@@ -17,14 +21,14 @@ from typing import Any
 from appliance.backends.python.arena import Attachments, Blocks
 from appliance.backends.python.pb.errors import TritonModelException
 
-__all__ = ["Runtime", "current", "install"]
+__all__ = ["Runtime", "current", "install", "serving"]
 
 
 class Runtime:
     def __init__(self, conn: Connection, model_name: str) -> None:
         self.conn = conn
         self.model_name = model_name
-        self.blocks = Blocks()
+        self.blocks = Blocks(model_name)
         """Where this process writes the tensors of streamed responses and BLS requests."""
         self.attachments = Attachments()
         """The daemon's blocks (BLS responses), as this process reads them."""
@@ -39,14 +43,15 @@ class Runtime:
 
     def send(self, message: tuple) -> None:
         with self._send_lock:
-            self.conn.send(message)
+            self.conn.send_bytes(pickle.dumps(message, pickle.HIGHEST_PROTOCOL))
 
-    def release(self, block: int) -> None:
+    def release(self, block: int, now: bool = False) -> None:
         """The daemon may reuse one of its blocks (its tensors were copied out). Told with the next BLS call
-        or after the next execute(), not at once: a message less on every call's path."""
+        or after the next execute(), not at once: a message less on every call's path; ``now`` for a
+        block whose segment (an oversized one) the daemon removes as soon as it is free."""
         with self._released_lock:
             self._released.append(block)
-            if len(self._released) < _RELEASE_BATCH:
+            if len(self._released) < _RELEASE_BATCH and not now:
                 return
             blocks, self._released = self._released, []
         self.send(("free", blocks))
@@ -111,6 +116,7 @@ class Runtime:
 
 _RELEASE_BATCH = 64
 _current: Runtime | None = None
+_local = threading.local()
 
 
 def install(runtime: Runtime) -> None:
@@ -118,7 +124,21 @@ def install(runtime: Runtime) -> None:
     _current = runtime
 
 
+@contextlib.contextmanager
+def serving(runtime: Runtime) -> Iterator[None]:
+    """``runtime`` is current on this thread while the block runs (a model served in the daemon)."""
+    previous = getattr(_local, "runtime", None)
+    _local.runtime = runtime
+    try:
+        yield
+    finally:
+        _local.runtime = previous
+
+
 def current() -> Runtime:
+    local = getattr(_local, "runtime", None)
+    if local is not None:
+        return local
     if _current is None:
         raise TritonModelException(
             "this call needs the server: it works only inside a model.py that the server runs"

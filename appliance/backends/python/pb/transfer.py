@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from appliance.backends.python.arena import BlockRef, Descriptor
+from appliance.backends.python.arena import KEEP_BYTES, BlockRef, Descriptor
 from appliance.backends.python.pb import runtime
 from appliance.backends.python.pb.errors import TritonError
 from appliance.backends.python.pb.tensor import Tensor
@@ -36,7 +36,7 @@ def read_tensors(ref: BlockRef | None, descriptors: list[Descriptor]) -> list[Te
         return []
     current = runtime.current()
     arrays = current.attachments.read(ref, descriptors)
-    current.release(ref[0])
+    current.release(ref[0], now=ref[2] > KEEP_BYTES)
     return [Tensor(name, array) for name, array in arrays.items()]
 
 

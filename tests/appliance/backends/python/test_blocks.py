@@ -6,7 +6,7 @@ import os
 
 import numpy as np
 
-from appliance.backends.python.arena import Attachments, Blocks
+from appliance.backends.python.arena import KEEP_BYTES, Arena, Attachments, Blocks
 
 
 def test_blocks_are_reused_once_freed_and_bigger_segments_come_only_for_bigger_messages():
@@ -51,5 +51,34 @@ def test_a_steady_stream_cycles_through_a_few_segments():
             assert ref[2] <= 1 << 20
         live = {p for p in paths if os.path.exists(p)}
         assert len(live) <= 1 + Blocks.SPARE
+    finally:
+        blocks.close()
+
+
+def test_an_oversized_message_gets_a_segment_of_its_own_removed_once_freed():
+    blocks, reader = Blocks("big"), Attachments()
+    try:
+        small = [("a", np.arange(10, dtype=np.float32))]
+        kept, _ = blocks.write(small)
+        large = [("b", np.ones(KEEP_BYTES // 4 + 16, dtype=np.float32))]  # just past KEEP_BYTES
+        ref, descriptors = blocks.write(large)
+        assert ref[1] != kept[1] and ref[2] == Arena.needed(large)  # exactly its size, not twice
+        assert reader.read(ref, descriptors)["b"][-1] == 1.0
+        blocks.free(ref[0])
+        assert not os.path.exists(ref[1])  # gone at once, not kept as a spare
+        after, _ = blocks.write(small)
+        assert after[1] == kept[1] and after[2] <= KEEP_BYTES  # small messages stay in the kept segment
+    finally:
+        reader.close()
+        blocks.close()
+
+
+def test_segments_kept_for_reuse_never_grow_past_keep_bytes():
+    blocks = Blocks()
+    try:
+        near = [("c", np.zeros(KEEP_BYTES // 4 - 1024, dtype=np.float32))]  # just under KEEP_BYTES
+        ref, _ = blocks.write(near)
+        assert Arena.needed(near) <= ref[2] <= KEEP_BYTES
+        blocks.free(ref[0])
     finally:
         blocks.close()

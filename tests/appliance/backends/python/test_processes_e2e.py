@@ -71,6 +71,34 @@ class TritonPythonModel:
                 for r in requests]
 """
 
+# Two instances; the second one's initialize() kills the first one's process (already initialized),
+# as an OOM killer or an operator might while a model loads. pids.txt lists instance 0's processes.
+KILLS_ITS_SIBLING = """
+import os
+import signal
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        pids = os.path.join(args["model_repository"], "pids.txt")
+        if args["model_instance_name"].endswith("_0"):
+            with open(pids, "a") as f:
+                f.write(f"{os.getpid()}\\n")
+            return
+        first = int(open(pids).read().split()[0])
+        os.kill(first, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while os.path.exists(f"/proc/{first}") and time.monotonic() < deadline:  # until the daemon reaped it
+            time.sleep(0.01)
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("y", pb_utils.get_input_tensor_by_name(r, "x").as_numpy())])
+                for r in requests]
+"""
+
 EXIT_TIMEOUT = 2.0
 SHUTDOWN_TIMEOUT = 1.0
 
@@ -208,3 +236,21 @@ def test_a_model_process_dies_with_its_parent_even_when_its_channel_stays_open(t
         assert _wait_gone([stub], 10) == []
     finally:
         os.kill(keeper, signal.SIGKILL)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_process_killed_while_its_model_loads_is_started_again_before_ready(start_daemon, tmp_path):
+    repo = tmp_path / "repo"
+    (repo / "sibling" / "1").mkdir(parents=True)
+    (repo / "sibling" / "1" / "model.py").write_text(textwrap.dedent(KILLS_ITS_SIBLING))
+    (repo / "sibling" / "config.pbtxt").write_text(CONFIG + "instance_group [ { count: 2 kind: KIND_CPU } ]\n")
+    daemon = start_daemon(repo)
+    with httpclient.InferenceServerClient(daemon.url) as client:
+        assert client.is_model_ready("sibling")
+        # Before any request: instance 0 was started again during the load, and both processes live.
+        assert len((repo / "sibling" / "pids.txt").read_text().split()) == 2
+        assert len(_stubs(daemon.process.pid)) == 2
+        x = httpclient.InferInput("x", [2], "FP32")
+        x.set_data_from_numpy(np.array([1, 2], np.float32))
+        for _ in range(4):  # whichever instance each lands on
+            assert client.infer("sibling", [x]).as_numpy("y").tolist() == [1, 2]

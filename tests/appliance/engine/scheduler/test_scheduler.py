@@ -7,11 +7,13 @@ passed); nothing asserts how fast a real model runs.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import numpy as np
 import pytest
 
+from appliance.backends.base import BatchResult
 from appliance.engine.instances import InstancePool
 from appliance.engine.scheduler import QueuePolicy, Scheduler, SchedulerPolicy
 from appliance.engine.stats import ModelStats
@@ -267,3 +269,37 @@ async def test_close_fails_queued_requests_instead_of_leaving_them_hanging(make_
     results = await asyncio.gather(*queued, return_exceptions=True)
     assert all(isinstance(r, Unavailable) and "unloaded" in r.message for r in results)
     assert (await running)["y"][0, 0] == -2.0  # the one already executing finished
+
+
+class _WaitsForCancel(FakeBackend):
+    """Runs a batch of negative values until its requests report cancelled() (or 10 s pass), noting what it
+    saw; answers any other batch at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.running = threading.Event()
+        self.saw: list[bool] = []
+
+    def run_requests(self, requests):
+        if requests[0].inputs["x"][0, 0] >= 0:
+            return BatchResult([{"y": r.inputs["x"]} for r in requests])
+        self.running.set()
+        deadline = time.monotonic() + 10
+        while not all(r.cancelled() for r in requests) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self.saw = [r.cancelled() for r in requests]
+        return BatchResult([{"y": r.inputs["x"]} for r in requests])
+
+
+async def test_a_request_whose_client_goes_away_while_it_runs_is_cancelled_for_the_model(make_scheduler):
+    backend = _WaitsForCancel()
+    scheduler = make_scheduler(SchedulerPolicy(max_batch_size=4), backend)
+    gone = submit(scheduler, -1.0)
+    while not backend.running.is_set():
+        await asyncio.sleep(0.005)
+    started = time.monotonic()
+    gone.cancel()  # what a front end's task gets when its client disconnects or cancels the call
+    while not backend.saw and time.monotonic() - started < 10:
+        await asyncio.sleep(0.01)
+    assert backend.saw == [True] and time.monotonic() - started < 5
+    assert (await submit(scheduler, 2.0, rows=1))["y"][0, 0] == 2.0  # the instance serves on

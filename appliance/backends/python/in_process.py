@@ -1,0 +1,247 @@
+"""The in-process plan: a model.py the operator trusts, run inside the daemon, with no process hop.
+
+Offered only where the config says so (``parameters { key: "in_process" value: { string_value: "true" } }``)
+and measured by selection beside the default plan (a process per instance, Triton's isolation), which
+stays the reference and the default. Here ``execute()`` runs on the instance's thread with the
+request's own arrays; pb_utils calls that need the server (BLS, ``is_cancelled()``, custom metrics,
+``Logger``) go to the same daemon-side handlers as a model process's messages (``Peer``), by plain
+calls instead of a channel.
+
+What isolation no longer gives: an exception in ``execute()`` still fails only its batch, and an error
+response only its request; but a model that hangs holds its instance (its requests wait, others do not)
+and one that crashes the interpreter (a segfault, ``os._exit``) takes the daemon with it. pb_utils calls
+from threads the model starts itself do not reach the server; decoupled models are not offered this plan.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import inspect
+import itertools
+import json
+import logging
+import re
+import sys
+import threading
+import types
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
+from multiprocessing.connection import Connection
+from typing import Any, cast
+
+import numpy as np
+from google.protobuf import json_format
+
+from appliance.backends.base import Backend, BackendRequest, BatchResult, LoadContext, Outputs, reschedule_refused
+from appliance.backends.python import triton_python_backend_utils as pb_utils
+from appliance.backends.python.arena import Attachments
+from appliance.backends.python.backend import model_parameters
+from appliance.backends.python.model_args import initialize_args
+from appliance.backends.python.pb import runtime
+from appliance.backends.python.pb.runtime import Runtime
+from appliance.backends.python.pb.transfer import error_of, tensors_of
+from appliance.backends.python.peer import Peer
+from appliance.backends.python.requests import SENT, OpenRequests, model_error
+from appliance.backends.python.stub import RESCHEDULED as RESCHEDULED_MARK
+from appliance.backends.python.stub import SENT as SENT_MARK
+from appliance.backends.python.stub import returned_entries
+from appliance.config_json import config_to_json
+from appliance.errors import ConfigError, InferenceFailed
+
+__all__ = ["PLAN_PARAMETER", "InProcessPythonBackend"]
+
+log = logging.getLogger(__name__)
+
+PLAN_PARAMETER = "python_plan"
+"""Set by the in-process plan (``python:in-process``, appliance.selection.plans) on the config the backend
+is loaded with; selection offers that plan where the config sets parameters ``in_process``."""
+
+_IMPORT_LOCK = threading.Lock()
+_LOADS = itertools.count(1)
+
+
+def _load_model_class(context: LoadContext) -> type:
+    """Import model.py under a package name of its own (two models' ``1/model.py`` must not collide in
+    the daemon's sys.modules): relative imports resolve inside its version directory, and, as in a
+    model process, the version and model directories are on sys.path for sibling modules."""
+    sys.modules.setdefault("triton_python_backend_utils", pb_utils)
+    version_dir = context.version_dir
+    # A number of its own per load (an object's id may be reused once it is gone): a reload, or another
+    # model's instance, never finds an earlier import's modules (its relative imports included).
+    package = "_appliance_model_" + re.sub(r"\W", "_", f"{context.model_name}_{context.version}_{next(_LOADS)}")
+    with _IMPORT_LOCK:
+        for path in (str(version_dir), str(version_dir.parent)):
+            if path not in sys.path:
+                sys.path.append(path)
+        parent = types.ModuleType(package)
+        parent.__path__ = [str(version_dir)]
+        sys.modules[package] = parent
+        name = f"{package}.{context.model_file.stem}"
+        spec = importlib.util.spec_from_file_location(name, context.model_file)
+        if spec is None or spec.loader is None:
+            raise ConfigError(f"cannot import {context.model_file}")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            sys.modules.pop(name, None)
+            sys.modules.pop(package, None)
+            raise
+    model_class = getattr(module, "TritonPythonModel", None)
+    if model_class is None:
+        raise ConfigError(f"{context.model_file} defines no class TritonPythonModel")
+    return model_class
+
+
+class _LocalRuntime(Runtime):
+    """The model's end of the 'channel' in the daemon: what it sends is handled at once by the
+    daemon-side handlers, and what they answer comes straight back."""
+
+    def __init__(self, model_name: str) -> None:
+        # No connection: send() below replaces it.
+        super().__init__(cast(Connection, None), model_name)
+        self.handlers: Mapping[str, Any] = {}
+
+    def send(self, message: tuple) -> None:
+        handler = self.handlers.get(message[0])
+        if handler is None:
+            raise InferenceFailed(f"model {self.model_name}: unknown message {message[0]!r}")
+        handler(message)
+
+    def receive(self, message: tuple) -> None:
+        """What the daemon-side handlers send to the model."""
+        if message[0] == "free":
+            for block in message[1]:
+                self.blocks.free(block)
+        else:
+            self.answer(message)
+
+
+class InProcessPythonBackend(Backend):
+    """A batch reaches execute() as separate requests, as in Triton; each may fail alone."""
+
+    def __init__(self, context: LoadContext) -> None:
+        self._context = context
+        self._runtime = _LocalRuntime(context.model_name)
+        self._requests = OpenRequests(context.model_name, attachments=Attachments(), free=lambda block: None)
+        self._peer = Peer(context.model_name, self._runtime.receive, self._requests, context.services)
+        self._runtime.handlers = self._peer.handlers()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        with runtime.serving(self._runtime):
+            try:
+                self._class = _load_model_class(context)
+                self._described = self._auto_complete(config_to_json(context.config))
+            except ConfigError:
+                raise
+            except Exception as exc:
+                raise ConfigError(f"loading {context.model_file} failed: {type(exc).__name__}: {exc}") from exc
+        self._model: Any = None
+
+    def _auto_complete(self, config: dict) -> dict:
+        hook = getattr(self._class, "auto_complete_config", None)
+        if hook is None:
+            return config
+        result = hook(pb_utils.ModelConfig(config))
+        return result.as_dict() if isinstance(result, pb_utils.ModelConfig) else config
+
+    def inputs(self) -> list | None:
+        return None if self._described.get("input") else []
+
+    def outputs(self) -> list | None:
+        return None if self._described.get("output") else []
+
+    def completed_config(self, config: Any) -> Any:
+        completed = type(config)()
+        try:
+            json_format.ParseDict(self._described, completed, ignore_unknown_fields=True)
+        except json_format.ParseError as exc:
+            raise ConfigError(f"auto_complete_config() of {self._context.model_file} made an invalid config: "
+                              f"{exc}") from exc
+        return completed
+
+    def configure(self, config: Any) -> None:
+        with runtime.serving(self._runtime):
+            try:
+                self._model = self._class()
+                self._call("initialize", initialize_args(self._context, config_to_json(config)))
+            except Exception as exc:
+                raise ConfigError(f"initialize() of model '{self._context.model_name}' failed: "
+                                  f"{type(exc).__name__}: {exc}") from exc
+
+    def _call(self, name: str, *args: Any) -> Any:
+        method = getattr(self._model, name, None)
+        if method is None:
+            return None
+        result = method(*args)
+        if inspect.iscoroutine(result):  # async def execute: awaited on this instance's own loop
+            if self._loop is None:
+                self._loop = asyncio.new_event_loop()
+            result = self._loop.run_until_complete(result)
+        return result
+
+    def run(self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]) -> dict[str, np.ndarray]:
+        (result,) = self.run_requests([BackendRequest(inputs, outputs)]).results
+        if isinstance(result, Future):  # answered through its response sender
+            result = result.result()
+        if isinstance(result, BaseException):
+            raise result
+        if not isinstance(result, dict):
+            raise reschedule_refused(self._context.model_name)
+        return result
+
+    def run_requests(self, requests: Sequence[BackendRequest]) -> BatchResult:
+        if self._model is None:  # measured by selection, which runs a backend without configure()
+            self.configure(self._context.config)
+        keys = self._requests.open(requests, streamed=False)
+        served = [
+            pb_utils.InferenceRequest.served(key, [pb_utils.Tensor(name, array) for name, array in r.inputs.items()],
+                                             {"outputs": list(r.outputs), "id": r.request_id,
+                                              "correlation_id": r.correlation_id, "flags": r.flags,
+                                              "timeout": r.timeout_us, "parameters": model_parameters(r.parameters)},
+                                             False)
+            for key, r in zip(keys, requests)
+        ]
+        results: list[Any]
+        try:
+            with runtime.serving(self._runtime):
+                entries = returned_entries(False, served, self._call("execute", served))
+        except Exception as exc:  # noqa: BLE001 - the batch fails, as a model process's would
+            log.error("model %s: execute() failed", self._context.model_name, exc_info=True)
+            error = InferenceFailed(f"model.py execute() failed: {type(exc).__name__}: {exc}")
+            results = [error for _ in requests]
+        else:
+            results = [self._result(entry) for entry in entries or ()]
+        return BatchResult(self._requests.finish_batch(keys, results))
+
+    def _result(self, entry: Any) -> Any:
+        """A request's result from what execute() gave for it: its outputs, its error, SENT (its response
+        sender answers it), or a refused reschedule (iterative sequences run in a process)."""
+        if entry == SENT_MARK:
+            return SENT
+        if entry == RESCHEDULED_MARK:
+            return reschedule_refused(self._context.model_name)
+        error = error_of(entry)
+        if error is not None:
+            return model_error(error)
+        try:
+            tensors = dict(tensors_of(entry.output_tensors(), "output"))
+        except pb_utils.TritonModelException as exc:
+            return model_error((str(exc), pb_utils.TritonError.INTERNAL))
+        parameters = entry.parameters()
+        return Outputs(tensors, json.loads(parameters) if parameters not in ("", "{}") else None)
+
+    def close(self) -> None:
+        if self._model is not None:
+            with runtime.serving(self._runtime):
+                try:
+                    self._call("finalize")
+                except Exception:
+                    log.exception("model %s: finalize() failed", self._context.model_name)
+            self._model = None
+        if self._loop is not None:
+            self._loop.close()
+            self._loop = None
+        self._peer.close()
+        self._runtime.close()

@@ -1,0 +1,253 @@
+"""The appliance against real Triton 2.51, both driven by NVIDIA's perf_analyzer on the same repository.
+
+    python -m bench.triton [--repeats 3] [--interval-ms 1000] [--cases identity,batching,...]
+                           [--protocols http,grpc] [--concurrency 1,16] [--in-process]
+
+Installs Triton and perf_analyzer into the cache outside the repository (tests/oracle: the
+nvidia-pytriton 0.7.0 and tritonclient 2.51.0 wheels), writes one repository of Python-backend models
+(bench/triton_models.py) and serves it with each server in turn, never both at once: per repeat one
+server is started, measured on every case, protocol and concurrency, stopped, then the other; the order
+alternates between repeats. Each figure is the median over the repeats. Beside throughput and client p50
+(perf_analyzer's) the table gives the CPU time each server spent per request, its child processes
+(the Python models' processes) included, read from /proc around each run: the figure a busy shared box
+distorts least. ``--in-process`` adds a third server: the appliance with every Python model marked
+``in_process`` (the plan for models the operator trusts). Targets: ≥ 1.0× Triton's throughput and
+≤ 1.0× its p50 on every row. Writes bench/results/triton.md and triton.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from bench.process import start_appliance
+from bench.serving import RESULTS, machine
+from bench.triton_models import REPEATS, write_repository
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    name: str
+    model: str
+    """The model perf_analyzer calls (whose statistics count the requests)."""
+    args: tuple[str, ...]
+    protocols: tuple[str, ...] = ("http", "grpc")
+
+
+CASES = {
+    "identity": Case("Python identity FP32[16]", "identity", ("--shape", "INPUT0:16")),
+    "batching": Case("dynamic batching", "identity_batched", ("--shape", "INPUT0:16")),
+    "bls": Case("BLS (Python calling Python)", "bls", ("--shape", "INPUT0:16")),
+    "ensemble": Case("ensemble of two Python steps", "pipeline", ("--shape", "INPUT0:16")),
+    "sequence": Case("sequences (direct, 8 slots)", "accumulate", ("--sequence-length", "20")),
+    "decoupled": Case(f"decoupled repeat ({REPEATS} responses), stream", "repeat", ("--streaming",), ("grpc",)),
+}
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """User + system time of ``pid`` and every process below it (its children's live times plus what
+    reaped children left in its cutime/cstime). Children are listed per thread: the appliance starts
+    its model processes from a thread of their own."""
+    total, seen, todo = 0, set(), [pid]
+    while todo:
+        process = todo.pop()
+        if process in seen:
+            continue
+        seen.add(process)
+        try:
+            fields = Path(f"/proc/{process}/stat").read_text().rsplit(")", 1)[1].split()
+            total += sum(int(fields[i]) for i in (11, 12, 13, 14))
+            for task in os.listdir(f"/proc/{process}/task"):
+                todo += [int(c) for c in Path(f"/proc/{process}/task/{task}/children").read_text().split()]
+        except (OSError, IndexError, ValueError):  # exited meanwhile
+            continue
+    return total / _TICK
+
+
+@dataclasses.dataclass
+class Running:
+    """A server being measured: its addresses, its pid, how to stop it."""
+
+    http: str
+    grpc: str
+    pid: int
+    stop: Callable[[], Any]
+
+    def successes(self, model: str) -> int:
+        with urllib.request.urlopen(f"http://{self.http}/v2/models/{model}/stats", timeout=10) as response:
+            stats = json.load(response)["model_stats"]
+        return sum(int(s["inference_stats"]["success"]["count"]) for s in stats)
+
+
+def _start_triton(repo: Path, work: Path) -> Running:
+    from tests.oracle import TritonServer
+
+    server = TritonServer(repo, log_path=work / "tritonserver.log").start()
+    return Running(server.http_url, server.grpc_url, server.pid, server.stop)
+
+
+def _start_appliance(repo: Path, work: Path) -> Running:
+    server = start_appliance(repo, work / "state")
+    return Running(f"127.0.0.1:{server.port}", f"127.0.0.1:{server.grpc_port}", server.process.pid, server.stop)
+
+
+_WINDOW_TOO_SHORT = ("stable measurement", "No valid requests recorded")
+
+
+def _perf(case: Case, url: str, protocol: str, concurrency: int, interval_ms: int) -> Any:
+    from tests.oracle import TritonUnavailable, run_perf_analyzer
+
+    # No stability check to speak of (-s: windows may differ 1000-fold; the box is shared, and the repeats'
+    # median is the figure), three windows. A run a stall on the box still fails is tried once more with
+    # windows twice as long.
+    for attempt in range(2):
+        try:
+            return run_perf_analyzer(["-m", case.model, "-u", url, "-i", protocol, *case.args,
+                                      "--concurrency-range", f"{concurrency}:{concurrency}",
+                                      "-p", str(interval_ms * (attempt + 1)), "-s", "100000", "--max-trials", "3"],
+                                     timeout=120)
+        except TritonUnavailable as error:
+            if attempt or not any(text in str(error) for text in _WINDOW_TOO_SHORT):
+                raise
+            print(f"  perf_analyzer: windows too short on this box ({case.model}, {protocol}, c={concurrency}): "
+                  "trying once more with windows twice as long", file=sys.stderr)
+    raise AssertionError("unreachable")
+
+
+def _runs(args: argparse.Namespace) -> Iterator[tuple[Case, str, int]]:
+    for key in args.cases:
+        case = CASES[key]
+        for protocol in case.protocols:
+            if protocol in args.protocols:
+                for concurrency in args.concurrency:
+                    yield case, protocol, concurrency
+
+
+def _measure_server(running: Running, args: argparse.Namespace, record: Callable[..., None]) -> None:
+    from tests.oracle import TritonUnavailable
+
+    for key in args.cases:  # warm-up: first requests pay for lazy set-up on both servers
+        case = CASES[key]
+        protocol = case.protocols[-1]
+        try:
+            _perf(case, running.grpc if protocol == "grpc" else running.http, protocol, 2, 500)
+        except TritonUnavailable as error:  # the measured runs that follow report a server that fails
+            print(f"  warm-up of {case.model} failed: {error}", file=sys.stderr)
+    for case, protocol, concurrency in _runs(args):
+        url = running.grpc if protocol == "grpc" else running.http
+        served, cpu = running.successes(case.model), tree_cpu_seconds(running.pid)
+        result = _perf(case, url, protocol, concurrency, args.interval_ms)
+        served = running.successes(case.model) - served
+        cpu = tree_cpu_seconds(running.pid) - cpu
+        record(case, protocol, concurrency, result.best.throughput, result.best.p50_us / 1000,
+               cpu / served * 1e6 if served else float("nan"), os.getloadavg()[0])
+
+
+def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    repo = write_repository(work / "repo")
+    servers: dict[str, Callable[[], Running]] = {
+        "triton": lambda: _start_triton(repo, work / "triton"),
+        "appliance": lambda: _start_appliance(repo, work / "appliance"),
+    }
+    if args.in_process:
+        trusted = write_repository(work / "repo-trusted", trusted=True)
+        servers["appliance in-process"] = lambda: _start_appliance(trusted, work / "appliance-trusted")
+    raw: dict[str, dict[str, list[tuple[float, ...]]]] = {name: {} for name in servers}
+    loads: list[float] = []
+    for repeat in range(args.repeats):
+        order = list(servers) if repeat % 2 == 0 else list(reversed(servers))
+        for name in order:
+            running = servers[name]()
+
+            def record(case: Case, protocol: str, concurrency: int, *figures: float, name: str = name,
+                       repeat: int = repeat) -> None:
+                key = f"{case.name}|{protocol}|{concurrency}"
+                raw[name].setdefault(key, []).append(figures)
+                loads.append(figures[-1])
+                print(f"  repeat {repeat + 1}/{args.repeats} {name:20} {case.name:42} {protocol:4} c={concurrency:<3}"
+                      f" {figures[0]:8.0f} inf/s  p50 {figures[1]:7.3f} ms  {figures[2]:6.0f} µs CPU/req  "
+                      f"load {figures[3]:.2f}", file=sys.stderr, flush=True)
+
+            try:
+                _measure_server(running, args, record)
+            finally:
+                running.stop()
+    medians = {name: {key: [statistics.median(values) for values in zip(*rows)] for key, rows in by_key.items()}
+               for name, by_key in raw.items()}
+    return {"medians": medians, "runs": raw, "machine": machine(),
+            "load_average": {"median": statistics.median(loads), "min": min(loads), "max": max(loads)},
+            "settings": {k: v for k, v in vars(args).items() if k != "out"}}
+
+
+def table(data: dict[str, Any]) -> str:
+    medians = data["medians"]
+    triton = medians["triton"]
+    others = [name for name in medians if name != "triton"]
+    lines = ["| case | protocol | c | server | inf/s (Triton) | × Triton | p50 ms (Triton) | p50 × Triton | "
+             "CPU µs/req (Triton) | throughput ≥ 1.0× | p50 ≤ 1.0× | load |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for key, base in triton.items():
+        case, protocol, concurrency = key.split("|")
+        for name in others:
+            mine = medians[name].get(key)
+            if mine is None:
+                continue
+            rate, p50 = mine[0] / base[0], mine[1] / base[1]
+            lines.append(f"| {case} | {protocol} | {concurrency} | {name} | {mine[0]:.0f} ({base[0]:.0f}) | "
+                         f"{rate:.2f} | {mine[1]:.3f} ({base[1]:.3f}) | {p50:.2f} | {mine[2]:.0f} ({base[2]:.0f}) | "
+                         f"{'met' if rate >= 1.0 else 'MISSED'} | {'met' if p50 <= 1.0 else 'MISSED'} | "
+                         f"{statistics.median([mine[3], base[3]]):.1f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--interval-ms", type=int, default=1000, help="perf_analyzer's measurement window")
+    parser.add_argument("--cases", type=lambda t: t.split(","), default=list(CASES), help=",".join(CASES))
+    parser.add_argument("--protocols", type=lambda t: t.split(","), default=["http", "grpc"])
+    parser.add_argument("--concurrency", type=lambda t: [int(c) for c in t.split(",")], default=[1, 16])
+    parser.add_argument("--in-process", action="store_true",
+                        help="also measure the appliance with every Python model marked in_process")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    unknown = [case for case in args.cases if case not in CASES]
+    if unknown:
+        parser.error(f"unknown cases {unknown}; cases: {','.join(CASES)}")
+    from tests.oracle import TritonUnavailable
+
+    started = time.monotonic()
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench-triton-") as tmp:
+            data = measure(args, Path(tmp))
+    except TritonUnavailable as error:
+        print(f"real Triton is unavailable here, nothing measured: {error}", file=sys.stderr)
+        return 1
+    load = data["load_average"]
+    command = " ".join(["python -m bench.triton", *(argv if argv is not None else sys.argv[1:])])
+    text = (f"Command: {command} ({time.monotonic() - started:.0f} s)\n\n"
+            f"Machine: {data['machine']}; shared with other work: 1-minute load average {load['median']:.2f} "
+            f"(median; {load['min']:.2f}-{load['max']:.2f}) over the runs. Medians of {args.repeats} repeats, "
+            "servers alternated; perf_analyzer 2.51 (client p50); CPU per request of the server's whole "
+            "process tree.\n\n" + table(data))
+    print(text)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "triton.md").write_text(text + "\n")
+    (args.out / "triton.json").write_text(json.dumps(data, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

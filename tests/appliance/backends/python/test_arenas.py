@@ -1,0 +1,94 @@
+"""What the Python backend keeps in /dev/shm between requests: arenas reused up to KEEP_BYTES, and one
+large request's arenas gone once it has been answered (they used to stay, at twice its size, on both
+sides of the channel), for plain and decoupled models."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from appliance.backends.base import BackendRequest
+from appliance.backends.python.arena import ARENA_PREFIX, KEEP_BYTES
+from tests.appliance.backends.python.harness import RecordingSink, loaded, write_model
+from tests.processes import child_pids
+
+ECHO = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse(
+                    [pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())])
+                for r in requests]
+"""
+
+ECHO_DECOUPLED = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            out = pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(request, "IN").as_numpy())
+            request.get_response_sender().send(pb_utils.InferenceResponse([out]),
+                                               flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+
+CONFIG = """
+backend: "python"
+max_batch_size: 0
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] } ]
+"""
+
+LARGE = (40 << 20) // 4
+"""Elements of a 40 MiB FP32 request: well past what an arena may keep."""
+
+
+def _shm_bytes(pids: set[int]) -> int:
+    """Bytes /dev/shm holds in the arenas of ``pids`` (pages touched, as the kernel counts them)."""
+    total = 0
+    for entry in os.scandir("/dev/shm"):
+        owner = entry.name.removeprefix(ARENA_PREFIX).split("-", 1)[0]
+        if entry.name.startswith(ARENA_PREFIX) and owner.isdigit() and int(owner) in pids:
+            try:
+                total += entry.stat().st_blocks * 512
+            except FileNotFoundError:
+                pass
+    return total
+
+
+def _ours() -> set[int]:
+    return {os.getpid(), *child_pids(os.getpid())}
+
+
+def _run(backend, values: np.ndarray, decoupled: bool) -> np.ndarray:
+    sink = RecordingSink() if decoupled else None
+    (result,) = backend.run_requests([BackendRequest({"IN": values}, ["OUT"], sink=sink)]).results
+    assert not isinstance(result, BaseException), result
+    if sink is None:
+        return result["OUT"]
+    return sink.wait_final()[0].outputs["OUT"]
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="arenas live in /dev/shm only on Linux")
+@pytest.mark.parametrize("decoupled", [False, True], ids=["plain", "decoupled"])
+def test_a_large_request_leaves_no_arena_behind(tmp_path, decoupled):
+    config = CONFIG + ("model_transaction_policy { decoupled: true }\n" if decoupled else "")
+    model = write_model(tmp_path, "echo", ECHO_DECOUPLED if decoupled else ECHO, config)
+    with loaded(model, config) as backend:
+        small = np.arange(16, dtype=np.float32)
+        np.testing.assert_array_equal(_run(backend, small, decoupled), small)
+        before = _shm_bytes(_ours())
+        large = np.full(LARGE, 1.5, np.float32)
+        assert _run(backend, large, decoupled).shape == (LARGE,)
+        np.testing.assert_array_equal(_run(backend, small, decoupled), small)  # what serves on after it
+        after = _shm_bytes(_ours())
+        assert after < KEEP_BYTES and after - before < KEEP_BYTES // 4, (before, after)
+        for _ in range(3):  # and it serves large requests again, each one's arenas let go of
+            assert _run(backend, large, decoupled)[-1] == 1.5
+        assert _shm_bytes(_ours()) < KEEP_BYTES

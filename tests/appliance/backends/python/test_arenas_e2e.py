@@ -1,0 +1,56 @@
+"""/metrics counts the Python backend's arenas in /dev/shm by model (appliance_python_arena_bytes), and a
+large request through the daemon leaves them within what is kept for reuse."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+
+from appliance.backends.python.arena import KEEP_BYTES
+from tests.appliance.backends.python.test_arenas import CONFIG, ECHO, _shm_bytes
+from tests.processes import child_pids
+
+pytestmark = pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="arenas live in /dev/shm only on Linux")
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory):
+    root = tmp_path_factory.mktemp("arenas") / "repo"
+    (root / "echo" / "1").mkdir(parents=True)
+    (root / "echo" / "1" / "model.py").write_text(textwrap.dedent(ECHO))
+    (root / "echo" / "config.pbtxt").write_text(textwrap.dedent(CONFIG))
+    return root
+
+
+def _gauge(daemon, model: str) -> float | None:
+    text = urllib.request.urlopen(daemon.base + "/metrics", timeout=10).read().decode()
+    for line in text.splitlines():
+        if line.startswith(f'appliance_python_arena_bytes{{model="{model}"}} '):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def _infer(client, values: np.ndarray) -> np.ndarray:
+    tensor = httpclient.InferInput("IN", list(values.shape), "FP32")
+    tensor.set_data_from_numpy(values)
+    return client.infer("echo", [tensor]).as_numpy("OUT")
+
+
+def test_arenas_are_counted_in_metrics_and_a_large_request_leaves_none_behind(daemon):
+    with httpclient.InferenceServerClient(daemon.url, network_timeout=120) as client:
+        assert _infer(client, np.full((20 << 20) // 4, 2.0, np.float32))[-1] == 2.0  # 20 MiB each way
+        assert _infer(client, np.arange(4, dtype=np.float32)).tolist() == [0, 1, 2, 3]
+    pids = {daemon.process.pid, *child_pids(daemon.process.pid)}
+    deadline = time.monotonic() + 30
+    while True:  # the gauge is sampled each metrics tick
+        held, counted = _shm_bytes(pids), _gauge(daemon, "echo")
+        if counted == held or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert counted == held and 0 < held < KEEP_BYTES  # the small request's arenas, not the large one's

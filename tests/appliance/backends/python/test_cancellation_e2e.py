@@ -1,0 +1,169 @@
+"""A client that goes away while a Python model's execute() runs: the model sees request.is_cancelled()
+turn True within a moment (as Triton's L0_backend_python lifecycle test_execute_cancel and decoupled
+test_decoupled_execute_cancel expect), over HTTP (a disconnect), gRPC ModelInfer (a cancelled call) and
+ModelStreamInfer (stop_stream(cancel_requests=True)), and the instance serves the next request."""
+
+from __future__ import annotations
+
+import json
+import queue
+import socket
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+# Polls request.is_cancelled() from inside execute() until it turns True (or 30 s pass), and notes in
+# seen.txt, beside its version directory, when it started and when it saw the cancellation.
+WAITS = """
+import os
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.seen = os.path.join(args["model_repository"], "seen.txt")
+
+    def note(self, text):
+        with open(self.seen, "a") as seen:
+            seen.write(text + "\\n")
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            value = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+            if value.flat[0] == 0:  # answers at once
+                responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", value)]))
+                continue
+            self.note(f"started {request.request_id()}")
+            deadline = time.monotonic() + 30
+            while not request.is_cancelled() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            self.note(f"{'cancelled' if request.is_cancelled() else 'never cancelled'} {request.request_id()}")
+            responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                "cancelled", pb_utils.TritonError.CANCELLED)))
+        return responses
+"""
+
+# The same, decoupled: it polls both the request and its response sender, streaming as it waits.
+WAITS_DECOUPLED = """
+import os
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.seen = os.path.join(args["model_repository"], "seen.txt")
+
+    def note(self, text):
+        with open(self.seen, "a") as seen:
+            seen.write(text + "\\n")
+
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            value = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+            self.note(f"started {request.request_id()}")
+            deadline = time.monotonic() + 30
+            while not (request.is_cancelled() and sender.is_cancelled()) and time.monotonic() < deadline:
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", value)]))
+                time.sleep(0.05)
+            self.note(f"{'cancelled' if request.is_cancelled() else 'never cancelled'} {request.request_id()}")
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+
+CONFIG = """
+backend: "python"
+max_batch_size: 0
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+"""
+
+SEEN_WITHIN = 5.0
+"""Seconds from the client's cancel to the model seeing it (it polls every 20-50 ms; the rest is slack
+for a loaded machine)."""
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("cancellation") / "repo"
+    for name, source, extra in (("waits", WAITS, ""),
+                                ("waits_decoupled", WAITS_DECOUPLED, "model_transaction_policy { decoupled: true }")):
+        (root / name / "1").mkdir(parents=True)
+        (root / name / "1" / "model.py").write_text(textwrap.dedent(source))
+        (root / name / "config.pbtxt").write_text(textwrap.dedent(CONFIG) + extra + "\n")
+    return root
+
+
+def _seen(repository: Path, model: str) -> list[str]:
+    path = repository / model / "seen.txt"
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def _wait_for(repository: Path, model: str, line: str, timeout: float) -> float:
+    """Seconds until the model noted ``line`` (fails the test after ``timeout``)."""
+    start = time.monotonic()
+    while line not in _seen(repository, model):
+        assert time.monotonic() - start < timeout, f"the model never noted {line!r}: {_seen(repository, model)}"
+        time.sleep(0.02)
+    return time.monotonic() - start
+
+
+def _grpc_input(value: int) -> grpcclient.InferInput:
+    tensor = grpcclient.InferInput("IN", [1], "INT32")
+    tensor.set_data_from_numpy(np.array([value], np.int32))
+    return tensor
+
+
+def _serves_on(daemon) -> None:
+    with httpclient.InferenceServerClient(daemon.url) as client:
+        tensor = httpclient.InferInput("IN", [1], "INT32")
+        tensor.set_data_from_numpy(np.array([0], np.int32))
+        assert client.infer("waits", [tensor]).as_numpy("OUT").tolist() == [0]
+
+
+def test_an_http_client_that_disconnects_cancels_the_running_request(daemon, repository):
+    body = json.dumps({"id": "http", "inputs": [{"name": "IN", "shape": [1], "datatype": "INT32",
+                                                   "data": [1]}]}).encode()
+    with socket.create_connection(("127.0.0.1", daemon.port), timeout=30) as sock:
+        sock.sendall(b"POST /v2/models/waits/infer HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        _wait_for(repository, "waits", "started http", 30)
+    assert _wait_for(repository, "waits", "cancelled http", SEEN_WITHIN) < SEEN_WITHIN
+    _serves_on(daemon)
+
+
+def test_a_cancelled_grpc_call_cancels_the_running_request(daemon, repository):
+    answers: queue.Queue = queue.Queue()
+    with grpcclient.InferenceServerClient(daemon.grpc_url) as client:
+        call = client.async_infer("waits", [_grpc_input(1)], lambda result, error: answers.put((result, error)),
+                                  request_id="grpc")
+        _wait_for(repository, "waits", "started grpc", 30)
+        assert answers.empty()
+        call.cancel()
+        assert _wait_for(repository, "waits", "cancelled grpc", SEEN_WITHIN) < SEEN_WITHIN
+        _, error = answers.get(timeout=10)
+    assert error is not None and error.status() == "StatusCode.CANCELLED"
+    _serves_on(daemon)
+
+
+@pytest.mark.parametrize("model", ["waits", "waits_decoupled"])
+def test_a_stream_stopped_with_cancel_requests_cancels_its_running_request(daemon, repository, model):
+    with grpcclient.InferenceServerClient(daemon.grpc_url) as client:
+        client.start_stream(callback=lambda result, error: None)
+        client.async_stream_infer(model, [_grpc_input(1)], request_id=f"stream-{model}")
+        _wait_for(repository, model, f"started stream-{model}", 30)
+        client.stop_stream(cancel_requests=True)
+    assert _wait_for(repository, model, f"cancelled stream-{model}", SEEN_WITHIN) < SEEN_WITHIN
+    _serves_on(daemon)

@@ -1,0 +1,196 @@
+"""The in-process plan for Python models the operator trusts: offered only where the config allows it,
+measured by selection beside a process per instance, and run in the daemon with Triton's per-request
+and per-batch failures."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+import hardware_probe
+from appliance.backends import BACKENDS, BackendRequest, LoadContext, RuntimeOptions
+from appliance.backends.base import ModelCall
+from appliance.backends.python.in_process import InProcessPythonBackend
+from appliance.errors import InferenceFailed
+from appliance.selection import Hardware, Selector
+from appliance.selection.plans import IN_PROCESS_PLAN
+from appliance.selection.selector import SelectionSettings
+from tests.appliance.backends.python.harness import parse_config, write_model
+
+PYTHON = next(info for info in BACKENDS if info.name == "python")
+
+CONFIG = """
+backend: "python"
+max_batch_size: 8
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] } ]
+parameters { key: "in_process" value: { string_value: "true" } }
+"""
+
+# Module state and a relative import: two models with this same layout must not share either.
+SCALE = """
+import triton_python_backend_utils as pb_utils
+
+from .factor import FACTOR
+
+calls = []
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.name = args["model_instance_name"]
+
+    def execute(self, requests):
+        calls.append(len(requests))
+        responses = []
+        for request in requests:
+            data = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+            if data.flat[0] < 0:
+                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError("negative", 3)))
+            elif data.flat[0] == 99:
+                raise ValueError("ninety-nine")
+            else:
+                responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", data * FACTOR)],
+                                                            parameters={"calls": len(calls), "by": self.name}))
+        return responses
+"""
+
+
+def _load(tmp_path, name: str, factor: int, services=None) -> InProcessPythonBackend:
+    model = write_model(tmp_path, name, SCALE, CONFIG, files={"factor.py": f"FACTOR = {factor}\n"})
+    config = parse_config(CONFIG)
+    config.name = name
+    config.parameters["python_plan"].string_value = "in-process"
+    context = LoadContext(name, 1, model, config, RuntimeOptions(), services=services)
+    backend = PYTHON.load(context)
+    assert isinstance(backend, InProcessPythonBackend)
+    backend.configure(backend.completed_config(config))
+    return backend
+
+
+def _request(*values: float) -> BackendRequest:
+    return BackendRequest({"IN": np.asarray([values], dtype=np.float32)}, ("OUT",))
+
+
+def test_each_request_gets_its_answer_and_an_error_response_fails_only_its_request(tmp_path):
+    backend = _load(tmp_path, "scale", 3)
+    try:
+        first, refused, second = backend.run_requests([_request(1, 2), _request(-1), _request(4)]).results
+        assert np.array_equal(first["OUT"], [[3, 6]]) and np.array_equal(second["OUT"], [[12]])
+        assert first.parameters == {"calls": 1, "by": "scale_0_0"}
+        assert refused.status == 400 and refused.message == "negative"
+    finally:
+        backend.close()
+
+
+def test_an_exception_in_execute_fails_its_batch_and_the_next_batch_runs(tmp_path):
+    backend = _load(tmp_path, "scale", 3)
+    try:
+        results = backend.run_requests([_request(1), _request(99)]).results
+        assert all(isinstance(r, InferenceFailed) and "ninety-nine" in str(r) for r in results)
+        (result,) = backend.run_requests([_request(2)]).results
+        assert np.array_equal(result["OUT"], [[6]])
+    finally:
+        backend.close()
+
+
+def test_two_models_of_the_same_layout_keep_their_own_modules(tmp_path):
+    one, two = _load(tmp_path / "a", "scale", 3), _load(tmp_path / "b", "scale", 5)
+    try:
+        assert np.array_equal(one.run_requests([_request(1)]).results[0]["OUT"], [[3]])
+        assert np.array_equal(two.run_requests([_request(1)]).results[0]["OUT"], [[5]])
+        assert one.run_requests([_request(1)]).results[0].parameters["calls"] == 2  # its own module's list
+    finally:
+        one.close()
+        two.close()
+
+
+BLS = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            call = pb_utils.InferenceRequest(model_name="other", requested_output_names=["OUT"],
+                                             inputs=[pb_utils.get_input_tensor_by_name(request, "IN")])
+            answer = call.exec()
+            responses.append(pb_utils.InferenceResponse(answer.output_tensors(),
+                                                        parameters={"cancelled": request.is_cancelled()}))
+        return responses
+"""
+
+
+class _Models:
+    """The daemon's models as a backend calls them (BLS): doubles its input."""
+
+    def infer(self, call: ModelCall):
+        from concurrent.futures import Future
+
+        from appliance.backends.base import Outputs
+
+        future: Future = Future()
+        future.set_result(Outputs({"OUT": call.inputs["IN"] * 2}))
+        return future
+
+
+def test_bls_calls_and_is_cancelled_reach_the_daemon(tmp_path):
+    from appliance.backends.base import BackendServices
+
+    model = write_model(tmp_path, "caller", BLS, CONFIG)
+    config = parse_config(CONFIG)
+    config.name = "caller"
+    config.parameters["python_plan"].string_value = "in-process"
+    backend = PYTHON.load(LoadContext("caller", 1, model, config, RuntimeOptions(),
+                                      services=BackendServices(models=_Models())))
+    try:
+        backend.configure(config)
+        live = _request(1, 2)
+        gone = dataclasses.replace(_request(3), cancelled=lambda: True)
+        first, second = backend.run_requests([live, gone]).results
+        assert np.array_equal(first["OUT"], [[2, 4]]) and first.parameters == {"cancelled": False}
+        assert np.array_equal(second["OUT"], [[6]]) and second.parameters == {"cancelled": True}
+    finally:
+        backend.close()
+
+
+DOUBLE = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN")
+                                                            .as_numpy() * 2)]) for r in requests]
+"""
+
+
+@pytest.fixture(scope="module")
+def selector():
+    return Selector(Hardware.of(hardware_probe.probe(timeout=30)), None, SelectionSettings(budget=0.05))
+
+
+@pytest.mark.parametrize(("parameter", "decoupled", "offered"), [
+    ("true", False, True), ("", False, False), ("false", False, False), ("true", True, False)])
+def test_the_in_process_plan_is_offered_only_where_the_config_allows_it(selector, parameter, decoupled, offered):
+    config = parse_config('backend: "python"')
+    if parameter:
+        config.parameters["in_process"].string_value = parameter
+    config.model_transaction_policy.decoupled = decoupled
+    plans, _ = selector.plans_for(PYTHON, config)
+    assert (IN_PROCESS_PLAN in plans) is offered
+    assert plans[0].id == "python"  # a process per instance stays the reference
+
+
+def test_selection_measures_both_plans_and_shows_them(tmp_path, selector):
+    model = write_model(tmp_path, "double", DOUBLE, CONFIG)
+    config = parse_config(CONFIG)
+    config.name = "double"
+    choice = selector.choose(PYTHON, LoadContext("double", 1, model, config, RuntimeOptions()))
+    rows = {row["plan"]: row for row in choice.decision["candidates"]}
+    assert rows["python"]["status"] == "ok" and rows["python:in-process"]["status"] == "ok"
+    assert rows["python:in-process"]["max_abs_error"] == 0.0
+    assert choice.decision["chosen"] in rows

@@ -1,0 +1,86 @@
+"""bench.triton's own pieces: the CPU it reads covers every process below a server (model processes are
+started from a thread, so they are that thread's children, not the main thread's), and the appliance
+serves the repository both servers are measured on, with the answers each model is written to give."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+from bench.process import start_appliance
+from bench.triton import tree_cpu_seconds
+from bench.triton_models import REPEATS, write_repository
+
+
+def test_cpu_of_a_child_started_from_another_thread_counts():
+    busy = "import time\nend = time.process_time() + 0.4\nwhile time.process_time() < end: pass\n"
+    started: list[subprocess.Popen] = []
+    before = tree_cpu_seconds(os.getpid())
+    thread = threading.Thread(target=lambda: started.append(subprocess.Popen([sys.executable, "-c", busy])))
+    thread.start()
+    thread.join()
+    child = started[0]
+    deadline = time.monotonic() + 30
+    # Read while the child still runs (then it is counted through the thread's children list).
+    while time.monotonic() < deadline and tree_cpu_seconds(os.getpid()) - before < 0.3:
+        time.sleep(0.05)
+    assert tree_cpu_seconds(os.getpid()) - before >= 0.3
+    child.wait(30)
+
+
+@pytest.mark.parametrize("trusted", [False, True], ids=["isolated", "in-process"])
+def test_the_appliance_serves_the_bench_repository(tmp_path, trusted):
+    repo = write_repository(tmp_path / "repo", trusted=trusted)
+    server = start_appliance(repo, tmp_path / "state")
+    try:
+        if trusted:  # selection measured both plans (the BLS model pins in-process: it cannot be measured)
+            for model in ("identity", "bls"):
+                with urllib.request.urlopen(f"{server.base}/v2/models/{model}/selection", timeout=10) as answer:
+                    decision = json.load(answer)
+                assert {row["plan"] for row in decision["candidates"]} >= {"python", "python:in-process"}
+            assert decision["plan"]["plan"] == "python:in-process"
+        http = httpclient.InferenceServerClient(f"127.0.0.1:{server.port}")
+        data = np.arange(16, dtype=np.float32).reshape(1, 16)
+        for model in ("identity", "identity_batched", "bls", "pipeline"):
+            tensor = httpclient.InferInput("INPUT0", [1, 16], "FP32")
+            tensor.set_data_from_numpy(data)
+            assert np.array_equal(http.infer(model, [tensor]).as_numpy("OUTPUT0"), data), model
+        sums = []
+        for step, value in enumerate((3, 4, 5)):
+            tensor = httpclient.InferInput("INPUT0", [1, 1], "INT32")
+            tensor.set_data_from_numpy(np.array([[value]], dtype=np.int32))
+            answer = http.infer("accumulate", [tensor], sequence_id=7, sequence_start=step == 0,
+                                sequence_end=step == 2)
+            sums.append(int(answer.as_numpy("OUTPUT0")[0, 0]))
+        assert sums == [3, 7, 12]
+        http.close()
+        responses: list = []
+        done = threading.Event()
+
+        def collect(result, error):
+            responses.append(error or result)
+            if error is not None or result.get_response().parameters["triton_final_response"].bool_param:
+                done.set()
+
+        grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+        grpc.start_stream(collect)
+        tensor = grpcclient.InferInput("INPUT0", [1, 16], "FP32")
+        tensor.set_data_from_numpy(data)
+        grpc.async_stream_infer("repeat", [tensor], enable_empty_final_response=True)
+        assert done.wait(30)
+        grpc.stop_stream()
+        grpc.close()
+        outputs = [r.as_numpy("OUTPUT0") for r in responses if r.as_numpy("OUTPUT0") is not None]
+        assert len(outputs) == REPEATS and all(np.array_equal(o, data) for o in outputs)
+    finally:
+        server.stop()
