@@ -127,7 +127,7 @@ class TraceWriter:
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             self._block = os.statvfs(self.directory).f_bsize or _BLOCK
-            pattern = re.compile(re.escape(self.file_name) + r"(\.[0-9]+)?")
+            pattern = re.compile(r"\.?" + re.escape(self.file_name) + r"(\.[0-9]+)?(\.partial)?")
             for path in self.directory.iterdir():
                 if pattern.fullmatch(path.name):
                     path.unlink()
@@ -186,9 +186,11 @@ class TraceWriter:
                 log.warning("trace file %s reached trace_max_bytes (%d bytes on disk); further traces are dropped: "
                             "set log_frequency > 0 to rotate files, or raise trace_max_bytes", path, self.max_bytes)
             return
-        if fresh:
-            with open(path, "wb") as out:
+        if fresh:  # whole or not at all: a reader never finds the file empty
+            partial = path.with_name(f".{path.name}.partial")
+            with open(partial, "wb") as out:
                 out.write(b"[" + data + b"]")
+            os.replace(partial, path)
             self._files[path] = added
         else:
             with open(path, "r+b") as out:
