@@ -20,7 +20,6 @@ from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
-from google.protobuf import json_format
 
 from appliance.backends.base import (
     RESCHEDULE,
@@ -33,6 +32,7 @@ from appliance.backends.base import (
     reschedule_refused,
 )
 from appliance.backends.python.arena import Arena, Attachments, reusable_size
+from appliance.backends.python.described import DescribedTensors
 from appliance.backends.python.model_args import initialize_args
 from appliance.backends.python.peer import Peer
 from appliance.backends.python.process import ModelProcess, ProcessExited
@@ -109,7 +109,7 @@ class _Instance:
                 self._children.unregister(self.process)
 
 
-class PythonBackend(Backend):
+class PythonBackend(DescribedTensors, Backend):
     """A batch reaches model.py's execute() as separate requests, as in Triton; each may fail alone."""
 
     def __init__(self, context: LoadContext) -> None:
@@ -139,25 +139,6 @@ class PythonBackend(Backend):
             raise
         self._instance: _Instance | None = instance
         self._described = described
-
-    # A model.py declares its tensors in config.pbtxt or auto_complete_config(): the core checks those
-    # declarations (None); a model that declares none has none, which Triton allows (a BLS driver).
-    def inputs(self) -> list | None:
-        return None if self._described.get("input") else []
-
-    def outputs(self) -> list | None:
-        return None if self._described.get("output") else []
-
-    def completed_config(self, config: Any) -> Any:
-        """The config after the model's own auto_complete_config()."""
-        completed = type(config)()
-        try:
-            json_format.ParseDict(self._described, completed, ignore_unknown_fields=True)
-        except json_format.ParseError as exc:
-            raise ConfigError(
-                f"auto_complete_config() of {self._context.model_file} made an invalid config: {exc}"
-            ) from exc
-        return completed
 
     def _args(self) -> dict[str, str]:
         return initialize_args(self._context, self._config_json)

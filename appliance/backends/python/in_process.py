@@ -31,12 +31,12 @@ from multiprocessing.connection import Connection
 from typing import Any, cast
 
 import numpy as np
-from google.protobuf import json_format
 
 from appliance.backends.base import Backend, BackendRequest, BatchResult, LoadContext, Outputs, reschedule_refused
 from appliance.backends.python import triton_python_backend_utils as pb_utils
 from appliance.backends.python.arena import Attachments
 from appliance.backends.python.backend import model_parameters
+from appliance.backends.python.described import DescribedTensors
 from appliance.backends.python.model_args import initialize_args
 from appliance.backends.python.pb import runtime
 from appliance.backends.python.pb.runtime import Runtime
@@ -119,7 +119,7 @@ class _LocalRuntime(Runtime):
             self.answer(message)
 
 
-class InProcessPythonBackend(Backend):
+class InProcessPythonBackend(DescribedTensors, Backend):
     """A batch reaches execute() as separate requests, as in Triton; each may fail alone."""
 
     def __init__(self, context: LoadContext) -> None:
@@ -145,21 +145,6 @@ class InProcessPythonBackend(Backend):
             return config
         result = hook(pb_utils.ModelConfig(config))
         return result.as_dict() if isinstance(result, pb_utils.ModelConfig) else config
-
-    def inputs(self) -> list | None:
-        return None if self._described.get("input") else []
-
-    def outputs(self) -> list | None:
-        return None if self._described.get("output") else []
-
-    def completed_config(self, config: Any) -> Any:
-        completed = type(config)()
-        try:
-            json_format.ParseDict(self._described, completed, ignore_unknown_fields=True)
-        except json_format.ParseError as exc:
-            raise ConfigError(f"auto_complete_config() of {self._context.model_file} made an invalid config: "
-                              f"{exc}") from exc
-        return completed
 
     def configure(self, config: Any) -> None:
         with runtime.serving(self._runtime):
