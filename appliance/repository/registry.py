@@ -118,7 +118,7 @@ class ModelRegistry:
                  server: ServerWide | None = None) -> None:
         """``on_event`` is told of model_loaded / model_failed / backend_chosen / model_unloaded (kind,
         model, version, detail): the metrics history records them. ``overlay``: model name -> directory
-        of the models pushed over the load API (core.pushed), served in place of the repository's.
+        of the models pushed over the load API (appliance.repository.pushed), served in place of the repository's.
         ``services``: what the daemon lends backends; the registry adds its own models to it
         (``LocalModels``: Python models call models), which may load and unload models when
         ``control_mode`` is explicit, with files kept in ``pushes`` (as the load API's pushes are);
@@ -384,7 +384,7 @@ class ModelRegistry:
 
     async def retune(self, name: str, traffic: dict[int, dict]) -> ModelEntry:
         """Reload a model with its versions tuned on their traffic (``traffic``: per version, the profile
-        from core.traffic), through ``load``: no downtime, and a failed retune keeps the model serving."""
+        from appliance.engine.traffic), through ``load``: no downtime, and a failed retune keeps the model serving."""
         entry = self.entry(name)
         if name in self._held:
             return entry
