@@ -18,7 +18,7 @@ from tritonclient.grpc import service_pb2 as pb
 
 from appliance.examples import build_example_repository
 from tests.health_watch import HealthWatch
-from tests.http_util import call
+from tests.http_util import call, open_sockets
 from tests.models import write_python_model
 
 ADDRESS_SPACE = 4 << 30
@@ -178,21 +178,11 @@ def test_streams_are_capped_and_idle_ones_end(sleepy):
     assert elapsed < 10  # ended by the idle timeout (2 s), not the client's 30 s
 
 
-@contextlib.contextmanager
-def _sockets() -> Iterator[list[socket.socket]]:
-    opened: list[socket.socket] = []
-    try:
-        yield opened
-    finally:
-        for sock in opened:
-            sock.close()
-
-
 def test_a_connection_flood_on_the_grpc_port_leaves_http_and_descriptors_alone(module_daemon, repository):
     """Issue 22 item 4: idle connections to the gRPC port were uncounted and took every descriptor."""
     daemon = module_daemon(repository, "--model-control-mode", "explicit", "--load-model", "*",
                            prefix=("prlimit", "--nofile=700"), env={"APPLIANCE_MAX_CONNECTIONS": "256"})
-    with HealthWatch(daemon, keep_alive=False), _sockets() as flood:
+    with HealthWatch(daemon, keep_alive=False), open_sockets() as flood:
         for _ in range(900):
             sock = socket.create_connection(("127.0.0.1", daemon.grpc_port), timeout=5)
             with contextlib.suppress(OSError):
