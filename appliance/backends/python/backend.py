@@ -16,14 +16,10 @@ import queue
 import subprocess
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future
 from typing import Any
-
-import numpy as np
 
 from appliance.backends.base import (
     RESCHEDULE,
-    Backend,
     BackendRequest,
     BatchResult,
     LoadContext,
@@ -32,8 +28,8 @@ from appliance.backends.base import (
     reschedule_refused,
 )
 from appliance.backends.python.arena import Arena, Attachments, reusable_size
-from appliance.backends.python.described import DescribedTensors
 from appliance.backends.python.model_args import initialize_args
+from appliance.backends.python.model_backend import ModelPyBackend
 from appliance.backends.python.peer import Peer
 from appliance.backends.python.process import ModelProcess, ProcessExited
 from appliance.backends.python.requests import SENT, ModelError, OpenRequests, model_error
@@ -109,7 +105,7 @@ class _Instance:
                 self._children.unregister(self.process)
 
 
-class PythonBackend(DescribedTensors, Backend):
+class PythonBackend(ModelPyBackend):
     """A batch reaches model.py's execute() as separate requests, as in Triton; each may fail alone."""
 
     def __init__(self, context: LoadContext) -> None:
@@ -185,16 +181,6 @@ class PythonBackend(DescribedTensors, Backend):
         self._instance.process.call(("describe", config_to_json(self._context.config)),
                                     "running auto_complete_config()")
         self._initialize()
-
-    def run(self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]) -> dict[str, np.ndarray]:
-        (result,) = self.run_requests([BackendRequest(inputs, outputs)]).results
-        if isinstance(result, Future):
-            result = result.result()
-        if isinstance(result, BaseException):
-            raise result
-        if not isinstance(result, dict):
-            raise reschedule_refused(self._context.model_name)
-        return result
 
     def _write_inputs(self, requests: Sequence[BackendRequest], keys: list[int]) -> tuple[dict, list[dict]]:
         tensors = [list(r.inputs.items()) for r in requests]

@@ -26,18 +26,15 @@ import sys
 import threading
 import types
 from collections.abc import Mapping, Sequence
-from concurrent.futures import Future
 from multiprocessing.connection import Connection
 from typing import Any, cast
 
-import numpy as np
-
-from appliance.backends.base import Backend, BackendRequest, BatchResult, LoadContext, Outputs, reschedule_refused
+from appliance.backends.base import BackendRequest, BatchResult, LoadContext, Outputs, reschedule_refused
 from appliance.backends.python import triton_python_backend_utils as pb_utils
 from appliance.backends.python.arena import Attachments
 from appliance.backends.python.backend import model_parameters
-from appliance.backends.python.described import DescribedTensors
 from appliance.backends.python.model_args import initialize_args
+from appliance.backends.python.model_backend import ModelPyBackend
 from appliance.backends.python.pb import runtime
 from appliance.backends.python.pb.runtime import Runtime
 from appliance.backends.python.pb.transfer import error_of, tensors_of
@@ -119,7 +116,7 @@ class _LocalRuntime(Runtime):
             self.answer(message)
 
 
-class InProcessPythonBackend(DescribedTensors, Backend):
+class InProcessPythonBackend(ModelPyBackend):
     """A batch reaches execute() as separate requests, as in Triton; each may fail alone."""
 
     def __init__(self, context: LoadContext) -> None:
@@ -164,16 +161,6 @@ class InProcessPythonBackend(DescribedTensors, Backend):
             if self._loop is None:
                 self._loop = asyncio.new_event_loop()
             result = self._loop.run_until_complete(result)
-        return result
-
-    def run(self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]) -> dict[str, np.ndarray]:
-        (result,) = self.run_requests([BackendRequest(inputs, outputs)]).results
-        if isinstance(result, Future):  # answered through its response sender
-            result = result.result()
-        if isinstance(result, BaseException):
-            raise result
-        if not isinstance(result, dict):
-            raise reschedule_refused(self._context.model_name)
         return result
 
     def run_requests(self, requests: Sequence[BackendRequest]) -> BatchResult:
