@@ -17,11 +17,14 @@ __all__ = [
     "DeadlineExceeded",
     "Forbidden",
     "InferenceFailed",
+    "InputMismatch",
     "InsufficientStorage",
     "InvalidInput",
+    "LoadRefused",
     "ModelNotFound",
     "ModelNotReady",
     "NotFound",
+    "NotInRepository",
     "NotSupported",
     "PayloadTooLarge",
     "PushRefused",
@@ -43,6 +46,9 @@ class ApplianceError(Exception):
     grpc_code: str | None = None
     """The gRPC status (a grpc.StatusCode name) where it is not the one ``status`` maps to (Triton's
     UNKNOWN, ALREADY_EXISTS and CANCELLED are all 400 over HTTP, each its own code over gRPC)."""
+    from_model: bool = False
+    """Raised by the model's run (its backend or its own error), not by the server before it ran: a
+    stream answers those as the request's failed response (Triton's triton_grpc_error ends the stream)."""
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -53,6 +59,24 @@ class InvalidInput(ApplianceError):
     """The request is malformed or does not match the model (Triton: INVALID_ARG)."""
 
     status = HTTPStatus.BAD_REQUEST
+
+
+class InputMismatch(InvalidInput):
+    """An input's data does not fit its shape or datatype. Found while decoding, before the model's name
+    is at hand: ``triton`` holds Triton's words with ``{model}`` for the name (``finish`` fills it in,
+    with the request's id)."""
+
+    def __init__(self, message: str, triton: str, prefixed: bool = True) -> None:
+        super().__init__(message)
+        self.triton = triton
+        self.prefixed = prefixed
+        """Triton puts its ``[request id: ...]`` prefix before these words."""
+        self.request_id: str | None = None
+        """The request's id, where the decoder knew it."""
+
+    def finish(self, model: str) -> InvalidInput:
+        prefix = f"[request id: {self.request_id or '<id_unknown>'}] " if self.prefixed else ""
+        return InvalidInput(prefix + self.triton.replace("{model}", model))
 
 
 class PayloadTooLarge(ApplianceError):
@@ -96,12 +120,16 @@ class RefusedByRuntime(InvalidInput):
     parses numbers): the request's fault (400), counted as a backend failure as Triton counts it."""
 
 
-class PushRefused(InvalidInput):
-    """Pushed files the server cannot use (Triton: "failed to poll from model repository"): the request's
-    fault over HTTP (400), INTERNAL over gRPC as Triton answers there (its gRPC model-control example
-    checks that code)."""
+class LoadRefused(InvalidInput):
+    """A load request whose config override or files the server cannot use (Triton: "failed to poll from
+    model repository"): the request's fault over HTTP (400), INTERNAL over gRPC as Triton answers there
+    (its gRPC model-control example checks that code)."""
 
     grpc_code = "INTERNAL"
+
+
+class PushRefused(LoadRefused):
+    """Pushed files the server cannot use."""
 
 
 class PushTooLarge(PayloadTooLarge):
@@ -122,6 +150,12 @@ class NotFound(ApplianceError):
 
 class ModelNotFound(NotFound):
     """Unknown model or version."""
+
+
+class NotInRepository(ModelNotFound):
+    """A load of a model the repository does not have: 404 over HTTP, INTERNAL over gRPC as Triton."""
+
+    grpc_code = "INTERNAL"
 
 
 class RegionNotFound(NotFound):
@@ -159,6 +193,7 @@ class InferenceFailed(ApplianceError):
     """The runtime raised while executing a request that passed validation (Triton: INTERNAL)."""
 
     status = HTTPStatus.INTERNAL_SERVER_ERROR
+    from_model = True
 
 
 class InsufficientStorage(ApplianceError):

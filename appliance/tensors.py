@@ -20,7 +20,7 @@ import struct
 import ml_dtypes
 import numpy as np
 
-from appliance.errors import InvalidInput
+from appliance.errors import InputMismatch
 
 __all__ = [
     "BF16",
@@ -105,34 +105,46 @@ _U32 = struct.Struct("<I")
 
 
 def decode_bytes_tensor(buffer: memoryview | bytes, count: int, name: str) -> np.ndarray:
-    """Parse ``count`` 4-byte-length-prefixed elements; the buffer must hold exactly those."""
+    """Parse ``count`` 4-byte-length-prefixed elements; the buffer must hold exactly those.
+
+    Elements are counted as Triton counts them (an element whose length runs past the end counts, and
+    ends the data), so that a wrong count is reported in its words; nothing is sized by ``count`` before
+    the elements are there (each takes at least 4 bytes). A truncated element is refused even where the
+    count is right."""
     view = memoryview(buffer)
     offset, end = 0, len(view)
-    if count * 4 > end:  # checked before anything is sized by the claimed count
-        raise InvalidInput(
-            f"input '{name}': {count} BYTES elements need at least {count * 4} bytes of length prefixes, "
-            f"but the binary data has {end}"
-        )
-    items = np.empty(count, dtype=object)
-    for index in range(count):
-        if offset + 4 > end:
-            raise InvalidInput(
-                f"input '{name}': binary BYTES data ends after {index} of {count} elements"
+    items: list[bytes] = []
+    truncated = ""
+    while offset < end:
+        if len(items) == count:
+            raise InputMismatch(
+                f"input '{name}': {end - offset} bytes left over after {count} BYTES elements",
+                f"unexpected number of string elements {count + 1} for inference input '{name}' for model "
+                f"'{{model}}', expecting {count}",
             )
+        if end - offset < 4:
+            truncated = f"the binary data ends inside the length prefix of BYTES element {len(items)}"
+            break
         (length,) = _U32.unpack_from(view, offset)
         offset += 4
         if offset + length > end:
-            raise InvalidInput(
-                f"input '{name}': BYTES element {index} claims {length} bytes, "
-                f"but only {end - offset} remain"
-            )
-        items[index] = bytes(view[offset : offset + length])
+            truncated = f"BYTES element {len(items)} claims {length} bytes, but only {end - offset} remain"
+            items.append(b"")
+            break
+        items.append(bytes(view[offset : offset + length]))
         offset += length
-    if offset != end:
-        raise InvalidInput(
-            f"input '{name}': {end - offset} bytes left over after {count} BYTES elements"
+    if len(items) != count:
+        raise InputMismatch(
+            f"input '{name}': the binary data holds {len(items)} BYTES elements, the shape needs {count} (each a "
+            "4-byte little-endian length, then that many bytes)",
+            f"expected {count} string elements for inference input '{name}' for model '{{model}}', got "
+            f"{len(items)}",
         )
-    return items
+    if truncated:
+        raise InputMismatch(f"input '{name}': {truncated}", f"input '{name}' for model '{{model}}': {truncated}")
+    decoded = np.empty(count, dtype=object)
+    decoded[:] = items
+    return decoded
 
 
 def encode_bytes_tensor(array: np.ndarray) -> bytes:

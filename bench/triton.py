@@ -2,6 +2,7 @@
 
     python -m bench.triton [--repeats 3] [--interval-ms 1000] [--cases identity,batching,...]
                            [--protocols http,grpc] [--concurrency 1,16] [--in-process]
+                           [--baseline CHECKOUT] [--no-triton]
 
 Installs Triton and perf_analyzer into the cache outside the repository (tests/oracle: the
 nvidia-pytriton 0.7.0 and tritonclient 2.51.0 wheels), writes one repository of Python-backend models
@@ -13,6 +14,10 @@ alternates between repeats. Each figure is the median over the repeats. Beside t
 distorts least. ``--in-process`` adds a third server: the appliance with every Python model marked
 ``in_process`` (the plan for models the operator trusts). Targets: ≥ 1.0× Triton's throughput and
 ≤ 1.0× its p50 on every row. Writes bench/results/triton.md and triton.json.
+
+``--baseline CHECKOUT`` adds the appliance run from another checkout (``git archive <commit> | tar -x -C
+DIR``), alternated with the others in the same way: an A/B of a change. ``--no-triton`` leaves Triton out;
+the table's ratios are then over the baseline's figures.
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ from bench.serving import RESULTS, machine
 from bench.triton_models import REPEATS, write_repository
 
 _TICK = os.sysconf("SC_CLK_TCK")
+BASELINE = "baseline"
+"""The server name of the appliance run from ``--baseline``'s checkout."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,15 +105,15 @@ def _start_triton(repo: Path, work: Path) -> Running:
     return Running(server.http_url, server.grpc_url, server.pid, server.stop)
 
 
-def _start_appliance(repo: Path, work: Path) -> Running:
-    server = start_appliance(repo, work / "state")
+def _start_appliance(repo: Path, work: Path, tree: Path | None = None) -> Running:
+    server = start_appliance(repo, work / "state", tree=tree)
     return Running(f"127.0.0.1:{server.port}", f"127.0.0.1:{server.grpc_port}", server.process.pid, server.stop)
 
 
 _WINDOW_TOO_SHORT = ("stable measurement", "No valid requests recorded")
 
 
-def _perf(case: Case, url: str, protocol: str, concurrency: int, interval_ms: int) -> Any:
+def perf_once(case: Case, url: str, protocol: str, concurrency: int, interval_ms: int) -> Any:
     from tests.oracle import TritonUnavailable, run_perf_analyzer
 
     # No stability check to speak of (-s: windows may differ 1000-fold; the box is shared, and the repeats'
@@ -142,13 +149,13 @@ def _measure_server(running: Running, args: argparse.Namespace, record: Callable
         case = CASES[key]
         protocol = case.protocols[-1]
         try:
-            _perf(case, running.grpc if protocol == "grpc" else running.http, protocol, 2, 500)
+            perf_once(case, running.grpc if protocol == "grpc" else running.http, protocol, 2, 500)
         except TritonUnavailable as error:  # the measured runs that follow report a server that fails
             print(f"  warm-up of {case.model} failed: {error}", file=sys.stderr)
     for case, protocol, concurrency in _runs(args):
         url = running.grpc if protocol == "grpc" else running.http
         served, cpu = running.successes(case.model), tree_cpu_seconds(running.pid)
-        result = _perf(case, url, protocol, concurrency, args.interval_ms)
+        result = perf_once(case, url, protocol, concurrency, args.interval_ms)
         served = running.successes(case.model) - served
         cpu = tree_cpu_seconds(running.pid) - cpu
         record(case, protocol, concurrency, result.best.throughput, result.best.p50_us / 1000,
@@ -157,13 +164,18 @@ def _measure_server(running: Running, args: argparse.Namespace, record: Callable
 
 def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     repo = write_repository(work / "repo")
-    servers: dict[str, Callable[[], Running]] = {
-        "triton": lambda: _start_triton(repo, work / "triton"),
-        "appliance": lambda: _start_appliance(repo, work / "appliance"),
-    }
+    servers: dict[str, Callable[[], Running]] = {}
+    if not args.no_triton:
+        servers["triton"] = lambda: _start_triton(repo, work / "triton")
+    if args.baseline is not None:
+        servers[BASELINE] = lambda: _start_appliance(repo, work / "baseline", args.baseline)
+    servers["appliance"] = lambda: _start_appliance(repo, work / "appliance")
     if args.in_process:
         trusted = write_repository(work / "repo-trusted", trusted=True)
         servers["appliance in-process"] = lambda: _start_appliance(trusted, work / "appliance-trusted")
+        if args.baseline is not None:
+            servers[f"{BASELINE} in-process"] = lambda: _start_appliance(trusted, work / "baseline-trusted",
+                                                                         args.baseline)
     raw: dict[str, dict[str, list[tuple[float, ...]]]] = {name: {} for name in servers}
     loads: list[float] = []
     for repeat in range(args.repeats):
@@ -188,15 +200,17 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                for name, by_key in raw.items()}
     return {"medians": medians, "runs": raw, "machine": machine(),
             "load_average": {"median": statistics.median(loads), "min": min(loads), "max": max(loads)},
-            "settings": {k: v for k, v in vars(args).items() if k != "out"}}
+            "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "out"}}
 
 
 def table(data: dict[str, Any]) -> str:
     medians = data["medians"]
-    triton = medians["triton"]
-    others = [name for name in medians if name != "triton"]
-    lines = ["| case | protocol | c | server | inf/s (Triton) | × Triton | p50 ms (Triton) | p50 × Triton | "
-             "CPU µs/req (Triton) | throughput ≥ 1.0× | p50 ≤ 1.0× | load |",
+    reference = "triton" if "triton" in medians else BASELINE
+    triton = medians[reference]
+    others = [name for name in medians if name != reference]
+    title = "Triton" if reference == "triton" else "baseline"
+    lines = [f"| case | protocol | c | server | inf/s ({title}) | × {title} | p50 ms ({title}) | p50 × {title} | "
+             f"CPU µs/req ({title}) | throughput ≥ 1.0× | p50 ≤ 1.0× | load |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for key, base in triton.items():
         case, protocol, concurrency = key.split("|")
@@ -221,8 +235,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=lambda t: [int(c) for c in t.split(",")], default=[1, 16])
     parser.add_argument("--in-process", action="store_true",
                         help="also measure the appliance with every Python model marked in_process")
+    parser.add_argument("--baseline", type=Path, help="also measure the appliance from this checkout (an A/B)")
+    parser.add_argument("--no-triton", action="store_true", help="leave real Triton out (needs --baseline)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
+    if args.no_triton and args.baseline is None:
+        parser.error("--no-triton needs --baseline: the table's ratios are over one of the two")
     unknown = [case for case in args.cases if case not in CASES]
     if unknown:
         parser.error(f"unknown cases {unknown}; cases: {','.join(CASES)}")

@@ -320,6 +320,16 @@ class Backend(abc.ABC):
     next one is there when the current one ends). The scheduler uses it for models without dynamic
     batching, whose batches would not grow by waiting."""
 
+    inline_safe: bool | None = None
+    """Whether a batch may run on the event loop's own thread (when measured fast enough, see
+    appliance.engine.scheduler.execution): None leaves it to ``BackendInfo.in_process``. An instance that
+    knows better says so (the in-process Python plan), and may turn it False while it serves, for good."""
+    inline_refusal: str = ""
+    """Why not, when ``inline_safe`` is False (shown in /selection)."""
+    holds_gil: bool = False
+    """A batch is Python code under the GIL: a thread would not run it beside the event loop, so running
+    it there is judged by its length alone, not against the hop to a thread."""
+
     @abc.abstractmethod
     def inputs(self) -> Sequence[RuntimeTensor] | None:
         """The runtime's description of the model inputs; None when the file does not say (the

@@ -26,7 +26,8 @@ def read_labels(model_dir: Path, label_filename: str, field: str = "label_filena
 def classify(name: str, data: np.ndarray, count: int, labels: list[str], batched: bool) -> np.ndarray:
     """Top ``count`` classes of each batch item (or of the whole tensor when unbatched), as BYTES."""
     if data.dtype == object:
-        raise InvalidInput(f"output '{name}' holds BYTES and cannot be classified")
+        raise InvalidInput(f"class result not available for output due to unsupported type 'BYTES'; output '{name}' "
+                           "holds BYTES and cannot be classified")  # Triton's words (its server dies of it in 2.51)
     if data.size > MAX_CLASSIFICATION_ELEMENTS:  # sorting it would cost the server, not the client
         raise InvalidInput(
             f"classification output tensor too large: output '{name}' has {data.size} elements, at most "

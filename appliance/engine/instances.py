@@ -144,6 +144,14 @@ class InstancePool:
         finally:
             self.release(index)
 
+    def inline_refusal(self, index: int) -> str | None:
+        """Why instance ``index`` may no longer run batches on the event loop (its backend found out while
+        it served, see Backend.inline_safe), or None while it may."""
+        backend = self._backends[index]
+        if backend.inline_safe is not False:
+            return None
+        return backend.inline_refusal or "the backend can no longer run on the event loop"
+
     @staticmethod
     def _serve(inbox: queue.SimpleQueue) -> None:
         while (job := inbox.get()) is not None:

@@ -157,6 +157,17 @@ class ModelStats:
         bucket.compute_infer.add(timing.infer_ns)
         bucket.compute_output.add(timing.output_ns)
 
+    def record_failed_batch(self, batch_size: int) -> None:
+        """An execution that failed as a whole (the model raised): Triton counts the execution, in
+        ``execution_count`` and its batch size's row, but no inference and no compute time."""
+        self.execution_count += 1
+        bucket = self.batches.get(batch_size)
+        if bucket is None:
+            bucket = self.batches[batch_size] = _BatchBucket()
+        bucket.compute_input.add(0)
+        bucket.compute_infer.add(0)
+        bucket.compute_output.add(0)
+
     def batch_histogram(self) -> dict[int, int]:
         return {size: bucket.compute_infer.count for size, bucket in sorted(self.batches.items())}
 
@@ -192,4 +203,8 @@ class ModelStats:
                 }
                 for size, bucket in sorted(self.batches.items())
             ],
+            # Triton's members this server has nothing to put in yet: per-response statistics of
+            # decoupled models, and the memory a version holds on each device.
+            "response_stats": {},
+            "memory_usage": [],
         }

@@ -12,16 +12,17 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from appliance.errors import InvalidInput
+from appliance.errors import InputMismatch, InvalidInput
 from appliance.tensors import decode_bytes_tensor, element_size, numpy_dtype
 
-__all__ = ["BYTES_ELEMENT_OVERHEAD", "MAX_DIMS", "MAX_ELEMENTS", "DecodeLimits", "check_datatype", "check_shape",
-           "decode_raw_tensor"]
+__all__ = ["BYTES_ELEMENT_OVERHEAD", "MAX_DIMS", "MAX_ELEMENTS", "DecodeLimits", "byte_size_words", "check_datatype",
+           "check_shape", "decode_raw_tensor"]
 
 # Largest tensor (in elements) any request may declare; guards the arithmetic, not the memory (the
 # request size limit does that).
 MAX_ELEMENTS = 2**40
 MAX_DIMS = 64
+_UINT64 = 1 << 64
 # What one BYTES element costs beyond its text: a pointer in the object array and a bytes object.
 BYTES_ELEMENT_OVERHEAD = 8 + 33
 
@@ -40,26 +41,45 @@ def check_datatype(datatype: object, name: str) -> str:
         raise InvalidInput(f"input '{name}' needs a 'datatype' string (e.g. \"FP32\")")
     try:
         element_size(datatype)
-    except ValueError as exc:
-        raise InvalidInput(f"input '{name}': {exc}") from None
+    except ValueError as exc:  # Triton's words, then the datatypes there are
+        raise InvalidInput(f"invalid datatype for input {name}; {exc}") from None
     return datatype
 
 
-def check_shape(raw: object, name: str, limit: int) -> tuple[tuple[int, ...], int]:
+def check_shape(raw: object, name: str, limit: int, itemsize: int | None = None) -> tuple[tuple[int, ...], int]:
     """The shape as a tuple and its element count; at most ``MAX_DIMS`` non-negative dimensions and no
-    more than ``limit`` (max_tensor_elements) elements or elements per dimension."""
+    more than ``limit`` (max_tensor_elements) elements or elements per dimension. ``itemsize``: the
+    datatype's element size, for Triton's byte-size overflow check."""
     dims = list(raw) if isinstance(raw, Sequence) and not isinstance(raw, (str, bytes)) else raw
+    if isinstance(dims, list) and len(dims) <= MAX_DIMS and all(type(d) is int for d in dims) and any(
+            d < 0 for d in dims):
+        raise InputMismatch(
+            f"input '{name}': 'shape' must be a list of non-negative integers, got {dims!r}"[:400],
+            f"All input dimensions should be specified for input '{name}' for model '{{model}}', got "
+            f"[{','.join(str(d) for d in dims)}]",
+        )
     if not isinstance(dims, list) or len(dims) > MAX_DIMS or not all(type(d) is int and d >= 0 for d in dims):
         raise InvalidInput(
             f"input '{name}': 'shape' must be a list of at most {MAX_DIMS} non-negative integers, got {dims!r}"[:400]
         )
     count, bound = math.prod(dims), min(limit, MAX_ELEMENTS)
+    if count >= _UINT64:  # Triton's words, then this server's bound
+        raise InvalidInput(f"input '{name}': shape {dims} causes total element count to exceed maximum size of "
+                           f"{_UINT64 - 1}; at most {bound} elements are allowed (max_tensor_elements)")
+    if itemsize and count * itemsize >= _UINT64:
+        raise InvalidInput(f"byte size overflow for input '{name}': shape {dims} of {itemsize}-byte elements; at "
+                           f"most {bound} elements are allowed (max_tensor_elements)")
     if count > bound or any(d > bound for d in dims):  # [0, 2**62] has no elements but no numpy shape
         raise InvalidInput(
             f"input '{name}': shape {dims} has more elements, or a larger dimension, than the {bound} "
             "allowed (max_tensor_elements)"
         )
     return tuple(dims), count
+
+
+def byte_size_words(name: str, expected: int, got: int) -> str:
+    """Triton's words for an input whose bytes do not fit its shape (``{model}`` for the model)."""
+    return f"input byte size mismatch for input '{name}' for model '{{model}}'. Expected {expected}, got {got}"
 
 
 def decode_raw_tensor(chunk: memoryview | bytes, datatype: str, shape: tuple[int, ...], count: int,
@@ -72,8 +92,9 @@ def decode_raw_tensor(chunk: memoryview | bytes, datatype: str, shape: tuple[int
     itemsize = element_size(datatype)
     assert itemsize is not None
     if len(chunk) != count * itemsize:
-        raise InvalidInput(
+        raise InputMismatch(
             f"input '{name}': shape {list(shape)} of {datatype} needs {count * itemsize} bytes, "
-            f"{size_name} is {len(chunk)}"
+            f"{size_name} is {len(chunk)}",
+            byte_size_words(name, count * itemsize, len(chunk)),
         )
     return np.frombuffer(chunk, dtype=numpy_dtype(datatype)).reshape(shape)

@@ -1,5 +1,10 @@
 """Check a request against a model's signature before it is queued, so one bad request never joins
-(and fails) a batch with good ones."""
+(and fails) a batch with good ones.
+
+The messages are Triton's (infer_request.cc), ``[request id: ...]`` prefix included: clients and
+Triton's own tests look for those words. Where Triton's words do not say how to fix it, what to
+change follows them.
+"""
 
 from __future__ import annotations
 
@@ -7,58 +12,86 @@ from appliance.engine.signature import ModelSignature
 from appliance.engine.types import InferRequest
 from appliance.errors import InvalidInput
 
-__all__ = ["validate_request"]
+__all__ = ["request_prefix", "validate_request"]
+
+_BATCH_NOTE = (
+    ". NOTE: Setting a non-zero max_batch_size in the model config requires a batch dimension to be prepended "
+    "to each input shape. If you want to specify the full shape including the batch dim in your input dims "
+    "config, try setting max_batch_size to zero. See the model configuration docs for more info on "
+    "max_batch_size."
+)
+
+
+def request_prefix(request_id: str | None) -> str:
+    """Triton's prefix of a request's errors: ``[request id: <id>] `` (``<id_unknown>`` without one)."""
+    return f"[request id: {request_id or '<id_unknown>'}] "
 
 
 def _shape_text(dims: tuple[int, ...] | list[int]) -> str:
     return "[" + ",".join(str(d) for d in dims) + "]"
 
 
+def _names(names: list[str], none: str = "[]") -> str:
+    # Triton joins them as ['a','b']; for no missing input it prints only the closing bracket.
+    return "[" + ",".join(f"'{name}'" for name in sorted(names)) + "]" if names else none
+
+
 def validate_request(model: str, signature: ModelSignature, request: InferRequest) -> int:
     """Raise InvalidInput with what was expected; return the request's batch size (1 if unbatched)."""
-    seen: set[str] = set()
+    prefix = request_prefix(request.id)
+    given = [tensor.name for tensor in request.inputs]
+    if len(set(given)) < len(given):  # Triton refuses a second input of a name as it is added
+        twice = next(name for index, name in enumerate(given) if name in given[:index])
+        raise InvalidInput(f"{prefix}input '{twice}' already exists in request")
+    required = [name for name, spec in signature.inputs.items() if not spec.optional]
+    if len(given) > len(signature.inputs) or len(set(given) & set(required)) < len(required):
+        missing = [name for name in required if name not in given]
+        raise InvalidInput(
+            f"{prefix}expected {len(signature.inputs)} inputs but got {len(given)} inputs for model '{model}'. "
+            f"Got input(s) {_names(given)}, but missing required input(s) {_names(missing, ']')}. Please provide all "
+            "required input(s)."
+        )
     batch: int | None = None
     for tensor in request.inputs:
         spec = signature.inputs.get(tensor.name)
         if spec is None:
             raise InvalidInput(
-                f"unexpected inference input '{tensor.name}' for model '{model}'; "
+                f"{prefix}unexpected inference input '{tensor.name}' for model '{model}'; "
                 f"the model's inputs are {sorted(signature.inputs)}"
             )
-        if tensor.name in seen:
-            raise InvalidInput(f"input '{tensor.name}' appears more than once in the request")
-        seen.add(tensor.name)
         if tensor.datatype != spec.datatype:
             raise InvalidInput(
-                f"inference input '{tensor.name}' data-type is '{tensor.datatype}', "
+                f"{prefix}inference input '{tensor.name}' data-type is '{tensor.datatype}', "
                 f"but model '{model}' expects '{spec.datatype}'"
             )
         shape = tensor.data.shape
         if signature.batched:
-            if len(shape) < 1 or not 1 <= shape[0] <= signature.max_batch_size:
+            if len(shape) >= 1 and shape[0] > signature.max_batch_size:
                 raise InvalidInput(
-                    f"inference input '{tensor.name}' for model '{model}' has shape {_shape_text(shape)}; "
-                    f"the first dimension is the batch size and must be 1..{signature.max_batch_size} "
-                    f"(expected {_shape_text(signature.full_shape(spec))})"
+                    f"{prefix}inference request batch-size must be <= {signature.max_batch_size} for '{model}'"
+                )
+            if len(shape) < 1 or shape[0] < 1:
+                raise InvalidInput(
+                    f"{prefix}unexpected shape for input '{tensor.name}' for model '{model}'. Expected "
+                    f"{_shape_text(signature.full_shape(spec))}, got {_shape_text(shape)}{_BATCH_NOTE}"
                 )
             if batch is not None and shape[0] != batch:
                 raise InvalidInput(
-                    f"inputs of model '{model}' disagree on the batch size: {batch} and "
+                    f"{prefix}inputs of model '{model}' disagree on the batch size: {batch} and "
                     f"{shape[0]} (input '{tensor.name}')"
                 )
             batch = shape[0]
             shape = shape[1:]
         if not spec.shape_matches(shape):
+            note = _BATCH_NOTE if signature.batched else ""
             raise InvalidInput(
-                f"unexpected shape for input '{tensor.name}' for model '{model}'. Expected "
-                f"{_shape_text(signature.full_shape(spec))}, got {_shape_text(tensor.data.shape)}"
+                f"{prefix}unexpected shape for input '{tensor.name}' for model '{model}'. Expected "
+                f"{_shape_text(signature.full_shape(spec))}, got {_shape_text(tensor.data.shape)}{note}"
             )
-    missing = sorted(name for name, spec in signature.inputs.items() if not spec.optional and name not in seen)
-    if missing:
-        raise InvalidInput(
-            f"expected {len(signature.inputs)} inputs but got {len(request.inputs)} inputs for model "
-            f"'{model}'; missing {missing}"
-        )
+    named = [output.name for output in request.outputs]
+    if len(set(named)) < len(named):  # Triton's words (2.51 returned it once; its later releases refuse it)
+        twice = next(name for index, name in enumerate(named) if name in named[:index])
+        raise InvalidInput(f"output '{twice}' already exists in request")
     for output in request.outputs:
         if output.name not in signature.outputs:
             raise InvalidInput(
@@ -66,5 +99,5 @@ def validate_request(model: str, signature: ModelSignature, request: InferReques
                 f"the model's outputs are {sorted(signature.outputs)}"
             )
         if output.classification < 0:
-            raise InvalidInput(f"output '{output.name}': classification count must be >= 0")
+            raise InvalidInput("invalid value for 'classification' parameter, expected >= 0")
     return batch or 1

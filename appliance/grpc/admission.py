@@ -1,8 +1,8 @@
-"""Admission before a byte is read: a server interceptor in front of every RPC of the service.
+"""Admission before a byte is read: every RPC of the service is served by a handler that admits it first.
 
 grpc.aio reads a unary call's whole message before it calls the handler, so a token checked in the
 handler comes too late (ten unauthenticated 200 MiB calls were all read, and parsed, before each was
-refused). The interceptor turns every unary RPC into one that reads its message itself, after:
+refused). So every unary RPC is served as one that reads its message itself, after:
 
 1. admission through the data plane: the caller's ``authorization`` metadata and address decide the
    token (``appliance.protocol.operations.ACCESS``), then the bound on requests in flight;
@@ -13,8 +13,12 @@ refused). The interceptor turns every unary RPC into one that reads its message 
 Once read, the message's bytes count on the request's account of the memory budget, and it is parsed
 on a worker thread when it is large (above ``DECODE_OFF_LOOP_BYTES``); a message that is not
 the protobuf it should be is INVALID_ARGUMENT. ModelInfer gets the raw bytes and its account
-(``Received``): the data plane parses it, counted there. ModelStreamInfer is admitted as a stream
-(``appliance.grpc.stream``).
+(``Received``, with its caller): the data plane parses it, counted there. ModelStreamInfer is
+admitted as a stream (``appliance.grpc.stream``).
+
+``AdmittingHandlers`` makes the admitting handler of every RPC once, when the server is built, and is
+grpc's one generic handler: finding a call's handler is a dictionary lookup (an interceptor costs grpc.aio
+a coroutine per call).
 """
 
 from __future__ import annotations
@@ -36,15 +40,16 @@ from appliance.budget import Account
 from appliance.errors import ApplianceError, InvalidInput, RequestTimeout, Unavailable
 from appliance.grpc.access import Gate, caller_of
 from appliance.grpc.status import abort, abort_unexpected
+from appliance.protocol.admission import Caller
 from appliance.protocol.dataplane import DataPlane
 from appliance.protocol.inference import DECODE_OFF_LOOP_BYTES
 from appliance.protocol.operations import Operation
 
-__all__ = ["OPERATIONS", "AdmissionInterceptor", "Received", "Receivers", "parse"]
+__all__ = ["OPERATIONS", "AdmittingHandlers", "Received", "Receivers", "parse"]
 
 log = logging.getLogger(__name__)
 
-_SERVICE = "/inference.GRPCInferenceService/"
+_SERVICE_NAME = "inference.GRPCInferenceService"
 OPERATIONS: dict[str, Operation] = {
     "ServerLive": Operation.SERVER_LIVE,
     "ServerReady": Operation.SERVER_READY,
@@ -79,10 +84,11 @@ _RAW = frozenset({"ModelInfer"})
 
 @dataclasses.dataclass(slots=True)
 class Received:
-    """A message as read, not parsed: its bytes are counted on ``account``."""
+    """A message as read, not parsed: its bytes are counted on ``account``; ``caller``: who sent it."""
 
     raw: bytes
     account: Account
+    caller: Caller
 
 
 class Receivers:
@@ -177,35 +183,32 @@ def _operation(base: Operation, request: Any) -> Operation:
     return base
 
 
-class AdmissionInterceptor(grpc.aio.ServerInterceptor):
-    def __init__(self, dataplane: DataPlane, gate: Gate, receivers: Receivers) -> None:
+class AdmittingHandlers(grpc.GenericRpcHandler):
+    """The handler of every RPC of ``service`` (Triton's GRPCInferenceService), each admitting its call
+    first; made once."""
+
+    def __init__(self, service: Any, dataplane: DataPlane, gate: Gate, receivers: Receivers) -> None:
         self._dataplane = dataplane
         self._gate = gate
         self._receivers = receivers
-        self._handlers: dict[str, Any] = {}
-        """The admitting handler of each method, made on its first call."""
+        self._handlers: dict[str, grpc.RpcMethodHandler] = {}
+        for method, descriptor in _METHODS.items():
+            behaviour = getattr(service, method)
+            serializer = getattr(pb, descriptor.output_type.name).SerializeToString
+            handler: grpc.RpcMethodHandler
+            if descriptor.client_streaming:  # ModelStreamInfer: admitted as a stream, its messages read raw
+                handler = grpc.stream_stream_rpc_method_handler(
+                    functools.partial(self._stream, behaviour), request_deserializer=None,
+                    response_serializer=serializer)
+            else:
+                handler = grpc.stream_unary_rpc_method_handler(
+                    functools.partial(self._unary, method, OPERATIONS[method], behaviour,
+                                      getattr(pb, descriptor.input_type.name).FromString),
+                    request_deserializer=None, response_serializer=serializer)
+            self._handlers[f"/{_SERVICE_NAME}/{method}"] = handler
 
-    async def intercept_service(self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
-                                details: grpc.HandlerCallDetails) -> Any:
-        admitting = self._handlers.get(details.method)
-        if admitting is not None:
-            return admitting
-        handler = await continuation(details)
-        method = details.method.removeprefix(_SERVICE)
-        operation = OPERATIONS.get(method)
-        if handler is None or operation is None or details.method == method:
-            return handler
-        if handler.request_streaming:  # ModelStreamInfer: admitted as a stream, its messages read raw
-            admitting = grpc.stream_stream_rpc_method_handler(
-                functools.partial(self._stream, handler.stream_stream), request_deserializer=None,
-                response_serializer=handler.response_serializer)
-        else:
-            behaviour = functools.partial(self._unary, method, operation, handler.unary_unary,
-                                          handler.request_deserializer)
-            admitting = grpc.stream_unary_rpc_method_handler(behaviour, request_deserializer=None,
-                                                             response_serializer=handler.response_serializer)
-        self._handlers[details.method] = admitting
-        return admitting
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        return self._handlers.get(handler_call_details.method)
 
     async def _unary(self, method: str, operation: Operation, behaviour: Callable[..., Awaitable[Any]],
                      deserializer: Any, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> Any:
@@ -234,7 +237,7 @@ class AdmissionInterceptor(grpc.aio.ServerInterceptor):
                 del raw
                 raise
             if method in _RAW:
-                received = Received(raw, account)
+                received = Received(raw, account, caller)
                 del raw  # the handler drops the bytes once it has parsed them
                 return await behaviour(received, context)
             if size > DECODE_OFF_LOOP_BYTES:

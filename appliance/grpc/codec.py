@@ -19,14 +19,15 @@ from tritonclient.grpc import service_pb2 as pb
 from appliance.engine.tensor_checks import (
     BYTES_ELEMENT_OVERHEAD,
     DecodeLimits,
+    byte_size_words,
     check_datatype,
     check_shape,
     decode_raw_tensor,
 )
 from appliance.engine.types import InferInput, InferRequest, InferResponse, RequestedOutput, SharedMemoryInput
-from appliance.errors import InvalidInput
+from appliance.errors import InputMismatch, InvalidInput
 from appliance.protocol.shared_memory.params import shared_memory_ref
-from appliance.tensors import encode_bytes_tensor, numpy_dtype
+from appliance.tensors import element_size, encode_bytes_tensor, numpy_dtype
 
 __all__ = ["decode_infer_request", "encode_infer_response", "from_parameters", "set_parameters", "stream_options"]
 
@@ -55,6 +56,19 @@ _FIELD_DTYPE = {
     "fp32_contents": np.float32,
     "fp64_contents": np.float64,
 }
+# The datatype each typed field stands for, as Triton names it in its errors.
+_FIELD_DATATYPE = {
+    "bool_contents": "BOOL",
+    "int_contents": "INT32",
+    "int64_contents": "INT64",
+    "uint_contents": "UINT32",
+    "uint64_contents": "UINT64",
+    "fp32_contents": "FP32",
+    "fp64_contents": "FP64",
+    "bytes_contents": "BYTES",
+}
+
+
 def _ignore(size: int) -> None:
     pass
 
@@ -114,9 +128,21 @@ def _decode_contents(tensor: Any, datatype: str, shape: tuple[int, ...], count: 
         raise InvalidInput(f"input '{name}': datatype {datatype} has no typed contents field; send it in "
                            "raw_input_contents")
     values = getattr(tensor.contents, field_name)
+    if not values and count:
+        other = next((field for field in _FIELD_DATATYPE if getattr(tensor.contents, field)), None)
+        if other is not None:
+            raise InputMismatch(
+                f"input '{name}' is {datatype}, but its data came in contents.{other}; send it in "
+                f"contents.{field_name}",
+                f"unexpected explicit tensor data for input tensor '{name}' for model '{{model}}' of type "
+                f"'{_FIELD_DATATYPE[other]}', expected datatype '{datatype}'",
+                prefixed=False,
+            )
     if len(values) != count:
-        raise InvalidInput(
-            f"input '{name}': shape {list(shape)} needs {count} elements, contents.{field_name} has {len(values)}"
+        itemsize = element_size(datatype) or 0
+        raise InputMismatch(
+            f"input '{name}': shape {list(shape)} needs {count} elements, contents.{field_name} has {len(values)}",
+            byte_size_words(name, count * itemsize, len(values) * itemsize),
         )
     if datatype == "BYTES":
         reserve(count * BYTES_ELEMENT_OVERHEAD)
@@ -134,6 +160,14 @@ def _decode_contents(tensor: Any, datatype: str, shape: tuple[int, ...], count: 
     return source.reshape(shape)
 
 
+def _check_shared_memory_types(parameters: Any, name: str) -> None:
+    """Triton takes a tensor's shared-memory offset and size only as int64_param."""
+    for key in ("shared_memory_offset", "shared_memory_byte_size"):
+        parameter = parameters.get(key)
+        if parameter is not None and parameter.WhichOneof("parameter_choice") != "int64_param":
+            raise InvalidInput(f"invalid value type for '{key}' parameter for tensor '{name}', expected int64_param.")
+
+
 def decode_infer_request(
     request: pb.ModelInferRequest,
     limits: DecodeLimits = DecodeLimits(),
@@ -141,10 +175,18 @@ def decode_infer_request(
 ) -> InferRequest:
     """The core request of a ModelInferRequest. ``reserve(size)`` is called with the bytes each input
     will allocate beyond the message, after its shape is checked and before anything is allocated."""
-    model = request.model_name
     # No inputs at all is left to the model's own check: a model may have none (as under Triton).
     if len(request.inputs) > limits.max_inputs:
         raise InvalidInput(f"the request has {len(request.inputs)} inputs; at most {limits.max_inputs} are allowed")
+    try:
+        return _decode(request, limits, reserve)
+    except InputMismatch as mismatch:
+        mismatch.request_id = request.id or None
+        raise
+
+
+def _decode(request: pb.ModelInferRequest, limits: DecodeLimits, reserve: Callable[[int], None]) -> InferRequest:
+    model = request.model_name
     raw_contents = request.raw_input_contents
     raw_index = 0
     inputs: list[InferInput] = []
@@ -154,7 +196,9 @@ def decode_infer_request(
         if not name:
             raise InvalidInput(f"an input of the request for model '{model[:255]}' has no name")
         datatype = check_datatype(tensor.datatype, name)
-        shape, count = check_shape(list(tensor.shape), name, limits.max_tensor_elements)
+        shape, count = check_shape(list(tensor.shape), name, limits.max_tensor_elements, element_size(datatype))
+        if tensor.parameters:
+            _check_shared_memory_types(tensor.parameters, name)
         shared = shared_memory_ref(from_parameters(tensor.parameters), f"input '{name}'") if tensor.parameters else None
         if shared is not None:
             if tensor.HasField("contents"):
@@ -180,18 +224,18 @@ def decode_infer_request(
             raise InvalidInput(f"input '{name}' has no data: set its contents, or raw_input_contents for every "
                                "input")
         inputs.append(InferInput(name, datatype, data))
-    if raw_index != len(raw_contents):
-        raise InvalidInput(f"expected {raw_index} raw_input_contents (one per input, in order) but got "
-                           f"{len(raw_contents)} for model '{model[:255]}'")
-    outputs = []
+    # raw_input_contents beyond the inputs' are left unread, as Triton leaves them.
+    outputs: list[RequestedOutput] = []
     for output in request.outputs:
         if not output.name:
             raise InvalidInput(f"a requested output of the request for model '{model[:255]}' has no name")
+        if output.parameters:
+            _check_shared_memory_types(output.parameters, output.name)
         parameters = from_parameters(output.parameters)
         shared = shared_memory_ref(parameters, f"output '{output.name}'")
-        classification = parameters.get("classification", 0)
-        if type(classification) is not int or classification < 0:
-            raise InvalidInput(f"output '{output.name}': classification must be a non-negative integer")
+        classification = parameters.get("classification")
+        if classification is not None and (type(classification) is not int or classification <= 0):
+            raise InvalidInput("invalid value for 'classification' parameter, expected >= 0")  # Triton's words
         outputs.append(RequestedOutput(output.name, parameters, shared))
     return InferRequest(inputs, outputs, request.id or None, from_parameters(request.parameters), shared_inputs)
 
@@ -211,9 +255,6 @@ def encode_infer_response(response: InferResponse) -> pb.ModelInferResponse:
                  for o in response.outputs],
         raw_output_contents=[b"" if o.shared_memory is not None else _raw(o.data) for o in response.outputs],
     )
-    for output, tensor in zip(response.outputs, message.outputs):
-        if output.shared_memory is not None:  # written into the client's region: where, and no data
-            set_parameters(tensor.parameters, output.shared_memory.parameters())
     if response.parameters:
         set_parameters(message.parameters, response.parameters)
     return message

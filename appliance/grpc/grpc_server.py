@@ -26,11 +26,10 @@ import socket
 import time
 
 import grpc
-from tritonclient.grpc import service_pb2_grpc
 
 from appliance.errors import ConfigError
 from appliance.grpc.access import Gate
-from appliance.grpc.admission import AdmissionInterceptor, Receivers
+from appliance.grpc.admission import AdmittingHandlers, Receivers
 from appliance.grpc.config import GrpcConfig
 from appliance.grpc.service import InferenceService
 from appliance.protocol.dataplane import DataPlane
@@ -95,10 +94,10 @@ class GrpcServer:
             ("grpc.http2.max_ping_strikes", 0),
         ]
         service = InferenceService(dataplane, self.gate, config.stream)
-        interceptor = AdmissionInterceptor(dataplane, self.gate, Receivers(config.receivers, config.receive_timeout))
-        self._servers = [grpc.aio.server(options=options, interceptors=[interceptor]) for _ in range(acceptors)]
+        handlers = AdmittingHandlers(service, dataplane, self.gate, Receivers(config.receivers, config.receive_timeout))
+        self._servers = [grpc.aio.server(options=options) for _ in range(acceptors)]
         for server in self._servers:
-            service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(service, server)
+            server.add_generic_rpc_handlers([handlers])
         self.port: int | None = None
 
     async def start(self, host: str, port: int) -> int:

@@ -18,12 +18,11 @@ from appliance.budget import Account
 from appliance.engine.model import ModelVersion
 from appliance.engine.tensor_checks import DecodeLimits
 from appliance.engine.types import InferRequest
-from appliance.errors import ModelNotFound
 from appliance.grpc.access import Gate, caller_of
 from appliance.grpc.admission import Received, parse
 from appliance.grpc.codec import decode_infer_request, encode_infer_response, from_parameters, stream_options
 from appliance.grpc.config import StreamRules
-from appliance.grpc.stream import serve_stream, stream_message
+from appliance.grpc.stream import StreamFailed, serve_stream, stream_message, wants_grpc_errors
 from appliance.protocol.dataplane import DataPlane
 from appliance.protocol.inference import DECODE_OFF_LOOP_BYTES, Target
 from appliance.protocol.results import RegionStatus
@@ -84,11 +83,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         return pb.ServerReadyResponse(ready=self._dataplane.ready())
 
     async def ModelReady(self, request: pb.ModelReadyRequest, context: Any) -> pb.ModelReadyResponse:
-        try:
-            ready = self._dataplane.model_ready(request.name, request.version or None)
-        except ModelNotFound:
-            ready = False  # as Triton: an unknown model is simply not ready
-        return pb.ModelReadyResponse(ready=ready)
+        return pb.ModelReadyResponse(ready=self._dataplane.model_ready(request.name, request.version or None))
 
     async def ServerMetadata(self, request: pb.ServerMetadataRequest, context: Any) -> pb.ServerMetadataResponse:
         metadata = self._dataplane.server_metadata()
@@ -122,28 +117,33 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         received_ns = time.monotonic_ns()  # the trace's REQUEST_START
         source = InferMessage(request.raw)
         del request.raw
-        async with self._dataplane.infer(caller_of(context), source, received_ns=received_ns,
+        async with self._dataplane.infer(request.caller, source, received_ns=received_ns,
                                          account=request.account) as result:
             return encode_infer_response(result.response)
 
     async def _stream_responses(self, message: pb.ModelInferRequest, account: Account,
-                                context: grpc.aio.ServicerContext) -> AsyncGenerator[pb.ModelStreamInferResponse, None]:
+                                context: grpc.aio.ServicerContext,
+                                grpc_errors: bool) -> AsyncGenerator[pb.ModelStreamInferResponse, None]:
         """Every response of one request read from a ModelStreamInfer stream (one, unless the model is
-        decoupled), each as it is ready."""
+        decoupled), each as it is ready; with ``grpc_errors`` (Triton's triton_grpc_error header) a failed
+        response ends the stream with its status instead (StreamFailed)."""
         source = InferMessage(message=message)
         async with self._dataplane.infer_stream(caller_of(context), source, received_ns=time.monotonic_ns(),
                                                 account=account) as responses:
             async for item in responses:
                 if item.final:
                     responses.close()  # counted in the statistics before the client sees the end
+                if grpc_errors and item.error is not None:
+                    raise StreamFailed(item.error)
                 answer = stream_message(item, message, source.empty_final)
                 if answer is not None:
                     yield answer
 
     async def ModelStreamInfer(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> None:
         """The stream was admitted (``appliance.grpc.admission``); its messages come as bytes."""
-        await serve_stream(requests, context, lambda message, account: self._stream_responses(message, account,
-                                                                                                   context),
+        grpc_errors = wants_grpc_errors(context)
+        await serve_stream(requests, context,
+                           lambda message, account: self._stream_responses(message, account, context, grpc_errors),
                            self._gate, self._dataplane, self._stream_rules)
 
     # Model repository

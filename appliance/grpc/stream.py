@@ -43,7 +43,7 @@ from appliance.protocol.dataplane import DataPlane
 from appliance.protocol.inference import DECODE_OFF_LOOP_BYTES
 from appliance.protocol.operations import Operation
 
-__all__ = ["serve_stream", "stream_message"]
+__all__ = ["GRPC_ERROR", "StreamFailed", "serve_stream", "stream_message", "wants_grpc_errors"]
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +52,29 @@ Respond = Callable[[pb.ModelInferRequest, Account], AsyncGenerator[pb.ModelStrea
 FINAL = "triton_final_response"
 
 
+GRPC_ERROR = "triton_grpc_error"
+"""Triton's stream header: "true" ends the stream with a response's error as its status."""
+
+
+class StreamFailed(Exception):
+    """A response of a stream that asked for ``triton_grpc_error`` failed: the stream ends with its status."""
+
+    def __init__(self, error: ApplianceError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+def wants_grpc_errors(context: grpc.aio.ServicerContext) -> bool:
+    return any(key == GRPC_ERROR and str(value).lower() == "true" for key, value in context.invocation_metadata() or ())
+
+
+def _refused(request: pb.ModelInferRequest, message: str) -> pb.ModelStreamInferResponse:
+    # A request refused before it ran: the error and the request's id, as Triton answers it.
+    return pb.ModelStreamInferResponse(error_message=message, infer_response=pb.ModelInferResponse(id=request.id))
+
+
 def _error(request: pb.ModelInferRequest, message: str) -> pb.ModelStreamInferResponse:
-    # The request's id and model come back with the error, so the client can tell which one failed.
+    # A response that failed: the request's id and model come back with the error, and the final flag.
     answer = pb.ModelStreamInferResponse(
         error_message=message,
         infer_response=pb.ModelInferResponse(model_name=request.model_name, model_version=request.model_version,
@@ -102,6 +123,7 @@ async def _read(raw: bytes, account: Account) -> pb.ModelInferRequest:
 async def serve_stream(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext, respond: Respond,
                        gate: Gate, dataplane: DataPlane, rules: StreamRules) -> None:
     caller = caller_of(context)
+    grpc_errors = wants_grpc_errors(context)
     loop = asyncio.get_running_loop()
     writing = asyncio.Lock()  # one write at a time on the stream
     pending: set[asyncio.Task] = set()
@@ -121,11 +143,20 @@ async def serve_stream(requests: AsyncIterator[bytes], context: grpc.aio.Service
                     async with contextlib.aclosing(respond(message, account)) as messages:
                         async for reply in messages:
                             await write(reply)
+            except StreamFailed as failed:  # triton_grpc_error: the stream ends with this status
+                if not fatal.done():
+                    fatal.set_result(failed.error)
             except ApplianceError as exc:
-                await write(_error(message, exc.message))
+                if not exc.from_model:  # refused before it ran: the stream goes on
+                    await write(_refused(message, exc.message))
+                elif grpc_errors:
+                    if not fatal.done():
+                        fatal.set_result(exc)
+                else:
+                    await write(_error(message, exc.message))
             except Exception as exc:  # noqa: BLE001 - a bug: this request fails, the stream goes on
                 log.error("unhandled error serving a ModelStreamInfer request", exc_info=exc)
-                await write(_error(message, f"internal error: {type(exc).__name__}: {exc}"))
+                await write(_refused(message, f"internal error: {type(exc).__name__}: {exc}"))
 
     def forget(key: object, task: asyncio.Task) -> None:
         nonlocal quiet_since
@@ -136,6 +167,7 @@ async def serve_stream(requests: AsyncIterator[bytes], context: grpc.aio.Service
             quiet_since = loop.time()
 
     stopping = asyncio.ensure_future(gate.wait_stopping())
+    fatal: asyncio.Future[ApplianceError] = loop.create_future()
     reader = aiter(requests)
     read: asyncio.Future | None = None
     ended: ApplianceError | None = None
@@ -143,7 +175,7 @@ async def serve_stream(requests: AsyncIterator[bytes], context: grpc.aio.Service
         while True:
             if read is None and len(pending) < rules.max_pending:
                 read = asyncio.ensure_future(anext(reader))
-            waits = {stopping, *pending, *((read,) if read is not None else ())}
+            waits = {stopping, fatal, *pending, *((read,) if read is not None else ())}
             timeout = None if pending else max(0.0, quiet_since + rules.idle_timeout - loop.time())
             await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
             if read is not None and read.done():
@@ -157,7 +189,7 @@ async def serve_stream(requests: AsyncIterator[bytes], context: grpc.aio.Service
                     message = await _read(raw, account)
                 except ApplianceError as exc:  # this request is refused; the stream goes on
                     account.close()
-                    await write(_error(pb.ModelInferRequest(), exc.message))
+                    await write(_refused(pb.ModelInferRequest(), exc.message))
                     continue
                 finally:
                     del raw
@@ -169,6 +201,9 @@ async def serve_stream(requests: AsyncIterator[bytes], context: grpc.aio.Service
                     last_of_sequence[key] = task
                 task.add_done_callback(functools.partial(forget, key))
                 continue
+            if fatal.done():
+                ended = fatal.result()
+                break
             if stopping.done():
                 ended = Unavailable("the server is stopping: requests sent on this stream after the ones answered "
                                     "were not served; retry them on another box", retry_after=1)
@@ -177,10 +212,13 @@ async def serve_stream(requests: AsyncIterator[bytes], context: grpc.aio.Service
                 ended = Unavailable(f"the stream sent nothing for {rules.idle_timeout:g} s with no request in "
                                     "flight (the grpc stream_idle_timeout setting); open a new stream")
                 break
-        if pending:
+        if pending and not fatal.done():  # answer what was read (a failed response ends it at once)
             await asyncio.gather(*pending)
+        if fatal.done() and ended is None:  # a response failed (triton_grpc_error), maybe the last one
+            ended = fatal.result()
     finally:
         stopping.cancel()
+        fatal.cancel()
         if read is not None and not read.done():
             read.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):

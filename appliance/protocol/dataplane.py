@@ -42,6 +42,7 @@ from appliance.protocol.results import (
 from appliance.protocol.shared_memory import SharedMemoryRegistry
 from appliance.protocol.trace_settings import TraceSettings
 from appliance.protocol.tracing import Tracer
+from appliance.repository.config import as_reported
 from appliance.repository.pushed import PushStore
 from appliance.repository.registry import ModelRegistry, ModelState
 from appliance.state import StateDir
@@ -51,22 +52,24 @@ __all__ = ["EXTENSIONS", "SERVER_NAME", "DataPlane", "Rules"]
 # Triton's own clients check the name (simple_http_health_metadata.py: name == "triton"); the version is
 # this server's own. docs/differences-from-triton.md.
 SERVER_NAME = "triton"
-# Only the Triton extensions this server implements (the shared-memory ones are added where they are
-# served: see SharedMemoryRegistry.extensions).
+# Triton's extensions in Triton's order; the shared-memory ones only where they are served (see
+# SharedMemoryRegistry.extensions). docs/differences-from-triton.md.
 EXTENSIONS = (
-    "binary_tensor_data",
     "classification",
-    "logging",
-    "model_configuration",
+    "sequence",
     "model_repository",
     "model_repository(unload_dependents)",
-    "parameters",
     "schedule_policy",
-    "sequence",
-    "sequence(string_id)",
+    "model_configuration",
+    "system_shared_memory",
+    "cuda_shared_memory",
+    "binary_tensor_data",
+    "parameters",
     "statistics",
     "trace",
+    "logging",
 )
+_SHARED_MEMORY = frozenset({"system_shared_memory", "cuda_shared_memory"})
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -178,14 +181,16 @@ class DataPlane:
                       {"name": self._rules.box_name, "host": self._rules.host})
 
     def server_metadata(self) -> ServerMetadata:
-        served = self._shared_memory.extensions() if self._shared_memory is not None else []
-        return ServerMetadata(SERVER_NAME, __version__, (*EXTENSIONS, *served))
+        served = set(self._shared_memory.extensions()) if self._shared_memory is not None else set()
+        return ServerMetadata(SERVER_NAME, __version__,
+                              tuple(name for name in EXTENSIONS if name not in _SHARED_MEMORY or name in served))
 
     def model_ready(self, name: str, version: str | None = None) -> bool:
-        """Raises ModelNotFound for a model the repository does not have."""
+        """False for a model or version that does not serve (unknown ones too, as Triton answers);
+        raises InvalidInput for a version that is not a number."""
         try:
             self._registry.get(name, version)
-        except ModelNotReady:
+        except (ModelNotReady, ModelNotFound):
             return False
         return True
 
@@ -201,17 +206,25 @@ class DataPlane:
                              tensors(signature.inputs), tensors(signature.outputs))
 
     def model_config(self, name: str, version: str | None = None) -> mc.ModelConfig:
-        """Triton's ModelConfig message of the version that serves."""
-        return self._registry.get(name, version).config
+        """Triton's ModelConfig message of the version that serves, as Triton reports it."""
+        return as_reported(self._registry.get(name, version).config)
 
     def model_statistics(self, name: str | None = None, version: str | None = None) -> list[VersionStatistics]:
         """Triton's statistics extension: every ready version, one model, or one version."""
         if name is None:
             models = self._registry.ready_versions()
         elif version is None:
-            models = [m for _, m in sorted(self._registry.entry(name).versions.items())]
+            try:
+                models = [m for _, m in sorted(self._registry.entry(name).versions.items())]
+            except ModelNotFound:
+                models = []
+            if not models:  # Triton's words and status (INVALID_ARG) for an unknown or unloaded model
+                raise InvalidInput(f"requested model '{name[:255]}' is not available")
         else:
-            models = [self._registry.get(name, version)]
+            try:
+                models = [self._registry.get(name, version)]
+            except (ModelNotFound, ModelNotReady) as error:
+                raise InvalidInput(f"requested model version is not available for model '{name[:255]}'") from error
         return [VersionStatistics(m.name, str(m.version), m.stats.as_json()) for m in models]
 
     def model_selection(self, name: str, version: str | None = None) -> dict[str, Any]:

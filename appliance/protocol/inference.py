@@ -22,7 +22,7 @@ from appliance.engine.model import ModelVersion
 from appliance.engine.streaming import OneResponse, Responses, StreamLimits
 from appliance.engine.tensor_checks import DecodeLimits
 from appliance.engine.types import InferRequest, InferResponse
-from appliance.errors import InvalidInput, NotSupported
+from appliance.errors import InputMismatch, InvalidInput, NotSupported
 from appliance.protocol.admission import Caller
 from appliance.protocol.results import InferResult
 from appliance.protocol.shared_memory import SharedMemoryRegistry
@@ -158,10 +158,13 @@ class Inference:
     async def _decode(self, model: ModelVersion, source: InferSource, caller: Caller,
                       account: Account) -> InferRequest:
         work = await source.receive(account)
-        if work > DECODE_OFF_LOOP_BYTES:
-            request = await asyncio.to_thread(source.decode, model, self._limits, account.reserve)
-        else:
-            request = source.decode(model, self._limits, account.reserve)
+        try:
+            if work > DECODE_OFF_LOOP_BYTES:
+                request = await asyncio.to_thread(source.decode, model, self._limits, account.reserve)
+            else:
+                request = source.decode(model, self._limits, account.reserve)
+        except InputMismatch as mismatch:  # in Triton's words, now that the model is known
+            raise mismatch.finish(model.name) from None
         if request.uses_shared_memory:
             if self._shared_memory is None:
                 raise NotSupported(NOT_SERVED)
@@ -187,7 +190,12 @@ class Inference:
         if not request.uses_shared_memory:
             return await model.infer(request)
         assert self._shared_memory is not None
-        with await self._shared_memory.bind(request, local=self._local(caller), reserve=reserve) as binding:
+        try:
+            binding = await self._shared_memory.bind(request, local=self._local(caller), reserve=reserve)
+        except InputMismatch as mismatch:
+            mismatch.request_id = request.id
+            raise mismatch.finish(model.name) from None
+        with binding:
             response = await model.infer(request)
             await binding.write(response)
         return response
@@ -199,7 +207,11 @@ class Inference:
         try:
             if request.uses_shared_memory:
                 assert self._shared_memory is not None
-                binding = await self._shared_memory.bind(request, local=self._local(caller), reserve=reserve)
+                try:
+                    binding = await self._shared_memory.bind(request, local=self._local(caller), reserve=reserve)
+                except InputMismatch as mismatch:
+                    mismatch.request_id = request.id
+                    raise mismatch.finish(model.name) from None
             stream = await model.open_stream(request, self._stream_limits, (reserve, release))
         except BaseException:
             if binding is not None:

@@ -107,7 +107,7 @@ class LogSettings:
                                   "logs to its standard error (the journal under systemd)")
             if key in _BOOLS:
                 if type(value) is not bool:
-                    raise InvalidInput(f"expect boolean for '{key}', got {value!r}"[:200])
+                    raise InvalidInput(f"expect boolean for '{key}'; got {value!r}"[:200])
             elif key == "log_verbose_level":
                 if type(value) is not int or not 0 <= value < 2**32:
                     raise InvalidInput(f"expect unsigned integer for '{key}', got {value!r}"[:200])

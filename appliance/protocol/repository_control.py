@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from appliance.errors import InvalidInput, NotSupported
+from appliance.errors import InvalidInput, NotSupported, Unavailable
 from appliance.protocol.results import IndexEntry
 from appliance.repository.push_load import checked_push, config_override, load_push
 from appliance.repository.pushed import FILE_PREFIX, PushStore
@@ -29,9 +29,10 @@ class RepositoryControl:
 
     def _check_control(self, action: str) -> None:
         if self._control_mode != "explicit":
-            raise InvalidInput(
-                f"explicit model {action} is not allowed in model control mode {self._control_mode!r}; "
-                "start the daemon with --model-control-mode explicit"
+            # Triton's words and status (UNAVAILABLE), then the fix.
+            raise Unavailable(
+                "explicit model load / unload is not allowed if polling is enabled; this server's model control "
+                f"mode is {self._control_mode!r}: start it with --model-control-mode explicit"
             )
 
     def _pushed(self, name: str) -> bool:
@@ -76,6 +77,8 @@ class RepositoryControl:
         if not pushed:
             self._check_control("unload")
         self._registry.model_dir(name)
+        if not self._registry.known(name):
+            return  # as Triton: unloading a model that is not there succeeds (idempotent unload scripts)
         dependents = parameters.get("unload_dependents", False)
         if not isinstance(dependents, bool):
             raise InvalidInput(f"parameter 'unload_dependents' must be a boolean, got {dependents!r}")
@@ -99,8 +102,13 @@ class RepositoryControl:
             else:
                 origin = "pushed" if self._pushed(entry.name) else "repository"
             if entry.state is not ModelState.READY:
-                if not ready_only:
-                    rows.append(IndexEntry(entry.name, entry.state.value, entry.reason, origin))
+                if ready_only:
+                    continue
+                # An unloaded model keeps a row per version it served (Triton's index does).
+                versions: list[str | None] = (
+                    [str(v) for v in entry.retired_versions] if entry.state is ModelState.UNAVAILABLE else [])
+                rows.extend(IndexEntry(entry.name, entry.state.value, entry.reason, origin, version)
+                            for version in versions or [None])
                 continue
             rows.extend(IndexEntry(entry.name, "READY", entry.reason, origin, str(version))
                         for version in sorted(entry.versions))

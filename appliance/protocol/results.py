@@ -100,7 +100,10 @@ class IndexEntry:
         row: dict[str, Any] = {"name": self.name}
         if self.version is not None:
             row["version"] = self.version
-        row.update(state=self.state, reason=self.reason, origin=self.origin)
+        row["state"] = self.state
+        if self.reason:  # Triton leaves an empty reason out
+            row["reason"] = self.reason
+        row["origin"] = self.origin
         return row
 
 

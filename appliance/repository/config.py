@@ -26,6 +26,7 @@ __all__ = [
     "CONFIG_FILENAME",
     "DEFAULT_MAX_BATCH_SIZE",
     "ENSEMBLE_PLATFORM",
+    "as_reported",
     "complete_config",
     "config_from_json",
     "config_to_json",
@@ -237,6 +238,11 @@ def _dims_compatible(declared: list[int], found: list[int]) -> bool:
     )
 
 
+# The platforms Triton's auto-complete writes into a config (AutoCompleteBackendFields); for other
+# backends (python, openvino) it leaves ``platform`` empty and names only the backend.
+_TRITON_PLATFORMS = frozenset({"onnxruntime_onnx", "pytorch_libtorch", "tensorrt_plan"})
+
+
 def complete_config(
     config: mc.ModelConfig,
     *,
@@ -259,7 +265,7 @@ def complete_config(
         inputs = _declared("input", config.input, config)
     if outputs is None:
         outputs = _declared("output", config.output, config)
-    if not config.platform:
+    if not config.platform and platform in _TRITON_PLATFORMS:
         config.platform = platform
     if not config.backend:
         config.backend = backend
@@ -285,14 +291,32 @@ def complete_config(
     hidden_inputs, hidden_outputs = hidden_tensors(config)
     _complete_tensors("input", config.input, [t for t in inputs if t.name not in hidden_inputs], config)
     _complete_tensors("output", config.output, [t for t in outputs if t.name not in hidden_outputs], config)
-    if not config.instance_group:
+    if not config.instance_group:  # Triton's default group takes the model's name...
         config.instance_group.add(name=config.name, kind=mc.ModelInstanceGroup.KIND_CPU)
-    for group in config.instance_group:
+    for index, group in enumerate(config.instance_group):
+        if not group.name:  # ...and a group the config left unnamed <model>_<index>
+            group.name = f"{config.name}_{index}"
         if group.count < 1:
             # Triton's SetDefaultInstanceCount: 2 per CPU group for onnxruntime, else 1.
             group.count = cpu_instances if group.kind in (mc.ModelInstanceGroup.KIND_CPU,
                                                          mc.ModelInstanceGroup.KIND_AUTO) else 1
+    if not config.HasField("optimization"):
+        # What Triton's auto-complete adds to every model it runs itself (not ensembles).
+        config.optimization.input_pinned_memory.enable = True
+        config.optimization.output_pinned_memory.enable = True
     return config
+
+
+def as_reported(config: mc.ModelConfig) -> mc.ModelConfig:
+    """The config as Triton reports it: its auto-complete also writes ``preferred_batch_size:
+    [max_batch_size]`` into a dynamic batcher that names none. The serving config keeps the list empty:
+    the batcher then spreads queued work over idle instances instead of filling one batch."""
+    if not (config.HasField("dynamic_batching") and config.max_batch_size > 0
+            and not config.dynamic_batching.preferred_batch_size):
+        return config
+    reported = _copy(config)
+    reported.dynamic_batching.preferred_batch_size.append(config.max_batch_size)
+    return reported
 
 
 def _check_sequence_tensors(config: mc.ModelConfig, inputs: Sequence[RuntimeTensor]) -> None:

@@ -49,8 +49,10 @@ def model_directory(repository: Path, name: str, pushed: Mapping[str, Path]) -> 
     """The directory of model ``name``: its pushed one, else the repository's, which must lie inside the
     repository (no traversal, no symlink pointing out)."""
     if not _NAME.fullmatch(name) or name in (".", ".."):
+        # Triton's Python backend refuses such a name in these words (its stub launcher's check).
         raise InvalidInput(
-            f"invalid model name {name[:80]!r}: use 1-255 letters, digits, '.', '_' or '-'"
+            f"invalid model name {name[:80]!r}: use 1-255 letters, digits, '.', '_' or '-' (Invalid stub "
+            "name: contains invalid characters)"
         )
     path = repository / name
     root = repository.resolve()

@@ -161,7 +161,9 @@ def _load_version(
             if choice.unmeasured:
                 log.warning("model %s version %d: %s. To fix: %s", model_dir.name, version,
                             choice.decision.get("reason"), choice.decision.get("fix"))
-            elif choice.measured:  # serve with the chosen plan (and its cached artefacts)
+            # Serve with the chosen plan (and its cached artefacts); with nothing measured, with the plan
+            # the config pins (a Python model that calls other models, pinned in-process), if it pins one.
+            if choice.measured or choice.pinned:
                 first.close()
                 instances.clear()
                 target = named(choice.plan.backend)
@@ -209,7 +211,10 @@ def _load_version(
     if isinstance(policy, SequencePolicy):  # a sequence's steps run in order on threads
         scheduler = SequenceScheduler(label, model_dir.name, pool, policy, stats)
     else:
-        execution = choose_execution(plan_batch_ns(selection), options.thread_hop_ns, target.in_process)
+        safe = [target.in_process if backend.inline_safe is None else backend.inline_safe for backend in instances]
+        refusal = next((backend.inline_refusal for backend in instances if backend.inline_safe is False), "")
+        execution = choose_execution(plan_batch_ns(selection), options.thread_hop_ns, all(safe),
+                                     holds_gil=all(backend.holds_gil for backend in instances), unsafe_reason=refusal)
         scheduler = Scheduler(label, pool, policy, stats, execution)
     model = ModelVersion(
         name=model_dir.name,

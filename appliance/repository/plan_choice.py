@@ -74,7 +74,13 @@ class PlanChoice(Protocol):
 
     @property
     def unmeasured(self) -> bool:
-        """No candidate could be measured: served on the config's default plan, as --no-selection."""
+        """No candidate could be measured: served on the plan the config pins (``pinned``), else on the
+        config's default plan, as --no-selection."""
+        ...
+
+    @property
+    def pinned(self) -> bool:
+        """Nothing could be measured, and the config pins the plan: serve with it."""
         ...
 
 

@@ -9,7 +9,7 @@ import asyncio
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from appliance.errors import ConfigError, InvalidInput, PayloadTooLarge, PushRefused, PushTooLarge
+from appliance.errors import ConfigError, InvalidInput, LoadRefused, PayloadTooLarge, PushRefused, PushTooLarge
 from appliance.repository.config import config_from_json
 from appliance.repository.pushed import PushStore, check_push_name, file_parameters
 from appliance.repository.served import Models
@@ -26,8 +26,8 @@ def config_override(name: str, parameters: Mapping[str, Any]) -> mc.ModelConfig 
         return None
     try:
         return config_from_json(parameters["config"], name)
-    except ConfigError as exc:
-        raise ConfigError(f"failed to load '{name}': {exc.message}") from None
+    except ConfigError as exc:  # Triton's words first, then what is wrong
+        raise LoadRefused(f"failed to load '{name}', failed to poll from model repository: {exc.message}") from None
 
 
 def checked_push(store: PushStore, name: str, parameters: Mapping[str, Any]) -> tuple[mc.ModelConfig, dict[str, bytes]]:
@@ -45,6 +45,8 @@ def checked_push(store: PushStore, name: str, parameters: Mapping[str, Any]) -> 
         if not any("/" in relative and relative.split("/")[0].isdigit() for relative in files):
             raise InvalidInput("the pushed files have no version directory; send the model file as "
                                "'file:1/<file name>' (e.g. file:1/model.onnx)")
+    except LoadRefused as exc:  # a config it cannot use: the words are there already
+        raise PushRefused(exc.message) from None
     except (InvalidInput, PayloadTooLarge) as exc:
         refusal = PushTooLarge if isinstance(exc, PayloadTooLarge) else PushRefused
         raise refusal(f"failed to load '{name}', failed to poll from model repository: {exc.message}") from None

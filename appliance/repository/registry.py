@@ -21,7 +21,7 @@ from appliance.backends.base import BackendServices
 from appliance.engine.model import ModelVersion
 from appliance.engine.server_wide import ServerWide
 from appliance.engine.streaming import StreamLimits
-from appliance.errors import ApplianceError, ConfigError, InvalidInput, ModelNotFound, ModelNotReady
+from appliance.errors import ApplianceError, ConfigError, InvalidInput, ModelNotFound, ModelNotReady, NotInRepository
 from appliance.repository.bls import LocalModels
 from appliance.repository.config import read_config
 from appliance.repository.ensemble import (
@@ -83,11 +83,21 @@ class ModelEntry:
     """The composing model whose unload took this ensemble down (poll mode loads it again with it)."""
     origin: str = "repository"
     """Where the serving files come from: "repository", or "pushed" (the load API's file overrides)."""
+    retired_versions: tuple[int, ...] = ()
+    """The versions it served before it was unloaded (Triton's index keeps a row for each)."""
 
     def latest(self) -> ModelVersion:
         if not self.versions:
-            raise ModelNotReady(f"model '{self.name}' is not ready: {self.reason or self.state.value}")
+            raise self.not_serving()
         return self.versions[max(self.versions)]
+
+    def not_serving(self) -> ModelNotReady | ModelNotFound:
+        """Why no version serves: still loading is worth a retry (503); unloaded or failed is Triton's
+        NOT_FOUND "has no available versions", with the reason after its words."""
+        why = self.reason or self.state.value
+        if self.state is ModelState.LOADING:
+            return ModelNotReady(f"model '{self.name}' is not ready: {why}", retry_after=1)
+        return ModelNotFound(f"Request for unknown model: '{self.name}' has no available versions; {why}")
 
 
 def parse_version(text: str | None) -> int | None:
@@ -95,8 +105,9 @@ def parse_version(text: str | None) -> int | None:
         return None
     if not _VERSION.fullmatch(text):
         # Triton's words first (clients look for them), then the fix.
-        raise InvalidInput(f"failed to get model version from specified version string {text[:40]!r}: a model "
-                           "version must be a positive integer (or empty for the newest)")
+        raise InvalidInput(f"failed to get model version from specified version string {text[:40]!r} (details: "
+                           "stol), version should be an integral value > 0; a model version is a positive integer "
+                           "(or empty for the newest)")
     return int(text)
 
 
@@ -145,6 +156,10 @@ class ModelRegistry:
     def pushed_names(self) -> list[str]:
         """Models served from the pushed overlay rather than the repository."""
         return sorted(self._overlay()) if self._overlay is not None else []
+
+    def known(self, name: str) -> bool:
+        """Whether the registry has an entry for ``name`` (loaded, loading, failed or unloaded)."""
+        return name in self._models
 
     def in_repository(self, name: str) -> bool:
         """Whether the repository itself (not the pushed overlay) has a model directory ``name``."""
@@ -225,7 +240,8 @@ class ModelRegistry:
         """The load itself, under the model's lock; returns the entry and the versions it replaced."""
         self._calls.bind(asyncio.get_running_loop())
         if not path.is_dir():
-            raise ModelNotFound(f"failed to load '{name}': no such model in the repository {self.repository}")
+            raise NotInRepository(f"failed to load '{name}', failed to poll from model repository; no such model "
+                                  f"in the repository {self.repository}")
         entry = self._models.setdefault(name, ModelEntry(name))
         entry.wanted, entry.waiting_for = True, None
         if not entry.versions:
@@ -385,6 +401,7 @@ class ModelRegistry:
         async with self._lock(name):
             entry = self.entry(name)
             plan, retired = entry.plan, list(entry.versions.values())
+            entry.retired_versions = tuple(sorted(entry.versions)) or entry.retired_versions
             entry.versions, entry.failures, entry.plan = {}, {}, None
             entry.state, entry.reason, entry.wanted = ModelState.UNAVAILABLE, reason, False
         await self._retire(retired, reason)
@@ -449,10 +466,9 @@ class ModelRegistry:
             return entry.latest()
         model = entry.versions.get(number)
         if model is None:
-            if number in entry.failures:
-                raise ModelNotReady(
-                    f"model '{name}' version {number} is not ready: {entry.failures[number]}"
-                )
+            if number in entry.failures:  # Triton's words: a version that failed is not there
+                raise ModelNotFound(f"Request for unknown model: '{name}' version {number} is not found; it failed "
+                                    f"to load: {entry.failures[number]}")
             raise ModelNotFound(
                 f"Request for unknown model: '{name}' version {number} is not found; "
                 f"available versions: {sorted(entry.versions) or 'none'}"

@@ -25,7 +25,7 @@ from appliance.engine.tensor_checks import (
     decode_raw_tensor,
 )
 from appliance.engine.types import InferInput, InferRequest, InferResponse, RequestedOutput, SharedMemoryInput
-from appliance.errors import InvalidInput
+from appliance.errors import InputMismatch, InvalidInput
 from appliance.protocol.shared_memory.params import shared_memory_ref
 from appliance.tensors import BF16, decode_bytes_tensor, element_size, encode_bytes_tensor, numpy_dtype
 
@@ -68,7 +68,8 @@ def _ignore(size: int) -> None:
 def _parse_header(body: bytes, header_length: int | None) -> dict[str, Any]:
     if header_length is not None and not 0 <= header_length <= len(body):
         raise InvalidInput(
-            f"{HEADER_LENGTH} is {header_length}, but the body has only {len(body)} bytes"
+            f"inference header size should be in range (0, {len(body)}), got: {header_length}; {HEADER_LENGTH} is "
+            "larger than the body"
         )
     text = body if header_length is None else body[:header_length]
     return parse_json_object(text, "a JSON object with an 'inputs' list")
@@ -94,13 +95,25 @@ def _parameters(obj: dict[str, Any], where: str) -> dict[str, Any]:
     return params
 
 
+# Triton's limit on a request document's nesting; a tensor's 'data' sits 3 levels down ({"inputs": [{...}]}).
+MAX_JSON_DEPTH = 100
+_DATA_DEPTH = MAX_JSON_DEPTH - 3
+
+
+def _too_deep(name: str) -> InvalidInput:
+    return InvalidInput(f"JSON nesting depth exceeds maximum allowed limit ({MAX_JSON_DEPTH}); input '{name}': "
+                        "send 'data' flat (its shape says how it is laid out)")
+
+
 def _flatten_strings(data: Any, name: str) -> list[bytes]:
     out: list[bytes] = []
-    stack = [data]
+    stack = [(data, 0)]
     while stack:
-        item = stack.pop()
+        item, depth = stack.pop()
         if isinstance(item, list):
-            stack.extend(reversed(item))
+            if depth >= _DATA_DEPTH:
+                raise _too_deep(name)
+            stack.extend((inner, depth + 1) for inner in reversed(item))
         elif isinstance(item, str):
             out.append(item.encode("utf-8"))
         else:
@@ -120,8 +133,8 @@ def _describe(values: np.ndarray) -> str:
 
 
 def decode_json_data(data: Any, datatype: str, shape: tuple[int, ...], count: int, name: str) -> np.ndarray:
-    # Any nesting is accepted as long as the element count matches, as Triton does (JSON itself is
-    # bounded to 1024 levels by orjson).
+    # Any nesting is accepted as long as the element count matches, down to Triton's depth limit (numpy
+    # refuses ragged lists, so the first elements' chain is the depth of a list it takes).
     if datatype == "BF16":  # JSON numbers would round through FP64 to BF16 behind the client's back
         raise InvalidInput(f"receiving BF16 data via JSON is not supported. Please use the binary data format for "
                            f"input {name}")
@@ -136,6 +149,11 @@ def decode_json_data(data: Any, datatype: str, shape: tuple[int, ...], count: in
         array = np.empty(count, dtype=object)
         array[:] = items
         return array.reshape(shape)
+    depth, first = 0, data
+    while isinstance(first, list) and first:
+        depth, first = depth + 1, first[0]
+        if depth > _DATA_DEPTH:
+            raise _too_deep(name)
     try:
         dtype = numpy_dtype(datatype)
         source = np.array(data)  # the JSON values' own kind first: 1.5 must not become an INT32 1
@@ -186,6 +204,16 @@ def decode_infer_request(
     ``reserve(size)`` is called with the bytes each input will allocate, after its shape is checked and
     before anything is allocated; it may raise to refuse (the transport's memory budget does)."""
     header = _parse_header(body, header_length)
+    try:
+        return _decode_request(header, body, header_length, limits, reserve)
+    except InputMismatch as mismatch:
+        request_id = header.get("id")
+        mismatch.request_id = request_id if isinstance(request_id, str) else None
+        raise
+
+
+def _decode_request(header: dict[str, Any], body: bytes, header_length: int | None, limits: DecodeLimits,
+                    reserve: Callable[[int], None]) -> InferRequest:
     raw_inputs = header.get("inputs")
     if not isinstance(raw_inputs, list):
         # Empty is allowed: a model may have no inputs (Triton's Python models that only call others).
@@ -204,7 +232,7 @@ def decode_infer_request(
         if not isinstance(name, str) or not name:
             raise InvalidInput(f"inputs[{position}] needs a 'name' string")
         datatype = check_datatype(raw.get("datatype"), name)
-        shape, count = check_shape(raw.get("shape"), name, limits.max_tensor_elements)
+        shape, count = check_shape(raw.get("shape"), name, limits.max_tensor_elements, element_size(datatype))
         params = _parameters(raw, f"input '{name}'")
         shared = shared_memory_ref(params, f"input '{name}'")
         if shared is not None:
@@ -228,7 +256,9 @@ def decode_infer_request(
         elif "data" in raw:
             data = decode_json_data(raw["data"], datatype, shape, count, name)
         else:
-            raise InvalidInput(f"input '{name}' has neither 'data' nor parameters.binary_data_size")
+            raise InvalidInput("Input must set only one of the following fields: 'data', 'binary_data_size' in "
+                               "'parameters', 'shared_memory_region' in 'parameters'. But no field is set; input "
+                               f"'{name}' has none")
         inputs.append(InferInput(name, datatype, data))
     if offset != len(body):
         raise InvalidInput(
@@ -241,8 +271,6 @@ def decode_infer_request(
     for position, raw in enumerate(raw_outputs):
         if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
             raise InvalidInput(f"outputs[{position}] must be an object with a 'name' string")
-        if any(o.name == raw["name"] for o in outputs):
-            raise InvalidInput(f"output '{raw['name'][:255]}' already exists in request")
         params = _parameters(raw, f"output '{raw['name']}'")
         shared = shared_memory_ref(params, f"output '{raw['name']}'")
         classification = params.get("classification", 0)
@@ -275,16 +303,27 @@ def decode_raw_request(
     shape: tuple[int, ...],
     limits: DecodeLimits = _DEFAULT_LIMITS,
     reserve: Callable[[int], None] = _ignore,
+    one_element: bool = False,
 ) -> InferRequest:
     """Triton's raw binary request (``Inference-Header-Content-Length: 0``): the whole body is the
     model's only input, ``shape`` as its config gives it (one -1 is taken from the body's size); every
-    output is returned as binary data."""
+    output is returned as binary data. A BYTES input must be declared with dims [1] (``one_element``):
+    the body is then its one element, without a length prefix, as Triton reads it."""
+    if datatype == "BYTES":
+        if not one_element:
+            raise InvalidInput(f"[request id: <id_unknown>] For BYTE datatype raw input '{name}', the model must "
+                               f"have input shape [1]; send a JSON header with {HEADER_LENGTH} instead")
+        reserve(len(body) + BYTES_ELEMENT_OVERHEAD)
+        element = np.empty(1, dtype=object)
+        element[0] = bytes(body)
+        return InferRequest([InferInput(name, datatype, element.reshape(shape))], [], None,
+                            {"binary_data_output": True})
     itemsize = element_size(datatype)
     variable = [i for i, d in enumerate(shape) if d < 0]
     if variable and (itemsize is None or len(variable) > 1):
-        raise InvalidInput(
-            f"a raw binary request cannot tell the shape of input '{name}' ({list(shape)}, {datatype}); send a "
-            f"JSON header with {HEADER_LENGTH} instead"
+        raise InvalidInput(  # Triton's words, then the fix
+            f"The shape of the raw input '{name}' can not be deduced because there are more than one "
+            f"variable-sized dimension ({list(shape)}); send a JSON header with {HEADER_LENGTH} instead"
         )
     if variable:
         assert itemsize is not None  # BYTES with a variable dim was refused above
@@ -361,8 +400,8 @@ def encode_infer_response(
             "datatype": output.datatype,
             "shape": list(output.data.shape),
         }
-        if output.shared_memory is not None:  # written into the client's region: where, and no data
-            entry["parameters"] = output.shared_memory.parameters()
+        if output.shared_memory is not None:
+            pass  # written into the client's region: no data (nor its parameters, as Triton answers)
         elif binary:
             raw = _raw_bytes(output.data)
             entry["parameters"] = {"binary_data_size": len(raw)}
@@ -380,6 +419,6 @@ def encode_infer_response(
         document["parameters"] = response.parameters
     document["outputs"] = entries
     header = orjson.dumps(document, option=orjson.OPT_SERIALIZE_NUMPY)
-    if not chunks:
+    if not any(chunks):  # no binary bytes at all (none asked, or all empty): plain JSON, as Triton answers
         return header, None
     return b"".join([header, *chunks]), len(header)

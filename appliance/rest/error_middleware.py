@@ -59,9 +59,9 @@ async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
             raise
         message = exc.reason
         if exc.status == HTTPStatus.NOT_FOUND:
-            message = f"no route for {request.method} {request.path}; the API lives under /v2"
-        elif exc.status == HTTPStatus.METHOD_NOT_ALLOWED:
-            message = f"{request.method} is not allowed on {request.path}"
+            message = f"Not Found: no route for {request.method} {request.path}; the API lives under /v2"
+        elif exc.status == HTTPStatus.METHOD_NOT_ALLOWED:  # Triton's words first, as everywhere
+            message = f"Method Not Allowed: {request.method} is not allowed on {request.path}"
         return error_response(exc.status, message, {k: v for k, v in exc.headers.items() if k == "Allow"})
     except Exception as exc:
         log.exception("unhandled error serving %s %s", request.method, request.path)

@@ -2,15 +2,16 @@
 ``POST .../generate_stream`` (every response as a server-sent event), for any model; a decoupled
 model's responses are written as it sends them.
 
-Errors before the model runs are JSON errors with their status, as on every route. Once a stream has
-started, an error is an event ``data: {"error": "..."}``; the status is that of the first event (so a
-stream whose first event is an error carries that error's status, as Triton does). A client that
+Errors before the model runs are JSON errors with their status, as on every route. A failure of the
+model itself is 400 on both routes, as Triton answers it; on generate_stream it is an event
+``data: {"error": "..."}`` (the stream goes on), the stream's status that of its first event. A client that
 disconnects cancels its request: the handler is cancelled, the stream closed, the model sees
 ``request.is_cancelled()``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 
@@ -19,10 +20,10 @@ from aiohttp import web
 
 from appliance.budget import Account
 from appliance.engine.model import ModelVersion
-from appliance.engine.streaming import StreamItem
+from appliance.engine.streaming import Responses, StreamItem
 from appliance.engine.tensor_checks import DecodeLimits
 from appliance.engine.types import InferRequest
-from appliance.errors import ApplianceError, InferenceFailed
+from appliance.errors import ApplianceError, InferenceFailed, InvalidInput
 from appliance.protocol.inference import Target
 from appliance.rest.body import read_body
 from appliance.rest.generate_codec import decode_generate_request, encode_generate_response, sse_event
@@ -63,7 +64,19 @@ def _responses(request: web.Request):
     return plane.infer_stream(caller(request), _GenerateBody(request), received_ns=time.monotonic_ns())
 
 
+def _as_generate_error(error: ApplianceError) -> ApplianceError:
+    """Triton's generate endpoints answer a failure of the model with 400, whatever it was."""
+    return InvalidInput(error.message) if error.from_model else error
+
+
 async def generate(request: web.Request) -> web.Response:
+    try:
+        return await _generate(request)
+    except ApplianceError as error:
+        raise _as_generate_error(error) from None
+
+
+async def _generate(request: web.Request) -> web.Response:
     async with _responses(request) as responses:
         answer: bytes | None = None
         async for item in responses:
@@ -91,24 +104,40 @@ def _event(item: StreamItem) -> bytes | None:
 
 
 async def generate_stream(request: web.Request) -> web.StreamResponse:
-    async with _responses(request) as responses:
-        stream: web.StreamResponse | None = None
-        async for item in responses:
-            if item.final:
-                responses.close()  # counted in the statistics before the client sees the end
-            event = _event(item)
-            if event is None:
-                continue
-            if stream is None:
-                status = item.error.status if item.error is not None else 200
-                stream = web.StreamResponse(status=status, headers=_SSE_HEADERS)
-                await stream.prepare(request)
-            try:
-                await stream.write(event)  # waits while the client is slow: the model is held back
-            except ConnectionError:
-                return stream  # the client went away: leaving the responses cancels the request
-        if stream is None:  # the model sent no response at all: an empty event stream
-            stream = web.StreamResponse(headers=_SSE_HEADERS)
+    async with contextlib.AsyncExitStack() as stack:
+        try:
+            responses = await stack.enter_async_context(_responses(request))
+        except ApplianceError as error:
+            if not error.from_model:
+                raise  # refused before the model ran: a JSON error with its status
+            # The model failed (one that answers once fails before its one response): as Triton, an
+            # event stream whose one event is the error, under 400.
+            stream = web.StreamResponse(status=400, headers=_SSE_HEADERS)
             await stream.prepare(request)
-        await stream.write_eof()
+            await stream.write(sse_event(orjson.dumps({"error": error.message})))
+            await stream.write_eof()
+            return stream
+        return await _write_events(request, responses)
+
+
+async def _write_events(request: web.Request, responses: Responses) -> web.StreamResponse:
+    stream: web.StreamResponse | None = None
+    async for item in responses:
+        if item.final:
+            responses.close()  # counted in the statistics before the client sees the end
+        event = _event(item)
+        if event is None:
+            continue
+        if stream is None:
+            status = _as_generate_error(item.error).status if item.error is not None else 200
+            stream = web.StreamResponse(status=status, headers=_SSE_HEADERS)
+            await stream.prepare(request)
+        try:
+            await stream.write(event)  # waits while the client is slow: the model is held back
+        except ConnectionError:
+            return stream  # the client went away: leaving the responses cancels the request
+    if stream is None:  # the model sent no response at all: an empty event stream
+        stream = web.StreamResponse(headers=_SSE_HEADERS)
+        await stream.prepare(request)
+    await stream.write_eof()
     return stream

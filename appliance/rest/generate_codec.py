@@ -13,6 +13,7 @@ more as a flat list. When names collide the first of those wins, as in Triton.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
 from typing import Any
@@ -104,10 +105,36 @@ class _Decoder:
                                                                              name)))
 
 
+def _repeated_input(body: bytes, signature: ModelSignature) -> str | None:
+    """The first model input a generate body names twice (at the top level or in its ``parameters``).
+
+    orjson keeps the last of repeated keys; Triton turns every member into an input, so a repeated input
+    name is refused there. Only bodies where some input name occurs twice in the text are looked at again
+    (with the standard parser, which reports every pair)."""
+    names = [name for name in signature.inputs if body.count(orjson.dumps(name)) > 1]
+    if not names:
+        return None
+    found: list[str] = []
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        keys = [key for key, _ in items]
+        found.extend(key for key in names if keys.count(key) > 1)
+        return dict(items)
+
+    try:
+        json.loads(body, object_pairs_hook=pairs)
+    except ValueError:
+        return None  # orjson took it: a difference of parsers is not this request's fault
+    return found[0] if found else None
+
+
 def decode_generate_request(body: bytes, signature: ModelSignature, limits: DecodeLimits,
                             reserve: Callable[[int], None] = _ignore) -> InferRequest:
     """A generate body as an inference request for a model with ``signature`` (an empty body is {})."""
     document = parse_json_object(body, "a JSON object of inputs and parameters") if body.strip() else {}
+    repeated = _repeated_input(body, signature)
+    if repeated is not None:  # Triton's words
+        raise InvalidInput(f"[request id: <id_unknown>] input '{repeated}' already exists in request")
     request_id = document.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise InvalidInput("Unable to parse 'id': it must be a string")

@@ -18,7 +18,7 @@ from appliance.dashboard import STATIC_DIR
 from appliance.engine.model import ModelVersion
 from appliance.engine.tensor_checks import DecodeLimits
 from appliance.engine.types import InferRequest
-from appliance.errors import InvalidInput, Unavailable
+from appliance.errors import InvalidInput, NotFound, Unavailable
 from appliance.fleet_signature import NONCE_PATH
 from appliance.metrics.history import history
 from appliance.protocol.inference import Target
@@ -42,7 +42,12 @@ _MAX_VERSION = (1 << 63) - 1
 
 
 def _model_args(request: web.Request) -> tuple[str, str | None]:
-    return request.match_info["model"], request.match_info.get("version")
+    version = request.match_info.get("version")
+    if version is not None and not (version.isascii() and version.isdigit()):
+        # Triton's routes take only digits there: any other path is no route at all.
+        raise NotFound(f"Not Found: no route for {request.method} {request.path}; a model version in the path is "
+                       "a number (/v2/models/<model>/versions/<n>/...)")
+    return request.match_info["model"], version
 
 
 async def server_live(request: web.Request) -> web.Response:
@@ -70,7 +75,7 @@ async def model_ready(request: web.Request) -> web.Response:
     name, version = _model_args(request)
     if request.app[DATAPLANE].model_ready(name, version):
         return web.Response(status=200)
-    return error_response(503, f"model '{name}' is not ready")
+    return error_response(400, "Model version not ready")  # Triton's answer, unknown models included
 
 
 async def model_config(request: web.Request) -> web.Response:
@@ -90,14 +95,15 @@ def _decode_raw(body: bytes, model: ModelVersion, limits: DecodeLimits,
                 reserve: Callable[[int], None]) -> InferRequest:
     """A raw binary request: the body is the model's only input (Triton's binary data extension)."""
     signature = model.signature
-    if len(signature.inputs) != 1:
+    if len(signature.inputs) != 1:  # Triton's words (its "found" is the one raw input), then the fix
         raise InvalidInput(
-            f"a raw binary request ({HEADER_LENGTH}: 0) needs a model with exactly one input; model "
-            f"'{model.name}' has {len(signature.inputs)}: send a JSON header instead"
+            f"[request id: <id_unknown>] Raw request must only have 1 input (found 1) to be deduced but got "
+            f"{len(signature.inputs)} inputs in '{model.name}' model configuration; send a JSON header with "
+            f"{HEADER_LENGTH} instead"
         )
     (spec,) = signature.inputs.values()
     shape = (1, *spec.dims) if signature.batched else tuple(spec.dims)
-    return decode_raw_request(body, spec.name, spec.datatype, shape, limits, reserve)
+    return decode_raw_request(body, spec.name, spec.datatype, shape, limits, reserve, one_element=spec.dims == (1,))
 
 
 def _decoding_work(body: bytes, header_length: int | None) -> int:
@@ -273,8 +279,8 @@ def _setting_values(key: str, value: object) -> list[str]:
     if value is None:
         return []
     items = value if isinstance(value, list) else [value]
-    if not all(isinstance(item, (str, int)) and not isinstance(item, bool) for item in items):
-        raise InvalidInput(f"trace setting {key[:80]!r} must be a string, a list of strings or null")
+    if not all(isinstance(item, str) for item in items):  # Triton's JSON reader takes strings only
+        raise InvalidInput(f"trace setting {key[:80]!r} must be a string, a list of strings or null (e.g. \"1\")")
     return [str(item) for item in items]
 
 

@@ -38,8 +38,12 @@ async def system_status(request: web.Request) -> web.Response:
 async def system_register(request: web.Request) -> web.Response:
     body = await optional_json(request, 'a JSON object such as {"key": "/input0", "offset": 0, "byte_size": 64}')
     name = request.match_info["region"]
-    if "key" not in body or "byte_size" not in body:
-        raise InvalidInput(f"failed to register shared memory region '{name}': the body needs 'key' and 'byte_size'")
+    if "key" not in body:  # Triton's words, then the fix
+        raise InvalidInput(f"Shared memory register request has no 'key' field; region '{name}' needs 'key' and "
+                           "'byte_size'")
+    if "byte_size" not in body:
+        raise InvalidInput(f"Shared memory register request has no 'byte_size' field; region '{name}' needs 'key' "
+                           "and 'byte_size'")
     request.app[DATAPLANE].register_system_shared_memory(caller(request), name, body["key"], body.get("offset", 0),
                                                          body["byte_size"])
     return web.Response(status=200)

@@ -10,7 +10,7 @@ from typing import Any
 
 from appliance.backends import LoadContext
 from appliance.selection.inputs import InputSearch
-from appliance.selection.plans import Plan
+from appliance.selection.plans import DEFAULT_PLAN, Plan
 
 __all__ = ["FIX", "MEASURED", "ONLY_PLAN", "UNMEASURED", "Choice", "build_decision", "measured_outcome",
            "plan_from"]
@@ -35,9 +35,15 @@ class Choice:
 
     @property
     def unmeasured(self) -> bool:
-        """No candidate could be measured: the model is served on its config's default plan (``plan``
-        is DEFAULT_PLAN), as ``--no-selection`` serves it."""
+        """No candidate could be measured: the model is served on the plan its config pins (``pinned``),
+        else on its config's default plan (``plan`` is DEFAULT_PLAN), as ``--no-selection`` serves it."""
         return self.decision.get("status") == UNMEASURED
+
+    @property
+    def pinned(self) -> bool:
+        """Nothing could be measured, and the config pins ``plan``: serve with it (a Python model that calls
+        other models, which a tuning process cannot serve, pinned to the in-process plan)."""
+        return self.unmeasured and self.plan.id != DEFAULT_PLAN
 
 
 def build_decision(context: LoadContext, fingerprint: str, objective: str, plan: Plan, chosen: str | None,

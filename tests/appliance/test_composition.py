@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from appliance.composition import compose
-from appliance.errors import ConfigError, ModelNotReady
+from appliance.errors import ConfigError, ModelNotFound
 from appliance.examples import build_example_repository
 from appliance.settings import Settings
 from tests.appliance.protocol.sources import LOCAL, Decoded
@@ -27,7 +27,7 @@ async def test_starts_loads_and_stops_in_reverse(tmp_path):
     assert appliance.metrics is not None and (tmp_path / "state" / "metrics.db").exists()
     assert await appliance.close() == []
     assert appliance.registry.ready_count() == 0
-    with pytest.raises(ModelNotReady):
+    with pytest.raises(ModelNotFound, match="has no available versions; server is shutting down"):
         appliance.dataplane.model_metadata("simple")
 
 

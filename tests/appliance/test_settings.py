@@ -214,3 +214,4 @@ def test_cache_and_rate_limit_tables_in_the_settings_file(tmp_path):
 def test_cache_and_rate_limit_settings_are_validated(env, message):
     with pytest.raises(ConfigError, match=message):
         load_settings({}, env)
+

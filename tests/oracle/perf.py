@@ -86,7 +86,8 @@ def run_perf_analyzer(args: Sequence[str], *, timeout: float = 300, triton: Trit
 
 
 def parse_csv(text: str) -> list[PerfRow]:
-    """The measurement rows of perf_analyzer's ``-f`` CSV (the header line names the columns)."""
+    """The measurement rows of perf_analyzer's ``-f`` CSV (the header names the columns; rows come in its order,
+    which is not always by concurrency)."""
     # With --collect-metrics a second table follows after a blank line; the first is the measurements.
     table = re.split(r"\n\s*\n", text.strip(), maxsplit=1)[0]
     rows: list[PerfRow] = []

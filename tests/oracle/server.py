@@ -74,6 +74,9 @@ class TritonServer:
             raise TritonUnavailable("tritonserver is not running (start() first)")
         return self.process.pid
 
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
     def log(self) -> str:
         try:
             return self.log_path.read_text(errors="replace")
@@ -83,21 +86,43 @@ class TritonServer:
     # -- lifecycle -------------------------------------------------------------------------------------
     def start(self) -> TritonServer:
         """Start and wait until ready (every model loaded); raises TritonUnavailable with the log's tail."""
-        triton = self.triton = self.triton or install()
-        if not self.repository.is_dir():
-            raise TritonUnavailable(f"model repository {self.repository} does not exist")
         last = ""
         for _ in range(3):  # a port taken between free_port() and the bind: try other ports
-            self._spawn(triton)
+            self.launch()
             try:
-                self._wait_ready()
-                return self
+                return self.wait_ready()
             except TritonUnavailable as error:
                 last = str(error)
                 self.stop()
                 if "address already in use" not in last.lower():
                     break
         raise TritonUnavailable(last)
+
+    def launch(self) -> TritonServer:
+        """Start the process and return at once (wait_ready() later: start other servers meanwhile)."""
+        triton = self.triton = self.triton or install()
+        if not self.repository.is_dir():
+            raise TritonUnavailable(f"model repository {self.repository} does not exist")
+        self._spawn(triton)
+        return self
+
+    def wait_ready(self) -> TritonServer:
+        """Wait until /v2/health/ready answers 200 (with mode none: every model loaded)."""
+        deadline = time.monotonic() + self.ready_timeout
+        if self.process is None:
+            raise TritonUnavailable("tritonserver is not running (launch() first)")
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise TritonUnavailable(f"tritonserver exited with {self.process.returncode} at start-up: "
+                                        f"{_tail(self.log())}")
+            try:
+                with urllib.request.urlopen(f"{self.base}/v2/health/ready", timeout=2) as response:
+                    if response.status == 200:
+                        return self
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.1)
+        raise TritonUnavailable(f"tritonserver was not ready within {self.ready_timeout:.0f} s: {_tail(self.log())}")
 
     def stop(self) -> int | None:
         """SIGTERM, wait for the in-flight exit timeout, then kill what is left of its process group."""
@@ -143,23 +168,6 @@ class TritonServer:
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                             env=triton.server_environment(), cwd=self.log_path.parent,
                                             start_new_session=True)
-
-    def _wait_ready(self) -> None:
-        # With --model-control-mode=none and strict readiness, ready means every model loaded.
-        deadline = time.monotonic() + self.ready_timeout
-        assert self.process is not None
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise TritonUnavailable(f"tritonserver exited with {self.process.returncode} at start-up: "
-                                        f"{_tail(self.log())}")
-            try:
-                with urllib.request.urlopen(f"{self.base}/v2/health/ready", timeout=2) as response:
-                    if response.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.1)
-        raise TritonUnavailable(f"tritonserver was not ready within {self.ready_timeout:.0f} s: {_tail(self.log())}")
 
 
 def _tail(text: str, lines: int = 12) -> str:

@@ -15,6 +15,7 @@ import logging
 import queue
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -28,7 +29,7 @@ from appliance.backends.base import (
     reschedule_refused,
 )
 from appliance.backends.python.arena import Arena, Attachments, reusable_size
-from appliance.backends.python.model_args import initialize_args
+from appliance.backends.python.model_args import initialize_args, instance_name
 from appliance.backends.python.model_backend import ModelPyBackend
 from appliance.backends.python.peer import Peer
 from appliance.backends.python.process import ModelProcess, ProcessExited
@@ -47,6 +48,14 @@ _TRANSPORT_KEYS = frozenset({"priority", "timeout", "headers"})
 _START_INPUT_BYTES = 64 * 1024
 """Inputs up to this size are written into the arena on the event loop (``start_requests``): copying
 them costs less than the hop to an instance thread; larger ones are copied on the instance's thread."""
+
+
+def _failed_batch(results: list[Any], failed: InferenceFailed) -> list[Any]:
+    """After execute() raised: the batch failed as a whole (Triton counts the execution, no inference)
+    unless a request was answered through its response sender before, whose answer stands."""
+    if all(result is failed for result in results):
+        raise failed
+    return results
 
 
 def _small(requests: Sequence[BackendRequest]) -> bool:
@@ -118,6 +127,8 @@ class PythonBackend(ModelPyBackend):
         self._sending = threading.Lock()
         """Held while a batch's inputs are written and it is sent: from the loop and the instance thread."""
         self._config_json: dict = {}
+        self._config: Any = None
+        """The final, auto-completed config (set by configure)."""
         self._decoupled = False
         self._iterative = False
         """RESCHEDULE is honoured (iterative_sequence); otherwise a rescheduled request fails."""
@@ -137,10 +148,11 @@ class PythonBackend(ModelPyBackend):
         self._described = described
 
     def _args(self) -> dict[str, str]:
-        return initialize_args(self._context, self._config_json)
+        return initialize_args(self._context, self._config_json, self._config)
 
     def configure(self, config: Any) -> None:
         """Initialize the model with the final (auto-completed) config."""
+        self._config = config
         self._config_json = config_to_json(config)
         self._decoupled = bool(config.model_transaction_policy.decoupled)
         self._iterative = config.HasField("sequence_batching") and config.sequence_batching.iterative_sequence
@@ -214,9 +226,14 @@ class PythonBackend(ModelPyBackend):
         keys = instance.requests.open(requests, streamed=self._decoupled)
         results: list[Any]
         replies: queue.SimpleQueue = queue.SimpleQueue()
+        # Triton's compute_input / compute_output: handing the inputs to the model process, taking its
+        # outputs back; the rest of the call is the model's own time.
+        input_ns = output_ns = 0
         try:
             with self._sending:
+                started = time.perf_counter_ns()
                 arena_info, batch = self._write_inputs(requests, keys)
+                input_ns = time.perf_counter_ns() - started
                 instance.process.call_async(("execute", arena_info, batch), replies.put)
             reply = replies.get()
             if reply is None:
@@ -230,9 +247,15 @@ class PythonBackend(ModelPyBackend):
             error = InferenceFailed(f"{exc.message}; it is restarted for the next request")
             results = [error for _ in requests]
         else:
-            results = self._results(reply, len(requests))
+            replied = time.perf_counter_ns()
+            try:
+                results = self._results(reply, len(requests))
+            except InferenceFailed as failed:  # execute() raised
+                self._let_go_of_inputs(arena_info["path"])
+                return BatchResult(_failed_batch(instance.requests.finish_batch(keys, [failed for _ in keys]), failed))
+            output_ns = time.perf_counter_ns() - replied
         self._let_go_of_inputs(arena_info["path"])
-        return BatchResult(instance.requests.finish_batch(keys, results))
+        return BatchResult(instance.requests.finish_batch(keys, results), input_ns=input_ns, output_ns=output_ns)
 
     def _let_go_of_inputs(self, path: str) -> None:
         """After a batch: the arena it was written into (``path``), if larger than those kept for reuse,
@@ -258,25 +281,40 @@ class PythonBackend(ModelPyBackend):
             except RuntimeError:  # not called on an event loop: the reader thread reads on
                 pass
 
+        input_ns = 0
+
         def replied(reply: tuple | None) -> None:
             try:
+                taken = time.perf_counter_ns()
                 replies = self._replied(instance, reply, len(requests))
+                output_ns = time.perf_counter_ns() - taken
                 self._let_go_of_inputs(arena_info["path"])
                 results = instance.requests.finish_batch(keys, replies)
             except BaseException as exc:  # noqa: BLE001 - the batch must complete, whatever happened
+                if isinstance(exc, InferenceFailed):  # execute() raised
+                    self._let_go_of_inputs(arena_info["path"])
+                    try:
+                        answered = _failed_batch(instance.requests.finish_batch(keys, [exc for _ in keys]), exc)
+                    except InferenceFailed as failed:
+                        done(failed)
+                        return
+                    done(BatchResult(answered))
+                    return
                 done(exc)
                 return
-            done(BatchResult(results))
+            done(BatchResult(results, input_ns=input_ns, output_ns=output_ns))
 
         if not self._sending.acquire(blocking=False):
             return False  # the instance thread is writing a large batch: this one follows it there
         try:
             keys = instance.requests.open(requests, streamed=self._decoupled)
+            started = time.perf_counter_ns()
             try:
                 arena_info, batch = self._write_inputs(requests, keys)
             except BaseException as exc:
                 instance.requests.finish_batch(keys, [exc for _ in keys])
                 raise
+            input_ns = time.perf_counter_ns() - started
             instance.process.call_async(("execute", arena_info, batch), replied)
         finally:
             self._sending.release()
@@ -302,8 +340,9 @@ class PythonBackend(ModelPyBackend):
         instance = instance or self._instance
         assert instance is not None
         if reply[0] == "failed":
-            error = InferenceFailed(f"model.py execute() failed: {reply[1]}")
-            return [error for _ in range(count)]
+            # The batch failed as a whole (Triton counts the execution, but no inference), in its words.
+            raise InferenceFailed(f"Failed to process the request(s) for model "
+                                  f"'{instance_name(self._context, self._config)}', message: {reply[1]}")
         _, arena_info, packed = reply
         if packed is None:  # decoupled: the responses went to the sinks
             return [{} for _ in range(count)]

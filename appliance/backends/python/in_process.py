@@ -11,6 +11,14 @@ What isolation no longer gives: an exception in ``execute()`` still fails only i
 response only its request; but a model that hangs holds its instance (its requests wait, others do not)
 and one that crashes the interpreter (a segfault, ``os._exit``) takes the daemon with it. pb_utils calls
 from threads the model starts itself do not reach the server; decoupled models are not offered this plan.
+
+A batch may even run on the event loop's own thread, with no hop at all, when selection measured it
+within the loop's budget (``holds_gil``: a Python ``execute()`` holds the GIL, so a thread would not run
+it beside the loop anyway; see appliance.engine.scheduler.execution). Nothing may wait there for the
+loop: a model whose model.py names a call that waits for other models (``exec``, ``async_exec``,
+``load_model``, ``unload_model``) or whose ``execute`` is a coroutine never runs there, and a call that
+waits, made from there anyway (through another module), is refused: it raises in the model, that batch
+fails, and every later batch runs on the instance's thread.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ import threading
 import types
 from collections.abc import Mapping, Sequence
 from multiprocessing.connection import Connection
-from typing import Any, cast
+from typing import Any, NoReturn, cast
 
 from appliance.backends.base import BackendRequest, BatchResult, LoadContext, Outputs, reschedule_refused
 from appliance.backends.python import triton_python_backend_utils as pb_utils
@@ -53,6 +61,12 @@ log = logging.getLogger(__name__)
 PLAN_PARAMETER = "python_plan"
 """Set by the in-process plan (``python:in-process``, appliance.selection.plans) on the config the backend
 is loaded with; selection offers that plan where the config sets parameters ``in_process``."""
+
+_WAITING_CALLS = frozenset({"exec", "async_exec", "load_model", "unload_model"})
+"""pb_utils calls whose answer needs the event loop (another model's run, a load): never made from it."""
+_WAITING_QUESTIONS = frozenset({"load", "unload"})
+_ON_THE_LOOP = ("called another model, or loaded one, from execute() while it ran on the event loop, where nothing "
+                "may wait; that batch failed, and every later one runs on the instance's thread (retry the request)")
 
 _IMPORT_LOCK = threading.Lock()
 _LOADS = itertools.count(1)
@@ -100,12 +114,32 @@ class _LocalRuntime(Runtime):
         # No connection: send() below replaces it.
         super().__init__(cast(Connection, None), model_name)
         self.handlers: Mapping[str, Any] = {}
+        self.on_loop = False
+        """execute() runs on the event loop's thread: a call that waits for the loop is refused."""
+        self.refused = False
+        """Such a call was refused."""
 
     def send(self, message: tuple) -> None:
         handler = self.handlers.get(message[0])
         if handler is None:
             raise InferenceFailed(f"model {self.model_name}: unknown message {message[0]!r}")
+        if self.on_loop and _waits(message):
+            self._refuse(message)
         handler(message)
+
+    def _refuse(self, message: tuple) -> NoReturn:
+        """A call that would wait for the event loop, from the event loop: it never starts (its inputs and
+        the blocks it gave back are let go of), and the model gets an exception."""
+        self.refused = True
+        with self._calls_lock:
+            self._calls.pop(message[1], None)
+        if message[0] == "infer":
+            _, _, ref, _, meta = message
+            if ref is not None:
+                self.blocks.free(ref[0])
+            if meta.get("released"):
+                self.handlers["free"](("free", meta["released"]))
+        raise pb_utils.TritonModelException(f"model {self.model_name} {_ON_THE_LOOP}")
 
     def receive(self, message: tuple) -> None:
         """What the daemon-side handlers send to the model."""
@@ -116,8 +150,38 @@ class _LocalRuntime(Runtime):
             self.answer(message)
 
 
+def _waits(message: tuple) -> bool:
+    return message[0] == "infer" or (message[0] == "ask" and message[2] in _WAITING_QUESTIONS)
+
+
+def _names_waiting_calls(context: LoadContext) -> bool:
+    """Whether model.py's code names a pb_utils call that waits for other models (anywhere: functions,
+    methods, lambdas, comprehensions)."""
+    try:
+        code = compile(context.model_file.read_bytes(), str(context.model_file), "exec")
+    except (OSError, SyntaxError, ValueError):  # it imported, so this is unexpected: stay off the loop
+        return True
+    todo = [code]
+    while todo:
+        current = todo.pop()
+        if _WAITING_CALLS.intersection(current.co_names):
+            return True
+        todo += [const for const in current.co_consts if isinstance(const, types.CodeType)]
+    return False
+
+
+def _on_event_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
 class InProcessPythonBackend(ModelPyBackend):
     """A batch reaches execute() as separate requests, as in Triton; each may fail alone."""
+
+    holds_gil = True
 
     def __init__(self, context: LoadContext) -> None:
         self._context = context
@@ -135,6 +199,15 @@ class InProcessPythonBackend(ModelPyBackend):
             except Exception as exc:
                 raise ConfigError(f"loading {context.model_file} failed: {type(exc).__name__}: {exc}") from exc
         self._model: Any = None
+        if inspect.iscoroutinefunction(getattr(self._class, "execute", None)):
+            self.inline_safe = False
+            self.inline_refusal = "execute() is a coroutine: it is awaited on a loop of the instance's own"
+        elif _names_waiting_calls(context):
+            self.inline_safe = False
+            self.inline_refusal = (f"{context.model_file.name} calls other models (BLS) or loads them, which waits "
+                                   "for the event loop")
+        else:
+            self.inline_safe = True
 
     def _auto_complete(self, config: dict) -> dict:
         hook = getattr(self._class, "auto_complete_config", None)
@@ -147,7 +220,7 @@ class InProcessPythonBackend(ModelPyBackend):
         with runtime.serving(self._runtime):
             try:
                 self._model = self._class()
-                self._call("initialize", initialize_args(self._context, config_to_json(config)))
+                self._call("initialize", initialize_args(self._context, config_to_json(config), config))
             except Exception as exc:
                 raise ConfigError(f"initialize() of model '{self._context.model_name}' failed: "
                                   f"{type(exc).__name__}: {exc}") from exc
@@ -176,6 +249,7 @@ class InProcessPythonBackend(ModelPyBackend):
             for key, r in zip(keys, requests)
         ]
         results: list[Any]
+        self._runtime.on_loop = _on_event_loop()
         try:
             with runtime.serving(self._runtime):
                 entries = returned_entries(False, served, self._call("execute", served))
@@ -185,6 +259,11 @@ class InProcessPythonBackend(ModelPyBackend):
             results = [error for _ in requests]
         else:
             results = [self._result(entry) for entry in entries or ()]
+        finally:
+            self._runtime.on_loop = False
+            if self._runtime.refused:
+                self.inline_safe = False
+                self.inline_refusal = f"its model {_ON_THE_LOOP}"
         return BatchResult(self._requests.finish_batch(keys, results))
 
     def _result(self, entry: Any) -> Any:

@@ -4,26 +4,32 @@ daemon's."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from appliance.backends.base import LoadContext
 
-__all__ = ["initialize_args"]
+__all__ = ["initialize_args", "instance_name"]
 
 
-def initialize_args(context: LoadContext, config_json: dict) -> dict[str, str]:
-    group = 0
+def instance_name(context: LoadContext, config: Any = None) -> str:
+    """Triton's name of an instance: its instance group's name (auto-completion names a config's default
+    group after the model, its unnamed ones <model>_<group>), then the instance's index in the group.
+    ``config``: the completed config (the load context's may predate auto-completion)."""
     index = context.instance_index
-    # Triton names instances <model>_<group>_<index in group> (instance_group entries in order).
-    for position, entry in enumerate(context.config.instance_group):
-        count = entry.count if entry.count > 0 else 1
+    groups = (config if config is not None else context.config).instance_group
+    for position, group in enumerate(groups):
+        count = group.count if group.count > 0 else 1
         if index < count:
-            group = position
-            break
+            return f"{group.name or f'{context.model_name}_{position}'}_{index}"
         index -= count
+    return f"{context.model_name}_0_{context.instance_index}"
+
+
+def initialize_args(context: LoadContext, config_json: dict, config: Any = None) -> dict[str, str]:
     return {
         "model_config": json.dumps(config_json),
         "model_instance_kind": "CPU",
-        "model_instance_name": f"{context.model_name}_{group}_{index}",
+        "model_instance_name": instance_name(context, config),
         "model_instance_device_id": "0",
         "model_repository": str(context.version_dir.parent),
         "model_version": str(context.version),

@@ -40,6 +40,8 @@ _STATUS: dict[int, tuple[HTTPStatus, str]] = {
 class ModelError(ApplianceError):
     """An error a model.py returned for one request (``InferenceResponse(error=TritonError(...))``)."""
 
+    from_model = True
+
     def __init__(self, message: str, code: int) -> None:
         super().__init__(message)
         self.code = code

@@ -231,7 +231,19 @@ def _log_background_failure(future: Any) -> None:
 def _failure(exc: BaseException) -> tuple[str, str, str]:
     text = "".join(traceback.format_exception(exc))
     log.error("%s", text.rstrip())
-    return ("failed", f"{type(exc).__name__}: {exc}", text)
+    return ("failed", _what(exc), text)
+
+
+_OURS = str(Path(__file__).resolve().parent)
+
+
+def _what(exc: BaseException) -> str:
+    """The exception as Triton's stub reports it (pybind11's error_already_set::what()): its type and
+    words, then the frames of the model's own code, innermost first."""
+    frames = [frame for frame in traceback.extract_tb(exc.__traceback__)
+              if not str(Path(frame.filename).resolve()).startswith(_OURS)]
+    where = "".join(f"  {frame.filename}({frame.lineno}): {frame.name}\n" for frame in reversed(frames))
+    return f"{type(exc).__name__}: {exc}" + (f"\n\nAt:\n{where}" if where else "")
 
 
 def _execute(model: _Model, requests: list, rt: Runtime, output: Arena | None) -> tuple[tuple, Arena | None]:

@@ -62,7 +62,9 @@ def sequence_ids(parameters: Mapping[str, Any], model: str, corrid_control: Cont
         )
     if corrid_control is not None:
         expected = "BYTES" if corrid_control.datatype == "BYTES" else "UINT64"
-        if given != expected:
+        # A string ID for a numeric CORRID is accepted, as Triton accepts it (appliance.engine.scheduler.
+        # state fills the control as Triton does); an integer ID for a string CORRID is not.
+        if given != expected and given != "BYTES":
             raise InvalidInput(
                 f"sequence batching control '{corrid_control.name}' data-type is '{given}', but model '{model}' "
                 f"expects '{expected}': send sequence_id as {'a string' if expected == 'BYTES' else 'an integer'}"

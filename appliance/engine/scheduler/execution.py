@@ -5,8 +5,9 @@ The backend gathers inputs and splits outputs (by default, concatenation along t
 see appliance.backends.base). On an instance's thread large inputs never stall the event loop; a tiny
 model (a batch in a few µs) costs less run inline than the ≈ 50–100 µs a thread hop costs, so a plan
 whose measured batch latency is below the measured hop, and below a budget the loop may block for, runs
-inline. A batch size whose inline runs overrun the budget (their median) goes back to threads, and larger
-ones, for a while.
+inline. A backend whose batches run Python code under the GIL (a trusted Python model in the daemon)
+gains nothing from a thread, which cannot run beside the loop: the budget alone bounds it. A batch size
+whose inline runs overrun the budget (their median) goes back to threads, and larger ones, for a while.
 """
 
 from __future__ import annotations
@@ -57,23 +58,29 @@ THREADED = ExecutionMode(False, "the default: every batch runs on an instance th
 
 
 def choose_execution(batch_ns: int | None, hop_ns: int | None, inline_safe: bool,
-                     budget_ns: int = INLINE_BUDGET_NS) -> ExecutionMode:
+                     budget_ns: int = INLINE_BUDGET_NS, holds_gil: bool = False,
+                     unsafe_reason: str = "") -> ExecutionMode:
     """Inline when the plan's measured batch latency is below both the measured thread hop and the
     budget, and the backend runs in this process (one that waits on another process must never block
-    the loop); threaded otherwise, saying why."""
+    the loop); threaded otherwise, saying why (``unsafe_reason``: why a backend is not inline-safe, when
+    it says). ``holds_gil``: the batch is Python code under the GIL, which a thread would not run beside
+    the loop anyway, so only the budget counts."""
     def mode(inline: bool, reason: str) -> ExecutionMode:
         return ExecutionMode(inline, reason, batch_ns, hop_ns, budget_ns)
 
     if not inline_safe:
-        return mode(False, "a batch may wait on something else (another process, the GPU, or a model it calls "
-                           "back through the event loop)")
+        return mode(False, unsafe_reason or "a batch may wait on something else (another process, the GPU, or a "
+                                            "model it calls back through the event loop)")
     if batch_ns is None:
         return mode(False, "the plan's batch latency was not measured (selection off, or only one plan)")
-    if not hop_ns:
-        return mode(False, "the thread hop was not measured")
     if batch_ns >= budget_ns:
         return mode(False, f"a batch ({batch_ns / 1000:.0f} µs) takes longer than the event loop may block "
                            f"({budget_ns / 1000:.0f} µs)")
+    if holds_gil:
+        return mode(True, f"a batch ({batch_ns / 1000:.1f} µs) is Python code under the GIL, which a thread would not "
+                          f"run beside the event loop, and fits its budget ({budget_ns / 1000:.0f} µs)")
+    if not hop_ns:
+        return mode(False, "the thread hop was not measured")
     if batch_ns >= hop_ns:
         return mode(False, f"a batch ({batch_ns / 1000:.0f} µs) costs more than the hop to a thread "
                            f"({hop_ns / 1000:.0f} µs)")

@@ -53,7 +53,9 @@ class SchedulerPolicy:
         """The 0-based queue index for a request's ``priority`` parameter (1 = highest, as Triton)."""
         priority = parameters.get("priority", 0)
         if type(priority) is not int or priority < 0:
-            raise InvalidInput(f"'priority' must be a non-negative integer, got {priority!r}")
+            # Triton's words (its gRPC front end; over HTTP its JSON parser refuses it), then what came
+            raise InvalidInput("invalid value type for 'priority' parameter, expected int64_param or uint64_param.; "
+                               f"got {priority!r}"[:200])
         if self.priority_levels == 0:
             return 0
         if priority == 0:
@@ -69,7 +71,8 @@ class SchedulerPolicy:
         policy = self.queue_policy(level)
         requested = parameters.get("timeout")
         if requested is not None and (type(requested) is not int or requested < 0):
-            raise InvalidInput(f"'timeout' must be a non-negative integer (microseconds), got {requested!r}")
+            raise InvalidInput("invalid value type for 'timeout' parameter, expected int64_param.; a number of "
+                               f"microseconds, got {requested!r}"[:200])
         if requested is not None and policy.allow_timeout_override:
             return requested / 1e6
         return policy.default_timeout

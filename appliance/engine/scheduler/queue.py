@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING
@@ -45,6 +46,9 @@ class Pending:
     sink: ResponseSink | None = None
     """Where a decoupled model's responses go (see appliance.engine.streaming)."""
     cancelled: Callable[[], bool] | None = None
+    arrival_ns: int = dataclasses.field(default_factory=time.monotonic_ns)
+    """For the statistics' queue time: ``arrival`` is the loop's clock, which uvloop advances once per
+    iteration (a request dispatched in the iteration it came in would count 0 ns queued)."""
 
 
 class RequestQueue:

@@ -9,6 +9,7 @@ waiter gets a result or an exception: a failed batch fails each request in it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import itertools
 import logging
@@ -312,7 +313,8 @@ class Scheduler:
     def _dispatch(self, index: int, batch: list[Pending]) -> None:
         assert self._loop is not None
         now = self._loop.time()
-        queue_ns = [int((now - p.arrival) * 1e9) for p in batch]
+        stamp = time.monotonic_ns()
+        queue_ns = [stamp - p.arrival_ns for p in batch]
         requests = [_backend_request(p) for p in batch]
         work = functools.partial(execute_batch, requests=requests)
         items = sum(p.size for p in batch)
@@ -344,9 +346,11 @@ class Scheduler:
             outcome = self.pool.run_inline(index, work)
         except Exception as exc:  # as a thread hands it over: every waiter gets it
             self._ran(index)
+            self._check_still_inline(index)
             self._finish_batch(batch, queue_ns, None, exc)
             return
         self._ran(index)
+        self._check_still_inline(index)
         recent = self._inline_ns.setdefault(items, deque(maxlen=_INLINE_WINDOW))
         recent.append(time.thread_time_ns() - started)
         if len(recent) >= _INLINE_MIN_RUNS and statistics.median(recent) > self._execution.budget_ns:
@@ -357,6 +361,16 @@ class Scheduler:
                      "and more run on instance threads", self.label, items, statistics.median(recent) // 1000,
                      self._execution.budget_ns // 1000, items)
         self._finish_batch(batch, queue_ns, outcome, None)
+
+    def _check_still_inline(self, index: int) -> None:
+        """After an inline batch: a backend that found it must not run on the event loop (its model called
+        another model from there) has every later batch run on instance threads."""
+        refusal = self.pool.inline_refusal(index)
+        if refusal is None:
+            return
+        self._inline_limit = self._inline_items = 0
+        self._execution = dataclasses.replace(self._execution, inline=False, reason=refusal)
+        log.warning("model %s: batches run on instance threads from now on: %s", self.label, refusal)
 
     def _on_batch_done(self, index: int, batch: list[Pending], queue_ns: list[int], future: asyncio.Future) -> None:
         self._in_flight -= len(batch)
@@ -370,6 +384,8 @@ class Scheduler:
             if not isinstance(error, ApplianceError):
                 log.error("model %s: batch of %d failed: %r", self.label, len(batch), error)
                 error = InferenceFailed(f"model {self.label} failed: {type(error).__name__}: {error}")
+            if isinstance(error, InferenceFailed):  # it ran and failed (not refused before running)
+                self.stats.record_failed_batch(sum(p.size for p in batch))
             for pending in batch:
                 self._complete(pending, None, error)
             return

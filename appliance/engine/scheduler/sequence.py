@@ -38,6 +38,7 @@ import functools
 import itertools
 import logging
 import math
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
@@ -296,7 +297,6 @@ class SequenceScheduler:
             return
         self._granted.discard(lane.index)
         lane.busy = True
-        now = self._loop.time()
         direct = self.policy.strategy == "direct"
         # direct: a sequence's row is its slot, whatever runs beside it; oldest: rows in age order.
         positions = [(s.slot or 0) if direct else index for index, s in enumerate(chosen)]
@@ -307,7 +307,8 @@ class SequenceScheduler:
             sequence.running = True
             rows[position] = (sequence, request)
         requests = step_requests(self.policy, rows)
-        queue_ns = [int((now - row[1].arrival) * 1e9) for row in rows if row is not None]
+        stamp = time.monotonic_ns()
+        queue_ns = [stamp - row[1].arrival_ns for row in rows if row is not None]
         self._in_flight += len(chosen)
         future = self.pool.execute(lane.index, functools.partial(execute_batch, requests=requests))
         future.add_done_callback(functools.partial(self._finish, lane, rows, queue_ns))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING
@@ -48,6 +49,8 @@ class SequenceRequest:
     cancelled: Callable[[], bool] = not_cancelled
     again: bool = False
     """The model released it with RESCHEDULE (an iterative sequence): it is queued to run again."""
+    arrival_ns: int = dataclasses.field(default_factory=time.monotonic_ns)
+    """For the statistics' queue time (``arrival`` is the loop's clock: see queue.Pending)."""
 
 
 @dataclasses.dataclass(eq=False, slots=True)

@@ -30,8 +30,18 @@ def _row(value: object, datatype: str, batched: bool) -> np.ndarray:
     return np.full(shape, value, dtype=numpy_dtype(datatype))
 
 
+def _string_id_as_number(corrid: str, datatype: str) -> object:
+    """What Triton 2.51 puts in a numeric CORRID for a string ID: the first bytes of the ID as a BYTES
+    tensor element (its 4-byte length, then its text) read as that number (zeros past the end)."""
+    dtype = numpy_dtype(datatype)
+    element = len(corrid.encode()).to_bytes(4, "little") + corrid.encode()
+    return np.frombuffer(element[: dtype.itemsize].ljust(dtype.itemsize, b"\0"), dtype=dtype)[0]
+
+
 def _control_value(control: Control, flags: int, corrid: int | str, ready: bool) -> object:
     if control.kind == "corrid":
+        if isinstance(corrid, str) and control.datatype != "BYTES":
+            return _string_id_as_number(corrid, control.datatype)
         return corrid
     on = {"start": bool(flags & START), "end": bool(flags & END), "ready": ready}[control.kind]
     return control.false_true[1 if on else 0]

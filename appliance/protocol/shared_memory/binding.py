@@ -27,8 +27,9 @@ from collections.abc import Callable
 
 import numpy as np
 
+from appliance.engine.tensor_checks import byte_size_words
 from appliance.engine.types import InferInput, InferRequest, InferResponse, SharedMemoryInput, SharedMemoryRef
-from appliance.errors import InvalidInput
+from appliance.errors import InputMismatch, InvalidInput
 from appliance.protocol.shared_memory.table import Lease, Region, RegionTable
 from appliance.tensors import decode_bytes_tensor, element_size, encode_bytes_tensor, numpy_dtype
 
@@ -43,12 +44,17 @@ def _check_bounds(region: Region, ref: SharedMemoryRef, what: str) -> None:
     """Triton's checks (and words) for a tensor's place in a region, on every use."""
     if ref.offset >= region.byte_size:
         raise InvalidInput(
-            f"{what}: Invalid offset for shared memory region: '{ref.region}' (offset {ref.offset}, the region "
+            f"Invalid offset for shared memory region: '{ref.region}' ({what}: offset {ref.offset}, the region "
             f"has {region.byte_size} bytes)"
+        )
+    if ref.offset + ref.byte_size >= 1 << 64:
+        raise InvalidInput(  # 2.51's words, then the newer Triton's (its L0_shared_memory checks those)
+            f"Invalid offset + byte size for shared memory region: '{ref.region}' (Integer overflow detected: "
+            f"byte_size {ref.byte_size} + offset {ref.offset} does not fit 64 bits; {what})"
         )
     if ref.offset + ref.byte_size > region.byte_size:
         raise InvalidInput(
-            f"{what}: Invalid offset + byte size for shared memory region: '{ref.region}' (offset {ref.offset} + "
+            f"Invalid offset + byte size for shared memory region: '{ref.region}' ({what}: offset {ref.offset} + "
             f"byte size {ref.byte_size} is beyond the region's {region.byte_size} bytes)"
         )
 
@@ -84,16 +90,13 @@ async def _read_input(lease: Lease, shared: SharedMemoryInput, reserve: Callable
         count = math.prod(shape)
         itemsize = element_size(datatype)
         if itemsize is not None and ref.byte_size != count * itemsize:
-            raise InvalidInput(
+            raise InputMismatch(
                 f"{what}: shape {list(shape)} of {datatype} needs {count * itemsize} bytes, "
-                f"shared_memory_byte_size is {ref.byte_size}"
+                f"shared_memory_byte_size is {ref.byte_size}",
+                byte_size_words(name, count * itemsize, ref.byte_size),
             )
-        if itemsize is None and ref.byte_size < 4 * count:
-            raise InvalidInput(
-                f"{what}: {count} BYTES elements need at least {4 * count} bytes of length prefixes, "
-                f"shared_memory_byte_size is {ref.byte_size}"
-            )
-        reserve(ref.byte_size + (count * _BYTES_ELEMENT_OVERHEAD if itemsize is None else 0))
+        # BYTES: at most one element per 4 bytes whatever the shape claims (decoding refuses a mismatch).
+        reserve(ref.byte_size + (min(count, ref.byte_size // 4) * _BYTES_ELEMENT_OVERHEAD if itemsize is None else 0))
         buffer = np.empty(ref.byte_size, dtype=np.uint8)
     except BaseException:
         lease.release()

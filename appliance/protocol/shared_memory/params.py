@@ -14,7 +14,7 @@ __all__ = ["REGION", "BYTE_SIZE", "OFFSET", "shared_memory_ref"]
 REGION = "shared_memory_region"
 BYTE_SIZE = "shared_memory_byte_size"
 OFFSET = "shared_memory_offset"
-_MAX = (1 << 63) - 1
+_MAX = (1 << 64) - 1  # an offset past the region is refused against the region, in Triton's words
 
 
 def _count(value: Any, key: str, what: str) -> int:

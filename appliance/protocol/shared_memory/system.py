@@ -25,22 +25,28 @@ from appliance.backends.python.arena import ARENA_PREFIX
 from appliance.errors import InferenceFailed, InvalidInput
 from appliance.protocol.shared_memory.table import RegionTable, check_region_name
 
-__all__ = ["RESERVED_PREFIXES", "SHM_DIR", "SystemRegion", "SystemSharedMemory", "object_name"]
+__all__ = ["RESERVED_PREFIXES", "SHM_DIR", "TRITON_PREFIX", "SystemRegion", "SystemSharedMemory", "object_name"]
 
 SHM_DIR = Path("/dev/shm")
 # Objects the appliance (the Python backend's tensor arenas) and POSIX semaphores keep in /dev/shm.
 RESERVED_PREFIXES = (ARENA_PREFIX, "sem.")
+# Triton's own Python-backend pools: refused in Triton's words (kTritonSharedMemoryRegionPrefix).
+TRITON_PREFIX = "triton_python_backend_shm_region_"
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,254}")
 _MAX_SIZE = (1 << 63) - 1
 
 
 def object_name(key: object, region: str) -> str:
     """The object's file name in /dev/shm for a client's key ('/input0' -> 'input0')."""
+    if isinstance(key, str) and key.lstrip("/").startswith(TRITON_PREFIX):  # Triton's words (the key left out)
+        raise InvalidInput(f"cannot register shared memory region '{region}' with a key that contains the reserved "
+                           f"prefix '{TRITON_PREFIX}'")
     name = key[1:] if isinstance(key, str) and key.startswith("/") else key
     if not isinstance(name, str) or not _NAME.fullmatch(name) or ".." in name:
         raise InvalidInput(
-            f"failed to register shared memory region '{region}': the key must be a plain shared memory object "
-            "name: an optional leading '/', then up to 255 letters, digits, '.', '_' or '-' (e.g. '/input0')"
+            f"cannot register shared memory region '{region}' - invalid shm key: the key must be a plain shared "
+            "memory object name: an optional leading '/', then up to 255 letters, digits, '.', '_' or '-' (e.g. "
+            "'/input0')"
         )
     if name.startswith(RESERVED_PREFIXES):
         raise InvalidInput(
@@ -52,10 +58,10 @@ def object_name(key: object, region: str) -> str:
 
 
 def _size(value: object, what: str, region: str, low: int) -> int:
-    if type(value) is not int or not low <= value <= _MAX_SIZE:
+    if type(value) is not int or not low <= value <= _MAX_SIZE:  # Triton's "invalid args", then which
         raise InvalidInput(
-            f"failed to register shared memory region '{region}': '{what}' must be an integer of at least {low}, "
-            f"got {str(value)[:40]!r}"
+            f"failed to register shared memory region '{region}': invalid args: '{what}' must be an integer of at "
+            f"least {low}, got {str(value)[:40]!r}"
         )
     return value
 

@@ -149,3 +149,43 @@ def test_cancelling_the_stream_cancels_the_requests_in_flight(client, repository
     while not (marker.exists() and "gone-grpc" in marker.read_text()) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert "gone-grpc" in marker.read_text()  # the model saw request.is_cancelled()
+
+
+def _stream(daemon, requests: list, metadata=()) -> tuple[list, grpc.RpcError | None]:
+    with grpc.insecure_channel(daemon.grpc_url) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        answers: list = []
+        try:
+            for answer in stub.ModelStreamInfer(iter(requests), timeout=60, metadata=metadata or None):
+                answers.append(answer)
+        except grpc.RpcError as error:
+            return answers, error
+    return answers, None
+
+
+def _repeat_request(values: list[int], request_id: str) -> pb.ModelInferRequest:
+    request = pb.ModelInferRequest(model_name="repeat", id=request_id)
+    request.inputs.add(name="IN", datatype="INT32", shape=[len(values)]).contents.int_contents.extend(values)
+    return request
+
+
+def test_triton_grpc_error_ends_the_stream_with_the_failed_responses_status(daemon):
+    """Triton's ``triton_grpc_error: true`` header (issue 24 item 2): a response that fails ends the
+    stream with its status (tritonclient then sees the error, not a stream that never ends)."""
+    answers, error = _stream(daemon, [_repeat_request([1, -1, 3], "g")], (("triton_grpc_error", "true"),))
+    assert [a.infer_response.id for a in answers] == ["g"]  # the response before the failure
+    assert error is not None and "negative value at 1" in error.details()
+    assert error.code() != grpc.StatusCode.OK
+    # Without the header the error comes in the stream and the stream goes on.
+    answers, error = _stream(daemon, [_repeat_request([1, -1, 3], "h")])
+    assert error is None and sum(1 for a in answers if a.error_message) == 1 and len(answers) == 3
+
+
+def test_a_request_refused_before_it_runs_comes_back_with_only_its_id(daemon):
+    """As Triton: the error and the request's id (no model name, no final flag), even with
+    triton_grpc_error (the stream goes on)."""
+    unknown = pb.ModelInferRequest(model_name="nope", id="which")
+    answers, error = _stream(daemon, [unknown], (("triton_grpc_error", "true"),))
+    assert error is None and len(answers) == 1
+    assert "unknown model" in answers[0].error_message
+    assert answers[0].infer_response == pb.ModelInferResponse(id="which")

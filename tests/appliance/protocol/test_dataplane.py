@@ -16,11 +16,10 @@ from appliance.backends import RuntimeOptions
 from appliance.budget import MemoryBudget
 from appliance.engine.types import InferInput, InferRequest, RequestedOutput, SharedMemoryRef
 from appliance.errors import (
-    ConfigError,
     Forbidden,
     InvalidInput,
+    LoadRefused,
     ModelNotFound,
-    ModelNotReady,
     NotSupported,
     Unavailable,
 )
@@ -93,7 +92,8 @@ async def test_server_and_model_metadata(plane):
     assert metadata.inputs == (TensorMetadata("INPUT0", "INT32", (-1, 16)), TensorMetadata("INPUT1", "INT32", (-1, 16)))
     assert metadata.as_json()["inputs"][0] == {"name": "INPUT0", "datatype": "INT32", "shape": [-1, 16]}
     assert plane.model_ready("simple") and not plane.model_ready("broken")
-    with pytest.raises(ModelNotReady):
+    # Triton: a model that failed to load (or was unloaded) "has no available versions" (NOT_FOUND).
+    with pytest.raises(ModelNotFound, match="'broken' has no available versions; .*onnxruntime cannot load"):
         plane.model_metadata("broken")
 
 
@@ -110,8 +110,15 @@ async def test_statistics_of_every_version_one_model_or_one_version(plane):
     assert row.version == "1" and row.statistics["inference_stats"]["success"] == {"count": 0, "ns": 0}
     assert row.as_json()["name"] == "simple"
     assert plane.model_statistics("simple", "1") == plane.model_statistics("simple")
-    with pytest.raises(ModelNotFound):
+    # Triton's words and status (INVALID_ARG) for a model or version that does not serve.
+    with pytest.raises(InvalidInput, match="requested model 'nope' is not available"):
         plane.model_statistics("nope")
+    with pytest.raises(InvalidInput, match="requested model version is not available for model 'simple'"):
+        plane.model_statistics("simple", "7")
+
+
+async def test_an_unknown_model_is_not_ready_rather_than_an_error(plane):
+    assert plane.model_ready("simple") and not plane.model_ready("nope") and not plane.model_ready("simple", "7")
 
 
 async def test_selection_off_says_what_serves(plane):
@@ -127,10 +134,26 @@ async def test_selection_of_an_unknown_model_is_not_found(plane):
 async def test_model_control_needs_explicit_mode(registry):
     await registry.load_all()
     plane = DataPlane(registry, Rules(control_mode="none"))
-    with pytest.raises(InvalidInput, match="--model-control-mode explicit"):
+    # Triton's words and status (UNAVAILABLE), then the fix.
+    with pytest.raises(Unavailable, match="^explicit model load / unload is not allowed if polling is enabled; .*"
+                                          "--model-control-mode explicit"):
         await plane.load_model("simple", {})
-    with pytest.raises(InvalidInput, match="explicit model unload is not allowed"):
+    with pytest.raises(Unavailable, match="^explicit model load / unload is not allowed if polling is enabled"):
         await plane.unload_model("simple")
+
+
+async def test_unloading_a_model_that_is_not_there_succeeds(plane):
+    await plane.unload_model("nope")  # as Triton: idempotent unload scripts work
+    assert "nope" not in [row.name for row in plane.repository_index()]
+
+
+async def test_an_unloaded_model_keeps_an_index_row_per_version(plane):
+    await plane.unload_model("simple")
+    (row,) = [row for row in plane.repository_index() if row.name == "simple"]
+    assert row.as_json() == {"name": "simple", "version": "1", "state": "UNAVAILABLE", "reason": "unloaded",
+                             "origin": "repository"}
+    assert IndexEntry("mlp", "READY", "", "repository", "1").as_json() == {
+        "name": "mlp", "version": "1", "state": "READY", "origin": "repository"}  # no empty reason, as Triton
 
 
 async def test_load_with_a_config_override_and_what_a_load_refuses(plane):
@@ -138,7 +161,7 @@ async def test_load_with_a_config_override_and_what_a_load_refuses(plane):
     assert plane.model_config("simple").max_batch_size == 2
     with pytest.raises(NotSupported, match="keeps no pushed models"):  # no PushStore: see test_pushed.py
         await plane.load_model("simple", {"file:1/model.onnx": "AAAA"})
-    with pytest.raises(ConfigError, match="'simple'"):
+    with pytest.raises(LoadRefused, match="failed to load 'simple', failed to poll from model repository: "):
         await plane.load_model("simple", {"config": "{not json"})
     with pytest.raises(InvalidInput, match="invalid model name"):
         await plane.load_model("../simple", {})
@@ -149,8 +172,8 @@ async def test_repository_index_after_an_unload(plane):
     await plane.unload_model("simple_string")
     rows = {row.name: row for row in plane.repository_index()}
     assert rows["simple"] == IndexEntry("simple", "READY", "", "repository", "1")
-    assert rows["simple_string"].as_json() == {"name": "simple_string", "state": "UNAVAILABLE", "reason": "unloaded",
-                                               "origin": "repository"}
+    assert rows["simple_string"].as_json() == {"name": "simple_string", "version": "1", "state": "UNAVAILABLE",
+                                               "reason": "unloaded", "origin": "repository"}
     assert rows["broken"].state == "UNAVAILABLE" and "onnxruntime cannot load" in rows["broken"].reason
     assert [row.name for row in plane.repository_index(ready_only=True)] == ["mlp", "simple"]
 

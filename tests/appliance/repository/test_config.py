@@ -190,6 +190,18 @@ def test_decoupled_configs_load_for_backends_that_send_many_responses(tmp_path):
         check_decoupled(stateful, "python", True)
 
 
+def test_reported_config_has_tritons_auto_filled_preferred_batch_size():
+    from appliance.repository.config import as_reported
+
+    config = mc.ModelConfig(name="m", max_batch_size=8)
+    config.dynamic_batching.SetInParent()
+    reported = as_reported(config)
+    assert list(reported.dynamic_batching.preferred_batch_size) == [8]
+    assert list(config.dynamic_batching.preferred_batch_size) == []  # the serving config is left alone
+    config.dynamic_batching.preferred_batch_size.append(4)
+    assert as_reported(config) is config
+
+
 def test_the_response_cache_is_refused_for_sequence_and_decoupled_models_in_tritons_words(tmp_path):
     (tmp_path / "stateful").mkdir()
     (tmp_path / "stateful" / "config.pbtxt").write_text("sequence_batching {} response_cache { enable: true }")

@@ -38,9 +38,10 @@ def repo(tmp_path):
 def test_mode_none_refuses_the_api(start_daemon, repo):
     daemon = start_daemon(repo)
     with triton.InferenceServerClient(daemon.url) as client:
-        with pytest.raises(InferenceServerException, match="--model-control-mode explicit") as info:
+        with pytest.raises(InferenceServerException, match="explicit model load / unload is not allowed if polling "
+                                                           "is enabled; .*--model-control-mode explicit") as info:
             client.load_model("m")
-        assert info.value.status() == "400"
+        assert info.value.status() == "503"  # Triton's words and status (UNAVAILABLE)
         assert client.is_model_ready("m") and client.is_model_ready("other")
 
 
@@ -69,7 +70,8 @@ def test_load_with_a_config_override(start_daemon, repo):
         config = json.dumps({"max_batch_size": 2, "dynamic_batching": {}})
         client.load_model("m", config=config)
         assert client.get_model_config("m")["max_batch_size"] == 2
-        with pytest.raises(InferenceServerException, match="failed to load 'm': parameters.config is not valid JSON"):
+        with pytest.raises(InferenceServerException, match="failed to load 'm', failed to poll from model repository: "
+                                                           "parameters.config is not valid JSON"):
             client.load_model("m", config="{not json")
 
 

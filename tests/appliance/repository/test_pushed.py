@@ -11,7 +11,7 @@ import errno
 import pytest
 
 from appliance.backends import RuntimeOptions
-from appliance.errors import ConfigError, InsufficientStorage, InvalidInput, PayloadTooLarge, PushRefused
+from appliance.errors import ConfigError, InsufficientStorage, InvalidInput, PayloadTooLarge, PushRefused, Unavailable
 from appliance.protocol.dataplane import DataPlane, Rules
 from appliance.repository.config import config_from_json
 from appliance.repository.pushed import PushLimits, PushStore, file_parameters
@@ -204,7 +204,7 @@ async def test_unloading_a_push_over_a_repository_model_serves_the_repository_ag
     try:
         await plane.load_model("affine", _push(5, version=3))  # a push is accepted in mode none
         assert plane.model_metadata("affine").versions == ("3",)
-        with pytest.raises(InvalidInput, match="--model-control-mode explicit"):
+        with pytest.raises(Unavailable, match="--model-control-mode explicit"):
             await plane.load_model("affine", {})  # a plain load is not, as in Triton
         await plane.unload_model("affine")  # an unload of a pushed model is
         assert plane.model_metadata("affine").versions == ("1",)

@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 from appliance.backends import RuntimeOptions
-from appliance.errors import ConfigError, InvalidInput, ModelNotFound, ModelNotReady
+from appliance.errors import ConfigError, InvalidInput, ModelNotFound
 from appliance.repository.registry import NOT_LOADED, ModelRegistry, ModelState
 from tests.builders import identity_model, write_model
 
@@ -91,7 +91,7 @@ async def test_lookups_name_what_is_there(repo, make_registry):
         registry.get("a", "7")
     with pytest.raises(ModelNotFound, match="unknown model: 'nope'"):
         registry.get("nope")
-    with pytest.raises(ModelNotReady, match="'broken' is not ready: .*onnxruntime cannot load"):
+    with pytest.raises(ModelNotFound, match="'broken' has no available versions; .*onnxruntime cannot load"):
         registry.get("broken")
     with pytest.raises(InvalidInput, match="positive integer"):
         registry.get("a", "²")
@@ -144,7 +144,7 @@ async def test_unload_stops_routing_and_frees_the_model(repo, make_registry):
     await registry.unload("b")
     entry = registry.entry("b")
     assert (entry.state, entry.wanted, entry.versions) == (ModelState.UNAVAILABLE, False, {})
-    with pytest.raises(ModelNotReady, match="'b' is not ready: unloaded"):
+    with pytest.raises(ModelNotFound, match="'b' has no available versions; unloaded"):
         registry.get("b")
 
 

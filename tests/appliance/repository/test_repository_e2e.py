@@ -57,7 +57,8 @@ def test_broken_models_are_listed_with_reasons_while_others_serve(start_daemon, 
         assert client.get_model_config("with_config")["max_batch_size"] == 2
 
     status, _, payload = call(daemon.port, "POST", "/v2/models/garbage_file/infer", {"inputs": []})
-    assert status == 503 and "onnxruntime cannot load" in payload["error"]
+    assert status == 404 and "has no available versions; " in payload["error"]  # Triton's words, then why
+    assert "onnxruntime cannot load" in payload["error"]
     status, _, payload = call(daemon.port, "POST", "/v2/repository/index", {"ready": True})
     assert {row["name"] for row in payload} == {"good", "with_config"}
     assert "failed to load" in daemon.log()
@@ -86,7 +87,8 @@ def test_failed_version_is_reported_while_others_serve(start_daemon, tmp_path):
         assert client.is_model_ready("model", "1")
         assert not client.is_model_ready("model", "2")
     status, _, payload = call(daemon.port, "GET", "/v2/models/model/versions/2")
-    assert status == 503 and "onnxruntime cannot load" in payload["error"]
+    assert status == 404 and "'model' version 2 is not found; it failed to load: " in payload["error"]
+    assert "onnxruntime cannot load" in payload["error"]
 
 
 def test_missing_repository_fails_fast(start_daemon, tmp_path):

@@ -43,11 +43,12 @@ def _binary_body(header: dict, *chunks: bytes) -> tuple[bytes, dict[str, str]]:
 CASES = {
     "unknown model": (404, "unknown model: 'nope'", dict(model="nope", body=_good_json())),
     "unknown version": (404, "version 7 is not found", dict(version="7", body=_good_json())),
-    "bad version": (400, "positive integer", dict(version="abc", body=_good_json())),
+    "bad version": (404, "Not Found: no route for POST /v2/models/mlp/versions/abc/infer; a model version",
+                    dict(version="abc", body=_good_json())),  # Triton's routes take only digits there
     "malformed json": (400, "malformed JSON", dict(body="{not json")),
     "not an object": (400, "JSON object", dict(body="[1, 2]")),
     "no inputs": (400, "expected 1 inputs but got 0 inputs for model", dict(body={"inputs": []})),
-    "wrong input name": (400, "unexpected inference input 'image'", dict(body={
+    "wrong input name": (400, "Got input(s) ['image'], but missing required input(s) ['input']", dict(body={
         "inputs": [{"name": "image", "shape": [1, 784], "datatype": "FP32", "data": [0.0] * 784}]})),
     "wrong datatype": (400, "expects 'FP32'", dict(body={
         "inputs": [{"name": "input", "shape": [1, 784], "datatype": "INT32", "data": [0] * 784}]})),
@@ -55,18 +56,18 @@ CASES = {
         "inputs": [{"name": "input", "shape": [1, 784], "datatype": "FLOAT", "data": [0] * 784}]})),
     "wrong shape": (400, "Expected [-1,784], got [1,783]", dict(body={
         "inputs": [{"name": "input", "shape": [1, 783], "datatype": "FP32", "data": [0.0] * 783}]})),
-    "batch too large": (400, "must be 1..4", dict(body=_good_json(batch=5))),
+    "batch too large": (400, "inference request batch-size must be <= 4", dict(body=_good_json(batch=5))),
     "data count mismatch": (400, "needs 784 elements, 'data' has 3", dict(body={
         "inputs": [{"name": "input", "shape": [1, 784], "datatype": "FP32", "data": [1, 2, 3]}]})),
     "non-numeric data": (400, "does not hold FP32", dict(body={
         "inputs": [{"name": "input", "shape": [1, 784], "datatype": "FP32", "data": ["x"] * 784}]})),
-    "negative shape": (400, "non-negative integers", dict(body={
+    "negative shape": (400, "All input dimensions should be specified for input 'input'", dict(body={
         "inputs": [{"name": "input", "shape": [1, -784], "datatype": "FP32", "data": [0.0]}]})),
-    "missing data": (400, "neither 'data' nor", dict(body={
+    "missing data": (400, "Input must set only one of the following fields: 'data'", dict(body={
         "inputs": [{"name": "input", "shape": [1, 784], "datatype": "FP32"}]})),
     "unknown output": (400, "unexpected inference output 'logits'", dict(body={
         **_good_json(), "outputs": [{"name": "logits"}]})),
-    "missing input": (400, "missing ['IN_INT32']", dict(model="identity", body={"inputs": [
+    "missing input": (400, "missing required input(s) ['IN_INT32']", dict(model="identity", body={"inputs": [
         {"name": "IN_FP32", "shape": [1, 4], "datatype": "FP32", "data": [0.0] * 4},
         {"name": "IN_BYTES", "shape": [1, 4], "datatype": "BYTES", "data": ["a"] * 4}]})),
 }
@@ -88,14 +89,16 @@ def _binary_header(size: int, shape=(1, 784), datatype="FP32", name="input"):
 
 
 BINARY_CASES = {
-    "byte count short of shape": (_binary_header(100), [b"\0" * 100], "needs 3136 bytes, binary_data_size is 100"),
+    "byte count short of shape": (_binary_header(100), [b"\0" * 100], "[request id: <id_unknown>] input byte size "
+                                  "mismatch for input 'input' for model 'mlp'. Expected 3136, got 100"),
     "size beyond body": (_binary_header(3136), [b"\0" * 10], "only 10 bytes of binary data remain"),
     "negative size": (_binary_header(-4), [], "non-negative integer"),
     "huge size": (_binary_header(2**62), [b"\0" * 8], "binary data remain"),
     "trailing bytes": (_binary_header(3136), [b"\0" * 3140], "4 bytes of binary data that no input"),
     "bytes element overruns": (
         _binary_header(8, shape=(1, 4), datatype="BYTES", name="IN_BYTES"),
-        [struct.pack("<I", 1000) + b"abcd"], "4 BYTES elements need at least 16 bytes"),
+        [struct.pack("<I", 1000) + b"abcd"], "expected 4 string elements for inference input 'IN_BYTES' for model "
+                                             "'identity', got 1"),
 }
 
 
@@ -116,7 +119,7 @@ def test_binary_error_paths(daemon, case):
 
 def test_header_length_larger_than_body(daemon):
     code, _, payload = _infer(daemon, b'{"inputs": []}', headers={"Inference-Header-Content-Length": "999"})
-    assert code == 400 and "only 14 bytes" in payload["error"]
+    assert code == 400 and payload["error"].startswith("inference header size should be in range (0, 14), got: 999")
 
 
 def test_header_length_not_a_number(daemon):

@@ -59,10 +59,10 @@ def test_generate_returns_the_one_response_of_a_decoupled_model(daemon):
 
 def test_generate_refuses_a_model_that_sends_several_responses(daemon):
     status, _, body = call(daemon.port, "POST", "/v2/models/words/generate", {"text_input": "two words"})
-    assert status == 500 and "generate expects model to produce exactly 1 response" in body["error"]
+    assert status == 400 and "generate expects model to produce exactly 1 response" in body["error"]
     assert "use generate stream" in body["error"]
     status, _, body = call(daemon.port, "POST", "/v2/models/repeat/generate", {"IN": []})  # none at all
-    assert status == 500 and "exactly 1 response" in body["error"]
+    assert status == 400 and "exactly 1 response" in body["error"]
 
 
 def test_errors_in_the_stream_are_error_events_and_the_stream_goes_on(daemon):
@@ -92,7 +92,7 @@ def test_a_model_that_answers_once_works_with_both(daemon):
     ("/v2/models/nope/generate", {}, 404, "nope"),
     ("/v2/models/simple/generate", {"INPUT0": [1, 2, 3], "INPUT1": [1] * 16}, 400,
      "can not convert input 'INPUT0' to tensor with proper shape"),
-    ("/v2/models/simple/generate_stream", {"INPUT1": [1] * 16}, 400, "missing ['INPUT0']"),
+    ("/v2/models/simple/generate_stream", {"INPUT1": [1] * 16}, 400, "missing required input(s) ['INPUT0']"),
     ("/v2/models/words/generate_stream", {"text_input": "x", "p": [1]}, 400, "parameter 'p' has invalid type"),
 ])
 def test_requests_that_fail_before_inference_are_json_errors(daemon, path, body, status, words):

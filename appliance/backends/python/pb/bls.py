@@ -45,13 +45,13 @@ class InferenceRequest(Protocol):
     def parameters(self) -> str: ...
 
 
-def _response(message: tuple) -> InferenceResponse:
+def _response(message: tuple, rt: runtime.Runtime) -> InferenceResponse:
     if message[0] == "gone":
         return InferenceResponse(error=TritonError(message[3], TritonError.UNAVAILABLE))
     _, _, ref, descriptors, error, parameters, _ = message
     if error is not None:
         return InferenceResponse(error=TritonError(error[0], error[1]))
-    return InferenceResponse(read_tensors(ref, descriptors), parameters=parameters or None)
+    return InferenceResponse(read_tensors(ref, descriptors, rt), parameters=parameters or None)
 
 
 def _final(message: tuple) -> bool:
@@ -72,7 +72,7 @@ def _start(request: InferenceRequest, decoupled: bool, deliver: Callable[[Infere
             freed = True
             rt.blocks.free(ref[0])
         final = _final(message)
-        deliver(_response(message), final)
+        deliver(_response(message, rt), final)
         return final
 
     call = rt.start_call(answered)

@@ -28,11 +28,14 @@ def write_tensors(pairs: list[tuple[str, np.ndarray]]) -> tuple[BlockRef | None,
     return runtime.current().blocks.write(pairs)
 
 
-def read_tensors(ref: BlockRef | None, descriptors: list[Descriptor]) -> list[Tensor]:
-    """The tensors of a daemon's block, copied out; the block is given back at once."""
+def read_tensors(ref: BlockRef | None, descriptors: list[Descriptor],
+                 rt: runtime.Runtime | None = None) -> list[Tensor]:
+    """The tensors of a daemon's block, copied out; the block is given back at once. ``rt``: the runtime
+    whose call this answers, when read on a thread where it is not current (the daemon's event loop reads
+    an in-process model's answers)."""
     if ref is None:
         return []
-    current = runtime.current()
+    current = rt or runtime.current()
     arrays = current.attachments.read(ref, descriptors)
     current.release(ref[0], now=ref[2] > KEEP_BYTES)
     return [Tensor(name, array) for name, array in arrays.items()]

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from appliance.backends.base import BackendRequest
+from appliance.errors import InferenceFailed
 from tests.appliance.backends.python.harness import RecordingSink, loaded
 from tests.models import write_python_model
 
@@ -179,9 +180,9 @@ def test_cancellation_reaches_the_model(tmp_path):
 
 def test_a_decoupled_execute_must_return_none(tmp_path):
     model = write_python_model(tmp_path, "returns_list", RETURNS_LIST, DECOUPLED_CONFIG)
-    with loaded(model, DECOUPLED_CONFIG) as backend:
-        (result,) = backend.run_requests([_request([1], RecordingSink())]).results
-        assert isinstance(result, BaseException) and "must return None" in str(result)
+    # The batch fails as a whole, as when execute() raises.
+    with loaded(model, DECOUPLED_CONFIG) as backend, pytest.raises(InferenceFailed, match="must return None"):
+        backend.run_requests([_request([1], RecordingSink())])
 
 
 def test_open_streams_fail_when_the_process_dies(tmp_path):

@@ -83,6 +83,22 @@ def test_choice_follows_the_measurements(batch_ns, hop_ns, in_process, inline, w
     assert mode.as_json()["execution"] == ("inline" if inline else "threaded")
 
 
+@pytest.mark.parametrize(("batch_ns", "hop_ns", "inline", "why"), [
+    (120_000, 90_000, True, "under the GIL"),  # longer than the hop: a thread would not run it beside the loop
+    (120_000, 0, True, "under the GIL"),
+    (250_000, 90_000, False, "longer than the event loop may block"),
+    (None, 90_000, False, "not measured"),
+])
+def test_a_batch_under_the_gil_is_judged_by_the_budget_alone(batch_ns, hop_ns, inline, why):
+    mode = choose_execution(batch_ns, hop_ns, True, holds_gil=True)
+    assert mode.inline is inline and why in mode.reason
+
+
+def test_a_backend_says_why_it_is_not_inline_safe():
+    mode = choose_execution(10_000, 90_000, False, holds_gil=True, unsafe_reason="it calls other models")
+    assert not mode.inline and mode.reason == "it calls other models"
+
+
 def test_batch_latency_comes_from_the_chosen_measured_plan():
     decision = {"status": "measured", "chosen": "b", "candidates": [
         {"plan": "a", "latency_ms": 1.0}, {"plan": "b", "latency_ms": 0.012}]}
@@ -163,3 +179,28 @@ async def test_a_request_cancelled_before_its_batch_forms_never_runs(make_schedu
     assert [float(r["y"][0, 0]) for r in results] == [4.0, 6.0]
     assert backend.batches == [[2.0, 3.0]]
     assert first.cancelled()
+
+
+class TurnsUnsafe(ThreadRecorder):
+    """Finds out in its second batch that it must not run on the event loop (as an in-process Python model
+    that called another model from there)."""
+
+    def run(self, inputs, outputs):
+        result = super().run(inputs, outputs)
+        if len(self.threads) == 2:
+            self.inline_safe = False
+            self.inline_refusal = "it called another model"
+        return result
+
+
+async def test_a_backend_that_turns_unsafe_runs_every_later_batch_on_its_thread(make_scheduler):
+    backend = TurnsUnsafe()
+    scheduler = make_scheduler(backend, INLINE)
+    for value in range(4):
+        assert float((await _submit(scheduler, float(value)))["y"][0, 0]) == 2.0 * value
+    loop_thread = threading.get_ident()
+    assert backend.threads[:2] == [loop_thread, loop_thread]
+    assert loop_thread not in backend.threads[2:]
+    assert scheduler.execution["execution"] == "threaded"
+    assert scheduler.execution["reason"] == "it called another model"
+    assert scheduler.execution["inline_max_batch"] == 0

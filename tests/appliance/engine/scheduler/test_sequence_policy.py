@@ -141,10 +141,19 @@ def test_correlation_ids_accepted(parameters, control, expected):
     ({"sequence_id": 3, "sequence_end": 1}, None, "'sequence_end' must be a boolean"),
     ({"sequence_id": 3}, Control("CORRID", "corrid", "BYTES"),
      "^sequence batching control 'CORRID' data-type is 'UINT64', but model 'm' expects 'BYTES'"),
-    ({"sequence_id": "3"}, Control("CORRID", "corrid", "INT32"),
-     "^sequence batching control 'CORRID' data-type is 'BYTES', but model 'm' expects 'UINT64'"),
     ({"sequence_id": 2**31}, Control("CORRID", "corrid", "INT32"), "does not fit model 'm''s INT32 control"),
 ])
 def test_correlation_ids_refused(parameters, control, words):
     with pytest.raises(InvalidInput, match=words):
         sequence_ids(parameters, "m", control)
+
+
+def test_a_string_id_for_a_numeric_corrid_is_taken_as_triton_takes_it():
+    """Triton 2.51 accepts it and fills CORRID with the ID's first bytes as a BYTES element (its 4-byte
+    length, then its text), read as the control's number (tests/oracle checked INT32 and UINT64)."""
+    from appliance.engine.scheduler.state import _string_id_as_number
+
+    assert sequence_ids({"sequence_id": "walk"}, "m", Control("CORRID", "corrid", "UINT64")).corrid == "walk"
+    assert _string_id_as_number("walk", "UINT64") == 7740669023272042500
+    assert _string_id_as_number("12", "UINT64") == 55186034786306
+    assert _string_id_as_number("walk", "INT32") == 4

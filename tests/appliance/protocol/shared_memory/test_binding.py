@@ -104,10 +104,10 @@ async def test_an_input_size_that_does_not_match_its_shape_is_refused_before_all
 
 async def test_bytes_inputs_are_checked_against_their_prefixes(shm, shm_object):
     _region(shm, shm_object, "in", encode_bytes_tensor(np.array([b"xy"], dtype=object)) + bytes(8))
-    with pytest.raises(InvalidInput, match="need at least 40 bytes"):
+    with pytest.raises(InvalidInput, match="holds 1 BYTES elements, the shape needs 10"):
         await shm.bind(InferRequest([], shared_inputs=[_input("s", "BYTES", (10,), "in", 8)]), local=True,
                        reserve=Reservations())
-    with pytest.raises(InvalidInput, match="left over"):  # 6 bytes of one element, 8 bytes of zeros after
+    with pytest.raises(InvalidInput, match="left over after 1 BYTES elements"):  # 6 bytes, then zeros
         await shm.bind(InferRequest([], shared_inputs=[_input("s", "BYTES", (1,), "in", 14)]), local=True,
                        reserve=Reservations())
 

@@ -9,7 +9,7 @@ import pytest
 
 from appliance.backends import RuntimeOptions
 from appliance.engine.types import InferInput, InferRequest
-from appliance.errors import ModelNotReady
+from appliance.errors import ModelNotFound
 from appliance.repository.registry import ModelRegistry, ModelState
 from tests.appliance.repository.ensemble.repos import diamond_repository, nested_repository
 
@@ -52,7 +52,7 @@ async def test_unloading_a_composing_model_takes_its_ensembles_down_with_a_reaso
         assert entry.state is ModelState.UNAVAILABLE
         assert "its composing model" in entry.reason
     assert "'plus_one'" in registry.entry("chain").reason
-    with pytest.raises(ModelNotReady, match="composing model 'plus_one' was unloaded"):
+    with pytest.raises(ModelNotFound, match="composing model 'plus_one' was unloaded"):
         registry.get("chain")
     assert registry.entry("double").state is ModelState.READY
     await registry.load("outer")  # and it comes back with them

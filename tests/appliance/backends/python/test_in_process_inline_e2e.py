@@ -1,0 +1,120 @@
+"""Through the daemon: a trusted Python model measured cheap runs on the event loop's own thread, and a
+call to another model made from there is refused (its request fails with the reason, nothing hangs),
+after which the model runs on its instance's thread and the same call succeeds."""
+
+from __future__ import annotations
+
+import numpy as np
+import tritonclient.http as triton
+from tritonclient.utils import InferenceServerException
+
+from tests.http_util import call
+from tests.models import write_python_model
+
+TENSORS = """
+max_batch_size: 8
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] } ]
+"""
+TRUSTED = 'backend: "python"\n' + TENSORS + 'parameters { key: "in_process" value: { string_value: "true" } }\n'
+
+# Answers with the thread it ran on; an input of -1 is answered by model 'other' (BLS), through a helper
+# module, so that model.py names no call that waits.
+CALLER = """
+import threading
+
+import triton_python_backend_utils as pb_utils
+
+from .helper import ask_other
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            data = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+            if data.flat[0] == -1:
+                data = ask_other(request)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", data)],
+                                                        parameters={"thread": threading.current_thread().name}))
+        return responses
+"""
+HELPER = """
+import triton_python_backend_utils as pb_utils
+
+
+def ask_other(request):
+    call = pb_utils.InferenceRequest(model_name="other", requested_output_names=["OUT"],
+                                     inputs=[pb_utils.get_input_tensor_by_name(request, "IN")])
+    answer = call.exec()
+    if answer.has_error():
+        raise pb_utils.TritonModelException(answer.error().message())
+    return answer.output_tensors()[0].as_numpy()
+"""
+DOUBLE = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN")
+                                                            .as_numpy() * 2)]) for r in requests]
+"""
+
+
+def _infer(client: triton.InferenceServerClient, value: float) -> tuple[np.ndarray, dict]:
+    tensor = triton.InferInput("IN", [1, 1], "FP32")
+    tensor.set_data_from_numpy(np.asarray([[value]], np.float32))
+    result = client.infer("caller", [tensor])
+    return result.as_numpy("OUT"), result.get_response().get("parameters", {})
+
+
+def _execution(daemon) -> dict:
+    status, _, payload = call(daemon.port, "GET", "/v2/models/caller/selection")
+    assert status == 200, payload
+    return payload["execution"]
+
+
+def test_a_cheap_trusted_model_runs_on_the_loop_and_a_call_from_there_is_refused_not_deadlocked(
+        start_daemon, tmp_path):
+    repo = tmp_path / "repo"
+    write_python_model(repo, "caller", CALLER, TRUSTED, files={"helper.py": HELPER})
+    write_python_model(repo, "other", DOUBLE, 'backend: "python"\n' + TENSORS)
+    daemon = start_daemon(repo, selection=True, env={"APPLIANCE_TUNE_BUDGET": "0.05"})
+    execution = _execution(daemon)
+    assert execution["execution"] == "inline" and "under the GIL" in execution["reason"], execution
+    with triton.InferenceServerClient(daemon.url, network_timeout=30) as client:
+        out, parameters = _infer(client, 3.0)
+        assert out.tolist() == [[3.0]] and parameters["thread"] == "MainThread"  # the event loop's thread
+
+        try:
+            _infer(client, -1.0)
+        except InferenceServerException as error:
+            assert "event loop" in str(error), error
+        else:
+            raise AssertionError("a call that waits for the event loop, made from it, must be refused")
+        execution = _execution(daemon)
+        assert execution["execution"] == "threaded" and "event loop" in execution["reason"], execution
+
+        out, parameters = _infer(client, -1.0)  # now on the instance's thread: the call goes through
+        assert out.tolist() == [[-2.0]] and parameters["thread"] != "MainThread"
+
+
+# Calls 'other' for every request: a tuning process, which serves no other model, cannot measure it.
+ALWAYS_CALLS = CALLER.replace("            if data.flat[0] == -1:\n                data = ask_other(request)",
+                              "            data = ask_other(request)")
+PINNED = TRUSTED + 'parameters { key: "plan" value: { string_value: "python:in-process" } }\n'
+
+
+def test_a_model_selection_cannot_measure_is_served_on_the_plan_it_pins(start_daemon, tmp_path):
+    repo = tmp_path / "repo"
+    write_python_model(repo, "caller", ALWAYS_CALLS, PINNED, files={"helper.py": HELPER})
+    write_python_model(repo, "other", DOUBLE, 'backend: "python"\n' + TENSORS)
+    daemon = start_daemon(repo, selection=True, env={"APPLIANCE_TUNE_BUDGET": "0.05"})
+    status, _, selection = call(daemon.port, "GET", "/v2/models/caller/selection")
+    assert status == 200 and selection["status"] == "unmeasured", selection
+    assert selection["execution"]["execution"] == "threaded"  # nothing measured: never on the event loop
+    with triton.InferenceServerClient(daemon.url, network_timeout=30) as client:
+        out, parameters = _infer(client, 4.0)
+    # In the daemon, on the instance's thread (a model process would run it on its own main thread).
+    assert out.tolist() == [[8.0]] and parameters["thread"] == "caller:1#0"

@@ -1,0 +1,23 @@
+"""Statistics in Triton's shape: what Triton 2.51 reports, member for member (tests/oracle compares the
+two servers; these pin the rules down without one)."""
+
+from __future__ import annotations
+
+from appliance.engine.stats import BatchTiming, ModelStats
+
+
+def test_the_document_has_tritons_members():
+    document = ModelStats().as_json()
+    assert list(document) == ["last_inference", "inference_count", "execution_count", "inference_stats",
+                              "batch_stats", "response_stats", "memory_usage"]
+    assert document["response_stats"] == {} and document["memory_usage"] == []
+
+
+def test_a_failed_execution_counts_as_an_execution_but_not_an_inference():
+    stats = ModelStats()
+    stats.record_batch(1, 1, [10], BatchTiming(input_ns=1, infer_ns=2, output_ns=3))
+    stats.record_failed_batch(1)
+    document = stats.as_json()
+    assert (document["inference_count"], document["execution_count"]) == (1, 2)
+    assert document["inference_stats"]["compute_infer"] == {"count": 1, "ns": 2}
+    assert document["batch_stats"][0]["compute_infer"]["count"] == 2  # Triton's batch row counts it
