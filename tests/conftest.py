@@ -205,10 +205,8 @@ def regions():
 @pytest.fixture
 def sleepy_repository(tmp_path) -> Path:
     """A repository with one Python model, ``sleepy``, that sleeps as long as its input says."""
-    from tests.appliance.backends.python_models import SIMPLE_CONFIG, SLEEPY
+    from tests.models import write_python_model
+    from tests.models.simple import SIMPLE_CONFIG, SLEEPY
 
-    model = tmp_path / "repo" / "sleepy"
-    (model / "1").mkdir(parents=True)
-    (model / "1" / "model.py").write_text(SLEEPY)
-    (model / "config.pbtxt").write_text(SIMPLE_CONFIG)
+    write_python_model(tmp_path / "repo", "sleepy", SLEEPY, SIMPLE_CONFIG)
     return tmp_path / "repo"

@@ -1,9 +1,12 @@
-"""A raw HTTP helper for tests that must send what no well-behaved client sends."""
+"""Raw HTTP and socket helpers for tests that must send what no well-behaved client sends."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
+import socket
+from collections.abc import Iterator
 from typing import Any
 
 
@@ -29,3 +32,14 @@ def call(port: int, method: str, path: str, body: bytes | str | dict | None = No
         return response.status, dict(response.getheaders()), payload
     finally:
         connection.close()
+
+
+@contextlib.contextmanager
+def open_sockets() -> Iterator[list[socket.socket]]:
+    """A list to put the sockets a test opens in (floods, slow clients); each is closed at the end."""
+    opened: list[socket.socket] = []
+    try:
+        yield opened
+    finally:
+        for sock in opened:
+            sock.close()

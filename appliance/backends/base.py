@@ -62,7 +62,7 @@ class RuntimeOptions:
     intra_op_threads: int = 0
     thread_hop_ns: int = 0
     """The measured round trip from the event loop to an instance thread (0: not measured): a plan
-    whose batches are faster runs inline (see core.scheduler.execution)."""
+    whose batches are faster runs inline (see appliance.engine.scheduler.execution)."""
 
 
 def usable_cores() -> int:

@@ -99,7 +99,7 @@ class ModelVersion:
         self._users = 0  # requests holding this version (see in_use), so a retired version drains
         self.traffic = TrafficStats(self.signature.batched)
         """The shapes, batch sizes and concurrency of the requests this version served, when selection
-        chose its plan (see core.retune)."""
+        chose its plan (see appliance.repository.retune)."""
         batch = (-1,) if self.signature.batched else ()
         # config `reshape`: clients send `dims`, the runtime sees `reshape.shape` (and back for outputs).
         self._input_reshape = input_reshapes(self.config)

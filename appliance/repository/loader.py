@@ -131,7 +131,7 @@ def _load_version(
     """Load every instance of one version: the first instance's tensors complete the config, the
     selector (when there is one) picks the plan the instances then run (and, on the CPU, how many
     instances with how many threads, unless the user's config set instance_group). ``traffic``: the
-    traffic profile to tune this version on (a retune on real traffic, see core.retune)."""
+    traffic profile to tune this version on (a retune on real traffic, see appliance.repository.retune)."""
     model_dir, info, options, selector = load.model_dir, load.info, load.options, load.selector
     model_file = _model_file(model_dir, version_dir, config.default_model_filename or info.default_filename)
     instances: list[Backend] = []
@@ -245,7 +245,7 @@ def load_model(
 
     A model-level problem (config, no versions, unknown backend) raises ConfigError; a version that
     fails to load is recorded in ``failures`` while the others load. ``traffic``: per version, the
-    traffic profile to tune it on (a retune on real traffic, see core.retune).
+    traffic profile to tune it on (a retune on real traffic, see appliance.repository.retune).
     """
     if config_override is not None:  # the load API's parameters.config replaces config.pbtxt
         config = mc.ModelConfig()

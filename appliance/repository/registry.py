@@ -33,25 +33,18 @@ from appliance.repository.ensemble import (
     plan_ensemble,
 )
 from appliance.repository.ensemble.dependencies import find_cycle, users_of
+from appliance.repository.events import ModelEvents
+from appliance.repository.layout import directory_signature, model_directory, scan_models
 from appliance.repository.loader import LoadedModel, load_model
 from appliance.repository.plan_choice import PlanChooser
 
 if TYPE_CHECKING:
     from appliance.repository.pushed import PushStore
 
-__all__ = ["NOT_LOADED", "ModelEntry", "ModelRegistry", "ModelState", "directory_signature", "parse_version"]
+__all__ = ["NOT_LOADED", "ModelEntry", "ModelRegistry", "ModelState", "parse_version"]
 
 NOT_LOADED = "not loaded (model control mode explicit): POST /v2/repository/models/<name>/load"
-# Model names as they may appear in URLs: no separators, no NUL, bounded length.
-_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,255}")
 _VERSION = re.compile(r"[0-9]{1,18}")  # ASCII digits only: str.isdigit() also takes '²'
-
-
-
-def directory_signature(path: Path) -> tuple:
-    """Names, sizes and modification times of every file of a model: a change means reload."""
-    return tuple(sorted((str(p.relative_to(path)), p.stat().st_size, p.stat().st_mtime_ns)
-                        for p in path.rglob("*") if p.is_file() and "__pycache__" not in p.parts))
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +122,7 @@ class ModelRegistry:
                  server: ServerWide | None = None) -> None:
         """``on_event`` is told of model_loaded / model_failed / backend_chosen / model_unloaded (kind,
         model, version, detail): the metrics history records them. ``overlay``: model name -> directory
-        of the models pushed over the load API (core.pushed), served in place of the repository's.
+        of the models pushed over the load API (appliance.repository.pushed), served in place of the repository's.
         ``services``: what the daemon lends backends; the registry adds its own models to it
         (``LocalModels``: Python models call models), which may load and unload models when
         ``control_mode`` is explicit, with files kept in ``pushes`` (as the load API's pushes are);
@@ -144,7 +137,7 @@ class ModelRegistry:
         self._selector = selector
         """Picks each model's plan once the hardware probe has run (a load waits for it); None, or a future
         that comes to None, serves each model with its config's backend as is."""
-        self._on_event = on_event
+        self._events = ModelEvents(on_event)
         self._retune = retune
         self._models: dict[str, ModelEntry] = {}
         self._calls = LocalModels(self, explicit=control_mode == "explicit", pushes=pushes, limits=call_limits)
@@ -153,23 +146,12 @@ class ModelRegistry:
         """Models a push is replacing: re-scans and retunes leave them alone meanwhile."""
 
     def scan(self) -> list[Path]:
-        """Model directories in the repository (hidden entries and plain files are skipped)."""
-        if not self.repository.is_dir():
-            raise FileNotFoundError(
-                f"model repository {self.repository} does not exist or is not a directory; "
-                "pass --model-repository DIR pointing at a Triton-layout repository"
-            )
-        root = self.repository.resolve()
-        found = []
-        for path in sorted(self.repository.iterdir()):
-            if not path.is_dir() or path.name.startswith("."):
-                continue
-            if not path.resolve().is_relative_to(root) or not _NAME.fullmatch(path.name):
-                log.warning("skipping %s: model directories must be plainly named and inside the repository", path)
-                continue
-            found.append(path)
-        pushed = dict(self._overlay()) if self._overlay is not None else {}
-        return sorted([p for p in found if p.name not in pushed] + list(pushed.values()), key=lambda p: p.name)
+        """Model directories in the repository (hidden entries and plain files are skipped), pushed ones
+        in place of the repository's."""
+        return scan_models(self.repository, self._pushed())
+
+    def _pushed(self) -> Mapping[str, Path]:
+        return self._overlay() if self._overlay is not None else {}
 
     def pushed_names(self) -> list[str]:
         """Models served from the pushed overlay rather than the repository."""
@@ -217,18 +199,7 @@ class ModelRegistry:
     def model_dir(self, name: str) -> Path:
         """The directory of model ``name``, which must lie inside the repository (no traversal, no
         symlink pointing out)."""
-        if not _NAME.fullmatch(name) or name in (".", ".."):
-            # Triton's Python backend refuses such a name in these words (its stub launcher's check).
-            raise InvalidInput(
-                f"invalid model name {name[:80]!r}: use 1-255 letters, digits, '.', '_' or '-' (Invalid stub "
-                "name: contains invalid characters)"
-            )
-        path = self.repository / name
-        root = self.repository.resolve()
-        if not path.resolve().is_relative_to(root) or path.resolve() == root:
-            raise InvalidInput(f"model {name!r} points outside the model repository")
-        pushed = self._overlay().get(name) if self._overlay is not None else None
-        return pushed if pushed is not None else path
+        return model_directory(self.repository, name, self._pushed())
 
     def _lock(self, name: str) -> asyncio.Lock:
         return self._locks.setdefault(name, asyncio.Lock())
@@ -290,7 +261,7 @@ class ModelRegistry:
         except Exception as exc:
             message = exc.message if isinstance(exc, ApplianceError) else f"{type(exc).__name__}: {exc}"
             log.error("model %s failed to load: %s", name, message)
-            self._emit("model_failed", name, None, {"reason": message})
+            self._events.emit("model_failed", name, None, {"reason": message})
             if entry.versions:  # a failed reload: the old versions keep serving
                 entry.reason = f"reload failed, still serving the previous load: {message}"
             else:
@@ -306,7 +277,7 @@ class ModelRegistry:
         entry.origin = "repository" if path == self.repository / name else "pushed"
         entry.state, entry.reason = ModelState.READY, ""
         entry.signature = await asyncio.to_thread(directory_signature, path)
-        self._announce(entry, loaded)
+        self._events.loaded(name, entry.versions, entry.failures)
         return entry, retired
 
     # -- ensembles ---------------------------------------------------------------------------
@@ -402,7 +373,7 @@ class ModelRegistry:
 
     async def retune(self, name: str, traffic: dict[int, dict]) -> ModelEntry:
         """Reload a model with its versions tuned on their traffic (``traffic``: per version, the profile
-        from core.traffic), through ``load``: no downtime, and a failed retune keeps the model serving."""
+        from appliance.engine.traffic), through ``load``: no downtime, and a failed retune keeps the model serving."""
         entry = self.entry(name)
         if name in self._held:
             return entry
@@ -446,7 +417,7 @@ class ModelRegistry:
             await model.drain(self._drain_timeout)
             for error in await model.close():
                 log.error("error while closing %s version %d: %s", model.name, model.version, error)
-            self._emit("model_unloaded", model.name, model.version, {"reason": reason})
+            self._events.emit("model_unloaded", model.name, model.version, {"reason": reason})
 
     async def rescan(self) -> dict[str, list[str]]:
         """Apply the repository's changes: load new models, reload changed ones (without downtime),
@@ -474,25 +445,6 @@ class ModelRegistry:
         entry = self._models.get(name)
         if entry is not None and not entry.versions:
             self._models.pop(name, None)
-
-    def _announce(self, entry: ModelEntry, loaded: LoadedModel) -> None:
-        log.info(
-            "model %s ready: versions %s on %s%s",
-            entry.name, sorted(entry.versions), entry.latest().platform,
-            f" (failed: {loaded.failures})" if loaded.failures else "",
-        )
-        for number, model in sorted(entry.versions.items()):
-            self._emit("model_loaded", entry.name, number, {"platform": model.platform, "backend": model.backend_name})
-            if model.selection is not None:
-                self._emit("backend_chosen", entry.name, number, {
-                    "chosen": model.selection.get("chosen"), "cache": model.selection.get("cache"),
-                    "candidates": model.selection.get("candidates", [])})
-        for number, reason in sorted(entry.failures.items()):
-            self._emit("model_failed", entry.name, number, {"reason": reason})
-
-    def _emit(self, kind: str, model: str, version: int | None, detail: dict) -> None:
-        if self._on_event is not None:
-            self._on_event(kind, model, version, detail)
 
     def ready_versions(self) -> list[ModelVersion]:
         return [m for e in self._models.values() for _, m in sorted(e.versions.items())]
@@ -542,7 +494,7 @@ class ModelRegistry:
         errors: list[BaseException] = []
         for model in models:
             errors.extend(await model.close(max(0.0, deadline - time.monotonic())))
-            self._emit("model_unloaded", model.name, model.version, {})
+            self._events.emit("model_unloaded", model.name, model.version, {})
         for entry in self._models.values():
             entry.versions.clear()
             entry.plan = None

@@ -66,7 +66,7 @@ def _sample(batch: int, inputs: dict[str, np.ndarray], reshapes: dict[str, tuple
 def tuning_inputs(config: mc.ModelConfig, model_dir: Path, sizes: Sequence[int] = DYNAMIC_SIZES,
                   seed: int = 0, traffic: Mapping[str, Any] | None = None) -> Iterator[InputSet]:
     """Input sets to try, best first; built one at a time, so a large one exists only if it is tried.
-    ``traffic`` (a profile from core.traffic) comes first: a retune on traffic is for its shapes. A sequence
+    ``traffic`` (a profile from appliance.engine.traffic) comes first: a retune on traffic is for its shapes. A sequence
     model's samples carry its control and state tensors (sequence starts, initial state), as its batcher
     feeds them."""
     for candidate in _input_sets(config, model_dir, sizes, seed, traffic):

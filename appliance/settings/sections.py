@@ -11,12 +11,19 @@ reads it for docs/settings.md).
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
 from pathlib import Path
-from typing import Any
 
 from appliance.engine.shared_config import CacheConfig, ResourceLimit
 from appliance.errors import ConfigError
+from appliance.settings.checks import (
+    flat_key,
+    key,
+    require_at_least,
+    require_networks,
+    require_one_of,
+    require_port,
+    require_positive,
+)
 
 __all__ = [
     "AuthSection",
@@ -36,49 +43,6 @@ __all__ = [
 ]
 
 LOOPBACK = ("127.0.0.0/8", "::1/128")
-
-
-def key(default: Any, name: str) -> Any:
-    """A field whose flat name (environment, TOML top level, flag) is ``name``."""
-    return dataclasses.field(default=default, metadata={"key": name})
-
-
-def _positive(section: object, *names: str) -> None:
-    for name in names:
-        if not getattr(section, name) > 0:
-            raise ConfigError(f"{_key(section, name)} must be > 0, got {getattr(section, name)}")
-
-
-def _at_least(section: object, low: int, *names: str) -> None:
-    for name in names:
-        if getattr(section, name) < low:
-            raise ConfigError(f"{_key(section, name)} must be at least {low}, got {getattr(section, name)}")
-
-
-def _one_of(section: object, name: str, choices: tuple[str, ...]) -> None:
-    if getattr(section, name) not in choices:
-        raise ConfigError(f"{_key(section, name)} must be {', '.join(choices[:-1])} or {choices[-1]}, got "
-                          f"{getattr(section, name)!r}")
-
-
-def _networks(section: object, *names: str) -> None:
-    for name in names:
-        for network in getattr(section, name):
-            try:
-                ipaddress.ip_network(network, strict=False)
-            except ValueError:
-                raise ConfigError(f"{_key(section, name)}: {network!r} is not a network such as "
-                                  "192.168.1.0/24") from None
-
-
-def _port(section: object, name: str) -> None:
-    if not 0 <= getattr(section, name) <= 65535:
-        raise ConfigError(f"{_key(section, name)} must be 0..65535, got {getattr(section, name)}")
-
-
-def _key(section: object, name: str) -> str:
-    field = next(f for f in dataclasses.fields(section) if f.name == name)  # type: ignore[arg-type]
-    return field.metadata.get("key", name)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -111,8 +75,8 @@ class ServerSection:
     def __post_init__(self) -> None:
         # An absolute path: a relative one would follow whatever directory the process started in.
         object.__setattr__(self, "state_dir", Path(self.state_dir).expanduser().absolute())
-        _one_of(self, "event_loop", ("auto", "uvloop", "asyncio"))
-        _positive(self, "shutdown_timeout")
+        require_one_of(self, "event_loop", ("auto", "uvloop", "asyncio"))
+        require_positive(self, "shutdown_timeout")
         if self.exit_timeout < 0:
             raise ConfigError(f"exit_timeout must be >= 0 seconds, got {self.exit_timeout}")
 
@@ -162,10 +126,10 @@ class HttpSection:
     local proxy every client would otherwise look like loopback, and loopback needs no token."""
 
     def __post_init__(self) -> None:
-        _port(self, "port")
-        _at_least(self, 1, "max_connections")
-        _positive(self, "header_timeout", "body_timeout")
-        _networks(self, "trusted_proxies")
+        require_port(self, "port")
+        require_at_least(self, 1, "max_connections")
+        require_positive(self, "header_timeout", "body_timeout")
+        require_networks(self, "trusted_proxies")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -188,11 +152,11 @@ class GrpcSection:
     """Seconds a stream with no request in flight may send nothing before it is ended (UNAVAILABLE)."""
 
     def __post_init__(self) -> None:
-        _port(self, "port")
-        _at_least(self, 1, "max_streams", "stream_max_pending")
-        _positive(self, "stream_idle_timeout")
+        require_port(self, "port")
+        require_at_least(self, 1, "max_streams", "stream_max_pending")
+        require_positive(self, "stream_idle_timeout")
         if self.max_connections is not None:
-            _at_least(self, 1, "max_connections")
+            require_at_least(self, 1, "max_connections")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -228,17 +192,17 @@ class LimitsSection:
 
     def __post_init__(self) -> None:
         if not self.request_deadline >= 0:
-            raise ConfigError(f"{_key(self, 'request_deadline')} must be >= 0 seconds (0: none), got "
+            raise ConfigError(f"{flat_key(self, 'request_deadline')} must be >= 0 seconds (0: none), got "
                               f"{self.request_deadline}")
-        _at_least(self, 1024, "max_request_bytes")
+        require_at_least(self, 1024, "max_request_bytes")
         if self.max_request_memory_bytes < self.max_request_bytes:
             raise ConfigError(
                 f"max_request_memory_bytes ({self.max_request_memory_bytes}) must be at least max_request_bytes "
                 f"({self.max_request_bytes}): one request of the largest size must fit; raise it or lower "
                 "max_request_bytes"
             )
-        _at_least(self, 1, "max_concurrent_requests", "max_tensor_elements", "max_inputs", "stream_buffer_bytes")
-        _positive(self, "stream_stall_timeout")
+        require_at_least(self, 1, "max_concurrent_requests", "max_tensor_elements", "max_inputs", "stream_buffer_bytes")
+        require_positive(self, "stream_stall_timeout")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -256,7 +220,7 @@ class AuthSection:
     def __post_init__(self) -> None:
         if self.token is not None and len(self.token.strip()) < 16:
             raise ConfigError("auth_token must be at least 16 characters (32 random ones are better)")
-        _networks(self, "exempt_networks")
+        require_networks(self, "exempt_networks")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -276,9 +240,9 @@ class ShmSection:
     """Bytes of all registered shared-memory regions together."""
 
     def __post_init__(self) -> None:
-        _one_of(self, "client_shm", ("off", "local", "any"))
-        _at_least(self, 1, "max_regions", "max_bytes")
-        _networks(self, "local_networks")
+        require_one_of(self, "client_shm", ("off", "local", "any"))
+        require_at_least(self, 1, "max_regions", "max_bytes")
+        require_networks(self, "local_networks")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -307,10 +271,10 @@ class ModelsSection:
     does not count the old ones); 413 above."""
 
     def __post_init__(self) -> None:
-        _one_of(self, "control_mode", ("none", "poll", "explicit"))
-        _positive(self, "repository_poll_secs")
-        _at_least(self, 0, "intra_op_threads")
-        _at_least(self, 1, "push_max_file_bytes", "push_max_total_bytes")
+        require_one_of(self, "control_mode", ("none", "poll", "explicit"))
+        require_positive(self, "repository_poll_secs")
+        require_at_least(self, 0, "intra_op_threads")
+        require_at_least(self, 1, "push_max_file_bytes", "push_max_total_bytes")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -334,8 +298,8 @@ class SelectionSection:
     """Size bound of the model cache (least recently used entries are evicted)."""
 
     def __post_init__(self) -> None:
-        _positive(self, "tune_budget", "retune_interval")
-        _at_least(self, 1, "retune_min_requests", "cache_max_bytes")
+        require_positive(self, "tune_budget", "retune_interval")
+        require_at_least(self, 1, "retune_min_requests", "cache_max_bytes")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -359,9 +323,9 @@ class MetricsSection:
 
     def __post_init__(self) -> None:
         if self.port is not None:
-            _port(self, "port")
-        _positive(self, "interval", "history_raw_hours", "history_minute_days", "history_hour_days")
-        _at_least(self, 1, "history_max_bytes")
+            require_port(self, "port")
+        require_positive(self, "interval", "history_raw_hours", "history_minute_days", "history_hour_days")
+        require_at_least(self, 1, "history_max_bytes")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -396,8 +360,8 @@ class TraceSection:
         if not self.file or self.file in (".", "..") or "/" in self.file or "\\" in self.file:
             raise ConfigError(f"trace_file must be a plain file name (it goes in <state_dir>/traces/), got "
                               f"{self.file!r}")
-        _at_least(self, 4096, "max_bytes")
-        _at_least(self, 1, "max_files")
+        require_at_least(self, 4096, "max_bytes")
+        require_at_least(self, 1, "max_files")
         levels = tuple(level.strip().upper() for level in self.level)
         if not set(levels) <= {"OFF", "TIMESTAMPS", "TENSORS"}:
             raise ConfigError(f"trace_level must be OFF, or TIMESTAMPS and/or TENSORS, got {list(self.level)}")
@@ -405,7 +369,7 @@ class TraceSection:
                            tuple(level for level in ("TIMESTAMPS", "TENSORS") if level in levels))
         for name, low, high in (("rate", 0, 2**32 - 1), ("count", -1, 2**31 - 1), ("log_frequency", 0, 2**32 - 1)):
             if not low <= getattr(self, name) <= high:
-                raise ConfigError(f"{_key(self, name)} must be {low}..{high}, got {getattr(self, name)}")
+                raise ConfigError(f"{flat_key(self, name)} must be {low}..{high}, got {getattr(self, name)}")
         if self.mode != "triton":
             raise ConfigError(f"trace_mode {self.mode!r} is not supported: the appliance writes Triton's trace "
                               "files only (trace_mode = triton); OpenTelemetry export is not built in")
@@ -469,7 +433,7 @@ class RateLimiterSection:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", self.mode.strip().lower())
-        _one_of(self, "mode", ("execution_count", "off"))
+        require_one_of(self, "mode", ("execution_count", "off"))
         self.limits  # noqa: B018 - checks every entry
 
     @property

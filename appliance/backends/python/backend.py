@@ -17,15 +17,10 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future
 from typing import Any
-
-import numpy as np
-from google.protobuf import json_format
 
 from appliance.backends.base import (
     RESCHEDULE,
-    Backend,
     BackendRequest,
     BatchResult,
     LoadContext,
@@ -35,6 +30,7 @@ from appliance.backends.base import (
 )
 from appliance.backends.python.arena import Arena, Attachments, reusable_size
 from appliance.backends.python.model_args import initialize_args, instance_name
+from appliance.backends.python.model_backend import ModelPyBackend
 from appliance.backends.python.peer import Peer
 from appliance.backends.python.process import ModelProcess, ProcessExited
 from appliance.backends.python.requests import SENT, ModelError, OpenRequests, model_error
@@ -118,7 +114,7 @@ class _Instance:
                 self._children.unregister(self.process)
 
 
-class PythonBackend(Backend):
+class PythonBackend(ModelPyBackend):
     """A batch reaches model.py's execute() as separate requests, as in Triton; each may fail alone."""
 
     def __init__(self, context: LoadContext) -> None:
@@ -150,25 +146,6 @@ class PythonBackend(Backend):
             raise
         self._instance: _Instance | None = instance
         self._described = described
-
-    # A model.py declares its tensors in config.pbtxt or auto_complete_config(): the core checks those
-    # declarations (None); a model that declares none has none, which Triton allows (a BLS driver).
-    def inputs(self) -> list | None:
-        return None if self._described.get("input") else []
-
-    def outputs(self) -> list | None:
-        return None if self._described.get("output") else []
-
-    def completed_config(self, config: Any) -> Any:
-        """The config after the model's own auto_complete_config()."""
-        completed = type(config)()
-        try:
-            json_format.ParseDict(self._described, completed, ignore_unknown_fields=True)
-        except json_format.ParseError as exc:
-            raise ConfigError(
-                f"auto_complete_config() of {self._context.model_file} made an invalid config: {exc}"
-            ) from exc
-        return completed
 
     def _args(self) -> dict[str, str]:
         return initialize_args(self._context, self._config_json, self._config)
@@ -216,16 +193,6 @@ class PythonBackend(Backend):
         self._instance.process.call(("describe", config_to_json(self._context.config)),
                                     "running auto_complete_config()")
         self._initialize()
-
-    def run(self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]) -> dict[str, np.ndarray]:
-        (result,) = self.run_requests([BackendRequest(inputs, outputs)]).results
-        if isinstance(result, Future):
-            result = result.result()
-        if isinstance(result, BaseException):
-            raise result
-        if not isinstance(result, dict):
-            raise reschedule_refused(self._context.model_name)
-        return result
 
     def _write_inputs(self, requests: Sequence[BackendRequest], keys: list[int]) -> tuple[dict, list[dict]]:
         tensors = [list(r.inputs.items()) for r in requests]

@@ -34,18 +34,15 @@ import sys
 import threading
 import types
 from collections.abc import Mapping, Sequence
-from concurrent.futures import Future
 from multiprocessing.connection import Connection
 from typing import Any, NoReturn, cast
 
-import numpy as np
-from google.protobuf import json_format
-
-from appliance.backends.base import Backend, BackendRequest, BatchResult, LoadContext, Outputs, reschedule_refused
+from appliance.backends.base import BackendRequest, BatchResult, LoadContext, Outputs, reschedule_refused
 from appliance.backends.python import triton_python_backend_utils as pb_utils
 from appliance.backends.python.arena import Attachments
 from appliance.backends.python.backend import model_parameters
 from appliance.backends.python.model_args import initialize_args
+from appliance.backends.python.model_backend import ModelPyBackend
 from appliance.backends.python.pb import runtime
 from appliance.backends.python.pb.runtime import Runtime
 from appliance.backends.python.pb.transfer import error_of, tensors_of
@@ -181,7 +178,7 @@ def _on_event_loop() -> bool:
     return True
 
 
-class InProcessPythonBackend(Backend):
+class InProcessPythonBackend(ModelPyBackend):
     """A batch reaches execute() as separate requests, as in Triton; each may fail alone."""
 
     holds_gil = True
@@ -219,21 +216,6 @@ class InProcessPythonBackend(Backend):
         result = hook(pb_utils.ModelConfig(config))
         return result.as_dict() if isinstance(result, pb_utils.ModelConfig) else config
 
-    def inputs(self) -> list | None:
-        return None if self._described.get("input") else []
-
-    def outputs(self) -> list | None:
-        return None if self._described.get("output") else []
-
-    def completed_config(self, config: Any) -> Any:
-        completed = type(config)()
-        try:
-            json_format.ParseDict(self._described, completed, ignore_unknown_fields=True)
-        except json_format.ParseError as exc:
-            raise ConfigError(f"auto_complete_config() of {self._context.model_file} made an invalid config: "
-                              f"{exc}") from exc
-        return completed
-
     def configure(self, config: Any) -> None:
         with runtime.serving(self._runtime):
             try:
@@ -252,16 +234,6 @@ class InProcessPythonBackend(Backend):
             if self._loop is None:
                 self._loop = asyncio.new_event_loop()
             result = self._loop.run_until_complete(result)
-        return result
-
-    def run(self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]) -> dict[str, np.ndarray]:
-        (result,) = self.run_requests([BackendRequest(inputs, outputs)]).results
-        if isinstance(result, Future):  # answered through its response sender
-            result = result.result()
-        if isinstance(result, BaseException):
-            raise result
-        if not isinstance(result, dict):
-            raise reschedule_refused(self._context.model_name)
         return result
 
     def run_requests(self, requests: Sequence[BackendRequest]) -> BatchResult:

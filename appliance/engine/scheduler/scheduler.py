@@ -25,10 +25,11 @@ import numpy as np
 from appliance.backends import BackendRequest
 from appliance.backends.base import Reschedule, reschedule_refused
 from appliance.engine.instances import InstancePool
+from appliance.engine.scheduler.completion import Answers, answer_later, mark_compute
 from appliance.engine.scheduler.execution import THREADED, ExecutionMode, execute_batch, start_batch
 from appliance.engine.scheduler.policy import SchedulerPolicy
 from appliance.engine.scheduler.queue import Pending, RequestQueue
-from appliance.engine.stats import BatchTiming, ModelStats, StepTiming
+from appliance.engine.stats import ModelStats, StepTiming
 from appliance.errors import ApplianceError, InferenceFailed, Unavailable
 
 if TYPE_CHECKING:
@@ -55,8 +56,7 @@ class Scheduler:
         self.stats = stats
         self._queue = RequestQueue(policy)
         self._seq = itertools.count()
-        self._next_seq = 0
-        self._finished: dict[int, tuple[Pending, Any, BaseException | None]] = {}
+        self._answers: Answers[Pending] = Answers(policy.preserve_ordering, lambda pending: pending.seq)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
@@ -393,7 +393,7 @@ class Scheduler:
         self.stats.record_batch(sum(p.size for p in batch), len(batch), queue_ns, timing)
         for pending, result, waited in zip(batch, results, queue_ns):
             if pending.trace is not None:
-                _mark_compute(pending.trace, timing)
+                mark_compute(pending.trace, timing)
             if pending.timing is not None:
                 pending.timing.add(waited, timing)
             if isinstance(result, BaseException):
@@ -407,39 +407,10 @@ class Scheduler:
 
     def _complete_later(self, pending: Pending, answer: Future) -> None:
         assert self._loop is not None
-        loop = self._loop
-
-        def answered(done: Future) -> None:
-            error = done.exception()
-            try:
-                loop.call_soon_threadsafe(self._complete, pending, None if error else done.result(), error)
-            except RuntimeError:  # the loop has closed: the daemon stopped, nobody waits any more
-                pass
-
-        answer.add_done_callback(answered)
-
-    # -- results -----------------------------------------------------------------------------
+        answer_later(self._loop, answer, lambda result, error: self._complete(pending, result, error))
 
     def _complete(self, pending: Pending, result: Any, error: BaseException | None) -> None:
-        if pending.completed:
-            return
-        pending.completed = True
-        if not self.policy.preserve_ordering:
-            self._resolve(pending, result, error)
-            return
-        self._finished[pending.seq] = (pending, result, error)
-        while self._next_seq in self._finished:
-            self._resolve(*self._finished.pop(self._next_seq))
-            self._next_seq += 1
-
-    @staticmethod
-    def _resolve(pending: Pending, result: Any, error: BaseException | None) -> None:
-        if pending.future.done():
-            return
-        if error is not None:
-            pending.future.set_exception(error)
-        else:
-            pending.future.set_result(result)
+        self._answers.complete(pending, result, error)
 
 
 def _backend_request(pending: Pending) -> BackendRequest:
@@ -455,14 +426,3 @@ def _timeout_us(parameters: Mapping[str, Any]) -> int:
     """The client's ``timeout`` parameter (microseconds, Triton's), 0 when it set none."""
     value = parameters.get("timeout")
     return int(value) if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
-
-
-def _mark_compute(trace: Trace, timing: BatchTiming) -> None:
-    """Triton's COMPUTE_* timestamps from the batch's timing, kept in order even if a backend's input and
-    output times overlap its total."""
-    start, end = timing.start_ns, timing.end_ns
-    input_end = min(start + timing.input_ns, end)
-    output_start = max(input_end, end - timing.output_ns)
-    for name, ns in (("COMPUTE_START", start), ("COMPUTE_INPUT_END", input_end),
-                     ("COMPUTE_OUTPUT_START", output_start), ("COMPUTE_END", end)):
-        trace.mark(name, ns)

@@ -46,15 +46,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from appliance.backends import BackendRequest
 from appliance.backends.base import RequestResult, Reschedule, ResponseSink, not_cancelled, reschedule_refused
 from appliance.engine.instances import InstancePool
+from appliance.engine.scheduler.completion import Answers, answer_later, mark_compute
 from appliance.engine.scheduler.correlation import END, START, SequenceIds, sequence_ids
 from appliance.engine.scheduler.execution import ExecutionMode, execute_batch
-from appliance.engine.scheduler.scheduler import _mark_compute
 from appliance.engine.scheduler.sequence_policy import SequencePolicy
-from appliance.engine.scheduler.sequence_slots import Lane, Sequence, SequenceRequest, SlotTable
-from appliance.engine.scheduler.state import control_tensors, initial_states, padding_inputs
+from appliance.engine.scheduler.sequence_slots import Lane, Row, Sequence, SequenceRequest, SlotTable
+from appliance.engine.scheduler.state import initial_states, step_requests
 from appliance.engine.stats import ModelStats, SequenceCounts, StepTiming
 from appliance.errors import ApplianceError, InferenceFailed, InvalidInput, Unavailable
 
@@ -73,9 +72,6 @@ MIN_BACKLOG = 64
 MAX_QUEUED_PER_SEQUENCE = 256
 MAX_REMEMBERED_ENDS = 4096
 
-Row = tuple[Sequence, SequenceRequest]
-
-
 class SequenceScheduler:
     def __init__(self, label: str, model: str, pool: InstancePool, policy: SequencePolicy,
                  stats: ModelStats) -> None:
@@ -91,8 +87,7 @@ class SequenceScheduler:
         self._ended: OrderedDict[int | str, str] = OrderedDict()
         """Recently ended IDs and how they ended, so a late request learns why its sequence is gone."""
         self._order = itertools.count()
-        self._next_order = 0
-        self._finished: dict[int, tuple[SequenceRequest, Any, BaseException | None]] = {}
+        self._answers: Answers[SequenceRequest] = Answers(policy.preserve_ordering, lambda request: request.order)
         self._queued = 0
         self._in_flight = 0
         self._closing = False
@@ -311,7 +306,7 @@ class SequenceScheduler:
             self._queued -= 1
             sequence.running = True
             rows[position] = (sequence, request)
-        requests = self._backend_requests(rows)
+        requests = step_requests(self.policy, rows)
         stamp = time.monotonic_ns()
         queue_ns = [stamp - row[1].arrival_ns for row in rows if row is not None]
         self._in_flight += len(chosen)
@@ -331,30 +326,6 @@ class SequenceScheduler:
         self._granted.discard(lane.index)
         limits.give_back(lane.index, executed, pending=any(s.ready for s in lane.members()))
 
-    def _backend_requests(self, rows: list[Row | None]) -> list[BackendRequest]:
-        policy = self.policy
-        state_outputs = tuple(spec.output for spec in policy.states)
-        requests: list[BackendRequest | None] = []
-        template: dict[str, np.ndarray] | None = None
-        for row in rows:
-            if row is None:
-                requests.append(None)
-                continue
-            sequence, request = row
-            if request.flags & START or not sequence.state:
-                sequence.state = initial_states(policy)
-            feed = {**request.inputs, **control_tensors(policy, request.flags, sequence.corrid), **sequence.state}
-            template = template or feed
-            outputs = tuple(dict.fromkeys((*request.outputs, *state_outputs)))
-            requests.append(BackendRequest(feed, outputs, request.parameters, 1, request_id=request.request_id,
-                                           correlation_id=sequence.corrid, flags=request.flags, sink=request.sink,
-                                           cancelled=request.cancelled))
-        assert template is not None
-        padding = None
-        if None in requests:
-            padding = BackendRequest(padding_inputs(template, policy), (), {}, 1, padding=True)
-        return [r if r is not None else padding for r in requests]  # type: ignore[misc]
-
     def _finish(self, lane: Lane, rows: list[Row | None], queue_ns: list[int], future: asyncio.Future) -> None:
         lane.busy = False
         real = [(index, row) for index, row in enumerate(rows) if row is not None]
@@ -373,7 +344,7 @@ class SequenceScheduler:
             for position, (index, (sequence, request)) in enumerate(real):
                 sequence.running = False
                 if request.trace is not None:
-                    _mark_compute(request.trace, timing)
+                    mark_compute(request.trace, timing)
                 if request.timing is not None:
                     request.timing.add(queue_ns[position], timing)
                 self._settle(sequence, request, results[index])
@@ -431,17 +402,12 @@ class SequenceScheduler:
 
     def _complete_later(self, request: SequenceRequest, answer: Future) -> None:
         assert self._loop is not None
-        loop = self._loop
 
-        def answered(done: Future) -> None:
-            error = done.exception()
-            outputs = None if error else {n: v for n, v in done.result().items() if n in request.outputs}
-            try:
-                loop.call_soon_threadsafe(self._complete, request, outputs, error)
-            except RuntimeError:  # the loop has closed: the daemon stopped, nobody waits any more
-                pass
+        def deliver(result: Any, error: BaseException | None) -> None:
+            outputs = None if error else {n: v for n, v in result.items() if n in request.outputs}
+            self._complete(request, outputs, error)
 
-        answer.add_done_callback(answered)
+        answer_later(self._loop, answer, deliver)
 
     def _after_step(self, sequence: Sequence, request: SequenceRequest) -> None:
         if request.again:
@@ -487,25 +453,5 @@ class SequenceScheduler:
         self.counts.backlog = len(self._table.backlog)
         self.counts.active = len(self._sequences) - self.counts.backlog
 
-    # -- results -----------------------------------------------------------------------------
-
     def _complete(self, request: SequenceRequest, result: Any, error: BaseException | None) -> None:
-        if request.completed:
-            return
-        request.completed = True
-        if not self.policy.preserve_ordering:
-            _resolve(request, result, error)
-            return
-        self._finished[request.order] = (request, result, error)
-        while self._next_order in self._finished:
-            _resolve(*self._finished.pop(self._next_order))
-            self._next_order += 1
-
-
-def _resolve(request: SequenceRequest, result: Any, error: BaseException | None) -> None:
-    if request.future.done():
-        return
-    if error is not None:
-        request.future.set_exception(error)
-    else:
-        request.future.set_result(result)
+        self._answers.complete(request, result, error)

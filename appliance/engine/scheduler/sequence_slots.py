@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from appliance.engine.stats import StepTiming
     from appliance.engine.trace import Trace
 
-__all__ = ["Lane", "Sequence", "SequenceRequest", "SlotTable"]
+__all__ = ["Lane", "Row", "Sequence", "SequenceRequest", "SlotTable"]
 
 
 @dataclasses.dataclass(eq=False, slots=True)
@@ -69,6 +69,10 @@ class Sequence:
     @property
     def ready(self) -> bool:
         return bool(self.queue) and not self.running and self.lane is not None
+
+
+Row = tuple[Sequence, SequenceRequest]
+"""One sequence's request in a step's batch (a slot with no request is None)."""
 
 
 @dataclasses.dataclass(eq=False, slots=True)

@@ -12,11 +12,14 @@ from collections.abc import Mapping
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
+from appliance.backends import BackendRequest
 from appliance.engine.scheduler.correlation import END, START
 from appliance.engine.scheduler.sequence_policy import Control, SequencePolicy, StateSpec, sequence_policy
+from appliance.engine.scheduler.sequence_slots import Row
 from appliance.tensors import numpy_dtype
 
-__all__ = ["control_tensors", "initial_states", "padding_inputs", "sequence_sample", "with_sequence_tensors"]
+__all__ = ["control_tensors", "initial_states", "padding_inputs", "sequence_sample", "step_requests",
+           "with_sequence_tensors"]
 
 
 def _row(value: object, datatype: str, batched: bool) -> np.ndarray:
@@ -64,6 +67,32 @@ def padding_inputs(template: Mapping[str, np.ndarray], policy: SequencePolicy) -
               for name, value in template.items()}
     inputs.update(control_tensors(policy, 0, 0, ready=False))
     return inputs
+
+
+def step_requests(policy: SequencePolicy, rows: list[Row | None]) -> list[BackendRequest]:
+    """One step's batch as the backend takes it: each request with its control tensors and its sequence's
+    state (a sequence that starts gets its initial state here), and an empty slot's padding request."""
+    state_outputs = tuple(spec.output for spec in policy.states)
+    requests: list[BackendRequest | None] = []
+    template: dict[str, np.ndarray] | None = None
+    for row in rows:
+        if row is None:
+            requests.append(None)
+            continue
+        sequence, request = row
+        if request.flags & START or not sequence.state:
+            sequence.state = initial_states(policy)
+        feed = {**request.inputs, **control_tensors(policy, request.flags, sequence.corrid), **sequence.state}
+        template = template or feed
+        outputs = tuple(dict.fromkeys((*request.outputs, *state_outputs)))
+        requests.append(BackendRequest(feed, outputs, request.parameters, 1, request_id=request.request_id,
+                                       correlation_id=sequence.corrid, flags=request.flags, sink=request.sink,
+                                       cancelled=request.cancelled))
+    assert template is not None
+    padding = None
+    if None in requests:
+        padding = BackendRequest(padding_inputs(template, policy), (), {}, 1, padding=True)
+    return [r if r is not None else padding for r in requests]  # type: ignore[misc]
 
 
 def sequence_sample(policy: SequencePolicy, batch: int) -> dict[str, np.ndarray]:

@@ -12,7 +12,8 @@ import pytest
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
-from tests.appliance.backends import python_models as pm
+from tests.models import simple as pm
+from tests.models import write_python_model
 
 torch = pytest.importorskip("torch")
 ov = pytest.importorskip("openvino")
@@ -58,11 +59,11 @@ def repository(tmp_path_factory):
     model_py.write_text(pm.NUMPY_CNN)
     for key, tensor in (("cw", net[0].weight), ("cb", net[0].bias), ("lw", net[4].weight), ("lb", net[4].bias)):
         np.save(model_py.parent / f"{key}.npy", tensor.detach().numpy())
-    _write(repo, "add_sub", "model.py", pm.ADD_SUB_CONFIG).write_text(pm.ADD_SUB)
-    _write(repo, "raises", "model.py", pm.SIMPLE_CONFIG).write_text(pm.RAISES)
-    _write(repo, "wrong_count", "model.py", pm.SIMPLE_CONFIG).write_text(pm.WRONG_COUNT)
-    _write(repo, "exits", "model.py", "max_batch_size: 4\n" + pm.SIMPLE_CONFIG).write_text(pm.EXITS)
-    _write(repo, "request_error", "model.py", pm.SIMPLE_CONFIG).write_text(pm.REQUEST_ERROR)
+    write_python_model(repo, "add_sub", pm.ADD_SUB, pm.ADD_SUB_CONFIG)
+    write_python_model(repo, "raises", pm.RAISES, pm.SIMPLE_CONFIG)
+    write_python_model(repo, "wrong_count", pm.WRONG_COUNT, pm.SIMPLE_CONFIG)
+    write_python_model(repo, "exits", pm.EXITS, "max_batch_size: 4\n" + pm.SIMPLE_CONFIG)
+    write_python_model(repo, "request_error", pm.REQUEST_ERROR, pm.SIMPLE_CONFIG)
     torch.jit.trace(net, example).save(str(_write(repo, "torchscript_no_config", "model.pt")))
     return repo
 

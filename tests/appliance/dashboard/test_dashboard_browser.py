@@ -20,6 +20,7 @@ from appliance.dashboard import STATIC_DIR
 from appliance.examples import mlp_model
 from tests.builders import save
 from tests.http_util import call
+from tests.models import write_python_model
 from tests.readonly import read_only_prefix
 
 CHROMIUM = shutil.which("chromium")
@@ -87,11 +88,9 @@ class TritonPythonModel:
 def busy_daemon(module_daemon, tmp_path_factory):
     repo = tmp_path_factory.mktemp("dashboard") / "repo"
     save(mlp_model(), repo / "mlp" / "1" / "model.onnx")
-    (repo / "broken" / "1").mkdir(parents=True)
-    (repo / "broken" / "1" / "model.py").write_text(_BROKEN)
-    (repo / "broken" / "config.pbtxt").write_text(
-        'backend: "python"\ninput [ { name: "x" data_type: TYPE_FP32 dims: [ 2 ] } ]\n'
-        'output [ { name: "y" data_type: TYPE_FP32 dims: [ 2 ] } ]\n')
+    write_python_model(repo, "broken", _BROKEN,
+                       'backend: "python"\ninput [ { name: "x" data_type: TYPE_FP32 dims: [ 2 ] } ]\n'
+                       'output [ { name: "y" data_type: TYPE_FP32 dims: [ 2 ] } ]\n')
     # Measured selection (a short budget): the page shows the chosen plan and its alternatives.
     daemon = module_daemon(repo, selection=True, env={"APPLIANCE_TUNE_BUDGET": "0.05"})
     body = {"inputs": [{"name": "input", "shape": [1, 784], "datatype": "FP32", "data": [0.5] * 784}]}

@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
+from tests.models import write_python_model
+
 RECORDER = '''
 import time
 
@@ -44,9 +46,7 @@ instance_group [{{ kind: KIND_CPU count: 1
 def repository(tmp_path_factory):
     repo = tmp_path_factory.mktemp("limited") / "repo"
     for name, count, priority in (("detector", 1, 1), ("classifier", 1, 2), ("greedy", 2, 1)):
-        (repo / name / "1").mkdir(parents=True)
-        (repo / name / "1" / "model.py").write_text(RECORDER)
-        (repo / name / "config.pbtxt").write_text(_config(name, count, priority))
+        write_python_model(repo, name, RECORDER, _config(name, count, priority))
     return repo
 
 

@@ -18,7 +18,8 @@ from tritonclient.grpc import service_pb2 as pb
 
 from appliance.examples import build_example_repository
 from tests.health_watch import HealthWatch
-from tests.http_util import call
+from tests.http_util import call, open_sockets
+from tests.models import write_python_model
 
 ADDRESS_SPACE = 4 << 30
 MESSAGE = 16 << 20
@@ -114,13 +115,11 @@ def test_malformed_messages_are_invalid_argument(module_daemon, repository):
 def sleepy(module_daemon, tmp_path_factory):
     """A daemon serving the Python model 'sleepy' (sleeps x[0] seconds) with a 64 MiB budget, streams
     of at most 4 pending requests, and a 2 s idle-stream timeout."""
-    from tests.appliance.backends.python_models import SIMPLE_CONFIG, SLEEPY
+    from tests.models.simple import SIMPLE_CONFIG, SLEEPY
 
-    model = tmp_path_factory.mktemp("sleepy") / "repo" / "sleepy"
-    (model / "1").mkdir(parents=True)
-    (model / "1" / "model.py").write_text(SLEEPY)
-    (model / "config.pbtxt").write_text(SIMPLE_CONFIG)
-    return module_daemon(model.parent, prefix=("prlimit", f"--as={ADDRESS_SPACE}"), env={
+    repo = tmp_path_factory.mktemp("sleepy") / "repo"
+    write_python_model(repo, "sleepy", SLEEPY, SIMPLE_CONFIG)
+    return module_daemon(repo, prefix=("prlimit", f"--as={ADDRESS_SPACE}"), env={
         "APPLIANCE_MAX_REQUEST_BYTES": str(MESSAGE + 4096),
         "APPLIANCE_MAX_REQUEST_MEMORY_BYTES": str(4 * MESSAGE),
         "APPLIANCE_GRPC_STREAM_MAX_PENDING": "4",
@@ -179,21 +178,11 @@ def test_streams_are_capped_and_idle_ones_end(sleepy):
     assert elapsed < 10  # ended by the idle timeout (2 s), not the client's 30 s
 
 
-@contextlib.contextmanager
-def _sockets() -> Iterator[list[socket.socket]]:
-    opened: list[socket.socket] = []
-    try:
-        yield opened
-    finally:
-        for sock in opened:
-            sock.close()
-
-
 def test_a_connection_flood_on_the_grpc_port_leaves_http_and_descriptors_alone(module_daemon, repository):
     """Issue 22 item 4: idle connections to the gRPC port were uncounted and took every descriptor."""
     daemon = module_daemon(repository, "--model-control-mode", "explicit", "--load-model", "*",
                            prefix=("prlimit", "--nofile=700"), env={"APPLIANCE_MAX_CONNECTIONS": "256"})
-    with HealthWatch(daemon, keep_alive=False), _sockets() as flood:
+    with HealthWatch(daemon, keep_alive=False), open_sockets() as flood:
         for _ in range(900):
             sock = socket.create_connection(("127.0.0.1", daemon.grpc_port), timeout=5)
             with contextlib.suppress(OSError):

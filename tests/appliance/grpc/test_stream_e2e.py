@@ -15,7 +15,7 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from tests.appliance.backends.decoupled_models import build_streaming_repository
+from tests.models.decoupled import build_streaming_repository
 
 
 @pytest.fixture(scope="module")

@@ -33,6 +33,7 @@ import tritonclient.http as triton
 from appliance.client import AsyncBoxPool, BoxPool
 from tests.appliance.mdns.scenario import stop_all
 from tests.builders import affine_model, save
+from tests.models import write_python_model
 
 LOOPBACK = "127.0.0.1"
 REQUESTS = 3000
@@ -112,9 +113,7 @@ output [ { name: "y" data_type: TYPE_FP32 dims: [ 2 ] } ]
 def model_dirs(work: Path) -> tuple[Path, Path]:
     """m (the Python model above, y = 2x) and n (ONNX, y = 5x over [batch, 8])."""
     m_dir, n_dir = work / "push" / "m", work / "push" / "n"
-    (m_dir / "1").mkdir(parents=True)
-    (m_dir / "1" / "model.py").write_text(STEADY_MODEL)
-    (m_dir / "config.pbtxt").write_text(STEADY_CONFIG)
+    write_python_model(m_dir.parent, "m", STEADY_MODEL, STEADY_CONFIG)
     save(affine_model(5.0, 0), n_dir / "1" / "model.onnx")
     (n_dir / "config.pbtxt").write_text('backend: "onnxruntime"\nmax_batch_size: 8\n')
     return m_dir, n_dir

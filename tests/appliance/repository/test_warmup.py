@@ -16,6 +16,7 @@ from appliance.errors import ConfigError
 from appliance.repository.loader import load_model
 from appliance.repository.warmup import warmup_samples
 from tests.builders import framing_model, write_model
+from tests.models import write_python_model
 
 # A Python model that appends one line per execution to a file in its model directory.
 COUNTING_MODEL = '''
@@ -60,10 +61,7 @@ def _config(text: str) -> mc.ModelConfig:
 
 
 def test_warmup_runs_count_times_on_every_instance_before_the_load_returns(tmp_path):
-    model_dir = tmp_path / "counting"
-    (model_dir / "1").mkdir(parents=True)
-    (model_dir / "1" / "model.py").write_text(COUNTING_MODEL)
-    (model_dir / "config.pbtxt").write_text(COUNTING_CONFIG)
+    model_dir = write_python_model(tmp_path, "counting", COUNTING_MODEL, COUNTING_CONFIG).parent.parent
     (model_dir / "warmup").mkdir()
     (model_dir / "warmup" / "ones.raw").write_bytes(np.ones(4, np.float32).tobytes())
     loaded = load_model(model_dir, RuntimeOptions())

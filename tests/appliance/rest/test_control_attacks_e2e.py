@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from appliance.examples import build_example_repository
-from tests.appliance.backends.python_models import ADD_SUB
 from tests.health_watch import HealthWatch
 from tests.http_util import call
+from tests.models.simple import ADD_SUB
 
 REMOTE = "127.0.0.2"
 INFER = {"inputs": [{"name": "INPUT0", "shape": [1, 16], "datatype": "INT32", "data": list(range(16))},

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from tests.appliance.backends.decoupled_models import build_streaming_repository
 from tests.http_util import call
+from tests.models.decoupled import build_streaming_repository
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,7 @@ from tritonclient.utils import InferenceServerException
 from appliance.examples import build_example_repository
 from tests.builders import OPSET, save
 from tests.http_util import call
+from tests.models import write_python_model
 
 HEADER = "Inference-Header-Content-Length"
 
@@ -42,12 +43,10 @@ def _wide_identity():
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory):
     repo = build_example_repository(tmp_path_factory.mktemp("x") / "repo")
-    (repo / "bytes_identity" / "1").mkdir(parents=True)
-    (repo / "bytes_identity" / "1" / "model.py").write_text(_BYTES_IDENTITY)
-    (repo / "bytes_identity" / "config.pbtxt").write_text(
-        'backend: "python"\nmax_batch_size: 4\n'
-        'input [ { name: "IN_BYTES" data_type: TYPE_STRING dims: [ 4 ] } ]\n'
-        'output [ { name: "OUT_BYTES" data_type: TYPE_STRING dims: [ 4 ] } ]\n')
+    write_python_model(repo, "bytes_identity", _BYTES_IDENTITY,
+                       'backend: "python"\nmax_batch_size: 4\n'
+                       'input [ { name: "IN_BYTES" data_type: TYPE_STRING dims: [ 4 ] } ]\n'
+                       'output [ { name: "OUT_BYTES" data_type: TYPE_STRING dims: [ 4 ] } ]\n')
     save(_wide_identity(), repo / "wide" / "1" / "model.onnx")
     (repo / "broken" / "1").mkdir(parents=True)
     (repo / "broken" / "1" / "model.onnx").write_bytes(b"not an onnx file")

@@ -10,7 +10,6 @@ import gzip
 import socket
 import threading
 import time
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -18,7 +17,7 @@ import tritonclient.http as triton
 
 from appliance.examples import build_example_repository
 from tests.health_watch import HealthWatch
-from tests.http_util import call
+from tests.http_util import call, open_sockets
 
 HEADER_TIMEOUT = 2.0
 BODY_TIMEOUT = 2.0
@@ -79,18 +78,8 @@ def _read_response(sock: socket.socket, timeout: float) -> bytes:
     return data
 
 
-@contextlib.contextmanager
-def _sockets() -> Iterator[list[socket.socket]]:
-    opened: list[socket.socket] = []
-    try:
-        yield opened
-    finally:
-        for sock in opened:
-            sock.close()
-
-
 def test_slow_request_heads_are_closed_after_header_timeout(daemon):
-    with HealthWatch(daemon, keep_alive=False), _sockets() as slow:
+    with HealthWatch(daemon, keep_alive=False), open_sockets() as slow:
         started = time.monotonic()
         for _ in range(40):
             slow.append(_connect(daemon.port))
@@ -111,7 +100,7 @@ def test_slow_request_heads_are_closed_after_header_timeout(daemon):
 
 def test_slow_bodies_time_out_and_never_lock_out_health(daemon):
     head = b"POST /v2/models/simple/infer HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1000\r\n\r\n"
-    with HealthWatch(daemon, keep_alive=False), _sockets() as slow:
+    with HealthWatch(daemon, keep_alive=False), open_sockets() as slow:
         for _ in range(MAX_CONCURRENT):
             slow.append(_connect(daemon.port))
             slow[-1].sendall(head + b'{"inputs":')  # 10 of 1000 declared bytes
@@ -128,7 +117,7 @@ def test_slow_bodies_time_out_and_never_lock_out_health(daemon):
 
 
 def test_connections_beyond_max_connections_get_a_short_503(daemon):
-    with HealthWatch(daemon, keep_alive=True), _sockets() as idle:
+    with HealthWatch(daemon, keep_alive=True), open_sockets() as idle:
         for _ in range(HTTP_CONNECTIONS + 10):
             idle.append(_connect(daemon.port))
         time.sleep(0.5)
@@ -208,7 +197,7 @@ def test_request_bytes_beyond_the_memory_budget_get_503(daemon):
     declared = MAX_BYTES
     sent = 7 << 20  # three of these hold 21 of the 24 MiB budget
     head = f"POST {INFER} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {declared}\r\n\r\n".encode()
-    with HealthWatch(daemon, keep_alive=False), _sockets() as holders:
+    with HealthWatch(daemon, keep_alive=False), open_sockets() as holders:
         for _ in range(3):
             holders.append(_connect(daemon.port))
             holders[-1].sendall(head + b"\0" * sent)

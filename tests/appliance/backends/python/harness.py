@@ -18,16 +18,6 @@ from appliance.backends.base import BackendServices, LoadContext, RuntimeOptions
 from appliance.backends.python.backend import PythonBackend
 
 
-def write_model(root: Path, name: str, source: str, config: str, files: dict[str, str] | None = None) -> Path:
-    version = root / name / "1"
-    version.mkdir(parents=True)
-    (version / "model.py").write_text(textwrap.dedent(source))
-    for filename, text in (files or {}).items():
-        (version / filename).write_text(textwrap.dedent(text))
-    (root / name / "config.pbtxt").write_text(textwrap.dedent(config))
-    return version / "model.py"
-
-
 def parse_config(text: str) -> mc.ModelConfig:
     return text_format.Parse(textwrap.dedent(text), mc.ModelConfig())
 

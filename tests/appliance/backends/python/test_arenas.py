@@ -12,7 +12,8 @@ import pytest
 
 from appliance.backends.base import BackendRequest
 from appliance.backends.python.arena import ARENA_PREFIX, KEEP_BYTES
-from tests.appliance.backends.python.harness import RecordingSink, loaded, write_model
+from tests.appliance.backends.python.harness import RecordingSink, loaded
+from tests.models import write_python_model
 from tests.processes import child_pids
 
 ECHO = """
@@ -89,7 +90,7 @@ def _run(backend, values: np.ndarray, decoupled: bool) -> np.ndarray:
 @pytest.mark.parametrize("decoupled", [False, True], ids=["plain", "decoupled"])
 def test_a_large_request_leaves_no_arena_behind(tmp_path, decoupled):
     config = CONFIG + ("model_transaction_policy { decoupled: true }\n" if decoupled else "")
-    model = write_model(tmp_path, "echo", ECHO_DECOUPLED if decoupled else ECHO, config)
+    model = write_python_model(tmp_path, "echo", ECHO_DECOUPLED if decoupled else ECHO, config)
     with loaded(model, config) as backend:
         small = np.arange(16, dtype=np.float32)
         np.testing.assert_array_equal(_run(backend, small, decoupled), small)

@@ -4,7 +4,6 @@ large request through the daemon leaves them within what is kept for reuse."""
 from __future__ import annotations
 
 import os
-import textwrap
 import time
 import urllib.request
 
@@ -14,6 +13,7 @@ import tritonclient.http as httpclient
 
 from appliance.backends.python.arena import KEEP_BYTES
 from tests.appliance.backends.python.test_arenas import CONFIG, ECHO, _shm_bytes
+from tests.models import write_python_model
 from tests.processes import child_pids
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="arenas live in /dev/shm only on Linux")
@@ -22,9 +22,7 @@ pytestmark = pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="arenas li
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory):
     root = tmp_path_factory.mktemp("arenas") / "repo"
-    (root / "echo" / "1").mkdir(parents=True)
-    (root / "echo" / "1" / "model.py").write_text(textwrap.dedent(ECHO))
-    (root / "echo" / "config.pbtxt").write_text(textwrap.dedent(CONFIG))
+    write_python_model(root, "echo", ECHO, CONFIG)
     return root
 
 

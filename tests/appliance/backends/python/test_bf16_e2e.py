@@ -17,6 +17,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from tests.models import write_python_model
+
 torch = pytest.importorskip("torch")
 
 BF16_IO = """
@@ -99,18 +101,17 @@ class _Double(torch.nn.Module):
         return x * 2
 
 
-def _write(repo, name, config, source=None):
+def _write(repo, name, config):
+    """A model with no model.py (the TorchScript step, the ensemble)."""
     (repo / name / "1").mkdir(parents=True)
-    if source is not None:
-        (repo / name / "1" / "model.py").write_text(textwrap.dedent(source))
     (repo / name / "config.pbtxt").write_text(textwrap.dedent(config))
 
 
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory):
     repo = tmp_path_factory.mktemp("bf16")
-    _write(repo, "double", BF16_IO, DOUBLE)
-    _write(repo, "bls_bf16", BF16_IO, BLS)
+    write_python_model(repo, "double", DOUBLE, BF16_IO)
+    write_python_model(repo, "bls_bf16", BLS, BF16_IO)
     _write(repo, "torch_double", TORCH_DOUBLE)
     torch.jit.script(_Double()).save(str(repo / "torch_double" / "1" / "model.pt"))
     _write(repo, "quadruple", ENSEMBLE)

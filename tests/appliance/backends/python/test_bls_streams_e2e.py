@@ -6,7 +6,6 @@ execute() awaiting streamed calls serves its requests concurrently."""
 from __future__ import annotations
 
 import queue
-import textwrap
 import time
 from pathlib import Path
 
@@ -14,6 +13,8 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+
+from tests.models import write_python_model
 
 # Streams IN every 50 ms, up to COUNT responses; unless IGNORE is set it checks is_cancelled() before
 # each one and, once cancelled, ends with a CANCELLED error (Triton's response_sender_until_cancelled).
@@ -161,19 +162,13 @@ WAIT = 2.0
 """Seconds each sleeper request takes: four of them one after the other would take 8."""
 
 
-def _python(repo: Path, name: str, source: str, config: str) -> None:
-    (repo / name / "1").mkdir(parents=True)
-    (repo / name / "1" / "model.py").write_text(textwrap.dedent(source))
-    (repo / name / "config.pbtxt").write_text(textwrap.dedent(config))
-
-
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory) -> Path:
     repo = tmp_path_factory.mktemp("bls-streams")
-    _python(repo, "until_cancelled", UNTIL_CANCELLED, UNTIL_CANCELLED_CONFIG)
-    _python(repo, "bls_cancel", BLS_CANCEL, BLS_CANCEL_CONFIG)
-    _python(repo, "sleeper", SLEEPER, SLEEPER_CONFIG)
-    _python(repo, "sleeper_bls", SLEEPER_BLS, SLEEPER_CONFIG)
+    write_python_model(repo, "until_cancelled", UNTIL_CANCELLED, UNTIL_CANCELLED_CONFIG)
+    write_python_model(repo, "bls_cancel", BLS_CANCEL, BLS_CANCEL_CONFIG)
+    write_python_model(repo, "sleeper", SLEEPER, SLEEPER_CONFIG)
+    write_python_model(repo, "sleeper_bls", SLEEPER_BLS, SLEEPER_CONFIG)
     return repo
 
 

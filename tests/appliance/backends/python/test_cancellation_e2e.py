@@ -17,6 +17,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
+from tests.models import write_python_model
+
 # Polls request.is_cancelled() from inside execute() until it turns True (or 30 s pass), and notes in
 # seen.txt, beside its version directory, when it started and when it saw the cancellation.
 WAITS = """
@@ -100,9 +102,7 @@ def repository(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("cancellation") / "repo"
     for name, source, extra in (("waits", WAITS, ""),
                                 ("waits_decoupled", WAITS_DECOUPLED, "model_transaction_policy { decoupled: true }")):
-        (root / name / "1").mkdir(parents=True)
-        (root / name / "1" / "model.py").write_text(textwrap.dedent(source))
-        (root / name / "config.pbtxt").write_text(textwrap.dedent(CONFIG) + extra + "\n")
+        write_python_model(root, name, source, textwrap.dedent(CONFIG) + extra + "\n")
     return root
 
 

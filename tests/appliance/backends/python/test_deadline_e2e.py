@@ -5,7 +5,6 @@ the request is cancelled and its caller told DEADLINE_EXCEEDED, and the model se
 from __future__ import annotations
 
 import queue
-import textwrap
 import time
 from pathlib import Path
 
@@ -13,6 +12,8 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+
+from tests.models import write_python_model
 
 DEADLINE = 1.0
 
@@ -88,11 +89,8 @@ instance_group [ { count: 1 kind: KIND_CPU } ]
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("deadline") / "repo"
-    for name, source, config in (("never_final", NEVER_FINAL, NEVER_FINAL_CONFIG),
-                                 ("calls_itself", CALLS_ITSELF, CALLS_ITSELF_CONFIG)):
-        (root / name / "1").mkdir(parents=True)
-        (root / name / "1" / "model.py").write_text(textwrap.dedent(source))
-        (root / name / "config.pbtxt").write_text(textwrap.dedent(config))
+    write_python_model(root, "never_final", NEVER_FINAL, NEVER_FINAL_CONFIG)
+    write_python_model(root, "calls_itself", CALLS_ITSELF, CALLS_ITSELF_CONFIG)
     return root
 
 

@@ -11,12 +11,18 @@ import pytest
 
 from appliance.backends.base import BackendRequest
 from appliance.errors import InferenceFailed
-from tests.appliance.backends.python.harness import RecordingSink, loaded, write_model
-from tests.appliance.backends.python.models import REPEAT_CONFIG
+from tests.appliance.backends.python.harness import RecordingSink, loaded
+from tests.models import write_python_model
 
-DECOUPLED_CONFIG = REPEAT_CONFIG  # IN: INT32 [-1] -> OUT: INT32 [1], decoupled
+DECOUPLED_CONFIG = """
+backend: "python"
+model_transaction_policy { decoupled: true }
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+"""
 
-# As Triton's repeat example: one response per element, sent from a thread after execute() returned.
+# As Triton's repeat example (tests.models.decoupled's ``repeat``, with each value as a response parameter
+# instead of its index as a tensor): one response per element, sent from a thread after execute() returned.
 REPEAT = """
 import threading
 
@@ -131,7 +137,7 @@ def _request(values, sink, cancelled=lambda: False):
 
 
 def test_responses_stream_from_threads_after_execute_returns(tmp_path):
-    model = write_model(tmp_path, "repeat", REPEAT, DECOUPLED_CONFIG)
+    model = write_python_model(tmp_path, "repeat", REPEAT, DECOUPLED_CONFIG)
     with loaded(model, DECOUPLED_CONFIG) as backend:
         sinks = [RecordingSink(), RecordingSink()]
         batch = backend.run_requests([_request([4, 5, 6], sinks[0]), _request([7], sinks[1])])
@@ -148,7 +154,7 @@ def test_responses_stream_from_threads_after_execute_returns(tmp_path):
 
 
 def test_zero_responses_errors_and_a_second_final(tmp_path):
-    model = write_model(tmp_path, "inline", INLINE, DECOUPLED_CONFIG)
+    model = write_python_model(tmp_path, "inline", INLINE, DECOUPLED_CONFIG)
     with loaded(model, DECOUPLED_CONFIG) as backend:
         ok, bad = RecordingSink(), RecordingSink()
         batch = backend.run_requests([_request([1], ok), _request([-1], bad)])
@@ -160,7 +166,7 @@ def test_zero_responses_errors_and_a_second_final(tmp_path):
 
 
 def test_cancellation_reaches_the_model(tmp_path):
-    model = write_model(tmp_path, "cancel", WAITS_FOR_CANCEL, DECOUPLED_CONFIG)
+    model = write_python_model(tmp_path, "cancel", WAITS_FOR_CANCEL, DECOUPLED_CONFIG)
     with loaded(model, DECOUPLED_CONFIG) as backend:
         flag = threading.Event()
         sink = RecordingSink()
@@ -173,14 +179,14 @@ def test_cancellation_reaches_the_model(tmp_path):
 
 
 def test_a_decoupled_execute_must_return_none(tmp_path):
-    model = write_model(tmp_path, "returns_list", RETURNS_LIST, DECOUPLED_CONFIG)
+    model = write_python_model(tmp_path, "returns_list", RETURNS_LIST, DECOUPLED_CONFIG)
     # The batch fails as a whole, as when execute() raises.
     with loaded(model, DECOUPLED_CONFIG) as backend, pytest.raises(InferenceFailed, match="must return None"):
         backend.run_requests([_request([1], RecordingSink())])
 
 
 def test_open_streams_fail_when_the_process_dies(tmp_path):
-    model = write_model(tmp_path, "dies", DIES_LATER, DECOUPLED_CONFIG)
+    model = write_python_model(tmp_path, "dies", DIES_LATER, DECOUPLED_CONFIG)
     with loaded(model, DECOUPLED_CONFIG) as backend:
         sink = RecordingSink()
         assert backend.run_requests([_request([1], sink)]).results == [{}]
@@ -210,7 +216,7 @@ class TritonPythonModel:
                             flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         return None
 """
-    model = write_model(tmp_path, "flags", source, DECOUPLED_CONFIG)
+    model = write_python_model(tmp_path, "flags", source, DECOUPLED_CONFIG)
     with loaded(model, DECOUPLED_CONFIG) as backend:
         sink = RecordingSink()
         backend.run_requests([_request([1], sink)])

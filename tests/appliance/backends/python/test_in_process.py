@@ -17,7 +17,8 @@ from appliance.errors import InferenceFailed
 from appliance.selection import Hardware, Selector
 from appliance.selection.plans import IN_PROCESS_PLAN
 from appliance.selection.selector import SelectionSettings
-from tests.appliance.backends.python.harness import parse_config, write_model
+from tests.appliance.backends.python.harness import parse_config
+from tests.models import write_python_model
 
 PYTHON = next(info for info in BACKENDS if info.name == "python")
 
@@ -59,7 +60,7 @@ class TritonPythonModel:
 
 
 def _load(tmp_path, name: str, factor: int, services=None) -> InProcessPythonBackend:
-    model = write_model(tmp_path, name, SCALE, CONFIG, files={"factor.py": f"FACTOR = {factor}\n"})
+    model = write_python_model(tmp_path, name, SCALE, CONFIG, files={"factor.py": f"FACTOR = {factor}\n"})
     config = parse_config(CONFIG)
     config.name = name
     config.parameters["python_plan"].string_value = "in-process"
@@ -140,7 +141,7 @@ class _Models:
 def test_bls_calls_and_is_cancelled_reach_the_daemon(tmp_path):
     from appliance.backends.base import BackendServices
 
-    model = write_model(tmp_path, "caller", BLS, CONFIG)
+    model = write_python_model(tmp_path, "caller", BLS, CONFIG)
     config = parse_config(CONFIG)
     config.name = "caller"
     config.parameters["python_plan"].string_value = "in-process"
@@ -186,7 +187,7 @@ def test_the_in_process_plan_is_offered_only_where_the_config_allows_it(selector
 
 
 def test_selection_measures_both_plans_and_shows_them(tmp_path, selector):
-    model = write_model(tmp_path, "double", DOUBLE, CONFIG)
+    model = write_python_model(tmp_path, "double", DOUBLE, CONFIG)
     config = parse_config(CONFIG)
     config.name = "double"
     choice = selector.choose(PYTHON, LoadContext("double", 1, model, config, RuntimeOptions()))

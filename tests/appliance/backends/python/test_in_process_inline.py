@@ -14,7 +14,8 @@ from appliance.backends import BACKENDS, BackendRequest, LoadContext, RuntimeOpt
 from appliance.backends.base import BackendServices, ModelCall, Outputs
 from appliance.backends.python.in_process import InProcessPythonBackend
 from appliance.errors import InferenceFailed
-from tests.appliance.backends.python.harness import parse_config, write_model
+from tests.appliance.backends.python.harness import parse_config
+from tests.models import write_python_model
 
 PYTHON = next(info for info in BACKENDS if info.name == "python")
 
@@ -90,7 +91,7 @@ class _Models:
 
 def _load(tmp_path, source: str, files: dict[str, str] | None = None,
           services: BackendServices | None = None) -> InProcessPythonBackend:
-    model = write_model(tmp_path, "m", source, CONFIG, files=files)
+    model = write_python_model(tmp_path, "m", source, CONFIG, files=files)
     config = parse_config(CONFIG)
     config.name = "m"
     config.parameters["python_plan"].string_value = "in-process"

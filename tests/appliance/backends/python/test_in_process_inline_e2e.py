@@ -8,8 +8,8 @@ import numpy as np
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
-from tests.appliance.backends.python.harness import write_model
 from tests.http_util import call
+from tests.models import write_python_model
 
 TENSORS = """
 max_batch_size: 8
@@ -78,8 +78,8 @@ def _execution(daemon) -> dict:
 def test_a_cheap_trusted_model_runs_on_the_loop_and_a_call_from_there_is_refused_not_deadlocked(
         start_daemon, tmp_path):
     repo = tmp_path / "repo"
-    write_model(repo, "caller", CALLER, TRUSTED, files={"helper.py": HELPER})
-    write_model(repo, "other", DOUBLE, 'backend: "python"\n' + TENSORS)
+    write_python_model(repo, "caller", CALLER, TRUSTED, files={"helper.py": HELPER})
+    write_python_model(repo, "other", DOUBLE, 'backend: "python"\n' + TENSORS)
     daemon = start_daemon(repo, selection=True, env={"APPLIANCE_TUNE_BUDGET": "0.05"})
     execution = _execution(daemon)
     assert execution["execution"] == "inline" and "under the GIL" in execution["reason"], execution
@@ -108,8 +108,8 @@ PINNED = TRUSTED + 'parameters { key: "plan" value: { string_value: "python:in-p
 
 def test_a_model_selection_cannot_measure_is_served_on_the_plan_it_pins(start_daemon, tmp_path):
     repo = tmp_path / "repo"
-    write_model(repo, "caller", ALWAYS_CALLS, PINNED, files={"helper.py": HELPER})
-    write_model(repo, "other", DOUBLE, 'backend: "python"\n' + TENSORS)
+    write_python_model(repo, "caller", ALWAYS_CALLS, PINNED, files={"helper.py": HELPER})
+    write_python_model(repo, "other", DOUBLE, 'backend: "python"\n' + TENSORS)
     daemon = start_daemon(repo, selection=True, env={"APPLIANCE_TUNE_BUDGET": "0.05"})
     status, _, selection = call(daemon.port, "GET", "/v2/models/caller/selection")
     assert status == 200 and selection["status"] == "unmeasured", selection

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import queue
-import textwrap
 import threading
 import urllib.request
 
@@ -17,24 +16,19 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.appliance.backends.python import iterative_models as m
-
-
-def _python(repo, name, source, config):
-    (repo / name / "1").mkdir(parents=True)
-    (repo / name / "1" / "model.py").write_text(textwrap.dedent(source))
-    (repo / name / "config.pbtxt").write_text(textwrap.dedent(config))
+from tests.models import iterative as m
+from tests.models import write_python_model
 
 
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory):
     repo = tmp_path_factory.mktemp("iterative")
-    _python(repo, "tokens", m.TOKENS, m.TOKENS_CONFIG)
-    _python(repo, "second_try", m.SECOND_TRY, m.SECOND_TRY_CONFIG)
-    _python(repo, "second_try_dynamic", m.SECOND_TRY, m.SECOND_TRY_DYNAMIC)
-    _python(repo, "second_try_sequence", m.SECOND_TRY, m.SECOND_TRY_SEQUENCE)
-    _python(repo, "wrong_return", m.WRONG_RETURN, m.WRONG_RETURN_CONFIG)
-    _python(repo, "bls_driver", m.BLS_DRIVER, m.BLS_DRIVER_CONFIG)
+    write_python_model(repo, "tokens", m.TOKENS, m.TOKENS_CONFIG)
+    write_python_model(repo, "second_try", m.SECOND_TRY, m.SECOND_TRY_CONFIG)
+    write_python_model(repo, "second_try_dynamic", m.SECOND_TRY, m.SECOND_TRY_DYNAMIC)
+    write_python_model(repo, "second_try_sequence", m.SECOND_TRY, m.SECOND_TRY_SEQUENCE)
+    write_python_model(repo, "wrong_return", m.WRONG_RETURN, m.WRONG_RETURN_CONFIG)
+    write_python_model(repo, "bls_driver", m.BLS_DRIVER, m.BLS_DRIVER_CONFIG)
     return repo
 
 

@@ -5,7 +5,6 @@ repository), with the same confinement and size bounds, and Triton's words when 
 from __future__ import annotations
 
 import json
-import textwrap
 import urllib.request
 
 import numpy as np
@@ -13,6 +12,7 @@ import pytest
 import tritonclient.http as httpclient
 
 from tests.builders import affine_model
+from tests.models import write_python_model
 
 LOADER_CONFIG = """
 backend: "python"
@@ -66,10 +66,8 @@ class TritonPythonModel:
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory):
     repo = tmp_path_factory.mktemp("loads")
-    (repo / "loader" / "1").mkdir(parents=True)
-    (repo / "loader" / "1" / "model.py").write_text(textwrap.dedent(LOADER))
-    (repo / "loader" / "1" / "tripler.onnx").write_bytes(affine_model(3.0, 0.0).SerializeToString())
-    (repo / "loader" / "config.pbtxt").write_text(textwrap.dedent(LOADER_CONFIG))
+    model = write_python_model(repo, "loader", LOADER, LOADER_CONFIG)
+    (model.parent / "tripler.onnx").write_bytes(affine_model(3.0, 0.0).SerializeToString())
     return repo
 
 

@@ -9,7 +9,8 @@ import pytest
 from appliance.backends.base import BackendRequest
 from appliance.backends.python.backend import model_parameters
 from appliance.errors import ConfigError
-from tests.appliance.backends.python.harness import loaded, write_model
+from tests.appliance.backends.python.harness import loaded
+from tests.models import write_python_model
 
 CONFIG = """
 backend: "python"
@@ -48,7 +49,7 @@ def double(x):
 
 @pytest.mark.parametrize("index,name", [(0, "packaged_0_0"), (1, "packaged_0_1"), (2, "packaged_1_0")])
 def test_model_py_is_a_package_module_and_names_its_instance_as_triton(tmp_path, index, name):
-    model = write_model(tmp_path, "packaged", PACKAGED, CONFIG, files={"helpers.py": HELPERS})
+    model = write_python_model(tmp_path, "packaged", PACKAGED, CONFIG, files={"helpers.py": HELPERS})
     with loaded(model, CONFIG, instance_index=index) as backend:
         (result,) = backend.run_requests([BackendRequest({"x": np.array([1, 2], np.float32)}, ["y", "name"])]).results
         assert result["y"].tolist() == [2, 4]
@@ -72,7 +73,7 @@ class TritonPythonModel:
 
 
 def test_an_exception_in_initialize_fails_the_load_with_its_message(tmp_path):
-    model = write_model(tmp_path, "bad", RAISES_IN_INITIALIZE, CONFIG)
+    model = write_python_model(tmp_path, "bad", RAISES_IN_INITIALIZE, CONFIG)
     with (pytest.raises(ConfigError, match="initialize\\(\\) of model 'bad' failed: RuntimeError: no weights found"),
           loaded(model, CONFIG)):
         pass
@@ -96,7 +97,7 @@ class TritonPythonModel:
 
 
 def test_a_model_with_no_inputs_loads_as_under_triton(tmp_path):
-    model = write_model(tmp_path, "driver", NO_INPUTS, NO_INPUTS_CONFIG)
+    model = write_python_model(tmp_path, "driver", NO_INPUTS, NO_INPUTS_CONFIG)
     with loaded(model, NO_INPUTS_CONFIG) as backend:
         assert backend.inputs() == []
         (result,) = backend.run_requests([BackendRequest({}, ["y"])]).results
@@ -129,7 +130,7 @@ class TritonPythonModel:
 def test_a_model_sees_no_command_line_arguments(tmp_path):
     # As under Triton's stub (an embedded interpreter): unittest.main() in a model must not take the model
     # process's own arguments for test names.
-    model = write_model(tmp_path, "unittests", UNITTEST, CONFIG)
+    model = write_python_model(tmp_path, "unittests", UNITTEST, CONFIG)
     with loaded(model, CONFIG) as backend:
         (result,) = backend.run_requests([BackendRequest({"x": np.zeros(2, np.float32)}, ["y"])]).results
     assert result["y"].tolist() == [1, 1]

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import queue
-import textwrap
 import urllib.request
 
 import numpy as np
@@ -15,27 +14,23 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.appliance.backends.python import models as m
 from tests.builders import identity_model, write_model
-
-
-def _python(repo, name, source, config):
-    (repo / name / "1").mkdir(parents=True)
-    (repo / name / "1" / "model.py").write_text(textwrap.dedent(source))
-    (repo / name / "config.pbtxt").write_text(textwrap.dedent(config))
+from tests.models import pipelines as m
+from tests.models import write_python_model
+from tests.models.decoupled import REPEAT, REPEAT_CONFIG
 
 
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory):
     repo = tmp_path_factory.mktemp("pipelines")
     write_model(repo, "identity_fp32", identity_model(["FP32"]), config=m.IDENTITY_CONFIG)
-    _python(repo, "bls_sync", m.BLS_SYNC, m.BLS_IO)
-    _python(repo, "bls_async", m.BLS_ASYNC, m.BLS_IO)
-    _python(repo, "repeat", m.REPEAT, m.REPEAT_CONFIG)
-    _python(repo, "bls_decoupled", m.BLS_DECOUPLED, m.BLS_DECOUPLED_CONFIG)
-    _python(repo, "surface", m.SURFACE, m.SURFACE_CONFIG)
-    _python(repo, "errors", m.ERRORS, m.ERRORS_CONFIG)
-    _python(repo, "driver", m.DRIVER, m.DRIVER_CONFIG)
+    write_python_model(repo, "bls_sync", m.BLS_SYNC, m.BLS_IO)
+    write_python_model(repo, "bls_async", m.BLS_ASYNC, m.BLS_IO)
+    write_python_model(repo, "repeat", REPEAT, REPEAT_CONFIG)
+    write_python_model(repo, "bls_decoupled", m.BLS_DECOUPLED, m.BLS_DECOUPLED_CONFIG)
+    write_python_model(repo, "surface", m.SURFACE, m.SURFACE_CONFIG)
+    write_python_model(repo, "errors", m.ERRORS, m.ERRORS_CONFIG)
+    write_python_model(repo, "driver", m.DRIVER, m.DRIVER_CONFIG)
     return repo
 
 

@@ -12,7 +12,8 @@ import numpy as np
 from appliance.backends.base import BackendRequest, BatchResult
 from appliance.engine.instances import InstancePool
 from appliance.errors import InferenceFailed
-from tests.appliance.backends.python.harness import loaded, write_model
+from tests.appliance.backends.python.harness import loaded
+from tests.models import write_python_model
 
 CONFIG = """
 backend: "python"
@@ -54,7 +55,7 @@ async def _started(backend, requests) -> asyncio.Future:
 
 
 def test_batches_sent_while_one_runs_each_get_their_own_answers(tmp_path):
-    model = write_model(tmp_path, "slow", SLOW, CONFIG)
+    model = write_python_model(tmp_path, "slow", SLOW, CONFIG)
 
     async def scenario(backend):
         assert backend.pipeline_depth == 2
@@ -74,7 +75,7 @@ def test_batches_sent_while_one_runs_each_get_their_own_answers(tmp_path):
 
 
 def test_a_process_that_dies_fails_both_batches_on_their_way(tmp_path):
-    model = write_model(tmp_path, "slow", SLOW, CONFIG)
+    model = write_python_model(tmp_path, "slow", SLOW, CONFIG)
 
     async def scenario(backend):
         await asyncio.wait_for(await _started(backend, [_request(0)]), 30)
@@ -92,7 +93,7 @@ def test_a_process_that_dies_fails_both_batches_on_their_way(tmp_path):
 
 
 def test_a_pool_of_depth_two_lends_each_instance_twice(tmp_path):
-    model = write_model(tmp_path, "slow", SLOW, CONFIG)
+    model = write_python_model(tmp_path, "slow", SLOW, CONFIG)
 
     async def scenario(backend):
         pool = InstancePool("slow", [backend], depth=backend.pipeline_depth)

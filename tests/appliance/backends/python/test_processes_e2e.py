@@ -18,6 +18,7 @@ import pytest
 import tritonclient.http as httpclient
 
 from appliance.backends.python.arena import ARENA_PREFIX
+from tests.models import write_python_model
 from tests.processes import child_pids
 
 CONFIG = """
@@ -105,9 +106,7 @@ SHUTDOWN_TIMEOUT = 1.0
 
 def _repository(root: Path, **models: str) -> Path:
     for name, source in models.items():
-        (root / name / "1").mkdir(parents=True)
-        (root / name / "1" / "model.py").write_text(textwrap.dedent(source))
-        (root / name / "config.pbtxt").write_text(CONFIG)
+        write_python_model(root, name, source, CONFIG)
     return root
 
 
@@ -241,9 +240,7 @@ def test_a_model_process_dies_with_its_parent_even_when_its_channel_stays_open(t
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_a_process_killed_while_its_model_loads_is_started_again_before_ready(start_daemon, tmp_path):
     repo = tmp_path / "repo"
-    (repo / "sibling" / "1").mkdir(parents=True)
-    (repo / "sibling" / "1" / "model.py").write_text(textwrap.dedent(KILLS_ITS_SIBLING))
-    (repo / "sibling" / "config.pbtxt").write_text(CONFIG + "instance_group [ { count: 2 kind: KIND_CPU } ]\n")
+    write_python_model(repo, "sibling", KILLS_ITS_SIBLING, CONFIG + "instance_group [ { count: 2 kind: KIND_CPU } ]\n")
     daemon = start_daemon(repo)
     with httpclient.InferenceServerClient(daemon.url) as client:
         assert client.is_model_ready("sibling")

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from appliance.backends.base import BackendRequest
-from tests.appliance.backends.python.harness import loaded, write_model
+from tests.appliance.backends.python.harness import loaded
+from tests.models import write_python_model
 
 CONFIG = """
 backend: "python"
@@ -89,7 +90,7 @@ def _answer(result, timeout: float = 10.0):
 
 @pytest.fixture(scope="module")
 def backend(tmp_path_factory):
-    model = write_model(tmp_path_factory.mktemp("sender"), "sender", SENDER, CONFIG)
+    model = write_python_model(tmp_path_factory.mktemp("sender"), "sender", SENDER, CONFIG)
     with loaded(model, CONFIG) as backend:
         yield backend
 
@@ -155,7 +156,7 @@ class TritonPythonModel:
 
 
 def test_a_late_answer_fails_when_the_process_dies_first(tmp_path):
-    model = write_model(tmp_path, "dies", DIES, CONFIG)
+    model = write_python_model(tmp_path, "dies", DIES, CONFIG)
     with loaded(model, CONFIG) as backend:
         (late,) = backend.run_requests([_request("after", [1, 1])]).results
         assert isinstance(late, Future)

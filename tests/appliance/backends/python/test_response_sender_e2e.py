@@ -15,15 +15,14 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.appliance.backends.python.test_response_sender import CONFIG, SENDER
+from tests.models import write_python_model
 
 
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory):
     repo = tmp_path_factory.mktemp("sender")
-    (repo / "sender" / "1").mkdir(parents=True)
-    (repo / "sender" / "1" / "model.py").write_text(textwrap.dedent(SENDER))
-    (repo / "sender" / "config.pbtxt").write_text(
-        textwrap.dedent(CONFIG) + "dynamic_batching { }\ninstance_group [ { count: 1 kind: KIND_CPU } ]\n")
+    config = textwrap.dedent(CONFIG) + "dynamic_batching { }\ninstance_group [ { count: 1 kind: KIND_CPU } ]\n"
+    write_python_model(repo, "sender", SENDER, config)
     return repo
 
 

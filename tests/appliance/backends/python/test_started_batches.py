@@ -10,7 +10,8 @@ import numpy as np
 
 from appliance.backends.base import BackendRequest, BatchResult
 from appliance.errors import InferenceFailed
-from tests.appliance.backends.python.harness import loaded, write_model
+from tests.appliance.backends.python.harness import loaded
+from tests.models import write_python_model
 
 CONFIG = """
 backend: "python"
@@ -52,7 +53,7 @@ def _request(values) -> BackendRequest:
 
 
 def test_small_batches_run_from_the_loop_and_large_inputs_through_the_thread(tmp_path):
-    model = write_model(tmp_path, "double", DOUBLE, CONFIG)
+    model = write_python_model(tmp_path, "double", DOUBLE, CONFIG)
 
     async def scenario(backend):
         for round_ in range(20):  # the first hands the channel over to the loop; the rest read on it
@@ -70,7 +71,7 @@ def test_small_batches_run_from_the_loop_and_large_inputs_through_the_thread(tmp
 
 
 def test_a_process_that_dies_in_a_started_batch_fails_it_and_is_restarted_for_the_next(tmp_path):
-    model = write_model(tmp_path, "double", DOUBLE, CONFIG)
+    model = write_python_model(tmp_path, "double", DOUBLE, CONFIG)
 
     async def scenario(backend):
         assert isinstance(await _start(backend, [_request([1.0])]), BatchResult)

@@ -24,13 +24,13 @@ from appliance.examples.sequence import (
     vad_state_model,
     write_sequence_model,
 )
-from tests.appliance.engine.scheduler.sequence_models import (
+from tests.http_util import call
+from tests.models import write_python_model
+from tests.models.sequence import (
     PY_ACCUMULATOR,
     PY_ACCUMULATOR_CONFIG,
-    write_python_model,
     write_triton_examples,
 )
-from tests.http_util import call
 
 ACCUMULATORS = {
     # name: (strategy, control form, corrid datatype, instances)

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.appliance.backends.decoupled_models import ENDLESS, ENDLESS_CONFIG, REPEAT, REPEAT_CONFIG
-from tests.appliance.repository.ensemble.repos import ensemble_config, step, write_ensemble, write_python
+from tests.appliance.repository.ensemble.repos import ensemble_config, step, write_ensemble
+from tests.models import write_python_model
+from tests.models.decoupled import ENDLESS, ENDLESS_CONFIG, REPEAT, REPEAT_CONFIG
 
 I1 = [1]
 
@@ -259,7 +260,7 @@ def decoupled_repository(repo: Path) -> Path:
     - ``limited``: span(X) with ``max_inflight_requests: 1``
     """
     for name, (source, config) in MODELS.items():
-        write_python(repo, name, source, config)
+        write_python_model(repo, name, source, config)
     one = "TYPE_INT32"
     write_ensemble(repo, "rsq", ensemble_config(
         REPEATED, [("SQ", one, I1), ("IDX", "TYPE_UINT32", I1)],

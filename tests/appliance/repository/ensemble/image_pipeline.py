@@ -13,8 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.appliance.repository.ensemble.repos import write_ensemble, write_python
+from tests.appliance.repository.ensemble.repos import write_ensemble
 from tests.builders import cnn_model, write_model
+from tests.models import write_python_model
 
 LABELS = ["circle", "square", "stripe", "noise", "blank"]
 
@@ -86,7 +87,7 @@ ensemble_scheduling {
 
 
 def image_pipeline_repository(repo: Path) -> Path:
-    write_python(repo, "image_preprocess", PREPROCESS, PREPROCESS_CONFIG)
+    write_python_model(repo, "image_preprocess", PREPROCESS, PREPROCESS_CONFIG)
     write_model(repo, "classifier", cnn_model(), config=CLASSIFIER_CONFIG)
     ensemble = write_ensemble(repo, "preprocess_inception_ensemble", ENSEMBLE_CONFIG)
     (ensemble / "labels.txt").write_text("\n".join(LABELS) + "\n")

@@ -6,6 +6,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from tests.builders import affine_model, two_output_model, write_model
+from tests.models import write_python_model
 
 Tensor = tuple[str, str, list[int]]
 """(name, config data type such as TYPE_FP32, dims without the batch dimension)."""
@@ -31,13 +32,6 @@ def ensemble_config(inputs: Iterable[Tensor], outputs: Iterable[Tensor], steps: 
 
 def write_ensemble(repo: Path, name: str, config: str) -> Path:
     (repo / name / "1").mkdir(parents=True, exist_ok=True)
-    (repo / name / "config.pbtxt").write_text(config)
-    return repo / name
-
-
-def write_python(repo: Path, name: str, source: str, config: str) -> Path:
-    (repo / name / "1").mkdir(parents=True, exist_ok=True)
-    (repo / name / "1" / "model.py").write_text(source)
     (repo / name / "config.pbtxt").write_text(config)
     return repo / name
 
@@ -109,7 +103,7 @@ def parallel_repository(repo: Path) -> Path:
     sleep 0.3 s, run side by side -> (A, SPAN_A, B, SPAN_B)."""
     diamond_repository(repo)
     for name in ("sleeper_a", "sleeper_b"):
-        write_python(repo, name, SLEEPER, SLEEPER_CONFIG)
+        write_python_model(repo, name, SLEEPER, SLEEPER_CONFIG)
     write_ensemble(repo, "parallel", ensemble_config(
         [("IN", "TYPE_FP32", F8)],
         [("A", "TYPE_FP32", F8), ("SPAN_A", "TYPE_FP64", [2]), ("B", "TYPE_FP32", F8), ("SPAN_B", "TYPE_FP64", [2])],

@@ -69,16 +69,23 @@ async def test_an_ensembles_config_shows_its_transaction_policy_as_triton(regist
     assert registry.entry("cached_chain").state is ModelState.READY
 
 
-def test_an_ensemble_over_a_sequence_model_cannot_cache():
+def _cached_ensemble_over(name: str, model: str, model_config: str) -> tuple[mc.ModelConfig, mc.ModelConfig]:
+    """A cached one-step ensemble ``name`` (IN -> OUT) over ``model`` (x -> y, FP32 [8], max batch 8) and
+    that model's config, ``model_config`` added to it."""
     ensemble = text_format.Parse(
-        'name: "seq_chain" platform: "ensemble" max_batch_size: 8 ' + CACHED
+        f'name: "{name}" platform: "ensemble" max_batch_size: 8 ' + CACHED
         + 'input [{ name: "IN" data_type: TYPE_FP32 dims: [8] }] '
         + 'output [{ name: "OUT" data_type: TYPE_FP32 dims: [8] }]'
-        + ' ensemble_scheduling { step [' + step("stateful", {"x": "IN"}, {"y": "OUT"}) + '] }', mc.ModelConfig())
-    stateful = text_format.Parse(
-        'name: "stateful" max_batch_size: 8 sequence_batching {} '
+        + ' ensemble_scheduling { step [' + step(model, {"x": "IN"}, {"y": "OUT"}) + '] }', mc.ModelConfig())
+    composing = text_format.Parse(
+        f'name: "{model}" max_batch_size: 8 {model_config} '
         'input [{ name: "x" data_type: TYPE_FP32 dims: [8] }] output [{ name: "y" data_type: TYPE_FP32 dims: [8] }]',
         mc.ModelConfig())
+    return ensemble, composing
+
+
+def test_an_ensemble_over_a_sequence_model_cannot_cache():
+    ensemble, stateful = _cached_ensemble_over("seq_chain", "stateful", "sequence_batching {}")
     plan = plan_ensemble(ensemble)
     with pytest.raises(ConfigError, match="Response Cache does not currently support model seq_chain: its step 1 "
                                           r"\(model 'stateful'\) uses the sequence batching scheduler"):
@@ -88,15 +95,8 @@ def test_an_ensemble_over_a_sequence_model_cannot_cache():
 
 
 def test_a_decoupled_ensemble_cannot_cache_in_tritons_words(tmp_path):
-    ensemble = text_format.Parse(
-        'name: "streamer" platform: "ensemble" max_batch_size: 8 ' + CACHED
-        + 'input [{ name: "IN" data_type: TYPE_FP32 dims: [8] }] '
-        + 'output [{ name: "OUT" data_type: TYPE_FP32 dims: [8] }]'
-        + ' ensemble_scheduling { step [' + step("repeat", {"x": "IN"}, {"y": "OUT"}) + '] }', mc.ModelConfig())
-    decoupled = text_format.Parse(
-        'name: "repeat" backend: "python" max_batch_size: 8 model_transaction_policy { decoupled: true } '
-        'input [{ name: "x" data_type: TYPE_FP32 dims: [8] }] output [{ name: "y" data_type: TYPE_FP32 dims: [8] }]',
-        mc.ModelConfig())
+    ensemble, decoupled = _cached_ensemble_over("streamer", "repeat",
+                                                'backend: "python" model_transaction_policy { decoupled: true }')
     (tmp_path / "streamer" / "1").mkdir(parents=True)
     with pytest.raises(ConfigError, match="Response Cache does not currently support model streamer with 'decoupled' "
                                           "transaction policy. Please disable the response cache."):

@@ -1,5 +1,5 @@
 """model.py sources and configs for the Python backend's end-to-end tests (pipelines, BLS, the pb_utils
-surface), written as Triton users write them."""
+surface), written as Triton users write them; ``bls_decoupled`` calls ``repeat`` of tests.models.decoupled."""
 
 IDENTITY_CONFIG = """
 name: "identity_fp32"
@@ -71,40 +71,13 @@ class TritonPythonModel:
         return responses
 """
 
-REPEAT_CONFIG = """
-backend: "python"
-model_transaction_policy { decoupled: true }
-input [ { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] } ]
-output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
-"""
-
-REPEAT = """
-import threading
-
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        for request in requests:
-            values = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
-            threading.Thread(target=self.repeat, args=(request.get_response_sender(), values)).start()
-        return None
-
-    def repeat(self, sender, values):
-        for value in values:
-            sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([value], np.int32))]))
-        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-"""
-
 BLS_DECOUPLED_CONFIG = """
 backend: "python"
 input [ { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] } ]
 output [ { name: "SUM" data_type: TYPE_INT32 dims: [ 1 ] }, { name: "COUNT" data_type: TYPE_INT32 dims: [ 1 ] } ]
 """
 
-# exec(decoupled=True) on the decoupled model and on the identity (a stream of one); async too.
+# exec(decoupled=True) on ``repeat`` (tests.models.decoupled) and on the identity (a stream of one); async too.
 BLS_DECOUPLED = """
 import numpy as np
 import triton_python_backend_utils as pb_utils

@@ -15,6 +15,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from appliance.examples.sequence import write_sequence_model
+from tests.models import write_python_model
 
 _OPSET = [helper.make_opsetid("", 17)]
 _INT = '{{ name: "{0}" control [ {{ kind: {1} int32_false_true: [ 0, 1 ] }} ] }}'
@@ -142,12 +143,6 @@ input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
 output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
 instance_group [ { kind: KIND_CPU count: 1 } ]
 '''
-
-
-def write_python_model(repo: Path, name: str, source: str, config: str) -> None:
-    (repo / name / "1").mkdir(parents=True, exist_ok=True)
-    (repo / name / "1" / "model.py").write_text(source)
-    (repo / name / "config.pbtxt").write_text(config)
 
 
 def write_triton_examples(repo: Path) -> Path:

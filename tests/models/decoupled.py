@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from appliance.examples import build_example_repository
+from tests.models import write_python_model
 
 # One response per element of IN (OUT = the value, IDX = its index), sent from a thread after execute
 # returns; a negative value is sent as an error response instead, and the stream goes on; the final
@@ -136,7 +137,5 @@ def build_streaming_repository(root: Path) -> Path:
     """The example repository (``simple`` is an ONNX model that answers once) plus the decoupled models."""
     repo = build_example_repository(root)
     for name, (source, config) in MODELS.items():
-        (repo / name / "1").mkdir(parents=True)
-        (repo / name / "1" / "model.py").write_text(source)
-        (repo / name / "config.pbtxt").write_text(config)
+        write_python_model(repo, name, source, config)
     return repo

@@ -1,0 +1,84 @@
+"""How a batch's answers reach the requests waiting for them, for both batchers (the dynamic one and the
+sequence batcher): each request is answered once, in arrival order when the model's policy preserves
+it, later when the model answers after its batch returned (a Python response sender), and a traced
+request gets its batch's COMPUTE_* marks."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+
+if TYPE_CHECKING:
+    from appliance.engine.stats import BatchTiming
+    from appliance.engine.trace import Trace
+
+__all__ = ["Answers", "Waiting", "answer_later", "mark_compute"]
+
+
+class Waiting(Protocol):
+    """A queued request as the batchers keep it: the future its client awaits."""
+
+    future: asyncio.Future
+    completed: bool
+
+
+W = TypeVar("W", bound=Waiting)
+
+
+class Answers(Generic[W]):
+    """Hands each request its answer once: at once, or (``preserve_ordering``) in the order the requests
+    arrived, numbered from 0 by ``order_of``; an answer ready early waits for the earlier ones."""
+
+    def __init__(self, preserve_ordering: bool, order_of: Callable[[W], int]) -> None:
+        self._ordered = preserve_ordering
+        self._order_of = order_of
+        self._next = 0
+        self._finished: dict[int, tuple[W, Any, BaseException | None]] = {}
+
+    def complete(self, request: W, result: Any, error: BaseException | None) -> None:
+        if request.completed:
+            return
+        request.completed = True
+        if not self._ordered:
+            _resolve(request, result, error)
+            return
+        self._finished[self._order_of(request)] = (request, result, error)
+        while self._next in self._finished:
+            _resolve(*self._finished.pop(self._next))
+            self._next += 1
+
+
+def _resolve(request: Waiting, result: Any, error: BaseException | None) -> None:
+    if request.future.done():  # the client went away (its waiter was cancelled)
+        return
+    if error is not None:
+        request.future.set_exception(error)
+    else:
+        request.future.set_result(result)
+
+
+def answer_later(loop: asyncio.AbstractEventLoop, answer: Future,
+                 deliver: Callable[[Any, BaseException | None], None]) -> None:
+    """A model that answers after its batch returned: ``deliver(result, error)`` on ``loop`` once it has."""
+
+    def answered(done: Future) -> None:
+        error = done.exception()
+        try:
+            loop.call_soon_threadsafe(deliver, None if error else done.result(), error)
+        except RuntimeError:  # the loop has closed: the daemon stopped, nobody waits any more
+            pass
+
+    answer.add_done_callback(answered)
+
+
+def mark_compute(trace: Trace, timing: BatchTiming) -> None:
+    """Triton's COMPUTE_* timestamps from the batch's timing, kept in order even if a backend's input and
+    output times overlap its total."""
+    start, end = timing.start_ns, timing.end_ns
+    input_end = min(start + timing.input_ns, end)
+    output_start = max(input_end, end - timing.output_ns)
+    for name, ns in (("COMPUTE_START", start), ("COMPUTE_INPUT_END", input_end),
+                     ("COMPUTE_OUTPUT_START", output_start), ("COMPUTE_END", end)):
+        trace.mark(name, ns)
