@@ -26,6 +26,7 @@ from appliance.errors import InputMismatch, InvalidInput, NotSupported
 from appliance.protocol.admission import Caller
 from appliance.protocol.results import InferResult
 from appliance.protocol.shared_memory import SharedMemoryRegistry
+from appliance.protocol.shared_memory.binding import Binding
 from appliance.protocol.tracing import Trace, Tracer
 from appliance.repository.registry import ModelRegistry
 
@@ -189,16 +190,21 @@ class Inference:
         """Run ``request``, its tensors read from and written into the shared-memory regions it names."""
         if not request.uses_shared_memory:
             return await model.infer(request)
-        assert self._shared_memory is not None
-        try:
-            binding = await self._shared_memory.bind(request, local=self._local(caller), reserve=reserve)
-        except InputMismatch as mismatch:
-            mismatch.request_id = request.id
-            raise mismatch.finish(model.name) from None
+        binding = await self._bind(model, request, caller, reserve)
         with binding:
             response = await model.infer(request)
             await binding.write(response)
         return response
+
+    async def _bind(self, model: ModelVersion, request: InferRequest, caller: Caller,
+                    reserve: Callable[[int], None]) -> Binding:
+        """The shared-memory regions ``request`` names, bound for it; a mismatch in Triton's words."""
+        assert self._shared_memory is not None
+        try:
+            return await self._shared_memory.bind(request, local=self._local(caller), reserve=reserve)
+        except InputMismatch as mismatch:
+            mismatch.request_id = request.id
+            raise mismatch.finish(model.name) from None
 
     async def _open_stream(self, model: ModelVersion, request: InferRequest, caller: Caller,
                            reserve: Callable[[int], None], release: Callable[[int], None]) -> Responses:
@@ -206,12 +212,7 @@ class Inference:
         binding = None
         try:
             if request.uses_shared_memory:
-                assert self._shared_memory is not None
-                try:
-                    binding = await self._shared_memory.bind(request, local=self._local(caller), reserve=reserve)
-                except InputMismatch as mismatch:
-                    mismatch.request_id = request.id
-                    raise mismatch.finish(model.name) from None
+                binding = await self._bind(model, request, caller, reserve)
             stream = await model.open_stream(request, self._stream_limits, (reserve, release))
         except BaseException:
             if binding is not None:
