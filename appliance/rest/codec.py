@@ -280,7 +280,17 @@ def _decode_request(header: dict[str, Any], body: bytes, header_length: int | No
     request_id = header.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise InvalidInput("'id' must be a string")
-    return InferRequest(inputs, outputs, request_id, _parameters(header, "the request"), shared_inputs)
+    return InferRequest(inputs, outputs, request_id, _request_parameters(header), shared_inputs)
+
+
+def _request_parameters(header: dict[str, Any]) -> dict[str, Any]:
+    """The request's parameters; keys with Triton's reserved prefix refused, as Triton's HTTP front end does
+    (over gRPC ``triton_enable_empty_final_response`` is allowed: it steers the stream)."""
+    params = _parameters(header, "the request")
+    if any(isinstance(key, str) and key.startswith("triton_") for key in params):
+        raise InvalidInput("parameter keys starting with 'triton_' are reserved for Triton usage and should not be "
+                           "specified.")
+    return params
 
 
 def output_text(name: str, item: object) -> str:

@@ -57,6 +57,15 @@ def test_json_request_fields_are_kept():
     assert request.outputs[0].name == "y" and request.outputs[0].classification == 2
 
 
+@pytest.mark.parametrize("key", ["triton_enable_empty_final_response", "triton_final_response", "triton_x"])
+def test_request_parameters_with_tritons_reserved_prefix_are_refused_as_triton_refuses_them(key):
+    # Triton's HTTP front end (and L0_parameters' test_params_reserved_rejected): 400, these words.
+    body = {"parameters": {key: "dummy-value"}, "inputs": [{"name": "x", "shape": [1], "datatype": "FP32",
+                                                            "data": [1.0]}]}
+    with pytest.raises(InvalidInput, match="parameter keys starting with 'triton_' are reserved for Triton usage"):
+        decode_infer_request(json.dumps(body).encode())
+
+
 @pytest.mark.parametrize("datatype,dtype", [("FP16", np.float16), ("FP32", np.float32), ("UINT64", np.uint64),
                                             ("BOOL", np.bool_), ("INT8", np.int8), ("BF16", ml_dtypes.bfloat16)])
 def test_binary_input_is_read_in_place(datatype, dtype):

@@ -109,6 +109,8 @@ def errors() -> list[Case]:
                        typed=False)
     cases += over_both("error.bad_priority", _identity(parameters={"priority": "high"}), binary=False, typed=False)
     cases += over_both("error.bad_timeout", _identity(parameters={"timeout": "soon"}), binary=False, typed=False)
+    cases += over_both("error.reserved_parameter", _identity(parameters={"triton_final_response": "dummy-value"}),
+                       binary=False, typed=False)
     cases += _http_body_errors()
     cases += _grpc_message_errors()
     return cases
