@@ -46,8 +46,11 @@ def validate_request(model: str, signature: ModelSignature, request: InferReques
     required = [name for name, spec in signature.inputs.items() if not spec.optional]
     if len(given) > len(signature.inputs) or len(set(given) & set(required)) < len(required):
         missing = [name for name in required if name not in given]
+        # Triton's words: an exact count for a model without optional inputs, a range for one with them.
+        expected = (f"{len(signature.inputs)} inputs" if len(required) == len(signature.inputs)
+                    else f"number of inputs between {len(required)} and {len(signature.inputs)}")
         raise InvalidInput(
-            f"{prefix}expected {len(signature.inputs)} inputs but got {len(given)} inputs for model '{model}'. "
+            f"{prefix}expected {expected} but got {len(given)} inputs for model '{model}'. "
             f"Got input(s) {_names(given)}, but missing required input(s) {_names(missing, ']')}. Please provide all "
             "required input(s)."
         )

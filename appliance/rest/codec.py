@@ -105,6 +105,19 @@ def _too_deep(name: str) -> InvalidInput:
                         "send 'data' flat (its shape says how it is laid out)")
 
 
+# Triton's JSON reader's words when a value is not of the tensor's type (TritonJson), said first.
+_TYPE_WORDS = {"b": "attempt to access JSON non-boolean as boolean",
+               "i": "attempt to access JSON non-signed-integer as signed-integer",
+               "u": "attempt to access JSON non-unsigned-integer as unsigned-integer",
+               "f": "attempt to access JSON non-number as double",
+               "O": "attempt to access JSON non-string as string"}
+
+
+def json_type_words(datatype: str) -> str:
+    """What Triton says of a JSON value that is not of ``datatype``."""
+    return _TYPE_WORDS["O" if datatype == "BYTES" else numpy_dtype(datatype).kind]
+
+
 def _flatten_strings(data: Any, name: str) -> list[bytes]:
     out: list[bytes] = []
     stack = [(data, 0)]
@@ -117,7 +130,8 @@ def _flatten_strings(data: Any, name: str) -> list[bytes]:
         elif isinstance(item, str):
             out.append(item.encode("utf-8"))
         else:
-            raise InvalidInput(f"input '{name}': BYTES data must be strings, got {type(item).__name__}")
+            raise InvalidInput(f"{_TYPE_WORDS['O']}: input '{name}': BYTES data must be strings, got "
+                               f"{type(item).__name__}")
     return out
 
 
@@ -165,8 +179,8 @@ def decode_json_data(data: Any, datatype: str, shape: tuple[int, ...], count: in
         )
     if source.size and source.dtype.kind not in _ACCEPTED_KINDS[dtype.kind]:
         raise InvalidInput(
-            f"input '{name}': 'data' does not hold {datatype} values: expected {_KIND_WORDS[dtype.kind]}, "
-            f"got {_describe(source)}"
+            f"{_TYPE_WORDS[dtype.kind]}: input '{name}': 'data' does not hold {datatype} values: expected "
+            f"{_KIND_WORDS[dtype.kind]}, got {_describe(source)}"
         )
     with np.errstate(over="ignore"):
         array = source.astype(dtype, copy=False)

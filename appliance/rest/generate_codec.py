@@ -25,7 +25,13 @@ from appliance.engine.signature import ModelSignature
 from appliance.engine.tensor_checks import BYTES_ELEMENT_OVERHEAD, DecodeLimits
 from appliance.engine.types import InferInput, InferRequest, InferResponse
 from appliance.errors import InferenceFailed, InvalidInput
-from appliance.rest.codec import decode_json_data, non_finite_token, output_text, parse_json_object
+from appliance.rest.codec import (
+    decode_json_data,
+    json_type_words,
+    non_finite_token,
+    output_text,
+    parse_json_object,
+)
 from appliance.tensors import BF16, element_size
 
 __all__ = ["decode_generate_request", "encode_generate_response", "sse_event"]
@@ -80,7 +86,12 @@ class _Decoder:
                     raise InvalidInput(f"Keyword '{key}' for nested schema also given as input tensor name")
                 if not isinstance(value, dict):
                     raise InvalidInput(f"Expected JSON object for keyword: '{key}'")
-                self.members(value, nested=True)
+                try:
+                    self.members(value, nested=True)
+                except InvalidInput as exc:  # Triton's words for what is wrong inside the nested object
+                    if type(exc) is not InvalidInput:
+                        raise
+                    raise InvalidInput(f"Converting keyword: '{key}': {exc.message}") from None
             elif key in self.signature.inputs:
                 self.tensor(key, value)
             else:
@@ -92,12 +103,13 @@ class _Decoder:
         if len(self.inputs) >= self.limits.max_inputs:
             raise InvalidInput(f"the request has more than {self.limits.max_inputs} inputs")
         items = value if isinstance(value, list) else [value]
+        spec = self.signature.inputs[name]
         if any(isinstance(item, (list, dict)) for item in items):
-            raise InvalidInput(f"input '{name}': generate takes a value or a flat list of values")
+            raise InvalidInput(f"{json_type_words(spec.datatype)}: input '{name}': generate takes a value or a flat "
+                               "list of values")
         if len(items) > self.limits.max_tensor_elements:
             raise InvalidInput(
                 f"input '{name}' has {len(items)} elements; at most {self.limits.max_tensor_elements} are allowed")
-        spec = self.signature.inputs[name]
         shape = _shape(name, self.signature.full_shape(spec), len(items))
         itemsize = element_size(spec.datatype)
         self.reserve(min(len(items), self.json_bytes) * (BYTES_ELEMENT_OVERHEAD if itemsize is None else itemsize))
@@ -117,8 +129,12 @@ def _repeated_input(body: bytes, signature: ModelSignature) -> str | None:
     found: list[str] = []
 
     def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
-        keys = [key for key, _ in items]
-        found.extend(key for key in names if keys.count(key) > 1)
+        seen: set[str] = set()
+        for key, _ in items:  # Triton adds the members in order: the first one repeated is refused
+            if key in seen and key in names:
+                found.append(key)
+                break
+            seen.add(key)
         return dict(items)
 
     try:

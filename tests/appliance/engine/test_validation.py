@@ -42,11 +42,12 @@ def test_optional_input_may_be_left_out():
     ([("a", "FP32", np.zeros((1, 1, 3), np.float32))] * 2, (),
      "[request id: <id_unknown>] input 'a' already exists in request"),
     ([("b", "INT32", np.zeros((1, 2), np.int32))], (),
-     "[request id: <id_unknown>] expected 2 inputs but got 1 inputs for model 'm'. Got input(s) ['b'], but missing "
-     "required input(s) ['a']. Please provide all required input(s)."),
+     "[request id: <id_unknown>] expected number of inputs between 1 and 2 but got 1 inputs for model 'm'. Got "
+     "input(s) ['b'], but missing required input(s) ['a']. Please provide all required input(s)."),
     ([("a", "FP32", np.zeros((1, 1, 3), np.float32)), ("b", "INT32", np.zeros((1, 2), np.int32)),
       ("c", "INT32", np.zeros((1, 2), np.int32))], (),
-     "expected 2 inputs but got 3 inputs for model 'm'. Got input(s) ['a','b','c'], but missing required input(s) ]."),
+     "expected number of inputs between 1 and 2 but got 3 inputs for model 'm'. Got input(s) ['a','b','c'], but "
+     "missing required input(s) ]."),
     ([("a", "FP32", np.zeros((1, 1, 3), np.float32)), ("c", "INT32", np.zeros((1, 2), np.int32))], (),
      "[request id: <id_unknown>] unexpected inference input 'c' for model 'm'"),
     ([("a", "FP32", np.zeros((1, 1, 3), np.float32))], ("z",), "unexpected inference output 'z' for model 'm'"),
@@ -56,6 +57,16 @@ def test_invalid_requests(inputs, outputs, message):
     with pytest.raises(InvalidInput) as info:
         validate_request("m", SIGNATURE, _request(*inputs, outputs=outputs))
     assert message in info.value.message
+
+
+def test_a_model_without_optional_inputs_expects_an_exact_count():
+    signature = ModelSignature(max_batch_size=0, inputs={"a": TensorSpec("a", "FP32", (3,)),
+                                                         "b": TensorSpec("b", "INT32", (2,))}, outputs={})
+    with pytest.raises(InvalidInput) as info:
+        validate_request("m", signature, _request(("b", "INT32", np.zeros(2, np.int32))))
+    assert info.value.message == (
+        "[request id: <id_unknown>] expected 2 inputs but got 1 inputs for model 'm'. Got input(s) ['b'], but missing "
+        "required input(s) ['a']. Please provide all required input(s).")
 
 
 def test_the_prefix_names_the_request():

@@ -73,6 +73,29 @@ def test_what_cannot_be_mapped_is_a_400_with_the_reason(body, words):
         _decode(body, _signature(IN=("INT32", (2,))))
 
 
+# Triton's words, as its qa suite (L0_http generate_endpoint_test) checks them: a value of the wrong JSON
+# type in TritonJson's words, members taken in order, what is wrong inside 'parameters' said as such.
+_LLM = {"PROMPT": ("BYTES", (1,)), "STREAM": ("BOOL", (1,))}
+
+
+@pytest.mark.parametrize("body, words", [
+    (b'{"PROMPT": 123, "STREAM": false}', "attempt to access JSON non-string as string"),
+    (b'{"PROMPT": "hello", "STREAM": "false"}', "attempt to access JSON non-boolean as boolean"),
+    (b'{"PROMPT": true, "STREAM": 123}', "attempt to access JSON non-string as string"),
+    (b'{"STREAM": 123, "PROMPT": true}', "attempt to access JSON non-boolean as boolean"),
+    (b'{"PROMPT": {"USER": "hi", "BOT": "ho"}, "STREAM": true}', "attempt to access JSON non-string as string"),
+    (b'{"PROMPT": "a", "STREAM": false, "PROMPT": "b"}', "input 'PROMPT' already exists in request"),
+    (b'{"PROMPT": "a", "STREAM": false, "STREAM": false}', "input 'STREAM' already exists in request"),
+    (b'{"PROMPT": "a", "STREAM": false, "STREAM": true, "PROMPT": "b"}', "input 'STREAM' already exists in request"),
+    (b'{"PROMPT": "a", "STREAM": true, "parameters": {"nested": {"twice": 1}}}',
+     "Converting keyword: 'parameters': parameter 'nested' has invalid type."),
+])
+def test_refusals_in_tritons_words(body, words):
+    with pytest.raises(InvalidInput) as info:
+        _decode(body, _signature(**_LLM))
+    assert words in info.value.message
+
+
 def test_an_input_named_parameters_clashes_with_the_nested_keyword():
     with pytest.raises(InvalidInput, match="Keyword 'parameters' for nested schema also given as input tensor name"):
         _decode({"parameters": {}}, _signature(parameters=("INT32", (1,))))
