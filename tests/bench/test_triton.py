@@ -38,6 +38,7 @@ def test_cpu_of_a_child_started_from_another_thread_counts():
     child.wait(30)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("trusted", [False, True], ids=["isolated", "in-process"])
 def test_the_appliance_serves_the_bench_repository(tmp_path, trusted):
     repo = write_repository(tmp_path / "repo", trusted=trusted)

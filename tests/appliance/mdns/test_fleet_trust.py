@@ -17,6 +17,8 @@ import pytest
 from tests.appliance.mdns.fake_box_scenario import TOKEN
 from tests.appliance.mdns.netns import run_scenario
 
+pytestmark = pytest.mark.e2e
+
 
 @pytest.fixture(scope="module")
 def lan():
