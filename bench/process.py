@@ -44,17 +44,21 @@ def _wait_for(process: subprocess.Popen, log: Path, pattern: str, timeout: float
     raise TimeoutError(log.read_text())
 
 
-def start_appliance(repo: Path, state: Path, *args: str, tree: Path | None = None) -> Server:
-    """The daemon on ``repo``; ``tree``: run another checkout's code (an A/B against a commit before)."""
+def start_appliance(repo: Path, state: Path, *args: str, tree: Path | None = None,
+                    env: dict[str, str] | None = None, prefix: tuple[str, ...] = ()) -> Server:
+    """The daemon on ``repo``; ``tree``: run another checkout's code (an A/B against a commit before);
+    ``env``: settings added to the environment; ``prefix`` wraps the command (e.g. ``prlimit --as=...``)."""
     state.mkdir(parents=True, exist_ok=True)
     log = state / "daemon.log"
     # ``python -m`` looks in the working directory first: the other tree is both cwd and PYTHONPATH.
-    env = None if tree is None else {**os.environ, "PYTHONPATH": str(tree.resolve())}
+    environment = {**os.environ, **(env or {})}
+    if tree is not None:
+        environment["PYTHONPATH"] = str(tree.resolve())
     with open(log, "w") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "appliance", "serve", "--host", "127.0.0.1", "--http-port", "0", "--grpc-port",
-             "0", "--no-mdns", "--state-dir", str(state), "--model-repository", str(repo), *args],
-            stdout=out, stderr=subprocess.STDOUT, env=env, cwd=None if tree is None else tree.resolve(),
+            [*prefix, sys.executable, "-m", "appliance", "serve", "--host", "127.0.0.1", "--http-port", "0",
+             "--grpc-port", "0", "--no-mdns", "--state-dir", str(state), "--model-repository", str(repo), *args],
+            stdout=out, stderr=subprocess.STDOUT, env=environment, cwd=None if tree is None else tree.resolve(),
         )
     port = _wait_for(process, log, r"serving KServe v2 on http://127\.0\.0\.1:(\d+)")
     grpc_port = None
