@@ -32,9 +32,7 @@ import contextlib
 import os
 import socket
 import tempfile
-import threading
 import time
-import urllib.request
 from collections import Counter
 from pathlib import Path
 
@@ -42,99 +40,30 @@ import grpc
 from tritonclient.grpc import service_pb2 as pb
 
 from appliance.examples import build_example_repository
-from bench.process import Server, start_appliance
+from bench.process import Server, peak_rss_mib, rss_mib, start_appliance
+from tests import grpc_util
+from tests.health_watch import HealthSampler
+from tests.http_util import call, open_sockets
 
 RESULTS = Path(__file__).parent / "results"
 ADDRESS_SPACE = ("prlimit", "--as=4000000000")
 DEFAULT_BUDGET_MIB = 1024
-MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
-MODEL_STREAM_INFER = "/inference.GRPCInferenceService/ModelStreamInfer"
-_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])  # + an empty SETTINGS
-
-
-def _bomb(size: int, **parameters: int) -> bytes:
-    """A ModelInferRequest for the example model 'simple' carrying ``size`` bytes of raw contents."""
-    request = pb.ModelInferRequest(model_name="simple", inputs=[pb.ModelInferRequest.InferInputTensor(
-        name="INPUT0", datatype="INT32", shape=[1, 16])], raw_input_contents=[bytes(size)])
-    for key, value in parameters.items():
-        request.parameters[key].int64_param = value
-    return request.SerializeToString()
-
-
-def _channel(port: int) -> grpc.Channel:
-    return grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.max_send_message_length", -1),
-                                                                ("grpc.max_receive_message_length", -1)])
-
-
-def _memory_mib(pid: int) -> tuple[float, float]:
-    """(VmRSS, VmHWM) of ``pid`` in MiB."""
-    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
-    return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
-
-
-def _status(url: str, method: str = "GET", timeout: float = 30) -> int:
-    request = urllib.request.Request(url, data=b"{}" if method == "POST" else None, method=method,
-                                     headers={"Content-Type": "application/json"} if method == "POST" else {})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return response.status
-    except urllib.error.HTTPError as error:
-        return error.code
-    except OSError:
-        return 0
-
-
-class LiveWatch:
-    """Polls /v2/health/live every 0.2 s while an attack runs; ``worst``: the slowest answer (s)."""
-
-    def __init__(self, server: Server) -> None:
-        self._url = f"{server.base}/v2/health/live"
-        self.worst = 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            started = time.monotonic()
-            ok = _status(self._url, timeout=30) == 200
-            self.worst = max(self.worst, time.monotonic() - started if ok else 30.0)
-            self._stop.wait(0.2)
-
-    def __enter__(self) -> LiveWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
-def _codes(futures: list) -> Counter:
-    codes: Counter = Counter()
-    for future in futures:
-        try:
-            future.result()
-            codes["OK"] += 1
-        except grpc.RpcError as error:
-            codes[error.code().name] += 1
-    return codes
-
-
 def _unary_bombs(server: Server, size: int, calls: int, rounds: int) -> str:
-    bomb = _bomb(size)
+    bomb = grpc_util.bomb("simple", size)
     codes: Counter = Counter()
-    with _channel(server.grpc_port or 0) as channel:
-        infer = channel.unary_unary(MODEL_INFER)
+    with grpc_util.channel(server.grpc_port or 0) as channel:
+        infer = channel.unary_unary(grpc_util.MODEL_INFER)
         for _ in range(rounds):
-            codes += _codes([infer.future(bomb, timeout=120) for _ in range(calls)])
+            codes.update(grpc_util.codes([infer.future(bomb, timeout=120) for _ in range(calls)]))
     return ", ".join(f"{count} {code}" for code, count in sorted(codes.items()))
 
 
 def _stream_bombs(server: Server, size: int, requests: int) -> str:
-    bomb = _bomb(size, sequence_id=7)
+    bomb = grpc_util.bomb("simple", size, sequence_id=7)
     answers: list[pb.ModelStreamInferResponse] = []
-    with _channel(server.grpc_port or 0) as channel:
-        stream = channel.stream_stream(MODEL_STREAM_INFER, response_deserializer=pb.ModelStreamInferResponse.FromString)
+    with grpc_util.channel(server.grpc_port or 0) as channel:
+        stream = channel.stream_stream(grpc_util.MODEL_STREAM_INFER,
+                                       response_deserializer=pb.ModelStreamInferResponse.FromString)
         try:
             answers.extend(stream(iter([bomb] * requests), timeout=300))
         except grpc.RpcError as error:
@@ -144,9 +73,8 @@ def _stream_bombs(server: Server, size: int, requests: int) -> str:
 
 
 def _connection_flood(server: Server, count: int) -> str:
-    opened: list[socket.socket] = []
     refused = 0
-    try:
+    with open_sockets() as opened:
         for _ in range(count):
             try:
                 sock = socket.create_connection(("127.0.0.1", server.grpc_port or 0), timeout=5)
@@ -155,14 +83,11 @@ def _connection_flood(server: Server, count: int) -> str:
                 continue
             opened.append(sock)
             with contextlib.suppress(OSError):
-                sock.sendall(_PREFACE)
+                sock.sendall(grpc_util.PREFACE)
         time.sleep(3)
         descriptors = len(os.listdir(f"/proc/{server.process.pid}/fd"))
-        ready = _status(f"{server.base}/v2/health/ready")
-        load = _status(f"{server.base}/v2/repository/models/simple/load", "POST")
-    finally:
-        for sock in opened:
-            sock.close()
+        ready = call(server.port, "GET", "/v2/health/ready")[0]
+        load = call(server.port, "POST", "/v2/repository/models/simple/load", {})[0]
     return (f"{len(opened)} open ({refused} refused): daemon at {descriptors}/2048 descriptors, "
             f"HTTP ready {ready}, a model load {load}")
 
@@ -199,18 +124,19 @@ def main() -> None:
             server = start_appliance(repository, Path(work) / f"state-{index}", "--model-control-mode", "explicit",
                                      "--load-model", "*", env=env, prefix=prefix)
             try:
-                before, _ = _memory_mib(server.process.pid)
-                with LiveWatch(server) as live:
+                with HealthSampler(server, keep_alive=False, timeout=30) as live:
                     answers = attack(server)
                 alive = server.process.poll() is None
-                now, peak = _memory_mib(server.process.pid) if alive else (0.0, 0.0)
+                before = live.baseline
+                now, peak = (rss_mib(server.process.pid), peak_rss_mib(server.process.pid)) if alive else (0.0, 0.0)
             finally:
                 server.stop()
+            worst = 30.0 if live.failures else live.slowest
             rows.append(f"| {name} | {answers} | {before:.0f} → {peak:.0f} (after: {now:.0f}) | "
-                        f"{live.worst * 1000:.0f} ms | {'lived' if alive else 'DIED'} |")
+                        f"{worst * 1000:.0f} ms | {'lived' if alive else 'DIED'} |")
             print(rows[-1], flush=True)
             verdicts.append((f"{name}: the daemon lives", alive))
-            verdicts.append((f"{name}: /v2/health/live within 5 s ({live.worst:.1f} s)", live.worst < 5))
+            verdicts.append((f"{name}: /v2/health/live within 5 s ({worst:.1f} s)", worst < 5))
             if index == 0:
                 grown = peak - before
                 verdicts.append((f"{name}: RSS grows by less than 64 MiB ({grown:+.0f} MiB)", grown < 64))

@@ -11,7 +11,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-__all__ = ["Server", "rss_mib", "start_appliance", "start_floor"]
+__all__ = ["Server", "peak_rss_mib", "rss_mib", "start_appliance", "start_floor"]
 
 
 @dataclasses.dataclass
@@ -86,7 +86,16 @@ def start_floor(model: Path, *args: str) -> Server:
 
 def rss_mib(pid: int) -> float:
     """Resident memory of process ``pid`` in MiB."""
+    return _status_mib(pid, "VmRSS")
+
+
+def peak_rss_mib(pid: int) -> float:
+    """The most resident memory process ``pid`` has had, in MiB (VmHWM)."""
+    return _status_mib(pid, "VmHWM")
+
+
+def _status_mib(pid: int, field: str) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no VmRSS for process {pid}")
+    raise RuntimeError(f"no {field} for process {pid}")

@@ -17,29 +17,14 @@ import pytest
 from tritonclient.grpc import service_pb2 as pb
 
 from appliance.examples import build_example_repository
+from tests import grpc_util
+from tests.grpc_util import MODEL_INFER, MODEL_STREAM_INFER, PREFACE
 from tests.health_watch import HealthWatch
 from tests.http_util import call, open_sockets
 from tests.models import write_python_model
 
 ADDRESS_SPACE = 4 << 30
 MESSAGE = 16 << 20
-MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
-MODEL_STREAM_INFER = "/inference.GRPCInferenceService/ModelStreamInfer"
-_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])  # + an empty SETTINGS
-
-
-def _channel(port: int) -> grpc.Channel:
-    return grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.max_send_message_length", -1),
-                                                                ("grpc.max_receive_message_length", -1)])
-
-
-def _bomb(model: str, size: int, **parameters: int) -> bytes:
-    """A ModelInferRequest of ``size`` bytes: one small input with ``size`` bytes of raw contents."""
-    request = pb.ModelInferRequest(model_name=model, inputs=[pb.ModelInferRequest.InferInputTensor(
-        name="INPUT0", datatype="INT32", shape=[1, 16])], raw_input_contents=[bytes(size)])
-    for key, value in parameters.items():
-        request.parameters[key].int64_param = value
-    return request.SerializeToString()
 
 
 def _wait_ready(daemon, seconds: float = 60) -> None:
@@ -48,17 +33,6 @@ def _wait_ready(daemon, seconds: float = 60) -> None:
     while call(daemon.port, "GET", "/v2/health/ready", timeout=2)[0] != 200:
         assert time.monotonic() < deadline, "the daemon did not get ready"
         time.sleep(0.1)
-
-
-def _codes(futures: list) -> list[str]:
-    codes = []
-    for future in futures:
-        try:
-            future.result()
-            codes.append("OK")
-        except grpc.RpcError as error:
-            codes.append(error.code().name)
-    return codes
 
 
 @pytest.fixture(scope="module")
@@ -71,12 +45,12 @@ def test_unauthenticated_bombs_are_refused_before_they_are_read(module_daemon, r
     daemon = module_daemon(repository, prefix=("prlimit", f"--as={ADDRESS_SPACE}"), wait_loaded=False,
                            env={"APPLIANCE_PROTECT_INFERENCE": "true", "APPLIANCE_AUTH_EXEMPT_NETWORKS": ""})
     _wait_ready(daemon)
-    bomb = _bomb("simple", 64 << 20)
-    with HealthWatch(daemon, keep_alive=False), _channel(daemon.grpc_port) as channel:
+    bomb = grpc_util.bomb("simple", 64 << 20)
+    with HealthWatch(daemon, keep_alive=False), grpc_util.channel(daemon.grpc_port) as channel:
         infer = channel.unary_unary(MODEL_INFER)
         for _ in range(2):
             futures = [infer.future(bomb, timeout=60) for _ in range(8)]
-            assert _codes(futures) == ["UNAUTHENTICATED"] * 8
+            assert grpc_util.codes(futures) == ["UNAUTHENTICATED"] * 8
 
 
 def test_concurrent_large_messages_are_received_within_the_memory_budget(module_daemon, repository):
@@ -86,11 +60,11 @@ def test_concurrent_large_messages_are_received_within_the_memory_budget(module_
         "APPLIANCE_MAX_REQUEST_BYTES": str(MESSAGE + 4096),
         "APPLIANCE_MAX_REQUEST_MEMORY_BYTES": str(2 * MESSAGE + 8192),
     })
-    bomb = _bomb("simple", MESSAGE)
-    with HealthWatch(daemon, keep_alive=False), _channel(daemon.grpc_port) as channel:
+    bomb = grpc_util.bomb("simple", MESSAGE)
+    with HealthWatch(daemon, keep_alive=False), grpc_util.channel(daemon.grpc_port) as channel:
         infer = channel.unary_unary(MODEL_INFER)
         for _ in range(2):
-            codes = _codes([infer.future(bomb, timeout=120) for _ in range(24)])
+            codes = grpc_util.codes([infer.future(bomb, timeout=120) for _ in range(24)])
             # Refused as what they are (the data does not fit the input) or for want of memory now.
             assert set(codes) <= {"INVALID_ARGUMENT", "UNAVAILABLE", "RESOURCE_EXHAUSTED"}, codes
             assert "INVALID_ARGUMENT" in codes
@@ -103,7 +77,7 @@ def test_concurrent_large_messages_are_received_within_the_memory_budget(module_
 
 def test_malformed_messages_are_invalid_argument(module_daemon, repository):
     daemon = module_daemon(repository)
-    with _channel(daemon.grpc_port) as channel:
+    with grpc_util.channel(daemon.grpc_port) as channel:
         for method in (MODEL_INFER, "/inference.GRPCInferenceService/ModelMetadata"):
             with pytest.raises(grpc.RpcError) as excinfo:
                 channel.unary_unary(method)(b"\xff\xff\xff\xff", timeout=10)
@@ -138,9 +112,9 @@ def _sleep_request(seconds: float, sequence: int) -> bytes:
 def test_a_stream_cannot_pile_requests_up_past_the_budget(sleepy):
     """Issue 22 item 3: requests of one sequence waited for the one before them before the budget, so a
     stream held as many as its client sent (100 x 30 MiB: 3.3 GB against a 1 GiB budget)."""
-    bomb = _bomb("sleepy", MESSAGE - 1024, sequence_id=7)
+    bomb = grpc_util.bomb("sleepy", MESSAGE - 1024, sequence_id=7)
     requests = [_sleep_request(3, 7), *[bomb] * 40]
-    with HealthWatch(sleepy, keep_alive=False), _channel(sleepy.grpc_port) as channel:
+    with HealthWatch(sleepy, keep_alive=False), grpc_util.channel(sleepy.grpc_port) as channel:
         stream = channel.stream_stream(MODEL_STREAM_INFER)
         answers = [pb.ModelStreamInferResponse.FromString(raw) for raw in stream(iter(requests), timeout=120)]
     assert len(answers) == 41
@@ -150,7 +124,7 @@ def test_a_stream_cannot_pile_requests_up_past_the_budget(sleepy):
 
 
 def test_streams_are_capped_and_idle_ones_end(sleepy):
-    with _channel(sleepy.grpc_port) as channel:
+    with grpc_util.channel(sleepy.grpc_port) as channel:
         stream = channel.stream_stream(MODEL_STREAM_INFER)
         held = threading.Event()
 
@@ -186,7 +160,7 @@ def test_a_connection_flood_on_the_grpc_port_leaves_http_and_descriptors_alone(m
         for _ in range(900):
             sock = socket.create_connection(("127.0.0.1", daemon.grpc_port), timeout=5)
             with contextlib.suppress(OSError):
-                sock.sendall(_PREFACE)
+                sock.sendall(PREFACE)
             flood.append(sock)
         time.sleep(1)
         assert call(daemon.port, "GET", "/v2/health/live", timeout=1)[0] == 200  # a new HTTP connection
