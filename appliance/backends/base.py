@@ -283,6 +283,9 @@ class BatchResult:
     results: list[RequestResult]
     input_ns: int = 0
     output_ns: int = 0
+    failed: frozenset[int] = frozenset()
+    """Requests run alone (``start_each``) whose execution failed as a whole (the model raised): Triton
+    counts such an execution, but no inference. Their results are the errors."""
 
 
 def _gather_inputs(requests: Sequence[BackendRequest]) -> Mapping[str, np.ndarray]:
@@ -319,6 +322,11 @@ class Backend(abc.ABC):
     ``start_requests`` sends batches to another process, which queues them and runs them in order (the
     next one is there when the current one ends). The scheduler uses it for models without dynamic
     batching, whose batches would not grow by waiting."""
+
+    group_limit: int = 1
+    """Requests of a model without dynamic batching this instance takes in one ``start_each`` call and
+    runs one at a time, in order (each its own execution, as Triton's default scheduler runs them): what a
+    hand-off to another process costs is paid once per group, not per request. 1: never grouped."""
 
     inline_safe: bool | None = None
     """Whether a batch may run on the event loop's own thread (when measured fast enough, see
@@ -370,6 +378,14 @@ class Backend(abc.ABC):
         batch's result or the exception that failed it. Return False, without calling ``done``, when it
         cannot start that way right now (e.g. it must first restart something, or the inputs are large):
         the scheduler then runs ``run_requests`` on the instance's thread. This default never starts."""
+        return False
+
+    def start_each(self, requests: Sequence[BackendRequest],
+                   done: Callable[[BatchResult | BaseException], None]) -> bool:
+        """As ``start_requests``, for a group of requests that run one at a time, each its own execution
+        (up to ``group_limit``; see there): ``done`` gets one result per request, with those whose execution
+        failed in ``BatchResult.failed``. False when it cannot start them that way now: the scheduler then
+        runs them one by one with ``run_requests`` on the instance's thread. This default never starts."""
         return False
 
     def close(self) -> None:  # noqa: B027 - most runtimes free themselves when dropped

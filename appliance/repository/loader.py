@@ -215,7 +215,8 @@ def _load_version(
         refusal = next((backend.inline_refusal for backend in instances if backend.inline_safe is False), "")
         execution = choose_execution(plan_batch_ns(selection), options.thread_hop_ns, all(safe),
                                      holds_gil=all(backend.holds_gil for backend in instances), unsafe_reason=refusal)
-        scheduler = Scheduler(label, pool, policy, stats, execution)
+        group = min(backend.group_limit for backend in instances) if pipelined else 1
+        scheduler = Scheduler(label, pool, policy, stats, execution, group)
     model = ModelVersion(
         name=model_dir.name,
         version=version,

@@ -45,9 +45,16 @@ log = logging.getLogger(__name__)
 # leaves them out, as Triton's does.
 _TRANSPORT_PREFIXES = ("shared_memory_", "binary_data", "sequence_", "triton_")
 _TRANSPORT_KEYS = frozenset({"priority", "timeout", "headers"})
+_GROUP = 8
+"""Requests of a model without dynamic batching sent to its process in one message (each still its own
+execute() there): the channel's cost — the messages, the wake-ups of two processes — is paid per group."""
 _START_INPUT_BYTES = 64 * 1024
 """Inputs up to this size are written into the arena on the event loop (``start_requests``): copying
 them costs less than the hop to an instance thread; larger ones are copied on the instance's thread."""
+
+
+class _ExecuteFailed(InferenceFailed):
+    """execute() raised: the execution failed as a whole (for a group, that request's own execution)."""
 
 
 def _failed_batch(results: list[Any], failed: InferenceFailed) -> list[Any]:
@@ -218,6 +225,11 @@ class PythonBackend(ModelPyBackend):
         model, whose channel is read by a thread that may wait for a slow client."""
         return 1 if self._decoupled else 2
 
+    @property
+    def group_limit(self) -> int:  # type: ignore[override]
+        """Groups for models that are not decoupled (a decoupled model's channel stays with a thread)."""
+        return 1 if self._decoupled else _GROUP
+
     def run_requests(self, requests: Sequence[BackendRequest]) -> BatchResult:
         if self._instance is None or not self._instance.process.alive or not self._ready:
             self._restart()
@@ -270,6 +282,16 @@ class PythonBackend(ModelPyBackend):
         """The event loop writes the inputs (when small) and sends the batch; whoever reads the channel
         (the event loop itself, once handed over) completes the batch with the reply: no instance thread
         waits for the model."""
+        return self._start(requests, done, "execute")
+
+    def start_each(self, requests: Sequence[BackendRequest],
+                   done: Callable[[BatchResult | BaseException], None]) -> bool:
+        """A group in one message: the model process runs execute() once per request, in order, and
+        answers them together; a request whose execute() raised fails alone."""
+        return self._start(requests, done, "execute_each")
+
+    def _start(self, requests: Sequence[BackendRequest], done: Callable[[BatchResult | BaseException], None],
+               command: str) -> bool:
         instance = self._instance
         if instance is None or not self._ready or not instance.process.alive or not _small(requests):
             return False  # a restart blocks; large inputs are copied off the event loop
@@ -289,6 +311,7 @@ class PythonBackend(ModelPyBackend):
                 replies = self._replied(instance, reply, len(requests))
                 output_ns = time.perf_counter_ns() - taken
                 self._let_go_of_inputs(arena_info["path"])
+                raised = frozenset(i for i, r in enumerate(replies) if isinstance(r, _ExecuteFailed))
                 results = instance.requests.finish_batch(keys, replies)
             except BaseException as exc:  # noqa: BLE001 - the batch must complete, whatever happened
                 if isinstance(exc, InferenceFailed):  # execute() raised
@@ -302,7 +325,7 @@ class PythonBackend(ModelPyBackend):
                     return
                 done(exc)
                 return
-            done(BatchResult(results, input_ns=input_ns, output_ns=output_ns))
+            done(BatchResult(results, input_ns=input_ns, output_ns=output_ns, failed=raised))
 
         if not self._sending.acquire(blocking=False):
             return False  # the instance thread is writing a large batch: this one follows it there
@@ -315,7 +338,7 @@ class PythonBackend(ModelPyBackend):
                 instance.requests.finish_batch(keys, [exc for _ in keys])
                 raise
             input_ns = time.perf_counter_ns() - started
-            instance.process.call_async(("execute", arena_info, batch), replied)
+            instance.process.call_async((command, arena_info, batch), replied)
         finally:
             self._sending.release()
         return True
@@ -341,8 +364,7 @@ class PythonBackend(ModelPyBackend):
         assert instance is not None
         if reply[0] == "failed":
             # The batch failed as a whole (Triton counts the execution, but no inference), in its words.
-            raise InferenceFailed(f"Failed to process the request(s) for model "
-                                  f"'{instance_name(self._context, self._config)}', message: {reply[1]}")
+            raise self._execute_failed(reply[1])
         _, arena_info, packed = reply
         if packed is None:  # decoupled: the responses went to the sinks
             return [{} for _ in range(count)]
@@ -354,6 +376,8 @@ class PythonBackend(ModelPyBackend):
                 results.append(model_error((item[1], item[2])))
             elif kind == "sent":
                 results.append(SENT)
+            elif kind == "failed":  # a request of a group (execute_each) whose own execute() raised
+                results.append(self._execute_failed(item[1]))
             elif kind == "reschedule":
                 results.append(RESCHEDULE if self._iterative else reschedule_refused(self._context.model_name))
             else:
@@ -363,6 +387,10 @@ class PythonBackend(ModelPyBackend):
         if arena is not None and arena.oversized:  # read (copied): the model process let go of it already
             instance.process.drop_output_arena(arena.path)
         return results
+
+    def _execute_failed(self, what: str) -> _ExecuteFailed:
+        return _ExecuteFailed(f"Failed to process the request(s) for model "
+                              f"'{instance_name(self._context, self._config)}', message: {what}")
 
     def close(self) -> None:
         if self._instance is not None:

@@ -23,7 +23,7 @@ from appliance.backends.python.pb.runtime import Runtime
 
 __all__ = ["COMMANDS", "Reading"]
 
-COMMANDS = frozenset({"describe", "initialize", "execute", "finalize"})
+COMMANDS = frozenset({"describe", "initialize", "execute", "execute_each", "finalize"})
 
 _MAIN, _BUSY, _READER = "main", "busy", "reader"
 

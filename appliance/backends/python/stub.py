@@ -260,6 +260,26 @@ def _execute(model: _Model, requests: list, rt: Runtime, output: Arena | None) -
     return ("done", output.info(), packed), output
 
 
+def _execute_each(model: _Model, requests: list, rt: Runtime, output: Arena | None) -> tuple[tuple, Arena | None]:
+    """A group (a model without dynamic batching, never decoupled): execute() once per request, in order,
+    each its own execution; one reply for all, where a request whose execute() raised is ("failed", what,
+    text) and the others as in _execute."""
+    entries: list[Any] = []
+    failures: dict[int, tuple] = {}
+    for index, request in enumerate(requests):
+        try:
+            returned = returned_entries(False, [request], model.call("execute", [request]))
+            assert returned is not None  # None only for a decoupled model, which is never grouped
+            entries.append(returned[0])
+        except Exception as exc:
+            failures[index] = _failure(exc)
+            entries.append(SENT)  # a mark _pack_responses passes through; replaced below
+    packed, output = _pack_responses(entries, output, rt.model_name)
+    for index, failure in failures.items():
+        packed[index] = failure
+    return ("done", output.info(), packed), output
+
+
 def serve(rt: Runtime, commands: Reading, model_file: Path) -> None:
     model_class = _load_model_class(model_file)
     command, config = commands.next_command()
@@ -285,9 +305,10 @@ def serve(rt: Runtime, commands: Reading, model_file: Path) -> None:
         message = commands.next_command()
         if message[0] == "finalize":
             break
-        _, arena_info, batch = message
+        command, arena_info, batch = message
         requests = _requests(inputs.get(arena_info), batch, model.decoupled)
-        reply, outputs[turn] = _execute(model, requests, rt, outputs[turn])
+        run = _execute_each if command == "execute_each" else _execute
+        reply, outputs[turn] = run(model, requests, rt, outputs[turn])
         output = outputs[turn]
         if output is not None and output.oversized:  # the daemon reads it, then removes it
             output.release()

@@ -25,8 +25,8 @@ from appliance.backends import Backend, BackendRequest
 from appliance.backends.base import BatchResult, RequestResult
 from appliance.engine.stats import BatchTiming
 
-__all__ = ["INLINE_BUDGET_NS", "THREADED", "ExecutionMode", "choose_execution", "execute_batch",
-           "measure_thread_hop", "plan_batch_ns", "start_batch"]
+__all__ = ["INLINE_BUDGET_NS", "THREADED", "ExecutionMode", "choose_execution", "execute_batch", "execute_each",
+           "measure_thread_hop", "plan_batch_ns", "start_batch", "start_each"]
 
 INLINE_BUDGET_NS = 200_000
 """The longest a batch run inline may block the event loop."""
@@ -135,12 +135,51 @@ def execute_batch(
     return batch.results, BatchTiming(batch.input_ns, infer, batch.output_ns, start, end)
 
 
+def execute_each(
+    backend: Backend, requests: Sequence[BackendRequest]
+) -> tuple[list[RequestResult], BatchTiming, frozenset[int]]:
+    """Run a group of requests one at a time, each its own execution (on the instance's thread, when the
+    backend could not start them together): their results, what the group cost, and the requests whose
+    execution raised (their results are the exceptions, which the scheduler words as for a batch)."""
+    start = time.monotonic_ns()
+    results: list[RequestResult] = []
+    failed: set[int] = set()
+    input_ns = output_ns = 0
+    for index, request in enumerate(requests):
+        try:
+            batch = backend.run_requests([request])
+        except Exception as exc:  # noqa: BLE001 - this request's execution failed; the others run on
+            results.append(exc)
+            failed.add(index)
+            continue
+        results.extend(batch.results)
+        input_ns += batch.input_ns
+        output_ns += batch.output_ns
+    end = time.monotonic_ns()
+    return results, BatchTiming(input_ns, max(0, end - start - input_ns - output_ns), output_ns, start, end), \
+        frozenset(failed)
+
+
+def start_each(
+    backend: Backend, finished: Callable[[Any, BaseException | None], None], requests: Sequence[BackendRequest]
+) -> bool:
+    """Start a group of requests, each its own execution, with the backend's ``start_each``; ``finished``
+    gets what ``execute_each`` returns, or the error. False when the backend cannot start them that way."""
+    return _started(backend.start_each, finished, requests, grouped=True)
+
+
 def start_batch(
     backend: Backend, finished: Callable[[Any, BaseException | None], None], requests: Sequence[BackendRequest]
 ) -> bool:
     """Start requests as one batch with the backend's ``start_requests`` (it completes on a thread of its
     own, e.g. when another process replies); ``finished`` gets what ``execute_batch`` returns, or the
     error. False when the backend cannot start it that way (then ``finished`` is never called)."""
+    return _started(backend.start_requests, finished, requests, grouped=False)
+
+
+def _started(start_with: Callable[[Sequence[BackendRequest], Callable[[BatchResult | BaseException], None]], bool],
+             finished: Callable[[Any, BaseException | None], None], requests: Sequence[BackendRequest],
+             grouped: bool) -> bool:
     start = time.monotonic_ns()
 
     def done(batch: BatchResult | BaseException) -> None:
@@ -149,6 +188,7 @@ def start_batch(
             return
         end = time.monotonic_ns()
         infer = max(0, end - start - batch.input_ns - batch.output_ns)
-        finished((batch.results, BatchTiming(batch.input_ns, infer, batch.output_ns, start, end)), None)
+        timing = BatchTiming(batch.input_ns, infer, batch.output_ns, start, end)
+        finished((batch.results, timing, batch.failed) if grouped else (batch.results, timing), None)
 
-    return backend.start_requests(requests, done)
+    return start_with(requests, done)

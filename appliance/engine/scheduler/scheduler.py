@@ -1,6 +1,8 @@
 """One model version's scheduler: a queue, a batcher task, and the instances it feeds.
 
-Without dynamic batching each request executes alone (Triton's default scheduler). With it, requests
+Without dynamic batching each request executes alone (Triton's default scheduler); a backend that hands
+work to another process may take several queued requests in one hand-off (a group), and still runs each
+alone, in order. With it, requests
 queued while the instances are busy, or that arrive within ``max_queue_delay``, are combined up to
 ``max_batch_size``, preferring ``preferred_batch_size``; outputs are split back per request. Every
 waiter gets a result or an exception: a failed batch fails each request in it.
@@ -26,10 +28,17 @@ from appliance.backends import BackendRequest
 from appliance.backends.base import Reschedule, reschedule_refused
 from appliance.engine.instances import InstancePool
 from appliance.engine.scheduler.completion import Answers, answer_later, mark_compute
-from appliance.engine.scheduler.execution import THREADED, ExecutionMode, execute_batch, start_batch
+from appliance.engine.scheduler.execution import (
+    THREADED,
+    ExecutionMode,
+    execute_batch,
+    execute_each,
+    start_batch,
+    start_each,
+)
 from appliance.engine.scheduler.policy import SchedulerPolicy
 from appliance.engine.scheduler.queue import Pending, RequestQueue
-from appliance.engine.stats import ModelStats, StepTiming
+from appliance.engine.stats import BatchTiming, ModelStats, StepTiming
 from appliance.errors import ApplianceError, InferenceFailed, Unavailable
 
 if TYPE_CHECKING:
@@ -49,7 +58,9 @@ takes at least (a batch size that overruns is sent back to instance threads with
 
 class Scheduler:
     def __init__(self, label: str, pool: InstancePool, policy: SchedulerPolicy, stats: ModelStats,
-                 execution: ExecutionMode = THREADED) -> None:
+                 execution: ExecutionMode = THREADED, group: int = 1) -> None:
+        """``group``: without dynamic batching, how many queued requests one hand-off to an instance may
+        take (each still its own execution; see Backend.group_limit)."""
         self.label = label
         self.pool = pool
         self.policy = policy
@@ -64,6 +75,7 @@ class Scheduler:
         self._flush_scheduled = False
         self._in_flight = 0
         self._execution = execution
+        self._group = max(group, 1) if not policy.dynamic else 1
         # Batches of up to this many items run inline; a size whose recent inline runs take longer than
         # the budget (their median: one slow run may be the OS preempting the loop) lowers it.
         self._inline_limit = max(policy.max_batch_size, 1) if execution.inline else 0
@@ -262,6 +274,8 @@ class Scheduler:
     def _peek_batch(self, idle: int = 1) -> tuple[list[Pending], bool]:
         """The requests that would form the next batch, and whether it can grow no further."""
         policy = self.policy
+        if not policy.dynamic:  # the oldest request, and for a backend that takes groups those behind it
+            return list(itertools.islice(self._queue, self._group)), True
         batch: list[Pending] = []
         size = 0
         limit = self._batch_limit(idle)
@@ -270,8 +284,6 @@ class Scheduler:
             if not batch:
                 batch.append(pending)
                 size = pending.size
-                if not policy.dynamic:
-                    return batch, True
                 continue
             if pending.key != batch[0].key or size + pending.size > limit:
                 return batch, True  # FIFO: the next request cannot join, so this batch is final
@@ -316,6 +328,13 @@ class Scheduler:
         stamp = time.monotonic_ns()
         queue_ns = [stamp - p.arrival_ns for p in batch]
         requests = [_backend_request(p) for p in batch]
+        if len(batch) > 1 and not self.policy.dynamic:  # a group: each request its own execution
+            self._in_flight += len(batch)
+            future = self.pool.begin(index, functools.partial(start_each, requests=requests))
+            if future is None:
+                future = self.pool.execute(index, functools.partial(execute_each, requests=requests))
+            future.add_done_callback(functools.partial(self._on_batch_done, index, batch, queue_ns))
+            return
         work = functools.partial(execute_batch, requests=requests)
         items = sum(p.size for p in batch)
         if self._inline_items < self._inline_limit and now >= self._inline_retry_at:
@@ -381,16 +400,25 @@ class Scheduler:
     def _finish_batch(self, batch: list[Pending], queue_ns: list[int], outcome: Any,
                       error: BaseException | None) -> None:
         if error is not None:
-            if not isinstance(error, ApplianceError):
-                log.error("model %s: batch of %d failed: %r", self.label, len(batch), error)
-                error = InferenceFailed(f"model {self.label} failed: {type(error).__name__}: {error}")
+            error = self._failure(error, len(batch))
             if isinstance(error, InferenceFailed):  # it ran and failed (not refused before running)
                 self.stats.record_failed_batch(sum(p.size for p in batch))
             for pending in batch:
                 self._complete(pending, None, error)
             return
-        results, timing = outcome
-        self.stats.record_batch(sum(p.size for p in batch), len(batch), queue_ns, timing)
+        if len(outcome) == 3:  # a group: each request was its own execution, and may have failed alone
+            results, group_timing, failed = outcome
+            timing = _share(group_timing, len(batch))
+            for index, (pending, waited) in enumerate(zip(batch, queue_ns)):
+                if index not in failed:
+                    self.stats.record_batch(pending.size, 1, [waited], timing)
+                    continue
+                results[index] = self._failure(results[index], 1)
+                if isinstance(results[index], InferenceFailed):
+                    self.stats.record_failed_batch(pending.size)
+        else:
+            results, timing = outcome
+            self.stats.record_batch(sum(p.size for p in batch), len(batch), queue_ns, timing)
         for pending, result, waited in zip(batch, results, queue_ns):
             if pending.trace is not None:
                 mark_compute(pending.trace, timing)
@@ -405,12 +433,26 @@ class Scheduler:
             else:
                 self._complete(pending, result, None)
 
+    def _failure(self, error: BaseException, requests: int) -> BaseException:
+        """An execution's error as the waiters get it: anything but the appliance's own errors is logged
+        and becomes InferenceFailed."""
+        if isinstance(error, ApplianceError):
+            return error
+        log.error("model %s: batch of %d failed: %r", self.label, requests, error)
+        return InferenceFailed(f"model {self.label} failed: {type(error).__name__}: {error}")
+
     def _complete_later(self, pending: Pending, answer: Future) -> None:
         assert self._loop is not None
         answer_later(self._loop, answer, lambda result, error: self._complete(pending, result, error))
 
     def _complete(self, pending: Pending, result: Any, error: BaseException | None) -> None:
         self._answers.complete(pending, result, error)
+
+
+def _share(timing: BatchTiming, count: int) -> BatchTiming:
+    """One request's part of what a group of ``count`` executions cost (each is counted on its own)."""
+    return BatchTiming(timing.input_ns // count, timing.infer_ns // count, timing.output_ns // count,
+                       timing.start_ns, timing.end_ns)
 
 
 def _backend_request(pending: Pending) -> BackendRequest:

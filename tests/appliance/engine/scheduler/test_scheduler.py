@@ -303,3 +303,40 @@ async def test_a_request_whose_client_goes_away_while_it_runs_is_cancelled_for_t
         await asyncio.sleep(0.01)
     assert backend.saw == [True] and time.monotonic() - started < 5
     assert (await submit(scheduler, 2.0, rows=1))["y"][0, 0] == 2.0  # the instance serves on
+
+
+class _Grouped(FakeBackend):
+    """Takes groups of up to 3 requests (each run alone, on its thread here); x == 13 fails its execution."""
+
+    group_limit = 3
+
+    def __init__(self, delay: float) -> None:
+        super().__init__(delay=delay)
+        self.groups: list[int] = []
+
+    def start_each(self, requests, done):
+        self.groups.append(len(requests))
+        return False  # run on the instance's thread, one request after another
+
+    def run(self, inputs, outputs):
+        if float(inputs["x"][0, 0]) == 13.0:
+            raise InferenceFailed("Failed to process the request(s) for model 'm', message: 13")
+        return super().run(inputs, outputs)
+
+
+async def test_without_dynamic_batching_a_group_runs_each_request_alone_and_counts_each(started):
+    backend = _Grouped(delay=0.05)
+    scheduler = started(Scheduler("m:1", InstancePool("m:1", [backend]), SchedulerPolicy(max_batch_size=4),
+                                  ModelStats(), group=backend.group_limit))
+    first = await _occupy(scheduler, backend)
+    values = [0.0, 1.0, 13.0, 3.0, 4.0, 5.0, 6.0]
+    results = await asyncio.gather(first, *(submit(scheduler, v, rows=2) for v in values), return_exceptions=True)
+    assert backend.groups == [3, 3]  # queued behind the first: handed over three at a time (the last alone)
+    assert backend.batch_sizes == [1, 2, 2, 2, 2, 2, 2]  # 13 failed before it ran: each request alone
+    assert [float(r["y"][0, 0]) for i, r in enumerate(results[1:]) if values[i] != 13.0] == [0, 2, 6, 8, 10, 12]
+    assert isinstance(results[3], InferenceFailed) and "message: 13" in str(results[3])
+    stats = scheduler.stats
+    assert stats.execution_count == 8  # each request its own execution, the failed one included
+    assert stats.inference_count == 1 + 2 * 6  # but the failed one made no inference
+    assert stats.batch_histogram() == {1: 1, 2: 7}
+

@@ -1,0 +1,96 @@
+"""Groups: several requests of a model without dynamic batching in one message to its process, each run
+by its own execute() there, in order; a request whose execute() raises fails alone."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+
+from appliance.backends.base import BackendRequest, BatchResult
+from appliance.errors import InferenceFailed
+from tests.appliance.backends.python.harness import loaded
+from tests.models import write_python_model
+
+CONFIG = """
+backend: "python"
+max_batch_size: 0
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ 2 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 2 ] }, { name: "SEEN" data_type: TYPE_INT32 dims: [ 2 ] } ]
+"""
+
+# OUT = IN + 1; SEEN = (how many requests this execute() got, how many executions so far); IN[0] == -1 raises.
+ONE_AT_A_TIME = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.executions = 0
+
+    def execute(self, requests):
+        self.executions += 1
+        responses = []
+        for request in requests:
+            data = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+            if data[0] == -1:
+                raise ValueError("minus one")
+            seen = np.asarray([len(requests), self.executions], np.int32)
+            outputs = [pb_utils.Tensor("OUT", data + 1), pb_utils.Tensor("SEEN", seen)]
+            responses.append(pb_utils.InferenceResponse(outputs))
+        return responses
+"""
+
+
+def _request(*values: float) -> BackendRequest:
+    return BackendRequest({"IN": np.asarray(values, dtype=np.float32)}, ("OUT", "SEEN"))
+
+
+async def _each(backend, requests) -> BatchResult:
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future = loop.create_future()
+    assert backend.start_each(requests, lambda result: loop.call_soon_threadsafe(done.set_result, result))
+    return await asyncio.wait_for(done, 30)
+
+
+def test_a_group_runs_execute_once_per_request_in_order(tmp_path):
+    model = write_python_model(tmp_path, "one", ONE_AT_A_TIME, CONFIG)
+
+    async def scenario(backend):
+        assert backend.group_limit > 1
+        result = await _each(backend, [_request(i, 10 * i) for i in range(5)])
+        assert result.failed == frozenset()
+        for i, outputs in enumerate(result.results):
+            assert np.array_equal(outputs["OUT"], [i + 1, 10 * i + 1])
+            assert outputs["SEEN"].tolist() == [1, i + 1]  # alone, and in the order sent
+
+    with loaded(model, CONFIG) as backend:
+        asyncio.run(scenario(backend))
+
+
+def test_a_request_whose_execute_raises_fails_alone(tmp_path):
+    model = write_python_model(tmp_path, "one", ONE_AT_A_TIME, CONFIG)
+
+    async def scenario(backend):
+        result = await _each(backend, [_request(1, 1), _request(-1, 0), _request(3, 3)])
+        assert result.failed == frozenset({1})
+        assert np.array_equal(result.results[0]["OUT"], [2, 2])
+        assert np.array_equal(result.results[2]["OUT"], [4, 4])
+        error = result.results[1]
+        assert isinstance(error, InferenceFailed)
+        assert str(error).startswith(
+            "Failed to process the request(s) for model 'one_0_0', message: ValueError: minus one")
+        # the process goes on: a batch after the group is answered as usual
+        again = await _each(backend, [_request(5, 5), _request(6, 6)])
+        assert [r["OUT"].tolist() for r in again.results] == [[6, 6], [7, 7]]
+
+    with loaded(model, CONFIG) as backend:
+        asyncio.run(scenario(backend))
+
+
+def test_a_decoupled_model_is_never_grouped(tmp_path):
+    config = CONFIG + "model_transaction_policy { decoupled: true }\n"
+    model = write_python_model(tmp_path, "one", ONE_AT_A_TIME, config)
+    with loaded(model, config) as backend:
+        assert backend.group_limit == 1
