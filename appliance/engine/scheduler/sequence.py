@@ -50,7 +50,7 @@ from appliance.backends.base import RequestResult, Reschedule, ResponseSink, not
 from appliance.engine.instances import InstancePool
 from appliance.engine.scheduler.completion import Answers, answer_later, mark_compute
 from appliance.engine.scheduler.correlation import END, START, SequenceIds, sequence_ids
-from appliance.engine.scheduler.execution import ExecutionMode, execute_batch
+from appliance.engine.scheduler.execution import ExecutionMode, execute_batch, start_batch
 from appliance.engine.scheduler.sequence_policy import SequencePolicy
 from appliance.engine.scheduler.sequence_slots import Lane, Row, Sequence, SequenceRequest, SlotTable
 from appliance.engine.scheduler.state import initial_states, step_requests
@@ -62,7 +62,8 @@ if TYPE_CHECKING:
 
 __all__ = ["BACKLOG_PER_SLOT", "MAX_QUEUED_PER_SEQUENCE", "SequenceScheduler"]
 
-# A step waits for the one before it and carries state: the batches stay on instance threads.
+# A step waits for the one before it and carries state: the batches never run inline on the event loop
+# (they run on instance threads, or are started from the loop in a model process: see _dispatch).
 THREADED_SEQUENCES = ExecutionMode(False, "a sequence model's batches run on instance threads")
 
 log = logging.getLogger(__name__)
@@ -310,7 +311,11 @@ class SequenceScheduler:
         stamp = time.monotonic_ns()
         queue_ns = [stamp - row[1].arrival_ns for row in rows if row is not None]
         self._in_flight += len(chosen)
-        future = self.pool.execute(lane.index, functools.partial(execute_batch, requests=requests))
+        # A backend that runs the step in another process starts it from here and is woken by its reply,
+        # with no instance thread in between; otherwise (or when it cannot now) the lane's thread runs it.
+        future = self.pool.begin(lane.index, functools.partial(start_batch, requests=requests))
+        if future is None:
+            future = self.pool.execute(lane.index, functools.partial(execute_batch, requests=requests))
         future.add_done_callback(functools.partial(self._finish, lane, rows, queue_ns))
 
     def _on_granted(self, lane: Lane) -> None:
