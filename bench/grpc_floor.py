@@ -3,10 +3,12 @@
     python -m bench.grpc_floor [--calls 3000] [--repeats 3] [--concurrency 1,16]
 
 Each server answers KServe's ModelInfer with one canned ModelInferResponse (an FP32[1,16] output, as
-bench.triton's identity) and does nothing else: grpc.aio on uvloop (what the appliance runs), grpc.aio
-on asyncio's own loop, grpcio's synchronous server with a thread pool, and, when the ``h2`` package is
-importable (``pip install h2``; not a dependency of the appliance), a minimal gRPC-over-HTTP/2 server on
-uvloop built on h2 (unary calls only, no flow-control or admission: a floor, not a server). A client in
+bench.triton's identity) and does nothing else: grpc.aio on uvloop; the same with the RPC served as
+stream-unary, its one message read by the handler (how the appliance serves unary RPCs, so that it
+admits a call before grpc reads the call's bytes); grpc.aio on asyncio's own loop, grpcio's
+synchronous server with a thread pool, and, when the ``h2`` package is importable (``pip install h2``;
+not a dependency of the appliance), a minimal gRPC-over-HTTP/2 server on uvloop built on h2 (unary
+calls only, no flow-control or admission: a floor, not a server). A client in
 another process (grpcio's sync stub, one channel; c threads) sends the calls; the server's CPU time per
 call comes from /proc (all its threads). The servers run one at a time, in turn, per repeat; medians go
 to bench/results/grpc-floor.md beside Triton 2.51's CPU per *whole request* from bench/results/triton.json
@@ -30,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).parent / "results"
-MODES = ("grpc.aio, uvloop", "grpc.aio, asyncio", "grpc sync, 4 threads", "h2, uvloop")
+MODES = ("grpc.aio, uvloop", "grpc.aio stream-unary, uvloop", "grpc.aio, asyncio", "grpc sync, 4 threads",
+         "h2, uvloop")
 
 
 def _response() -> Any:
@@ -44,7 +47,7 @@ def _response() -> Any:
 
 def _serve_grpcio(mode: str) -> None:
     import grpc
-    from tritonclient.grpc import service_pb2_grpc
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
 
     canned = _response()
 
@@ -71,10 +74,33 @@ def _serve_grpcio(mode: str) -> None:
         await server.start()
         await server.wait_for_termination()
 
+    async def raw(requests: Any, context: Any) -> Any:  # the appliance's shape: admit, then read the message
+        service_pb2.ModelInferRequest.FromString(await anext(requests))
+        return canned
+
+    class StreamUnary(grpc.GenericRpcHandler):
+        def service(self, details: Any) -> Any:
+            if details.method.endswith("/ModelInfer"):
+                serialize = service_pb2.ModelInferResponse.SerializeToString
+                return grpc.stream_unary_rpc_method_handler(raw, request_deserializer=None,
+                                                            response_serializer=serialize)
+            return None
+
+    async def main_stream_unary() -> None:
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers((StreamUnary(),))
+        print(f"PORT {server.add_insecure_port('127.0.0.1:0')}", flush=True)
+        await server.start()
+        await server.wait_for_termination()
+
     if mode == "grpc.aio, uvloop":
         import uvloop
 
         uvloop.run(main())
+    elif mode == "grpc.aio stream-unary, uvloop":
+        import uvloop
+
+        uvloop.run(main_stream_unary())
     else:
         asyncio.run(main())
 
@@ -108,7 +134,8 @@ def _serve_h2() -> None:
                 elif isinstance(event, h2.events.StreamEnded):
                     body = self.bodies.pop(event.stream_id)
                     service_pb2.ModelInferRequest.FromString(bytes(body[5:]))  # parsed, as a server must
-                    self.h2.send_headers(event.stream_id, [(b":status", b"200"), (b"content-type", b"application/grpc")])
+                    headers = [(b":status", b"200"), (b"content-type", b"application/grpc")]
+                    self.h2.send_headers(event.stream_id, headers)
                     self.h2.send_data(event.stream_id, message)
                     self.h2.send_headers(event.stream_id, [(b"grpc-status", b"0")], end_stream=True)
             pending = self.h2.data_to_send()

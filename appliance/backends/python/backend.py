@@ -65,16 +65,21 @@ def _failed_batch(results: list[Any], failed: InferenceFailed) -> list[Any]:
     return results
 
 
-def _small(requests: Sequence[BackendRequest]) -> bool:
-    """Whether the inputs are cheap to copy on the event loop (BYTES tensors are sized only when
-    serialized, so they never count as small)."""
+def _small(requests: Sequence[BackendRequest], each: bool = False) -> bool:
+    """Whether the inputs are cheap to copy on the event loop: at most _START_INPUT_BYTES together (a
+    batch), or each request's (``each``: a group, at most _GROUP of them). BYTES tensors are sized only
+    when serialized, so they never count as small."""
     total = 0
     for request in requests:
+        if each:
+            total = 0
         for array in request.inputs.values():
             if array.dtype.hasobject:
                 return False
             total += array.nbytes
-    return total <= _START_INPUT_BYTES
+        if total > _START_INPUT_BYTES:
+            return False
+    return True
 
 
 def model_parameters(parameters: Mapping[str, object]) -> str:
@@ -293,7 +298,8 @@ class PythonBackend(ModelPyBackend):
     def _start(self, requests: Sequence[BackendRequest], done: Callable[[BatchResult | BaseException], None],
                command: str) -> bool:
         instance = self._instance
-        if instance is None or not self._ready or not instance.process.alive or not _small(requests):
+        small = _small(requests, each=command == "execute_each")
+        if instance is None or not self._ready or not instance.process.alive or not small:
             return False  # a restart blocks; large inputs are copied off the event loop
         if not self._decoupled:
             # A decoupled model's streamed responses may have to wait for the client (backpressure): its

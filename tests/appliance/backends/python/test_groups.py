@@ -94,3 +94,20 @@ def test_a_decoupled_model_is_never_grouped(tmp_path):
     model = write_python_model(tmp_path, "one", ONE_AT_A_TIME, config)
     with loaded(model, config) as backend:
         assert backend.group_limit == 1
+
+
+def test_a_group_starts_from_the_loop_when_each_request_is_small(tmp_path):
+    model = write_python_model(tmp_path, "one", ONE_AT_A_TIME, CONFIG)
+    each = np.arange(8192, dtype=np.float32)  # 32 KiB: four together are more than a batch copies on the loop
+
+    async def scenario(backend):
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future = loop.create_future()
+        requests = [BackendRequest({"IN": each + i}, ("OUT", "SEEN")) for i in range(4)]
+        assert not backend.start_requests(requests, done.set_result)  # as one batch: too much for the loop
+        assert backend.start_each(requests, lambda result: loop.call_soon_threadsafe(done.set_result, result))
+        result = await asyncio.wait_for(done, 30)
+        assert [r["OUT"][0] for r in result.results] == [1, 2, 3, 4]
+
+    with loaded(model, CONFIG) as backend:
+        asyncio.run(scenario(backend))
