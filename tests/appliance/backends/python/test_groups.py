@@ -19,8 +19,12 @@ input [ { name: "IN" data_type: TYPE_FP32 dims: [ 2 ] } ]
 output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 2 ] }, { name: "SEEN" data_type: TYPE_INT32 dims: [ 2 ] } ]
 """
 
-# OUT = IN + 1; SEEN = (how many requests this execute() got, how many executions so far); IN[0] == -1 raises.
-ONE_AT_A_TIME = """
+def one_at_a_time(seconds: float = 0.0) -> str:
+    """model.py: OUT = IN + 1; SEEN = (how many requests this execute() got, how many executions so far);
+    IN[0] == -1 raises; each execute() first sleeps ``seconds`` (so that concurrent requests queue)."""
+    return f"""
+import time
+
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -31,6 +35,7 @@ class TritonPythonModel:
 
     def execute(self, requests):
         self.executions += 1
+        time.sleep({seconds})
         responses = []
         for request in requests:
             data = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
@@ -41,6 +46,9 @@ class TritonPythonModel:
             responses.append(pb_utils.InferenceResponse(outputs))
         return responses
 """
+
+
+ONE_AT_A_TIME = one_at_a_time()
 
 
 def _request(*values: float) -> BackendRequest:

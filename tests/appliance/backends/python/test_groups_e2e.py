@@ -9,34 +9,8 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.appliance.backends.python.test_groups import CONFIG
+from tests.appliance.backends.python.test_groups import CONFIG, one_at_a_time
 from tests.models import write_python_model
-
-# As test_groups' model, slower (20 ms an execute()), so that concurrent requests queue behind each other.
-SLOW_ONE_AT_A_TIME = """
-import time
-
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def initialize(self, args):
-        self.executions = 0
-
-    def execute(self, requests):
-        self.executions += 1
-        time.sleep(0.02)
-        responses = []
-        for request in requests:
-            data = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
-            if data[0] == -1:
-                raise ValueError("minus one")
-            seen = np.asarray([len(requests), self.executions], np.int32)
-            outputs = [pb_utils.Tensor("OUT", data + 1), pb_utils.Tensor("SEEN", seen)]
-            responses.append(pb_utils.InferenceResponse(outputs))
-        return responses
-"""
 
 _COUNT = 12
 
@@ -44,7 +18,7 @@ _COUNT = 12
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory):
     repo = tmp_path_factory.mktemp("groups")
-    write_python_model(repo, "one", SLOW_ONE_AT_A_TIME, CONFIG)
+    write_python_model(repo, "one", one_at_a_time(0.02), CONFIG)  # concurrent requests queue
     return repo
 
 
