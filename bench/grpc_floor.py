@@ -150,12 +150,6 @@ def _serve_h2() -> None:
     uvloop.run(main())
 
 
-def _cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _drive(port: int, calls: int, concurrency: int) -> float:
     """Seconds for ``calls`` ModelInfer calls from ``concurrency`` threads over one channel."""
     import grpc
@@ -183,6 +177,8 @@ def _drive(port: int, calls: int, concurrency: int) -> float:
 
 
 def _measure(mode: str, calls: int, concurrency: int) -> dict[str, float]:
+    from bench.triton import tree_cpu_seconds
+
     server = subprocess.Popen([sys.executable, "-m", "bench.grpc_floor", "--serve", mode], stdout=subprocess.PIPE,
                               text=True, cwd=Path(__file__).resolve().parent.parent)
     try:
@@ -191,9 +187,9 @@ def _measure(mode: str, calls: int, concurrency: int) -> dict[str, float]:
             raise RuntimeError(f"the {mode} server did not start: {line!r}")
         port = int(line.split()[1])
         _drive(port, 200, 1)  # warm-up
-        before = _cpu_seconds(server.pid)
+        before = tree_cpu_seconds(server.pid)
         wall = _drive(port, calls, concurrency)
-        cpu = _cpu_seconds(server.pid) - before
+        cpu = tree_cpu_seconds(server.pid) - before
         done = calls // concurrency * concurrency
         return {"calls_s": done / wall, "cpu_us": cpu / done * 1e6}
     finally:

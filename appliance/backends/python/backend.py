@@ -317,7 +317,8 @@ class PythonBackend(ModelPyBackend):
                 replies = self._replied(instance, reply, len(requests))
                 output_ns = time.perf_counter_ns() - taken
                 self._let_go_of_inputs(arena_info["path"])
-                raised = frozenset(i for i, r in enumerate(replies) if isinstance(r, _ExecuteFailed))
+                raised = (frozenset(i for i, r in enumerate(replies) if isinstance(r, _ExecuteFailed))
+                          if command == "execute_each" else frozenset())  # a group's requests fail alone
                 results = instance.requests.finish_batch(keys, replies)
             except BaseException as exc:  # noqa: BLE001 - the batch must complete, whatever happened
                 if isinstance(exc, InferenceFailed):  # execute() raised

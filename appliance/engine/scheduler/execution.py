@@ -14,19 +14,23 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import queue
 import statistics
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from appliance.backends import Backend, BackendRequest
 from appliance.backends.base import BatchResult, RequestResult
 from appliance.engine.stats import BatchTiming
 
-__all__ = ["INLINE_BUDGET_NS", "THREADED", "ExecutionMode", "choose_execution", "execute_batch", "execute_each",
-           "measure_thread_hop", "plan_batch_ns", "start_batch", "start_each"]
+if TYPE_CHECKING:
+    from appliance.engine.instances import InstancePool
+
+__all__ = ["INLINE_BUDGET_NS", "THREADED", "ExecutionMode", "choose_execution", "dispatch", "execute_batch",
+           "execute_each", "measure_thread_hop", "plan_batch_ns", "start_batch", "start_each"]
 
 INLINE_BUDGET_NS = 200_000
 """The longest a batch run inline may block the event loop."""
@@ -175,6 +179,18 @@ def start_batch(
     own, e.g. when another process replies); ``finished`` gets what ``execute_batch`` returns, or the
     error. False when the backend cannot start it that way (then ``finished`` is never called)."""
     return _started(backend.start_requests, finished, requests, grouped=False)
+
+
+def dispatch(pool: InstancePool, index: int, requests: Sequence[BackendRequest], each: bool = False) -> asyncio.Future:
+    """Run ``requests`` on the acquired instance ``index``, as one batch or (``each``) one at a time: a
+    backend that runs them in another process starts them from here and is woken by its reply, with no
+    instance thread in between; otherwise (or when it cannot now) the instance's thread runs them. The
+    future resolves to what ``execute_batch`` (``execute_each``) returns."""
+    start, run = (start_each, execute_each) if each else (start_batch, execute_batch)
+    future = pool.begin(index, functools.partial(start, requests=requests))
+    if future is None:
+        future = pool.execute(index, functools.partial(run, requests=requests))
+    return future
 
 
 def _started(start_with: Callable[[Sequence[BackendRequest], Callable[[BatchResult | BaseException], None]], bool],

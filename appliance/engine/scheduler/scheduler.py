@@ -28,14 +28,7 @@ from appliance.backends import BackendRequest
 from appliance.backends.base import Reschedule, reschedule_refused
 from appliance.engine.instances import InstancePool
 from appliance.engine.scheduler.completion import Answers, answer_later, mark_compute
-from appliance.engine.scheduler.execution import (
-    THREADED,
-    ExecutionMode,
-    execute_batch,
-    execute_each,
-    start_batch,
-    start_each,
-)
+from appliance.engine.scheduler.execution import THREADED, ExecutionMode, dispatch, execute_batch
 from appliance.engine.scheduler.policy import SchedulerPolicy
 from appliance.engine.scheduler.queue import Pending, RequestQueue
 from appliance.engine.stats import BatchTiming, ModelStats, StepTiming
@@ -328,28 +321,18 @@ class Scheduler:
         stamp = time.monotonic_ns()
         queue_ns = [stamp - p.arrival_ns for p in batch]
         requests = [_backend_request(p) for p in batch]
-        if len(batch) > 1 and not self.policy.dynamic:  # a group: each request its own execution
-            self._in_flight += len(batch)
-            future = self.pool.begin(index, functools.partial(start_each, requests=requests))
-            if future is None:
-                future = self.pool.execute(index, functools.partial(execute_each, requests=requests))
-            future.add_done_callback(functools.partial(self._on_batch_done, index, batch, queue_ns))
-            return
-        work = functools.partial(execute_batch, requests=requests)
-        items = sum(p.size for p in batch)
-        if self._inline_items < self._inline_limit and now >= self._inline_retry_at:
-            # A busy spell may have sent sizes back to threads: they get another chance now and then.
-            self._inline_items = self._inline_limit
-            self._inline_ns.clear()
-        if items <= self._inline_items:
-            self._run_inline(index, batch, queue_ns, work, items)
-            return
+        grouped = len(batch) > 1 and not self.policy.dynamic  # a group: each request its own execution
+        if not grouped:
+            items = sum(p.size for p in batch)
+            if self._inline_items < self._inline_limit and now >= self._inline_retry_at:
+                # A busy spell may have sent sizes back to threads: they get another chance now and then.
+                self._inline_items = self._inline_limit
+                self._inline_ns.clear()
+            if items <= self._inline_items:
+                self._run_inline(index, batch, queue_ns, functools.partial(execute_batch, requests=requests), items)
+                return
         self._in_flight += len(batch)
-        # A backend that runs the batch in another process starts it from here and is woken by its
-        # reply, with no instance thread in between; otherwise (or when it cannot now) the thread runs it.
-        future = self.pool.begin(index, functools.partial(start_batch, requests=requests))
-        if future is None:
-            future = self.pool.execute(index, work)
+        future = dispatch(self.pool, index, requests, each=grouped)
         future.add_done_callback(functools.partial(self._on_batch_done, index, batch, queue_ns))
 
     def _ran(self, index: int) -> None:

@@ -50,7 +50,7 @@ from appliance.backends.base import RequestResult, Reschedule, ResponseSink, not
 from appliance.engine.instances import InstancePool
 from appliance.engine.scheduler.completion import Answers, answer_later, mark_compute
 from appliance.engine.scheduler.correlation import END, START, SequenceIds, sequence_ids
-from appliance.engine.scheduler.execution import ExecutionMode, execute_batch, start_batch
+from appliance.engine.scheduler.execution import ExecutionMode, dispatch
 from appliance.engine.scheduler.sequence_policy import SequencePolicy
 from appliance.engine.scheduler.sequence_slots import Lane, Row, Sequence, SequenceRequest, SlotTable
 from appliance.engine.scheduler.state import initial_states, step_requests
@@ -311,11 +311,7 @@ class SequenceScheduler:
         stamp = time.monotonic_ns()
         queue_ns = [stamp - row[1].arrival_ns for row in rows if row is not None]
         self._in_flight += len(chosen)
-        # A backend that runs the step in another process starts it from here and is woken by its reply,
-        # with no instance thread in between; otherwise (or when it cannot now) the lane's thread runs it.
-        future = self.pool.begin(lane.index, functools.partial(start_batch, requests=requests))
-        if future is None:
-            future = self.pool.execute(lane.index, functools.partial(execute_batch, requests=requests))
+        future = dispatch(self.pool, lane.index, requests)  # from here to a model process, else the lane's thread
         future.add_done_callback(functools.partial(self._finish, lane, rows, queue_ns))
 
     def _on_granted(self, lane: Lane) -> None:
