@@ -50,8 +50,10 @@ class InstancePool:
             thread.start()
         self._free: asyncio.Queue[int] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._elsewhere: dict[int, list[threading.Event]] = {}
-        """Per instance, the batches started with ``begin`` that have not finished (each set when it has)."""
+        self._elsewhere = [0 for _ in backends]
+        """Per instance, the batches started with ``begin`` that have not finished."""
+        self._elsewhere_done = threading.Condition()
+        """Guards ``_elsewhere``; notified as such a batch finishes (close waits for them)."""
         self._closed: set[int] = set()
         """Instances whose backend close() has been called: a second close() leaves them be."""
 
@@ -108,14 +110,12 @@ class InstancePool:
         loop = self._loop
         future: asyncio.Future = loop.create_future()
 
-        running = threading.Event()
-        started_here = self._elsewhere.setdefault(index, [])
-        started_here[:] = [event for event in started_here if not event.is_set()]
-        started_here.append(running)
+        with self._elsewhere_done:
+            self._elsewhere[index] += 1
         loop_thread = threading.get_ident()
 
         def finished(result: Any, error: BaseException | None) -> None:
-            running.set()
+            self._finished_elsewhere(index)
             if threading.get_ident() == loop_thread:  # read on the loop itself: no wake-up through its pipe
                 loop.call_soon(self._finish, index, future, result, error)
                 return
@@ -127,13 +127,25 @@ class InstancePool:
         try:
             started = start(self._backends[index], finished)
         except Exception as exc:  # handed to the waiter, as a thread would
-            running.set()
+            self._finished_elsewhere(index)
             self._finish(index, future, None, exc)
             return future
         if not started:
-            running.set()
+            self._finished_elsewhere(index)
             return None
         return future
+
+    def _finished_elsewhere(self, index: int) -> None:
+        with self._elsewhere_done:
+            self._elsewhere[index] -= 1
+            if not self._elsewhere[index]:
+                self._elsewhere_done.notify_all()
+
+    def _wait_elsewhere(self, index: int, deadline: float | None) -> bool:
+        """Whether the batches started on instance ``index`` with ``begin`` all finished by ``deadline``."""
+        with self._elsewhere_done:
+            return self._elsewhere_done.wait_for(
+                lambda: not self._elsewhere[index], None if deadline is None else max(0.0, deadline - time.monotonic()))
 
     def run_inline(self, index: int, work: Callable[[Backend], T]) -> T:
         """Run ``work(backend)`` on an acquired instance right here, on the event loop's thread, and
@@ -206,9 +218,7 @@ class InstancePool:
             if index in self._closed:  # closed by an earlier call
                 continue
             thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
-            elsewhere = self._elsewhere.get(index, [])
-            if not all(event.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
-                       for event in list(elsewhere)):
+            if not self._wait_elsewhere(index, deadline):
                 errors.append(TimeoutError(
                     f"instance {thread.name} was still running a batch when its time to close ran out; "
                     "left running until the process exits"

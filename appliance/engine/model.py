@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import functools
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -98,6 +97,7 @@ class ModelVersion:
         self._streams: set[ResponseChannel] = set()  # open streams of a decoupled model, failed at close
         self._users = 0  # requests holding this version (see in_use), so a retired version drains
         self.traffic = TrafficStats(self.signature.batched)
+        self._decoupled = bool(self.config.model_transaction_policy.decoupled)  # read twice per request
         """The shapes, batch sizes and concurrency of the requests this version served, when selection
         chose its plan (see appliance.repository.retune)."""
         batch = (-1,) if self.signature.batched else ()
@@ -122,7 +122,7 @@ class ModelVersion:
     def decoupled(self) -> bool:
         """Zero, one or many responses per request (config ``model_transaction_policy { decoupled: true }``):
         served by ``open_stream`` only."""
-        return self.config.model_transaction_policy.decoupled
+        return self._decoupled
 
     def start(self) -> None:
         self.scheduler.start()
@@ -266,15 +266,10 @@ class ModelVersion:
         outputs = [self._output(o, results[o.name]) for o in wanted if o.name in results]
         return InferResponse(self.name, self.version, outputs, id=request_id, parameters=dict(raw.parameters or {}))
 
-    @contextlib.contextmanager
-    def in_use(self) -> Iterator[ModelVersion]:
+    def in_use(self) -> _InUse:
         """Held by a request from lookup to response: a version being replaced or unloaded waits for
         every request that already chose it, even one still reading its body."""
-        self._users += 1
-        try:
-            yield self
-        finally:
-            self._users -= 1
+        return _InUse(self)
 
     async def drain(self, timeout: float) -> bool:
         """Wait (bounded) until no request holds this version and its queue and instances are idle."""
@@ -290,3 +285,19 @@ class ModelVersion:
             channel.fail(Unavailable(f"model {self.name} version {self.version} was unloaded before it finished "
                                      "this request's responses"))
         return await self.scheduler.close(timeout)
+
+
+class _InUse:
+    """``ModelVersion.in_use``: a class rather than a generator, as every request enters one."""
+
+    __slots__ = ("_version",)
+
+    def __init__(self, version: ModelVersion) -> None:
+        self._version = version
+
+    def __enter__(self) -> ModelVersion:
+        self._version._users += 1
+        return self._version
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._version._users -= 1

@@ -50,17 +50,17 @@ def check_shape(raw: object, name: str, limit: int, itemsize: int | None = None)
     """The shape as a tuple and its element count; at most ``MAX_DIMS`` non-negative dimensions and no
     more than ``limit`` (max_tensor_elements) elements or elements per dimension. ``itemsize``: the
     datatype's element size, for Triton's byte-size overflow check."""
-    dims = list(raw) if isinstance(raw, Sequence) and not isinstance(raw, (str, bytes)) else raw
-    if isinstance(dims, list) and len(dims) <= MAX_DIMS and all(type(d) is int for d in dims) and any(
-            d < 0 for d in dims):
+    dims = raw if type(raw) is list else (  # a JSON list, or a protobuf's repeated field
+        list(raw) if isinstance(raw, Sequence) and not isinstance(raw, (str, bytes)) else raw)
+    if not isinstance(dims, list) or len(dims) > MAX_DIMS or not all(type(d) is int for d in dims):
+        raise InvalidInput(
+            f"input '{name}': 'shape' must be a list of at most {MAX_DIMS} non-negative integers, got {dims!r}"[:400]
+        )
+    if dims and min(dims) < 0:
         raise InputMismatch(
             f"input '{name}': 'shape' must be a list of non-negative integers, got {dims!r}"[:400],
             f"All input dimensions should be specified for input '{name}' for model '{{model}}', got "
             f"[{','.join(str(d) for d in dims)}]",
-        )
-    if not isinstance(dims, list) or len(dims) > MAX_DIMS or not all(type(d) is int and d >= 0 for d in dims):
-        raise InvalidInput(
-            f"input '{name}': 'shape' must be a list of at most {MAX_DIMS} non-negative integers, got {dims!r}"[:400]
         )
     count, bound = math.prod(dims), min(limit, MAX_ELEMENTS)
     if count >= _UINT64:  # Triton's words, then this server's bound
@@ -69,7 +69,7 @@ def check_shape(raw: object, name: str, limit: int, itemsize: int | None = None)
     if itemsize and count * itemsize >= _UINT64:
         raise InvalidInput(f"byte size overflow for input '{name}': shape {dims} of {itemsize}-byte elements; at "
                            f"most {bound} elements are allowed (max_tensor_elements)")
-    if count > bound or any(d > bound for d in dims):  # [0, 2**62] has no elements but no numpy shape
+    if count > bound or (dims and max(dims) > bound):  # [0, 2**62] has no elements but no numpy shape
         raise InvalidInput(
             f"input '{name}': shape {dims} has more elements, or a larger dimension, than the {bound} "
             "allowed (max_tensor_elements)"

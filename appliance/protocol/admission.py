@@ -8,17 +8,16 @@ whether a web page on another site may have sent it), names the ``Operation`` an
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hmac
 import ipaddress
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
 from appliance.errors import ApplianceError, Unauthorized, Unavailable
 from appliance.fleet_signature import FleetVerifier, parse
 from appliance.protocol.operations import ACCESS, BOUNDLESS, Access, Operation
 
-__all__ = ["AccessPolicy", "Admission", "Caller", "Network", "address_in", "check_bearer", "parse_networks"]
+__all__ = ["AccessPolicy", "Admission", "Admitted", "Caller", "Network", "address_in", "check_bearer", "parse_networks"]
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -117,20 +116,38 @@ class Admission:
     def check(self, operation: Operation, caller: Caller) -> str | None:
         return self.policy.check(operation, caller)
 
-    @contextlib.contextmanager
-    def admit(self, operation: Operation, caller: Caller) -> Iterator[str | None]:
-        """Held while the request is handled: refused (before it holds any bytes) when the caller may not
-        ask for ``operation`` or max_concurrent_requests are running already. Yields the body digest a
-        signed request must match (see AccessPolicy.check)."""
-        signed_body = self.policy.check(operation, caller)
-        if operation in BOUNDLESS:
-            yield signed_body
-            return
-        if self._in_flight >= self.limit:
-            raise Unavailable(f"the server is handling {self.limit} requests already (max_concurrent_requests); "
-                              "retry", retry_after=1)
-        self._in_flight += 1
-        try:
-            yield signed_body
-        finally:
-            self._in_flight -= 1
+    def admit(self, operation: Operation, caller: Caller) -> Admitted:
+        """Held while the request is handled: refused on entry (before it holds any bytes) when the caller
+        may not ask for ``operation`` or max_concurrent_requests are running already. Entering gives the
+        body digest a signed request must match (see AccessPolicy.check)."""
+        return Admitted(self, operation, caller)
+
+
+class Admitted:
+    """One request's admission (``Admission.admit``): a context manager, a class rather than a generator
+    because every request enters one."""
+
+    __slots__ = ("_admission", "_operation", "_caller", "_counted")
+
+    def __init__(self, admission: Admission, operation: Operation, caller: Caller) -> None:
+        self._admission = admission
+        self._operation = operation
+        self._caller = caller
+        self._counted = False
+
+    def __enter__(self) -> str | None:
+        admission = self._admission
+        signed_body = admission.policy.check(self._operation, self._caller)
+        if self._operation in BOUNDLESS:
+            return signed_body
+        if admission._in_flight >= admission.limit:
+            raise Unavailable(f"the server is handling {admission.limit} requests already "
+                              "(max_concurrent_requests); retry", retry_after=1)
+        admission._in_flight += 1
+        self._counted = True
+        return signed_body
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._counted:
+            self._counted = False
+            self._admission._in_flight -= 1

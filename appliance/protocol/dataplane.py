@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Iterator
 from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
@@ -24,7 +23,7 @@ from appliance.engine.streaming import Responses, StreamLimits
 from appliance.engine.tensor_checks import DecodeLimits
 from appliance.errors import InvalidInput, ModelNotFound, ModelNotReady, NotSupported, Unavailable
 from appliance.fleet_signature import NONCE_TTL, SCHEME
-from appliance.protocol.admission import AccessPolicy, Admission, Caller
+from appliance.protocol.admission import AccessPolicy, Admission, Admitted, Caller
 from appliance.protocol.inference import NOT_SERVED, Inference, InferSource
 from appliance.protocol.log_settings import LogSettings, LogValues
 from appliance.protocol.operations import Operation
@@ -146,13 +145,11 @@ class DataPlane:
 
     # Admission
 
-    @contextlib.contextmanager
-    def admit(self, operation: Operation, caller: Caller) -> Iterator[str | None]:
-        """Held while one request is handled; a transport asks before it reads the request's bytes. Yields
-        the SHA-256 (hex) a signed request's body must have (None: not signed), which the transport checks
-        as it reads the body."""
-        with self._admission.admit(operation, caller) as signed_body:
-            yield signed_body
+    def admit(self, operation: Operation, caller: Caller) -> Admitted:
+        """Held while one request is handled; a transport asks before it reads the request's bytes.
+        Entering gives the SHA-256 (hex) a signed request's body must have (None: not signed), which the
+        transport checks as it reads the body."""
+        return self._admission.admit(operation, caller)
 
     def check_access(self, operation: Operation, caller: Caller) -> None:
         """The access policy alone (for each request read from an open stream, admitted with the stream)."""

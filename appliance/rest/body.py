@@ -96,6 +96,8 @@ async def _next_chunk(request: web.BaseRequest, timeout: float, received: int) -
 
 
 def _content_coding(header: str) -> str:
+    if not header:
+        return "identity"
     codings = [c.strip().lower() for c in header.split(",") if c.strip()]
     codings = [c for c in codings if c != "identity"]
     if not codings:

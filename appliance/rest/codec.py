@@ -146,6 +146,14 @@ def _describe(values: np.ndarray) -> str:
             "U": "strings"}.get(values.dtype.kind, "values of mixed or unsupported types")
 
 
+def _may_overflow(source: np.dtype, target: np.dtype) -> bool:
+    """Whether JSON numbers read as ``source`` may become infinities as ``target`` (a float type): JSON
+    has no infinities, and integers (at most 2**64) fit every float type but FP16."""
+    if source == target:
+        return False
+    return source.kind == "f" or target.itemsize < 4
+
+
 def decode_json_data(data: Any, datatype: str, shape: tuple[int, ...], count: int, name: str) -> np.ndarray:
     # Any nesting is accepted as long as the element count matches, down to Triton's depth limit (numpy
     # refuses ragged lists, so the first elements' chain is the depth of a list it takes).
@@ -182,11 +190,14 @@ def decode_json_data(data: Any, datatype: str, shape: tuple[int, ...], count: in
             f"{_TYPE_WORDS[dtype.kind]}: input '{name}': 'data' does not hold {datatype} values: expected "
             f"{_KIND_WORDS[dtype.kind]}, got {_describe(source)}"
         )
+    if dtype.kind != "f" or not _may_overflow(source.dtype, dtype):
+        array = source.astype(dtype, copy=False)
+        if dtype.kind in "iu" and source.size and not np.array_equal(array, source):
+            raise InvalidInput(f"input '{name}': 'data' does not hold {datatype} values: a value is out of range")
+        return array.reshape(shape)
     with np.errstate(over="ignore"):
         array = source.astype(dtype, copy=False)
-    if dtype.kind in "iu" and source.size and not np.array_equal(array, source):
-        raise InvalidInput(f"input '{name}': 'data' does not hold {datatype} values: a value is out of range")
-    if dtype.kind == "f" and source.size and not np.isfinite(array).all():
+    if source.size and not np.isfinite(array).all():
         # JSON holds no infinities: a value that became one did not fit (1e39 as FP32).
         raise InvalidInput(f"input '{name}': 'data' does not hold {datatype} values: a value is beyond "
                            f"{datatype}'s range (±{float(np.finfo(dtype).max):.6g}); send it as binary data to pass "

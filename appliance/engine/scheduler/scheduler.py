@@ -354,14 +354,19 @@ class Scheduler:
         self._ran(index)
         self._check_still_inline(index)
         recent = self._inline_ns.setdefault(items, deque(maxlen=_INLINE_WINDOW))
-        recent.append(time.thread_time_ns() - started)
-        if len(recent) >= _INLINE_MIN_RUNS and statistics.median(recent) > self._execution.budget_ns:
-            self._inline_items = min(self._inline_items, items - 1)
-            assert self._loop is not None
-            self._inline_retry_at = self._loop.time() + _INLINE_RETRY_AFTER
-            log.info("model %s: batches of %d take %d µs inline (median), over the %d µs budget; batches of %d "
-                     "and more run on instance threads", self.label, items, statistics.median(recent) // 1000,
-                     self._execution.budget_ns // 1000, items)
+        took = time.thread_time_ns() - started
+        recent.append(took)
+        # A run within the budget cannot lift the median over it: the median is read when the window
+        # first has enough runs, then after runs over the budget.
+        if len(recent) == _INLINE_MIN_RUNS or (took > self._execution.budget_ns and len(recent) > _INLINE_MIN_RUNS):
+            median = statistics.median(recent)
+            if median > self._execution.budget_ns:
+                self._inline_items = min(self._inline_items, items - 1)
+                assert self._loop is not None
+                self._inline_retry_at = self._loop.time() + _INLINE_RETRY_AFTER
+                log.info("model %s: batches of %d take %d µs inline (median), over the %d µs budget; batches of "
+                         "%d and more run on instance threads", self.label, items, median // 1000,
+                         self._execution.budget_ns // 1000, items)
         self._finish_batch(batch, queue_ns, outcome, None)
 
     def _check_still_inline(self, index: int) -> None:
