@@ -24,14 +24,13 @@ from appliance.engine.tensor_checks import DecodeLimits
 from appliance.errors import InvalidInput, ModelNotFound, ModelNotReady, NotSupported, Unavailable
 from appliance.fleet_signature import NONCE_TTL, SCHEME
 from appliance.protocol.admission import AccessPolicy, Admission, Admitted, Caller
-from appliance.protocol.inference import NOT_SERVED, Inference, InferSource
+from appliance.protocol.inference import NOT_SERVED, Inference, InferSource, OneInference
 from appliance.protocol.log_settings import LogSettings, LogValues
 from appliance.protocol.operations import Operation
 from appliance.protocol.repository_control import RepositoryControl
 from appliance.protocol.results import (
     Health,
     IndexEntry,
-    InferResult,
     ModelMetadata,
     RegionStatus,
     ServerMetadata,
@@ -253,7 +252,7 @@ class DataPlane:
         return self._inference.account()
 
     def infer(self, caller: Caller, source: InferSource, *, received_ns: int | None = None,
-              account: Account | None = None) -> contextlib.AbstractAsyncContextManager[InferResult]:
+              account: Account | None = None) -> OneInference:
         """``async with plane.infer(caller, source) as result``: encode ``result`` inside the block (the
         model stays held, the request's bytes counted). See ``appliance.protocol.inference``."""
         return self._inference.infer(caller, source, received_ns=received_ns, account=account)

@@ -30,7 +30,7 @@ from appliance.protocol.shared_memory.binding import Binding
 from appliance.protocol.tracing import Trace, Tracer
 from appliance.repository.registry import ModelRegistry
 
-__all__ = ["DECODE_OFF_LOOP_BYTES", "Inference", "InferSource", "NOT_SERVED", "Target"]
+__all__ = ["DECODE_OFF_LOOP_BYTES", "Inference", "InferSource", "NOT_SERVED", "OneInference", "Target"]
 
 DECODE_OFF_LOOP_BYTES = 1 << 20
 """Decoding work above this many bytes (JSON text, BYTES tensors, a protobuf message) runs on a worker
@@ -89,32 +89,12 @@ class Inference:
         request reaches ``infer`` (a stream's requests, reserved when read)."""
         return self._budget.account()
 
-    @contextlib.asynccontextmanager
-    async def infer(self, caller: Caller, source: InferSource, *, received_ns: int | None = None,
-                    account: Account | None = None) -> AsyncIterator[InferResult]:
-        """One request, one response: the model stays held and the request's bytes counted while the
-        caller encodes the result inside the ``async with``. ``account``: one the transport opened to
-        count bytes it read before (closed here)."""
-        with account or self._budget.account() as opened:
-            target = await source.target(opened)
-            with self._registry.get(target.model, target.version).in_use() as model:
-                if model.decoupled:
-                    raise decoupled_refusal(source, model.name)
-                request = await self._decode(model, source, caller, opened)
-                request.trace = self._start_trace(model, source, received_ns)
-                if request.trace is None:
-                    yield InferResult(request, await self._run(model, request, caller, opened.reserve))
-                    return
-                sent: tuple[str, int, int] | None = None
-                try:
-                    response = await self._run(model, request, caller, opened.reserve)
-                    sending = time.monotonic_ns()
-                    yield InferResult(request, response)  # the front end encodes its answer in the block
-                    if received_ns is not None:  # a front end's request: its marks around the answer too
-                        sent = (source.frontend, sending, time.monotonic_ns())
-                finally:
-                    assert self._tracer is not None
-                    self._tracer.finish(request.trace, sent)
+    def infer(self, caller: Caller, source: InferSource, *, received_ns: int | None = None,
+              account: Account | None = None) -> OneInference:
+        """One request, one response: ``async with inference.infer(...) as result``; the model stays held
+        and the request's bytes counted while the caller encodes the result inside the block.
+        ``account``: one the transport opened to count bytes it read before (closed here)."""
+        return OneInference(self, caller, source, received_ns, account)
 
     @contextlib.asynccontextmanager
     async def infer_stream(self, caller: Caller, source: InferSource, *, received_ns: int | None = None,
@@ -179,6 +159,8 @@ class Inference:
 
     async def _run(self, model: ModelVersion, request: InferRequest, caller: Caller,
                    reserve: Callable[[int], None]) -> InferResponse:
+        if request.trace is None and not request.uses_shared_memory:  # most requests: nothing around it
+            return await model.infer(request)
         try:
             return await self._run_bound(model, request, caller, reserve)
         finally:
@@ -231,3 +213,62 @@ class Inference:
             stream.set_writer(binding.write)  # each response's outputs go into the regions it named
             stream.on_close(lambda _: binding.close())
         return stream
+
+
+class OneInference:
+    """``Inference.infer``'s asynchronous context manager: entering looks the model up and holds it,
+    opens the account, decodes and runs the request and gives its ``InferResult``; leaving writes the
+    trace (with the front end's marks around the answer, when it had a receive mark), lets the model go
+    and closes the account. A class rather than an async generator: every request enters one."""
+
+    __slots__ = ("_inference", "_caller", "_source", "_received_ns", "_account", "_held", "_trace", "_sending")
+
+    def __init__(self, inference: Inference, caller: Caller, source: InferSource, received_ns: int | None,
+                 account: Account | None) -> None:
+        self._inference = inference
+        self._caller = caller
+        self._source = source
+        self._received_ns = received_ns
+        self._account = account
+        self._held: contextlib.AbstractContextManager[ModelVersion] | None = None
+        self._trace: Trace | None = None
+        self._sending = 0
+
+    async def __aenter__(self) -> InferResult:
+        inference, source = self._inference, self._source
+        opened = self._account = self._account or inference._budget.account()
+        try:
+            target = await source.target(opened)
+            held = inference._registry.get(target.model, target.version).in_use()
+            model = held.__enter__()
+            self._held = held
+            if model.decoupled:
+                raise decoupled_refusal(source, model.name)
+            request = await inference._decode(model, source, self._caller, opened)
+            request.trace = self._trace = inference._start_trace(model, source, self._received_ns)
+            response = await inference._run(model, request, self._caller, opened.reserve)
+        except BaseException:
+            self._end(None)
+            raise
+        if self._trace is not None:
+            self._sending = time.monotonic_ns()
+        return InferResult(request, response)
+
+    async def __aexit__(self, kind: type[BaseException] | None, *exc_info: object) -> None:
+        sent = None
+        if kind is None and self._trace is not None and self._received_ns is not None:
+            sent = (self._source.frontend, self._sending, time.monotonic_ns())  # the answer's marks too
+        self._end(sent)
+
+    def _end(self, sent: tuple[str, int, int] | None) -> None:
+        try:
+            if self._trace is not None:
+                assert self._inference._tracer is not None
+                self._inference._tracer.finish(self._trace, sent)
+        finally:
+            try:
+                if self._held is not None:
+                    self._held.__exit__(None, None, None)
+            finally:
+                assert self._account is not None
+                self._account.close()
