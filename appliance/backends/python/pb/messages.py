@@ -111,11 +111,23 @@ class InferenceRequest:
     def served(cls, key: int, inputs: list[Tensor], item: dict, decoupled: bool = True) -> InferenceRequest:
         """A request of the batch the daemon sent to execute() (``decoupled``: the model's transaction
         policy, which sets its response sender's rules)."""
-        request = cls(item.get("id", ""), item.get("correlation_id", 0), inputs=inputs,
-                      requested_output_names=item["outputs"], flags=item.get("flags", 0),
-                      timeout=item.get("timeout", 0), parameters=item.get("parameters") or "{}")
+        # Built without __init__'s checks: the server made ``item`` (every request passes here). The
+        # attributes are __init__'s, all of them.
+        request = cls.__new__(cls)
+        request._inputs = inputs
+        request._requested = list(item["outputs"])
+        request._id = item.get("id", "")
+        request._correlation_id = item.get("correlation_id", 0)
+        request._flags = item.get("flags", 0)
+        request._timeout = item.get("timeout", 0)
+        request._parameters = item.get("parameters") or "{}"
+        request._trace = None
+        request.model_name = ""
+        request.model_version = -1
         request._key = key
         request._decoupled = decoupled
+        request._sender = None
+        request._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
         return request
 
     def inputs(self) -> list[Tensor]:

@@ -9,11 +9,10 @@ question, ``start_call`` opens a call whose answers (one, or a stream) go to a c
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import pickle
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future
 from multiprocessing.connection import Connection
 from typing import Any
@@ -124,15 +123,22 @@ def install(runtime: Runtime) -> None:
     _current = runtime
 
 
-@contextlib.contextmanager
-def serving(runtime: Runtime) -> Iterator[None]:
-    """``runtime`` is current on this thread while the block runs (a model served in the daemon)."""
-    previous = getattr(_local, "runtime", None)
-    _local.runtime = runtime
-    try:
-        yield
-    finally:
-        _local.runtime = previous
+class serving:  # noqa: N801 - used as a function: ``with serving(runtime):``
+    """``runtime`` is current on this thread while the block runs (a model served in the daemon; a
+    class rather than a generator, as every batch enters one)."""
+
+    __slots__ = ("_runtime", "_previous")
+
+    def __init__(self, runtime: Runtime) -> None:
+        self._runtime = runtime
+        self._previous: Runtime | None = None
+
+    def __enter__(self) -> None:
+        self._previous = getattr(_local, "runtime", None)
+        _local.runtime = self._runtime
+
+    def __exit__(self, *exc_info: object) -> None:
+        _local.runtime = self._previous
 
 
 def current() -> Runtime:
