@@ -134,23 +134,24 @@ class Receivers:
                 return
         self._free += 1
 
-    async def receive(self, requests: AsyncIterator[bytes]) -> bytes:
+    async def receive(self, read: Callable[[], Awaitable[Any]]) -> bytes:
         """The call's one message (within the receive timeout), and for a large one the end of its
         requests too: grpc.aio keeps a message it handed over alive, after the call, until the end of the
         requests is read or the garbage collector finds the call (24 calls of 16 MiB: 388 MiB kept);
-        for a small message that extra read would cost more than the bytes it frees."""
+        for a small message that extra read would cost more than the bytes it frees. ``read``: the call's
+        ``context.read`` (``grpc.aio.EOF`` at the end), which costs less than the request iterator grpc.aio
+        wraps around it (an async generator per call)."""
         await self._acquire()
         try:
             async with asyncio.timeout(self._timeout):
-                message = await anext(requests)
-                if len(message) >= _DRAIN_BYTES:
-                    async for _ in requests:
-                        raise InvalidInput("a unary RPC got a second request message; send one per call")
+                message = await read()
+                if message is grpc.aio.EOF:
+                    raise InvalidInput("the call ended without its request message")
+                if len(message) >= _DRAIN_BYTES and await read() is not grpc.aio.EOF:
+                    raise InvalidInput("a unary RPC got a second request message; send one per call")
         except TimeoutError:
             raise RequestTimeout(f"the request message did not arrive within {self._timeout:g} s; send it "
                                  "without pauses (the server's body_timeout setting)") from None
-        except StopAsyncIteration:
-            raise InvalidInput("the call ended without its request message") from None
         finally:
             self._release()
         return message
@@ -229,7 +230,7 @@ class AdmittingHandlers(grpc.GenericRpcHandler):
         caller = caller_of(context)
         # Settings RPCs are admitted as reads first; a change is checked again once the message says so.
         with self._gate.admit(operation, caller), self._dataplane.account() as account:
-            raw = await self._receivers.receive(requests)
+            raw = await self._receivers.receive(context.read)
             size = len(raw)
             try:
                 account.reserve(size)

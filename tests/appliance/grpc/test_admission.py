@@ -5,17 +5,23 @@ from __future__ import annotations
 
 import asyncio
 
+import grpc
 import pytest
 from tritonclient.grpc import service_pb2 as pb
 
 from appliance.errors import InvalidInput, RequestTimeout, Unavailable
-from appliance.grpc.admission import OPERATIONS, Receivers
+from appliance.grpc.admission import _DRAIN_BYTES, OPERATIONS, Receivers
 
 
-async def _messages(*items: bytes, pause: float = 0.0):
-    for item in items:
+def _messages(*items: bytes, pause: float = 0.0):
+    """A call's ``context.read``: each message after ``pause``, then grpc.aio.EOF."""
+    left = list(items)
+
+    async def read():
         await asyncio.sleep(pause)
-        yield item
+        return left.pop(0) if left else grpc.aio.EOF
+
+    return read
 
 
 def test_every_rpc_of_the_service_names_its_operation():
@@ -26,14 +32,16 @@ async def test_at_most_count_messages_are_received_at_once_and_waiters_go_in_ord
     receivers = Receivers(2, timeout=5)
     receiving, peak, order = 0, 0, []
 
-    async def slow(tag: int):
-        nonlocal receiving, peak
-        receiving += 1
-        peak = max(peak, receiving)
-        await asyncio.sleep(0.05)
-        receiving -= 1
-        order.append(tag)
-        yield b"x"
+    def slow(tag: int):
+        async def read():
+            nonlocal receiving, peak
+            receiving += 1
+            peak = max(peak, receiving)
+            await asyncio.sleep(0.05)
+            receiving -= 1
+            order.append(tag)
+            return b"x"
+        return read
 
     results = await asyncio.gather(*(receivers.receive(slow(i)) for i in range(6)))
     assert results == [b"x"] * 6 and peak == 2 and order[:2] == [0, 1]
@@ -53,3 +61,15 @@ async def test_a_message_that_never_comes_and_a_slot_that_never_frees_are_bounde
     assert await receivers.receive(_messages(b"x")) == b"x"  # the slot came back
     with pytest.raises(InvalidInput, match="without its request message"):
         await receivers.receive(_messages())
+
+
+async def test_a_large_message_is_read_to_the_end_of_its_call_and_a_second_one_refused():
+    large = b"x" * _DRAIN_BYTES
+    read = _messages(large)
+    assert await Receivers(1, timeout=5).receive(read) == large
+    assert await read() is grpc.aio.EOF  # the end was read too: grpc.aio lets go of the message
+    with pytest.raises(InvalidInput, match="second request message"):
+        await Receivers(1, timeout=5).receive(_messages(large, b"y"))
+    small = _messages(b"y", b"z")
+    assert await Receivers(1, timeout=5).receive(small) == b"y"
+    assert await small() == b"z"  # a small one's end is not waited for
