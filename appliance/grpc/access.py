@@ -15,11 +15,11 @@ from collections.abc import Iterator
 import grpc
 
 from appliance.errors import Unavailable
-from appliance.protocol.admission import Caller
+from appliance.protocol.admission import Admitted, Caller
 from appliance.protocol.dataplane import DataPlane
 from appliance.protocol.operations import Operation
 
-__all__ = ["Gate", "caller_of", "peer_address"]
+__all__ = ["Gate", "GateAdmitted", "caller_of", "peer_address"]
 
 _CREDENTIALS = "'authorization: Bearer <token>' metadata"
 
@@ -81,18 +81,9 @@ class Gate:
             raise Unavailable("the server is stopping and takes no new requests; retry on another box or once it "
                               "has restarted", retry_after=1)
 
-    @contextlib.contextmanager
-    def admit(self, operation: Operation, caller: Caller) -> Iterator[None]:
+    def admit(self, operation: Operation, caller: Caller) -> GateAdmitted:
         """Held while one call (or one request of a stream) runs."""
-        self.refuse_if_stopping()
-        with self._dataplane.admit(operation, caller):
-            task = asyncio.current_task()
-            assert task is not None, "requests are admitted on the event loop"
-            self._running.add(task)
-            try:
-                yield
-            finally:
-                self._running.discard(task)
+        return GateAdmitted(self, operation, caller)
 
     @contextlib.contextmanager
     def open_stream(self, caller: Caller) -> Iterator[None]:
@@ -126,3 +117,33 @@ class Gate:
         if late:
             await asyncio.wait(late, timeout=grace)
         return len(late)
+
+
+class GateAdmitted:
+    """``Gate.admit``: refused when the server is stopping, then admitted by the data plane, and the call's
+    task counted as running (the stop waits for it). A class rather than a generator: every call enters
+    one."""
+
+    __slots__ = ("_gate", "_operation", "_caller", "_admitted", "_task")
+
+    def __init__(self, gate: Gate, operation: Operation, caller: Caller) -> None:
+        self._gate = gate
+        self._operation = operation
+        self._caller = caller
+        self._admitted: Admitted | None = None
+        self._task: asyncio.Task | None = None
+
+    def __enter__(self) -> None:
+        gate = self._gate
+        gate.refuse_if_stopping()
+        task = asyncio.current_task()
+        assert task is not None, "requests are admitted on the event loop"
+        admitted = gate._dataplane.admit(self._operation, self._caller)
+        admitted.__enter__()
+        self._admitted, self._task = admitted, task
+        gate._running.add(task)
+
+    def __exit__(self, *exc_info: object) -> None:
+        assert self._admitted is not None and self._task is not None
+        self._gate._running.discard(self._task)
+        self._admitted.__exit__(None, None, None)

@@ -159,7 +159,6 @@ class Scheduler:
         self._queue.push(pending)
         if timeout > 0:
             pending.timer = loop.call_at(pending.arrival + timeout, self._expire, pending, timeout)
-        pending.future.add_done_callback(functools.partial(self._on_waiter_done, pending))
         if not self._flush_scheduled:
             self._flush_scheduled = True
             try:
@@ -177,12 +176,14 @@ class Scheduler:
                     # Here rather than in a callback of its own: an inline batch has completed this
                     # request when it returns, so it answers without another loop iteration.
                     self._flush()
-        return await pending.future
-
-    def _on_waiter_done(self, pending: Pending, future: asyncio.Future) -> None:
-        # A client that went away while queued: drop the request, it never executes.
-        if future.cancelled() and self._queue.remove(pending):
-            self._complete(pending, None, None)
+        try:
+            return await pending.future
+        except asyncio.CancelledError:
+            # A client that went away while queued (cancelling this task cancels the future it awaits):
+            # the request never executes.
+            if pending.future.cancelled() and self._queue.remove(pending):
+                self._complete(pending, None, None)
+            raise
 
     def _expire(self, pending: Pending, timeout: float) -> None:
         pending.timer = None
