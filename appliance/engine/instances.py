@@ -113,11 +113,15 @@ class InstancePool:
         with self._elsewhere_done:
             self._elsewhere[index] += 1
         loop_thread = threading.get_ident()
+        returned = False
 
         def finished(result: Any, error: BaseException | None) -> None:
             self._finished_elsewhere(index)
             if threading.get_ident() == loop_thread:  # read on the loop itself: no wake-up through its pipe
-                loop.call_soon(self._finish, index, future, result, error)
+                if returned:  # the waiter's callbacks are attached: resolve it now, not an iteration later
+                    self._finish(index, future, result, error)
+                else:  # finished within start(): after the caller has attached its callbacks
+                    loop.call_soon(self._finish, index, future, result, error)
                 return
             try:
                 loop.call_soon_threadsafe(self._finish, index, future, result, error)
@@ -133,6 +137,7 @@ class InstancePool:
         if not started:
             self._finished_elsewhere(index)
             return None
+        returned = True
         return future
 
     def _finished_elsewhere(self, index: int) -> None:
