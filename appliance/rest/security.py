@@ -17,10 +17,13 @@ __all__ = ["admission_middleware", "caller", "client_address"]
 _CALLER = "appliance.caller"
 
 
-def client_address(request: web.BaseRequest, trusted_proxies: tuple[Network, ...]) -> str | None:
-    """The client's address: the peer's, or, when the peer is a trusted proxy, the last address in
-    X-Forwarded-For that is not one of the trusted proxies."""
-    peer = request.remote
+def client_address(request: web.BaseRequest, trusted_proxies: tuple[Network, ...],
+                   peer: str | None = None) -> str | None:
+    """The client's address: the peer's (``peer``: ``request.remote``, when the caller has it), or, when
+    the peer is a trusted proxy, the last address in X-Forwarded-For that is not one of the trusted
+    proxies."""
+    if peer is None:
+        peer = request.remote
     if not trusted_proxies or not address_in(peer, trusted_proxies):
         return peer
     hops = [h.strip() for h in ",".join(request.headers.getall("X-Forwarded-For", [])).split(",") if h.strip()]
@@ -31,8 +34,9 @@ def client_address(request: web.BaseRequest, trusted_proxies: tuple[Network, ...
 
 
 def _caller(request: web.Request) -> Caller:
-    address = client_address(request, request.app[CONFIG].trusted_proxies)
-    direct = address == request.remote
+    peer = request.remote  # aiohttp asks the transport again on every read
+    address = client_address(request, request.app[CONFIG].trusted_proxies, peer)
+    direct = address == peer
     connected_to = None
     if direct and request.transport is not None:
         sockname = request.transport.get_extra_info("sockname")

@@ -354,7 +354,9 @@ class Scheduler:
             return
         self._ran(index)
         self._check_still_inline(index)
-        recent = self._inline_ns.setdefault(items, deque(maxlen=_INLINE_WINDOW))
+        recent = self._inline_ns.get(items)
+        if recent is None:
+            recent = self._inline_ns[items] = deque(maxlen=_INLINE_WINDOW)
         took = time.thread_time_ns() - started
         recent.append(took)
         # A run within the budget cannot lift the median over it: the median is read when the window
