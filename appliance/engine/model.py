@@ -96,8 +96,8 @@ class ModelVersion:
         self._cache_owner = ResponseCache.owner()  # this version's entries, dropped when it closes
         self._streams: set[ResponseChannel] = set()  # open streams of a decoupled model, failed at close
         self._users = 0  # requests holding this version (see in_use), so a retired version drains
-        self.traffic = TrafficStats(self.signature.batched)
         self._decoupled = bool(self.config.model_transaction_policy.decoupled)  # read twice per request
+        self.traffic = TrafficStats(self.signature.batched)
         """The shapes, batch sizes and concurrency of the requests this version served, when selection
         chose its plan (see appliance.repository.retune)."""
         batch = (-1,) if self.signature.batched else ()

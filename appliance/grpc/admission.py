@@ -214,7 +214,8 @@ class AdmittingHandlers(grpc.GenericRpcHandler):
     async def _unary(self, method: str, operation: Operation, behaviour: Callable[..., Awaitable[Any]],
                      deserializer: Any, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> Any:
         try:
-            return await self._serve(method, operation, behaviour, deserializer, requests, context)
+            # ``requests`` stays unread: _serve reads the one message with context.read (see Receivers).
+            return await self._serve(method, operation, behaviour, deserializer, context)
         except ApplianceError as exc:
             # Aborting raises again: that exception keeps this frame, and a cycle with grpc's frames, until
             # the garbage collector runs; nothing large may be left in it (the request lived in _serve).
@@ -226,7 +227,7 @@ class AdmittingHandlers(grpc.GenericRpcHandler):
         await abort(context, error)
 
     async def _serve(self, method: str, operation: Operation, behaviour: Callable[..., Awaitable[Any]],
-                     deserializer: Any, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> Any:
+                     deserializer: Any, context: grpc.aio.ServicerContext) -> Any:
         caller = caller_of(context)
         # Settings RPCs are admitted as reads first; a change is checked again once the message says so.
         with self._gate.admit(operation, caller), self._dataplane.account() as account:

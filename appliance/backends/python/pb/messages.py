@@ -89,45 +89,42 @@ class InferenceRequest:
                  requested_output_names: Iterable[str], model_name: str = "", model_version: int = -1,
                  flags: int = 0, timeout: int = 0, preferred_memory: Any = None, trace: Any = None,
                  parameters: dict | str | None = None) -> None:
-        self._inputs = list(inputs)
-        for tensor in self._inputs:
+        tensors = list(inputs)
+        for tensor in tensors:
             if not isinstance(tensor, Tensor):
                 raise TritonModelException(f"inputs must hold pb_utils.Tensor objects, not {type(tensor).__name__}")
-        self._requested = [text_argument(name, "requested_output_names") for name in requested_output_names]
-        self._id = text_argument(request_id, "request_id")
+        self._fill(tensors, [text_argument(name, "requested_output_names") for name in requested_output_names],
+                   text_argument(request_id, "request_id"), correlation_id, int(flags), int(timeout),
+                   parameters_json(parameters), trace, text_argument(model_name, "model_name"), int(model_version))
+
+    def _fill(self, inputs: list[Tensor], requested: list[str], request_id: str, correlation_id: int | str,
+              flags: int, timeout: int, parameters: str, trace: Any, model_name: str, model_version: int,
+              key: int | None = None, decoupled: bool = True) -> None:
+        """Every attribute, from checked values (``__init__``'s, or the server's in ``served``)."""
+        self._inputs = inputs
+        self._requested = requested
+        self._id = request_id
         self._correlation_id = correlation_id
-        self._flags = int(flags)
-        self._timeout = int(timeout)
-        self._parameters = parameters_json(parameters)
+        self._flags = flags
+        self._timeout = timeout
+        self._parameters = parameters
         self._trace = trace
-        self.model_name = text_argument(model_name, "model_name")
-        self.model_version = int(model_version)
-        self._key: int | None = None  # set on the requests the server hands to execute()
-        self._decoupled = True
+        self.model_name = model_name
+        self.model_version = model_version
+        self._key = key  # set on the requests the server hands to execute()
+        self._decoupled = decoupled
         self._sender: ResponseSender | None = None
         self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
 
     @classmethod
     def served(cls, key: int, inputs: list[Tensor], item: dict, decoupled: bool = True) -> InferenceRequest:
         """A request of the batch the daemon sent to execute() (``decoupled``: the model's transaction
-        policy, which sets its response sender's rules)."""
-        # Built without __init__'s checks: the server made ``item`` (every request passes here). The
-        # attributes are __init__'s, all of them.
+        policy, which sets its response sender's rules). Built without ``__init__``'s checks: the server
+        made ``item``, and every request passes here."""
         request = cls.__new__(cls)
-        request._inputs = inputs
-        request._requested = list(item["outputs"])
-        request._id = item.get("id", "")
-        request._correlation_id = item.get("correlation_id", 0)
-        request._flags = item.get("flags", 0)
-        request._timeout = item.get("timeout", 0)
-        request._parameters = item.get("parameters") or "{}"
-        request._trace = None
-        request.model_name = ""
-        request.model_version = -1
-        request._key = key
-        request._decoupled = decoupled
-        request._sender = None
-        request._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
+        request._fill(inputs, list(item["outputs"]), item.get("id", ""), item.get("correlation_id", 0),
+                      item.get("flags", 0), item.get("timeout", 0), item.get("parameters") or "{}", None, "", -1,
+                      key, decoupled)
         return request
 
     def inputs(self) -> list[Tensor]:
