@@ -17,6 +17,7 @@ from appliance.mdns.announcer import Announcer, catalog_digest
 from appliance.mdns.fleet import FleetView
 from appliance.rest.app import build_app, build_metrics_app
 from appliance.rest.http_server import ConnectionLimiter, HttpServer, fit_connections_to_descriptors
+from appliance.rest.lane import InferLane
 from appliance.settings import Settings
 from appliance.settings.sections import FleetSection
 from appliance.systemd.notify import Notifier
@@ -109,7 +110,8 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     browser, fleet = await _browse(fleet_section, own_id)
     header_timeout, host = settings.http.header_timeout, server_section.host
     app = build_app(appliance.dataplane, appliance.rest, metrics=appliance.metrics, fleet=fleet)
-    server = HttpServer(app, limiter, header_timeout)
+    lane = InferLane(appliance.dataplane, appliance.rest, header_timeout) if settings.http.infer_lane else None
+    server = HttpServer(app, limiter, header_timeout, lane)
     metrics_server: HttpServer | None = None
     grpc_server: GrpcServer | None = None
     announcer: Announcer | None = None

@@ -26,7 +26,7 @@ from appliance.errors import InvalidInput, PayloadTooLarge, RequestTimeout, Unsu
 from appliance.fleet_signature import FleetVerifier
 from appliance.rest.config import BodyLimits
 
-__all__ = ["ACCEPTED_ENCODINGS", "SIGNED_BODY", "BodyLimits", "decompress", "read_body", "too_large"]
+__all__ = ["ACCEPTED_ENCODINGS", "SIGNED_BODY", "BodyLimits", "body_timeout", "decompress", "read_body", "too_large"]
 
 SIGNED_BODY = "appliance.signed_body"
 """Request key: the SHA-256 (hex) a signed request's body must have, as sent (set by the admission
@@ -39,6 +39,13 @@ ACCEPTED_ENCODINGS = ("gzip", "deflate", "identity")
 _INLINE_COMPRESSED_BYTES = 4096
 # Output produced (and reserved) per decompress call.
 _INFLATE_STEP = 1 << 20
+
+
+def body_timeout(timeout: float, received: int) -> RequestTimeout:
+    return RequestTimeout(
+        f"no part of the request body arrived for {timeout:g} s (after {received} bytes); send the "
+        "body without pauses (the server's body_timeout setting)"
+    )
 
 
 def too_large(limit: int) -> PayloadTooLarge:
@@ -87,10 +94,7 @@ async def _next_chunk(request: web.BaseRequest, timeout: float, received: int) -
         async with asyncio.timeout(timeout):
             return await content.readany()
     except TimeoutError:
-        raise RequestTimeout(
-            f"no part of the request body arrived for {timeout:g} s (after {received} bytes); send the "
-            "body without pauses (the server's body_timeout setting)"
-        ) from None
+        raise body_timeout(timeout, received) from None
     except web.RequestPayloadError as exc:
         raise InvalidInput(f"the request body is malformed: {exc}") from None
 

@@ -17,7 +17,7 @@ would act with loopback's rights. Two ways in are closed here:
 
 from __future__ import annotations
 
-from aiohttp import web
+from collections.abc import Mapping
 
 from appliance.errors import ApplianceError, Forbidden, UnsupportedMediaType
 from appliance.rest.config import HostPolicy
@@ -29,8 +29,9 @@ __all__ = ["browser_refusal", "check_host"]
 _SIMPLE_TYPES = ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data")
 
 
-def check_host(request: web.Request, policy: HostPolicy) -> None:
-    host = request.headers.get("Host")
+def check_host(headers: Mapping[str, str], policy: HostPolicy) -> None:
+    """Refuse a request whose ``Host`` (``headers``: the request's, case-insensitive) names another site."""
+    host = headers.get("Host")
     if host is not None and not policy.allows(host):
         raise Forbidden(
             f"Host {host[:100]!r} does not name this appliance (a DNS-rebinding page sends such requests); "
@@ -39,20 +40,20 @@ def check_host(request: web.Request, policy: HostPolicy) -> None:
         )
 
 
-def browser_refusal(request: web.Request) -> ApplianceError | None:
-    """The error for ``request`` where the browser rules apply, if a page of another site may have sent
-    it; None when nothing says so."""
-    fetch_site = request.headers.get("Sec-Fetch-Site", "").lower()
+def browser_refusal(headers: Mapping[str, str]) -> ApplianceError | None:
+    """The error for a request with ``headers`` (case-insensitive) where the browser rules apply, if a
+    page of another site may have sent it; None when nothing says so."""
+    fetch_site = headers.get("Sec-Fetch-Site", "").lower()
     if fetch_site in ("cross-site", "same-site"):
         return Forbidden(f"control endpoints and shared memory refuse requests from other sites (Sec-Fetch-Site: "
                          f"{fetch_site})")
-    origin = request.headers.get("Origin")
-    if origin is not None and not _same_origin(origin, request):
+    origin = headers.get("Origin")
+    if origin is not None and not _same_origin(origin, headers.get("Host")):
         return Forbidden(
             f"control endpoints and shared memory refuse requests from other origins (Origin: {origin[:100]!r}); "
             "call them from a program, not a web page"
         )
-    content_type = request.headers.get("Content-Type")
+    content_type = headers.get("Content-Type")
     if content_type is not None:
         media = content_type.split(";", 1)[0].strip().lower()
         if media in _SIMPLE_TYPES:
@@ -63,8 +64,7 @@ def browser_refusal(request: web.Request) -> ApplianceError | None:
     return None
 
 
-def _same_origin(origin: str, request: web.Request) -> bool:
-    host = request.headers.get("Host")
+def _same_origin(origin: str, host: str | None) -> bool:
     if host is None or origin == "null":
         return False
     return origin.lower().rstrip("/") in (f"http://{host.lower()}", f"https://{host.lower()}")

@@ -19,7 +19,7 @@ from appliance.errors import (
 from appliance.rest.body import too_large
 from appliance.rest.keys import CONFIG
 
-__all__ = ["error_middleware", "error_response"]
+__all__ = ["error_middleware", "error_parts", "error_response"]
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,9 @@ def error_response(status: int, message: str, headers: dict[str, str] | None = N
     )
 
 
-def _from_appliance(exc: ApplianceError) -> web.Response:
+def error_parts(exc: ApplianceError) -> tuple[int, str, dict[str, str] | None]:
+    """The status, message and extra headers ``exc`` is answered with over HTTP (aiohttp's routes and
+    the infer lane alike)."""
     headers = None
     if isinstance(exc, Unavailable) and exc.retry_after is not None:
         headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after)))}
@@ -43,7 +45,11 @@ def _from_appliance(exc: ApplianceError) -> web.Response:
         headers = {"Accept-Encoding": ", ".join(exc.accepted)}  # RFC 7694
     elif isinstance(exc, RequestTimeout):
         headers = {"Connection": "close"}  # the rest of a stalled body is not waited for
-    return error_response(exc.status, exc.message, headers)
+    return exc.status, exc.message, headers
+
+
+def _from_appliance(exc: ApplianceError) -> web.Response:
+    return error_response(*error_parts(exc))
 
 
 @web.middleware

@@ -4,20 +4,16 @@ the data-plane operation it performs (``OPERATIONS``): what the admission middle
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
-import re
 import time
 from collections.abc import Callable
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from appliance.budget import Account
 from appliance.config_json import config_to_json
 from appliance.dashboard import STATIC_DIR
-from appliance.engine.model import ModelVersion
-from appliance.engine.tensor_checks import DecodeLimits
-from appliance.engine.types import InferRequest
 from appliance.errors import InvalidInput, NotFound, Unavailable
 from appliance.fleet_signature import NONCE_PATH
 from appliance.metrics.history import history
@@ -25,9 +21,10 @@ from appliance.protocol.inference import Target
 from appliance.protocol.operations import Operation
 from appliance.rest import shared_memory
 from appliance.rest.body import read_body
-from appliance.rest.codec import HEADER_LENGTH, decode_infer_request, decode_raw_request, encode_infer_response
+from appliance.rest.codec import HEADER_LENGTH, encode_infer_response
 from appliance.rest.error_middleware import error_response
 from appliance.rest.generate import generate, generate_stream
+from appliance.rest.infer_body import InferBody
 from appliance.rest.jsonio import json_response as _json
 from appliance.rest.jsonio import optional_json as _optional_json
 from appliance.rest.keys import CONFIG, DATAPLANE, FLEET, METRICS
@@ -36,9 +33,12 @@ from appliance.rest.security import caller
 
 __all__ = ["OPERATIONS", "ROUTES"]
 
-_DIGITS = re.compile(r"[0-9]{1,15}")  # ASCII only: str.isdigit() also takes '²'
 _MAX_UNIX_TIME = 1 << 36  # the year 4147: far enough, and SQLite's integers hold it
 _MAX_VERSION = (1 << 63) - 1
+
+
+def _target(request: web.Request) -> Target:
+    return Target(*_model_args(request))
 
 
 def _model_args(request: web.Request) -> tuple[str, str | None]:
@@ -82,70 +82,12 @@ async def model_config(request: web.Request) -> web.Response:
     return _json(config_to_json(request.app[DATAPLANE].model_config(*_model_args(request))))
 
 
-def _header_length(request: web.Request) -> int | None:
-    raw = request.headers.get(HEADER_LENGTH)
-    if raw is None:
-        return None
-    if not _DIGITS.fullmatch(raw.strip()):
-        raise InvalidInput(f"{HEADER_LENGTH} must be a non-negative integer of at most 15 digits, got {raw[:40]!r}")
-    return int(raw)
-
-
-def _decode_raw(body: bytes, model: ModelVersion, limits: DecodeLimits,
-                reserve: Callable[[int], None]) -> InferRequest:
-    """A raw binary request: the body is the model's only input (Triton's binary data extension)."""
-    signature = model.signature
-    if len(signature.inputs) != 1:  # Triton's words (its "found" is the one raw input), then the fix
-        raise InvalidInput(
-            f"[request id: <id_unknown>] Raw request must only have 1 input (found 1) to be deduced but got "
-            f"{len(signature.inputs)} inputs in '{model.name}' model configuration; send a JSON header with "
-            f"{HEADER_LENGTH} instead"
-        )
-    (spec,) = signature.inputs.values()
-    shape = (1, *spec.dims) if signature.batched else tuple(spec.dims)
-    return decode_raw_request(body, spec.name, spec.datatype, shape, limits, reserve, one_element=spec.dims == (1,))
-
-
-def _decoding_work(body: bytes, header_length: int | None) -> int:
-    """The bytes decoding works through: all of a JSON body; of a binary one its JSON header, and its
-    tensors only when they are BYTES ones (fixed-size tensors are views of the body, whatever their size)."""
-    if header_length is None or header_length >= len(body):
-        return len(body)
-    if header_length == 0 or b'"BYTES"' in body[:header_length]:
-        return len(body)
-    return header_length
-
-
-class _InferBody:
-    """A KServe v2 infer request over HTTP: JSON, JSON with binary tensors, or one raw binary tensor."""
-
-    endpoint = "HTTP end point"
-    frontend = "HTTP"
-    streaming_alternative = ("POST .../generate_stream (or gRPC ModelStreamInfer), which returns all its "
-                             "responses")
-
-    def __init__(self, request: web.Request) -> None:
-        self._request = request
-        self._body = b""
-        self._header_length: int | None = None
-
-    async def target(self, account: Account) -> Target:
-        return Target(*_model_args(self._request))
-
-    async def receive(self, account: Account) -> int:
-        self._header_length = _header_length(self._request)
-        self._body = await read_body(self._request, account, self._request.app[CONFIG].body)
-        return _decoding_work(self._body, self._header_length)
-
-    def decode(self, model: ModelVersion, limits: DecodeLimits, reserve: Callable[[int], None]) -> InferRequest:
-        if self._header_length == 0:
-            return _decode_raw(self._body, model, limits, reserve)
-        return decode_infer_request(self._body, self._header_length, limits, reserve)
-
-
 async def infer(request: web.Request) -> web.Response:
     received_ns = time.monotonic_ns()  # the trace's REQUEST_START
-    async with request.app[DATAPLANE].infer(caller(request), _InferBody(request), received_ns=received_ns) as result:
+    limits = request.app[CONFIG].body
+    source = InferBody(functools.partial(_target, request), request.headers.get(HEADER_LENGTH),
+                       functools.partial(read_body, request, limits=limits))
+    async with request.app[DATAPLANE].infer(caller(request), source, received_ns=received_ns) as result:
         payload, json_length = encode_infer_response(result.response, result.request)
     if json_length is None:
         answer = web.Response(body=payload, content_type="application/json")

@@ -9,6 +9,8 @@ may take to send its request head, and a stop that keeps to one deadline.
   timer when a connection opens and closes a connection that is still waiting for a complete request
   head when it fires, so its ``keepalive_timeout`` is the header timeout (and bounds idle keep-alive
   connections as well). Bodies have their own timeout in ``appliance.rest.body``.
+- **The infer lane** (``appliance.rest.lane``, the ``http_infer_lane`` setting): every connection starts
+  on it, and is handed to aiohttp at its first request that is not a small infer request.
 - **Stop**: listening stops, idle connections close, requests in progress get until the deadline, the
   rest are cancelled, then the application's cleanup runs (see ``appliance.rest.app`` for its grace).
 """
@@ -25,6 +27,8 @@ from collections.abc import Callable
 
 import orjson
 from aiohttp import web
+
+from appliance.rest.lane import InferLane
 
 __all__ = ["ConnectionLimiter", "HttpServer", "fit_connections_to_descriptors"]
 
@@ -77,7 +81,8 @@ class ConnectionLimiter:
         self._refusal = _refusal_response(limit)
 
     def wrap(self, factory: Callable[[], asyncio.Protocol]) -> Callable[[], asyncio.Protocol]:
-        """A protocol factory for ``loop.create_server`` in front of ``factory`` (aiohttp's server)."""
+        """A protocol factory for ``loop.create_server`` in front of ``factory`` (aiohttp's server, or the
+        infer lane in front of it)."""
 
         def make() -> asyncio.Protocol:
             if self.open >= self.limit:
@@ -94,7 +99,7 @@ class ConnectionLimiter:
 
 
 class _Counted(asyncio.Protocol):
-    """aiohttp's protocol for one connection, unchanged, plus giving back the connection's slot once."""
+    """The protocol for one connection, unchanged, plus giving back the connection's slot once."""
 
     __slots__ = ("_inner", "_done", "__weakref__")
 
@@ -177,11 +182,13 @@ class _Refusal(asyncio.Protocol):
 class _LimitedSite(web.BaseSite):
     """A TCP site whose connections go through a ``ConnectionLimiter``."""
 
-    def __init__(self, runner: web.AppRunner, host: str, port: int, limiter: ConnectionLimiter) -> None:
+    def __init__(self, runner: web.AppRunner, host: str, port: int, limiter: ConnectionLimiter,
+                 lane: InferLane | None) -> None:
         super().__init__(runner)
         self._host = host
         self._port = port
         self._limiter = limiter
+        self._lane = lane
 
     @property
     def name(self) -> str:
@@ -191,17 +198,21 @@ class _LimitedSite(web.BaseSite):
         await super().start()
         server = self._runner.server
         assert server is not None, "the runner is set up before its sites start"
+        protocol = server if self._lane is None else self._lane.protocol(server)
         self._server = await asyncio.get_running_loop().create_server(
-            self._limiter.wrap(server), self._host, self._port, reuse_address=True,
+            self._limiter.wrap(protocol), self._host, self._port, reuse_address=True,
         )
 
 
 class HttpServer:
     """One application served over TCP with the limits above; ``setup`` starts the application (its
-    cleanup contexts), ``listen`` binds, ``stop`` keeps to a deadline."""
+    cleanup contexts), ``listen`` binds, ``stop`` keeps to a deadline. ``lane``: the infer lane in front
+    of the application (None: aiohttp takes every connection)."""
 
-    def __init__(self, app: web.Application, limiter: ConnectionLimiter, header_timeout: float) -> None:
+    def __init__(self, app: web.Application, limiter: ConnectionLimiter, header_timeout: float,
+                 lane: InferLane | None = None) -> None:
         self._limiter = limiter
+        self._lane = lane
         # No access log: it costs more per request than the rest of the HTTP layer. Handler
         # cancellation: a client that disconnects while queued is dropped from its model's queue.
         # No automatic decompression: appliance.rest.body inflates bodies with a bound, off the loop.
@@ -223,13 +234,14 @@ class HttpServer:
         await self._runner.setup()
 
     async def listen(self, host: str, port: int) -> None:
-        await _LimitedSite(self._runner, host, port, self._limiter).start()
+        await _LimitedSite(self._runner, host, port, self._limiter, self._lane).start()
 
     async def stop(self, deadline: float) -> None:
         """Stop listening, close idle connections, give requests in progress until ``deadline``
         (``time.monotonic()``), cancel what is left, then clean the application up."""
         for site in list(self._runner.sites):
             await site.stop()
+        lane = asyncio.ensure_future(self._lane.stop(deadline)) if self._lane is not None else None
         server = self._runner.server
         if server is not None:
             server.pre_shutdown()
@@ -246,4 +258,6 @@ class HttpServer:
                 await asyncio.gather(*late, return_exceptions=True)
                 if late:
                     log.warning("%d request(s) still running at the shutdown deadline: cancelled", len(late))
+        if lane is not None:
+            await lane
         await self._runner.cleanup()

@@ -124,6 +124,10 @@ class HttpSection:
     trusted_proxies: tuple[str, ...] = ()
     """Reverse proxies (networks) whose X-Forwarded-For names the real client. Off by default: behind a
     local proxy every client would otherwise look like loopback, and loopback needs no token."""
+    infer_lane: bool = key(True, "http_infer_lane")
+    """Serve small infer requests (up to 64 KiB) on the HTTP port's own lean path instead of through aiohttp
+    (same rules and answers, a fraction of the CPU); a connection's first other request hands it to
+    aiohttp. Off: aiohttp serves every request."""
 
     def __post_init__(self) -> None:
         require_port(self, "port")

@@ -1,0 +1,87 @@
+"""A KServe v2 infer request over HTTP as the data plane takes it (``InferSource``): JSON, JSON with
+binary tensors, or one raw binary tensor. Both HTTP front ends build one — aiohttp's route, which reads
+the body from aiohttp's stream, and the infer lane (``appliance.rest.lane``), which has it in hand."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable
+
+from appliance.budget import Account
+from appliance.engine.model import ModelVersion
+from appliance.engine.tensor_checks import DecodeLimits
+from appliance.engine.types import InferRequest
+from appliance.errors import InvalidInput
+from appliance.protocol.inference import Target
+from appliance.rest.codec import HEADER_LENGTH, decode_infer_request, decode_raw_request
+
+__all__ = ["InferBody"]
+
+_DIGITS = re.compile(r"[0-9]{1,15}")  # ASCII only: str.isdigit() also takes '²'
+
+
+def _header_length(raw: str | None) -> int | None:
+    if raw is None:
+        return None
+    if not _DIGITS.fullmatch(raw.strip()):
+        raise InvalidInput(f"{HEADER_LENGTH} must be a non-negative integer of at most 15 digits, got {raw[:40]!r}")
+    return int(raw)
+
+
+def _decode_raw(body: bytes, model: ModelVersion, limits: DecodeLimits,
+                reserve: Callable[[int], None]) -> InferRequest:
+    """A raw binary request: the body is the model's only input (Triton's binary data extension)."""
+    signature = model.signature
+    if len(signature.inputs) != 1:  # Triton's words (its "found" is the one raw input), then the fix
+        raise InvalidInput(
+            f"[request id: <id_unknown>] Raw request must only have 1 input (found 1) to be deduced but got "
+            f"{len(signature.inputs)} inputs in '{model.name}' model configuration; send a JSON header with "
+            f"{HEADER_LENGTH} instead"
+        )
+    (spec,) = signature.inputs.values()
+    shape = (1, *spec.dims) if signature.batched else tuple(spec.dims)
+    return decode_raw_request(body, spec.name, spec.datatype, shape, limits, reserve, one_element=spec.dims == (1,))
+
+
+def _decoding_work(body: bytes, header_length: int | None) -> int:
+    """The bytes decoding works through: all of a JSON body; of a binary one its JSON header, and its
+    tensors only when they are BYTES ones (fixed-size tensors are views of the body, whatever their size)."""
+    if header_length is None or header_length >= len(body):
+        return len(body)
+    if header_length == 0 or b'"BYTES"' in body[:header_length]:
+        return len(body)
+    return header_length
+
+
+class InferBody:
+    """One infer request: ``target`` names the model (it may raise: a malformed path is answered after
+    admission), ``header_length`` is the Inference-Header-Content-Length header as sent, ``read`` reads
+    the whole body, counted on the account it is given."""
+
+    endpoint = "HTTP end point"
+    frontend = "HTTP"
+    streaming_alternative = ("POST .../generate_stream (or gRPC ModelStreamInfer), which returns all its "
+                             "responses")
+
+    __slots__ = ("_target", "_raw_header_length", "_read", "_body", "_header_length")
+
+    def __init__(self, target: Callable[[], Target], header_length: str | None,
+                 read: Callable[[Account], Awaitable[bytes]]) -> None:
+        self._target = target
+        self._raw_header_length = header_length
+        self._read = read
+        self._body = b""
+        self._header_length: int | None = None
+
+    async def target(self, account: Account) -> Target:
+        return self._target()
+
+    async def receive(self, account: Account) -> int:
+        self._header_length = _header_length(self._raw_header_length)
+        self._body = await self._read(account)
+        return _decoding_work(self._body, self._header_length)
+
+    def decode(self, model: ModelVersion, limits: DecodeLimits, reserve: Callable[[int], None]) -> InferRequest:
+        if self._header_length == 0:
+            return _decode_raw(self._body, model, limits, reserve)
+        return decode_infer_request(self._body, self._header_length, limits, reserve)

@@ -1,0 +1,466 @@
+"""The infer lane: KServe v2 infer requests served straight from a connection's bytes, beside aiohttp.
+
+aiohttp costs about as much per request as the daemon's own request path outside the model (a task, a
+request object, a router lookup, middleware frames and a response object per request): more than the
+whole of what Triton spends on a small request (docs/performance.md). The lane serves the one request
+that is sent thousands of times a second — infer — with a head parser and an answer writer of its own,
+through the same data plane, admission, Host and browser rules, limits and error answers as aiohttp's
+route. Every connection starts on the lane; the first request that is not a lane request hands the
+connection, with every byte it has sent, to aiohttp for good, so every other route and every unusual
+request (chunked or compressed bodies, HTTP/1.0, a percent-encoded path, a large head or body, Expect,
+Upgrade, a compressed answer asked for) is served by aiohttp exactly as without the lane.
+
+A lane request is ``POST /v2/models/<name>[/versions/<n>]/infer HTTP/1.1`` (a name of letters, digits,
+``_``, ``-`` and ``.``, not starting with a dot; no query), with a head under 16 KiB of well-formed fields
+(a token name, a colon, a value without control bytes; no folded lines), a ``Content-Length`` of at most
+64 KiB and ``max_request_bytes``, no ``Transfer-Encoding``, ``Expect`` or ``Upgrade``, and no
+``Content-Encoding`` but identity, no ``Accept-Encoding`` that asks for gzip or deflate.
+
+A lane request is admitted (Host, token, the bound on requests in flight) as soon as its head is in, as
+aiohttp's route is: its body is collected while it waits, and handed to it whole. Requests on a
+connection are served one at a time, in order (pipelined ones wait; reading pauses while more than a
+head and a body wait). The timeouts are aiohttp's: a request head must be complete within
+``header_timeout`` of the connection opening or of the last answer (then the connection closes: idle
+keep-alive connections too), and each next piece of a body must arrive within ``body_timeout`` (then
+408, and the connection closes). A request answered before its body is in (refused, an unknown model)
+has the rest of its body dropped as it comes. A client that goes away cancels its request, which leaves
+its model's queue. ``InferLane.stop`` keeps to the daemon's stop deadline as aiohttp's connections do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import re
+import time
+import typing
+from collections.abc import Awaitable, Callable
+from email.utils import formatdate
+from http import HTTPStatus
+
+import orjson
+from multidict import CIMultiDict
+
+from appliance.budget import Account
+from appliance.errors import ApplianceError
+from appliance.fleet_signature import FleetVerifier
+from appliance.protocol.dataplane import DataPlane
+from appliance.protocol.inference import Target
+from appliance.protocol.operations import Operation
+from appliance.rest.body import body_timeout
+from appliance.rest.browser import check_host
+from appliance.rest.codec import HEADER_LENGTH, encode_infer_response
+from appliance.rest.config import RestConfig
+from appliance.rest.error_middleware import error_parts
+from appliance.rest.infer_body import InferBody
+from appliance.rest.security import http_caller
+
+__all__ = ["LANE_BODY_BYTES", "LANE_HEAD_BYTES", "InferLane", "LaneHead", "parse_head"]
+
+log = logging.getLogger(__name__)
+
+LANE_HEAD_BYTES = 16 << 10
+"""The largest request head the lane parses; a longer one goes to aiohttp (which answers 431 past its limits)."""
+LANE_BODY_BYTES = 64 << 10
+"""The largest body the lane holds before admission (aiohttp's own read buffer holds as much)."""
+_PAUSE_BYTES = LANE_HEAD_BYTES + LANE_BODY_BYTES  # pipelined bytes held while a request runs
+_WRITE_APART = 1 << 16  # answers with a larger payload are written as two buffers, not joined
+
+_TARGET = re.compile(rb"/v2/models/([A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,254})(?:/versions/([0-9]{1,18}))?/infer")
+# RFC 9110's field: a token, a colon, a value of visible bytes, spaces, tabs and obs-text.
+_FIELD = re.compile(rb"([!#$%&'*+.^_`|~0-9A-Za-z\-]+):[ \t]*([^\x00-\x08\x0a-\x1f\x7f]*?)[ \t]*")
+_NOT_LANE = frozenset((b"transfer-encoding", b"expect", b"upgrade", b"te", b"trailer"))
+_HEADER_LENGTH_FIELD = HEADER_LENGTH.encode("ascii") + b": %d\r\n"
+_REASONS = {status.value: status.phrase for status in HTTPStatus}
+
+
+class LaneHead:
+    """A lane request's head: its target as sent, the model (and version) it names, its fields, its body's
+    length, and whether the client asked for the connection to close after the answer."""
+
+    __slots__ = ("target", "model", "version", "headers", "length", "close")
+
+    def __init__(self, target: str, model: str, version: str | None, headers: CIMultiDict[str], length: int,
+                 close: bool) -> None:
+        self.target = target
+        self.model = model
+        self.version = version
+        self.headers = headers
+        self.length = length
+        self.close = close
+
+
+def parse_head(head: bytes | bytearray, max_body: int) -> LaneHead | None:
+    """The head (without its blank line) of a lane request, or None when it is not one (aiohttp's then)."""
+    request_line, *lines = head.split(b"\r\n")
+    method, _, rest = request_line.partition(b" ")
+    target, _, version = rest.partition(b" ")
+    if method != b"POST" or version != b"HTTP/1.1":
+        return None
+    route = _TARGET.fullmatch(target)
+    if route is None:
+        return None
+    headers: CIMultiDict[str] = CIMultiDict()
+    length: int | None = None
+    close = False
+    for line in lines:
+        field = _FIELD.fullmatch(line)
+        if field is None:
+            return None
+        name, value = field.groups()
+        key = name.lower()
+        if key in _NOT_LANE:
+            return None
+        if key == b"content-length":
+            if length is not None or not value.isdigit() or len(value) > 12:
+                return None
+            length = int(value)
+        elif key == b"content-encoding":
+            if value.lower() != b"identity":
+                return None
+        elif key == b"accept-encoding":
+            if b"gzip" in value.lower() or b"deflate" in value.lower():
+                return None
+        elif key == b"connection":
+            tokens = {token.strip() for token in value.lower().split(b",")}
+            if b"upgrade" in tokens:
+                return None
+            close = b"close" in tokens
+        elif key == b"host" and "Host" in headers:
+            return None
+        headers.add(name.decode("ascii"), value.decode("utf-8", "surrogateescape"))
+    if length is None or length > max_body:
+        return None
+    model, number = route.groups()
+    return LaneHead(target.decode("ascii"), model.decode("ascii"), number.decode("ascii") if number else None,
+                    headers, length, close)
+
+
+class _Dates:
+    """The Date header's value, formatted once a second."""
+
+    __slots__ = ("_second", "_value")
+
+    def __init__(self) -> None:
+        self._second = -1
+        self._value = b""
+
+    def now(self) -> bytes:
+        second = int(time.time())
+        if second != self._second:
+            self._second = second
+            self._value = formatdate(second, usegmt=True).encode("ascii")
+        return self._value
+
+
+_DATES = _Dates()
+
+
+def _answer(status: int, content_type: bytes, payload: bytes, extra: bytes = b"") -> list[bytes]:
+    head = b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\nDate: %s\r\n%s\r\n" % (
+        status, _REASONS.get(status, "").encode("ascii"), content_type, len(payload), _DATES.now(), extra)
+    if len(payload) > _WRITE_APART:
+        return [head, payload]
+    return [head + payload]
+
+
+def _error_answer(exc: ApplianceError) -> tuple[list[bytes], bool]:
+    status, message, headers = error_parts(exc)
+    extra = b"".join(b"%s: %s\r\n" % (k.encode("ascii"), v.encode("latin-1")) for k, v in (headers or {}).items())
+    close = headers is not None and headers.get("Connection") == "close"
+    return _answer(status, b"application/json", orjson.dumps({"error": message}), extra), close
+
+
+def _internal_error(exc: Exception) -> list[bytes]:
+    return _answer(500, b"application/json", orjson.dumps({"error": f"internal error: {type(exc).__name__}: {exc}"}))
+
+
+class _Received:
+    """A lane request's body as its connection collects it: reading it waits for all of it, counts it on
+    the request's account and checks a signed request's digest, as ``appliance.rest.body.read_body``
+    does for aiohttp's route."""
+
+    __slots__ = ("_collect", "_signed")
+
+    def __init__(self, collect: Callable[[], Awaitable[bytes]], signed: str | None) -> None:
+        self._collect = collect
+        self._signed = signed
+
+    async def read(self, account: Account) -> bytes:
+        body = await self._collect()
+        account.reserve(len(body))
+        if self._signed is not None:
+            FleetVerifier.check_body(self._signed, hashlib.sha256(body).hexdigest())
+        return body
+
+
+class InferLane:
+    """The lane of one HTTP port: answers lane requests through ``dataplane`` and keeps its connections
+    (``protocol`` makes one per accepted socket)."""
+
+    def __init__(self, dataplane: DataPlane, config: RestConfig, header_timeout: float) -> None:
+        self._dataplane = dataplane
+        self._config = config
+        self.header_timeout = header_timeout
+        self.body_timeout = config.body.read_timeout
+        self.max_body = min(LANE_BODY_BYTES, config.body.max_bytes)
+        self.connections: set[LaneConnection] = set()
+        self.stopping = False
+
+    def protocol(self, fallback: Callable[[], asyncio.Protocol]) -> Callable[[], asyncio.Protocol]:
+        """A protocol factory whose connections hand over to ``fallback``'s protocol (aiohttp's)."""
+        return lambda: LaneConnection(self, fallback)
+
+    async def answer(self, head: LaneHead, body: Callable[[], Awaitable[bytes]], peer: str | None,
+                     local: str | None) -> tuple[list[bytes], bool]:
+        """The answer to one lane request whose head is in (``body`` waits for its body), and whether the
+        connection must close after it."""
+        received_ns = time.monotonic_ns()  # the trace's REQUEST_START
+        config = self._config
+        headers = head.headers
+        try:
+            check_host(headers, config.hosts)
+            who = http_caller(headers, peer, local, ("POST", head.target), config.trusted_proxies)
+            with self._dataplane.admit(Operation.INFER, who) as signed:
+                source = InferBody(lambda: Target(head.model, head.version), headers.get(HEADER_LENGTH),
+                                   _Received(body, signed).read)
+                async with self._dataplane.infer(who, source, received_ns=received_ns) as result:
+                    payload, json_length = encode_infer_response(result.response, result.request)
+        except ApplianceError as exc:
+            return _error_answer(exc)
+        except Exception as exc:
+            log.exception("unhandled error serving POST %s", head.target)
+            return _internal_error(exc), False
+        if json_length is None:
+            return _answer(200, b"application/json", payload), False
+        return _answer(200, b"application/octet-stream", payload, _HEADER_LENGTH_FIELD % json_length), False
+
+    async def stop(self, deadline: float) -> None:
+        """Close idle connections, give requests in progress until ``deadline`` (``time.monotonic()``),
+        then cancel what is left; connections close after their answer."""
+        self.stopping = True
+        busy = []
+        for connection in list(self.connections):
+            if connection.running is None:
+                connection.close()
+            else:
+                busy.append(connection.running)
+        if busy:
+            _, late = await asyncio.wait(busy, timeout=max(deadline - time.monotonic(), 0.0))
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
+            if late:
+                log.warning("%d request(s) still running at the shutdown deadline: cancelled", len(late))
+        for connection in list(self.connections):
+            connection.close()
+
+
+class LaneConnection(asyncio.Protocol):
+    """One connection: on the lane until its first request that is not a lane request, aiohttp's after.
+    A request starts (and is admitted) once its head is in; its body is handed to it when complete."""
+
+    __slots__ = ("_lane", "_fallback", "_loop", "_transport", "_handed", "_buffer", "running", "_peer", "_local",
+                 "_deadline", "_timer", "_reading_paused", "_drained", "_wanted", "_body", "_arrived", "_skip")
+
+    def __init__(self, lane: InferLane, fallback: Callable[[], asyncio.Protocol]) -> None:
+        self._lane = lane
+        self._fallback = fallback
+        self._loop = asyncio.get_running_loop()
+        self._transport: asyncio.Transport | None = None
+        self._handed: asyncio.Protocol | None = None
+        self._buffer = bytearray()
+        self.running: asyncio.Task | None = None
+        """The request being served, if any."""
+        self._peer: str | None = None
+        self._local: str | None = None
+        self._deadline = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self._reading_paused = False
+        self._drained: asyncio.Future | None = None
+        self._wanted = 0  # the running request's body length, while its body is still coming
+        self._body: bytes | None = None  # the running request's body, once complete and not yet read
+        self._arrived: asyncio.Future[bytes] | None = None  # what the running request waits on for its body
+        self._skip = 0  # bytes of an answered request's body still to come, dropped
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # A stream transport; uvloop's is not a subclass of asyncio.Transport, hence no isinstance.
+        self._transport = typing.cast(asyncio.Transport, transport)
+        self._peer = _address(transport.get_extra_info("peername"))
+        self._local = _address(transport.get_extra_info("sockname"))
+        self._lane.connections.add(self)
+        self._deadline = self._loop.time() + self._lane.header_timeout
+        self._timer = self._loop.call_at(self._deadline, self._expire)
+
+    def data_received(self, data: bytes) -> None:
+        if self._handed is not None:
+            self._handed.data_received(data)
+            return
+        if self._skip:
+            dropped = min(self._skip, len(data))
+            self._skip -= dropped
+            data = data[dropped:]
+        self._buffer += data
+        if self._wanted:  # the next piece of a body: its wait starts again
+            self._deadline = self._loop.time() + self._lane.body_timeout
+            if len(self._buffer) >= self._wanted:
+                self._deliver()
+        elif self.running is not None:
+            if not self._reading_paused and len(self._buffer) > _PAUSE_BYTES:
+                self._pause_reading()
+        elif self._buffer:
+            self._advance()
+
+    def eof_received(self) -> bool | None:
+        if self._handed is not None:
+            return self._handed.eof_received()
+        return None  # the transport closes, which cancels a request in progress (as aiohttp does)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._handed is not None:
+            self._handed.connection_lost(exc)
+            return
+        self._lane.connections.discard(self)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self.running is not None:
+            self.running.cancel()
+        if self._drained is not None and not self._drained.done():
+            self._drained.cancel()
+
+    def pause_writing(self) -> None:
+        if self._handed is not None:
+            self._handed.pause_writing()
+        elif self._drained is None or self._drained.done():
+            self._drained = self._loop.create_future()
+
+    def resume_writing(self) -> None:
+        if self._handed is not None:
+            self._handed.resume_writing()
+        elif self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+
+    def _advance(self) -> None:
+        """Start the next request once its head is in; hand over at a request the lane does not take."""
+        buffer = self._buffer
+        end = buffer.find(b"\r\n\r\n", 0, LANE_HEAD_BYTES)
+        if end < 0:
+            if len(buffer) >= LANE_HEAD_BYTES:
+                self._hand_over()
+            return
+        head = parse_head(buffer[:end], self._lane.max_body)
+        if head is None:
+            self._hand_over()
+            return
+        del buffer[:end + 4]
+        self._wanted = head.length
+        self.running = self._loop.create_task(self._serve(head))
+        if len(buffer) >= head.length:
+            self._deliver()
+        else:
+            self._deadline = self._loop.time() + self._lane.body_timeout
+
+    def _deliver(self) -> None:
+        """The running request's body is complete."""
+        wanted, self._wanted = self._wanted, 0
+        body = bytes(self._buffer[:wanted])
+        del self._buffer[:wanted]
+        if self._arrived is not None and not self._arrived.done():
+            self._arrived.set_result(body)
+        else:
+            self._body = body
+
+    async def _read_body(self) -> bytes:
+        """The running request's body, once it is complete (RequestTimeout: a piece came too late)."""
+        if self._body is not None:
+            body, self._body = self._body, None
+            return body
+        self._arrived = self._loop.create_future()
+        return await self._arrived
+
+    async def _serve(self, head: LaneHead) -> None:
+        lane = self._lane
+        answer, close = await lane.answer(head, self._read_body, self._peer, self._local)
+        if self._wanted:  # answered before its body was in (refused, unknown model): drop the rest of it
+            self._skip = self._wanted - len(self._buffer)
+            del self._buffer[:self._wanted]
+            self._wanted = 0
+        self._body = None
+        if self._arrived is not None:
+            if self._arrived.done() and not self._arrived.cancelled():
+                self._arrived.exception()  # retrieved: a timeout nobody waited for is no error to log
+            self._arrived.cancel()
+            self._arrived = None
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return
+        if len(answer) == 1:
+            transport.write(answer[0])
+        else:
+            transport.writelines(answer)
+        if close or head.close or lane.stopping:
+            transport.close()
+            return
+        if self._drained is not None:
+            await self._drained
+        self._deadline = self._loop.time() + lane.header_timeout
+        self.running = None
+        if self._reading_paused:
+            self._reading_paused = False
+            transport.resume_reading()
+        if self._buffer:
+            self._advance()
+
+    def _hand_over(self) -> None:
+        """From now on this connection is aiohttp's, from the first byte of the request at hand."""
+        handed = self._handed = self._fallback()
+        self._lane.connections.discard(self)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        assert self._transport is not None
+        handed.connection_made(self._transport)
+        if self._reading_paused:
+            self._reading_paused = False
+            self._transport.resume_reading()
+        pending, self._buffer = bytes(self._buffer), bytearray()
+        if pending:
+            handed.data_received(pending)
+
+    def _pause_reading(self) -> None:
+        assert self._transport is not None
+        self._reading_paused = True
+        self._transport.pause_reading()
+
+    def _expire(self) -> None:
+        """The connection's timer: a head that has not come in time ends the connection; a body piece
+        that has not, its request (408, and the connection closes after the answer)."""
+        self._timer = None
+        transport = self._transport
+        if self._handed is not None or transport is None or transport.is_closing():
+            return
+        now = self._loop.time()
+        if now < self._deadline:
+            self._timer = self._loop.call_at(self._deadline, self._expire)
+        elif self._wanted:
+            timeout = body_timeout(self._lane.body_timeout, len(self._buffer))
+            if self._arrived is not None and not self._arrived.done():
+                self._arrived.set_exception(timeout)
+            else:  # the request has not asked for its body yet: it gets the error when it does
+                self._arrived = self._loop.create_future()
+                self._arrived.set_exception(timeout)
+            self._wanted = 0
+        elif self.running is not None:  # the wait for the next head starts after the answer
+            self._timer = self._loop.call_at(now + self._lane.header_timeout, self._expire)
+        else:
+            transport.close()
+
+
+def _address(name: object) -> str | None:
+    return name[0] if isinstance(name, tuple) and name else None

@@ -1,0 +1,251 @@
+"""The infer lane against aiohttp's route: the same answers, the same rules, its own connection handling.
+
+Two daemons on the example repository, one with the lane and one without (``http_infer_lane = false``);
+aiohttp's answers carry a ``Server`` header and the lane's do not, which tells who served each one."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import socket
+import time
+
+import numpy as np
+import pytest
+import tritonclient.http as triton
+
+from appliance.examples import build_example_repository
+
+TIMEOUT = 1.0  # header_timeout and body_timeout
+REMOTE = "127.0.0.2"  # not in the exempt networks: needs the token (protect_inference is on)
+DATA = list(range(16))
+JSON_BODY = {"inputs": [{"name": "INPUT0", "shape": [1, 16], "datatype": "INT32", "data": DATA},
+                        {"name": "INPUT1", "shape": [1, 16], "datatype": "INT32", "data": [1] * 16}]}
+INFER = "/v2/models/simple/infer"
+
+
+@pytest.fixture(scope="module")
+def daemons(module_daemon, tmp_path_factory):
+    repository = build_example_repository(tmp_path_factory.mktemp("x") / "repo")
+    env = {"APPLIANCE_HEADER_TIMEOUT": str(TIMEOUT), "APPLIANCE_BODY_TIMEOUT": str(TIMEOUT),
+           "APPLIANCE_AUTH_EXEMPT_NETWORKS": "127.0.0.1/32", "APPLIANCE_PROTECT_INFERENCE": "true"}
+    lane = module_daemon(repository, env=env)
+    plain = module_daemon(repository, env={**env, "APPLIANCE_HTTP_INFER_LANE": "false"})
+    return lane, plain
+
+
+def _token(daemon) -> str:
+    return (daemon.log_path.parent / "auth-token").read_text().strip()
+
+
+class _Connection:
+    """A raw HTTP/1.1 connection: send any bytes, read answers one by one."""
+
+    def __init__(self, port: int, source: str | None = None) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10,
+                                             source_address=(source, 0) if source else None)
+        self.file = self.sock.makefile("rb")
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def answer(self) -> tuple[int, dict[str, str], bytes]:
+        status_line = self.file.readline()
+        assert status_line.startswith((b"HTTP/1.1 ", b"HTTP/1.0 ")), status_line
+        headers: dict[str, str] = {}
+        while (line := self.file.readline()) not in (b"\r\n", b""):
+            name, _, value = line.decode("latin-1").partition(":")
+            headers[name.strip().lower()] = value.strip()
+        if headers.get("transfer-encoding") == "chunked":
+            body = b""
+            while size := int(self.file.readline(), 16):
+                body += self.file.read(size)
+                self.file.readline()
+            self.file.readline()
+        else:
+            body = self.file.read(int(headers.get("content-length", "0")))
+        return int(status_line.split()[1]), headers, body
+
+    def closed(self) -> bool:
+        return self.file.read(1) == b""
+
+    def close(self) -> None:
+        self.file.close()
+        self.sock.close()
+
+
+def _request(body: bytes, path: str = INFER, headers: dict[str, str] | None = None, method: str = "POST",
+             version: str = "HTTP/1.1") -> bytes:
+    fields = {"Host": "127.0.0.1", "Content-Type": "application/json", "Content-Length": str(len(body)),
+              **(headers or {})}
+    head = f"{method} {path} {version}\r\n" + "".join(f"{k}: {v}\r\n" for k, v in fields.items() if v is not None)
+    return head.encode("latin-1") + b"\r\n" + body
+
+
+def _exchange(daemon, data: bytes, source: str | None = None) -> tuple[int, dict[str, str], bytes]:
+    connection = _Connection(daemon.port, source)
+    try:
+        connection.send(data)
+        return connection.answer()
+    finally:
+        connection.close()
+
+
+def _binary_request() -> tuple[bytes, int]:
+    inputs = [triton.InferInput("INPUT0", [1, 16], "INT32"), triton.InferInput("INPUT1", [1, 16], "INT32")]
+    inputs[0].set_data_from_numpy(np.arange(16, dtype=np.int32).reshape(1, 16), binary_data=True)
+    inputs[1].set_data_from_numpy(np.ones((1, 16), np.int32), binary_data=True)
+    outputs = [triton.InferRequestedOutput("OUTPUT0", binary_data=True), triton.InferRequestedOutput("OUTPUT1")]
+    body, json_size = triton.InferenceServerClient.generate_request_body(inputs, outputs)
+    return body, json_size
+
+
+def _cases() -> dict[str, bytes]:
+    binary, json_size = _binary_request()
+    bad_shape = {"inputs": [{**JSON_BODY["inputs"][0], "shape": [1, 15]}, JSON_BODY["inputs"][1]]}
+    shm = {"inputs": [{**JSON_BODY["inputs"][0], "data": None,
+                       "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": 64}},
+                      JSON_BODY["inputs"][1]]}
+    return {
+        "json": _request(json.dumps(JSON_BODY).encode()),
+        "version": _request(json.dumps(JSON_BODY).encode(), "/v2/models/simple/versions/1/infer"),
+        "binary": _request(binary, headers={"Content-Type": "application/octet-stream",
+                                            "Inference-Header-Content-Length": str(json_size)}),
+        "raw binary, two inputs": _request(b"\0" * 64, headers={"Inference-Header-Content-Length": "0"}),
+        "bad header length": _request(b"{}", headers={"Inference-Header-Content-Length": "x"}),
+        "unknown model": _request(json.dumps(JSON_BODY).encode(), "/v2/models/nothere/infer"),
+        "unknown version": _request(json.dumps(JSON_BODY).encode(), "/v2/models/simple/versions/9/infer"),
+        "bad shape": _request(json.dumps(bad_shape).encode()),
+        "not json": _request(b"{not json"),
+        "host of another site": _request(json.dumps(JSON_BODY).encode(), headers={"Host": "evil.example"}),
+        "shared memory from a form": _request(json.dumps(shm).encode(), headers={"Content-Type": "text/plain"}),
+        "shared memory from another origin": _request(json.dumps(shm).encode(),
+                                                      headers={"Origin": "http://evil.example"}),
+    }
+
+
+@pytest.mark.parametrize("case", list(_cases()))
+def test_the_lane_answers_as_aiohttps_route(daemons, case):
+    lane, plain = daemons
+    data = _cases()[case]
+    status, headers, body = _exchange(lane, data)
+    want_status, want_headers, want_body = _exchange(plain, data)
+    assert "server" not in headers and "aiohttp" in want_headers["server"]  # each was served where meant
+    assert status == want_status, body
+    assert headers["content-type"] == want_headers["content-type"]
+    assert headers.get("inference-header-content-length") == want_headers.get("inference-header-content-length")
+    assert "date" in headers
+    if headers["content-type"] == "application/json":
+        assert json.loads(body) == json.loads(want_body)
+    else:
+        assert body == want_body
+
+
+def test_the_token_is_asked_for_on_the_lane_too(daemons):
+    lane, plain = daemons
+    data = _request(json.dumps(JSON_BODY).encode())
+    for daemon in (lane, plain):
+        status, headers, body = _exchange(daemon, data, source=REMOTE)
+        assert status == 401 and "Bearer" in headers["www-authenticate"], body
+        assert ("server" in headers) == (daemon is plain)
+        authorized = _request(json.dumps(JSON_BODY).encode(), headers={"Authorization": f"Bearer {_token(daemon)}"})
+        assert _exchange(daemon, authorized, source=REMOTE)[0] == 200
+
+
+def _outputs(body: bytes) -> list[int]:
+    return json.loads(body)["outputs"][0]["data"]
+
+
+def test_pipelined_requests_are_answered_in_order_and_the_first_other_hands_the_connection_over(daemons):
+    lane, _ = daemons
+    second = {"inputs": [{**JSON_BODY["inputs"][0], "data": [7] * 16}, JSON_BODY["inputs"][1]]}
+    connection = _Connection(lane.port)
+    try:
+        connection.send(_request(json.dumps(JSON_BODY).encode()) + _request(json.dumps(second).encode())
+                        + b"GET /v2/health/ready HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+                        + _request(json.dumps(second).encode()))
+        answers = [connection.answer() for _ in range(4)]
+    finally:
+        connection.close()
+    assert [status for status, _, _ in answers] == [200] * 4
+    assert ["server" in headers for _, headers, _ in answers] == [False, False, True, True]
+    assert _outputs(answers[0][2]) == [d + 1 for d in DATA]
+    assert _outputs(answers[1][2]) == [8] * 16 == _outputs(answers[3][2])
+
+
+def test_requests_the_lane_does_not_take_are_served_by_aiohttp(daemons):
+    lane, _ = daemons
+    payload = json.dumps(JSON_BODY).encode()
+    big = payload[:-1] + b" " * (70 << 10) + b"}"  # more than the lane holds
+    chunked = _request(b"", headers={"Content-Length": None, "Transfer-Encoding": "chunked"}) + (
+        b"%x\r\n%s\r\n0\r\n\r\n" % (len(payload), payload))
+    compressed = _request(payload, headers={"Accept-Encoding": "gzip"})
+    old = _request(payload, version="HTTP/1.0")
+    for data in (_request(big), chunked, compressed, old):
+        status, headers, body = _exchange(lane, data)
+        assert status == 200 and "aiohttp" in headers["server"], body
+        if headers.get("content-encoding") == "gzip":
+            body = gzip.decompress(body)
+        assert _outputs(body) == [d + 1 for d in DATA]
+
+
+def test_connection_close_is_honoured(daemons):
+    lane, _ = daemons
+    connection = _Connection(lane.port)
+    try:
+        connection.send(_request(json.dumps(JSON_BODY).encode(), headers={"Connection": "close"}))
+        status, headers, _ = connection.answer()
+        assert status == 200 and "server" not in headers
+        assert connection.closed()
+    finally:
+        connection.close()
+
+
+def test_a_slow_head_is_dropped_and_a_slow_body_gets_408(daemons):
+    lane, _ = daemons
+    slow_head, slow_body = _Connection(lane.port), _Connection(lane.port)
+    try:
+        started = time.monotonic()
+        slow_head.send(b"POST /v2/models/simple/infer HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        data = _request(json.dumps(JSON_BODY).encode())
+        slow_body.send(data[:-10])
+        status, headers, body = slow_body.answer()
+        assert status == 408 and headers["connection"] == "close" and "body_timeout" in json.loads(body)["error"]
+        assert slow_body.closed() and slow_head.closed()
+        assert time.monotonic() - started < TIMEOUT + 3
+        # and an idle keep-alive connection is closed after header_timeout, as aiohttp's are
+        idle = _Connection(lane.port)
+        idle.send(data)
+        assert idle.answer()[0] == 200
+        assert idle.closed()
+        idle.close()
+    finally:
+        slow_head.close()
+        slow_body.close()
+
+
+def test_a_client_that_goes_away_mid_request_leaves_the_daemon_serving(daemons):
+    lane, _ = daemons
+    for _ in range(20):
+        connection = _Connection(lane.port)
+        connection.send(_request(json.dumps(JSON_BODY).encode()))
+        connection.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+        connection.close()  # a reset, possibly before the answer
+    status, _, body = _exchange(lane, _request(json.dumps(JSON_BODY).encode()))
+    assert status == 200 and _outputs(body) == [d + 1 for d in DATA]
+
+
+def test_a_refusal_comes_before_the_body_and_the_rest_of_that_body_is_dropped(daemons):
+    lane, _ = daemons
+    data = _request(json.dumps(JSON_BODY).encode())
+    connection = _Connection(lane.port, source=REMOTE)
+    try:
+        connection.send(data[:-20])  # the head and most of the body, from a client without the token
+        status, headers, _ = connection.answer()
+        assert status == 401 and "server" not in headers
+        token = {"Authorization": f"Bearer {_token(lane)}"}
+        connection.send(data[-20:] + _request(json.dumps(JSON_BODY).encode(), headers=token))
+        status, _, body = connection.answer()  # the refused body's rest was not taken for a request
+        assert status == 200 and _outputs(body) == [d + 1 for d in DATA]
+    finally:
+        connection.close()
