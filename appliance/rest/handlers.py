@@ -31,7 +31,10 @@ from appliance.rest.keys import CONFIG, DATAPLANE, FLEET, METRICS
 from appliance.rest.openapi import openapi_document
 from appliance.rest.security import caller
 
-__all__ = ["OPERATIONS", "ROUTES"]
+__all__ = ["MODEL_NOT_READY", "OPERATIONS", "ROUTES"]
+
+MODEL_NOT_READY = "Model version not ready"
+"""Triton's answer to GET .../ready for a model that does not serve (unknown models included)."""
 
 _MAX_UNIX_TIME = 1 << 36  # the year 4147: far enough, and SQLite's integers hold it
 _MAX_VERSION = (1 << 63) - 1
@@ -75,7 +78,7 @@ async def model_ready(request: web.Request) -> web.Response:
     name, version = _model_args(request)
     if request.app[DATAPLANE].model_ready(name, version):
         return web.Response(status=200)
-    return error_response(400, "Model version not ready")  # Triton's answer, unknown models included
+    return error_response(400, MODEL_NOT_READY)
 
 
 async def model_config(request: web.Request) -> web.Response:

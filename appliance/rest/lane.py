@@ -1,20 +1,23 @@
-"""The infer lane: KServe v2 infer requests served straight from a connection's bytes, beside aiohttp.
+"""The infer lane: KServe v2 inference and its reads served straight from a connection's bytes.
 
 aiohttp costs about as much per request as the daemon's own request path outside the model (a task, a
 request object, a router lookup, middleware frames and a response object per request): more than the
-whole of what Triton spends on a small request (docs/performance.md). The lane serves the one request
-that is sent thousands of times a second — infer — with a head parser and an answer writer of its own,
-through the same data plane, admission, Host and browser rules, limits and error answers as aiohttp's
-route. Every connection starts on the lane; the first request that is not a lane request hands the
-connection, with every byte it has sent, to aiohttp for good, so every other route and every unusual
-request (chunked or compressed bodies, HTTP/1.0, a percent-encoded path, a large head or body, Expect,
-Upgrade, a compressed answer asked for) is served by aiohttp exactly as without the lane.
+whole of what Triton spends on a small request (docs/performance.md). The lane serves the request that
+is sent thousands of times a second — infer — and the reads a client makes between inferences (server
+liveness and readiness, a model's readiness, metadata and config) with a head parser and an answer
+writer of its own, through the same data plane, admission, Host and browser rules, limits and error
+answers as aiohttp's routes. Every connection starts on the lane; the first request that is not a lane
+request hands the connection, with every byte it has sent, to aiohttp for good, so every other route
+and every unusual request (chunked or compressed bodies, HTTP/1.0, a percent-encoded path, a large head
+or body, Expect, Upgrade, a compressed answer asked for) is served by aiohttp exactly as without the lane.
 
 A lane request is ``POST /v2/models/<name>[/versions/<n>]/infer HTTP/1.1`` (a name of letters, digits,
-``_``, ``-`` and ``.``, not starting with a dot; no query), with a head under 16 KiB of well-formed fields
-(a token name, a colon, a value without control bytes; no folded lines), a ``Content-Length`` of at most
-64 KiB and ``max_request_bytes``, no ``Transfer-Encoding``, ``Expect`` or ``Upgrade``, and no
-``Content-Encoding`` but identity, no ``Accept-Encoding`` that asks for gzip or deflate.
+``_``, ``-`` and ``.``, not starting with a dot; no query) with a ``Content-Length`` of at most 64 KiB
+and ``max_request_bytes``, or a ``GET`` of ``/v2/health/live``, ``/v2/health/ready`` or
+``/v2/models/<name>[/versions/<n>][/ready|/config]`` without a body; its head is under 16 KiB of
+well-formed fields (a token name, a colon, a value without control bytes; no folded lines), with no
+``Transfer-Encoding``, ``Expect`` or ``Upgrade``, no ``Content-Encoding`` but identity and no
+``Accept-Encoding`` that asks for gzip or deflate.
 
 A lane request is admitted (Host, token, the bound on requests in flight) as soon as its head is in, as
 aiohttp's route is: its body is collected while it waits, and handed to it whole. Requests on a
@@ -43,6 +46,7 @@ import orjson
 from multidict import CIMultiDict
 
 from appliance.budget import Account
+from appliance.config_json import config_to_json
 from appliance.errors import ApplianceError
 from appliance.fleet_signature import FleetVerifier
 from appliance.protocol.dataplane import DataPlane
@@ -53,6 +57,7 @@ from appliance.rest.browser import check_host
 from appliance.rest.codec import HEADER_LENGTH, encode_infer_response
 from appliance.rest.config import RestConfig
 from appliance.rest.error_middleware import error_parts
+from appliance.rest.handlers import MODEL_NOT_READY
 from appliance.rest.infer_body import InferBody
 from appliance.rest.security import http_caller
 
@@ -67,7 +72,11 @@ LANE_BODY_BYTES = 64 << 10
 _PAUSE_BYTES = LANE_HEAD_BYTES + LANE_BODY_BYTES  # pipelined bytes held while a request runs
 _WRITE_APART = 1 << 16  # answers with a larger payload are written as two buffers, not joined
 
-_TARGET = re.compile(rb"/v2/models/([A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,254})(?:/versions/([0-9]{1,18}))?/infer")
+_MODEL = rb"/v2/models/([A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,254})(?:/versions/([0-9]{1,18}))?"
+_INFER = re.compile(_MODEL + rb"/infer")
+_READS = re.compile(rb"/v2/health/(live|ready)|" + _MODEL + rb"(/ready|/config)?")
+_READ_OPERATIONS = {b"live": Operation.SERVER_LIVE, b"ready": Operation.SERVER_READY, None: Operation.MODEL_METADATA,
+                    b"/ready": Operation.MODEL_READY, b"/config": Operation.MODEL_CONFIG}
 # RFC 9110's field: a token, a colon, a value of visible bytes, spaces, tabs and obs-text.
 _FIELD = re.compile(rb"([!#$%&'*+.^_`|~0-9A-Za-z\-]+):[ \t]*([^\x00-\x08\x0a-\x1f\x7f]*?)[ \t]*")
 _NOT_LANE = frozenset((b"transfer-encoding", b"expect", b"upgrade", b"te", b"trailer"))
@@ -76,13 +85,16 @@ _REASONS = {status.value: status.phrase for status in HTTPStatus}
 
 
 class LaneHead:
-    """A lane request's head: its target as sent, the model (and version) it names, its fields, its body's
-    length, and whether the client asked for the connection to close after the answer."""
+    """A lane request's head: the operation it asks for, its method and target as sent, the model (and
+    version) it names, its fields, its body's length, and whether the client asked for the connection to
+    close after the answer."""
 
-    __slots__ = ("target", "model", "version", "headers", "length", "close")
+    __slots__ = ("operation", "method", "target", "model", "version", "headers", "length", "close")
 
-    def __init__(self, target: str, model: str, version: str | None, headers: CIMultiDict[str], length: int,
-                 close: bool) -> None:
+    def __init__(self, operation: Operation, method: str, target: str, model: str, version: str | None,
+                 headers: CIMultiDict[str], length: int, close: bool) -> None:
+        self.operation = operation
+        self.method = method
         self.target = target
         self.model = model
         self.version = version
@@ -92,14 +104,29 @@ class LaneHead:
 
 
 def parse_head(head: bytes | bytearray, max_body: int) -> LaneHead | None:
-    """The head (without its blank line) of a lane request, or None when it is not one (aiohttp's then)."""
+    """The head (without its blank line) of a lane request, or None when it is not one (aiohttp's then).
+    Lane requests are infer (POST) and the reads a client makes between inferences (GET: server
+    liveness and readiness, a model's readiness, metadata and config)."""
     request_line, *lines = head.split(b"\r\n")
     method, _, rest = request_line.partition(b" ")
     target, _, version = rest.partition(b" ")
-    if method != b"POST" or version != b"HTTP/1.1":
+    if version != b"HTTP/1.1":
         return None
-    route = _TARGET.fullmatch(target)
-    if route is None:
+    if method == b"POST":
+        route = _INFER.fullmatch(target)
+        if route is None:
+            return None
+        operation = Operation.INFER
+        model, number = route.groups()
+    elif method == b"GET":
+        route = _READS.fullmatch(target)
+        if route is None:
+            return None
+        health, model, number, suffix = route.groups()
+        if model == b"stats" and number is None and suffix is None:  # GET /v2/models/stats: every model's
+            return None
+        operation = _READ_OPERATIONS[health or suffix]
+    else:
         return None
     headers: CIMultiDict[str] = CIMultiDict()
     length: int | None = None
@@ -130,11 +157,14 @@ def parse_head(head: bytes | bytearray, max_body: int) -> LaneHead | None:
         elif key == b"host" and "Host" in headers:
             return None
         headers.add(name.decode("ascii"), value.decode("utf-8", "surrogateescape"))
-    if length is None or length > max_body:
+    if operation is Operation.INFER:
+        if length is None or length > max_body:
+            return None
+    elif length:  # a read with a body: aiohttp's
         return None
-    model, number = route.groups()
-    return LaneHead(target.decode("ascii"), model.decode("ascii"), number.decode("ascii") if number else None,
-                    headers, length, close)
+    return LaneHead(operation, method.decode("ascii"), target.decode("ascii"),
+                    model.decode("ascii") if model else "", number.decode("ascii") if number else None, headers,
+                    length or 0, close)
 
 
 class _Dates:
@@ -163,6 +193,16 @@ def _answer(status: int, content_type: bytes, payload: bytes, extra: bytes = b""
     if len(payload) > _WRITE_APART:
         return [head, payload]
     return [head + payload]
+
+
+def _empty(status: int) -> list[bytes]:
+    """An answer without a body (aiohttp's ``web.Response(status=...)``: no Content-Type either)."""
+    return [b"HTTP/1.1 %d %s\r\nContent-Length: 0\r\nDate: %s\r\n\r\n" % (
+        status, _REASONS.get(status, "").encode("ascii"), _DATES.now())]
+
+
+def _json(data: object) -> list[bytes]:
+    return _answer(200, b"application/json", orjson.dumps(data))
 
 
 def _error_answer(exc: ApplianceError) -> tuple[list[bytes], bool]:
@@ -221,8 +261,10 @@ class InferLane:
         headers = head.headers
         try:
             check_host(headers, config.hosts)
-            who = http_caller(headers, peer, local, ("POST", head.target), config.trusted_proxies)
-            with self._dataplane.admit(Operation.INFER, who) as signed:
+            who = http_caller(headers, peer, local, (head.method, head.target), config.trusted_proxies)
+            with self._dataplane.admit(head.operation, who) as signed:
+                if head.operation is not Operation.INFER:
+                    return self._read(head), False
                 source = InferBody(lambda: Target(head.model, head.version), headers.get(HEADER_LENGTH),
                                    _Received(body, signed).read)
                 async with self._dataplane.infer(who, source, received_ns=received_ns) as result:
@@ -230,11 +272,27 @@ class InferLane:
         except ApplianceError as exc:
             return _error_answer(exc)
         except Exception as exc:
-            log.exception("unhandled error serving POST %s", head.target)
+            log.exception("unhandled error serving %s %s", head.method, head.target)
             return _internal_error(exc), False
         if json_length is None:
             return _answer(200, b"application/json", payload), False
         return _answer(200, b"application/octet-stream", payload, _HEADER_LENGTH_FIELD % json_length), False
+
+    def _read(self, head: LaneHead) -> list[bytes]:
+        """The answer to a read, as aiohttp's handler for its route answers it (appliance.rest.handlers)."""
+        plane = self._dataplane
+        operation = head.operation
+        if operation is Operation.SERVER_LIVE:
+            return _empty(200 if plane.live() else 503)
+        if operation is Operation.SERVER_READY:
+            return _empty(200 if plane.ready() else 503)
+        if operation is Operation.MODEL_READY:
+            if plane.model_ready(head.model, head.version):
+                return _empty(200)
+            return _answer(400, b"application/json", orjson.dumps({"error": MODEL_NOT_READY}))
+        if operation is Operation.MODEL_METADATA:
+            return _json(plane.model_metadata(head.model, head.version).as_json())
+        return _json(config_to_json(plane.model_config(head.model, head.version)))
 
     async def stop(self, deadline: float) -> None:
         """Close idle connections, give requests in progress until ``deadline`` (``time.monotonic()``),

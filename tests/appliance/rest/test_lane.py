@@ -27,8 +27,34 @@ def test_versions_close_and_field_spacing():
     assert head.headers.getall("X-Forwarded-For") == ["1.2.3.4", "5.6.7.8"]
 
 
+@pytest.mark.parametrize("target, operation, model, version", [
+    (b"/v2/health/live", "SERVER_LIVE", "", None),
+    (b"/v2/health/ready", "SERVER_READY", "", None),
+    (b"/v2/models/m", "MODEL_METADATA", "m", None),
+    (b"/v2/models/m/versions/2", "MODEL_METADATA", "m", "2"),
+    (b"/v2/models/m/ready", "MODEL_READY", "m", None),
+    (b"/v2/models/m/versions/2/config", "MODEL_CONFIG", "m", "2"),
+    (b"/v2/models/stats/ready", "MODEL_READY", "stats", None),
+])
+def test_the_reads_between_inferences_are_lane_requests(target, operation, model, version):
+    head = parse_head(b"GET %s HTTP/1.1\r\nHost: 127.0.0.1" % target, LANE_BODY_BYTES)
+    assert head is not None
+    assert (head.operation.name, head.method, head.model, head.version, head.length) == (
+        operation, "GET", model, version, 0)
+    assert parse_head(b"POST /v2/models/m/infer HTTP/1.1\r\nContent-Length: 0", 1).operation.name == "INFER"
+
+
 @pytest.mark.parametrize("head", [
     GOOD.replace(b"POST", b"GET"),
+    GOOD.replace(b"POST", b"PUT"),
+    b"GET /v2/health/live HTTP/1.1\r\nContent-Length: 1",
+    b"GET /v2/health/live HTTP/1.1\r\nTransfer-Encoding: chunked",
+    b"HEAD /v2/health/live HTTP/1.1",
+    b"GET /v2/models/stats HTTP/1.1",
+    b"GET /v2/models/m/stats HTTP/1.1",
+    b"GET /v2/health HTTP/1.1",
+    b"GET /v2/models/m/ready?x=1 HTTP/1.1",
+    b"POST /v2/models/m/ready HTTP/1.1\r\nContent-Length: 0",
     GOOD.replace(b"HTTP/1.1", b"HTTP/1.0"),
     GOOD.replace(b"/infer", b"/infer?x=1"),
     GOOD.replace(b"/infer", b"/generate"),

@@ -124,18 +124,37 @@ def _cases() -> dict[str, bytes]:
     }
 
 
-@pytest.mark.parametrize("case", list(_cases()))
+def _get(path: str, headers: dict[str, str] | None = None) -> bytes:
+    return _request(b"", path, {"Content-Type": None, "Content-Length": None, **(headers or {})}, method="GET")
+
+
+_READS = {
+    "live": _get("/v2/health/live"),
+    "ready": _get("/v2/health/ready"),
+    "model ready": _get("/v2/models/simple/ready"),
+    "model version ready": _get("/v2/models/simple/versions/1/ready"),
+    "unknown model ready": _get("/v2/models/nothere/ready"),
+    "metadata": _get("/v2/models/simple"),
+    "version metadata": _get("/v2/models/simple/versions/1"),
+    "unknown metadata": _get("/v2/models/nothere"),
+    "config": _get("/v2/models/simple/config"),
+    "unknown version config": _get("/v2/models/simple/versions/7/config"),
+    "read from another site": _get("/v2/models/simple", {"Host": "evil.example"}),
+}
+
+
+@pytest.mark.parametrize("case", [*_cases(), *_READS])
 def test_the_lane_answers_as_aiohttps_route(daemons, case):
     lane, plain = daemons
-    data = _cases()[case]
+    data = {**_cases(), **_READS}[case]
     status, headers, body = _exchange(lane, data)
     want_status, want_headers, want_body = _exchange(plain, data)
     assert "server" not in headers and "aiohttp" in want_headers["server"]  # each was served where meant
     assert status == want_status, body
-    assert headers["content-type"] == want_headers["content-type"]
+    assert headers.get("content-type") == want_headers.get("content-type")
     assert headers.get("inference-header-content-length") == want_headers.get("inference-header-content-length")
     assert "date" in headers
-    if headers["content-type"] == "application/json":
+    if headers.get("content-type") == "application/json":
         assert json.loads(body) == json.loads(want_body)
     else:
         assert body == want_body
@@ -162,7 +181,7 @@ def test_pipelined_requests_are_answered_in_order_and_the_first_other_hands_the_
     connection = _Connection(lane.port)
     try:
         connection.send(_request(json.dumps(JSON_BODY).encode()) + _request(json.dumps(second).encode())
-                        + b"GET /v2/health/ready HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+                        + b"GET /v2/models/stats HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
                         + _request(json.dumps(second).encode()))
         answers = [connection.answer() for _ in range(4)]
     finally:
