@@ -68,7 +68,7 @@ log = logging.getLogger(__name__)
 LANE_HEAD_BYTES = 16 << 10
 """The largest request head the lane parses; a longer one goes to aiohttp (which answers 431 past its limits)."""
 LANE_BODY_BYTES = 64 << 10
-"""The largest body the lane holds before admission (aiohttp's own read buffer holds as much)."""
+"""The largest body the lane collects (after admission; aiohttp's own read buffer holds as much)."""
 _PAUSE_BYTES = LANE_HEAD_BYTES + LANE_BODY_BYTES  # pipelined bytes held while a request runs
 _WRITE_APART = 1 << 16  # answers with a larger payload are written as two buffers, not joined
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import gzip
 import json
 import socket
+import threading
 import time
 
 import numpy as np
@@ -268,3 +269,20 @@ def test_a_refusal_comes_before_the_body_and_the_rest_of_that_body_is_dropped(da
         assert status == 200 and _outputs(body) == [d + 1 for d in DATA]
     finally:
         connection.close()
+
+
+def test_a_pipelined_flood_pauses_reading_and_every_answer_comes_in_order(daemons):
+    lane, _ = daemons
+    bodies = [{"inputs": [{**JSON_BODY["inputs"][0], "data": [i] * 16}, JSON_BODY["inputs"][1]]} for i in range(1000)]
+    data = b"".join(_request(json.dumps(body).encode()) for body in bodies)  # ~380 KB: far more than the lane holds
+    assert len(data) > 4 * (80 << 10)
+    connection = _Connection(lane.port)
+    try:
+        sender = threading.Thread(target=connection.send, args=(data,))
+        sender.start()  # sent faster than answered: the server pauses reading rather than hold it all
+        answers = [connection.answer() for _ in bodies]
+        sender.join(10)
+    finally:
+        connection.close()
+    assert all(status == 200 and "server" not in headers for status, headers, _ in answers)
+    assert [_outputs(body)[0] for _, _, body in answers] == [i + 1 for i in range(1000)]
