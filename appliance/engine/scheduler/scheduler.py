@@ -11,13 +11,10 @@ waiter gets a result or an exception: a failed batch fails each request in it.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import itertools
 import logging
-import statistics
 import time
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
@@ -29,6 +26,7 @@ from appliance.backends.base import Reschedule, reschedule_refused
 from appliance.engine.instances import InstancePool
 from appliance.engine.scheduler.completion import Answers, answer_later, mark_compute
 from appliance.engine.scheduler.execution import THREADED, ExecutionMode, dispatch, execute_batch
+from appliance.engine.scheduler.inline import InlineRuns
 from appliance.engine.scheduler.policy import SchedulerPolicy
 from appliance.engine.scheduler.queue import Pending, RequestQueue
 from appliance.engine.stats import BatchTiming, ModelStats, StepTiming
@@ -41,13 +39,6 @@ if TYPE_CHECKING:
 __all__ = ["Scheduler"]
 
 log = logging.getLogger(__name__)
-
-_INLINE_RETRY_AFTER = 30.0
-"""Seconds after which batch sizes sent back to threads run inline again (and are judged again)."""
-_INLINE_WINDOW, _INLINE_MIN_RUNS = 9, 5
-"""The recent inline runs of one batch size whose median is held against the budget, and how many it
-takes at least (a batch size that overruns is sent back to instance threads within a few runs)."""
-
 
 class Scheduler:
     def __init__(self, label: str, pool: InstancePool, policy: SchedulerPolicy, stats: ModelStats,
@@ -67,14 +58,8 @@ class Scheduler:
         self._closing = False
         self._flush_scheduled = False
         self._in_flight = 0
-        self._execution = execution
         self._group = max(group, 1) if not policy.dynamic else 1
-        # Batches of up to this many items run inline; a size whose recent inline runs take longer than
-        # the budget (their median: one slow run may be the OS preempting the loop) lowers it.
-        self._inline_limit = max(policy.max_batch_size, 1) if execution.inline else 0
-        self._inline_items = self._inline_limit
-        self._inline_ns: dict[int, deque[int]] = {}
-        self._inline_retry_at = 0.0
+        self._inline = InlineRuns(label, execution, policy.max_batch_size)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -88,7 +73,7 @@ class Scheduler:
     @property
     def execution(self) -> dict[str, Any]:
         """Where batches run (inline or threaded), why, and the largest batch still run inline."""
-        return {**self._execution.as_json(), "inline_max_batch": self._inline_items}
+        return self._inline.as_json()
 
     @property
     def pending(self) -> int:
@@ -325,11 +310,7 @@ class Scheduler:
         grouped = len(batch) > 1 and not self.policy.dynamic  # a group: each request its own execution
         if not grouped:
             items = sum(p.size for p in batch)
-            if self._inline_items < self._inline_limit and now >= self._inline_retry_at:
-                # A busy spell may have sent sizes back to threads: they get another chance now and then.
-                self._inline_items = self._inline_limit
-                self._inline_ns.clear()
-            if items <= self._inline_items:
+            if self._inline.admits(items, now):
                 self._run_inline(index, batch, queue_ns, functools.partial(execute_batch, requests=requests), items)
                 return
         self._in_flight += len(batch)
@@ -342,45 +323,15 @@ class Scheduler:
             self.pool.limits.give_back(index, executed=True, pending=bool(self._queue))
 
     def _run_inline(self, index: int, batch: list[Pending], queue_ns: list[int], work: Any, items: int) -> None:
-        # The loop thread's CPU time, not the wall clock: the OS running other processes, or another
-        # thread holding the GIL, is the box's contention, not what the batch costs.
-        started = time.thread_time_ns()
+        assert self._loop is not None
         try:
-            outcome = self.pool.run_inline(index, work)
+            outcome = self._inline.run(self.pool, index, work, items, self._loop.time)
         except Exception as exc:  # as a thread hands it over: every waiter gets it
             self._ran(index)
-            self._check_still_inline(index)
             self._finish_batch(batch, queue_ns, None, exc)
             return
         self._ran(index)
-        self._check_still_inline(index)
-        recent = self._inline_ns.get(items)
-        if recent is None:
-            recent = self._inline_ns[items] = deque(maxlen=_INLINE_WINDOW)
-        took = time.thread_time_ns() - started
-        recent.append(took)
-        # A run within the budget cannot lift the median over it: the median is read when the window
-        # first has enough runs, then after runs over the budget.
-        if len(recent) == _INLINE_MIN_RUNS or (took > self._execution.budget_ns and len(recent) > _INLINE_MIN_RUNS):
-            median = statistics.median(recent)
-            if median > self._execution.budget_ns:
-                self._inline_items = min(self._inline_items, items - 1)
-                assert self._loop is not None
-                self._inline_retry_at = self._loop.time() + _INLINE_RETRY_AFTER
-                log.info("model %s: batches of %d take %d µs inline (median), over the %d µs budget; batches of "
-                         "%d and more run on instance threads", self.label, items, median // 1000,
-                         self._execution.budget_ns // 1000, items)
         self._finish_batch(batch, queue_ns, outcome, None)
-
-    def _check_still_inline(self, index: int) -> None:
-        """After an inline batch: a backend that found it must not run on the event loop (its model called
-        another model from there) has every later batch run on instance threads."""
-        refusal = self.pool.inline_refusal(index)
-        if refusal is None:
-            return
-        self._inline_limit = self._inline_items = 0
-        self._execution = dataclasses.replace(self._execution, inline=False, reason=refusal)
-        log.warning("model %s: batches run on instance threads from now on: %s", self.label, refusal)
 
     def _on_batch_done(self, index: int, batch: list[Pending], queue_ns: list[int], future: asyncio.Future) -> None:
         self._in_flight -= len(batch)

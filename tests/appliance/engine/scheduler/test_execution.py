@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-import appliance.engine.scheduler.scheduler as scheduler_module
+import appliance.engine.scheduler.inline as inline_module
 from appliance.engine.instances import InstancePool
 from appliance.engine.scheduler import Scheduler, SchedulerPolicy
 from appliance.engine.scheduler.execution import (
@@ -156,7 +156,7 @@ async def test_a_batch_over_the_budget_sends_that_size_back_to_threads(make_sche
 
 
 async def test_sizes_sent_back_to_threads_get_another_chance(make_scheduler, monkeypatch):
-    monkeypatch.setattr(scheduler_module, "_INLINE_RETRY_AFTER", 0.05)
+    monkeypatch.setattr(inline_module, "_RETRY_AFTER", 0.05)
     backend = BusyRecorder(busy_rows=3)
     scheduler = make_scheduler(backend, INLINE)
     for _ in range(5):
