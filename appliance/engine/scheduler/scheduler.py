@@ -40,6 +40,7 @@ __all__ = ["Scheduler"]
 
 log = logging.getLogger(__name__)
 
+
 class Scheduler:
     def __init__(self, label: str, pool: InstancePool, policy: SchedulerPolicy, stats: ModelStats,
                  execution: ExecutionMode = THREADED, group: int = 1) -> None:

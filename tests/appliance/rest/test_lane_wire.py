@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from appliance.rest.lane import LANE_BODY_BYTES, parse_head
+from appliance.rest.lane_wire import LANE_BODY_BYTES, parse_head
 
 GOOD = (b"POST /v2/models/simple/infer HTTP/1.1\r\nHost: 127.0.0.1:8000\r\ncontent-type: application/json\r\n"
         b"Content-Length: 17")
