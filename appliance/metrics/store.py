@@ -241,17 +241,20 @@ class MetricsStore:
         self._db.close()
 
     def _write(self, items: list[tuple[str, Any]]) -> None:
-        """One batched insert per table (sqlite-utils commits each; every commit is atomic)."""
+        """One batched insert per table, all in one transaction: sqlite-utils commits each chunk of an
+        ``insert_all`` on its own (a kill between two would keep part of a cycle) unless it runs inside
+        ``atomic()``, where its chunks become savepoints."""
         models = [row for kind, rows in items if kind == "model" for row in rows]
         systems = [{**p, "temperatures": json.dumps(p["temperatures"]), "gpus": json.dumps(p["gpus"])}
                    for kind, p in items if kind == "system"]
         events = [p for kind, p in items if kind == "event"]
-        if models:
-            self._tables.table("model_1s").insert_all(models, replace=True)
-        if systems:
-            self._tables.table("system_1s").insert_all(systems, replace=True)
-        if events:
-            self._tables.table("events").insert_all(events)
+        with self._tables.atomic():
+            if models:
+                self._tables.table("model_1s").insert_all(models, replace=True)
+            if systems:
+                self._tables.table("system_1s").insert_all(systems, replace=True)
+            if events:
+                self._tables.table("events").insert_all(events)
 
     def _maintain(self, now: int) -> None:
         """Roll finished minutes and hours up, then enforce retention (once a minute is enough)."""
