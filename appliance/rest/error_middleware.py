@@ -19,7 +19,7 @@ from appliance.errors import (
 from appliance.rest.body import too_large
 from appliance.rest.keys import CONFIG
 
-__all__ = ["error_middleware", "error_parts", "error_response"]
+__all__ = ["error_middleware", "error_parts", "error_response", "internal_message"]
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +48,11 @@ def error_parts(exc: ApplianceError) -> tuple[int, str, dict[str, str] | None]:
     return exc.status, exc.message, headers
 
 
+def internal_message(exc: Exception) -> str:
+    """What a 500 says of an error no handler expected."""
+    return f"internal error: {type(exc).__name__}: {exc}"
+
+
 def _from_appliance(exc: ApplianceError) -> web.Response:
     return error_response(*error_parts(exc))
 
@@ -71,4 +76,4 @@ async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
         return error_response(exc.status, message, {k: v for k, v in exc.headers.items() if k == "Allow"})
     except Exception as exc:
         log.exception("unhandled error serving %s %s", request.method, request.path)
-        return error_response(HTTPStatus.INTERNAL_SERVER_ERROR, f"internal error: {type(exc).__name__}: {exc}")
+        return error_response(HTTPStatus.INTERNAL_SERVER_ERROR, internal_message(exc))

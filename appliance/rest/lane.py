@@ -39,8 +39,6 @@ import time
 import typing
 from collections.abc import Awaitable, Callable
 
-import orjson
-
 from appliance.budget import Account
 from appliance.config_json import config_to_json
 from appliance.errors import ApplianceError
@@ -58,15 +56,15 @@ from appliance.rest.lane_wire import (
     LANE_BODY_BYTES,
     LANE_HEAD_BYTES,
     LaneHead,
-    answer,
     empty_answer,
     error_answer,
+    error_response,
     infer_answer,
     internal_error,
     json_answer,
     parse_head,
 )
-from appliance.rest.security import http_caller
+from appliance.rest.security import http_caller, transport_address
 
 __all__ = ["InferLane", "LaneConnection"]
 
@@ -146,7 +144,7 @@ class InferLane:
         if operation is Operation.MODEL_READY:
             if plane.model_ready(head.model, head.version):
                 return empty_answer(200)
-            return answer(400, b"application/json", orjson.dumps({"error": MODEL_NOT_READY}))
+            return error_response(400, MODEL_NOT_READY)
         if operation is Operation.MODEL_METADATA:
             return json_answer(plane.model_metadata(head.model, head.version).as_json())
         return json_answer(config_to_json(plane.model_config(head.model, head.version)))
@@ -202,8 +200,8 @@ class LaneConnection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # A stream transport; uvloop's is not a subclass of asyncio.Transport, hence no isinstance.
         self._transport = typing.cast(asyncio.Transport, transport)
-        self._peer = _address(transport.get_extra_info("peername"))
-        self._local = _address(transport.get_extra_info("sockname"))
+        self._peer = transport_address(transport, "peername")
+        self._local = transport_address(transport, "sockname")
         self._lane.connections.add(self)
         self._deadline = self._loop.time() + self._lane.header_timeout
         self._timer = self._loop.call_at(self._deadline, self._expire)
@@ -377,6 +375,3 @@ class LaneConnection(asyncio.Protocol):
         else:
             transport.close()
 
-
-def _address(name: object) -> str | None:
-    return name[0] if isinstance(name, tuple) and name else None

@@ -14,10 +14,10 @@ from multidict import CIMultiDict
 from appliance.errors import ApplianceError
 from appliance.protocol.operations import Operation
 from appliance.rest.codec import HEADER_LENGTH
-from appliance.rest.error_middleware import error_parts
+from appliance.rest.error_middleware import error_parts, internal_message
 
 __all__ = ["LANE_BODY_BYTES", "LANE_HEAD_BYTES", "LaneHead", "answer", "empty_answer", "error_answer",
-           "infer_answer", "internal_error", "json_answer", "parse_head"]
+           "error_response", "infer_answer", "internal_error", "json_answer", "parse_head"]
 
 LANE_HEAD_BYTES = 16 << 10
 """The largest request head the lane parses; a longer one goes to aiohttp (which answers 431 past its limits)."""
@@ -158,15 +158,21 @@ def json_answer(data: object) -> list[bytes]:
     return answer(200, b"application/json", orjson.dumps(data))
 
 
+def error_response(status: int, message: str, extra: bytes = b"") -> list[bytes]:
+    """``{"error": message}`` (aiohttp's routes: ``error_middleware.error_response``)."""
+    return answer(status, b"application/json", orjson.dumps({"error": message}), extra)
+
+
 def error_answer(exc: ApplianceError) -> tuple[list[bytes], bool]:
+    """The answer to ``exc``, and whether the connection closes after it."""
     status, message, headers = error_parts(exc)
     extra = b"".join(b"%s: %s\r\n" % (k.encode("ascii"), v.encode("latin-1")) for k, v in (headers or {}).items())
     close = headers is not None and headers.get("Connection") == "close"
-    return answer(status, b"application/json", orjson.dumps({"error": message}), extra), close
+    return error_response(status, message, extra), close
 
 
 def internal_error(exc: Exception) -> list[bytes]:
-    return answer(500, b"application/json", orjson.dumps({"error": f"internal error: {type(exc).__name__}: {exc}"}))
+    return error_response(500, internal_message(exc))
 
 
 def infer_answer(payload: bytes, json_length: int | None) -> list[bytes]:

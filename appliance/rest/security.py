@@ -5,6 +5,8 @@ request's client from its headers and connection, for aiohttp's routes and the i
 
 from __future__ import annotations
 
+import asyncio
+
 from aiohttp import web
 from multidict import MultiMapping
 
@@ -14,7 +16,7 @@ from appliance.rest.body import SIGNED_BODY
 from appliance.rest.browser import browser_refusal, check_host
 from appliance.rest.keys import CONFIG, DATAPLANE, OPERATIONS
 
-__all__ = ["admission_middleware", "caller", "client_address", "http_caller"]
+__all__ = ["admission_middleware", "caller", "client_address", "http_caller", "transport_address"]
 
 _CALLER = "appliance.caller"
 
@@ -41,11 +43,15 @@ def http_caller(headers: MultiMapping[str], peer: str | None, local: str | None,
                   browser_refusal=browser_refusal(headers), request_line=request_line)
 
 
+def transport_address(transport: asyncio.BaseTransport, which: str) -> str | None:
+    """The IP address at one end of a connection (``which``: "peername" or "sockname"); None for a UNIX
+    socket or a transport that does not say."""
+    name = transport.get_extra_info(which)
+    return name[0] if isinstance(name, tuple) and name else None
+
+
 def _caller(request: web.Request) -> Caller:
-    local = None
-    if request.transport is not None:
-        sockname = request.transport.get_extra_info("sockname")
-        local = sockname[0] if isinstance(sockname, tuple) and sockname else None
+    local = transport_address(request.transport, "sockname") if request.transport is not None else None
     return http_caller(request.headers, request.remote, local, (request.method, request.raw_path),
                        request.app[CONFIG].trusted_proxies)
 
