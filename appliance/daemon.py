@@ -13,6 +13,7 @@ from appliance.allocator import return_large_buffers
 from appliance.client.boxes import Browser
 from appliance.composition import Appliance, compose
 from appliance.grpc.grpc_server import GrpcServer
+from appliance.grpc.http2.server import Http2Server
 from appliance.mdns.announcer import Announcer, catalog_digest
 from appliance.mdns.fleet import FleetView
 from appliance.rest.app import build_app, build_metrics_app
@@ -113,7 +114,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     lane = InferLane(appliance.dataplane, appliance.rest, header_timeout) if settings.http.infer_lane else None
     server = HttpServer(app, limiter, header_timeout, lane)
     metrics_server: HttpServer | None = None
-    grpc_server: GrpcServer | None = None
+    grpc_server: GrpcServer | Http2Server | None = None
     announcer: Announcer | None = None
     deadline: float | None = None
     try:
@@ -123,7 +124,8 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             log.info("appliance %s serving KServe v2 on http://%s:%d (state dir %s)",
                      __version__, _host(address[0]), address[1], server_section.state_dir)
         if appliance.grpc is not None:
-            grpc_server = GrpcServer(appliance.dataplane, appliance.grpc)
+            transport = Http2Server if settings.grpc.transport == "appliance" else GrpcServer
+            grpc_server = transport(appliance.dataplane, appliance.grpc)
             grpc_port = await grpc_server.start(host, settings.grpc.port)
             log.info("serving KServe v2 over gRPC on %s:%d", _host(host), grpc_port)
         if state.degraded:

@@ -207,9 +207,14 @@ class AdmittingHandlers(grpc.GenericRpcHandler):
                                       getattr(pb, descriptor.input_type.name).FromString),
                     request_deserializer=None, response_serializer=serializer)
             self._handlers[f"/{_SERVICE_NAME}/{method}"] = handler
+        self._paths = {path.encode(): handler for path, handler in self._handlers.items()}
 
     def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
         return self._handlers.get(handler_call_details.method)
+
+    def by_path(self, path: bytes) -> grpc.RpcMethodHandler | None:
+        """The handler of the RPC at ``path`` (an HTTP/2 ``:path``), for the appliance's own transport."""
+        return self._paths.get(path)
 
     async def _unary(self, method: str, operation: Operation, behaviour: Callable[..., Awaitable[Any]],
                      deserializer: Any, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> Any:

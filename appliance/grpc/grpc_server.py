@@ -34,7 +34,7 @@ from appliance.grpc.config import GrpcConfig
 from appliance.grpc.service import InferenceService
 from appliance.protocol.dataplane import DataPlane
 
-__all__ = ["GrpcServer"]
+__all__ = ["GrpcServer", "admitting_handlers", "probe_port"]
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ _KEEPALIVE_MS = 60_000
 _KEEPALIVE_TIMEOUT_MS = 20_000
 
 
-def _probe_port(host: str, port: int) -> int:
+def probe_port(host: str, port: int) -> int:
     """Bind ``host:port`` once without SO_REUSEPORT, as any listener would: fails if the port is held by
     anyone (another daemon, another program), and picks the free port for port 0."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -57,6 +57,13 @@ def _probe_port(host: str, port: int) -> int:
             raise ConfigError(f"cannot bind gRPC to {host}:{port}: {exc.strerror or exc}; pick another "
                               "--grpc-port, or --no-grpc") from None
         return probe.getsockname()[1]
+
+
+def admitting_handlers(dataplane: DataPlane, config: GrpcConfig) -> tuple[Gate, AdmittingHandlers]:
+    """The gate and the admitting handler of every RPC, over one service: what either transport serves."""
+    gate = Gate(dataplane, config.max_streams)
+    service = InferenceService(dataplane, gate, config.stream)
+    return gate, AdmittingHandlers(service, dataplane, gate, Receivers(config.receivers, config.receive_timeout))
 
 
 class GrpcServer:
@@ -71,7 +78,6 @@ class GrpcServer:
         acceptors = config.acceptors
         if acceptors < 1:
             raise ValueError(f"a gRPC server needs at least one acceptor, got {acceptors}")
-        self.gate = Gate(dataplane, config.max_streams)
         idle_ms = int(config.idle_timeout * 1000)
         options = [
             ("grpc.max_receive_message_length", config.max_message_bytes),
@@ -93,8 +99,7 @@ class GrpcServer:
             ("grpc.http2.min_ping_interval_without_data_ms", 1000),
             ("grpc.http2.max_ping_strikes", 0),
         ]
-        service = InferenceService(dataplane, self.gate, config.stream)
-        handlers = AdmittingHandlers(service, dataplane, self.gate, Receivers(config.receivers, config.receive_timeout))
+        self.gate, handlers = admitting_handlers(dataplane, config)
         self._servers = [grpc.aio.server(options=options) for _ in range(acceptors)]
         for server in self._servers:
             server.add_generic_rpc_handlers([handlers])
@@ -102,7 +107,7 @@ class GrpcServer:
 
     async def start(self, host: str, port: int) -> int:
         """Bind ``host:port`` (0 picks a free port), start serving and return the bound port."""
-        port = _probe_port(host, port)
+        port = probe_port(host, port)
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         for server in self._servers:
             try:

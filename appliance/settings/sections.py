@@ -154,11 +154,15 @@ class GrpcSection:
     flow control then holds the client back)."""
     stream_idle_timeout: float = key(300.0, "grpc_stream_idle_timeout")
     """Seconds a stream with no request in flight may send nothing before it is ended (UNAVAILABLE)."""
+    transport: str = key("appliance", "grpc_transport")
+    """Who speaks HTTP/2 on the gRPC port: "appliance" (its own transport on the event loop, a fraction of
+    grpc.aio's CPU per call) or "grpcio" (grpc.aio); the same handlers, admission and limits either way."""
 
     def __post_init__(self) -> None:
         require_port(self, "port")
         require_at_least(self, 1, "max_streams", "stream_max_pending")
         require_positive(self, "stream_idle_timeout")
+        require_one_of(self, "transport", ("appliance", "grpcio"))
         if self.max_connections is not None:
             require_at_least(self, 1, "max_connections")
 

@@ -1,0 +1,335 @@
+"""One gRPC call on an HTTP/2 stream: what its handler sees as its ``context`` (the metadata, the peer,
+``read``, ``write``, ``abort``, the trailing metadata) and the stream's two directions under HTTP/2 flow
+control. A handler is one of ``appliance.grpc.admission.AdmittingHandlers``' (the same as grpc.aio runs).
+
+Receiving: a stream's window starts small (``STREAM_WINDOW``), so that a call not yet admitted holds at
+most that of its client's bytes; only while the handler reads (after admission, in a receive slot) is the
+window opened to the rest of the message, and a message longer than ``max_message_bytes`` is refused
+(RESOURCE_EXHAUSTED) from its 5-byte prefix, before its bytes come."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import zlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from appliance.errors import InvalidInput, PayloadTooLarge
+from appliance.grpc.http2.frames import DATA, END_HEADERS, END_STREAM, HEADERS, Error, FrameError, frame, rst_stream
+from appliance.grpc.http2.headers import RESPONSE_HEADERS, Request, trailers_block
+
+if TYPE_CHECKING:
+    from appliance.grpc.http2.connection import Http2Connection
+
+__all__ = ["Call", "STREAM_WINDOW"]
+
+log = logging.getLogger(__name__)
+
+STREAM_WINDOW = 16 * 1024
+"""A stream's receive window while no handler reads it."""
+_OK = grpc.StatusCode.OK.value[0]
+_DEADLINE = grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
+_CANCELLED = grpc.StatusCode.CANCELLED.value[0]
+_INTERNAL = grpc.StatusCode.INTERNAL.value[0]
+_UNIMPLEMENTED = grpc.StatusCode.UNIMPLEMENTED.value[0]
+_DECOMPRESSORS = {b"gzip": 16 + zlib.MAX_WBITS, b"deflate": zlib.MAX_WBITS}
+
+
+class _Requests:
+    """The call's request messages (raw bytes) as the async iterator a streaming handler takes."""
+
+    __slots__ = ("_call",)
+
+    def __init__(self, call: Call) -> None:
+        self._call = call
+
+    def __aiter__(self) -> _Requests:
+        return self
+
+    async def __anext__(self) -> bytes:
+        message = await self._call.read()
+        if message is grpc.aio.EOF:
+            raise StopAsyncIteration
+        return message
+
+
+class Call:
+    def __init__(self, connection: Http2Connection, stream: int, request: Request, receive_window: int,
+                 send_window: int) -> None:
+        self._connection = connection
+        self.stream = stream
+        self.request = request
+        self.receive_window = receive_window
+        self.send_window = send_window
+        self._buffer = bytearray()
+        self._messages: collections.deque[bytes] = collections.deque()
+        self._expect = 0
+        """Bytes of the message being received still to come (0: none begun)."""
+        self._failure: BaseException | None = None
+        self._reader: asyncio.Future[None] | None = None
+        self._window: asyncio.Future[None] | None = None
+        self.remote_ended = False
+        self.local_ended = False
+        self._headers_sent = False
+        self._trailing: tuple[tuple[str, str], ...] = ()
+        self._serializer: Callable[[Any], bytes] | None = None
+        self._task: asyncio.Task | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._expired = False
+
+    # The handler's context (what appliance.grpc reads of grpc.aio.ServicerContext)
+
+    def invocation_metadata(self) -> tuple[tuple[str, str | bytes], ...]:
+        return self.request.metadata
+
+    def peer(self) -> str:
+        return self._connection.peer
+
+    def set_trailing_metadata(self, metadata: tuple[tuple[str, str], ...]) -> None:
+        self._trailing = tuple(metadata)
+
+    async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
+        self.end(code.value[0], details)
+        raise grpc.aio.AbortError()
+
+    async def read(self) -> Any:
+        """The next request message (bytes), or ``grpc.aio.EOF`` once the client ended its side."""
+        while not self._messages:
+            if self._failure is not None:
+                raise self._failure
+            if self.remote_ended:
+                return grpc.aio.EOF
+            self._open_window()
+            self._reader = self._connection.loop.create_future()
+            try:
+                await self._reader
+            finally:
+                self._reader = None
+        return self._messages.popleft()
+
+    async def write(self, message: Any) -> None:
+        assert self._serializer is not None
+        await self._send_message(self._serializer(message))
+
+    # Running the handler
+
+    def start(self, handler: grpc.RpcMethodHandler | None) -> None:
+        request = self.request
+        if handler is None:
+            self.end(_UNIMPLEMENTED, f"Method not found: {request.path.decode('latin-1')}")
+            return
+        if request.encoding not in (b"identity", *_DECOMPRESSORS):
+            self.end(_UNIMPLEMENTED, f"Compression algorithm '{request.encoding.decode('latin-1')}' is not "
+                                     "supported; send identity, deflate or gzip")
+            return
+        loop = self._connection.loop
+        self._task = loop.create_task(self._run(handler))
+        if request.timeout is not None:
+            self._timer = loop.call_later(request.timeout, self._expire)
+
+    async def _run(self, handler: grpc.RpcMethodHandler) -> None:
+        try:
+            if handler.stream_unary is not None:
+                answer = await handler.stream_unary(_Requests(self), self)
+                await self._send_message(handler.response_serializer(answer), last=True)
+            else:
+                self._serializer = handler.response_serializer
+                await handler.stream_stream(_Requests(self), self)
+            self.end(_OK, "")
+        except grpc.aio.AbortError:
+            pass  # abort() ended the call with its status
+        except asyncio.CancelledError:
+            # The deadline passed, the server stops, or the client reset the stream (then nothing is sent).
+            self.end(_DEADLINE if self._expired else _CANCELLED,
+                     "Deadline Exceeded" if self._expired else "the call was cancelled")
+        except Exception as exc:  # noqa: BLE001 - a bug: INTERNAL, logged
+            log.error("unhandled error serving gRPC %s", self.request.path.decode("latin-1"), exc_info=exc)
+            self.end(_INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
+        finally:
+            if self._timer is not None:
+                self._timer.cancel()
+
+    def _expire(self) -> None:
+        if self._task is not None and not self._task.done():
+            self._expired = True
+            self._task.cancel()
+
+    # Receiving
+
+    def data(self, payload: bytes, counted: int, end: bool) -> None:
+        """A DATA frame's ``payload`` (``counted``: its length with padding, what the window lost)."""
+        self.receive_window -= counted
+        if self.receive_window < 0:
+            raise FrameError(Error.FLOW_CONTROL_ERROR, f"stream {self.stream} sent past its window")
+        if self.remote_ended:
+            raise FrameError(Error.STREAM_CLOSED, f"DATA on stream {self.stream} after its end")
+        if self.local_ended or self._failure is not None:
+            pass  # answered (or refused) already: what still comes is dropped
+        elif not self._buffer and self._whole(payload):
+            pass
+        else:
+            self._buffer += payload
+            self._take_messages()
+        if end:
+            self.remote_end()
+        elif self._reader is not None and self._failure is None:
+            self._open_window()
+
+    def _whole(self, payload: bytes) -> bool:
+        """The common case: the frame holds exactly one message."""
+        if len(payload) < 5 or int.from_bytes(payload[1:5], "big") != len(payload) - 5:
+            return False
+        self._message(payload[0], payload[5:])
+        return True
+
+    def _take_messages(self) -> None:
+        buffer = self._buffer
+        while len(buffer) >= 5:
+            length = int.from_bytes(buffer[1:5], "big")
+            if length > self._connection.max_message:
+                self._fail(PayloadTooLarge(
+                    f"the message is {length} bytes, above the largest this server takes "
+                    f"({self._connection.max_message}, the max_request_bytes setting); send less at once"))
+                buffer.clear()
+                return
+            if len(buffer) < 5 + length:
+                self._expect = 5 + length - len(buffer)
+                return
+            flag = buffer[0]
+            message = bytes(memoryview(buffer)[5:5 + length])
+            del buffer[:5 + length]
+            self._message(flag, message)
+        self._expect = 0
+
+    def _message(self, flag: int, message: bytes) -> None:
+        if flag:
+            try:
+                message = self._decompressed(message)
+            except (InvalidInput, PayloadTooLarge) as exc:
+                self._fail(exc)
+                return
+        self._messages.append(message)
+        if self._reader is not None:
+            self._wake()
+
+    def _decompressed(self, message: bytes) -> bytes:
+        wbits = _DECOMPRESSORS.get(self.request.encoding)
+        if wbits is None:
+            raise InvalidInput("a compressed message without a grpc-encoding to read it with; send "
+                               "grpc-encoding: gzip or deflate")
+        limit = self._connection.max_message
+        inflater = zlib.decompressobj(wbits)
+        try:
+            out = inflater.decompress(message, limit + 1)
+        except zlib.error as exc:
+            raise InvalidInput(f"the compressed message is not {self.request.encoding.decode()}: {exc}") from None
+        if len(out) > limit or inflater.unconsumed_tail:
+            raise PayloadTooLarge(f"the message decompresses to more than {limit} bytes (the max_request_bytes "
+                                  "setting); send less at once")
+        return out
+
+    def _fail(self, error: BaseException) -> None:
+        self._failure = error
+        self._messages.clear()
+        if self._reader is not None:
+            self._wake()
+
+    def remote_end(self) -> None:
+        self.remote_ended = True
+        if self._buffer and self._failure is None:
+            self._fail(InvalidInput("the stream ended inside a message; send whole messages"))
+        self._wake()
+        if self.local_ended:
+            self._connection.forget(self)
+
+    def _wake(self) -> None:
+        if self._reader is not None and not self._reader.done():
+            self._reader.set_result(None)
+
+    def _open_window(self) -> None:
+        """A handler reads: the client may send the rest of the message being received, or a small one."""
+        wanted = max(STREAM_WINDOW, self._expect)
+        if wanted > self.receive_window and not self.remote_ended:
+            increment = wanted - self.receive_window
+            self.receive_window = wanted
+            self._connection.open_stream_window(self.stream, increment)
+
+    # Sending
+
+    def window_opened(self) -> None:
+        if self._window is not None and not self._window.done():
+            self._window.set_result(None)
+
+    def reset(self) -> None:
+        """The client reset the stream (or the connection went): the handler is cancelled, nothing is sent."""
+        self.remote_ended = self.local_ended = True
+        self._fail(asyncio.CancelledError())
+        self.window_opened()
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+
+    async def _send_message(self, payload: bytes, last: bool = False) -> None:
+        connection = self._connection
+        data = b"\x00" + len(payload).to_bytes(4, "big") + payload
+        head = b""
+        if not self._headers_sent:
+            head = frame(HEADERS, END_HEADERS, self.stream, RESPONSE_HEADERS)
+            self._headers_sent = True
+        size = len(data)
+        if size <= self.send_window and size <= connection.send_window and size <= connection.max_frame:
+            self.send_window -= size
+            connection.send_window -= size
+            if last:  # a unary answer: headers, message and trailers in one write
+                self.end(_OK, "", head + frame(DATA, 0, self.stream, data))
+            else:
+                connection.write(head + frame(DATA, 0, self.stream, data))
+        else:
+            if head:
+                connection.write(head)
+            view = memoryview(data)
+            while view:
+                if self.local_ended:
+                    raise asyncio.CancelledError()
+                allowed = min(len(view), self.send_window, connection.send_window, connection.max_frame)
+                if allowed <= 0:
+                    await self._window_opened()
+                    continue
+                self.send_window -= allowed
+                connection.send_window -= allowed
+                connection.write(frame(DATA, 0, self.stream, bytes(view[:allowed])))
+                view = view[allowed:]
+        await connection.drain()
+
+    async def _window_opened(self) -> None:
+        self._window = self._connection.loop.create_future()
+        self._connection.wait_window(self)
+        try:
+            await self._window
+        finally:
+            self._window = None
+
+    def end(self, code: int, message: str, before: bytes = b"") -> None:
+        """Send the call's status (in trailers, or a Trailers-Only response), after ``before``; the stream
+        is reset if the client still sends."""
+        if self.local_ended:
+            return
+        self.local_ended = True
+        block = trailers_block(code, message, self._trailing, self._headers_sent)
+        self._headers_sent = True
+        out = before + frame(HEADERS, END_HEADERS | END_STREAM, self.stream, block)
+        if not self.remote_ended:
+            out += rst_stream(self.stream, Error.NO_ERROR)  # the answer is complete: stop sending
+            self.remote_ended = True
+        self._connection.write(out)
+        self._connection.forget(self)
+
+    def cancel(self) -> asyncio.Task | None:
+        """Cancel the handler (the server stops); its task, to wait for."""
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+            return self._task
+        return None

@@ -1,0 +1,78 @@
+"""The gRPC port on the appliance's own HTTP/2 transport (``grpc_transport`` = appliance): one asyncio
+server, each connection an ``Http2Connection``, every call served by the same admitting handlers as
+grpc.aio's (``appliance.grpc.admission``), so admission, receive slots and the service are shared.
+
+Bounds (docs/security.md): ``max_connections`` (a connection over it is closed at once),
+``max_streams_per_connection`` concurrent calls a connection (SETTINGS_MAX_CONCURRENT_STREAMS), ``idle_timeout``
+for the preface and for a connection without calls, keepalive pings on connections with calls open, and
+``max_message_bytes`` per message. Stop: GOAWAY to every connection, new calls UNAVAILABLE, calls in
+progress until the deadline, then cancelled."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from appliance.errors import ConfigError
+from appliance.grpc.config import GrpcConfig
+from appliance.grpc.grpc_server import admitting_handlers, probe_port
+from appliance.grpc.http2.connection import Http2Connection
+from appliance.protocol.dataplane import DataPlane
+
+__all__ = ["Http2Server"]
+
+log = logging.getLogger(__name__)
+
+_CANCEL_GRACE = 0.5
+
+
+class Http2Server:
+    """``start`` binds and serves, ``stop`` keeps to the daemon's deadline (as ``GrpcServer``)."""
+
+    def __init__(self, dataplane: DataPlane, config: GrpcConfig) -> None:
+        self.config = config
+        self.gate, self._handlers = admitting_handlers(dataplane, config)
+        self.handler = self._handlers.by_path
+        self.loop = asyncio.get_running_loop()
+        self._connections: set[Http2Connection] = set()
+        self._listener: asyncio.AbstractServer | None = None
+        self.port: int | None = None
+
+    def opened(self, connection: Http2Connection) -> bool:
+        """Whether a new connection is taken (under max_connections)."""
+        if len(self._connections) >= self.config.max_connections:
+            return False
+        self._connections.add(connection)
+        return True
+
+    def closed(self, connection: Http2Connection) -> None:
+        self._connections.discard(connection)
+
+    async def start(self, host: str, port: int) -> int:
+        """Bind ``host:port`` (0 picks a free port), start serving and return the bound port."""
+        port = probe_port(host, port)
+        try:
+            self._listener = await self.loop.create_server(lambda: Http2Connection(self), host, port,
+                                                           reuse_address=True, backlog=1024)
+        except OSError as exc:
+            raise ConfigError(f"cannot bind gRPC to {host}:{port}: {exc.strerror or exc}; pick another "
+                              "--grpc-port, or --no-grpc") from None
+        self.port = port
+        return port
+
+    async def stop(self, deadline: float) -> None:
+        """Turn new calls away, let calls in progress finish until ``deadline`` (``time.monotonic()``),
+        then cancel what is left."""
+        self.gate.stop()
+        if self._listener is not None:
+            self._listener.close()
+        for connection in list(self._connections):
+            connection.go_away()
+        late = await self.gate.wait_running(max(0.0, deadline - time.monotonic()))
+        await self.gate.cancel_running(_CANCEL_GRACE)
+        for connection in list(self._connections):
+            await connection.cancel_calls(_CANCEL_GRACE)
+            connection.close()
+        if late:
+            log.warning("%d gRPC request(s) still running at the shutdown deadline: cancelled", late)
