@@ -124,8 +124,10 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             log.info("appliance %s serving KServe v2 on http://%s:%d (state dir %s)",
                      __version__, _host(address[0]), address[1], server_section.state_dir)
         if appliance.grpc is not None:
-            transport = Http2Server if settings.grpc.transport == "appliance" else GrpcServer
-            grpc_server = transport(appliance.dataplane, appliance.grpc)
+            if settings.grpc.transport == "appliance":
+                grpc_server = Http2Server.over(appliance.dataplane, appliance.grpc)
+            else:
+                grpc_server = GrpcServer(appliance.dataplane, appliance.grpc)
             grpc_port = await grpc_server.start(host, settings.grpc.port)
             log.info("serving KServe v2 over gRPC on %s:%d", _host(host), grpc_port)
         if state.degraded:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import zlib
 from collections.abc import Callable
@@ -18,9 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from appliance.errors import InvalidInput, PayloadTooLarge
+from appliance.errors import ApplianceError, InvalidInput, PayloadTooLarge
 from appliance.grpc.http2.frames import DATA, END_HEADERS, END_STREAM, HEADERS, Error, FrameError, frame, rst_stream
 from appliance.grpc.http2.headers import RESPONSE_HEADERS, Request, trailers_block
+from appliance.grpc.status import abort
 
 if TYPE_CHECKING:
     from appliance.grpc.http2.connection import Http2Connection
@@ -142,6 +144,9 @@ class Call:
             self.end(_OK, "")
         except grpc.aio.AbortError:
             pass  # abort() ended the call with its status
+        except ApplianceError as exc:  # what the transport itself refused (a message too large, say)
+            with contextlib.suppress(grpc.aio.AbortError):
+                await abort(self, exc)
         except asyncio.CancelledError:
             # The deadline passed, the server stops, or the client reset the stream (then nothing is sent).
             self.end(_DEADLINE if self._expired else _CANCELLED,

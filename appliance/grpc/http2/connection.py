@@ -51,6 +51,7 @@ class Http2Connection(asyncio.Protocol):
         self.peer = "unix:"
         self.transport: asyncio.Transport | None = None
         self._buffer = bytearray()
+        self._out: list[bytes] = []
         self._preface = False
         self._calls: dict[int, Call] = {}
         self._last_stream = 0
@@ -312,8 +313,18 @@ class Http2Connection(asyncio.Protocol):
     # What calls use
 
     def write(self, data: bytes) -> None:
-        if not self._closed and self.transport is not None:
-            self.transport.write(data)
+        """Queue ``data``; what the calls of one turn of the event loop write goes in one send (a send on
+        loopback costs more than the answers it carries)."""
+        if self._closed:
+            return
+        if not self._out:
+            self.loop.call_soon(self._flush)
+        self._out.append(data)
+
+    def _flush(self) -> None:
+        out, self._out = self._out, []
+        if not self._closed and self.transport is not None and out:
+            self.transport.write(b"".join(out) if len(out) > 1 else out[0])
 
     async def drain(self) -> None:
         """Wait while the client reads slower than it is answered."""
@@ -350,6 +361,7 @@ class Http2Connection(asyncio.Protocol):
 
     def close(self) -> None:
         if not self._closed and self.transport is not None:
+            self._flush()
             self._closed = True
             self.transport.close()
 

@@ -13,8 +13,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
+from typing import TypeAlias
+
+import grpc
 
 from appliance.errors import ConfigError
+from appliance.grpc.access import Gate
 from appliance.grpc.config import GrpcConfig
 from appliance.grpc.grpc_server import admitting_handlers, probe_port
 from appliance.grpc.http2.connection import Http2Connection
@@ -25,19 +30,27 @@ __all__ = ["Http2Server"]
 log = logging.getLogger(__name__)
 
 _CANCEL_GRACE = 0.5
+Handler: TypeAlias = grpc.RpcMethodHandler
 
 
 class Http2Server:
     """``start`` binds and serves, ``stop`` keeps to the daemon's deadline (as ``GrpcServer``)."""
 
-    def __init__(self, dataplane: DataPlane, config: GrpcConfig) -> None:
+    def __init__(self, config: GrpcConfig, gate: Gate, handler: Callable[[bytes], Handler | None]) -> None:
+        """``handler``: the handler of the RPC at a ``:path``, None for an unknown one."""
         self.config = config
-        self.gate, self._handlers = admitting_handlers(dataplane, config)
-        self.handler = self._handlers.by_path
+        self.gate = gate
+        self.handler = handler
         self.loop = asyncio.get_running_loop()
         self._connections: set[Http2Connection] = set()
         self._listener: asyncio.AbstractServer | None = None
         self.port: int | None = None
+
+    @classmethod
+    def over(cls, dataplane: DataPlane, config: GrpcConfig) -> Http2Server:
+        """The server of Triton's GRPCInferenceService over ``dataplane``."""
+        gate, handlers = admitting_handlers(dataplane, config)
+        return cls(config, gate, handlers.by_path)
 
     def opened(self, connection: Http2Connection) -> bool:
         """Whether a new connection is taken (under max_connections)."""

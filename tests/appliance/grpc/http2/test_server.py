@@ -1,0 +1,279 @@
+"""The appliance's own HTTP/2 transport for gRPC, in process: grpcio's client against it (unary, streams,
+deadlines, cancellation, compression, large messages under flow control, errors with their trailers), and
+raw frames for what no well-behaved client sends (a bad preface, a broken frame, a window overrun, a
+header block that never ends, too many streams or connections)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import struct
+import threading
+
+import grpc
+import hpack
+import pytest
+
+from appliance.grpc.access import Gate
+from appliance.grpc.config import GrpcConfig
+from appliance.grpc.http2 import frames as f
+from appliance.grpc.http2.server import Http2Server
+
+
+class _Handlers:
+    """A small service: Echo, Slow (sleeps until cancelled), Big (answers ``size`` bytes), Chat (echoes each
+    message of a stream), Fail (aborts with trailing metadata)."""
+
+    def __init__(self) -> None:
+        self.cancelled = asyncio.Event()
+        identity = {"request_deserializer": None, "response_serializer": lambda raw: raw}
+        self.table = {
+            b"/t.S/Echo": grpc.stream_unary_rpc_method_handler(self.echo, **identity),
+            b"/t.S/Slow": grpc.stream_unary_rpc_method_handler(self.slow, **identity),
+            b"/t.S/Big": grpc.stream_unary_rpc_method_handler(self.big, **identity),
+            b"/t.S/Chat": grpc.stream_stream_rpc_method_handler(self.chat, **identity),
+            b"/t.S/Fail": grpc.stream_unary_rpc_method_handler(self.fail, **identity),
+        }
+
+    async def echo(self, requests, context):
+        message = await context.read()
+        metadata = dict(context.invocation_metadata())
+        return message + metadata.get("suffix", "").encode() + context.peer().encode()[:0]
+
+    async def slow(self, requests, context):
+        await context.read()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
+        return b""
+
+    async def big(self, requests, context):
+        size = int(await context.read())
+        return b"x" * size
+
+    async def chat(self, requests, context):
+        async for message in requests:
+            await context.write(b"re:" + message)
+
+    async def fail(self, requests, context):
+        await context.read()
+        context.set_trailing_metadata((("retry-after", "2"),))
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "no: 100% wrong")
+
+
+@pytest.fixture
+async def server():
+    handlers = _Handlers()
+    config = GrpcConfig(max_message_bytes=4 << 20, max_connections=4, max_streams_per_connection=8, idle_timeout=2)
+    server = Http2Server(config, Gate(None, 8), handlers.table.get)  # type: ignore[arg-type]
+    await server.start("127.0.0.1", 0)
+    server.handlers = handlers  # type: ignore[attr-defined]
+    yield server
+    await server.stop(0.5)
+
+
+def _channel(server) -> grpc.Channel:
+    return grpc.insecure_channel(f"127.0.0.1:{server.port}", options=[("grpc.max_receive_message_length", -1),
+                                                                       ("grpc.max_send_message_length", -1)])
+
+
+def _unary(server, method: str, message: bytes, **kwargs):
+    with _channel(server) as channel:
+        return channel.unary_unary(method)(message, **kwargs)
+
+
+async def test_unary_calls_answer_with_their_message_and_metadata(server):
+    assert await asyncio.to_thread(_unary, server, "/t.S/Echo", b"hello", metadata=(("suffix", "!"),)) == b"hello!"
+
+    def many():
+        with _channel(server) as channel:
+            echo = channel.unary_unary("/t.S/Echo")
+            futures = [echo.future(b"%d" % i) for i in range(200)]
+            return [future.result() for future in futures]
+
+    assert await asyncio.to_thread(many) == [b"%d" % i for i in range(200)]
+
+
+async def test_large_messages_flow_both_ways_under_flow_control(server):
+    payload = bytes(range(256)) * 12_000  # 3 MiB: far past every initial window
+    assert await asyncio.to_thread(_unary, server, "/t.S/Echo", payload) == payload
+    assert len(await asyncio.to_thread(_unary, server, "/t.S/Big", b"%d" % (3 << 20))) == 3 << 20
+
+
+async def test_a_message_over_the_limit_is_resource_exhausted(server):
+    with pytest.raises(grpc.RpcError) as error:
+        await asyncio.to_thread(_unary, server, "/t.S/Echo", bytes(5 << 20))
+    assert error.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "max_request_bytes" in error.value.details()
+
+
+async def test_compressed_messages_are_read(server):
+    payload = b"abc" * 10_000
+    for algorithm in (grpc.Compression.Gzip, grpc.Compression.Deflate):
+        def call():
+            with grpc.insecure_channel(f"127.0.0.1:{server.port}", compression=algorithm) as channel:
+                return channel.unary_unary("/t.S/Echo")(payload)
+        assert await asyncio.to_thread(call) == payload
+
+
+async def test_errors_carry_their_status_message_and_trailing_metadata(server):
+    def call():
+        with _channel(server) as channel:
+            try:
+                channel.unary_unary("/t.S/Fail").with_call(b"x")
+            except grpc.RpcError as error:
+                return error
+            raise AssertionError("Fail answered")
+
+    error = await asyncio.to_thread(call)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and error.details() == "no: 100% wrong"
+    assert ("retry-after", "2") in error.trailing_metadata()
+    with pytest.raises(grpc.RpcError) as unknown:
+        await asyncio.to_thread(_unary, server, "/t.S/Nope", b"")
+    assert unknown.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+async def test_a_deadline_cancels_the_handler_and_answers_deadline_exceeded(server):
+    with pytest.raises(grpc.RpcError) as error:
+        await asyncio.to_thread(_unary, server, "/t.S/Slow", b"", timeout=0.3)
+    assert error.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    await asyncio.wait_for(server.handlers.cancelled.wait(), 5)
+
+
+async def test_a_client_that_cancels_cancels_the_handler(server):
+    def call():
+        with _channel(server) as channel:
+            future = channel.unary_unary("/t.S/Slow").future(b"")
+            threading.Event().wait(0.3)
+            future.cancel()
+
+    await asyncio.to_thread(call)
+    await asyncio.wait_for(server.handlers.cancelled.wait(), 5)
+
+
+async def test_a_stream_answers_each_message(server):
+    def call():
+        with _channel(server) as channel:
+            return list(channel.stream_stream("/t.S/Chat")(iter([b"a", b"b" * 100_000, b"c"])))
+
+    assert await asyncio.to_thread(call) == [b"re:a", b"re:" + b"b" * 100_000, b"re:c"]
+
+
+# Raw frames
+
+_ENCODER_CALL = [(":method", "POST"), (":scheme", "http"), (":path", "/t.S/Echo"), (":authority", "x"),
+                 ("content-type", "application/grpc"), ("te", "trailers")]
+
+
+async def _raw(server, preface: bytes = f.PREFACE + f.settings({})):
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    writer.write(preface)
+    return reader, writer
+
+
+async def _frames(reader, until_type: int | None = None, seconds: float = 3.0):
+    """Frames read until one of ``until_type`` (or the connection's end)."""
+    seen = []
+    with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError, TimeoutError):
+        async with asyncio.timeout(seconds):
+            while True:
+                head = await reader.readexactly(9)
+                word, flags, stream = f.HEAD.unpack(head)
+                payload = await reader.readexactly(word >> 8)
+                seen.append((word & 0xFF, flags, stream, payload))
+                if (word & 0xFF) == until_type:
+                    break
+    return seen
+
+
+def _goaway_code(frames) -> int | None:
+    for kind, _, _, payload in frames:
+        if kind == f.GOAWAY:
+            return struct.unpack(">II", payload[:8])[1]
+    return None
+
+
+@pytest.mark.parametrize(("send", "code"), [
+    (f.frame(f.DATA, 0, 0, b"x"), f.Error.PROTOCOL_ERROR),  # DATA on stream 0
+    (f.frame(f.PING, 0, 0, b"short"), f.Error.FRAME_SIZE_ERROR),
+    (f.HEAD.pack(100_000 << 8 | f.DATA, 0, 1), f.Error.FRAME_SIZE_ERROR),  # a frame over the size limit
+    (f.frame(f.HEADERS, f.END_HEADERS, 1, b"\xff\xff\xff\xff\xff\xff"), f.Error.COMPRESSION_ERROR),
+    (f.frame(f.HEADERS, f.END_HEADERS, 2, hpack.Encoder().encode(_ENCODER_CALL)), f.Error.PROTOCOL_ERROR),
+    (f.frame(f.PUSH_PROMISE, f.END_HEADERS, 1, b"\x00\x00\x00\x02"), f.Error.PROTOCOL_ERROR),
+    (f.window_update(0, 0), f.Error.PROTOCOL_ERROR),
+    (f.window_update(0, 2**31 - 1), f.Error.FLOW_CONTROL_ERROR),
+])
+async def test_a_broken_frame_ends_the_connection_with_goaway(server, send, code):
+    reader, writer = await _raw(server)
+    writer.write(send)
+    assert _goaway_code(await _frames(reader, f.GOAWAY)) == code
+    writer.close()
+
+
+async def test_not_http2_and_a_silent_connection_are_closed(server):
+    reader, writer = await _raw(server, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert _goaway_code(await _frames(reader)) == f.Error.PROTOCOL_ERROR
+    reader, writer = await _raw(server, b"")  # no preface within idle_timeout (2 s)
+    assert await asyncio.wait_for(reader.read(), 5) is not None and reader.at_eof()
+
+
+async def test_a_header_block_that_never_ends_is_cut_off(server):
+    reader, writer = await _raw(server)
+    writer.write(f.frame(f.HEADERS, 0, 1, b""))
+    for _ in range(8):
+        writer.write(f.frame(f.CONTINUATION, 0, 1, b"\x00" * 16_000))
+    assert _goaway_code(await _frames(reader, f.GOAWAY)) == f.Error.ENHANCE_YOUR_CALM
+
+
+async def test_data_past_the_window_of_a_call_not_read_is_a_flow_control_error(server):
+    reader, writer = await _raw(server)
+    call = [*_ENCODER_CALL[:2], (":path", "/t.S/Slow"), *_ENCODER_CALL[3:]]
+    writer.write(f.frame(f.HEADERS, f.END_HEADERS, 1, hpack.Encoder().encode(call)))
+    for _ in range(5):  # 80 KiB on a stream whose window is 64 KiB at most
+        writer.write(f.frame(f.DATA, 0, 1, b"\x00" * 16_000))
+    assert _goaway_code(await _frames(reader, f.GOAWAY)) == f.Error.FLOW_CONTROL_ERROR
+
+
+async def test_streams_over_the_limit_are_refused_and_pings_answered(server):
+    reader, writer = await _raw(server)
+    encoder = hpack.Encoder()
+    slow = [*_ENCODER_CALL[:2], (":path", "/t.S/Slow"), *_ENCODER_CALL[3:]]
+    for stream in range(1, 20, 2):  # ten calls; the limit is eight
+        writer.write(f.frame(f.HEADERS, f.END_HEADERS, stream, encoder.encode(slow)))
+    writer.write(f.frame(f.PING, 0, 0, b"12345678"))
+    frames = await _frames(reader, f.PING)
+    refused = [stream for kind, _, stream, payload in frames
+               if kind == f.RST_STREAM and struct.unpack(">I", payload)[0] == f.Error.REFUSED_STREAM]
+    assert refused == [17, 19]
+    assert frames[-1] == (f.PING, f.ACK, 0, b"12345678")
+    writer.close()
+
+
+async def test_connections_over_the_limit_are_closed_at_once(server):
+    held = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(4)]
+    try:
+        await asyncio.sleep(0.2)
+        extra = socket.create_connection(("127.0.0.1", server.port))
+        extra.settimeout(3)
+
+        def closed() -> bool:
+            try:
+                return extra.recv(100) == b""
+            except ConnectionResetError:
+                return True
+
+        assert await asyncio.to_thread(closed)  # no SETTINGS: closed before a byte
+        extra.close()
+    finally:
+        for sock in held:
+            sock.close()
+
+
+async def test_stopping_sends_goaway_and_new_calls_wait_no_longer(server):
+    reader, writer = await _raw(server)
+    await _frames(reader, f.SETTINGS, 1)
+    await server.stop(0.2)
+    assert _goaway_code(await _frames(reader, f.GOAWAY)) == f.Error.NO_ERROR
