@@ -82,6 +82,8 @@ class Call:
         self._task: asyncio.Task | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._expired = False
+        self.unread = 0
+        """Bytes received while no handler read them, counted on the connection's allowance."""
 
     # The handler's context (what appliance.grpc reads of grpc.aio.ServicerContext)
 
@@ -100,6 +102,9 @@ class Call:
 
     async def read(self) -> Any:
         """The next request message (bytes), or ``grpc.aio.EOF`` once the client ended its side."""
+        if self.unread:  # what a reading handler holds is its own
+            self._connection.release(self.unread)
+            self.unread = 0
         while not self._messages:
             if self._failure is not None:
                 raise self._failure
@@ -174,11 +179,16 @@ class Call:
             raise FrameError(Error.STREAM_CLOSED, f"DATA on stream {self.stream} after its end")
         if self.local_ended or self._failure is not None:
             pass  # answered (or refused) already: what still comes is dropped
-        elif not self._buffer and self._whole(payload):
-            pass
         else:
-            self._buffer += payload
-            self._take_messages()
+            if self._reader is None:  # held for a handler that does not read (yet): the connection counts it
+                self.unread += len(payload)
+                if not self._connection.hold(self, len(payload)):
+                    return  # over the connection's allowance: this stream was refused
+            if not self._buffer and self._whole(payload):
+                pass
+            else:
+                self._buffer += payload
+                self._take_messages()
         if end:
             self.remote_end()
         elif self._reader is not None and self._failure is None:

@@ -30,6 +30,9 @@ log = logging.getLogger(__name__)
 MAX_FRAME = f.DEFAULT_FRAME_SIZE
 MAX_HEADER_LIST = 16 * 1024
 MAX_HEADER_BLOCK = 64 * 1024
+UNREAD_LIMIT = 1024**2
+"""Bytes a connection's calls may hold that no handler reads yet (calls waiting for admission or a
+receive slot); past it the stream holding most is refused."""
 CONNECTION_WINDOW = 16 * 1024**2
 """The connection's receive window: streams' own windows bound what is held."""
 _KEEPALIVE = 60.0
@@ -63,6 +66,7 @@ class Http2Connection(asyncio.Protocol):
         self.max_frame = f.DEFAULT_FRAME_SIZE
         self._receive_window = CONNECTION_WINDOW
         self._waiting_window: set[Call] = set()
+        self._unread = 0
         self._paused = False
         self._drained: asyncio.Future[None] | None = None
         self._going_away = False
@@ -175,8 +179,9 @@ class Http2Connection(asyncio.Protocol):
                 raise FrameError(Error.FRAME_SIZE_ERROR, "a RST_STREAM frame is 4 bytes")
             if stream == 0 or stream > self._last_stream:
                 raise FrameError(Error.PROTOCOL_ERROR, f"RST_STREAM on idle stream {stream}")
-            call = self._calls.pop(stream, None)
+            call = self._calls.get(stream)
             if call is not None:
+                self.forget(call)
                 call.reset()
         elif kind == f.GOAWAY:
             self._going_away = True  # the client opens no new streams; the open ones finish
@@ -343,6 +348,24 @@ class Http2Connection(asyncio.Protocol):
         if self._calls.get(call.stream) is call:
             del self._calls[call.stream]
         self._waiting_window.discard(call)
+        self.release(call.unread)
+        call.unread = 0
+
+    def hold(self, call: Call, size: int) -> bool:
+        """Count ``size`` more bytes ``call`` holds that its handler does not read (yet); past
+        ``UNREAD_LIMIT`` the stream holding most is refused (REFUSED_STREAM: gRPC clients retry it).
+        False when that is ``call``."""
+        self._unread += size
+        if self._unread <= UNREAD_LIMIT:
+            return True
+        over = max(self._calls.values(), key=lambda held: held.unread)
+        self.forget(over)
+        over.reset()
+        self.write(f.rst_stream(over.stream, Error.REFUSED_STREAM))
+        return over is not call
+
+    def release(self, size: int) -> None:
+        self._unread -= size
 
     # Lifecycle
 

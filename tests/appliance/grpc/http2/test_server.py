@@ -17,6 +17,7 @@ import pytest
 
 from appliance.grpc.access import Gate
 from appliance.grpc.config import GrpcConfig
+from appliance.grpc.http2 import connection as connection_module
 from appliance.grpc.http2 import frames as f
 from appliance.grpc.http2.server import Http2Server
 
@@ -34,6 +35,7 @@ class _Handlers:
             b"/t.S/Big": grpc.stream_unary_rpc_method_handler(self.big, **identity),
             b"/t.S/Chat": grpc.stream_stream_rpc_method_handler(self.chat, **identity),
             b"/t.S/Fail": grpc.stream_unary_rpc_method_handler(self.fail, **identity),
+            b"/t.S/Hold": grpc.stream_unary_rpc_method_handler(self.hold, **identity),
         }
 
     async def echo(self, requests, context):
@@ -57,6 +59,10 @@ class _Handlers:
     async def chat(self, requests, context):
         async for message in requests:
             await context.write(b"re:" + message)
+
+    async def hold(self, requests, context):
+        await asyncio.sleep(30)  # never reads: what its client sends stays unread
+        return b""
 
     async def fail(self, requests, context):
         await context.read()
@@ -236,6 +242,23 @@ async def test_data_past_the_window_of_a_call_not_read_is_a_flow_control_error(s
     for _ in range(5):  # 80 KiB on a stream whose window is 64 KiB at most
         writer.write(f.frame(f.DATA, 0, 1, b"\x00" * 16_000))
     assert _goaway_code(await _frames(reader, f.GOAWAY)) == f.Error.FLOW_CONTROL_ERROR
+
+
+async def test_bytes_no_handler_reads_are_capped_per_connection(server, monkeypatch):
+    monkeypatch.setattr(connection_module, "UNREAD_LIMIT", 100_000)
+    reader, writer = await _raw(server)
+    encoder = hpack.Encoder()
+    hold = [*_ENCODER_CALL[:2], (":path", "/t.S/Hold"), *_ENCODER_CALL[3:]]
+    for stream in (1, 3):
+        writer.write(f.frame(f.HEADERS, f.END_HEADERS, stream, encoder.encode(hold)))
+        for _ in range(4):  # 60,000 bytes each, inside the stream's window
+            writer.write(f.frame(f.DATA, 0, stream, b"\x00" * 15_000))
+    writer.write(f.frame(f.PING, 0, 0, b"still ok"))
+    frames = await _frames(reader, f.PING)
+    refused = [(stream, struct.unpack(">I", payload)[0]) for kind, _, stream, payload in frames if kind == f.RST_STREAM]
+    assert refused == [(1, f.Error.REFUSED_STREAM)]  # the one holding most; the connection goes on
+    assert frames[-1] == (f.PING, f.ACK, 0, b"still ok")
+    writer.close()
 
 
 async def test_streams_over_the_limit_are_refused_and_pings_answered(server):
