@@ -243,8 +243,10 @@ class Http2Connection(asyncio.Protocol):
                 raise FrameError(Error.PROTOCOL_ERROR, f"a second header block on stream {stream} without its end")
             call.remote_end()
             return
-        if stream <= self._last_stream or not stream % 2:
-            raise FrameError(Error.PROTOCOL_ERROR, f"HEADERS opening stream {stream}, not a new odd stream")
+        if not stream % 2:
+            raise FrameError(Error.PROTOCOL_ERROR, f"HEADERS opening stream {stream}: a client's streams are odd")
+        if stream <= self._last_stream:
+            return  # trailers on a stream already answered and reset: ignored (the table took the block)
         self._last_stream = stream
         if self._going_away or len(self._calls) >= self._server.config.max_streams_per_connection:
             self.write(f.rst_stream(stream, Error.REFUSED_STREAM))

@@ -220,6 +220,20 @@ async def test_a_broken_frame_ends_the_connection_with_goaway(server, send, code
     writer.close()
 
 
+async def test_frames_still_coming_for_an_answered_stream_are_ignored(server):
+    reader, writer = await _raw(server)
+    encoder = hpack.Encoder()
+    unknown = [*_ENCODER_CALL[:2], (":path", "/t.S/Nope"), *_ENCODER_CALL[3:]]
+    writer.write(f.frame(f.HEADERS, f.END_HEADERS, 1, encoder.encode(unknown)))  # answered and reset at once
+    await _frames(reader, f.RST_STREAM)
+    writer.write(f.frame(f.DATA, 0, 1, b"\x00" * 100) + f.window_update(1, 10)
+                 + f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, 1, encoder.encode([("x-trailer", "1")]))
+                 + f.frame(f.PING, 0, 0, b"after it"))
+    frames = await _frames(reader, f.PING)
+    assert _goaway_code(frames) is None and frames[-1] == (f.PING, f.ACK, 0, b"after it")
+    writer.close()
+
+
 async def test_not_http2_and_a_silent_connection_are_closed(server):
     reader, writer = await _raw(server, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
     assert _goaway_code(await _frames(reader)) == f.Error.PROTOCOL_ERROR
