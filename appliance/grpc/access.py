@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import urllib.parse
 from collections.abc import Iterator
 
@@ -24,6 +25,7 @@ __all__ = ["Gate", "GateAdmitted", "caller_of", "peer_address"]
 _CREDENTIALS = "'authorization: Bearer <token>' metadata"
 
 
+@functools.lru_cache(maxsize=4096)
 def peer_address(peer: str) -> str | None:
     """The IP address in a gRPC peer string (``ipv4:1.2.3.4:5``, ``ipv6:[::1]:5``, ``ipv6:%5B::1%5D:5``);
     None for anything else (a UNIX socket)."""

@@ -18,7 +18,7 @@ import hpack
 from appliance.grpc.http2 import frames as f
 from appliance.grpc.http2.call import STREAM_WINDOW, Call
 from appliance.grpc.http2.frames import Error, FrameError
-from appliance.grpc.http2.headers import HeaderDecoder, Request, response_block
+from appliance.grpc.http2.headers import HeaderDecoder, response_block
 
 if TYPE_CHECKING:
     from appliance.grpc.http2.server import Http2Server
@@ -234,7 +234,7 @@ class Http2Connection(asyncio.Protocol):
 
     def _header_block(self, flags: int, stream: int, block: bytes) -> None:
         try:
-            fields = self._decoder.decode(block)
+            request = self._decoder.decode(block)
         except hpack.HPACKError as exc:
             raise FrameError(Error.COMPRESSION_ERROR, f"the header block is not HPACK: {exc}") from None
         call = self._calls.get(stream)
@@ -251,7 +251,6 @@ class Http2Connection(asyncio.Protocol):
         if self._going_away or len(self._calls) >= self._server.config.max_streams_per_connection:
             self.write(f.rst_stream(stream, Error.REFUSED_STREAM))
             return
-        request = Request(fields)
         receive = STREAM_WINDOW if self._settings_acked else f.DEFAULT_WINDOW
         call = Call(self, stream, request, receive, self._stream_send_window)
         self._calls[stream] = call

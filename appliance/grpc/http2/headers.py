@@ -18,27 +18,28 @@ _HIGH = frozenset(range(0x81, 0xFF))
 
 
 class HeaderDecoder:
-    """One connection's HPACK decoder. A block made only of one-byte indexed fields (how gRPC clients send
-    the headers they repeat on every call, once they are in the dynamic table) changes no table, so its
-    decoding is cached until a block that may change the table comes."""
+    """One connection's HPACK decoder, handing out each block as a ``Request``. A block made only of
+    one-byte indexed fields (how gRPC clients send the headers they repeat on every call, once they are in
+    the dynamic table) changes no table, so its ``Request`` is cached until a block that may change the
+    table comes; a cached one is shared between calls and never changed."""
 
     def __init__(self, max_header_list_size: int) -> None:
         self._decoder = hpack.Decoder(max_header_list_size=max_header_list_size)
-        self._cache: dict[bytes, list[tuple[bytes, bytes]]] = {}
+        self._cache: dict[bytes, Request] = {}
 
-    def decode(self, block: bytes) -> list[tuple[bytes, bytes]]:
-        """The block's header fields; ``hpack.HPACKError`` (a COMPRESSION_ERROR) when it is not HPACK."""
+    def decode(self, block: bytes) -> Request:
+        """The block's request; ``hpack.HPACKError`` (a COMPRESSION_ERROR) when it is not HPACK."""
         cached = self._cache.get(block)
         if cached is not None:
             return cached
-        fields = cast(list[tuple[bytes, bytes]], self._decoder.decode(block, raw=True))
+        request = Request(cast(list[tuple[bytes, bytes]], self._decoder.decode(block, raw=True)))
         if _HIGH.issuperset(block):
             if len(self._cache) >= _CACHED_BLOCKS:
                 self._cache.clear()
-            self._cache[block] = fields
+            self._cache[block] = request
         else:
             self._cache.clear()  # the table may have changed: indexes may now name other fields
-        return fields
+        return request
 
 
 class Request:

@@ -1,5 +1,5 @@
 """Every RPC of Triton's GRPCInferenceService through Triton's own gRPC client, against the daemon as users
-start it (real onnxruntime models)."""
+start it (real onnxruntime models), on either transport of the gRPC port."""
 
 from __future__ import annotations
 
@@ -30,9 +30,10 @@ def repository(tmp_path_factory):
     return repo
 
 
-@pytest.fixture(scope="module")
-def daemon(module_daemon, repository):
-    return module_daemon(repository, "--metrics-port", "0")
+@pytest.fixture(scope="module", params=["appliance", "grpcio"])
+def daemon(request, module_daemon, repository):
+    """Both transports of the gRPC port (the grpc_transport setting) answer every RPC alike."""
+    return module_daemon(repository, "--metrics-port", "0", env={"APPLIANCE_GRPC_TRANSPORT": request.param})
 
 
 @pytest.fixture(scope="module")
