@@ -6,9 +6,10 @@ Each server answers KServe's ModelInfer with one canned ModelInferResponse (an F
 bench.triton's identity) and does nothing else: grpc.aio on uvloop; the same with the RPC served as
 stream-unary, its one message read by the handler (how the appliance serves unary RPCs, so that it
 admits a call before grpc reads the call's bytes); grpc.aio on asyncio's own loop, grpcio's
-synchronous server with a thread pool, and, when the ``h2`` package is importable (``pip install h2``;
-not a dependency of the appliance), a minimal gRPC-over-HTTP/2 server on uvloop built on h2 (unary
-calls only, no flow-control or admission: a floor, not a server). A client in
+synchronous server with a thread pool, the appliance's own transport (``appliance.grpc.http2``, the
+handler shape it serves, without admission or the data plane), and, when the ``h2`` package is
+importable (``pip install h2``; not a dependency of the appliance), a minimal gRPC-over-HTTP/2 server on
+uvloop built on h2 (unary calls only, no flow-control or admission: a floor, not a server). A client in
 another process (grpcio's sync stub, one channel; c threads) sends the calls; the server's CPU time per
 call comes from /proc (all its threads). The servers run one at a time, in turn, per repeat; medians go
 to bench/results/grpc-floor.md beside Triton 2.51's CPU per *whole request* from bench/results/triton.json
@@ -33,7 +34,7 @@ from typing import Any
 
 RESULTS = Path(__file__).parent / "results"
 MODES = ("grpc.aio, uvloop", "grpc.aio stream-unary, uvloop", "grpc.aio, asyncio", "grpc sync, 4 threads",
-         "h2, uvloop")
+         "h2, uvloop", "appliance transport, uvloop")
 
 
 def _response() -> Any:
@@ -150,6 +151,35 @@ def _serve_h2() -> None:
     uvloop.run(main())
 
 
+def _serve_appliance() -> None:
+    """The gRPC port's own transport (appliance.grpc.http2) with the handler shape the appliance serves:
+    stream-unary, the one message read by the handler, no admission or data plane."""
+    import grpc
+    import uvloop
+    from tritonclient.grpc import service_pb2
+
+    from appliance.grpc.access import Gate
+    from appliance.grpc.config import GrpcConfig
+    from appliance.grpc.http2.server import Http2Server
+
+    canned = _response()
+
+    async def raw(requests: Any, context: Any) -> Any:
+        service_pb2.ModelInferRequest.FromString(await context.read())
+        return canned
+
+    handler = grpc.stream_unary_rpc_method_handler(raw, request_deserializer=None,
+                                                   response_serializer=service_pb2.ModelInferResponse.SerializeToString)
+    paths = {b"/inference.GRPCInferenceService/ModelInfer": handler}
+
+    async def main() -> None:
+        server = Http2Server(GrpcConfig(), Gate(None), paths.get)  # type: ignore[arg-type]
+        print(f"PORT {await server.start('127.0.0.1', 0)}", flush=True)
+        await asyncio.Event().wait()
+
+    uvloop.run(main())
+
+
 def _drive(port: int, calls: int, concurrency: int) -> float:
     """Seconds for ``calls`` ModelInfer calls from ``concurrency`` threads over one channel."""
     import grpc
@@ -219,7 +249,12 @@ def main() -> None:
     parser.add_argument("--serve", choices=MODES, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        _serve_h2() if args.serve == "h2, uvloop" else _serve_grpcio(args.serve)
+        if args.serve == "h2, uvloop":
+            _serve_h2()
+        elif args.serve == "appliance transport, uvloop":
+            _serve_appliance()
+        else:
+            _serve_grpcio(args.serve)
         return
     from bench.serving import machine
 
