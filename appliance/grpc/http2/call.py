@@ -21,7 +21,7 @@ import grpc
 
 from appliance.errors import ApplianceError, InvalidInput, PayloadTooLarge
 from appliance.grpc.http2.frames import DATA, END_HEADERS, END_STREAM, HEADERS, Error, FrameError, frame, rst_stream
-from appliance.grpc.http2.headers import RESPONSE_HEADERS, Request, trailers_block
+from appliance.grpc.http2.headers import RESPONSE_HEADERS, Request, response_block, trailers_block
 from appliance.grpc.status import abort
 
 if TYPE_CHECKING:
@@ -126,6 +126,11 @@ class Call:
 
     def start(self, handler: grpc.RpcMethodHandler | None) -> None:
         request = self.request
+        if request.method != b"POST" or not request.content_type.startswith(b"application/grpc"):
+            # Not gRPC: an HTTP status, as gRPC servers answer (415 for the content type).
+            self._finish(frame(HEADERS, END_HEADERS | END_STREAM, self.stream,
+                               response_block(405 if request.method != b"POST" else 415)))
+            return
         if handler is None:
             self.end(_UNIMPLEMENTED, f"Method not found: {request.path.decode('latin-1')}")
             return
@@ -332,10 +337,13 @@ class Call:
         is reset if the client still sends."""
         if self.local_ended:
             return
-        self.local_ended = True
         block = trailers_block(code, message, self._trailing, self._headers_sent)
         self._headers_sent = True
-        out = before + frame(HEADERS, END_HEADERS | END_STREAM, self.stream, block)
+        self._finish(before + frame(HEADERS, END_HEADERS | END_STREAM, self.stream, block))
+
+    def _finish(self, out: bytes) -> None:
+        """Send ``out``, which ends the stream on this side; reset it if the client still sends."""
+        self.local_ended = True
         if not self.remote_ended:
             out += rst_stream(self.stream, Error.NO_ERROR)  # the answer is complete: stop sending
             self.remote_ended = True

@@ -18,7 +18,7 @@ import hpack
 from appliance.grpc.http2 import frames as f
 from appliance.grpc.http2.call import STREAM_WINDOW, Call
 from appliance.grpc.http2.frames import Error, FrameError
-from appliance.grpc.http2.headers import HeaderDecoder, response_block
+from appliance.grpc.http2.headers import HeaderDecoder
 
 if TYPE_CHECKING:
     from appliance.grpc.http2.server import Http2Server
@@ -256,20 +256,7 @@ class Http2Connection(asyncio.Protocol):
         self._calls[stream] = call
         if flags & f.END_STREAM:
             call.remote_ended = True
-        if request.method != b"POST" or not request.content_type.startswith(b"application/grpc"):
-            self._not_grpc(call)
-            return
         call.start(self._server.handler(request.path))
-
-    def _not_grpc(self, call: Call) -> None:
-        """A request that is not gRPC gets an HTTP answer, as gRPC servers give it (415 for its type)."""
-        status = 405 if call.request.method != b"POST" else 415
-        call.local_ended = True
-        out = f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, call.stream, response_block(status))
-        if not call.remote_ended:
-            out += f.rst_stream(call.stream, Error.NO_ERROR)
-        self.write(out)
-        self.forget(call)
 
     def _window_update(self, stream: int, payload: bytes) -> None:
         if len(payload) != 4:

@@ -234,6 +234,18 @@ async def test_frames_still_coming_for_an_answered_stream_are_ignored(server):
     writer.close()
 
 
+@pytest.mark.parametrize(("method", "content_type", "status"), [("POST", "application/json", "415"),
+                                                                 ("GET", "application/grpc", "405")])
+async def test_a_request_that_is_not_grpc_gets_an_http_status(server, method, content_type, status):
+    reader, writer = await _raw(server)
+    fields = [(":method", method), *_ENCODER_CALL[1:4], ("content-type", content_type)]
+    writer.write(f.frame(f.HEADERS, f.END_HEADERS, 1, hpack.Encoder().encode(fields)))
+    frames = await _frames(reader, f.RST_STREAM)
+    answer = next(payload for kind, _, stream, payload in frames if kind == f.HEADERS and stream == 1)
+    assert dict(hpack.Decoder().decode(answer))[":status"] == status
+    writer.close()
+
+
 async def test_not_http2_and_a_silent_connection_are_closed(server):
     reader, writer = await _raw(server, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
     assert _goaway_code(await _frames(reader)) == f.Error.PROTOCOL_ERROR
