@@ -33,6 +33,8 @@ MAX_HEADER_BLOCK = 64 * 1024
 UNREAD_LIMIT = 1024**2
 """Bytes a connection's calls may hold that no handler reads yet (calls waiting for admission or a
 receive slot); past it the stream holding most is refused."""
+RESET_BURST = 1000
+RESET_RATE = 100.0
 CONNECTION_WINDOW = 16 * 1024**2
 """The connection's receive window: streams' own windows bound what is held."""
 _KEEPALIVE = 60.0
@@ -67,6 +69,8 @@ class Http2Connection(asyncio.Protocol):
         self._receive_window = CONNECTION_WINDOW
         self._waiting_window: set[Call] = set()
         self._unread = 0
+        self._resets = float(RESET_BURST)
+        self._resets_at = self.loop.time()
         self._paused = False
         self._drained: asyncio.Future[None] | None = None
         self._going_away = False
@@ -183,6 +187,7 @@ class Http2Connection(asyncio.Protocol):
             if call is not None:
                 self.forget(call)
                 call.reset()
+                self._count_reset()
         elif kind == f.GOAWAY:
             self._going_away = True  # the client opens no new streams; the open ones finish
         elif kind == f.PRIORITY:
@@ -257,6 +262,16 @@ class Http2Connection(asyncio.Protocol):
         if flags & f.END_STREAM:
             call.remote_ended = True
         call.start(self._server.handler(request.path))
+
+    def _count_reset(self) -> None:
+        """Calls a client cancels cost a started handler each: past ``RESET_BURST`` of them, refilled at
+        ``RESET_RATE`` a second, the connection ends (HTTP/2 "rapid reset", CVE-2023-44487)."""
+        now = self.loop.time()
+        self._resets = min(RESET_BURST, self._resets + (now - self._resets_at) * RESET_RATE) - 1
+        self._resets_at = now
+        if self._resets < 0:
+            raise FrameError(Error.ENHANCE_YOUR_CALM, f"more than {RESET_BURST} calls cancelled at a rate above "
+                                                      f"{RESET_RATE:g} a second")
 
     def _window_update(self, stream: int, payload: bytes) -> None:
         if len(payload) != 4:

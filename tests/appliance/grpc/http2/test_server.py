@@ -287,6 +287,19 @@ async def test_bytes_no_handler_reads_are_capped_per_connection(server, monkeypa
     writer.close()
 
 
+async def test_a_client_that_cancels_call_after_call_is_cut_off(server, monkeypatch):
+    monkeypatch.setattr(connection_module, "RESET_BURST", 20)
+    monkeypatch.setattr(connection_module, "RESET_RATE", 1.0)
+    reader, writer = await _raw(server)
+    encoder = hpack.Encoder()
+    slow = [*_ENCODER_CALL[:2], (":path", "/t.S/Slow"), *_ENCODER_CALL[3:]]
+    for stream in range(1, 61, 2):  # 30 calls opened and cancelled at once ("rapid reset")
+        writer.write(f.frame(f.HEADERS, f.END_HEADERS, stream, encoder.encode(slow))
+                     + f.rst_stream(stream, f.Error.CANCEL))
+    assert _goaway_code(await _frames(reader, f.GOAWAY)) == f.Error.ENHANCE_YOUR_CALM
+    writer.close()
+
+
 async def test_streams_over_the_limit_are_refused_and_pings_answered(server):
     reader, writer = await _raw(server)
     encoder = hpack.Encoder()
