@@ -15,7 +15,7 @@ import contextlib
 import logging
 import zlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import grpc
 
@@ -24,10 +24,7 @@ from appliance.grpc.http2.frames import DATA, END_HEADERS, END_STREAM, HEADERS, 
 from appliance.grpc.http2.headers import RESPONSE_HEADERS, Request, response_block, trailers_block
 from appliance.grpc.status import abort
 
-if TYPE_CHECKING:
-    from appliance.grpc.http2.connection import Http2Connection
-
-__all__ = ["Call", "STREAM_WINDOW"]
+__all__ = ["Call", "Channel", "STREAM_WINDOW"]
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +36,31 @@ _CANCELLED = grpc.StatusCode.CANCELLED.value[0]
 _INTERNAL = grpc.StatusCode.INTERNAL.value[0]
 _UNIMPLEMENTED = grpc.StatusCode.UNIMPLEMENTED.value[0]
 _DECOMPRESSORS = {b"gzip": 16 + zlib.MAX_WBITS, b"deflate": zlib.MAX_WBITS}
+
+
+class Channel(Protocol):
+    """What a call needs of its connection (``appliance.grpc.http2.connection.Http2Connection``)."""
+
+    loop: asyncio.AbstractEventLoop
+    peer: str
+    max_message: int
+    send_window: int
+    """What the client lets the server send on the connection now."""
+    max_frame: int
+
+    def write(self, data: bytes) -> None: ...
+
+    async def drain(self) -> None: ...
+
+    def wait_window(self, call: Call) -> None: ...
+
+    def open_stream_window(self, stream: int, increment: int) -> None: ...
+
+    def forget(self, call: Call) -> None: ...
+
+    def hold(self, call: Call, size: int) -> bool: ...
+
+    def release(self, size: int) -> None: ...
 
 
 class _Requests:
@@ -60,7 +82,7 @@ class _Requests:
 
 
 class Call:
-    def __init__(self, connection: Http2Connection, stream: int, request: Request, receive_window: int,
+    def __init__(self, connection: Channel, stream: int, request: Request, receive_window: int,
                  send_window: int) -> None:
         self._connection = connection
         self.stream = stream

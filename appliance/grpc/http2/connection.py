@@ -11,19 +11,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
-from typing import TYPE_CHECKING, cast
+from typing import Protocol, cast
 
+import grpc
 import hpack
 
+from appliance.grpc.config import GrpcConfig
 from appliance.grpc.http2 import frames as f
 from appliance.grpc.http2.call import STREAM_WINDOW, Call
 from appliance.grpc.http2.frames import Error, FrameError
 from appliance.grpc.http2.headers import HeaderDecoder
 
-if TYPE_CHECKING:
-    from appliance.grpc.http2.server import Http2Server
-
-__all__ = ["Http2Connection"]
+__all__ = ["Host", "Http2Connection"]
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +40,19 @@ _KEEPALIVE = 60.0
 _KEEPALIVE_TIMEOUT = 20.0
 
 
+class Host(Protocol):
+    """What a connection needs of its server (``appliance.grpc.http2.server.Http2Server``)."""
+
+    loop: asyncio.AbstractEventLoop
+    config: GrpcConfig
+
+    def handler(self, path: bytes) -> grpc.RpcMethodHandler | None: ...
+
+    def opened(self, connection: Http2Connection) -> bool: ...
+
+    def closed(self, connection: Http2Connection) -> None: ...
+
+
 def _peer(address: object) -> str:
     if isinstance(address, tuple) and len(address) >= 2:
         host, port = address[0], address[1]
@@ -49,7 +61,7 @@ def _peer(address: object) -> str:
 
 
 class Http2Connection(asyncio.Protocol):
-    def __init__(self, server: Http2Server) -> None:
+    def __init__(self, server: Host) -> None:
         self._server = server
         self.loop = server.loop
         self.max_message = server.config.max_message_bytes
