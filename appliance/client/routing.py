@@ -4,8 +4,9 @@ A box is a candidate for a model when it serves the protocol, has the model READ
 index) and is not cooling down. Among the candidates, two are drawn at random and the one with the lower
 expected wait wins ("power of two choices", Mitzenmacher): (requests outstanding + 1) x its latency
 estimate, an exponentially weighted average of its recent successful requests (Finagle's and
-Linkerd's peak-EWMA idea). Two random draws keep many clients from herding onto the same "best" box
-while still steering away from slow or busy ones.
+Linkerd's peak-EWMA idea) that decays while no request refreshes it, so that a box passed over (its
+one slow, cold first call, say) is tried again within seconds rather than never. Two random draws keep
+many clients from herding onto the same "best" box while still steering away from slow or busy ones.
 
 Cooling down: a box that cannot be reached is left alone for ``cooldown`` seconds; one that answers
 503 (full, or stopping) for its Retry-After, at most ``busy_backoff`` seconds (it is busy now, not
@@ -15,6 +16,7 @@ gone). Thread-safe: every method takes one lock, none blocks.
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 import threading
 import time
@@ -32,6 +34,8 @@ class NoBoxAvailable(RuntimeError):
 
 _ALPHA = 0.1
 """Weight of the newest latency sample in the estimate."""
+_DECAY = 5.0
+"""Seconds over which a latency estimate no request refreshes falls by a factor e."""
 _TIE = 0.1
 """Costs closer than this fraction are a tie, broken at random."""
 
@@ -41,7 +45,8 @@ class BoxState:
     box: Box
     outstanding: int = 0
     latency: float | None = None
-    """Seconds, the weighted average of recent successful requests (None: none yet)."""
+    """Seconds, the weighted average of recent successful requests (None: none yet), as of ``sampled_at``."""
+    sampled_at: float = 0.0
     down_until: float = 0.0
     models: frozenset[str] | None = None
     """Names of the models READY on the box (None: its index has not been read yet)."""
@@ -62,6 +67,13 @@ class BoxState:
                 "models": sorted(self.models) if self.models is not None else None,
                 "served": dict(self.served), "refused": self.refused, "unreachable": self.unreachable,
                 "failed": self.failed, "index_error": self.index_error}
+
+
+def _estimate(state: BoxState, now: float) -> float | None:
+    """The box's latency estimate, decayed for the time since a request last refreshed it."""
+    if state.latency is None:
+        return None
+    return state.latency * math.exp(-max(0.0, now - state.sampled_at) / _DECAY)
 
 
 MAX_PINNED = 65536
@@ -150,11 +162,12 @@ class Router:
             if len(candidates) == 1:
                 chosen = candidates[0]
             else:
-                known = [s.latency for s in candidates if s.latency is not None]
+                known = [latency for s in candidates if (latency := _estimate(s, now)) is not None]
                 default = sum(known) / len(known) if known else 1.0
 
                 def cost(state: BoxState) -> float:
-                    return (state.outstanding + 1) * (state.latency if state.latency is not None else default)
+                    latency = _estimate(state, now)
+                    return (state.outstanding + 1) * (latency if latency is not None else default)
 
                 first, second = self._rng.sample(candidates, 2)
                 one, other = cost(first), cost(second)
@@ -225,10 +238,13 @@ class Router:
         return state
 
     def succeeded(self, name: str, model: str, seconds: float) -> None:
+        now = self._clock()
         with self._lock:
             state = self._finish(name)
             if state is not None:
-                state.latency = seconds if state.latency is None else (1 - _ALPHA) * state.latency + _ALPHA * seconds
+                current = _estimate(state, now)
+                state.latency = seconds if current is None else (1 - _ALPHA) * current + _ALPHA * seconds
+                state.sampled_at = now
                 state.served[model] = state.served.get(model, 0) + 1
 
     def failed(self, name: str) -> None:

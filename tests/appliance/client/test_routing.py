@@ -69,6 +69,21 @@ def test_a_slower_box_gets_less():
     assert picks.count("fast") >= 5
 
 
+def test_a_box_passed_over_is_tried_again_as_its_estimate_decays():
+    router, clock = _router("fast", "cold")
+    router.choose("m", "http", {"fast"})
+    router.succeeded("cold", "m", 0.500)  # one slow first call (a channel being set up)
+    picks = []
+    for _ in range(60):  # a request a second, each answered in 1 ms
+        box = router.choose("m", "http", set())
+        picks.append(box.name)
+        router.succeeded(box.name, "m", 0.001)
+        clock.now += 1
+    # cold, 500x slower on paper, is passed over until its estimate, refreshed by no request, has decayed
+    # below fast's (5 s x ln 500, about 31 s), then tried, and its new sample keeps it in the running.
+    assert picks[:25] == ["fast"] * 25 and "cold" in picks[25:40] and picks[40:].count("cold") > 5
+
+
 def test_power_of_two_choices_spreads_over_many_boxes():
     router, _ = _router(*"abcdefgh")
     counts: dict[str, int] = {}
