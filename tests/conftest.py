@@ -69,9 +69,14 @@ def _wait_for_port(process: subprocess.Popen, log_path: Path, deadline: float,
     raise TimeoutError(f"daemon did not bind in time:\n{log_path.read_text()}")
 
 
-def _wait_until_loaded(base: str, deadline: float) -> None:
-    # The repository index answers once loading finished; LOADING rows mean not yet.
+def _wait_until_loaded(base: str, log_path: Path, deadline: float) -> None:
+    # The start-up load is over once the daemon logs it (the repository index is empty before the
+    # load begins, so its lack of LOADING rows alone says nothing); LOADING rows after it mean a model
+    # is still on its way.
     while time.monotonic() < deadline:
+        if "repository loaded:" not in log_path.read_text(errors="replace"):
+            time.sleep(0.05)
+            continue
         try:
             request = urllib.request.Request(base + "/v2/repository/index", data=b"{}", method="POST")
             body = urllib.request.urlopen(request, timeout=2).read().decode()
@@ -111,7 +116,7 @@ def _daemon_factory(tmp_path_factory) -> Iterator:
         if "--no-grpc" not in args and (env or {}).get("APPLIANCE_GRPC", "true") != "false":
             daemon.grpc_port = _wait_for_port(process, log_path, deadline, _GRPC_BOUND)
         if wait_loaded:
-            _wait_until_loaded(daemon.base, deadline)
+            _wait_until_loaded(daemon.base, log_path, deadline)
         return daemon
 
     yield start
