@@ -5,8 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 
-__all__ = ["ACCEPTORS", "GrpcConfig", "StreamRules"]
+__all__ = ["ACCEPTORS", "CANCEL_GRACE", "GrpcConfig", "KEEPALIVE", "KEEPALIVE_TIMEOUT", "StreamRules"]
 
+KEEPALIVE = 60.0
+"""Seconds a connection with calls open may stay silent before the server pings it (either transport)."""
+KEEPALIVE_TIMEOUT = 20.0
+"""Seconds the client has to answer that ping before its connection is dropped."""
+CANCEL_GRACE = 0.5
+"""Seconds requests still running at the stop deadline get to end once cancelled (as over HTTP)."""
 ACCEPTORS = 4
 """grpc.aio servers sharing the port (see ``appliance.grpc.grpc_server.GrpcServer``)."""
 

@@ -30,7 +30,7 @@ import grpc
 from appliance.errors import ConfigError
 from appliance.grpc.access import Gate
 from appliance.grpc.admission import AdmittingHandlers, Receivers
-from appliance.grpc.config import GrpcConfig
+from appliance.grpc.config import CANCEL_GRACE, KEEPALIVE, KEEPALIVE_TIMEOUT, GrpcConfig
 from appliance.grpc.service import InferenceService
 from appliance.protocol.dataplane import DataPlane
 
@@ -38,11 +38,7 @@ __all__ = ["GrpcServer", "admitting_handlers", "probe_port"]
 
 log = logging.getLogger(__name__)
 
-# What requests still running at the stop deadline get to end once cancelled (as over HTTP).
-_CANCEL_GRACE = 0.5
 # Server pings on connections with calls open: a client that vanished without closing is dropped.
-_KEEPALIVE_MS = 60_000
-_KEEPALIVE_TIMEOUT_MS = 20_000
 
 
 def probe_port(host: str, port: int) -> int:
@@ -92,8 +88,8 @@ class GrpcServer:
             # and buffers megabytes per call before any handler has admitted it (measured: 24 unread
             # 16 MiB calls held 390 MiB with it, 3 MiB without).
             ("grpc.http2.bdp_probe", 0),
-            ("grpc.keepalive_time_ms", _KEEPALIVE_MS),
-            ("grpc.keepalive_timeout_ms", _KEEPALIVE_TIMEOUT_MS),
+            ("grpc.keepalive_time_ms", int(KEEPALIVE * 1000)),
+            ("grpc.keepalive_timeout_ms", int(KEEPALIVE_TIMEOUT * 1000)),
             # Clients that keep their connection alive with pings (tritonclient's KeepAliveOptions) are
             # welcome to, as under Triton.
             ("grpc.http2.min_ping_interval_without_data_ms", 1000),
@@ -132,6 +128,6 @@ class GrpcServer:
         stopping = asyncio.gather(*(server.stop(grace) for server in self._servers))
         late = await self.gate.wait_running(grace)
         await stopping
-        await self.gate.cancel_running(_CANCEL_GRACE)  # gRPC ended their calls, not always their handlers
+        await self.gate.cancel_running(CANCEL_GRACE)  # gRPC ended their calls, not always their handlers
         if late:
             log.warning("%d gRPC request(s) still running at the shutdown deadline: cancelled", late)

@@ -16,7 +16,7 @@ from typing import Protocol, cast
 import grpc
 import hpack
 
-from appliance.grpc.config import GrpcConfig
+from appliance.grpc.config import KEEPALIVE, KEEPALIVE_TIMEOUT, GrpcConfig
 from appliance.grpc.http2 import frames as f
 from appliance.grpc.http2.call import STREAM_WINDOW, Call
 from appliance.grpc.http2.frames import Error, FrameError
@@ -36,8 +36,6 @@ RESET_BURST = 1000
 RESET_RATE = 100.0
 CONNECTION_WINDOW = 16 * 1024**2
 """The connection's receive window: streams' own windows bound what is held."""
-_KEEPALIVE = 60.0
-_KEEPALIVE_TIMEOUT = 20.0
 
 
 class Host(Protocol):
@@ -416,13 +414,13 @@ class Http2Connection(asyncio.Protocol):
         if not self._preface or (not self._calls and silent >= idle):
             self._fail(Error.NO_ERROR, "idle")
             return
-        if self._calls and self._ping_sent is not None and now - self._ping_sent >= _KEEPALIVE_TIMEOUT:
+        if self._calls and self._ping_sent is not None and now - self._ping_sent >= KEEPALIVE_TIMEOUT:
             self._fail(Error.ENHANCE_YOUR_CALM, "no answer to a keepalive ping")
             return
-        if self._calls and silent >= _KEEPALIVE and self._ping_sent is None:
+        if self._calls and silent >= KEEPALIVE and self._ping_sent is None:
             self._ping_sent = now
             self.write(f.frame(f.PING, 0, 0, b"\x00" * 8))
-        self._arm(min(idle, _KEEPALIVE_TIMEOUT) / 2 if self._calls else max(0.05, idle - silent))
+        self._arm(min(idle, KEEPALIVE_TIMEOUT) / 2 if self._calls else max(0.05, idle - silent))
 
     async def cancel_calls(self, grace: float) -> None:
         """Cancel the handlers still running (the server stops) and give them ``grace`` seconds."""

@@ -20,7 +20,7 @@ import grpc
 
 from appliance.errors import ConfigError
 from appliance.grpc.access import Gate
-from appliance.grpc.config import GrpcConfig
+from appliance.grpc.config import CANCEL_GRACE, GrpcConfig
 from appliance.grpc.grpc_server import admitting_handlers, probe_port
 from appliance.grpc.http2.connection import Http2Connection
 from appliance.protocol.dataplane import DataPlane
@@ -29,7 +29,6 @@ __all__ = ["Http2Server"]
 
 log = logging.getLogger(__name__)
 
-_CANCEL_GRACE = 0.5
 Handler: TypeAlias = grpc.RpcMethodHandler
 
 
@@ -83,9 +82,9 @@ class Http2Server:
         for connection in list(self._connections):
             connection.go_away()
         late = await self.gate.wait_running(max(0.0, deadline - time.monotonic()))
-        await self.gate.cancel_running(_CANCEL_GRACE)
+        await self.gate.cancel_running(CANCEL_GRACE)
         for connection in list(self._connections):
-            await connection.cancel_calls(_CANCEL_GRACE)
+            await connection.cancel_calls(CANCEL_GRACE)
             connection.close()
         if late:
             log.warning("%d gRPC request(s) still running at the shutdown deadline: cancelled", late)
