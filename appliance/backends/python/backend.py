@@ -1,7 +1,7 @@
 """The daemon's side of the Python backend: one model process per instance.
 
 The model process is started with ``python -m appliance.backends.python.stub`` (not fork: the daemon
-has threads and runtimes loaded), talks over a socket pair (see ``process``), and exchanges tensors
+has threads and runtimes loaded), talks over a pipe each way (see ``channel``), and exchanges tensors
 through shared-memory arenas. A model process that dies fails the requests it was running and is
 started again for the next batch; one that dies while it initializes fails the load. A model that
 raises fails only the batch it was given; a decoupled model's responses stream to each request's sink.

@@ -34,13 +34,13 @@ import sys
 import threading
 import types
 from collections.abc import Mapping, Sequence
-from multiprocessing.connection import Connection
 from typing import Any, NoReturn, cast
 
 from appliance.backends.base import BackendRequest, BatchResult, LoadContext, Outputs, reschedule_refused
 from appliance.backends.python import triton_python_backend_utils as pb_utils
 from appliance.backends.python.arena import Attachments
 from appliance.backends.python.backend import model_parameters
+from appliance.backends.python.channel import Channel
 from appliance.backends.python.model_args import initialize_args
 from appliance.backends.python.model_backend import ModelPyBackend
 from appliance.backends.python.pb import runtime
@@ -112,7 +112,7 @@ class _LocalRuntime(Runtime):
 
     def __init__(self, model_name: str) -> None:
         # No connection: send() below replaces it.
-        super().__init__(cast(Connection, None), model_name)
+        super().__init__(cast(Channel, None), model_name)
         self.handlers: Mapping[str, Any] = {}
         self.on_loop = False
         """execute() runs on the event loop's thread: a call that waits for the loop is refused."""

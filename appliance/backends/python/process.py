@@ -18,15 +18,14 @@ import logging
 import os
 import pickle
 import queue
-import socket
 import subprocess
 import sys
 import threading
 from collections.abc import Callable, Mapping
-from multiprocessing.connection import Connection
 
 from appliance.backends.base import LoadContext
 from appliance.backends.python.arena import Arena
+from appliance.backends.python.channel import Channel
 from appliance.errors import ConfigError, InferenceFailed
 
 __all__ = ["REPLIES", "ModelProcess", "ProcessExited"]
@@ -90,20 +89,19 @@ class ModelProcess:
 
     def __init__(self, context: LoadContext, handlers: Mapping[str, Handler]) -> None:
         self.name = context.model_name
-        parent, child = socket.socketpair()
+        self.conn, child = Channel.pair()
         env = dict(os.environ)
         if context.threads:
             env["OMP_NUM_THREADS"] = str(context.threads)
-        args = [sys.executable, "-m", "appliance.backends.python.stub", str(child.fileno()),
+        args = [sys.executable, "-m", "appliance.backends.python.stub", Channel.argument(child),
                 str(context.model_file), str(os.getpid())]
         try:
-            self.process = _SPAWNER.spawn(args, (child.fileno(),), env)
+            self.process = _SPAWNER.spawn(args, child, env)
         except BaseException:
-            parent.close()
+            self.conn.close()
             raise
         finally:
-            child.close()
-        self.conn = Connection(parent.detach())
+            Channel.close_fds(child)
         self._send_lock = threading.Lock()
         self._waiting: collections.deque[Callable[[tuple | None], None]] = collections.deque()
         """Where the replies to the commands sent go, oldest first (None: the process ended first)."""

@@ -1,10 +1,11 @@
 """The model process: loads a Triton model.py and serves the daemon's commands.
 
-Run by the daemon as ``python -m appliance.backends.python.stub FD MODEL_FILE DAEMON_PID``, with FD one
-end of a socket pair. The main thread runs the commands (describe, initialize, execute, finalize) in
-order, and reads the channel itself while it waits for the next one; a reader thread reads while it runs
-one and the model's own calls (BLS, is_cancelled) wait for answers (see ``reading``). Whichever reads
-the end of the channel ends the process: the daemon went away. Tensors travel through shared-memory arenas.
+Run by the daemon as ``python -m appliance.backends.python.stub READ_FD,WRITE_FD MODEL_FILE DAEMON_PID``,
+the descriptors its end of the channel (``channel``: a pipe each way). The main thread runs the commands
+(describe, initialize, execute, finalize) in order, and reads the channel itself while it waits for the
+next one; a reader thread reads while it runs one and the model's own calls (BLS, is_cancelled) wait for
+answers (see ``reading``). Whichever reads the end of the channel ends the process: the daemon went
+away. Tensors travel through shared-memory arenas.
 """
 
 from __future__ import annotations
@@ -20,12 +21,12 @@ import signal
 import sys
 import threading
 import traceback
-from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 from appliance.backends.python import triton_python_backend_utils as pb_utils
 from appliance.backends.python.arena import Arena, reusable_size
+from appliance.backends.python.channel import Channel
 from appliance.backends.python.pb import runtime
 from appliance.backends.python.pb.logger import forward_logging
 from appliance.backends.python.pb.runtime import Runtime
@@ -347,13 +348,12 @@ def _gone(rt: Runtime) -> None:
 
 
 def main() -> None:
-    fd, model_file, daemon_pid = int(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+    channel, model_file, daemon_pid = Channel.from_argument(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
     # The model sees no arguments, as in Triton's stub, whose Python is embedded: unittest.main() in a
     # model.py (Triton's qa models run their tests so) must not take ours for test names.
     del sys.argv[1:]
     _die_with(daemon_pid)
-    conn = Connection(fd)
-    rt = Runtime(conn, model_file.parent.parent.name)
+    rt = Runtime(channel, model_file.parent.parent.name)
     runtime.install(rt)
     forward_logging(rt)
     commands = Reading(rt, lambda message: _dispatch(rt, message), lambda: _gone(rt))

@@ -14,17 +14,17 @@ import pickle
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from multiprocessing.connection import Connection
 from typing import Any
 
 from appliance.backends.python.arena import Attachments, Blocks
+from appliance.backends.python.channel import Channel
 from appliance.backends.python.pb.errors import TritonModelException
 
 __all__ = ["Runtime", "current", "install", "serving"]
 
 
 class Runtime:
-    def __init__(self, conn: Connection, model_name: str) -> None:
+    def __init__(self, conn: Channel, model_name: str) -> None:
         self.conn = conn
         self.model_name = model_name
         self.blocks = Blocks(model_name)

@@ -218,12 +218,14 @@ def test_a_process_that_dies_during_initialize_fails_the_load_saying_so(start_da
 def test_a_model_process_dies_with_its_parent_even_when_its_channel_stays_open(tmp_path):
     """The parent-death signal alone (the channel's other end kept open by a grandchild) ends the stub."""
     script = textwrap.dedent(f"""
-        import os, socket, subprocess, sys, time
-        a, b = socket.socketpair()
+        import os, subprocess, sys, time
+        from appliance.backends.python.channel import Channel
+        ours, theirs = Channel.pair()
         model = {str(_repository(tmp_path / 'repo', echo=ECHO) / 'echo' / '1' / 'model.py')!r}
-        stub = subprocess.Popen([sys.executable, "-m", "appliance.backends.python.stub", str(b.fileno()), model,
-                                 str(os.getpid())], pass_fds=(b.fileno(),))
-        keeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], pass_fds=(a.fileno(),))
+        stub = subprocess.Popen([sys.executable, "-m", "appliance.backends.python.stub", Channel.argument(theirs),
+                                 model, str(os.getpid())], pass_fds=theirs)
+        keeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                                  pass_fds=ours.fds())
         open({str(tmp_path / 'pids')!r}, "w").write(f"{{stub.pid}} {{keeper.pid}}")
         time.sleep(1.5)
         os._exit(0)

@@ -1,0 +1,84 @@
+"""The channel between the daemon and a model process: frames both ways across processes, frames larger
+than a pipe holds, the end seen by each side, descriptors named on a command line."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from appliance.backends.python.channel import CAPACITY, Channel
+
+_ECHO = textwrap.dedent("""
+    import sys
+    from appliance.backends.python.channel import Channel
+    channel = Channel.from_argument(sys.argv[1])
+    while True:
+        try:
+            frame = channel.recv_bytes()
+        except EOFError:
+            break
+        channel.send_bytes(frame[::-1])
+""")
+
+
+@pytest.fixture
+def echo():
+    """A process that sends back every frame it gets, reversed, until its channel ends."""
+    ours, theirs = Channel.pair()
+    process = subprocess.Popen([sys.executable, "-c", _ECHO, Channel.argument(theirs)], pass_fds=theirs,
+                               env={**os.environ, "PYTHONPATH": os.getcwd()})
+    Channel.close_fds(theirs)
+    yield ours, process
+    ours.close()
+    process.wait(10)
+
+
+def test_frames_go_both_ways_in_order(echo):
+    channel, _ = echo
+    for index in range(200):
+        channel.send_bytes(f"frame {index}".encode())
+    assert [channel.recv_bytes() for _ in range(200)] == [f"frame {i}".encode()[::-1] for i in range(200)]
+
+
+def test_a_frame_larger_than_the_pipe_arrives_whole(echo):
+    channel, _ = echo
+    frame = os.urandom(3 * CAPACITY + 17)
+    channel.send_bytes(frame)  # the other side reads while this writes
+    assert channel.recv_bytes() == frame[::-1]
+
+
+def test_the_other_end_closing_is_the_end_of_the_channel_on_both_sides(echo):
+    channel, process = echo
+    channel.send_bytes(b"x")
+    assert channel.recv_bytes() == b"x"
+    process.kill()
+    process.wait(10)
+    with pytest.raises(EOFError):  # the daemon's side: the model process is gone
+        channel.recv_bytes()
+    with pytest.raises(OSError):  # nobody reads: a send fails instead of blocking
+        channel.send_bytes(b"y")
+
+
+def test_the_model_process_sees_the_end_when_the_daemon_closes_its_end(echo):
+    channel, process = echo
+    channel.close()
+    assert process.wait(10) == 0  # its recv ended with EOFError, and it returned
+
+
+def test_the_descriptors_travel_as_one_argument():
+    ours, theirs = Channel.pair()
+    try:
+        assert Channel.argument(theirs) == f"{theirs[0]},{theirs[1]}"
+        other = Channel.from_argument(Channel.argument(theirs))
+        ours.send_bytes(b"ping")
+        assert other.recv_bytes() == b"ping"
+        other.send_bytes(b"pong")
+        assert ours.recv_bytes() == b"pong"
+        assert other.fds() == theirs and ours.fileno() == ours.fds()[0]
+        other.close()
+    finally:
+        ours.close()
