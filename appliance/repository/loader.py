@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2 as mc
@@ -126,12 +127,14 @@ class _ModelLoad:
 
 
 def _load_version(
-    load: _ModelLoad, version: int, version_dir: Path, config: mc.ModelConfig, traffic: dict | None
+    load: _ModelLoad, version: int, version_dir: Path, config: mc.ModelConfig, traffic: dict | None,
+    stats: ModelStats | None = None,
 ) -> tuple[mc.ModelConfig, ModelVersion]:
     """Load every instance of one version: the first instance's tensors complete the config, the
     selector (when there is one) picks the plan the instances then run (and, on the CPU, how many
     instances with how many threads, unless the user's config set instance_group). ``traffic``: the
-    traffic profile to tune this version on (a retune on real traffic, see appliance.repository.retune)."""
+    traffic profile to tune this version on (a retune on real traffic, see appliance.repository.retune);
+    ``stats``: the statistics it counts on from (the version it replaces, in a retune), else new ones."""
     model_dir, info, options, selector = load.model_dir, load.info, load.options, load.selector
     model_file = _model_file(model_dir, version_dir, config.default_model_filename or info.default_filename)
     instances: list[Backend] = []
@@ -145,7 +148,7 @@ def _load_version(
     selection: dict | None = None
     target = info
     label = f"{model_dir.name}:{version}"
-    stats = ModelStats()
+    stats = stats if stats is not None else ModelStats()
     limits = None
     try:
         first = info.load(context(0, config))
@@ -195,7 +198,7 @@ def _load_version(
         if isinstance(policy, SchedulerPolicy) and policy.dynamic and not policy.preferred_batch_sizes and cap:
             policy = dataclasses.replace(policy, batch_cap=int(cap))  # selection measured no gain above it
         if load.server.rate_limiter is not None:  # last: a refusal here leaves nothing registered
-            stats.rate_limiter = RateLimitCounts()
+            stats.rate_limiter = stats.rate_limiter or RateLimitCounts()
             limits = load.server.rate_limiter.register(label, instance_needs(config, len(instances)),
                                                        stats.rate_limiter)
     except BaseException:
@@ -241,12 +244,15 @@ def load_model(
     traffic: dict[int, dict] | None = None,
     services: BackendServices | None = None,
     server: ServerWide | None = None,
+    statistics: Mapping[int, ModelStats] | None = None,
 ) -> LoadedModel:
     """Parse, auto-complete and load every version the policy selects.
 
     A model-level problem (config, no versions, unknown backend) raises ConfigError; a version that
     fails to load is recorded in ``failures`` while the others load. ``traffic``: per version, the
     traffic profile to tune it on (a retune on real traffic, see appliance.repository.retune).
+    ``statistics``: per version, the statistics a version counts on from (a retune switches the plan
+    of versions already serving: their counters go on, see ModelRegistry.retune); others start at 0.
     """
     if config_override is not None:  # the load API's parameters.config replaces config.pbtxt
         config = mc.ModelConfig()
@@ -277,7 +283,7 @@ def load_model(
     for version in reversed(selected):
         try:
             completed_here, model = _load_version(load, version, available[version], completed or config,
-                                                  (traffic or {}).get(version))
+                                                  (traffic or {}).get(version), (statistics or {}).get(version))
         except ApplianceError as exc:
             failures[version] = exc.message
             log.warning("model %s version %d failed to load: %s", model_dir.name, version, exc.message)

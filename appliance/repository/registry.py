@@ -254,9 +254,12 @@ class ModelRegistry:
                 loaded = await self._load_ensemble(path, config, plan, chain)
             else:
                 selector = await self._selector if self._selector is not None else None
+                # A retune serves the same versions on another plan: their statistics count on (clients
+                # such as perf_analyzer read them before and after a window). Any other load starts at 0.
+                statistics = {n: v.stats for n, v in entry.versions.items()} if traffic is not None else None
                 loaded = await asyncio.to_thread(
                     load_model, path, self._options, selector, self._retune, config_override, traffic,
-                    self._services, self._server,
+                    self._services, self._server, statistics,
                 )
         except Exception as exc:
             message = exc.message if isinstance(exc, ApplianceError) else f"{type(exc).__name__}: {exc}"
@@ -373,7 +376,8 @@ class ModelRegistry:
 
     async def retune(self, name: str, traffic: dict[int, dict]) -> ModelEntry:
         """Reload a model with its versions tuned on their traffic (``traffic``: per version, the profile
-        from appliance.engine.traffic), through ``load``: no downtime, and a failed retune keeps the model serving."""
+        from appliance.engine.traffic), through ``load``: no downtime, and a failed retune keeps the model serving.
+        The versions' statistics count on across the switch (the user reloaded nothing)."""
         entry = self.entry(name)
         if name in self._held:
             return entry

@@ -77,6 +77,10 @@ def test_an_unmeasured_model_retunes_on_its_traffic_and_switches_without_downtim
     assert decision["tuned_on"] == "traffic" and decision["cache"] == "miss"
     assert decision["profile"] == [{"batch": 1, "shapes": {"audio": [1, 4800]}}]
     assert decision["traffic_profile"]["concurrency"] == 1
+    # The same version on another plan: its statistics count on across the switch (every request the
+    # client sent is counted once), as a client reading them around a window expects.
+    status, _, stats = call(daemon.port, "GET", "/v2/models/frames/stats")
+    assert status == 200 and stats["model_stats"][0]["inference_stats"]["success"]["count"] == first.ok
     time.sleep(1.5)  # the new version's own traffic is judged too: it matches what it was tuned on
     assert daemon.log().count("retuning model frames version 1 on its traffic") == 1
     daemon.stop()
