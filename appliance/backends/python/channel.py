@@ -3,7 +3,7 @@
 Each message is a length-prefixed frame (multiprocessing's ``Connection`` framing), written in one
 ``write``. Pipes rather than a socket pair: a pipe's write is cheaper than a Unix socket's (no socket
 buffer per message) and its read wakes a writer only when the pipe was full, so on this project's VMs a
-round trip costs ~10–20 µs less CPU on each side (measured with a bare ping-pong, docs/performance.md).
+round trip costs ~8–15 µs less CPU on each side (measured with a bare ping-pong, docs/performance.md).
 Each pipe holds ``CAPACITY`` bytes (as much as a socket pair's default buffer, where the kernel allows):
 messages are small, tensors travel through shared memory.
 
