@@ -36,6 +36,7 @@ __all__ = [
     "BackendRequest",
     "BackendServices",
     "BatchResult",
+    "CALLS_UNAVAILABLE",
     "LoadContext",
     "ModelMetrics",
     "ModelCall",
@@ -194,12 +195,18 @@ class ModelMetrics(Protocol):
     def release(self, owner: object) -> None: ...
 
 
+CALLS_UNAVAILABLE = "calling models (BLS) is not available here"
+"""The error a model's call to another model gets where no ``BackendServices.models`` is lent (the tuning
+child): no traffic can make such a model measurable there (see appliance.repository.retune)."""
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class BackendServices:
     """What the daemon lends its backends, made once by the composition root."""
 
     models: ModelCalls | None = None
-    """The daemon's models, for backends whose models call models (Triton's BLS)."""
+    """The daemon's models, for backends whose models call models (Triton's BLS); None: such calls fail
+    with ``CALLS_UNAVAILABLE``."""
     metrics: ModelMetrics | None = None
     """Metric families a model defines, exported on /metrics."""
     processes: ChildProcesses | None = None

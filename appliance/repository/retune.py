@@ -1,9 +1,10 @@
 """Retune served models on their real traffic.
 
-A model that could not be measured at load, or whose requests mostly have other shapes than the ones it
-was tuned on, is tuned again on its traffic's shapes (in the tuning child process, at low CPU priority)
-and switched to the new plan through the registry's reload: the new versions load beside the serving
-ones, and requests in flight finish on the old plan. At most once per interval per model.
+A model that could not be measured at load (unless only its calls to other models, which tuning cannot
+serve, stopped it), or whose requests mostly have other shapes than the ones it was tuned on, is tuned
+again on its traffic's shapes (in the tuning child process, at low CPU priority) and switched to the new
+plan through the registry's reload: the new versions load beside the serving ones, requests in flight
+finish on the old plan, and the versions' statistics count on. At most once per interval per model.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from appliance.backends.base import CALLS_UNAVAILABLE
 from appliance.engine.model import ModelVersion
 from appliance.repository.registry import ModelRegistry, ModelState
 
@@ -51,6 +53,9 @@ def why_retune(model: ModelVersion, policy: RetunePolicy) -> str | None:
     tried = selection.get("traffic_profile") or {}
     tuned = [_item_shapes(s, model.signature.batched) for s in (selection.get("profile") or tried.get("samples") or [])]
     if status == "unmeasured" and shapes not in tuned:
+        refused = selection.get("inputs_refused") or []
+        if refused and all(CALLS_UNAVAILABLE in r.get("reason", "") for r in refused):
+            return None  # it calls other models, which tuning cannot serve: no traffic would measure it
         return f"it could not be measured before; its traffic has shapes {shapes}"
     if status == "measured" and share >= DOMINANT_SHARE and shapes not in tuned:
         return (f"{share:.0%} of its requests have shapes {shapes}, which it was not tuned on "

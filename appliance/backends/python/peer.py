@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from appliance.backends.base import BackendServices, ModelCall, ModelCalls, StreamedCall
+from appliance.backends.base import CALLS_UNAVAILABLE, BackendServices, ModelCall, ModelCalls, StreamedCall
 from appliance.backends.python.arena import Attachments, BlockRef, Blocks, Descriptor
 from appliance.backends.python.requests import ModelError, OpenRequests
 from appliance.errors import ApplianceError, NotSupported, PushRefused, PushTooLarge
@@ -87,7 +87,7 @@ class Peer:
         inputs = self.attachments.read(ref, descriptors) if ref is not None else {}
         models = self._services.models
         if models is None:
-            self.send_result(call, None, ModelError("calling models (BLS) is not available here", 5), None, True)
+            self.send_result(call, None, ModelError(CALLS_UNAVAILABLE, 5), None, True)
             return
         try:
             parameters = json.loads(meta["parameters"]) if meta.get("parameters") else {}

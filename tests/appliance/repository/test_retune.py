@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from appliance.backends import RuntimeOptions
+from appliance.backends.base import CALLS_UNAVAILABLE
 from appliance.repository.loader import load_model
 from appliance.repository.registry import ModelEntry, ModelState
 from appliance.repository.retune import RetunePolicy, Retuner, why_retune
@@ -42,6 +43,18 @@ def test_an_unmeasured_model_is_not_retuned_again_on_the_traffic_it_was_tried_on
                        "traffic_profile": {"samples": [{"batch": 1, "shapes": {"audio": [1, 4800]}}]}}
     _serve(model, 4800, 20)
     assert why_retune(model, POLICY) is None
+
+
+def test_a_model_whose_calls_to_other_models_stopped_its_tuning_is_not_retuned(model):
+    """Tuning cannot serve a BLS model's calls: no traffic would measure it, so it is not reloaded for it."""
+    bls = f"Failed to process the request(s) for model 'bls_0_0', message: TritonModelException: {CALLS_UNAVAILABLE}"
+    model.selection = {"status": "unmeasured", "profile": None,
+                       "inputs_refused": [{"inputs": "synthetic inputs", "reason": bls}]}
+    _serve(model, 4800, 20)
+    assert why_retune(model, POLICY) is None
+    # Refused for another reason too (a shape, a value): its traffic may be accepted, so it is retuned.
+    model.selection["inputs_refused"].append({"inputs": "warmup samples", "reason": "unexpected shape [1, 3]"})
+    assert "could not be measured" in why_retune(model, POLICY)
 
 
 def test_a_measured_model_is_retuned_when_most_requests_have_other_shapes(model):
