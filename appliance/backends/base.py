@@ -37,6 +37,7 @@ __all__ = [
     "BackendServices",
     "BatchResult",
     "CALLS_UNAVAILABLE",
+    "calls_stopped_tuning",
     "LoadContext",
     "ModelMetrics",
     "ModelCall",
@@ -198,6 +199,13 @@ class ModelMetrics(Protocol):
 CALLS_UNAVAILABLE = "calling models (BLS) is not available here"
 """The error a model's call to another model gets where no ``BackendServices.models`` is lent (the tuning
 child): no traffic can make such a model measurable there (see appliance.repository.retune)."""
+
+
+def calls_stopped_tuning(refused: list[dict[str, str]]) -> bool:
+    """Whether only the model's calls to other models (which tuning cannot serve) made it refuse every
+    tuning input (``refused``: selection's ``inputs_refused``): no other input, and no traffic, would
+    measure it."""
+    return bool(refused) and all(CALLS_UNAVAILABLE in r.get("reason", "") for r in refused)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

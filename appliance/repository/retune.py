@@ -16,7 +16,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from appliance.backends.base import CALLS_UNAVAILABLE
+from appliance.backends.base import calls_stopped_tuning
 from appliance.engine.model import ModelVersion
 from appliance.repository.registry import ModelRegistry, ModelState
 
@@ -53,8 +53,7 @@ def why_retune(model: ModelVersion, policy: RetunePolicy) -> str | None:
     tried = selection.get("traffic_profile") or {}
     tuned = [_item_shapes(s, model.signature.batched) for s in (selection.get("profile") or tried.get("samples") or [])]
     if status == "unmeasured" and shapes not in tuned:
-        refused = selection.get("inputs_refused") or []
-        if refused and all(CALLS_UNAVAILABLE in r.get("reason", "") for r in refused):
+        if calls_stopped_tuning(selection.get("inputs_refused") or []):
             return None  # it calls other models, which tuning cannot serve: no traffic would measure it
         return f"it could not be measured before; its traffic has shapes {shapes}"
     if status == "measured" and share >= DOMINANT_SHARE and shapes not in tuned:

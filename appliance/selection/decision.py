@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from appliance.backends import LoadContext
+from appliance.backends.base import calls_stopped_tuning
 from appliance.selection.inputs import InputSearch
 from appliance.selection.plans import DEFAULT_PLAN, Plan
 
@@ -18,6 +19,9 @@ __all__ = ["FIX", "MEASURED", "ONLY_PLAN", "UNMEASURED", "Choice", "build_decisi
 MEASURED, UNMEASURED, ONLY_PLAN = "measured", "unmeasured", "only_plan"
 FIX = ("add model_warmup samples to config.pbtxt with shapes and data the model accepts, or send it requests: "
        "with retune_on_traffic (the default) it is tuned again on their shapes")
+FIX_CALLS = ("nothing to fix for serving: a model that calls other models (BLS) cannot be measured, because the "
+             "tuning child serves no models to call; it serves on the config's plan (set parameters in_process to "
+             "choose the in-process plan for a model you trust)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,8 +77,9 @@ def measured_outcome(search: InputSearch, measured: bool, traffic: dict[str, Any
         why = f"the model refused every tuning input ({tried})"
     else:
         why = "every candidate plan failed or was rejected on the tuning inputs (see candidates)"
+    fix = FIX_CALLS if search.found is None and calls_stopped_tuning(search.refused) else FIX
     return {**outcome, "status": UNMEASURED, "tuned_on": None, "profile": None,
-            "reason": f"no candidate plan could be measured: {why}; serving the config's default plan", "fix": FIX}
+            "reason": f"no candidate plan could be measured: {why}; serving the config's default plan", "fix": fix}
 
 
 def plan_from(decision: dict[str, Any]) -> Plan:
