@@ -4,8 +4,10 @@ Each message is a length-prefixed frame (multiprocessing's ``Connection`` framin
 ``write``. Pipes rather than a socket pair: a pipe's write is cheaper than a Unix socket's (no socket
 buffer per message) and its read wakes a writer only when the pipe was full, so on this project's VMs a
 round trip costs ~8–15 µs less CPU on each side (measured with a bare ping-pong, docs/performance.md).
-Each pipe holds ``CAPACITY`` bytes (as much as a socket pair's default buffer, where the kernel allows):
-messages are small, tensors travel through shared memory.
+Each pipe holds ``CAPACITY`` bytes (as much as a socket pair's default buffer, where the kernel allows:
+past ``/proc/sys/fs/pipe-user-pages-soft``, 64 MiB a user by default, i.e. ~128 model processes, new pipes
+keep the kernel's smaller size, which only means a large message is written in more steps): messages are
+small, tensors travel through shared memory.
 
 The model process receives its ends as ``READ_FD,WRITE_FD`` on its command line (``argument``).
 """
