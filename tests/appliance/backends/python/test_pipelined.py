@@ -22,7 +22,8 @@ input [ { name: "IN" data_type: TYPE_FP32 dims: [ -1 ] } ]
 output [ { name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] } ]
 """
 
-# Sleeps (in ms) as long as its first input says, returns its input + 1; -1 ends the process.
+# Sleeps (in ms) as long as its first input says, returns its input + 1; -1 ends the process (after as
+# many ms as its second input says, if it has one).
 SLOW = """
 import os
 import time
@@ -36,6 +37,7 @@ class TritonPythonModel:
         for request in requests:
             data = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
             if data.flat[0] == -1:
+                time.sleep(float(data.flat[1]) / 1000 if data.size > 1 else 0)
                 os._exit(5)
             time.sleep(float(data.flat[0]) / 1000)
             responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", data + 1)]))
@@ -79,8 +81,8 @@ def test_a_process_that_dies_fails_both_batches_on_their_way(tmp_path):
 
     async def scenario(backend):
         await asyncio.wait_for(await _started(backend, [_request(0)]), 30)
-        first = await _started(backend, [_request(-1)])
-        second = await _started(backend, [_request(0)])
+        first = await _started(backend, [_request(-1, 300)])  # ends its process 300 ms from now: the
+        second = await _started(backend, [_request(0)])  # second batch is on its way before that
         for future in (first, second):
             result = await asyncio.wait_for(future, 30)
             assert isinstance(result, BatchResult)
