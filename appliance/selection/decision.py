@@ -13,7 +13,7 @@ from appliance.backends.base import calls_stopped_tuning
 from appliance.selection.inputs import InputSearch
 from appliance.selection.plans import DEFAULT_PLAN, Plan
 
-__all__ = ["FIX", "MEASURED", "ONLY_PLAN", "UNMEASURED", "Choice", "build_decision", "measured_outcome",
+__all__ = ["FIX", "FIX_CALLS", "MEASURED", "ONLY_PLAN", "UNMEASURED", "Choice", "build_decision", "measured_outcome",
            "plan_from"]
 
 MEASURED, UNMEASURED, ONLY_PLAN = "measured", "unmeasured", "only_plan"
