@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench.serving import RESULTS, machine
-from bench.triton import CASES, Running, _start_appliance, _start_triton, perf_once
+from bench.triton import CASES, Running, _start_appliance, _start_triton, perf_once, process_tree
 from bench.triton_models import write_repository
 
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -45,20 +45,13 @@ def _label(pid: int) -> str:
 def sample(pid: int) -> Sample:
     """Every process below ``pid`` (itself included): CPU ticks and context switches, all threads."""
     out: Sample = {}
-    todo, seen = [pid], set()
-    while todo:
-        process = todo.pop()
-        if process in seen:
-            continue
-        seen.add(process)
+    for process, fields, tasks in process_tree(pid):
         try:
-            fields = Path(f"/proc/{process}/stat").read_text().rsplit(")", 1)[1].split()
             switches = 0
-            for task in os.listdir(f"/proc/{process}/task"):
+            for task in tasks:
                 for line in Path(f"/proc/{process}/task/{task}/status").read_text().splitlines():
                     if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
                         switches += int(line.split()[1])
-                todo += [int(c) for c in Path(f"/proc/{process}/task/{task}/children").read_text().split()]
             out[process] = (_label(process), int(fields[11]), int(fields[12]), switches)
         except (OSError, IndexError, ValueError):  # exited meanwhile
             continue

@@ -63,11 +63,12 @@ CASES = {
 }
 
 
-def tree_cpu_seconds(pid: int) -> float:
-    """User + system time of ``pid`` and every process below it (its children's live times plus what
-    reaped children left in its cutime/cstime). Children are listed per thread: the appliance starts
-    its model processes from a thread of their own."""
-    total, seen, todo = 0, set(), [pid]
+def process_tree(pid: int) -> Iterator[tuple[int, list[str], list[str]]]:
+    """``pid`` and every process below it, each once: its pid, the fields of its /proc stat after the
+    command name, and its threads' ids. Children are listed per thread: the appliance starts its model
+    processes from a thread of their own. A process that exits meanwhile is left out (or its children,
+    if it exits while they are listed)."""
+    todo, seen = [pid], set()
     while todo:
         process = todo.pop()
         if process in seen:
@@ -75,10 +76,25 @@ def tree_cpu_seconds(pid: int) -> float:
         seen.add(process)
         try:
             fields = Path(f"/proc/{process}/stat").read_text().rsplit(")", 1)[1].split()
-            total += sum(int(fields[i]) for i in (11, 12, 13, 14))
-            for task in os.listdir(f"/proc/{process}/task"):
+            tasks = os.listdir(f"/proc/{process}/task")
+        except (OSError, IndexError):  # exited meanwhile
+            continue
+        try:
+            for task in tasks:
                 todo += [int(c) for c in Path(f"/proc/{process}/task/{task}/children").read_text().split()]
-        except (OSError, IndexError, ValueError):  # exited meanwhile
+        except (OSError, ValueError):  # exited while its children were listed
+            pass
+        yield process, fields, tasks
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """User + system time of ``pid`` and every process below it (its children's live times plus what
+    reaped children left in its cutime/cstime)."""
+    total = 0
+    for _, fields, _ in process_tree(pid):
+        try:
+            total += sum(int(fields[i]) for i in (11, 12, 13, 14))
+        except (IndexError, ValueError):
             continue
     return total / _TICK
 

@@ -38,8 +38,6 @@ __all__ = ["GrpcServer", "admitting_handlers", "probe_port"]
 
 log = logging.getLogger(__name__)
 
-# Server pings on connections with calls open: a client that vanished without closing is dropped.
-
 
 def probe_port(host: str, port: int) -> int:
     """Bind ``host:port`` once without SO_REUSEPORT, as any listener would: fails if the port is held by
@@ -88,6 +86,7 @@ class GrpcServer:
             # and buffers megabytes per call before any handler has admitted it (measured: 24 unread
             # 16 MiB calls held 390 MiB with it, 3 MiB without).
             ("grpc.http2.bdp_probe", 0),
+            # Server pings on connections with calls open: a client that vanished without closing is dropped.
             ("grpc.keepalive_time_ms", int(KEEPALIVE * 1000)),
             ("grpc.keepalive_timeout_ms", int(KEEPALIVE_TIMEOUT * 1000)),
             # Clients that keep their connection alive with pings (tritonclient's KeepAliveOptions) are
