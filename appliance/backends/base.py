@@ -15,7 +15,7 @@ import dataclasses
 import importlib
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
@@ -114,7 +114,8 @@ class ResponseSink(Protocol):
     during or after ``run_requests``; the last one carries ``final=True`` (it may hold no outputs).
 
     ``send`` may block the calling thread while the client is behind in reading (backpressure, see
-    appliance.engine.streaming), so call it from the backend's own threads, never from the event loop."""
+    appliance.engine.streaming), so call it from the backend's own threads, never from the event loop;
+    on the event loop call ``offer``, which never blocks."""
 
     def send(
         self,
@@ -124,6 +125,18 @@ class ResponseSink(Protocol):
         parameters: Mapping[str, object] | None = None,
         final: bool = False,
     ) -> None: ...
+
+    def offer(
+        self,
+        outputs: Mapping[str, np.ndarray] | None = None,
+        *,
+        error: BaseException | None = None,
+        parameters: Mapping[str, object] | None = None,
+        final: bool = False,
+    ) -> Awaitable[object] | None:
+        """``send`` on the event loop: None once the response is taken; while the client is behind, an
+        awaitable that takes it once there is room — send nothing more of this request's until then."""
+        ...
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

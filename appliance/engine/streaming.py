@@ -12,8 +12,10 @@ without bound). A consumer that reads nothing for
 ``stall_timeout`` seconds while the model waits fails the request ("the client stopped reading") and
 cancels it, so a stuck client cannot hold a model thread forever. ``send`` is never called on the event
 loop's thread by a backend; if it is, it cannot block there, and a full channel fails the request.
-A producer on the event loop (an ensemble streaming its responses) calls ``put`` instead, which waits
-for room the same way without blocking the loop.
+A producer on the event loop calls ``put`` instead (an ensemble streaming its responses), which waits
+for room the same way without blocking the loop, or ``offer`` (a model process's channel read on the
+loop), which queues the response at once when it fits and otherwise hands back the wait for room, so
+that its caller holds back what follows (it stops reading the channel) until the response is queued.
 
 Once the consumer goes away (``cancel``), ``cancelled()`` turns True (Triton's
 ``request.is_cancelled()``) and every later response is dropped.
@@ -151,17 +153,52 @@ class ResponseChannel:
     ) -> None:
         """Queue one response (see ``appliance.backends.base.ResponseSink``); blocks while the consumer
         is behind (module docstring). Responses after the final one, or after cancellation, are dropped."""
-        item = RawResponse(dict(outputs) if outputs else None,
-                           as_appliance_error(error, self._label) if error is not None else None,
-                           dict(parameters) if parameters else None, final, _nbytes(outputs))
+        item = self._item(outputs, error, parameters, final)
         with self._lock:
-            if self._ended or self._cancelled:
-                if self._ended and not self._cancelled:
-                    log.warning("model %s sent a response after its final one; dropped", self._label)
+            if self._closed_to_producer():
                 return
             if not self._wait_for_room(item.size):
                 return
             self._push(item)
+
+    def offer(
+        self,
+        outputs: Mapping[str, np.ndarray] | None = None,
+        *,
+        error: BaseException | None = None,
+        parameters: Mapping[str, object] | None = None,
+        final: bool = False,
+    ) -> Awaitable[bool] | None:
+        """``send`` for a producer on the event loop that must not wait inline: None once the response is
+        queued (or dropped: after the final one or cancellation, or when the memory budget fails the
+        request); when the consumer is behind, the wait for room as ``put`` waits (the response is queued
+        when it completes, or the request fails as stalled). Send nothing more of this producer's
+        until it completes: the responses must stay in order."""
+        item = self._item(outputs, error, parameters, final)
+        with self._lock:
+            if self._closed_to_producer():
+                return None
+            try:
+                fits = self._fits(item.size)
+            except ApplianceError as exc:
+                self._fail_locked(exc)
+                return None
+            if fits:
+                self._push(item)
+                return None
+        return self._put(item)
+
+    def _item(self, outputs: Mapping[str, np.ndarray] | None, error: BaseException | None,
+              parameters: Mapping[str, object] | None, final: bool) -> RawResponse:
+        return RawResponse(dict(outputs) if outputs else None,
+                           as_appliance_error(error, self._label) if error is not None else None,
+                           dict(parameters) if parameters else None, final, _nbytes(outputs))
+
+    def _closed_to_producer(self) -> bool:
+        """Under the lock: True when a response now would be dropped (after the final one, or cancelled)."""
+        if self._ended and not self._cancelled:
+            log.warning("model %s sent a response after its final one; dropped", self._label)
+        return self._ended or self._cancelled
 
     def _fits(self, size: int) -> bool:
         """Under the lock: whether ``size`` more bytes may be held now, reserving them if so. With nothing
@@ -217,8 +254,9 @@ class ResponseChannel:
         """``send`` for a producer on the event loop: waits (without blocking the loop) while the consumer
         is behind, and fails the request as stalled after ``stall_timeout`` as ``send`` does. False once
         the request has been cancelled or failed: the producer should stop."""
-        item = RawResponse(dict(outputs) if outputs else None, None, dict(parameters) if parameters else None,
-                           final, _nbytes(outputs))
+        return await self._put(self._item(outputs, None, parameters, final))
+
+    async def _put(self, item: RawResponse) -> bool:
         deadline: float | None = None
         while True:
             with self._lock:

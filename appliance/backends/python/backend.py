@@ -96,6 +96,8 @@ class _Instance:
 
     def __init__(self, context: LoadContext) -> None:
         self.requests = OpenRequests(context.model_name, attachments=Attachments(), free=self._free)
+        self._freed: list[int] = []
+        """Blocks freed on the event loop this turn, sent together at its end."""
         services = context.services
         self.peer = Peer(context.model_name, self._send, self.requests, services)
         self.process = ModelProcess(context, self.peer.handlers())
@@ -108,7 +110,19 @@ class _Instance:
         self.process.send(message)
 
     def _free(self, block: int) -> None:
-        self.process.send(("free", [block]))
+        """The daemon is done with one of the model process's blocks. On the event loop the blocks freed in
+        one turn of the loop go back in one message (a stream's responses often come several to a turn)."""
+        loop = asyncio._get_running_loop()
+        if loop is None:
+            self.process.send(("free", [block]))
+            return
+        self._freed.append(block)
+        if len(self._freed) == 1:
+            loop.call_soon(self._send_freed)
+
+    def _send_freed(self) -> None:
+        blocks, self._freed = self._freed, []
+        self.process.send(("free", blocks))
 
     def _ended(self) -> None:
         try:
@@ -225,6 +239,11 @@ class PythonBackend(ModelPyBackend):
         return arena.info(), batch
 
     @property
+    def reads_on_loop(self) -> bool:
+        """The model process's channel is read by the event loop (after the first batch started from it)."""
+        return self._instance is not None and self._instance.process.reads_on_loop
+
+    @property
     def pipeline_depth(self) -> int:  # type: ignore[override]
         """Two batches on their way at once (the model process queues the second), except for a decoupled
         model, whose channel is read by a thread that may wait for a slow client."""
@@ -301,13 +320,10 @@ class PythonBackend(ModelPyBackend):
         small = _small(requests, each=command == "execute_each")
         if instance is None or not self._ready or not instance.process.alive or not small:
             return False  # a restart blocks; large inputs are copied off the event loop
-        if not self._decoupled:
-            # A decoupled model's streamed responses may have to wait for the client (backpressure): its
-            # channel stays with the reader thread, which may block, where the event loop never may.
-            try:
-                instance.process.read_on(asyncio.get_running_loop())
-            except RuntimeError:  # not called on an event loop: the reader thread reads on
-                pass
+        try:  # a decoupled model's channel too: while a client is behind, the loop stops reading it
+            instance.process.read_on(asyncio.get_running_loop())
+        except RuntimeError:  # not called on an event loop: the reader thread reads on
+            pass
 
         input_ns = 0
 

@@ -79,6 +79,10 @@ class Channel:
         """Both descriptors: the one frames come in on, the one they go out on."""
         return self._in.fileno(), self._out.fileno()
 
+    @property
+    def closed(self) -> bool:
+        return self._in.closed
+
     def close(self) -> None:
         self._in.close()
         self._out.close()

@@ -20,6 +20,7 @@ import numpy as np
 
 from appliance.backends.base import CALLS_UNAVAILABLE, BackendServices, ModelCall, ModelCalls, StreamedCall
 from appliance.backends.python.arena import Attachments, BlockRef, Blocks, Descriptor
+from appliance.backends.python.process import Handler
 from appliance.backends.python.requests import ModelError, OpenRequests
 from appliance.errors import ApplianceError, NotSupported, PushRefused, PushTooLarge
 
@@ -58,6 +59,11 @@ class _CallSink:
         if final:
             self._peer.forget(self._call)
 
+    def offer(self, outputs: Mapping[str, np.ndarray] | None = None, *, error: BaseException | None = None,
+              parameters: Mapping[str, object] | None = None, final: bool = False) -> None:
+        """Never waits: the model process's channel takes it (``send``)."""
+        self.send(outputs, error=error, parameters=parameters, final=final)
+
 
 class Peer:
     def __init__(self, model: str, send: Callable[[tuple], None], requests: OpenRequests,
@@ -74,7 +80,7 @@ class Peer:
         self._lock = threading.Lock()
         self._log = logging.getLogger(f"appliance.model.{model}")
 
-    def handlers(self) -> dict[str, Callable[[tuple], None]]:
+    def handlers(self) -> dict[str, Handler]:
         return {"infer": self.on_infer, "cancel": self.on_cancel, "ask": self.on_ask, "free": self.on_free,
                 "log": self.on_log, "metric": self.on_metric, "response": self._requests.on_response}
 

@@ -21,21 +21,23 @@ import queue
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 from appliance.backends.base import LoadContext
 from appliance.backends.python.arena import Arena
 from appliance.backends.python.channel import Channel
 from appliance.errors import ConfigError, InferenceFailed
 
-__all__ = ["REPLIES", "ModelProcess", "ProcessExited"]
+__all__ = ["REPLIES", "Handler", "ModelProcess", "ProcessExited"]
 
 log = logging.getLogger(__name__)
 
 REPLIES = frozenset({"described", "ready", "done", "failed", "finalized", "crashed"})
 """The kinds that answer a command of the daemon (everything else is a message of the model's own)."""
 
-Handler = Callable[[tuple], None]
+Handler = Callable[[tuple], "Awaitable[object] | None"]
+"""Handles one kind of message; on the event loop it may hand back a wait (a client behind in reading a
+streamed response), and the channel is read no further until it completes."""
 _PICKLE = pickle.HIGHEST_PROTOCOL
 """Messages are pickled directly (multiprocessing's ForkingPickler costs a pickler object per message)."""
 _OUTPUT_ARENAS = 3
@@ -172,6 +174,11 @@ class ModelProcess:
         self._loop = loop
         self.send(("handover",))
 
+    @property
+    def reads_on_loop(self) -> bool:
+        """The event loop reads the channel (``read_on`` has taken effect), not the reader thread."""
+        return self._on_loop
+
     def _read(self) -> None:
         try:
             while True:
@@ -208,21 +215,35 @@ class ModelProcess:
             # Ending waits for the process: never on the event loop.
             threading.Thread(target=self._end, name=f"python-model-end:{self.name}", daemon=True).start()
             return
-        self._dispatch(message)
+        waiting = self._dispatch(message)
+        if waiting is not None:  # hold back what follows (in order) until the handler is done with it
+            assert self._loop is not None
+            self._loop.remove_reader(self.conn.fileno())
+            self._loop.create_task(self._resume_after(waiting))
 
-    def _dispatch(self, message: tuple) -> None:
+    async def _resume_after(self, waiting: Awaitable[object]) -> None:
+        try:
+            await waiting
+        except Exception:
+            log.exception("model %s: handling its message failed", self.name)
+        if self._on_loop and not self._ending and not self.conn.closed:
+            assert self._loop is not None
+            self._loop.add_reader(self.conn.fileno(), self._readable)
+
+    def _dispatch(self, message: tuple) -> Awaitable[object] | None:
         kind = message[0]
         if kind in REPLIES:
             self._reply(message)
-            return
+            return None
         handler = self._handlers.get(kind)
         if handler is None:
             log.error("model %s sent an unknown message %r", self.name, kind)
-            return
+            return None
         try:
-            handler(message)
+            return handler(message)
         except Exception:
             log.exception("model %s: handling its %r message failed", self.name, kind)
+            return None
 
     def _end(self) -> None:
         with self._reply_lock:

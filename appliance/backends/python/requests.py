@@ -7,12 +7,13 @@ response (which may come long after execute() returned, from any thread of the m
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import itertools
 import json
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Future
 from http import HTTPStatus
 
@@ -142,8 +143,10 @@ class OpenRequests:
             entry = self._open.get(key)
         return entry is not None and bool(entry.cancelled())
 
-    def on_response(self, message: tuple) -> None:
-        """A streamed response (reader thread): ("response", key, block, descriptors, error, parameters, final)."""
+    def on_response(self, message: tuple) -> Awaitable[object] | None:
+        """A streamed response: ("response", key, block, descriptors, error, parameters, final). On the reader
+        thread its sink may block while the client is behind; on the event loop it never does: the wait
+        for room comes back instead, and the channel is read no further until it completes."""
         _, key, ref, descriptors, error, parameters, final = message
         outputs = self._attachments.read(ref, descriptors) if ref is not None else None
         if ref is not None:
@@ -155,19 +158,18 @@ class OpenRequests:
             if entry is not None and not entry.streamed:
                 if not flag_only:
                     self._answer(key, entry, outputs, error, params)
-                return
+                return None
             if entry is not None and final:
                 del self._open[key]
         if entry is None or entry.sink is None:
             if not flag_only:  # a flag alone may close a request its sender answered already
                 log.warning("model %s sent a response for a request that is already complete; dropped", self._model)
-            return
-        sink = entry.sink
+            return None
+        deliver = entry.sink.offer if asyncio._get_running_loop() is not None else entry.sink.send
         if error is not None:
-            sink.send(None, error=model_error(error), parameters=params, final=final)
-        else:
-            sink.send(Outputs(outputs or {}, params) if outputs is not None else None, parameters=params,
-                      final=final)
+            return deliver(None, error=model_error(error), parameters=params, final=final)
+        return deliver(Outputs(outputs or {}, params) if outputs is not None else None, parameters=params,
+                       final=final)
 
     def _answer(self, key: int, entry: _Open, outputs: dict | None, error: tuple[str, int] | None,
                 params: dict[str, object]) -> None:

@@ -527,3 +527,33 @@ async def test_put_stops_at_once_when_the_reader_goes_away():
     channel.cancel()
     assert not await asyncio.wait_for(waiting, 1)
     assert not await channel.put(_out(2))
+
+
+# -- a producer on the event loop that cannot wait inline (a model process's channel): ResponseChannel.offer --
+
+
+async def test_offer_queues_at_once_while_there_is_room_and_hands_back_the_wait_when_full():
+    channel = ResponseChannel("python", asyncio.get_running_loop(), StreamLimits(max_responses=2))
+    assert channel.offer(_out(0)) is None and channel.offer(_out(1)) is None  # queued at once
+    waiting = channel.offer(_out(2), final=True)
+    assert waiting is not None
+    task = asyncio.ensure_future(waiting)
+    await asyncio.sleep(0.1)
+    assert not task.done()  # full: the third waits for the reader, the loop runs on
+    first = await channel.receive()
+    assert first is not None and int(first.outputs["OUT"][0]) == 0
+    assert await asyncio.wait_for(task, 5)  # queued once there was room
+    rest = [await channel.receive(), await channel.receive()]
+    assert [int(r.outputs["OUT"][0]) for r in rest if r is not None] == [1, 2] and rest[-1].final
+    assert channel.offer(_out(3)) is None  # after the final one: dropped
+    assert await channel.receive() is None
+
+
+async def test_offer_drops_after_cancellation_and_its_wait_fails_a_stalled_request():
+    channel = ResponseChannel("python", asyncio.get_running_loop(), StreamLimits(max_responses=1, stall_timeout=0.2))
+    assert channel.offer(_out(0)) is None
+    waiting = channel.offer(_out(1))
+    assert waiting is not None and not await asyncio.wait_for(waiting, 5)  # stalled
+    end = await channel.receive()
+    assert end is not None and end.final and end.error is not None and "read none of the" in end.error.message
+    assert channel.cancelled() and channel.offer(_out(2)) is None

@@ -1,0 +1,130 @@
+"""A decoupled Python model whose channel the event loop reads, through the real scheduler and data plane:
+a client behind in reading holds the model back (the loop stops reading the channel instead of
+blocking), a client that stalls fails its own request, and the model serves on either way."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import numpy as np
+import pytest
+
+from appliance.backends import named
+from appliance.backends.base import RuntimeOptions
+from appliance.backends.python.backend import PythonBackend
+from appliance.budget import MemoryBudget
+from appliance.engine.instances import InstancePool
+from appliance.engine.model import ModelVersion
+from appliance.engine.scheduler import Scheduler, policy_from_config
+from appliance.engine.stats import ModelStats
+from appliance.engine.streaming import StreamItem, StreamLimits
+from appliance.engine.tensor_checks import DecodeLimits
+from appliance.engine.types import InferInput, InferRequest
+from appliance.errors import Unavailable
+from appliance.protocol.admission import Caller
+from appliance.protocol.inference import Inference
+from appliance.repository.config import signature_of
+from appliance.repository.registry import ModelRegistry
+from tests.appliance.backends.python.harness import loaded, parse_config
+from tests.models import write_python_model
+
+CONFIG = """
+name: "flood"
+backend: "python"
+model_transaction_policy { decoupled: true }
+input [ { name: "COUNT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+"""
+
+# COUNT responses, each its index, sent from execute() as fast as the channel takes them, then the final flag.
+FLOOD = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            count = int(pb_utils.get_input_tensor_by_name(request, "COUNT").as_numpy()[0])
+            sender = request.get_response_sender()
+            for value in range(count):
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([value], np.int32))]))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+
+
+class _Held:
+    """The request's memory account: how many response bytes the stream holds now, and at most."""
+
+    def __init__(self) -> None:
+        self.now = self.peak = 0
+
+    def reserve(self, size: int) -> None:
+        self.now += size
+        self.peak = max(self.peak, self.now)
+
+    def release(self, size: int) -> None:
+        self.now -= size
+
+
+@pytest.fixture
+async def flood(tmp_path):
+    model_file = write_python_model(tmp_path, "flood", FLOOD, CONFIG)
+    with contextlib.ExitStack() as stack:
+        backend: PythonBackend = stack.enter_context(loaded(model_file, CONFIG))
+        config = parse_config(CONFIG)
+        stats = ModelStats()
+        scheduler = Scheduler("flood:1", InstancePool("flood:1", [backend]), policy_from_config(config), stats)
+        model = ModelVersion("flood", 1, config, signature_of(config), named("python"), scheduler, stats)
+        model.start()
+
+        async def open_stream(count: int, limits: StreamLimits, held: _Held):
+            inference = Inference(ModelRegistry(tmp_path, RuntimeOptions()), MemoryBudget(1 << 40), DecodeLimits(),
+                                  shared_memory=None, tracer=None, stream_limits=limits)
+            request = InferRequest([InferInput("COUNT", "INT32", np.array([count], np.int32))], id="r")
+            return await inference.respond(model, request, Caller("127.0.0.1"), held.reserve, held.release)
+
+        try:
+            yield backend, open_stream
+        finally:
+            await model.close(10)
+
+
+async def _read_all(stream) -> list[StreamItem]:
+    try:
+        async with asyncio.timeout(30):
+            return [item async for item in stream]
+    finally:
+        stream.close()
+
+
+def _values(items: list[StreamItem]) -> list[int]:
+    return [int(item.response.outputs[0].data[0]) for item in items if item.response is not None]
+
+
+async def test_a_client_behind_holds_the_model_back_without_blocking_the_loop(flood):
+    backend, open_stream = flood
+    held = _Held()
+    stream = await open_stream(3000, StreamLimits(max_responses=8), held)
+    first = await anext(stream)
+    assert backend.reads_on_loop  # what this test is about: the loop, not a thread, reads the channel
+    for _ in range(30):  # the loop turns (it is never blocked) while the model waits for the client
+        await asyncio.sleep(0.01)
+    assert held.peak <= 8 * 4  # at most 8 responses of one INT32 held for the client
+    rest = await _read_all(stream)
+    assert _values([first, *rest]) == list(range(3000)) and rest[-1].final
+    assert held.now == 0
+
+
+async def test_a_client_that_stalls_fails_its_request_and_the_model_serves_on(flood):
+    _, open_stream = flood
+    stalled = await open_stream(3000, StreamLimits(max_responses=4, stall_timeout=0.3), _Held())
+    await asyncio.sleep(0.6)
+    items = await _read_all(stalled)
+    assert len(items) == 1 and items[0].final and isinstance(items[0].error, Unavailable)
+    assert "read none of the 4 pending responses" in items[0].error.message
+    # The rest of its responses are read and dropped; the next request is served in full.
+    items = await _read_all(await open_stream(5, StreamLimits(), _Held()))
+    assert _values(items) == [0, 1, 2, 3, 4] and items[-1].final
