@@ -246,12 +246,14 @@ class PythonBackend(ModelPyBackend):
     @property
     def pipeline_depth(self) -> int:  # type: ignore[override]
         """Two batches on their way at once (the model process queues the second), except for a decoupled
-        model, whose channel is read by a thread that may wait for a slow client."""
+        model: its execute() returns as soon as its responses are on their way, so a second batch queued
+        behind it gained nothing measurable (1.03x at c=1 and c=16, within the box's noise)."""
         return 1 if self._decoupled else 2
 
     @property
     def group_limit(self) -> int:  # type: ignore[override]
-        """Groups for models that are not decoupled (a decoupled model's channel stays with a thread)."""
+        """Groups for models that are not decoupled (a group's reply answers its requests; a decoupled
+        model's requests are answered by their streams)."""
         return 1 if self._decoupled else _GROUP
 
     def run_requests(self, requests: Sequence[BackendRequest]) -> BatchResult:
