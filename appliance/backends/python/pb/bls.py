@@ -2,8 +2,9 @@
 
 A call's input tensors go into a shared-memory block of this process and only their descriptors to the
 daemon, which runs the request through its own schedulers (so it batches with the other traffic and is
-counted in the statistics) and writes the outputs into a block of its own. The reader thread turns the
-answers into InferenceResponses; the calling thread waits (``exec``) or awaits (``async_exec``).
+counted in the statistics) and writes the outputs into a block of its own. The thread that reads the
+channel turns the answers into InferenceResponses; the calling thread waits (``exec``: on the stub's
+main thread, running execute(), it reads the channel itself meanwhile) or awaits (``async_exec``).
 """
 
 from __future__ import annotations
@@ -58,8 +59,10 @@ def _final(message: tuple) -> bool:
     return message[0] == "gone" or bool(message[6])
 
 
-def _start(request: InferenceRequest, decoupled: bool, deliver: Callable[[InferenceResponse, bool], None]) -> int:
-    """Send the request; ``deliver(response, final)`` runs on the reader thread for every answer."""
+def _start(request: InferenceRequest, decoupled: bool, deliver: Callable[[InferenceResponse, bool], None],
+           inline: bool = False) -> int:
+    """Send the request; ``deliver(response, final)`` runs on the thread that reads for every answer
+    (``inline``: the caller waits in ``Runtime.wait_inline``)."""
     if not request.model_name:
         raise TritonModelException("InferenceRequest(model_name=...) is needed to execute a request")
     rt = runtime.current()
@@ -75,7 +78,7 @@ def _start(request: InferenceRequest, decoupled: bool, deliver: Callable[[Infere
         deliver(_response(message, rt), final)
         return final
 
-    call = rt.start_call(answered)
+    call = rt.start_call(answered, inline)
     meta = {
         "model_name": request.model_name, "model_version": request.model_version,
         "outputs": request.requested_output_names(), "id": request.request_id(),
@@ -131,7 +134,8 @@ def execute(request: InferenceRequest, decoupled: bool) -> Any:
     if decoupled:
         return _iterator(request)
     answer: queue.SimpleQueue = queue.SimpleQueue()
-    _start(request, False, lambda response, final: answer.put(response))
+    _start(request, False, lambda response, final: answer.put(response), inline=True)
+    runtime.current().wait_inline(lambda: not answer.empty())
     return answer.get()
 
 

@@ -37,8 +37,11 @@ class Runtime:
         self._calls_lock = threading.Lock()
         self._released: list[int] = []
         self._released_lock = threading.Lock()
-        self.on_call: Callable[[], None] | None = None
-        """Told when a call starts (before its request is sent), so that some thread reads its answers."""
+        self.on_call: Callable[[bool], None] | None = None
+        """Told when a call starts (before its request is sent), so that some thread reads its answers;
+        True when the calling thread will wait for the answer in ``wait_inline``."""
+        self.read_inline: Callable[[Callable[[], bool]], None] | None = None
+        """Reads the channel on the calling thread until the condition holds, where that thread may read."""
 
     def send(self, message: tuple) -> None:
         with self._send_lock:
@@ -65,15 +68,23 @@ class Runtime:
         if blocks:
             self.send(("free", blocks))
 
-    def start_call(self, on_answer: Callable[[tuple], bool]) -> int:
+    def start_call(self, on_answer: Callable[[tuple], bool], inline: bool = False) -> int:
         """A new call id; ``on_answer(message)`` gets each answer and returns True on the last one. If the
-        daemon goes away first, it gets ``("gone", call, False, reason)``."""
+        daemon goes away first, it gets ``("gone", call, False, reason)``. ``inline``: the calling thread
+        then waits for the answer in ``wait_inline``."""
         call = next(self._ids)
         with self._calls_lock:
             self._calls[call] = on_answer
         if self.on_call is not None:
-            self.on_call()
+            self.on_call(inline)
         return call
+
+    def wait_inline(self, done: Callable[[], bool]) -> None:
+        """After an ``inline`` call is sent: where this thread may read the channel (the stub's main thread
+        running a command, with nobody else reading), it reads until ``done()``, so the answer wakes it
+        directly rather than through the reader thread; otherwise it returns at once, to wait as usual."""
+        if self.read_inline is not None:
+            self.read_inline(done)
 
     def ask(self, what: str, *args: Any, timeout: float | None = None) -> Any:
         """Ask the daemon one question and wait for the answer (raises what the daemon reports)."""
