@@ -138,6 +138,11 @@ class ResponseSink(Protocol):
         awaitable that takes it once there is room — send nothing more of this request's until then."""
         ...
 
+    def fail(self, error: BaseException) -> None:
+        """End the stream with ``error`` now, whatever the client has read (what was sent before still
+        reaches it): the producer is gone. Never blocks; any thread."""
+        ...
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ModelCall:

@@ -124,6 +124,8 @@ class ResponseChannel:
         self._ended = False
         """The final response (or a failure) is queued: nothing more is accepted."""
         self._cancelled = False
+        self._warned = False
+        """A response after the final one was logged."""
         self._waiter: asyncio.Future | None = None
         self._room: asyncio.Future | None = None
         """Set while ``put`` waits for the consumer to make room (woken by ``receive`` and ``cancel``)."""
@@ -196,8 +198,10 @@ class ResponseChannel:
 
     def _closed_to_producer(self) -> bool:
         """Under the lock: True when a response now would be dropped (after the final one, or cancelled)."""
-        if self._ended and not self._cancelled:
-            log.warning("model %s sent a response after its final one; dropped", self._label)
+        if self._ended and not self._cancelled and not self._warned:
+            self._warned = True  # once a request: a model may send thousands
+            log.warning("model %s sent a response after its final one; dropped (this request's later ones too)",
+                        self._label)
         return self._ended or self._cancelled
 
     def _fits(self, size: int) -> bool:
@@ -332,10 +336,16 @@ class ResponseChannel:
                 self._fail_locked(error)
 
     def fail(self, error: BaseException) -> None:
-        """End the stream with ``error`` unless it has ended already (the request failed to run)."""
+        """End the stream with ``error`` unless it has ended already (the request failed to run, its model
+        is unloaded, or its producer is gone), past the limits: never blocks, from any thread. What was
+        sent before still reaches the consumer; the model sees the request cancelled, and a send waiting
+        for room returns at once (what it sends is dropped)."""
         with self._lock:
             if not self._ended:
                 self._push(RawResponse(None, as_appliance_error(error, self._label), None, True))
+            self._cancelled = True
+            self._lock.notify_all()
+            self._wake_producer()
 
     def cancel(self) -> None:
         """The consumer went away: the model sees ``cancelled()``, pending and later responses are dropped."""

@@ -64,6 +64,9 @@ class _CallSink:
         """Never waits: the model process's channel takes it (``send``)."""
         self.send(outputs, error=error, parameters=parameters, final=final)
 
+    def fail(self, error: BaseException) -> None:
+        self.send(None, error=error, final=True)
+
 
 class Peer:
     def __init__(self, model: str, send: Callable[[tuple], None], requests: OpenRequests,

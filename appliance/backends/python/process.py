@@ -117,6 +117,8 @@ class ModelProcess:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._on_loop = False
         """The event loop reads the channel (after ``read_on``), not the reader thread."""
+        self._resuming: asyncio.Task | None = None
+        """While the loop holds back reading (a handler waits for a client): what resumes it."""
         self._ended_event = threading.Event()
         self._ending = False
         self._reader = threading.Thread(target=self._read, name=f"python-model-reader:{self.name}", daemon=True)
@@ -219,16 +221,27 @@ class ModelProcess:
         if waiting is not None:  # hold back what follows (in order) until the handler is done with it
             assert self._loop is not None
             self._loop.remove_reader(self.conn.fileno())
-            self._loop.create_task(self._resume_after(waiting))
+            self._resuming = self._loop.create_task(self._resume_after(waiting))
 
     async def _resume_after(self, waiting: Awaitable[object]) -> None:
         try:
             await waiting
         except Exception:
             log.exception("model %s: handling its message failed", self.name)
-        if self._on_loop and not self._ending and not self.conn.closed:
-            assert self._loop is not None
-            self._loop.add_reader(self.conn.fileno(), self._readable)
+        self._resuming = None
+        with self._reply_lock:  # against stop() ending the channel meanwhile (_claim_held_end)
+            if self._on_loop and not self._ending and not self.conn.closed:
+                assert self._loop is not None
+                self._loop.add_reader(self.conn.fileno(), self._readable)
+
+    def _claim_held_end(self) -> bool:
+        """Stopping (off the loop) while the loop holds back reading: it would not read the end, so the
+        stopping thread takes the end over, and the loop reads this channel no more."""
+        with self._reply_lock:
+            if self._resuming is None or self._ending:
+                return False
+            self._ending = True
+        return True
 
     def _dispatch(self, message: tuple) -> Awaitable[object] | None:
         kind = message[0]
@@ -245,11 +258,13 @@ class ModelProcess:
             log.exception("model %s: handling its %r message failed", self.name, kind)
             return None
 
-    def _end(self) -> None:
-        with self._reply_lock:
-            if self._ending:  # the loop's end thread and stop() may both get here
-                return
-            self._ending = True
+    def _end(self, claimed: bool = False) -> None:
+        """``claimed``: the caller has set ``_ending`` already (``_claim_held_end``)."""
+        if not claimed:
+            with self._reply_lock:
+                if self._ending:  # the loop's end thread and stop() may both get here
+                    return
+                self._ending = True
         try:
             self._reply(None)
             for callback in self._closed_handlers:
@@ -337,6 +352,8 @@ class ModelProcess:
                     loop.remove_reader(self.conn.fileno())
                 self._on_loop = False
                 self._end()
+            elif self._claim_held_end():
+                self._end(claimed=True)
             elif not self._ended_event.wait(5):
                 self._forget_reader()
                 self._end()

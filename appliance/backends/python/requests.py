@@ -192,8 +192,8 @@ class OpenRequests:
             entries = [entry for entry in self._open.values() if not entry.executing]
             self._open = {key: entry for key, entry in self._open.items() if entry.executing}
         for entry in entries:
-            if entry.streamed and entry.sink is not None:
-                entry.sink.send(None, error=ModelError(reason, 1), final=True)
+            if entry.streamed and entry.sink is not None:  # now, even past a client that reads nothing
+                entry.sink.fail(ModelError(reason, 1))
             elif entry.answer is not None and not entry.answer.done():
                 entry.answer.set_exception(ModelError(reason, 1))
 

@@ -557,3 +557,18 @@ async def test_offer_drops_after_cancellation_and_its_wait_fails_a_stalled_reque
     end = await channel.receive()
     assert end is not None and end.final and end.error is not None and "read none of the" in end.error.message
     assert channel.cancelled() and channel.offer(_out(2)) is None
+
+
+async def test_failing_a_stream_releases_a_model_waiting_for_room_and_tells_it_cancelled():
+    channel = ResponseChannel("python", asyncio.get_running_loop(), StreamLimits(max_responses=1, stall_timeout=30))
+    channel.send(_out(0))
+    waiting = asyncio.ensure_future(asyncio.to_thread(channel.send, _out(1)))  # a model thread, no room
+    await asyncio.sleep(0.1)
+    assert not waiting.done()
+    channel.fail(Unavailable("model repeat version 1 was unloaded"))
+    await asyncio.wait_for(waiting, 5)  # at once, not after the 30 s stall; its response is dropped
+    assert channel.cancelled()
+    first, end = await channel.receive(), await channel.receive()
+    assert first is not None and int(first.outputs["OUT"][0]) == 0  # sent before: still delivered
+    assert end is not None and end.final and "unloaded" in end.error.message
+    assert await channel.receive() is None

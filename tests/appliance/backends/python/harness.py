@@ -65,6 +65,9 @@ class RecordingSink:
     def offer(self, outputs=None, *, error=None, parameters=None, final=False) -> None:
         self.send(outputs, error=error, parameters=parameters, final=final)
 
+    def fail(self, error) -> None:
+        self.send(None, error=error, final=True)
+
     def wait_final(self, timeout: float = 30.0) -> list[Sent]:
         assert self._final.wait(timeout), f"no final response within {timeout} s; got {self.sent}"
         return self.sent

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 
 import numpy as np
 import pytest
@@ -87,7 +88,7 @@ async def flood(tmp_path):
             return await inference.respond(model, request, Caller("127.0.0.1"), held.reserve, held.release)
 
         try:
-            yield backend, open_stream
+            yield backend, open_stream, model
         finally:
             await model.close(10)
 
@@ -105,7 +106,7 @@ def _values(items: list[StreamItem]) -> list[int]:
 
 
 async def test_a_client_behind_holds_the_model_back_without_blocking_the_loop(flood):
-    backend, open_stream = flood
+    backend, open_stream, _ = flood
     held = _Held()
     stream = await open_stream(3000, StreamLimits(max_responses=8), held)
     first = await anext(stream)
@@ -119,7 +120,7 @@ async def test_a_client_behind_holds_the_model_back_without_blocking_the_loop(fl
 
 
 async def test_a_client_that_stalls_fails_its_request_and_the_model_serves_on(flood):
-    _, open_stream = flood
+    _, open_stream, _ = flood
     stalled = await open_stream(3000, StreamLimits(max_responses=4, stall_timeout=0.3), _Held())
     await asyncio.sleep(0.6)
     items = await _read_all(stalled)
@@ -128,3 +129,17 @@ async def test_a_client_that_stalls_fails_its_request_and_the_model_serves_on(fl
     # The rest of its responses are read and dropped; the next request is served in full.
     items = await _read_all(await open_stream(5, StreamLimits(), _Held()))
     assert _values(items) == [0, 1, 2, 3, 4] and items[-1].final
+
+
+async def test_unloading_while_the_loop_holds_the_model_back_ends_the_stream_and_the_process(flood):
+    backend, open_stream, model = flood
+    stream = await open_stream(3000, StreamLimits(max_responses=4, stall_timeout=60), _Held())
+    await anext(stream)
+    await asyncio.sleep(0.3)  # the loop holds back reading; the model blocks on a full pipe
+    assert backend._instance is not None
+    process = backend._instance.process.pid
+    await asyncio.wait_for(model.close(10), 30)  # not the 60 s stall: the stopping thread ends the channel
+    items = await _read_all(stream)
+    assert items[-1].final and items[-1].error is not None and "unloaded" in items[-1].error.message
+    with pytest.raises(ProcessLookupError):
+        os.kill(process, 0)
