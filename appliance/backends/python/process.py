@@ -18,6 +18,7 @@ import logging
 import os
 import pickle
 import queue
+import select
 import subprocess
 import sys
 import threading
@@ -40,6 +41,8 @@ Handler = Callable[[tuple], "Awaitable[object] | None"]
 streamed response), and the channel is read no further until it completes."""
 _PICKLE = pickle.HIGHEST_PROTOCOL
 """Messages are pickled directly (multiprocessing's ForkingPickler costs a pickler object per message)."""
+_DRAIN = 16
+"""Messages read in one wake-up of the event loop at most (the loop's other work waits meanwhile)."""
 _OUTPUT_ARENAS = 3
 """Output arenas kept attached: the two a model process answers from in turn (see stub.serve), and the
 one a grown arena replaced."""
@@ -118,6 +121,9 @@ class ModelProcess:
         self._on_loop = False
         """The event loop reads the channel (after ``read_on``), not the reader thread."""
         self._resuming: asyncio.Task | None = None
+        self._more = select.poll()
+        """Whether another message waits in the channel (asked without reading it)."""
+        self._more.register(self.conn.fileno(), select.POLLIN)
         """While the loop holds back reading (a handler waits for a client): what resumes it."""
         self._ended_event = threading.Event()
         self._ending = False
@@ -206,22 +212,28 @@ class ModelProcess:
         self._on_loop = True
 
     def _readable(self) -> None:
-        """The channel is readable (on the event loop): one message. Messages are small (tensors travel
-        through shared memory), so reading one never waits for long."""
-        try:
-            message = pickle.loads(self.conn.recv_bytes())
-        except (EOFError, OSError):
-            assert self._loop is not None
-            self._loop.remove_reader(self.conn.fileno())
-            self._on_loop = False
-            # Ending waits for the process: never on the event loop.
-            threading.Thread(target=self._end, name=f"python-model-end:{self.name}", daemon=True).start()
-            return
-        waiting = self._dispatch(message)
-        if waiting is not None:  # hold back what follows (in order) until the handler is done with it
-            assert self._loop is not None
-            self._loop.remove_reader(self.conn.fileno())
-            self._resuming = self._loop.create_task(self._resume_after(waiting))
+        """The channel is readable (on the event loop): the messages in it, up to ``_DRAIN`` (the
+        responses a decoupled model sent meanwhile are handled in one turn of the loop, so their answers
+        leave in one write). Messages are small (tensors travel through shared memory), so reading one
+        never waits for long."""
+        for _ in range(_DRAIN):
+            try:
+                message = pickle.loads(self.conn.recv_bytes())
+            except (EOFError, OSError):
+                assert self._loop is not None
+                self._loop.remove_reader(self.conn.fileno())
+                self._on_loop = False
+                # Ending waits for the process: never on the event loop.
+                threading.Thread(target=self._end, name=f"python-model-end:{self.name}", daemon=True).start()
+                return
+            waiting = self._dispatch(message)
+            if waiting is not None:  # hold back what follows (in order) until the handler is done with it
+                assert self._loop is not None
+                self._loop.remove_reader(self.conn.fileno())
+                self._resuming = self._loop.create_task(self._resume_after(waiting))
+                return
+            if not self._more.poll(0):
+                return
 
     async def _resume_after(self, waiting: Awaitable[object]) -> None:
         try:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import time
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ import pytest
 from appliance.backends import named
 from appliance.backends.base import RuntimeOptions
 from appliance.backends.python.backend import PythonBackend
+from appliance.backends.python.process import ModelProcess
 from appliance.budget import MemoryBudget
 from appliance.engine.instances import InstancePool
 from appliance.engine.model import ModelVersion
@@ -143,3 +145,23 @@ async def test_unloading_while_the_loop_holds_the_model_back_ends_the_stream_and
     assert items[-1].final and items[-1].error is not None and "unloaded" in items[-1].error.message
     with pytest.raises(ProcessLookupError):
         os.kill(process, 0)
+
+
+async def test_the_messages_waiting_in_the_channel_are_read_in_one_turn_of_the_loop(flood, monkeypatch):
+    backend, open_stream, _ = flood
+    turns: list[int] = []
+    readable = ModelProcess._readable
+
+    def counted(self: ModelProcess) -> None:
+        turns.append(1)
+        readable(self)
+
+    monkeypatch.setattr(ModelProcess, "_readable", counted)  # before the loop starts reading the channel
+    assert _values(await _read_all(await open_stream(1, StreamLimits(), _Held()))) == [0]
+    assert backend.reads_on_loop
+    turns.clear()
+    stream = await open_stream(10, StreamLimits(), _Held())
+    time.sleep(0.5)  # the loop is busy while the model sends its 10 responses and its reply
+    items = await _read_all(stream)
+    assert _values(items) == list(range(10))
+    assert len(turns) <= 2  # one wake-up for all of them (two if the first came before the rest)
