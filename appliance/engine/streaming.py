@@ -178,15 +178,7 @@ class ResponseChannel:
         until it completes: the responses must stay in order."""
         item = self._item(outputs, error, parameters, final)
         with self._lock:
-            if self._closed_to_producer():
-                return None
-            try:
-                fits = self._fits(item.size)
-            except ApplianceError as exc:
-                self._fail_locked(exc)
-                return None
-            if fits:
-                self._push(item)
+            if self._closed_to_producer() or self._try_push(item) is not None:
                 return None
         return self._put(item)
 
@@ -203,6 +195,21 @@ class ResponseChannel:
             log.warning("model %s sent a response after its final one; dropped (this request's later ones too)",
                         self._label)
         return self._ended or self._cancelled
+
+    def _try_push(self, item: RawResponse) -> bool | None:
+        """Under the lock: True once ``item`` is queued; False when it is dropped (the request has ended,
+        was cancelled, or fails now: the memory budget); None while the consumer is behind."""
+        if self._ended or self._cancelled:
+            return False
+        try:
+            fits = self._fits(item.size)
+        except ApplianceError as exc:
+            self._fail_locked(exc)
+            return False
+        if not fits:
+            return None
+        self._push(item)
+        return True
 
     def _fits(self, size: int) -> bool:
         """Under the lock: whether ``size`` more bytes may be held now, reserving them if so. With nothing
@@ -264,16 +271,9 @@ class ResponseChannel:
         deadline: float | None = None
         while True:
             with self._lock:
-                if self._ended or self._cancelled:
-                    return False
-                try:
-                    fits = self._fits(item.size)
-                except ApplianceError as exc:
-                    self._fail_locked(exc)
-                    return False
-                if fits:
-                    self._push(item)
-                    return True
+                pushed = self._try_push(item)
+                if pushed is not None:
+                    return pushed
                 now = time.monotonic()
                 deadline = deadline if deadline is not None else now + self._limits.stall_timeout
                 if now >= deadline:
