@@ -128,7 +128,8 @@ class ResponseChannel:
         """A response after the final one was logged."""
         self._waiter: asyncio.Future | None = None
         self._room: asyncio.Future | None = None
-        """Set while ``put`` waits for the consumer to make room (woken by ``receive`` and ``cancel``)."""
+        """Set while ``put`` (or ``offer``'s wait) waits for the consumer to make room (woken by ``receive``,
+        ``cancel`` and ``fail``)."""
 
     @property
     def limits(self) -> StreamLimits:

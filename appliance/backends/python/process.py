@@ -121,10 +121,10 @@ class ModelProcess:
         self._on_loop = False
         """The event loop reads the channel (after ``read_on``), not the reader thread."""
         self._resuming: asyncio.Task | None = None
+        """While the loop holds back reading (a handler waits for a client): what resumes it."""
         self._more = select.poll()
         """Whether another message waits in the channel (asked without reading it)."""
         self._more.register(self.conn.fileno(), select.POLLIN)
-        """While the loop holds back reading (a handler waits for a client): what resumes it."""
         self._ended_event = threading.Event()
         self._ending = False
         self._reader = threading.Thread(target=self._read, name=f"python-model-reader:{self.name}", daemon=True)
@@ -232,7 +232,7 @@ class ModelProcess:
                 self._loop.remove_reader(self.conn.fileno())
                 self._resuming = self._loop.create_task(self._resume_after(waiting))
                 return
-            if not self._more.poll(0):
+            if not self._on_loop or self.conn.closed or not self._more.poll(0):  # stopped meanwhile, or read all
                 return
 
     async def _resume_after(self, waiting: Awaitable[object]) -> None:
