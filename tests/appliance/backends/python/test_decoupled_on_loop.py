@@ -1,6 +1,7 @@
 """A decoupled Python model whose channel the event loop reads, through the real scheduler and data plane:
 a client behind in reading holds the model back (the loop stops reading the channel instead of
-blocking), a client that stalls fails its own request, and the model serves on either way."""
+blocking), a client that stalls fails its own request, and the model serves on either way; an unload or
+a stop meanwhile ends the stream at once; what waits in the channel is read in one wake-up."""
 
 from __future__ import annotations
 
@@ -140,11 +141,25 @@ async def test_unloading_while_the_loop_holds_the_model_back_ends_the_stream_and
     await asyncio.sleep(0.3)  # the loop holds back reading; the model blocks on a full pipe
     assert backend._instance is not None
     process = backend._instance.process.pid
-    await asyncio.wait_for(model.close(10), 30)  # not the 60 s stall: the stopping thread ends the channel
+    await asyncio.wait_for(model.close(10), 30)  # not the 60 s stall: the unload releases what waits for room
     items = await _read_all(stream)
     assert items[-1].final and items[-1].error is not None and "unloaded" in items[-1].error.message
     with pytest.raises(ProcessLookupError):
         os.kill(process, 0)
+
+
+async def test_a_process_stopped_while_the_loop_holds_back_reading_ends_its_streams_at_once(flood):
+    backend, open_stream, _ = flood
+    stream = await open_stream(3000, StreamLimits(max_responses=4, stall_timeout=60), _Held())
+    await anext(stream)
+    await asyncio.sleep(0.3)  # held back: the loop will not read the channel's end
+    assert backend._instance is not None
+    process = backend._instance.process
+    # Off the loop, as a restart or an unload stops it: killed after 0.5 s, and the stopping thread
+    # ends the channel itself rather than waiting 5 s for the loop to read its end.
+    await asyncio.wait_for(asyncio.to_thread(process.stop, 0.5), 3)
+    items = await _read_all(stream)
+    assert items[-1].final and items[-1].error is not None and "exited with code" in items[-1].error.message
 
 
 async def test_the_messages_waiting_in_the_channel_are_read_in_one_turn_of_the_loop(flood, monkeypatch):
