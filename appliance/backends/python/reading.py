@@ -86,11 +86,7 @@ class Reading:
             if self._state != _CALLER or threading.get_ident() != self._main:
                 return
         while not done():
-            message = self._recv()
-            if message[0] in COMMANDS:
-                self._commands.put(message)
-            else:
-                self._dispatch(message)
+            self._route(self._recv())
         with self._lock:
             others, self._others = self._others, False
             self._state = _READER if others else _BUSY
@@ -146,8 +142,12 @@ class Reading:
                         self._state = _MAIN
                     self._main_turn.set()
                     break
-                message = self._recv()
-                if message[0] in COMMANDS:
-                    self._commands.put(message)
-                else:
-                    self._dispatch(message)
+                self._route(self._recv())
+
+    def _route(self, message: tuple) -> None:
+        """A message read while the main thread is not waiting for a command: a command is queued for it
+        (``next_command``), anything else is handled at once on this thread."""
+        if message[0] in COMMANDS:
+            self._commands.put(message)
+        else:
+            self._dispatch(message)
