@@ -210,14 +210,14 @@ def _load_version(
     # under the rate limiter, whose resources count one execution per instance.
     pipelined = isinstance(policy, SchedulerPolicy) and not policy.dynamic and limits is None
     pool = InstancePool(label, instances, limits, min(b.pipeline_depth for b in instances) if pipelined else 1)
+    safe = [target.in_process if backend.inline_safe is None else backend.inline_safe for backend in instances]
+    refusal = next((backend.inline_refusal for backend in instances if backend.inline_safe is False), "")
+    execution = choose_execution(plan_batch_ns(selection), options.thread_hop_ns, all(safe),
+                                 holds_gil=all(backend.holds_gil for backend in instances), unsafe_reason=refusal)
     scheduler: Scheduler | SequenceScheduler
-    if isinstance(policy, SequencePolicy):  # a sequence's steps run in order on threads
-        scheduler = SequenceScheduler(label, model_dir.name, pool, policy, stats)
+    if isinstance(policy, SequencePolicy):  # a sequence's steps run in order, inline or not
+        scheduler = SequenceScheduler(label, model_dir.name, pool, policy, stats, execution)
     else:
-        safe = [target.in_process if backend.inline_safe is None else backend.inline_safe for backend in instances]
-        refusal = next((backend.inline_refusal for backend in instances if backend.inline_safe is False), "")
-        execution = choose_execution(plan_batch_ns(selection), options.thread_hop_ns, all(safe),
-                                     holds_gil=all(backend.holds_gil for backend in instances), unsafe_reason=refusal)
         group = min(backend.group_limit for backend in instances) if pipelined else 1
         scheduler = Scheduler(label, pool, policy, stats, execution, group)
     model = ModelVersion(

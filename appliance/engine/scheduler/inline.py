@@ -5,9 +5,7 @@ to its largest on the loop while their recent runs keep within the budget: a bat
 runs take longer than the budget (their median: one slow run may be the OS preempting the loop) and
 every larger one go to instance threads, and get another chance after a while. A backend that finds it
 must not run on the loop (its model called another model from there) sends every later batch to threads.
-The default and dynamic scheduler holds one of these. The sequence batcher runs its steps on instance
-threads (or starts them in a model process): run inline, an in-process Python sequence model measured no
-faster (bench.ab, 3 rounds: 0.88-1.12x), so it stays as it was.
+Both schedulers (the default and dynamic one, the sequence batcher) hold one of these.
 """
 
 from __future__ import annotations

@@ -46,11 +46,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from appliance.backends.base import RequestResult, Reschedule, ResponseSink, not_cancelled, reschedule_refused
+from appliance.backends.base import Outputs, RequestResult, Reschedule, ResponseSink, not_cancelled, reschedule_refused
 from appliance.engine.instances import InstancePool
 from appliance.engine.scheduler.completion import Answers, answer_later, mark_compute
 from appliance.engine.scheduler.correlation import END, START, SequenceIds, sequence_ids
-from appliance.engine.scheduler.execution import ExecutionMode, dispatch
+from appliance.engine.scheduler.execution import ExecutionMode, dispatch, execute_batch
+from appliance.engine.scheduler.inline import InlineRuns
 from appliance.engine.scheduler.sequence_policy import SequencePolicy
 from appliance.engine.scheduler.sequence_slots import Lane, Row, Sequence, SequenceRequest, SlotTable
 from appliance.engine.scheduler.state import initial_states, step_requests
@@ -62,8 +63,9 @@ if TYPE_CHECKING:
 
 __all__ = ["BACKLOG_PER_SLOT", "MAX_QUEUED_PER_SEQUENCE", "SequenceScheduler"]
 
-# A step waits for the one before it and carries state: the batches never run inline on the event loop
-# (they run on instance threads, or are started from the loop in a model process: see _dispatch).
+# A step waits for the one before it and carries state, which the scheduler keeps on the loop whichever
+# way a batch runs: on an instance thread, started from the loop in a model process (see _dispatch), or
+# inline on the loop where the plan is measured cheap enough (engine/scheduler/inline.py).
 THREADED_SEQUENCES = ExecutionMode(False, "a sequence model's batches run on instance threads")
 
 log = logging.getLogger(__name__)
@@ -75,7 +77,7 @@ MAX_REMEMBERED_ENDS = 4096
 
 class SequenceScheduler:
     def __init__(self, label: str, model: str, pool: InstancePool, policy: SequencePolicy,
-                 stats: ModelStats) -> None:
+                 stats: ModelStats, execution: ExecutionMode = THREADED_SEQUENCES) -> None:
         self.label = label
         self.pool = pool
         self.policy = policy
@@ -99,6 +101,7 @@ class SequenceScheduler:
         self._granted: set[int] = set()
         """Lanes holding their instance's resources, about to dispatch."""
         self._fresh_ids = itertools.count(1)
+        self._inline = InlineRuns(label, execution, policy.max_batch_size)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -112,7 +115,8 @@ class SequenceScheduler:
 
     @property
     def execution(self) -> dict[str, Any]:
-        return THREADED_SEQUENCES.as_json()
+        """Where batches run (inline or threaded), why, and the largest batch still run inline."""
+        return self._inline.as_json()
 
     async def drain(self, timeout: float) -> bool:
         self._closing = True
@@ -311,6 +315,15 @@ class SequenceScheduler:
         stamp = time.monotonic_ns()
         queue_ns = [stamp - row[1].arrival_ns for row in rows if row is not None]
         self._in_flight += len(chosen)
+        if self._inline.admits(len(chosen), self._loop.time()):
+            try:
+                outcome = self._inline.run(self.pool, lane.index, functools.partial(execute_batch, requests=requests),
+                                           len(chosen), self._loop.time)
+            except Exception as exc:  # as a thread hands it over: every step in the batch gets it
+                self._finish_step(lane, rows, queue_ns, None, exc)
+            else:
+                self._finish_step(lane, rows, queue_ns, outcome, None)
+            return
         future = dispatch(self.pool, lane.index, requests)  # from here to a model process, else the lane's thread
         future.add_done_callback(functools.partial(self._finish, lane, rows, queue_ns))
 
@@ -328,10 +341,14 @@ class SequenceScheduler:
         limits.give_back(lane.index, executed, pending=any(s.ready for s in lane.members()))
 
     def _finish(self, lane: Lane, rows: list[Row | None], queue_ns: list[int], future: asyncio.Future) -> None:
+        error = future.exception()
+        self._finish_step(lane, rows, queue_ns, None if error is not None else future.result(), error)
+
+    def _finish_step(self, lane: Lane, rows: list[Row | None], queue_ns: list[int], outcome: Any,
+                     error: BaseException | None) -> None:
         lane.busy = False
         real = [(index, row) for index, row in enumerate(rows) if row is not None]
         self._in_flight -= len(real)
-        error = future.exception()
         if error is not None:
             if not isinstance(error, ApplianceError):
                 log.error("model %s: sequence batch of %d failed: %r", self.label, len(real), error)
@@ -340,7 +357,7 @@ class SequenceScheduler:
                 sequence.running = False
                 self._complete(request, None, error)
         else:
-            results, timing = future.result()
+            results, timing = outcome
             self.stats.record_batch(len(real), len(real), queue_ns, timing)
             for position, (index, (sequence, request)) in enumerate(real):
                 sequence.running = False
@@ -383,7 +400,7 @@ class SequenceScheduler:
                 return
             # A copy: the row is a view of the whole batch's output, which must not live as long as the sequence.
             sequence.state[spec.input] = np.array(value, copy=True)
-        self._complete(request, {name: result[name] for name in request.outputs if name in result}, None)
+        self._complete(request, _asked(result, request.outputs), None)
 
     def _reschedule(self, sequence: Sequence, request: SequenceRequest) -> None:
         """Queue the request on its sequence again (Triton: flags cleared, queued anew), unless its client
@@ -405,7 +422,7 @@ class SequenceScheduler:
         assert self._loop is not None
 
         def deliver(result: Any, error: BaseException | None) -> None:
-            outputs = None if error else {n: v for n, v in result.items() if n in request.outputs}
+            outputs = None if error else _asked(result, request.outputs)
             self._complete(request, outputs, error)
 
         answer_later(self._loop, answer, deliver)
@@ -456,3 +473,9 @@ class SequenceScheduler:
 
     def _complete(self, request: SequenceRequest, result: Any, error: BaseException | None) -> None:
         self._answers.complete(request, result, error)
+
+
+def _asked(result: Mapping[str, np.ndarray], names: tuple[str, ...]) -> Outputs:
+    """The outputs a request asked for (a state output it did not ask for stays out), with the response
+    parameters the model set."""
+    return Outputs({name: result[name] for name in names if name in result}, getattr(result, "parameters", None))

@@ -16,7 +16,8 @@ from tritonclient.grpc import model_config_pb2 as mc
 from appliance.backends import Backend
 from appliance.engine.instances import InstancePool
 from appliance.engine.scheduler import SequenceScheduler, sequence_policy
-from appliance.engine.scheduler.sequence import BACKLOG_PER_SLOT, MIN_BACKLOG
+from appliance.engine.scheduler.execution import ExecutionMode
+from appliance.engine.scheduler.sequence import BACKLOG_PER_SLOT, MIN_BACKLOG, THREADED_SEQUENCES
 from appliance.engine.stats import ModelStats
 from appliance.errors import InferenceFailed, InvalidInput, Unavailable
 from appliance.examples.sequence import accumulator_config
@@ -31,6 +32,7 @@ class Accumulator(Backend):
         self.batches: list[dict[str, list]] = []
         self.running: set = set()
         self.overlaps = 0
+        self.threads: set[int] = set()
         self._lock = threading.Lock()
 
     def inputs(self):
@@ -40,6 +42,7 @@ class Accumulator(Backend):
         return []
 
     def run(self, inputs, outputs):
+        self.threads.add(threading.get_ident())
         rows = {name: inputs[name].reshape(-1).tolist() for name in ("START", "END", "READY", "INPUT")}
         rows["CORRID"] = inputs["CORRID"].reshape(-1).tolist() if "CORRID" in inputs else []
         rows["shapes"] = {name: value.shape for name, value in inputs.items()}
@@ -71,11 +74,12 @@ def _config(text: str) -> mc.ModelConfig:
 @pytest.fixture
 def make(started):
     def build(strategy: str = "direct { }", *backends: Accumulator, corrid: str | None = "UINT64",
-              max_batch_size: int = 4, idle_us: int = 0, control: str = "INT32") -> SequenceScheduler:
+              max_batch_size: int = 4, idle_us: int = 0, control: str = "INT32",
+              execution: ExecutionMode = THREADED_SEQUENCES) -> SequenceScheduler:
         config = _config(accumulator_config(strategy, control, corrid, max_batch_size, len(backends) or 1, idle_us))
         backends = backends or (Accumulator(),)
         return started(SequenceScheduler("acc:1", "acc", InstancePool("acc:1", list(backends)),
-                                         sequence_policy(config, None), ModelStats()))
+                                         sequence_policy(config, None), ModelStats(), execution))
 
     return build
 
@@ -109,6 +113,32 @@ async def test_interleaved_sequences_each_accumulate_alone(make, strategy):
     assert results == [cumulative(v) for v in sequences.values()]
     assert max(len([r for r in b["READY"] if r]) for b in backend.batches) > 1  # sequences did batch together
     assert backend.overlaps == 0
+
+
+INLINE = ExecutionMode(True, "test", 1_000, 50_000, 200_000)
+
+
+@pytest.mark.parametrize("strategy", ["direct { }", "oldest { max_candidate_sequences: 8 }"])
+async def test_inline_steps_run_on_the_loop_and_each_sequence_still_accumulates_alone(make, strategy):
+    backend = Accumulator()
+    scheduler = make(strategy, backend, execution=INLINE)
+    rng = np.random.default_rng(1)
+    sequences = {corrid: rng.integers(-50, 50, int(rng.integers(3, 12))).tolist() for corrid in range(1, 9)}
+    results = await asyncio.gather(*(run_sequence(scheduler, c, v) for c, v in sequences.items()))
+    assert results == [cumulative(v) for v in sequences.values()]
+    assert backend.threads == {threading.get_ident()} and backend.overlaps == 0
+    assert max(len([r for r in b["READY"] if r]) for b in backend.batches) > 1  # sequences did batch together
+    assert scheduler.execution["execution"] == "inline" and scheduler.execution["inline_max_batch"] == 4
+
+
+async def test_an_inline_step_that_fails_fails_its_requests_and_the_next_steps_run(make):
+    backend = Accumulator(fail_on=7)
+    scheduler = make("direct { }", backend, execution=INLINE)
+    assert int((await step(scheduler, 3, 5, start=True))["OUTPUT"][0, 0]) == 5
+    with pytest.raises(InferenceFailed, match="on purpose"):
+        await step(scheduler, 3, 7)
+    assert int((await step(scheduler, 3, 1, end=True))["OUTPUT"][0, 0]) == 6  # the failed step kept no state
+    assert backend.threads == {threading.get_ident()}
 
 
 async def test_requests_of_one_sequence_run_in_order_one_at_a_time(make):
