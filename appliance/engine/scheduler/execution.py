@@ -29,11 +29,17 @@ from appliance.engine.stats import BatchTiming
 if TYPE_CHECKING:
     from appliance.engine.instances import InstancePool
 
-__all__ = ["INLINE_BUDGET_NS", "THREADED", "ExecutionMode", "choose_execution", "dispatch", "execute_batch",
+__all__ = ["GIL_BUDGET_NS", "INLINE_BUDGET_NS", "THREADED", "ExecutionMode", "choose_execution", "dispatch", "execute_batch",
            "execute_each", "measure_thread_hop", "plan_batch_ns", "start_batch", "start_each"]
 
 INLINE_BUDGET_NS = 200_000
 """The longest a batch run inline may block the event loop."""
+GIL_BUDGET_NS = 1_000_000
+"""The same for a batch that is Python code under the GIL (a trusted Python model's ``execute()``). On an
+instance thread such a batch blocks the loop too: the loop waits for the GIL while it runs, and pays the
+hop and the GIL's hand-offs besides (a sequence model's batches of 8 rows, 200-300 µs each, ran 1.5x
+slower threaded). Above it a batch may spend part of its time outside the GIL (numpy on large arrays),
+where a thread lets the loop run beside it."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -72,6 +78,8 @@ def choose_execution(batch_ns: int | None, hop_ns: int | None, inline_safe: bool
     def mode(inline: bool, reason: str) -> ExecutionMode:
         return ExecutionMode(inline, reason, batch_ns, hop_ns, budget_ns)
 
+    if holds_gil:
+        budget_ns = max(budget_ns, GIL_BUDGET_NS)
     if not inline_safe:
         return mode(False, unsafe_reason or "a batch may wait on something else (another process, the GPU, or a "
                                             "model it calls back through the event loop)")

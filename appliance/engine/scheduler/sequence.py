@@ -315,10 +315,11 @@ class SequenceScheduler:
         stamp = time.monotonic_ns()
         queue_ns = [stamp - row[1].arrival_ns for row in rows if row is not None]
         self._in_flight += len(chosen)
-        if self._inline.admits(len(chosen), self._loop.time()):
+        # A direct batch's size is its rows, empty ones included: the backend runs them all.
+        if self._inline.admits(len(requests), self._loop.time()):
             try:
                 outcome = self._inline.run(self.pool, lane.index, functools.partial(execute_batch, requests=requests),
-                                           len(chosen), self._loop.time)
+                                           len(requests), self._loop.time)
             except Exception as exc:  # as a thread hands it over: every step in the batch gets it
                 self._finish_step(lane, rows, queue_ns, None, exc)
             else:

@@ -15,6 +15,8 @@ import appliance.engine.scheduler.inline as inline_module
 from appliance.engine.instances import InstancePool
 from appliance.engine.scheduler import Scheduler, SchedulerPolicy
 from appliance.engine.scheduler.execution import (
+    GIL_BUDGET_NS,
+    INLINE_BUDGET_NS,
     THREADED,
     ExecutionMode,
     choose_execution,
@@ -86,12 +88,16 @@ def test_choice_follows_the_measurements(batch_ns, hop_ns, in_process, inline, w
 @pytest.mark.parametrize(("batch_ns", "hop_ns", "inline", "why"), [
     (120_000, 90_000, True, "under the GIL"),  # longer than the hop: a thread would not run it beside the loop
     (120_000, 0, True, "under the GIL"),
-    (250_000, 90_000, False, "longer than the event loop may block"),
+    # Over the 200 µs budget of other batches, within the GIL's 1 ms: a thread would block the loop as long.
+    (600_000, 90_000, True, "under the GIL"),
+    (1_200_000, 90_000, False, "longer than the event loop may block (1000 µs)"),
     (None, 90_000, False, "not measured"),
 ])
 def test_a_batch_under_the_gil_is_judged_by_the_budget_alone(batch_ns, hop_ns, inline, why):
     mode = choose_execution(batch_ns, hop_ns, True, holds_gil=True)
     assert mode.inline is inline and why in mode.reason
+    assert mode.budget_ns == GIL_BUDGET_NS
+    assert choose_execution(batch_ns, hop_ns, True).budget_ns == INLINE_BUDGET_NS
 
 
 def test_a_backend_says_why_it_is_not_inline_safe():
