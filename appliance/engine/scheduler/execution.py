@@ -29,8 +29,8 @@ from appliance.engine.stats import BatchTiming
 if TYPE_CHECKING:
     from appliance.engine.instances import InstancePool
 
-__all__ = ["GIL_BUDGET_NS", "INLINE_BUDGET_NS", "THREADED", "ExecutionMode", "choose_execution", "dispatch", "execute_batch",
-           "execute_each", "measure_thread_hop", "plan_batch_ns", "start_batch", "start_each"]
+__all__ = ["GIL_BUDGET_NS", "INLINE_BUDGET_NS", "THREADED", "ExecutionMode", "choose_execution", "dispatch",
+           "execute_batch", "execute_each", "measure_thread_hop", "plan_batch_ns", "start_batch", "start_each"]
 
 INLINE_BUDGET_NS = 200_000
 """The longest a batch run inline may block the event loop."""
