@@ -10,6 +10,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.http_util import call
 from tests.models import write_python_model
+from tests.models.sequence import PY_ACCUMULATOR, PY_ACCUMULATOR_CONFIG
 
 TENSORS = """
 max_batch_size: 8
@@ -120,59 +121,35 @@ def test_a_model_selection_cannot_measure_is_served_on_the_plan_it_pins(start_da
     assert out.tolist() == [[8.0]] and parameters["thread"] == "caller:1#0"
 
 
-# A sequence model (direct, 2 slots): each sequence's running sum, kept by the model per correlation ID.
-ACCUMULATE = """
-import threading
-
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def initialize(self, args):
-        self.sums = {}
-
-    def execute(self, requests):
-        responses = []
-        for request in requests:
-            key = request.correlation_id()
-            value = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
-            start = pb_utils.get_input_tensor_by_name(request, "START").as_numpy()
-            total = float(value.sum()) + (0.0 if start.any() else self.sums.get(key, 0.0))
-            self.sums[key] = total
-            out = pb_utils.Tensor("OUT", np.full(value.shape, total, np.float32))
-            responses.append(pb_utils.InferenceResponse([out], parameters={"thread": threading.current_thread().name}))
-        return responses
-"""
-SEQUENCE = TRUSTED + """sequence_batching {
-  max_sequence_idle_microseconds: 5000000
-  direct { }
-  control_input [ { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] } ]
-}
-instance_group [ { kind: KIND_CPU count: 1 } ]
-"""
+# The tests' Python accumulator (a running sum per direct slot), trusted, answering with the thread it ran on.
+ACCUMULATE = PY_ACCUMULATOR.replace("import numpy as np", "import threading\n\nimport numpy as np").replace(
+    'pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT", out)])',
+    'pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT", out)], '
+    'parameters={"thread": threading.current_thread().name})')
+SEQUENCE = PY_ACCUMULATOR_CONFIG + 'parameters { key: "in_process" value: { string_value: "true" } }\n'
 
 
 def test_a_cheap_trusted_sequence_model_runs_its_steps_on_the_loop_and_keeps_each_sequence_apart(
         start_daemon, tmp_path):
+    assert "current_thread" in ACCUMULATE
     repo = tmp_path / "repo"
     write_python_model(repo, "accumulate", ACCUMULATE, SEQUENCE)
     daemon = start_daemon(repo, selection=True, env={"APPLIANCE_TUNE_BUDGET": "0.05"})
     status, _, selection = call(daemon.port, "GET", "/v2/models/accumulate/selection")
     assert status == 200 and selection["execution"]["execution"] == "inline", selection
-    steps = {7: [1.0, 2.0, 3.0], 8: [10.0, 20.0, 30.0]}
-    seen: dict[int, list[float]] = {7: [], 8: []}
+    steps = {7: [1, 2, 3], 8: [10, 20, 30]}
+    seen: dict[int, list[int]] = {7: [], 8: []}
     threads = set()
     with triton.InferenceServerClient(daemon.url, network_timeout=30) as client:
         for position in range(3):
             for corrid, values in steps.items():  # the two sequences' steps interleave
-                tensor = triton.InferInput("IN", [1, 1], "FP32")
-                tensor.set_data_from_numpy(np.asarray([[values[position]]], np.float32))
+                tensor = triton.InferInput("INPUT", [1, 1], "INT32")
+                tensor.set_data_from_numpy(np.asarray([[values[position]]], np.int32))
                 result = client.infer("accumulate", [tensor], sequence_id=corrid, sequence_start=position == 0,
                                       sequence_end=position == 2)
-                seen[corrid].append(float(result.as_numpy("OUT")[0, 0]))
+                seen[corrid].append(int(result.as_numpy("OUTPUT")[0, 0]))
                 threads.add(result.get_response().get("parameters", {}).get("thread"))
-    assert seen == {7: [1.0, 3.0, 6.0], 8: [10.0, 30.0, 60.0]}
+    assert seen == {7: [1, 3, 6], 8: [10, 30, 60]}
     # Steps ran on the event loop's thread (threaded, every one runs on 'accumulate:1#0'). A cold daemon's
     # first steps may measure over the budget and send that batch size to the instance's thread meanwhile.
     assert "MainThread" in threads, threads
