@@ -241,6 +241,29 @@ def _triton_bar() -> dict[int, float]:
     return bar
 
 
+DECISION_RATIO = 1.2
+"""The own framing stays the gRPC port's default only at this many times the h2 row (docs/security.md)."""
+OWN, H2 = "appliance transport, uvloop", "h2, uvloop"
+
+
+def _decision(samples: dict[tuple[str, int], list[dict[str, float]]], levels: list[int]) -> list[str]:
+    """The transport decision of security round 4: the own framing against the h2 floor, per concurrency.
+    The h2 row is a floor (no flow control, no admission), so a transport built on h2 costs at least
+    that: the own framing at ``DECISION_RATIO`` times it is at least that much faster than any h2 one."""
+    if not all((mode, c) in samples for mode in (OWN, H2) for c in levels):
+        return ["", "No decision: the h2 row is missing (pip install h2)."]
+    lines = ["", f"Decision: the own framing stays the default only at >= {DECISION_RATIO}x the h2 floor "
+                 "(calls/s, and CPU per call the other way round).", "",
+             "| c | own / h2 calls/s | h2 / own CPU per call | target |", "|---|---|---|---|"]
+    for concurrency in levels:
+        own, floor = samples[(OWN, concurrency)], samples[(H2, concurrency)]
+        speed = statistics.median(r["calls_s"] for r in own) / statistics.median(r["calls_s"] for r in floor)
+        cpu = statistics.median(r["cpu_us"] for r in floor) / statistics.median(r["cpu_us"] for r in own)
+        met = "met" if min(speed, cpu) >= DECISION_RATIO else "MISSED"
+        lines.append(f"| {concurrency} | {speed:.2f}x | {cpu:.2f}x | {met} |")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calls", type=int, default=3000)
@@ -294,6 +317,7 @@ def main() -> None:
             lines.append(f"| {mode} | {concurrency} | {statistics.median(r['calls_s'] for r in rows):.0f} | "
                          f"{statistics.median(r['cpu_us'] for r in rows):.0f} | "
                          f"{'–' if triton is None else f'{triton:.0f}'} |")
+    lines += _decision(samples, levels)
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "grpc-floor.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -4,7 +4,11 @@ What a client can make it hold: the bytes of one frame (``MAX_FRAME``), one head
 (``MAX_HEADER_BLOCK``), and per stream its small window until a handler admits the call and reads it
 (``appliance.grpc.http2.call``); at most ``max_streams`` streams at once (SETTINGS_MAX_CONCURRENT_STREAMS,
 REFUSED_STREAM above it). While the client does not read what is sent to it, reading pauses. A broken
-frame ends the connection with GOAWAY and the error's code."""
+frame ends the connection with GOAWAY and the error's code; a malformed request (RFC 9113 section 8) resets
+its stream with PROTOCOL_ERROR. Frames that do no work (SETTINGS, PING, PRIORITY, WINDOW_UPDATE, empty
+ones, resets, refused streams) are counted per connection (``appliance.grpc.http2.floods``) and a header
+block may span at most ``MAX_CONTINUATIONS`` frames: past either, GOAWAY(ENHANCE_YOUR_CALM). Only calls
+keep a connection from being idle: pings and other control frames do not."""
 
 from __future__ import annotations
 
@@ -19,8 +23,9 @@ import hpack
 from appliance.grpc.config import KEEPALIVE, KEEPALIVE_TIMEOUT, GrpcConfig
 from appliance.grpc.http2 import frames as f
 from appliance.grpc.http2.call import STREAM_WINDOW, Call
+from appliance.grpc.http2.floods import Flood, FloodMeter
 from appliance.grpc.http2.frames import Error, FrameError
-from appliance.grpc.http2.headers import HeaderDecoder
+from appliance.grpc.http2.headers import HeaderDecoder, trailers_block
 
 __all__ = ["Host", "Http2Connection"]
 
@@ -32,8 +37,14 @@ MAX_HEADER_BLOCK = 64 * 1024
 UNREAD_LIMIT = 1024**2
 """Bytes a connection's calls may hold that no handler reads yet (calls waiting for admission or a
 receive slot); past it the stream holding most is refused."""
-RESET_BURST = 1000
-RESET_RATE = 100.0
+MAX_CONTINUATIONS = 64
+"""CONTINUATION frames one header block may take (as the h2 library); a gRPC client's need one or none."""
+CLOSED_REMEMBERED = 256
+"""Closed streams a connection remembers and how each closed (RFC 9113 section 5.1): frames on one the
+client closed are STREAM_CLOSED errors, on one the server reset they are ignored (they were on their way),
+on one never opened below the last a PROTOCOL_ERROR; older streams are ignored."""
+CLOSE_GRACE = 5.0
+_INVALID_ARGUMENT = grpc.StatusCode.INVALID_ARGUMENT.value[0]
 CONNECTION_WINDOW = 16 * 1024**2
 """The connection's receive window: streams' own windows bound what is held."""
 
@@ -71,6 +82,7 @@ class Http2Connection(asyncio.Protocol):
         self._calls: dict[int, Call] = {}
         self._last_stream = 0
         self._continuation: tuple[int, int, list[bytes], int] | None = None
+        self._continuations = 0
         self._decoder = HeaderDecoder(MAX_HEADER_LIST)
         self._settings_acked = False
         self.send_window = f.DEFAULT_WINDOW
@@ -79,13 +91,21 @@ class Http2Connection(asyncio.Protocol):
         self._receive_window = CONNECTION_WINDOW
         self._waiting_window: set[Call] = set()
         self._unread = 0
-        self._resets = float(RESET_BURST)
-        self._resets_at = self.loop.time()
+        self._floods = FloodMeter(self.loop.time())
+        self._ended_by_client: set[int] = set()
+        """Open streams whose client sent END_STREAM or reset them."""
+        self._closed_streams: dict[int, bool] = {}
+        """Recently closed streams (at most ``CLOSED_REMEMBERED``): True where the client closed its side."""
+        self._lengths: dict[int, list[int]] = {}
+        """Streams that declared a content-length: [declared, received]."""
         self._paused = False
         self._drained: asyncio.Future[None] | None = None
         self._going_away = False
         self._closed = False
         self._heard = self.loop.time()
+        """When the client last sent anything (keepalive: it is alive)."""
+        self._busy_at = self._heard
+        """When the connection last had a call open (idleness: only calls count, never pings)."""
         self._ping_sent: float | None = None
         self._timer: asyncio.TimerHandle | None = None
 
@@ -171,6 +191,8 @@ class Http2Connection(asyncio.Protocol):
     def _frame(self, kind: int, flags: int, stream: int, payload: bytes) -> None:
         if self._continuation is not None and kind != f.CONTINUATION:
             raise FrameError(Error.PROTOCOL_ERROR, "a header block was interrupted by another frame")
+        if not payload and kind in (f.DATA, f.HEADERS, f.CONTINUATION) and not flags & (f.END_STREAM | f.END_HEADERS):
+            self._floods.count(Flood.EMPTY, self.loop.time())
         if kind == f.DATA:
             self._data(flags, stream, payload)
         elif kind == f.HEADERS:
@@ -182,11 +204,12 @@ class Http2Connection(asyncio.Protocol):
         elif kind == f.SETTINGS:
             self._settings(flags, stream, payload)
         elif kind == f.PING:
-            if stream or len(payload) != 8:
+            if len(payload) != 8 or stream:
                 raise FrameError(Error.FRAME_SIZE_ERROR if len(payload) != 8 else Error.PROTOCOL_ERROR, "bad PING")
             if flags & f.ACK:
                 self._ping_sent = None
             else:
+                self._floods.count(Flood.PING, self.loop.time())
                 self.write(f.frame(f.PING, f.ACK, 0, payload))
         elif kind == f.RST_STREAM:
             if len(payload) != 4:
@@ -195,17 +218,22 @@ class Http2Connection(asyncio.Protocol):
                 raise FrameError(Error.PROTOCOL_ERROR, f"RST_STREAM on idle stream {stream}")
             call = self._calls.get(stream)
             if call is not None:
+                self._ended_by_client.add(stream)
                 self.forget(call)
                 call.reset()
-                self._count_reset()
+                self._floods.count(Flood.RESET, self.loop.time())
         elif kind == f.GOAWAY:
             self._going_away = True  # the client opens no new streams; the open ones finish
         elif kind == f.PRIORITY:
+            if not stream:
+                raise FrameError(Error.PROTOCOL_ERROR, "PRIORITY on stream 0")
             if len(payload) != 5:
                 raise FrameError(Error.FRAME_SIZE_ERROR, "a PRIORITY frame is 5 bytes")
+            self._floods.count(Flood.PRIORITY, self.loop.time())
         elif kind == f.PUSH_PROMISE:
             raise FrameError(Error.PROTOCOL_ERROR, "a client cannot push")
-        # other frame types are ignored (RFC 9113 section 4.1)
+        else:  # other frame types are ignored (RFC 9113 section 4.1), but counted
+            self._floods.count(Flood.UNKNOWN, self.loop.time())
 
     def _data(self, flags: int, stream: int, payload: bytes) -> None:
         if stream == 0:
@@ -215,11 +243,16 @@ class Http2Connection(asyncio.Protocol):
         if self._receive_window < 0:
             raise FrameError(Error.FLOW_CONTROL_ERROR, "the client sent past the connection's window")
         call = self._calls.get(stream)
-        if call is None:
-            if stream > self._last_stream:
-                raise FrameError(Error.PROTOCOL_ERROR, f"DATA on idle stream {stream}")
-            return  # a stream already answered or reset: dropped
-        call.data(f.unpadded(payload, flags), counted, bool(flags & f.END_STREAM))
+        if call is None or stream in self._ended_by_client:
+            self._on_closed(stream, "DATA")
+            return  # a stream the server answered and reset: dropped
+        data = f.unpadded(payload, flags)
+        end = bool(flags & f.END_STREAM)
+        if end:
+            self._ended_by_client.add(stream)
+        if stream in self._lengths and not self._count_length(call, len(data), end):
+            return
+        call.data(data, counted, end)
 
     def _headers(self, flags: int, stream: int, payload: bytes) -> None:
         if stream == 0:
@@ -233,11 +266,16 @@ class Http2Connection(asyncio.Protocol):
             self._header_block(flags, stream, block)
         else:
             self._continuation = (stream, flags, [block], len(block))
+            self._continuations = 0
 
     def _continued(self, flags: int, stream: int, payload: bytes) -> None:
         if self._continuation is None or self._continuation[0] != stream:
             raise FrameError(Error.PROTOCOL_ERROR, "CONTINUATION without its HEADERS")
         _, first_flags, parts, size = self._continuation
+        self._continuations += 1
+        if self._continuations > MAX_CONTINUATIONS:
+            raise FrameError(Error.ENHANCE_YOUR_CALM, f"a header block in more than {MAX_CONTINUATIONS} "
+                                                      "CONTINUATION frames")
         size += len(payload)
         if size > MAX_HEADER_BLOCK:
             raise FrameError(Error.ENHANCE_YOUR_CALM, f"a header block above {MAX_HEADER_BLOCK} bytes")
@@ -253,39 +291,96 @@ class Http2Connection(asyncio.Protocol):
         except hpack.HPACKError as exc:
             raise FrameError(Error.COMPRESSION_ERROR, f"the header block is not HPACK: {exc}") from None
         call = self._calls.get(stream)
-        if call is not None:  # trailers: a request's stream ends
+        if call is not None and stream not in self._ended_by_client:  # trailers: a request's stream ends
             if not flags & f.END_STREAM:
                 raise FrameError(Error.PROTOCOL_ERROR, f"a second header block on stream {stream} without its end")
+            self._ended_by_client.add(stream)
+            if not request.trailer:
+                self._reset_malformed(call, "trailers with a pseudo-header")
+                return
+            if stream in self._lengths and not self._count_length(call, 0, True):
+                return
             call.remote_end()
             return
         if not stream % 2:
             raise FrameError(Error.PROTOCOL_ERROR, f"HEADERS opening stream {stream}: a client's streams are odd")
         if stream <= self._last_stream:
-            return  # trailers on a stream already answered and reset: ignored (the table took the block)
+            self._on_closed(stream, "HEADERS")
+            return  # trailers on a stream the server answered and reset: ignored (the table took the block)
         self._last_stream = stream
         if self._going_away or len(self._calls) >= self._server.config.max_streams_per_connection:
+            self._floods.count(Flood.REFUSED, self.loop.time())
+            self._remember(stream, False)
             self.write(f.rst_stream(stream, Error.REFUSED_STREAM))
+            return
+        if request.malformed is not None:
+            log.debug("gRPC stream %d from %s: %s", stream, self.peer, request.malformed)
+            self._remember(stream, False)
+            self.write(f.rst_stream(stream, Error.PROTOCOL_ERROR))
+            return
+        if request.bad_timeout is not None:
+            self._refuse(stream, _INVALID_ARGUMENT, f"grpc-timeout {request.bad_timeout.decode('latin-1')!r} is not 1 "
+                                                    "to 8 digits and a unit (H, M, S, m, u or n)", flags)
             return
         receive = STREAM_WINDOW if self._settings_acked else f.DEFAULT_WINDOW
         call = Call(self, stream, request, receive, self._stream_send_window)
         self._calls[stream] = call
+        self._busy_at = self.loop.time()
+        if request.content_length is not None:
+            self._lengths[stream] = [request.content_length, 0]
         if flags & f.END_STREAM:
+            self._ended_by_client.add(stream)
             call.remote_ended = True
+            if request.content_length:
+                self._reset_malformed(call, "content-length above the bytes sent")
+                return
         call.start(self._server.handler(request.path))
 
-    def _count_reset(self) -> None:
-        """Calls a client cancels cost a started handler each: past ``RESET_BURST`` of them, refilled at
-        ``RESET_RATE`` a second, the connection ends (HTTP/2 "rapid reset", CVE-2023-44487)."""
-        now = self.loop.time()
-        self._resets = min(RESET_BURST, self._resets + (now - self._resets_at) * RESET_RATE) - 1
-        self._resets_at = now
-        if self._resets < 0:
-            raise FrameError(Error.ENHANCE_YOUR_CALM, f"more than {RESET_BURST} calls cancelled at a rate above "
-                                                      f"{RESET_RATE:g} a second")
+    def _refuse(self, stream: int, code: int, message: str, flags: int) -> None:
+        """Answer a call with a status alone (a Trailers-Only response) before any handler runs."""
+        out = f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, stream, trailers_block(code, message, (), False))
+        if not flags & f.END_STREAM:
+            out += f.rst_stream(stream, Error.NO_ERROR)
+        self._remember(stream, bool(flags & f.END_STREAM))
+        self.write(out)
+
+    def _remember(self, stream: int, by_client: bool) -> None:
+        self._closed_streams[stream] = by_client
+        if len(self._closed_streams) > CLOSED_REMEMBERED:
+            del self._closed_streams[next(iter(self._closed_streams))]
+
+    def _on_closed(self, stream: int, kind: str) -> None:
+        """A ``kind`` frame on ``stream``, which is not open (RFC 9113 section 5.1): an error unless the server
+        reset it (what the client sent before it knew is dropped) or it is too old to tell."""
+        if stream > self._last_stream:
+            raise FrameError(Error.PROTOCOL_ERROR, f"{kind} on idle stream {stream}")
+        if stream in self._ended_by_client or self._closed_streams.get(stream):
+            raise FrameError(Error.STREAM_CLOSED, f"{kind} on stream {stream}, which the client closed")
+        remembered = self._closed_streams
+        if stream not in remembered and len(remembered) < CLOSED_REMEMBERED:
+            raise FrameError(Error.PROTOCOL_ERROR, f"{kind} on stream {stream}, below the last stream opened "
+                                                   f"({self._last_stream}) and never opened itself")
+
+    def _count_length(self, call: Call, size: int, end: bool) -> bool:
+        """Hold a stream's DATA to the content-length it declared; False when it broke it (then reset)."""
+        declared = self._lengths[call.stream]
+        declared[1] += size
+        if declared[1] > declared[0] or (end and declared[1] != declared[0]):
+            self._reset_malformed(call, "content-length does not match the DATA sent")
+            return False
+        return True
+
+    def _reset_malformed(self, call: Call, reason: str) -> None:
+        """A malformed request (RFC 9113 section 8.1.1): its stream is reset with PROTOCOL_ERROR."""
+        log.debug("gRPC stream %d from %s: %s", call.stream, self.peer, reason)
+        self.forget(call)
+        call.reset()
+        self.write(f.rst_stream(call.stream, Error.PROTOCOL_ERROR))
 
     def _window_update(self, stream: int, payload: bytes) -> None:
         if len(payload) != 4:
             raise FrameError(Error.FRAME_SIZE_ERROR, "a WINDOW_UPDATE frame is 4 bytes")
+        self._floods.count(Flood.WINDOW_UPDATE, self.loop.time())
         increment = struct.unpack(">I", payload)[0] & 0x7FFF_FFFF
         if stream == 0:
             if increment == 0:
@@ -299,9 +394,12 @@ class Http2Connection(asyncio.Protocol):
             return
         call = self._calls.get(stream)
         if call is None:
+            if stream > self._last_stream:
+                raise FrameError(Error.PROTOCOL_ERROR, f"WINDOW_UPDATE on idle stream {stream}")
             return
         if increment == 0:
-            raise FrameError(Error.PROTOCOL_ERROR, "a WINDOW_UPDATE of 0")
+            self._reset_malformed(call, "a WINDOW_UPDATE of 0")
+            return
         call.send_window += increment
         if call.send_window > f.MAX_WINDOW:
             raise FrameError(Error.FLOW_CONTROL_ERROR, f"stream {stream}'s window above 2^31-1")
@@ -315,8 +413,10 @@ class Http2Connection(asyncio.Protocol):
                 raise FrameError(Error.FRAME_SIZE_ERROR, "a SETTINGS acknowledgement with a payload")
             self._settings_acked = True
             return
+        self._floods.count(Flood.SETTINGS, self.loop.time())
         values = f.parse_settings(payload)
-        if f.INITIAL_WINDOW_SIZE in values:
+        if f.INITIAL_WINDOW_SIZE in values and values[f.INITIAL_WINDOW_SIZE] != self._stream_send_window:
+            # Only a change walks the open calls (a flood repeating one value costs one frame each).
             delta = values[f.INITIAL_WINDOW_SIZE] - self._stream_send_window
             self._stream_send_window = values[f.INITIAL_WINDOW_SIZE]
             for call in self._calls.values():
@@ -358,8 +458,15 @@ class Http2Connection(asyncio.Protocol):
         self.write(f.window_update(stream, increment))
 
     def forget(self, call: Call) -> None:
-        if self._calls.get(call.stream) is call:
-            del self._calls[call.stream]
+        stream = call.stream
+        if self._calls.get(stream) is call:
+            del self._calls[stream]
+            self._lengths.pop(stream, None)
+            by_client = stream in self._ended_by_client
+            self._ended_by_client.discard(stream)
+            self._remember(stream, by_client)
+            if not self._calls:
+                self._busy_at = self.loop.time()
         self._waiting_window.discard(call)
         self.release(call.unread)
         call.unread = 0
@@ -396,10 +503,13 @@ class Http2Connection(asyncio.Protocol):
             self.close()
 
     def close(self) -> None:
+        """Close once what is written is sent; a client that does not read it within ``CLOSE_GRACE``
+        seconds is cut off (its unsent bytes would be held for as long as it waits)."""
         if not self._closed and self.transport is not None:
             self._flush()
             self._closed = True
             self.transport.close()
+            self.loop.call_later(CLOSE_GRACE, self.transport.abort)
 
     def _arm(self, delay: float) -> None:
         self._timer = self.loop.call_later(delay, self._tick)
@@ -411,8 +521,8 @@ class Http2Connection(asyncio.Protocol):
         idle = self._server.config.idle_timeout
         now = self.loop.time()
         silent = now - self._heard
-        if not self._preface or (not self._calls and silent >= idle):
-            self._fail(Error.NO_ERROR, "idle")
+        if not self._preface or (not self._calls and now - self._busy_at >= idle):
+            self._fail(Error.NO_ERROR, "idle")  # pings do not count: only calls keep a connection
             return
         if self._calls and self._ping_sent is not None and now - self._ping_sent >= KEEPALIVE_TIMEOUT:
             self._fail(Error.ENHANCE_YOUR_CALM, "no answer to a keepalive ping")
@@ -420,7 +530,7 @@ class Http2Connection(asyncio.Protocol):
         if self._calls and silent >= KEEPALIVE and self._ping_sent is None:
             self._ping_sent = now
             self.write(f.frame(f.PING, 0, 0, b"\x00" * 8))
-        self._arm(min(idle, KEEPALIVE_TIMEOUT) / 2 if self._calls else max(0.05, idle - silent))
+        self._arm(min(idle, KEEPALIVE_TIMEOUT) / 2 if self._calls else max(0.05, idle - (now - self._busy_at)))
 
     async def cancel_calls(self, grace: float) -> None:
         """Cancel the handlers still running (the server stops) and give them ``grace`` seconds."""

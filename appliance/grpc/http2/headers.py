@@ -42,32 +42,67 @@ class HeaderDecoder:
         return request
 
 
-class Request:
-    """A call's headers: the pseudo-headers a server routes by, and the metadata its handler reads."""
+_PSEUDO = frozenset((b":method", b":scheme", b":path", b":authority"))
+_CONNECTION_SPECIFIC = frozenset((b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding",
+                                  b"upgrade"))
 
-    __slots__ = ("content_type", "encoding", "metadata", "method", "path", "timeout")
+
+class Request:
+    """A call's headers: the pseudo-headers a server routes by, and the metadata its handler reads.
+    ``malformed`` says why the block is not a well-formed HTTP/2 request (RFC 9113 section 8.2 and 8.3),
+    ``bad_timeout`` holds a ``grpc-timeout`` that is not gRPC's form; ``trailer`` whether the block can be
+    a request's trailers (no pseudo-header)."""
+
+    __slots__ = ("bad_timeout", "content_length", "content_type", "encoding", "malformed", "metadata", "method",
+                 "path", "timeout", "trailer")
 
     def __init__(self, fields: list[tuple[bytes, bytes]]) -> None:
         self.method = self.path = self.content_type = b""
         self.encoding = b"identity"
         self.timeout: float | None = None
+        self.bad_timeout: bytes | None = None
+        self.content_length: int | None = None
+        self.malformed: str | None = None
         metadata: list[tuple[str, str | bytes]] = []
+        pseudo: set[bytes] = set()
+        regular = False
         for name, value in fields:
+            if name != name.lower():
+                self._malform(f"the header name {name!r} has upper-case letters")
             if name[:1] == b":":
+                if regular:
+                    self._malform(f"the pseudo-header {name!r} follows a regular header")
+                if name not in _PSEUDO:
+                    self._malform(f"{name!r} is not a request pseudo-header")
+                if name in pseudo:
+                    self._malform(f"the pseudo-header {name!r} is repeated")
+                pseudo.add(name)
                 if name == b":path":
                     self.path = value
                 elif name == b":method":
                     self.method = value
                 continue
+            regular = True
             if name == b"content-type":
                 self.content_type = value
             elif name == b"grpc-encoding":
                 self.encoding = value
             elif name == b"grpc-timeout":
                 self.timeout = grpc_timeout(value)
-            elif name in (b"te", b"grpc-accept-encoding"):
+                if self.timeout is None:
+                    self.bad_timeout = value
+            elif name == b"te":
+                if value != b"trailers":
+                    self._malform("the te header may only be 'trailers'")
+            elif name == b"grpc-accept-encoding":
                 pass
+            elif name in _CONNECTION_SPECIFIC:
+                self._malform(f"the connection-specific header {name!r} is not allowed in HTTP/2")
             else:
+                if name == b"content-length":
+                    self.content_length = int(value) if value.isdigit() and len(value) < 19 else -1
+                    if self.content_length < 0:
+                        self._malform("content-length is not a number")
                 key = name.decode("latin-1")
                 if key.endswith("-bin"):
                     try:
@@ -77,15 +112,26 @@ class Request:
                 else:
                     metadata.append((key, value.decode("latin-1")))
         self.metadata = tuple(metadata)
+        self.trailer = not pseudo
+        if pseudo and self.malformed is None:
+            if not {b":method", b":scheme", b":path"} <= pseudo:
+                self._malform("a request needs :method, :scheme and :path")
+            elif not self.path:
+                self._malform("the :path is empty")
+
+    def _malform(self, reason: str) -> None:
+        if self.malformed is None:
+            self.malformed = reason
 
 
 _UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
 
 
 def grpc_timeout(value: bytes) -> float | None:
-    """Seconds in a ``grpc-timeout`` header (at most 8 digits and a unit); None when it is malformed."""
+    """Seconds in a ``grpc-timeout`` header (1 to 8 ASCII digits and a unit, nothing else: gRPC's
+    TimeoutValue TimeoutUnit); None when it is malformed."""
     digits, unit = value[:-1], value[-1:]
-    if not digits.isdigit() or len(digits) > 8 or unit not in _UNITS:
+    if not 1 <= len(digits) <= 8 or not digits.isascii() or not digits.isdigit() or unit not in _UNITS:
         return None
     return int(digits) * _UNITS[unit]
 
@@ -117,14 +163,22 @@ def response_block(status: int = 200) -> bytes:
 
 RESPONSE_HEADERS = response_block()
 _MESSAGE_LIMIT = 8192
+"""Bytes of a ``grpc-message`` as sent, percent-encoding included: with the status and the trailing
+metadata a server sets, the trailers stay well inside the 16 KiB frame every peer takes."""
 _PLAIN = frozenset(range(0x20, 0x7F)) - {ord("%")}
 
 
 def _percent_encoded(message: str) -> bytes:
-    raw = message.encode("utf-8", "replace")[:_MESSAGE_LIMIT]
+    raw = message.encode("utf-8", "replace")
     if _PLAIN.issuperset(raw):
-        return raw
-    return b"".join(bytes((byte,)) if byte in _PLAIN else b"%%%02X" % byte for byte in raw)
+        return raw[:_MESSAGE_LIMIT]
+    out = bytearray()
+    for byte in raw:
+        piece = bytes((byte,)) if byte in _PLAIN else b"%%%02X" % byte
+        if len(out) + len(piece) > _MESSAGE_LIMIT:
+            break  # never half an escape
+        out += piece
+    return bytes(out)
 
 
 def trailers_block(code: int, message: str, metadata: tuple[tuple[str, str], ...] = (),

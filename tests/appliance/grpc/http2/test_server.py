@@ -17,7 +17,7 @@ import pytest
 
 from appliance.grpc.access import Gate
 from appliance.grpc.config import GrpcConfig
-from appliance.grpc.http2 import connection as connection_module
+from appliance.grpc.http2 import connection, floods
 from appliance.grpc.http2 import frames as f
 from appliance.grpc.http2.server import Http2Server
 
@@ -271,7 +271,7 @@ async def test_data_past_the_window_of_a_call_not_read_is_a_flow_control_error(s
 
 
 async def test_bytes_no_handler_reads_are_capped_per_connection(server, monkeypatch):
-    monkeypatch.setattr(connection_module, "UNREAD_LIMIT", 100_000)
+    monkeypatch.setattr(connection, "UNREAD_LIMIT", 100_000)
     reader, writer = await _raw(server)
     encoder = hpack.Encoder()
     hold = [*_ENCODER_CALL[:2], (":path", "/t.S/Hold"), *_ENCODER_CALL[3:]]
@@ -288,8 +288,7 @@ async def test_bytes_no_handler_reads_are_capped_per_connection(server, monkeypa
 
 
 async def test_a_client_that_cancels_call_after_call_is_cut_off(server, monkeypatch):
-    monkeypatch.setattr(connection_module, "RESET_BURST", 20)
-    monkeypatch.setattr(connection_module, "RESET_RATE", 1.0)
+    monkeypatch.setitem(floods.FLOOD_LIMITS, floods.Flood.RESET, floods.FloodLimit(20, 1.0))
     reader, writer = await _raw(server)
     encoder = hpack.Encoder()
     slow = [*_ENCODER_CALL[:2], (":path", "/t.S/Slow"), *_ENCODER_CALL[3:]]

@@ -1,0 +1,73 @@
+"""What a client may send an HTTP/2 connection that does no work for it: each kind counted per
+connection in a token bucket, and past it the connection ends with GOAWAY(ENHANCE_YOUR_CALM).
+
+HTTP/2 lets a client send frames the server must process but that carry no request: SETTINGS (each one
+acknowledged), PING (each one answered), PRIORITY, WINDOW_UPDATE, empty DATA, streams it resets at once
+("rapid reset", CVE-2023-44487), streams refused over the concurrency cap, empty header fragments, frames
+of unknown types. Each costs the event loop a few microseconds and some cost more (an answer to write), so
+a connection sending them without end stalls every other client (the CVE-2019-9511..9518 family). The
+buckets below are what hardened servers keep (nghttp2, hypercorn, grpc-core): a burst a well-behaved
+client never reaches, refilled at a rate it never sustains."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+from appliance.grpc.http2.frames import Error, FrameError
+
+__all__ = ["FLOOD_LIMITS", "Flood", "FloodLimit", "FloodMeter"]
+
+
+class Flood(enum.Enum):
+    SETTINGS = "SETTINGS frames"
+    PING = "PING frames"
+    PRIORITY = "PRIORITY frames"
+    WINDOW_UPDATE = "WINDOW_UPDATE frames"
+    EMPTY = "empty DATA, HEADERS or CONTINUATION frames"
+    RESET = "calls cancelled (RST_STREAM)"
+    REFUSED = "streams refused over the concurrency cap"
+    UNKNOWN = "frames of unknown types"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FloodLimit:
+    burst: int
+    """Frames of this kind a connection may send at once."""
+    rate: float
+    """Frames a second the allowance refills by."""
+
+
+FLOOD_LIMITS: dict[Flood, FloodLimit] = {
+    # A client acknowledges and sends SETTINGS a few times a connection.
+    Flood.SETTINGS: FloodLimit(100, 10.0),
+    # Keepalive and BDP pings: grpc-core's clients send a handful a second at most.
+    Flood.PING: FloodLimit(200, 20.0),
+    Flood.PRIORITY: FloodLimit(1000, 100.0),
+    # One per DATA frame a client reads at most: generous, as large answers take many.
+    Flood.WINDOW_UPDATE: FloodLimit(20_000, 10_000.0),
+    Flood.EMPTY: FloodLimit(1000, 100.0),
+    Flood.RESET: FloodLimit(1000, 100.0),
+    Flood.REFUSED: FloodLimit(1000, 100.0),
+    Flood.UNKNOWN: FloodLimit(1000, 100.0),
+}
+
+
+class FloodMeter:
+    """One connection's buckets; ``count`` raises ``FrameError(ENHANCE_YOUR_CALM)`` past a limit."""
+
+    __slots__ = ("_at", "_left", "_limits")
+
+    def __init__(self, now: float, limits: dict[Flood, FloodLimit] = FLOOD_LIMITS) -> None:
+        self._limits = limits
+        self._left = {kind: float(limit.burst) for kind, limit in limits.items()}
+        self._at = {kind: now for kind in limits}
+
+    def count(self, kind: Flood, now: float) -> None:
+        limit = self._limits[kind]
+        left = min(float(limit.burst), self._left[kind] + (now - self._at[kind]) * limit.rate) - 1.0
+        self._at[kind] = now
+        self._left[kind] = left
+        if left < 0:
+            raise FrameError(Error.ENHANCE_YOUR_CALM, f"more than {limit.burst} {kind.value} at a rate above "
+                                                      f"{limit.rate:g} a second")
