@@ -1,0 +1,163 @@
+"""Property-based fuzzing of the own HTTP/2 transport's decoding (``hypothesis``): whatever bytes a client
+sends, in whatever pieces, the connection either goes on or ends itself with GOAWAY; no exception escapes
+``data_received``, nothing it holds outgrows a frame, and a header block of any fields becomes a request
+(well-formed or not) without an error."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+
+import grpc
+import hpack
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from appliance.grpc.config import GrpcConfig
+from appliance.grpc.http2 import frames as f
+from appliance.grpc.http2.connection import MAX_FRAME, Http2Connection
+from appliance.grpc.http2.headers import Request
+
+FUZZ = settings(max_examples=200, deadline=None, derandomize=True,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+class _Transport:
+    def __init__(self) -> None:
+        self.written = bytearray()
+        self.closing = False
+
+    def write(self, data: bytes) -> None:
+        self.written += data
+
+    def close(self) -> None:
+        self.closing = True
+
+    abort = close
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return ("127.0.0.1", 5) if name == "peername" else default
+
+
+class _Server:
+    """A host serving one echoing RPC at /t.S/Echo; every other path is unknown."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.config = GrpcConfig(max_message_bytes=1 << 16, max_streams_per_connection=8, idle_timeout=60)
+
+        async def echo(requests, context):
+            return await context.read()
+
+        self._echo = grpc.stream_unary_rpc_method_handler(echo, request_deserializer=None,
+                                                          response_serializer=lambda raw: raw)
+
+    def handler(self, path: bytes):
+        return self._echo if path == b"/t.S/Echo" else None
+
+    def opened(self, connection) -> bool:
+        return True
+
+    def closed(self, connection) -> None:
+        pass
+
+
+def _feed(chunks: list[bytes]) -> tuple[Http2Connection, _Transport]:
+    loop = asyncio.new_event_loop()
+    try:
+        connection = Http2Connection(_Server(loop))
+        transport = _Transport()
+        connection.connection_made(transport)  # type: ignore[arg-type]
+        for chunk in chunks:
+            connection.data_received(chunk)  # must never raise
+            loop.run_until_complete(asyncio.sleep(0))  # handlers run, writes flush
+            assert len(connection._buffer) <= MAX_FRAME + 9, "more than a frame held"
+            if transport.closing:
+                break
+        connection.connection_lost(None)
+        loop.run_until_complete(asyncio.sleep(0))
+        return connection, transport
+    finally:
+        for task in asyncio.all_tasks(loop):
+            task.cancel()
+        loop.run_until_complete(asyncio.sleep(0))
+        loop.close()
+
+
+def _split(data: bytes, cuts: list[int]) -> list[bytes]:
+    points = sorted({cut % (len(data) + 1) for cut in cuts})
+    return [data[a:b] for a, b in zip([0, *points], [*points, len(data)]) if b > a]
+
+
+_FIELDS = st.lists(st.tuples(st.sampled_from([b":method", b":path", b":scheme", b":authority", b":status",
+                                               b"content-type", b"te", b"grpc-timeout", b"grpc-encoding",
+                                               b"content-length", b"X-Up", b"connection", b"a-bin", b"k"]),
+                             st.binary(max_size=12)), max_size=10)
+_GOOD = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", b"/t.S/Echo"), (b":authority", b"x"),
+         (b"content-type", b"application/grpc"), (b"te", b"trailers")]
+
+
+@st.composite
+def _frames(draw) -> bytes:
+    """A client's frames: well-formed calls, fuzzed header blocks, and frames of any type, flags, stream
+    and payload (lengths true or not)."""
+    encoder = hpack.Encoder()
+    out = [f.PREFACE, f.settings({})]
+    for _ in range(draw(st.integers(1, 12))):
+        stream = draw(st.sampled_from([0, 1, 2, 3, 5, 7, 2**31 - 1]))
+        choice = draw(st.integers(0, 3))
+        if choice == 0:
+            message = draw(st.binary(max_size=40))
+            out.append(f.frame(f.HEADERS, f.END_HEADERS, stream, encoder.encode(_GOOD))
+                       + f.frame(f.DATA, f.END_STREAM, stream, b"\x00" + struct.pack(">I", len(message)) + message))
+        elif choice == 1:
+            fields = draw(_FIELDS)
+            out.append(f.frame(f.HEADERS, draw(st.sampled_from([0, f.END_HEADERS, f.END_HEADERS | f.END_STREAM])),
+                               stream, encoder.encode(fields)))
+        else:
+            kind = draw(st.integers(0, 12))
+            flags = draw(st.integers(0, 255))
+            payload = draw(st.binary(max_size=64))
+            out.append(f.frame(kind, flags, stream, payload))
+    return b"".join(out)
+
+
+@FUZZ
+@given(_frames(), st.lists(st.integers(0, 10_000), max_size=8))
+def test_any_frames_in_any_pieces_never_break_the_connection(data, cuts):
+    _feed(_split(data, cuts))
+
+
+@FUZZ
+@given(st.binary(max_size=300), st.lists(st.integers(0, 400), max_size=4))
+def test_any_bytes_after_the_preface_end_in_goaway_or_wait(data, cuts):
+    connection, transport = _feed([f.PREFACE, *_split(data, cuts)])
+    if transport.closing:
+        assert struct.pack(">B", f.GOAWAY) in transport.written, "closed without a GOAWAY"
+
+
+@FUZZ
+@given(st.lists(st.tuples(st.binary(max_size=16), st.binary(max_size=16)), max_size=16))
+def test_any_header_fields_make_a_request_or_a_reason(fields):
+    request = Request(fields)
+    assert request.malformed is None or isinstance(request.malformed, str)
+    if request.malformed is None and not request.trailer:
+        assert request.path  # a well-formed request routes somewhere
+
+
+def test_a_well_formed_call_is_answered():
+    """The fuzzer's own control: the shape it mutates is served."""
+    encoder = hpack.Encoder()
+    call = (f.PREFACE + f.settings({}) + f.frame(f.HEADERS, f.END_HEADERS, 1, encoder.encode(_GOOD))
+            + f.frame(f.DATA, f.END_STREAM, 1, b"\x00\x00\x00\x00\x02hi"))
+    _, transport = _feed([call])
+    assert b"\x00\x00\x00\x00\x02hi" in transport.written and not transport.closing
