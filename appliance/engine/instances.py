@@ -12,6 +12,7 @@ never waits for the daemon between batches. The instance's thread still runs one
 from __future__ import annotations
 
 import asyncio
+import logging
 import queue
 import threading
 import time
@@ -24,6 +25,8 @@ from appliance.engine.rate_limiter import InstanceLimits
 __all__ = ["InstancePool"]
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 
 class InstancePool:
@@ -56,6 +59,7 @@ class InstancePool:
         """Guards ``_elsewhere``; notified as such a batch finishes (close waits for them)."""
         self._closed: set[int] = set()
         """Instances whose backend close() has been called: a second close() leaves them be."""
+        self._on_finish: Callable[[int], None] | None = None
 
     @property
     def size(self) -> int:
@@ -66,9 +70,14 @@ class InstancePool:
         """Instances with nothing to do (with depth > 1: free places, up to depth per instance)."""
         return self._free.qsize() if self._free is not None else 0
 
-    def start(self) -> None:
-        """Bind to the running loop; call from inside it."""
+    def start(self, on_finish: Callable[[int], None] | None = None) -> None:
+        """Bind to the running loop; call from inside it. ``on_finish(index)`` runs on the loop as a batch
+        started with ``execute`` or ``begin`` finishes, in the same step that frees its instance (nothing
+        can take the instance in between): the scheduler gives the instance's rate-limiter resources back
+        there, so whoever takes the instance next (even with ``try_acquire``) finds them free. Batches run
+        with ``run_inline`` leave that to their caller, which does it right after, in the same step."""
         self._loop = asyncio.get_running_loop()
+        self._on_finish = on_finish
         self._free = asyncio.Queue()
         for _ in range(self.depth):
             for index in range(len(self._backends)):
@@ -188,15 +197,22 @@ class InstancePool:
         self._free.put_nowait(index)
 
     def _finish(self, index: int, future: asyncio.Future, result: Any, error: BaseException | None) -> None:
-        # The waiter's callbacks run before whoever waits for a free instance (asyncio runs callbacks in
-        # the order they are scheduled): the scheduler gives the instance's rate-limiter resources back
-        # before the instance is taken again.
+        # The waiter's callbacks run a step later (asyncio schedules them), and a request arriving between
+        # the two may take the instance with try_acquire: on_finish runs here, in the step that frees the
+        # instance, else it found the rate-limiter resources of the batch that just ended still held and
+        # took them twice (security finding "High 5"). After release, so that a waiter for a free instance
+        # is woken before the grants on_finish schedules (the limiter lets an instance with work re-take).
         if not future.cancelled():
             if error is not None:
                 future.set_exception(error)
             else:
                 future.set_result(result)
         self.release(index)
+        if self._on_finish is not None:
+            try:
+                self._on_finish(index)
+            except Exception:  # the waiter has its result and the instance is back: never a hang
+                log.exception("instance %s#%d: on_finish failed", self._label, index)
 
     async def drain(self, timeout: float) -> bool:
         """Wait until every instance is idle; False if ``timeout`` passed first."""

@@ -16,9 +16,14 @@ blocks those ranked after it even when their resources are free (as Triton's que
 request cannot be starved by small ones.
 
 The schedulers hold an instance from their pool first, then its resources (``InstanceLimits``): ``try_take``
-on the event loop, else ``take``/``when_free`` to wait in rank order; ``give_back`` when the batch is done.
-Models register from the loading thread, so the shared tables sit behind a lock; grants and their
-callbacks happen on the event loop.
+on the event loop, else ``take``/``when_free`` to wait in rank order; ``give_back`` when the batch is done,
+before the pool lends the instance again. Models register from the loading thread, so the shared tables
+sit behind a lock; grants and their callbacks happen on the event loop.
+
+What holds whatever the callers do (docs/rate-limiter.md): an instance holds its resources at most once (a
+take while they are still held, before its ``give_back``, waits for that ``give_back`` instead of taking them
+twice); the copies held never exceed the copies that exist; every waiter is granted, cancelled, or told its
+model was unloaded, never left waiting; a cancelled ``take`` gives back what it was granted meanwhile.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -34,9 +40,11 @@ from typing import Any
 from tritonclient.grpc import model_config_pb2 as mc
 
 from appliance.engine.shared_config import ResourceLimit
-from appliance.errors import ConfigError
+from appliance.errors import ConfigError, Unavailable
 
 __all__ = ["InstanceLimits", "InstanceNeeds", "RateLimitCounts", "RateLimiter", "instance_needs"]
+
+log = logging.getLogger(__name__)
 
 GLOBAL = "global"
 """The scope of a global resource (a device's scope is its number)."""
@@ -101,6 +109,10 @@ class _Slot:
     """The order it was staged in (ties between equal ranks go to the earlier), None when not waiting."""
     waiting_since: int = 0
     callback: Callable[[], None] | None = None
+    abandon: Callable[[BaseException], None] | None = None
+    """Tells a waiter its model was unloaded (``take``'s future; ``when_free`` has no way to be told)."""
+    removed: bool = False
+    """Unregistered: it takes nothing any more."""
 
     def rank(self) -> int:
         return self.executions * self.priority
@@ -142,21 +154,30 @@ class RateLimiter:
             try:
                 self._capacity = self._limits()
             except ConfigError:
-                del self._slots[-len(slots):]
+                del self._slots[len(self._slots) - len(slots):]
                 raise
         self._grant_soon()
         return InstanceLimits(self, slots)
 
     def unregister(self, slots: Sequence[_Slot]) -> None:
+        abandoned = []
         with self._lock:
             for slot in slots:
+                if slot.removed:
+                    continue
+                slot.removed = True
                 if slot.held:
                     self._free(slot)
                 if slot.staged is not None:
                     self._staged.remove(slot)
-                    slot.staged = None
+                    slot.staged = slot.callback = None
+                    if slot.abandon is not None:
+                        abandoned.append(slot.abandon)
+                slot.abandon = None
                 self._slots.remove(slot)
             self._capacity = self._limits()
+        for abandon in abandoned:
+            abandon(Unavailable(f"model {slots[0].label} was unloaded while waiting for its rate-limiter resources"))
         self._grant_soon()
 
     def _limits(self) -> dict[Key, int]:
@@ -192,10 +213,14 @@ class RateLimiter:
     # -- allocation (the event loop) -----------------------------------------------------------
 
     def _fits(self, slot: _Slot) -> bool:
+        if slot.held or slot.removed:  # held: its give_back has not come yet; it cannot hold twice
+            return False
         return all(self._used.get(key, 0) + count <= self._capacity.get(key, 0)
                    for key, count in slot.needs.items())
 
     def _hold(self, slot: _Slot) -> None:
+        if slot.held:  # _fits refuses a held slot: reaching here is a bug in this module, not its callers'
+            raise RuntimeError(f"an instance of {slot.label} would hold its rate-limiter resources twice")
         for key, count in slot.needs.items():
             self._used[key] = self._used.get(key, 0) + count
         slot.held = True
@@ -206,21 +231,29 @@ class RateLimiter:
         slot.held = False
 
     def _try_take(self, slot: _Slot) -> bool:
-        assert not slot.held, f"an instance of {slot.label} took its resources twice"
-        if slot.staged is not None:
-            return False
-        mine = slot.rank()
+        """Hold the slot's resources now; False when they are not free, when an instance ranked ahead of it
+        waits, when it waits itself, or when it still holds them (a batch whose give_back has not come):
+        then the caller waits (``_stage``), and is granted once that give_back has come."""
         with self._lock:
-            if any(other.rank() <= mine for other in self._staged) or not self._fits(slot):
+            if slot.staged is not None or not self._fits(slot):
+                return False
+            mine = slot.rank()
+            if any(other.rank() <= mine for other in self._staged):
                 return False
             self._hold(slot)
         return True
 
-    def _stage(self, slot: _Slot, callback: Callable[[], None]) -> None:
-        self._loop = asyncio.get_running_loop()
-        slot.callback = callback
-        slot.waiting_since = time.perf_counter_ns()
+    def _stage(self, slot: _Slot, callback: Callable[[], None],
+               abandon: Callable[[BaseException], None] | None = None) -> None:
+        loop = asyncio.get_running_loop()
         with self._lock:
+            if slot.removed:
+                raise Unavailable(f"model {slot.label} was unloaded; its instances take no resources")
+            if slot.staged is not None:  # one waiter per instance: a second would believe it holds too
+                raise RuntimeError(f"an instance of {slot.label} already waits for its rate-limiter resources")
+            self._loop = loop
+            slot.callback, slot.abandon = callback, abandon
+            slot.waiting_since = time.perf_counter_ns()
             slot.staged = next(self._order)
             self._staged.append(slot)
         self._grant()
@@ -231,7 +264,7 @@ class RateLimiter:
             if slot.staged is None:
                 return False
             self._staged.remove(slot)
-            slot.staged = slot.callback = None
+            slot.staged = slot.callback = slot.abandon = None
         return True
 
     def _give_back(self, slot: _Slot, executed: bool, pending: bool) -> None:
@@ -258,14 +291,18 @@ class RateLimiter:
                 self._staged.remove(top)
                 top.staged = None
                 self._hold(top)
-                granted.append(top)
+                granted.append((top, top.callback))
+                top.callback = top.abandon = None
         now = time.perf_counter_ns()
-        for slot in granted:
+        for slot, callback in granted:
             slot.counts.waits += 1
             slot.counts.wait_ns += now - slot.waiting_since
-            callback, slot.callback = slot.callback, None
-            if callback is not None:
+            if callback is None:
+                continue
+            try:
                 callback()
+            except Exception:  # the others granted with it must still hear of it
+                log.exception("rate limiter: the grant callback of an instance of %s failed", slot.label)
 
     def _grant_soon(self) -> None:
         """Grant on the event loop (from a loading thread, or after the current callbacks)."""
@@ -304,7 +341,9 @@ class InstanceLimits:
         return self._limiter._try_take(self._slots[index])
 
     def when_free(self, index: int, callback: Callable[[], None]) -> None:
-        """Wait in rank order; ``callback()`` runs on the event loop once the resources are held."""
+        """Wait in rank order; ``callback()`` runs on the event loop once the resources are held (at once
+        if they are free). One waiter per instance; Unavailable once the model is unloaded, and a waiter
+        still queued when it is unloaded is dropped (its scheduler is closing)."""
         self._limiter._stage(self._slots[index], callback)
 
     def cancel(self, index: int) -> bool:
@@ -312,7 +351,8 @@ class InstanceLimits:
         return self._limiter._unstage(self._slots[index])
 
     async def take(self, index: int) -> None:
-        """Hold instance ``index``'s resources, waiting in rank order."""
+        """Hold instance ``index``'s resources, waiting in rank order; Unavailable when the model was (or is,
+        meanwhile) unloaded. Cancelled, it gives back what it was granted meanwhile."""
         slot = self._slots[index]
         if self._limiter._try_take(slot):
             return
@@ -322,11 +362,15 @@ class InstanceLimits:
             if not granted.done():
                 granted.set_result(None)
 
-        self._limiter._stage(slot, grant)
+        def abandon(error: BaseException) -> None:
+            if not granted.done():
+                granted.set_exception(error)
+
+        self._limiter._stage(slot, grant, abandon)
         try:
             await granted
         except BaseException:
-            if not self._limiter._unstage(slot):  # granted, but its waiter went away
+            if not self._limiter._unstage(slot) and slot.held:  # granted, but its waiter went away
                 self._limiter._give_back(slot, executed=False, pending=False)
             raise
 

@@ -68,7 +68,7 @@ class Scheduler:
         """Create the loop-bound parts; call from inside the running event loop."""
         self._loop = asyncio.get_running_loop()
         self._wakeup = asyncio.Event()
-        self.pool.start()
+        self.pool.start(on_finish=self._ran)  # resources go back in the step that frees the instance
         self._task = self._loop.create_task(self._batch_loop(), name=f"batcher:{self.label}")
 
     @property
@@ -228,18 +228,31 @@ class Scheduler:
                     await limits.take(index)
                     held = True
                 batch = await self._collect_batch()
-            except BaseException:
+            except BaseException as exc:
                 if held:
                     assert limits is not None
                     limits.give_back(index, executed=False)
                 self.pool.release(index)
-                raise
+                if not isinstance(exc, Exception):
+                    raise
+                # Never the end of the batcher, which would leave every later request waiting: the next
+                # batch's requests get the error, and it goes on with the rest.
+                self._fail_next(exc)
+                continue
             if batch:
                 self._dispatch(index, batch)
             else:
                 if limits is not None:
                     limits.give_back(index, executed=False)
                 self.pool.release(index)
+
+    def _fail_next(self, error: Exception) -> None:
+        """The next batch's requests get ``error`` (the batcher could not run them)."""
+        batch, _ = self._peek_batch()
+        failure = self._failure(error, len(batch))
+        for pending in batch:
+            self._queue.remove(pending)
+            self._complete(pending, None, failure)
 
     def _batch_limit(self, idle: int) -> int:
         """Items the next batch may take: max_batch_size, but with several idle instances and no
@@ -319,7 +332,8 @@ class Scheduler:
         future.add_done_callback(functools.partial(self._on_batch_done, index, batch, queue_ns))
 
     def _ran(self, index: int) -> None:
-        """Instance ``index`` finished a batch: its rate-limiter resources go back."""
+        """Instance ``index`` finished a batch: its rate-limiter resources go back, in the step that frees
+        the instance (a request that takes it next must find them free)."""
         if self.pool.limits is not None:
             self.pool.limits.give_back(index, executed=True, pending=bool(self._queue))
 
@@ -335,8 +349,8 @@ class Scheduler:
         self._finish_batch(batch, queue_ns, outcome, None)
 
     def _on_batch_done(self, index: int, batch: list[Pending], queue_ns: list[int], future: asyncio.Future) -> None:
+        # The instance's resources went back already, as the pool freed it (InstancePool.start's on_finish).
         self._in_flight -= len(batch)
-        self._ran(index)
         error = future.exception()
         self._finish_batch(batch, queue_ns, None if error is not None else future.result(), error)
 
