@@ -98,13 +98,19 @@ class LoadContext:
     """A model-cache directory where the runtime keeps (and on later starts finds) compiled artefacts."""
     services: BackendServices | None = None
     """What the daemon lends the backend (None in the CLI's tools and where nothing is lent)."""
+    plan: str = ""
+    """The id of the plan selection serves or measures this instance with ('': the config as it is). Set
+    by the loader and selection's tuning bench, never from a config: a plan that changes what the daemon
+    trusts (the Python backend's in-process plan) reaches its backend this way only, as anyone who may
+    write or push a config writes its parameters."""
 
     @property
     def version_dir(self) -> Path:
         return self.model_file.parent
 
     def parameter(self, key: str) -> str | None:
-        """A string parameter of the model config (where plans and users pass runtime options)."""
+        """A string parameter of the model config (where plans and users pass runtime options: the same
+        channel, so never one that only the daemon may choose; see ``plan``)."""
         value = self.config.parameters.get(key)
         return value.string_value if value is not None and value.string_value else None
 

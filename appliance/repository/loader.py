@@ -141,9 +141,9 @@ def _load_version(
     count = _instance_count(config, info)
     threads = threads_per_instance(options, count)
 
-    def context(index: int, cfg: mc.ModelConfig, artefacts: Path | None = None) -> LoadContext:
+    def context(index: int, cfg: mc.ModelConfig, artefacts: Path | None = None, plan: str = "") -> LoadContext:
         return LoadContext(model_dir.name, version, model_file, cfg, options, index, threads, artefacts,
-                           services=load.services)
+                           services=load.services, plan=plan)
 
     selection: dict | None = None
     target = info
@@ -156,7 +156,7 @@ def _load_version(
         config = _complete(first.completed_config(config), info, first)
         check_decoupled(config, info.name, info.decoupled)  # auto_complete_config may have set the policy
         warmup = warmup_samples(config, model_dir)  # a broken sample fails the load before any tuning
-        plan_config, artefacts = config, None
+        plan_config, artefacts, plan = config, None, ""
         if selector is not None:
             request = TuneRequest(load.explicit_instances, traffic)
             choice = selector.choose(info, context(0, config), force=load.retune, request=request)
@@ -170,7 +170,7 @@ def _load_version(
                 first.close()
                 instances.clear()
                 target = named(choice.plan.backend)
-                plan_config, artefacts = choice.plan.apply(config), choice.artefacts
+                plan_config, artefacts, plan = choice.plan.apply(config), choice.artefacts, choice.plan.id
                 if choice.plan.instances:  # the served config says how many instances really run
                     limiter = _rate_limiter(config)
                     del config.instance_group[:]
@@ -181,7 +181,7 @@ def _load_version(
                     threads = choice.plan.threads or threads_per_instance(options, count)
         check_decoupled(config, target.name, target.decoupled)
         for index in range(len(instances), count):
-            instances.append(target.load(context(index, plan_config, artefacts)))
+            instances.append(target.load(context(index, plan_config, artefacts, plan)))
         for backend in instances:
             backend.configure(config)
         run_warmup(instances, warmup, config, version)

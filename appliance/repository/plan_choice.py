@@ -31,6 +31,11 @@ class TuneRequest:
 
 class ChosenPlan(Protocol):
     @property
+    def id(self) -> str:
+        """The plan's id: its instances are loaded with it as ``LoadContext.plan`` (never from the config)."""
+        ...
+
+    @property
     def backend(self) -> str:
         """The backend that serves the plan."""
         ...

@@ -166,7 +166,7 @@ class CandidateBench:
         artefacts = self.staging / plan.id.replace(":", "_").replace("+", "_")
         artefacts.mkdir(exist_ok=True)
         context = dataclasses.replace(self.context, config=plan.apply(self.context.config), artefacts=artefacts,
-                                      threads=plan.threads or self.context.threads)
+                                      threads=plan.threads or self.context.threads, plan=plan.id)
         instances: list[Backend] = []
         try:
             for index in range(max(1, sum(group.count for group in context.config.instance_group))):

@@ -9,6 +9,8 @@ from typing import Any, Protocol
 
 from tritonclient.grpc import model_config_pb2 as mc
 
+from appliance.backends.python.factory import IN_PROCESS_PLAN_ID
+
 __all__ = ["DEFAULT_PLAN", "INSTANCE_COUNTS", "IN_PROCESS_PLAN", "Plan", "ProbeView", "enumerate_plans",
            "instance_variants", "offers_in_process"]
 
@@ -29,11 +31,14 @@ class ProbeView(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """One way to run a model: a backend plus the config parameters that steer it."""
+    """One way to run a model: a backend plus the config parameters that steer it. Its instances are loaded
+    with its ``id`` as ``LoadContext.plan`` too: a plan that changes what the daemon trusts is recognised
+    by that alone and sets no parameter, since a config can set every parameter itself."""
 
     id: str
     backend: str
     parameters: tuple[tuple[str, str], ...] = ()
+    """Config parameters (runtime options a user may also set in the config, e.g. a device)."""
     reduced_precision: bool = False
     """bf16/fp16 plans: checked against the looser low-precision tolerance, and only kept when the
     model's tolerance admits them."""
@@ -64,9 +69,10 @@ class Plan:
                 "reduced_precision": self.reduced_precision, "instances": self.instances, "threads": self.threads}
 
 
-IN_PROCESS_PLAN = Plan("python:in-process", "python", (("python_plan", "in-process"),))
+IN_PROCESS_PLAN = Plan(IN_PROCESS_PLAN_ID, "python")
 """A Python model run inside the daemon (no process hop), for models the operator trusts: offered only
-where the config sets parameters in_process (see appliance.backends.python.in_process)."""
+where the config sets parameters in_process (see appliance.backends.python.in_process). It sets no config
+parameter: the Python backend knows it by ``LoadContext.plan`` alone (appliance.backends.python.factory)."""
 
 
 def offers_in_process(config: mc.ModelConfig) -> bool:

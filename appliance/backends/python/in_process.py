@@ -2,10 +2,12 @@
 
 Offered only where the config says so (``parameters { key: "in_process" value: { string_value: "true" } }``)
 and measured by selection beside the default plan (a process per instance, Triton's isolation), which
-stays the reference and the default. Here ``execute()`` runs on the instance's thread with the
-request's own arrays; pb_utils calls that need the server (BLS, ``is_cancelled()``, custom metrics,
-``Logger``) go to the same daemon-side handlers as a model process's messages (``Peer``), by plain
-calls instead of a channel.
+stays the reference and the default. Loaded only when selection serves or measures that plan
+(``LoadContext.plan``, see appliance.backends.python.factory): no config parameter loads it.
+
+Here ``execute()`` runs on the instance's thread with the request's own arrays; pb_utils calls that need
+the server (BLS, ``is_cancelled()``, custom metrics, ``Logger``) go to the same daemon-side handlers as a
+model process's messages (``Peer``), by plain calls instead of a channel.
 
 What isolation no longer gives: an exception in ``execute()`` still fails only its batch, and an error
 response only its request; but a model that hangs holds its instance (its requests wait, others do not)
@@ -54,13 +56,9 @@ from appliance.backends.python.stub import returned_entries
 from appliance.config_json import config_to_json
 from appliance.errors import ConfigError, InferenceFailed
 
-__all__ = ["PLAN_PARAMETER", "InProcessPythonBackend"]
+__all__ = ["InProcessPythonBackend"]
 
 log = logging.getLogger(__name__)
-
-PLAN_PARAMETER = "python_plan"
-"""Set by the in-process plan (``python:in-process``, appliance.selection.plans) on the config the backend
-is loaded with; selection offers that plan where the config sets parameters ``in_process``."""
 
 _WAITING_CALLS = frozenset({"exec", "async_exec", "load_model", "unload_model"})
 """pb_utils calls whose answer needs the event loop (another model's run, a load): never made from it."""

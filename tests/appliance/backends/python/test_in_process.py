@@ -63,8 +63,7 @@ def _load(tmp_path, name: str, factor: int, services=None) -> InProcessPythonBac
     model = write_python_model(tmp_path, name, SCALE, CONFIG, files={"factor.py": f"FACTOR = {factor}\n"})
     config = parse_config(CONFIG)
     config.name = name
-    config.parameters["python_plan"].string_value = "in-process"
-    context = LoadContext(name, 1, model, config, RuntimeOptions(), services=services)
+    context = LoadContext(name, 1, model, config, RuntimeOptions(), services=services, plan=IN_PROCESS_PLAN.id)
     backend = PYTHON.load(context)
     assert isinstance(backend, InProcessPythonBackend)
     backend.configure(backend.completed_config(config))
@@ -144,9 +143,8 @@ def test_bls_calls_and_is_cancelled_reach_the_daemon(tmp_path):
     model = write_python_model(tmp_path, "caller", BLS, CONFIG)
     config = parse_config(CONFIG)
     config.name = "caller"
-    config.parameters["python_plan"].string_value = "in-process"
     backend = PYTHON.load(LoadContext("caller", 1, model, config, RuntimeOptions(),
-                                      services=BackendServices(models=_Models())))
+                                      services=BackendServices(models=_Models()), plan=IN_PROCESS_PLAN.id))
     try:
         backend.configure(config)
         live = _request(1, 2)

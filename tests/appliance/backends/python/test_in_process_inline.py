@@ -12,6 +12,7 @@ import pytest
 
 from appliance.backends import BACKENDS, BackendRequest, LoadContext, RuntimeOptions
 from appliance.backends.base import BackendServices, ModelCall, Outputs
+from appliance.backends.python.factory import IN_PROCESS_PLAN_ID
 from appliance.backends.python.in_process import InProcessPythonBackend
 from appliance.errors import InferenceFailed
 from tests.appliance.backends.python.harness import parse_config
@@ -94,8 +95,8 @@ def _load(tmp_path, source: str, files: dict[str, str] | None = None,
     model = write_python_model(tmp_path, "m", source, CONFIG, files=files)
     config = parse_config(CONFIG)
     config.name = "m"
-    config.parameters["python_plan"].string_value = "in-process"
-    backend = PYTHON.load(LoadContext("m", 1, model, config, RuntimeOptions(), services=services))
+    backend = PYTHON.load(LoadContext("m", 1, model, config, RuntimeOptions(), services=services,
+                                      plan=IN_PROCESS_PLAN_ID))
     assert isinstance(backend, InProcessPythonBackend)
     backend.configure(backend.completed_config(config))
     return backend
