@@ -8,10 +8,13 @@ needed); the client signs one request with one nonce and sends
 where ``mac`` is HMAC-SHA256, keyed with a key derived from the token, of the box id, the nonce, the
 method, the request target (path and query, as sent) and the body's digest. The box checks, in this
 order: the id is its own, the nonce is one it issued (a tag keyed with a secret of this process) less
-than ``NONCE_TTL`` seconds ago, the mac, and that the nonce was not used before; the body must then have
-the digest signed (checked as it is read). So what a box that is not the one signed for receives (a
-fake box on the LAN) is good for nothing: it is bound to another box id, to a nonce only that box would
-take, once, for one request with one body. A restart of the box forgets its nonces (a new secret).
+than ``NONCE_TTL`` seconds ago, the mac, and that the nonce was not used before; the body it receives
+must then have the digest signed, in every case: a request without a body (none, ``Content-Length: 0``,
+a chunked body of no chunks) has the empty body, whose digest (``EMPTY_BODY``, the SHA-256 of ``b""``)
+is signed and checked like any other, and a body no handler reads is checked all the same. So what a
+box that is not the one signed for receives (a fake box on the LAN) is good for nothing: it is bound to
+another box id, to a nonce only that box would take, once, for one request with one body (stripping the
+body makes it another request). A restart of the box forgets its nonces (a new secret).
 
 Transport-free: the daemon's REST front end verifies with ``FleetVerifier``; the CLI signs with ``sign``.
 """
@@ -33,7 +36,8 @@ from collections.abc import Callable
 
 from appliance.errors import Unauthorized, Unavailable
 
-__all__ = ["NONCE_PATH", "NONCE_TTL", "SCHEME", "FleetVerifier", "Signature", "body_digest", "parse", "sign"]
+__all__ = ["EMPTY_BODY", "NONCE_PATH", "NONCE_TTL", "SCHEME", "FleetVerifier", "Signature", "body_digest", "parse",
+           "sign"]
 
 SCHEME = "Fleet"
 NONCE_PATH = "/v2/fleet/nonce"
@@ -51,6 +55,10 @@ def body_digest(body: bytes) -> str:
     return hashlib.sha256(body).hexdigest()
 
 
+EMPTY_BODY = body_digest(b"")
+"""The digest of a request without a body: what such a request is signed for, and checked against."""
+
+
 def _key(token: str) -> bytes:
     """The signing key: derived from the token, so that a signature is never a use of the token itself."""
     return hmac.new(token.encode(), _VERSION + b" key", hashlib.sha256).digest()
@@ -63,7 +71,8 @@ def _mac(key: bytes, box_id: str, nonce: str, method: str, target: str, digest: 
 
 
 def sign(token: str, box_id: str, nonce: str, method: str, target: str, body: bytes = b"") -> str:
-    """The Authorization header value for one request (``target``: path and query, exactly as sent)."""
+    """The Authorization header value for one request (``target``: path and query, exactly as sent;
+    ``body``: the bytes sent, ``b""`` for a request without a body, which is signed as the empty body)."""
     digest = body_digest(body)
     mac = _mac(_key(token), box_id, nonce, method, target, digest)
     return f'{SCHEME} id="{box_id}", nonce="{nonce}", body="{digest}", mac="{mac}"'
@@ -139,8 +148,9 @@ class FleetVerifier:
         return int(struct.unpack(">Q", raw[:8])[0])
 
     def verify(self, value: str | None, method: str, target: str) -> str:
-        """Check a signed request's header; return the body digest its body must have (the caller checks
-        the body as it reads it). Unauthorized, saying why, otherwise."""
+        """Check a signed request's header; return the body digest its body must have. The caller checks
+        the body it receives against it in every case (``EMPTY_BODY`` when none came), whether or not
+        anything reads that body. Unauthorized, saying why, otherwise."""
         signature = parse(value)
         if signature is None:
             raise Unauthorized(f"expected a {SCHEME} signature")

@@ -1,7 +1,8 @@
 """Admission over HTTP: the request's ``Host`` must name this box, then the data plane admits the
 operation the matched route asks for (token, browser rules, the bound on requests in flight) before the
-handler reads a byte of the body. Errors go through the error middleware. ``http_caller`` describes a
-request's client from its headers and connection, for aiohttp's routes and the infer lane alike."""
+handler reads a byte of the body; a signed request's body must be the one signed, whatever the handler
+does with it. Errors go through the error middleware. ``http_caller`` describes a request's client from
+its headers and connection, for aiohttp's routes and the infer lane alike."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ import asyncio
 from aiohttp import web
 from multidict import MultiMapping
 
+from appliance.fleet_signature import EMPTY_BODY, FleetVerifier
 from appliance.protocol.admission import Caller, Network, address_in
 from appliance.protocol.operations import Operation
-from appliance.rest.body import SIGNED_BODY
+from appliance.rest.body import SIGNED_BODY, read_body
 from appliance.rest.browser import browser_refusal, check_host
 from appliance.rest.keys import CONFIG, DATAPLANE, OPERATIONS
 
@@ -70,6 +72,24 @@ async def admission_middleware(request: web.Request, handler) -> web.StreamRespo
     operation = request.app[OPERATIONS].get(request.match_info.handler, Operation.DOCUMENTS)
     request[_CALLER] = who = _caller(request)
     with request.app[DATAPLANE].admit(operation, who) as signed_body:
-        if signed_body is not None:  # a signed request: its body must be the one signed (rest/body.py)
-            request[SIGNED_BODY] = signed_body
+        if signed_body is None:
+            return await handler(request)
+        return await _serve_signed(request, handler, signed_body)
+
+
+async def _serve_signed(request: web.Request, handler, signed_body: str) -> web.StreamResponse:
+    """Serve a signed request whose body must have the digest ``signed_body``, in every case: a handler
+    that reads the body checks it as it reads (rest/body.py, which then takes SIGNED_BODY off the
+    request); one that would not read it (nothing came, or it takes no body) must not skip the check."""
+    if not request.can_read_body:
+        # Nothing came or will come (no body, Content-Length: 0, a chunked body already ended with no
+        # chunk): the empty body, checked before the handler acts, as a handler may not read it at all.
+        FleetVerifier.check_body(signed_body, EMPTY_BODY)
         return await handler(request)
+    request[SIGNED_BODY] = signed_body
+    response = await handler(request)
+    if SIGNED_BODY in request:
+        # The handler did not read the body (a GET): its answer leaves only if that body is the one signed.
+        with request.app[DATAPLANE].account() as account:
+            await read_body(request, account, request.app[CONFIG].body)
+    return response

@@ -3,10 +3,12 @@ in anyone else's hands (nothing: another box, another request, a second time, a 
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 
 from appliance.errors import Unauthorized, Unavailable
-from appliance.fleet_signature import FleetVerifier, body_digest, parse, sign
+from appliance.fleet_signature import EMPTY_BODY, FleetVerifier, body_digest, parse, sign
 
 TOKEN = "t0ken-t0ken-t0ken-t0ken-t0ken-32"
 BOX = "8d5a3c1e-1111-4222-8333-944445555666"
@@ -39,6 +41,17 @@ def test_a_signed_request_is_accepted_once_and_binds_its_body(box):
     assert box.verify(header, "POST", PATH) == body_digest(BODY)
     with pytest.raises(Unauthorized, match="used already"):
         box.verify(header, "POST", PATH)  # a replay
+
+
+def test_a_request_without_a_body_is_signed_for_the_empty_body_and_binds_it(box):
+    """No body is the empty body: its digest is signed and must be met like any other, both ways."""
+    assert hashlib.sha256(b"").hexdigest() == EMPTY_BODY
+    header = sign(TOKEN, BOX, box.nonce(), "POST", PATH)
+    assert parse(header).body == EMPTY_BODY and box.verify(header, "POST", PATH) == EMPTY_BODY
+    with pytest.raises(Unauthorized, match="not the one its signature covers"):
+        FleetVerifier.check_body(EMPTY_BODY, body_digest(BODY))  # signed without a body, sent with one
+    with pytest.raises(Unauthorized, match="not the one its signature covers"):
+        FleetVerifier.check_body(body_digest(BODY), EMPTY_BODY)  # signed with a body, sent without
 
 
 @pytest.mark.parametrize("method, path", [

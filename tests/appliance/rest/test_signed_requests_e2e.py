@@ -111,6 +111,77 @@ def test_a_signature_does_not_carry_another_body_target_or_box(box, files):
     assert {"tripler", "evil"}.isdisjoint(_models(box.port))
 
 
+UNLOAD_BODY = b'{"parameters": {"unload_dependents": false}}'
+
+
+def _pushed(port: int, files: Path, name: str) -> str:
+    """Push ``name`` (from loopback, exempt) and return the path that unloads it."""
+    status, _, reply = call(port, "POST", f"/v2/repository/models/{name}/load", _load_body(files),
+                            headers={"Content-Type": "application/json"})
+    assert status == 200, reply
+    return f"/v2/repository/models/{name}/unload"
+
+
+def _ready(port: int, model: str) -> bool:
+    return call(port, "GET", f"/v2/models/{model}/ready")[0] == 200
+
+
+def _raw(port: int, method: str, path: str, header: str, framing: str, body: bytes = b"") -> bytes:
+    """One request from a non-exempt address, its body framed as ``framing`` says; the status line answered."""
+    head = (f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: {header}\r\n"
+            "Content-Type: application/json\r\nConnection: close\r\n")
+    if framing == "content-length":
+        wire = f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body
+    elif framing == "chunked":
+        chunks = f"{len(body):x}\r\n".encode() + body + b"\r\n" if body else b""
+        wire = f"{head}Transfer-Encoding: chunked\r\n\r\n".encode() + chunks + b"0\r\n\r\n"
+    else:  # no framing at all: a request without a body
+        wire = f"{head}\r\n".encode()
+    return _replay(port, wire).split(b"\r\n", 1)[0]
+
+
+FRAMINGS = ["content-length", "none", "chunked"]
+
+
+@pytest.mark.parametrize("framing", FRAMINGS)
+def test_a_signed_request_whose_body_is_stripped_is_refused(box, files, framing):
+    """Replayed with Content-Length: 0, with no body at all, or as an empty chunked body, a request signed
+    for a body is refused before it acts: an empty body is a body, its digest checked like any other's."""
+    name = f"stripped_{framing}"
+    unload = _pushed(box.port, files, name)
+    answer = _nonce(box.port)
+    header = sign(TOKEN, answer["id"], answer["nonce"], "POST", unload, UNLOAD_BODY)
+    try:
+        assert _raw(box.port, "POST", unload, header, framing) == b"HTTP/1.1 401 Unauthorized"
+        assert _ready(box.port, name)
+    finally:
+        call(box.port, "POST", unload, b"{}", headers={"Content-Type": "application/json"})
+
+
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])
+def test_a_request_signed_without_a_body_is_refused_with_one(box, files, framing):
+    name = f"bodiless_{framing}"
+    unload = _pushed(box.port, files, name)
+    answer = _nonce(box.port)
+    header = sign(TOKEN, answer["id"], answer["nonce"], "POST", unload)
+    try:
+        assert _raw(box.port, "POST", unload, header, framing, UNLOAD_BODY) == b"HTTP/1.1 401 Unauthorized"
+        assert _ready(box.port, name)
+    finally:
+        call(box.port, "POST", unload, b"{}", headers={"Content-Type": "application/json"})
+
+
+@pytest.mark.parametrize("framing", FRAMINGS)
+def test_a_request_signed_without_a_body_is_taken_without_one(box, files, framing):
+    """The happy path of a body-less control request, however the client frames its empty body."""
+    name = f"unloaded_{framing}"
+    unload = _pushed(box.port, files, name)
+    answer = _nonce(box.port)
+    header = sign(TOKEN, answer["id"], answer["nonce"], "POST", unload)
+    assert _raw(box.port, "POST", unload, header, framing) == b"HTTP/1.1 200 OK"
+    assert not _ready(box.port, name)
+
+
 def test_the_bearer_token_still_works_for_other_clients(box, files):
     headers = {"Content-Type": "application/json"}
     path = "/v2/repository/models/bearer/load"
@@ -128,6 +199,25 @@ def test_with_protect_inference_reads_take_a_signature_too(start_daemon, files):
     assert call(daemon.port, "GET", "/v2/models/stats", source=REMOTE)[0] == 401
     assert _signed(daemon.port, "GET", "/v2/models/stats")[0] == 200
     assert _signed(daemon.port, "GET", "/v2/history?step=60")[0] == 200  # the query is signed as sent
+
+
+def test_a_read_is_refused_unless_its_body_is_the_one_signed(start_daemon, files):
+    """A handler that never reads the body (a GET) does not skip its check: the answer leaves only when
+    the body that came is the one signed, none included."""
+    daemon = start_daemon(files / "repo", env={"APPLIANCE_AUTH_TOKEN": TOKEN, "APPLIANCE_PROTECT_INFERENCE": "true",
+                                               "APPLIANCE_AUTH_EXEMPT_NETWORKS": "127.0.0.1/32"}, wait_loaded=False)
+    path, body = "/v2/models/stats", b'{"ignored": true}'
+
+    def header(signed: bytes) -> str:
+        answer = _nonce(daemon.port)
+        return sign(TOKEN, answer["id"], answer["nonce"], "GET", path, signed)
+
+    assert _raw(daemon.port, "GET", path, header(b""), "content-length", body) == b"HTTP/1.1 401 Unauthorized"
+    assert _raw(daemon.port, "GET", path, header(b""), "chunked", body) == b"HTTP/1.1 401 Unauthorized"
+    assert _raw(daemon.port, "GET", path, header(body), "none") == b"HTTP/1.1 401 Unauthorized"
+    assert _raw(daemon.port, "GET", path, header(body), "chunked") == b"HTTP/1.1 401 Unauthorized"
+    assert _raw(daemon.port, "GET", path, header(body), "content-length", body) == b"HTTP/1.1 200 OK"
+    assert _raw(daemon.port, "GET", path, header(b""), "none") == b"HTTP/1.1 200 OK"
 
 
 def _appliance(*args: str, env: dict) -> subprocess.CompletedProcess:
