@@ -48,7 +48,7 @@ def check_datatype(datatype: object, name: str) -> str:
 
 def check_shape(raw: object, name: str, limit: int, itemsize: int | None = None) -> tuple[tuple[int, ...], int]:
     """The shape as a tuple and its element count; at most ``MAX_DIMS`` non-negative dimensions and no
-    more than ``limit`` (max_tensor_elements) elements or elements per dimension. ``itemsize``: the
+    more than ``limit`` (max_tensor_elements) elements, nor non-zero dimensions whose product is more. ``itemsize``: the
     datatype's element size, for Triton's byte-size overflow check."""
     dims = raw if type(raw) is list else (  # a JSON list, or a protobuf's repeated field
         list(raw) if isinstance(raw, Sequence) and not isinstance(raw, (str, bytes)) else raw)
@@ -69,10 +69,12 @@ def check_shape(raw: object, name: str, limit: int, itemsize: int | None = None)
     if itemsize and count * itemsize >= _UINT64:
         raise InvalidInput(f"byte size overflow for input '{name}': shape {dims} of {itemsize}-byte elements; at "
                            f"most {bound} elements are allowed (max_tensor_elements)")
-    if count > bound or (dims and max(dims) > bound):  # [0, 2**62] has no elements but no numpy shape
+    # numpy sizes a shape by its non-zero dimensions: [0, 2**62] or [0, 2**30, 2**30] (FP64) has no elements
+    # but is no shape numpy makes, so those count against the bound too.
+    if count > bound or math.prod(d for d in dims if d) > bound:
         raise InvalidInput(
-            f"input '{name}': shape {dims} has more elements, or a larger dimension, than the {bound} "
-            "allowed (max_tensor_elements)"
+            f"input '{name}': shape {dims} has more elements, or non-zero dimensions whose product is larger, than "
+            f"the {bound} allowed (max_tensor_elements)"
         )
     return tuple(dims), count
 

@@ -146,6 +146,18 @@ def _describe(values: np.ndarray) -> str:
             "U": "strings"}.get(values.dtype.kind, "values of mixed or unsupported types")
 
 
+def _exact_integers(data: list, source: np.ndarray, name: str, datatype: str) -> np.ndarray:
+    """``source`` read again without rounding where numpy made float64 of integers past int64 mixed with
+    smaller ones ([2**63, 0]): UINT64 values a client may send. Unchanged when they are not all integers."""
+    exact = np.array(data, dtype=object)
+    if exact.shape != source.shape or not all(type(value) is int for value in exact.flat):
+        return source
+    try:
+        return exact.astype(np.uint64)
+    except OverflowError:  # a negative integer beside one past int64: no integer type holds both
+        raise InvalidInput(f"input '{name}': 'data' does not hold {datatype} values: a value is out of range") from None
+
+
 def _may_overflow(source: np.dtype, target: np.dtype) -> bool:
     """Whether JSON numbers read as ``source`` may become infinities as ``target`` (a float type): JSON
     has no infinities, and integers (at most 2**64) fit every float type but FP16."""
@@ -185,6 +197,8 @@ def decode_json_data(data: Any, datatype: str, shape: tuple[int, ...], count: in
         raise InvalidInput(
             f"input '{name}': shape {list(shape)} needs {count} elements, 'data' has {source.size}"
         )
+    if source.size and dtype.kind in "iu" and source.dtype.kind == "f":
+        source = _exact_integers(data, source, name, datatype)
     if source.size and source.dtype.kind not in _ACCEPTED_KINDS[dtype.kind]:
         raise InvalidInput(
             f"{_TYPE_WORDS[dtype.kind]}: input '{name}': 'data' does not hold {datatype} values: expected "
