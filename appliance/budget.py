@@ -89,6 +89,20 @@ class Account:
             self._held -= size
         self._budget._give(size)
 
+    def join(self, pieces: list[bytes]) -> bytes:
+        """``pieces`` as one bytes object, the list emptied: the pieces and the joined copy coexist for a
+        moment, and are counted so."""
+        if len(pieces) == 1:
+            return pieces.pop()  # bytes.join would return this very object
+        total = sum(map(len, pieces))
+        self.reserve(total)
+        try:
+            joined = b"".join(pieces)
+            pieces.clear()
+        finally:
+            self.release(total)
+        return joined
+
     def close(self) -> None:
         self.release(self._held)
 

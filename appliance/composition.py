@@ -124,7 +124,7 @@ def split_connections(http: HttpSection, grpc: GrpcSection, total: int) -> tuple
 def rest_config(http: HttpSection, limits: LimitsSection, metrics: MetricsSection, server: ServerSection,
                 box_name: str | None, state: StateDir) -> RestConfig:
     return RestConfig(
-        body=BodyLimits(limits.max_request_bytes, http.body_timeout),
+        body=BodyLimits(limits.max_request_bytes, http.body_timeout, limits.max_inflation_ratio),
         hosts=host_policy(http.allowed_hosts, box_name),
         trusted_proxies=parse_networks(http.trusted_proxies),
         history=server.metrics_db if metrics.enabled else None,
@@ -137,6 +137,9 @@ def grpc_config(grpc: GrpcSection, limits: LimitsSection, http: HttpSection, con
         max_message_bytes=limits.max_request_bytes,
         receivers=max(1, limits.max_request_memory_bytes // limits.max_request_bytes),
         receive_timeout=http.body_timeout,
+        receive_min_rate=grpc.receive_min_rate,
+        receive_grace=grpc.receive_grace,
+        max_inflation_ratio=limits.max_inflation_ratio,
         max_connections=connections,
         max_streams=grpc.max_streams,
         max_streams_per_connection=limits.max_concurrent_requests,

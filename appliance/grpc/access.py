@@ -1,5 +1,6 @@
 """Who a gRPC caller is, and the gate every call passes: the data plane's admission (the token from the
-``authorization`` metadata, the bound on requests in flight), a bound on open streams, and the stop.
+``authorization`` metadata, the bound on requests in flight, which every call counts in, health checks
+too), a bound on open streams, and the stop.
 
 There is no ``trusted_proxies`` here: a gRPC peer is the client itself (nothing forwards its address).
 Browser rules do not apply either: a browser cannot speak gRPC's HTTP/2 with trailers.
@@ -44,7 +45,7 @@ def caller_of(context: grpc.aio.ServicerContext) -> Caller:
         if key == "authorization":
             authorization = value if isinstance(value, str) else value.decode("latin-1")
             break
-    return Caller(peer_address(context.peer()), authorization, credentials=_CREDENTIALS)
+    return Caller(peer_address(context.peer()), authorization, credentials=_CREDENTIALS, always_counted=True)
 
 
 class Gate:

@@ -5,16 +5,19 @@ handler comes too late (ten unauthenticated 200 MiB calls were all read, and par
 refused). So every unary RPC is served as one that reads its message itself, after:
 
 1. admission through the data plane: the caller's ``authorization`` metadata and address decide the
-   token (``appliance.protocol.operations.ACCESS``), then the bound on requests in flight;
-2. a receive slot: at most ``receivers`` messages are being received at once, and receivers times the
-   largest message (``max_request_bytes``) fits in ``max_request_memory_bytes``; a call waits for a
-   slot (up to the receive timeout, then UNAVAILABLE).
+   token (``appliance.protocol.operations.ACCESS``), then the bound on requests in flight, which every
+   RPC counts in, ServerLive and ServerReady too (each costs a stream and a handler);
+2. receiving (``appliance.grpc.receive``): in a receive slot where the message may be large, at a
+   minimum rate on the appliance's transport, a slot given up to waiting calls past a grace on grpc.aio.
 
-Once read, the message's bytes count on the request's account of the memory budget, and it is parsed
-on a worker thread when it is large (above ``DECODE_OFF_LOOP_BYTES``); a message that is not
-the protobuf it should be is INVALID_ARGUMENT. ModelInfer gets the raw bytes and its account
-(``Received``, with its caller): the data plane parses it, counted there. ModelStreamInfer is
-admitted as a stream (``appliance.grpc.stream``).
+ServerLive and ServerReady read nothing: their message has no fields, and a health check must never wait
+for a client's bytes (or for a receive slot). Once read, the message's bytes count on the request's
+account of the memory budget; a compressed one is inflated on that account
+(``appliance.protocol.inflate``: each step reserved before it is allocated, within max_request_bytes and
+max_inflation_ratio, on a worker thread), and it is parsed on a worker thread when it is large (above
+``DECODE_OFF_LOOP_BYTES``); a message that is not the protobuf it should be is INVALID_ARGUMENT.
+ModelInfer gets the raw bytes and its account (``Received``, with its caller): the data plane parses it,
+counted there. ModelStreamInfer is admitted as a stream (``appliance.grpc.stream``).
 
 ``AdmittingHandlers`` makes the admitting handler of every RPC once, when the server is built, and is
 grpc's one generic handler: finding a call's handler is a dictionary lookup (an interceptor costs grpc.aio
@@ -24,28 +27,28 @@ a coroutine per call).
 from __future__ import annotations
 
 import asyncio
-import collections
-import contextlib
 import dataclasses
 import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 import grpc
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 
 from appliance.budget import Account
-from appliance.errors import ApplianceError, InvalidInput, RequestTimeout, Unavailable
+from appliance.errors import ApplianceError, InvalidInput
 from appliance.grpc.access import Gate, caller_of
+from appliance.grpc.receive import Metered, Receivers, sniffed, sniffing
 from appliance.grpc.status import abort, abort_unexpected
 from appliance.protocol.admission import Caller
 from appliance.protocol.dataplane import DataPlane
 from appliance.protocol.inference import DECODE_OFF_LOOP_BYTES
+from appliance.protocol.inflate import Compressed, InflateLimits, inflate_off_loop
 from appliance.protocol.operations import Operation
 
-__all__ = ["OPERATIONS", "AdmittingHandlers", "Received", "Receivers", "parse"]
+__all__ = ["OPERATIONS", "AdmittingHandlers", "Received", "Receivers", "inflated", "parse"]
 
 log = logging.getLogger(__name__)
 
@@ -76,10 +79,11 @@ OPERATIONS: dict[str, Operation] = {
 operation's *_UPDATE, decided once the message is read)."""
 
 _METHODS = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods_by_name
-_DRAIN_BYTES = 64 * 1024
 _UPDATES = {Operation.TRACE_SETTINGS: Operation.TRACE_UPDATE, Operation.LOG_SETTINGS: Operation.LOG_UPDATE}
 _RAW = frozenset({"ModelInfer"})
 """RPCs whose handler takes the message's bytes (``Received``) and parses them itself, on its account."""
+_UNREAD = {"ServerLive": pb.ServerLiveRequest(), "ServerReady": pb.ServerReadyRequest()}
+"""RPCs whose message (without fields) is not read: their request as any client sends it."""
 
 
 @dataclasses.dataclass(slots=True)
@@ -91,70 +95,14 @@ class Received:
     caller: Caller
 
 
-class Receivers:
-    """At most ``count`` messages being received at once: grpc buffers a message whole before handing it
-    over, so this bounds what it holds before anything can be counted. A free slot is taken without a
-    trip through the event loop; a call that finds none waits (up to the receive timeout) in order."""
-
-    def __init__(self, count: int, timeout: float) -> None:
-        if count < 1:
-            raise ValueError(f"at least one receiver is needed, got {count}")
-        self.count = count
-        self._free = count
-        self._waiting: collections.deque[asyncio.Future[None]] = collections.deque()
-        self._timeout = timeout
-
-    async def _acquire(self) -> None:
-        if self._free > 0 and not self._waiting:
-            self._free -= 1
-            return
-        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiting.append(turn)
-        try:
-            async with asyncio.timeout(self._timeout):
-                await turn  # the slot is handed over by _release
-        except TimeoutError:
-            raise Unavailable(f"the server is receiving {self.count} large messages already and none ended "
-                              f"within {self._timeout:g} s; retry", retry_after=1) from None
-        except BaseException:
-            if turn.done() and not turn.cancelled():
-                self._release()  # handed over just as this call gave up: pass it on
-            raise
-        finally:
-            if not turn.done():
-                turn.cancel()
-            with contextlib.suppress(ValueError):
-                self._waiting.remove(turn)
-
-    def _release(self) -> None:
-        while self._waiting:
-            turn = self._waiting.popleft()
-            if not turn.done():
-                turn.set_result(None)
-                return
-        self._free += 1
-
-    async def receive(self, read: Callable[[], Awaitable[Any]]) -> bytes:
-        """The call's one message (within the receive timeout), and for a large one the end of its
-        requests too: grpc.aio keeps a message it handed over alive, after the call, until the end of the
-        requests is read or the garbage collector finds the call (24 calls of 16 MiB: 388 MiB kept);
-        for a small message that extra read would cost more than the bytes it frees. ``read``: the call's
-        ``context.read`` (``grpc.aio.EOF`` at the end), which costs less than the request iterator grpc.aio
-        wraps around it (an async generator per call)."""
-        await self._acquire()
-        try:
-            async with asyncio.timeout(self._timeout):
-                message = await read()
-                if message is grpc.aio.EOF:
-                    raise InvalidInput("the call ended without its request message")
-                if len(message) >= _DRAIN_BYTES and await read() is not grpc.aio.EOF:
-                    raise InvalidInput("a unary RPC got a second request message; send one per call")
-        except TimeoutError:
-            raise RequestTimeout(f"the request message did not arrive within {self._timeout:g} s; send it "
-                                 "without pauses (the server's body_timeout setting)") from None
-        finally:
-            self._release()
+async def inflated(message: bytes, account: Account, limits: InflateLimits) -> bytes:
+    """``message`` (its bytes on ``account``) as the handler reads it: a ``Compressed`` one inflated on
+    ``account`` (and its compressed bytes given back), any other as it is."""
+    if not isinstance(message, Compressed):
         return message
+    out = await inflate_off_loop(message, message.coding, limits, account, what="message", header="grpc-encoding")
+    account.release(len(message))
+    return out
 
 
 def parse(raw: bytes, method: str, deserializer: Callable[[bytes], Any], account: Account) -> Any:
@@ -188,10 +136,15 @@ class AdmittingHandlers(grpc.GenericRpcHandler):
     """The handler of every RPC of ``service`` (Triton's GRPCInferenceService), each admitting its call
     first; made once."""
 
-    def __init__(self, service: Any, dataplane: DataPlane, gate: Gate, receivers: Receivers) -> None:
+    def __init__(self, service: Any, dataplane: DataPlane, gate: Gate, receivers: Receivers,
+                 inflation: InflateLimits, *, grpcio: bool = False) -> None:
+        """``grpcio``: served by grpc.aio (which shows no message before it is whole, and hands compressed
+        ones over without their flag), not by the appliance's transport (``Metered`` calls)."""
         self._dataplane = dataplane
         self._gate = gate
         self._receivers = receivers
+        self._inflation = inflation
+        self._grpcio = grpcio
         self._handlers: dict[str, grpc.RpcMethodHandler] = {}
         for method, descriptor in _METHODS.items():
             behaviour = getattr(service, method)
@@ -236,13 +189,20 @@ class AdmittingHandlers(grpc.GenericRpcHandler):
         caller = caller_of(context)
         # Settings RPCs are admitted as reads first; a change is checked again once the message says so.
         with self._gate.admit(operation, caller), self._dataplane.account() as account:
-            raw = await self._receivers.receive(context.read)
-            size = len(raw)
+            empty = _UNREAD.get(method)
+            if empty is not None:
+                return await behaviour(empty, context)
+            if self._grpcio:
+                raw = sniffed(await self._receivers.receive(context.read, context.peer()))
+            else:
+                raw = await self._receivers.receive_metered(cast(Metered, context), context.peer())
             try:
-                account.reserve(size)
+                account.reserve(len(raw))
+                raw = await inflated(raw, account, self._inflation)
             except ApplianceError:
                 del raw
                 raise
+            size = len(raw)
             if method in _RAW:
                 received = Received(raw, account, caller)
                 del raw  # the handler drops the bytes once it has parsed them
@@ -263,6 +223,6 @@ class AdmittingHandlers(grpc.GenericRpcHandler):
         try:
             self._gate.refuse_if_stopping()
             with self._gate.open_stream(caller_of(context)):
-                await behaviour(requests, context)
+                await behaviour(sniffing(requests) if self._grpcio else requests, context)
         except ApplianceError as exc:
             await abort(context, exc)

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 
-__all__ = ["ACCEPTORS", "CANCEL_GRACE", "GrpcConfig", "KEEPALIVE", "KEEPALIVE_TIMEOUT", "StreamRules"]
+from appliance.protocol.inflate import DEFAULT_RATIO, InflateLimits
+
+__all__ = ["ACCEPTORS", "CANCEL_GRACE", "GrpcConfig", "KEEPALIVE", "KEEPALIVE_TIMEOUT", "ReceiveRules", "StreamRules"]
 
 KEEPALIVE = 60.0
 """Seconds a connection with calls open may stay silent before the server pings it (either transport)."""
@@ -15,6 +17,23 @@ CANCEL_GRACE = 0.5
 """Seconds requests still running at the stop deadline get to end once cancelled (as over HTTP)."""
 ACCEPTORS = 4
 """grpc.aio servers sharing the port (see ``appliance.grpc.grpc_server.GrpcServer``)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ReceiveRules:
+    """How long a call's message may take to arrive once the server reads it."""
+
+    timeout: float = 60.0
+    """Seconds for the whole message (body_timeout)."""
+    min_rate: float = 256 * 1024
+    """Bytes a second it must keep arriving at (grpc_receive_min_rate)..."""
+    grace: float = 2.0
+    """... once this many seconds have passed (grpc_receive_grace)."""
+
+    def deadline(self, started: float, received: int) -> float:
+        """When a message whose reading began at ``started`` and of which ``received`` bytes came falls
+        behind the minimum rate (or its whole time is up)."""
+        return min(started + self.timeout, started + self.grace + received / self.min_rate)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -35,6 +54,10 @@ class GrpcConfig:
     """Messages received at once (what gRPC buffers before a handler can count it)."""
     receive_timeout: float = 60.0
     """Seconds a call's message may take to arrive once its turn to be received has come."""
+    receive_min_rate: int = 256 * 1024
+    """Bytes a second a message must keep arriving at once read, after ``receive_grace`` seconds."""
+    receive_grace: float = 2.0
+    max_inflation_ratio: int = DEFAULT_RATIO
     max_connections: int = 1024
     """Connections over every acceptor together."""
     max_streams: int = 1024
@@ -43,3 +66,11 @@ class GrpcConfig:
     idle_timeout: float = 60.0
     stream: StreamRules = StreamRules()
     acceptors: int = ACCEPTORS
+
+    @property
+    def receiving(self) -> ReceiveRules:
+        return ReceiveRules(self.receive_timeout, self.receive_min_rate, self.receive_grace)
+
+    @property
+    def inflation(self) -> InflateLimits:
+        return InflateLimits(self.max_message_bytes, self.max_inflation_ratio)

@@ -6,7 +6,10 @@ over the data plane. What it bounds (see docs/security.md):
   stream counts as a request and among ``max_streams``.
 - Messages: ``max_message_bytes`` is the largest message received (gRPC answers RESOURCE_EXHAUSTED
   above it, before the message reaches a handler); ``receivers`` messages are received at once, so
-  that ``receivers × max_message_bytes`` fits in the memory budget; answers are not bounded, as over HTTP.
+  that ``receivers × max_message_bytes`` fits in the memory budget, and a call that holds a receive slot
+  past ``receive_grace`` gives it up to a waiting one (``appliance.grpc.receive``); compressed messages
+  reach the handler as sent and are inflated on the request's budget (gRPC's own inflating is off);
+  answers are not bounded, as over HTTP.
 - Connections: ``max_connections`` over all acceptors (the daemon's max_connections is shared between
   the HTTP and gRPC ports: see ``appliance.composition``); at most ``max_streams_per_connection``
   concurrent calls on one connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS); a connection has
@@ -53,11 +56,14 @@ def probe_port(host: str, port: int) -> int:
         return probe.getsockname()[1]
 
 
-def admitting_handlers(dataplane: DataPlane, config: GrpcConfig) -> tuple[Gate, AdmittingHandlers]:
-    """The gate and the admitting handler of every RPC, over one service: what either transport serves."""
+def admitting_handlers(dataplane: DataPlane, config: GrpcConfig, *,
+                       grpcio: bool = False) -> tuple[Gate, AdmittingHandlers]:
+    """The gate and the admitting handler of every RPC, over one service: what either transport serves
+    (``grpcio``: grpc.aio does, else the appliance's own)."""
     gate = Gate(dataplane, config.max_streams)
-    service = InferenceService(dataplane, gate, config.stream)
-    return gate, AdmittingHandlers(service, dataplane, gate, Receivers(config.receivers, config.receive_timeout))
+    service = InferenceService(dataplane, gate, config.stream, config.inflation)
+    receivers = Receivers(config.receivers, rules=config.receiving)
+    return gate, AdmittingHandlers(service, dataplane, gate, receivers, config.inflation, grpcio=grpcio)
 
 
 class GrpcServer:
@@ -93,8 +99,13 @@ class GrpcServer:
             # welcome to, as under Triton.
             ("grpc.http2.min_ping_interval_without_data_ms", 1000),
             ("grpc.http2.max_ping_strikes", 0),
+            # Compressed messages come to the handler as sent: gRPC would inflate each whole, unbounded, on its
+            # own threads before any handler could count it (eight 764 KiB gzip messages of zeros took RSS
+            # 532 MiB past a 300 MiB budget); the handler inflates them on the request's budget
+            # (appliance.protocol.inflate).
+            ("grpc.per_message_decompression", 0),
         ]
-        self.gate, handlers = admitting_handlers(dataplane, config)
+        self.gate, handlers = admitting_handlers(dataplane, config, grpcio=True)
         self._servers = [grpc.aio.server(options=options) for _ in range(acceptors)]
         for server in self._servers:
             server.add_generic_rpc_handlers([handlers])

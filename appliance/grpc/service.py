@@ -25,6 +25,7 @@ from appliance.grpc.config import StreamRules
 from appliance.grpc.stream import StreamFailed, serve_stream, stream_message, wants_grpc_errors
 from appliance.protocol.dataplane import DataPlane
 from appliance.protocol.inference import DECODE_OFF_LOOP_BYTES, Target
+from appliance.protocol.inflate import InflateLimits
 from appliance.protocol.results import RegionStatus
 
 __all__ = ["InferMessage", "InferenceService"]
@@ -69,10 +70,11 @@ class InferMessage:
 
 
 class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, dataplane: DataPlane, gate: Gate, stream_rules: StreamRules) -> None:
+    def __init__(self, dataplane: DataPlane, gate: Gate, stream_rules: StreamRules, inflation: InflateLimits) -> None:
         self._dataplane = dataplane
         self._gate = gate
         self._stream_rules = stream_rules
+        self._inflation = inflation
 
     # Health and metadata
 
@@ -144,7 +146,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         grpc_errors = wants_grpc_errors(context)
         await serve_stream(requests, context,
                            lambda message, account: self._stream_responses(message, account, context, grpc_errors),
-                           self._gate, self._dataplane, self._stream_rules)
+                           self._gate, self._dataplane, self._stream_rules, self._inflation)
 
     # Model repository
 

@@ -11,10 +11,11 @@ stream (or goes away) cancels its requests in flight: their models see ``request
 Requests of one sequence (the same ``sequence_id``) reach the model in the order they were sent: each
 waits until the one before it on this stream is answered (a sequence runs one step at a time anyway).
 
-Bounds: a request's bytes count on the memory budget from the moment it is read (before it waits for
-the one before it); at most ``max_pending`` requests of one stream are read and not yet answered, and
-the stream reads no further until one is, so HTTP/2 flow control holds the client back; a stream with
-nothing in flight that sends nothing for ``idle_timeout`` is ended (UNAVAILABLE: open a new one).
+Bounds: a request's bytes count on the memory budget from the moment it is read (before it waits for the
+one before it), and a compressed one is inflated on them (``appliance.protocol.inflate``); at most
+``max_pending`` requests of one stream are read and not yet answered, and the stream reads no further
+until one is, so HTTP/2 flow control holds the client back; a stream with nothing in flight that sends
+nothing for ``idle_timeout`` is ended (UNAVAILABLE: open a new one).
 
 When the server stops, the stream reads no further: the requests already read are answered, then the
 stream ends UNAVAILABLE so the client knows that what it sent after that was not served.
@@ -35,12 +36,13 @@ from appliance.budget import Account
 from appliance.engine.streaming import StreamItem
 from appliance.errors import ApplianceError, Unavailable
 from appliance.grpc.access import Gate, caller_of
-from appliance.grpc.admission import parse
+from appliance.grpc.admission import inflated, parse
 from appliance.grpc.codec import encode_infer_response
 from appliance.grpc.config import StreamRules
 from appliance.grpc.status import abort
 from appliance.protocol.dataplane import DataPlane
 from appliance.protocol.inference import DECODE_OFF_LOOP_BYTES
+from appliance.protocol.inflate import InflateLimits
 from appliance.protocol.operations import Operation
 
 __all__ = ["GRPC_ERROR", "StreamFailed", "serve_stream", "stream_message", "wants_grpc_errors"]
@@ -109,9 +111,11 @@ def _sequence_key(request: pb.ModelInferRequest) -> tuple[str, str, object] | No
     return None if value in (None, 0, "") else (request.model_name, request.model_version, value)
 
 
-async def _read(raw: bytes, account: Account) -> pb.ModelInferRequest:
-    """One request as read from the stream: its bytes counted on ``account`` before it is parsed."""
+async def _read(raw: bytes, account: Account, inflation: InflateLimits) -> pb.ModelInferRequest:
+    """One request as read from the stream: its bytes counted on ``account`` (inflated there when
+    compressed) before it is parsed."""
     account.reserve(len(raw))
+    raw = await inflated(raw, account, inflation)
     if len(raw) > DECODE_OFF_LOOP_BYTES:
         message = await asyncio.to_thread(parse, raw, "ModelStreamInfer", pb.ModelInferRequest.FromString, account)
     else:
@@ -121,7 +125,7 @@ async def _read(raw: bytes, account: Account) -> pb.ModelInferRequest:
 
 
 async def serve_stream(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext, respond: Respond,
-                       gate: Gate, dataplane: DataPlane, rules: StreamRules) -> None:
+                       gate: Gate, dataplane: DataPlane, rules: StreamRules, inflation: InflateLimits) -> None:
     caller = caller_of(context)
     grpc_errors = wants_grpc_errors(context)
     loop = asyncio.get_running_loop()
@@ -186,7 +190,7 @@ async def serve_stream(requests: AsyncIterator[bytes], context: grpc.aio.Service
                     break
                 account = dataplane.account()
                 try:
-                    message = await _read(raw, account)
+                    message = await _read(raw, account, inflation)
                 except ApplianceError as exc:  # this request is refused; the stream goes on
                     account.close()
                     await write(_refused(pb.ModelInferRequest(), exc.message))

@@ -70,6 +70,11 @@ class Caller:
     request_line: tuple[str, str] | None = None
     """The method and the target (path and query, as sent) where the transport has them (HTTP): what a
     signed request (``Authorization: Fleet ...``) covers. None: signed requests are not taken."""
+    always_counted: bool = False
+    """Whether its requests count in max_concurrent_requests even where the operation is ``BOUNDLESS``
+    (health): gRPC's do, as each call costs a stream, a task and a handler whatever it asks (a flood of
+    ServerLive calls was not bounded); HTTP's health checks and scrapes stay outside, so that a box busy
+    with (or flooded by) requests still answers them."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -138,7 +143,7 @@ class Admitted:
     def __enter__(self) -> str | None:
         admission = self._admission
         signed_body = admission.policy.check(self._operation, self._caller)
-        if self._operation in BOUNDLESS:
+        if self._operation in BOUNDLESS and not self._caller.always_counted:
             return signed_body
         if admission._in_flight >= admission.limit:
             raise Unavailable(f"the server is handling {admission.limit} requests already "

@@ -6,10 +6,11 @@
   a stalled body gets 408 and its connection is closed.
 - Memory: every byte held (received, joined, decompressed) is reserved on the request's ``Account`` of
   the global budget before or as it is held (503 past the budget).
-- Content-Encoding: aiohttp's own decompression is off (it inflates without a bound, on the event
-  loop); gzip and deflate are inflated here with ``zlib.decompressobj`` and ``max_length``, so no more
-  than the limit is ever produced, on a worker thread unless the compressed body is tiny. Junk
-  compressed data is a 400, any other coding a 415 that names the accepted ones.
+- Content-Encoding: aiohttp's own decompression is off (it inflates without a bound, on the event loop);
+  gzip and deflate are inflated by ``appliance.protocol.inflate`` (the gRPC port's inflater too): within
+  max_request_bytes and max_inflation_ratio, each step reserved on the account first, on a worker thread
+  unless the body cannot inflate past 1 MiB. Junk compressed data is a 400, any other coding a 415 that
+  names the accepted ones.
 - Signed requests (appliance.fleet_signature): the body, as sent, must have the digest signed (401).
 """
 
@@ -17,28 +18,23 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import zlib
 
 from aiohttp import web
 
 from appliance.budget import Account
 from appliance.errors import InvalidInput, PayloadTooLarge, RequestTimeout, UnsupportedEncoding
 from appliance.fleet_signature import FleetVerifier
+from appliance.protocol.inflate import InflateLimits, inflate_off_loop
 from appliance.rest.config import BodyLimits
 
-__all__ = ["ACCEPTED_ENCODINGS", "SIGNED_BODY", "BodyLimits", "body_timeout", "decompress", "read_body", "too_large"]
+__all__ = ["ACCEPTED_ENCODINGS", "SIGNED_BODY", "BodyLimits", "body_timeout", "read_body", "too_large"]
 
 SIGNED_BODY = "appliance.signed_body"
 """Request key: the SHA-256 (hex) a signed request's body must have, as sent (set by the admission
-middleware once the signature is verified; checked here, as the body is read)."""
+middleware once the signature is verified; checked here, as the body is read, and then taken off the
+request: the middleware checks a body no handler read before the answer leaves)."""
 
 ACCEPTED_ENCODINGS = ("gzip", "deflate", "identity")
-
-# Compressed bodies up to this size inflate on the event loop: at deflate's ~1000:1 worst case, at most
-# a few MiB and milliseconds of work; anything larger goes to a worker thread.
-_INLINE_COMPRESSED_BYTES = 4096
-# Output produced (and reserved) per decompress call.
-_INFLATE_STEP = 1 << 20
 
 
 def body_timeout(timeout: float, received: int) -> RequestTimeout:
@@ -74,13 +70,12 @@ async def read_body(request: web.BaseRequest, account: Account, limits: BodyLimi
             digest.update(chunk)
     if signed is not None and digest is not None:
         FleetVerifier.check_body(signed, digest.hexdigest())
-    body = _join(chunks, account)
+        del request[SIGNED_BODY]  # checked
+    body = account.join(chunks)
     if coding == "identity":
         return body
-    if len(body) <= _INLINE_COMPRESSED_BYTES:
-        inflated = decompress(body, coding, limits.max_bytes, account)
-    else:
-        inflated = await asyncio.to_thread(decompress, body, coding, limits.max_bytes, account)
+    inflated = await inflate_off_loop(body, coding, InflateLimits(limits.max_bytes, limits.max_inflation_ratio),
+                                      account)
     account.release(len(body))  # the compressed copy is dropped when this returns
     return inflated
 
@@ -113,61 +108,3 @@ def _content_coding(header: str) -> str:
         "gzip or deflate",
         ACCEPTED_ENCODINGS,
     )
-
-
-def _join(pieces: list[bytes], account: Account) -> bytes:
-    """One bytes object; the pieces and the joined copy coexist for a moment, and are counted so."""
-    if len(pieces) == 1:
-        return pieces.pop()  # bytes.join would return this very object
-    total = sum(map(len, pieces))
-    account.reserve(total)
-    joined = b"".join(pieces)
-    pieces.clear()
-    account.release(total)
-    return joined
-
-
-def decompress(data: bytes, coding: str, limit: int, account: Account) -> bytes:
-    """Inflate a gzip (any number of members) or deflate (zlib-wrapped or raw) body, never producing
-    more than ``limit`` bytes; the output is reserved on ``account`` as it is produced."""
-    decoder = _decoder(coding, data)
-    pieces: list[bytes] = []
-    produced = 0
-    pending = data
-    while True:
-        step = min(_INFLATE_STEP, limit + 1 - produced)
-        account.reserve(step)
-        try:
-            piece = decoder.decompress(pending, step)
-        except zlib.error as exc:
-            raise InvalidInput(
-                f"the request body is not valid {coding} data ({exc}); compress it with {coding} or send "
-                "it uncompressed without Content-Encoding"
-            ) from None
-        account.release(step - len(piece))
-        produced += len(piece)
-        if produced > limit:
-            raise PayloadTooLarge(
-                f"the request body inflates to more than the {limit}-byte limit; send a smaller batch or "
-                "raise the server's max_request_bytes setting (it bounds decompressed bodies too)"
-            )
-        if piece:
-            pieces.append(piece)
-        consumed = len(pending) - len(decoder.unconsumed_tail)
-        pending = decoder.unconsumed_tail
-        if decoder.eof:
-            if not decoder.unused_data:
-                return _join(pieces, account)
-            if coding != "gzip":
-                raise InvalidInput(f"the {coding} request body has data after its end")
-            decoder, pending = _decoder(coding, decoder.unused_data), decoder.unused_data  # next member
-        elif not piece and not consumed:
-            raise InvalidInput(f"the {coding} request body is truncated; send the complete compressed body")
-
-
-def _decoder(coding: str, data: bytes):
-    if coding == "gzip":
-        return zlib.decompressobj(16 + zlib.MAX_WBITS)
-    # RFC 9110's deflate is zlib-wrapped; some clients send raw deflate: a zlib header tells them apart.
-    wrapped = len(data) >= 2 and data[0] & 0x0F == 8 and (data[0] << 8 | data[1]) % 31 == 0
-    return zlib.decompressobj(zlib.MAX_WBITS if wrapped else -zlib.MAX_WBITS)

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from appliance.protocol.admission import Network
+from appliance.protocol.inflate import DEFAULT_RATIO
 
 __all__ = ["BodyLimits", "HostPolicy", "RestConfig", "host_policy"]
 
@@ -24,6 +25,8 @@ class BodyLimits:
     """Largest body, as sent and as decompressed (max_request_bytes)."""
     read_timeout: float
     """Seconds to wait for each next piece of the body (body_timeout)."""
+    max_inflation_ratio: int = DEFAULT_RATIO
+    """The most a compressed body may inflate to, as a multiple of its size (max_inflation_ratio; 0: none)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

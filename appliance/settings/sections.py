@@ -157,11 +157,18 @@ class GrpcSection:
     transport: str = key("appliance", "grpc_transport")
     """Who speaks HTTP/2 on the gRPC port: "appliance" (its own transport on the event loop, a fraction of
     grpc.aio's CPU per call) or "grpcio" (grpc.aio); the same handlers, admission and limits either way."""
+    receive_min_rate: int = key(256 * 1024, "grpc_receive_min_rate")
+    """Bytes a second a call's message must keep arriving at, after grpc_receive_grace, once the server
+    reads it (DEADLINE_EXCEEDED below it): a client that announces a message and stalls loses its receive
+    slot. grpc.aio shows no progress before a message is whole: there a call holding a slot past
+    grpc_receive_grace gives it up (UNAVAILABLE) when another call waits for one."""
+    receive_grace: float = key(2.0, "grpc_receive_grace")
+    """Seconds a call's message may take before grpc_receive_min_rate applies to it."""
 
     def __post_init__(self) -> None:
         require_port(self, "port")
-        require_at_least(self, 1, "max_streams", "stream_max_pending")
-        require_positive(self, "stream_idle_timeout")
+        require_at_least(self, 1, "max_streams", "stream_max_pending", "receive_min_rate")
+        require_positive(self, "stream_idle_timeout", "receive_grace")
         require_one_of(self, "transport", ("appliance", "grpcio"))
         if self.max_connections is not None:
             require_at_least(self, 1, "max_connections")
@@ -180,8 +187,14 @@ class LimitsSection:
     least max_request_bytes. gRPC receives at most max_request_memory_bytes // max_request_bytes messages
     at once."""
     max_concurrent_requests: int = 1024
-    """Requests handled at once over every port (an open gRPC stream counts as one); beyond it 503 with
+    """Requests handled at once over every port (an open gRPC stream counts as one, and so does every gRPC
+    call, ServerLive included; HTTP health checks and scrapes are outside it); beyond it 503 with
     Retry-After (gRPC: UNAVAILABLE)."""
+    max_inflation_ratio: int = 200
+    """The most a compressed request body or gRPC message may inflate to, as a multiple of its compressed
+    size (any may inflate to 1 MiB); beyond it 413 (gRPC: RESOURCE_EXHAUSTED), as a compression bomb. 0:
+    no ratio, max_request_bytes alone. Raise it for clients that send large, nearly constant tensors
+    compressed."""
     max_tensor_elements: int = 1 << 30
     """Elements of one tensor (checked on the declared shape before anything is allocated)."""
     max_inputs: int = 256
@@ -210,6 +223,7 @@ class LimitsSection:
                 "max_request_bytes"
             )
         require_at_least(self, 1, "max_concurrent_requests", "max_tensor_elements", "max_inputs", "stream_buffer_bytes")
+        require_at_least(self, 0, "max_inflation_ratio")
         require_positive(self, "stream_stall_timeout")
 
 

@@ -3,9 +3,14 @@
 control. A handler is one of ``appliance.grpc.admission.AdmittingHandlers``' (the same as grpc.aio runs).
 
 Receiving: a stream's window starts small (``STREAM_WINDOW``), so that a call not yet admitted holds at
-most that of its client's bytes; only while the handler reads (after admission, in a receive slot) is the
-window opened to the rest of the message, and a message longer than ``max_message_bytes`` is refused
-(RESOURCE_EXHAUSTED) from its 5-byte prefix, before its bytes come."""
+most that of its client's bytes; only while the handler reads (after admission, and for a message larger
+than what the window lets in, in a receive slot) is the window opened to the rest of the message, and a
+message longer than ``max_message_bytes`` is refused (RESOURCE_EXHAUSTED) from its 5-byte prefix, before
+its bytes come. ``announced`` tells the handler whether the next message needs its window opened (a
+receive slot) once its prefix is in; ``meter`` holds its bytes to a minimum rate (``ReceiveRules``): a
+client that stalls fails its call (DEADLINE_EXCEEDED) and gives its slot back. A compressed message is
+handed over as sent (``appliance.protocol.inflate.Compressed``): the handler inflates it, off the event
+loop and on its request's memory budget."""
 
 from __future__ import annotations
 
@@ -13,16 +18,27 @@ import asyncio
 import collections
 import contextlib
 import logging
-import zlib
 from collections.abc import Callable
 from typing import Any, Protocol
 
 import grpc
 
-from appliance.errors import ApplianceError, InvalidInput, PayloadTooLarge
-from appliance.grpc.http2.frames import DATA, END_HEADERS, END_STREAM, HEADERS, Error, FrameError, frame, rst_stream
+from appliance.errors import ApplianceError, InvalidInput, PayloadTooLarge, RequestTimeout
+from appliance.grpc.config import ReceiveRules
+from appliance.grpc.http2.frames import (
+    DATA,
+    DEFAULT_WINDOW,
+    END_HEADERS,
+    END_STREAM,
+    HEADERS,
+    Error,
+    FrameError,
+    frame,
+    rst_stream,
+)
 from appliance.grpc.http2.headers import RESPONSE_HEADERS, Request, response_block, trailers_block
 from appliance.grpc.status import abort
+from appliance.protocol.inflate import Compressed
 
 __all__ = ["Call", "Channel", "STREAM_WINDOW"]
 
@@ -35,7 +51,7 @@ _DEADLINE = grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
 _CANCELLED = grpc.StatusCode.CANCELLED.value[0]
 _INTERNAL = grpc.StatusCode.INTERNAL.value[0]
 _UNIMPLEMENTED = grpc.StatusCode.UNIMPLEMENTED.value[0]
-_DECOMPRESSORS = {b"gzip": 16 + zlib.MAX_WBITS, b"deflate": zlib.MAX_WBITS}
+_CODINGS = {b"gzip": "gzip", b"deflate": "deflate"}
 
 
 class Channel(Protocol):
@@ -89,12 +105,23 @@ class Call:
         self.request = request
         self.receive_window = receive_window
         self.send_window = send_window
+        self._doubt = DEFAULT_WINDOW - STREAM_WINDOW if receive_window == DEFAULT_WINDOW else 0
+        """A stream opened before the client acknowledged the server's SETTINGS starts with HTTP/2's default
+        window, and the client shrinks it to ``STREAM_WINDOW`` once it applies them (RFC 9113 section
+        6.9.2), unbeknown to the stream: the window is opened as if it had, else a client that sent the
+        default window's worth first would wait for a window the server thinks it has."""
         self._buffer = bytearray()
         self._messages: collections.deque[bytes] = collections.deque()
         self._expect = 0
         """Bytes of the message being received still to come (0: none begun)."""
         self._failure: BaseException | None = None
         self._reader: asyncio.Future[None] | None = None
+        self._announcing: asyncio.Future[None] | None = None
+        self._received = 0
+        """DATA bytes taken on this stream (what the meter measures)."""
+        self._meter: asyncio.TimerHandle | None = None
+        self._metered: tuple[ReceiveRules, float, int] | None = None
+        """The rules, when the metered message began and the bytes taken by then."""
         self._window: asyncio.Future[None] | None = None
         self.remote_ended = False
         self.local_ended = False
@@ -129,8 +156,10 @@ class Call:
             self.unread = 0
         while not self._messages:
             if self._failure is not None:
+                self._unmeter()
                 raise self._failure
             if self.remote_ended:
+                self._unmeter()
                 return grpc.aio.EOF
             self._open_window()
             self._reader = self._connection.loop.create_future()
@@ -138,7 +167,69 @@ class Call:
                 await self._reader
             finally:
                 self._reader = None
+        if self._meter is not None:
+            self._unmeter()
         return self._messages.popleft()
+
+    async def announced(self, rules: ReceiveRules) -> bool:
+        """Wait, under ``rules`` from now, until the next message is whole or its 5-byte prefix is in (or the
+        client ended its side): True when the rest of it needs more window than the stream has (so a
+        receive slot; the meter is then stopped until ``meter`` starts it again), False when ``read`` can
+        have it as it is (the meter goes on until that read)."""
+        while not self._messages:
+            if self._failure is not None:
+                self._unmeter()
+                raise self._failure
+            if self.remote_ended:
+                return False
+            if len(self._buffer) >= 5 and self._expect > self.receive_window - self._doubt:
+                self._unmeter()
+                return True
+            if self._metered is None:
+                self.meter(rules)
+            if len(self._buffer) >= 5:
+                return False  # the rest fits the window: read takes it, under the meter
+            self._announcing = self._connection.loop.create_future()
+            try:
+                await self._announcing
+            finally:
+                self._announcing = None
+        return False
+
+    def meter(self, rules: ReceiveRules) -> None:
+        """From now until the next message is read, its bytes must keep coming at ``rules.min_rate`` after
+        ``rules.grace`` (and all of them within ``rules.timeout``): else the call fails (RequestTimeout)."""
+        self._unmeter()
+        now = self._connection.loop.time()
+        self._metered = (rules, now, self._received)
+        self._meter = self._connection.loop.call_at(rules.deadline(now, 0), self._check_rate)
+
+    def _unmeter(self) -> None:
+        self._metered = None
+        if self._meter is not None:
+            self._meter.cancel()
+            self._meter = None
+
+    def _check_rate(self) -> None:
+        self._meter = None
+        if self._metered is None or self._messages or self._failure is not None or self.remote_ended:
+            return
+        rules, started, before = self._metered
+        received = self._received - before
+        deadline = rules.deadline(started, received)
+        now = self._connection.loop.time()
+        if now < deadline:  # bytes came meanwhile: the next check is when they no longer keep up
+            self._meter = self._connection.loop.call_at(deadline, self._check_rate)
+            return
+        self._metered = None
+        if now >= started + rules.timeout:
+            message = (f"the request message did not arrive within {rules.timeout:g} s; send it without pauses "
+                       "(the server's body_timeout setting)")
+        else:
+            message = (f"the request message came at less than {rules.min_rate:g} bytes a second ({received} bytes "
+                       f"in {now - started:.1f} s, past a grace of {rules.grace:g} s); send it without pauses (the "
+                       "server's grpc_receive_min_rate setting)")
+        self._fail(RequestTimeout(message))
 
     async def write(self, message: Any) -> None:
         assert self._serializer is not None
@@ -156,7 +247,7 @@ class Call:
         if handler is None:
             self.end(_UNIMPLEMENTED, f"Method not found: {request.path.decode('latin-1')}")
             return
-        if request.encoding not in (b"identity", *_DECOMPRESSORS):
+        if request.encoding not in (b"identity", *_CODINGS):
             self.end(_UNIMPLEMENTED, f"Compression algorithm '{request.encoding.decode('latin-1')}' is not "
                                      "supported; send identity, deflate or gzip")
             return
@@ -189,6 +280,7 @@ class Call:
         finally:
             if self._timer is not None:
                 self._timer.cancel()
+            self._unmeter()
 
     def _expire(self) -> None:
         if self._task is not None and not self._task.done():
@@ -211,6 +303,7 @@ class Call:
                 self.unread += len(payload)
                 if not self._connection.hold(self, len(payload)):
                     return  # over the connection's allowance: this stream was refused
+            self._received += len(payload)
             if not self._buffer and self._whole(payload):
                 pass
             else:
@@ -220,12 +313,15 @@ class Call:
             self.remote_end()
         elif self._reader is not None and self._failure is None:
             self._open_window()
+        elif self._announcing is not None and not self._announcing.done():
+            self._announcing.set_result(None)  # the prefix may be in: announced looks again
 
     def _whole(self, payload: bytes) -> bool:
         """The common case: the frame holds exactly one message."""
-        if len(payload) < 5 or int.from_bytes(payload[1:5], "big") != len(payload) - 5:
+        if (len(payload) < 5 or int.from_bytes(payload[1:5], "big") != len(payload) - 5
+                or len(payload) - 5 > self._connection.max_message):  # refused by _take_messages
             return False
-        self._message(payload[0], payload[5:])
+        self._message(payload[0], memoryview(payload)[5:])
         return True
 
     def _take_messages(self) -> None:
@@ -242,43 +338,38 @@ class Call:
                 self._expect = 5 + length - len(buffer)
                 return
             flag = buffer[0]
-            message = bytes(memoryview(buffer)[5:5 + length])
+            message = memoryview(buffer)[5:5 + length]
+            try:
+                self._message(flag, message)
+            finally:
+                message.release()  # the buffer can be cut once no view of it is left
             del buffer[:5 + length]
-            self._message(flag, message)
+            if self._failure is not None:
+                buffer.clear()
+                return
         self._expect = 0
 
-    def _message(self, flag: int, message: bytes) -> None:
+    def _message(self, flag: int, data: memoryview) -> None:
+        """One message (its bytes copied out of ``data``); a compressed one as sent, for the handler to
+        inflate on its request's budget (inflating here would be on the event loop, and uncounted)."""
+        message: bytes
         if flag:
-            try:
-                message = self._decompressed(message)
-            except (InvalidInput, PayloadTooLarge) as exc:
-                self._fail(exc)
+            coding = _CODINGS.get(self.request.encoding)
+            if coding is None:
+                self._fail(InvalidInput("a compressed message without a grpc-encoding to read it with; send "
+                                        "grpc-encoding: gzip or deflate"))
                 return
+            message = Compressed(data, coding)
+        else:
+            message = bytes(data)
         self._messages.append(message)
-        if self._reader is not None:
+        if self._reader is not None or self._announcing is not None:
             self._wake()
-
-    def _decompressed(self, message: bytes) -> bytes:
-        wbits = _DECOMPRESSORS.get(self.request.encoding)
-        if wbits is None:
-            raise InvalidInput("a compressed message without a grpc-encoding to read it with; send "
-                               "grpc-encoding: gzip or deflate")
-        limit = self._connection.max_message
-        inflater = zlib.decompressobj(wbits)
-        try:
-            out = inflater.decompress(message, limit + 1)
-        except zlib.error as exc:
-            raise InvalidInput(f"the compressed message is not {self.request.encoding.decode()}: {exc}") from None
-        if len(out) > limit or inflater.unconsumed_tail:
-            raise PayloadTooLarge(f"the message decompresses to more than {limit} bytes (the max_request_bytes "
-                                  "setting); send less at once")
-        return out
 
     def _fail(self, error: BaseException) -> None:
         self._failure = error
         self._messages.clear()
-        if self._reader is not None:
-            self._wake()
+        self._wake()
 
     def remote_end(self) -> None:
         self.remote_ended = True
@@ -291,13 +382,16 @@ class Call:
     def _wake(self) -> None:
         if self._reader is not None and not self._reader.done():
             self._reader.set_result(None)
+        if self._announcing is not None and not self._announcing.done():
+            self._announcing.set_result(None)
 
     def _open_window(self) -> None:
         """A handler reads: the client may send the rest of the message being received, or a small one."""
         wanted = max(STREAM_WINDOW, self._expect)
-        if wanted > self.receive_window and not self.remote_ended:
-            increment = wanted - self.receive_window
-            self.receive_window = wanted
+        assured = self.receive_window - self._doubt
+        if wanted > assured and not self.remote_ended:
+            increment = wanted - assured
+            self.receive_window += increment
             self._connection.open_stream_window(self.stream, increment)
 
     # Sending

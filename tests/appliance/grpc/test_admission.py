@@ -10,7 +10,9 @@ import pytest
 from tritonclient.grpc import service_pb2 as pb
 
 from appliance.errors import InvalidInput, RequestTimeout, Unavailable
-from appliance.grpc.admission import _DRAIN_BYTES, OPERATIONS, Receivers
+from appliance.grpc.admission import OPERATIONS
+from appliance.grpc.receive import DRAIN_BYTES as _DRAIN_BYTES
+from appliance.grpc.receive import Receivers
 
 
 def _messages(*items: bytes, pause: float = 0.0):

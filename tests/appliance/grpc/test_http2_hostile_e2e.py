@@ -228,9 +228,13 @@ def _flood(client: RawHttp2, unit: bytes, frames: int = FLOOD_FRAMES) -> int:
     return sent
 
 
+METADATA = "/inference.GRPCInferenceService/ModelMetadata"
+
+
 def _held_calls(client: RawHttp2, count: int) -> None:
-    """``count`` ServerLive calls opened and never sent their message: open streams to walk."""
-    client.send(b"".join(client.headers(stream, request_fields()) for stream in range(1, 2 * count, 2)))
+    """``count`` ModelMetadata calls opened and never sent their message: open streams to walk (ServerLive
+    would not do: it reads no message and is answered at once)."""
+    client.send(b"".join(client.headers(stream, request_fields(METADATA)) for stream in range(1, 2 * count, 2)))
 
 
 FLOODS = {

@@ -14,6 +14,7 @@ from aiohttp.test_utils import make_mocked_request
 
 from appliance.budget import MemoryBudget
 from appliance.errors import InvalidInput, PayloadTooLarge, RequestTimeout, Unavailable, UnsupportedEncoding
+from appliance.protocol.inflate import DEFAULT_RATIO
 from appliance.rest.body import BodyLimits, read_body
 
 LIMIT = 1 << 20
@@ -33,13 +34,13 @@ def _send(reader: streams.StreamReader, body: bytes, pieces: int = 4) -> None:
 
 
 async def _read(headers: dict[str, str], body: bytes | None, budget: MemoryBudget | None = None,
-                limit: int = LIMIT, timeout: float = 5.0) -> tuple[bytes, int]:
+                limit: int = LIMIT, timeout: float = 5.0, ratio: int = DEFAULT_RATIO) -> tuple[bytes, int]:
     request, reader = _request(headers)
     if body is not None:
         _send(reader, body)
     budget = budget or MemoryBudget(64 * LIMIT)
     with budget.account() as account:
-        data = await read_body(request, account, BodyLimits(limit, timeout))
+        data = await read_body(request, account, BodyLimits(limit, timeout, ratio))
         return data, account.held
 
 
@@ -165,7 +166,7 @@ async def test_large_bodies_inflate_off_the_event_loop():
 
     ticker = asyncio.create_task(tick())
     await asyncio.sleep(0.01)
-    data, _ = await _read({"Content-Encoding": "gzip"}, bomb, MemoryBudget(256 * LIMIT), limit=64 * LIMIT)
+    data, _ = await _read({"Content-Encoding": "gzip"}, bomb, MemoryBudget(256 * LIMIT), limit=64 * LIMIT, ratio=0)
     await asyncio.sleep(0.01)  # the ticker records the gap a blocked loop would have left
     ticker.cancel()
     assert len(data) == 64 * LIMIT
