@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +27,9 @@ class Daemon:
     extra: dict = field(default_factory=dict)
     grpc_port: int | None = None
     """None when the daemon serves no gRPC (--no-grpc)."""
+    like: Callable[..., Daemon] | None = field(default=None, repr=False)
+    """like(added) -> Daemon: starts another daemon like this one (its repository, arguments and
+    environment, ``added`` on top; a state dir of its own), stopped with the factory's daemons."""
 
     @property
     def url(self) -> str:
@@ -109,7 +112,12 @@ def _daemon_factory(tmp_path_factory) -> Iterator:
         environment.update(env or {})
         with open(log_path, "w") as log_file:
             process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=environment)
-        daemon = Daemon(process, 0, log_path)
+
+        def like(added: dict | None = None) -> Daemon:
+            return start(repository, *args, env={**(env or {}), **(added or {})}, wait_loaded=wait_loaded,
+                         selection=selection, prefix=prefix)
+
+        daemon = Daemon(process, 0, log_path, like=like)
         started.append(daemon)
         deadline = time.monotonic() + 60
         daemon.port = _wait_for_port(process, log_path, deadline)
@@ -155,6 +163,35 @@ def module_daemon(tmp_path_factory) -> Iterator:
 def daemon(module_daemon, repository):
     """The module's daemon, serving the module's own ``repository`` fixture."""
     return module_daemon(repository)
+
+
+@pytest.fixture(scope="module", params=["appliance", "grpcio"])
+def grpc_transport(request) -> str:
+    """Each transport of the gRPC port in turn (the grpc_transport setting): a test that takes it, itself or
+    through a fixture, runs on both, with ids [appliance] and [grpcio]. Module-scoped, so a module's daemons
+    start once per transport; a test that starts its own passes env={"APPLIANCE_GRPC_TRANSPORT": ...}."""
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def daemon_on(daemon) -> Callable[[str], Daemon]:
+    """Factory: daemon_on(transport) -> the module's ``daemon`` (started on the default transport) with that
+    transport on its gRPC port: the daemon itself on the default one (appliance), one more like it on another
+    (started on first use, once). The module's HTTP-only tests keep taking ``daemon`` and run once."""
+    started: dict[str, Daemon] = {"appliance": daemon}
+
+    def on(transport: str) -> Daemon:
+        if transport not in started:
+            started[transport] = daemon.like({"APPLIANCE_GRPC_TRANSPORT": transport})
+        return started[transport]
+
+    return on
+
+
+@pytest.fixture(scope="module")
+def grpc_daemon(daemon_on, grpc_transport) -> Daemon:
+    """The module's ``daemon`` for its tests that talk gRPC, once per transport (see daemon_on)."""
+    return daemon_on(grpc_transport)
 
 
 @pytest.fixture(scope="module")

@@ -41,7 +41,8 @@ def _cache_counts(statistics: dict) -> tuple[int, int]:
     return inference["cache_hit"]["count"], inference["cache_miss"]["count"]
 
 
-def test_hits_and_misses_in_tritons_statistics_over_http_and_grpc(daemon):
+def test_hits_and_misses_in_tritons_statistics_over_http_and_grpc(grpc_daemon):
+    daemon = grpc_daemon  # both protocols to one daemon, on each transport of its gRPC port
     client = httpclient.InferenceServerClient(daemon.url)
     x = X + 10
     first = _infer(client, "cached", x)
@@ -60,7 +61,8 @@ def test_hits_and_misses_in_tritons_statistics_over_http_and_grpc(daemon):
     assert _cache_counts(client.get_inference_statistics("uncached")) == (0, 0)
 
 
-def test_a_grpc_request_hits_what_an_http_request_left(daemon):
+def test_a_grpc_request_hits_what_an_http_request_left(grpc_daemon):
+    daemon = grpc_daemon
     x = X + 50
     square = [httpclient.InferRequestedOutput("square")]
     _infer(httpclient.InferenceServerClient(daemon.url), "cached", x, outputs=square)  # over HTTP, then gRPC

@@ -30,10 +30,10 @@ def repository(tmp_path_factory):
     return repo
 
 
-@pytest.fixture(scope="module", params=["appliance", "grpcio"])
-def daemon(request, module_daemon, repository):
+@pytest.fixture(scope="module")
+def daemon(module_daemon, repository, grpc_transport):
     """Both transports of the gRPC port (the grpc_transport setting) answer every RPC alike."""
-    return module_daemon(repository, "--metrics-port", "0", env={"APPLIANCE_GRPC_TRANSPORT": request.param})
+    return module_daemon(repository, "--metrics-port", "0", env={"APPLIANCE_GRPC_TRANSPORT": grpc_transport})
 
 
 @pytest.fixture(scope="module")

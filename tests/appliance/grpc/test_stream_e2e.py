@@ -24,9 +24,10 @@ def repository(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def daemon(module_daemon, repository):
+def daemon(module_daemon, repository, grpc_transport):
     return module_daemon(repository, "--model-control-mode", "explicit", "--load-model", "simple",
-                         "--load-model", "repeat", "--load-model", "endless")
+                         "--load-model", "repeat", "--load-model", "endless",
+                         env={"APPLIANCE_GRPC_TRANSPORT": grpc_transport})
 
 
 @pytest.fixture
@@ -138,17 +139,18 @@ def test_reserved_triton_parameters_are_checked(daemon):
     assert "parameter keys starting with 'triton_' are reserved for Triton usage" in errors[1]
 
 
-def test_cancelling_the_stream_cancels_the_requests_in_flight(client, repository, daemon):
+def test_cancelling_the_stream_cancels_the_requests_in_flight(client, repository, grpc_transport):
     marker = repository / "endless" / "cancelled.txt"
+    gone = f"gone-{grpc_transport}"  # each transport's daemon writes the same marker file
     answers: queue.Queue = queue.Queue()
     client.start_stream(callback=lambda result, error: answers.put((result, error)))
-    client.async_stream_infer("endless", [_int32("IN", [1])], request_id="gone-grpc")
+    client.async_stream_infer("endless", [_int32("IN", [1])], request_id=gone)
     _collect(answers, 3)
     client.stop_stream(cancel_requests=True)
     deadline = time.monotonic() + 30
-    while not (marker.exists() and "gone-grpc" in marker.read_text()) and time.monotonic() < deadline:
+    while not (marker.exists() and gone in marker.read_text()) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert "gone-grpc" in marker.read_text()  # the model saw request.is_cancelled()
+    assert gone in marker.read_text()  # the model saw request.is_cancelled()
 
 
 def _stream(daemon, requests: list, metadata=()) -> tuple[list, grpc.RpcError | None]:

@@ -53,7 +53,13 @@ def _read_traces(path: Path, count: int) -> list[dict]:
     raise AssertionError(f"{path} holds {len(traces)} traces, expected {count}")
 
 
-def test_traced_requests_are_written_with_ordered_timestamps(daemon, client):
+def test_traced_requests_are_written_with_ordered_timestamps(grpc_daemon):
+    daemon = grpc_daemon  # traced over both protocols, on each transport of its gRPC port
+    with triton.InferenceServerClient(daemon.url) as client:
+        _trace_over_http_and_grpc(daemon, client)
+
+
+def _trace_over_http_and_grpc(daemon, client) -> None:
     assert "trace" in client.get_server_metadata()["extensions"]
     defaults = client.get_trace_settings()
     assert defaults["trace_level"] == ["OFF"] and defaults["trace_rate"] == "1000"

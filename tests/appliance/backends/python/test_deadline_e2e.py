@@ -99,15 +99,17 @@ def daemon(module_daemon, repository):
     return module_daemon(repository, "--request-deadline", str(DEADLINE))
 
 
-def test_a_stream_without_a_final_flag_ends_deadline_exceeded_and_the_model_sees_it(daemon, repository):
+def test_a_stream_without_a_final_flag_ends_deadline_exceeded_and_the_model_sees_it(grpc_daemon, repository,
+                                                                                     grpc_transport):
     answers: queue.Queue = queue.Queue()
-    with grpcclient.InferenceServerClient(daemon.grpc_url) as client:
+    lost = f"lost-{grpc_transport}"  # each transport's daemon notes in the same seen.txt
+    with grpcclient.InferenceServerClient(grpc_daemon.grpc_url) as client:
         client.start_stream(callback=lambda result, error: answers.put((time.monotonic(), result, error)))
         try:
             tensor = grpcclient.InferInput("IN", [1], "INT32")
             tensor.set_data_from_numpy(np.array([7], np.int32))
             started = time.monotonic()
-            client.async_stream_infer("never_final", [tensor], request_id="lost")
+            client.async_stream_infer("never_final", [tensor], request_id=lost)
             _, first, error = answers.get(timeout=30)
             assert error is None and first.as_numpy("OUT").tolist() == [7]
             ended, _, error = answers.get(timeout=10 * DEADLINE)
@@ -117,9 +119,9 @@ def test_a_stream_without_a_final_flag_ends_deadline_exceeded_and_the_model_sees
     assert DEADLINE <= ended - started < 10 * DEADLINE
     seen = repository / "never_final" / "seen.txt"
     deadline = time.monotonic() + 30
-    while not (seen.exists() and "lost" in seen.read_text()) and time.monotonic() < deadline:
+    while not (seen.exists() and lost in seen.read_text()) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert "lost True" in seen.read_text()  # the model saw request.is_cancelled()
+    assert f"{lost} True" in seen.read_text()  # the model saw request.is_cancelled()
 
 
 def _calls_itself(client, value: int) -> str:

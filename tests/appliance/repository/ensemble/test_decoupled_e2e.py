@@ -34,8 +34,8 @@ def daemon(module_daemon, repository):
 
 
 @pytest.fixture
-def client(daemon):
-    with grpcclient.InferenceServerClient(daemon.grpc_url) as client:
+def client(grpc_daemon):
+    with grpcclient.InferenceServerClient(grpc_daemon.grpc_url) as client:
         yield client
 
 
@@ -93,18 +93,19 @@ def test_an_error_response_ends_its_request_in_the_stream_and_the_stream_goes_on
     assert [int(r.as_numpy("SQ")[0]) for r, _ in served if r.get_response().outputs] == [16]
 
 
-def test_cancelling_the_stream_cancels_the_decoupled_step(client, repository):
+def test_cancelling_the_stream_cancels_the_decoupled_step(client, repository, grpc_transport):
     marker = repository / "endless" / "cancelled.txt"
+    gone = f"gone-{grpc_transport}"  # each transport's daemon writes the same marker file
     answers: queue.Queue = queue.Queue()
     client.start_stream(callback=lambda result, error: answers.put((result, error)))
-    client.async_stream_infer("endless_chain", [_ints(grpcclient, "IN", [1])], request_id="gone-grpc")
+    client.async_stream_infer("endless_chain", [_ints(grpcclient, "IN", [1])], request_id=gone)
     got = [answers.get(timeout=60) for _ in range(3)]
     client.stop_stream(cancel_requests=True)
     assert [int(r.as_numpy("OUT")[0]) for r, _ in got] == [100, 101, 102]
     deadline = time.monotonic() + 30
-    while not (marker.exists() and "gone-grpc" in marker.read_text()) and time.monotonic() < deadline:
+    while not (marker.exists() and gone in marker.read_text()) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert "gone-grpc" in marker.read_text()  # the step's model saw request.is_cancelled()
+    assert gone in marker.read_text()  # the step's model saw request.is_cancelled()
 
 
 def _events(port: int, path: str, body: dict) -> tuple[int, list[dict]]:

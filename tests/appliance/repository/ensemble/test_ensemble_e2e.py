@@ -18,6 +18,7 @@ from tests.appliance.repository.ensemble.repos import diamond_repository
 from tests.http_util import call
 
 ENSEMBLE = "preprocess_inception_ensemble"
+PROTOCOLS = ["http", "grpc-appliance", "grpc-grpcio"]  # HTTP and each transport of the gRPC port
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +28,7 @@ def images(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def served(module_daemon, tmp_path_factory):
+def daemon(module_daemon, tmp_path_factory):
     repo = tmp_path_factory.mktemp("repo")
     image_pipeline_repository(repo)
     diamond_repository(repo)
@@ -39,13 +40,15 @@ def _pixels(path) -> np.ndarray:
     return np.asarray(image, dtype=np.float32).transpose(2, 0, 1) / 255.0
 
 
-def _clients(daemon):
-    return [("http", httpclient, httpclient.InferenceServerClient(daemon.url)),
-            ("grpc", grpcclient, grpcclient.InferenceServerClient(daemon.grpc_url))]
+def _client(daemon_on, protocol: str):
+    """(tritonclient module, its client) for ``protocol``: http, or grpc-<transport of the gRPC port>."""
+    if protocol == "http":
+        return httpclient, httpclient.InferenceServerClient(daemon_on("appliance").url)
+    return grpcclient, grpcclient.InferenceServerClient(daemon_on(protocol.removeprefix("grpc-")).grpc_url)
 
 
-def test_the_ensemble_is_described_like_any_model(served):
-    http = httpclient.InferenceServerClient(served.url)
+def test_the_ensemble_is_described_like_any_model(daemon, grpc_daemon):
+    http = httpclient.InferenceServerClient(daemon.url)
     assert http.is_server_ready() and http.is_model_ready(ENSEMBLE)
     metadata = http.get_model_metadata(ENSEMBLE)
     assert metadata["platform"] == "ensemble"
@@ -53,18 +56,18 @@ def test_the_ensemble_is_described_like_any_model(served):
     config = http.get_model_config(ENSEMBLE)
     assert config["platform"] == "ensemble" and config["max_batch_size"] == 8
     assert [s["model_name"] for s in config["ensemble_scheduling"]["step"]] == ["image_preprocess", "classifier"]
-    grpc = grpcclient.InferenceServerClient(served.grpc_url)
+    grpc = grpcclient.InferenceServerClient(grpc_daemon.grpc_url)
     assert grpc.get_model_config(ENSEMBLE).config.platform == "ensemble"
     index = {row["name"]: row for row in http.get_model_repository_index()}
     assert index[ENSEMBLE]["state"] == "READY"
-    status, _, selection = call(served.port, "GET", f"/v2/models/{ENSEMBLE}/selection")
+    status, _, selection = call(daemon.port, "GET", f"/v2/models/{ENSEMBLE}/selection")
     assert status == 200 and selection["status"] == "ensemble" and "composing models" in selection["reason"]
 
 
-@pytest.mark.parametrize("protocol", ["http", "grpc"])
-def test_images_are_classified_through_the_pipeline_as_the_classifier_alone_would(served, images, protocol):
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_images_are_classified_through_the_pipeline_as_the_classifier_alone_would(daemon_on, images, protocol):
     paths, batch = images
-    name, module, client = dict((p, (p, m, c)) for p, m, c in _clients(served))[protocol]
+    module, client = _client(daemon_on, protocol)
     pixels = np.stack([_pixels(p) for p in paths])
     direct_in = module.InferInput("image", list(pixels.shape), "FP32")
     direct_in.set_data_from_numpy(pixels)
@@ -84,9 +87,9 @@ def test_images_are_classified_through_the_pipeline_as_the_classifier_alone_woul
         assert float(value) == pytest.approx(float(scores.max()), rel=1e-5)
 
 
-@pytest.mark.parametrize("protocol", ["http", "grpc"])
-def test_a_failing_step_fails_the_request_with_the_step_message(served, protocol):
-    name, module, client = dict((p, (p, m, c)) for p, m, c in _clients(served))[protocol]
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_failing_step_fails_the_request_with_the_step_message(daemon_on, protocol):
+    module, client = _client(daemon_on, protocol)
     raw = module.InferInput("INPUT", [1, 1], "BYTES")
     raw.set_data_from_numpy(np.array([[b"not an image"]], dtype=bytes))
     with pytest.raises(InferenceServerException) as failed:
@@ -95,9 +98,9 @@ def test_a_failing_step_fails_the_request_with_the_step_message(served, protocol
     assert f"in ensemble '{ENSEMBLE}'," in message and "cannot decode the image" in message
 
 
-def test_statistics_count_the_ensemble_and_each_composing_model(served, images):
+def test_statistics_count_the_ensemble_and_each_composing_model(daemon, images):
     _, batch = images
-    http = httpclient.InferenceServerClient(served.url)
+    http = httpclient.InferenceServerClient(daemon.url)
     before = {m["name"]: m for m in http.get_inference_statistics()["model_stats"]}
     raw = httpclient.InferInput("INPUT", list(batch.shape), "BYTES")
     raw.set_data_from_numpy(batch)
@@ -119,10 +122,11 @@ def test_statistics_count_the_ensemble_and_each_composing_model(served, images):
         assert grew(composing, "inference_count") == 6
 
 
-@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_explicit_mode_loads_the_composing_models_and_unload_dependents_unloads_them(start_daemon, tmp_path,
                                                                                       protocol):
-    daemon = start_daemon(diamond_repository(tmp_path / "repo"), "--model-control-mode", "explicit")
+    transport = {} if protocol == "http" else {"APPLIANCE_GRPC_TRANSPORT": protocol.removeprefix("grpc-")}
+    daemon = start_daemon(diamond_repository(tmp_path / "repo"), "--model-control-mode", "explicit", env=transport)
     client = httpclient.InferenceServerClient(daemon.url) if protocol == "http" else \
         grpcclient.InferenceServerClient(daemon.grpc_url)
     assert not client.is_model_ready("double")
