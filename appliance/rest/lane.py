@@ -4,20 +4,28 @@ aiohttp costs about as much per request as the daemon's own request path outside
 request object, a router lookup, middleware frames and a response object per request): more than the
 whole of what Triton spends on a small request (docs/performance.md). The lane serves the request that
 is sent thousands of times a second — infer — and the reads a client makes between inferences (server
-liveness and readiness, a model's readiness, metadata and config) with a head parser and an answer
-writer of its own, through the same data plane, admission, Host and browser rules, limits and error
-answers as aiohttp's routes. Every connection starts on the lane; the first request that is not a lane
-request hands the connection, with every byte it has sent, to aiohttp for good, so every other route
-and every unusual request (chunked or compressed bodies, HTTP/1.0, a percent-encoded path, a large head
-or body, Expect, Upgrade, a compressed answer asked for) is served by aiohttp exactly as without the lane.
+liveness and readiness, a model's readiness, metadata and config) with an answer writer of its own over
+heads that llhttp reads (``httptools``: ``appliance.rest.lane_head``), through the same data plane,
+admission, Host and browser rules, limits and error answers as aiohttp's routes. Every connection starts
+on the lane; the first request that is not a lane request hands the connection, with every byte it has
+sent for that request and after, to aiohttp for good, so every other route and every unusual request
+(chunked or compressed bodies, HTTP/1.0, a percent-encoded path, a large body, Expect, Upgrade, a
+compressed answer asked for) is served by aiohttp exactly as without the lane.
+
+Every head the lane reads (lane requests, and the one that hands the connection over) is bounded and
+checked first: a line over 8 KiB or more than 100 fields get 431 (a request target over 8 KiB, 414), a
+head over 32 KiB 431, a malformed head (bare LF line endings, folded or malformed fields, control bytes,
+two ``Content-Length``, ``Content-Length`` beside ``Transfer-Encoding``) and an HTTP/1.1 request
+without exactly one ``Host`` 400, each at once with ``{"error": ...}`` and ``Connection: close``; the
+connection then takes no more requests (it reads and drops what the client still sends for a moment,
+so that the answer is not lost to a reset) and closes.
 
 A lane request is ``POST /v2/models/<name>[/versions/<n>]/infer HTTP/1.1`` (a name of letters, digits,
 ``_``, ``-`` and ``.``, not starting with a dot; no query) with a ``Content-Length`` of at most 64 KiB
 and ``max_request_bytes``, or a ``GET`` of ``/v2/health/live``, ``/v2/health/ready`` or
-``/v2/models/<name>[/versions/<n>][/ready|/config]`` without a body; its head is under 16 KiB of
-well-formed fields (a token name, a colon, a value without control bytes; no folded lines), with no
-``Transfer-Encoding``, ``Expect`` or ``Upgrade``, no ``Content-Encoding`` but identity and no
-``Accept-Encoding`` that asks for gzip or deflate.
+``/v2/models/<name>[/versions/<n>][/ready|/config]`` without a body; with no ``Transfer-Encoding``,
+``Expect`` or ``Upgrade``, no ``Content-Encoding`` but identity and no ``Accept-Encoding`` that asks for
+gzip or deflate.
 
 A lane request is admitted (Host, token, the bound on requests in flight) as soon as its head is in, as
 aiohttp's route is: its body is collected while it waits, and handed to it whole. Requests on a
@@ -25,9 +33,11 @@ connection are served one at a time, in order (pipelined ones wait; reading paus
 head and a body wait). The timeouts are aiohttp's: a request head must be complete within
 ``header_timeout`` of the connection opening or of the last answer (then the connection closes: idle
 keep-alive connections too), and each next piece of a body must arrive within ``body_timeout`` (then
-408, and the connection closes). A request answered before its body is in (refused, an unknown model)
-has the rest of its body dropped as it comes. A client that goes away cancels its request, which leaves
-its model's queue. ``InferLane.stop`` keeps to the daemon's stop deadline as aiohttp's connections do.
+408, and the connection closes). Every answer after which the lane closes the connection (the client
+asked, a 408, the server stopping) says ``Connection: close``. A request answered before its body is in
+(refused, an unknown model) has the rest of its body dropped as it comes. A client that goes away
+cancels its request, which leaves its model's queue. ``InferLane.stop`` keeps to the daemon's stop
+deadline as aiohttp's connections do.
 """
 
 from __future__ import annotations
@@ -52,17 +62,18 @@ from appliance.rest.codec import HEADER_LENGTH, encode_infer_response
 from appliance.rest.config import RestConfig
 from appliance.rest.handlers import MODEL_NOT_READY
 from appliance.rest.infer_body import InferBody
+from appliance.rest.lane_head import LANE_HEAD_BYTES, HeadReader, HeadRefused
 from appliance.rest.lane_wire import (
     LANE_BODY_BYTES,
-    LANE_HEAD_BYTES,
     LaneHead,
+    closing,
     empty_answer,
     error_answer,
     error_response,
     infer_answer,
     internal_error,
     json_answer,
-    parse_head,
+    lane_request,
 )
 from appliance.rest.security import http_caller, transport_address
 
@@ -71,6 +82,7 @@ __all__ = ["InferLane", "LaneConnection"]
 log = logging.getLogger(__name__)
 
 _PAUSE_BYTES = LANE_HEAD_BYTES + LANE_BODY_BYTES  # pipelined bytes held while a request runs
+_LINGER = 1.0  # after refusing a head: how long what the client still sends is read and dropped
 
 
 class _Received:
@@ -175,7 +187,8 @@ class LaneConnection(asyncio.Protocol):
     A request starts (and is admitted) once its head is in; its body is handed to it when complete."""
 
     __slots__ = ("_lane", "_fallback", "_loop", "_transport", "_handed", "_buffer", "running", "_peer", "_local",
-                 "_deadline", "_timer", "_reading_paused", "_drained", "_wanted", "_body", "_arrived", "_skip")
+                 "_deadline", "_timer", "_reading_paused", "_drained", "_wanted", "_body", "_arrived", "_skip",
+                 "_reader", "_refused")
 
     def __init__(self, lane: InferLane, fallback: Callable[[], asyncio.Protocol]) -> None:
         self._lane = lane
@@ -196,6 +209,14 @@ class LaneConnection(asyncio.Protocol):
         self._body: bytes | None = None  # the running request's body, once complete and not yet read
         self._arrived: asyncio.Future[bytes] | None = None  # what the running request waits on for its body
         self._skip = 0  # bytes of an answered request's body still to come, dropped
+        self._reader: HeadReader | None = None  # the next request's head, while it comes in
+        self._refused = False  # a head broke a rule: answered, and nothing more is taken
+
+    @property
+    def buffered(self) -> int:
+        """The bytes received and held (the head coming in, a body, pipelined requests): at most a head and
+        a body beyond what one read of the socket brings, as reading pauses past that."""
+        return len(self._buffer)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # A stream transport; uvloop's is not a subclass of asyncio.Transport, hence no isinstance.
@@ -209,6 +230,8 @@ class LaneConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._handed is not None:
             self._handed.data_received(data)
+            return
+        if self._refused:
             return
         if self._skip:
             dropped = min(self._skip, len(data))
@@ -260,24 +283,33 @@ class LaneConnection(asyncio.Protocol):
             self._transport.close()
 
     def _advance(self) -> None:
-        """Start the next request once its head is in; hand over at a request the lane does not take."""
+        """Read the next request's head as it comes; start the request once it is in, hand over at a
+        request the lane does not take, refuse a head that breaks a rule."""
+        reader = self._reader
+        if reader is None:
+            reader = self._reader = HeadReader()
         buffer = self._buffer
-        end = buffer.find(b"\r\n\r\n", 0, LANE_HEAD_BYTES)
-        if end < 0:
-            if len(buffer) >= LANE_HEAD_BYTES:
-                self._hand_over()
+        try:
+            end = reader.feed(buffer)
+        except HeadRefused as refusal:
+            self._refuse(refusal)
             return
-        head = parse_head(buffer[:end], self._lane.max_body)
+        if not end:
+            return
+        self._reader = None
+        head = lane_request(reader, self._lane.max_body)
         if head is None:
             self._hand_over()
             return
-        del buffer[:end + 4]
+        del buffer[:end]
         self._wanted = head.length
         self.running = self._loop.create_task(self._serve(head))
         if len(buffer) >= head.length:
             self._deliver()
         else:
-            self._deadline = self._loop.time() + self._lane.body_timeout
+            self._arm(self._loop.time() + self._lane.body_timeout)
+        if not self._reading_paused and len(buffer) > _PAUSE_BYTES:
+            self._pause_reading()
 
     def _deliver(self) -> None:
         """The running request's body is complete."""
@@ -314,18 +346,21 @@ class LaneConnection(asyncio.Protocol):
         transport = self._transport
         if transport is None or transport.is_closing():
             return
+        close = close or head.close or lane.stopping
+        if close:
+            reply = closing(reply)
         if len(reply) == 1:
             transport.write(reply[0])
         else:
             transport.writelines(reply)
-        if close or head.close or lane.stopping:
+        if close:
             transport.close()
             return
         if self._drained is not None:
             await self._drained
         self._deadline = self._loop.time() + lane.header_timeout
         self.running = None
-        if self._reading_paused:
+        if self._reading_paused and len(self._buffer) <= _PAUSE_BYTES:  # else the next request drains first
             self._reading_paused = False
             transport.resume_reading()
         if self._buffer:
@@ -333,6 +368,7 @@ class LaneConnection(asyncio.Protocol):
 
     def _hand_over(self) -> None:
         """From now on this connection is aiohttp's, from the first byte of the request at hand."""
+        self._reader = None
         handed = self._handed = self._fallback()
         self._lane.connections.discard(self)
         if self._timer is not None:
@@ -347,10 +383,42 @@ class LaneConnection(asyncio.Protocol):
         if pending:
             handed.data_received(pending)
 
+    def _refuse(self, refusal: HeadRefused) -> None:
+        """Answer a head that broke a rule and take nothing more; close once the client has had the answer
+        (what it still sends meanwhile is read and dropped, so that no reset loses the answer)."""
+        log.debug("refused a request head from %s: %d %s", self._peer, refusal.status, refusal.message)
+        self._reader = None
+        self._refused = True
+        self._buffer = bytearray()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        transport = self._transport
+        assert transport is not None
+        if self._reading_paused:  # read on, and drop
+            self._reading_paused = False
+            transport.resume_reading()
+        transport.writelines(closing(error_response(refusal.status, refusal.message)))
+        if not transport.can_write_eof():
+            transport.close()
+            return
+        transport.write_eof()  # the client reads the answer, then the end; its own end closes the connection
+        self._timer = self._loop.call_later(_LINGER, transport.close)
+
     def _pause_reading(self) -> None:
         assert self._transport is not None
         self._reading_paused = True
         self._transport.pause_reading()
+
+    def _arm(self, deadline: float) -> None:
+        """Set the connection's deadline; the timer fires at it even where it comes sooner than the one it
+        was set for (a body's wait, shorter than what was left of the wait for its head)."""
+        self._deadline = deadline
+        timer = self._timer
+        if timer is None or timer.when() > deadline:
+            if timer is not None:
+                timer.cancel()
+            self._timer = self._loop.call_at(deadline, self._expire)
 
     def _expire(self) -> None:
         """The connection's timer: a head that has not come in time ends the connection; a body piece

@@ -1,5 +1,7 @@
-"""The infer lane's wire format: which requests it takes (``parse_head``) and how its answers are written
-(status line, fields, body; as aiohttp writes them, without a ``Server`` field). See ``appliance.rest.lane``."""
+"""The infer lane's wire format: which requests it takes (``lane_request``, over a head ``HeadReader`` read)
+and how its answers are written (status line, fields, body; as aiohttp writes them, without a ``Server``
+field; ``closing`` adds ``Connection: close`` to an answer after which the connection closes). See
+``appliance.rest.lane``."""
 
 from __future__ import annotations
 
@@ -15,12 +17,11 @@ from appliance.errors import ApplianceError
 from appliance.protocol.operations import Operation
 from appliance.rest.codec import HEADER_LENGTH
 from appliance.rest.error_middleware import error_parts, internal_message
+from appliance.rest.lane_head import HeadReader
 
-__all__ = ["LANE_BODY_BYTES", "LANE_HEAD_BYTES", "LaneHead", "answer", "empty_answer", "error_answer",
-           "error_response", "infer_answer", "internal_error", "json_answer", "parse_head"]
+__all__ = ["LANE_BODY_BYTES", "LaneHead", "answer", "closing", "empty_answer", "error_answer", "error_response",
+           "infer_answer", "internal_error", "json_answer", "lane_request"]
 
-LANE_HEAD_BYTES = 16 << 10
-"""The largest request head the lane parses; a longer one goes to aiohttp (which answers 431 past its limits)."""
 LANE_BODY_BYTES = 64 << 10
 """The largest body the lane collects (after admission; aiohttp's own read buffer holds as much)."""
 _WRITE_APART = 1 << 16  # answers with a larger payload are written as two buffers, not joined
@@ -30,11 +31,12 @@ _INFER = re.compile(_MODEL + rb"/infer")
 _READS = re.compile(rb"/v2/health/(live|ready)|" + _MODEL + rb"(/ready|/config)?")
 _READ_OPERATIONS = {b"live": Operation.SERVER_LIVE, b"ready": Operation.SERVER_READY, None: Operation.MODEL_METADATA,
                     b"/ready": Operation.MODEL_READY, b"/config": Operation.MODEL_CONFIG}
-# RFC 9110's field: a token, a colon, a value of visible bytes, spaces, tabs and obs-text.
-_FIELD = re.compile(rb"([!#$%&'*+.^_`|~0-9A-Za-z\-]+):[ \t]*([^\x00-\x08\x0a-\x1f\x7f]*?)[ \t]*")
+# Fields that make a request aiohttp's (a body framed otherwise, an interim answer, another protocol).
 _NOT_LANE = frozenset((b"transfer-encoding", b"expect", b"upgrade", b"te", b"trailer"))
 _HEADER_LENGTH_FIELD = HEADER_LENGTH.encode("ascii") + b": %d\r\n"
-_REASONS = {status.value: status.phrase for status in HTTPStatus}
+_STATUS_LINES = {status.value: b"HTTP/1.1 %d %s\r\n" % (status.value, status.phrase.encode("ascii"))
+                 for status in HTTPStatus}
+_CLOSE = b"Connection: close\r\n"
 
 
 class LaneHead:
@@ -56,15 +58,13 @@ class LaneHead:
         self.close = close
 
 
-def parse_head(head: bytes | bytearray, max_body: int) -> LaneHead | None:
-    """The head (without its blank line) of a lane request, or None when it is not one (aiohttp's then).
-    Lane requests are infer (POST) and the reads a client makes between inferences (GET: server
-    liveness and readiness, a model's readiness, metadata and config)."""
-    request_line, *lines = head.split(b"\r\n")
-    method, _, rest = request_line.partition(b" ")
-    target, _, version = rest.partition(b" ")
-    if version != b"HTTP/1.1":
+def lane_request(head: HeadReader, max_body: int) -> LaneHead | None:
+    """The lane request ``head`` (complete, as llhttp read it) asks for, or None when it is not one
+    (aiohttp's then). Lane requests are infer (POST) and the reads a client makes between inferences (GET:
+    server liveness and readiness, a model's readiness, metadata and config)."""
+    if head.version != "1.1" or head.upgrade:
         return None
+    method, target = head.method, head.target
     if method == b"POST":
         route = _INFER.fullmatch(target)
         if route is None:
@@ -81,43 +81,27 @@ def parse_head(head: bytes | bytearray, max_body: int) -> LaneHead | None:
         operation = _READ_OPERATIONS[health or suffix]
     else:
         return None
-    headers: CIMultiDict[str] = CIMultiDict()
-    length: int | None = None
-    close = False
-    for line in lines:
-        field = _FIELD.fullmatch(line)
-        if field is None:
-            return None
-        name, value = field.groups()
-        key = name.lower()
-        if key in _NOT_LANE:
-            return None
-        if key == b"content-length":
-            if length is not None or not value.isdigit() or len(value) > 12:
-                return None
-            length = int(value)
-        elif key == b"content-encoding":
-            if value.lower() != b"identity":
-                return None
-        elif key == b"accept-encoding":
-            if b"gzip" in value.lower() or b"deflate" in value.lower():
-                return None
-        elif key == b"connection":
-            tokens = {token.strip() for token in value.lower().split(b",")}
-            if b"upgrade" in tokens:
-                return None
-            close = b"close" in tokens
-        elif key == b"host" and "Host" in headers:
-            return None
-        headers.add(name.decode("ascii"), value.decode("utf-8", "surrogateescape"))
+    noted = head.noted
+    if not _NOT_LANE.isdisjoint(noted):
+        return None
+    coding = noted.get(b"content-encoding")
+    if coding is not None and coding.strip().lower() != b"identity":
+        return None
+    accepted = noted.get(b"accept-encoding")
+    if accepted is not None and (b"gzip" in accepted.lower() or b"deflate" in accepted.lower()):
+        return None
+    connection = noted.get(b"connection")
+    if connection is not None and b"upgrade" in connection.lower():  # llhttp's upgrade flag wants Upgrade too
+        return None
+    length = noted.get(b"content-length", b"")  # llhttp took at most one, of digits
     if operation is Operation.INFER:
-        if length is None or length > max_body:
+        if not length.strip().isdigit() or len(length) > 12 or int(length) > max_body:
             return None
-    elif length:  # a read with a body: aiohttp's
+    elif length.strip(b"0 \t"):  # a read with a body: aiohttp's
         return None
     return LaneHead(operation, method.decode("ascii"), target.decode("ascii"),
-                    model.decode("ascii") if model else "", number.decode("ascii") if number else None, headers,
-                    length or 0, close)
+                    model.decode("ascii") if model else "", number.decode("ascii") if number else None,
+                    head.headers, int(length) if length else 0, not head.keep_alive)
 
 
 class _Dates:
@@ -140,9 +124,14 @@ class _Dates:
 _DATES = _Dates()
 
 
+def _status_line(status: int) -> bytes:
+    line = _STATUS_LINES.get(status)
+    return line if line is not None else b"HTTP/1.1 %d \r\n" % status
+
+
 def answer(status: int, content_type: bytes, payload: bytes, extra: bytes = b"") -> list[bytes]:
-    head = b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\nDate: %s\r\n%s\r\n" % (
-        status, _REASONS.get(status, "").encode("ascii"), content_type, len(payload), _DATES.now(), extra)
+    head = b"%sContent-Type: %s\r\nContent-Length: %d\r\nDate: %s\r\n%s\r\n" % (
+        _status_line(status), content_type, len(payload), _DATES.now(), extra)
     if len(payload) > _WRITE_APART:
         return [head, payload]
     return [head + payload]
@@ -150,8 +139,7 @@ def answer(status: int, content_type: bytes, payload: bytes, extra: bytes = b"")
 
 def empty_answer(status: int) -> list[bytes]:
     """An answer without a body (aiohttp's ``web.Response(status=...)``: no Content-Type either)."""
-    return [b"HTTP/1.1 %d %s\r\nContent-Length: 0\r\nDate: %s\r\n\r\n" % (
-        status, _REASONS.get(status, "").encode("ascii"), _DATES.now())]
+    return [b"%sContent-Length: 0\r\nDate: %s\r\n\r\n" % (_status_line(status), _DATES.now())]
 
 
 def json_answer(data: object) -> list[bytes]:
@@ -164,11 +152,24 @@ def error_response(status: int, message: str, extra: bytes = b"") -> list[bytes]
 
 
 def error_answer(exc: ApplianceError) -> tuple[list[bytes], bool]:
-    """The answer to ``exc``, and whether the connection closes after it."""
+    """The answer to ``exc`` (without ``Connection``: see ``closing``), and whether the connection closes
+    after it."""
     status, message, headers = error_parts(exc)
-    extra = b"".join(b"%s: %s\r\n" % (k.encode("ascii"), v.encode("latin-1")) for k, v in (headers or {}).items())
-    close = headers is not None and headers.get("Connection") == "close"
+    close = False
+    extra = b""
+    for name, value in (headers or {}).items():
+        if name == "Connection":
+            close = value == "close"
+        else:
+            extra += b"%s: %s\r\n" % (name.encode("ascii"), value.encode("latin-1"))
     return error_response(status, message, extra), close
+
+
+def closing(reply: list[bytes]) -> list[bytes]:
+    """``reply`` (an answer written here) with ``Connection: close``: the connection closes after it."""
+    first = reply[0]
+    cut = first.index(b"\r\n") + 2  # after the status line
+    return [first[:cut] + _CLOSE + first[cut:], *reply[1:]]
 
 
 def internal_error(exc: Exception) -> list[bytes]:

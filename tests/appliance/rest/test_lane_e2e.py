@@ -286,3 +286,93 @@ def test_a_pipelined_flood_pauses_reading_and_every_answer_comes_in_order(daemon
         connection.close()
     assert all(status == 200 and "server" not in headers for status, headers, _ in answers)
     assert [_outputs(body)[0] for _, _, body in answers] == [i + 1 for i in range(1000)]
+
+
+def _refused(daemon, data: bytes) -> tuple[int, dict[str, str], dict, float]:
+    """Send ``data`` on a fresh connection: the answer, its JSON body, the seconds it took; the connection
+    must close after it."""
+    connection = _Connection(daemon.port)
+    try:
+        started = time.monotonic()
+        connection.send(data)
+        status, headers, body = connection.answer()
+        elapsed = time.monotonic() - started
+        assert headers.get("connection") == "close" and connection.closed()
+    finally:
+        connection.close()
+    return status, headers, json.loads(body), elapsed
+
+
+@pytest.mark.parametrize("data", [
+    _request(json.dumps(JSON_BODY).encode(), headers={"Host": None}),
+    _get("/v2/health/live", {"Host": None}),
+    b"GET /v2/models/stats HTTP/1.1\r\n\r\n",  # not a lane request: refused before it is handed over
+])
+def test_an_http_1_1_request_without_host_gets_400(daemons, data):
+    lane, _ = daemons
+    status, headers, payload, _ = _refused(lane, data)
+    assert status == 400 and "server" not in headers
+    assert "Host" in payload["error"] and "send" in payload["error"]
+
+
+def test_two_host_headers_get_400(daemons):
+    lane, _ = daemons
+    data = _get("/v2/health/live").replace(b"\r\n\r\n", b"\r\nHost: evil.example\r\n\r\n")
+    status, _, payload, _ = _refused(lane, data)
+    assert status == 400 and "Host" in payload["error"]
+
+
+@pytest.mark.parametrize("line_bytes", [9 << 10, 16 << 10])
+def test_a_long_header_line_gets_431(daemons, line_bytes):
+    lane, _ = daemons
+    data = _request(json.dumps(JSON_BODY).encode(), headers={"X-Big": "a" * line_bytes})
+    status, headers, payload, _ = _refused(lane, data)
+    assert status == 431 and "server" not in headers and "8192" in payload["error"]
+
+
+def test_a_long_head_gets_431_and_leaves_other_connections_alone(daemons):
+    lane, _ = daemons
+    good = _Connection(lane.port)
+    try:
+        good.send(_get("/v2/health/live"))
+        assert good.answer()[0] == 200
+        many = {f"X-Field-{i}": "a" * 4000 for i in range(12)}  # 48 KB of short lines
+        status, _, payload, _ = _refused(lane, _request(json.dumps(JSON_BODY).encode(), headers=many))
+        assert status == 431 and "32768" in payload["error"]
+        good.send(_request(json.dumps(JSON_BODY).encode()))  # the other connection is still served
+        status, _, body = good.answer()
+        assert status == 200 and _outputs(body) == [d + 1 for d in DATA]
+    finally:
+        good.close()
+
+
+@pytest.mark.parametrize("data", [
+    b"GET /v2/health/live HTTP/1.1\nHost: 127.0.0.1\n\n",
+    b"POST /v2/models/simple/infer HTTP/1.1\r\nHost: 127.0.0.1\nContent-Length: 2\n\n{}",
+])
+def test_a_bare_lf_head_gets_400_at_once(daemons, data):
+    lane, _ = daemons
+    status, _, payload, elapsed = _refused(lane, data)
+    assert status == 400 and "CRLF" in payload["error"]
+    assert elapsed < TIMEOUT / 2  # answered, not left to header_timeout
+
+
+def test_an_answer_after_which_the_lane_closes_says_connection_close(daemons):
+    lane, _ = daemons
+    for data in (_request(json.dumps(JSON_BODY).encode(), headers={"Connection": "close"}),
+                 _get("/v2/models/nothere", {"Connection": "close"})):
+        connection = _Connection(lane.port)
+        try:
+            connection.send(data)
+            status, headers, _ = connection.answer()
+            assert status < 500 and "server" not in headers
+            assert headers["connection"] == "close" and connection.closed()
+        finally:
+            connection.close()
+    keep = _Connection(lane.port)  # and one that stays open says nothing of the kind
+    try:
+        keep.send(_get("/v2/health/live"))
+        status, headers, _ = keep.answer()
+        assert status == 200 and "connection" not in headers
+    finally:
+        keep.close()
