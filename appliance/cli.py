@@ -69,8 +69,9 @@ def _serve_parser(sub: Any) -> None:
                    help="auto: uvloop when installed (the default), else asyncio's own loop")
     p.add_argument("--client-shm", choices=["off", "local", "any"],
                    help="who may use shared memory: off, local (clients on this host; the default) or any")
-    p.add_argument("--cache-config", dest="cache_config", action="append", metavar="local,size=BYTES",
-                   help="keep responses of models with response_cache { enable: true } (Triton's flag)")
+    p.add_argument("--cache-config", dest="cache_config", action="append", metavar="CACHE,KEY=VALUE",
+                   help="keep responses of models with response_cache { enable: true } (Triton's flag): "
+                        "local,size=BYTES, or redis,host=HOST and redis,port=PORT (repeatable)")
     p.add_argument("--rate-limit", type=str.lower, choices=["execution_count", "off"],
                    help="execution_count: run instances only when their rate_limiter resources are free "
                         "(Triton's flag; default off)")

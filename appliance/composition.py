@@ -26,9 +26,11 @@ from appliance.backends.children import ChildProcesses
 from appliance.backends.python.arena import arena_usage, remove_stale_arenas
 from appliance.budget import MemoryBudget
 from appliance.engine.rate_limiter import RateLimiter
-from appliance.engine.response_cache import ResponseCache
+from appliance.engine.redis_cache import RedisResponseCache
+from appliance.engine.response_cache import ResponseCache, ResponseStore
 from appliance.engine.scheduler.execution import measure_thread_hop
 from appliance.engine.server_wide import ServerWide
+from appliance.engine.shared_config import RedisCacheConfig
 from appliance.engine.streaming import StreamLimits
 from appliance.engine.tensor_checks import DecodeLimits
 from appliance.errors import ConfigError
@@ -212,8 +214,13 @@ def server_wide(cache: ResponseCacheSection, limiter: RateLimiterSection) -> Ser
         log.warning("rate_limit_resources are ignored while rate_limit is off; start with --rate-limit "
                     "execution_count to limit model instances by them")
     config = cache.parsed
+    store: ResponseStore | None = None
+    if isinstance(config, RedisCacheConfig):
+        store = RedisResponseCache(config)
+    elif config is not None:
+        store = ResponseCache(config.size)
     return ServerWide(
-        response_cache=ResponseCache(config.size) if config is not None else None,
+        response_cache=store,
         rate_limiter=RateLimiter(limiter.limits) if limiter.enabled else None,
     )
 
@@ -243,6 +250,8 @@ async def _compose(settings: Settings, lifecycle: Lifecycle, connections: int) -
     custom_metrics = CustomMetrics() if settings.metrics.enabled else None
     children = ChildProcesses()
     shared = server_wide(settings.response_cache, settings.rate_limiter)
+    if isinstance(shared.response_cache, RedisResponseCache):  # closed after the models that write to it
+        lifecycle.on_close("the redis response cache", shared.response_cache.close)
     metrics = await _start_metrics(settings.metrics, server, state, registries, lifecycle, custom_metrics, children,
                                    shared)
     shm = settings.shm

@@ -16,7 +16,7 @@ from appliance.backends import BackendInfo
 from appliance.backends.base import Outputs
 from appliance.backends.python.backend import model_parameters
 from appliance.engine.classification import classify
-from appliance.engine.response_cache import ResponseCache, request_key
+from appliance.engine.response_cache import ResponseStore
 from appliance.engine.signature import ModelSignature, input_reshapes
 from appliance.engine.stats import FailureReason, ModelStats, StepTiming
 from appliance.engine.streaming import RawResponse, ResponseChannel, ResponseStream, StreamLimits
@@ -86,14 +86,19 @@ class ModelVersion:
     labels: dict[str, list[str]] = dataclasses.field(default_factory=dict)
     selection: dict[str, Any] | None = None
     """The measured plan decision (see appliance.selection), with ``cache`` hit/miss."""
-    response_cache: ResponseCache | None = None
+    response_cache: ResponseStore | None = None
     """The server's response cache, when the server has one (``cache_config``) and this version's config
     enables it (``response_cache { enable: true }``); None answers every request from the model."""
+    content_digest: bytes | None = None
+    """A digest of the version's name, config and files, where the cache is shared with other servers
+    (Redis): their entries for the same model are this version's. None: a namespace of this load's own."""
 
     def __post_init__(self) -> None:
         if self.response_cache is not None and not self.config.response_cache.enable:
             self.response_cache = None
-        self._cache_owner = ResponseCache.owner()  # this version's entries, dropped when it closes
+        # This version's entries (dropped when it closes, where the cache is this process's own).
+        self._cache_owner = (self.response_cache.version_owner(self.content_digest)
+                             if self.response_cache is not None else b"")
         self._streams: set[ResponseChannel] = set()  # open streams of a decoupled model, failed at close
         self._users = 0  # requests holding this version (see in_use), so a retired version drains
         self._decoupled = bool(self.config.model_transaction_policy.decoupled)  # read twice per request
@@ -176,22 +181,22 @@ class ModelVersion:
                                      cancelled=request.cancelled)
 
     async def _cached(self, request: InferRequest, names: list[str], batch_size: int,
-                      cache: ResponseCache) -> Mapping[str, np.ndarray]:
+                      cache: ResponseStore) -> Mapping[str, np.ndarray]:
         """The model's outputs from the response cache, or from the model (then kept): a hit never
         queues. Counted as Triton counts them: a hit's time is its lookup, a miss's its lookup and insert."""
         started = time.perf_counter_ns()
         parameters = model_parameters(request.parameters) if request.parameters else ""
-        key = request_key(self._cache_owner, request.inputs, names, "" if parameters == "{}" else parameters)
+        key = cache.key(self._cache_owner, request.inputs, names, "" if parameters == "{}" else parameters)
         looked_up = time.perf_counter_ns()
-        stored = cache.lookup(key, looked_up - started)
+        stored = await cache.fetch(key, looked_up - started)
         if stored is not None:
             self.stats.record_cache_hit(time.perf_counter_ns() - started)
             return stored
         lookup_ns = time.perf_counter_ns() - started
         results = await self._submit(request, names, batch_size)
         inserting = time.perf_counter_ns()
-        stored = cache.insert(key, self._cache_owner, results,
-                              results.parameters if isinstance(results, Outputs) else None)
+        stored = cache.store(key, self._cache_owner, results,
+                             results.parameters if isinstance(results, Outputs) else None)
         insert_ns = time.perf_counter_ns() - inserting
         cache.record_insertion(insert_ns)
         self.stats.record_cache_miss(lookup_ns + insert_ns)

@@ -14,6 +14,10 @@ collision, accidental or crafted by a client, out of reach. BLAKE3 hashes a 600 
 
 The cache's bytes are its own: they are bounded by ``size`` and never counted against the request memory
 budget. Everything here runs on the event loop (no locks).
+
+``ResponseStore`` is what a model version sees of a cache, this one or the Redis one
+(appliance.engine.redis_cache): a version asks it for its owner (namespace), keys its requests, fetches and
+stores outputs, and forgets its entries when it closes.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import itertools
 import os
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Protocol
 
 import blake3
 import numpy as np
@@ -30,7 +35,7 @@ import numpy as np
 from appliance.backends.base import Outputs
 from appliance.engine.types import InferInput
 
-__all__ = ["ResponseCache", "request_key"]
+__all__ = ["ResponseCache", "ResponseStore", "request_key"]
 
 ENTRY_OVERHEAD = 256
 """Bytes an entry costs beyond its tensors (the key, the bookkeeping), counted against the size."""
@@ -42,11 +47,12 @@ _KEY = os.urandom(32)
 
 
 def request_key(owner: bytes, inputs: Sequence[InferInput], outputs: Iterable[str],
-                parameters: str = "") -> bytes:
+                parameters: str = "", hash_key: bytes = _KEY) -> bytes:
     """The cache key of a request to the version ``owner`` (``ResponseCache.owner()``): its inputs (name,
     datatype, shape, bytes), the outputs it asked the model for, and ``parameters``, the request
-    parameters as the model reads them (JSON text; empty when there are none)."""
-    digest = blake3.blake3(owner, key=_KEY)
+    parameters as the model reads them (JSON text; empty when there are none). ``hash_key``: this
+    process's own (the default), or a fixed one where several servers share the keys."""
+    digest = blake3.blake3(owner, key=hash_key)
     for tensor in sorted(inputs, key=lambda t: t.name):
         data = tensor.data
         digest.update(f"\0i{len(tensor.name)}:{tensor.name}|{tensor.datatype}|{data.shape}|".encode())
@@ -90,8 +96,43 @@ def _size(outputs: Mapping[str, np.ndarray]) -> int:
     return total
 
 
+class ResponseStore(Protocol):
+    """A response cache as a model version uses it (the local one below, or Redis)."""
+
+    def version_owner(self, identity: bytes | None) -> bytes:
+        """The namespace of one loaded version's entries. ``identity``: a digest of the version's name,
+        config and files (computed only where ``shared``), None where the cache needs none."""
+        ...
+
+    @property
+    def shared(self) -> bool:
+        """Whether other servers read this cache's entries (then owners come from content, not loads)."""
+        ...
+
+    def key(self, owner: bytes, inputs: Sequence[InferInput], outputs: Iterable[str], parameters: str) -> bytes: ...
+
+    async def fetch(self, key: bytes, elapsed_ns: int) -> Outputs | None:
+        """The outputs stored under ``key``, or None (a miss, or a cache that could not answer in time)."""
+        ...
+
+    def store(self, key: bytes, owner: bytes, outputs: Mapping[str, np.ndarray],
+              parameters: Mapping[str, object] | None) -> Outputs | None:
+        """Keep ``outputs``; what to answer with (the stored outputs) or None to answer with ``outputs``."""
+        ...
+
+    def record_insertion(self, elapsed_ns: int) -> None: ...
+
+    def forget(self, owner: bytes) -> int: ...
+
+    def gauges(self) -> list[tuple[str, str, float]]:
+        """The cache's own metrics: (name, help, value), Triton's names where Triton has them."""
+        ...
+
+
 class ResponseCache:
     """One LRU cache of responses for every model of the server, bounded in bytes."""
+
+    shared = False
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
@@ -110,6 +151,19 @@ class ResponseCache:
     def owner() -> bytes:
         """A fresh namespace for one loaded model version's entries (see ``forget``)."""
         return next(_OWNERS).to_bytes(8, "little")
+
+    def version_owner(self, identity: bytes | None) -> bytes:
+        return self.owner()  # a reload is a new namespace; the old one's entries go when it closes
+
+    def key(self, owner: bytes, inputs: Sequence[InferInput], outputs: Iterable[str], parameters: str) -> bytes:
+        return request_key(owner, inputs, outputs, parameters)
+
+    async def fetch(self, key: bytes, elapsed_ns: int) -> Outputs | None:
+        return self.lookup(key, elapsed_ns)
+
+    def store(self, key: bytes, owner: bytes, outputs: Mapping[str, np.ndarray],
+              parameters: Mapping[str, object] | None) -> Outputs | None:
+        return self.insert(key, owner, outputs, parameters)
 
     @property
     def entries(self) -> int:
@@ -165,6 +219,23 @@ class ResponseCache:
         for key in gone:
             self.used -= self._entries.pop(key).size
         return len(gone)
+
+    def gauges(self) -> list[tuple[str, str, float]]:
+        return [
+            ("nv_cache_util", "Cache utilization [0.0 - 1.0]", self.utilization),
+            ("nv_cache_num_entries", "Number of responses stored in response cache", self.entries),
+            ("nv_cache_num_lookups", "Number of cache lookups in response cache", self.lookups),
+            ("nv_cache_num_hits", "Number of cache hits in response cache", self.hits),
+            ("nv_cache_num_misses", "Number of cache misses in response cache", self.misses),
+            ("nv_cache_num_evictions", "Number of cache evictions in response cache", self.evictions),
+            ("nv_cache_lookup_duration", "Total cache lookup duration (hit and miss), in microseconds",
+             self.lookup_ns // 1000),
+            ("nv_cache_insertion_duration", "Total cache insertion duration, in microseconds",
+             self.insertion_ns // 1000),
+            ("appliance_response_cache_used_bytes", "Bytes the response cache holds", self.used),
+            ("appliance_response_cache_size_bytes", "The response cache's size bound (cache_config size)",
+             self.capacity),
+        ]
 
     def as_json(self) -> dict[str, float | int]:
         return {"size": self.capacity, "used": self.used, "utilization": round(self.utilization, 6),

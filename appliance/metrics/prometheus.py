@@ -126,21 +126,7 @@ class TritonCollector:
         cache = self._server.response_cache
         if cache is None:
             return
-        for name, text, value in (
-            ("nv_cache_util", "Cache utilization [0.0 - 1.0]", cache.utilization),
-            ("nv_cache_num_entries", "Number of responses stored in response cache", cache.entries),
-            ("nv_cache_num_lookups", "Number of cache lookups in response cache", cache.lookups),
-            ("nv_cache_num_hits", "Number of cache hits in response cache", cache.hits),
-            ("nv_cache_num_misses", "Number of cache misses in response cache", cache.misses),
-            ("nv_cache_num_evictions", "Number of cache evictions in response cache", cache.evictions),
-            ("nv_cache_lookup_duration", "Total cache lookup duration (hit and miss), in microseconds",
-             cache.lookup_ns // 1000),
-            ("nv_cache_insertion_duration", "Total cache insertion duration, in microseconds",
-             cache.insertion_ns // 1000),
-            ("appliance_response_cache_used_bytes", "Bytes the response cache holds", cache.used),
-            ("appliance_response_cache_size_bytes", "The response cache's size bound (cache_config size)",
-             cache.capacity),
-        ):
+        for name, text, value in cache.gauges():
             yield GaugeMetricFamily(name, text, value=value)
 
     def _rate_limiter_metrics(self, waits: Metric, wait_us: Metric) -> Iterator[Metric]:

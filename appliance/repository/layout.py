@@ -9,9 +9,11 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
+import blake3
+
 from appliance.errors import InvalidInput
 
-__all__ = ["directory_signature", "model_directory", "scan_models"]
+__all__ = ["content_digest", "directory_signature", "model_directory", "scan_models"]
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +25,24 @@ def directory_signature(path: Path) -> tuple:
     """Names, sizes and modification times of every file of a model: a change means reload."""
     return tuple(sorted((str(p.relative_to(path)), p.stat().st_size, p.stat().st_mtime_ns)
                         for p in path.rglob("*") if p.is_file() and "__pycache__" not in p.parts))
+
+
+def content_digest(model_dir: Path, version_dir: Path, config: bytes) -> bytes:
+    """What a version's answers depend on, as a digest: its name, ``config`` (the serialized config it
+    runs with), the files of its version directory and those beside its versions (labels, the config
+    file). Two servers holding the same model compute the same digest (a shared response cache's
+    namespace); a changed file changes it."""
+    digest = blake3.blake3(f"{model_dir.name}\0{version_dir.name}\0".encode())
+    digest.update(len(config).to_bytes(8, "little") + config)
+    files = [p for p in model_dir.iterdir() if p.is_file()] + [
+        p for p in version_dir.rglob("*") if p.is_file() and "__pycache__" not in p.parts]
+    for path in sorted(files):
+        name = str(path.relative_to(model_dir)).encode()
+        digest.update(len(name).to_bytes(8, "little") + name + path.stat().st_size.to_bytes(8, "little"))
+        with path.open("rb") as f:
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
+    return digest.digest()
 
 
 def scan_models(repository: Path, pushed: Mapping[str, Path]) -> list[Path]:

@@ -44,6 +44,7 @@ from appliance.repository.config import (
     select_versions,
     signature_of,
 )
+from appliance.repository.layout import content_digest
 from appliance.repository.plan_choice import PlanChooser, TuneRequest
 from appliance.repository.warmup import run_warmup, warmup_samples
 
@@ -220,6 +221,8 @@ def _load_version(
     else:
         group = min(backend.group_limit for backend in instances) if pipelined else 1
         scheduler = Scheduler(label, pool, policy, stats, execution, group)
+    cache = load.server.response_cache
+    shared_cache = cache is not None and cache.shared and config.response_cache.enable
     model = ModelVersion(
         name=model_dir.name,
         version=version,
@@ -230,7 +233,9 @@ def _load_version(
         stats=stats,
         labels=labels,
         selection=selection,
-        response_cache=load.server.response_cache,
+        response_cache=cache,
+        content_digest=(content_digest(model_dir, version_dir, config.SerializeToString(deterministic=True))
+                        if shared_cache else None),
     )
     return config, model
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from appliance.engine.shared_config import CacheConfig, ResourceLimit
+from appliance.engine.shared_config import CacheConfig, RedisCacheConfig, ResourceLimit
 from appliance.errors import ConfigError
 from appliance.settings.checks import (
     flat_key,
@@ -428,14 +428,16 @@ class ResponseCacheSection:
 
     config: tuple[str, ...] = key((), "cache_config")
     """Triton's --cache-config: local,size=<bytes> keeps the responses of models whose config says
-    response_cache { enable: true } in memory, under that bound, least recently used out first; empty: no
-    response cache, whatever the models say."""
+    response_cache { enable: true } in memory, under that bound, least recently used out first;
+    redis,host=<host> with redis,port=<port> keeps them on a Redis server, shared with every appliance
+    that uses it (more settings: docs/response-cache.md); empty: no response cache, whatever the models
+    say."""
 
     def __post_init__(self) -> None:
         CacheConfig.parse(self.config)
 
     @property
-    def parsed(self) -> CacheConfig | None:
+    def parsed(self) -> CacheConfig | RedisCacheConfig | None:
         """The cache to run (None: none)."""
         return CacheConfig.parse(self.config)
 

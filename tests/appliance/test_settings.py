@@ -206,7 +206,8 @@ def test_cache_and_rate_limit_tables_in_the_settings_file(tmp_path):
 
 
 @pytest.mark.parametrize("env, message", [
-    ({"APPLIANCE_CACHE_CONFIG": "redis,size=4096"}, "unknown cache 'redis'"),
+    ({"APPLIANCE_CACHE_CONFIG": "redis,size=4096"}, "the redis cache has no setting size"),
+    ({"APPLIANCE_CACHE_CONFIG": "memcached,size=4096"}, "unknown cache 'memcached'"),
     ({"APPLIANCE_CACHE_CONFIG": "local,size=12"}, "too small"),
     ({"APPLIANCE_RATE_LIMIT": "sometimes"}, "rate_limit must be execution_count or off"),
     ({"APPLIANCE_RATE_LIMIT_RESOURCES": "R1"}, "<resource_name>:<count>"),

@@ -12,7 +12,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from appliance.engine.classification import read_labels
 from appliance.engine.model import ModelVersion
 from appliance.engine.model_files import check_config_paths
-from appliance.engine.response_cache import ResponseCache
+from appliance.engine.response_cache import ResponseStore
 from appliance.engine.stats import ModelStats
 from appliance.errors import ConfigError
 from appliance.repository.config import check_decoupled, select_versions, signature_of
@@ -38,7 +38,7 @@ def _complete(config: mc.ModelConfig) -> mc.ModelConfig:
 
 def load_ensemble(model_dir: Path, config: mc.ModelConfig, plan: EnsemblePlan,
                   config_of: Callable[[Step], mc.ModelConfig], resolve: Resolve,
-                  response_cache: ResponseCache | None = None) -> LoadedModel:
+                  response_cache: ResponseStore | None = None) -> LoadedModel:
     """Every version the ensemble's policy selects (they share the plan: the steps name their own
     versions). Blocking only on the label files; ConfigError names what is wrong. ``response_cache``: the
     server's, which answers the ensemble's requests at the top level when its config enables it."""

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from appliance.engine.response_cache import ENTRY_OVERHEAD, ResponseCache, request_key
-from appliance.engine.shared_config import CacheConfig
+from appliance.engine.shared_config import CacheConfig, RedisCacheConfig
 from appliance.engine.types import InferInput
 from appliance.errors import ConfigError
 
@@ -21,12 +21,33 @@ def test_cache_config_is_tritons_local_cache(entries, size):
     assert CacheConfig.parse(entries) == CacheConfig(size)
 
 
+def test_redis_cache_config_takes_tritons_settings():
+    config = CacheConfig.parse(("redis,host=10.0.0.5", "redis,port=6380", "redis,user=app", "redis,password=s3cret",
+                                "redis,socket_timeout=20", "redis,ttl=60", "redis,cacert=/etc/ca.pem"))
+    assert isinstance(config, RedisCacheConfig)
+    assert (config.host, config.port, config.user, config.password) == ("10.0.0.5", 6380, "app", "s3cret")
+    assert (config.socket_timeout_ms, config.ttl, config.cacert, config.tls) == (20, 60, "/etc/ca.pem", True)
+    assert "s3cret" not in repr(config)
+    defaults = CacheConfig.parse(("redis,host=h,port=1,socket_timeout=0",))
+    assert isinstance(defaults, RedisCacheConfig)
+    # Triton's 0 waits forever; a request here never waits on the cache past the default.
+    assert (defaults.socket_timeout_ms, defaults.tls, defaults.ttl) == (100, False, 0)
+
+
 def test_no_cache_config_is_no_cache():
     assert CacheConfig.parse(()) is None
 
 
 @pytest.mark.parametrize("entry, message", [
-    ("redis,host=box", "unknown cache 'redis'"),
+    ("memcached,size=4096", "unknown cache 'memcached'"),
+    ("local,size=4096,redis", "names two caches"),
+    ("redis,host=box", "needs its address"),
+    ("redis,host=box,port=6379,ttl=soon", "redis ttl must be seconds"),
+    ("redis,host=box,port=70000", "not a TCP port"),
+    ("redis,host=box,port=1,cert=c.pem", "cert and key go together"),
+    ("redis,host=box,port=1,tls=maybe", "must be true or false"),
+    ("redis,host=box,port=1,size=5", "redis cache has no setting size"),
+    ("redis,host=box,port=1,sni=redis.lan", "give the name the server's certificate holds"),
     ("size=4096", "no cache specified"),
     ("local", "needs its size"),
     ("local,size=lots", "must be a number of bytes"),

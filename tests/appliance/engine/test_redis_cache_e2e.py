@@ -1,0 +1,115 @@
+"""The Redis response cache end to end: two daemons sharing one real redis-server share their hits, and a
+Redis that stalls or goes away costs requests nothing but the cache (they are answered, counted)."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+from tests.builders import two_output_model, write_model
+from tests.http_util import call
+from tests.redis_server import redis_server
+
+X = np.array([[1, 2, 3, 4, 5, 6]], np.float32)
+CACHED = "max_batch_size: 8\nresponse_cache { enable: true }\n"
+
+
+@pytest.fixture(scope="module")
+def redis(tmp_path_factory):
+    with redis_server(tmp_path_factory.mktemp("redis")) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("redis-cache") / "repo"
+    write_model(repo, "cached", two_output_model(), config=CACHED)
+    write_model(repo, "uncached", two_output_model(), config="max_batch_size: 8\n")
+    return repo
+
+
+@pytest.fixture(scope="module")
+def daemons(module_daemon, repository, redis):
+    flags = ("--cache-config", "redis,host=127.0.0.1", "--cache-config", f"redis,port={redis.port}",
+             "--cache-config", "redis,socket_timeout=200", "--cache-config", "redis,ttl=600")
+    first = module_daemon(repository, *flags)
+    return first, first.like()
+
+
+def _infer(daemon, model: str, x: np.ndarray) -> np.ndarray:
+    tensor = httpclient.InferInput("x", list(x.shape), "FP32")
+    tensor.set_data_from_numpy(x)
+    return httpclient.InferenceServerClient(daemon.url).infer(model, [tensor]).as_numpy("square")
+
+
+def _counts(daemon, model: str = "cached") -> tuple[int, int, int]:
+    statistics = httpclient.InferenceServerClient(daemon.url).get_inference_statistics(model)["model_stats"][0]
+    inference = statistics["inference_stats"]
+    return inference["cache_hit"]["count"], inference["cache_miss"]["count"], statistics["inference_count"]
+
+
+def _metric(daemon, name: str) -> float:
+    status, _, body = call(daemon.port, "GET", "/metrics")
+    assert status == 200
+    match = re.search(rf"^{name} (\S+)$", body.decode(), re.M)
+    assert match, f"{name} not in /metrics"
+    return float(match.group(1))
+
+
+def _until(predicate, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "not within the time"
+        time.sleep(0.05)
+
+
+def test_two_daemons_share_hits_through_one_redis(daemons, redis):
+    first, second = daemons
+    x = X + 1
+    answer = _infer(first, "cached", x)
+    np.testing.assert_array_equal(answer, np.square(x))
+    _until(lambda: len(redis.keys()) == 1)  # written after the response, in the background
+    assert redis.keys()[0].startswith(b"appliance:rc1:")
+    assert 0 < redis.client().ttl(redis.keys()[0]) <= 600
+    np.testing.assert_array_equal(_infer(second, "cached", x), answer)
+    hits, misses, ran = _counts(second)
+    assert (hits, misses, ran) == (1, 0, 0)  # the second daemon never ran the model
+    over_grpc = grpcclient.InferenceServerClient(second.grpc_url).get_inference_statistics("cached")
+    assert over_grpc.model_stats[0].inference_stats.cache_hit.count == 1
+    assert _metric(second, "nv_cache_num_hits") == 1
+    _infer(first, "uncached", x)
+    assert len(redis.keys()) == 1  # a model whose config does not ask for the cache is not cached
+
+
+def test_a_stalled_then_stopped_redis_costs_requests_nothing(daemons, redis):
+    first, _ = daemons
+    before = _metric(first, "appliance_response_cache_redis_failures")
+    redis.pause()
+    try:
+        started = time.monotonic()
+        for step in range(5):
+            x = X + 100 + step
+            np.testing.assert_array_equal(_infer(first, "cached", x), np.square(x))
+        assert time.monotonic() - started < 5  # one timeout (200 ms), then the back-off skips Redis
+    finally:
+        redis.resume()
+    assert _metric(first, "appliance_response_cache_redis_failures") > before
+    assert _metric(first, "appliance_response_cache_redis_skipped") > 0
+    assert "requests are served uncached" in first.log()
+    hits, misses, _ = _counts(first)
+    assert misses >= 5
+    redis.stop()
+    x = X + 200
+    np.testing.assert_array_equal(_infer(first, "cached", x), np.square(x))  # Redis gone: still answered
+    status, _, _ = call(first.port, "GET", "/v2/health/ready")
+    assert status == 200
+
+
+def test_a_bad_redis_setting_stops_the_daemon_with_the_fix(start_daemon, repository):
+    with pytest.raises(RuntimeError, match="needs its address"):
+        start_daemon(repository, "--cache-config", "redis,host=127.0.0.1")
