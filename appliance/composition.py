@@ -46,6 +46,7 @@ from appliance.protocol.admission import AccessPolicy, Admission, parse_networks
 from appliance.protocol.dataplane import DataPlane, Rules
 from appliance.protocol.log_settings import LogSettings, LogValues
 from appliance.protocol.shared_memory import LocalPeers, SharedMemoryLimits, SharedMemoryRegistry
+from appliance.protocol.trace_otel import OtelExporter
 from appliance.protocol.trace_settings import TraceSettings, TraceValues
 from appliance.protocol.trace_writer import TraceWriter
 from appliance.protocol.tracing import Tracer
@@ -364,9 +365,17 @@ def _start_tracing(settings: Settings, state: StateDir, lifecycle: Lifecycle) ->
         name, reported = section.file, str(server.trace_dir / section.file)
     writer = TraceWriter(directory, name, section.max_bytes, on_error=failed, max_files=section.max_files)
     lifecycle.on_close("the trace writer", lambda: asyncio.to_thread(writer.close))
+    exporter = None
+    if section.mode == "opentelemetry":  # spans over OTLP/HTTP instead of the files
+        exporter = OtelExporter(section.otel_url, section.otel_resource,
+                                max_queue_size=section.otel_bsp_max_queue_size,
+                                schedule_delay_ms=section.otel_bsp_schedule_delay,
+                                max_export_batch_size=section.otel_bsp_max_export_batch_size)
+        lifecycle.on_close("the OpenTelemetry exporter", lambda: asyncio.to_thread(exporter.close))
+        log.info("traces are exported as OpenTelemetry spans to %s", section.otel_url)
     defaults = TraceValues(section.level, section.rate, section.count, section.log_frequency)
     traces = TraceSettings(defaults, trace_file=reported, mode=section.mode)
-    return traces, Tracer(traces, writer)
+    return traces, Tracer(traces, writer, exporter)
 
 
 def _open_pushes(models: ModelsSection, server: ServerSection,

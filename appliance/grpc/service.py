@@ -39,7 +39,9 @@ class InferMessage:
     frontend = "GRPC"
     streaming_alternative = "ModelStreamInfer (tritonclient: start_stream and async_stream_infer)"
 
-    def __init__(self, raw: bytes | None = None, message: pb.ModelInferRequest | None = None) -> None:
+    def __init__(self, raw: bytes | None = None, message: pb.ModelInferRequest | None = None,
+                 context: grpc.aio.ServicerContext | None = None) -> None:
+        self._context = context
         self._raw = raw
         self.message = message
         self.size = len(raw) if raw is not None else message.ByteSize() if message is not None else 0
@@ -61,6 +63,12 @@ class InferMessage:
 
     async def receive(self, account: Account) -> int:
         return self.size  # the message was read (and counted) before the call reached the service
+
+    def traceparent(self) -> str | None:
+        if self._context is None:
+            return None
+        return next((str(value) for key, value in self._context.invocation_metadata() or ()
+                     if key == "traceparent"), None)
 
     def decode(self, model: ModelVersion, limits: DecodeLimits, reserve: Callable[[int], None]) -> InferRequest:
         assert self.message is not None
@@ -117,7 +125,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(self, request: Received, context: grpc.aio.ServicerContext) -> pb.ModelInferResponse:
         """One inference; ``request`` is the message's bytes as read (``appliance.grpc.admission``)."""
         received_ns = time.monotonic_ns()  # the trace's REQUEST_START
-        source = InferMessage(request.raw)
+        source = InferMessage(request.raw, context=context)
         del request.raw
         async with self._dataplane.infer(request.caller, source, received_ns=received_ns,
                                          account=request.account) as result:
@@ -129,7 +137,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         """Every response of one request read from a ModelStreamInfer stream (one, unless the model is
         decoupled), each as it is ready; with ``grpc_errors`` (Triton's triton_grpc_error header) a failed
         response ends the stream with its status instead (StreamFailed)."""
-        source = InferMessage(message=message)
+        source = InferMessage(message=message, context=context)
         async with self._dataplane.infer_stream(caller_of(context), source, received_ns=time.monotonic_ns(),
                                                 account=account) as responses:
             async for item in responses:

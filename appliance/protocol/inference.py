@@ -67,6 +67,10 @@ class InferSource(Protocol):
     def decode(self, model: ModelVersion, limits: DecodeLimits, reserve: Callable[[int], None]) -> InferRequest:
         """The core request; ``reserve`` counts what decoding allocates before it is allocated."""
 
+    def traceparent(self) -> str | None:
+        """The W3C ``traceparent`` the request carries (an HTTP header, gRPC metadata), if any; asked for
+        only when a trace would use it."""
+
 
 def decoupled_refusal(source: InferSource, model: str) -> InvalidInput:
     return InvalidInput(f"{source.endpoint} doesn't support models with decoupled transaction policy; call model "
@@ -134,7 +138,7 @@ class Inference:
         if self._tracer is None:
             return None
         return self._tracer.start(model.name, model.version, received_ns, frontend=source.frontend,
-                                  read_ns=time.monotonic_ns())
+                                  read_ns=time.monotonic_ns(), traceparent=source.traceparent)
 
     async def _decode(self, model: ModelVersion, source: InferSource, caller: Caller,
                       account: Account) -> InferRequest:

@@ -8,14 +8,18 @@ QUEUE_START, COMPUTE_START, COMPUTE_INPUT_END, COMPUTE_OUTPUT_START, COMPUTE_END
 measured timing) and REQUEST_END (the response is ready) — the names NVIDIA's trace_summary.py reads.
 The ``Tracer`` samples requests by the settings in force for their model (the model's own scope, else
 the global one: one request in ``trace_rate`` counted in that scope, as Triton counts) and hands
-finished traces to a ``TraceWriter`` with the scope's file rules.
+finished traces to a ``TraceWriter`` with the scope's file rules, or, in OpenTelemetry mode, to an
+``OtelExporter`` (appliance.protocol.trace_otel): there a request that carries a W3C ``traceparent`` is
+traced whatever the rate and count (as Triton), as a child of the caller's span.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 
 from appliance.engine.trace import Trace
+from appliance.protocol.trace_otel import OtelExporter, parse_traceparent
 from appliance.protocol.trace_settings import TraceScope, TraceSettings
 from appliance.protocol.trace_writer import TraceWriter
 
@@ -26,20 +30,30 @@ class Tracer:
     """Samples requests: per scope, one request in ``trace_rate`` while ``trace_count`` allows, when the
     scope's ``trace_level`` includes TIMESTAMPS. Used from the event loop only."""
 
-    def __init__(self, settings: TraceSettings, writer: TraceWriter) -> None:
+    def __init__(self, settings: TraceSettings, writer: TraceWriter, exporter: OtelExporter | None = None) -> None:
         self.settings = settings
         self.writer = writer
+        self.exporter = exporter
+        """OpenTelemetry mode: finished traces go here as spans instead of to the trace files."""
         self._ids = itertools.count(1)
 
     def start(self, model_name: str, model_version: int, received_ns: int | None = None, *,
-              frontend: str | None = None, read_ns: int | None = None) -> Trace | None:
+              frontend: str | None = None, read_ns: int | None = None,
+              traceparent: Callable[[], str | None] | None = None) -> Trace | None:
         """A new trace for this request, or None when it is not sampled. ``received_ns``: when the front
         end got the request; ``read_ns``: when it had read it (``time.monotonic_ns()``); ``frontend``:
-        "HTTP" or "GRPC", whose receive marks the trace then carries."""
+        "HTTP" or "GRPC", whose receive marks the trace then carries; ``traceparent``: the request's W3C
+        trace context, read only in OpenTelemetry mode."""
         scope = self.settings.scope(model_name)
-        if not scope.sample():
+        parent = traceparent() if self.exporter is not None and traceparent is not None else None
+        if parent is not None and parse_traceparent(parent) is None:
+            parent = None
+        if parent is not None:  # the caller traces this request: traced whatever the rate and count
+            if "TIMESTAMPS" not in scope.values.level:
+                return None
+        elif not scope.sample():
             return None
-        trace = Trace(next(self._ids), model_name, model_version, sink=scope)
+        trace = Trace(next(self._ids), model_name, model_version, sink=scope, parent=parent)
         if frontend is not None and received_ns is not None:
             names = _RECEIVE[frontend]
             trace.mark(names[0], received_ns)
@@ -61,6 +75,9 @@ class Tracer:
             frontend, start, end = sent
             trace.mark(f"{frontend}_SEND_START", start)
             trace.mark(f"{frontend}_SEND_END", end)
+        if self.exporter is not None:
+            self.exporter.export(trace)
+            return
         scope = trace.sink
         assert isinstance(scope, TraceScope)
         last = scope.collect()

@@ -51,6 +51,9 @@ class _GenerateBody:
     async def target(self, account: Account) -> Target:
         return Target(self._request.match_info["model"], self._request.match_info.get("version"))
 
+    def traceparent(self) -> str | None:
+        return self._request.headers.get("traceparent")
+
     async def receive(self, account: Account) -> int:
         self._body = await read_body(self._request, account, self._request.app[CONFIG].body)
         return len(self._body)

@@ -89,7 +89,7 @@ async def infer(request: web.Request) -> web.Response:
     received_ns = time.monotonic_ns()  # the trace's REQUEST_START
     limits = request.app[CONFIG].body
     source = InferBody(functools.partial(_target, request), request.headers.get(HEADER_LENGTH),
-                       functools.partial(read_body, request, limits=limits))
+                       functools.partial(read_body, request, limits=limits), request.headers)
     async with request.app[DATAPLANE].infer(caller(request), source, received_ns=received_ns) as result:
         payload, json_length = encode_infer_response(result.response, result.request)
     if json_length is None:

@@ -5,7 +5,7 @@ the body from aiohttp's stream, and the infer lane (``appliance.rest.lane``), wh
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 from appliance.budget import Account
 from appliance.engine.model import ModelVersion
@@ -63,10 +63,11 @@ class InferBody:
     streaming_alternative = ("POST .../generate_stream (or gRPC ModelStreamInfer), which returns all its "
                              "responses")
 
-    __slots__ = ("_target", "_raw_header_length", "_read", "_body", "_header_length")
+    __slots__ = ("_target", "_raw_header_length", "_read", "_body", "_header_length", "_headers")
 
     def __init__(self, target: Callable[[], Target], header_length: str | None,
-                 read: Callable[[Account], Awaitable[bytes]]) -> None:
+                 read: Callable[[Account], Awaitable[bytes]], headers: Mapping[str, str] | None = None) -> None:
+        self._headers = headers
         self._target = target
         self._raw_header_length = header_length
         self._read = read
@@ -75,6 +76,9 @@ class InferBody:
 
     async def target(self, account: Account) -> Target:
         return self._target()
+
+    def traceparent(self) -> str | None:
+        return self._headers.get("traceparent") if self._headers is not None else None
 
     async def receive(self, account: Account) -> int:
         self._header_length = _header_length(self._raw_header_length)

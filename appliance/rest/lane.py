@@ -135,7 +135,7 @@ class InferLane:
                 if head.operation is not Operation.INFER:
                     return self._read(head), False
                 source = InferBody(lambda: Target(head.model, head.version), headers.get(HEADER_LENGTH),
-                                   _Received(body, signed).read)
+                                   _Received(body, signed).read, headers)
                 async with self._dataplane.infer(who, source, received_ns=received_ns) as result:
                     payload, json_length = encode_infer_response(result.response, result.request)
         except ApplianceError as exc:

@@ -376,7 +376,20 @@ class TraceSection:
     log_frequency: int = key(0, "trace_log_frequency")
     """Traces per numbered trace file, 0 for one file (at start; see trace_level)."""
     mode: str = key("triton", "trace_mode")
-    """Only Triton's trace files (triton) are written here; OpenTelemetry export is not built in."""
+    """triton: Triton's trace files; opentelemetry: spans exported over OTLP/HTTP to trace_otel_url (see
+    docs/protocol.md, OpenTelemetry)."""
+    otel_url: str = key("http://localhost:4318/v1/traces", "trace_otel_url")
+    """Where OpenTelemetry spans go (OTLP/HTTP, protobuf), with trace_mode = opentelemetry; a URL without
+    a scheme is http (Triton's --trace-config opentelemetry,url=localhost:4318/v1/traces)."""
+    otel_resource: tuple[str, ...] = key((), "trace_otel_resource")
+    """Resource attributes of the exported spans, each key=value (service.name=triton-inference-server
+    unless given; OTEL_RESOURCE_ATTRIBUTES is merged in, as the OpenTelemetry SDK does)."""
+    otel_bsp_max_queue_size: int = key(2048, "trace_otel_bsp_max_queue_size")
+    """Spans the batch span processor holds before it drops new ones."""
+    otel_bsp_schedule_delay: int = key(5000, "trace_otel_bsp_schedule_delay")
+    """Milliseconds between two exports of the batch span processor."""
+    otel_bsp_max_export_batch_size: int = key(512, "trace_otel_bsp_max_export_batch_size")
+    """Spans per export at most (at most trace_otel_bsp_max_queue_size)."""
 
     def __post_init__(self) -> None:
         if not self.file or self.file in (".", "..") or "/" in self.file or "\\" in self.file:
@@ -392,9 +405,23 @@ class TraceSection:
         for name, low, high in (("rate", 0, 2**32 - 1), ("count", -1, 2**31 - 1), ("log_frequency", 0, 2**32 - 1)):
             if not low <= getattr(self, name) <= high:
                 raise ConfigError(f"{flat_key(self, name)} must be {low}..{high}, got {getattr(self, name)}")
-        if self.mode != "triton":
-            raise ConfigError(f"trace_mode {self.mode!r} is not supported: the appliance writes Triton's trace "
-                              "files only (trace_mode = triton); OpenTelemetry export is not built in")
+        if self.mode not in ("triton", "opentelemetry"):
+            raise ConfigError(f'invalid value for trace mode option: {self.mode}. Available options are "triton" '
+                              'and "opentelemetry"')
+        url = self.otel_url if "://" in self.otel_url else f"http://{self.otel_url}"
+        if not url.startswith(("http://", "https://")) or len(url) <= len("http://"):
+            raise ConfigError(f"trace_otel_url must be an OTLP/HTTP URL (http://host:4318/v1/traces), got "
+                              f"{self.otel_url!r}")
+        object.__setattr__(self, "otel_url", url)
+        for resource in self.otel_resource:
+            if "=" not in resource or not resource.partition("=")[0]:
+                raise ConfigError(f"trace_otel_resource entries are key=value, got {resource!r}")
+        require_at_least(self, 1, "otel_bsp_max_queue_size")
+        require_at_least(self, 1, "otel_bsp_schedule_delay")
+        require_at_least(self, 1, "otel_bsp_max_export_batch_size")
+        if self.otel_bsp_max_export_batch_size > self.otel_bsp_max_queue_size:
+            raise ConfigError("trace_otel_bsp_max_export_batch_size must be at most trace_otel_bsp_max_queue_size "
+                              f"({self.otel_bsp_max_export_batch_size} > {self.otel_bsp_max_queue_size})")
         if self.path is not None and (not self.path.strip() or self.path.endswith("/")):
             raise ConfigError(f"trace_path must name a file, got {self.path!r}")
 

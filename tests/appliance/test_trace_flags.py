@@ -40,6 +40,19 @@ def test_trace_config_wins_over_the_deprecated_flags():
     assert trace_flags() == {}  # nothing named: the settings file and environment still apply
 
 
+def test_opentelemetry_flags_as_triton_spells_them():
+    assert trace_flags(["mode=opentelemetry", "opentelemetry,url=collector:4318/v1/traces",
+                        "opentelemetry,resource=service.name=edge", "opentelemetry,resource=test.key=test.value",
+                        "opentelemetry,bsp_schedule_delay=200", "opentelemetry,bsp_max_queue_size=64",
+                        "opentelemetry,bsp_max_export_batch_size=32"]) == {
+        "trace_mode": "opentelemetry", "trace_otel_url": "collector:4318/v1/traces",
+        "trace_otel_resource": ("service.name=edge", "test.key=test.value"), "trace_otel_bsp_schedule_delay": 200,
+        "trace_otel_bsp_max_queue_size": 64, "trace_otel_bsp_max_export_batch_size": 32}
+    settings = load_settings({"state_dir": "/tmp/x", "trace_mode": "opentelemetry",
+                              "trace_otel_url": "collector:4318/v1/traces"})
+    assert settings.trace.otel_url == "http://collector:4318/v1/traces"  # Triton's url has no scheme
+
+
 @pytest.mark.parametrize(("config", "message"), [
     ("level=LOUD", "invalid value for trace level option: LOUD"),
     ("rate", "option format is '<trace mode>,<setting>=<value>'. Got rate"),
@@ -48,7 +61,9 @@ def test_trace_config_wins_over_the_deprecated_flags():
     ("triton,rate=1", 'Bad option: "--trace-config triton,rate"'),
     ("file=x", 'Bad option: "--trace-config file"'),
     ("rate=often", "expected an integer"),
-    ("opentelemetry,url=localhost:4318", "OpenTelemetry export is not built in"),
+    ("opentelemetry,port=4318", 'Bad option: "--trace-config opentelemetry,port"'),
+    ("opentelemetry,resource=nokey", "a resource is key=value"),
+    ("opentelemetry,bsp_schedule_delay=soon", "expected an integer"),
 ])
 def test_bad_flags_say_what_is_wrong(config, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
@@ -56,7 +71,10 @@ def test_bad_flags_say_what_is_wrong(config, message):
 
 
 @pytest.mark.parametrize(("values", "message"), [
-    ({"trace_mode": "opentelemetry"}, "OpenTelemetry export is not built in"),
+    ({"trace_mode": "zipkin"}, 'Available options are "triton" and "opentelemetry"'),
+    ({"trace_otel_url": "ftp://collector"}, "trace_otel_url must be an OTLP/HTTP URL"),
+    ({"trace_otel_resource": ("nokey",)}, "trace_otel_resource entries are key=value"),
+    ({"trace_otel_bsp_max_export_batch_size": 4096}, "must be at most trace_otel_bsp_max_queue_size"),
     ({"trace_rate": -1}, "trace_rate must be 0..4294967295"),
     ({"trace_count": -2}, "trace_count must be -1.."),
     ({"trace_level": ("VERBOSE",)}, "trace_level must be OFF, or TIMESTAMPS and/or TENSORS"),

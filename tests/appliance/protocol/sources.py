@@ -35,3 +35,6 @@ class Decoded:
 
     def decode(self, model: ModelVersion, limits: DecodeLimits, reserve: Callable[[int], None]) -> InferRequest:
         return self._request
+
+    def traceparent(self) -> str | None:
+        return None

@@ -138,8 +138,8 @@ def test_start_up_trace_flags_as_tritonserver_spells_them(start_daemon, reposito
 
 def test_bad_trace_flags_stop_the_daemon_with_the_reason(start_daemon, repository):
     for flags, words in ((["--trace-config", "level=LOUD"], "invalid value for trace level option: LOUD"),
-                         (["--trace-config", "mode=opentelemetry"], "OpenTelemetry export is not built in"),
-                         (["--trace-config", "opentelemetry,url=localhost:4318"], "not built in"),
+                         (["--trace-config", "mode=zipkin"], "invalid value for trace mode option"),
+                         (["--trace-config", "opentelemetry,port=4318"], "the opentelemetry settings are url"),
                          (["--trace-config", "rate"], "option format is")):
         with pytest.raises(RuntimeError, match="exited") as failed:
             start_daemon(repository, *flags)
