@@ -11,8 +11,15 @@ would act with loopback's rights. Two ways in are closed here:
   content type is ``text/plain``, a form encoding or multipart (the CORS-safelisted types); any other
   type (``application/json``, the ``application/octet-stream`` tritonclient.http.aio sends) makes the
   browser ask first, and this server answers no preflight. Control endpoints, and inference requests
-  that name a shared-memory region, refuse those three types, and requests whose ``Origin`` is another
-  site or whose ``Sec-Fetch-Site`` says cross-site or same-site (``browser_refusal``).
+  that name a shared-memory region, refuse requests whose ``Origin`` is another site or whose
+  ``Sec-Fetch-Site`` says cross-site or same-site, ``text/plain`` and multipart bodies always, and form
+  bodies (``application/x-www-form-urlencoded``) when a browser sent them (``browser_refusal``).
+
+A browser is told apart by what every current browser adds to a POST a page makes, and programs do not:
+``Origin`` (Chromium, Firefox and Safari send it on every POST, forms included) and the Fetch metadata
+(``Sec-Fetch-Site``, ``-Mode``, ``-Dest``, ``-User``), or ``Upgrade-Insecure-Requests`` on a navigation.
+libcurl's default form type is how Triton's own perf_analyzer (``-i http --shared-memory system``) sends
+its JSON bodies, with none of those headers, so it is served.
 """
 
 from __future__ import annotations
@@ -25,8 +32,12 @@ from appliance.rest.config import HostPolicy
 __all__ = ["browser_refusal", "check_host"]
 
 # What a page may make a browser send anywhere without a CORS preflight (the Fetch standard's
-# CORS-safelisted request Content-Types).
+# CORS-safelisted request Content-Types). The form type is also libcurl's default (perf_analyzer's).
 _SIMPLE_TYPES = ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data")
+_FORM = "application/x-www-form-urlencoded"
+_BROWSER_MARKS = ("Origin", "Sec-Fetch-Site", "Sec-Fetch-Mode", "Sec-Fetch-Dest", "Sec-Fetch-User",
+                  "Upgrade-Insecure-Requests")
+"""Headers a browser adds to the POSTs a page makes (one at least, in every current browser)."""
 
 
 def check_host(headers: Mapping[str, str], policy: HostPolicy) -> None:
@@ -56,7 +67,7 @@ def browser_refusal(headers: Mapping[str, str]) -> ApplianceError | None:
     content_type = headers.get("Content-Type")
     if content_type is not None:
         media = content_type.split(";", 1)[0].strip().lower()
-        if media in _SIMPLE_TYPES:
+        if media in _SIMPLE_TYPES and (media != _FORM or any(mark in headers for mark in _BROWSER_MARKS)):
             return UnsupportedMediaType(
                 f"control endpoints and shared memory refuse Content-Type {media[:60]!r}, which any web page can "
                 "send; send 'Content-Type: application/json' (or application/octet-stream, or none)"

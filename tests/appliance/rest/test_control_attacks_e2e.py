@@ -114,7 +114,14 @@ def test_override_configs_are_checked_like_config_pbtxt(daemon, config, words):
 
 @pytest.mark.parametrize("headers, status", [
     ({"Content-Type": "text/plain"}, 415),
-    ({"Content-Type": "application/x-www-form-urlencoded"}, 415),
+    # libcurl's default type, with none of a browser's headers: a program (perf_analyzer sends its JSON so)
+    ({"Content-Type": "application/x-www-form-urlencoded"}, 200),
+    # the same type with what a browser adds to a page's POST: a form on a web page
+    ({"Content-Type": "application/x-www-form-urlencoded", "Sec-Fetch-Mode": "navigate"}, 415),
+    ({"Content-Type": "application/x-www-form-urlencoded", "Sec-Fetch-Site": "same-origin"}, 415),
+    ({"Content-Type": "application/x-www-form-urlencoded", "Upgrade-Insecure-Requests": "1"}, 415),
+    ({"Content-Type": "application/x-www-form-urlencoded", "Origin": "http://127.0.0.1:1",
+      "Host": "127.0.0.1:1"}, 415),  # even a same-origin page
     ({"Content-Type": "multipart/form-data; boundary=x"}, 415),
     ({"Content-Type": "application/json; charset=utf-8"}, 200),
     ({"Content-Type": "application/octet-stream"}, 200),  # tritonclient.http.aio's: needs a preflight

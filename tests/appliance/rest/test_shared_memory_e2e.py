@@ -249,7 +249,11 @@ def test_registration_takes_the_control_rules(daemon):
                               headers={"Origin": "http://evil.example"})
     assert status == 403 and "other origins" in payload["error"]
     status, _, payload = call(daemon.port, "POST", "/v2/systemsharedmemory/region/r/register", "key=x",
-                              headers={"Content-Type": "application/x-www-form-urlencoded"})
+                              headers={"Content-Type": "application/x-www-form-urlencoded",
+                                       "Sec-Fetch-Mode": "navigate", "Sec-Fetch-Dest": "document"})
+    assert status == 415
+    status, _, payload = call(daemon.port, "POST", "/v2/systemsharedmemory/region/r/register", "key=x",
+                              headers={"Content-Type": "text/plain"})
     assert status == 415
 
 
