@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import struct
 
-import ml_dtypes
 import numpy as np
 
 from appliance.errors import InputMismatch
@@ -46,8 +45,13 @@ class RuntimeTensor:
 
 # -- datatypes ------------------------------------------------------------------------------------
 
-BF16 = np.dtype(ml_dtypes.bfloat16)
-"""The numpy dtype of BF16 tensors."""
+try:
+    import ml_dtypes
+
+    BF16 = np.dtype(ml_dtypes.bfloat16)
+    """The numpy dtype of BF16 tensors."""
+except ImportError:  # a Python model's own environment (EXECUTION_ENV_PATH) need not have it, as Triton's
+    BF16 = np.dtype((np.void, 2))  # BF16 tensors then arrive as their raw 2-byte elements
 
 _V2_TO_NUMPY: dict[str, np.dtype] = {
     "BOOL": np.dtype(np.bool_),

@@ -243,6 +243,9 @@ class BackendServices:
     """Metric families a model defines, exported on /metrics."""
     processes: ChildProcesses | None = None
     """Child processes a backend starts, which the daemon ends at stop (within exit_timeout)."""
+    environments: Path | None = None
+    """Where Python models' packed environments are unpacked (``EXECUTION_ENV_PATH``; the model cache's
+    ``environments``); None: a temporary directory."""
 
 
 class Outputs(dict[str, np.ndarray]):

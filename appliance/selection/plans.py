@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 from tritonclient.grpc import model_config_pb2 as mc
 
+from appliance.backends.python.environment import ENV_PARAMETER
 from appliance.backends.python.factory import IN_PROCESS_PLAN_ID
 
 __all__ = ["DEFAULT_PLAN", "INSTANCE_COUNTS", "IN_PROCESS_PLAN", "Plan", "ProbeView", "enumerate_plans",
@@ -79,7 +80,8 @@ def offers_in_process(config: mc.ModelConfig) -> bool:
     """Whether the operator allows the in-process plan for this Python model (not for decoupled ones)."""
     value = config.parameters.get("in_process")
     allowed = value is not None and value.string_value.strip().lower() in ("1", "true", "yes")
-    return allowed and not config.model_transaction_policy.decoupled
+    # A model with an environment of its own (EXECUTION_ENV_PATH) runs on that environment's Python.
+    return allowed and not config.model_transaction_policy.decoupled and ENV_PARAMETER not in config.parameters
 
 
 def _on_cpu(plan: Plan) -> bool:

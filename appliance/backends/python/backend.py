@@ -29,6 +29,7 @@ from appliance.backends.base import (
     reschedule_refused,
 )
 from appliance.backends.python.arena import Arena, Attachments, reusable_size
+from appliance.backends.python.environment import model_environment
 from appliance.backends.python.model_args import initialize_args, instance_name
 from appliance.backends.python.model_backend import ModelPyBackend
 from appliance.backends.python.peer import Peer
@@ -100,7 +101,8 @@ class _Instance:
         """Blocks freed on the event loop this turn, sent together at its end."""
         services = context.services
         self.peer = Peer(context.model_name, self._send, self.requests, services)
-        self.process = ModelProcess(context, self.peer.handlers())
+        environment = model_environment(context, services.environments if services is not None else None)
+        self.process = ModelProcess(context, self.peer.handlers(), environment)
         self.process.on_exit(self._ended)
         self._children = services.processes if services is not None else None
         if self._children is not None:

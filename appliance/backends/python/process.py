@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from appliance.backends.base import LoadContext
 from appliance.backends.python.arena import Arena
 from appliance.backends.python.channel import Channel
+from appliance.backends.python.environment import ModelEnvironment
 from appliance.errors import ConfigError, InferenceFailed
 
 __all__ = ["REPLIES", "Handler", "ModelProcess", "ProcessExited"]
@@ -92,13 +93,16 @@ _SPAWNER = _Spawner()
 class ModelProcess:
     """A model.py process and the reader thread that dispatches what it sends."""
 
-    def __init__(self, context: LoadContext, handlers: Mapping[str, Handler]) -> None:
+    def __init__(self, context: LoadContext, handlers: Mapping[str, Handler],
+                 environment: ModelEnvironment | None = None) -> None:
+        """``environment``: the model's own Python environment (EXECUTION_ENV_PATH), else the daemon's."""
         self.name = context.model_name
         self.conn, child = Channel.pair()
-        env = dict(os.environ)
+        env = environment.process_environment(os.environ) if environment is not None else dict(os.environ)
         if context.threads:
             env["OMP_NUM_THREADS"] = str(context.threads)
-        args = [sys.executable, "-m", "appliance.backends.python.stub", Channel.argument(child),
+        python = str(environment.python) if environment is not None else sys.executable
+        args = [python, "-m", "appliance.backends.python.stub", Channel.argument(child),
                 str(context.model_file), str(os.getpid())]
         try:
             self.process = _SPAWNER.spawn(args, child, env)
