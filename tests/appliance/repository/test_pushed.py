@@ -130,6 +130,17 @@ async def test_a_push_is_served_listed_as_pushed_and_kept_across_a_restart(fleet
     assert len(list(root.iterdir())) == 1
 
 
+async def test_a_file_named_from_the_model_directorys_root_is_inside_it(fleet_box):
+    """Triton resolves 'file:/1/model.py' in the model's own directory (qa L0_backend_python model_control)."""
+    make, root = fleet_box
+    plane = await make()
+    push = {("file:/" + key[len("file:"):] if key.startswith("file:") else key): value
+            for key, value in _push(3).items()}
+    assert any(key.startswith("file:/1/") for key in push)
+    await plane.load_model("rooted", push)
+    assert plane.model_ready("rooted") and plane.model_config("rooted").max_batch_size == 4
+
+
 async def test_a_push_over_a_repository_model_replaces_it_until_a_plain_load(fleet_box):
     make, root = fleet_box
     plane = await make()
@@ -168,8 +179,12 @@ async def test_refused_and_failed_pushes_leave_nothing(fleet_box):
     plane = await make()
     with pytest.raises(InvalidInput, match="'config' parameter"):
         await plane.load_model("m", {"file:1/model.onnx": _onnx(1)})
-    with pytest.raises(InvalidInput, match="absolute path"):
+    with pytest.raises(InvalidInput, match="must be a version number"):  # the model's tmp/x, not /tmp/x
         await plane.load_model("m", {"config": "{}", "file:/tmp/x": "AAAA"})
+    with pytest.raises(InvalidInput, match="plain name"):
+        await plane.load_model("m", {"config": "{}", "file:/../../x": "AAAA"})
+    with pytest.raises(InvalidInput, match="name a file"):
+        await plane.load_model("m", {"config": "{}", "file:///": "AAAA"})
     with pytest.raises(InvalidInput, match="plain name"):
         await plane.load_model("m", {"config": "{}", "file:1/../../x": "AAAA"})
     with pytest.raises(InvalidInput, match="no version directory"):
