@@ -299,6 +299,8 @@ class LaneConnection(asyncio.Protocol):
         self._reader = None
         head = lane_request(reader, self._lane.max_body)
         if head is None:
+            if reader.chunked_with_length:  # never the lane's (it is chunked): aiohttp reads it as RFC 9112 says
+                buffer[:end] = reader.normalised(bytes(buffer[:end]))
             self._hand_over()
             return
         del buffer[:end]

@@ -209,6 +209,30 @@ def test_requests_the_lane_does_not_take_are_served_by_aiohttp(daemons):
         assert _outputs(body) == [d + 1 for d in DATA]
 
 
+def test_a_chunked_body_with_a_content_length_is_read_as_chunked_then_the_connection_closes(daemons):
+    """RFC 9112 6.3, as Triton's qa test_content_encoding_chunked_manually sends it (requests adds the
+    Content-Length of the already chunked bytes): the chunks are the body, and nothing after it on that
+    connection is read, so a request smuggled behind the Content-Length never runs. (Without the lane,
+    aiohttp refuses such a request whole, as RFC 9112 allows.)"""
+    lane, plain = daemons
+    payload = json.dumps(JSON_BODY).encode()
+    chunks = b"%x\r\n%s\r\n0\r\n\r\n" % (len(payload), payload)
+    smuggled = b"GET /v2/health/live HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    for daemon, tail in ((lane, b""), (lane, smuggled), (plain, b""), (plain, smuggled)):
+        connection = _Connection(daemon.port)
+        try:
+            connection.send(_request(chunks, headers={"Transfer-Encoding": "chunked"}) + tail)
+            status, headers, body = connection.answer()
+            if daemon is lane and not tail:
+                assert status == 200 and _outputs(body) == [d + 1 for d in DATA], body
+                assert headers.get("connection") == "close"
+            else:  # refused whole (the bytes after it, or both lengths without the lane): never two answers
+                assert status == 400, body
+            assert connection.closed()  # the GET behind it was never answered
+        finally:
+            connection.close()
+
+
 def test_connection_close_is_honoured(daemons):
     lane, _ = daemons
     connection = _Connection(lane.port)
