@@ -44,10 +44,13 @@ def body_timeout(timeout: float, received: int) -> RequestTimeout:
     )
 
 
-def too_large(limit: int) -> PayloadTooLarge:
+def too_large(limit: int, size: int | None = None) -> PayloadTooLarge:
+    """Triton's words first (its qa L0_http test_loading_large_invalid_model looks for them), then the fix."""
+    of = f" of {size} bytes" if size is not None else ""
     return PayloadTooLarge(
-        f"request body is larger than the {limit}-byte limit; send a smaller batch or raise the "
-        "server's max_request_bytes setting (APPLIANCE_MAX_REQUEST_BYTES)"
+        f"request JSON size{of} exceeds the maximum allowed input size. The request body is larger than the "
+        f"{limit}-byte limit; send a smaller batch or raise the server's max_request_bytes setting "
+        "(APPLIANCE_MAX_REQUEST_BYTES)"
     )
 
 
@@ -55,7 +58,7 @@ async def read_body(request: web.BaseRequest, account: Account, limits: BodyLimi
     """The whole body, decompressed; everything it holds stays reserved on ``account``."""
     coding = _content_coding(request.headers.get("Content-Encoding", ""))
     if request.content_length is not None and request.content_length > limits.max_bytes:
-        raise too_large(limits.max_bytes)
+        raise too_large(limits.max_bytes, request.content_length)
     chunks: list[bytes] = []
     received = 0
     signed: str | None = request.get(SIGNED_BODY)

@@ -52,8 +52,10 @@ async def test_reads_in_chunks_and_reserves_what_it_holds():
 
 async def test_declared_length_over_the_limit_is_413_before_reading():
     started = time.monotonic()
-    with pytest.raises(PayloadTooLarge, match="max_request_bytes"):
+    with pytest.raises(PayloadTooLarge, match="max_request_bytes") as refused:
         await _read({"Content-Length": str(LIMIT + 1)}, None, timeout=5)  # nothing is ever sent
+    # Triton's words, as its qa L0_http test_loading_large_invalid_model checks them
+    assert f"request JSON size of {LIMIT + 1} bytes exceeds the maximum allowed input size. " in str(refused.value)
     assert time.monotonic() - started < 1
 
 

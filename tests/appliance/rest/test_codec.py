@@ -26,6 +26,7 @@ from appliance.rest.codec import (
     decode_infer_request,
     encode_bytes_tensor,
     encode_infer_response,
+    parse_json_object,
 )
 
 
@@ -329,3 +330,14 @@ def test_non_finite_outputs_are_written_as_triton_writes_them():
     assert decoded[:3] == [1.5, float("inf"), float("-inf")] and math.isnan(decoded[3])
     finite = InferResponse("m", 1, [InferOutput("y", "FP32", np.array([[0.1, 2.0]], np.float32))])
     assert b'"data":[0.1,2.0]' in encode_infer_response(finite)[0]
+
+
+@pytest.mark.parametrize("levels, refused", [(99, False), (100, False), (101, True), (5000, True)])
+def test_a_control_body_nested_past_tritons_limit_is_refused_in_its_words(levels, refused):
+    """qa L0_http test_repository_index_deeply_nested_json: Triton reads at most 100 levels."""
+    body = b'{"ready": ' + b"[" * (levels - 1) + b"]" * (levels - 1) + b"}"  # the object is level 1
+    if refused:
+        with pytest.raises(InvalidInput, match=r"JSON nesting depth exceeds maximum allowed limit \(100\)"):
+            parse_json_object(body, 'a JSON object such as {"ready": true}')
+    else:
+        assert list(parse_json_object(body, "an object")) == ["ready"]
