@@ -40,7 +40,11 @@ class RedisServer:
                         "--tls-auth-clients", "optional"]
         self.log = (directory / f"redis-{self.port}.log").open("w")
         self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT)
-        self._wait()
+        try:
+            self._wait()
+        except BaseException:
+            self.stop()  # a server that never answered is not left running
+            raise
 
     def client(self) -> redis.Redis:
         if self.tls:
