@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from appliance import __version__, log_limit
-from appliance.commands import cache, discover, explain, fleet, install_service, probe, push, stats, tune
+from appliance.commands import cache, discover, explain, fleet, install_service, probe, push, stats, tls, tune
 from appliance.errors import ApplianceError
 from appliance.settings import Settings, load_settings
 from appliance.trace_flags import TRACE_SPELLINGS, trace_flags
@@ -27,7 +27,16 @@ _COMMANDS = {
     "discover": discover,
     "push": push,
     "fleet": fleet,
+    "tls": tls,
 }
+
+
+def _boolean(text: str) -> bool:
+    """Triton's boolean flag values (``--grpc-use-ssl=true``)."""
+    value = text.strip().lower()
+    if value not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    return value in ("true", "1", "yes", "on")
 
 
 def _serve_parser(sub: Any) -> None:
@@ -37,6 +46,17 @@ def _serve_parser(sub: Any) -> None:
     p.add_argument("--http-port", type=int, help="HTTP port (default 8000; 0 picks a free one)")
     p.add_argument("--grpc-port", type=int, help="gRPC port (default 8001; 0 picks a free one)")
     p.add_argument("--no-grpc", dest="grpc", action="store_const", const=False, help="serve HTTP only, no gRPC")
+    for port in ("http", "grpc"):  # Triton's gRPC flags, as it spells them, and the same shape for HTTP
+        p.add_argument(f"--{port}-use-ssl", dest=f"{port}_use_ssl", nargs="?", const=True, type=_boolean,
+                       metavar="BOOL", help=f"serve {port.upper()} over TLS (=true or =false; see docs/tls.md)")
+        p.add_argument(f"--{port}-server-cert", dest=f"{port}_server_cert", metavar="PATH",
+                       help="PEM certificate (default: the box's own, from `appliance tls init`)")
+        p.add_argument(f"--{port}-server-key", dest=f"{port}_server_key", metavar="PATH",
+                       help="PEM private key, mode 0600")
+        p.add_argument(f"--{port}-root-cert", dest=f"{port}_root_cert", metavar="PATH",
+                       help="PEM CA bundle that client certificates must chain to (mutual TLS)")
+        p.add_argument(f"--{port}-use-ssl-mutual", dest=f"{port}_use_ssl_mutual", nargs="?", const=True,
+                       type=_boolean, metavar="BOOL", help="require a client certificate (=true or =false)")
     p.add_argument("--state-dir", type=Path, help="where the daemon keeps its files (cache, metrics)")
     p.add_argument("--no-mdns", dest="mdns", action="store_const", const=False, help="do not announce on the LAN")
     p.add_argument("--name", help="the box's name on the LAN (default: the hostname)")

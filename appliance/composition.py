@@ -71,6 +71,7 @@ from appliance.settings.sections import (
     ServerSection,
 )
 from appliance.state import StateDir
+from appliance.tls.context import ServerTls
 from appliance.token import control_token
 from hardware_probe import ProbeReport
 
@@ -125,8 +126,9 @@ def split_connections(http: HttpSection, grpc: GrpcSection, total: int) -> tuple
 
 
 def rest_config(http: HttpSection, limits: LimitsSection, metrics: MetricsSection, server: ServerSection,
-                box_name: str | None, state: StateDir) -> RestConfig:
+                box_name: str | None, state: StateDir, tls: ServerTls | None = None) -> RestConfig:
     return RestConfig(
+        tls=tls,
         body=BodyLimits(limits.max_request_bytes, http.body_timeout, limits.max_inflation_ratio),
         hosts=host_policy(http.allowed_hosts, box_name),
         trusted_proxies=parse_networks(http.trusted_proxies),
@@ -135,8 +137,17 @@ def rest_config(http: HttpSection, limits: LimitsSection, metrics: MetricsSectio
     )
 
 
-def grpc_config(grpc: GrpcSection, limits: LimitsSection, http: HttpSection, connections: int) -> GrpcConfig:
+def _checked_tls(tls: ServerTls | None) -> ServerTls | None:
+    """A port's TLS, checked before anything binds (ConfigError with the fix: a key others can read...)."""
+    if tls is not None:
+        tls.check()
+    return tls
+
+
+def grpc_config(grpc: GrpcSection, limits: LimitsSection, http: HttpSection, connections: int,
+                tls: ServerTls | None = None) -> GrpcConfig:
     return GrpcConfig(
+        tls=tls,
         max_message_bytes=limits.max_request_bytes,
         receivers=max(1, limits.max_request_memory_bytes // limits.max_request_bytes),
         receive_timeout=http.body_timeout,
@@ -239,6 +250,9 @@ async def compose(settings: Settings, connections: int | None = None) -> Applian
 
 async def _compose(settings: Settings, lifecycle: Lifecycle, connections: int) -> Appliance:
     server = settings.server
+    # TLS first: a certificate that cannot be used, or a key others can read, stops the start at once.
+    http_tls = _checked_tls(settings.http.tls(server.state_dir))
+    grpc_tls = _checked_tls(settings.grpc.tls(server.state_dir)) if settings.grpc.enabled else None
     # Checked once, before anything reads or writes there: a read-only or damaged state dir degrades the
     # appliance (and says so), it never stops it.
     state = await asyncio.to_thread(StateDir.check, server.state_dir)
@@ -304,8 +318,9 @@ async def _compose(settings: Settings, lifecycle: Lifecycle, connections: int) -
     http_connections, grpc_connections = split_connections(settings.http, settings.grpc, connections)
     appliance = Appliance(
         settings, state, token, own_id, metrics, shared_memory, registry, dataplane, traces, tracer, hardware,
-        rest_config(settings.http, limits, settings.metrics, server, settings.fleet.name, state),
-        grpc_config(settings.grpc, limits, settings.http, grpc_connections) if settings.grpc.enabled else None,
+        rest_config(settings.http, limits, settings.metrics, server, settings.fleet.name, state, http_tls),
+        grpc_config(settings.grpc, limits, settings.http, grpc_connections, grpc_tls)
+        if settings.grpc.enabled else None,
         http_connections, lifecycle,
     )
     log.info("loading model repository %s", repository)

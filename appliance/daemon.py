@@ -67,6 +67,8 @@ async def _start_announcer(appliance: Appliance, port: int, grpc_port: int | Non
         registry.ready_count,
         grpc_port,
         lambda: catalog_digest(registry.ready_names()),
+        tls=[port for port, tls in (("http", appliance.rest.tls), ("grpc", appliance.grpc and appliance.grpc.tls))
+             if tls is not None],
     )
     await announcer.start()
     return announcer
@@ -112,7 +114,8 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     header_timeout, host = settings.http.header_timeout, server_section.host
     app = build_app(appliance.dataplane, appliance.rest, metrics=appliance.metrics, fleet=fleet)
     lane = InferLane(appliance.dataplane, appliance.rest, header_timeout) if settings.http.infer_lane else None
-    server = HttpServer(app, limiter, header_timeout, lane)
+    http_tls = appliance.rest.tls.context() if appliance.rest.tls is not None else None
+    server = HttpServer(app, limiter, header_timeout, lane, http_tls)
     metrics_server: HttpServer | None = None
     grpc_server: GrpcServer | Http2Server | None = None
     announcer: Announcer | None = None
@@ -121,25 +124,27 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         await server.setup()
         await server.listen(host, settings.http.port)
         for address in server.addresses:
-            log.info("appliance %s serving KServe v2 on http://%s:%d (state dir %s)",
-                     __version__, _host(address[0]), address[1], server_section.state_dir)
+            log.info("appliance %s serving KServe v2 on %s://%s:%d (state dir %s)", __version__,
+                     "https" if http_tls else "http", _host(address[0]), address[1], server_section.state_dir)
         if appliance.grpc is not None:
             if settings.grpc.transport == "appliance":
                 grpc_server = Http2Server.over(appliance.dataplane, appliance.grpc)
             else:
                 grpc_server = GrpcServer(appliance.dataplane, appliance.grpc)
             grpc_port = await grpc_server.start(host, settings.grpc.port)
-            log.info("serving KServe v2 over gRPC on %s:%d", _host(host), grpc_port)
+            log.info("serving KServe v2 over gRPC%s on %s:%d", " (TLS)" if appliance.grpc.tls else "", _host(host),
+                     grpc_port)
         if state.degraded:
             log.warning("%s", state.summary())
         if settings.metrics.port is not None and appliance.metrics is not None:
             metrics = HttpServer(build_metrics_app(appliance.dataplane, appliance.rest, appliance.metrics), limiter,
-                                 header_timeout)
+                                 header_timeout, tls=http_tls)
             await metrics.setup()
             metrics_server = metrics
             await metrics_server.listen(host, settings.metrics.port)
             for address in metrics_server.addresses:
-                log.info("serving Prometheus metrics on http://%s:%d/metrics", _host(address[0]), address[1])
+                log.info("serving Prometheus metrics on %s://%s:%d/metrics", "https" if http_tls else "http",
+                         _host(address[0]), address[1])
         spawn(_announce_ready(appliance, notifier))
         spawn(notifier.watchdog())
         if fleet_section.mdns:

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-_BOUND = re.compile(r"serving KServe v2 on http://127\.0\.0\.1:(\d+)")
-_GRPC_BOUND = re.compile(r"serving KServe v2 over gRPC on 127\.0\.0\.1:(\d+)")
+_BOUND = re.compile(r"serving KServe v2 on https?://127\.0\.0\.1:(\d+)")
+_GRPC_BOUND = re.compile(r"serving KServe v2 over gRPC(?: \(TLS\))? on 127\.0\.0\.1:(\d+)")
 
 
 @dataclass

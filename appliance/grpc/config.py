@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from appliance.protocol.inflate import DEFAULT_RATIO, InflateLimits
+from appliance.tls.context import ServerTls
 
 __all__ = ["ACCEPTORS", "CANCEL_GRACE", "GrpcConfig", "KEEPALIVE", "KEEPALIVE_TIMEOUT", "ReceiveRules", "StreamRules"]
 
@@ -66,6 +67,8 @@ class GrpcConfig:
     idle_timeout: float = 60.0
     stream: StreamRules = StreamRules()
     acceptors: int = ACCEPTORS
+    tls: ServerTls | None = None
+    """TLS on the gRPC port (grpc_use_ssl), None: plain HTTP/2."""
 
     @property
     def receiving(self) -> ReceiveRules:

@@ -110,6 +110,11 @@ class GrpcServer:
         for server in self._servers:
             server.add_generic_rpc_handlers([handlers])
         self.port: int | None = None
+        self._credentials = None
+        if config.tls is not None:
+            chain, key, root = config.tls.pem()
+            self._credentials = grpc.ssl_server_credentials([(key, chain)], root_certificates=root,
+                                                            require_client_auth=config.tls.mutual)
 
     async def start(self, host: str, port: int) -> int:
         """Bind ``host:port`` (0 picks a free port), start serving and return the bound port."""
@@ -117,7 +122,8 @@ class GrpcServer:
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         for server in self._servers:
             try:
-                bound = server.add_insecure_port(address)
+                bound = (server.add_insecure_port(address) if self._credentials is None
+                         else server.add_secure_port(address, self._credentials))
             except RuntimeError as exc:
                 raise ConfigError(
                     f"cannot bind gRPC to {address}: {exc}; pick another --grpc-port, or --no-grpc"

@@ -30,16 +30,19 @@ log = logging.getLogger(__name__)
 
 
 def txt_record(box_id: str, accelerators: Sequence[str], models: int, grpc_port: int | None = None,
-               catalog: str | None = None) -> dict[str, str]:
+               catalog: str | None = None, tls: Sequence[str] = ()) -> dict[str, str]:
     """Keys of at most 9 characters, a record well under 400 bytes (RFC 6763). ``grpc`` is the gRPC port
     when gRPC is served (the service's own port is the HTTP one); ``mset`` a digest of the ready models'
-    names (see ``catalog_digest``), so that clients re-read the box's models when they change."""
+    names (see ``catalog_digest``), so that clients re-read the box's models when they change; ``tls`` the
+    ports that speak TLS ("http", "grpc", comma-separated; absent: none)."""
     record = {"txtvers": "1", "id": box_id, "version": __version__, "api": "v2", "path": "/v2",
               "hw": ",".join(accelerators)[:60], "models": str(models)}
     if grpc_port is not None:
         record["grpc"] = str(grpc_port)
     if catalog is not None:
         record["mset"] = catalog
+    if tls:
+        record["tls"] = ",".join(tls)
     return record
 
 
@@ -84,9 +87,12 @@ def _lan_addresses(host: str, interfaces: Sequence[str]) -> list[str]:
 class Announcer:
     def __init__(self, name: str, port: int, host: str, interfaces: Sequence[str], box_id: str,
                  accelerators: Callable[[], Sequence[str]], models: Callable[[], int],
-                 grpc_port: int | None = None, catalog: Callable[[], str] | None = None) -> None:
-        """``catalog``: the digest of the ready models' names (``catalog_digest``), announced as ``mset``."""
+                 grpc_port: int | None = None, catalog: Callable[[], str] | None = None,
+                 tls: Sequence[str] = ()) -> None:
+        """``catalog``: the digest of the ready models' names (``catalog_digest``), announced as ``mset``;
+        ``tls``: the ports that speak TLS ("http", "grpc")."""
         self.name = name
+        self._tls = tuple(tls)
         self._catalog = catalog
         self._grpc_port = grpc_port
         self._port = port
@@ -116,7 +122,7 @@ class Announcer:
                                        ip_version=IPVersion.V4Only)
         addresses = _lan_addresses(self._host, self._interfaces)
         properties = txt_record(self._id, self._accelerators(), self._models(), self._grpc_port,
-                                self._catalog() if self._catalog is not None else None)
+                                self._catalog() if self._catalog is not None else None, self._tls)
         self.name = await self._register_unique(addresses, properties)
         self._state = (tuple(addresses), tuple(sorted(properties.items())))
         self._task = asyncio.create_task(self._follow(), name="mdns-follow")
@@ -154,7 +160,7 @@ class Announcer:
             await asyncio.sleep(1.0)
             addresses = _lan_addresses(self._host, self._interfaces)
             properties = txt_record(self._id, self._accelerators(), self._models(), self._grpc_port,
-                                self._catalog() if self._catalog is not None else None)
+                                self._catalog() if self._catalog is not None else None, self._tls)
             state = (tuple(addresses), tuple(sorted(properties.items())))
             if state == self._state or self._zeroconf is None:
                 continue

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from appliance.protocol.admission import Network
 from appliance.protocol.inflate import DEFAULT_RATIO
+from appliance.tls.context import ServerTls
 
 __all__ = ["BodyLimits", "HostPolicy", "RestConfig", "host_policy"]
 
@@ -107,3 +108,5 @@ class RestConfig:
     """The metrics history database /v2/history reads; None when metrics are off."""
     history_read_only: bool = False
     """Read the history without writing (a read-only state dir)."""
+    tls: ServerTls | None = None
+    """TLS on the HTTP and metrics ports (http_use_ssl), None: plain HTTP."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import resource
+import ssl
 import time
 import typing
 import weakref
@@ -39,6 +40,8 @@ log = logging.getLogger(__name__)
 _DESCRIPTOR_RESERVE = 256
 # What connections that are still open at the stop deadline get to finish after being cancelled.
 _CANCEL_GRACE = 0.5
+_HANDSHAKE_TIMEOUT = 10.0
+"""Seconds a TLS handshake may take; a client that starts one and stalls holds its connection no longer."""
 # A refused connection is answered and closed; its socket lingers this long at most, so the 503 is
 # read rather than lost to a reset, and no more than this many linger at once.
 _REFUSAL_LINGER = 1.0
@@ -183,24 +186,29 @@ class _LimitedSite(web.BaseSite):
     """A TCP site whose connections go through a ``ConnectionLimiter``."""
 
     def __init__(self, runner: web.AppRunner, host: str, port: int, limiter: ConnectionLimiter,
-                 lane: InferLane | None) -> None:
+                 lane: InferLane | None, tls: ssl.SSLContext | None = None) -> None:
         super().__init__(runner)
         self._host = host
         self._port = port
         self._limiter = limiter
         self._lane = lane
+        self._tls = tls
 
     @property
     def name(self) -> str:
-        return f"http://{self._host}:{self._port}"
+        return f"{'https' if self._tls is not None else 'http'}://{self._host}:{self._port}"
 
     async def start(self) -> None:
         await super().start()
         server = self._runner.server
         assert server is not None, "the runner is set up before its sites start"
         protocol = server if self._lane is None else self._lane.protocol(server)
+        # TLS (when set) wraps the socket below the connection cap, the lane and aiohttp: each sees plain
+        # HTTP; a handshake that fails (a plaintext request, a refused client certificate) ends that
+        # connection alone, inside the header timeout.
         self._server = await asyncio.get_running_loop().create_server(
-            self._limiter.wrap(protocol), self._host, self._port, reuse_address=True,
+            self._limiter.wrap(protocol), self._host, self._port, reuse_address=True, ssl=self._tls,
+            ssl_handshake_timeout=_HANDSHAKE_TIMEOUT if self._tls is not None else None,
         )
 
 
@@ -210,9 +218,10 @@ class HttpServer:
     of the application (None: aiohttp takes every connection)."""
 
     def __init__(self, app: web.Application, limiter: ConnectionLimiter, header_timeout: float,
-                 lane: InferLane | None = None) -> None:
+                 lane: InferLane | None = None, tls: ssl.SSLContext | None = None) -> None:
         self._limiter = limiter
         self._lane = lane
+        self._tls = tls
         # No access log: it costs more per request than the rest of the HTTP layer. Handler
         # cancellation: a client that disconnects while queued is dropped from its model's queue.
         # No automatic decompression: appliance.rest.body inflates bodies with a bound, off the loop.
@@ -234,7 +243,7 @@ class HttpServer:
         await self._runner.setup()
 
     async def listen(self, host: str, port: int) -> None:
-        await _LimitedSite(self._runner, host, port, self._limiter, self._lane).start()
+        await _LimitedSite(self._runner, host, port, self._limiter, self._lane, self._tls).start()
 
     async def stop(self, deadline: float) -> None:
         """Stop listening, close idle connections, give requests in progress until ``deadline``

@@ -24,6 +24,7 @@ from appliance.settings.checks import (
     require_port,
     require_positive,
 )
+from appliance.tls.context import ServerTls
 
 __all__ = [
     "AuthSection",
@@ -102,6 +103,26 @@ class ServerSection:
         return self.state_dir / "metrics.db"
 
 
+def _tls(section: HttpSection | GrpcSection, state_dir: Path, flag: str) -> ServerTls | None:
+    """A port's TLS as its settings say (None: plain TCP); the box's own certificate by default."""
+    if not section.use_ssl:
+        if section.use_ssl_mutual or section.server_cert or section.server_key:
+            raise ConfigError(f"{flag}-server-cert, {flag}-server-key and {flag}-use-ssl-mutual take effect with "
+                              f"{flag}-use-ssl=true; add it")
+        return None
+    if bool(section.server_cert) != bool(section.server_key):
+        raise ConfigError(f"{flag}-server-cert and {flag}-server-key go together; give both, or neither to "
+                          "serve the box's own certificate (appliance tls init)")
+    own = state_dir / "tls"
+    cert = Path(section.server_cert).expanduser() if section.server_cert else own / "server.crt"
+    private = Path(section.server_key).expanduser() if section.server_key else own / "server.key"
+    if not section.server_cert and not cert.exists():
+        raise ConfigError(f"{flag}-use-ssl without {flag}-server-cert serves the box's own certificate, and {cert} "
+                          "does not exist: run `appliance tls init` first, or name a certificate and key")
+    root = Path(section.root_cert).expanduser() if section.root_cert else None
+    return ServerTls(cert, private, root, section.use_ssl_mutual, flag)
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class HttpSection:
     """The HTTP port (and the metrics port's connections)."""
@@ -128,6 +149,21 @@ class HttpSection:
     """Serve small infer requests (up to 64 KiB) on the HTTP port's own lean path instead of through aiohttp
     (same rules and answers, a fraction of the CPU); a connection's first other request hands it to
     aiohttp. Off: aiohttp serves every request."""
+    use_ssl: bool = key(False, "http_use_ssl")
+    """Serve the HTTP port (and the metrics port) over TLS (Triton's --http-use-ssl): with http_server_cert and
+    http_server_key, or the box's own certificate that `appliance tls init` made (<state_dir>/tls/)."""
+    server_cert: str | None = key(None, "http_server_cert")
+    """The PEM certificate (chain) the HTTP port (and the metrics port) presents with http_use_ssl."""
+    server_key: str | None = key(None, "http_server_key")
+    """Its PEM private key: readable by the daemon's user alone (chmod 600), or the daemon does not start."""
+    root_cert: str | None = key(None, "http_root_cert")
+    """The PEM CA bundle client certificates must chain to, with http_use_ssl_mutual."""
+    use_ssl_mutual: bool = key(False, "http_use_ssl_mutual")
+    """Mutual TLS on the HTTP port (and the metrics port): a client without a certificate of
+    http_root_cert's CA is refused in the handshake."""
+
+    def tls(self, state_dir: Path) -> ServerTls | None:
+        return _tls(self, state_dir, "--http")
 
     def __post_init__(self) -> None:
         require_port(self, "port")
@@ -164,6 +200,21 @@ class GrpcSection:
     grpc_receive_grace gives it up (UNAVAILABLE) when another call waits for one."""
     receive_grace: float = key(2.0, "grpc_receive_grace")
     """Seconds a call's message may take before grpc_receive_min_rate applies to it."""
+    use_ssl: bool = key(False, "grpc_use_ssl")
+    """Serve the gRPC port over TLS (Triton's --grpc-use-ssl): with grpc_server_cert and
+    grpc_server_key, or the box's own certificate that `appliance tls init` made (<state_dir>/tls/)."""
+    server_cert: str | None = key(None, "grpc_server_cert")
+    """The PEM certificate (chain) the gRPC port presents with grpc_use_ssl."""
+    server_key: str | None = key(None, "grpc_server_key")
+    """Its PEM private key: readable by the daemon's user alone (chmod 600), or the daemon does not start."""
+    root_cert: str | None = key(None, "grpc_root_cert")
+    """The PEM CA bundle client certificates must chain to, with grpc_use_ssl_mutual."""
+    use_ssl_mutual: bool = key(False, "grpc_use_ssl_mutual")
+    """Mutual TLS on the gRPC port: a client without a certificate of grpc_root_cert's CA is refused in
+    the handshake."""
+
+    def tls(self, state_dir: Path) -> ServerTls | None:
+        return _tls(self, state_dir, "--grpc")
 
     def __post_init__(self) -> None:
         require_port(self, "port")

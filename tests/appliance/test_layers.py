@@ -86,7 +86,7 @@ LAYERS: dict[str, int] = {
     "appliance": 0, "appliance.errors": 0, "appliance.tensors": 0, "appliance.config_json": 0,
     "appliance.allocator": 0, "appliance.lifecycle": 0, "appliance.log_limit": 0, "appliance.dashboard": 0,
     "appliance.event_loop": 1, "appliance.budget": 1, "appliance.state": 1, "appliance.backends": 1,
-    "appliance.fleet_signature": 1, "appliance.trace_flags": 1,
+    "appliance.fleet_signature": 1, "appliance.trace_flags": 1, "appliance.tls": 1,
     "appliance.examples": 1, "appliance.client": 1, "appliance.systemd": 1,
     "appliance.engine": 2, "appliance.mdns": 2,
     # Settings describe every component, in the engine's own terms where it has them (a cache config).

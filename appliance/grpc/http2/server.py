@@ -65,8 +65,12 @@ class Http2Server:
         """Bind ``host:port`` (0 picks a free port), start serving and return the bound port."""
         port = probe_port(host, port)
         try:
+            # With TLS, gRPC's ALPN protocol h2; a client that offers no ALPN is still served (grpcio's
+            # own server is as lenient), and a failed handshake ends that connection alone.
+            tls = self.config.tls.context(alpn=("h2",)) if self.config.tls is not None else None
             self._listener = await self.loop.create_server(lambda: Http2Connection(self), host, port,
-                                                           reuse_address=True, backlog=1024)
+                                                           reuse_address=True, backlog=1024, ssl=tls,
+                                                           ssl_handshake_timeout=10.0 if tls else None)
         except OSError as exc:
             raise ConfigError(f"cannot bind gRPC to {host}:{port}: {exc.strerror or exc}; pick another "
                               "--grpc-port, or --no-grpc") from None

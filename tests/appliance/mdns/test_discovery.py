@@ -68,6 +68,12 @@ def test_txt_record_is_short():
     assert txt_record("id", ["cpu"], 1, grpc_port=8001)["grpc"] == "8001"
 
 
+def test_the_record_says_which_ports_speak_tls():
+    assert "tls" not in txt_record("id", ["cpu"], 1, grpc_port=8001)
+    assert txt_record("id", ["cpu"], 1, grpc_port=8001, tls=["http", "grpc"])["tls"] == "http,grpc"
+    assert txt_record("id", ["cpu"], 1, tls=["grpc"])["tls"] == "grpc"
+
+
 def test_the_record_says_when_the_ready_models_change():
     record = txt_record("id", ["cpu"], 2, catalog=catalog_digest(["mlp", "resnet"]))
     assert len(record["mset"]) == 8 and "mset" not in txt_record("id", ["cpu"], 2)

@@ -1,0 +1,197 @@
+"""TLS on the HTTP and gRPC ports end to end, with Triton's flags: tritonclient over TLS (HTTP, and gRPC on
+both transports), mutual TLS, and what is refused (a plaintext request, a client certificate of another
+CA or none, an expired server certificate, a key others can read). Certificates come from trustme."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+import trustme
+from tritonclient.utils import InferenceServerException
+
+from tests.builders import identity_model, write_model
+
+X = np.arange(8, dtype=np.float32).reshape(2, 4)
+
+
+class Pki:
+    """A CA, the server's certificate for 127.0.0.1 and a client certificate, as PEM files (keys 0600)."""
+
+    def __init__(self, directory: Path, *, not_after: datetime.datetime | None = None) -> None:
+        self.ca = trustme.CA()
+        directory.mkdir(parents=True, exist_ok=True)
+        self.ca_file = directory / "ca.pem"
+        self.ca.cert_pem.write_to_path(self.ca_file)
+        served = self.ca.issue_cert("127.0.0.1", "localhost", not_after=not_after)
+        self.cert, self.key = directory / "server.pem", directory / "server.key"
+        served.cert_chain_pems[0].write_to_path(self.cert)
+        served.private_key_pem.write_to_path(self.key)
+        client = self.ca.issue_cert("client@example")
+        self.client_cert, self.client_key = directory / "client.pem", directory / "client.key"
+        client.cert_chain_pems[0].write_to_path(self.client_cert)
+        client.private_key_pem.write_to_path(self.client_key)
+        for key in (self.key, self.client_key):
+            key.chmod(0o600)
+
+    def flags(self, port: str, mutual: bool = False) -> list[str]:
+        flags = [f"--{port}-use-ssl=true", f"--{port}-server-cert", str(self.cert), f"--{port}-server-key",
+                 str(self.key)]
+        if mutual:
+            flags += [f"--{port}-use-ssl-mutual=true", f"--{port}-root-cert", str(self.ca_file)]
+        return flags
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory) -> Pki:
+    return Pki(tmp_path_factory.mktemp("pki"))
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory) -> Path:
+    repo = tmp_path_factory.mktemp("repo")
+    write_model(repo, "identity", identity_model(["FP32"]))
+    return repo
+
+
+def _context(pki: Pki, client_cert: bool = False) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=str(pki.ca_file))
+    if client_cert:
+        context.load_cert_chain(pki.client_cert, pki.client_key)
+    return context
+
+
+def _https(daemon, pki: Pki, client_cert: bool = False) -> httpclient.InferenceServerClient:
+    return httpclient.InferenceServerClient(daemon.url, ssl=True,
+                                            ssl_context_factory=lambda: _context(pki, client_cert))
+
+
+def _grpcs(daemon, pki: Pki, client_cert: bool = False) -> grpcclient.InferenceServerClient:
+    extra = {"private_key": str(pki.client_key), "certificate_chain": str(pki.client_cert)} if client_cert else {}
+    return grpcclient.InferenceServerClient(daemon.grpc_url, ssl=True, root_certificates=str(pki.ca_file), **extra)
+
+
+def _infer(client) -> None:
+    module = grpcclient if isinstance(client, grpcclient.InferenceServerClient) else httpclient
+    tensor = module.InferInput("IN_FP32", list(X.shape), "FP32")
+    tensor.set_data_from_numpy(X)
+    np.testing.assert_array_equal(client.infer("identity", [tensor]).as_numpy("OUT_FP32"), X)
+
+
+def _ready(client, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if client.is_server_ready():
+                return
+        except (InferenceServerException, OSError):
+            pass
+        assert time.monotonic() < deadline, "the daemon did not become ready over TLS"
+        time.sleep(0.1)
+
+
+def _start(start_daemon, repository, pki, *flags, transport="appliance", ready_with=None):
+    daemon = start_daemon(repository, *flags, env={"APPLIANCE_GRPC_TRANSPORT": transport}, wait_loaded=False)
+    _ready(ready_with(daemon) if ready_with else _https(daemon, pki))
+    return daemon
+
+
+def test_http_and_grpc_over_tls_with_tritonclient(start_daemon, repository, pki, grpc_transport):
+    daemon = _start(start_daemon, repository, pki, *pki.flags("http"), *pki.flags("grpc"),
+                    transport=grpc_transport)
+    assert "serving KServe v2 on https://" in daemon.log() and "over gRPC (TLS)" in daemon.log()
+    https = _https(daemon, pki)
+    assert https.is_server_live()
+    _infer(https)
+    grpcs = _grpcs(daemon, pki)
+    assert grpcs.is_server_live()
+    _infer(grpcs)
+    # A plaintext request on each TLS port is refused (the handshake fails), nothing else disturbed.
+    with socket.create_connection(("127.0.0.1", daemon.port), timeout=10) as plain:
+        plain.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        answer = plain.recv(4096)
+        assert not answer.startswith(b"HTTP/"), answer  # no HTTP answer in the clear
+    with pytest.raises(InferenceServerException):
+        grpcclient.InferenceServerClient(daemon.grpc_url).is_server_live()  # plaintext HTTP/2
+    _infer(https)
+    _infer(grpcs)
+
+
+def test_mutual_tls_takes_only_clients_of_its_ca(start_daemon, repository, pki, grpc_transport, tmp_path):
+    daemon = _start(start_daemon, repository, pki, *pki.flags("http", mutual=True), *pki.flags("grpc", mutual=True),
+                    transport=grpc_transport, ready_with=lambda d: _https(d, pki, client_cert=True))
+    _infer(_https(daemon, pki, client_cert=True))
+    _infer(_grpcs(daemon, pki, client_cert=True))
+    stranger = Pki(tmp_path / "other")  # a client certificate of another CA
+    for client in (_https(daemon, pki), _grpcs(daemon, pki)):  # no client certificate
+        with pytest.raises(Exception):  # noqa: B017 - refused in the handshake: each client says it its own way
+            client.is_server_live()
+    context = ssl.create_default_context(cafile=str(pki.ca_file))
+    context.load_cert_chain(stranger.client_cert, stranger.client_key)
+    with pytest.raises((ssl.SSLError, OSError)), \
+            socket.create_connection(("127.0.0.1", daemon.port), timeout=10) as raw, \
+            context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+        tls.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        if not tls.recv(4096):  # TLS 1.3: the refusal arrives after the handshake
+            raise ConnectionResetError("closed")
+    _infer(_https(daemon, pki, client_cert=True))  # still serving its own clients
+
+
+def test_an_expired_server_certificate_is_refused_by_the_client(start_daemon, repository, tmp_path):
+    expired = Pki(tmp_path / "expired", not_after=datetime.datetime.now(datetime.UTC) - datetime.timedelta(days=1))
+    daemon = start_daemon(repository, *expired.flags("http"), wait_loaded=False)
+    deadline = time.monotonic() + 30
+    while "serving KServe v2 on https://" not in daemon.log():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    with pytest.raises(Exception, match="(?i)certificate has expired|CERTIFICATE_VERIFY_FAILED"):  # noqa: B017
+        _https(daemon, expired).is_server_live()
+
+
+def test_a_key_others_can_read_stops_the_daemon_with_the_fix(start_daemon, repository, tmp_path):
+    pki = Pki(tmp_path / "loose")
+    pki.key.chmod(0o644)
+    with pytest.raises(RuntimeError, match=f"chmod 600 {pki.key}"):
+        start_daemon(repository, *pki.flags("grpc"))
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--http-use-ssl=true"], "run `appliance tls init` first"),
+    (["--grpc-use-ssl-mutual=true"], "take effect with --grpc-use-ssl=true"),
+    (["--http-use-ssl=maybe"], "expected true or false"),
+])
+def test_incomplete_tls_flags_say_what_is_missing(start_daemon, repository, flags, words):
+    with pytest.raises(RuntimeError, match=words):
+        start_daemon(repository, *flags)
+
+
+def test_tls_init_makes_the_boxs_own_certificate_and_the_daemon_serves_it(start_daemon, repository, tmp_path):
+    state = tmp_path / "state"
+    made = subprocess.run([sys.executable, "-m", "appliance", "tls", "init", "--state-dir", str(state)],
+                          capture_output=True, text=True, check=True)
+    cert, key = state / "tls" / "server.crt", state / "tls" / "server.key"
+    assert {oct(cert.stat().st_mode & 0o777), oct(key.stat().st_mode & 0o777)} == {"0o600"}
+    assert "SHA-256 fingerprint" in made.stdout
+    again = subprocess.run([sys.executable, "-m", "appliance", "tls", "init", "--state-dir", str(state)],
+                           capture_output=True, text=True)
+    assert again.returncode == 2 and "--force" in again.stderr  # never replaced behind a pinning fleet's back
+    daemon = start_daemon(repository, "--http-use-ssl", "--grpc-use-ssl=true", state=state, wait_loaded=False)
+
+    def trusting(d):
+        return httpclient.InferenceServerClient(
+            d.url, ssl=True, ssl_context_factory=lambda: ssl.create_default_context(cafile=str(cert)))
+
+    _ready(trusting(daemon))
+    _infer(trusting(daemon))
+    _infer(grpcclient.InferenceServerClient(daemon.grpc_url, ssl=True, root_certificates=str(cert)))
+    assert os.access(key, os.R_OK)
