@@ -197,7 +197,11 @@ async def unload_model(request: web.Request) -> web.Response:
 
 async def repository_index(request: web.Request) -> web.Response:
     body = await _optional_json(request, 'a JSON object such as {"ready": true}')
-    rows = request.app[DATAPLANE].repository_index(bool(body.get("ready", False)))
+    ready = body.get("ready", False)
+    if not isinstance(ready, bool):  # Triton's words (qa L0_http test_repository_index_deeply_nested_json)
+        raise InvalidInput('attempt to access JSON non-boolean as boolean: "ready" must be true or false, '
+                           'as in {"ready": true}')
+    rows = request.app[DATAPLANE].repository_index(ready)
     return _json([row.as_json() for row in rows])
 
 

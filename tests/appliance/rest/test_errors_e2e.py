@@ -134,6 +134,18 @@ def test_body_too_large(daemon):
     assert "max_request_bytes" in payload["error"]
 
 
+@pytest.mark.parametrize("ready", [[True], "yes", 1, [[[[[[True]]]]]]])
+def test_repository_index_ready_must_be_a_boolean_in_tritons_words(daemon, ready):
+    """qa L0_http test_repository_index_deeply_nested_json: Triton 2.51 answers a 'ready' that is not a
+    boolean (nested arrays included) with these words (its status 500; here 400: the request is at fault)."""
+    status, _, payload = call(daemon.port, "POST", "/v2/repository/index", {"ready": ready})
+    assert status == 400 and "attempt to access JSON non-boolean as boolean" in payload["error"]
+    deep = b'{"ready": ' + b"[" * 150 + b"]" * 150 + b"}"
+    status, _, payload = call(daemon.port, "POST", "/v2/repository/index", deep)
+    assert status == 400 and "attempt to access JSON non-boolean as boolean" in payload["error"]
+    assert call(daemon.port, "POST", "/v2/repository/index", {"ready": True})[0] == 200
+
+
 def test_unknown_route_and_method(daemon):
     code, _, payload = call(daemon.port, "GET", "/v3/whatever")
     assert code == 404 and "/v2" in payload["error"]
