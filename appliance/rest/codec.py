@@ -279,7 +279,12 @@ def _decode_request(header: dict[str, Any], body: bytes, header_length: int | No
         if not isinstance(name, str) or not name:
             raise InvalidInput(f"inputs[{position}] needs a 'name' string")
         datatype = check_datatype(raw.get("datatype"), name)
-        shape, count = check_shape(raw.get("shape"), name, limits.max_tensor_elements, element_size(datatype))
+        dims = raw.get("shape")
+        if type(dims) is list and any(type(d) is int and d < 0 for d in dims):  # Triton's JSON reader's words
+            raise InvalidInput(f"Unable to parse 'shape': attempt to access JSON non-unsigned-integer as "
+                               f"unsigned-integer; input '{name}': 'shape' must be non-negative integers, got "
+                               f"{dims!r}"[:400])
+        shape, count = check_shape(dims, name, limits.max_tensor_elements, element_size(datatype))
         params = _parameters(raw, f"input '{name}'")
         shared = shared_memory_ref(params, f"input '{name}'")
         if shared is not None:

@@ -61,7 +61,8 @@ CASES = {
         "inputs": [{"name": "input", "shape": [1, 784], "datatype": "FP32", "data": [1, 2, 3]}]})),
     "non-numeric data": (400, "does not hold FP32", dict(body={
         "inputs": [{"name": "input", "shape": [1, 784], "datatype": "FP32", "data": ["x"] * 784}]})),
-    "negative shape": (400, "All input dimensions should be specified for input 'input'", dict(body={
+    "negative shape": (400, "Unable to parse 'shape': attempt to access JSON non-unsigned-integer as unsigned-integer",
+                       dict(body={
         "inputs": [{"name": "input", "shape": [1, -784], "datatype": "FP32", "data": [0.0]}]})),
     "missing data": (400, "Input must set only one of the following fields: 'data'", dict(body={
         "inputs": [{"name": "input", "shape": [1, 784], "datatype": "FP32"}]})),
