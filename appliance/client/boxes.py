@@ -37,15 +37,19 @@ class Box:
     """The gRPC port, when the box serves gRPC (TXT key ``grpc``)."""
     catalog: str = ""
     """A digest of the names of the box's ready models (TXT key ``mset``): it changes when they do."""
+    tls: tuple[str, ...] = ()
+    """The protocols (of ``PROTOCOLS``) the box serves over TLS (TXT key ``tls``: ``http,grpc``)."""
 
     @classmethod
     def at(cls, url: str, grpc_port: int | None = None) -> Box:
-        """A box known by address (``host:port`` or ``http://host:port``), not found over mDNS."""
-        text = url.removeprefix("http://").rstrip("/")
+        """A box known by address (``host:port``, ``http://host:port``, or ``https://host:port``: TLS on
+        its HTTP port), not found over mDNS."""
+        secure = url.startswith("https://")
+        text = url.removeprefix("https://" if secure else "http://").rstrip("/")
         host, _, port = text.rpartition(":")
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise ValueError(f"expected host:port such as 192.168.1.20:8000, got {url!r}")
-        return cls(name=text, addresses=(host,), port=int(port), grpc_port=grpc_port)
+        return cls(name=text, addresses=(host,), port=int(port), grpc_port=grpc_port, tls=("http",) if secure else ())
 
     @property
     def url(self) -> str:
@@ -54,7 +58,7 @@ class Box:
 
     @property
     def base_url(self) -> str:
-        return f"http://{self.url}"
+        return f"{'https' if 'http' in self.tls else 'http'}://{self.url}"
 
     @property
     def grpc_url(self) -> str | None:
@@ -82,6 +86,7 @@ def parse_box(info: Any) -> Box | None:
         version=txt.get("version", ""),
         grpc_port=_port(txt.get("grpc")),
         catalog=txt.get("mset", ""),
+        tls=tuple(p for p in PROTOCOLS if p in txt.get("tls", "").split(",")),
     )
 
 

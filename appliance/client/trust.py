@@ -8,6 +8,11 @@ the token itself never travels); ``BoxPool(token=..., trusted_boxes=...)`` sends
 pinned boxes, at their pinned address. A pinned box that turns up at another address, or another box
 (another id) under its name or at its address, is not trusted until the operator pins it again.
 
+A box that serves HTTP over TLS is pinned with its certificate too (the SHA-256 fingerprint of the one
+it presented when pinned): a box's certificate is usually self-signed (``appliance tls init``), so no CA
+vouches for it and the pin is what does. A pinned box that presents another certificate, or that was
+pinned with TLS and now announces plain HTTP, is refused until the operator pins it again.
+
 The pins are a small JSON file (the ``trusted_boxes`` setting; default ``<state_dir>/trusted-boxes.json``),
 written whole (a temporary file renamed over it), mode 0600.
 """
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import hashlib
 import json
 import os
 import tempfile
@@ -27,9 +33,25 @@ import platformdirs
 from appliance.client.boxes import Box
 from appliance.errors import ConfigError
 
-__all__ = ["FILE_NAME", "Pin", "TokenPolicy", "Trust", "TrustStore", "default_path"]
+__all__ = ["FILE_NAME", "Pin", "TokenPolicy", "Trust", "TrustStore", "certificate_fingerprint", "default_path",
+           "same_fingerprint"]
 
 FILE_NAME = "trusted-boxes.json"
+
+
+def certificate_fingerprint(der: bytes) -> str:
+    """SHA-256 of a certificate's DER bytes as colon-separated hex pairs, as ``appliance tls show`` and
+    ``openssl x509 -fingerprint -sha256`` print it."""
+    digest = hashlib.sha256(der).hexdigest().upper()
+    return ":".join(digest[i:i + 2] for i in range(0, len(digest), 2))
+
+
+def same_fingerprint(one: str, other: str) -> bool:
+    """Whether two spellings of a fingerprint (any case, with or without colons) are the same one."""
+    def bare(text: str) -> str:
+        return text.replace(":", "").strip().lower()
+
+    return bool(bare(one)) and bare(one) == bare(other)
 
 
 def default_path() -> Path:
@@ -44,6 +66,8 @@ class Pin:
     address: str
     port: int
     pinned_at: str = ""
+    fingerprint: str = ""
+    """The SHA-256 fingerprint of the certificate its HTTP port presented when pinned ('': plain HTTP)."""
 
     @property
     def where(self) -> str:
@@ -84,8 +108,8 @@ class TrustStore:
             raise ConfigError(f"cannot read the pinned boxes in {path} ({exc}); fix or delete the file and pin "
                               "the boxes again (appliance fleet trust NAME)") from None
         try:
-            pins = [Pin(str(p["name"]), str(p["id"]), str(p["address"]), int(p["port"]), str(p.get("pinned_at", "")))
-                    for p in document["boxes"]]
+            pins = [Pin(str(p["name"]), str(p["id"]), str(p["address"]), int(p["port"]), str(p.get("pinned_at", "")),
+                        str(p.get("fingerprint", ""))) for p in document["boxes"]]
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"{path} is not a file of pinned boxes ({type(exc).__name__}: {exc}); delete it and "
                               "pin the boxes again (appliance fleet trust NAME)") from None
@@ -94,14 +118,15 @@ class TrustStore:
     def pins(self) -> list[Pin]:
         return list(self._pins)
 
-    def pin(self, box: Box, box_id: str) -> Pin:
-        """Trust ``box`` as the box ``box_id`` at its first address; a pin of the same name, id or address
-        is replaced. Call ``save`` to keep it."""
+    def pin(self, box: Box, box_id: str, fingerprint: str = "") -> Pin:
+        """Trust ``box`` as the box ``box_id`` at its first address (``fingerprint``: of the certificate
+        it presented there, over TLS); a pin of the same name, id or address is replaced. Call ``save`` to
+        keep it."""
         if not box_id:
             raise ConfigError(f"{box.name} at {box.url} says no box id: it is not an appliance (or one too old to "
                               "sign requests); nothing is pinned")
         now = datetime.datetime.now(datetime.UTC).replace(microsecond=0).isoformat()
-        made = Pin(box.name, box_id, box.addresses[0], box.port, now)
+        made = Pin(box.name, box_id, box.addresses[0], box.port, now, fingerprint)
         self._pins = [p for p in self._pins if p.name != made.name and p.id != made.id and p.where != made.where]
         self._pins.append(made)
         return made
@@ -132,6 +157,11 @@ class TrustStore:
         where = f"{box.addresses[0]}:{box.port}"
         for pin in self._pins:
             if box.id and pin.id == box.id and pin.address in box.addresses and pin.port == box.port:
+                if pin.fingerprint and "http" not in box.tls:
+                    return Trust(False, f"{box.name} (box {box.id}) was pinned serving TLS (certificate "
+                                        f"{pin.fingerprint}), but now announces plain HTTP: check it, and if its "
+                                        f"TLS was turned off on purpose pin it again: {_trust_again(box.name)}",
+                                 pin, changed=True)
                 return Trust(True, pin=pin, box=dataclasses.replace(box, addresses=(pin.address,)))
         same_id = next((p for p in self._pins if box.id and p.id == box.id), None)
         if same_id is not None:
@@ -151,6 +181,10 @@ class TrustStore:
         return Trust(False, f"{box.name} ({where}) was found on the LAN but is not pinned, and a box merely found "
                             f"there is not trusted: check it is yours (`appliance discover`), then "
                             f"{_trust_again(box.name)}")
+
+    def pinned_at(self, box: Box) -> Pin | None:
+        """The pin at the box's (first) address and port, if any."""
+        return next((p for p in self._pins if p.where == f"{box.addresses[0]}:{box.port}"), None)
 
     def named_verdict(self, box: Box, box_id: str) -> Trust:
         """A box the operator named by address (--url), which answered ``box_id`` there: trusted for this

@@ -30,9 +30,9 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     if not boxes:
         print("no appliances found")
         return 0
-    rows = [("name", "addresses", "port", "grpc", "hw", "models", "version")]
-    rows += [(b.name, ",".join(b.addresses), str(b.port), str(b.grpc_port or "-"), b.hw, str(b.models), b.version)
-             for b in boxes]
+    rows = [("name", "addresses", "port", "grpc", "tls", "hw", "models", "version")]
+    rows += [(b.name, ",".join(b.addresses), str(b.port), str(b.grpc_port or "-"), ",".join(b.tls) or "-", b.hw,
+              str(b.models), b.version) for b in boxes]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())

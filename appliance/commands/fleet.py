@@ -8,9 +8,10 @@ token is read without one; a box that protects its API (protect_inference) is re
 requests if it is pinned (the token is never sent), and not at all otherwise.
 
 ``appliance fleet trust NAME`` pins a box found on the LAN: its id (from its record, confirmed by the box
-at its address) and that address; ``--url URL`` pins a box by address; ``--id ID`` pins only if the box
-is that box (read the id on the box: ``<state_dir>/device-id``). ``untrust NAME`` forgets a pin;
-``trusted`` lists them.
+at its address) and that address, and when its HTTP port speaks TLS the fingerprint of the certificate it
+presents; ``--url URL`` pins a box by address; ``--id ID`` pins only if the box is that box (read the id
+on the box: ``<state_dir>/device-id``), ``--fingerprint FP`` only if it presents that certificate (read
+it on the box: ``appliance tls show``). ``untrust NAME`` forgets a pin; ``trusted`` lists them.
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from appliance.client.boxes import discover
-from appliance.client.trust import TrustStore
+from appliance.client.trust import TrustStore, same_fingerprint
 from appliance.commands.targets import (
     BoxClient,
+    CertificateChanged,
     Refusal,
     Target,
     add_target_options,
@@ -56,6 +58,8 @@ def add_parser(sub: Any) -> None:
     trust.add_argument("--all", action="store_true", help="every box found on the LAN now")
     trust.add_argument("--id", dest="expect_id", metavar="ID",
                        help="pin only if the box is this box id (its <state_dir>/device-id)")
+    trust.add_argument("--fingerprint", dest="expect_fingerprint", metavar="SHA256",
+                       help="pin only if the box presents this TLS certificate (`appliance tls show` on the box)")
     add_target_options(trust, choose=False)
     untrust = actions.add_parser("untrust", help="forget pinned boxes")
     untrust.add_argument("names", nargs="+", metavar="NAME", help="a pinned box's name (or id)")
@@ -127,7 +131,7 @@ def box_summary(target: Target, token: str | None, store: TrustStore) -> dict[st
     problems = []
     locked = ("protects its API (protect_inference): pin it to read it: appliance fleet trust " + box.name
               if not trust.trusted else "protects its API: give the token (--token-file) to read it")
-    with BoxClient(target.reachable_box) as client:
+    with BoxClient(target.reachable_box, fingerprint=target.fingerprint) as client:
         reader = _Reader(client, target, token, store)
         try:
             status, metadata = reader.get("GET", "/v2")
@@ -151,6 +155,8 @@ def box_summary(target: Target, token: str | None, store: TrustStore) -> dict[st
                 problems.append(f"history: HTTP {status}")
         except OSError as exc:
             problems.append(f"unreachable: {exc}")
+        except CertificateChanged as exc:
+            reader.refused = str(exc)
     if reader.refused:
         row["trusted"], row["trust"] = False, "CHANGED"
         problems.append(reader.refused)
@@ -219,13 +225,14 @@ def _trust(args: argparse.Namespace, settings: Settings) -> int:
         boxes += list(found.values()) if args.all else [found[name] for name in args.names]
         if not boxes:
             raise ConfigError(f"no box answered on the LAN within {args.timeout:g} s; check `appliance discover`")
-    if args.expect_id and len(boxes) != 1:
-        raise ConfigError("--id pins one box: name exactly one")
+    if (args.expect_id or args.expect_fingerprint) and len(boxes) != 1:
+        raise ConfigError("--id and --fingerprint pin one box: name exactly one")
     problems = []
     for box in boxes:
         try:
             with BoxClient(box) as client:
                 identity = client.identify()
+                presented = client.presented
         except OSError as exc:
             problems.append(f"{box.name}: cannot reach {box.base_url}: {exc}")
             continue
@@ -238,13 +245,18 @@ def _trust(args: argparse.Namespace, settings: Settings) -> int:
                             f"{answered}: something else answers there; not pinned")
         elif args.expect_id and answered != args.expect_id:
             problems.append(f"{box.name}: the box at {box.url} is box {answered}, not {args.expect_id}; not pinned")
+        elif args.expect_fingerprint and not same_fingerprint(args.expect_fingerprint, presented):
+            problems.append(f"{box.name}: the box at {box.url} presents the TLS certificate "
+                            f"{presented or '(none: plain HTTP)'}, not {args.expect_fingerprint}; not pinned")
         else:
-            pin = store.pin(box, answered)
-            print(f"pinned {pin.name}: box {pin.id} at {pin.where}")
+            pin = store.pin(box, answered, presented)
+            print(f"pinned {pin.name}: box {pin.id} at {pin.where}"
+                  + (f", TLS certificate SHA-256 {pin.fingerprint}" if pin.fingerprint else ""))
     store.save()
     if not args.expect_id and len(problems) < len(boxes):
-        print(f"check each id against the box's own <state_dir>/device-id (or pin with --id ID); pins are kept "
-              f"in {store.path}")
+        print(f"check each id against the box's own <state_dir>/device-id (or pin with --id ID), and each TLS "
+              f"certificate against `appliance tls show` there (or pin with --fingerprint); pins are kept in "
+              f"{store.path}")
     for problem in problems:
         print(f"appliance fleet trust: {problem}")
     return 1 if problems else 0
@@ -268,14 +280,15 @@ def _trusted(args: argparse.Namespace, settings: Settings) -> int:
     store = trust_store(settings)
     pins = store.pins()
     if args.json:
-        print(json.dumps([{"name": p.name, "id": p.id, "address": p.where, "pinned_at": p.pinned_at} for p in pins],
-                         indent=2))
+        print(json.dumps([{"name": p.name, "id": p.id, "address": p.where, "pinned_at": p.pinned_at,
+                           "fingerprint": p.fingerprint or None} for p in pins], indent=2))
         return 0
     if not pins:
         print(f"no pinned boxes (in {store.path}); pin one with `appliance fleet trust NAME`")
         return 0
-    table = [("name", "id", "address", "pinned at")] + [(p.name, p.id, p.where, p.pinned_at) for p in pins]
-    widths = [max(len(r[i]) for r in table) for i in range(4)]
+    table = [("name", "id", "address", "pinned at", "TLS certificate (SHA-256)")] + [
+        (p.name, p.id, p.where, p.pinned_at, p.fingerprint or "- (plain HTTP)") for p in pins]
+    widths = [max(len(r[i]) for r in table) for i in range(5)]
     for line in table:
         print("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip())
     return 0

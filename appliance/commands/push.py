@@ -112,7 +112,7 @@ def _push(target: Target, name: str, body: bytes, token: str | None, store: Trus
         return f"not pushed: {target.trust.reason}"
     box = target.reachable_box
     path = f"/v2/repository/models/{quote(name, safe='')}/load"
-    with BoxClient(box) as client:
+    with BoxClient(box, fingerprint=target.fingerprint) as client:
         try:
             identity = _identity(client, target, store)
             if token and identity is not None:

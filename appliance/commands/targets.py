@@ -6,6 +6,11 @@ at its address, see appliance.client.trust); a box named with ``--url`` is trust
 names it, unless another box was pinned at that address. Whatever a box is, the token is never sent:
 requests that need it are signed (appliance.fleet_signature) for the box id the client expects, with a
 nonce that box issued.
+
+A box whose HTTP port speaks TLS (its record's ``tls``, an ``https://`` URL, or a pin with a certificate
+fingerprint) is talked to over TLS. Its certificate is checked against the pin's fingerprint, not against
+a CA (a box's own certificate is self-signed): another certificate is refused before anything is sent.
+A box not pinned yet is taken with whatever certificate it presents, which ``fleet trust`` then records.
 """
 
 from __future__ import annotations
@@ -14,18 +19,19 @@ import argparse
 import dataclasses
 import http.client
 import json
+import ssl
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from appliance.client.boxes import Box, discover
-from appliance.client.trust import Trust, TrustStore
+from appliance.client.trust import Trust, TrustStore, certificate_fingerprint, same_fingerprint
 from appliance.errors import ConfigError
 from appliance.fleet_signature import NONCE_PATH, sign
 from appliance.settings import Settings
 
-__all__ = ["BoxClient", "Refusal", "Target", "add_target_options", "explicit_boxes", "read_token", "select_boxes",
-           "targets", "trust_store"]
+__all__ = ["BoxClient", "CertificateChanged", "Refusal", "Target", "add_target_options", "explicit_boxes",
+           "read_token", "select_boxes", "targets", "trust_store"]
 
 
 def add_target_options(parser: argparse.ArgumentParser, choose: bool) -> None:
@@ -35,7 +41,8 @@ def add_target_options(parser: argparse.ArgumentParser, choose: bool) -> None:
                             help="a box's name as `appliance discover` lists it (repeatable)")
         parser.add_argument("--all", action="store_true", help="every box found on the LAN")
     parser.add_argument("--url", dest="urls", action="append", metavar="URL", default=[],
-                        help="a box by address, such as http://192.168.1.20:8000 (repeatable; no mDNS needed)")
+                        help="a box by address, such as http://192.168.1.20:8000, or https://... for TLS "
+                             "(repeatable; no mDNS needed)")
     parser.add_argument("--timeout", type=float, default=3.0, help="seconds to listen for boxes (default 3)")
     parser.add_argument("--mdns-interface", dest="discover_interfaces", action="append", metavar="ADDR",
                         help="listen only on the interface with this IPv4 address (repeatable)")
@@ -91,6 +98,8 @@ class Target:
     named: bool
     """Named with --url (not found on the LAN)."""
     trust: Trust
+    fingerprint: str = ""
+    """The certificate the box must present (its pin's), '' when none is pinned."""
 
     @property
     def reachable_box(self) -> Box:
@@ -101,8 +110,18 @@ class Target:
 def targets(boxes: Sequence[Box], named: Sequence[Box], store: TrustStore) -> list[Target]:
     """``named``: the boxes given by --url (trusted for this command once they say their id)."""
     given = set(named)
-    return [Target(box, True, Trust(True, box=box)) if box in given else Target(box, False, store.verdict(box))
-            for box in boxes]
+    chosen = []
+    for box in boxes:
+        if box in given:
+            pin = store.pinned_at(box)
+            if pin is not None and pin.fingerprint:  # pinned with TLS: never talked to in plain text again
+                box = dataclasses.replace(box, tls=tuple(dict.fromkeys(("http", *box.tls))))
+            chosen.append(Target(box, True, Trust(True, box=box), pin.fingerprint if pin is not None else ""))
+        else:
+            verdict = store.verdict(box)
+            pinned = verdict.pin.fingerprint if verdict.trusted and verdict.pin is not None else ""
+            chosen.append(Target(box, False, verdict, pinned))
+    return chosen
 
 
 def read_token(path: Path | None, settings: Settings) -> str | None:
@@ -124,14 +143,23 @@ class Refusal(Exception):
     """The command will not send this request to this box (it is not the box it was pinned as...)."""
 
 
+class CertificateChanged(Refusal):
+    """The box presented a certificate other than the one it was pinned with."""
+
+
 class BoxClient:
     """HTTP to one box, over one keep-alive connection: ``call`` sends a request as is; ``signed`` proves
-    the token with a signature over a fresh nonce of the box, for the box id expected."""
+    the token with a signature over a fresh nonce of the box, for the box id expected. Over TLS when the
+    box's HTTP port speaks it; ``fingerprint``: the certificate it must present (CertificateChanged
+    otherwise, before any request is sent)."""
 
-    def __init__(self, box: Box, timeout: float = 10.0) -> None:
+    def __init__(self, box: Box, timeout: float = 10.0, fingerprint: str = "") -> None:
         self.box = box
         self._timeout = timeout
+        self._fingerprint = fingerprint
         self._connection: http.client.HTTPConnection | None = None
+        self.presented: str = ""
+        """The fingerprint of the certificate the box presented ('' until a TLS connection is made)."""
 
     def __enter__(self) -> BoxClient:
         return self
@@ -148,7 +176,7 @@ class BoxClient:
              headers: Sequence[tuple[str, str]] = (), timeout: float | None = None) -> tuple[int, Any]:
         """(status, JSON answer or None); OSError when the box cannot be reached."""
         if self._connection is None:
-            self._connection = http.client.HTTPConnection(self.box.addresses[0], self.box.port, timeout=self._timeout)
+            self._connection = self._connect()
         self._connection.timeout = timeout or self._timeout
         if self._connection.sock is not None:
             self._connection.sock.settimeout(self._connection.timeout)
@@ -171,6 +199,34 @@ class BoxClient:
             return response.status, json.loads(raw) if raw else None
         except ValueError:
             return response.status, raw[:300].decode("utf-8", "replace")
+
+    def _connect(self) -> http.client.HTTPConnection:
+        host, port = self.box.addresses[0], self.box.port
+        if "http" not in self.box.tls:
+            return http.client.HTTPConnection(host, port, timeout=self._timeout)
+        # No CA check: a box's own certificate is self-signed; the pin's fingerprint is what is checked.
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        connection = http.client.HTTPSConnection(host, port, timeout=self._timeout, context=context)
+        try:
+            connection.connect()
+        except ssl.SSLError as exc:
+            connection.close()
+            raise OSError(f"TLS handshake with {self.box.url} failed: {exc.reason or exc}") from None
+        connection.auto_open = 0  # http.client reconnecting on its own would skip the certificate's check
+        assert isinstance(connection.sock, ssl.SSLSocket)
+        der = connection.sock.getpeercert(binary_form=True) or b""
+        self.presented = certificate_fingerprint(der)
+        if self._fingerprint and not same_fingerprint(self._fingerprint, self.presented):
+            connection.close()
+            raise CertificateChanged(
+                f"{self.box.name} at {self.box.url} presents the TLS certificate {self.presented}, but it was pinned "
+                f"with {self._fingerprint}: another box, or an impostor, is there; nothing was sent. If the box's "
+                f"certificate was replaced on purpose (appliance tls init --force), check its fingerprint on the box "
+                f"(appliance tls show) and pin it again: appliance fleet trust {self.box.name}")
+        return connection
 
     def identify(self) -> tuple[str, str] | None:
         """(box id, a nonce) as the box answers them; None when it does not sign (Triton, an older

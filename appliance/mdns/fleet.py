@@ -30,5 +30,5 @@ class FleetView:
             "name": box.name, "self": bool(self._own_id) and box.id == self._own_id, "id": box.id,
             "url": box.base_url, "dashboard": box.base_url + "/", "addresses": list(box.addresses),
             "port": box.port, "grpc_port": box.grpc_port, "hw": box.hw, "models": box.models,
-            "version": box.version,
+            "version": box.version, "tls": list(box.tls),
         } for box in self._browser.boxes()]}

@@ -104,11 +104,12 @@ class ServerSection:
 
 
 def _tls(section: HttpSection | GrpcSection, state_dir: Path, flag: str) -> ServerTls | None:
-    """A port's TLS as its settings say (None: plain TCP); the box's own certificate by default."""
-    if not section.use_ssl:
-        if section.use_ssl_mutual or section.server_cert or section.server_key:
-            raise ConfigError(f"{flag}-server-cert, {flag}-server-key and {flag}-use-ssl-mutual take effect with "
-                              f"{flag}-use-ssl=true; add it")
+    """A port's TLS as its settings say (None: plain TCP); the box's own certificate by default. Mutual TLS
+    turns TLS on by itself, as Triton's --grpc-use-ssl-mutual=true does."""
+    if not (section.use_ssl or section.use_ssl_mutual):
+        if section.server_cert or section.server_key:
+            raise ConfigError(f"{flag}-server-cert and {flag}-server-key take effect with {flag}-use-ssl=true (or "
+                              f"{flag}-use-ssl-mutual=true); add it")
         return None
     if bool(section.server_cert) != bool(section.server_key):
         raise ConfigError(f"{flag}-server-cert and {flag}-server-key go together; give both, or neither to "
@@ -159,8 +160,8 @@ class HttpSection:
     root_cert: str | None = key(None, "http_root_cert")
     """The PEM CA bundle client certificates must chain to, with http_use_ssl_mutual."""
     use_ssl_mutual: bool = key(False, "http_use_ssl_mutual")
-    """Mutual TLS on the HTTP port (and the metrics port): a client without a certificate of
-    http_root_cert's CA is refused in the handshake."""
+    """Mutual TLS on the HTTP port (and the metrics port; TLS on, even without http_use_ssl): a client
+    without a certificate of http_root_cert's CA is refused in the handshake."""
 
     def tls(self, state_dir: Path) -> ServerTls | None:
         return _tls(self, state_dir, "--http")
@@ -210,8 +211,8 @@ class GrpcSection:
     root_cert: str | None = key(None, "grpc_root_cert")
     """The PEM CA bundle client certificates must chain to, with grpc_use_ssl_mutual."""
     use_ssl_mutual: bool = key(False, "grpc_use_ssl_mutual")
-    """Mutual TLS on the gRPC port: a client without a certificate of grpc_root_cert's CA is refused in
-    the handshake."""
+    """Mutual TLS on the gRPC port (TLS on, as with Triton's flag, even without grpc_use_ssl): a client
+    without a certificate of grpc_root_cert's CA is refused in the handshake."""
 
     def tls(self, state_dir: Path) -> ServerTls | None:
         return _tls(self, state_dir, "--grpc")

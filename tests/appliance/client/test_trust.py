@@ -3,13 +3,14 @@ bearer token may go."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import stat
 
 import pytest
 
 from appliance.client.boxes import Box
-from appliance.client.trust import TokenPolicy, TrustStore
+from appliance.client.trust import TokenPolicy, TrustStore, certificate_fingerprint, same_fingerprint
 from appliance.errors import ConfigError
 
 REAL = "11111111-1111-4111-8111-111111111111"
@@ -99,3 +100,43 @@ def test_a_pool_token_goes_only_to_named_or_pinned_boxes(store):
     assert TokenPolicy("secret", None, named=False).token_for(routed) is None  # no pins: no discovered box
     assert TokenPolicy("secret", None, named=True).token_for(_box(box_id="")) == "secret"  # the app named it
     assert TokenPolicy(None, store, named=False).token_for(routed) is None
+
+
+FINGERPRINT = "AB:" * 31 + "CD"
+
+
+def test_a_tls_pin_keeps_its_certificate_and_refuses_the_box_without_tls(tmp_path):
+    store = TrustStore.load(tmp_path / "trusted-boxes.json")
+    secure = Box(name="aisle-3", addresses=("10.0.0.12",), port=8000, id=REAL, tls=("http",))
+    store.pin(secure, REAL, FINGERPRINT)
+    store.save()
+    store = TrustStore.load(store.path)
+    assert [p.fingerprint for p in store.pins()] == [FINGERPRINT]
+    trusted = store.verdict(secure)
+    assert trusted.trusted and trusted.pin is not None and trusted.pin.fingerprint == FINGERPRINT
+    assert trusted.box is not None and trusted.box.base_url == "https://10.0.0.12:8000"
+    downgraded = store.verdict(_box())  # the same box, now announcing plain HTTP
+    assert not downgraded.trusted and downgraded.changed
+    assert "now announces plain HTTP" in downgraded.reason and "appliance fleet trust aisle-3" in downgraded.reason
+
+
+def test_a_pins_file_without_fingerprints_still_loads(store):
+    assert [p.fingerprint for p in store.pins()] == [""]
+    document = json.loads(store.path.read_text())
+    for pin in document["boxes"]:
+        del pin["fingerprint"]  # written before certificates were pinned
+    store.path.write_text(json.dumps(document))
+    assert TrustStore.load(store.path).verdict(_box()).trusted
+
+
+def test_fingerprints_compare_in_any_spelling():
+    assert same_fingerprint(FINGERPRINT, FINGERPRINT.replace(":", "").lower())
+    assert not same_fingerprint(FINGERPRINT, FINGERPRINT.replace("CD", "CE"))
+    assert not same_fingerprint("", "")  # no certificate is never a match
+    assert certificate_fingerprint(b"der") == ":".join(f"{b:02X}" for b in hashlib.sha256(b"der").digest())
+
+
+def test_a_box_announced_or_named_with_tls_is_reached_over_https():
+    assert Box.at("https://10.0.0.12:8000").base_url == "https://10.0.0.12:8000"
+    assert Box.at("https://10.0.0.12:8000").url == "10.0.0.12:8000"
+    assert Box.at("http://10.0.0.12:8000").base_url == "http://10.0.0.12:8000"

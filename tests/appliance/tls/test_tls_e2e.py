@@ -167,7 +167,8 @@ def test_a_key_others_can_read_stops_the_daemon_with_the_fix(start_daemon, repos
 
 @pytest.mark.parametrize("flags, words", [
     (["--http-use-ssl=true"], "run `appliance tls init` first"),
-    (["--grpc-use-ssl-mutual=true"], "take effect with --grpc-use-ssl=true"),
+    (["--grpc-server-cert", "x.pem", "--grpc-server-key", "x.key"], "take effect with --grpc-use-ssl=true"),
+    (["--grpc-use-ssl-mutual=true"], "run `appliance tls init` first"),  # mutual TLS is TLS, as Triton's flag
     (["--http-use-ssl=maybe"], "expected true or false"),
 ])
 def test_incomplete_tls_flags_say_what_is_missing(start_daemon, repository, flags, words):
@@ -195,3 +196,14 @@ def test_tls_init_makes_the_boxs_own_certificate_and_the_daemon_serves_it(start_
     _infer(trusting(daemon))
     _infer(grpcclient.InferenceServerClient(daemon.grpc_url, ssl=True, root_certificates=str(cert)))
     assert os.access(key, os.R_OK)
+
+
+def test_tritons_mutual_flag_alone_turns_tls_on(start_daemon, repository, pki):
+    """Triton's spelling in its own deployments: --grpc-use-ssl-mutual=true and the certificates, with no
+    --grpc-use-ssl (in Triton the mutual flag turns TLS on)."""
+    daemon = start_daemon(repository, "--grpc-use-ssl-mutual=true", "--grpc-server-cert", str(pki.cert),
+                          "--grpc-server-key", str(pki.key), "--grpc-root-cert", str(pki.ca_file))
+    assert "over gRPC (TLS)" in daemon.log()
+    _infer(_grpcs(daemon, pki, client_cert=True))
+    with pytest.raises(InferenceServerException):
+        _grpcs(daemon, pki).is_server_live()  # no client certificate
