@@ -17,39 +17,12 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-import trustme
 from tritonclient.utils import InferenceServerException
 
 from tests.builders import identity_model, write_model
+from tests.tls_util import Pki
 
 X = np.arange(8, dtype=np.float32).reshape(2, 4)
-
-
-class Pki:
-    """A CA, the server's certificate for 127.0.0.1 and a client certificate, as PEM files (keys 0600)."""
-
-    def __init__(self, directory: Path, *, not_after: datetime.datetime | None = None) -> None:
-        self.ca = trustme.CA()
-        directory.mkdir(parents=True, exist_ok=True)
-        self.ca_file = directory / "ca.pem"
-        self.ca.cert_pem.write_to_path(self.ca_file)
-        served = self.ca.issue_cert("127.0.0.1", "localhost", not_after=not_after)
-        self.cert, self.key = directory / "server.pem", directory / "server.key"
-        served.cert_chain_pems[0].write_to_path(self.cert)
-        served.private_key_pem.write_to_path(self.key)
-        client = self.ca.issue_cert("client@example")
-        self.client_cert, self.client_key = directory / "client.pem", directory / "client.key"
-        client.cert_chain_pems[0].write_to_path(self.client_cert)
-        client.private_key_pem.write_to_path(self.client_key)
-        for key in (self.key, self.client_key):
-            key.chmod(0o600)
-
-    def flags(self, port: str, mutual: bool = False) -> list[str]:
-        flags = [f"--{port}-use-ssl=true", f"--{port}-server-cert", str(self.cert), f"--{port}-server-key",
-                 str(self.key)]
-        if mutual:
-            flags += [f"--{port}-use-ssl-mutual=true", f"--{port}-root-cert", str(self.ca_file)]
-        return flags
 
 
 @pytest.fixture(scope="module")
@@ -64,16 +37,9 @@ def repository(tmp_path_factory) -> Path:
     return repo
 
 
-def _context(pki: Pki, client_cert: bool = False) -> ssl.SSLContext:
-    context = ssl.create_default_context(cafile=str(pki.ca_file))
-    if client_cert:
-        context.load_cert_chain(pki.client_cert, pki.client_key)
-    return context
-
-
 def _https(daemon, pki: Pki, client_cert: bool = False) -> httpclient.InferenceServerClient:
     return httpclient.InferenceServerClient(daemon.url, ssl=True,
-                                            ssl_context_factory=lambda: _context(pki, client_cert))
+                                            ssl_context_factory=lambda: pki.context(client_cert))
 
 
 def _grpcs(daemon, pki: Pki, client_cert: bool = False) -> grpcclient.InferenceServerClient:
