@@ -267,6 +267,7 @@ async def _compose(settings: Settings, lifecycle: Lifecycle, connections: int) -
     shared = server_wide(settings.response_cache, settings.rate_limiter)
     if isinstance(shared.response_cache, RedisResponseCache):  # closed after the models that write to it
         lifecycle.on_close("the redis response cache", shared.response_cache.close)
+        await shared.response_cache.check()  # refused credentials stop the start; a Redis that is down does not
     metrics = await _start_metrics(settings.metrics, server, state, registries, lifecycle, custom_metrics, children,
                                    shared)
     shm = settings.shm

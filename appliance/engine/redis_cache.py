@@ -17,7 +17,8 @@ insertion runs after the response in the background (a bounded number at once; t
 call that finds every pooled connection busy for ``wait_timeout`` goes on without Redis,
 and after a failure the server is left alone for a back-off (0.5 s doubling to 30 s) so a Redis that is
 down costs requests nothing. Every failure, timeout and skip is counted
-(``appliance_response_cache_redis_failures``, ``..._skipped``).
+(``appliance_response_cache_redis_failures``, ``..._skipped``). At start (``check``) only refused credentials
+stop the daemon, as they stop Triton: they are a setting to fix, not an outage.
 """
 
 from __future__ import annotations
@@ -36,12 +37,13 @@ import orjson
 import redis.asyncio as redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
+from redis.exceptions import AuthenticationError, NoPermissionError, RedisError
 
 from appliance.backends.base import Outputs
 from appliance.engine.response_cache import request_key
 from appliance.engine.shared_config import RedisCacheConfig
 from appliance.engine.types import InferInput
+from appliance.errors import ConfigError
 from appliance.tensors import decode_bytes_tensor, encode_bytes_tensor, numpy_dtype, v2_datatype
 
 __all__ = ["RedisResponseCache", "decode_entry", "encode_entry"]
@@ -154,6 +156,23 @@ class RedisResponseCache:
             self.skipped += 1
             return False
         return True
+
+    async def check(self) -> None:
+        """At start: a Redis that refuses the credentials stops the daemon (ConfigError, as Triton's redis cache
+        refuses to start); one that is down or slow is only logged, and requests go uncached until it answers."""
+        config = self.config
+        bound = (config.connect_timeout_ms + config.socket_timeout_ms) / 1000
+        try:
+            await asyncio.wait_for(self._connect().ping(), bound)
+        except (AuthenticationError, NoPermissionError) as exc:
+            raise ConfigError(
+                f"cache_config: redis {config.host}:{config.port} refused the cache's credentials ({exc}); give the "
+                "right redis,user=<user> and redis,password=<password> (or TRITONCACHE_REDIS_USERNAME and "
+                "TRITONCACHE_REDIS_PASSWORD), or grant that user GET and SET on appliance:rc1:*") from None
+        except (RedisError, OSError, TimeoutError) as exc:
+            self._failed("the first PING", exc)
+        else:
+            self._succeeded()
 
     def version_owner(self, identity: bytes | None) -> bytes:
         # Without an identity (an ensemble) the version's entries are its own load's: never stale, not shared.

@@ -20,15 +20,20 @@ class CacheConfig:
     size: int
 
     @classmethod
-    def parse(cls, entries: Iterable[str]) -> CacheConfig | RedisCacheConfig | None:
+    def parse(cls, entries: Iterable[str], redis_user: str | None = None,
+              redis_password: str | None = None) -> CacheConfig | RedisCacheConfig | None:
         """``("local,size=1048576",)`` or ``("redis,host=h", "redis,port=6379")``, or the same split at their
-        commas (how a comma-separated setting arrives from the environment); nothing given is no cache."""
+        commas (how a comma-separated setting arrives from the environment); nothing given is no cache.
+        ``redis_user``, ``redis_password``: the redis cache's credentials where the entries name none (the
+        settings take them from Triton's TRITONCACHE_REDIS_USERNAME and TRITONCACHE_REDIS_PASSWORD)."""
         parsed = _settings(entries)
         if parsed is None:
             return None
         cache, settings = parsed
         if cache == "redis":
-            return RedisCacheConfig.of(settings)
+            # As Triton's redis cache: the environment's credentials first, the cache_config's over them.
+            fallback = {"user": redis_user, "password": redis_password}
+            return RedisCacheConfig.of({**{k: v for k, v in fallback.items() if v}, **settings})
         if cache != "local":
             raise ConfigError(f"cache_config: unknown cache {cache!r}; this server implements the 'local' cache "
                               "(local,size=<bytes>) and the 'redis' cache (redis,host=<host> redis,port=<port>)")
@@ -43,14 +48,15 @@ class CacheConfig:
 
 
 _REDIS_SETTINGS = {"host", "port", "user", "password", "db", "connect_timeout", "socket_timeout", "pool_size",
-                   "wait_timeout", "cert", "key", "cacert", "cacert_dir", "tls", "ttl", "max_entry_size"}
+                   "wait_timeout", "cert", "key", "cacert", "cacert_dir", "tls_enabled", "tls", "ttl",
+                   "max_entry_size"}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class RedisCacheConfig:
     """The ``redis`` cache: responses kept on a Redis server, shared by every appliance that uses it. The
-    settings are Triton's redis cache's (host, port, user, password, db, the timeouts in milliseconds, the
-    TLS files) plus the appliance's ``tls``, ``ttl`` and ``max_entry_size``."""
+    settings are Triton's redis cache's (host, port, user, password, db, the timeouts in milliseconds,
+    tls_enabled and the TLS files) plus the appliance's ``ttl`` and ``max_entry_size``."""
 
     host: str
     port: int
@@ -95,7 +101,7 @@ class RedisCacheConfig:
             return value
 
         def flag(name: str) -> bool:
-            value = settings.get(name, "false").lower()
+            value = settings[name].lower()
             if value not in ("true", "false", "1", "0", "yes", "no"):
                 raise ConfigError(f"cache_config: redis {name} must be true or false, got {settings[name]!r}")
             return value in ("true", "1", "yes")
@@ -104,6 +110,15 @@ class RedisCacheConfig:
         if bool(files["cert"]) != bool(files["key"]):
             raise ConfigError("cache_config: redis cert and key go together (a client certificate and its key); "
                               "give both or neither")
+        # tls_enabled is Triton's name, tls the appliance's shorter one; without either, naming a TLS file
+        # turns TLS on. Files named beside an explicit false would be silently unused: refused instead.
+        said = [flag(name) for name in ("tls_enabled", "tls") if name in settings]
+        if len(set(said)) > 1:
+            raise ConfigError("cache_config: redis tls_enabled and tls disagree; give one of them")
+        tls = said[0] if said else any(files.values())
+        if not tls and any(files.values()):
+            raise ConfigError("cache_config: redis TLS files are named but tls_enabled=false; drop the files or "
+                              "set redis,tls_enabled=true")
         socket_timeout = number("socket_timeout", 100, "milliseconds")
         connect_timeout = number("connect_timeout", 1000, "milliseconds")
         return cls(
@@ -113,8 +128,7 @@ class RedisCacheConfig:
             connect_timeout_ms=connect_timeout or 1000, socket_timeout_ms=socket_timeout or 100,
             pool_size=number("pool_size", 8, "a number of connections", 1),
             wait_timeout_ms=number("wait_timeout", 100, "milliseconds"),
-            # Triton turns TLS on when any TLS file is named; so does this server, or with tls=true.
-            tls=flag("tls") or any(files.values()), ttl=number("ttl", 0, "seconds"),
+            tls=tls, ttl=number("ttl", 0, "seconds"),
             max_entry_size=number("max_entry_size", 16 << 20, "bytes", 1024), **files,
         )
 

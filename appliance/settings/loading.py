@@ -40,6 +40,8 @@ SECTIONS: dict[str, type] = {
 
 # What systemd hands a service through its environment, under its own names.
 _SYSTEMD = {"notify_socket": "NOTIFY_SOCKET", "watchdog_usec": "WATCHDOG_USEC"}
+# What Triton's redis cache reads from the environment, under Triton's names (APPLIANCE_* ones win).
+_TRITON = {"cache_redis_user": "TRITONCACHE_REDIS_USERNAME", "cache_redis_password": "TRITONCACHE_REDIS_PASSWORD"}
 
 
 def default_state_dir(env: Mapping[str, str]) -> Path:
@@ -124,7 +126,7 @@ def load_values(flags: Mapping[str, Any], env: Mapping[str, str], config_file: P
     """Every setting given anywhere, as flat keys, converted to its type (lowest precedence first)."""
     fields = flat_fields()
     values: dict[str, Any] = {"state_dir": default_state_dir(env)}
-    values.update({name: env[variable] for name, variable in _SYSTEMD.items() if env.get(variable)})
+    values.update({name: env[variable] for name, variable in (_SYSTEMD | _TRITON).items() if env.get(variable)})
     if config_file is None and env.get(ENV_PREFIX + "CONFIG"):
         config_file = Path(env[ENV_PREFIX + "CONFIG"])
     if config_file is not None:

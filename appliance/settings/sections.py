@@ -511,14 +511,21 @@ class ResponseCacheSection:
     redis,host=<host> with redis,port=<port> keeps them on a Redis server, shared with every appliance
     that uses it (more settings: docs/response-cache.md); empty: no response cache, whatever the models
     say."""
+    redis_user: str | None = key(None, "cache_redis_user")
+    """The redis cache's ACL user where cache_config names none (redis,user=... wins); also read from
+    Triton's TRITONCACHE_REDIS_USERNAME."""
+    redis_password: str | None = dataclasses.field(default=None, repr=False,
+                                                   metadata={"key": "cache_redis_password"})
+    """The redis cache's password where cache_config names none (redis,password=... wins); also read from
+    Triton's TRITONCACHE_REDIS_PASSWORD. An environment variable keeps it out of ps and of the settings file."""
 
     def __post_init__(self) -> None:
-        CacheConfig.parse(self.config)
+        self.parsed  # noqa: B018 - checks the entries
 
     @property
     def parsed(self) -> CacheConfig | RedisCacheConfig | None:
         """The cache to run (None: none)."""
-        return CacheConfig.parse(self.config)
+        return CacheConfig.parse(self.config, self.redis_user, self.redis_password)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -16,6 +16,8 @@ from hypothesis import strategies as st
 from appliance.engine.redis_cache import PREFIX, RedisResponseCache, decode_entry, encode_entry
 from appliance.engine.shared_config import CacheConfig, RedisCacheConfig
 from appliance.engine.types import InferInput
+from appliance.errors import ConfigError
+from appliance.settings import load_settings
 from tests.redis_server import redis_server
 
 IDENTITY = b"\x01" * 32
@@ -203,7 +205,7 @@ async def test_tls_with_the_servers_ca_and_a_client_certificate(tmp_path):
         trusted = RedisResponseCache(_config(server.port, f"redis,cacert={paths['ca']}",
                                              f"redis,cert={tmp_path / 'client.pem'}",
                                              f"redis,key={tmp_path / 'client.key'}"))
-        untrusted = RedisResponseCache(_config(server.port, "redis,tls=true"))  # the system's CAs only
+        untrusted = RedisResponseCache(_config(server.port, "redis,tls_enabled=true"))  # the system's CAs only
         key = trusted.key(trusted.version_owner(IDENTITY), [X], ["y"], "")
         try:
             assert trusted.config.tls
@@ -229,3 +231,51 @@ async def test_a_busy_pool_is_skipped_not_counted_as_a_failing_server(server):
     finally:
         server.resume()
         await cache.close()
+
+
+def _settings_cache(port: int, env: dict[str, str], *extra: str) -> RedisCacheConfig:
+    settings = load_settings({"cache_config": ("redis,host=127.0.0.1", f"redis,port={port}", *extra)}, env)
+    config = settings.response_cache.parsed
+    assert isinstance(config, RedisCacheConfig)
+    return config
+
+
+async def test_credentials_from_tritons_environment_variables(tmp_path):
+    with redis_server(tmp_path, password="s3cret") as server:
+        from_env = _settings_cache(server.port, {"TRITONCACHE_REDIS_USERNAME": "default",
+                                                 "TRITONCACHE_REDIS_PASSWORD": "s3cret"})
+        overridden = _settings_cache(server.port, {"TRITONCACHE_REDIS_PASSWORD": "s3cret"}, "redis,password=wrong")
+        assert "s3cret" not in repr(load_settings({}, {"TRITONCACHE_REDIS_PASSWORD": "s3cret"}))
+        right, wrong = RedisResponseCache(from_env), RedisResponseCache(overridden)
+        key = right.key(right.version_owner(IDENTITY), [X], ["y"], "")
+        try:
+            assert (from_env.user, from_env.password) == ("default", "s3cret")
+            assert await wrong.fetch(key, 0) is None and wrong.failures == 1  # the cache_config's password wins
+            right.store(key, IDENTITY, _outputs(), None)
+            await right.close()
+            assert await right.fetch(key, 0) is not None and right.failures == 0
+        finally:
+            await right.close()
+            await wrong.close()
+
+
+@pytest.mark.parametrize(("extra", "tls"), [
+    ((), False),
+    (("redis,tls_enabled=true",), True),  # Triton's name
+    (("redis,tls=true",), True),
+    (("redis,cacert=/ca.pem",), True),  # a TLS file alone turns TLS on
+    (("redis,tls_enabled=true", "redis,cacert=/ca.pem"), True),
+])
+def test_tls_settings(extra, tls):
+    assert _config(6379, *extra).tls is tls
+
+
+@pytest.mark.parametrize(("extra", "words"), [
+    (("redis,tls_enabled=false", "redis,cacert=/ca.pem"), "set redis,tls_enabled=true"),
+    (("redis,tls_enabled=true", "redis,tls=false"), "disagree"),
+    (("redis,tls_enabled=maybe",), "must be true or false"),
+    (("redis,cert=/c.pem",), "give both or neither"),
+])
+def test_contradicting_tls_settings_are_refused_with_the_fix(extra, words):
+    with pytest.raises(ConfigError, match=words):
+        _config(6379, *extra)

@@ -113,3 +113,29 @@ def test_a_stalled_then_stopped_redis_costs_requests_nothing(daemons, redis):
 def test_a_bad_redis_setting_stops_the_daemon_with_the_fix(start_daemon, repository):
     with pytest.raises(RuntimeError, match="needs its address"):
         start_daemon(repository, "--cache-config", "redis,host=127.0.0.1")
+
+
+def test_the_password_from_tritons_environment_variable(start_daemon, repository, tmp_path):
+    with redis_server(tmp_path, password="s3cret") as locked:
+        endpoint = ("--cache-config", "redis,host=127.0.0.1", "--cache-config", f"redis,port={locked.port}")
+        daemon = start_daemon(repository, *endpoint, env={"TRITONCACHE_REDIS_PASSWORD": "s3cret"})
+        x = X + 300
+        for _ in range(2):
+            np.testing.assert_array_equal(_infer(daemon, "cached", x), np.square(x))
+            _until(lambda: len(locked.keys()) == 1)
+        assert _counts(daemon)[:2] == (1, 1)
+        assert _metric(daemon, "appliance_response_cache_redis_failures") == 0
+        # Refused credentials are a setting to fix, not an outage: the daemon does not start (as Triton).
+        with pytest.raises(RuntimeError, match="refused the cache's credentials.*redis,password="):
+            start_daemon(repository, *endpoint, env={"TRITONCACHE_REDIS_PASSWORD": "wrong"})
+
+
+def test_a_daemon_started_while_redis_is_down_serves_uncached(start_daemon, repository, tmp_path):
+    with redis_server(tmp_path) as gone:
+        port = gone.port
+    daemon = start_daemon(repository, "--cache-config", "redis,host=127.0.0.1", "--cache-config", f"redis,port={port}",
+                          "--cache-config", "redis,connect_timeout=200")
+    x = X + 400
+    np.testing.assert_array_equal(_infer(daemon, "cached", x), np.square(x))
+    assert _metric(daemon, "appliance_response_cache_redis_failures") >= 1
+    assert "requests are served uncached" in daemon.log()
