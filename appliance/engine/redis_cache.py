@@ -117,6 +117,9 @@ class RedisResponseCache:
     def __init__(self, config: RedisCacheConfig) -> None:
         self.config = config
         self._timeout = config.socket_timeout_ms / 1000
+        self._connected = False
+        """A call has succeeded since the last failure: its connection is up, so socket_timeout alone bounds a
+        call; until then a call may also take connect_timeout to connect (and shake hands, with TLS)."""
         self._client: redis.Redis | None = None
         self._slots: asyncio.Semaphore | None = None
         """One per pooled connection: a call waits wait_timeout for one, then goes on without Redis."""
@@ -157,6 +160,9 @@ class RedisResponseCache:
             return False
         return True
 
+    def _bound(self) -> float:
+        return self._timeout if self._connected else self._timeout + self.config.connect_timeout_ms / 1000
+
     async def check(self) -> None:
         """At start: a Redis that refuses the credentials stops the daemon (ConfigError, as Triton's redis cache
         refuses to start); one that is down or slow is only logged, and requests go uncached until it answers."""
@@ -189,6 +195,7 @@ class RedisResponseCache:
 
     def _failed(self, what: str, exc: BaseException) -> None:
         self.failures += 1
+        self._connected = False
         if self._quiet_until == 0.0:  # once per outage
             log.warning("response cache: %s on redis %s:%d failed (%s); requests are served uncached, and the "
                         "server is tried again after a back-off", what, self.config.host, self.config.port,
@@ -199,7 +206,7 @@ class RedisResponseCache:
     def _succeeded(self) -> None:
         if self._quiet_until:
             log.warning("response cache: redis %s:%d answers again", self.config.host, self.config.port)
-        self._quiet_until, self._backoff = 0.0, _BACKOFF_FIRST
+        self._quiet_until, self._backoff, self._connected = 0.0, _BACKOFF_FIRST, True
 
     async def fetch(self, key: bytes, elapsed_ns: int) -> Outputs | None:
         started = time.perf_counter_ns()
@@ -207,7 +214,7 @@ class RedisResponseCache:
             if self._resting() or not await self._slot():
                 return None
             try:
-                value = await asyncio.wait_for(self._connect().get(key), self._timeout)
+                value = await asyncio.wait_for(self._connect().get(key), self._bound())
             except (RedisError, OSError, TimeoutError) as exc:
                 self._failed("a lookup", exc)
                 return None
@@ -252,7 +259,7 @@ class RedisResponseCache:
         started = time.perf_counter_ns()
         try:
             ttl = self.config.ttl or None
-            await asyncio.wait_for(self._connect().set(key, value, ex=ttl), self._timeout)
+            await asyncio.wait_for(self._connect().set(key, value, ex=ttl), self._bound())
         except (RedisError, OSError, TimeoutError) as exc:
             self._failed("an insertion", exc)
             return
