@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from appliance.engine.tensor_checks import DecodeLimits
 from appliance.engine.types import InferOutput, InferRequest, InferResponse, SharedMemoryRef
 from appliance.errors import ApplianceError, InvalidInput
-from appliance.rest.codec import decode_infer_request, decode_raw_request, encode_infer_response
+from appliance.rest.codec import decode_infer_request, decode_raw_request, encode_infer_response, parse_json_object
 from appliance.rest.infer_body import InferBody
 from appliance.tensors import element_size
 from tests.appliance.strategies_fuzz import (
@@ -393,3 +393,23 @@ def test_responses_follow_the_binary_choice_and_tritonclient_reads_them_back(out
             assert np.array_equal(got, output.data, equal_nan=True)
         else:
             assert_same_array(got, output.data)
+
+
+_NESTED = st.integers(0, 3000).map(lambda depth: b'{"ready": ' + b"[" * depth + b"]" * depth + b"}")
+_DOCUMENTS = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    max_leaves=20).map(lambda value: json.dumps(value).encode())
+
+
+@FUZZ
+@given(st.binary(max_size=512) | _NESTED | _DOCUMENTS)
+def test_a_control_body_is_an_object_or_a_400_whatever_the_bytes(body):
+    """Control bodies (repository index, load, trace and log settings): any bytes, any depth, are a JSON object
+    or InvalidInput (a 400 that says what to send), never another error."""
+    try:
+        document = parse_json_object(body, "an object")
+    except InvalidInput as refused:
+        assert refused.message
+        return
+    assert isinstance(document, dict)

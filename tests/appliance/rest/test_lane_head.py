@@ -4,6 +4,8 @@ HTTP/1.1's Host rule; what it refuses, with which status, and that it never read
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from appliance.rest.lane_head import LANE_HEAD_BYTES, LANE_LINE_BYTES, LANE_MAX_FIELDS, HeadReader, HeadRefused
 
@@ -122,3 +124,28 @@ def test_the_whole_head_and_its_field_count_are_bounded():
     assert big.status == 431 and str(LANE_HEAD_BYTES) in big.message
     many = _refusal(LIVE[:-2] + b"".join(b"X-%d: 1\r\n" % i for i in range(LANE_MAX_FIELDS + 1)) + b"\r\n")
     assert many.status == 431 and str(LANE_MAX_FIELDS) in many.message
+
+
+_FIELD = st.tuples(st.from_regex(r"X-[A-Za-z0-9-]{1,12}", fullmatch=True),
+                   st.from_regex(r"[ -~]{0,20}", fullmatch=True).map(str.strip))
+
+
+@settings(max_examples=200, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(fields=st.lists(_FIELD, max_size=6), length=st.integers(0, 10**9), at=st.integers(0, 6),
+       spelling=st.sampled_from([b"Content-Length", b"content-length", b"CONTENT-LENGTH"]))
+def test_a_chunked_head_with_a_length_always_normalises_to_a_chunked_head_that_closes(fields, length, at, spelling):
+    """Whatever other fields come and wherever the Content-Length sits (any case), the head handed to aiohttp
+    has no Content-Length left, is still one valid chunked request, and closes the connection."""
+    lines = [b"%s: %s" % (name.encode(), value.encode()) for name, value in fields]
+    lines.insert(min(at, len(lines)), b"%s: %d" % (spelling, length))
+    head = b"\r\n".join([b"POST /v2/models/m/infer HTTP/1.1", b"Host: h", *lines,
+                           b"Transfer-Encoding: chunked"]) + b"\r\n\r\n"
+    reader = HeadReader()
+    assert reader.feed(bytearray(head)) == len(head) and reader.chunked_with_length
+    normalised = reader.normalised(head)
+    again = HeadReader()
+    assert again.feed(bytearray(normalised)) == len(normalised)
+    assert not again.chunked_with_length and "Content-Length" not in again.headers
+    assert again.headers.get("Transfer-Encoding") == "chunked" and not again.keep_alive
+    assert [(k, v) for k, v in again.headers.items() if k.startswith("X-")] == \
+        [(name, value) for name, value in fields]
