@@ -8,50 +8,15 @@ from __future__ import annotations
 
 import json
 import os
-import ssl
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
-import trustme
 
-from appliance.tls.certificate import fingerprint
 from tests.builders import identity_model, write_model
-
-
-class _Served:
-    """A server certificate for 127.0.0.1 (key 0600) of a CA of its own."""
-
-    def __init__(self, directory: Path) -> None:
-        directory.mkdir(parents=True, exist_ok=True)
-        self.ca = trustme.CA()
-        issued = self.ca.issue_cert("127.0.0.1", "localhost")
-        self.cert, self.key = directory / "server.pem", directory / "server.key"
-        issued.cert_chain_pems[0].write_to_path(self.cert)
-        issued.private_key_pem.write_to_path(self.key)
-        self.key.chmod(0o600)
-        self.fingerprint = fingerprint(self.cert.read_bytes())
-
-    def flags(self) -> list[str]:
-        return ["--http-use-ssl=true", "--http-server-cert", str(self.cert), "--http-server-key", str(self.key)]
-
-    def wait_until_loaded(self, daemon, timeout: float = 60) -> None:
-        """The fixtures' own wait speaks plain HTTP: this one asks the TLS port."""
-        context = ssl.create_default_context()
-        self.ca.configure_trust(context)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                request = urllib.request.Request(f"https://{daemon.url}/v2/repository/index", data=b"{}")
-                if b"READY" in urllib.request.urlopen(request, timeout=2, context=context).read():
-                    return
-            except OSError:
-                pass
-            time.sleep(0.1)
-        raise TimeoutError(f"the daemon did not load its repository in time:\n{daemon.log()[-3000:]}")
+from tests.tls_util import Pki, wait_until_loaded
 
 
 def _appliance(pins: Path, *args: str) -> subprocess.CompletedProcess:
@@ -61,9 +26,8 @@ def _appliance(pins: Path, *args: str) -> subprocess.CompletedProcess:
                           env=environment)
 
 
-def _index(daemon, served: _Served) -> list[str]:
-    context = ssl.create_default_context()
-    served.ca.configure_trust(context)
+def _index(daemon, served: Pki) -> list[str]:
+    context = served.context()
     request = urllib.request.Request(f"https://{daemon.url}/v2/repository/index", data=b"{}")
     return [row["name"] for row in json.loads(urllib.request.urlopen(request, timeout=10, context=context).read())]
 
@@ -73,9 +37,9 @@ def test_a_pinned_box_presenting_another_certificate_is_refused(start_daemon, tm
     write_model(repository, "identity", identity_model(["FP32"]))
     write_model(pushed, "extra", identity_model(["FP32"]))
     pins, state = tmp_path / "pins.json", tmp_path / "state"
-    first, second = _Served(tmp_path / "first"), _Served(tmp_path / "second")
-    daemon = start_daemon(repository, *first.flags(), "--no-grpc", state=state, wait_loaded=False)
-    first.wait_until_loaded(daemon)
+    first, second = Pki(tmp_path / "first"), Pki(tmp_path / "second")
+    daemon = start_daemon(repository, *first.flags("http"), "--no-grpc", state=state, wait_loaded=False)
+    wait_until_loaded(daemon, first)
     url = f"https://{daemon.url}"
 
     wrong = _appliance(pins, "fleet", "trust", "--url", url, "--fingerprint", second.fingerprint)
@@ -94,9 +58,9 @@ def test_a_pinned_box_presenting_another_certificate_is_refused(start_daemon, tm
     # The same box (its state dir: the same id) at the same address, now with another certificate.
     port = daemon.port
     assert daemon.stop() == 0
-    daemon = start_daemon(repository, *second.flags(), "--no-grpc", "--http-port", str(port), state=state,
+    daemon = start_daemon(repository, *second.flags("http"), "--no-grpc", "--http-port", str(port), state=state,
                           wait_loaded=False)
-    second.wait_until_loaded(daemon)
+    wait_until_loaded(daemon, second)
     assert daemon.port == port
     for given in (url, f"http://{daemon.url}"):  # a plain URL does not talk the box out of its pinned TLS
         listed = _appliance(pins, "fleet", "--url", given, "--json")
@@ -119,10 +83,10 @@ def test_a_pinned_box_presenting_another_certificate_is_refused(start_daemon, tm
 def test_trusted_lists_the_pinned_certificate(start_daemon, tmp_path, tls):
     repository, pins = tmp_path / "repo", tmp_path / "pins.json"
     write_model(repository, "identity", identity_model(["FP32"]))
-    served = _Served(tmp_path / "pki")
+    served = Pki(tmp_path / "pki")
     if tls:
-        daemon = start_daemon(repository, *served.flags(), "--no-grpc", wait_loaded=False)
-        served.wait_until_loaded(daemon)
+        daemon = start_daemon(repository, *served.flags("http"), "--no-grpc", wait_loaded=False)
+        wait_until_loaded(daemon, served)
     else:
         daemon = start_daemon(repository, "--no-grpc")
     assert _appliance(pins, "fleet", "trust", "--url", f"{'https' if tls else 'http'}://{daemon.url}").returncode == 0
