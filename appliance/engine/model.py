@@ -114,6 +114,9 @@ class ModelVersion:
         # No outputs named in a request: every output the model has, none classified (built once).
         self._every_output = [RequestedOutput(name) for name in self.signature.outputs]
         self._every_output_name = [name for name in self.signature.outputs]
+        # ...in the order the model made them, as Triton answers (a Python model's tensor order; a tensor
+        # runtime's is the config's). An ensemble's are in its config's order (see differences-from-triton).
+        self._produced_order = {o.name: o for o in self._every_output} if self.backend is not None else None
 
     @property
     def platform(self) -> str:
@@ -161,19 +164,28 @@ class ModelVersion:
 
     async def _run(self, request: InferRequest, batch_size: int) -> InferResponse:
         # No outputs named: every output the model has, none classified.
-        wanted = request.outputs or self._every_output
-        names = [o.name for o in wanted] if request.outputs else self._every_output_name
+        names = [o.name for o in request.outputs] if request.outputs else self._every_output_name
         if self.response_cache is not None:
             results = await self._cached(request, names, batch_size, self.response_cache)
         else:
             results = await self._submit(request, names, batch_size)
         # An output the model did not produce is left out of the response, as Triton does (a Python model
         # may answer with some of its outputs; an ensemble step may, and the ensemble passes that on).
-        outputs = [self._output(requested, results[requested.name]) for requested in wanted
-                   if results.get(requested.name) is not None]
+        outputs = self._outputs(results, request.outputs)
         # A model may set response parameters (Triton's Python InferenceResponse(parameters=...)).
         parameters = dict(results.parameters) if isinstance(results, Outputs) else {}
         return InferResponse(self.name, self.version, outputs, id=request.id, parameters=parameters)
+
+    def _outputs(self, results: Mapping[str, np.ndarray],
+                 requested: Sequence[RequestedOutput]) -> list[InferOutput]:
+        """The response's outputs: those the request named, in its order, or (none named) every one the
+        model produced. An output the model did not produce is left out."""
+        if not requested and self._produced_order is not None:
+            every = self._produced_order
+            return [self._output(every[name], value) for name, value in results.items()
+                    if value is not None and name in every]
+        return [self._output(o, results[o.name]) for o in requested or self._every_output
+                if results.get(o.name) is not None]
 
     def _submit(self, request: InferRequest, names: list[str], batch_size: int) -> Any:
         return self.scheduler.submit(self._runtime_inputs(request), names, batch_size, request.parameters,
@@ -224,11 +236,11 @@ class ModelVersion:
         limits = limits or StreamLimits()
         channel = ResponseChannel(f"{self.name}:{self.version}", loop, limits, *(account or ()))
         inputs = self._runtime_inputs(request)
-        wanted = request.outputs or [RequestedOutput(name) for name in self.signature.outputs]
+        names = [o.name for o in request.outputs] if request.outputs else self._every_output_name
         asked = request.cancelled
         cancelled = channel.cancelled if asked is None else (lambda: channel.cancelled() or asked())
         submitted = asyncio.ensure_future(self.scheduler.submit(
-            inputs, [o.name for o in wanted], batch_size, request.parameters, request.trace, request.timing,
+            inputs, names, batch_size, request.parameters, request.trace, request.timing,
             request_id=request.id or "", sink=channel, cancelled=cancelled))
 
         def ran(task: asyncio.Future) -> None:
@@ -253,7 +265,7 @@ class ModelVersion:
 
         submitted.add_done_callback(ran)
         self._streams.add(channel)
-        convert = functools.partial(self._stream_response, wanted=wanted, request_id=request.id)
+        convert = functools.partial(self._stream_response, requested=request.outputs, request_id=request.id)
         return ResponseStream(channel, convert, closed, submitted)
 
     def _expire(self, channel: ResponseChannel, submitted: asyncio.Future, seconds: float) -> None:
@@ -263,12 +275,11 @@ class ModelVersion:
         if not submitted.done():  # still queued: it never runs; running: the model sees is_cancelled()
             submitted.cancel()
 
-    def _stream_response(self, raw: RawResponse, wanted: list[RequestedOutput],
+    def _stream_response(self, raw: RawResponse, requested: Sequence[RequestedOutput],
                          request_id: str | None) -> InferResponse:
         """One response of a decoupled model: the requested outputs it carries (a decoupled model may send
         a response with only some of them), post-processed as ``infer`` does."""
-        results = raw.outputs or {}
-        outputs = [self._output(o, results[o.name]) for o in wanted if o.name in results]
+        outputs = self._outputs(raw.outputs or {}, requested)
         return InferResponse(self.name, self.version, outputs, id=request_id, parameters=dict(raw.parameters or {}))
 
     def in_use(self) -> _InUse:

@@ -103,9 +103,11 @@ class LocalModels:
         try:
             return self._registry.get(call.model_name, version)
         except (ModelNotFound, ModelNotReady):
-            # Triton's words (python_backend request_executor.cc), which model code may look for.
+            # Triton's words (python_backend request_executor.cc: the call failed before it was submitted),
+            # which model code may look for.
             raise Unavailable(
-                f"Failed for execute the inference request. Model '{call.model_name}' is not ready."
+                f"Model {call.model_name} - Error when running inference: Failed for execute the inference "
+                f"request. Model '{call.model_name}' is not ready."
             ) from None
 
     # -- inference -------------------------------------------------------------------------------

@@ -79,9 +79,13 @@ _ORJSON_DEPTH = 1024
 """The nesting orjson reads at most (its own bound, which keeps parsing off deep recursion)."""
 
 
+class JsonTooDeep(InvalidInput):
+    """A body nested deeper than the JSON parser reads (a handler may say what that member must be)."""
+
+
 def parse_json_object(text: bytes, expected: str) -> dict[str, Any]:
     """A request body that must be a JSON object; ``expected`` describes it in the error."""
-    too_deep = InvalidInput(f"JSON nesting depth exceeds the maximum this server reads ({_ORJSON_DEPTH}); the "
+    too_deep = JsonTooDeep(f"JSON nesting depth exceeds the maximum this server reads ({_ORJSON_DEPTH}); the "
                             f"request body must be {expected}")
     try:
         document = orjson.loads(text)

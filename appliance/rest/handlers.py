@@ -21,7 +21,7 @@ from appliance.protocol.inference import Target
 from appliance.protocol.operations import Operation
 from appliance.rest import shared_memory
 from appliance.rest.body import read_body
-from appliance.rest.codec import HEADER_LENGTH, encode_infer_response
+from appliance.rest.codec import HEADER_LENGTH, JsonTooDeep, encode_infer_response
 from appliance.rest.error_middleware import error_response
 from appliance.rest.generate import generate, generate_stream
 from appliance.rest.infer_body import InferBody
@@ -196,11 +196,17 @@ async def unload_model(request: web.Request) -> web.Response:
 
 
 async def repository_index(request: web.Request) -> web.Response:
-    body = await _optional_json(request, 'a JSON object such as {"ready": true}')
+    # Triton's words: 2.51's, then its later releases' (qa L0_http test_repository_index_deeply_nested_json
+    # sends a "ready" nested 250000 levels deep, which no JSON parser here reads: not a boolean either).
+    words = ("attempt to access JSON non-boolean as boolean: Invalid value for 'ready': expected a boolean (true "
+             'or false, as in {"ready": true})')
+    try:
+        body = await _optional_json(request, 'a JSON object such as {"ready": true}')
+    except JsonTooDeep as exc:
+        raise InvalidInput(f"{words}; {exc.message}") from None
     ready = body.get("ready", False)
-    if not isinstance(ready, bool):  # Triton's words (qa L0_http test_repository_index_deeply_nested_json)
-        raise InvalidInput('attempt to access JSON non-boolean as boolean: "ready" must be true or false, '
-                           'as in {"ready": true}')
+    if not isinstance(ready, bool):
+        raise InvalidInput(words)
     rows = request.app[DATAPLANE].repository_index(ready)
     return _json([row.as_json() for row in rows])
 

@@ -123,15 +123,16 @@ def _unanswered(request: pb_utils.InferenceRequest) -> tuple[str]:
     return RESCHEDULED if rescheduled else SENT
 
 
-def returned_entries(decoupled: bool, requests: list, responses: Any) -> list | None:
+def returned_entries(decoupled: bool, requests: list, responses: Any, instance: str = "") -> list | None:
     """What execute() returned, checked with Triton's rules and words: one entry per request, an
     InferenceResponse or SENT/RESCHEDULED; None for a decoupled model that rescheduled nothing. (Also
-    the in-process plan's: appliance.backends.python.in_process.)"""
+    the in-process plan's: appliance.backends.python.in_process.) ``instance``: the model instance's name,
+    which Triton's messages give."""
     if decoupled:
         if responses is not None:
             raise pb_utils.TritonModelException(
-                "Python model is using the decoupled mode and the execute function must return None (send "
-                "responses with request.get_response_sender())")
+                f"Python model '{instance}' is using the decoupled mode and the execute function must return "
+                "None. (Send the responses with request.get_response_sender().)")
         marks = [_unanswered(request) for request in requests]
         return list(marks) if RESCHEDULED in marks else None
     if responses is None:
@@ -200,6 +201,7 @@ class _Model:
     def __init__(self, model_class: type) -> None:
         self.instance = model_class()
         self.decoupled = False
+        self.name = ""  # the instance's name, as Triton's messages give it (initialize's model_instance_name)
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -252,7 +254,7 @@ def _execute(model: _Model, requests: list, rt: Runtime, output: Arena | None) -
     every request streams its responses (a decoupled model that rescheduled nothing); ("failed", ...)."""
     try:
         responses = model.call("execute", requests, background=model.decoupled)
-        entries = returned_entries(model.decoupled, requests, responses)
+        entries = returned_entries(model.decoupled, requests, responses, model.name)
     except Exception as exc:
         return _failure(exc), output
     if entries is None:
@@ -291,6 +293,7 @@ def serve(rt: Runtime, commands: Reading, model_file: Path) -> None:
     try:
         model = _Model(model_class)
         model.decoupled = pb_utils.using_decoupled_model_transaction_policy(json.loads(args["model_config"]))
+        model.name = args.get("model_instance_name", "")
         model.call("initialize", args)
     except Exception as exc:
         rt.send(_failure(exc))

@@ -8,7 +8,8 @@ is the same single copy a mapping would need to hand the model an array of its o
 
 Keys are checked before anything is opened: a plain object name (one optional leading '/', then
 letters, digits, '.', '_', '-'; never '..'), never one of the appliance's own arenas, opened without
-following links and only if it is a regular file. Keys are never repeated in errors.
+following links and only if it is a regular file. Errors are Triton's words, which quote the key (escaped and
+cut to 80 characters), then what to do.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from appliance.backends.python.arena import ARENA_PREFIX
 from appliance.errors import InferenceFailed, InvalidInput
 from appliance.protocol.shared_memory.table import RegionTable, check_region_name
 
-__all__ = ["RESERVED_PREFIXES", "SHM_DIR", "TRITON_PREFIX", "SystemRegion", "SystemSharedMemory", "object_name"]
+__all__ = ["RESERVED_PREFIXES", "SHM_DIR", "TRITON_PREFIX", "SystemRegion", "SystemSharedMemory", "object_name",
+           "shown"]
 
 SHM_DIR = Path("/dev/shm")
 # Objects the appliance (the Python backend's tensor arenas) and POSIX semaphores keep in /dev/shm.
@@ -36,23 +38,29 @@ _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,254}")
 _MAX_SIZE = (1 << 63) - 1
 
 
+def shown(key: object, width: int = 80) -> str:
+    """A client's key as a message quotes it: non-printable characters escaped, cut to ``width``."""
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(key)[:width + 1])
+    return text if len(text) <= width else text[:width] + "..."
+
+
 def object_name(key: object, region: str) -> str:
     """The object's file name in /dev/shm for a client's key ('/input0' -> 'input0')."""
-    if isinstance(key, str) and key.lstrip("/").startswith(TRITON_PREFIX):  # Triton's words (the key left out)
-        raise InvalidInput(f"cannot register shared memory region '{region}' with a key that contains the reserved "
-                           f"prefix '{TRITON_PREFIX}'")
+    if isinstance(key, str) and key.lstrip("/").startswith(TRITON_PREFIX):  # Triton's words
+        raise InvalidInput(f"cannot register shared memory region '{region}' with key '{shown(key)}' as the key "
+                           f"contains the reserved prefix '{TRITON_PREFIX}'")
     name = key[1:] if isinstance(key, str) and key.startswith("/") else key
     if not isinstance(name, str) or not _NAME.fullmatch(name) or ".." in name:
         raise InvalidInput(
-            f"cannot register shared memory region '{region}' - invalid shm key: the key must be a plain shared "
-            "memory object name: an optional leading '/', then up to 255 letters, digits, '.', '_' or '-' (e.g. "
-            "'/input0')"
+            f"cannot register shared memory region '{region}' - invalid shm key '{shown(key)}': the key must be a "
+            "plain shared memory object name: an optional leading '/', then up to 255 letters, digits, '.', '_' or "
+            "'-' (e.g. '/input0')"
         )
     if name.startswith(RESERVED_PREFIXES):
+        prefix = next(p for p in RESERVED_PREFIXES if name.startswith(p))
         raise InvalidInput(
-            f"failed to register shared memory region '{region}': the key names a shared memory object the "
-            f"appliance keeps for itself (keys starting with {' or '.join(repr(p) for p in RESERVED_PREFIXES)}); "
-            "choose another key"
+            f"cannot register shared memory region '{region}' with key '{shown(key)}' as the key contains the "
+            f"reserved prefix '{prefix}'; the appliance keeps these objects for itself: choose another key"
         )
     return name
 
@@ -78,13 +86,13 @@ class SystemRegion:
         try:
             fd = os.open(directory / name, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError as exc:
-            raise InvalidInput(f"failed to register shared memory region '{region}': {_open_error(exc)}") from None
+            raise InvalidInput(f"Unable to open shared memory region: '{shown(key)}'; {_open_error(exc)}") from None
         try:
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode):
                 raise InvalidInput(
-                    f"failed to register shared memory region '{region}': the key does not name a shared memory "
-                    "object (a regular file in /dev/shm)"
+                    f"Invalid shared memory region: '{shown(key)}'; the key does not name a shared memory object (a "
+                    "regular file in /dev/shm)"
                 )
             if offset + byte_size > info.st_size:
                 raise InvalidInput(
@@ -137,7 +145,7 @@ class SystemRegion:
 
 
 def _open_error(exc: OSError) -> str:
-    # The key is never repeated: only what went wrong, and how to fix it.
+    """What went wrong opening the object, and how to fix it (after Triton's words)."""
     if exc.errno == errno.ENOENT:
         return "no shared memory object with that key exists; create it (shm_open) before registering"
     if exc.errno in (errno.EACCES, errno.EPERM):
@@ -163,9 +171,13 @@ class SystemSharedMemory:
     def register(self, name: str, key: str, offset: int, byte_size: int, *, local: bool) -> None:
         self._table.check_client(local)
         name = check_region_name(name)
+        file_name = object_name(key, name)
+        try:  # a missing object first, as Triton checks (SystemRegion.open checks again, holding it)
+            os.stat(self._directory / file_name, follow_symlinks=False)
+        except OSError as exc:
+            raise InvalidInput(f"Unable to open shared memory region: '{shown(key)}'; {_open_error(exc)}") from None
         offset = _size(offset, "offset", name, 0)
         byte_size = _size(byte_size, "byte_size", name, 1)
-        file_name = object_name(key, name)
         self._table.add(name, byte_size, lambda: SystemRegion.open(
             self._directory, file_name, key, offset, byte_size, name))
 

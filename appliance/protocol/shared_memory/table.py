@@ -90,10 +90,11 @@ class Lease:
 
 
 def check_region_name(name: object) -> str:
+    """A name to register a region under; refused in Triton's words for a register's bad arguments."""
     if not isinstance(name, str) or not 0 < len(name) <= _MAX_NAME or not name.isprintable():
         raise InvalidInput(
-            f"a shared memory region name must be 1 to {_MAX_NAME} printable characters, got "
-            f"{str(name)[:60]!r}"
+            f"failed to register shared memory region {str(name)[:60]!r}: invalid args: a shared memory region "
+            f"name must be 1 to {_MAX_NAME} printable characters"
         )
     return name
 

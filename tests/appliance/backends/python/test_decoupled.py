@@ -180,9 +180,12 @@ def test_cancellation_reaches_the_model(tmp_path):
 
 def test_a_decoupled_execute_must_return_none(tmp_path):
     model = write_python_model(tmp_path, "returns_list", RETURNS_LIST, DECOUPLED_CONFIG)
-    # The batch fails as a whole, as when execute() raises.
-    with loaded(model, DECOUPLED_CONFIG) as backend, pytest.raises(InferenceFailed, match="must return None"):
+    # The batch fails as a whole, as when execute() raises, in Triton's words (qa L0_backend_python
+    # decoupled_test's test_decoupled_return_response_error), which name the model instance.
+    with loaded(model, DECOUPLED_CONFIG) as backend, pytest.raises(InferenceFailed) as failed:
         backend.run_requests([_request([1], RecordingSink())])
+    assert ("Python model 'returns_list_0_0' is using the decoupled mode and the execute function must return "
+            "None.") in str(failed.value)
 
 
 def test_open_streams_fail_when_the_process_dies(tmp_path):
