@@ -1,6 +1,6 @@
 # The two commands a new user runs: `make serve` and `make test`. Both create and reuse .venv, as do
-# `make test-fast` (unit tests only) and `make lint` (ruff and mypy, configured in pyproject.toml; CI runs
-# it before the tests).
+# `make test-fast` (unit tests only) and `make lint` (ruff, mypy and lint-imports' layer contracts, all
+# configured in pyproject.toml; CI runs it before the tests).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -38,6 +38,7 @@ test-fast: venv
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 bench: venv
 	$(BIN)/pip install --quiet -e '.[$(FLAVOUR),test,bench]'
@@ -46,4 +47,4 @@ bench: venv
 	$(BIN)/python -m bench.idle_rss
 
 clean:
-	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache
+	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .import_linter_cache

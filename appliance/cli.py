@@ -7,17 +7,17 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
-from appliance import __version__, log_limit
-from appliance.commands import cache, discover, explain, fleet, install_service, probe, push, stats, tls, tune
-from appliance.errors import ApplianceError
+from appliance import __version__
+from appliance.commands import cache, discover, explain, fleet, install_service, probe, push, serve, stats, tls, tune
+from appliance.core.errors import ApplianceError
+from appliance.runtime import log_limit
 from appliance.settings import Settings, load_settings
-from appliance.trace_flags import TRACE_SPELLINGS, trace_flags
 
-__all__ = ["main", "serve_flags", "usage_summary"]
+__all__ = ["main", "usage_summary"]
 
 _COMMANDS = {
+    "serve": serve,
     "probe": probe,
     "tune": tune,
     "explain": explain,
@@ -31,100 +31,11 @@ _COMMANDS = {
 }
 
 
-def _boolean(text: str) -> bool:
-    """Triton's boolean flag values (``--grpc-use-ssl=true``)."""
-    value = text.strip().lower()
-    if value not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
-        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
-    return value in ("true", "1", "yes", "on")
-
-
-def _serve_parser(sub: Any) -> None:
-    p = sub.add_parser("serve", help="serve a Triton-layout model repository over KServe v2 (HTTP and gRPC)")
-    p.add_argument("--model-repository", type=Path, help="model repository (default: the built-in example)")
-    p.add_argument("--host", help="address to bind (default 0.0.0.0)")
-    p.add_argument("--http-port", type=int, help="HTTP port (default 8000; 0 picks a free one)")
-    p.add_argument("--grpc-port", type=int, help="gRPC port (default 8001; 0 picks a free one)")
-    p.add_argument("--no-grpc", dest="grpc", action="store_const", const=False, help="serve HTTP only, no gRPC")
-    for port in ("http", "grpc"):  # Triton's gRPC flags, as it spells them, and the same shape for HTTP
-        p.add_argument(f"--{port}-use-ssl", dest=f"{port}_use_ssl", nargs="?", const=True, type=_boolean,
-                       metavar="BOOL", help=f"serve {port.upper()} over TLS (=true or =false; see docs/tls.md)")
-        p.add_argument(f"--{port}-server-cert", dest=f"{port}_server_cert", metavar="PATH",
-                       help="PEM certificate (default: the box's own, from `appliance tls init`)")
-        p.add_argument(f"--{port}-server-key", dest=f"{port}_server_key", metavar="PATH",
-                       help="PEM private key, mode 0600")
-        p.add_argument(f"--{port}-root-cert", dest=f"{port}_root_cert", metavar="PATH",
-                       help="PEM CA bundle that client certificates must chain to (mutual TLS)")
-        p.add_argument(f"--{port}-use-ssl-mutual", dest=f"{port}_use_ssl_mutual", nargs="?", const=True,
-                       type=_boolean, metavar="BOOL", help="require a client certificate (=true or =false)")
-    p.add_argument("--state-dir", type=Path, help="where the daemon keeps its files (cache, metrics)")
-    p.add_argument("--no-mdns", dest="mdns", action="store_const", const=False, help="do not announce on the LAN")
-    p.add_argument("--name", help="the box's name on the LAN (default: the hostname)")
-    p.add_argument("--mdns-interface", dest="mdns_interfaces", action="append", metavar="ADDR",
-                   help="announce only on the interface with this IPv4 address (repeatable)")
-    p.add_argument("--max-request-bytes", type=int, help="largest request body accepted (HTTP 413 above)")
-    p.add_argument("--strict-readiness", dest="strict_readiness", action=argparse.BooleanOptionalAction,
-                   default=None, help="ready only when every model is ready (default on, as Triton)")
-    p.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR")
-    p.add_argument("--metrics-port", type=int, help="also serve /metrics alone on this port (Triton's 8002)")
-    p.add_argument("--no-metrics", dest="metrics", action="store_const", const=False,
-                   help="keep no history and serve no /metrics")
-    p.add_argument("--model-control-mode", choices=["none", "poll", "explicit"],
-                   help="none: load all; poll: re-scan the repository; explicit: load/unload over the API")
-    p.add_argument("--load-model", dest="load_models", action="append", metavar="NAME",
-                   help="in explicit mode, load this model at start (repeatable; '*' for all)")
-    p.add_argument("--repository-poll-secs", type=float, help="poll mode: seconds between re-scans (default 15)")
-    p.add_argument("--exit-timeout-secs", dest="exit_timeout", type=float,
-                   help="at stop, seconds to wait for Python model processes stuck in a call before killing "
-                        "them (default 30, as Triton)")
-    p.add_argument("--request-deadline", dest="request_deadline", type=float, metavar="SECONDS",
-                   help="cancel a streamed request or a BLS call that has not ended after this many seconds "
-                        "(default 0: never, as Triton)")
-    p.add_argument("--no-selection", dest="selection", action="store_const", const=False,
-                   help="serve each model with its config's backend, without measuring plans")
-    p.add_argument("--retune", action="store_const", const=True, help="ignore cached plan decisions, measure again")
-    p.add_argument("--push-max-file-bytes", type=int, help="largest file a model push may carry (413 above)")
-    p.add_argument("--push-max-total-bytes", type=int, help="bytes of all pushed models kept together (413 above)")
-    p.add_argument("--event-loop", choices=["auto", "uvloop", "asyncio"],
-                   help="auto: uvloop when installed (the default), else asyncio's own loop")
-    p.add_argument("--client-shm", choices=["off", "local", "any"],
-                   help="who may use shared memory: off, local (clients on this host; the default) or any")
-    p.add_argument("--cache-config", dest="cache_config", action="append", metavar="CACHE,KEY=VALUE",
-                   help="keep responses of models with response_cache { enable: true } (Triton's flag): "
-                        "local,size=BYTES, or redis,host=HOST and redis,port=PORT (repeatable)")
-    p.add_argument("--rate-limit", type=str.lower, choices=["execution_count", "off"],
-                   help="execution_count: run instances only when their rate_limiter resources are free "
-                        "(Triton's flag; default off)")
-    p.add_argument("--rate-limit-resource", dest="rate_limit_resources", action="append",
-                   metavar="NAME:COUNT[:DEVICE]", help="copies of a rate-limiter resource (repeatable)")
-    p.add_argument("--trace-config", dest="trace_config", action="append", default=[], metavar="[MODE,]SETTING=VALUE",
-                   help="Triton's trace settings at start: level=OFF|TIMESTAMPS|TENSORS, rate=N, count=N, "
-                        "mode=triton, triton,file=PATH, triton,log-frequency=N (repeatable)")
-    for flag, kind in (("--trace-file", str), ("--trace-rate", int), ("--trace-count", int),
-                       ("--trace-log-frequency", int)):
-        p.add_argument(flag, dest=flag[2:].replace("-", "_"), type=kind, help=argparse.SUPPRESS)
-    p.add_argument("--trace-level", dest="trace_levels", action="append", default=[], help=argparse.SUPPRESS)
-
-
-def serve_flags() -> dict[str, tuple[str, ...]]:
-    """The settings ``appliance serve`` takes as flags: each setting's key and its flags."""
-    sub = argparse.ArgumentParser().add_subparsers()
-    _serve_parser(sub)
-    (serve,) = sub.choices.values()
-    flags = {action.dest: tuple(action.option_strings) for action in serve._actions if action.option_strings}
-    for name in ("help", "trace_config", "trace_file", "trace_levels", "trace_rate", "trace_count",
-                 "trace_log_frequency"):
-        flags.pop(name, None)
-    flags.update({setting: (spelling,) for setting, spelling in TRACE_SPELLINGS.items()})
-    return flags
-
-
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="appliance", description="Edge inference appliance")
     parser.add_argument("--version", action="version", version=f"appliance {__version__}")
     parser.add_argument("--config", type=Path, help="TOML settings file (also APPLIANCE_CONFIG)")
     sub = parser.add_subparsers(dest="command", required=True)
-    _serve_parser(sub)
     for command in _COMMANDS.values():
         command.add_parser(sub)
     return parser
@@ -153,33 +64,14 @@ def _setup_logging(settings: Settings) -> None:
         log_limit.install(handler)  # a flood of one message (asyncio's accept errors...) stays a trickle
 
 
-def _run_serve(settings: Settings) -> int:
-    from appliance import event_loop
-    from appliance.daemon import serve
-
-    name = event_loop.loop_name(settings.server.event_loop)
-    logging.getLogger("appliance").info("event loop: %s", name)
-    event_loop.run(serve(settings), settings.server.event_loop)
-    return 0
-
-
-def _trace_flags(flags: dict[str, Any]) -> dict[str, object]:
-    """tritonserver's trace flags (taken out of ``flags``) as trace settings."""
-    return trace_flags(flags.pop("trace_config"), file=flags.pop("trace_file"), levels=flags.pop("trace_levels"),
-                       rate=flags.pop("trace_rate"), count=flags.pop("trace_count"),
-                       log_frequency=flags.pop("trace_log_frequency"))
-
-
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     flags = {k: v for k, v in vars(args).items() if k not in ("command", "config")}
     try:
         if args.command == "serve":
-            flags.update(_trace_flags(flags))
+            flags.update(serve.trace_settings(flags))
         settings = load_settings(flags, os.environ, args.config)
         _setup_logging(settings)
-        if args.command == "serve":
-            return _run_serve(settings)
         return _COMMANDS[args.command].run(args, settings)
     except ApplianceError as exc:
         print(f"appliance: {exc.message}", file=sys.stderr)

@@ -23,8 +23,8 @@ import hardware_probe
 from appliance import __version__
 from appliance.backends import BackendServices, RuntimeOptions
 from appliance.backends.children import ChildProcesses
-from appliance.backends.python.arena import arena_usage, remove_stale_arenas
-from appliance.budget import MemoryBudget
+from appliance.backends.python.wire.arena import arena_usage, remove_stale_arenas
+from appliance.core.errors import ConfigError
 from appliance.engine.rate_limiter import RateLimiter
 from appliance.engine.redis_cache import RedisResponseCache
 from appliance.engine.response_cache import ResponseCache, ResponseStore
@@ -33,11 +33,8 @@ from appliance.engine.server_wide import ServerWide
 from appliance.engine.shared_config import RedisCacheConfig
 from appliance.engine.streaming import StreamLimits
 from appliance.engine.tensor_checks import DecodeLimits
-from appliance.errors import ConfigError
 from appliance.examples import ensure_example_repository, example_repository
-from appliance.fleet_signature import FleetVerifier
-from appliance.grpc.config import GrpcConfig, StreamRules
-from appliance.lifecycle import Lifecycle
+from appliance.grpc.grpc_config import GrpcConfig, StreamRules
 from appliance.mdns.announcer import box_id
 from appliance.metrics.custom import CustomMetrics
 from appliance.metrics.service import MetricsService
@@ -54,7 +51,12 @@ from appliance.repository.plan_choice import PlanChooser
 from appliance.repository.pushed import PushLimits, PushStore
 from appliance.repository.registry import ModelRegistry
 from appliance.repository.retune import RetunePolicy, Retuner
-from appliance.rest.config import BodyLimits, RestConfig, host_policy
+from appliance.rest.rest_config import BodyLimits, RestConfig, host_policy
+from appliance.runtime.lifecycle import Lifecycle
+from appliance.runtime.state import StateDir
+from appliance.security.budget import MemoryBudget
+from appliance.security.fleet_signature import FleetVerifier
+from appliance.security.token import control_token
 from appliance.selection import Selector
 from appliance.selection.selector import Hardware, SelectionSettings, open_cache
 from appliance.settings import Settings
@@ -70,9 +72,7 @@ from appliance.settings.sections import (
     SelectionSection,
     ServerSection,
 )
-from appliance.state import StateDir
 from appliance.tls.context import ServerTls
-from appliance.token import control_token
 from hardware_probe import ProbeReport
 
 __all__ = ["Appliance", "compose", "make_selector", "resolve_repository", "runtime_options", "server_wide",

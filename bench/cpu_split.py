@@ -35,7 +35,7 @@ Sample = dict[int, tuple[str, int, int, int]]
 
 def _label(pid: int) -> str:
     words = [w.decode(errors="replace") for w in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if w]
-    if "appliance.backends.python.stub" in words and len(words) >= 3:  # ... MODEL_FILE DAEMON_PID
+    if "appliance.backends.python.model_process.stub" in words and len(words) >= 3:  # ... MODEL_FILE DAEMON_PID
         return "model process " + Path(words[-2]).parent.parent.name
     if words and words[0].endswith("triton_python_backend_stub") and len(words) >= 2:  # ... INSTANCE KIND
         return "stub " + words[-2]

@@ -1,4 +1,4 @@
-"""What signed requests cost (appliance.fleet_signature: the fleet proves the token without sending it),
+"""What signed requests cost (appliance.security.fleet_signature: the fleet proves the token without sending it),
 beside the bearer token they replace for `appliance push` and `appliance fleet`.
 
     python -m bench.fleet_signing [--reads 300] [--pushes 10]
@@ -28,8 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from appliance.fleet_signature import FleetVerifier, sign
 from appliance.protocol.admission import check_bearer
+from appliance.security.fleet_signature import FleetVerifier, sign
 from bench.models import cnn_model, write_repository
 from bench.process import Server, start_appliance
 

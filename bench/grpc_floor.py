@@ -159,7 +159,7 @@ def _serve_appliance() -> None:
     from tritonclient.grpc import service_pb2
 
     from appliance.grpc.access import Gate
-    from appliance.grpc.config import GrpcConfig
+    from appliance.grpc.grpc_config import GrpcConfig
     from appliance.grpc.http2.server import Http2Server
 
     canned = _response()

@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from appliance.tensors import numpy_dtype
+from appliance.core.tensors import numpy_dtype
 
 OPSET = [helper.make_opsetid("", 17)]
 

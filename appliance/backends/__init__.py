@@ -18,7 +18,7 @@ from appliance.backends.base import (
     threads_per_instance,
     usable_cores,
 )
-from appliance.errors import ConfigError
+from appliance.core.errors import ConfigError
 
 __all__ = [
     "BACKENDS",

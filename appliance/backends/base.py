@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 import numpy as np
 
-from appliance.errors import BackendUnavailable, InferenceFailed, InvalidInput
-from appliance.tensors import RuntimeTensor
+from appliance.core.errors import BackendUnavailable, InferenceFailed, InvalidInput
+from appliance.core.tensors import RuntimeTensor
 
 if TYPE_CHECKING:
     from tritonclient.grpc.model_config_pb2 import ModelConfig
@@ -393,8 +393,8 @@ class Backend(abc.ABC):
     def run(self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]) -> dict[str, np.ndarray]:
         """Execute one batch given as tensors. BYTES tensors are numpy object arrays of ``bytes`` both ways.
 
-        Raise ``appliance.errors.InvalidInput`` for input the runtime refuses and
-        ``appliance.errors.InferenceFailed`` for anything else that goes wrong.
+        Raise ``appliance.core.errors.InvalidInput`` for input the runtime refuses and
+        ``appliance.core.errors.InferenceFailed`` for anything else that goes wrong.
         """
 
     def run_requests(self, requests: Sequence[BackendRequest]) -> BatchResult:

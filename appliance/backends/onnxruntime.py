@@ -9,8 +9,8 @@ import onnxruntime as ort
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
 from appliance.backends.base import Backend, LoadContext
-from appliance.errors import ConfigError, InferenceFailed, InvalidInput, RefusedByRuntime
-from appliance.tensors import RuntimeTensor
+from appliance.core.errors import ConfigError, InferenceFailed, InvalidInput, RefusedByRuntime
+from appliance.core.tensors import RuntimeTensor
 
 __all__ = ["OnnxRuntimeBackend"]
 

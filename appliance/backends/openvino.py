@@ -8,8 +8,8 @@ import numpy as np
 import openvino as ov
 
 from appliance.backends.base import Backend, LoadContext
-from appliance.errors import ConfigError, InferenceFailed, InvalidInput
-from appliance.tensors import RuntimeTensor
+from appliance.core.errors import ConfigError, InferenceFailed, InvalidInput
+from appliance.core.tensors import RuntimeTensor
 
 __all__ = ["OpenVinoBackend"]
 

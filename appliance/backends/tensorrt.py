@@ -13,8 +13,8 @@ import tensorrt as trt
 import torch
 
 from appliance.backends.base import Backend, LoadContext
-from appliance.errors import BackendUnavailable, ConfigError, InferenceFailed, InvalidInput
-from appliance.tensors import RuntimeTensor
+from appliance.core.errors import BackendUnavailable, ConfigError, InferenceFailed, InvalidInput
+from appliance.core.tensors import RuntimeTensor
 
 __all__ = ["TensorRTBackend"]
 

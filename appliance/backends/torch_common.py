@@ -9,8 +9,8 @@ import numpy as np
 import torch
 
 from appliance.backends.base import LoadContext
-from appliance.errors import ConfigError
-from appliance.tensors import BF16
+from appliance.core.errors import ConfigError
+from appliance.core.tensors import BF16
 
 __all__ = ["TORCH_TO_V2", "device_of", "outputs_by_name", "to_numpy", "to_torch"]
 

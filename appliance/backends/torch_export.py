@@ -14,8 +14,8 @@ import torch
 
 from appliance.backends.base import Backend, LoadContext
 from appliance.backends.torch_common import TORCH_TO_V2, device_of, outputs_by_name, to_torch
-from appliance.errors import ConfigError, InferenceFailed, InvalidInput
-from appliance.tensors import RuntimeTensor
+from appliance.core.errors import ConfigError, InferenceFailed, InvalidInput
+from appliance.core.tensors import RuntimeTensor
 
 __all__ = ["TorchExportBackend"]
 

@@ -9,7 +9,7 @@ import torch
 
 from appliance.backends.base import Backend, LoadContext
 from appliance.backends.torch_common import argument_index, device_of, outputs_by_name, to_torch
-from appliance.errors import ConfigError, InferenceFailed, InvalidInput
+from appliance.core.errors import ConfigError, InferenceFailed, InvalidInput
 
 __all__ = ["TorchScriptBackend"]
 

@@ -3,7 +3,7 @@ only a claim (anyone can announce ``_kserve-v2._tcp`` with any name and id), so 
 a box merely found there.
 
 ``appliance fleet trust NAME`` pins a box (its id, as it answers at its address); ``appliance push``
-refuses a box that is not pinned, and signs what it sends to a pinned one (appliance.fleet_signature:
+refuses a box that is not pinned, and signs what it sends to a pinned one (appliance.security.fleet_signature:
 the token itself never travels); ``BoxPool(token=..., trusted_boxes=...)`` sends its bearer token only to
 pinned boxes, at their pinned address. A pinned box that turns up at another address, or another box
 (another id) under its name or at its address, is not trusted until the operator pins it again.
@@ -31,7 +31,7 @@ from pathlib import Path
 import platformdirs
 
 from appliance.client.boxes import Box
-from appliance.errors import ConfigError
+from appliance.core.errors import ConfigError
 
 __all__ = ["FILE_NAME", "Pin", "TokenPolicy", "Trust", "TrustStore", "certificate_fingerprint", "default_path",
            "same_fingerprint"]

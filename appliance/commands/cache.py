@@ -6,7 +6,7 @@ import argparse
 import time
 from typing import Any
 
-from appliance.errors import ConfigError
+from appliance.core.errors import ConfigError
 from appliance.settings import Settings
 from model_cache import ModelCache
 

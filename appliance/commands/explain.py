@@ -8,7 +8,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from appliance.errors import ConfigError
+from appliance.core.errors import ConfigError
 from appliance.selection.report import format_selection
 from appliance.settings import Settings
 

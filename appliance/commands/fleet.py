@@ -37,7 +37,7 @@ from appliance.commands.targets import (
     targets,
     trust_store,
 )
-from appliance.errors import ConfigError
+from appliance.core.errors import ConfigError
 from appliance.settings import Settings
 
 __all__ = ["add_parser", "box_summary", "minute_load", "run"]

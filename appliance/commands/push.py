@@ -6,7 +6,7 @@ parallel, with one progress line each; the exit status is 1 when any box failed 
 
 Only to trusted boxes (see targets.py): a box found on the LAN that the operator did not pin is refused
 before anything is sent to it, with the command that pins it. The token is never sent: the push is
-signed for the pinned box id, over a nonce that box issued (appliance.fleet_signature).
+signed for the pinned box id, over a nonce that box issued (appliance.security.fleet_signature).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from appliance.commands.targets import (
     targets,
     trust_store,
 )
-from appliance.errors import ConfigError
+from appliance.core.errors import ConfigError
 from appliance.repository.config import CONFIG_FILENAME, read_config
 from appliance.settings import Settings
 

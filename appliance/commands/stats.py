@@ -7,7 +7,7 @@ import json
 import time
 from typing import Any
 
-from appliance.errors import ConfigError
+from appliance.core.errors import ConfigError
 from appliance.metrics.history import history
 from appliance.settings import Settings
 

@@ -4,7 +4,7 @@ HTTP to one box: plain, or signed with the token (which never leaves this machin
 A box found on the LAN is trusted only when the operator pinned it (``appliance fleet trust``: its id
 at its address, see appliance.client.trust); a box named with ``--url`` is trusted for the command that
 names it, unless another box was pinned at that address. Whatever a box is, the token is never sent:
-requests that need it are signed (appliance.fleet_signature) for the box id the client expects, with a
+requests that need it are signed (appliance.security.fleet_signature) for the box id the client expects, with a
 nonce that box issued.
 
 A box whose HTTP port speaks TLS (its record's ``tls``, an ``https://`` URL, or a pin with a certificate
@@ -26,8 +26,8 @@ from typing import Any
 
 from appliance.client.boxes import Box, discover
 from appliance.client.trust import Trust, TrustStore, certificate_fingerprint, same_fingerprint
-from appliance.errors import ConfigError
-from appliance.fleet_signature import NONCE_PATH, sign
+from appliance.core.errors import ConfigError
+from appliance.security.fleet_signature import NONCE_PATH, sign
 from appliance.settings import Settings
 
 __all__ = ["BoxClient", "CertificateChanged", "Refusal", "Target", "add_target_options", "explicit_boxes",

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from appliance.errors import ConfigError
+from appliance.core.errors import ConfigError
 from appliance.settings import Settings
 from appliance.tls.certificate import fingerprint, make_self_signed
 

@@ -7,7 +7,7 @@ import asyncio
 import sys
 from typing import Any
 
-from appliance.errors import ConfigError
+from appliance.core.errors import ConfigError
 from appliance.repository.loader import load_model
 from appliance.selection.report import format_selection
 from appliance.settings import Settings

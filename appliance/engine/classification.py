@@ -6,8 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
+from appliance.core.errors import InvalidInput
 from appliance.engine.model_files import MAX_LABEL_BYTES, confined, read_bounded
-from appliance.errors import InvalidInput
 
 __all__ = ["MAX_CLASSIFICATION_ELEMENTS", "classify", "read_labels"]
 

@@ -15,6 +15,14 @@ from tritonclient.grpc import model_config_pb2 as mc
 from appliance.backends import BackendInfo
 from appliance.backends.base import Outputs
 from appliance.backends.python.backend import model_parameters
+from appliance.core.errors import (
+    ApplianceError,
+    DeadlineExceeded,
+    InvalidInput,
+    RefusedByRuntime,
+    Unavailable,
+)
+from appliance.core.tensors import v2_datatype
 from appliance.engine.classification import classify
 from appliance.engine.response_cache import ResponseStore
 from appliance.engine.signature import ModelSignature, input_reshapes
@@ -23,14 +31,6 @@ from appliance.engine.streaming import RawResponse, ResponseChannel, ResponseStr
 from appliance.engine.traffic import TrafficStats
 from appliance.engine.types import InferOutput, InferRequest, InferResponse, RequestedOutput
 from appliance.engine.validation import validate_request
-from appliance.errors import (
-    ApplianceError,
-    DeadlineExceeded,
-    InvalidInput,
-    RefusedByRuntime,
-    Unavailable,
-)
-from appliance.tensors import v2_datatype
 
 if TYPE_CHECKING:
     from appliance.backends.base import ResponseSink

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from appliance.errors import ConfigError
+from appliance.core.errors import ConfigError
 
 __all__ = [
     "MAX_CONFIG_BYTES",

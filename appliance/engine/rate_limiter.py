@@ -39,8 +39,8 @@ from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
 
+from appliance.core.errors import ConfigError, Unavailable
 from appliance.engine.shared_config import ResourceLimit
-from appliance.errors import ConfigError, Unavailable
 
 __all__ = ["InstanceLimits", "InstanceNeeds", "RateLimitCounts", "RateLimiter", "instance_needs"]
 

@@ -40,11 +40,11 @@ from redis.backoff import NoBackoff
 from redis.exceptions import AuthenticationError, NoPermissionError, RedisError
 
 from appliance.backends.base import Outputs
+from appliance.core.errors import ConfigError
+from appliance.core.tensors import decode_bytes_tensor, encode_bytes_tensor, numpy_dtype, v2_datatype
 from appliance.engine.response_cache import request_key
 from appliance.engine.shared_config import RedisCacheConfig
 from appliance.engine.types import InferInput
-from appliance.errors import ConfigError
-from appliance.tensors import decode_bytes_tensor, encode_bytes_tensor, numpy_dtype, v2_datatype
 
 __all__ = ["RedisResponseCache", "decode_entry", "encode_entry"]
 

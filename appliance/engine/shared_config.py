@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
-from appliance.errors import ConfigError
+from appliance.core.errors import ConfigError
 
 __all__ = ["CacheConfig", "RedisCacheConfig", "ResourceLimit"]
 

@@ -34,9 +34,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from appliance.core.errors import ApplianceError, InferenceFailed, Unavailable
 from appliance.engine.tensor_checks import BYTES_ELEMENT_OVERHEAD
 from appliance.engine.types import InferResponse
-from appliance.errors import ApplianceError, InferenceFailed, Unavailable
 
 __all__ = [
     "OneResponse",

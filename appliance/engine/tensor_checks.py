@@ -12,8 +12,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from appliance.errors import InputMismatch, InvalidInput
-from appliance.tensors import decode_bytes_tensor, element_size, numpy_dtype
+from appliance.core.errors import InputMismatch, InvalidInput
+from appliance.core.tensors import decode_bytes_tensor, element_size, numpy_dtype
 
 __all__ = ["BYTES_ELEMENT_OVERHEAD", "MAX_DIMS", "MAX_ELEMENTS", "DecodeLimits", "byte_size_words", "check_datatype",
            "check_shape", "decode_raw_tensor"]

@@ -8,9 +8,9 @@ change follows them.
 
 from __future__ import annotations
 
+from appliance.core.errors import InvalidInput
 from appliance.engine.signature import ModelSignature
 from appliance.engine.types import InferRequest
-from appliance.errors import InvalidInput
 
 __all__ = ["request_prefix", "validate_request"]
 

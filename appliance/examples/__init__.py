@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from appliance.state import StateDir
+from appliance.runtime.state import StateDir
 
 if TYPE_CHECKING:
     import onnx

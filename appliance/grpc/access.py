@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import grpc
 
-from appliance.errors import Unavailable
+from appliance.core.errors import Unavailable
 from appliance.protocol.admission import Admitted, Caller
 from appliance.protocol.dataplane import DataPlane
 from appliance.protocol.operations import Operation

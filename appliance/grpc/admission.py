@@ -37,8 +37,7 @@ import grpc
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 
-from appliance.budget import Account
-from appliance.errors import ApplianceError, InvalidInput
+from appliance.core.errors import ApplianceError, InvalidInput
 from appliance.grpc.access import Gate, caller_of
 from appliance.grpc.receive import Metered, Receivers, sniffed, sniffing
 from appliance.grpc.status import abort, abort_unexpected
@@ -47,6 +46,7 @@ from appliance.protocol.dataplane import DataPlane
 from appliance.protocol.inference import DECODE_OFF_LOOP_BYTES
 from appliance.protocol.inflate import Compressed, InflateLimits, inflate_off_loop
 from appliance.protocol.operations import Operation
+from appliance.security.budget import Account
 
 __all__ = ["OPERATIONS", "AdmittingHandlers", "Received", "Receivers", "inflated", "parse"]
 

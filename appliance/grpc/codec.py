@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
+from appliance.core.errors import InputMismatch, InvalidInput
+from appliance.core.tensors import element_size, encode_bytes_tensor, numpy_dtype
 from appliance.engine.tensor_checks import (
     BYTES_ELEMENT_OVERHEAD,
     DecodeLimits,
@@ -25,9 +27,7 @@ from appliance.engine.tensor_checks import (
     decode_raw_tensor,
 )
 from appliance.engine.types import InferInput, InferRequest, InferResponse, RequestedOutput, SharedMemoryInput
-from appliance.errors import InputMismatch, InvalidInput
 from appliance.protocol.shared_memory.params import shared_memory_ref
-from appliance.tensors import element_size, encode_bytes_tensor, numpy_dtype
 
 __all__ = ["decode_infer_request", "encode_infer_response", "from_parameters", "set_parameters", "stream_options"]
 

@@ -30,10 +30,10 @@ import time
 
 import grpc
 
-from appliance.errors import ConfigError
+from appliance.core.errors import ConfigError
 from appliance.grpc.access import Gate
 from appliance.grpc.admission import AdmittingHandlers, Receivers
-from appliance.grpc.config import CANCEL_GRACE, KEEPALIVE, KEEPALIVE_TIMEOUT, GrpcConfig
+from appliance.grpc.grpc_config import CANCEL_GRACE, KEEPALIVE, KEEPALIVE_TIMEOUT, GrpcConfig
 from appliance.grpc.service import InferenceService
 from appliance.protocol.dataplane import DataPlane
 

@@ -35,8 +35,8 @@ from typing import Any, Protocol
 
 import grpc
 
-from appliance.errors import InvalidInput, RequestTimeout, Unavailable
-from appliance.grpc.config import ReceiveRules
+from appliance.core.errors import InvalidInput, RequestTimeout, Unavailable
+from appliance.grpc.grpc_config import ReceiveRules
 from appliance.protocol.inflate import Compressed
 
 __all__ = ["DRAIN_BYTES", "Metered", "Receivers", "sniffed", "sniffing"]

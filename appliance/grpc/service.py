@@ -14,19 +14,19 @@ from google.protobuf import json_format
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
-from appliance.budget import Account
 from appliance.engine.model import ModelVersion
 from appliance.engine.tensor_checks import DecodeLimits
 from appliance.engine.types import InferRequest
 from appliance.grpc.access import Gate, caller_of
 from appliance.grpc.admission import Received, parse
 from appliance.grpc.codec import decode_infer_request, encode_infer_response, from_parameters, stream_options
-from appliance.grpc.config import StreamRules
+from appliance.grpc.grpc_config import StreamRules
 from appliance.grpc.stream import StreamFailed, serve_stream, stream_message, wants_grpc_errors
 from appliance.protocol.dataplane import DataPlane
 from appliance.protocol.inference import DECODE_OFF_LOOP_BYTES, Target
 from appliance.protocol.inflate import InflateLimits
 from appliance.protocol.results import RegionStatus
+from appliance.security.budget import Account
 
 __all__ = ["InferMessage", "InferenceService"]
 

@@ -10,7 +10,7 @@ from http import HTTPStatus
 
 import grpc
 
-from appliance.errors import AlreadyExists, ApplianceError, Unavailable
+from appliance.core.errors import AlreadyExists, ApplianceError, Unavailable
 
 __all__ = ["abort", "abort_unexpected", "status_code"]
 

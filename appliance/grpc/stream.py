@@ -32,18 +32,18 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 import grpc
 from tritonclient.grpc import service_pb2 as pb
 
-from appliance.budget import Account
+from appliance.core.errors import ApplianceError, Unavailable
 from appliance.engine.streaming import StreamItem
-from appliance.errors import ApplianceError, Unavailable
 from appliance.grpc.access import Gate, caller_of
 from appliance.grpc.admission import inflated, parse
 from appliance.grpc.codec import encode_infer_response
-from appliance.grpc.config import StreamRules
+from appliance.grpc.grpc_config import StreamRules
 from appliance.grpc.status import abort
 from appliance.protocol.dataplane import DataPlane
 from appliance.protocol.inference import DECODE_OFF_LOOP_BYTES
 from appliance.protocol.inflate import InflateLimits
 from appliance.protocol.operations import Operation
+from appliance.security.budget import Account
 
 __all__ = ["GRPC_ERROR", "StreamFailed", "serve_stream", "stream_message", "wants_grpc_errors"]
 

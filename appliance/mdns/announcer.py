@@ -22,7 +22,7 @@ from zeroconf.asyncio import AsyncServiceInfo, AsyncZeroconf
 
 from appliance import __version__
 from appliance.mdns import HTTP_TYPE, KSERVE_TYPE
-from appliance.state import StateDir
+from appliance.runtime.state import StateDir
 
 __all__ = ["Announcer", "box_id", "catalog_digest", "txt_record"]
 

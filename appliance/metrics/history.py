@@ -7,8 +7,8 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+from appliance.core.errors import Unavailable
 from appliance.engine.stats import LATENCY_BUCKETS_US
-from appliance.errors import Unavailable
 from appliance.metrics.samples import ModelSample, merge_samples
 from appliance.metrics.store import connect
 

@@ -24,7 +24,7 @@ from appliance.metrics.prometheus import TritonCollector, render
 from appliance.metrics.samples import Snapshotter
 from appliance.metrics.store import MetricsStore, Retention, SchemaTooNew
 from appliance.metrics.system import SystemSampler
-from appliance.state import StateDir
+from appliance.runtime.state import StateDir
 
 __all__ = ["MetricsService"]
 

@@ -13,9 +13,9 @@ import hmac
 import ipaddress
 from collections.abc import Iterable
 
-from appliance.errors import ApplianceError, Unauthorized, Unavailable
-from appliance.fleet_signature import FleetVerifier, parse
+from appliance.core.errors import ApplianceError, Unauthorized, Unavailable
 from appliance.protocol.operations import ACCESS, BOUNDLESS, Access, Operation
+from appliance.security.fleet_signature import FleetVerifier, parse
 
 __all__ = ["AccessPolicy", "Admission", "Admitted", "Caller", "Network", "address_in", "check_bearer", "parse_networks"]
 

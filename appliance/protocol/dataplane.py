@@ -18,11 +18,9 @@ from typing import Any
 from tritonclient.grpc import model_config_pb2 as mc
 
 from appliance import __version__
-from appliance.budget import Account, MemoryBudget
+from appliance.core.errors import InvalidInput, ModelNotFound, ModelNotReady, NotSupported, Unavailable
 from appliance.engine.streaming import Responses, StreamLimits
 from appliance.engine.tensor_checks import DecodeLimits
-from appliance.errors import InvalidInput, ModelNotFound, ModelNotReady, NotSupported, Unavailable
-from appliance.fleet_signature import NONCE_TTL, SCHEME
 from appliance.protocol.admission import AccessPolicy, Admission, Admitted, Caller
 from appliance.protocol.inference import NOT_SERVED, Inference, InferSource, OneInference
 from appliance.protocol.log_settings import LogSettings, LogValues
@@ -43,7 +41,9 @@ from appliance.protocol.tracing import Tracer
 from appliance.repository.config import as_reported
 from appliance.repository.pushed import PushStore
 from appliance.repository.registry import ModelRegistry, ModelState
-from appliance.state import StateDir
+from appliance.runtime.state import StateDir
+from appliance.security.budget import Account, MemoryBudget
+from appliance.security.fleet_signature import NONCE_TTL, SCHEME
 
 __all__ = ["EXTENSIONS", "SERVER_NAME", "DataPlane", "Rules"]
 
@@ -155,7 +155,7 @@ class DataPlane:
         self._admission.check(operation, caller)
 
     def fleet_nonce(self) -> dict[str, Any]:
-        """This box's id and a fresh nonce for one signed request (appliance.fleet_signature)."""
+        """This box's id and a fresh nonce for one signed request (appliance.security.fleet_signature)."""
         signatures = self._admission.policy.signatures
         if signatures is None:
             raise NotSupported("this server takes no signed requests; send the bearer token")

@@ -17,18 +17,18 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Protocol
 
-from appliance.budget import Account, MemoryBudget
+from appliance.core.errors import InputMismatch, InvalidInput, NotSupported
 from appliance.engine.model import ModelVersion
 from appliance.engine.streaming import OneResponse, Responses, StreamLimits
 from appliance.engine.tensor_checks import DecodeLimits
 from appliance.engine.types import InferRequest, InferResponse
-from appliance.errors import InputMismatch, InvalidInput, NotSupported
 from appliance.protocol.admission import Caller
 from appliance.protocol.results import InferResult
 from appliance.protocol.shared_memory import SharedMemoryRegistry
 from appliance.protocol.shared_memory.binding import Binding
 from appliance.protocol.tracing import Trace, Tracer
 from appliance.repository.registry import ModelRegistry
+from appliance.security.budget import Account, MemoryBudget
 
 __all__ = ["DECODE_OFF_LOOP_BYTES", "Inference", "InferSource", "NOT_SERVED", "OneInference", "Target"]
 

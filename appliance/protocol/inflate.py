@@ -24,8 +24,8 @@ import dataclasses
 import threading
 import zlib
 
-from appliance.budget import Account
-from appliance.errors import InvalidInput, PayloadTooLarge
+from appliance.core.errors import InvalidInput, PayloadTooLarge
+from appliance.security.budget import Account
 
 __all__ = ["CODINGS", "DEFAULT_RATIO", "Compressed", "InflateLimits", "inflate", "inflate_off_loop"]
 

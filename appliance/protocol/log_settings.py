@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Mapping
 
-from appliance.errors import InvalidInput, NotSupported
+from appliance.core.errors import InvalidInput, NotSupported
 
 __all__ = ["FORMATS", "LogSettings", "LogValues"]
 

@@ -53,7 +53,7 @@ class Operation(enum.Enum):
     HARDWARE = "hardware"
     FLEET = "fleet"
     FLEET_NONCE = "fleet_nonce"
-    """This box's id and a nonce for one signed request (appliance.fleet_signature)."""
+    """This box's id and a nonce for one signed request (appliance.security.fleet_signature)."""
     DOCUMENTS = "documents"
     """The dashboard's page and files, the OpenAPI document."""
 

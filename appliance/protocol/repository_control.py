@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from appliance.errors import InvalidInput, NotSupported, Unavailable
+from appliance.core.errors import InvalidInput, NotSupported, Unavailable
 from appliance.protocol.results import IndexEntry
 from appliance.repository.push_load import checked_push, config_override, load_push
 from appliance.repository.pushed import FILE_PREFIX, PushStore

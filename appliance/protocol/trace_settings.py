@@ -22,7 +22,7 @@ import dataclasses
 import itertools
 from collections.abc import Mapping, Sequence
 
-from appliance.errors import InvalidInput, NotSupported
+from appliance.core.errors import InvalidInput, NotSupported
 
 __all__ = ["LEVELS", "TraceScope", "TraceSettings", "TraceValues"]
 

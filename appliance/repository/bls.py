@@ -17,9 +17,7 @@ from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
 from appliance.backends.base import ModelCall, Outputs, ResponseSink, StreamedCall
-from appliance.engine.streaming import StreamLimits
-from appliance.engine.types import InferInput, InferRequest, InferResponse, RequestedOutput
-from appliance.errors import (
+from appliance.core.errors import (
     ApplianceError,
     DeadlineExceeded,
     InvalidInput,
@@ -28,11 +26,13 @@ from appliance.errors import (
     NotSupported,
     Unavailable,
 )
+from appliance.core.tensors import v2_datatype
+from appliance.engine.streaming import StreamLimits
+from appliance.engine.types import InferInput, InferRequest, InferResponse, RequestedOutput
 from appliance.repository.config import config_from_json
 from appliance.repository.push_load import checked_push, load_push
 from appliance.repository.pushed import FILE_PREFIX
 from appliance.repository.served import Models
-from appliance.tensors import v2_datatype
 
 if TYPE_CHECKING:
     from appliance.engine.model import ModelVersion

@@ -1,5 +1,5 @@
 """Triton model configuration: parse config.pbtxt, auto-complete it from the model, render it as JSON
-(appliance.config_json, which the backends use too).
+(appliance.core.config_json, which the backends use too).
 
 The config is Triton's own ``ModelConfig`` protobuf message (shipped in ``tritonclient.grpc``), parsed
 with protobuf's ``text_format``: a Triton repository loads here unchanged.
@@ -15,12 +15,12 @@ import orjson
 from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from appliance.config_json import config_to_json
+from appliance.core.config_json import config_to_json
+from appliance.core.errors import ConfigError
+from appliance.core.tensors import CONFIG_TO_V2, V2_TO_CONFIG, RuntimeTensor
 from appliance.engine.model_files import MAX_CONFIG_BYTES, confined, read_bounded
 from appliance.engine.scheduler.sequence_policy import check_sequence_config, hidden_tensors
 from appliance.engine.signature import ModelSignature, TensorSpec
-from appliance.errors import ConfigError
-from appliance.tensors import CONFIG_TO_V2, V2_TO_CONFIG, RuntimeTensor
 
 __all__ = [
     "CONFIG_FILENAME",

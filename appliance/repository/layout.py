@@ -11,7 +11,7 @@ from pathlib import Path
 
 import blake3
 
-from appliance.errors import InvalidInput
+from appliance.core.errors import InvalidInput
 
 __all__ = ["content_digest", "directory_signature", "model_directory", "scan_models"]
 

@@ -19,6 +19,7 @@ from appliance.backends import (
     resolve_backend,
     threads_per_instance,
 )
+from appliance.core.errors import ApplianceError, ConfigError
 from appliance.engine.classification import read_labels
 from appliance.engine.instances import InstancePool
 from appliance.engine.model import ModelVersion
@@ -35,7 +36,6 @@ from appliance.engine.scheduler import (
 from appliance.engine.scheduler.execution import choose_execution, plan_batch_ns
 from appliance.engine.server_wide import ServerWide
 from appliance.engine.stats import ModelStats
-from appliance.errors import ApplianceError, ConfigError
 from appliance.repository.config import (
     check_decoupled,
     complete_config,

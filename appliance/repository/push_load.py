@@ -9,7 +9,7 @@ import asyncio
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from appliance.errors import ConfigError, InvalidInput, LoadRefused, PayloadTooLarge, PushRefused, PushTooLarge
+from appliance.core.errors import ConfigError, InvalidInput, LoadRefused, PayloadTooLarge, PushRefused, PushTooLarge
 from appliance.repository.config import config_from_json
 from appliance.repository.pushed import PushStore, check_push_name, file_parameters
 from appliance.repository.served import Models

@@ -40,7 +40,7 @@ from typing import Any
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from appliance.errors import InsufficientStorage, InvalidInput, PayloadTooLarge
+from appliance.core.errors import InsufficientStorage, InvalidInput, PayloadTooLarge
 from appliance.repository.config import CONFIG_FILENAME
 
 __all__ = ["FILE_PREFIX", "PushLimits", "PushStore", "Staged", "check_push_name", "file_parameters"]

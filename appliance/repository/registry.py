@@ -18,10 +18,17 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from appliance.backends import RuntimeOptions
 from appliance.backends.base import BackendServices
+from appliance.core.errors import (
+    ApplianceError,
+    ConfigError,
+    InvalidInput,
+    ModelNotFound,
+    ModelNotReady,
+    NotInRepository,
+)
 from appliance.engine.model import ModelVersion
 from appliance.engine.server_wide import ServerWide
 from appliance.engine.streaming import StreamLimits
-from appliance.errors import ApplianceError, ConfigError, InvalidInput, ModelNotFound, ModelNotReady, NotInRepository
 from appliance.repository.bls import LocalModels
 from appliance.repository.config import read_config
 from appliance.repository.ensemble import (

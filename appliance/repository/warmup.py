@@ -21,11 +21,11 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from appliance.backends import Backend, BackendRequest
+from appliance.core.errors import ApplianceError, ConfigError, InvalidInput
+from appliance.core.tensors import CONFIG_TO_V2, decode_bytes_tensor, numpy_dtype
 from appliance.engine.model_files import MAX_WARMUP_BYTES, WARMUP_DIR, confined, read_bounded
 from appliance.engine.scheduler.state import with_sequence_tensors
 from appliance.engine.signature import input_reshapes
-from appliance.errors import ApplianceError, ConfigError, InvalidInput
-from appliance.tensors import CONFIG_TO_V2, decode_bytes_tensor, numpy_dtype
 
 __all__ = ["WarmupSample", "random_tensor", "run_warmup", "warmup_samples"]
 

@@ -8,16 +8,16 @@ import asyncio
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from appliance.errors import Unavailable
+from appliance.core.errors import Unavailable
 from appliance.mdns.fleet import FleetView
 from appliance.metrics.service import MetricsService
 from appliance.protocol.dataplane import DataPlane
 from appliance.protocol.operations import Operation
-from appliance.rest.config import RestConfig
 from appliance.rest.error_middleware import error_middleware
 from appliance.rest.handlers import OPERATIONS, ROUTES
 from appliance.rest.keys import CONFIG, DATAPLANE, FLEET, METRICS
 from appliance.rest.keys import OPERATIONS as OPERATIONS_KEY
+from appliance.rest.rest_config import RestConfig
 from appliance.rest.security import admission_middleware
 
 __all__ = ["build_app", "build_metrics_app"]

@@ -11,7 +11,7 @@
   max_request_bytes and max_inflation_ratio, each step reserved on the account first, on a worker thread
   unless the body cannot inflate past 1 MiB. Junk compressed data is a 400, any other coding a 415 that
   names the accepted ones.
-- Signed requests (appliance.fleet_signature): the body, as sent, must have the digest signed (401).
+- Signed requests (appliance.security.fleet_signature): the body, as sent, must have the digest signed (401).
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ import hashlib
 
 from aiohttp import web
 
-from appliance.budget import Account
-from appliance.errors import InvalidInput, PayloadTooLarge, RequestTimeout, UnsupportedEncoding
-from appliance.fleet_signature import FleetVerifier
+from appliance.core.errors import InvalidInput, PayloadTooLarge, RequestTimeout, UnsupportedEncoding
 from appliance.protocol.inflate import InflateLimits, inflate_off_loop
-from appliance.rest.config import BodyLimits
+from appliance.rest.rest_config import BodyLimits
+from appliance.security.budget import Account
+from appliance.security.fleet_signature import FleetVerifier
 
 __all__ = ["ACCEPTED_ENCODINGS", "SIGNED_BODY", "BodyLimits", "body_timeout", "read_body", "too_large"]
 

@@ -26,8 +26,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from appliance.errors import ApplianceError, Forbidden, UnsupportedMediaType
-from appliance.rest.config import HostPolicy
+from appliance.core.errors import ApplianceError, Forbidden, UnsupportedMediaType
+from appliance.rest.rest_config import HostPolicy
 
 __all__ = ["browser_refusal", "check_host"]
 

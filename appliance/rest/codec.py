@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 import orjson
 
+from appliance.core.errors import InputMismatch, InvalidInput
+from appliance.core.tensors import BF16, decode_bytes_tensor, element_size, encode_bytes_tensor, numpy_dtype
 from appliance.engine.tensor_checks import (
     BYTES_ELEMENT_OVERHEAD,
     MAX_ELEMENTS,
@@ -25,9 +27,7 @@ from appliance.engine.tensor_checks import (
     decode_raw_tensor,
 )
 from appliance.engine.types import InferInput, InferRequest, InferResponse, RequestedOutput, SharedMemoryInput
-from appliance.errors import InputMismatch, InvalidInput
 from appliance.protocol.shared_memory.params import shared_memory_ref
-from appliance.tensors import BF16, decode_bytes_tensor, element_size, encode_bytes_tensor, numpy_dtype
 
 __all__ = [
     "DecodeLimits",

@@ -9,7 +9,7 @@ from http import HTTPStatus
 import orjson
 from aiohttp import web
 
-from appliance.errors import (
+from appliance.core.errors import (
     ApplianceError,
     RequestTimeout,
     Unauthorized,

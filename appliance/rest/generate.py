@@ -18,17 +18,17 @@ from collections.abc import Callable
 import orjson
 from aiohttp import web
 
-from appliance.budget import Account
+from appliance.core.errors import ApplianceError, InferenceFailed, InvalidInput
 from appliance.engine.model import ModelVersion
 from appliance.engine.streaming import Responses, StreamItem
 from appliance.engine.tensor_checks import DecodeLimits
 from appliance.engine.types import InferRequest
-from appliance.errors import ApplianceError, InferenceFailed, InvalidInput
 from appliance.protocol.inference import Target
 from appliance.rest.body import read_body
 from appliance.rest.generate_codec import decode_generate_request, encode_generate_response, sse_event
 from appliance.rest.keys import CONFIG, DATAPLANE
 from appliance.rest.security import caller
+from appliance.security.budget import Account
 
 __all__ = ["generate", "generate_stream"]
 

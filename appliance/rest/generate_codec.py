@@ -21,10 +21,11 @@ from typing import Any
 import numpy as np
 import orjson
 
+from appliance.core.errors import InferenceFailed, InvalidInput
+from appliance.core.tensors import BF16, element_size
 from appliance.engine.signature import ModelSignature
 from appliance.engine.tensor_checks import BYTES_ELEMENT_OVERHEAD, DecodeLimits
 from appliance.engine.types import InferInput, InferRequest, InferResponse
-from appliance.errors import InferenceFailed, InvalidInput
 from appliance.rest.codec import (
     decode_json_data,
     json_type_words,
@@ -32,7 +33,6 @@ from appliance.rest.codec import (
     output_text,
     parse_json_object,
 )
-from appliance.tensors import BF16, element_size
 
 __all__ = ["decode_generate_request", "encode_generate_response", "sse_event"]
 

@@ -12,10 +12,9 @@ from collections.abc import Callable
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from appliance.config_json import config_to_json
+from appliance.core.config_json import config_to_json
+from appliance.core.errors import InvalidInput, NotFound, Unavailable
 from appliance.dashboard import STATIC_DIR
-from appliance.errors import InvalidInput, NotFound, Unavailable
-from appliance.fleet_signature import NONCE_PATH
 from appliance.metrics.history import history
 from appliance.protocol.inference import Target
 from appliance.protocol.operations import Operation
@@ -30,6 +29,7 @@ from appliance.rest.jsonio import optional_json as _optional_json
 from appliance.rest.keys import CONFIG, DATAPLANE, FLEET, METRICS
 from appliance.rest.openapi import openapi_document
 from appliance.rest.security import caller
+from appliance.security.fleet_signature import NONCE_PATH
 
 __all__ = ["MODEL_NOT_READY", "OPERATIONS", "ROUTES"]
 
@@ -163,7 +163,7 @@ async def fleet(request: web.Request) -> web.Response:
 
 
 async def fleet_nonce(request: web.Request) -> web.Response:
-    """This box's id and a nonce for one signed request (appliance.fleet_signature); needs no token."""
+    """This box's id and a nonce for one signed request (appliance.security.fleet_signature); needs no token."""
     response = _json(request.app[DATAPLANE].fleet_nonce())
     response.headers["Cache-Control"] = "no-store"
     return response

@@ -7,13 +7,13 @@ from __future__ import annotations
 import re
 from collections.abc import Awaitable, Callable, Mapping
 
-from appliance.budget import Account
+from appliance.core.errors import InvalidInput
 from appliance.engine.model import ModelVersion
 from appliance.engine.tensor_checks import DecodeLimits
 from appliance.engine.types import InferRequest
-from appliance.errors import InvalidInput
 from appliance.protocol.inference import Target
 from appliance.rest.codec import HEADER_LENGTH, decode_infer_request, decode_raw_request
+from appliance.security.budget import Account
 
 __all__ = ["InferBody"]
 

@@ -11,7 +11,7 @@ from appliance.mdns.fleet import FleetView
 from appliance.metrics.service import MetricsService
 from appliance.protocol.dataplane import DataPlane
 from appliance.protocol.operations import Operation
-from appliance.rest.config import RestConfig
+from appliance.rest.rest_config import RestConfig
 
 __all__ = ["CONFIG", "DATAPLANE", "FLEET", "METRICS", "OPERATIONS"]
 

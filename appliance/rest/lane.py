@@ -49,17 +49,14 @@ import time
 import typing
 from collections.abc import Awaitable, Callable
 
-from appliance.budget import Account
-from appliance.config_json import config_to_json
-from appliance.errors import ApplianceError
-from appliance.fleet_signature import FleetVerifier
+from appliance.core.config_json import config_to_json
+from appliance.core.errors import ApplianceError
 from appliance.protocol.dataplane import DataPlane
 from appliance.protocol.inference import Target
 from appliance.protocol.operations import Operation
 from appliance.rest.body import body_timeout
 from appliance.rest.browser import check_host
 from appliance.rest.codec import HEADER_LENGTH, encode_infer_response
-from appliance.rest.config import RestConfig
 from appliance.rest.handlers import MODEL_NOT_READY
 from appliance.rest.infer_body import InferBody
 from appliance.rest.lane_head import LANE_HEAD_BYTES, HeadReader, HeadRefused
@@ -75,7 +72,10 @@ from appliance.rest.lane_wire import (
     json_answer,
     lane_request,
 )
+from appliance.rest.rest_config import RestConfig
 from appliance.rest.security import http_caller, transport_address
+from appliance.security.budget import Account
+from appliance.security.fleet_signature import FleetVerifier
 
 __all__ = ["InferLane", "LaneConnection"]
 

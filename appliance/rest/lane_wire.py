@@ -13,7 +13,7 @@ from http import HTTPStatus
 import orjson
 from multidict import CIMultiDict
 
-from appliance.errors import ApplianceError
+from appliance.core.errors import ApplianceError
 from appliance.protocol.operations import Operation
 from appliance.rest.codec import HEADER_LENGTH
 from appliance.rest.error_middleware import error_parts, internal_message

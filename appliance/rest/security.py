@@ -11,12 +11,12 @@ import asyncio
 from aiohttp import web
 from multidict import MultiMapping
 
-from appliance.fleet_signature import EMPTY_BODY, FleetVerifier
 from appliance.protocol.admission import Caller, Network, address_in
 from appliance.protocol.operations import Operation
 from appliance.rest.body import SIGNED_BODY, read_body
 from appliance.rest.browser import browser_refusal, check_host
 from appliance.rest.keys import CONFIG, DATAPLANE, OPERATIONS
+from appliance.security.fleet_signature import EMPTY_BODY, FleetVerifier
 
 __all__ = ["admission_middleware", "caller", "client_address", "http_caller", "transport_address"]
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from appliance.errors import InvalidInput
+from appliance.core.errors import InvalidInput
 from appliance.protocol.operations import Operation
 from appliance.rest.jsonio import json_response, optional_json
 from appliance.rest.keys import DATAPLANE

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from appliance.backends import Backend, BackendInfo, LoadContext
-from appliance.errors import ConfigError
+from appliance.core.errors import ConfigError
 from appliance.selection.inputs import InputSearch, InputSet
 from appliance.selection.measure import error_reason, max_abs_error, rate_concurrent, time_runs, within_tolerance
 from appliance.selection.plans import Plan

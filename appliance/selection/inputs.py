@@ -20,11 +20,11 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from appliance.backends import Backend
+from appliance.core.tensors import CONFIG_TO_V2
 from appliance.engine.scheduler.state import with_sequence_tensors
 from appliance.engine.signature import input_reshapes
 from appliance.repository.warmup import random_tensor, warmup_samples
 from appliance.selection.measure import error_reason
-from appliance.tensors import CONFIG_TO_V2
 
 __all__ = ["DYNAMIC_SIZES", "MAX_SAMPLE_ELEMENTS", "InputSearch", "InputSet", "Sample", "tuning_inputs"]
 

@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from appliance.errors import ApplianceError
+from appliance.core.errors import ApplianceError
 
 __all__ = ["error_reason", "max_abs_error", "rate_concurrent", "time_runs", "within_tolerance"]
 

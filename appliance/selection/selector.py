@@ -21,8 +21,9 @@ from typing import Any
 from tritonclient.grpc import model_config_pb2 as mc
 
 from appliance.backends import BACKENDS, BackendInfo, LoadContext, usable_cores
-from appliance.errors import ConfigError
+from appliance.core.errors import ConfigError
 from appliance.repository.config import config_to_json
+from appliance.runtime.state import StateDir
 from appliance.selection.candidates import BATCH_WITHIN, CandidateBench, batch_cap, best
 from appliance.selection.decision import ONLY_PLAN, Choice, build_decision, measured_outcome, plan_from
 from appliance.selection.inputs import InputSearch, tuning_inputs
@@ -35,7 +36,6 @@ from appliance.selection.plans import (
     instance_variants,
     offers_in_process,
 )
-from appliance.state import StateDir
 from model_cache import BrokenEntry, ModelCache, cache_key, hash_files
 
 # SelectionSettings and TuneRequest live with the job a tuning child gets; they are part of this API.

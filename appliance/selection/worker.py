@@ -15,7 +15,7 @@ import sys
 from typing import Any
 
 from appliance.backends import named
-from appliance.errors import ApplianceError
+from appliance.core.errors import ApplianceError
 from appliance.selection.job import TuningJob
 from appliance.selection.selector import Selector
 from model_cache import ModelCache

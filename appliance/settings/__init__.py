@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from appliance.errors import ConfigError
+from appliance.core.errors import ConfigError
 from appliance.settings.loading import ENV_PREFIX, SECTIONS, default_state_dir, flat_fields, load_values
 from appliance.settings.sections import (
     AuthSection,

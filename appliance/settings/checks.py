@@ -8,7 +8,7 @@ import dataclasses
 import ipaddress
 from typing import Any
 
-from appliance.errors import ConfigError
+from appliance.core.errors import ConfigError
 
 __all__ = ["flat_key", "key", "require_at_least", "require_networks", "require_one_of", "require_port",
            "require_positive"]

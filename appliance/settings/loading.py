@@ -14,7 +14,7 @@ from typing import Any
 
 import platformdirs
 
-from appliance.errors import ConfigError
+from appliance.core.errors import ConfigError
 from appliance.settings import sections
 
 __all__ = ["ENV_PREFIX", "SECTIONS", "default_state_dir", "flat_fields", "load_values", "setting_types"]

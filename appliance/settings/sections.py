@@ -4,7 +4,7 @@ setting and how to fix it) and each component is handed only its section.
 Every field has a flat name, its *key*: ``APPLIANCE_<KEY>`` in the environment, ``<key> = ...`` at the
 top of the TOML file (or the field's own name inside its section's table, ``[http] port = 8000``), and
 ``--<key with dashes>`` where the command line has a flag. The key is the field's name unless ``key()``
-says otherwise. The docstring under each field is its documentation (``appliance.settings_reference``
+says otherwise. The docstring under each field is its documentation (``appliance.commands.settings_reference``
 reads it for docs/settings.md).
 """
 
@@ -13,8 +13,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from appliance.core.errors import ConfigError
 from appliance.engine.shared_config import CacheConfig, RedisCacheConfig, ResourceLimit
-from appliance.errors import ConfigError
 from appliance.settings.checks import (
     flat_key,
     key,

@@ -15,7 +15,7 @@ import stat
 from collections.abc import Sequence
 from pathlib import Path
 
-from appliance.errors import ConfigError
+from appliance.core.errors import ConfigError
 
 __all__ = ["ServerTls", "check_private_key"]
 

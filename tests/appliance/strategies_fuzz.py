@@ -19,7 +19,7 @@ import numpy as np
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from appliance.errors import ApplianceError, InputMismatch, InvalidInput
+from appliance.core.errors import ApplianceError, InputMismatch, InvalidInput
 
 __all__ = [
     "DATATYPES",

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from appliance.composition import compose
-from appliance.errors import ConfigError, ModelNotFound
+from appliance.core.errors import ConfigError, ModelNotFound
 from appliance.examples import build_example_repository
 from appliance.settings import Settings
 from tests.appliance.protocol.sources import LOCAL, Decoded

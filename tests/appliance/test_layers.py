@@ -39,13 +39,13 @@ def _violations(package: str, allowed: tuple[str, ...]) -> list[str]:
     ]
 
 
-@pytest.mark.parametrize("leaf", ["appliance.tensors", "appliance.config_json", "appliance.errors"])
+@pytest.mark.parametrize("leaf", ["appliance.core.tensors", "appliance.core.config_json", "appliance.core.errors"])
 def test_leaf_modules_import_nothing_of_the_appliance_but_its_errors(leaf):
-    assert _violations(leaf, ("appliance.errors",)) == []
+    assert _violations(leaf, ("appliance.core.errors",)) == []
 
 
 def test_backends_import_only_the_leaf_modules():
-    allowed = ("appliance.backends", "appliance.tensors", "appliance.config_json", "appliance.errors")
+    allowed = ("appliance.backends", "appliance.core.tensors", "appliance.core.config_json", "appliance.core.errors")
     assert _violations("appliance.backends", allowed) == []
 
 
@@ -55,12 +55,12 @@ def test_the_core_knows_no_front_end(package):
         names = _all_imports(path)
         assert not {n for n in names if n.split(".")[0] in ("aiohttp", "grpc")}, path
         assert not {n for n in names if n.startswith(("appliance.rest", "appliance.grpc", "appliance.composition",
-                                                      "appliance.daemon", "appliance.cli"))}, path
+                                                      "appliance.commands.daemon", "appliance.cli"))}, path
 
 
 def test_the_engine_knows_neither_the_repository_nor_the_protocol():
-    allowed = ("appliance.engine", "appliance.backends", "appliance.tensors", "appliance.config_json",
-               "appliance.errors")
+    allowed = ("appliance.engine", "appliance.backends", "appliance.core.tensors", "appliance.core.config_json",
+               "appliance.core.errors")
     assert _violations("appliance.engine", allowed) == []
 
 
@@ -83,20 +83,18 @@ def test_the_tuning_child_and_the_selector_share_the_job_module_and_nothing_else
 # Each top-level package or module of ``appliance`` and its layer: a module may import its own layer and
 # those below, never one above (an upward import), and no import may close a cycle.
 LAYERS: dict[str, int] = {
-    "appliance": 0, "appliance.errors": 0, "appliance.tensors": 0, "appliance.config_json": 0,
-    "appliance.allocator": 0, "appliance.lifecycle": 0, "appliance.log_limit": 0, "appliance.dashboard": 0,
-    "appliance.event_loop": 1, "appliance.budget": 1, "appliance.state": 1, "appliance.backends": 1,
-    "appliance.fleet_signature": 1, "appliance.trace_flags": 1, "appliance.tls": 1,
-    "appliance.examples": 1, "appliance.client": 1, "appliance.systemd": 1,
-    "appliance.engine": 2, "appliance.mdns": 2,
+    # The leaves: the error hierarchy, tensor datatypes, Triton's config JSON; the process's own plumbing.
+    "appliance": 0, "appliance.core": 0, "appliance.dashboard": 0, "appliance.runtime": 1,
+    "appliance.backends": 1, "appliance.tls": 1, "appliance.examples": 1, "appliance.systemd": 1,
+    "appliance.engine": 2,
     # Settings describe every component, in the engine's own terms where it has them (a cache config).
-    "appliance.repository": 3, "appliance.settings": 3, "appliance.token": 3,
-    "appliance.selection": 4,
+    "appliance.repository": 3, "appliance.settings": 3,
+    "appliance.security": 4, "appliance.client": 4, "appliance.mdns": 4, "appliance.selection": 4,
     "appliance.protocol": 5, "appliance.metrics": 5,
     "appliance.rest": 6, "appliance.grpc": 6,
     "appliance.composition": 7,
-    "appliance.daemon": 8, "appliance.commands": 8,
-    "appliance.cli": 9, "appliance.__main__": 9, "appliance.settings_reference": 9,
+    "appliance.commands": 8,
+    "appliance.cli": 9, "appliance.__main__": 9,
 }
 
 

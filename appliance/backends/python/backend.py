@@ -1,6 +1,6 @@
 """The daemon's side of the Python backend: one model process per instance.
 
-The model process is started with ``python -m appliance.backends.python.stub`` (not fork: the daemon
+The model process is started with ``python -m appliance.backends.python.model_process.stub`` (not fork: the daemon
 has threads and runtimes loaded), talks over a pipe each way (see ``channel``), and exchanges tensors
 through shared-memory arenas. A model process that dies fails the requests it was running and is
 started again for the next batch; one that dies while it initializes fails the load. A model that
@@ -28,15 +28,15 @@ from appliance.backends.base import (
     RequestResult,
     reschedule_refused,
 )
-from appliance.backends.python.arena import Arena, Attachments, reusable_size
 from appliance.backends.python.environment import model_environment
 from appliance.backends.python.model_args import initialize_args, instance_name
 from appliance.backends.python.model_backend import ModelPyBackend
 from appliance.backends.python.peer import Peer
 from appliance.backends.python.process import ModelProcess, ProcessExited
 from appliance.backends.python.requests import SENT, ModelError, OpenRequests, model_error
-from appliance.config_json import config_to_json
-from appliance.errors import ConfigError, InferenceFailed
+from appliance.backends.python.wire.arena import Arena, Attachments, reusable_size
+from appliance.core.config_json import config_to_json
+from appliance.core.errors import ConfigError, InferenceFailed
 
 __all__ = ["ModelError", "PythonBackend", "model_parameters"]
 

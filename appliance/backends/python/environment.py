@@ -6,7 +6,7 @@ its digest (model_cache.environments), or an environment directory used in place
 the model's directory (``$$TRITON_MODEL_DIRECTORY`` is that directory). The model process then starts
 with the environment's interpreter, its packages first; as with Triton, the environment needs the
 daemon's Python minor version and numpy, nothing of the appliance: the model-process side of the
-appliance (``appliance.backends.python.stub`` and what it imports, numpy and the standard library only)
+appliance (``appliance.backends.python.model_process.stub`` and what it imports, numpy and the standard library only)
 comes from the daemon through a directory on ``PYTHONPATH`` that holds the ``appliance`` package alone.
 """
 
@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from appliance.backends.base import LoadContext
-from appliance.errors import ConfigError
+from appliance.core.errors import ConfigError
 from model_cache.environments import BrokenEnvironment, interpreter, unpack_environment
 
 __all__ = ["ENV_PARAMETER", "ModelEnvironment", "model_environment"]

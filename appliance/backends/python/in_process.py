@@ -39,22 +39,22 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn, cast
 
 from appliance.backends.base import BackendRequest, BatchResult, LoadContext, Outputs, reschedule_refused
-from appliance.backends.python import triton_python_backend_utils as pb_utils
-from appliance.backends.python.arena import Attachments
 from appliance.backends.python.backend import model_parameters
-from appliance.backends.python.channel import Channel
 from appliance.backends.python.model_args import initialize_args
 from appliance.backends.python.model_backend import ModelPyBackend
-from appliance.backends.python.pb import runtime
-from appliance.backends.python.pb.runtime import Runtime
-from appliance.backends.python.pb.transfer import error_of, tensors_of
+from appliance.backends.python.model_process import triton_python_backend_utils as pb_utils
+from appliance.backends.python.model_process.pb import runtime
+from appliance.backends.python.model_process.pb.runtime import Runtime
+from appliance.backends.python.model_process.pb.transfer import error_of, tensors_of
+from appliance.backends.python.model_process.stub import RESCHEDULED as RESCHEDULED_MARK
+from appliance.backends.python.model_process.stub import SENT as SENT_MARK
+from appliance.backends.python.model_process.stub import returned_entries
 from appliance.backends.python.peer import Peer
 from appliance.backends.python.requests import SENT, OpenRequests, model_error
-from appliance.backends.python.stub import RESCHEDULED as RESCHEDULED_MARK
-from appliance.backends.python.stub import SENT as SENT_MARK
-from appliance.backends.python.stub import returned_entries
-from appliance.config_json import config_to_json
-from appliance.errors import ConfigError, InferenceFailed
+from appliance.backends.python.wire.arena import Attachments
+from appliance.backends.python.wire.channel import Channel
+from appliance.core.config_json import config_to_json
+from appliance.core.errors import ConfigError, InferenceFailed
 
 __all__ = ["InProcessPythonBackend"]
 

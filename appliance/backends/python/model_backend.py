@@ -12,7 +12,7 @@ import numpy as np
 from google.protobuf import json_format
 
 from appliance.backends.base import Backend, BackendRequest, LoadContext, reschedule_refused
-from appliance.errors import ConfigError
+from appliance.core.errors import ConfigError
 
 __all__ = ["ModelPyBackend"]
 

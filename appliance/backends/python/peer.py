@@ -19,10 +19,10 @@ from typing import Any
 import numpy as np
 
 from appliance.backends.base import CALLS_UNAVAILABLE, BackendServices, ModelCall, ModelCalls, StreamedCall
-from appliance.backends.python.arena import Attachments, BlockRef, Blocks, Descriptor
 from appliance.backends.python.process import Handler
 from appliance.backends.python.requests import ModelError, OpenRequests
-from appliance.errors import ApplianceError, NotSupported, PushRefused, PushTooLarge
+from appliance.backends.python.wire.arena import Attachments, BlockRef, Blocks, Descriptor
+from appliance.core.errors import ApplianceError, NotSupported, PushRefused, PushTooLarge
 
 __all__ = ["Peer"]
 

@@ -25,10 +25,10 @@ import threading
 from collections.abc import Awaitable, Callable, Mapping
 
 from appliance.backends.base import LoadContext
-from appliance.backends.python.arena import Arena
-from appliance.backends.python.channel import Channel
 from appliance.backends.python.environment import ModelEnvironment
-from appliance.errors import ConfigError, InferenceFailed
+from appliance.backends.python.wire.arena import Arena
+from appliance.backends.python.wire.channel import Channel
+from appliance.core.errors import ConfigError, InferenceFailed
 
 __all__ = ["REPLIES", "Handler", "ModelProcess", "ProcessExited"]
 
@@ -102,7 +102,7 @@ class ModelProcess:
         if context.threads:
             env["OMP_NUM_THREADS"] = str(context.threads)
         python = str(environment.python) if environment is not None else sys.executable
-        args = [python, "-m", "appliance.backends.python.stub", Channel.argument(child),
+        args = [python, "-m", "appliance.backends.python.model_process.stub", Channel.argument(child),
                 str(context.model_file), str(os.getpid())]
         try:
             self.process = _SPAWNER.spawn(args, child, env)

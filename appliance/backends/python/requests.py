@@ -18,8 +18,8 @@ from concurrent.futures import Future
 from http import HTTPStatus
 
 from appliance.backends.base import BackendRequest, Outputs, RequestResult, Reschedule, ResponseSink
-from appliance.backends.python.arena import Attachments
-from appliance.errors import ApplianceError
+from appliance.backends.python.wire.arena import Attachments
+from appliance.core.errors import ApplianceError
 
 __all__ = ["SENT", "ModelError", "OpenRequests", "model_error"]
 

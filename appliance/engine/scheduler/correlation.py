@@ -8,8 +8,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from appliance.core.errors import InvalidInput
 from appliance.engine.scheduler.sequence_policy import Control
-from appliance.errors import InvalidInput
 
 __all__ = ["END", "MAX_STRING_ID_BYTES", "START", "SequenceIds", "sequence_ids"]
 

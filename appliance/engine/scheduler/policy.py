@@ -8,7 +8,7 @@ from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from appliance.errors import ConfigError, InvalidInput
+from appliance.core.errors import ConfigError, InvalidInput
 
 __all__ = ["QueuePolicy", "SchedulerPolicy", "policy_from_config"]
 

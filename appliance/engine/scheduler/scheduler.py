@@ -23,6 +23,7 @@ import numpy as np
 
 from appliance.backends import BackendRequest
 from appliance.backends.base import Reschedule, reschedule_refused
+from appliance.core.errors import ApplianceError, InferenceFailed, Unavailable
 from appliance.engine.instances import InstancePool
 from appliance.engine.scheduler.completion import Answers, answer_later, mark_compute
 from appliance.engine.scheduler.execution import THREADED, ExecutionMode, dispatch, execute_batch
@@ -30,7 +31,6 @@ from appliance.engine.scheduler.inline import InlineRuns
 from appliance.engine.scheduler.policy import SchedulerPolicy
 from appliance.engine.scheduler.queue import Pending, RequestQueue
 from appliance.engine.stats import BatchTiming, ModelStats, StepTiming
-from appliance.errors import ApplianceError, InferenceFailed, Unavailable
 
 if TYPE_CHECKING:
     from appliance.backends.base import ResponseSink

@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from appliance.backends.base import Outputs, RequestResult, Reschedule, ResponseSink, not_cancelled, reschedule_refused
+from appliance.core.errors import ApplianceError, InferenceFailed, InvalidInput, Unavailable
 from appliance.engine.instances import InstancePool
 from appliance.engine.scheduler.completion import Answers, answer_later, mark_compute
 from appliance.engine.scheduler.correlation import END, START, SequenceIds, sequence_ids
@@ -56,7 +57,6 @@ from appliance.engine.scheduler.sequence_policy import SequencePolicy
 from appliance.engine.scheduler.sequence_slots import Lane, Row, Sequence, SequenceRequest, SlotTable
 from appliance.engine.scheduler.state import initial_states, step_requests
 from appliance.engine.stats import ModelStats, SequenceCounts, StepTiming
-from appliance.errors import ApplianceError, InferenceFailed, InvalidInput, Unavailable
 
 if TYPE_CHECKING:
     from appliance.engine.trace import Trace

@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
+from appliance.core.errors import ConfigError
+from appliance.core.tensors import CONFIG_TO_V2, numpy_dtype
 from appliance.engine.model_files import confined, read_bounded
-from appliance.errors import ConfigError
-from appliance.tensors import CONFIG_TO_V2, numpy_dtype
 
 __all__ = [
     "DEFAULT_IDLE_US",

@@ -13,10 +13,10 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from appliance.backends import BackendRequest
+from appliance.core.tensors import numpy_dtype
 from appliance.engine.scheduler.correlation import END, START
 from appliance.engine.scheduler.sequence_policy import Control, SequencePolicy, StateSpec, sequence_policy
 from appliance.engine.scheduler.sequence_slots import Row
-from appliance.tensors import numpy_dtype
 
 __all__ = ["control_tensors", "initial_states", "padding_inputs", "sequence_sample", "step_requests",
            "with_sequence_tensors"]

@@ -23,8 +23,8 @@ from typing import Any, Protocol
 
 import grpc
 
-from appliance.errors import ApplianceError, InvalidInput, PayloadTooLarge, RequestTimeout
-from appliance.grpc.config import ReceiveRules
+from appliance.core.errors import ApplianceError, InvalidInput, PayloadTooLarge, RequestTimeout
+from appliance.grpc.grpc_config import ReceiveRules
 from appliance.grpc.http2.frames import (
     DATA,
     DEFAULT_WINDOW,

@@ -20,7 +20,7 @@ from typing import Protocol, cast
 import grpc
 import hpack
 
-from appliance.grpc.config import KEEPALIVE, KEEPALIVE_TIMEOUT, GrpcConfig
+from appliance.grpc.grpc_config import KEEPALIVE, KEEPALIVE_TIMEOUT, GrpcConfig
 from appliance.grpc.http2 import frames as f
 from appliance.grpc.http2.call import STREAM_WINDOW, Call
 from appliance.grpc.http2.floods import Flood, FloodMeter

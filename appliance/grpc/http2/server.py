@@ -18,9 +18,9 @@ from typing import TypeAlias
 
 import grpc
 
-from appliance.errors import ConfigError
+from appliance.core.errors import ConfigError
 from appliance.grpc.access import Gate
-from appliance.grpc.config import CANCEL_GRACE, GrpcConfig
+from appliance.grpc.grpc_config import CANCEL_GRACE, GrpcConfig
 from appliance.grpc.grpc_server import admitting_handlers, probe_port
 from appliance.grpc.http2.connection import Http2Connection
 from appliance.protocol.dataplane import DataPlane

@@ -27,11 +27,11 @@ from collections.abc import Callable
 
 import numpy as np
 
+from appliance.core.errors import InputMismatch, InvalidInput
+from appliance.core.tensors import decode_bytes_tensor, element_size, encode_bytes_tensor, numpy_dtype
 from appliance.engine.tensor_checks import byte_size_words
 from appliance.engine.types import InferInput, InferRequest, InferResponse, SharedMemoryInput, SharedMemoryRef
-from appliance.errors import InputMismatch, InvalidInput
 from appliance.protocol.shared_memory.table import Lease, Region, RegionTable
-from appliance.tensors import decode_bytes_tensor, element_size, encode_bytes_tensor, numpy_dtype
 
 __all__ = ["Binding", "bind"]
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from appliance.errors import InferenceFailed, InvalidInput, NotSupported
+from appliance.core.errors import InferenceFailed, InvalidInput, NotSupported
 from appliance.protocol.shared_memory.table import RegionTable, check_region_name
 
 __all__ = ["CUDA_IPC_HANDLE_SIZE", "CudaIpc", "CudaRegion", "CudaSharedMemory"]

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from appliance.core.errors import InvalidInput
 from appliance.engine.types import SharedMemoryRef
-from appliance.errors import InvalidInput
 
 __all__ = ["REGION", "BYTE_SIZE", "OFFSET", "shared_memory_ref"]
 

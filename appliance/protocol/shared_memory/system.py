@@ -22,8 +22,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from appliance.backends.python.arena import ARENA_PREFIX
-from appliance.errors import InferenceFailed, InvalidInput
+from appliance.backends.python.wire.arena import ARENA_PREFIX
+from appliance.core.errors import InferenceFailed, InvalidInput
 from appliance.protocol.shared_memory.table import RegionTable, check_region_name
 
 __all__ = ["RESERVED_PREFIXES", "SHM_DIR", "TRITON_PREFIX", "SystemRegion", "SystemSharedMemory", "object_name",

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from appliance.errors import AlreadyExists, Forbidden, InvalidInput, RegionNotFound
+from appliance.core.errors import AlreadyExists, Forbidden, InvalidInput, RegionNotFound
 
 __all__ = ["CLIENT_SHM_MODES", "Lease", "Region", "RegionTable", "SharedMemoryLimits", "check_region_name"]
 

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from appliance.errors import ConfigError
+from appliance.core.errors import ConfigError
 from appliance.repository.ensemble.flow import EnsembleFlow, flow_of
 from appliance.repository.ensemble.plan import EnsemblePlan, Step
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-from appliance.errors import ConfigError
+from appliance.core.errors import ConfigError
 from appliance.repository.ensemble.plan import EnsemblePlan, Step
 
 __all__ = ["REQUEST_FRAME", "EnsembleFlow", "Level", "flow_of"]

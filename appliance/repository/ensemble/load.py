@@ -9,12 +9,12 @@ from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2 as mc
 
+from appliance.core.errors import ConfigError
 from appliance.engine.classification import read_labels
 from appliance.engine.model import ModelVersion
 from appliance.engine.model_files import check_config_paths
 from appliance.engine.response_cache import ResponseStore
 from appliance.engine.stats import ModelStats
-from appliance.errors import ConfigError
 from appliance.repository.config import check_decoupled, select_versions, signature_of
 from appliance.repository.ensemble.compose import check_composition
 from appliance.repository.ensemble.plan import ENSEMBLE_PLATFORM, EnsemblePlan, Step

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from appliance.errors import ConfigError
+from appliance.core.errors import ConfigError
 from appliance.repository.config import ENSEMBLE_PLATFORM, is_ensemble
 
 __all__ = ["ENSEMBLE_PLATFORM", "EnsemblePlan", "Step", "is_ensemble", "plan_ensemble"]

@@ -39,13 +39,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from appliance.backends.base import Outputs
+from appliance.core.errors import ApplianceError, InferenceFailed, InvalidInput, NotSupported
+from appliance.core.tensors import v2_datatype
 from appliance.engine.stats import StepTiming
 from appliance.engine.streaming import ResponseChannel, ResponseStream, StreamLimits
 from appliance.engine.types import InferInput, InferRequest, InferResponse, RequestedOutput
-from appliance.errors import ApplianceError, InferenceFailed, InvalidInput, NotSupported
 from appliance.repository.ensemble.flow import Level
 from appliance.repository.ensemble.plan import EnsemblePlan, Step
-from appliance.tensors import v2_datatype
 
 if TYPE_CHECKING:
     from appliance.engine.model import ModelVersion

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from appliance.core.errors import NotSupported, Unavailable
 from appliance.engine.stats import BatchTiming, ModelStats, StepTiming
 from appliance.engine.streaming import ResponseChannel
-from appliance.errors import NotSupported, Unavailable
 from appliance.repository.ensemble.flow import EnsembleFlow
 from appliance.repository.ensemble.run import EnsembleRun, Resolve, StepSlots
 

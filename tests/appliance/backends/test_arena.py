@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from appliance.backends.python.arena import (
+from appliance.backends.python.wire.arena import (
     ARENA_PREFIX,
     KEEP_BYTES,
     Arena,

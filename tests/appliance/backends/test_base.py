@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from appliance.backends import Backend, BackendRequest, BatchResult
-from appliance.errors import InferenceFailed
+from appliance.core.errors import InferenceFailed
 
 
 class Doubler(Backend):

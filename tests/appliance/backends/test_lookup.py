@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from appliance.backends import BACKENDS, named, resolve_backend
-from appliance.errors import ConfigError
+from appliance.core.errors import ConfigError
 
 
 @pytest.mark.parametrize("info", BACKENDS, ids=lambda info: info.name)

@@ -5,7 +5,7 @@ import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
 from appliance.backends import LoadContext, RuntimeOptions, named
-from appliance.errors import ConfigError, InvalidInput
+from appliance.core.errors import ConfigError, InvalidInput
 from appliance.examples import build_example_repository
 
 

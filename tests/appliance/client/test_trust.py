@@ -11,7 +11,7 @@ import pytest
 
 from appliance.client.boxes import Box
 from appliance.client.trust import TokenPolicy, TrustStore, certificate_fingerprint, same_fingerprint
-from appliance.errors import ConfigError
+from appliance.core.errors import ConfigError
 
 REAL = "11111111-1111-4111-8111-111111111111"
 OTHER = "22222222-2222-4222-8222-222222222222"

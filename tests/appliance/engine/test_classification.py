@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from appliance.core.errors import InvalidInput
 from appliance.engine.classification import classify
-from appliance.errors import InvalidInput
 
 
 def test_top_classes_with_labels():

@@ -9,13 +9,13 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from appliance.backends import named
+from appliance.core.errors import InferenceFailed
 from appliance.engine.instances import InstancePool
 from appliance.engine.model import ModelVersion
 from appliance.engine.response_cache import ResponseCache
 from appliance.engine.scheduler import Scheduler, policy_from_config
 from appliance.engine.stats import ModelStats
 from appliance.engine.types import InferInput, InferRequest, RequestedOutput
-from appliance.errors import InferenceFailed
 from appliance.repository.config import signature_of
 from tests.fakes import FakeBackend
 

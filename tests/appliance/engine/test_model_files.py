@@ -8,8 +8,8 @@ import threading
 import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
+from appliance.core.errors import ConfigError
 from appliance.engine.model_files import check_config_paths, confined, read_bounded
-from appliance.errors import ConfigError
 
 
 @pytest.fixture

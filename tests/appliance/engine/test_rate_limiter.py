@@ -16,12 +16,12 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from appliance.backends import Backend
+from appliance.core.errors import ConfigError
 from appliance.engine.instances import InstancePool
 from appliance.engine.rate_limiter import InstanceNeeds, RateLimitCounts, RateLimiter, instance_needs
 from appliance.engine.scheduler import Scheduler, SchedulerPolicy, SequenceScheduler, sequence_policy
 from appliance.engine.shared_config import ResourceLimit
 from appliance.engine.stats import ModelStats
-from appliance.errors import ConfigError
 
 
 @pytest.mark.parametrize("text, limit", [

@@ -18,11 +18,11 @@ import pytest
 
 from appliance.backends import Backend, BackendRequest
 from appliance.backends.base import BatchResult
+from appliance.core.errors import InferenceFailed, Unavailable
 from appliance.engine.instances import InstancePool
 from appliance.engine.rate_limiter import InstanceNeeds, RateLimitCounts, RateLimiter
 from appliance.engine.scheduler import Scheduler, SchedulerPolicy
 from appliance.engine.stats import ModelStats
-from appliance.errors import InferenceFailed, Unavailable
 
 
 async def _until(condition: Callable[[], bool], timeout: float = 5.0, what: str = "the condition") -> None:

@@ -20,9 +20,9 @@ import dataclasses
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from appliance.core.errors import ConfigError, Unavailable
 from appliance.engine.rate_limiter import GLOBAL, InstanceLimits, InstanceNeeds, RateLimitCounts, RateLimiter
 from appliance.engine.shared_config import ResourceLimit
-from appliance.errors import ConfigError, Unavailable
 
 GLOBAL_NAMES = {"bus": True, "dram": False, "npu": False}
 """Each name is global or per device, never both (that refusal is tested in test_rate_limiter.py)."""

@@ -13,10 +13,10 @@ import trustme
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from appliance.core.errors import ConfigError
 from appliance.engine.redis_cache import PREFIX, RedisResponseCache, decode_entry, encode_entry
 from appliance.engine.shared_config import CacheConfig, RedisCacheConfig
 from appliance.engine.types import InferInput
-from appliance.errors import ConfigError
 from appliance.settings import load_settings
 from tests.redis_server import redis_server
 

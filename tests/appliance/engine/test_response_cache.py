@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from appliance.core.errors import ConfigError
 from appliance.engine.response_cache import ENTRY_OVERHEAD, ResponseCache, request_key
 from appliance.engine.shared_config import CacheConfig, RedisCacheConfig
 from appliance.engine.types import InferInput
-from appliance.errors import ConfigError
 
 
 @pytest.mark.parametrize("entries, size", [

@@ -14,7 +14,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from appliance.backends import Backend, BackendRequest, BatchResult, RuntimeOptions, named
-from appliance.budget import MemoryBudget
+from appliance.core.errors import DeadlineExceeded, InferenceFailed, InvalidInput, Unavailable
 from appliance.engine.instances import InstancePool
 from appliance.engine.model import ModelVersion
 from appliance.engine.scheduler import Scheduler, policy_from_config
@@ -22,7 +22,6 @@ from appliance.engine.stats import ModelStats
 from appliance.engine.streaming import ResponseChannel, StreamItem, StreamLimits
 from appliance.engine.tensor_checks import DecodeLimits
 from appliance.engine.types import InferInput, InferRequest
-from appliance.errors import DeadlineExceeded, InferenceFailed, InvalidInput, Unavailable
 from appliance.protocol.admission import Caller
 from appliance.protocol.inference import Inference
 from appliance.protocol.trace_settings import TraceSettings
@@ -30,6 +29,7 @@ from appliance.protocol.trace_writer import TraceWriter
 from appliance.protocol.tracing import Tracer
 from appliance.repository.config import signature_of
 from appliance.repository.registry import ModelRegistry
+from appliance.security.budget import MemoryBudget
 
 CONFIG = """
 name: "repeat" backend: "python"

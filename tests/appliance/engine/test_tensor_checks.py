@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from appliance.core.errors import InputMismatch, InvalidInput
 from appliance.engine.tensor_checks import check_shape
-from appliance.errors import InputMismatch, InvalidInput
 
 
 def test_an_element_count_past_64_bits_is_refused_in_tritons_words():

@@ -3,10 +3,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from appliance.core.errors import InvalidInput
 from appliance.engine.signature import ModelSignature, TensorSpec
 from appliance.engine.types import InferInput, InferRequest, RequestedOutput
 from appliance.engine.validation import validate_request
-from appliance.errors import InvalidInput
 
 SIGNATURE = ModelSignature(
     max_batch_size=4,

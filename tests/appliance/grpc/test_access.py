@@ -8,7 +8,7 @@ from unittest import mock
 import grpc
 import pytest
 
-from appliance.errors import (
+from appliance.core.errors import (
     AlreadyExists,
     ConfigError,
     Forbidden,

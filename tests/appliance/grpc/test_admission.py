@@ -9,7 +9,7 @@ import grpc
 import pytest
 from tritonclient.grpc import service_pb2 as pb
 
-from appliance.errors import InvalidInput, RequestTimeout, Unavailable
+from appliance.core.errors import InvalidInput, RequestTimeout, Unavailable
 from appliance.grpc.admission import OPERATIONS
 from appliance.grpc.receive import DRAIN_BYTES as _DRAIN_BYTES
 from appliance.grpc.receive import Receivers

@@ -8,9 +8,9 @@ import pytest
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor
 
+from appliance.core.errors import InvalidInput
 from appliance.engine.tensor_checks import DecodeLimits
 from appliance.engine.types import InferOutput, InferResponse
-from appliance.errors import InvalidInput
 from appliance.grpc.codec import (
     CONTENTS_FIELD,
     decode_infer_request,

@@ -25,15 +25,15 @@ from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc._utils import _get_inference_request
 
-from appliance.budget import MemoryBudget
+from appliance.core.errors import InvalidInput, PayloadTooLarge
 from appliance.engine.tensor_checks import DecodeLimits
 from appliance.engine.types import InferOutput, InferRequest, InferResponse
-from appliance.errors import InvalidInput, PayloadTooLarge
 from appliance.grpc.admission import inflated, parse
 from appliance.grpc.codec import CONTENTS_FIELD, decode_infer_request, encode_infer_response, stream_options
 from appliance.grpc.http2.call import Call
 from appliance.grpc.http2.headers import Request
 from appliance.protocol.inflate import InflateLimits
+from appliance.security.budget import MemoryBudget
 from tests.appliance.strategies_fuzz import (
     DATATYPES,
     HUGE_COUNTS,

@@ -14,8 +14,8 @@ import grpc
 import pytest
 from tritonclient.grpc import service_pb2 as pb
 
-from appliance.errors import RequestTimeout, Unavailable
-from appliance.grpc.config import ReceiveRules
+from appliance.core.errors import RequestTimeout, Unavailable
+from appliance.grpc.grpc_config import ReceiveRules
 from appliance.grpc.http2.call import STREAM_WINDOW, Call
 from appliance.grpc.http2.headers import Request
 from appliance.grpc.receive import Receivers, sniffed

@@ -7,7 +7,7 @@ import uuid
 import pytest
 
 from appliance.mdns.announcer import box_id
-from appliance.state import StateDir
+from appliance.runtime.state import StateDir
 from tests.readonly import unwritable
 
 

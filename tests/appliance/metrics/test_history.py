@@ -6,8 +6,8 @@ import time
 
 import pytest
 
+from appliance.core.errors import Unavailable
 from appliance.engine.stats import LATENCY_BUCKETS_US
-from appliance.errors import Unavailable
 from appliance.metrics.history import history, percentile_ms
 from appliance.metrics.samples import ModelSample
 

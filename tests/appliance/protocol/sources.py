@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from appliance.budget import Account
 from appliance.engine.model import ModelVersion
 from appliance.engine.tensor_checks import DecodeLimits
 from appliance.engine.types import InferRequest
 from appliance.protocol.admission import Caller
 from appliance.protocol.inference import Target
+from appliance.security.budget import Account
 
 __all__ = ["LOCAL", "Decoded"]
 

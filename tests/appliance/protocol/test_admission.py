@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from appliance.errors import Forbidden, Unauthorized, Unavailable
-from appliance.fleet_signature import FleetVerifier, body_digest, sign
+from appliance.core.errors import Forbidden, Unauthorized, Unavailable
 from appliance.protocol.admission import AccessPolicy, Admission, Caller, parse_networks
 from appliance.protocol.operations import ACCESS, BOUNDLESS, Access, Operation
+from appliance.security.fleet_signature import FleetVerifier, body_digest, sign
 
 TOKEN = "a-token-of-at-least-16"
 REMOTE, LOCAL = "10.0.0.5", "127.0.0.1"

@@ -13,9 +13,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from appliance import __version__
 from appliance.backends import RuntimeOptions
-from appliance.budget import MemoryBudget
-from appliance.engine.types import InferInput, InferRequest, RequestedOutput, SharedMemoryRef
-from appliance.errors import (
+from appliance.core.errors import (
     Forbidden,
     InvalidInput,
     LoadRefused,
@@ -23,6 +21,7 @@ from appliance.errors import (
     NotSupported,
     Unavailable,
 )
+from appliance.engine.types import InferInput, InferRequest, RequestedOutput, SharedMemoryRef
 from appliance.examples import build_example_repository
 from appliance.protocol.admission import Caller
 from appliance.protocol.dataplane import SERVER_NAME, DataPlane, Rules
@@ -30,6 +29,7 @@ from appliance.protocol.inference import DECODE_OFF_LOOP_BYTES
 from appliance.protocol.results import IndexEntry, TensorMetadata
 from appliance.protocol.shared_memory import LocalPeers, SharedMemoryLimits, SharedMemoryRegistry
 from appliance.repository.registry import ModelRegistry
+from appliance.security.budget import MemoryBudget
 from tests.appliance.protocol.sources import LOCAL, Decoded
 
 

@@ -14,8 +14,8 @@ import onnxruntime as ort
 import pytest
 
 from appliance.backends import RuntimeOptions
+from appliance.core.errors import ModelNotFound
 from appliance.engine.types import InferInput, InferRequest, RequestedOutput
-from appliance.errors import ModelNotFound
 from appliance.examples import mlp_model
 from appliance.protocol.dataplane import DataPlane
 from appliance.repository.registry import ModelRegistry

@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from appliance.budget import MemoryBudget
-from appliance.errors import PayloadTooLarge, Unavailable
+from appliance.core.errors import PayloadTooLarge, Unavailable
 from appliance.protocol.inflate import RATIO_FLOOR, InflateLimits, inflate, inflate_off_loop
+from appliance.security.budget import MemoryBudget
 
 MIB = 1 << 20
 

@@ -18,8 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from appliance.budget import MemoryBudget
 from appliance.protocol.inflate import InflateLimits, inflate
+from appliance.security.budget import MemoryBudget
 from tests.appliance.strategies_fuzz import assert_client_error, measure_peak, mutated
 
 pytestmark = pytest.mark.timeout(60)  # a hang fails the test instead of stalling CI

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from appliance.errors import InvalidInput, NotSupported
+from appliance.core.errors import InvalidInput, NotSupported
 from appliance.protocol.log_settings import LogSettings, LogValues
 
 

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from appliance.errors import NotSupported
+from appliance.core.errors import NotSupported
 from appliance.protocol.log_settings import LogSettings, LogValues
 from appliance.protocol.trace_settings import KNOWN, TraceSettings
 from tests.appliance.strategies_fuzz import assert_client_error, json_values

@@ -1,6 +1,6 @@
 """Property-based fuzzing of the tensor checks and decoding both transports share: a declared shape and
 datatype (``appliance.engine.tensor_checks``), raw little-endian tensor bytes, BYTES tensors' 4-byte
-length prefixes (``appliance.tensors``), and Triton's shared-memory parameters of a tensor
+length prefixes (``appliance.core.tensors``), and Triton's shared-memory parameters of a tensor
 (``appliance.protocol.shared_memory.params``).
 
 Properties: whatever a client declares or sends, the answer is a value or the protocol's own 400
@@ -19,10 +19,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor
 
+from appliance.core.errors import InputMismatch, InvalidInput
+from appliance.core.tensors import decode_bytes_tensor, element_size, encode_bytes_tensor, numpy_dtype
 from appliance.engine.tensor_checks import MAX_DIMS, MAX_ELEMENTS, check_datatype, check_shape, decode_raw_tensor
-from appliance.errors import InputMismatch, InvalidInput
 from appliance.protocol.shared_memory.params import shared_memory_ref
-from appliance.tensors import decode_bytes_tensor, element_size, encode_bytes_tensor, numpy_dtype
 from tests.appliance.strategies_fuzz import (
     DATATYPES,
     FIXED_DATATYPES,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from appliance.errors import InvalidInput, NotSupported
+from appliance.core.errors import InvalidInput, NotSupported
 from appliance.protocol.trace_settings import TraceSettings, TraceValues
 
 

@@ -6,7 +6,8 @@ import pytest
 from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from appliance.errors import ConfigError
+from appliance.core.errors import ConfigError
+from appliance.core.tensors import RuntimeTensor
 from appliance.repository.config import (
     check_decoupled,
     complete_config,
@@ -16,7 +17,6 @@ from appliance.repository.config import (
     select_versions,
     signature_of,
 )
-from appliance.tensors import RuntimeTensor
 
 
 def _config(text: str, name: str = "m") -> mc.ModelConfig:

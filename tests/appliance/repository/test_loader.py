@@ -10,7 +10,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 import hardware_probe
 from appliance.backends import RuntimeOptions
-from appliance.errors import ConfigError
+from appliance.core.errors import ConfigError
 from appliance.repository.config import config_from_json, config_to_json
 from appliance.repository.loader import LoadedModel, load_model, version_dirs
 from appliance.selection import Hardware, SelectionSettings, Selector

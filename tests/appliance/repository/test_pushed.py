@@ -11,7 +11,14 @@ import errno
 import pytest
 
 from appliance.backends import RuntimeOptions
-from appliance.errors import ConfigError, InsufficientStorage, InvalidInput, PayloadTooLarge, PushRefused, Unavailable
+from appliance.core.errors import (
+    ConfigError,
+    InsufficientStorage,
+    InvalidInput,
+    PayloadTooLarge,
+    PushRefused,
+    Unavailable,
+)
 from appliance.protocol.dataplane import DataPlane, Rules
 from appliance.repository.config import config_from_json
 from appliance.repository.pushed import PushLimits, PushStore, file_parameters

@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 from appliance.backends import RuntimeOptions
-from appliance.errors import ConfigError, InvalidInput, ModelNotFound
+from appliance.core.errors import ConfigError, InvalidInput, ModelNotFound
 from appliance.repository.registry import NOT_LOADED, ModelRegistry, ModelState
 from tests.builders import identity_model, write_model
 

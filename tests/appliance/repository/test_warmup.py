@@ -12,7 +12,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from appliance.backends import RuntimeOptions
-from appliance.errors import ConfigError
+from appliance.core.errors import ConfigError
 from appliance.repository.loader import load_model
 from appliance.repository.warmup import warmup_samples
 from tests.builders import framing_model, write_model

@@ -12,10 +12,10 @@ import pytest
 from aiohttp import streams, web
 from aiohttp.test_utils import make_mocked_request
 
-from appliance.budget import MemoryBudget
-from appliance.errors import InvalidInput, PayloadTooLarge, RequestTimeout, Unavailable, UnsupportedEncoding
+from appliance.core.errors import InvalidInput, PayloadTooLarge, RequestTimeout, Unavailable, UnsupportedEncoding
 from appliance.protocol.inflate import DEFAULT_RATIO
 from appliance.rest.body import BodyLimits, read_body
+from appliance.security.budget import MemoryBudget
 
 LIMIT = 1 << 20
 

@@ -13,9 +13,9 @@ import pytest
 from aiohttp import streams
 from aiohttp.test_utils import make_mocked_request
 
-from appliance.budget import MemoryBudget
-from appliance.errors import PayloadTooLarge
+from appliance.core.errors import PayloadTooLarge
 from appliance.rest.body import BodyLimits, read_body
+from appliance.security.budget import MemoryBudget
 
 MIB = 1 << 20
 

@@ -11,6 +11,7 @@ import numpy as np
 import orjson
 import pytest
 
+from appliance.core.errors import InputMismatch, InvalidInput
 from appliance.engine.types import (
     InferOutput,
     InferRequest,
@@ -19,7 +20,6 @@ from appliance.engine.types import (
     SharedMemoryInput,
     SharedMemoryRef,
 )
-from appliance.errors import InputMismatch, InvalidInput
 from appliance.rest.codec import (
     DecodeLimits,
     decode_bytes_tensor,

@@ -19,12 +19,12 @@ import tritonclient.http as httpclient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from appliance.core.errors import ApplianceError, InvalidInput
+from appliance.core.tensors import element_size
 from appliance.engine.tensor_checks import DecodeLimits
 from appliance.engine.types import InferOutput, InferRequest, InferResponse, SharedMemoryRef
-from appliance.errors import ApplianceError, InvalidInput
 from appliance.rest.codec import decode_infer_request, decode_raw_request, encode_infer_response, parse_json_object
 from appliance.rest.infer_body import InferBody
-from appliance.tensors import element_size
 from tests.appliance.strategies_fuzz import (
     DATATYPES,
     FIXED_DATATYPES,

@@ -8,9 +8,9 @@ import json
 import numpy as np
 import pytest
 
+from appliance.core.errors import InferenceFailed, InvalidInput
 from appliance.engine.signature import ModelSignature, TensorSpec
 from appliance.engine.types import InferOutput, InferResponse
-from appliance.errors import InferenceFailed, InvalidInput
 from appliance.rest.codec import DecodeLimits
 from appliance.rest.generate_codec import decode_generate_request, encode_generate_response, sse_event
 

@@ -28,10 +28,10 @@ from appliance.backends import RuntimeOptions
 from appliance.examples import build_example_repository
 from appliance.protocol.dataplane import DataPlane
 from appliance.repository.registry import ModelRegistry
-from appliance.rest.config import BodyLimits, RestConfig
 from appliance.rest.lane import InferLane
 from appliance.rest.lane_head import LANE_HEAD_BYTES
 from appliance.rest.lane_wire import LANE_BODY_BYTES
+from appliance.rest.rest_config import BodyLimits, RestConfig
 from tests.appliance.strategies_fuzz import mutated
 
 pytestmark = pytest.mark.timeout(300)  # a hang fails the test instead of stalling CI

@@ -8,8 +8,8 @@ from appliance.backends import RuntimeOptions
 from appliance.protocol.dataplane import DataPlane
 from appliance.repository.registry import ModelRegistry
 from appliance.rest.app import build_app
-from appliance.rest.config import BodyLimits, RestConfig
 from appliance.rest.openapi import openapi_document
+from appliance.rest.rest_config import BodyLimits, RestConfig
 
 
 def _spec_path(route_path: str) -> str:

@@ -15,7 +15,7 @@ import tritonclient.utils.shared_memory as shm
 from tritonclient import utils
 from tritonclient.utils import InferenceServerException
 
-from appliance.backends.python.arena import Arena
+from appliance.backends.python.wire.arena import Arena
 from appliance.examples import build_example_repository
 from tests.descriptors import opened
 from tests.http_util import call

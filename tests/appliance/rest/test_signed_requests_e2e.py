@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from appliance.fleet_signature import sign
+from appliance.security.fleet_signature import sign
 from tests.builders import affine_model, save, write_model
 from tests.http_util import call
 from tests.relay import relay

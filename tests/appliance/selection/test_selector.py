@@ -7,10 +7,10 @@ import pytest
 
 import hardware_probe
 from appliance.backends import BACKENDS, usable_cores
+from appliance.runtime.state import StateDir
 from appliance.selection import Hardware, Plan, Selector, enumerate_plans
 from appliance.selection.plans import DEFAULT_PLAN, INSTANCE_COUNTS
 from appliance.selection.selector import SelectionSettings, open_cache
-from appliance.state import StateDir
 from model_cache import ModelCache
 from tests.appliance.selection.contexts import ONNX, onnx_context
 from tests.appliance.selection.faulty import FAULTY

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from appliance.backends.base import BackendRequest
-from appliance.backends.python.arena import ARENA_PREFIX, KEEP_BYTES
+from appliance.backends.python.wire.arena import ARENA_PREFIX, KEEP_BYTES
 from tests.appliance.backends.python.harness import RecordingSink, loaded
 from tests.models import write_python_model
 from tests.processes import child_pids

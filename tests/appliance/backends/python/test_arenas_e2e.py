@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from appliance.backends.python.arena import KEEP_BYTES
+from appliance.backends.python.wire.arena import KEEP_BYTES
 from tests.appliance.backends.python.test_arenas import CONFIG, ECHO, _shm_bytes
 from tests.models import write_python_model
 from tests.processes import child_pids

@@ -6,7 +6,7 @@ import os
 
 import numpy as np
 
-from appliance.backends.python.arena import KEEP_BYTES, Arena, Attachments, Blocks
+from appliance.backends.python.wire.arena import KEEP_BYTES, Arena, Attachments, Blocks
 
 
 def test_blocks_are_reused_once_freed_and_bigger_segments_come_only_for_bigger_messages():

@@ -10,11 +10,11 @@ import textwrap
 
 import pytest
 
-from appliance.backends.python.channel import CAPACITY, Channel
+from appliance.backends.python.wire.channel import CAPACITY, Channel
 
 _ECHO = textwrap.dedent("""
     import sys
-    from appliance.backends.python.channel import Channel
+    from appliance.backends.python.wire.channel import Channel
     channel = Channel.from_argument(sys.argv[1])
     while True:
         try:

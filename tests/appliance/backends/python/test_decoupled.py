@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from appliance.backends.base import BackendRequest
-from appliance.errors import InferenceFailed
+from appliance.core.errors import InferenceFailed
 from tests.appliance.backends.python.harness import RecordingSink, loaded
 from tests.models import write_python_model
 

@@ -17,7 +17,7 @@ from appliance.backends import named
 from appliance.backends.base import RuntimeOptions
 from appliance.backends.python.backend import PythonBackend
 from appliance.backends.python.process import ModelProcess
-from appliance.budget import MemoryBudget
+from appliance.core.errors import Unavailable
 from appliance.engine.instances import InstancePool
 from appliance.engine.model import ModelVersion
 from appliance.engine.scheduler import Scheduler, policy_from_config
@@ -25,11 +25,11 @@ from appliance.engine.stats import ModelStats
 from appliance.engine.streaming import StreamItem, StreamLimits
 from appliance.engine.tensor_checks import DecodeLimits
 from appliance.engine.types import InferInput, InferRequest
-from appliance.errors import Unavailable
 from appliance.protocol.admission import Caller
 from appliance.protocol.inference import Inference
 from appliance.repository.config import signature_of
 from appliance.repository.registry import ModelRegistry
+from appliance.security.budget import MemoryBudget
 from tests.appliance.backends.python.harness import loaded, parse_config
 from tests.models import write_python_model
 

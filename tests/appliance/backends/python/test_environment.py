@@ -11,7 +11,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from appliance.backends.base import LoadContext, RuntimeOptions
 from appliance.backends.python.environment import model_environment
-from appliance.errors import ConfigError
+from appliance.core.errors import ConfigError
 
 
 def _context(model_dir: Path, value: str) -> LoadContext:

@@ -13,7 +13,7 @@ import hardware_probe
 from appliance.backends import BACKENDS, BackendRequest, LoadContext, RuntimeOptions
 from appliance.backends.base import ModelCall
 from appliance.backends.python.in_process import InProcessPythonBackend
-from appliance.errors import InferenceFailed
+from appliance.core.errors import InferenceFailed
 from appliance.selection import Hardware, Selector
 from appliance.selection.plans import IN_PROCESS_PLAN
 from appliance.selection.selector import SelectionSettings

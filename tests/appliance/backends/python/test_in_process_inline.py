@@ -14,7 +14,7 @@ from appliance.backends import BACKENDS, BackendRequest, LoadContext, RuntimeOpt
 from appliance.backends.base import BackendServices, ModelCall, Outputs
 from appliance.backends.python.factory import IN_PROCESS_PLAN_ID
 from appliance.backends.python.in_process import InProcessPythonBackend
-from appliance.errors import InferenceFailed
+from appliance.core.errors import InferenceFailed
 from tests.appliance.backends.python.harness import parse_config
 from tests.models import write_python_model
 

@@ -8,7 +8,7 @@ import pytest
 
 from appliance.backends.base import BackendRequest
 from appliance.backends.python.backend import model_parameters
-from appliance.errors import ConfigError
+from appliance.core.errors import ConfigError
 from tests.appliance.backends.python.harness import loaded
 from tests.models import write_python_model
 

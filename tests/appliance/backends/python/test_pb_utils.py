@@ -8,7 +8,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from appliance.backends.python import triton_python_backend_utils as pb_utils
+from appliance.backends.python.model_process import triton_python_backend_utils as pb_utils
 
 
 @pytest.mark.parametrize("dtype,code", [

@@ -10,8 +10,8 @@ import time
 import numpy as np
 
 from appliance.backends.base import BackendRequest, BatchResult
+from appliance.core.errors import InferenceFailed
 from appliance.engine.instances import InstancePool
-from appliance.errors import InferenceFailed
 from tests.appliance.backends.python.harness import loaded
 from tests.models import write_python_model
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from appliance.backends.python.arena import ARENA_PREFIX
+from appliance.backends.python.wire.arena import ARENA_PREFIX
 from tests.models import write_python_model
 from tests.processes import child_pids
 
@@ -111,7 +111,7 @@ def _repository(root: Path, **models: str) -> Path:
 
 
 def _stubs(daemon_pid: int) -> list[int]:
-    return [pid for pid in child_pids(daemon_pid) if b"appliance.backends.python.stub" in _cmdline(pid)]
+    return [pid for pid in child_pids(daemon_pid) if b"appliance.backends.python.model_process.stub" in _cmdline(pid)]
 
 
 def _cmdline(pid: int) -> bytes:
@@ -219,11 +219,11 @@ def test_a_model_process_dies_with_its_parent_even_when_its_channel_stays_open(t
     """The parent-death signal alone (the channel's other end kept open by a grandchild) ends the stub."""
     script = textwrap.dedent(f"""
         import os, subprocess, sys, time
-        from appliance.backends.python.channel import Channel
+        from appliance.backends.python.wire.channel import Channel
         ours, theirs = Channel.pair()
         model = {str(_repository(tmp_path / 'repo', echo=ECHO) / 'echo' / '1' / 'model.py')!r}
-        stub = subprocess.Popen([sys.executable, "-m", "appliance.backends.python.stub", Channel.argument(theirs),
-                                 model, str(os.getpid())], pass_fds=theirs)
+        stub = subprocess.Popen([sys.executable, "-m", "appliance.backends.python.model_process.stub",
+                                 Channel.argument(theirs), model, str(os.getpid())], pass_fds=theirs)
         keeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
                                   pass_fds=ours.fds())
         open({str(tmp_path / 'pids')!r}, "w").write(f"{{stub.pid}} {{keeper.pid}}")

@@ -1,4 +1,4 @@
-"""Who reads the model process's end of the channel (appliance.backends.python.reading), driven from
+"""Who reads the model process's end of the channel (appliance.backends.python.model_process.reading), driven from
 this test as the daemon: the main thread reads for its own call while it waits (no thread hop), and
 hands reading to the reader thread when another thread's call is still open."""
 
@@ -9,9 +9,9 @@ import threading
 
 import pytest
 
-from appliance.backends.python.channel import Channel
-from appliance.backends.python.pb.runtime import Runtime
-from appliance.backends.python.reading import Reading
+from appliance.backends.python.model_process.pb.runtime import Runtime
+from appliance.backends.python.model_process.reading import Reading
+from appliance.backends.python.wire.channel import Channel
 
 
 class _Stub:

@@ -9,7 +9,7 @@ import asyncio
 import numpy as np
 
 from appliance.backends.base import BackendRequest, BatchResult
-from appliance.errors import InferenceFailed
+from appliance.core.errors import InferenceFailed
 from tests.appliance.backends.python.harness import loaded
 from tests.models import write_python_model
 

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import appliance.engine.scheduler.inline as inline_module
+from appliance.core.errors import InferenceFailed
 from appliance.engine.instances import InstancePool
 from appliance.engine.scheduler import Scheduler, SchedulerPolicy
 from appliance.engine.scheduler.execution import (
@@ -24,7 +25,6 @@ from appliance.engine.scheduler.execution import (
     plan_batch_ns,
 )
 from appliance.engine.stats import ModelStats
-from appliance.errors import InferenceFailed
 from tests.fakes import FakeBackend
 
 INLINE = ExecutionMode(True, "test", 1_000, 50_000, 200_000)

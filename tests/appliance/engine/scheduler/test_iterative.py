@@ -16,10 +16,10 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from appliance.backends import Backend
 from appliance.backends.base import RESCHEDULE, BatchResult
+from appliance.core.errors import InvalidInput
 from appliance.engine.instances import InstancePool
 from appliance.engine.scheduler import SequenceScheduler, sequence_policy
 from appliance.engine.stats import ModelStats
-from appliance.errors import InvalidInput
 from tests.appliance.backends.python.harness import RecordingSink
 
 

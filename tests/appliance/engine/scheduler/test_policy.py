@@ -4,8 +4,8 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from appliance.core.errors import ConfigError, InvalidInput
 from appliance.engine.scheduler import policy_from_config
-from appliance.errors import ConfigError, InvalidInput
 
 
 def _policy(text: str):

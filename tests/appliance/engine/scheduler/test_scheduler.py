@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from appliance.backends.base import BatchResult
+from appliance.core.errors import InferenceFailed, InvalidInput, Unavailable
 from appliance.engine.instances import InstancePool
 from appliance.engine.scheduler import QueuePolicy, Scheduler, SchedulerPolicy
 from appliance.engine.stats import ModelStats
-from appliance.errors import InferenceFailed, InvalidInput, Unavailable
 from tests.fakes import FakeBackend
 
 

@@ -14,12 +14,12 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from appliance.backends import Backend
+from appliance.core.errors import InferenceFailed, InvalidInput, Unavailable
 from appliance.engine.instances import InstancePool
 from appliance.engine.scheduler import SequenceScheduler, sequence_policy
 from appliance.engine.scheduler.execution import ExecutionMode
 from appliance.engine.scheduler.sequence import BACKLOG_PER_SLOT, MIN_BACKLOG, THREADED_SEQUENCES
 from appliance.engine.stats import ModelStats
-from appliance.errors import InferenceFailed, InvalidInput, Unavailable
 from appliance.examples.sequence import accumulator_config
 
 

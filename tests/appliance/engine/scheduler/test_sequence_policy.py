@@ -8,12 +8,12 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from appliance.core.errors import ConfigError, InvalidInput
 from appliance.engine.model_files import check_config_paths
 from appliance.engine.scheduler import sequence_policy
 from appliance.engine.scheduler.correlation import sequence_ids
 from appliance.engine.scheduler.sequence_policy import Control
 from appliance.engine.scheduler.state import control_tensors, padding_inputs, sequence_sample
-from appliance.errors import ConfigError, InvalidInput
 from appliance.examples.sequence import accumulator_config
 from appliance.repository.config import read_config
 

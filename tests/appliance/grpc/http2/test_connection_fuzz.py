@@ -13,7 +13,7 @@ import hpack
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from appliance.grpc.config import GrpcConfig
+from appliance.grpc.grpc_config import GrpcConfig
 from appliance.grpc.http2 import frames as f
 from appliance.grpc.http2.connection import MAX_FRAME, Http2Connection
 from appliance.grpc.http2.headers import Request

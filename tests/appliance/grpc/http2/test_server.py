@@ -15,13 +15,13 @@ import grpc
 import hpack
 import pytest
 
-from appliance.budget import MemoryBudget
 from appliance.grpc.access import Gate
-from appliance.grpc.config import GrpcConfig
+from appliance.grpc.grpc_config import GrpcConfig
 from appliance.grpc.http2 import connection, floods
 from appliance.grpc.http2 import frames as f
 from appliance.grpc.http2.server import Http2Server
 from appliance.protocol.inflate import Compressed, InflateLimits, inflate
+from appliance.security.budget import MemoryBudget
 
 
 class _Handlers:

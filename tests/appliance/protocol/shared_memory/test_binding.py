@@ -11,6 +11,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from appliance.core.errors import AlreadyExists, Forbidden, InvalidInput, PayloadTooLarge, RegionNotFound
+from appliance.core.tensors import encode_bytes_tensor
 from appliance.engine.types import (
     InferOutput,
     InferRequest,
@@ -19,11 +21,9 @@ from appliance.engine.types import (
     SharedMemoryInput,
     SharedMemoryRef,
 )
-from appliance.errors import AlreadyExists, Forbidden, InvalidInput, PayloadTooLarge, RegionNotFound
 from appliance.protocol.shared_memory import LocalPeers, SharedMemoryLimits, SharedMemoryRegistry
 from appliance.protocol.shared_memory.binding import bind
 from appliance.protocol.shared_memory.table import RegionTable
-from appliance.tensors import encode_bytes_tensor
 from tests.descriptors import opened
 
 

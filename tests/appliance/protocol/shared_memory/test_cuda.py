@@ -10,6 +10,7 @@ import sys
 import numpy as np
 import pytest
 
+from appliance.core.errors import Forbidden, InvalidInput, NotSupported
 from appliance.engine.types import (
     InferOutput,
     InferRequest,
@@ -18,7 +19,6 @@ from appliance.engine.types import (
     SharedMemoryInput,
     SharedMemoryRef,
 )
-from appliance.errors import Forbidden, InvalidInput, NotSupported
 from appliance.protocol.shared_memory import CudaIpc, LocalPeers, SharedMemoryLimits, SharedMemoryRegistry
 
 

@@ -7,8 +7,8 @@ import uuid
 
 import pytest
 
-from appliance.backends.python.arena import Arena
-from appliance.errors import AlreadyExists, ApplianceError, Forbidden, InvalidInput, RegionNotFound
+from appliance.backends.python.wire.arena import Arena
+from appliance.core.errors import AlreadyExists, ApplianceError, Forbidden, InvalidInput, RegionNotFound
 from appliance.protocol.shared_memory import LocalPeers, SharedMemoryLimits, SharedMemoryRegistry
 from appliance.protocol.shared_memory.system import shown
 from tests.descriptors import opened

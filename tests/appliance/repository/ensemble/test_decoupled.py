@@ -14,9 +14,9 @@ import pytest
 import pytest_asyncio
 
 from appliance.backends import RuntimeOptions
+from appliance.core.errors import InvalidInput
 from appliance.engine.streaming import StreamItem, StreamLimits
 from appliance.engine.types import InferInput, InferRequest, RequestedOutput
-from appliance.errors import InvalidInput
 from appliance.repository.registry import ModelRegistry, ModelState
 from tests.appliance.repository.ensemble.decoupled_repos import decoupled_repository
 

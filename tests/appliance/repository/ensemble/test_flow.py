@@ -8,7 +8,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from appliance.errors import ConfigError
+from appliance.core.errors import ConfigError
 from appliance.repository.ensemble import flow_of, plan_ensemble
 from tests.appliance.repository.ensemble.repos import ensemble_config, step
 

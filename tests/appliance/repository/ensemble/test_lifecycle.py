@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from appliance.backends import RuntimeOptions
+from appliance.core.errors import ModelNotFound
 from appliance.engine.types import InferInput, InferRequest
-from appliance.errors import ModelNotFound
 from appliance.repository.registry import ModelRegistry, ModelState
 from tests.appliance.repository.ensemble.repos import diamond_repository, nested_repository
 
@@ -108,7 +108,7 @@ async def test_in_poll_mode_an_ensemble_comes_back_with_its_composing_model(regi
 
 
 def test_the_backend_loader_refuses_an_ensemble_and_names_the_models_to_tune(tmp_path):
-    from appliance.errors import ConfigError
+    from appliance.core.errors import ConfigError
     from appliance.repository.loader import load_model
 
     repo = diamond_repository(tmp_path / "repo")

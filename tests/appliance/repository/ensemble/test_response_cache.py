@@ -9,10 +9,10 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from appliance.backends import RuntimeOptions
+from appliance.core.errors import ConfigError
 from appliance.engine.response_cache import ResponseCache
 from appliance.engine.server_wide import ServerWide
 from appliance.engine.types import InferInput, InferRequest
-from appliance.errors import ConfigError
 from appliance.repository.config import config_to_json
 from appliance.repository.ensemble import check_composition, plan_ensemble
 from appliance.repository.ensemble.load import load_ensemble

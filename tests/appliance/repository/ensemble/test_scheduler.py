@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from appliance.backends import RuntimeOptions
+from appliance.core.errors import InvalidInput
 from appliance.engine.types import InferInput, InferRequest, RequestedOutput
-from appliance.errors import InvalidInput
 from appliance.repository.registry import ModelRegistry, ModelState
 from tests.appliance.repository.ensemble.repos import diamond_repository, nested_repository, parallel_repository
 

@@ -1,0 +1,67 @@
+"""Tensors and responses across the channel, on the model process's side: tensors go into shared-memory
+blocks, only their descriptors into messages."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+
+from appliance.backends.python.model_process.pb import runtime
+from appliance.backends.python.model_process.pb.errors import TritonError
+from appliance.backends.python.model_process.pb.response import InferenceResponse
+from appliance.backends.python.model_process.pb.tensor import Tensor
+from appliance.backends.python.wire.arena import KEEP_BYTES, BlockRef, Descriptor
+
+__all__ = ["error_of", "read_tensors", "send_response", "tensors_of", "write_tensors"]
+
+
+def tensors_of(tensors: list[Tensor], what: str) -> list[tuple[str, np.ndarray]]:
+    """(name, array) of each tensor (BF16 as ``ml_dtypes.bfloat16``), as the arenas carry them."""
+    return [(tensor.name(), tensor.raw()) for tensor in tensors]
+
+
+def write_tensors(pairs: list[tuple[str, np.ndarray]]) -> tuple[BlockRef | None, list[Descriptor]]:
+    if not pairs:
+        return None, []
+    return runtime.current().blocks.write(pairs)
+
+
+def read_tensors(ref: BlockRef | None, descriptors: list[Descriptor],
+                 rt: runtime.Runtime | None = None) -> list[Tensor]:
+    """The tensors of a daemon's block, copied out; the block is given back at once. ``rt``: the runtime
+    whose call this answers, when read on a thread where it is not current (the daemon's event loop reads
+    an in-process model's answers)."""
+    if ref is None:
+        return []
+    current = rt or runtime.current()
+    arrays = current.attachments.read(ref, descriptors)
+    current.release(ref[0], now=ref[2] > KEEP_BYTES)
+    return [Tensor(name, array) for name, array in arrays.items()]
+
+
+def error_of(response: InferenceResponse) -> tuple[str, int] | None:
+    error = response.error()
+    return (error.message(), error.code()) if error is not None else None
+
+
+def send_response(key: int, response: InferenceResponse | None, final: bool) -> None:
+    """One response of a decoupled model's request (None: only the final flag)."""
+    ref: BlockRef | None = None
+    descriptors: list[Descriptor] = []
+    error, parameters = None, None
+    if response is not None:
+        error = error_of(response)
+        if error is None:
+            ref, descriptors = write_tensors(tensors_of(response.output_tensors(), "output"))
+        parameters = response.parameters()
+    runtime.current().send(("response", key, ref, descriptors, error, parameters, final))
+
+
+def response_parameters(text: str | None) -> dict[str, Any]:
+    return json.loads(text) if text else {}
+
+
+def triton_error(error: tuple[str, int]) -> TritonError:
+    return TritonError(error[0], error[1])

@@ -1,0 +1,376 @@
+"""The model process: loads a Triton model.py and serves the daemon's commands.
+
+Run by the daemon as ``python -m appliance.backends.python.model_process.stub READ_FD,WRITE_FD MODEL_FILE DAEMON_PID``,
+the descriptors its end of the channel (``channel``: a pipe each way). The main thread runs the commands
+(describe, initialize, execute, finalize) in order, and reads the channel itself while it waits for the
+next one; a reader thread reads while it runs one and the model's own calls (BLS, is_cancelled) wait for
+answers (see ``reading``). Whichever reads the end of the channel ends the process: the daemon went
+away. Tensors travel through shared-memory arenas.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import importlib
+import inspect
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import traceback
+from pathlib import Path
+from typing import Any
+
+from appliance.backends.python.model_process import triton_python_backend_utils as pb_utils
+from appliance.backends.python.model_process.pb import runtime
+from appliance.backends.python.model_process.pb.logger import forward_logging
+from appliance.backends.python.model_process.pb.runtime import Runtime
+from appliance.backends.python.model_process.pb.transfer import error_of, tensors_of
+from appliance.backends.python.model_process.reading import Reading
+from appliance.backends.python.wire.arena import Arena, reusable_size
+from appliance.backends.python.wire.channel import Channel
+
+log = logging.getLogger("appliance.python-stub")
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with(daemon_pid: int) -> None:
+    """Be killed when the daemon dies, however it dies (SIGKILL included). The daemon starts model
+    processes from a thread that lives as long as it does (PR_SET_PDEATHSIG follows the forking
+    thread); the reader thread's end-of-file on the channel is the second, portable guard."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != daemon_pid:  # it died before the prctl took effect
+        os._exit(0)
+
+
+def _load_model_class(model_file: Path) -> type:
+    """Import model.py as Triton does: as module ``model`` of package ``<version>``, with the version
+    directory and the model directory on sys.path, so that relative imports and sibling modules work."""
+    sys.modules["triton_python_backend_utils"] = pb_utils
+    version_dir = model_file.parent
+    sys.path.append(str(version_dir))
+    sys.path.append(str(version_dir.parent))
+    module = importlib.import_module(f"{version_dir.name}.{model_file.stem}")
+    model_class = getattr(module, "TritonPythonModel", None)
+    if model_class is None:
+        raise AttributeError(f"{model_file} defines no class TritonPythonModel")
+    return model_class
+
+
+def _auto_complete(model_class: type, config: dict) -> dict:
+    hook = getattr(model_class, "auto_complete_config", None)
+    if hook is None:
+        return config
+    result = hook(pb_utils.ModelConfig(config))
+    return result.as_dict() if isinstance(result, pb_utils.ModelConfig) else config
+
+
+class _Attached:
+    """The daemon's input arenas (it writes batches into two in turn), attached as they show up; one the
+    daemon replaced (it grew) is let go of."""
+
+    KEEP = 3
+    """The two in use, and the one a grown arena replaced (let go of one batch later)."""
+
+    def __init__(self) -> None:
+        self.arenas: dict[str, Arena] = {}
+
+    def get(self, info: dict) -> Arena:
+        arena = self.arenas.get(info["path"])
+        if arena is None:
+            arena = self.arenas[info["path"]] = Arena.attach(info["path"], info["size"])
+            while len(self.arenas) > self.KEEP:
+                self.arenas.pop(next(iter(self.arenas))).close()
+        return arena
+
+    def let_go_if_oversized(self, info: dict) -> None:
+        """After execute(): an oversized arena held this one batch; the daemon removes it."""
+        arena = self.arenas.get(info["path"])
+        if arena is not None and arena.oversized:
+            del self.arenas[info["path"]]
+            arena.close()
+
+
+def _requests(arena: Arena, batch: list[dict], decoupled: bool) -> list[pb_utils.InferenceRequest]:
+    """The batch as model.py sees it. A decoupled model's inputs are detached from the arena (it may
+    read them after execute() returned, when the arena holds the next batch)."""
+    return [
+        pb_utils.InferenceRequest.served(
+            item["key"], [pb_utils.Tensor(d[0], arena.read(d, copy=decoupled)) for d in item["inputs"]], item,
+            decoupled)
+        for item in batch
+    ]
+
+
+SENT = ("sent",)
+"""A request answered through its response sender (now, or later from another thread)."""
+RESCHEDULED = ("reschedule",)
+"""A request the model released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE: it runs again."""
+
+
+def _unanswered(request: pb_utils.InferenceRequest) -> tuple[str]:
+    rescheduled = request.release_flags() == pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
+    return RESCHEDULED if rescheduled else SENT
+
+
+def returned_entries(decoupled: bool, requests: list, responses: Any, instance: str = "") -> list | None:
+    """What execute() returned, checked with Triton's rules and words: one entry per request, an
+    InferenceResponse or SENT/RESCHEDULED; None for a decoupled model that rescheduled nothing. (Also
+    the in-process plan's: appliance.backends.python.in_process.) ``instance``: the model instance's name,
+    which Triton's messages give."""
+    if decoupled:
+        if responses is not None:
+            raise pb_utils.TritonModelException(
+                f"Python model '{instance}' is using the decoupled mode and the execute function must return "
+                "None. (Send the responses with request.get_response_sender().)")
+        marks = [_unanswered(request) for request in requests]
+        return list(marks) if RESCHEDULED in marks else None
+    if responses is None:
+        return [_unanswered(request) for request in requests]
+    if not isinstance(responses, list) or len(responses) != len(requests):
+        count = len(responses) if isinstance(responses, list) else type(responses).__name__
+        raise pb_utils.TritonModelException(
+            f"execute() returned {count} responses for {len(requests)} requests; it must return a list with one "
+            "InferenceResponse (or None, for a request answered through its response sender) per request")
+    entries: list[Any] = []
+    for request, response in zip(requests, responses):
+        if response is None:
+            entries.append(_unanswered(request))
+            continue
+        if request.release_flags() == pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
+            raise pb_utils.TritonModelException(
+                "Expected a None object in the execute function return list for reschduled request, found type "
+                f"'{type(response)}'.")
+        if not isinstance(response, pb_utils.InferenceResponse):
+            raise pb_utils.TritonModelException(
+                "Expected an 'InferenceResponse' object in the execute function return list, found type "
+                f"'{type(response)}'.")
+        if request._sender is not None:
+            request._sender.returned()  # raises if the sender has answered already, as in Triton
+        entries.append(response)
+    return entries
+
+
+def _pack_responses(responses: list, arena: Arena | None, model: str) -> tuple[list[Any], Arena]:
+    """Write every response's tensors into the output arena (growing it); errors stay as messages,
+    requests answered elsewhere (SENT, RESCHEDULED) as their marks."""
+    tensors: list[list[tuple[str, Any]]] = []
+    packed: list[Any] = []
+    for response in responses:
+        if isinstance(response, tuple):
+            tensors.append([])
+            packed.append(response)
+            continue
+        try:
+            tensors.append([] if response.has_error() else tensors_of(response.output_tensors(), "output"))
+        except pb_utils.TritonModelException as exc:
+            response = pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc)))
+            tensors.append([])
+        packed.append(response)
+    needed = sum(Arena.needed(ts) for ts in tensors)
+    if arena is None or arena.size < needed:
+        if arena is not None:
+            arena.close()
+        arena = Arena.create(reusable_size(needed), model)
+    offset = 0
+    for index, (response, response_tensors) in enumerate(zip(packed, tensors)):
+        if isinstance(response, tuple):
+            continue
+        error = error_of(response)
+        if error is not None:
+            packed[index] = ("error", *error)
+            continue
+        descriptors, offset = arena.write(response_tensors, offset)
+        packed[index] = ("ok", descriptors, response.parameters())
+    return packed, arena
+
+
+class _Model:
+    """model.py's TritonPythonModel, with Triton's rules for sync and async execute()."""
+
+    def __init__(self, model_class: type) -> None:
+        self.instance = model_class()
+        self.decoupled = False
+        self.name = ""  # the instance's name, as Triton's messages give it (initialize's model_instance_name)
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop coroutines run on (a thread of its own, started on first use, as in Triton)."""
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+            threading.Thread(target=self._loop.run_forever, name="pb-event-loop", daemon=True).start()
+        return self._loop
+
+    def call(self, name: str, *args: Any, background: bool = False) -> Any:
+        method = getattr(self.instance, name, None)
+        if method is None:
+            return None
+        result = method(*args)
+        if not inspect.iscoroutine(result):
+            return result
+        future = asyncio.run_coroutine_threadsafe(result, self.loop())
+        if background:  # a decoupled model's async execute() runs on while the next batch comes
+            future.add_done_callback(_log_background_failure)
+            return None
+        return future.result()
+
+
+def _log_background_failure(future: Any) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        error = future.exception()
+        log.error("async execute() failed: %s", "".join(traceback.format_exception(error)))
+
+
+def _failure(exc: BaseException) -> tuple[str, str, str]:
+    text = "".join(traceback.format_exception(exc))
+    log.error("%s", text.rstrip())
+    return ("failed", _what(exc), text)
+
+
+_OURS = str(Path(__file__).resolve().parent)
+
+
+def _what(exc: BaseException) -> str:
+    """The exception as Triton's stub reports it (pybind11's error_already_set::what()): its type and
+    words, then the frames of the model's own code, innermost first."""
+    frames = [frame for frame in traceback.extract_tb(exc.__traceback__)
+              if not str(Path(frame.filename).resolve()).startswith(_OURS)]
+    where = "".join(f"  {frame.filename}({frame.lineno}): {frame.name}\n" for frame in reversed(frames))
+    return f"{type(exc).__name__}: {exc}" + (f"\n\nAt:\n{where}" if where else "")
+
+
+def _execute(model: _Model, requests: list, rt: Runtime, output: Arena | None) -> tuple[tuple, Arena | None]:
+    """("done", arena, packed): packed holds one entry per request (see _pack_responses), or is None when
+    every request streams its responses (a decoupled model that rescheduled nothing); ("failed", ...)."""
+    try:
+        responses = model.call("execute", requests, background=model.decoupled)
+        entries = returned_entries(model.decoupled, requests, responses, model.name)
+    except Exception as exc:
+        return _failure(exc), output
+    if entries is None:
+        return ("done", None, None), output
+    packed, output = _pack_responses(entries, output, rt.model_name)
+    return ("done", output.info(), packed), output
+
+
+def _execute_each(model: _Model, requests: list, rt: Runtime, output: Arena | None) -> tuple[tuple, Arena | None]:
+    """A group (a model without dynamic batching, never decoupled): execute() once per request, in order,
+    each its own execution; one reply for all, where a request whose execute() raised is ("failed", what,
+    text) and the others as in _execute."""
+    entries: list[Any] = []
+    failures: dict[int, tuple] = {}
+    for index, request in enumerate(requests):
+        try:
+            returned = returned_entries(False, [request], model.call("execute", [request]))
+            assert returned is not None  # None only for a decoupled model, which is never grouped
+            entries.append(returned[0])
+        except Exception as exc:
+            failures[index] = _failure(exc)
+            entries.append(SENT)  # a mark _pack_responses passes through; replaced below
+    packed, output = _pack_responses(entries, output, rt.model_name)
+    for index, failure in failures.items():
+        packed[index] = failure
+    return ("done", output.info(), packed), output
+
+
+def serve(rt: Runtime, commands: Reading, model_file: Path) -> None:
+    model_class = _load_model_class(model_file)
+    command, config = commands.next_command()
+    assert command == "describe"
+    rt.send(("described", _auto_complete(model_class, config)))
+    command, args = commands.next_command()
+    assert command == "initialize"
+    try:
+        model = _Model(model_class)
+        model.decoupled = pb_utils.using_decoupled_model_transaction_policy(json.loads(args["model_config"]))
+        model.name = args.get("model_instance_name", "")
+        model.call("initialize", args)
+    except Exception as exc:
+        rt.send(_failure(exc))
+        return
+    if model.decoupled:
+        commands.keep_reader()
+    rt.send(("ready", None))
+    # Replies are written into two output arenas in turn: the daemon may send the next batch before it
+    # has read this one's outputs, but not the one after (it lends the instance twice at most).
+    inputs, turn = _Attached(), 0
+    outputs: list[Arena | None] = [None, None]
+    while True:
+        message = commands.next_command()
+        if message[0] == "finalize":
+            break
+        command, arena_info, batch = message
+        requests = _requests(inputs.get(arena_info), batch, model.decoupled)
+        run = _execute_each if command == "execute_each" else _execute
+        reply, outputs[turn] = run(model, requests, rt, outputs[turn])
+        output = outputs[turn]
+        if output is not None and output.oversized:  # the daemon reads it, then removes it
+            output.release()
+            outputs[turn] = None
+        turn ^= 1
+        rt.send(reply)
+        inputs.let_go_if_oversized(arena_info)
+        rt.flush_released()
+    try:
+        model.call("finalize")
+    except Exception as exc:
+        _failure(exc)
+    for output in outputs:
+        if output is not None:
+            output.close()
+    rt.send(("finalized", None))
+
+
+def _dispatch(rt: Runtime, message: tuple) -> None:
+    """A message of the daemon that is not a command, on the thread that read it."""
+    kind = message[0]
+    if kind == "handover":  # the daemon's event loop reads what follows
+        rt.send(("handed_over",))
+    elif kind == "free":
+        for block in message[1]:
+            rt.blocks.free(block)
+    else:
+        rt.answer(message)
+
+
+def _gone(rt: Runtime) -> None:
+    """The daemon is gone (it stopped, or died): nobody will read what this process makes."""
+    rt.fail_calls("the server went away")
+    rt.close()
+    os._exit(0)
+
+
+def main() -> None:
+    channel, model_file, daemon_pid = Channel.from_argument(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+    # The model sees no arguments, as in Triton's stub, whose Python is embedded: unittest.main() in a
+    # model.py (Triton's qa models run their tests so) must not take ours for test names.
+    del sys.argv[1:]
+    _die_with(daemon_pid)
+    rt = Runtime(channel, model_file.parent.parent.name)
+    runtime.install(rt)
+    forward_logging(rt)
+    commands = Reading(rt, lambda message: _dispatch(rt, message), lambda: _gone(rt))
+    try:
+        serve(rt, commands, model_file)
+    except Exception as exc:
+        try:
+            rt.send(("crashed", f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+        except OSError:
+            pass
+        rt.close()
+        raise SystemExit(1) from exc
+    rt.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+"""A global budget of request bytes held in memory, shared by every request of the daemon.
+
+Each request opens an ``Account`` (a context manager) and reserves bytes as it comes to hold them: a
+body as it arrives, the decompressed body, the tensors decoded from JSON. Reserving never waits: past
+the budget it raises ``Unavailable`` (503, retry shortly), or ``PayloadTooLarge`` when the request alone
+needs more than the whole budget (retrying could never help). Leaving the account gives everything
+back, whichever way the request ended. Thread-safe: decompression and decoding run on worker threads.
+"""
+
+from __future__ import annotations
+
+import threading
+from types import TracebackType
+
+from appliance.core.errors import PayloadTooLarge, Unavailable
+
+__all__ = ["Account", "MemoryBudget"]
+
+
+class MemoryBudget:
+    def __init__(self, limit: int, setting: str = "max_request_memory_bytes") -> None:
+        if limit < 1:
+            raise ValueError(f"a memory budget needs a positive limit, got {limit}")
+        self._limit = limit
+        self._setting = setting
+        self._used = 0
+        self._lock = threading.Lock()
+
+    @property
+    def limit(self) -> int:
+        return self._limit
+
+    @property
+    def used(self) -> int:
+        return self._used
+
+    def account(self) -> Account:
+        """A new, empty account for one request; use it as a context manager."""
+        return Account(self)
+
+    def _take(self, size: int, held: int) -> None:
+        if held + size > self._limit:
+            raise PayloadTooLarge(
+                f"this request needs more than {self._limit} bytes in memory, the whole budget "
+                f"({self._setting}); send a smaller batch, or raise {self._setting}"
+            )
+        with self._lock:
+            if self._used + size > self._limit:
+                raise Unavailable(
+                    f"the server holds {self._used} bytes of requests in memory and {self._setting} is "
+                    f"{self._limit}; retry shortly",
+                    retry_after=1,
+                )
+            self._used += size
+
+    def _give(self, size: int) -> None:
+        with self._lock:
+            self._used -= size
+
+
+class Account:
+    """One request's share of a ``MemoryBudget``; everything it holds is released on exit."""
+
+    __slots__ = ("_budget", "_held", "_lock")
+
+    def __init__(self, budget: MemoryBudget) -> None:
+        self._budget = budget
+        self._held = 0
+        self._lock = threading.Lock()
+
+    @property
+    def held(self) -> int:
+        return self._held
+
+    def reserve(self, size: int) -> None:
+        """Count ``size`` more bytes against the budget, or raise without counting any of them."""
+        if size < 0:
+            raise ValueError(f"cannot reserve a negative size ({size})")
+        if size == 0:
+            return
+        with self._lock:
+            self._budget._take(size, self._held)
+            self._held += size
+
+    def release(self, size: int) -> None:
+        """Give back part of what this account holds (e.g. a compressed body once it is decompressed)."""
+        with self._lock:
+            size = min(size, self._held)
+            self._held -= size
+        self._budget._give(size)
+
+    def join(self, pieces: list[bytes]) -> bytes:
+        """``pieces`` as one bytes object, the list emptied: the pieces and the joined copy coexist for a
+        moment, and are counted so."""
+        if len(pieces) == 1:
+            return pieces.pop()  # bytes.join would return this very object
+        total = sum(map(len, pieces))
+        self.reserve(total)
+        try:
+            joined = b"".join(pieces)
+            pieces.clear()
+        finally:
+            self.release(total)
+        return joined
+
+    def close(self) -> None:
+        self.release(self._held)
+
+    def __enter__(self) -> Account:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
