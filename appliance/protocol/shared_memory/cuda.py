@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from appliance.core.errors import InferenceFailed, InvalidInput, NotSupported
-from appliance.protocol.shared_memory.table import RegionTable, check_region_name
+from appliance.protocol.shared_memory.table import RegionTable, check_region_name, check_register_integer
 
 __all__ = ["CUDA_IPC_HANDLE_SIZE", "CudaIpc", "CudaRegion", "CudaSharedMemory"]
 
@@ -133,15 +133,6 @@ class CudaRegion:
         self._ipc.close(self.device_id, self._pointer)
 
 
-def _integer(value: object, what: str, region: str, low: int) -> int:
-    if type(value) is not int or not low <= value < (1 << 63):
-        raise InvalidInput(
-            f"failed to register shared memory region '{region}': '{what}' must be an integer of at least {low}, "
-            f"got {str(value)[:40]!r}"
-        )
-    return value
-
-
 class CudaSharedMemory:
     """The CUDA shared-memory API (Triton's cudasharedmemory extension), free of any transport."""
 
@@ -169,8 +160,8 @@ class CudaSharedMemory:
                 f"failed to register shared memory region '{name}': the raw handle must be the "
                 f"{CUDA_IPC_HANDLE_SIZE} bytes of a cudaIpcMemHandle_t"
             )
-        device_id = _integer(device_id, "device_id", name, 0)
-        byte_size = _integer(byte_size, "byte_size", name, 1)
+        device_id = check_register_integer(device_id, "device_id", name, 0)
+        byte_size = check_register_integer(byte_size, "byte_size", name, 1)
         handle = bytes(raw_handle)
         self._table.add(name, byte_size, lambda: self._ipc.open(handle, device_id, byte_size, name))
 

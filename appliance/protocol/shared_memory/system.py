@@ -24,7 +24,7 @@ from typing import Any
 
 from appliance.backends.python.wire.arena import ARENA_PREFIX
 from appliance.core.errors import InferenceFailed, InvalidInput
-from appliance.protocol.shared_memory.table import RegionTable, check_region_name
+from appliance.protocol.shared_memory.table import RegionTable, check_region_name, check_register_integer
 
 __all__ = ["RESERVED_PREFIXES", "SHM_DIR", "TRITON_PREFIX", "SystemRegion", "SystemSharedMemory", "object_name",
            "shown"]
@@ -35,7 +35,6 @@ RESERVED_PREFIXES = (ARENA_PREFIX, "sem.")
 # Triton's own Python-backend pools: refused in Triton's words (kTritonSharedMemoryRegionPrefix).
 TRITON_PREFIX = "triton_python_backend_shm_region_"
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,254}")
-_MAX_SIZE = (1 << 63) - 1
 
 
 def shown(key: object, width: int = 80) -> str:
@@ -63,15 +62,6 @@ def object_name(key: object, region: str) -> str:
             f"reserved prefix '{prefix}'; the appliance keeps these objects for itself: choose another key"
         )
     return name
-
-
-def _size(value: object, what: str, region: str, low: int) -> int:
-    if type(value) is not int or not low <= value <= _MAX_SIZE:  # Triton's "invalid args", then which
-        raise InvalidInput(
-            f"failed to register shared memory region '{region}': invalid args: '{what}' must be an integer of at "
-            f"least {low}, got {str(value)[:40]!r}"
-        )
-    return value
 
 
 class SystemRegion:
@@ -176,8 +166,8 @@ class SystemSharedMemory:
             os.stat(self._directory / file_name, follow_symlinks=False)
         except OSError as exc:
             raise InvalidInput(f"Unable to open shared memory region: '{shown(key)}'; {_open_error(exc)}") from None
-        offset = _size(offset, "offset", name, 0)
-        byte_size = _size(byte_size, "byte_size", name, 1)
+        offset = check_register_integer(offset, "offset", name, 0)
+        byte_size = check_register_integer(byte_size, "byte_size", name, 1)
         self._table.add(name, byte_size, lambda: SystemRegion.open(
             self._directory, file_name, key, offset, byte_size, name))
 

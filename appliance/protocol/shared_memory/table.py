@@ -99,6 +99,17 @@ def check_region_name(name: object) -> str:
     return name
 
 
+def check_register_integer(value: object, what: str, region: str, low: int) -> int:
+    """A register's offset, byte size or device id: an integer from ``low`` to 2**63 - 1 (Triton's "invalid
+    args", then which)."""
+    if type(value) is not int or not low <= value < (1 << 63):
+        raise InvalidInput(
+            f"failed to register shared memory region '{region}': invalid args: '{what}' must be an integer of at "
+            f"least {low}, got {str(value)[:40]!r}"
+        )
+    return value
+
+
 class RegionTable:
     """Thread-safe: front ends call it on the event loop, copies run on worker threads."""
 

@@ -1,0 +1,161 @@
+"""One end-to-end suite for every supported front-end path (docs/architecture.md, "Supported combinations"):
+HTTP through the infer lane and through aiohttp, gRPC on the appliance's own HTTP/2 transport and on
+grpcio. Two daemons cover the four: the default (lane, own transport) and the other pair
+(``http_infer_lane = false``, ``grpc_transport = grpcio``); each test runs on both, over HTTP or gRPC.
+
+Each path must answer the same: inference in JSON and binary, BYTES, a decoupled model's stream, Triton's
+refusals (unknown model, wrong shape), model metadata, and the statistics every path records."""
+
+from __future__ import annotations
+
+import queue
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tests.models import write_python_model
+from tests.models.decoupled import REPEAT, REPEAT_CONFIG
+
+IDENTITY = '''
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(t.name().replace("INPUT", "OUTPUT"), t.as_numpy())
+                                            for t in request.inputs()]) for request in requests]
+'''
+
+IDENTITY_CONFIG = '''
+backend: "python"
+max_batch_size: 8
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] },
+        { name: "INPUT1" data_type: TYPE_STRING dims: [ -1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] },
+         { name: "OUTPUT1" data_type: TYPE_STRING dims: [ -1 ] } ]
+'''
+
+PATHS = {
+    "lane+own-http2": {},
+    "aiohttp+grpcio": {"APPLIANCE_HTTP_INFER_LANE": "false", "APPLIANCE_GRPC_TRANSPORT": "grpcio"},
+}
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("front-ends")
+    write_python_model(repo, "identity", IDENTITY, IDENTITY_CONFIG)
+    write_python_model(repo, "repeat", REPEAT, REPEAT_CONFIG)
+    return repo
+
+
+@pytest.fixture(scope="module", params=sorted(PATHS))
+def box(request, module_daemon, repository):
+    return module_daemon(repository, env=PATHS[request.param])
+
+
+@pytest.fixture(params=["http", "grpc"])
+def protocol(request) -> str:
+    return request.param
+
+
+class Client:
+    """tritonclient over one protocol, with what the suite sends built for it."""
+
+    def __init__(self, box, protocol: str) -> None:
+        self.protocol = protocol
+        self.module = httpclient if protocol == "http" else grpcclient
+        self.client = (httpclient.InferenceServerClient(box.url) if protocol == "http"
+                       else grpcclient.InferenceServerClient(box.grpc_url))
+
+    def inputs(self, values: np.ndarray, words: list[bytes], binary: bool = True) -> list:
+        first = self.module.InferInput("INPUT0", list(values.shape), "FP32")
+        second = self.module.InferInput("INPUT1", [1, len(words)], "BYTES")
+        if self.protocol == "http":
+            first.set_data_from_numpy(values, binary_data=binary)
+            second.set_data_from_numpy(np.array([words], dtype=np.object_), binary_data=binary)
+        else:
+            first.set_data_from_numpy(values)
+            second.set_data_from_numpy(np.array([words], dtype=np.object_))
+        return [first, second]
+
+    def close(self) -> None:
+        self.client.close()
+
+
+@pytest.fixture
+def client(box, protocol):
+    made = Client(box, protocol)
+    yield made
+    made.close()
+
+
+@pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
+def test_inference(client, binary):
+    if client.protocol == "grpc" and not binary:
+        pytest.skip("gRPC has one encoding")
+    values = np.arange(3, dtype=np.float32).reshape(1, 3)
+    words = [b"edge", b"\x00\xffbytes"] if binary else [b"edge", b"json"]
+    result = client.client.infer("identity", client.inputs(values, words, binary))
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), values)
+    assert result.as_numpy("OUTPUT1").tolist() == [words]
+
+
+def test_refusals_in_tritons_words(client):
+    inputs = client.inputs(np.zeros((1, 2), np.float32), [b"x"])
+    with pytest.raises(InferenceServerException) as missing:
+        client.client.infer("no_such_model", inputs)
+    assert "Request for unknown model: 'no_such_model' is not found" in missing.value.message()
+    wrong = client.module.InferInput("INPUT0", [1, 2, 2], "FP32")
+    wrong.set_data_from_numpy(np.zeros((1, 2, 2), np.float32))
+    with pytest.raises(InferenceServerException) as shape:
+        client.client.infer("identity", [wrong, inputs[1]])
+    assert "unexpected shape for input 'INPUT0' for model 'identity'" in shape.value.message()
+    assert client.client.is_server_live()
+
+
+def test_metadata(client):
+    metadata = client.client.get_model_metadata("identity")
+    names = ([i["name"] for i in metadata["inputs"]] if client.protocol == "http"
+             else [i.name for i in metadata.inputs])
+    assert names == ["INPUT0", "INPUT1"]
+
+
+def test_a_decoupled_models_stream(box, client):
+    if client.protocol == "http":
+        # HTTP streams a decoupled model through generate_stream (server-sent events).
+        import json
+        import urllib.request
+
+        request = urllib.request.Request(f"{box.base}/v2/models/repeat/generate_stream",
+                                         data=json.dumps({"IN": [3, 4, 5]}).encode(),
+                                         headers={"Content-Type": "application/json"}, method="POST")
+        with urllib.request.urlopen(request, timeout=30) as response:
+            events = [json.loads(line[5:]) for line in response.read().decode().splitlines()
+                      if line.startswith("data:")]
+        assert [event["OUT"] for event in events] == [3, 4, 5]
+        return
+    answers: queue.Queue = queue.Queue()
+    tensor = grpcclient.InferInput("IN", [3], "INT32")
+    tensor.set_data_from_numpy(np.array([3, 4, 5], np.int32))
+    client.client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    client.client.async_stream_infer("repeat", [tensor])
+    received = [answers.get(timeout=30) for _ in range(3)]
+    client.client.stop_stream()
+    assert [error for _, error in received] == [None, None, None]
+    assert [result.as_numpy("OUT").tolist() for result, _ in received] == [[3], [4], [5]]
+
+
+def test_every_path_records_statistics(client):
+    def successes() -> int:
+        stats = client.client.get_inference_statistics("identity")
+        if client.protocol == "http":
+            return int(stats["model_stats"][0]["inference_stats"]["success"]["count"])
+        return int(stats.model_stats[0].inference_stats.success.count)
+
+    before = successes()
+    client.client.infer("identity", client.inputs(np.ones((1, 2), np.float32), [b"a"]))
+    assert successes() == before + 1
