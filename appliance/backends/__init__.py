@@ -35,59 +35,20 @@ __all__ = [
     "usable_cores",
 ]
 
+# name, platforms, default file name, module, factory, extra (the install flavour), then what differs.
 BACKENDS: tuple[BackendInfo, ...] = (
-    BackendInfo(
-        name="onnxruntime",
-        platforms=("onnxruntime_onnx",),
-        default_filename="model.onnx",
-        module="appliance.backends.onnxruntime",
-        factory="OnnxRuntimeBackend",
-        extra="cpu",
-        cpu_instances=2,
-    ),
-    BackendInfo(
-        name="openvino",
-        platforms=("openvino",),
-        default_filename="model.xml",
-        module="appliance.backends.openvino",
-        factory="OpenVinoBackend",
-        extra="cpu",
-    ),
-    BackendInfo(
-        name="pytorch",
-        platforms=("pytorch_libtorch",),
-        default_filename="model.pt",
-        module="appliance.backends.torchscript",
-        factory="TorchScriptBackend",
-        extra="cpu",
-    ),
-    BackendInfo(
-        name="torch_export",
-        platforms=("torch_aoti", "torch_export"),
-        default_filename="model.pt2",
-        module="appliance.backends.torch_export",
-        factory="TorchExportBackend",
-        extra="cpu",
-    ),
-    BackendInfo(
-        name="python",
-        platforms=("python",),
-        default_filename="model.py",
-        module="appliance.backends.python.factory",
-        factory="load_python",
-        extra="cpu",
-        decoupled=True,
-        in_process=False,
-    ),
-    BackendInfo(
-        name="tensorrt",
-        platforms=("tensorrt_plan",),
-        default_filename="model.plan",
-        module="appliance.backends.tensorrt",
-        factory="TensorRTBackend",
-        extra="nvidia",
-        in_process=False,  # a batch waits on the GPU's stream: kept off the event loop
-    ),
+    BackendInfo("onnxruntime", ("onnxruntime_onnx",), "model.onnx", "appliance.backends.onnxruntime",
+                "OnnxRuntimeBackend", "cpu", cpu_instances=2),
+    BackendInfo("openvino", ("openvino",), "model.xml", "appliance.backends.openvino", "OpenVinoBackend", "cpu"),
+    BackendInfo("pytorch", ("pytorch_libtorch",), "model.pt", "appliance.backends.torchscript",
+                "TorchScriptBackend", "cpu"),
+    BackendInfo("torch_export", ("torch_aoti", "torch_export"), "model.pt2", "appliance.backends.torch_export",
+                "TorchExportBackend", "cpu"),
+    BackendInfo("python", ("python",), "model.py", "appliance.backends.python.factory", "load_python", "cpu",
+                decoupled=True, in_process=False),
+    # a batch waits on the GPU's stream: kept off the event loop
+    BackendInfo("tensorrt", ("tensorrt_plan",), "model.plan", "appliance.backends.tensorrt", "TensorRTBackend",
+                "nvidia", in_process=False),
 )
 
 

@@ -26,7 +26,6 @@ a coroutine per call).
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import functools
 import logging
@@ -43,7 +42,7 @@ from appliance.grpc.receive import Metered, Receivers, sniffed, sniffing
 from appliance.grpc.status import abort, abort_unexpected
 from appliance.protocol.admission import Caller
 from appliance.protocol.dataplane import DataPlane
-from appliance.protocol.inference import DECODE_OFF_LOOP_BYTES
+from appliance.protocol.inference import decode_off_loop
 from appliance.protocol.inflate import Compressed, InflateLimits, inflate_off_loop
 from appliance.protocol.operations import Operation
 from appliance.security.budget import Account
@@ -103,6 +102,14 @@ async def inflated(message: bytes, account: Account, limits: InflateLimits) -> b
     out = await inflate_off_loop(message, message.coding, limits, account, what="message", header="grpc-encoding")
     account.release(len(message))
     return out
+
+
+async def parse_counted(raw: bytes, method: str, deserializer: Callable[[bytes], Any], account: Account) -> Any:
+    """``parse`` under the off-loop rule (protocol.inference.decode_off_loop); then ``raw``'s bytes, which
+    ``account`` holds, are released: the message is what is held."""
+    message = await decode_off_loop(len(raw), parse, raw, method, deserializer, account)
+    account.release(len(raw))
+    return message
 
 
 def parse(raw: bytes, method: str, deserializer: Callable[[bytes], Any], account: Account) -> Any:
@@ -202,17 +209,12 @@ class AdmittingHandlers(grpc.GenericRpcHandler):
             except ApplianceError:
                 del raw
                 raise
-            size = len(raw)
             if method in _RAW:
                 received = Received(raw, account, caller)
                 del raw  # the handler drops the bytes once it has parsed them
                 return await behaviour(received, context)
-            if size > DECODE_OFF_LOOP_BYTES:
-                request = await asyncio.to_thread(parse, raw, method, deserializer, account)
-            else:
-                request = parse(raw, method, deserializer, account)
+            request = await parse_counted(raw, method, deserializer, account)
             del raw
-            account.release(size)  # the bytes went once parsed: the message is what is held
             changed = _operation(operation, request)
             if changed is not operation:
                 self._dataplane.check_access(changed, caller)

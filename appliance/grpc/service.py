@@ -4,7 +4,6 @@ typed answer back into a message. Admission happened before the message was read
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
@@ -18,12 +17,12 @@ from appliance.engine.model import ModelVersion
 from appliance.engine.tensor_checks import DecodeLimits
 from appliance.engine.types import InferRequest
 from appliance.grpc.access import Gate, caller_of
-from appliance.grpc.admission import Received, parse
+from appliance.grpc.admission import Received, parse_counted
 from appliance.grpc.codec import decode_infer_request, encode_infer_response, from_parameters, stream_options
 from appliance.grpc.grpc_config import StreamRules
 from appliance.grpc.stream import StreamFailed, serve_stream, stream_message, wants_grpc_errors
 from appliance.protocol.dataplane import DataPlane
-from appliance.protocol.inference import DECODE_OFF_LOOP_BYTES, Target
+from appliance.protocol.inference import Target
 from appliance.protocol.inflate import InflateLimits
 from appliance.protocol.results import RegionStatus
 from appliance.security.budget import Account
@@ -52,12 +51,7 @@ class InferMessage:
         if self.message is None:
             raw, self._raw = self._raw, None
             assert raw is not None
-            if len(raw) > DECODE_OFF_LOOP_BYTES:
-                self.message = await asyncio.to_thread(parse, raw, "ModelInfer", pb.ModelInferRequest.FromString,
-                                                       account)
-            else:
-                self.message = parse(raw, "ModelInfer", pb.ModelInferRequest.FromString, account)
-            account.release(len(raw))  # the bytes go once parsed: the message is what is held
+            self.message = await parse_counted(raw, "ModelInfer", pb.ModelInferRequest.FromString, account)
         assert self.message is not None
         return Target(self.message.model_name, self.message.model_version or None)
 

@@ -35,12 +35,11 @@ from tritonclient.grpc import service_pb2 as pb
 from appliance.core.errors import ApplianceError, Unavailable
 from appliance.engine.streaming import StreamItem
 from appliance.grpc.access import Gate, caller_of
-from appliance.grpc.admission import inflated, parse
+from appliance.grpc.admission import inflated, parse_counted
 from appliance.grpc.codec import encode_infer_response
 from appliance.grpc.grpc_config import StreamRules
 from appliance.grpc.status import abort
 from appliance.protocol.dataplane import DataPlane
-from appliance.protocol.inference import DECODE_OFF_LOOP_BYTES
 from appliance.protocol.inflate import InflateLimits
 from appliance.protocol.operations import Operation
 from appliance.security.budget import Account
@@ -116,12 +115,7 @@ async def _read(raw: bytes, account: Account, inflation: InflateLimits) -> pb.Mo
     compressed) before it is parsed."""
     account.reserve(len(raw))
     raw = await inflated(raw, account, inflation)
-    if len(raw) > DECODE_OFF_LOOP_BYTES:
-        message = await asyncio.to_thread(parse, raw, "ModelStreamInfer", pb.ModelInferRequest.FromString, account)
-    else:
-        message = parse(raw, "ModelStreamInfer", pb.ModelInferRequest.FromString, account)
-    account.release(len(raw))  # the bytes go once parsed: the message is what is held
-    return message
+    return await parse_counted(raw, "ModelStreamInfer", pb.ModelInferRequest.FromString, account)
 
 
 async def serve_stream(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext, respond: Respond,

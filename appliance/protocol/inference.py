@@ -15,7 +15,7 @@ import contextlib
 import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 from appliance.core.errors import InputMismatch, InvalidInput, NotSupported
 from appliance.engine.model import ModelVersion
@@ -30,11 +30,23 @@ from appliance.protocol.tracing import Trace, Tracer
 from appliance.repository.registry import ModelRegistry
 from appliance.security.budget import Account, MemoryBudget
 
-__all__ = ["DECODE_OFF_LOOP_BYTES", "Inference", "InferSource", "NOT_SERVED", "OneInference", "Target"]
+__all__ = ["DECODE_OFF_LOOP_BYTES", "Inference", "InferSource", "NOT_SERVED", "OneInference", "Target",
+           "decode_off_loop"]
 
 DECODE_OFF_LOOP_BYTES = 1 << 20
 """Decoding work above this many bytes (JSON text, BYTES tensors, a protobuf message) runs on a worker
 thread, so that it never stalls the event loop; below it the trip to a thread costs more."""
+
+T = TypeVar("T")
+
+
+async def decode_off_loop(size: int, work: Callable[..., T], *args: Any) -> T:
+    """``work(*args)``, decoding ``size`` bytes: on a worker thread above DECODE_OFF_LOOP_BYTES, inline below
+    (the one place the rule is applied: REST bodies, gRPC messages and stream requests)."""
+    if size > DECODE_OFF_LOOP_BYTES:
+        return await asyncio.to_thread(work, *args)
+    return work(*args)
+
 
 NOT_SERVED = "shared memory is not served by this server; send the tensors in the request"
 
@@ -144,10 +156,7 @@ class Inference:
                       account: Account) -> InferRequest:
         work = await source.receive(account)
         try:
-            if work > DECODE_OFF_LOOP_BYTES:
-                request = await asyncio.to_thread(source.decode, model, self._limits, account.reserve)
-            else:
-                request = source.decode(model, self._limits, account.reserve)
+            request = await decode_off_loop(work, source.decode, model, self._limits, account.reserve)
         except InputMismatch as mismatch:  # in Triton's words, now that the model is known
             raise mismatch.finish(model.name) from None
         if request.uses_shared_memory:
