@@ -15,6 +15,7 @@ from appliance.grpc.grpc_server import GrpcServer
 from appliance.grpc.http2.server import Http2Server
 from appliance.mdns.announcer import Announcer, catalog_digest
 from appliance.mdns.fleet import FleetView
+from appliance.protocol.front_end import FrontEnd
 from appliance.rest.app import build_app, build_metrics_app
 from appliance.rest.http_server import ConnectionLimiter, HttpServer, fit_connections_to_descriptors
 from appliance.rest.lane import InferLane
@@ -117,31 +118,27 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     http_tls = appliance.rest.tls.context() if appliance.rest.tls is not None else None
     server = HttpServer(app, limiter, header_timeout, lane, http_tls)
     metrics_server: HttpServer | None = None
-    grpc_server: GrpcServer | Http2Server | None = None
+    grpc_server: FrontEnd | None = None
     announcer: Announcer | None = None
     deadline: float | None = None
     try:
-        await server.setup()
-        await server.listen(host, settings.http.port)
+        await server.start(host, settings.http.port)
         for address in server.addresses:
             log.info("appliance %s serving KServe v2 on %s://%s:%d (state dir %s)", __version__,
                      "https" if http_tls else "http", _host(address[0]), address[1], server_section.state_dir)
         if appliance.grpc is not None:
-            if settings.grpc.transport == "appliance":
-                grpc_server = Http2Server.over(appliance.dataplane, appliance.grpc)
-            else:
-                grpc_server = GrpcServer(appliance.dataplane, appliance.grpc)
+            own = settings.grpc.transport == "appliance"
+            grpc_server = (Http2Server.over(appliance.dataplane, appliance.grpc) if own
+                           else GrpcServer(appliance.dataplane, appliance.grpc))
             grpc_port = await grpc_server.start(host, settings.grpc.port)
             log.info("serving KServe v2 over gRPC%s on %s:%d", " (TLS)" if appliance.grpc.tls else "", _host(host),
                      grpc_port)
         if state.degraded:
             log.warning("%s", state.summary())
         if settings.metrics.port is not None and appliance.metrics is not None:
-            metrics = HttpServer(build_metrics_app(appliance.dataplane, appliance.rest, appliance.metrics), limiter,
-                                 header_timeout, tls=http_tls)
-            await metrics.setup()
-            metrics_server = metrics
-            await metrics_server.listen(host, settings.metrics.port)
+            metrics_server = HttpServer(build_metrics_app(appliance.dataplane, appliance.rest, appliance.metrics),
+                                        limiter, header_timeout, tls=http_tls)
+            await metrics_server.start(host, settings.metrics.port)
             for address in metrics_server.addresses:
                 log.info("serving Prometheus metrics on %s://%s:%d/metrics", "https" if http_tls else "http",
                          _host(address[0]), address[1])
@@ -168,7 +165,8 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             await asyncio.to_thread(browser.close)
         # Stop accepting, let accepted requests (running or queued) finish by the deadline, then tear
         # the rest down. Every front end drains at once, to the same deadline.
-        stops = [front.stop(deadline) for front in (metrics_server, server, grpc_server) if front is not None]
+        fronts: list[FrontEnd | None] = [metrics_server, server, grpc_server]
+        stops = [front.stop(deadline) for front in fronts if front is not None]
         for error in await asyncio.gather(*stops, return_exceptions=True):
             if isinstance(error, BaseException):
                 log.error("error while stopping a front end: %s: %s", type(error).__name__, error, exc_info=error)

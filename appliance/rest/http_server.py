@@ -213,9 +213,9 @@ class _LimitedSite(web.BaseSite):
 
 
 class HttpServer:
-    """One application served over TCP with the limits above; ``setup`` starts the application (its
-    cleanup contexts), ``listen`` binds, ``stop`` keeps to a deadline. ``lane``: the infer lane in front
-    of the application (None: aiohttp takes every connection)."""
+    """One application served over TCP with the limits above, as a ``protocol.front_end.FrontEnd``:
+    ``start`` starts the application (its cleanup contexts) and binds, ``stop`` keeps to a deadline.
+    ``lane``: the infer lane in front of the application (None: aiohttp takes every connection)."""
 
     def __init__(self, app: web.Application, limiter: ConnectionLimiter, header_timeout: float,
                  lane: InferLane | None = None, tls: ssl.SSLContext | None = None) -> None:
@@ -239,11 +239,16 @@ class HttpServer:
     def addresses(self) -> list:
         return self._runner.addresses
 
-    async def setup(self) -> None:
-        await self._runner.setup()
+    @property
+    def port(self) -> int | None:
+        return self.addresses[0][1] if self._runner.server is not None and self.addresses else None
 
-    async def listen(self, host: str, port: int) -> None:
+    async def start(self, host: str, port: int) -> int:
+        await self._runner.setup()
         await _LimitedSite(self._runner, host, port, self._limiter, self._lane, self._tls).start()
+        bound = self.port
+        assert bound is not None
+        return bound
 
     async def stop(self, deadline: float) -> None:
         """Stop listening, close idle connections, give requests in progress until ``deadline``
