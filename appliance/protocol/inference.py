@@ -121,15 +121,34 @@ class Inference:
         ``error`` set (responses not yet read count on the request's account). Leaving early cancels the
         request (the model sees ``is_cancelled()``)."""
         with account or self._budget.account() as opened:
-            target = await source.target(opened)
-            with self._registry.get(target.model, target.version).in_use() as model:
-                request = await self._decode(model, source, caller, opened)
-                request.trace = self._start_trace(model, source, received_ns)
+            held, model, request = await self._open(source, caller, opened, received_ns)
+            try:
                 responses = await self.respond(model, request, caller, opened.reserve, opened.release)
                 try:
                     yield responses
                 finally:
                     responses.close()
+            finally:
+                held.__exit__(None, None, None)
+
+    async def _open(self, source: InferSource, caller: Caller, account: Account, received_ns: int | None, *,
+                    refuse_decoupled: bool = False,
+                    ) -> tuple[contextlib.AbstractContextManager[ModelVersion], ModelVersion, InferRequest]:
+        """The opening every inference shares: the version the source names, looked up and held (returned
+        entered: the caller exits it when done; a failure here lets it go), the request received and decoded
+        into ``account``, and its trace started when sampled."""
+        target = await source.target(account)
+        held = self._registry.get(target.model, target.version).in_use()
+        model = held.__enter__()
+        try:
+            if refuse_decoupled and model.decoupled:
+                raise decoupled_refusal(source, model.name)
+            request = await self._decode(model, source, caller, account)
+            request.trace = self._start_trace(model, source, received_ns)
+        except BaseException:
+            held.__exit__(None, None, None)
+            raise
+        return held, model, request
 
     async def respond(self, model: ModelVersion, request: InferRequest, caller: Caller,
                       reserve: Callable[[int], None], release: Callable[[int], None]) -> Responses:
@@ -251,14 +270,9 @@ class OneInference:
         inference, source = self._inference, self._source
         opened = self._account = self._account or inference._budget.account()
         try:
-            target = await source.target(opened)
-            held = inference._registry.get(target.model, target.version).in_use()
-            model = held.__enter__()
-            self._held = held
-            if model.decoupled:
-                raise decoupled_refusal(source, model.name)
-            request = await inference._decode(model, source, self._caller, opened)
-            request.trace = self._trace = inference._start_trace(model, source, self._received_ns)
+            self._held, model, request = await inference._open(source, self._caller, opened, self._received_ns,
+                                                               refuse_decoupled=True)
+            self._trace = request.trace
             response = await inference._run(model, request, self._caller, opened.reserve)
         except BaseException:
             self._end(None)
