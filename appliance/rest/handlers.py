@@ -7,12 +7,11 @@ import asyncio
 import functools
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from appliance.core.config_json import config_to_json
 from appliance.core.errors import InvalidInput, NotFound, Unavailable
 from appliance.dashboard import STATIC_DIR
 from appliance.metrics.history import history
@@ -28,13 +27,12 @@ from appliance.rest.jsonio import json_response as _json
 from appliance.rest.jsonio import optional_json as _optional_json
 from appliance.rest.keys import CONFIG, DATAPLANE, FLEET, METRICS
 from appliance.rest.openapi import openapi_document
+from appliance.rest.reads import answer_read
 from appliance.rest.security import caller
 from appliance.security.fleet_signature import NONCE_PATH
 
-__all__ = ["MODEL_NOT_READY", "OPERATIONS", "ROUTES"]
+__all__ = ["OPERATIONS", "ROUTES"]
 
-MODEL_NOT_READY = "Model version not ready"
-"""Triton's answer to GET .../ready for a model that does not serve (unknown models included)."""
 
 _MAX_UNIX_TIME = 1 << 36  # the year 4147: far enough, and SQLite's integers hold it
 _MAX_VERSION = (1 << 63) - 1
@@ -53,12 +51,23 @@ def _model_args(request: web.Request) -> tuple[str, str | None]:
     return request.match_info["model"], version
 
 
-async def server_live(request: web.Request) -> web.Response:
-    return web.Response(status=200 if request.app[DATAPLANE].live() else 503)
+def _read(operation: Operation) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """aiohttp's handler for one of the reads the infer lane serves too (appliance.rest.reads)."""
+    async def handler(request: web.Request) -> web.Response:
+        name, version = _model_args(request) if "model" in request.match_info else ("", None)
+        status, body, error = answer_read(request.app[DATAPLANE], operation, name, version)
+        if error is not None:
+            return error_response(status, error)
+        return web.Response(status=status) if body is None else _json(body)
+    handler.__name__ = operation.name.lower()
+    return handler
 
 
-async def server_ready(request: web.Request) -> web.Response:
-    return web.Response(status=200 if request.app[DATAPLANE].ready() else 503)
+server_live = _read(Operation.SERVER_LIVE)
+server_ready = _read(Operation.SERVER_READY)
+model_ready = _read(Operation.MODEL_READY)
+model_metadata = _read(Operation.MODEL_METADATA)
+model_config = _read(Operation.MODEL_CONFIG)
 
 
 async def server_health(request: web.Request) -> web.Response:
@@ -68,21 +77,6 @@ async def server_health(request: web.Request) -> web.Response:
 
 async def server_metadata(request: web.Request) -> web.Response:
     return _json(request.app[DATAPLANE].server_metadata().as_json())
-
-
-async def model_metadata(request: web.Request) -> web.Response:
-    return _json(request.app[DATAPLANE].model_metadata(*_model_args(request)).as_json())
-
-
-async def model_ready(request: web.Request) -> web.Response:
-    name, version = _model_args(request)
-    if request.app[DATAPLANE].model_ready(name, version):
-        return web.Response(status=200)
-    return error_response(400, MODEL_NOT_READY)
-
-
-async def model_config(request: web.Request) -> web.Response:
-    return _json(config_to_json(request.app[DATAPLANE].model_config(*_model_args(request))))
 
 
 async def infer(request: web.Request) -> web.Response:

@@ -49,7 +49,6 @@ import time
 import typing
 from collections.abc import Awaitable, Callable
 
-from appliance.core.config_json import config_to_json
 from appliance.core.errors import ApplianceError
 from appliance.protocol.dataplane import DataPlane
 from appliance.protocol.inference import Target
@@ -57,7 +56,6 @@ from appliance.protocol.operations import Operation
 from appliance.rest.body import body_timeout
 from appliance.rest.browser import check_host
 from appliance.rest.codec import HEADER_LENGTH, encode_infer_response
-from appliance.rest.handlers import MODEL_NOT_READY
 from appliance.rest.infer_body import InferBody
 from appliance.rest.lane_head import LANE_HEAD_BYTES, HeadReader, HeadRefused
 from appliance.rest.lane_wire import (
@@ -72,6 +70,7 @@ from appliance.rest.lane_wire import (
     json_answer,
     lane_request,
 )
+from appliance.rest.reads import answer_read
 from appliance.rest.rest_config import RestConfig
 from appliance.rest.security import http_caller, transport_address
 from appliance.security.budget import Account
@@ -146,20 +145,11 @@ class InferLane:
         return infer_answer(payload, json_length), False
 
     def _read(self, head: LaneHead) -> list[bytes]:
-        """The answer to a read, as aiohttp's handler for its route answers it (appliance.rest.handlers)."""
-        plane = self._dataplane
-        operation = head.operation
-        if operation is Operation.SERVER_LIVE:
-            return empty_answer(200 if plane.live() else 503)
-        if operation is Operation.SERVER_READY:
-            return empty_answer(200 if plane.ready() else 503)
-        if operation is Operation.MODEL_READY:
-            if plane.model_ready(head.model, head.version):
-                return empty_answer(200)
-            return error_response(400, MODEL_NOT_READY)
-        if operation is Operation.MODEL_METADATA:
-            return json_answer(plane.model_metadata(head.model, head.version).as_json())
-        return json_answer(config_to_json(plane.model_config(head.model, head.version)))
+        """The answer to a read, as aiohttp's handler for its route answers it (appliance.rest.reads)."""
+        status, body, error = answer_read(self._dataplane, head.operation, head.model, head.version)
+        if error is not None:
+            return error_response(status, error)
+        return empty_answer(status) if body is None else json_answer(body)
 
     async def stop(self, deadline: float) -> None:
         """Close idle connections, give requests in progress until ``deadline`` (``time.monotonic()``),
