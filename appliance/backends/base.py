@@ -123,23 +123,11 @@ class ResponseSink(Protocol):
     appliance.engine.streaming), so call it from the backend's own threads, never from the event loop;
     on the event loop call ``offer``, which never blocks."""
 
-    def send(
-        self,
-        outputs: Mapping[str, np.ndarray] | None = None,
-        *,
-        error: BaseException | None = None,
-        parameters: Mapping[str, object] | None = None,
-        final: bool = False,
-    ) -> None: ...
+    def send(self, outputs: Mapping[str, np.ndarray] | None = None, *, error: BaseException | None = None,
+             parameters: Mapping[str, object] | None = None, final: bool = False) -> None: ...
 
-    def offer(
-        self,
-        outputs: Mapping[str, np.ndarray] | None = None,
-        *,
-        error: BaseException | None = None,
-        parameters: Mapping[str, object] | None = None,
-        final: bool = False,
-    ) -> Awaitable[object] | None:
+    def offer(self, outputs: Mapping[str, np.ndarray] | None = None, *, error: BaseException | None = None,
+              parameters: Mapping[str, object] | None = None, final: bool = False) -> Awaitable[object] | None:
         """``send`` on the event loop: None once the response is taken; while the client is behind, an
         awaitable that takes it once there is room — send nothing more of this request's until then."""
         ...

@@ -146,14 +146,8 @@ class ResponseChannel:
         """True once the consumer went away or the request failed (the model may stop early)."""
         return self._cancelled
 
-    def send(
-        self,
-        outputs: Mapping[str, np.ndarray] | None = None,
-        *,
-        error: BaseException | None = None,
-        parameters: Mapping[str, object] | None = None,
-        final: bool = False,
-    ) -> None:
+    def send(self, outputs: Mapping[str, np.ndarray] | None = None, *, error: BaseException | None = None,
+             parameters: Mapping[str, object] | None = None, final: bool = False) -> None:
         """Queue one response (see ``appliance.backends.base.ResponseSink``); blocks while the consumer
         is behind (module docstring). Responses after the final one, or after cancellation, are dropped."""
         item = self._item(outputs, error, parameters, final)
@@ -164,14 +158,8 @@ class ResponseChannel:
                 return
             self._push(item)
 
-    def offer(
-        self,
-        outputs: Mapping[str, np.ndarray] | None = None,
-        *,
-        error: BaseException | None = None,
-        parameters: Mapping[str, object] | None = None,
-        final: bool = False,
-    ) -> Awaitable[bool] | None:
+    def offer(self, outputs: Mapping[str, np.ndarray] | None = None, *, error: BaseException | None = None,
+              parameters: Mapping[str, object] | None = None, final: bool = False) -> Awaitable[bool] | None:
         """``send`` for a producer on the event loop that must not wait inline: None once the response is
         queued (or dropped: after the final one or cancellation, or when the memory budget fails the
         request); when the consumer is behind, the wait for room as ``put`` waits (the response is queued

@@ -171,20 +171,23 @@ async def dashboard(request: web.Request) -> web.FileResponse:
     return web.FileResponse(STATIC_DIR / "index.html")
 
 
-async def load_model(request: web.Request) -> web.Response:
-    body = await _optional_json(request, 'a JSON object such as {"parameters": {"config": "..."}}')
+async def _control_parameters(request: web.Request, example: str) -> dict:
+    """A load's or unload's ``parameters`` object (``example``: what the body looks like)."""
+    body = await _optional_json(request, f'a JSON object such as {{"parameters": {example}}}')
     parameters = body.get("parameters") or {}
     if not isinstance(parameters, dict):
         raise InvalidInput("'parameters' must be a JSON object")
+    return parameters
+
+
+async def load_model(request: web.Request) -> web.Response:
+    parameters = await _control_parameters(request, '{"config": "..."}')
     await request.app[DATAPLANE].load_model(request.match_info["model"], parameters)
     return web.Response(status=200)
 
 
 async def unload_model(request: web.Request) -> web.Response:
-    body = await _optional_json(request, 'a JSON object such as {"parameters": {"unload_dependents": false}}')
-    parameters = body.get("parameters") or {}
-    if not isinstance(parameters, dict):
-        raise InvalidInput("'parameters' must be a JSON object")
+    parameters = await _control_parameters(request, '{"unload_dependents": false}')
     await request.app[DATAPLANE].unload_model(request.match_info["model"], parameters)
     return web.Response(status=200)
 
