@@ -224,18 +224,3 @@ def test_request_bytes_beyond_the_memory_budget_get_503(daemon):
 def test_the_daemon_logged_no_tracebacks(daemon):
     log = daemon.log()
     assert "Traceback" not in log, log[-3000:]
-
-
-def test_chunked_with_content_length_is_refused_and_the_connection_closed(daemon):
-    """Issue 24 item 10: Triton 2.51 accepts Transfer-Encoding: chunked with Content-Length (what
-    ``requests`` sends for a generator body with an explicit length); the appliance refuses it, as RFC 9112
-    §6.3 allows: two framings of one body are how requests are smuggled past a proxy
-    (docs/differences-from-triton.md). The daemon serves on."""
-    body = b'{"inputs": []}'
-    head = (f"POST {INFER} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\nTransfer-Encoding: chunked\r\n\r\n").encode()
-    with _connect(daemon.port) as sock:
-        sock.sendall(head + f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n")
-        answer = _read_response(sock, 5)
-    assert answer.startswith(b"HTTP/1.") and b" 400 " in answer.split(b"\r\n")[0]
-    assert call(daemon.port, "POST", INFER, GOOD)[0] == 200
