@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
@@ -249,29 +250,19 @@ def sequence_policy(config: mc.ModelConfig, model_dir: Path | None) -> SequenceP
         initial = _initial_state(state, datatype, dims, model_dir, where)
         states.append(StateSpec(state.input_name, state.output_name, datatype, dims, initial))
     idle_us = batching.max_sequence_idle_microseconds or DEFAULT_IDLE_US
+    common: dict[str, Any] = {"max_batch_size": config.max_batch_size, "idle_timeout": idle_us / 1e6,
+                              "controls": controls, "states": tuple(states), "iterative": batching.iterative_sequence}
     if batching.WhichOneof("strategy_choice") == "oldest":
         oldest = batching.oldest
         return SequencePolicy(
             strategy="oldest",
-            max_batch_size=config.max_batch_size,
-            idle_timeout=idle_us / 1e6,
             max_queue_delay=oldest.max_queue_delay_microseconds / 1e6,
             # Triton's default: as many candidates as one batch holds.
             max_candidate_sequences=oldest.max_candidate_sequences or max(config.max_batch_size, 1),
             preferred_batch_sizes=tuple(sorted(set(oldest.preferred_batch_size))),
             preserve_ordering=oldest.preserve_ordering,
-            controls=controls,
-            states=tuple(states),
-            iterative=batching.iterative_sequence,
+            **common,
         )
     direct = batching.direct
-    return SequencePolicy(
-        strategy="direct",
-        max_batch_size=config.max_batch_size,
-        idle_timeout=idle_us / 1e6,
-        max_queue_delay=direct.max_queue_delay_microseconds / 1e6,
-        minimum_slot_utilization=direct.minimum_slot_utilization,
-        controls=controls,
-        states=tuple(states),
-        iterative=batching.iterative_sequence,
-    )
+    return SequencePolicy(strategy="direct", max_queue_delay=direct.max_queue_delay_microseconds / 1e6,
+                          minimum_slot_utilization=direct.minimum_slot_utilization, **common)
