@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.waiting import wait_until
+
 _BOUND = re.compile(r"serving KServe v2 on https?://127\.0\.0\.1:(\d+)")
 _GRPC_BOUND = re.compile(r"serving KServe v2 over gRPC(?: \(TLS\))? on 127\.0\.0\.1:(\d+)")
 
@@ -62,33 +64,39 @@ class Daemon:
 
 def _wait_for_port(process: subprocess.Popen, log_path: Path, deadline: float,
                    pattern: re.Pattern = _BOUND) -> int:
-    while time.monotonic() < deadline:
+    def bound() -> int | None:
         match = pattern.search(log_path.read_text())
         if match:
             return int(match.group(1))
         if process.poll() is not None:
             raise RuntimeError(f"daemon exited with {process.returncode}:\n{log_path.read_text()}")
-        time.sleep(0.05)
-    raise TimeoutError(f"daemon did not bind in time:\n{log_path.read_text()}")
+        return None
+
+    try:
+        return wait_until(bound, timeout=max(deadline - time.monotonic(), 0.0), what="the daemon to bind",
+                          interval=0.05)
+    except AssertionError:
+        raise TimeoutError(f"daemon did not bind in time:\n{log_path.read_text()}") from None
 
 
 def _wait_until_loaded(base: str, log_path: Path, deadline: float) -> None:
     # The start-up load is over once the daemon logs it (the repository index is empty before the
     # load begins, so its lack of LOADING rows alone says nothing); LOADING rows after it mean a model
     # is still on its way.
-    while time.monotonic() < deadline:
+    def loaded() -> bool:
         if "repository loaded:" not in log_path.read_text(errors="replace"):
-            time.sleep(0.05)
-            continue
+            return False
         try:
             request = urllib.request.Request(base + "/v2/repository/index", data=b"{}", method="POST")
-            body = urllib.request.urlopen(request, timeout=2).read().decode()
-            if "LOADING" not in body:
-                return
+            return "LOADING" not in urllib.request.urlopen(request, timeout=2).read().decode()
         except OSError:
-            pass
-        time.sleep(0.05)
-    raise TimeoutError("daemon did not finish loading its repository in time")
+            return False
+
+    try:
+        wait_until(loaded, timeout=max(deadline - time.monotonic(), 0.0), what="the repository load",
+                   interval=0.05)
+    except AssertionError:
+        raise TimeoutError("daemon did not finish loading its repository in time") from None
 
 
 def _daemon_factory(tmp_path_factory) -> Iterator:

@@ -7,13 +7,14 @@ import shutil
 import signal
 import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import redis
+
+from tests.waiting import wait_until
 
 __all__ = ["RedisServer", "redis_server"]
 
@@ -53,16 +54,18 @@ class RedisServer:
         return redis.Redis(host="127.0.0.1", port=self.port, password=self.password)
 
     def _wait(self) -> None:
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
+        def answers() -> bool:
             if self.process.poll() is not None:
                 raise RuntimeError(f"redis-server exited: {(self.directory / f'redis-{self.port}.log').read_text()}")
             try:
-                if self.client().ping():
-                    return
+                return bool(self.client().ping())
             except redis.RedisError:
-                time.sleep(0.05)
-        raise TimeoutError("redis-server did not answer PING in 15 s")
+                return False
+
+        try:
+            wait_until(answers, timeout=15, what="redis-server to answer PING", interval=0.05)
+        except AssertionError:
+            raise TimeoutError("redis-server did not answer PING in 15 s") from None
 
     def keys(self) -> list[bytes]:
         return sorted(self.client().keys("*"))

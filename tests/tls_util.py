@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import datetime
 import ssl
-import time
 import urllib.request
 from pathlib import Path
 
 import trustme
 
 from appliance.tls.certificate import fingerprint
+from tests.waiting import wait_until
 
 __all__ = ["Pki", "wait_until_loaded"]
 
@@ -54,13 +54,15 @@ class Pki:
 def wait_until_loaded(daemon, pki: Pki, timeout: float = 60) -> None:
     """Until the daemon's TLS HTTP port lists a READY model in its repository index."""
     context = pki.context()
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def ready() -> bool:
         try:
             request = urllib.request.Request(f"https://{daemon.url}/v2/repository/index", data=b"{}", method="POST")
-            if b"READY" in urllib.request.urlopen(request, timeout=2, context=context).read():
-                return
+            return b"READY" in urllib.request.urlopen(request, timeout=2, context=context).read()
         except OSError:
-            pass
-        time.sleep(0.1)
-    raise TimeoutError(f"the daemon did not load its repository in time:\n{daemon.log()[-3000:]}")
+            return False
+
+    try:
+        wait_until(ready, timeout=timeout, what="a READY model on the TLS port", interval=0.1)
+    except AssertionError:
+        raise TimeoutError(f"the daemon did not load its repository in time:\n{daemon.log()[-3000:]}") from None

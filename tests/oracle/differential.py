@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
-import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -14,6 +14,7 @@ import grpc
 from tests.oracle.corpus import Case
 from tests.oracle.normalise import normalise
 from tests.oracle.wire import Answer, Http, Target, send
+from tests.waiting import wait_until
 
 __all__ = ["OracleDied", "Outcome", "compare", "counts", "describe", "diff_paths"]
 
@@ -68,23 +69,23 @@ def compare(cases: Sequence[Case], triton: Target, appliance: Target,
 
 
 def _settle(target: Target, channels: dict[str, grpc.Channel], timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def settled() -> bool:
         index = send(Http("POST", "/v2/repository/index", b"{}"), target, channels)
         rows = index.body if isinstance(index.body, list) else []
-        if not any(isinstance(row, dict) and row.get("state") in ("LOADING", "UNLOADING") for row in rows):
-            return
-        time.sleep(0.05)
+        return not any(isinstance(row, dict) and row.get("state") in ("LOADING", "UNLOADING") for row in rows)
+
+    with contextlib.suppress(AssertionError):  # as settled as it gets: the comparison shows the rest
+        wait_until(settled, timeout=timeout, interval=0.05)
 
 
 def _counted(target: Target, channels: dict[str, grpc.Channel], model: str, timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def counted() -> bool:
         answer = send(Http("GET", f"/v2/models/{model}/stats"), target, channels)
         rows = answer.body.get("model_stats", []) if isinstance(answer.body, dict) else []
-        if any(row.get("execution_count") for row in rows):
-            return
-        time.sleep(0.05)
+        return any(row.get("execution_count") for row in rows)
+
+    with contextlib.suppress(AssertionError):  # not counted in time: the comparison shows it
+        wait_until(counted, timeout=timeout, interval=0.05)
 
 
 def counts(outcomes: Sequence[Outcome]) -> dict[str, int]:

@@ -6,13 +6,13 @@ import os
 import signal
 import socket
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
 from tests.oracle.install import TritonInstall, TritonUnavailable, install
+from tests.waiting import wait_until
 
 __all__ = ["TritonServer", "free_port"]
 
@@ -108,21 +108,26 @@ class TritonServer:
 
     def wait_ready(self) -> TritonServer:
         """Wait until /v2/health/ready answers 200 (with mode none: every model loaded)."""
-        deadline = time.monotonic() + self.ready_timeout
         if self.process is None:
             raise TritonUnavailable("tritonserver is not running (launch() first)")
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise TritonUnavailable(f"tritonserver exited with {self.process.returncode} at start-up: "
+        process = self.process
+
+        def ready() -> bool:
+            if process.poll() is not None:
+                raise TritonUnavailable(f"tritonserver exited with {process.returncode} at start-up: "
                                         f"{_tail(self.log())}")
             try:
                 with urllib.request.urlopen(f"{self.base}/v2/health/ready", timeout=2) as response:
-                    if response.status == 200:
-                        return self
+                    return response.status == 200
             except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.1)
-        raise TritonUnavailable(f"tritonserver was not ready within {self.ready_timeout:.0f} s: {_tail(self.log())}")
+                return False
+
+        try:
+            wait_until(ready, self.ready_timeout, "tritonserver's /v2/health/ready", interval=0.1)
+        except AssertionError:
+            raise TritonUnavailable(f"tritonserver was not ready within {self.ready_timeout:.0f} s: "
+                                    f"{_tail(self.log())}") from None
+        return self
 
     def stop(self) -> int | None:
         """SIGTERM, wait for the in-flight exit timeout, then kill what is left of its process group."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from appliance.backends.python.wire.arena import (
@@ -16,6 +15,7 @@ from appliance.backends.python.wire.arena import (
     remove_stale_arenas,
     reusable_size,
 )
+from tests.waiting import wait_until
 
 
 def test_arenas_of_dead_processes_are_removed(tmp_path):
@@ -40,11 +40,8 @@ def test_an_arena_names_its_creator():
 
 def test_arenas_of_exited_but_unreaped_processes_are_removed(tmp_path):
     child = subprocess.Popen([sys.executable, "-c", "pass"])
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:  # exited, not yet waited for: a zombie
-        if Path(f"/proc/{child.pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0] == b"Z":
-            break
-        time.sleep(0.01)
+    wait_until(lambda: Path(f"/proc/{child.pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0] == b"Z",
+               timeout=30, what="the child exited, not yet waited for: a zombie")
     (tmp_path / f"{ARENA_PREFIX}{child.pid}-abc").write_bytes(b"x")
     try:
         assert remove_stale_arenas(str(tmp_path)) == [f"{ARENA_PREFIX}{child.pid}-abc"]

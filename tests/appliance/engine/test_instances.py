@@ -9,6 +9,7 @@ import pytest
 
 from appliance.engine.instances import InstancePool
 from tests.fakes import FakeBackend
+from tests.waiting import await_until
 
 
 def _double(backend):
@@ -63,7 +64,7 @@ async def test_cancelled_waiter_does_not_free_a_busy_instance(make_pool):
     pool.start()
     index = await pool.acquire()
     first = asyncio.ensure_future(pool.execute(index, _double))
-    await asyncio.sleep(0.05)
+    await await_until(lambda: backend.batches, what="the batch running on its thread")
     first.cancel()
     assert pool.try_acquire() is None  # still running on its thread
     index = await pool.acquire()
@@ -79,7 +80,7 @@ async def test_close_with_a_timeout_leaves_a_busy_instance_running(make_pool):
     index = await pool.acquire()
     assert index == 0
     running = pool.execute(index, _double)
-    await asyncio.sleep(0.05)
+    await await_until(lambda: busy.batches, what="the batch running on its thread")
     started = asyncio.get_running_loop().time()
     errors = await asyncio.to_thread(pool.close, 0.3)
     assert asyncio.get_running_loop().time() - started < 1.0  # not the 1.5 s the batch takes

@@ -22,6 +22,7 @@ from appliance.engine.rate_limiter import InstanceNeeds, RateLimitCounts, RateLi
 from appliance.engine.scheduler import Scheduler, SchedulerPolicy, SequenceScheduler, sequence_policy
 from appliance.engine.shared_config import ResourceLimit
 from appliance.engine.stats import ModelStats
+from tests.waiting import await_until
 
 
 @pytest.mark.parametrize("text, limit", [
@@ -170,8 +171,8 @@ async def test_priority_two_gets_half_the_turns_of_priority_one(models):
     first = models(limiter, "first", _needs(("R", False, 1), priority=1), log)
     second = models(limiter, "second", _needs(("R", False, 1), priority=2), log)
     tasks = [*await _saturate(first, 40), *await _saturate(second, 40)]
-    while len(log) < 30:  # both stay saturated over the first 30 executions
-        await asyncio.sleep(0.01)
+    # both stay saturated over the first 30 executions
+    await await_until(lambda: len(log) >= 30, timeout=60, what="30 executions")
     window = [name for name, _, _ in sorted(log, key=lambda e: e[1])[:30]]
     ratio = window.count("first") / window.count("second")
     assert 1.6 <= ratio <= 2.5, window
@@ -199,9 +200,13 @@ async def test_more_copies_let_that_many_run_together(models):
     schedulers = [models(limiter, name, _needs(("r", False, 1)), log, delay=0.03) for name in "abc"]
     tasks = [task for s in schedulers for task in await _saturate(s, 4)]
     busy = 0
-    while not all(t.done() for t in tasks):
+
+    def sample() -> bool:  # the copies in use, seen every 2 ms until every request is answered
+        nonlocal busy
         busy = max(busy, sum(1 for r in limiter.resources() for _ in range(r["in_use"])))
-        await asyncio.sleep(0.002)
+        return all(t.done() for t in tasks)
+
+    await await_until(sample, timeout=60, interval=0.002, what="every request answered")
     await asyncio.gather(*tasks)
     assert busy == 2
 

@@ -23,15 +23,12 @@ from appliance.engine.instances import InstancePool
 from appliance.engine.rate_limiter import InstanceNeeds, RateLimitCounts, RateLimiter
 from appliance.engine.scheduler import Scheduler, SchedulerPolicy
 from appliance.engine.stats import ModelStats
+from tests.waiting import await_until
 
 
 async def _until(condition: Callable[[], bool], timeout: float = 5.0, what: str = "the condition") -> None:
     """Poll ``condition`` on the event loop until it holds, failing after ``timeout`` seconds."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        if asyncio.get_running_loop().time() >= deadline:
-            raise AssertionError(f"{what} did not hold within {timeout} s")
-        await asyncio.sleep(0.001)
+    await await_until(condition, timeout=timeout, what=what, interval=0.001)
 
 
 class Remote(Backend):

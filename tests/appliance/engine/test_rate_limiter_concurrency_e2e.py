@@ -9,7 +9,6 @@ from __future__ import annotations
 import concurrent.futures
 import re
 import threading
-import time
 import urllib.request
 
 import numpy as np
@@ -17,6 +16,7 @@ import pytest
 import tritonclient.http as httpclient
 
 from tests.models import write_python_model
+from tests.waiting import wait_until
 
 ECHO = '''
 import numpy as np
@@ -95,8 +95,6 @@ def test_many_concurrent_clients_are_all_answered_and_nothing_stays_held(daemon)
     assert "took its resources twice" not in daemon.log()
     for model in MODELS:  # both models still serve
         assert _infer(daemon.url, model, 7.0) == (7.0, 7.0)
-    deadline = time.monotonic() + 10
-    while (held := {k: v for k, v in _in_use(daemon.url).items() if v}) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert held == {}, held
+    wait_until(lambda: not any(_in_use(daemon.url).values()), timeout=10, interval=0.05,
+               what="every resource given back")
     assert len(_in_use(daemon.url)) == 2  # bus (global) and npu (device 0), both listed

@@ -14,6 +14,7 @@ import tritonclient.http as httpclient
 from tests.builders import two_output_model, write_model
 from tests.http_util import call
 from tests.redis_server import redis_server
+from tests.waiting import wait_until
 
 X = np.array([[1, 2, 3, 4, 5, 6]], np.float32)
 CACHED = "max_batch_size: 8\nresponse_cache { enable: true }\n"
@@ -62,10 +63,7 @@ def _metric(daemon, name: str) -> float:
 
 
 def _until(predicate, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "not within the time"
-        time.sleep(0.05)
+    wait_until(predicate, timeout=timeout, interval=0.05)
 
 
 def test_two_daemons_share_hits_through_one_redis(daemons, redis):

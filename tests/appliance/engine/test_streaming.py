@@ -30,6 +30,7 @@ from appliance.protocol.tracing import Tracer
 from appliance.repository.config import signature_of
 from appliance.repository.registry import ModelRegistry
 from appliance.security.budget import MemoryBudget
+from tests.waiting import await_until
 
 CONFIG = """
 name: "repeat" backend: "python"
@@ -118,6 +119,18 @@ class _Plane:
         return await self._inference.respond(model, request, Caller("127.0.0.1"), reserve, release)
 
 
+class _Writer(TraceWriter):
+    """A trace writer that says when it was handed a trace."""
+
+    def __init__(self, directory) -> None:
+        super().__init__(directory)
+        self.added = threading.Event()
+
+    def add(self, *args, **kwargs) -> None:
+        super().add(*args, **kwargs)
+        self.added.set()
+
+
 def _request(*values: int, request_id: str | None = "r1") -> InferRequest:
     return InferRequest([InferInput("IN", "INT32", np.array(values, np.int32))], id=request_id)
 
@@ -135,9 +148,14 @@ def _mebibytes(count: int, sent: list[int]) -> Callable[[BackendRequest], None]:
 
 
 async def _eventually(condition: Callable[[], bool]) -> None:
-    async with asyncio.timeout(30):
-        while not condition():
-            await asyncio.sleep(0.01)
+    await await_until(condition, timeout=30)
+
+
+async def _never(condition: Callable[[], bool], seconds: float, what: str) -> None:
+    """``condition`` stays false for ``seconds`` (real time: the window the code under test is given to
+    misbehave), failing as soon as it turns true."""
+    with pytest.raises(AssertionError, match="timed out"):
+        await await_until(condition, timeout=seconds, what=what)
 
 
 async def _read_all(stream) -> list[StreamItem]:
@@ -305,9 +323,8 @@ async def test_a_model_ahead_of_its_reader_is_held_back(make_model):
     model, plane = await make_model(backend, StreamLimits(max_responses=8))
     stream = await plane.infer_stream(model, _request(1))
     first = await anext(stream)
-    for _ in range(50):  # give the model every chance to run ahead
-        await asyncio.sleep(0.01)
-    assert len(sent) <= 8 + 1  # 8 pending plus the one read
+    # give the model every chance to run ahead: 8 pending plus the one read, never more
+    await _never(lambda: len(sent) > 8 + 1, 0.5, "the model sending past the bound")
     rest = await _read_all(stream)
     assert [int(i.response.outputs[0].data[0]) for i in [first, *rest[:-1]]] == list(range(1000))
     assert rest[-1].final
@@ -320,9 +337,7 @@ async def test_a_byte_bound_holds_back_large_responses(make_model):
     model, plane = await make_model(SendingBackend(big), StreamLimits(max_bytes=3 << 20))
     stream = await plane.infer_stream(model, _request(1))
     await anext(stream)
-    for _ in range(50):
-        await asyncio.sleep(0.01)
-    assert len(sent) <= 3 + 1
+    await _never(lambda: len(sent) > 3 + 1, 0.5, "the model sending past the byte bound")
     assert len(await _read_all(stream)) == 20
 
 
@@ -371,9 +386,8 @@ async def test_unread_responses_count_against_the_memory_budget_and_are_given_ba
         stream = await plane.infer_stream(model, _request(1), reserve=account.reserve,
                                           release=account.release)
         await anext(stream)
-        for _ in range(50):
-            await asyncio.sleep(0.01)
-        assert len(sent) <= 4 + 1 and budget.used <= 4 << 20  # the budget, not the stream's bound, held it back
+        # the budget, not the stream's bound, holds it back
+        await _never(lambda: len(sent) > 4 + 1 or budget.used > 4 << 20, 0.5, "the model sending past the budget")
         assert len(await _read_all(stream)) == 12
         assert account.held == 0
     release = threading.Event()
@@ -404,7 +418,7 @@ async def test_a_response_the_budget_cannot_hold_fails_the_request(make_model):
 
 
 async def test_a_traced_stream_is_written_when_it_ends(make_model, tmp_path):
-    settings, writer = TraceSettings(), TraceWriter(None)
+    settings, writer = TraceSettings(), _Writer(None)
     settings.update({"trace_level": ["TIMESTAMPS"], "trace_rate": ["1"]})
     model, _ = await make_model(SendingBackend(lambda r: (r.sink.send(_out(1)), r.sink.send(final=True))))
     tracer = Tracer(settings, writer)
@@ -414,7 +428,7 @@ async def test_a_traced_stream_is_written_when_it_ends(make_model, tmp_path):
     stream = await plane.infer_stream(model, request)
     assert len(await _read_all(stream)) == 2
     await stream.ran
-    await asyncio.sleep(0)  # the trace is handed to the writer by the callback of ``ran``
+    await asyncio.to_thread(writer.added.wait, 30)  # the trace is handed to the writer by the callback of ``ran``
     writer.close()
     (trace,) = writer.kept()
     names = [t["name"] for t in trace["timestamps"]]
@@ -468,8 +482,9 @@ async def test_a_stream_that_ends_in_time_is_not_touched_by_its_deadline(make_mo
                                     StreamLimits(deadline=0.2))
     items = await _read_all(await plane.infer_stream(model, _request(1)))
     assert [i.error for i in items] == [None, None] and items[-1].final
-    await asyncio.sleep(0.4)  # past the deadline: nothing happens to a request that has ended
     assert model.stats.failures == {} and model.stats.success.count == 1
+    # past the deadline: nothing happens to a request that has ended
+    await _never(lambda: model.stats.failures or model.stats.success.count != 1, 0.4, "the ended request touched")
 
 
 async def test_a_stream_queued_past_its_deadline_never_runs(make_model):
@@ -500,7 +515,7 @@ async def test_put_waits_for_the_reader_without_blocking_the_loop():
     channel = ResponseChannel("ensemble", asyncio.get_running_loop(), StreamLimits(max_responses=2))
     assert await channel.put(_out(0)) and await channel.put(_out(1))
     third = asyncio.create_task(channel.put(_out(2), final=True))
-    await asyncio.sleep(0.1)
+    await await_until(lambda: channel._room is not None, what="put waiting for room")
     assert not third.done()  # full: it waits, and the loop runs on (this test does)
     first = await channel.receive()
     assert first is not None and int(first.outputs["OUT"][0]) == 0
@@ -523,7 +538,7 @@ async def test_put_stops_at_once_when_the_reader_goes_away():
     channel = ResponseChannel("ensemble", asyncio.get_running_loop(), StreamLimits(max_responses=1, stall_timeout=30))
     assert await channel.put(_out(0))
     waiting = asyncio.create_task(channel.put(_out(1)))
-    await asyncio.sleep(0.05)
+    await await_until(lambda: channel._room is not None, what="put waiting for room")
     channel.cancel()
     assert not await asyncio.wait_for(waiting, 1)
     assert not await channel.put(_out(2))
@@ -538,7 +553,7 @@ async def test_offer_queues_at_once_while_there_is_room_and_hands_back_the_wait_
     waiting = channel.offer(_out(2), final=True)
     assert waiting is not None
     task = asyncio.ensure_future(waiting)
-    await asyncio.sleep(0.1)
+    await await_until(lambda: channel._room is not None, what="the offer's wait for room")
     assert not task.done()  # full: the third waits for the reader, the loop runs on
     first = await channel.receive()
     assert first is not None and int(first.outputs["OUT"][0]) == 0
@@ -563,7 +578,7 @@ async def test_failing_a_stream_releases_a_model_waiting_for_room_and_tells_it_c
     channel = ResponseChannel("python", asyncio.get_running_loop(), StreamLimits(max_responses=1, stall_timeout=30))
     channel.send(_out(0))
     waiting = asyncio.ensure_future(asyncio.to_thread(channel.send, _out(1)))  # a model thread, no room
-    await asyncio.sleep(0.1)
+    await await_until(lambda: channel._lock._waiters, what="the model thread waiting for room")
     assert not waiting.done()
     channel.fail(Unavailable("model repeat version 1 was unloaded"))
     await asyncio.wait_for(waiting, 5)  # at once, not after the 30 s stall; its response is dropped

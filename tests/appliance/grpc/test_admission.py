@@ -13,6 +13,7 @@ from appliance.core.errors import InvalidInput, RequestTimeout, Unavailable
 from appliance.grpc.admission import OPERATIONS
 from appliance.grpc.receive import DRAIN_BYTES as _DRAIN_BYTES
 from appliance.grpc.receive import Receivers
+from tests.waiting import await_until
 
 
 def _messages(*items: bytes, pause: float = 0.0):
@@ -52,9 +53,9 @@ async def test_at_most_count_messages_are_received_at_once_and_waiters_go_in_ord
 async def test_a_message_that_never_comes_and_a_slot_that_never_frees_are_bounded():
     receivers = Receivers(1, timeout=0.2)
     first = asyncio.create_task(receivers.receive(_messages(b"late", pause=1)))
-    await asyncio.sleep(0.01)
+    await await_until(lambda: receivers._free == 0, timeout=5, what="the first call to take the slot")
     second = asyncio.create_task(receivers.receive(_messages(b"late", pause=1)))  # gets the slot at 0.2 s
-    await asyncio.sleep(0.01)
+    await await_until(lambda: len(receivers._waiting) == 1, timeout=5, what="the second call to queue")
     with pytest.raises(Unavailable, match="receiving 1 large messages"):  # still queued at its 0.2 s
         await receivers.receive(_messages(b"x"))
     for task in (first, second):

@@ -5,13 +5,13 @@ bounded. HTTP's health checks stay outside the bound, so a busy box still answer
 from __future__ import annotations
 
 import contextlib
-import time
 
 import grpc
 import pytest
 
 from tests.h2_client import H2Grpc
 from tests.http_util import call
+from tests.waiting import wait_until
 
 LIMIT = 4
 FLOOD = 32
@@ -40,10 +40,7 @@ def _codes(futures) -> list[tuple[str, str]]:
 
 
 def _wait_until(condition, seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
+    wait_until(condition, timeout=seconds, what=what, interval=0.05)
 
 
 def test_health_calls_count_in_max_concurrent_requests(daemon):

@@ -7,7 +7,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -15,6 +14,7 @@ import tritonclient.grpc as triton
 from tritonclient.utils import InferenceServerException
 
 from tests.builders import affine_model, write_model
+from tests.waiting import wait_until
 
 
 @pytest.fixture
@@ -32,13 +32,11 @@ def _infer(client, model: str, rows: int = 1) -> np.ndarray:
 
 
 def _wait_for(daemon, pattern: str, after: int = 0, timeout: float = 10) -> re.Match:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        match = re.search(pattern, daemon.log()[after:], re.MULTILINE)
-        if match:
-            return match
-        time.sleep(0.05)
-    raise AssertionError(f"{pattern!r} not in the log:\n{daemon.log()[after:]}")
+    try:
+        return wait_until(lambda: re.search(pattern, daemon.log()[after:], re.MULTILINE), timeout=timeout,
+                          what=f"{pattern!r} in the log", interval=0.05)
+    except AssertionError:
+        raise AssertionError(f"{pattern!r} not in the log:\n{daemon.log()[after:]}") from None
 
 
 def test_explicit_load_unload_and_config_override(start_daemon, repo, grpc_transport):

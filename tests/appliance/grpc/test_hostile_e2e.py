@@ -22,6 +22,7 @@ from tests.grpc_util import MODEL_INFER, MODEL_STREAM_INFER, PREFACE
 from tests.health_watch import HealthWatch
 from tests.http_util import call, open_sockets
 from tests.models import write_python_model
+from tests.waiting import wait_until
 
 ADDRESS_SPACE = 4 << 30
 MESSAGE = 16 << 20
@@ -29,10 +30,8 @@ MESSAGE = 16 << 20
 
 def _wait_ready(daemon, seconds: float = 60) -> None:
     """Health is open even when every other endpoint needs the token."""
-    deadline = time.monotonic() + seconds
-    while call(daemon.port, "GET", "/v2/health/ready", timeout=2)[0] != 200:
-        assert time.monotonic() < deadline, "the daemon did not get ready"
-        time.sleep(0.1)
+    wait_until(lambda: call(daemon.port, "GET", "/v2/health/ready", timeout=2)[0] == 200, timeout=seconds,
+               what="the daemon to get ready", interval=0.1)
 
 
 @pytest.fixture(scope="module")

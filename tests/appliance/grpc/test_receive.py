@@ -20,6 +20,7 @@ from appliance.grpc.http2.call import STREAM_WINDOW, Call
 from appliance.grpc.http2.headers import Request
 from appliance.grpc.receive import Receivers, sniffed
 from appliance.protocol.inflate import Compressed
+from tests.waiting import await_until
 
 
 def _reader(message: bytes = b"x", after: float = 0.0):
@@ -40,7 +41,7 @@ def _reader(message: bytes = b"x", after: float = 0.0):
 async def test_a_slot_held_past_the_grace_goes_to_a_waiting_call():
     receivers = Receivers(1, rules=ReceiveRules(timeout=30, grace=0.2))
     stalled = asyncio.create_task(receivers.receive(_reader(after=-1), "attacker"))
-    await asyncio.sleep(0)
+    await await_until(lambda: receivers._free == 0, timeout=5, what="the stalled call to take the slot")
     started = time.monotonic()
     assert await receivers.receive(_reader(b"mine"), "client") == b"mine"
     assert 0.15 < time.monotonic() - started < 1.0
@@ -62,9 +63,9 @@ async def test_a_freed_slot_goes_to_the_connection_holding_fewest():
         order.append(peer)
 
     first = asyncio.create_task(receive("busy", 0.1))
-    await asyncio.sleep(0)
+    await await_until(lambda: receivers._free == 0, timeout=5, what="the first call to take the slot")
     queued = [asyncio.create_task(receive("busy", 0.01)) for _ in range(3)]
-    await asyncio.sleep(0)
+    await await_until(lambda: len(receivers._waiting) == 3, timeout=5, what="three calls of busy to queue")
     other = asyncio.create_task(receive("other", 0.01))
     await asyncio.gather(first, *queued, other)
     assert order[:2] == ["busy", "other"]
@@ -73,7 +74,7 @@ async def test_a_freed_slot_goes_to_the_connection_holding_fewest():
 async def test_one_connection_waits_for_a_bounded_number_of_slots():
     receivers = Receivers(1, rules=ReceiveRules(timeout=30, grace=60), per_connection=2)
     held = [asyncio.create_task(receivers.receive(_reader(after=0.2), "greedy")) for _ in range(2)]
-    await asyncio.sleep(0)
+    await await_until(lambda: receivers._peers["greedy"] == 2, timeout=5, what="greedy's two calls in")
     with pytest.raises(Unavailable, match="this connection has 2 messages"):
         await receivers.receive(_reader(), "greedy")
     assert await receivers.receive(_reader(b"other"), "other") == b"other"  # other connections are not refused

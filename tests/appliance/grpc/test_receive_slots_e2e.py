@@ -19,6 +19,7 @@ from appliance.examples import build_example_repository
 from tests.grpc_util import MODEL_INFER
 from tests.h2_client import H2Grpc, framed
 from tests.health_watch import HealthWatch
+from tests.waiting import wait_until
 
 ADDRESS_SPACE = 4 << 30
 MESSAGE = 64 << 20
@@ -84,10 +85,7 @@ def _infer_request() -> bytes:
 
 
 def _wait_until(condition, seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
+    wait_until(condition, timeout=seconds, what=what, interval=0.05)
 
 
 def test_stalled_senders_hold_no_slot_another_client_needs(daemon):

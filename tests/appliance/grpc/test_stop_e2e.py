@@ -14,6 +14,7 @@ import tritonclient.grpc as triton
 from tritonclient.utils import InferenceServerException
 
 from tests.processes import child_pids
+from tests.waiting import wait_until
 
 SHUTDOWN_TIMEOUT = 3.0
 EXIT_TIMEOUT = 0.5  # then a model process still stuck in execute() is killed (exit_timeout)
@@ -53,12 +54,17 @@ def test_calls_in_progress_finish_and_new_calls_are_turned_away(start_daemon, sl
         time.sleep(0.4)  # both requests are running in the model
         started = time.monotonic()
         daemon.process.send_signal(signal.SIGTERM)
-        time.sleep(0.2)
-        try:
-            late.is_server_ready()
-            outcome["late"] = "answered"
-        except InferenceServerException as exc:
-            outcome["late"] = exc.status()
+        wait_until(lambda: "stopping: finishing in-flight requests" in daemon.log(), timeout=10,
+                   what="the stop to begin")
+
+        def turned_away() -> str | None:
+            try:
+                late.is_server_ready()  # the front end may still be a moment from closing its door
+                return None
+            except InferenceServerException as exc:
+                return exc.status()
+
+        outcome["late"] = wait_until(turned_away, timeout=5, what="a new call to be turned away")
         thread.join(20)
         first = answers.get(timeout=20)
         ending = answers.get(timeout=20)

@@ -16,6 +16,7 @@ from tritonclient.grpc import service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from tests.models.decoupled import build_streaming_repository
+from tests.waiting import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -147,10 +148,8 @@ def test_cancelling_the_stream_cancels_the_requests_in_flight(client, repository
     client.async_stream_infer("endless", [_int32("IN", [1])], request_id=gone)
     _collect(answers, 3)
     client.stop_stream(cancel_requests=True)
-    deadline = time.monotonic() + 30
-    while not (marker.exists() and gone in marker.read_text()) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert gone in marker.read_text()  # the model saw request.is_cancelled()
+    wait_until(lambda: marker.exists() and gone in marker.read_text(), timeout=30,
+               what="the model to see request.is_cancelled()", interval=0.05)
 
 
 def _stream(daemon, requests: list, metadata=()) -> tuple[list, grpc.RpcError | None]:

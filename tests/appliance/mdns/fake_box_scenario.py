@@ -12,6 +12,7 @@ anything signed for it would carry a nonce the real box issued), and it answers 
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import http.server
 import json
@@ -30,6 +31,7 @@ from appliance.client import BoxPool
 from appliance.mdns import KSERVE_TYPE
 from tests.appliance.mdns.fleet_scenario import LOOPBACK, call, cli, launch, model_dirs, tensor, wait_started
 from tests.appliance.mdns.scenario import stop_all
+from tests.waiting import wait_until
 
 TOKEN = "fleet-token-0123456789-abcdefghij"
 FAKE_ID = "fa4ebeef-0000-4000-8000-000000000000"
@@ -124,10 +126,10 @@ def pool_requests(pins: Path | None) -> dict:
     """A BoxPool with the token, following the LAN: with the pins file it sends the token to box-real;
     without, to no box it merely found (so box-real, which protects inference, serves it nothing)."""
     with BoxPool(interfaces=(LOOPBACK,), token=TOKEN, trusted_boxes=pins, retry_deadline=2) as pool:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and not (pool.stats().get("box-real", {}).get("models")
-                                                   or pool.stats().get("box-real", {}).get("index_error")):
-            time.sleep(0.1)
+        with contextlib.suppress(AssertionError):  # the answers below say what is missing
+            wait_until(lambda: (pool.stats().get("box-real", {}).get("models")
+                                or pool.stats().get("box-real", {}).get("index_error")), timeout=20,
+                       what="box-real's models (or its index error)", interval=0.1)
         answers = []
         for value in range(5):
             try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import http.client
 import json
 import os
@@ -34,6 +35,7 @@ from appliance.client import AsyncBoxPool, BoxPool
 from tests.appliance.mdns.scenario import stop_all
 from tests.builders import affine_model, save
 from tests.models import write_python_model
+from tests.waiting import await_until, wait_until
 
 LOOPBACK = "127.0.0.1"
 REQUESTS = 3000
@@ -57,16 +59,19 @@ def launch(name: str, work: Path, *extra: str, env: dict | None = None) -> tuple
 
 
 def wait_started(process: subprocess.Popen, log: Path) -> int:
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
+    def started() -> int | bool | None:
         text = log.read_text()
         port = re.search(r"serving KServe v2 on http://127\.0\.0\.1:(\d+)", text)
         if port and "announcing" in text and "ready:" in text:
             return int(port.group(1))
-        if process.poll() is not None:
-            break
-        time.sleep(0.1)
-    raise RuntimeError(log.read_text())
+        return process.poll() is not None  # True: it exited
+
+    found = None
+    with contextlib.suppress(AssertionError):
+        found = wait_until(started, timeout=120, what="the daemon to announce itself", interval=0.1)
+    if found is True or found is None:
+        raise RuntimeError(log.read_text())
+    return found
 
 
 def call(port: int, method: str, path: str, body: dict | None = None, source: str | None = None,
@@ -188,11 +193,11 @@ def run_requests(pool: BoxPool, kill: Callable[[], None]) -> dict:
 def wait_for(condition: Callable[[], bool], seconds: float) -> float | None:
     """Seconds until ``condition`` held (None: it did not within ``seconds``)."""
     started = time.monotonic()
-    while time.monotonic() - started < seconds:
-        if condition():
-            return round(time.monotonic() - started, 2)
-        time.sleep(0.1)
-    return None
+    try:
+        wait_until(condition, timeout=seconds, interval=0.1)
+    except AssertionError:
+        return None
+    return round(time.monotonic() - started, 2)
 
 
 def coming_and_going(pool: BoxPool, work: Path, processes: dict[str, subprocess.Popen], m_dir: Path) -> dict:
@@ -222,9 +227,9 @@ def coming_and_going(pool: BoxPool, work: Path, processes: dict[str, subprocess.
 async def async_requests() -> dict:
     """AsyncBoxPool, following the LAN too: 200 requests from 200 tasks."""
     async with AsyncBoxPool(interfaces=(LOOPBACK,)) as pool:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and not any(s["models"] for s in pool.stats().values()):
-            await asyncio.sleep(0.1)
+        with contextlib.suppress(AssertionError):  # the requests below say what is missing
+            await await_until(lambda: any(s["models"] for s in pool.stats().values()), timeout=20,
+                              what="a box with its models", interval=0.1)
 
         async def one() -> float:
             return answer(await pool.infer("m", [tensor("m", 2.0)]), "m")
@@ -271,12 +276,12 @@ def main() -> None:
         result["escaped"] = [str(p) for p in (work / "escape", Path("/tmp/appliance-fleet-escape")) if p.exists()]
 
         with BoxPool(interfaces=(LOOPBACK,), cooldown=60) as pool:
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:  # the pool finds the boxes over mDNS and reads their models
+            def found() -> bool:  # the pool finds the boxes over mDNS and reads their models
                 known = pool.stats()
-                if len(known) == 4 and all(s["models"] for s in known.values()):
-                    break
-                time.sleep(0.1)
+                return len(known) == 4 and all(s["models"] for s in known.values())
+
+            with contextlib.suppress(AssertionError):  # the test says which models are missing
+                wait_until(found, timeout=30, what="the four boxes and their models", interval=0.1)
             result["pool_models"] = {name: s["models"] for name, s in pool.stats().items()}
             result["run"] = run_requests(pool, lambda: processes["box-a"].send_signal(signal.SIGKILL))
             result["pool"] = pool.stats()

@@ -3,6 +3,7 @@ discovery listens on 127.0.0.1 only; prints what it saw as JSON."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
@@ -10,13 +11,13 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterable
 from pathlib import Path
 
 from appliance.client import BoxPool, discover
 from appliance.examples import mlp_model
 from tests.builders import affine_model, save, write_model
+from tests.waiting import wait_until
 
 LOOPBACK = ("127.0.0.1",)
 
@@ -30,15 +31,18 @@ def start(name: str, repo: Path, state: Path) -> tuple[subprocess.Popen, dict[st
              "--no-selection", "--no-metrics", "--state-dir", str(state), "--model-repository", str(repo), "--name",
              name, "--mdns-interface", "127.0.0.1"],
             stdout=output, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
+    def ports() -> dict[str, int] | None:
         text = log.read_text()
         port = re.search(r"serving KServe v2 on http://127\.0\.0\.1:(\d+)", text)
         grpc = re.search(r"serving KServe v2 over gRPC on 127\.0\.0\.1:(\d+)", text)
         if port and grpc and "announcing" in text and "ready:" in text:
-            return process, {"http": int(port.group(1)), "grpc": int(grpc.group(1))}, log
-        time.sleep(0.1)
-    raise RuntimeError(log.read_text())
+            return {"http": int(port.group(1)), "grpc": int(grpc.group(1))}
+        return None
+
+    try:
+        return process, wait_until(ports, timeout=60, what=f"{name} to announce itself", interval=0.1), log
+    except AssertionError:
+        raise RuntimeError(log.read_text()) from None
 
 
 def stop_all(processes: Iterable[subprocess.Popen], work: Path) -> None:
@@ -74,8 +78,15 @@ def main() -> None:
         # A model load changes the record's "models".
         write_model(repo_a, "affine", affine_model(1, 0))
         a.send_signal(signal.SIGHUP)
-        time.sleep(3)
-        result["after_load"] = snapshot()
+
+        def reannounced() -> dict | None:
+            found = snapshot()
+            return found if found.get("box-a", {}).get("models") == 2 else None
+
+        try:
+            result["after_load"] = wait_until(reannounced, timeout=30, what="box-a's record with the new model")
+        except AssertionError:
+            result["after_load"] = snapshot()  # the test says what the records lack
 
         # Same name as an existing box: resolved to "box-a (2)".
         c, port_c, log_c = start("box-a", repo_b, work / "state-c")
@@ -113,10 +124,14 @@ def main() -> None:
         def until_dropped(pool: BoxPool, tensor) -> list[str]:
             # The pool tries a box it measured slower only once that estimate, refreshed by nothing, has
             # decayed (seconds): keep sending until it has tried the stopped box, or 45 s went by.
-            deadline = time.monotonic() + 45
-            while [box.name for box in pool.healthy()] != ["box-a"] and time.monotonic() < deadline:
+            def dropped() -> bool:
+                if [box.name for box in pool.healthy()] == ["box-a"]:
+                    return True
                 concurrently(pool, tensor)
-                time.sleep(0.5)
+                return False
+
+            with contextlib.suppress(AssertionError):  # the test says which boxes the pool still holds
+                wait_until(dropped, timeout=45, what="the stopped box dropped", interval=0.5)
             return [box.name for box in pool.healthy()]
 
         result["grpc_pool_before"] = over_grpc()

@@ -6,9 +6,6 @@ request). Each transport's tests check only that their wire form reaches these."
 
 from __future__ import annotations
 
-import asyncio
-import time
-
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -22,6 +19,7 @@ from appliance.repository.registry import ModelRegistry
 from tests.appliance.protocol.sources import LOCAL, Decoded
 from tests.builders import affine_model, two_output_model, write_model
 from tests.models.decoupled import build_streaming_repository
+from tests.waiting import await_until
 
 
 @pytest.fixture(scope="module")
@@ -142,7 +140,5 @@ async def test_leaving_a_stream_early_cancels_the_request(stream_plane, streamin
             read += 1
             if read == 3:
                 break
-    deadline = time.monotonic() + 30
-    while not (marker.exists() and "left" in marker.read_text()) and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
-    assert "left" in marker.read_text()  # the model saw request.is_cancelled()
+    await await_until(lambda: marker.exists() and "left" in marker.read_text(), timeout=30,
+                      what="the model to see request.is_cancelled()", interval=0.05)

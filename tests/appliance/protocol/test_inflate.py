@@ -13,6 +13,7 @@ import pytest
 from appliance.core.errors import PayloadTooLarge, Unavailable
 from appliance.protocol.inflate import RATIO_FLOOR, InflateLimits, inflate, inflate_off_loop
 from appliance.security.budget import MemoryBudget
+from tests.waiting import await_until
 
 MIB = 1 << 20
 
@@ -65,10 +66,9 @@ async def test_a_cancelled_caller_stops_the_worker_before_its_account_closes():
             await inflate_off_loop(bomb, "gzip", InflateLimits(256 * MIB, 0), account)
 
     task = asyncio.create_task(request())
-    deadline = time.monotonic() + 10
-    while budget.used < 8 * MIB:  # the worker is under way
-        assert time.monotonic() < deadline and not task.done()
-        await asyncio.sleep(0.005)
+    await await_until(lambda: budget.used >= 8 * MIB or task.done(), timeout=10, what="the worker under way",
+                      interval=0.005)
+    assert not task.done()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

@@ -16,6 +16,7 @@ import tritonclient.http as triton
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from tests.builders import identity_model, write_model
+from tests.waiting import wait_until
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c12666c-b7ad6b7169242424-01"
 ROOT_HTTP = ["HTTP_RECV_START", "HTTP_RECV_END", "INFER_RESPONSE_COMPLETE", "HTTP_SEND_START", "HTTP_SEND_END"]
@@ -57,8 +58,7 @@ class Receiver:
 
     def trace(self, trace_id: bytes | None = None, count: int = 3) -> list:
         """The spans of one trace (the newest, or ``trace_id``'s) once ``count`` of them came."""
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
+        def came() -> list | None:
             with self.lock:
                 spans = [span for _, span in self.spans]
             if spans:
@@ -66,8 +66,9 @@ class Receiver:
                 mine = [span for span in spans if span.trace_id == wanted]
                 if len(mine) >= count:
                     return mine
-            time.sleep(0.05)
-        raise AssertionError(f"{count} spans of one trace did not come in 15 s")
+            return None
+
+        return wait_until(came, timeout=15, what=f"{count} spans of one trace", interval=0.05)
 
     def clear(self) -> None:
         with self.lock:

@@ -4,7 +4,6 @@ gRPC, and the trace file the daemon writes under its state dir."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +13,7 @@ import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
 from tests.builders import identity_model, write_model
+from tests.waiting import wait_until
 
 ORDER = ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START",
          "COMPUTE_END", "REQUEST_END"]
@@ -42,15 +42,20 @@ def _infer(client, model: str = "identity") -> None:
 
 def _read_traces(path: Path, count: int) -> list[dict]:
     """The traces in ``path`` once it holds ``count`` of them (written by a thread: polled)."""
-    deadline = time.monotonic() + 10
     traces: list[dict] = []
-    while time.monotonic() < deadline:
+
+    def enough() -> list[dict] | None:
+        nonlocal traces
         if path.exists():
             traces = json.loads(path.read_text())  # a valid JSON list after every write
             if len(traces) >= count:
                 return traces
-        time.sleep(0.05)
-    raise AssertionError(f"{path} holds {len(traces)} traces, expected {count}")
+        return None
+
+    try:
+        return wait_until(enough, timeout=10, what=f"{count} traces in {path}", interval=0.05)
+    except AssertionError:
+        raise AssertionError(f"{path} holds {len(traces)} traces, expected {count}") from None
 
 
 def test_traced_requests_are_written_with_ordered_timestamps(grpc_daemon):
@@ -99,9 +104,8 @@ def test_a_models_settings_and_the_refusals(daemon, client):
     _infer(client, "other")  # trace_count ran out
     assert client.get_trace_settings(model_name="other")["trace_count"] == "0"
     # As Triton: the traces a trace_count allowed go to a numbered file of their own once it runs out.
-    deadline = time.monotonic() + 10
-    while not (new := set(trace_file.parent.glob(trace_file.name + ".*")) - numbered) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    new = wait_until(lambda: set(trace_file.parent.glob(trace_file.name + ".*")) - numbered, timeout=10,
+                     what="the numbered trace file", interval=0.05)
     (counted,) = new
     traces = _read_traces(counted, 1)
     assert [t["model_name"] for t in traces] == ["other"]

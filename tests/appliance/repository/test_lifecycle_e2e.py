@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Callable
 
 import numpy as np
@@ -15,6 +14,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.builders import affine_model, save, write_model
 from tests.http_util import call
+from tests.waiting import wait_until
 
 
 def _x() -> list:
@@ -110,16 +110,22 @@ def hammer():
         thread.join(30)
 
 
+def _served(results: list[float], count: int) -> None:
+    """Until the hammering clients got ``count`` more answers."""
+    start = len(results)
+    wait_until(lambda: len(results) >= start + count, timeout=60, what=f"{count} more answers")
+
+
 def test_reload_without_downtime_under_load(start_daemon, repo, hammer):
     daemon = start_daemon(repo, "--model-control-mode", "explicit", "--load-model", "*")
     results, failures, stop = hammer(daemon, clients=4)
     with triton.InferenceServerClient(daemon.url) as client:
         for scale in (2.0, 3.0, 4.0):
-            time.sleep(0.3)
+            _served(results, 15)  # the clients are answered by this version a while
             save(affine_model(scale, 0.0), repo / "m" / "1" / "model.onnx")
             client.load_model("m")  # returns once the new version serves
             assert _y(client) == scale
-    time.sleep(0.3)
+    _served(results, 15)
     stop()
     assert failures == []
     assert len(results) > 50 and set(results) <= {1.0, 2.0, 3.0, 4.0} and results[-1] == 4.0
@@ -145,12 +151,9 @@ def test_poll_mode_follows_the_repository(start_daemon, repo):
         import shutil
 
         shutil.rmtree(repo / "other")
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            names = {r["name"] for r in client.get_model_repository_index()}
-            if names == {"m", "added"} and client.is_model_ready("added") and _y(client) == 9.0:
-                break
-            time.sleep(0.2)
+        wait_until(lambda: {r["name"] for r in client.get_model_repository_index()} == {"m", "added"}
+                   and client.is_model_ready("added") and _y(client) == 9.0,
+                   timeout=20, interval=0.2, what="the repository's changes applied")
         assert {r["name"] for r in client.get_model_repository_index()} == {"m", "added"}
         assert _y(client, "added") == 7.0 and _y(client) == 9.0
 

@@ -13,6 +13,7 @@ import tritonclient.http as triton
 
 from tests.builders import framing_model, write_model
 from tests.http_util import call
+from tests.waiting import wait_until
 
 ENV = {"APPLIANCE_TUNE_BUDGET": "0.05", "APPLIANCE_RETUNE_INTERVAL": "0.5", "APPLIANCE_RETUNE_MIN_REQUESTS": "20"}
 AUDIO = np.random.default_rng(5).standard_normal((1, 4800)).astype(np.float32)
@@ -52,10 +53,14 @@ def _hammer_until_switched(daemon, timeout: float = 90) -> Hammered:
     thread = threading.Thread(target=client)
     thread.start()
     try:
-        deadline = time.monotonic() + timeout
-        while (decision := _selection(daemon))["status"] != "measured":
-            assert time.monotonic() < deadline, daemon.log()
-            time.sleep(0.2)
+        def measured() -> dict | None:
+            decision = _selection(daemon)
+            return decision if decision["status"] == "measured" else None
+
+        try:
+            decision = wait_until(measured, timeout=timeout, interval=0.2, what="the model measured")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{daemon.log()}") from None
         time.sleep(1.0)  # the old plan's instances drain and close while requests keep coming
         result.decision = decision
     finally:

@@ -16,6 +16,7 @@ from appliance.core.errors import InvalidInput, PayloadTooLarge, RequestTimeout,
 from appliance.protocol.inflate import DEFAULT_RATIO
 from appliance.rest.body import BodyLimits, read_body
 from appliance.security.budget import MemoryBudget
+from tests.waiting import await_until
 
 LIMIT = 1 << 20
 
@@ -167,9 +168,10 @@ async def test_large_bodies_inflate_off_the_event_loop():
             last = now
 
     ticker = asyncio.create_task(tick())
-    await asyncio.sleep(0.01)
+    await await_until(lambda: gaps, timeout=5, what="the ticker to tick", interval=0.002)
     data, _ = await _read({"Content-Encoding": "gzip"}, bomb, MemoryBudget(256 * LIMIT), limit=64 * LIMIT, ratio=0)
-    await asyncio.sleep(0.01)  # the ticker records the gap a blocked loop would have left
+    ticks = len(gaps)  # the next tick records the gap a blocked loop would have left
+    await await_until(lambda: len(gaps) > ticks, timeout=5, what="the ticker's next tick", interval=0.002)
     ticker.cancel()
     assert len(data) == 64 * LIMIT
     assert max(gaps) < 0.1  # inflating 64 MiB on the loop stalls it for ~0.15 s here

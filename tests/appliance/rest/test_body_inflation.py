@@ -16,6 +16,7 @@ from aiohttp.test_utils import make_mocked_request
 from appliance.core.errors import PayloadTooLarge
 from appliance.rest.body import BodyLimits, read_body
 from appliance.security.budget import MemoryBudget
+from tests.waiting import await_until
 
 MIB = 1 << 20
 
@@ -47,10 +48,9 @@ async def test_a_request_that_goes_away_while_its_body_inflates_leaves_nothing_r
             await read_body(_gzip_request(bomb), account, BodyLimits(256 * MIB, 5.0, 0))
 
     task = asyncio.create_task(request())
-    deadline = time.monotonic() + 10
-    while budget.used < 8 * MIB:  # inflating
-        assert time.monotonic() < deadline and not task.done()
-        await asyncio.sleep(0.005)
+    await await_until(lambda: budget.used >= 8 * MIB or task.done(), timeout=10, what="the body inflating",
+                      interval=0.005)
+    assert not task.done()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

@@ -7,12 +7,12 @@ from __future__ import annotations
 import http.client
 import json
 import socket
-import time
 
 import pytest
 
 from tests.http_util import call
 from tests.models.decoupled import build_streaming_repository
+from tests.waiting import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -123,12 +123,10 @@ def test_a_client_that_disconnects_cancels_its_request(daemon, repository):
         while received.count(b"data: ") < 3:
             received += sock.recv(65536)
     assert b"200 OK" in received.split(b"\r\n", 1)[0]
-    deadline = time.monotonic() + 30
-    while not (marker.exists() and "gone-http" in marker.read_text()) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert "gone-http" in marker.read_text()  # the model saw request.is_cancelled()
-    while _stats(daemon.port, "endless")["fail"]["count"] < 1 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: marker.exists() and "gone-http" in marker.read_text(), timeout=30,
+               what="the model to see request.is_cancelled()", interval=0.05)
+    wait_until(lambda: _stats(daemon.port, "endless")["fail"]["count"] >= 1, timeout=30,
+               what="the cancelled request in the statistics", interval=0.05)
     assert _stats(daemon.port, "endless")["fail"]["count"] == 1  # counted once, as cancelled
 
 

@@ -8,6 +8,7 @@ import sys
 import textwrap
 
 from appliance.rest.http_server import ConnectionLimiter
+from tests.waiting import await_until
 
 
 class _Echo(asyncio.Protocol):
@@ -39,11 +40,8 @@ async def test_connections_beyond_the_limit_get_503_and_slots_come_back():
         assert b"max_connections" in answer and limiter.refused == 1
         for _, writer in held:
             writer.close()
-        for _ in range(100):
-            if limiter.open == 0:
-                break
-            await asyncio.sleep(0.01)
-        assert limiter.open == 0  # every slot given back once its connection closed
+        await await_until(lambda: limiter.open == 0, timeout=5,
+                          what="every slot given back once its connection closed")
         reader, writer = await _open(port)
         writer.write(b"again")
         assert await asyncio.wait_for(reader.readexactly(5), 2) == b"again"

@@ -33,6 +33,7 @@ from appliance.rest.lane_head import LANE_HEAD_BYTES
 from appliance.rest.lane_wire import LANE_BODY_BYTES
 from appliance.rest.rest_config import BodyLimits, RestConfig
 from tests.appliance.strategies_fuzz import mutated
+from tests.waiting import await_until
 
 pytestmark = pytest.mark.timeout(300)  # a hang fails the test instead of stalling CI
 
@@ -194,9 +195,8 @@ async def _exchange(lane: InferLane, chunks: list[bytes]) -> _Outcome:
     deadline = time.monotonic() + EXAMPLE_SECONDS
     peak = 0
     for chunk in chunks:
-        while transport.paused and not transport.closing:
-            assert time.monotonic() < deadline, "reading stayed paused"
-            await asyncio.sleep(0.001)
+        await await_until(lambda: not transport.paused or transport.closing, timeout=deadline - time.monotonic(),
+                          what="reading to resume", interval=0.001)
         if transport.closing:
             break
         connection.data_received(chunk)
@@ -205,16 +205,18 @@ async def _exchange(lane: InferLane, chunks: list[bytes]) -> _Outcome:
             peak = max(peak, connection.buffered)
         await asyncio.sleep(0)
     # The client has sent everything: the lane answers what it took, then (idle) sees the client's end.
-    while not transport.closing and not handed.made:
-        assert time.monotonic() < deadline, "the connection never ended"
+    def ended() -> bool:
+        if transport.closing or handed.made:
+            return True
         if connection.running is None and not transport.paused:
             if not connection.eof_received():
                 transport.close()
-            break
-        await asyncio.sleep(0.001)
-    while not transport.lost and transport.closing:
-        assert time.monotonic() < deadline, "the connection never closed"
-        await asyncio.sleep(0)
+            return True
+        return False
+
+    await await_until(ended, timeout=deadline - time.monotonic(), what="the connection to end", interval=0.001)
+    await await_until(lambda: transport.lost or not transport.closing, timeout=deadline - time.monotonic(),
+                      what="the connection to close", interval=0)
     return _Outcome(bytes(transport.written), handed, transport.closing, peak)
 
 

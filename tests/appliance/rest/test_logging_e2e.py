@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import re
-import time
 
 import pytest
 
 from appliance.examples import build_example_repository
 from tests.http_util import call
+from tests.waiting import wait_until
 
 REMOTE = "127.0.0.2"
 
@@ -31,11 +31,8 @@ def test_settings_are_read_and_changed_at_run_time(daemon):
     assert status == 200 and changed["log_verbose_level"] == 1 and changed["log_format"] == "ISO8601"
     assert call(daemon.port, "GET", "/v2/logging")[2] == changed
     # The change is logged in the new format: ISO 8601 UTC time stamps.
-    deadline = time.monotonic() + 5
-    line = ""
-    while not line and time.monotonic() < deadline:
-        line = next((x for x in daemon.log().splitlines() if "log_format=ISO8601" in x), "")
-        time.sleep(0.1)
+    line = wait_until(lambda: next((x for x in daemon.log().splitlines() if "log_format=ISO8601" in x), ""),
+                      timeout=5, what="the change logged", interval=0.1)
     assert re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z INFO", line), line
     call(daemon.port, "POST", "/v2/logging", {"log_info": False})
     call(daemon.port, "POST", "/v2/logging", {"log_format": "default"})  # an INFO line, not written now

@@ -11,6 +11,7 @@ import pytest
 from appliance.examples import mlp_model
 from tests.builders import affine_model, write_model
 from tests.http_util import call
+from tests.waiting import wait_until
 
 REMOTE = "127.0.0.2"
 BODY = {"inputs": [{"name": "x", "shape": [1, 8], "datatype": "FP32", "data": [1.0] * 8}]}
@@ -90,15 +91,11 @@ def test_generate_bodies_keep_to_max_request_bytes(start_daemon, repo, tmp_path)
 
 def test_protect_inference_covers_the_metrics_port(start_daemon, repo, tmp_path):
     import re
-    import time
 
     daemon, token_file = _start(start_daemon, repo, tmp_path, "--metrics-port", "0",
                                 env={"APPLIANCE_PROTECT_INFERENCE": "true"})
-    for _ in range(100):
-        found = re.search(r"serving Prometheus metrics on http://127\.0\.0\.1:(\d+)/metrics", daemon.log())
-        if found:
-            break
-        time.sleep(0.05)
+    found = wait_until(lambda: re.search(r"serving Prometheus metrics on http://127\.0\.0\.1:(\d+)/metrics",
+                                         daemon.log()), timeout=10, what="the metrics port bound", interval=0.05)
     port = int(found.group(1))
     assert call(port, "GET", "/metrics", source=REMOTE)[0] == 401
     authorized = {"Authorization": f"Bearer {token_file.read_text().strip()}"}
@@ -112,6 +109,14 @@ def test_token_from_settings(start_daemon, repo, tmp_path):
     assert call(daemon.port, "POST", "/v2/repository/models/m/unload", {}, headers=headers, source=REMOTE)[0] == 200
 
 
+def _pending(port: int, model: str) -> float:
+    """The model's nv_inference_pending_request_count on /metrics: requests queued, not yet executing."""
+    text = call(port, "GET", "/metrics")[2]
+    text = text.decode() if isinstance(text, bytes) else str(text)
+    prefix = f'nv_inference_pending_request_count{{model="{model}",'
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix))
+
+
 def test_concurrent_request_limit(start_daemon, tmp_path):
     repo = tmp_path / "repo"
     write_model(repo, "slow", mlp_model(), config=(
@@ -123,9 +128,8 @@ def test_concurrent_request_limit(start_daemon, tmp_path):
         call(daemon.port, "POST", "/v2/models/slow/infer", body)[0])) for _ in range(2)]
     for thread in threads:
         thread.start()
-    import time
-
-    time.sleep(0.3)
+    # Both wait in slow's queue (up to a second) and hold the two slots.
+    wait_until(lambda: _pending(daemon.port, "slow") == 2, timeout=10, what="both requests in slow's queue")
     status, headers, payload = call(daemon.port, "POST", "/v2/models/slow/infer", body)
     assert status == 503 and "max_concurrent_requests" in payload["error"] and headers["Retry-After"] == "1"
     for thread in threads:

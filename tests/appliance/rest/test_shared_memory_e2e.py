@@ -6,7 +6,6 @@ from __future__ import annotations
 import functools
 import shutil
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -19,6 +18,7 @@ from appliance.backends.python.wire.arena import Arena
 from appliance.examples import build_example_repository
 from tests.descriptors import opened
 from tests.http_util import call
+from tests.waiting import wait_until
 
 REMOTE = "127.0.0.2"
 X = np.arange(16, dtype=np.int32).reshape(1, 16)
@@ -205,6 +205,14 @@ def test_an_object_shrunk_under_its_region_is_an_error_not_a_crash(triton_client
     assert daemon.process.poll() is None and triton_client.is_server_live()
 
 
+def _pending(port: int, model: str) -> float:
+    """The model's nv_inference_pending_request_count on /metrics: requests queued, not yet executing."""
+    text = call(port, "GET", "/metrics")[2]
+    text = text.decode() if isinstance(text, bytes) else str(text)
+    prefix = f'nv_inference_pending_request_count{{model="{model}",'
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix))
+
+
 def test_a_region_unregistered_during_a_request(triton_client, daemon, regions):
     in_key, in_handle = regions(2 * SIZE)
     out_key, out_handle = regions(2 * SIZE)
@@ -222,7 +230,8 @@ def test_a_region_unregistered_during_a_request(triton_client, daemon, regions):
 
     worker = threading.Thread(target=infer)
     worker.start()
-    time.sleep(0.4)  # the request waits in slow_simple's queue for about a second
+    wait_until(lambda: _pending(daemon.port, "slow_simple") == 1, timeout=10,
+               what="the request in slow_simple's queue (where it waits for about a second)")
     triton_client.unregister_system_shared_memory()
     # As Triton: the regions the request holds stay listed (and open) until it ends.
     assert sorted(r["name"] for r in triton_client.get_system_shared_memory_status()) == ["in", "out"]

@@ -18,6 +18,7 @@ import tritonclient.http as triton
 from appliance.examples import build_example_repository
 from tests.health_watch import HealthWatch
 from tests.http_util import call, open_sockets
+from tests.waiting import wait_until
 
 HEADER_TIMEOUT = 2.0
 BODY_TIMEOUT = 2.0
@@ -66,6 +67,11 @@ def _state(sock: socket.socket) -> bytes | None:
         sock.setblocking(True)
 
 
+def _refused(answer: tuple[int, dict, object]) -> tuple[int, dict, object] | None:
+    """A call's answer once the server turned it away (503), None while it was still served."""
+    return answer if answer[0] == 503 else None
+
+
 def _read_response(sock: socket.socket, timeout: float) -> bytes:
     sock.settimeout(timeout)
     data = b""
@@ -85,7 +91,8 @@ def test_slow_request_heads_are_closed_after_header_timeout(daemon):
             slow.append(_connect(daemon.port))
             slow[-1].sendall(b"POST /v2/models/simple/infer HTTP/1.1\r\nHost: 127.0.0.1\r\n")
         closed_at: dict[int, float] = {}
-        while len(closed_at) < len(slow) and time.monotonic() - started < HEADER_TIMEOUT + 3:
+
+        def all_closed() -> bool:
             for index, sock in enumerate(slow):
                 if index in closed_at:
                     continue
@@ -93,8 +100,10 @@ def test_slow_request_heads_are_closed_after_header_timeout(daemon):
                     sock.sendall(b"X-Trickle: 1\r\n")  # a header line now and then: the head never ends
                 if _state(sock) == b"":
                     closed_at[index] = time.monotonic() - started
-            time.sleep(0.25)
-        assert len(closed_at) == len(slow), f"{len(slow) - len(closed_at)} slow heads still open"
+            return len(closed_at) == len(slow)
+
+        wait_until(all_closed, timeout=HEADER_TIMEOUT + 3 - (time.monotonic() - started),
+                   what="every slow head closed", interval=0.25)
         assert min(closed_at.values()) >= HEADER_TIMEOUT - 0.5 and max(closed_at.values()) <= HEADER_TIMEOUT + 2
 
 
@@ -104,8 +113,9 @@ def test_slow_bodies_time_out_and_never_lock_out_health(daemon):
         for _ in range(MAX_CONCURRENT):
             slow.append(_connect(daemon.port))
             slow[-1].sendall(head + b'{"inputs":')  # 10 of 1000 declared bytes
-        time.sleep(0.5)
-        status, headers, payload = call(daemon.port, "POST", INFER, GOOD, timeout=5)
+        # Once the server has taken the slow requests in, they hold every slot: a good request is turned away.
+        status, headers, payload = wait_until(lambda: _refused(call(daemon.port, "POST", INFER, GOOD, timeout=5)),
+                                              timeout=BODY_TIMEOUT, what="the slow bodies to take every slot")
         assert status == 503 and "max_concurrent_requests" in payload["error"]  # the slots are taken...
         assert call(daemon.port, "GET", "/v2/health/ready", timeout=1)[0] == 200  # ...but not health's
         assert call(daemon.port, "GET", "/metrics", timeout=1)[0] == 200
@@ -118,10 +128,18 @@ def test_slow_bodies_time_out_and_never_lock_out_health(daemon):
 
 def test_connections_beyond_max_connections_get_a_short_503(daemon):
     with HealthWatch(daemon, keep_alive=True), open_sockets() as idle:
+        opened = time.monotonic()
         for _ in range(HTTP_CONNECTIONS + 10):
             idle.append(_connect(daemon.port))
-        time.sleep(0.5)
-        states = [_state(sock) for sock in idle]
+        states: list[bytes | None] = [None] * len(idle)
+
+        def answered() -> bool:  # the connections over the bound get their 503 and are closed
+            for index, sock in enumerate(idle):
+                if states[index] is None:
+                    states[index] = _state(sock)
+            return sum(1 for s in states if s) >= 10
+
+        wait_until(answered, timeout=5, what="the connections over max_connections answered", interval=0.05)
         refused = [s for s in states if s]
         assert len(refused) >= 10 and all(s.startswith(b"HTTP/1.1 503") for s in refused), refused[:2]
         assert b"Retry-After: 1" in refused[0] and b"max_connections" in refused[0]
@@ -133,7 +151,10 @@ def test_connections_beyond_max_connections_get_a_short_503(daemon):
         assert time.monotonic() - started < 0.5  # answered at once, not queued
         # The idle connections never send a head: they are closed after header_timeout, and the
         # server takes new connections again.
-        time.sleep(HEADER_TIMEOUT + 1)
+        held = [sock for sock, state in zip(idle[:len(states)], states, strict=True) if state is None]
+        wait_until(lambda: all(_state(sock) == b"" for sock in held), timeout=HEADER_TIMEOUT + 5,
+                   what="the idle connections closed after header_timeout", interval=0.1)
+        assert time.monotonic() - opened >= HEADER_TIMEOUT - 0.5  # closed by header_timeout, not before
         assert call(daemon.port, "GET", "/v2/health/live", timeout=1)[0] == 200
 
 

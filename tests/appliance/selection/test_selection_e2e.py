@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +12,7 @@ import tritonclient.http as triton
 
 from tests.builders import cnn_model, save
 from tests.http_util import call
+from tests.waiting import wait_until
 
 BUDGET = ("--retune",)
 
@@ -109,10 +109,11 @@ def test_tuning_progress_is_logged_while_it_runs(start_daemon, tmp_path):
     repo = tmp_path / "repo"
     save(cnn_model(), repo / "cnn" / "1" / "model.onnx")
     daemon = start_daemon(repo, selection=True, wait_loaded=False, env={"APPLIANCE_TUNE_BUDGET": "0.5"})
-    deadline = time.monotonic() + 60
-    while "items/s with every instance busy" not in daemon.log():
-        assert time.monotonic() < deadline, daemon.log()
-        time.sleep(0.05)
+    try:
+        wait_until(lambda: "items/s with every instance busy" in daemon.log(), timeout=60, interval=0.05,
+                   what="a candidate's result in the log")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{daemon.log()}") from None
     index = {row["name"]: row for row in call(daemon.port, "POST", "/v2/repository/index", {})[2]}
     assert index["cnn"]["state"] == "LOADING"
     assert re.search(r"tuning cnn \[1/\d+\]: onnxruntime:CPU@\S+: [\d.]+ ms", daemon.log())

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import signal
 import socket
 import tempfile
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +15,7 @@ import pytest
 from appliance.examples import mlp_model
 from tests.builders import affine_model, save, write_model
 from tests.http_util import call
+from tests.waiting import wait_until
 
 # Requests wait in the queue for company (up to 1.5 s), so SIGTERM finds them accepted but not done.
 SLOW_QUEUE = """
@@ -64,12 +65,10 @@ def read_notifications():
 
 
 def _wait_for(messages: list[str], wanted: str, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if wanted in messages:
-            return True
-        time.sleep(0.05)
-    return False
+    try:
+        return wait_until(lambda: wanted in messages, timeout=seconds, what=wanted, interval=0.05)
+    except AssertionError:
+        return False
 
 
 def test_ready_watchdog_stopping_in_order(start_daemon, tmp_path, notify_socket, read_notifications):
@@ -81,8 +80,9 @@ def test_ready_watchdog_stopping_in_order(start_daemon, tmp_path, notify_socket,
     assert _wait_for(messages, "READY=1", 30), messages
     assert any(m.startswith("STATUS=1 models ready") for m in messages), messages
     watchdog_before = messages.count("WATCHDOG=1")
-    time.sleep(0.8)
-    assert messages.count("WATCHDOG=1") > watchdog_before  # pinged at half of WATCHDOG_USEC
+    # Pinged at half of WATCHDOG_USEC (0.2 s): another ping within 0.8 s.
+    wait_until(lambda: messages.count("WATCHDOG=1") > watchdog_before, timeout=0.8, what="a WATCHDOG=1 ping",
+               interval=0.05)
     daemon.process.send_signal(signal.SIGTERM)
     assert _wait_for(messages, "STOPPING=1", 15), messages
     assert daemon.process.wait(30) == 0
@@ -107,13 +107,13 @@ def test_sigterm_under_load_completes_every_accepted_request(start_daemon, tmp_p
     threads = [threading.Thread(target=send) for _ in range(24)]
     for thread in threads:
         thread.start()
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:  # wait until all 24 are accepted and queued
+    def queued() -> bool:  # all 24 are accepted and queued
         metrics = call(daemon.port, "GET", "/metrics")[2].decode()
         pending = [line for line in metrics.splitlines() if line.startswith("nv_inference_pending_request_count")]
-        if pending and float(pending[0].rsplit(" ", 1)[1]) == 24:
-            break
-        time.sleep(0.05)
+        return bool(pending) and float(pending[0].rsplit(" ", 1)[1]) == 24
+
+    with contextlib.suppress(AssertionError):  # as before: the stop comes after 10 s at the latest
+        wait_until(queued, timeout=10, what="the 24 requests queued", interval=0.05)
     daemon.process.send_signal(signal.SIGTERM)
     for thread in threads:
         thread.join(60)
@@ -129,12 +129,11 @@ def test_sighup_rescans_the_repository(start_daemon, tmp_path):
     write_model(repo, "second", affine_model(2, 0))
     shutil.rmtree(repo / "first")
     daemon.process.send_signal(signal.SIGHUP)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        status, _, index = call(daemon.port, "POST", "/v2/repository/index", {})
-        if {row["name"] for row in index} == {"second"}:
-            break
-        time.sleep(0.1)
+    def rescanned() -> list | None:
+        index = call(daemon.port, "POST", "/v2/repository/index", {})[2]
+        return index if {row["name"] for row in index} == {"second"} else None
+
+    index = wait_until(rescanned, timeout=20, what="the re-scanned index", interval=0.1)
     assert {row["name"]: row["state"] for row in index} == {"second": "READY"}
     assert call(daemon.port, "GET", "/v2/models/first")[0] == 404
     assert "repository re-scanned: added ['second'], removed ['first']" in daemon.log()
@@ -148,7 +147,8 @@ def test_a_notify_socket_nobody_reads_never_stalls_the_daemon(start_daemon, tmp_
     repo = tmp_path / "repo"
     save(mlp_model(), repo / "mlp" / "1" / "model.onnx")
     daemon = start_daemon(repo, env={"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "4000"})
-    time.sleep(2)
+    wait_until(lambda: "notify socket is full" in daemon.log(), timeout=30, what="the notify socket full",
+               interval=0.05)
     for _ in range(5):
         assert call(daemon.port, "GET", "/v2/health/live", timeout=5)[0] == 200
     assert "notify socket is full" in daemon.log()

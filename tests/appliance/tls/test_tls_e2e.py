@@ -10,7 +10,6 @@ import socket
 import ssl
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +20,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.builders import identity_model, write_model
 from tests.tls_util import Pki
+from tests.waiting import wait_until
 
 X = np.arange(8, dtype=np.float32).reshape(2, 4)
 
@@ -55,15 +55,13 @@ def _infer(client) -> None:
 
 
 def _ready(client, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
+    def ready() -> bool:
         try:
-            if client.is_server_ready():
-                return
+            return bool(client.is_server_ready())
         except (InferenceServerException, OSError):
-            pass
-        assert time.monotonic() < deadline, "the daemon did not become ready over TLS"
-        time.sleep(0.1)
+            return False
+
+    wait_until(ready, timeout=timeout, what="the daemon to become ready over TLS", interval=0.1)
 
 
 def _start(start_daemon, repository, pki, *flags, transport="appliance", ready_with=None):
@@ -116,10 +114,7 @@ def test_mutual_tls_takes_only_clients_of_its_ca(start_daemon, repository, pki, 
 def test_an_expired_server_certificate_is_refused_by_the_client(start_daemon, repository, tmp_path):
     expired = Pki(tmp_path / "expired", not_after=datetime.datetime.now(datetime.UTC) - datetime.timedelta(days=1))
     daemon = start_daemon(repository, *expired.flags("http"), wait_loaded=False)
-    deadline = time.monotonic() + 30
-    while "serving KServe v2 on https://" not in daemon.log():
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    wait_until(lambda: "serving KServe v2 on https://" in daemon.log(), timeout=30, what="the HTTPS port to bind")
     with pytest.raises(Exception, match="(?i)certificate has expired|CERTIFICATE_VERIFY_FAILED"):  # noqa: B017
         _https(daemon, expired).is_server_live()
 

@@ -5,7 +5,6 @@ sides of the channel), for plain and decoupled models."""
 from __future__ import annotations
 
 import os
-import time
 
 import numpy as np
 import pytest
@@ -15,6 +14,7 @@ from appliance.backends.python.wire.arena import ARENA_PREFIX, KEEP_BYTES
 from tests.appliance.backends.python.harness import RecordingSink, loaded
 from tests.models import write_python_model
 from tests.processes import child_pids
+from tests.waiting import wait_until
 
 ECHO = """
 import triton_python_backend_utils as pb_utils
@@ -71,10 +71,15 @@ def _ours() -> set[int]:
 def _settled_shm_bytes(limit: int, timeout: float = 5.0) -> int:
     """Our arenas' bytes once they are below ``limit``, or as they are at the timeout: the model process
     lets go of a one-off arena after its reply is read, which may come a moment after the caller has it."""
-    deadline = time.monotonic() + timeout
-    while (held := _shm_bytes(_ours())) >= limit and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return held
+
+    def below() -> tuple[int] | None:
+        held = _shm_bytes(_ours())
+        return (held,) if held < limit else None
+
+    try:
+        return wait_until(below, timeout=timeout, interval=0.05)[0]
+    except AssertionError:
+        return _shm_bytes(_ours())  # the caller judges it
 
 
 def _run(backend, values: np.ndarray, decoupled: bool) -> np.ndarray:

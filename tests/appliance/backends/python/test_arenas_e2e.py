@@ -4,7 +4,6 @@ large request through the daemon leaves them within what is kept for reuse."""
 from __future__ import annotations
 
 import os
-import time
 import urllib.request
 
 import numpy as np
@@ -15,6 +14,7 @@ from appliance.backends.python.wire.arena import KEEP_BYTES
 from tests.appliance.backends.python.test_arenas import CONFIG, ECHO, _shm_bytes
 from tests.models import write_python_model
 from tests.processes import child_pids
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="arenas live in /dev/shm only on Linux")
 
@@ -45,10 +45,10 @@ def test_arenas_are_counted_in_metrics_and_a_large_request_leaves_none_behind(da
         assert _infer(client, np.full((20 << 20) // 4, 2.0, np.float32))[-1] == 2.0  # 20 MiB each way
         assert _infer(client, np.arange(4, dtype=np.float32)).tolist() == [0, 1, 2, 3]
     pids = {daemon.process.pid, *child_pids(daemon.process.pid)}
-    deadline = time.monotonic() + 30
-    while True:  # the gauge is sampled each metrics tick
-        held, counted = _shm_bytes(pids), _gauge(daemon, "echo")
-        if counted == held or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
-    assert counted == held and 0 < held < KEEP_BYTES  # the small request's arenas, not the large one's
+
+    def agreed() -> tuple[int] | None:  # the gauge is sampled each metrics tick
+        held = _shm_bytes(pids)
+        return (held,) if _gauge(daemon, "echo") == held else None
+
+    (held,) = wait_until(agreed, timeout=30, interval=0.1, what="the arena gauge counting what /dev/shm holds")
+    assert 0 < held < KEEP_BYTES  # the small request's arenas, not the large one's

@@ -18,6 +18,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from tests.models import write_python_model
+from tests.waiting import wait_until
 
 # Polls request.is_cancelled() from inside execute() until it turns True (or 30 s pass), and notes in
 # seen.txt, beside its version directory, when it started and when it saw the cancellation.
@@ -114,9 +115,8 @@ def _seen(repository: Path, model: str) -> list[str]:
 def _wait_for(repository: Path, model: str, line: str, timeout: float) -> float:
     """Seconds until the model noted ``line`` (fails the test after ``timeout``)."""
     start = time.monotonic()
-    while line not in _seen(repository, model):
-        assert time.monotonic() - start < timeout, f"the model never noted {line!r}: {_seen(repository, model)}"
-        time.sleep(0.02)
+    wait_until(lambda: line in _seen(repository, model), timeout=timeout, interval=0.02,
+               what=f"the model to note {line!r}")
     return time.monotonic() - start
 
 

@@ -14,6 +14,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from tests.models import write_python_model
+from tests.waiting import wait_until
 
 DEADLINE = 1.0
 
@@ -118,9 +119,8 @@ def test_a_stream_without_a_final_flag_ends_deadline_exceeded_and_the_model_sees
     assert error is not None and "request_deadline" in error.message()
     assert DEADLINE <= ended - started < 10 * DEADLINE
     seen = repository / "never_final" / "seen.txt"
-    deadline = time.monotonic() + 30
-    while not (seen.exists() and lost in seen.read_text()) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: seen.exists() and lost in seen.read_text(), timeout=30, interval=0.05,
+               what="the model noting the lost request")
     assert f"{lost} True" in seen.read_text()  # the model saw request.is_cancelled()
 
 

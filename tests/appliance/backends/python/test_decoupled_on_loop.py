@@ -32,6 +32,7 @@ from appliance.repository.registry import ModelRegistry
 from appliance.security.budget import MemoryBudget
 from tests.appliance.backends.python.harness import loaded, parse_config
 from tests.models import write_python_model
+from tests.waiting import await_until
 
 CONFIG = """
 name: "flood"
@@ -104,6 +105,11 @@ async def _read_all(stream) -> list[StreamItem]:
         stream.close()
 
 
+async def _held_back(process: ModelProcess) -> None:
+    """Until the loop holds back reading the model's channel (a response waits for room for the client)."""
+    await await_until(lambda: process._resuming is not None, timeout=30, what="the loop holding back reading")
+
+
 def _values(items: list[StreamItem]) -> list[int]:
     return [int(item.response.outputs[0].data[0]) for item in items if item.response is not None]
 
@@ -114,9 +120,10 @@ async def test_a_client_behind_holds_the_model_back_without_blocking_the_loop(fl
     stream = await open_stream(3000, StreamLimits(max_responses=8), held)
     first = await anext(stream)
     assert backend.reads_on_loop  # what this test is about: the loop, not a thread, reads the channel
-    for _ in range(30):  # the loop turns (it is never blocked) while the model waits for the client
-        await asyncio.sleep(0.01)
-    assert held.peak <= 8 * 4  # at most 8 responses of one INT32 held for the client
+    # The loop turns (it is never blocked: this wait runs on it) while the model waits for the client, holding
+    # at most 8 responses of one INT32 for the client for all of 0.3 s.
+    with pytest.raises(AssertionError, match="timed out"):
+        await await_until(lambda: held.peak > 8 * 4, timeout=0.3, what="more than 8 responses held")
     rest = await _read_all(stream)
     assert _values([first, *rest]) == list(range(3000)) and rest[-1].final
     assert held.now == 0
@@ -124,8 +131,10 @@ async def test_a_client_behind_holds_the_model_back_without_blocking_the_loop(fl
 
 async def test_a_client_that_stalls_fails_its_request_and_the_model_serves_on(flood):
     _, open_stream, _ = flood
-    stalled = await open_stream(3000, StreamLimits(max_responses=4, stall_timeout=0.3), _Held())
-    await asyncio.sleep(0.6)
+    held = _Held()
+    stalled = await open_stream(3000, StreamLimits(max_responses=4, stall_timeout=0.3), held)
+    # Nothing read: after the 0.3 s stall the request fails, and what it held for the client is given back.
+    await await_until(lambda: held.peak > 0 and held.now == 0, timeout=30, what="the stalled request failed")
     items = await _read_all(stalled)
     assert len(items) == 1 and items[0].final and isinstance(items[0].error, Unavailable)
     assert "read none of the 4 pending responses" in items[0].error.message
@@ -138,8 +147,8 @@ async def test_unloading_while_the_loop_holds_the_model_back_ends_the_stream_and
     backend, open_stream, model = flood
     stream = await open_stream(3000, StreamLimits(max_responses=4, stall_timeout=60), _Held())
     await anext(stream)
-    await asyncio.sleep(0.3)  # the loop holds back reading; the model blocks on a full pipe
     assert backend._instance is not None
+    await _held_back(backend._instance.process)  # the model blocks on a full pipe
     process = backend._instance.process.pid
     await asyncio.wait_for(model.close(10), 30)  # not the 60 s stall: the unload releases what waits for room
     items = await _read_all(stream)
@@ -152,8 +161,8 @@ async def test_a_process_stopped_while_the_loop_holds_back_reading_ends_its_stre
     backend, open_stream, _ = flood
     stream = await open_stream(3000, StreamLimits(max_responses=4, stall_timeout=60), _Held())
     await anext(stream)
-    await asyncio.sleep(0.3)  # held back: the loop will not read the channel's end
     assert backend._instance is not None
+    await _held_back(backend._instance.process)  # the loop will not read the channel's end
     process = backend._instance.process
     # Off the loop, as a restart or an unload stops it: killed after 0.5 s, and the stopping thread
     # ends the channel itself rather than waiting 5 s for the loop to read its end.

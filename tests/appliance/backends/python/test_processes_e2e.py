@@ -20,6 +20,7 @@ import tritonclient.http as httpclient
 from appliance.backends.python.wire.arena import ARENA_PREFIX
 from tests.models import write_python_model
 from tests.processes import child_pids
+from tests.waiting import wait_until
 
 CONFIG = """
 backend: "python"
@@ -27,23 +28,31 @@ input [ { name: "x" data_type: TYPE_FP32 dims: [ 2 ] } ]
 output [ { name: "y" data_type: TYPE_FP32 dims: [ 2 ] } ]
 """
 
+# Each writes "hanging" in its repository once it hangs, for the tests to wait on.
 HANGS_IN_EXECUTE = """
+import os
 import time
 
 import triton_python_backend_utils as pb_utils
 
 
 class TritonPythonModel:
+    def initialize(self, args):
+        self.marker = os.path.join(args["model_repository"], "hanging")
+
     def execute(self, requests):
+        open(self.marker, "w").close()
         time.sleep(3600)
 """
 
 HANGS_IN_INITIALIZE = """
+import os
 import time
 
 
 class TritonPythonModel:
     def initialize(self, args):
+        open(os.path.join(args["model_repository"], "hanging"), "w").close()
         time.sleep(3600)
 
     def execute(self, requests):
@@ -130,12 +139,11 @@ def _alive(pid: int) -> bool:
 
 
 def _wait_gone(pids: list[int], timeout: float) -> list[int]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        left = [pid for pid in pids if _alive(pid)]
-        if not left:
-            return []
-        time.sleep(0.1)
+    """The processes of ``pids`` still alive after waiting up to ``timeout`` seconds for all to go."""
+    try:
+        wait_until(lambda: not any(_alive(pid) for pid in pids), timeout=timeout, interval=0.1)
+    except AssertionError:
+        pass  # the caller asserts on those left
     return [pid for pid in pids if _alive(pid)]
 
 
@@ -157,7 +165,7 @@ def test_a_hung_execute_does_not_stop_the_daemon_from_exiting(start_daemon, tmp_
     assert len(stubs) == 1
     caller = threading.Thread(target=_call, args=(daemon.url, "hangs"), daemon=True)
     caller.start()
-    time.sleep(1.0)  # the request is in execute() now
+    wait_until((repo / "hangs" / "hanging").exists, timeout=30, what="the request in execute()")
     start = time.monotonic()
     daemon.process.send_signal(signal.SIGTERM)
     daemon.process.wait(SHUTDOWN_TIMEOUT + EXIT_TIMEOUT + 20)
@@ -171,12 +179,8 @@ def test_a_hung_initialize_does_not_stop_the_daemon_from_exiting(start_daemon, t
     repo = _repository(tmp_path / "repo", stuck=HANGS_IN_INITIALIZE)
     daemon = start_daemon(repo, "--exit-timeout-secs", str(EXIT_TIMEOUT), wait_loaded=False,
                           env={"APPLIANCE_SHUTDOWN_TIMEOUT": str(SHUTDOWN_TIMEOUT)})
-    deadline = time.monotonic() + 30
-    while not _stubs(daemon.process.pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    stubs = _stubs(daemon.process.pid)
-    assert stubs
-    time.sleep(1.0)
+    stubs = wait_until(lambda: _stubs(daemon.process.pid), timeout=30, interval=0.1, what="the model process")
+    wait_until((repo / "stuck" / "hanging").exists, timeout=30, what="initialize() hanging")
     start = time.monotonic()
     daemon.process.send_signal(signal.SIGTERM)
     daemon.process.wait(SHUTDOWN_TIMEOUT + EXIT_TIMEOUT + 20)

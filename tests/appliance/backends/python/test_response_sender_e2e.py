@@ -16,6 +16,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.appliance.backends.python.test_response_sender import CONFIG, SENDER
 from tests.models import write_python_model
+from tests.waiting import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -49,9 +50,15 @@ def test_a_late_answer_leaves_the_instance_free_meanwhile(daemon):
         done[mode] = time.monotonic()
         done[mode + "_y"] = y
 
+    def executions() -> int:
+        with httpclient.InferenceServerClient(daemon.url) as client:
+            return client.get_inference_statistics("sender")["model_stats"][0]["execution_count"]
+
+    before = executions()
     late = threading.Thread(target=call, args=("after", [5, 6]))
     late.start()
-    time.sleep(0.1)  # the late one's execute() has returned; its answer comes 0.3 s after it
+    # the late one's execute() has returned (its execution counted); its answer comes 0.3 s after it
+    wait_until(lambda: executions() > before, what="the late request's execute() returned")
     call("return", [7, 8])
     late.join(30)
     assert done["return_y"] == [[71, 81]] and done["after_y"] == [[54, 64]]

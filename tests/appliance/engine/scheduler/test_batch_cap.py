@@ -11,6 +11,7 @@ from appliance.engine.instances import InstancePool
 from appliance.engine.scheduler import Scheduler, SchedulerPolicy
 from appliance.engine.stats import ModelStats
 from tests.fakes import FakeBackend
+from tests.waiting import await_until
 
 
 async def test_batches_stop_at_the_cap_and_a_larger_request_runs_whole(started):
@@ -22,8 +23,7 @@ async def test_batches_stop_at_the_cap_and_a_larger_request_runs_whole(started):
         return asyncio.ensure_future(scheduler.submit({"x": np.ones((rows, 1), np.float32)}, ["y"], rows, {}))
 
     first = submit(1)
-    while not backend.batches:
-        await asyncio.sleep(0.005)
+    await await_until(lambda: backend.batches, what="the first batch running")
     rest = [submit(1) for _ in range(5)] + [submit(6)]
     await asyncio.wait_for(asyncio.gather(first, *rest), 30)
     assert backend.batch_sizes == [1, 2, 2, 1, 6]

@@ -15,6 +15,7 @@ import tritonclient.http as triton
 from appliance.examples import mlp_model
 from tests.builders import write_model
 from tests.http_util import call
+from tests.waiting import wait_until
 
 BATCHED = """
 max_batch_size: 16
@@ -55,6 +56,14 @@ def _stats(daemon, model):
     return payload["model_stats"][0]
 
 
+def _metric(daemon, name: str, model: str, **labels: str) -> float:
+    """The value of metric ``name`` for ``model`` (and ``labels``), from /metrics; 0 when absent."""
+    _, _, text = call(daemon.port, "GET", "/metrics")
+    wanted = [f'model="{model}"', *(f'{key}="{value}"' for key, value in labels.items())]
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.decode().splitlines()
+               if line.startswith(name + "{") and all(label in line for label in wanted))
+
+
 def test_64_concurrent_mixed_batches_equal_unbatched_results(daemon, repo):
     session = ort.InferenceSession(str(repo / "batched" / "1" / "model.onnx"))
     rng = np.random.default_rng(0)
@@ -84,7 +93,9 @@ def test_64_concurrent_mixed_batches_equal_unbatched_results(daemon, repo):
 def test_full_queue_gets_503_with_retry_after(daemon):
     with ThreadPoolExecutor(1) as pool:
         first = pool.submit(call, daemon.port, "POST", "/v2/models/patient/infer", _one_row_body())
-        time.sleep(0.3)  # the first request now waits in the queue for company
+        # the first request now waits in the queue for company
+        wait_until(lambda: _metric(daemon, "nv_inference_pending_request_count", "patient") == 1,
+                   what="the first request queued")
         status, headers, payload = call(daemon.port, "POST", "/v2/models/patient/infer", _one_row_body(1))
         assert status == 503
         assert "max_queue_size 1" in payload["error"]
@@ -102,12 +113,20 @@ def test_request_timeout_parameter_rejects_from_the_queue(daemon):
 
 def test_client_that_disconnects_while_queued_is_never_executed(daemon):
     before = _stats(daemon, "patient")["execution_count"]
+    cancelled = _metric(daemon, "nv_inference_request_failure", "patient", reason="CANCELED")
     payload = json.dumps(_one_row_body()).encode()
     with socket.create_connection(("127.0.0.1", daemon.port)) as sock:
-        sock.sendall(b"POST /v2/models/patient/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        # (a Host the daemon takes as its own: with any other, it answers 403 before the request is queued)
+        sock.sendall(f"POST /v2/models/patient/infer HTTP/1.1\r\nHost: 127.0.0.1:{daemon.port}\r\n".encode()
+                     + b"Content-Type: application/json\r\n"
                      + f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
-        time.sleep(0.3)
-    time.sleep(1.8)  # past the batching delay: a request still queued would have executed by now
+        wait_until(lambda: _metric(daemon, "nv_inference_pending_request_count", "patient") == 1,
+                   what="the request queued")
+    # The disconnect cancels it and takes it out of the queue (long before the 1.5 s batching delay): it
+    # can never execute now.
+    wait_until(lambda: _metric(daemon, "nv_inference_request_failure", "patient", reason="CANCELED") == cancelled + 1
+               and _metric(daemon, "nv_inference_pending_request_count", "patient") == 0,
+               what="the queued request cancelled and dropped from the queue")
     assert _stats(daemon, "patient")["execution_count"] == before
     status, _, _ = call(daemon.port, "POST", "/v2/models/patient/infer", _one_row_body())
     assert status == 200

@@ -26,6 +26,7 @@ from appliance.engine.scheduler.execution import (
 )
 from appliance.engine.stats import ModelStats
 from tests.fakes import FakeBackend
+from tests.waiting import await_until
 
 INLINE = ExecutionMode(True, "test", 1_000, 50_000, 200_000)
 
@@ -178,7 +179,8 @@ async def test_a_request_cancelled_before_its_batch_forms_never_runs(make_schedu
     backend = ThreadRecorder()
     scheduler = make_scheduler(backend, INLINE)
     first = _submit(scheduler, 1.0)
-    await asyncio.sleep(0)  # the first request now waits one iteration for company
+    # the first request now waits one iteration for company
+    await await_until(lambda: scheduler.pending == 1, interval=0, what="the first request queued")
     others = [_submit(scheduler, float(i)) for i in (2, 3)]
     first.cancel()
     results = await asyncio.gather(*others)

@@ -21,6 +21,7 @@ from appliance.engine.instances import InstancePool
 from appliance.engine.scheduler import SequenceScheduler, sequence_policy
 from appliance.engine.stats import ModelStats
 from tests.appliance.backends.python.harness import RecordingSink
+from tests.waiting import await_until
 
 
 class Countdown(Backend):
@@ -113,7 +114,8 @@ async def test_rescheduled_requests_batch_with_new_ones(make):
     backend = Countdown(delay=0.02)
     scheduler = make(backend, batch=4)
     first = [ask(scheduler, steps) for steps in (2, 5, 3)]
-    await asyncio.sleep(0.05)  # the first batches ran: a newcomer joins those still going
+    # the first batch ran: a newcomer joins those still going
+    await await_until(lambda: backend.batches, what="the first batch run")
     late = ask(scheduler, 2)
     results = await asyncio.gather(*first, late)
     assert [r["REMAINING"].tolist() for r in results] == [[[0]]] * 4
@@ -151,7 +153,7 @@ async def test_fresh_ids_skip_the_ones_in_use(make):
     backend = Countdown(delay=0.01)
     scheduler = make(backend)
     held = ask(scheduler, 3, {"sequence_id": 1, "sequence_start": True})
-    await asyncio.sleep(0)
+    await await_until(lambda: scheduler.stats.sequences.started == 1, interval=0, what="sequence 1 open")
     await asyncio.gather(held, ask(scheduler, 1))
     assert {row[0] for batch in backend.batches for row in batch} == {1, 2}
 
@@ -172,14 +174,14 @@ async def test_a_cancelled_request_is_not_run_again(make):
     cancelled = threading.Event()
     task = asyncio.ensure_future(scheduler.submit({"STEPS": np.array([[100]], np.int32)}, ["REMAINING"], 1, {},
                                                   sink=RecordingSink(), cancelled=cancelled.is_set))
-    await asyncio.sleep(0.1)
+    await await_until(lambda: len(backend.batches) >= 2, what="the first steps run")
     cancelled.set()
     with pytest.raises(Exception, match="cancelled"):
         await task
     steps = sum(len(batch) for batch in backend.batches)
     assert steps < 20
-    await asyncio.sleep(0.1)
-    assert sum(len(batch) for batch in backend.batches) == steps
+    with pytest.raises(AssertionError, match="timed out"):  # for 0.1 s (real time) no step runs any more
+        await await_until(lambda: sum(len(batch) for batch in backend.batches) != steps, timeout=0.1)
     assert scheduler.stats.sequences.active == 0
 
 

@@ -19,6 +19,7 @@ from appliance.engine.instances import InstancePool
 from appliance.engine.scheduler import QueuePolicy, Scheduler, SchedulerPolicy
 from appliance.engine.stats import ModelStats
 from tests.fakes import FakeBackend
+from tests.waiting import await_until, wait_until
 
 
 @pytest.fixture
@@ -41,8 +42,7 @@ def submit(scheduler: Scheduler, value: float, rows: int = 1, width: int = 1, **
 async def _occupy(scheduler: Scheduler, backend: FakeBackend) -> asyncio.Task:
     """Start a request that keeps the only instance busy, and wait until it runs."""
     task = submit(scheduler, -1.0)
-    while not backend.batches:
-        await asyncio.sleep(0.005)
+    await await_until(lambda: backend.batches, what="the occupying request running")
     return task
 
 
@@ -149,7 +149,7 @@ async def test_full_queue_rejects_at_once_with_retry_after(make_scheduler):
                                backend)
     first = await _occupy(scheduler, backend)
     queued = [submit(scheduler, 1.0), submit(scheduler, 2.0)]
-    await asyncio.sleep(0)
+    await await_until(lambda: scheduler.pending == 2, interval=0, what="both requests queued")
     with pytest.raises(Unavailable, match="queue of model m:1 is full") as info:
         await scheduler.submit(_x(3.0), ["y"], 1, {})
     assert info.value.retry_after is not None
@@ -188,7 +188,7 @@ async def test_queue_timeout_delay_runs_late_requests_after_the_rest(make_schedu
     scheduler = make_scheduler(policy, backend)
     first = await _occupy(scheduler, backend)
     late = submit(scheduler, 1.0)  # times out while the instance is busy, then is delayed
-    await asyncio.sleep(0.1)
+    await await_until(lambda: any(p.delayed for p in scheduler._queue), what="the late request delayed")
     on_time = submit(scheduler, 2.0, timeout=10_000_000)
     await asyncio.gather(first, late, on_time)
     assert [b[0] for b in backend.batches] == [-1.0, 2.0, 1.0]
@@ -212,7 +212,7 @@ async def test_disconnected_client_is_dropped_from_the_queue(make_scheduler):
     first = await _occupy(scheduler, backend)
     gone = submit(scheduler, 7.0)
     stays = submit(scheduler, 8.0)
-    await asyncio.sleep(0.01)
+    await await_until(lambda: scheduler.pending == 2, what="both requests queued")
     gone.cancel()
     await asyncio.gather(first, stays)
     assert all(7.0 not in batch for batch in backend.batches)
@@ -244,7 +244,8 @@ async def test_drain_finishes_queued_work_and_close_fails_the_rest(make_schedule
     backend = FakeBackend(delay=0.05)
     scheduler = make_scheduler(dynamic(max_batch_size=1), backend)
     tasks = [submit(scheduler, float(i)) for i in range(4)]
-    await asyncio.sleep(0)
+    await await_until(lambda: scheduler.pending + len(backend.batches) >= 4, interval=0,
+                      what="every request queued or run")
     assert await scheduler.drain(timeout=10)
     assert all(t.done() and not t.exception() for t in tasks)
     with pytest.raises(Unavailable, match="unloading"):
@@ -263,7 +264,7 @@ async def test_close_fails_queued_requests_instead_of_leaving_them_hanging(make_
     scheduler = make_scheduler(dynamic(max_batch_size=1), backend)
     running = await _occupy(scheduler, backend)
     queued = [submit(scheduler, float(i)) for i in range(3)]
-    await asyncio.sleep(0)
+    await await_until(lambda: scheduler.pending == 3, interval=0, what="the requests queued")
     errors = await scheduler.close()
     assert errors == []
     results = await asyncio.gather(*queued, return_exceptions=True)
@@ -284,9 +285,10 @@ class _WaitsForCancel(FakeBackend):
         if requests[0].inputs["x"][0, 0] >= 0:
             return BatchResult([{"y": r.inputs["x"]} for r in requests])
         self.running.set()
-        deadline = time.monotonic() + 10
-        while not all(r.cancelled() for r in requests) and time.monotonic() < deadline:
-            time.sleep(0.01)
+        try:
+            wait_until(lambda: all(r.cancelled() for r in requests), timeout=10)
+        except AssertionError:
+            pass  # noted below: the test fails on what the model saw
         self.saw = [r.cancelled() for r in requests]
         return BatchResult([{"y": r.inputs["x"]} for r in requests])
 
@@ -295,12 +297,10 @@ async def test_a_request_whose_client_goes_away_while_it_runs_is_cancelled_for_t
     backend = _WaitsForCancel()
     scheduler = make_scheduler(SchedulerPolicy(max_batch_size=4), backend)
     gone = submit(scheduler, -1.0)
-    while not backend.running.is_set():
-        await asyncio.sleep(0.005)
+    assert await asyncio.to_thread(backend.running.wait, 30)
     started = time.monotonic()
     gone.cancel()  # what a front end's task gets when its client disconnects or cancels the call
-    while not backend.saw and time.monotonic() - started < 10:
-        await asyncio.sleep(0.01)
+    await await_until(lambda: backend.saw, timeout=10, what="the model noting what it saw")
     assert backend.saw == [True] and time.monotonic() - started < 5
     assert (await submit(scheduler, 2.0, rows=1))["y"][0, 0] == 2.0  # the instance serves on
 

@@ -21,6 +21,7 @@ from appliance.engine.scheduler.execution import ExecutionMode
 from appliance.engine.scheduler.sequence import BACKLOG_PER_SLOT, MIN_BACKLOG, THREADED_SEQUENCES
 from appliance.engine.stats import ModelStats
 from appliance.examples.sequence import accumulator_config
+from tests.waiting import await_until
 
 
 class Accumulator(Backend):
@@ -220,7 +221,7 @@ async def test_protocol_errors_have_tritons_words(make):
 async def test_idle_sequences_are_reaped_and_their_slot_reused(make):
     scheduler = make("direct { }", Accumulator(), max_batch_size=1, idle_us=100_000)
     await step(scheduler, 1, 1, start=True)
-    await asyncio.sleep(0.4)
+    await await_until(lambda: scheduler.stats.sequences.reaped == 1, what="the idle sequence reaped")
     with pytest.raises(InvalidInput, match=r"sequence 1 was ended after 100000 us without a request"):
         await step(scheduler, 1, 1)
     assert scheduler.stats.sequences.reaped == 1 and scheduler.stats.sequences.active == 0
@@ -232,7 +233,7 @@ async def test_a_full_batcher_backlogs_then_refuses_new_sequences(make):
     await step(scheduler, 1, 1, start=True)  # holds the only slot, never ends
     limit = max(MIN_BACKLOG, BACKLOG_PER_SLOT)
     waiting = [step(scheduler, 100 + i, 1, start=True, end=True) for i in range(limit)]
-    await asyncio.sleep(0.05)
+    await await_until(lambda: scheduler.stats.sequences.backlog == limit, what="the backlog filled")
     assert not any(t.done() for t in waiting) and scheduler.stats.sequences.backlog == limit
     with pytest.raises(Unavailable, match="backlog of 64 sequences is full"):
         await step(scheduler, 999, 1, start=True)
@@ -269,10 +270,12 @@ async def test_several_instances_each_serve_their_own_sequences(make):
 
 
 async def test_close_fails_what_is_still_queued(make):
-    scheduler = make("direct { }", Accumulator(delay=0.2), max_batch_size=1)
+    backend = Accumulator(delay=0.2)
+    scheduler = make("direct { }", backend, max_batch_size=1)
     first = step(scheduler, 1, 1, start=True)
     second = step(scheduler, 1, 1)
-    await asyncio.sleep(0.05)
+    await await_until(lambda: backend.batches and scheduler.pending == 1,
+                      what="the first step running, the second queued")
     await scheduler.close()
     assert int((await first)["OUTPUT"][0, 0]) == 1
     with pytest.raises(Unavailable, match="unloaded"):

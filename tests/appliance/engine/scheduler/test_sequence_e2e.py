@@ -5,7 +5,6 @@ in-process onnxruntime loop, a Python model, statistics and metrics."""
 from __future__ import annotations
 
 import queue
-import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
@@ -31,6 +30,7 @@ from tests.models.sequence import (
     PY_ACCUMULATOR_CONFIG,
     write_triton_examples,
 )
+from tests.waiting import wait_until
 
 ACCUMULATORS = {
     # name: (strategy, control form, corrid datatype, instances)
@@ -197,7 +197,8 @@ def test_idle_sequences_are_reaped_and_say_so(client):
     http = client
     send(http, "acc_short_idle", 1, [5, 5])  # START ... END: ended normally
     http.infer("acc_short_idle", [_input(httpclient, 1)], sequence_id=2, sequence_start=True)
-    time.sleep(0.8)
+    wait_until(lambda: http.get_inference_statistics("acc_short_idle")["model_stats"][0]["sequence_stats"]["reaped"],
+               what="the idle sequence reaped")
     message = _error(http, "acc_short_idle", sequence_id=2)
     assert message.startswith("inference request for sequence 2 to model 'acc_short_idle' must specify the START")
     assert "was ended after 200000 us without a request (max_sequence_idle_microseconds)" in message

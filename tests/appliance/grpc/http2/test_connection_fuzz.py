@@ -71,6 +71,11 @@ class _Server:
         pass
 
 
+def _settle(loop: asyncio.AbstractEventLoop) -> None:
+    """One turn of the loop: what the connection scheduled runs (handlers, writes flushed)."""
+    loop.run_until_complete(asyncio.sleep(0))
+
+
 def _feed(chunks: list[bytes]) -> tuple[Http2Connection, _Transport]:
     loop = asyncio.new_event_loop()
     try:
@@ -79,17 +84,17 @@ def _feed(chunks: list[bytes]) -> tuple[Http2Connection, _Transport]:
         connection.connection_made(transport)  # type: ignore[arg-type]
         for chunk in chunks:
             connection.data_received(chunk)  # must never raise
-            loop.run_until_complete(asyncio.sleep(0))  # handlers run, writes flush
+            _settle(loop)
             assert len(connection._buffer) <= MAX_FRAME + 9, "more than a frame held"
             if transport.closing:
                 break
         connection.connection_lost(None)
-        loop.run_until_complete(asyncio.sleep(0))
+        _settle(loop)
         return connection, transport
     finally:
         for task in asyncio.all_tasks(loop):
             task.cancel()
-        loop.run_until_complete(asyncio.sleep(0))
+        _settle(loop)
         loop.close()
 
 

@@ -22,6 +22,7 @@ from appliance.grpc.http2 import frames as f
 from appliance.grpc.http2.server import Http2Server
 from appliance.protocol.inflate import Compressed, InflateLimits, inflate
 from appliance.security.budget import MemoryBudget
+from tests.waiting import await_until
 
 
 class _Handlers:
@@ -321,7 +322,7 @@ async def test_streams_over_the_limit_are_refused_and_pings_answered(server):
 async def test_connections_over_the_limit_are_closed_at_once(server):
     held = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(4)]
     try:
-        await asyncio.sleep(0.2)
+        await await_until(lambda: len(server._connections) == 4, timeout=10, what="the four connections taken")
         extra = socket.create_connection(("127.0.0.1", server.port))
         extra.settimeout(3)
 

@@ -25,6 +25,7 @@ from appliance.protocol.shared_memory import LocalPeers, SharedMemoryLimits, Sha
 from appliance.protocol.shared_memory.binding import bind
 from appliance.protocol.shared_memory.table import RegionTable
 from tests.descriptors import opened
+from tests.waiting import await_until
 
 
 @pytest.fixture
@@ -321,8 +322,5 @@ async def test_a_cancelled_request_keeps_its_region_open_until_its_copy_ends(dir
     await asyncio.sleep(0.05)
     assert not region.closed  # the thread still copies: the region must stay open under it
     region.go_on.set()
-    for _ in range(200):
-        if region.closed:
-            break
-        await asyncio.sleep(0.01)
-    assert region.closed and not region.closed_while_copying
+    await await_until(lambda: region.closed, timeout=5, what="the region closed once its copy ended")
+    assert not region.closed_while_copying

@@ -19,6 +19,7 @@ from appliance.engine.streaming import StreamItem, StreamLimits
 from appliance.engine.types import InferInput, InferRequest, RequestedOutput
 from appliance.repository.registry import ModelRegistry, ModelState
 from tests.appliance.repository.ensemble.decoupled_repos import decoupled_repository
+from tests.waiting import await_until
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.slow]  # ten model processes
 
@@ -132,10 +133,7 @@ async def _read_then_close(registry: ModelRegistry, name: str, req: InferRequest
 
 
 async def _wait_for(predicate, seconds: float = 30) -> bool:
-    deadline = asyncio.get_running_loop().time() + seconds
-    while not predicate() and asyncio.get_running_loop().time() < deadline:
-        await asyncio.sleep(0.05)
-    return predicate()
+    return bool(await await_until(predicate, seconds))
 
 
 async def test_closing_the_stream_cancels_the_decoupled_step(registry, repository):

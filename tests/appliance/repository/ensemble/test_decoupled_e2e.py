@@ -10,7 +10,6 @@ import http.client
 import json
 import queue
 import socket
-import time
 
 import numpy as np
 import pytest
@@ -20,6 +19,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.appliance.repository.ensemble.decoupled_repos import decoupled_repository
 from tests.http_util import call
+from tests.waiting import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -102,10 +102,9 @@ def test_cancelling_the_stream_cancels_the_decoupled_step(client, repository, gr
     got = [answers.get(timeout=60) for _ in range(3)]
     client.stop_stream(cancel_requests=True)
     assert [int(r.as_numpy("OUT")[0]) for r, _ in got] == [100, 101, 102]
-    deadline = time.monotonic() + 30
-    while not (marker.exists() and gone in marker.read_text()) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert gone in marker.read_text()  # the step's model saw request.is_cancelled()
+    # the step's model saw request.is_cancelled()
+    wait_until(lambda: marker.exists() and gone in marker.read_text(), timeout=30, interval=0.05,
+               what=f"the step's model noting {gone} cancelled")
 
 
 def _events(port: int, path: str, body: dict) -> tuple[int, list[dict]]:
@@ -144,14 +143,11 @@ def test_a_client_that_disconnects_cancels_the_decoupled_step(daemon, repository
         received = b""
         while received.count(b"data: ") < 3:
             received += sock.recv(65536)
-    deadline = time.monotonic() + 30
-    while not (marker.exists() and "gone-http" in marker.read_text()) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert "gone-http" in marker.read_text()
+    wait_until(lambda: marker.exists() and "gone-http" in marker.read_text(), timeout=30, interval=0.05,
+               what="the step's model noting gone-http cancelled")
     fail = before["inference_stats"]["fail"]["count"]
-    while (call(daemon.port, "GET", "/v2/models/endless_chain/stats")[2]["model_stats"][0]["inference_stats"]
-           ["fail"]["count"] == fail) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: call(daemon.port, "GET", "/v2/models/endless_chain/stats")[2]["model_stats"][0]
+               ["inference_stats"]["fail"]["count"] != fail, timeout=30, interval=0.05, what="the failure counted")
     stats = call(daemon.port, "GET", "/v2/models/endless_chain/stats")[2]["model_stats"][0]["inference_stats"]
     assert stats["fail"]["count"] == fail + 1  # counted once, as cancelled
 

@@ -13,6 +13,7 @@ from appliance.core.errors import InvalidInput
 from appliance.engine.types import InferInput, InferRequest, RequestedOutput
 from appliance.repository.registry import ModelRegistry, ModelState
 from tests.appliance.repository.ensemble.repos import diamond_repository, nested_repository, parallel_repository
+from tests.waiting import await_until
 
 X = np.arange(16, dtype=np.float32).reshape(2, 8)
 
@@ -138,7 +139,8 @@ async def test_a_step_runs_the_version_it_names_or_the_newest(registry_of):
 async def test_a_request_cancelled_midway_leaves_no_step_running(registry_of):
     registry = await registry_of(parallel_repository)
     call = asyncio.create_task(infer(registry, "parallel", request()))
-    await asyncio.sleep(0.1)  # both sleepers are running by now
+    await await_until(lambda: len([t for t in asyncio.all_tasks() if "_run_step" in repr(t.get_coro())]) == 2,
+                      what="both steps running")
     call.cancel()
     with pytest.raises(asyncio.CancelledError):
         await call
