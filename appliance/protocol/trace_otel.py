@@ -59,6 +59,10 @@ def parse_traceparent(value: str | None) -> SpanContext | None:
     return SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(int(match.group(4), 16)))
 
 
+_CLOSE_FLUSH_S = 2.0
+"""How long closing waits for the last batches to be sent."""
+
+
 class OtelExporter:
     """Exports finished traces as spans; see the module's docstring. ``close`` flushes and stops."""
 
@@ -67,8 +71,9 @@ class OtelExporter:
         attributes = {"service.name": "triton-inference-server"}
         attributes.update(dict(entry.split("=", 1) for entry in resource))
         self._provider = TracerProvider(resource=Resource.create(attributes))
+        self._exporter = OTLPSpanExporter(endpoint=url, timeout=10)
         self._provider.add_span_processor(BatchSpanProcessor(
-            OTLPSpanExporter(endpoint=url, timeout=10), max_queue_size=max_queue_size,
+            self._exporter, max_queue_size=max_queue_size,
             schedule_delay_millis=schedule_delay_ms, max_export_batch_size=max_export_batch_size))
         self._tracer: OtelTracer = self._provider.get_tracer("edge-appliance")
         self._offset = time.time_ns() - time.monotonic_ns()
@@ -97,6 +102,13 @@ class OtelExporter:
             self._queue.put(_STOP)
             self._thread.join()
             self._thread = None
+        # One bounded try at what is batched (the SDK's force_flush takes no timeout: it runs on a thread of
+        # its own), then the exporter stops retrying: a receiver that is down (each export retries for up to
+        # 10 s) must not hold the daemon's stop.
+        flushing = threading.Thread(target=self._provider.force_flush, name="otel-flush", daemon=True)
+        flushing.start()
+        flushing.join(_CLOSE_FLUSH_S)
+        self._exporter.shutdown()
         self._provider.shutdown()
 
     def flush(self) -> None:
