@@ -15,6 +15,7 @@ import pytest
 from appliance.metrics.history import history
 from appliance.metrics.samples import ModelSample
 from appliance.metrics.store import SCHEMA_VERSION, MetricsStore, Retention, SchemaTooNew, connect, migrate
+from tests.waiting import wait_until
 
 
 def _sample(t: int, requests: int = 2, model: str = "m") -> ModelSample:
@@ -93,7 +94,9 @@ def test_kill_9_mid_write_leaves_an_intact_database(tmp_path):
     path = tmp_path / "m.db"
     process = subprocess.Popen([sys.executable, "-c", WRITER, str(path)], stdout=subprocess.PIPE, text=True)
     assert process.stdout.readline().strip() == "started"
-    time.sleep(1.5)
+    # writing in earnest (its write-ahead log past a few hundred KiB) when it is killed
+    wal = path.with_name(path.name + "-wal")
+    wait_until(lambda: wal.exists() and wal.stat().st_size > 256 * 1024, timeout=30, what="the writer's log growing")
     process.send_signal(signal.SIGKILL)
     process.wait()
     db = sqlite3.connect(path)

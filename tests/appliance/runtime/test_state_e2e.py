@@ -16,6 +16,7 @@ from model_cache import ModelCache
 from tests.builders import save
 from tests.http_util import call
 from tests.readonly import read_only_prefix
+from tests.waiting import wait_until
 
 TUNE = {"APPLIANCE_TUNE_BUDGET": "0.05"}
 SIMPLE = {"inputs": [{"name": "INPUT0", "shape": [1, 16], "datatype": "INT32", "data": list(range(16))},
@@ -89,11 +90,15 @@ def test_a_corrupt_metrics_db_is_moved_aside_and_the_daemon_serves(start_daemon,
     assert "was corrupt" in daemon.log() and "To fix:" in daemon.log()
 
     # The fresh database records: the recovery is an event in the history, next to the traffic.
-    time.sleep(2.5)
-    now = int(time.time()) + 1
-    status, _, history = call(daemon.port, "GET", f"/v2/history?since={now - 120}&until={now}&step=1")
-    assert status == 200, history
-    assert "metrics_db_recovered" in {e["kind"] for e in history["events"]}
+    def recorded() -> dict | None:
+        now = int(time.time()) + 1
+        status, _, history = call(daemon.port, "GET", f"/v2/history?since={now - 120}&until={now}&step=1")
+        assert status == 200, history
+        written = ("metrics_db_recovered" in {e["kind"] for e in history["events"]}
+                   and sum(r for r in history["series"]["requests"] if r) >= 1)
+        return history if written else None
+
+    history = wait_until(recorded, timeout=20, what="the recovery and the request in the history")
     assert sum(r for r in history["series"]["requests"] if r) == 1
 
 
