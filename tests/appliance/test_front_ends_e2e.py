@@ -93,15 +93,26 @@ def client(box, protocol):
     made.close()
 
 
-@pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
-def test_inference(client, binary):
-    if client.protocol == "grpc" and not binary:
-        pytest.skip("gRPC has one encoding")
+def test_inference(client):
     values = np.arange(3, dtype=np.float32).reshape(1, 3)
-    words = [b"edge", b"\x00\xffbytes"] if binary else [b"edge", b"json"]
-    result = client.client.infer("identity", client.inputs(values, words, binary))
+    words = [b"edge", b"\x00\xffbytes"]
+    result = client.client.infer("identity", client.inputs(values, words))
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), values)
     assert result.as_numpy("OUTPUT1").tolist() == [words]
+
+
+def test_json_inference_over_http(box):
+    json_client = Client(box, "http")
+    try:
+        values = np.arange(3, dtype=np.float32).reshape(1, 3)
+        asked = [httpclient.InferRequestedOutput(name, binary_data=False) for name in ("OUTPUT0", "OUTPUT1")]
+        result = json_client.client.infer("identity", json_client.inputs(values, [b"edge", b"json"], binary=False),
+                                          outputs=asked)
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), values)
+        assert result.get_response()["outputs"][0]["data"] == [0.0, 1.0, 2.0]  # answered in JSON, as asked
+        assert result.get_response()["outputs"][1]["data"] == ["edge", "json"]
+    finally:
+        json_client.close()
 
 
 def test_refusals_in_tritons_words(client):
