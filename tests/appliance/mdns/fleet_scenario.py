@@ -61,7 +61,7 @@ def launch(name: str, work: Path, *extra: str, env: dict | None = None) -> tuple
 def wait_started(process: subprocess.Popen, log: Path) -> int:
     def started() -> int | bool | None:
         text = log.read_text()
-        port = re.search(r"serving KServe v2 on http://127\.0\.0\.1:(\d+)", text)
+        port = re.search(r"serving KServe v2 on https?://127\.0\.0\.1:(\d+)", text)  # over TLS too
         if port and "announcing" in text and "ready:" in text:
             return int(port.group(1))
         return process.poll() is not None  # True: it exited

@@ -8,10 +8,8 @@ is refused by `appliance fleet` and `appliance push`; restarted without TLS, it 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -22,13 +20,11 @@ import trustme
 
 from appliance.client.boxes import discover
 from appliance.tls.certificate import fingerprint
-from tests.appliance.mdns.fleet_scenario import LOOPBACK, cli
+from tests.appliance.mdns.fleet_scenario import LOOPBACK, cli, wait_started
 from tests.appliance.mdns.scenario import stop_all
 from tests.builders import identity_model, write_model
-from tests.waiting import wait_until
 
 NAME = "box-tls"
-_BOUND = re.compile(r"serving KServe v2 on https?://127\.0\.0\.1:(\d+)")
 
 
 def _certificate(directory: Path) -> tuple[list[str], str]:
@@ -53,19 +49,7 @@ def _launch(work: Path, port: int, *flags: str) -> tuple[subprocess.Popen, int]:
              "0", "--no-selection", "--state-dir", str(state), "--model-repository", str(work / "repo"), "--name",
              NAME, "--mdns-interface", LOOPBACK, *flags],
             stdout=output, stderr=subprocess.STDOUT, env=dict(os.environ))
-    def started() -> int | bool | None:
-        text = log.read_text()
-        bound = _BOUND.search(text)
-        if bound and "announcing" in text and "ready:" in text:
-            return int(bound.group(1))
-        return process.poll() is not None  # True: it exited
-
-    found = None
-    with contextlib.suppress(AssertionError):
-        found = wait_until(started, timeout=120, what="the daemon to announce itself", interval=0.1)
-    if found is True or found is None:
-        raise RuntimeError(log.read_text())
-    return process, found
+    return process, wait_started(process, log)
 
 
 def _run(command: subprocess.CompletedProcess) -> dict:
