@@ -59,19 +59,7 @@ from appliance.security.fleet_signature import FleetVerifier
 from appliance.security.token import control_token
 from appliance.selection import Selector
 from appliance.selection.selector import Hardware, SelectionSettings, open_cache
-from appliance.settings import Settings
-from appliance.settings.sections import (
-    FleetSection,
-    GrpcSection,
-    HttpSection,
-    LimitsSection,
-    MetricsSection,
-    ModelsSection,
-    RateLimiterSection,
-    ResponseCacheSection,
-    SelectionSection,
-    ServerSection,
-)
+from appliance.settings import Settings, sections
 from appliance.tls.context import ServerTls
 from hardware_probe import ProbeReport
 
@@ -87,19 +75,19 @@ log = logging.getLogger(__name__)
 CLOSE_GRACE = 1.0
 
 
-def runtime_options(models: ModelsSection) -> RuntimeOptions:
+def runtime_options(models: sections.ModelsSection) -> RuntimeOptions:
     return RuntimeOptions(onnx_providers=models.onnx_providers, intra_op_threads=models.intra_op_threads)
 
 
-def resolve_repository(server: ServerSection) -> Path:
+def resolve_repository(server: sections.ServerSection) -> Path:
     """The repository to serve: the configured one, else the built-in example (generated once)."""
     if server.model_repository is not None:
         return server.model_repository
     return ensure_example_repository(server.example_repository_dir)
 
 
-def make_selector(section: SelectionSection, server: ServerSection, report: ProbeReport, isolate: bool = False,
-                  state: StateDir | None = None) -> Selector | None:
+def make_selector(section: sections.SelectionSection, server: sections.ServerSection, report: ProbeReport,
+                  isolate: bool = False, state: StateDir | None = None) -> Selector | None:
     """``isolate``: measure candidates in a child process (the daemon), not in this one (the CLI).
     ``state``: the daemon's checked state dir (checked here for the CLI)."""
     if not section.enabled:
@@ -114,7 +102,7 @@ def make_selector(section: SelectionSection, server: ServerSection, report: Prob
     )
 
 
-def split_connections(http: HttpSection, grpc: GrpcSection, total: int) -> tuple[int, int]:
+def split_connections(http: sections.HttpSection, grpc: sections.GrpcSection, total: int) -> tuple[int, int]:
     """max_connections (``total``: fitted under the descriptor limit) as (HTTP and metrics ports, gRPC
     port): gRPC multiplexes its calls on few connections, so a share of the bound is its own (a quarter
     unless grpc_max_connections says); a flood of idle connections to one port never locks the other out."""
@@ -125,8 +113,9 @@ def split_connections(http: HttpSection, grpc: GrpcSection, total: int) -> tuple
     return total - share, share
 
 
-def rest_config(http: HttpSection, limits: LimitsSection, metrics: MetricsSection, server: ServerSection,
-                box_name: str | None, state: StateDir, tls: ServerTls | None = None) -> RestConfig:
+def rest_config(http: sections.HttpSection, limits: sections.LimitsSection, metrics: sections.MetricsSection,
+                server: sections.ServerSection, box_name: str | None, state: StateDir,
+                tls: ServerTls | None = None) -> RestConfig:
     return RestConfig(
         tls=tls,
         body=BodyLimits(limits.max_request_bytes, http.body_timeout, limits.max_inflation_ratio),
@@ -144,8 +133,8 @@ def _checked_tls(tls: ServerTls | None) -> ServerTls | None:
     return tls
 
 
-def grpc_config(grpc: GrpcSection, limits: LimitsSection, http: HttpSection, connections: int,
-                tls: ServerTls | None = None) -> GrpcConfig:
+def grpc_config(grpc: sections.GrpcSection, limits: sections.LimitsSection, http: sections.HttpSection,
+                connections: int, tls: ServerTls | None = None) -> GrpcConfig:
     return GrpcConfig(
         tls=tls,
         max_message_bytes=limits.max_request_bytes,
@@ -162,7 +151,7 @@ def grpc_config(grpc: GrpcSection, limits: LimitsSection, http: HttpSection, con
     )
 
 
-def _retention(metrics: MetricsSection) -> Retention:
+def _retention(metrics: sections.MetricsSection) -> Retention:
     return Retention(
         raw_seconds=int(metrics.history_raw_hours * 3600),
         minute_seconds=int(metrics.history_minute_days * 86400),
@@ -171,13 +160,13 @@ def _retention(metrics: MetricsSection) -> Retention:
     )
 
 
-def _stream_limits(limits: LimitsSection) -> StreamLimits:
+def _stream_limits(limits: sections.LimitsSection) -> StreamLimits:
     """One for every stream: the clients' (the data plane's rules) and the models' own calls (BLS)."""
     return StreamLimits(max_bytes=limits.stream_buffer_bytes, stall_timeout=limits.stream_stall_timeout,
                         deadline=limits.request_deadline)
 
 
-def _rules(models: ModelsSection, limits: LimitsSection, fleet: FleetSection) -> Rules:
+def _rules(models: sections.ModelsSection, limits: sections.LimitsSection, fleet: sections.FleetSection) -> Rules:
     host = socket.gethostname()
     return Rules(control_mode=models.control_mode, strict_readiness=models.strict_readiness,
                  decode=DecodeLimits(limits.max_tensor_elements, limits.max_inputs), streams=_stream_limits(limits),
@@ -220,7 +209,7 @@ class Appliance:
         return await self._lifecycle.close()
 
 
-def server_wide(cache: ResponseCacheSection, limiter: RateLimiterSection) -> ServerWide:
+def server_wide(cache: sections.ResponseCacheSection, limiter: sections.RateLimiterSection) -> ServerWide:
     """The response cache (``cache_config``) and the rate limiter (``rate_limit``) the models share."""
     if limiter.resources and not limiter.enabled:
         log.warning("rate_limit_resources are ignored while rate_limit is off; start with --rate-limit "
@@ -340,7 +329,7 @@ async def _call(function) -> None:
     function()
 
 
-async def _start_metrics(section: MetricsSection, server: ServerSection, state: StateDir,
+async def _start_metrics(section: sections.MetricsSection, server: sections.ServerSection, state: StateDir,
                          registries: list[ModelRegistry], lifecycle: Lifecycle,
                          custom: CustomMetrics | None, children: ChildProcesses,
                          shared: ServerWide) -> MetricsService | None:
@@ -395,7 +384,7 @@ def _start_tracing(settings: Settings, state: StateDir, lifecycle: Lifecycle) ->
     return traces, Tracer(traces, writer, exporter)
 
 
-def _open_pushes(models: ModelsSection, server: ServerSection,
+def _open_pushes(models: sections.ModelsSection, server: sections.ServerSection,
                  state: StateDir) -> tuple[PushStore | None, PushStore | None]:
     """The models pushed over the load API in earlier runs: (the store serving them, the store taking new
     pushes). A read-only state dir still serves what was pushed before, and takes no new push."""
@@ -412,7 +401,7 @@ def _open_pushes(models: ModelsSection, server: ServerSection,
     return store, store if state.writable else None
 
 
-def _repository(server: ServerSection, state: StateDir) -> tuple[Path, Path | None]:
+def _repository(server: sections.ServerSection, state: StateDir) -> tuple[Path, Path | None]:
     """The repository, and a temporary directory to remove at stop (where the example went)."""
     if server.model_repository is not None:
         return server.model_repository, None

@@ -12,7 +12,7 @@ from appliance.backends.base import LoadContext
 from appliance.core.errors import ConfigError
 from appliance.core.tensors import BF16
 
-__all__ = ["TORCH_TO_V2", "device_of", "outputs_by_name", "to_numpy", "to_torch"]
+__all__ = ["TORCH_TO_V2", "outputs_by_name", "prepare_torch", "to_numpy", "to_torch"]
 
 TORCH_TO_V2 = {
     torch.bool: "BOOL",
@@ -31,8 +31,11 @@ TORCH_TO_V2 = {
 }
 
 
-def device_of(context: LoadContext) -> torch.device:
-    """Config parameter ``device`` ("cpu", "cuda:0"), else CUDA for a KIND_GPU group when present."""
+def prepare_torch(context: LoadContext) -> torch.device:
+    """Config parameter ``device`` ("cpu", "cuda:0"), else CUDA for a KIND_GPU group when present; torch's
+    CPU threads set to the instance's share (``context.threads``) when it has one."""
+    if context.threads:
+        torch.set_num_threads(context.threads)
     parameter = context.config.parameters.get("device")
     wanted = parameter.string_value if parameter is not None and parameter.string_value else ""
     if not wanted:

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from appliance.backends.base import Backend, LoadContext
-from appliance.backends.torch_common import TORCH_TO_V2, device_of, outputs_by_name, to_torch
+from appliance.backends.torch_common import TORCH_TO_V2, outputs_by_name, prepare_torch, to_torch
 from appliance.core.errors import ConfigError, InferenceFailed, InvalidInput
 from appliance.core.tensors import RuntimeTensor
 
@@ -30,9 +30,7 @@ def _tensor(name: str, value: Any) -> RuntimeTensor:
 
 class TorchExportBackend(Backend):
     def __init__(self, context: LoadContext) -> None:
-        self._device = device_of(context)
-        if context.threads:
-            torch.set_num_threads(context.threads)
+        self._device = prepare_torch(context)
         try:
             program = torch.export.load(str(context.model_file))
         except Exception as exc:  # torch raises several types for a bad archive

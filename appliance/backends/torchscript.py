@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from appliance.backends.base import Backend, LoadContext
-from appliance.backends.torch_common import argument_index, device_of, outputs_by_name, to_torch
+from appliance.backends.torch_common import argument_index, outputs_by_name, prepare_torch, to_torch
 from appliance.core.errors import ConfigError, InferenceFailed, InvalidInput
 
 __all__ = ["TorchScriptBackend"]
@@ -28,9 +28,7 @@ def _config_example(name: str, arguments: Sequence[str]) -> str:
 
 class TorchScriptBackend(Backend):
     def __init__(self, context: LoadContext) -> None:
-        self._device = device_of(context)
-        if context.threads:
-            torch.set_num_threads(context.threads)
+        self._device = prepare_torch(context)
         try:
             self._module = torch.jit.load(str(context.model_file), map_location=self._device).eval()
         except (RuntimeError, ValueError) as exc:

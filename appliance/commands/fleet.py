@@ -31,10 +31,8 @@ from appliance.commands.targets import (
     Refusal,
     Target,
     add_target_options,
+    choose_targets,
     explicit_boxes,
-    read_token,
-    select_boxes,
-    targets,
     trust_store,
 )
 from appliance.core.errors import ConfigError
@@ -177,9 +175,7 @@ def _cell(value: Any) -> str:
 
 
 def _list(args: argparse.Namespace, settings: Settings) -> int:
-    token = read_token(args.token_file, settings)
-    store = trust_store(settings)
-    chosen = targets(select_boxes(args, choose=False), explicit_boxes(args), store)
+    chosen, store, token = choose_targets(args, settings, choose=False)
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(16, len(chosen)))) as pool:
         rows = list(pool.map(lambda target: box_summary(target, token, store), chosen))
     if args.json:

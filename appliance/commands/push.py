@@ -25,17 +25,7 @@ from urllib.parse import quote
 from google.protobuf import json_format
 
 from appliance.client.trust import TrustStore
-from appliance.commands.targets import (
-    BoxClient,
-    Refusal,
-    Target,
-    add_target_options,
-    explicit_boxes,
-    read_token,
-    select_boxes,
-    targets,
-    trust_store,
-)
+from appliance.commands.targets import BoxClient, Refusal, Target, add_target_options, choose_targets
 from appliance.core.errors import ConfigError
 from appliance.repository.config import CONFIG_FILENAME, read_config
 from appliance.settings import Settings
@@ -141,9 +131,7 @@ def _push(target: Target, name: str, body: bytes, token: str | None, store: Trus
 def run(args: argparse.Namespace, settings: Settings) -> int:
     name = args.model_name or args.model_dir.resolve().name
     parameters, size = model_parameters(args.model_dir, name)
-    token = read_token(args.token_file, settings)
-    store = trust_store(settings)
-    chosen = targets(select_boxes(args, choose=True), explicit_boxes(args), store)
+    chosen, store, token = choose_targets(args, settings, choose=True)
     body = json.dumps({"parameters": parameters}).encode()
     lock = threading.Lock()
 

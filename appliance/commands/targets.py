@@ -30,8 +30,8 @@ from appliance.core.errors import ConfigError
 from appliance.security.fleet_signature import NONCE_PATH, sign
 from appliance.settings import Settings
 
-__all__ = ["BoxClient", "CertificateChanged", "Refusal", "Target", "add_target_options", "explicit_boxes",
-           "read_token", "select_boxes", "targets", "trust_store"]
+__all__ = ["BoxClient", "CertificateChanged", "Refusal", "Target", "add_target_options", "choose_targets",
+           "explicit_boxes", "read_token", "select_boxes", "targets", "trust_store"]
 
 
 def add_target_options(parser: argparse.ArgumentParser, choose: bool) -> None:
@@ -122,6 +122,16 @@ def targets(boxes: Sequence[Box], named: Sequence[Box], store: TrustStore) -> li
             pinned = verdict.pin.fingerprint if verdict.trusted and verdict.pin is not None else ""
             chosen.append(Target(box, False, verdict, pinned))
     return chosen
+
+
+def choose_targets(args: argparse.Namespace, settings: Settings,
+                   choose: bool) -> tuple[list[Target], TrustStore, str | None]:
+    """What a fleet command acts with: the boxes the arguments name (``choose``: the command needs --to,
+    --all or --url; otherwise every box found) with their trust, the pins that decided it, and the token
+    to sign requests with."""
+    token = read_token(args.token_file, settings)
+    store = trust_store(settings)
+    return targets(select_boxes(args, choose=choose), explicit_boxes(args), store), store, token
 
 
 def read_token(path: Path | None, settings: Settings) -> str | None:

@@ -42,7 +42,7 @@ from redis.exceptions import AuthenticationError, NoPermissionError, RedisError
 from appliance.backends.base import Outputs
 from appliance.core.errors import ConfigError
 from appliance.core.tensors import decode_bytes_tensor, encode_bytes_tensor, numpy_dtype, v2_datatype
-from appliance.engine.response_cache import request_key
+from appliance.engine.response_cache import lookup_gauges, request_key
 from appliance.engine.shared_config import RedisCacheConfig
 from appliance.engine.types import InferInput
 
@@ -293,13 +293,7 @@ class RedisResponseCache:
 
     def gauges(self) -> list[tuple[str, str, float]]:
         return [
-            ("nv_cache_num_lookups", "Number of cache lookups in response cache", self.lookups),
-            ("nv_cache_num_hits", "Number of cache hits in response cache", self.hits),
-            ("nv_cache_num_misses", "Number of cache misses in response cache", self.misses),
-            ("nv_cache_lookup_duration", "Total cache lookup duration (hit and miss), in microseconds",
-             self.lookup_ns // 1000),
-            ("nv_cache_insertion_duration", "Total cache insertion duration, in microseconds",
-             self.insertion_ns // 1000),
+            *lookup_gauges(self.hits, self.misses, self.lookup_ns, self.insertion_ns),
             ("appliance_response_cache_insertions", "Responses written to the Redis response cache",
              self.insertions),
             ("appliance_response_cache_redis_failures",

@@ -35,7 +35,7 @@ import numpy as np
 from appliance.backends.base import Outputs
 from appliance.engine.types import InferInput
 
-__all__ = ["ResponseCache", "ResponseStore", "request_key"]
+__all__ = ["ResponseCache", "ResponseStore", "lookup_gauges", "request_key"]
 
 ENTRY_OVERHEAD = 256
 """Bytes an entry costs beyond its tensors (the key, the bookkeeping), counted against the size."""
@@ -224,14 +224,8 @@ class ResponseCache:
         return [
             ("nv_cache_util", "Cache utilization [0.0 - 1.0]", self.utilization),
             ("nv_cache_num_entries", "Number of responses stored in response cache", self.entries),
-            ("nv_cache_num_lookups", "Number of cache lookups in response cache", self.lookups),
-            ("nv_cache_num_hits", "Number of cache hits in response cache", self.hits),
-            ("nv_cache_num_misses", "Number of cache misses in response cache", self.misses),
+            *lookup_gauges(self.hits, self.misses, self.lookup_ns, self.insertion_ns),
             ("nv_cache_num_evictions", "Number of cache evictions in response cache", self.evictions),
-            ("nv_cache_lookup_duration", "Total cache lookup duration (hit and miss), in microseconds",
-             self.lookup_ns // 1000),
-            ("nv_cache_insertion_duration", "Total cache insertion duration, in microseconds",
-             self.insertion_ns // 1000),
             ("appliance_response_cache_used_bytes", "Bytes the response cache holds", self.used),
             ("appliance_response_cache_size_bytes", "The response cache's size bound (cache_config size)",
              self.capacity),
@@ -242,3 +236,15 @@ class ResponseCache:
                 "entries": self.entries, "lookups": self.lookups, "hits": self.hits, "misses": self.misses,
                 "evictions": self.evictions, "insertions": self.insertions,
                 "lookup_us": self.lookup_ns // 1000, "insertion_us": self.insertion_ns // 1000}
+
+
+def lookup_gauges(hits: int, misses: int, lookup_ns: int, insertion_ns: int) -> list[tuple[str, str, float]]:
+    """Triton's cache gauges that every response cache (this one, Redis) reports alike."""
+    return [
+        ("nv_cache_num_lookups", "Number of cache lookups in response cache", hits + misses),
+        ("nv_cache_num_hits", "Number of cache hits in response cache", hits),
+        ("nv_cache_num_misses", "Number of cache misses in response cache", misses),
+        ("nv_cache_lookup_duration", "Total cache lookup duration (hit and miss), in microseconds",
+         lookup_ns // 1000),
+        ("nv_cache_insertion_duration", "Total cache insertion duration, in microseconds", insertion_ns // 1000),
+    ]

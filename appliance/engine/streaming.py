@@ -280,11 +280,7 @@ class ResponseChannel:
         if item.final:
             self._ended = True
         waiter, self._waiter = self._waiter, None
-        if waiter is not None:
-            if threading.get_ident() == self._loop_thread:
-                _wake(waiter)
-            else:
-                self._loop.call_soon_threadsafe(_wake, waiter)
+        self._wake_from_any_thread(waiter)
 
     def _drop_pending(self) -> None:
         self._items.clear()
@@ -301,11 +297,16 @@ class ResponseChannel:
     def _wake_producer(self) -> None:
         """Under the lock: wake ``put`` (on the event loop), if it waits for room."""
         room, self._room = self._room, None
-        if room is not None:
-            if threading.get_ident() == self._loop_thread:
-                _wake(room)
-            else:
-                self._loop.call_soon_threadsafe(_wake, room)
+        self._wake_from_any_thread(room)
+
+    def _wake_from_any_thread(self, waiter: asyncio.Future | None) -> None:
+        """Wake ``waiter`` (a future of the event loop) now on the loop's thread, else through the loop."""
+        if waiter is None:
+            return
+        if threading.get_ident() == self._loop_thread:
+            _wake(waiter)
+        else:
+            self._loop.call_soon_threadsafe(_wake, waiter)
 
     # -- the event-loop side ----------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from appliance.core.errors import InferenceFailed, InvalidInput, NotSupported
-from appliance.protocol.shared_memory.table import RegionTable, check_region_name, check_register_integer
+from appliance.protocol.shared_memory.table import RegionKind, RegionTable, check_region_name, check_register_integer
 
 __all__ = ["CUDA_IPC_HANDLE_SIZE", "CudaIpc", "CudaRegion", "CudaSharedMemory"]
 
@@ -133,11 +133,13 @@ class CudaRegion:
         self._ipc.close(self.device_id, self._pointer)
 
 
-class CudaSharedMemory:
-    """The CUDA shared-memory API (Triton's cudasharedmemory extension), free of any transport."""
+class CudaSharedMemory(RegionKind):
+    """The CUDA shared-memory API (Triton's cudasharedmemory extension)."""
+
+    kind = "cuda"
 
     def __init__(self, table: RegionTable, ipc: CudaIpc) -> None:
-        self._table = table
+        super().__init__(table)
         self._ipc = ipc
 
     @property
@@ -164,11 +166,3 @@ class CudaSharedMemory:
         byte_size = check_register_integer(byte_size, "byte_size", name, 1)
         handle = bytes(raw_handle)
         self._table.add(name, byte_size, lambda: self._ipc.open(handle, device_id, byte_size, name))
-
-    def status(self, name: str | None = None, *, local: bool) -> list[dict[str, Any]]:
-        self._table.check_status_client(local)
-        return [{"name": n, **r.status()} for n, r in self._table.find("cuda", name)]
-
-    def unregister(self, name: str | None = None, *, local: bool) -> None:
-        self._table.check_client(local)
-        self._table.remove("cuda", name)

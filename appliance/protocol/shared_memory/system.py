@@ -24,7 +24,7 @@ from typing import Any
 
 from appliance.backends.python.wire.arena import ARENA_PREFIX
 from appliance.core.errors import InferenceFailed, InvalidInput
-from appliance.protocol.shared_memory.table import RegionTable, check_region_name, check_register_integer
+from appliance.protocol.shared_memory.table import RegionKind, RegionTable, check_region_name, check_register_integer
 
 __all__ = ["RESERVED_PREFIXES", "SHM_DIR", "TRITON_PREFIX", "SystemRegion", "SystemSharedMemory", "object_name",
            "shown"]
@@ -146,12 +146,14 @@ def _open_error(exc: OSError) -> str:
     return f"unable to open the shared memory object ({exc.strerror})"
 
 
-class SystemSharedMemory:
-    """The system shared-memory API (Triton's systemsharedmemory extension), free of any transport.
-    ``local``: whether the client is on this host, as the front end sees it (see ``LocalPeers``)."""
+class SystemSharedMemory(RegionKind):
+    """The system shared-memory API (Triton's systemsharedmemory extension). ``local``: whether the client
+    is on this host, as the front end sees it (see ``LocalPeers``)."""
+
+    kind = "system"
 
     def __init__(self, table: RegionTable, directory: Path = SHM_DIR) -> None:
-        self._table = table
+        super().__init__(table)
         self._directory = directory
 
     @property
@@ -170,12 +172,3 @@ class SystemSharedMemory:
         byte_size = check_register_integer(byte_size, "byte_size", name, 1)
         self._table.add(name, byte_size, lambda: SystemRegion.open(
             self._directory, file_name, key, offset, byte_size, name))
-
-    def status(self, name: str | None = None, *, local: bool) -> list[dict[str, Any]]:
-        self._table.check_status_client(local)
-        return [{"name": n, **r.status()} for n, r in self._table.find("system", name)]
-
-    def unregister(self, name: str | None = None, *, local: bool) -> None:
-        """One region, or every system region when ``name`` is None; an unknown name is not an error."""
-        self._table.check_client(local)
-        self._table.remove("system", name)

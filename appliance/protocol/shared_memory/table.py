@@ -14,11 +14,12 @@ import dataclasses
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from appliance.core.errors import AlreadyExists, Forbidden, InvalidInput, RegionNotFound
 
-__all__ = ["CLIENT_SHM_MODES", "Lease", "Region", "RegionTable", "SharedMemoryLimits", "check_region_name"]
+__all__ = ["CLIENT_SHM_MODES", "Lease", "Region", "RegionKind", "RegionTable", "SharedMemoryLimits",
+           "check_region_name"]
 
 log = logging.getLogger(__name__)
 
@@ -281,3 +282,22 @@ class RegionTable:
         """(regions held open, their bytes), registered or still leased."""
         with self._lock:
             return len(self._open), sum(e.region.byte_size for e in self._open)
+
+
+class RegionKind:
+    """One kind's API over the shared table (system or CUDA, ``kind``), free of any transport: what status
+    and unregister do alike. ``local``: whether the client is on this host, as the front end sees it."""
+
+    kind: ClassVar[str]
+
+    def __init__(self, table: RegionTable) -> None:
+        self._table = table
+
+    def status(self, name: str | None = None, *, local: bool) -> list[dict[str, Any]]:
+        self._table.check_status_client(local)
+        return [{"name": n, **r.status()} for n, r in self._table.find(self.kind, name)]
+
+    def unregister(self, name: str | None = None, *, local: bool) -> None:
+        """One region, or every region of this kind when ``name`` is None; an unknown name is not an error."""
+        self._table.check_client(local)
+        self._table.remove(self.kind, name)

@@ -54,25 +54,27 @@ def _check_step(plan: EnsemblePlan, ensemble: mc.ModelConfig, step: Step, config
         )
     batched = config.max_batch_size > 0
     model_inputs = {entry.name: entry for entry in config.input}
-    model_outputs = {entry.name: entry for entry in config.output}
-    for key, tensor in step.inputs.items():
-        entry = model_inputs.get(key)
-        if entry is None:
-            raise ConfigError(f"in ensemble {name}, ensemble tensor {tensor} is mapping to non-existing input "
-                              f"{key} in model {step.model} ({step.label}); its inputs are {sorted(model_inputs)}")
-        uses.setdefault(tensor, []).append(_Use(entry.data_type, _full_shape(entry, batched),
-                                                f"input '{key}' of {step.label}"))
+    _record_uses(name, step, "input", step.inputs, model_inputs, batched, uses)
     for key, entry in model_inputs.items():
         if key not in step.inputs and not entry.optional:
             raise ConfigError(f"in ensemble {name}, input {key} in model {step.model} is not mapped to any "
                               f"ensemble tensors; add it to the input_map of step {step.number}")
-    for key, tensor in step.outputs.items():
-        out = model_outputs.get(key)
-        if out is None:
-            raise ConfigError(f"in ensemble {name}, ensemble tensor {tensor} is mapped from non-existing output "
-                              f"{key} in model {step.model} ({step.label}); its outputs are {sorted(model_outputs)}")
-        uses.setdefault(tensor, []).append(_Use(out.data_type, _full_shape(out, batched),
-                                                f"output '{key}' of {step.label}"))
+    _record_uses(name, step, "output", step.outputs, {entry.name: entry for entry in config.output}, batched, uses)
+
+
+def _record_uses(name: str, step: Step, side: str, mapping: dict[str, str],
+                 entries: dict[str, mc.ModelInput] | dict[str, mc.ModelOutput], batched: bool,
+                 uses: dict[str, list[_Use]]) -> None:
+    """Each ensemble tensor ``mapping`` maps to or from the step model's ``side`` (input or output), with
+    the type and shape that model has there; ConfigError for a name the model does not have."""
+    verb = "is mapping to" if side == "input" else "is mapped from"
+    for key, tensor in mapping.items():
+        entry = entries.get(key)
+        if entry is None:
+            raise ConfigError(f"in ensemble {name}, ensemble tensor {tensor} {verb} non-existing {side} {key} "
+                              f"in model {step.model} ({step.label}); its {side}s are {sorted(entries)}")
+        uses.setdefault(tensor, []).append(_Use(entry.data_type, _full_shape(entry, batched),
+                                                f"{side} '{key}' of {step.label}"))
 
 
 def _check_agreement(name: str, tensor: str, uses: list[_Use]) -> None:
