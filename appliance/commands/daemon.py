@@ -17,7 +17,7 @@ from appliance.mdns.announcer import Announcer, catalog_digest
 from appliance.mdns.fleet import FleetView
 from appliance.protocol.front_end import FrontEnd
 from appliance.rest.app import build_app, build_metrics_app
-from appliance.rest.http_server import ConnectionLimiter, HttpServer, fit_connections_to_descriptors
+from appliance.rest.http_server import HttpServer, fit_connections_to_descriptors, http_connection_limiter
 from appliance.rest.lane import InferLane
 from appliance.runtime.allocator import return_large_buffers
 from appliance.settings import Settings
@@ -109,7 +109,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         loop.add_signal_handler(signal.SIGHUP, lambda: spawn(_reload(appliance, notifier)))
-    limiter = ConnectionLimiter(appliance.http_connections)
+    limiter = http_connection_limiter(appliance.http_connections)
     own_id = appliance.box_id
     browser, fleet = await _browse(fleet_section, own_id)
     header_timeout, host = settings.http.header_timeout, server_section.host

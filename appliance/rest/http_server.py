@@ -2,8 +2,8 @@
 may take to send its request head, and a stop that keeps to one deadline.
 
 - **Connections** (``max_connections``, shared by every port of the daemon: the gRPC port takes its share,
-  the HTTP and metrics ports count the rest together): each accepted connection is counted until it
-  closes; beyond the bound a new one gets a short 503 and is closed at once, never queued behind the
+  the HTTP and metrics ports count the rest together): ``appliance.protocol.connections`` counts them;
+  beyond the bound a new one gets this module's short 503 and is closed at once, never queued behind the
   others and never handed to aiohttp (so it counts against no request limit).
 - **Request heads** (``header_timeout``, nginx's client_header_timeout): aiohttp arms its keep-alive
   timer when a connection opens and closes a connection that is still waiting for a complete request
@@ -23,15 +23,14 @@ import resource
 import ssl
 import time
 import typing
-import weakref
-from collections.abc import Callable
 
 import orjson
 from aiohttp import web
 
+from appliance.protocol.connections import ConnectionLimiter
 from appliance.rest.lane import InferLane
 
-__all__ = ["ConnectionLimiter", "HttpServer", "fit_connections_to_descriptors"]
+__all__ = ["HttpServer", "fit_connections_to_descriptors", "http_connection_limiter"]
 
 log = logging.getLogger(__name__)
 
@@ -71,69 +70,6 @@ def fit_connections_to_descriptors(max_connections: int) -> int:
     return fitting
 
 
-class ConnectionLimiter:
-    """Counts open connections over every server it wraps and turns away those beyond ``limit``."""
-
-    def __init__(self, limit: int) -> None:
-        if limit < 1:
-            raise ValueError(f"a connection limit must be at least 1, got {limit}")
-        self.limit = limit
-        self.open = 0
-        self.refused = 0
-        self._lingering = 0
-        self._refusal = _refusal_response(limit)
-
-    def wrap(self, factory: Callable[[], asyncio.Protocol]) -> Callable[[], asyncio.Protocol]:
-        """A protocol factory for ``loop.create_server`` in front of ``factory`` (aiohttp's server, or the
-        infer lane in front of it)."""
-
-        def make() -> asyncio.Protocol:
-            if self.open >= self.limit:
-                self.refused += 1
-                log.warning("refused a connection: %d are open (max_connections); answered 503", self.open)
-                return _Refusal(self)
-            self.open += 1
-            return _Counted(factory(), self._release)
-
-        return make
-
-    def _release(self) -> None:
-        self.open -= 1
-
-
-class _Counted(asyncio.Protocol):
-    """The protocol for one connection, unchanged, plus giving back the connection's slot once."""
-
-    __slots__ = ("_inner", "_done", "__weakref__")
-
-    def __init__(self, inner: asyncio.Protocol, release: Callable[[], None]) -> None:
-        self._inner = inner
-        # Released when the connection is lost, or when this object goes away without ever having
-        # been connected (asyncio could not make a transport for the accepted socket).
-        self._done = weakref.finalize(self, release)
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._inner.connection_made(transport)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        try:
-            self._inner.connection_lost(exc)
-        finally:
-            self._done()
-
-    def data_received(self, data: bytes) -> None:
-        self._inner.data_received(data)
-
-    def eof_received(self) -> bool | None:
-        return self._inner.eof_received()
-
-    def pause_writing(self) -> None:
-        self._inner.pause_writing()
-
-    def resume_writing(self) -> None:
-        self._inner.resume_writing()
-
-
 def _refusal_response(limit: int) -> bytes:
     body = orjson.dumps({"error": f"the server's HTTP ports have {limit} connections open (max_connections, less the "
                                   "gRPC port's share); retry shortly"})
@@ -144,20 +80,34 @@ def _refusal_response(limit: int) -> bytes:
     return head.encode() + body
 
 
+def http_connection_limiter(limit: int) -> ConnectionLimiter:
+    """The limiter of the HTTP and metrics ports: a connection beyond ``limit`` is answered 503."""
+    refusals = _Refusals(limit)
+    return ConnectionLimiter(limit, lambda _limiter: _Refusal(refusals), port="the HTTP ports")
+
+
+class _Refusals:
+    """What the HTTP ports' refused connections share: the answer, and how many linger now."""
+
+    def __init__(self, limit: int) -> None:
+        self.answer = _refusal_response(limit)
+        self.lingering = 0
+
+
 class _Refusal(asyncio.Protocol):
     """Answers 503 and closes without reading the request (what was sent is read and dropped for a
     moment so that closing does not reset the connection before the client reads the answer)."""
 
-    def __init__(self, limiter: ConnectionLimiter) -> None:
-        self._limiter = limiter
+    def __init__(self, refusals: _Refusals) -> None:
+        self._refusals = refusals
         self._lingers = False
         self._timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # A stream transport; uvloop's is not a subclass of asyncio.Transport, hence no isinstance.
         transport = typing.cast(asyncio.Transport, transport)
-        transport.write(self._limiter._refusal)
-        if self._limiter._lingering >= _MAX_LINGERING_REFUSALS:
+        transport.write(self._refusals.answer)
+        if self._refusals.lingering >= _MAX_LINGERING_REFUSALS:
             transport.close()
             return
         try:
@@ -165,7 +115,7 @@ class _Refusal(asyncio.Protocol):
         except OSError:  # the client is gone already
             transport.close()
             return
-        self._limiter._lingering += 1
+        self._refusals.lingering += 1
         self._lingers = True
         self._timer = asyncio.get_running_loop().call_later(_REFUSAL_LINGER, transport.close)
 
@@ -179,7 +129,7 @@ class _Refusal(asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
         if self._lingers:
-            self._limiter._lingering -= 1
+            self._refusals.lingering -= 1
 
 
 class _LimitedSite(web.BaseSite):

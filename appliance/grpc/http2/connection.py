@@ -57,7 +57,7 @@ class Host(Protocol):
 
     def handler(self, path: bytes) -> grpc.RpcMethodHandler | None: ...
 
-    def opened(self, connection: Http2Connection) -> bool: ...
+    def opened(self, connection: Http2Connection) -> None: ...
 
     def closed(self, connection: Http2Connection) -> None: ...
 
@@ -113,10 +113,7 @@ class Http2Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
-        if not self._server.opened(self):
-            self._closed = True
-            transport.abort()  # over max_connections: as grpc's max_allowed_incoming_connections
-            return
+        self._server.opened(self)
         self.peer = _peer(transport.get_extra_info("peername"))
         transport.write(f.settings({f.MAX_CONCURRENT_STREAMS: self._server.config.max_streams_per_connection,
                                     f.INITIAL_WINDOW_SIZE: STREAM_WINDOW,

@@ -2,7 +2,8 @@
 server, each connection an ``Http2Connection``, every call served by the same admitting handlers as
 grpc.aio's (``appliance.grpc.admission``), so admission, receive slots and the service are shared.
 
-Bounds (docs/security.md): ``max_connections`` (a connection over it is closed at once),
+Bounds (docs/security.md): ``max_connections`` (``appliance.protocol.connections``: a connection over it
+is closed at once),
 ``max_streams_per_connection`` concurrent calls a connection (SETTINGS_MAX_CONCURRENT_STREAMS), ``idle_timeout``
 for the preface and for a connection without calls, keepalive pings on connections with calls open, and
 ``max_message_bytes`` per message. Stop: GOAWAY to every connection, new calls UNAVAILABLE, calls in
@@ -23,6 +24,7 @@ from appliance.grpc.access import Gate
 from appliance.grpc.grpc_config import CANCEL_GRACE, GrpcConfig
 from appliance.grpc.grpc_server import admitting_handlers, probe_port
 from appliance.grpc.http2.connection import Http2Connection
+from appliance.protocol.connections import ConnectionLimiter
 from appliance.protocol.dataplane import DataPlane
 
 __all__ = ["Http2Server"]
@@ -42,6 +44,7 @@ class Http2Server:
         self.handler = handler
         self.loop = asyncio.get_running_loop()
         self._connections: set[Http2Connection] = set()
+        self._limiter = ConnectionLimiter(config.max_connections, port="the gRPC port")
         self._listener: asyncio.AbstractServer | None = None
         self.port: int | None = None
 
@@ -51,12 +54,8 @@ class Http2Server:
         gate, handlers = admitting_handlers(dataplane, config)
         return cls(config, gate, handlers.by_path)
 
-    def opened(self, connection: Http2Connection) -> bool:
-        """Whether a new connection is taken (under max_connections)."""
-        if len(self._connections) >= self.config.max_connections:
-            return False
+    def opened(self, connection: Http2Connection) -> None:
         self._connections.add(connection)
-        return True
 
     def closed(self, connection: Http2Connection) -> None:
         self._connections.discard(connection)
@@ -68,9 +67,9 @@ class Http2Server:
             # With TLS, gRPC's ALPN protocol h2; a client that offers no ALPN is still served (grpcio's
             # own server is as lenient), and a failed handshake ends that connection alone.
             tls = self.config.tls.context(alpn=("h2",)) if self.config.tls is not None else None
-            self._listener = await self.loop.create_server(lambda: Http2Connection(self), host, port,
-                                                           reuse_address=True, backlog=1024, ssl=tls,
-                                                           ssl_handshake_timeout=10.0 if tls else None)
+            connection = self._limiter.wrap(lambda: Http2Connection(self))
+            self._listener = await self.loop.create_server(connection, host, port, reuse_address=True, backlog=1024,
+                                                           ssl=tls, ssl_handshake_timeout=10.0 if tls else None)
         except OSError as exc:
             raise ConfigError(f"cannot bind gRPC to {host}:{port}: {exc.strerror or exc}; pick another "
                               "--grpc-port, or --no-grpc") from None

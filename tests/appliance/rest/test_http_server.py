@@ -7,7 +7,7 @@ import subprocess
 import sys
 import textwrap
 
-from appliance.rest.http_server import ConnectionLimiter
+from appliance.rest.http_server import http_connection_limiter
 from tests.waiting import await_until
 
 
@@ -24,7 +24,7 @@ async def _open(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
 
 
 async def test_connections_beyond_the_limit_get_503_and_slots_come_back():
-    limiter = ConnectionLimiter(3)
+    limiter = http_connection_limiter(3)
     server = await asyncio.get_running_loop().create_server(limiter.wrap(_Echo), "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     try:
@@ -52,7 +52,7 @@ async def test_connections_beyond_the_limit_get_503_and_slots_come_back():
 
 
 async def test_one_limit_is_shared_by_every_server_it_wraps():
-    limiter = ConnectionLimiter(1)
+    limiter = http_connection_limiter(1)
     loop = asyncio.get_running_loop()
     first = await loop.create_server(limiter.wrap(_Echo), "127.0.0.1", 0)
     second = await loop.create_server(limiter.wrap(_Echo), "127.0.0.1", 0)
