@@ -276,14 +276,17 @@ class Selector:
                 report.result(results[-1])
             bench.confirm(results, plans, objective)
             results += [{"plan": p, "status": "skipped", "reason": r} for p, r in skipped.items()]
-            chosen = best(results, objective)
+            # A pinned plan serves once it measured (and matched the reference); the reference only when
+            # no pinned candidate could.
+            pinned = _pinned(config)
+            pinned_ids = {p.id for p in plans if pinned and pinned in (p.id, p.base)}
+            chosen = best([r for r in results if r["plan"] in pinned_ids], objective) or best(results, objective)
             if chosen is None and not search.tried_on:
                 reasons = "; ".join(f"{r['plan']}: {r.get('reason')}" for r in results)
                 raise ConfigError(f"model {context.model_name!r}: no plan can load it here ({reasons})")
             # Nothing measured: the config's default plan serves, as --no-selection serves the model.
             # Nothing measured (e.g. a Python model that calls other models, which a tuning process cannot
             # serve): the plan the config pins, else the config's default plan.
-            pinned = _pinned(config)
             plan = (next((p for p in plans if p.id == chosen), None)
                     or next((p for p in plans if pinned and pinned in (p.id, p.base)), None)
                     or Plan(DEFAULT_PLAN, info.name))

@@ -13,7 +13,7 @@ from appliance.selection.plans import DEFAULT_PLAN, INSTANCE_COUNTS
 from appliance.selection.selector import SelectionSettings, open_cache
 from model_cache import ModelCache
 from tests.appliance.selection.contexts import ONNX, onnx_context
-from tests.appliance.selection.faulty import FAULTY
+from tests.appliance.selection.faulty import FAULTY, SLOWED
 from tests.builders import cnn_model, framing_model, save, vad_like_model
 
 
@@ -190,6 +190,23 @@ def test_model_warmup_data_is_what_the_model_is_tuned_on(report, tmp_path):
 
 EXPLICIT_INSTANCES = 'instance_group [ { count: 2 kind: KIND_CPU } ]\n'
 TUNE_INSTANCES = 'parameters { key: "tune_instances" value: { string_value: "true" } }\n'
+
+
+def test_a_pinned_plan_serves_where_it_measured_even_when_the_reference_is_faster(report, model_file):
+    slowed = Plan("slowed:CPU", "slowed")
+    context = onnx_context(model_file, 'parameters { key: "plan" value: { string_value: "slowed:CPU" } }')
+    choice = _selector(report, extra_plans=(slowed,), backends=(*BACKENDS, SLOWED)).choose(ONNX, context)
+    rows = [c for c in choice.decision["candidates"] if c["status"] == "ok"]
+    assert rows[1:] and all(_base(c) == "slowed:CPU" for c in rows[1:])  # its variants, after the reference
+    assert all(rows[0]["latency_ms"] < c["latency_ms"] for c in rows[1:])  # the reference was faster...
+    assert choice.plan.base == "slowed:CPU" and choice.measured  # ...and the pin serves all the same
+
+
+def test_a_pinned_plan_that_fails_leaves_the_reference_serving(report, model_file):
+    faulty = Plan("faulty:shifted", "faulty")
+    context = onnx_context(model_file, 'parameters { key: "plan" value: { string_value: "faulty:shifted" } }')
+    choice = _selector(report, extra_plans=(faulty,), backends=(*BACKENDS, FAULTY)).choose(ONNX, context)
+    assert choice.plan.id == choice.decision["candidates"][0]["plan"] != "faulty:shifted"
 
 
 @pytest.mark.parametrize("config, explicit, varied", [
