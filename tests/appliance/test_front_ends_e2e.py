@@ -1,13 +1,16 @@
 """One end-to-end suite for every supported front-end path (docs/architecture.md, "Supported combinations"):
 HTTP through the infer lane and through aiohttp, gRPC on the appliance's own HTTP/2 transport and on
-grpcio. Two daemons cover the four: the default (lane, own transport) and the other pair
-(``http_infer_lane = false``, ``grpc_transport = grpcio``); each test runs on both, over HTTP or gRPC.
+grpcio, a Python model in a process of its own and in the daemon. Three daemons cover them: the default
+(lane, own transport, a process per instance), the other pair of front ends (``http_infer_lane = false``,
+``grpc_transport = grpcio``), and the default front ends with the identity model on the in-process plan
+(allowed and pinned by its config, chosen by selection); each test runs on all three, over HTTP or gRPC.
 
 Each path must answer the same: inference in JSON and binary, BYTES, a decoupled model's stream, Triton's
 refusals (unknown model, wrong shape), model metadata, and the statistics every path records."""
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 
 import numpy as np
@@ -20,13 +23,16 @@ from tests.models import write_python_model
 from tests.models.decoupled import REPEAT, REPEAT_CONFIG
 
 IDENTITY = '''
+import os
+
 import triton_python_backend_utils as pb_utils
 
 
 class TritonPythonModel:
     def execute(self, requests):
         return [pb_utils.InferenceResponse([pb_utils.Tensor(t.name().replace("INPUT", "OUTPUT"), t.as_numpy())
-                                            for t in request.inputs()]) for request in requests]
+                                            for t in request.inputs()], parameters={"pid": os.getpid()})
+                for request in requests]
 '''
 
 IDENTITY_CONFIG = '''
@@ -38,23 +44,37 @@ output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] },
          { name: "OUTPUT1" data_type: TYPE_STRING dims: [ -1 ] } ]
 '''
 
+IN_PROCESS = ('parameters { key: "in_process" value: { string_value: "true" } }\n'
+              'parameters { key: "plan" value: { string_value: "python:in-process" } }\n')
+
+
+@dataclasses.dataclass(frozen=True)
+class FrontEndPath:
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
+    in_process: bool = False
+    """The identity model allowed and pinned to the in-process plan, the daemon measuring (selection on)."""
+
+
 PATHS = {
-    "lane+own-http2": {},
-    "aiohttp+grpcio": {"APPLIANCE_HTTP_INFER_LANE": "false", "APPLIANCE_GRPC_TRANSPORT": "grpcio"},
+    "lane+own-http2": FrontEndPath(),
+    "aiohttp+grpcio": FrontEndPath({"APPLIANCE_HTTP_INFER_LANE": "false", "APPLIANCE_GRPC_TRANSPORT": "grpcio"}),
+    "lane+own-http2+in-process": FrontEndPath(in_process=True),
 }
 
 
-@pytest.fixture(scope="module")
-def repository(tmp_path_factory):
-    repo = tmp_path_factory.mktemp("front-ends")
-    write_python_model(repo, "identity", IDENTITY, IDENTITY_CONFIG)
-    write_python_model(repo, "repeat", REPEAT, REPEAT_CONFIG)
-    return repo
+def _repository(root, in_process: bool):
+    write_python_model(root, "identity", IDENTITY, IDENTITY_CONFIG + (IN_PROCESS if in_process else ""))
+    write_python_model(root, "repeat", REPEAT, REPEAT_CONFIG)
+    return root
 
 
 @pytest.fixture(scope="module", params=sorted(PATHS))
-def box(request, module_daemon, repository):
-    return module_daemon(repository, env=PATHS[request.param])
+def box(request, module_daemon, tmp_path_factory):
+    path = PATHS[request.param]
+    daemon = module_daemon(_repository(tmp_path_factory.mktemp("front-ends"), path.in_process), env=path.env,
+                           selection=path.in_process)
+    daemon.path = path
+    return daemon
 
 
 @pytest.fixture(params=["http", "grpc"])
@@ -170,3 +190,10 @@ def test_every_path_records_statistics(client):
     before = successes()
     client.client.infer("identity", client.inputs(np.ones((1, 2), np.float32), [b"a"]))
     assert successes() == before + 1
+
+
+def test_the_model_runs_where_the_path_says(box, client):
+    result = client.client.infer("identity", client.inputs(np.ones((1, 2), np.float32), [b"a"]))
+    parameters = (result.get_response()["parameters"] if client.protocol == "http"
+                  else {k: v.int64_param for k, v in result.get_response().parameters.items()})
+    assert (int(parameters["pid"]) == box.process.pid) is box.path.in_process
