@@ -101,6 +101,7 @@ class ModelVersion:
                              if self.response_cache is not None else b"")
         self._streams: set[ResponseChannel] = set()  # open streams of a decoupled model, failed at close
         self._users = 0  # requests holding this version (see in_use), so a retired version drains
+        self._running = 0  # requests between validation and their result: the concurrency traffic records
         self._decoupled = bool(self.config.model_transaction_policy.decoupled)  # read twice per request
         self.traffic = TrafficStats(self.signature.batched)
         """The shapes, batch sizes and concurrency of the requests this version served, when selection
@@ -144,14 +145,19 @@ class ModelVersion:
                 "through a streaming API: HTTP generate_stream or gRPC ModelStreamInfer"
             )
         batch_size = validate_request(self.name, self.signature, request)
+        self._running += 1
         if self.selection is not None:  # what retuning on traffic looks at
-            self.traffic.record(((t.name, t.data.shape) for t in request.inputs), batch_size, self._users)
+            # Counted from validation to the result, not while the response is written: one client
+            # sending back to back is concurrency 1 however late the server finishes writing to it.
+            self.traffic.record(((t.name, t.data.shape) for t in request.inputs), batch_size, self._running)
         start = time.perf_counter_ns()
         try:
             response = await self._run(request, batch_size)
         except BaseException as exc:
             self.stats.record_request(False, time.perf_counter_ns() - start, _failure_reason(exc))
             raise
+        finally:
+            self._running -= 1
         self.stats.record_request(True, time.perf_counter_ns() - start)
         return response
 
