@@ -43,3 +43,34 @@ def open_sockets() -> Iterator[list[socket.socket]]:
     finally:
         for sock in opened:
             sock.close()
+
+
+
+def _tcp_sockets() -> Iterator[tuple[int, int, str, int, int]]:
+    """Each TCP socket of this network namespace as (local port, remote port, state, tx_queue, rx_queue), from
+    Linux's /proc/net/tcp and tcp6 (state 0A: listening; a listener's rx_queue is its accept queue)."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as rows:
+                next(rows)  # the header
+                for row in rows:
+                    fields = row.split()
+                    tx_queue, rx_queue = (int(part, 16) for part in fields[4].split(":"))
+                    yield (int(fields[1].rsplit(":", 1)[1], 16), int(fields[2].rsplit(":", 1)[1], 16), fields[3],
+                           tx_queue, rx_queue)
+        except FileNotFoundError:
+            pass
+
+
+def accept_queue(port: int) -> int:
+    """Connections to ``port`` that the kernel completed and its listener has not accepted yet, over every
+    socket listening on it."""
+    return sum(rx for local, _, state, _, rx in _tcp_sockets() if local == port and state == "0A")
+
+
+def unread(sock: socket.socket) -> int:
+    """Bytes ``sock`` (connected over loopback) sent that the application at the other end has not read yet:
+    still in this socket's send queue or in the peer's receive queue."""
+    mine, theirs = sock.getsockname()[1], sock.getpeername()[1]
+    unsent = sum(tx for local, remote, _, tx, _ in _tcp_sockets() if (local, remote) == (mine, theirs))
+    return unsent + sum(rx for local, remote, _, _, rx in _tcp_sockets() if (local, remote) == (theirs, mine))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
@@ -12,6 +13,7 @@ from appliance.examples import build_example_repository
 from appliance.settings import Settings
 from tests.appliance.protocol.sources import LOCAL, Decoded
 from tests.readonly import unwritable
+from tests.waiting import await_until
 
 
 def _settings(tmp_path, **overrides) -> Settings:
@@ -55,11 +57,7 @@ async def test_a_repository_load_that_dies_makes_the_server_not_live(tmp_path, m
     monkeypatch.setattr(hardware_probe, "probe_isolated", broken_probe)
     appliance = await compose(_settings(tmp_path, metrics=False))
     try:
-        for _ in range(100):
-            if not appliance.dataplane.live():
-                break
-            await asyncio.sleep(0.02)
-        assert not appliance.dataplane.live()
+        await await_until(lambda: not appliance.dataplane.live(), timeout=30, what="the server to stop being live")
         assert "the probe child could not start" in (appliance.dataplane.failure or "")
     finally:
         await appliance.close()
@@ -145,14 +143,11 @@ async def test_each_front_end_gets_its_configuration_from_its_sections(tmp_path)
 async def test_loads_wait_for_the_selector_that_comes_with_the_hardware_probe(tmp_path, monkeypatch):
     import hardware_probe
 
-    release = asyncio.Event()
+    release = threading.Event()
     real = hardware_probe.probe_isolated
 
     def slow_probe(timeout: float):
-        import time
-
-        while not release.is_set():
-            time.sleep(0.01)
+        release.wait()
         return real(timeout)
 
     monkeypatch.setattr(hardware_probe, "probe_isolated", slow_probe)
@@ -165,6 +160,7 @@ async def test_loads_wait_for_the_selector_that_comes_with_the_hardware_probe(tm
         assert appliance.hardware.done() and appliance.registry.ready_count() == 3
         assert "summary" in appliance.dataplane.hardware()
     finally:
+        release.set()  # a probe still held would keep its thread, and the test's end, waiting for ever
         await appliance.close()
 
 

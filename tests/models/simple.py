@@ -142,8 +142,10 @@ class TritonPythonModel:
         responses = []
         for request in requests:
             x = pb_utils.get_input_tensor_by_name(request, "x").as_numpy()
+            pb_utils.Logger.log_info(f"sleepy: sleeping {float(x.ravel()[0]):g} s")
             time.sleep(float(x.ravel()[0]))
             responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("y", x)]))
         return responses
 '''
-"""Sleeps x[0] seconds, then echoes x (serve it with SIMPLE_CONFIG): a request that takes as long as asked."""
+"""Sleeps x[0] seconds, then echoes x (serve it with SIMPLE_CONFIG): a request that takes as long as asked. It
+logs "sleepy: sleeping <x[0]> s" (the daemon's log) as it starts: the request is running in the model."""

@@ -10,6 +10,7 @@ import time
 
 from tests.http_util import call
 from tests.processes import child_pids
+from tests.waiting import wait_until
 
 SHUTDOWN_TIMEOUT = 2.0
 EXIT_TIMEOUT = 0.5  # then a model process still stuck in execute() is killed (exit_timeout)
@@ -35,7 +36,7 @@ def test_stop_keeps_to_the_shutdown_timeout_with_a_request_stuck_in_a_model(star
     client = threading.Thread(target=stuck)
     client.start()
     try:
-        time.sleep(0.5)  # the request is running in the model
+        wait_until(lambda: "sleepy: sleeping 30 s" in daemon.log(), timeout=30, what="the request to run in the model")
         started = time.monotonic()
         daemon.process.send_signal(signal.SIGTERM)
         assert daemon.process.wait(SHUTDOWN_TIMEOUT + 15) == 0
@@ -60,7 +61,7 @@ def test_requests_that_finish_before_the_deadline_are_answered(start_daemon, sle
     client = threading.Thread(target=lambda: statuses.append(
         call(daemon.port, "POST", "/v2/models/sleepy/infer", _sleep_request(1.0), timeout=20)[0]))
     client.start()
-    time.sleep(0.3)
+    wait_until(lambda: "sleepy: sleeping 1 s" in daemon.log(), timeout=30, what="the request to run in the model")
     started = time.monotonic()
     daemon.process.send_signal(signal.SIGTERM)
     assert daemon.process.wait(SHUTDOWN_TIMEOUT + 15) == 0

@@ -23,7 +23,7 @@ from appliance.engine.instances import InstancePool
 from appliance.engine.rate_limiter import InstanceNeeds, RateLimitCounts, RateLimiter
 from appliance.engine.scheduler import Scheduler, SchedulerPolicy
 from appliance.engine.stats import ModelStats
-from tests.waiting import await_until
+from tests.waiting import await_until, next_turn
 
 
 async def _until(condition: Callable[[], bool], timeout: float = 5.0, what: str = "the condition") -> None:
@@ -203,7 +203,7 @@ async def _answer_at_random(backends: list[Remote], limiter: RateLimiter, rng: r
             for _ in range(rng.randint(1, len(backend.started))):
                 answered += len(backend.started[0][0])
                 backend.answer()
-        await asyncio.sleep(0)
+        await next_turn()
     return answered
 
 
@@ -243,7 +243,7 @@ async def test_many_clients_under_shared_resources_are_all_answered_and_nothing_
             cancelled.add(index)
             loop.call_later(rng.uniform(0, 0.05), request.cancel)
         if index % 10 == 0:
-            await asyncio.sleep(0)  # some run while more arrive
+            await next_turn()  # some run while more arrive
     try:
         _, pending = await asyncio.wait(requests, timeout=10)
     finally:

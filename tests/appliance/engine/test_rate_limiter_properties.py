@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from appliance.core.errors import ConfigError, Unavailable
 from appliance.engine.rate_limiter import GLOBAL, InstanceLimits, InstanceNeeds, RateLimitCounts, RateLimiter
 from appliance.engine.shared_config import ResourceLimit
+from tests.waiting import next_turn
 
 GLOBAL_NAMES = {"bus": True, "dram": False, "npu": False}
 """Each name is global or per device, never both (that refusal is tested in test_rate_limiter.py)."""
@@ -43,6 +44,7 @@ _operations = st.lists(st.one_of(
     st.tuples(st.just("give_back"), *_which, st.booleans(), st.booleans()),
     st.tuples(st.just("unregister"), st.integers(0, 7)),
 ), max_size=40)
+
 _explicit = st.one_of(st.just(()), st.lists(st.builds(
     ResourceLimit, st.sampled_from(sorted(GLOBAL_NAMES)), st.integers(0, 4), st.one_of(st.none(), st.integers(0, 1))),
     max_size=4))
@@ -161,8 +163,7 @@ def _needs(need: InstanceNeeds) -> dict[Key, int]:
 
 async def _settle() -> None:
     """Let every callback and task the last operation scheduled run (grants are at most a few steps away)."""
-    for _ in range(8):
-        await asyncio.sleep(0)
+    await next_turn(8)
 
 
 async def _run(explicit: list[ResourceLimit], operations: list[tuple]) -> None:

@@ -16,12 +16,14 @@ from appliance.grpc.receive import Receivers
 from tests.waiting import await_until
 
 
-def _messages(*items: bytes, pause: float = 0.0):
-    """A call's ``context.read``: each message after ``pause``, then grpc.aio.EOF."""
+def _messages(*items: bytes, never: bool = False):
+    """A call's ``context.read``: each message, then grpc.aio.EOF; with ``never``, a read that never returns
+    (until cancelled): a message that never comes."""
     left = list(items)
 
     async def read():
-        await asyncio.sleep(pause)
+        if never:
+            await asyncio.Event().wait()
         return left.pop(0) if left else grpc.aio.EOF
 
     return read
@@ -34,27 +36,31 @@ def test_every_rpc_of_the_service_names_its_operation():
 async def test_at_most_count_messages_are_received_at_once_and_waiters_go_in_order():
     receivers = Receivers(2, timeout=5)
     receiving, peak, order = 0, 0, []
+    release = asyncio.Event()
 
     def slow(tag: int):
         async def read():
             nonlocal receiving, peak
             receiving += 1
             peak = max(peak, receiving)
-            await asyncio.sleep(0.05)
+            await release.wait()  # the first reads stay in progress while the other calls ask for a slot
             receiving -= 1
             order.append(tag)
             return b"x"
         return read
 
-    results = await asyncio.gather(*(receivers.receive(slow(i)) for i in range(6)))
+    received = asyncio.gather(*(receivers.receive(slow(i)) for i in range(6)))
+    await await_until(lambda: receiving >= 2, timeout=10, what="two reads in progress")
+    release.set()
+    results = await received
     assert results == [b"x"] * 6 and peak == 2 and order[:2] == [0, 1]
 
 
 async def test_a_message_that_never_comes_and_a_slot_that_never_frees_are_bounded():
     receivers = Receivers(1, timeout=0.2)
-    first = asyncio.create_task(receivers.receive(_messages(b"late", pause=1)))
+    first = asyncio.create_task(receivers.receive(_messages(b"late", never=True)))
     await await_until(lambda: receivers._free == 0, timeout=5, what="the first call to take the slot")
-    second = asyncio.create_task(receivers.receive(_messages(b"late", pause=1)))  # gets the slot at 0.2 s
+    second = asyncio.create_task(receivers.receive(_messages(b"late", never=True)))  # gets the slot at 0.2 s
     await await_until(lambda: len(receivers._waiting) == 1, timeout=5, what="the second call to queue")
     with pytest.raises(Unavailable, match="receiving 1 large messages"):  # still queued at its 0.2 s
         await receivers.receive(_messages(b"x"))

@@ -44,6 +44,7 @@ from tests.appliance.strategies_fuzz import (
     mutated,
     tensors,
 )
+from tests.waiting import next_turn
 
 pytestmark = pytest.mark.timeout(60)  # a hang fails the test instead of stalling CI
 
@@ -155,6 +156,7 @@ _PARAMETER_VALUES = st.one_of(
     st.builds(lambda v: pb.InferParameter(string_param=v), st.text(max_size=6)),
     st.just(pb.InferParameter()),
 )
+
 _PARAMETER_KEYS = st.sampled_from(["shared_memory_region", "shared_memory_byte_size", "shared_memory_offset",
                                    "classification", "binary_data", "triton_enable_empty_final_response",
                                    "triton_x", "priority"]) | st.text(max_size=6)
@@ -347,7 +349,7 @@ async def _read_all(call: Call, frames: list[bytes], interleaved: bool, max_mess
     reader = asyncio.ensure_future(collect()) if interleaved else None
     for index, payload in enumerate(frames):
         if interleaved:
-            await asyncio.sleep(0)
+            await next_turn()
         call.data(payload, len(payload), end=index == len(frames) - 1)
     if not frames:
         call.remote_end()

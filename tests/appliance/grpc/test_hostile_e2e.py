@@ -20,7 +20,7 @@ from appliance.examples import build_example_repository
 from tests import grpc_util
 from tests.grpc_util import MODEL_INFER, MODEL_STREAM_INFER, PREFACE
 from tests.health_watch import HealthWatch
-from tests.http_util import call, open_sockets
+from tests.http_util import accept_queue, call, open_sockets
 from tests.models import write_python_model
 from tests.waiting import wait_until
 
@@ -161,7 +161,8 @@ def test_a_connection_flood_on_the_grpc_port_leaves_http_and_descriptors_alone(m
             with contextlib.suppress(OSError):
                 sock.sendall(PREFACE)
             flood.append(sock)
-        time.sleep(1)
+        wait_until(lambda: accept_queue(daemon.grpc_port) == 0, timeout=30,
+                   what="the daemon to take every connection of the flood")
         assert call(daemon.port, "GET", "/v2/health/live", timeout=1)[0] == 200  # a new HTTP connection
         assert call(daemon.port, "POST", "/v2/repository/models/simple/unload", b"{}")[0] == 200
         assert call(daemon.port, "POST", "/v2/repository/models/simple/load", b"{}")[0] == 200  # opens files

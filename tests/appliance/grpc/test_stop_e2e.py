@@ -13,6 +13,7 @@ import numpy as np
 import tritonclient.grpc as triton
 from tritonclient.utils import InferenceServerException
 
+from tests.http_util import call
 from tests.processes import child_pids
 from tests.waiting import wait_until
 
@@ -20,10 +21,21 @@ SHUTDOWN_TIMEOUT = 3.0
 EXIT_TIMEOUT = 0.5  # then a model process still stuck in execute() is killed (exit_timeout)
 
 
-def _sleep(seconds: float) -> list[triton.InferInput]:
+def _inputs_sleeping(seconds: float) -> list[triton.InferInput]:
     tensor = triton.InferInput("x", [2], "FP32")
     tensor.set_data_from_numpy(np.array([seconds, 0.0], np.float32))
     return [tensor]
+
+
+def _held(daemon, *seconds: float) -> bool:
+    """Whether the daemon holds a request for each of ``seconds``: running in the model (its "sleeping" line
+    in the daemon's log) or queued for the model's one instance (the pending-requests gauge)."""
+    log = daemon.log()
+    running = sum(f"sleepy: sleeping {s:g} s" in log for s in seconds)
+    _, _, metrics = call(daemon.port, "GET", "/metrics")
+    queued = sum(float(line.rsplit(" ", 1)[1]) for line in metrics.decode().splitlines()
+                 if line.startswith('nv_inference_pending_request_count{model="sleepy"'))
+    return running + queued == len(seconds)
 
 
 def _start(start_daemon, sleepy_repository, grpc_transport):
@@ -41,17 +53,17 @@ def test_calls_in_progress_finish_and_new_calls_are_turned_away(start_daemon, sl
         assert late.is_server_live()  # connected before the stop
         answers: queue.Queue = queue.Queue()
         streaming.start_stream(callback=lambda result, error: answers.put((result, error)))
-        streaming.async_stream_infer("sleepy", _sleep(1.0), request_id="in-stream")
+        streaming.async_stream_infer("sleepy", _inputs_sleeping(1.0), request_id="in-stream")
 
         def in_flight() -> None:
             try:
-                outcome["unary"] = client.infer("sleepy", _sleep(1.5)).as_numpy("y").tolist()
+                outcome["unary"] = client.infer("sleepy", _inputs_sleeping(1.5)).as_numpy("y").tolist()
             except InferenceServerException as exc:
                 outcome["unary"] = exc
 
         thread = threading.Thread(target=in_flight)
         thread.start()
-        time.sleep(0.4)  # both requests are running in the model
+        wait_until(lambda: _held(daemon, 1.0, 1.5), timeout=30, what="both requests in the daemon")
         started = time.monotonic()
         daemon.process.send_signal(signal.SIGTERM)
         wait_until(lambda: "stopping: finishing in-flight requests" in daemon.log(), timeout=10,
@@ -85,14 +97,15 @@ def test_a_call_still_running_at_the_deadline_is_cut(start_daemon, sleepy_reposi
     with triton.InferenceServerClient(daemon.grpc_url) as client:
         def stuck() -> None:
             try:
-                outcome.append(client.infer("sleepy", _sleep(30.0), client_timeout=40))
+                outcome.append(client.infer("sleepy", _inputs_sleeping(30.0), client_timeout=40))
             except InferenceServerException as exc:
                 outcome.append(exc.status())
 
         thread = threading.Thread(target=stuck)
         thread.start()
         try:
-            time.sleep(0.5)
+            wait_until(lambda: "sleepy: sleeping 30 s" in daemon.log(), timeout=30,
+                       what="the request to run in the model")
             started = time.monotonic()
             daemon.process.send_signal(signal.SIGTERM)
             assert daemon.process.wait(SHUTDOWN_TIMEOUT + 15) == 0

@@ -5,7 +5,6 @@ refused, and a cancelled stream cancelling the requests in flight."""
 from __future__ import annotations
 
 import queue
-import time
 
 import grpc
 import numpy as np
@@ -77,13 +76,17 @@ def test_without_the_opt_in_the_empty_final_response_is_not_sent(client):
         client.async_stream_infer("repeat", [_int32("IN", [])], request_id="none", enable_empty_final_response=True)
         client.async_stream_infer("repeat", [_int32("IN", [9])], request_id="one")
         got = _collect(answers, 2)
-        time.sleep(0.5)  # nothing more may come: the one request's final flag came alone
+        # Nothing more may come for "one" (its final flag came alone): the model sends that flag right after its
+        # response, so anything the flag made would come before the answer to a request sent after that response.
+        client.async_stream_infer("repeat", [_int32("IN", [])], request_id="after", enable_empty_final_response=True)
+        (after,) = _collect(answers, 1)
     finally:
         client.stop_stream()
     by_id = {result.get_response().id: result for result, _ in got}
     assert set(by_id) == {"none", "one"}
     assert _final(by_id["none"]) and not by_id["none"].get_response().outputs
     assert by_id["one"].as_numpy("OUT").tolist() == [9] and not _final(by_id["one"])
+    assert after[1] is None and after[0].get_response().id == "after" and _final(after[0])
     assert answers.empty()
 
 

@@ -18,6 +18,7 @@ from tritonclient.utils import InferenceServerException
 from appliance.examples import build_example_repository, mlp_model
 from tests.builders import write_model
 from tests.http_util import call
+from tests.waiting import wait_until
 
 SUCCESSES = 40
 FAILURES = 5
@@ -56,8 +57,22 @@ def traffic(daemon):
 
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(batched, range(32)))
-    time.sleep(2.5)  # a couple of metrics ticks: everything is in the database
+    wait_until(lambda: _recorded(daemon), timeout=30, what="the traffic in the metrics database", interval=0.1)
     return daemon
+
+
+def _recorded(daemon) -> bool:
+    """Whether the metrics ticks (one a second) have put all of the traffic into the database. A tick stamps
+    what the second before it counted with its own second: a history query from now on reaches it."""
+    db = sqlite3.connect(f"file:{daemon.log_path.parent / 'metrics.db'}?mode=ro", uri=True)
+    try:
+        strings = db.execute("SELECT SUM(success), SUM(failure) FROM model_1s WHERE model = 'simple_string'")
+        batched = db.execute("SELECT SUM(inferences) FROM model_1s WHERE model = 'batched'")
+        systems = db.execute("SELECT COUNT(*) FROM system_1s")
+        return (strings.fetchone() == (SUCCESSES, FAILURES) and batched.fetchone()[0] == 32
+                and systems.fetchone()[0] > 0)
+    finally:
+        db.close()
 
 
 def _prometheus(daemon) -> dict[str, float]:

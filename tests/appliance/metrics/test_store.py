@@ -193,9 +193,10 @@ def test_a_store_that_stops_taking_writes_stops_history_once(tmp_path, caplog, m
     store = make_store(tmp_path / "metrics.db", on_read_only=told.append)
     store._db.execute("PRAGMA query_only = ON")  # noqa: SLF001 - SQLITE_READONLY, as a ro remount gives
     store.start()
-    for _ in range(5):
+    store.put_event("after")
+    wait_until(lambda: told, timeout=30, what="the writer to find the file read-only")
+    for _ in range(4):  # the cycles after: their rows dropped without a word
         store.put_event("after")
-        time.sleep(0.05)
     store.stop()
     assert len(told) == 1 and "readonly" in told[0]
     assert [r.getMessage() for r in caplog.records].count(

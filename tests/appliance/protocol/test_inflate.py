@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import threading
 import time
 
 import pytest
 
 from appliance.core.errors import PayloadTooLarge, Unavailable
+from appliance.protocol import inflate as inflate_module
 from appliance.protocol.inflate import RATIO_FLOOR, InflateLimits, inflate, inflate_off_loop
 from appliance.security.budget import MemoryBudget
 from tests.waiting import await_until
@@ -57,7 +59,23 @@ class _Watched(MemoryBudget):
         self.last_reserved = time.monotonic()
 
 
-async def test_a_cancelled_caller_stops_the_worker_before_its_account_closes():
+def watch_the_worker(monkeypatch) -> threading.Event:
+    """An event set once the worker thread's ``inflate`` returns or raises: after it, nothing reserves."""
+    ended = threading.Event()
+    real = inflate_module.inflate
+
+    def watched(*args, **kwargs):
+        try:
+            return real(*args, **kwargs)
+        finally:
+            ended.set()
+
+    monkeypatch.setattr(inflate_module, "inflate", watched)
+    return ended
+
+
+async def test_a_cancelled_caller_stops_the_worker_before_its_account_closes(monkeypatch):
+    worker_ended = watch_the_worker(monkeypatch)
     budget = _Watched(1 << 30)
     bomb = gzip.compress(bytes(256 * MIB), 9)
 
@@ -74,7 +92,10 @@ async def test_a_cancelled_caller_stops_the_worker_before_its_account_closes():
         await task
     ended = time.monotonic()
     assert budget.used == 0
-    deadline = ended + 1.0  # a worker still running would reserve again within a step
-    while time.monotonic() < deadline:
+
+    def worker_gone() -> bool:  # a worker still running would reserve again within a step
         assert budget.used == 0 and budget.last_reserved <= ended
-        await asyncio.sleep(0.02)
+        return worker_ended.is_set()
+
+    await await_until(worker_gone, timeout=30, what="the worker thread to end")
+    assert budget.used == 0 and budget.last_reserved <= ended

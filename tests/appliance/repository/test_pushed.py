@@ -24,6 +24,7 @@ from appliance.repository.config import config_from_json
 from appliance.repository.pushed import PushLimits, PushStore, file_parameters
 from appliance.repository.registry import ModelRegistry
 from tests.builders import affine_model, write_model
+from tests.waiting import next_turn
 
 LIMITS = PushLimits(max_file_bytes=1 << 20, max_total_bytes=3 << 20)
 
@@ -170,7 +171,7 @@ async def test_a_new_push_loads_beside_the_serving_one_without_downtime(fleet_bo
     async def keep_asking() -> None:
         while not stop.is_set():
             served.append(plane.model_ready("m"))
-            await asyncio.sleep(0)
+            await next_turn()
 
     asker = asyncio.create_task(keep_asking())
     await plane.load_model("m", _push(4, version=2))

@@ -3,7 +3,6 @@ without downtime, rescans and unloads, and the events the metrics history record
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
 
@@ -152,8 +151,11 @@ async def test_rescan_loads_new_models_reloads_changed_ones_and_unloads_removed_
     registry = make_registry(repo)
     await registry.load_all(["a", "b"])
     write_model(repo, "c", identity_model(["INT64"]))
-    await asyncio.sleep(0.01)  # a new modification time for the changed file
+    changed = repo / "b" / "1" / "model.onnx"
+    before = changed.stat().st_mtime_ns
     write_model(repo, "b", identity_model(["INT32", "INT64"]))
+    later = before + 1_000_000_000  # a new modification time, whatever the file system's time granularity
+    os.utime(changed, ns=(later, later))
     shutil.rmtree(repo / "a")
     changes = await registry.rescan()
     assert changes == {"added": ["c"], "removed": ["a"], "reloaded": ["b"]}

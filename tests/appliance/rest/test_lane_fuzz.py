@@ -33,7 +33,7 @@ from appliance.rest.lane_head import LANE_HEAD_BYTES
 from appliance.rest.lane_wire import LANE_BODY_BYTES
 from appliance.rest.rest_config import BodyLimits, RestConfig
 from tests.appliance.strategies_fuzz import mutated
-from tests.waiting import await_until
+from tests.waiting import await_until, next_turn
 
 pytestmark = pytest.mark.timeout(300)  # a hang fails the test instead of stalling CI
 
@@ -203,7 +203,7 @@ async def _exchange(lane: InferLane, chunks: list[bytes]) -> _Outcome:
         if not handed.made:
             assert connection.buffered <= LANE_HEAD_BYTES + LANE_BODY_BYTES + len(chunk), connection.buffered
             peak = max(peak, connection.buffered)
-        await asyncio.sleep(0)
+        await next_turn()
     # The client has sent everything: the lane answers what it took, then (idle) sees the client's end.
     def ended() -> bool:
         if transport.closing or handed.made:
@@ -280,7 +280,7 @@ def _run(served, chunks: list[bytes]) -> _Outcome:
     loop, lane, errors = served
     errors.clear()
     outcome = loop.run_until_complete(asyncio.wait_for(_exchange(lane, chunks), EXAMPLE_SECONDS + 5))
-    loop.run_until_complete(asyncio.sleep(0))  # what the connection's end left to run
+    loop.run_until_complete(next_turn())  # what the connection's end left to run
     assert not errors, errors
     assert not lane.connections, "a connection outlived its end"
     return outcome

@@ -17,7 +17,7 @@ import tritonclient.http as triton
 
 from appliance.examples import build_example_repository
 from tests.health_watch import HealthWatch
-from tests.http_util import call, open_sockets
+from tests.http_util import call, open_sockets, unread
 from tests.waiting import wait_until
 
 HEADER_TIMEOUT = 2.0
@@ -222,7 +222,8 @@ def test_request_bytes_beyond_the_memory_budget_get_503(daemon):
         for _ in range(3):
             holders.append(_connect(daemon.port))
             holders[-1].sendall(head + b"\0" * sent)
-        time.sleep(0.3)
+        wait_until(lambda: not any(unread(sock) for sock in holders), timeout=30,
+                   what="the daemon to read (and hold) what the holders sent")
         late = _connect(daemon.port)
         holders.append(late)
 

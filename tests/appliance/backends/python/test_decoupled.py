@@ -3,6 +3,7 @@ thread, during or after execute(); cancellation reaches request.is_cancelled()."
 
 from __future__ import annotations
 
+import os
 import threading
 
 import numpy as np
@@ -12,7 +13,7 @@ from appliance.backends.base import BackendRequest
 from appliance.core.errors import InferenceFailed
 from tests.appliance.backends.python.harness import RecordingSink, loaded
 from tests.models import write_python_model
-from tests.waiting import wait_until
+from tests.waiting import open_gate, wait_until
 
 DECOUPLED_CONFIG = """
 backend: "python"
@@ -113,21 +114,24 @@ class TritonPythonModel:
         return [pb_utils.InferenceResponse([]) for _ in requests]
 """
 
+# Sends one response, then exits (the stream still open) once execute() returned, when the test opens the gate.
 DIES_LATER = """
 import os
 import threading
-import time
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 
 class TritonPythonModel:
+    def initialize(self, args):
+        self.gate = os.path.join(args["model_repository"], "exit.fifo")
+
     def execute(self, requests):
         for request in requests:
             sender = request.get_response_sender()
             sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([1], np.int32))]))
-        threading.Thread(target=lambda: (time.sleep(0.2), os._exit(4))).start()
+        threading.Thread(target=lambda: (open(self.gate).close(), os._exit(4))).start()
         return None
 """
 
@@ -190,15 +194,19 @@ def test_a_decoupled_execute_must_return_none(tmp_path):
 
 def test_open_streams_fail_when_the_process_dies(tmp_path):
     model = write_python_model(tmp_path, "dies", DIES_LATER, DECOUPLED_CONFIG)
+    gate = tmp_path / "dies" / "exit.fifo"
+    os.mkfifo(gate)
     with loaded(model, DECOUPLED_CONFIG) as backend:
         sink = RecordingSink()
         assert backend.run_requests([_request([1], sink)]).results == [{}]
+        open_gate(gate)  # the process exits, with the stream still open
         sent = sink.wait_final()
         assert sent[0].outputs["OUT"].tolist() == [1]
         assert sent[-1].final and "exited with code 4" in str(sent[-1].error)
         # The next request gets a new process.
         again = RecordingSink()
         backend.run_requests([_request([2], again)])
+        open_gate(gate)
         assert again.wait_final()[0].outputs["OUT"].tolist() == [1]
 
 

@@ -5,6 +5,7 @@ dies fails both, and a model with no dynamic batching is lent twice per instance
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
 import numpy as np
@@ -14,6 +15,7 @@ from appliance.core.errors import InferenceFailed
 from appliance.engine.instances import InstancePool
 from tests.appliance.backends.python.harness import loaded
 from tests.models import write_python_model
+from tests.waiting import open_gate
 
 CONFIG = """
 backend: "python"
@@ -22,8 +24,8 @@ input [ { name: "IN" data_type: TYPE_FP32 dims: [ -1 ] } ]
 output [ { name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] } ]
 """
 
-# Sleeps (in ms) as long as its first input says, returns its input + 1; -1 ends the process (after as
-# many ms as its second input says, if it has one).
+# Sleeps (in ms) as long as its first input says, returns its input + 1; -1 ends the process once the test
+# opens the gate (exit.fifo in the model's directory).
 SLOW = """
 import os
 import time
@@ -32,12 +34,15 @@ import triton_python_backend_utils as pb_utils
 
 
 class TritonPythonModel:
+    def initialize(self, args):
+        self.gate = os.path.join(args["model_repository"], "exit.fifo")
+
     def execute(self, requests):
         responses = []
         for request in requests:
             data = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
             if data.flat[0] == -1:
-                time.sleep(float(data.flat[1]) / 1000 if data.size > 1 else 0)
+                open(self.gate).close()
                 os._exit(5)
             time.sleep(float(data.flat[0]) / 1000)
             responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", data + 1)]))
@@ -78,11 +83,14 @@ def test_batches_sent_while_one_runs_each_get_their_own_answers(tmp_path):
 
 def test_a_process_that_dies_fails_both_batches_on_their_way(tmp_path):
     model = write_python_model(tmp_path, "slow", SLOW, CONFIG)
+    gate = tmp_path / "slow" / "exit.fifo"
+    os.mkfifo(gate)
 
     async def scenario(backend):
         await asyncio.wait_for(await _started(backend, [_request(0)]), 30)
-        first = await _started(backend, [_request(-1, 300)])  # ends its process 300 ms from now: the
+        first = await _started(backend, [_request(-1)])  # ends its process once the gate opens: the
         second = await _started(backend, [_request(0)])  # second batch is on its way before that
+        await asyncio.to_thread(open_gate, gate)
         for future in (first, second):
             result = await asyncio.wait_for(future, 30)
             assert isinstance(result, BatchResult)

@@ -31,7 +31,7 @@ output [ { name: "y" data_type: TYPE_FP32 dims: [ 2 ] } ]
 # Each writes "hanging" in its repository once it hangs, for the tests to wait on.
 HANGS_IN_EXECUTE = """
 import os
-import time
+import threading
 
 import triton_python_backend_utils as pb_utils
 
@@ -42,18 +42,18 @@ class TritonPythonModel:
 
     def execute(self, requests):
         open(self.marker, "w").close()
-        time.sleep(3600)
+        threading.Event().wait()
 """
 
 HANGS_IN_INITIALIZE = """
 import os
-import time
+import threading
 
 
 class TritonPythonModel:
     def initialize(self, args):
         open(os.path.join(args["model_repository"], "hanging"), "w").close()
-        time.sleep(3600)
+        threading.Event().wait()
 
     def execute(self, requests):
         return []
@@ -221,26 +221,27 @@ def test_a_process_that_dies_during_initialize_fails_the_load_saying_so(start_da
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_a_model_process_dies_with_its_parent_even_when_its_channel_stays_open(tmp_path):
     """The parent-death signal alone (the channel's other end kept open by a grandchild) ends the stub."""
+    held, hold = os.pipe()  # the grandchild keeps the channel open until the test closes ``hold``
     script = textwrap.dedent(f"""
-        import os, subprocess, sys, time
+        import os, pickle, subprocess, sys
         from appliance.backends.python.wire.channel import Channel
         ours, theirs = Channel.pair()
         model = {str(_repository(tmp_path / 'repo', echo=ECHO) / 'echo' / '1' / 'model.py')!r}
         stub = subprocess.Popen([sys.executable, "-m", "appliance.backends.python.model_process.stub",
                                  Channel.argument(theirs), model, str(os.getpid())], pass_fds=theirs)
-        keeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
-                                  pass_fds=ours.fds())
-        open({str(tmp_path / 'pids')!r}, "w").write(f"{{stub.pid}} {{keeper.pid}}")
-        time.sleep(1.5)
+        subprocess.Popen([sys.executable, "-c", "import os; os.read({held}, 1)"], pass_fds=(*ours.fds(), {held}))
+        open({str(tmp_path / 'pid')!r}, "w").write(str(stub.pid))
+        ours.send_bytes(pickle.dumps(("describe", {{}})))
+        ours.recv_bytes()  # the stub's first message: it runs, past arming its parent-death signal
         os._exit(0)
     """)
-    subprocess.run([sys.executable, "-c", script], timeout=60, env={**os.environ, "PYTHONPATH": os.getcwd()},
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
-    stub, keeper = (int(p) for p in (tmp_path / "pids").read_text().split())
     try:
-        assert _wait_gone([stub], 10) == []
+        subprocess.run([sys.executable, "-c", script], timeout=60, env={**os.environ, "PYTHONPATH": os.getcwd()},
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True, pass_fds=(held,))
+        assert _wait_gone([int((tmp_path / "pid").read_text())], 10) == []
     finally:
-        os.kill(keeper, signal.SIGKILL)
+        os.close(hold)  # the keeper reads its end of file and exits
+        os.close(held)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")

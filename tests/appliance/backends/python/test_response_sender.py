@@ -4,6 +4,7 @@ None in that request's place); what breaks the rules fails with Triton's words."
 
 from __future__ import annotations
 
+import os
 from concurrent.futures import Future
 
 import numpy as np
@@ -12,6 +13,7 @@ import pytest
 from appliance.backends.base import BackendRequest
 from tests.appliance.backends.python.harness import loaded
 from tests.models import write_python_model
+from tests.waiting import open_gate
 
 CONFIG = """
 backend: "python"
@@ -22,11 +24,13 @@ output [ { name: "Y" data_type: TYPE_INT32 dims: [ 2 ] } ]
 
 # MODE says how each request is answered: "return" (in the list execute returns), "before" (sent with the
 # final flag during execute), "then_final" (sent, then the final flag alone), "after" (from a thread once
-# execute returned), "final_first" (the final flag before any response), "twice" (two responses during
-# execute), "send_and_return" (sent, and returned too). Y is X * 10 + a mark of the path taken.
+# execute returned, when the test opens the gate: ``open_gate(model directory / GATE)``), "final_first" (the
+# final flag before any response), "twice" (two responses during execute), "send_and_return" (sent, and
+# returned too). Y is X * 10 + a mark of the path taken.
+GATE = "later.fifo"
 SENDER = """
+import os
 import threading
-import time
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -38,6 +42,9 @@ def _response(request, mark):
 
 
 class TritonPythonModel:
+    def initialize(self, args):
+        self.gate = os.path.join(args["model_repository"], "later.fifo")
+
     def execute(self, requests):
         returned, later = [], []
         for request in requests:
@@ -69,7 +76,7 @@ class TritonPythonModel:
         return None if all(r is None for r in returned) else returned
 
     def _answer_later(self, later):
-        time.sleep(0.3)  # well after execute() returned: the next batch may have run meanwhile
+        open(self.gate).close()  # well after execute() returned: the next batch may have run meanwhile
         for request, sender in later:
             sender.send(_response(request, 4), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 """
@@ -89,8 +96,15 @@ def _answer(result, timeout: float = 10.0):
 
 
 @pytest.fixture(scope="module")
-def backend(tmp_path_factory):
-    model = write_python_model(tmp_path_factory.mktemp("sender"), "sender", SENDER, CONFIG)
+def gate(tmp_path_factory):
+    """The gate the model's late answers wait at."""
+    return tmp_path_factory.mktemp("sender") / "sender" / GATE
+
+
+@pytest.fixture(scope="module")
+def backend(gate):
+    model = write_python_model(gate.parent.parent, "sender", SENDER, CONFIG)
+    os.mkfifo(gate)
     with loaded(model, CONFIG) as backend:
         yield backend
 
@@ -101,19 +115,21 @@ def test_a_response_sent_during_execute_is_the_answer(backend):
     assert _answer(then_final) == [[33, 43]]
 
 
-def test_a_response_sent_after_execute_returned_comes_later(backend):
+def test_a_response_sent_after_execute_returned_comes_later(backend, gate):
     (late,) = backend.run_requests([_request("after", [5, 6])]).results
     assert isinstance(late, Future) and not late.done()
     # The instance is free meanwhile: another batch runs, and its inputs overwrite the arena the late
     # request's inputs were in.
     (now,) = backend.run_requests([_request("return", [7, 8])]).results
     assert _answer(now) == [[71, 81]]
+    open_gate(gate)
     assert _answer(late) == [[54, 64]]
 
 
-def test_one_batch_answers_each_request_its_own_way(backend):
+def test_one_batch_answers_each_request_its_own_way(backend, gate):
     results = backend.run_requests([_request("return", [1, 1]), _request("before", [2, 2]),
                                     _request("after", [3, 3])]).results
+    open_gate(gate)
     assert [_answer(r) for r in results] == [[[11, 11]], [[22, 22]], [[34, 34]]]
 
 
@@ -138,27 +154,32 @@ def test_a_response_returned_after_one_was_sent_is_refused_but_the_sent_one_stan
         _answer(other)
 
 
+# Exits once its execute() returned, when the test opens the gate.
 DIES = """
 import os
 import threading
-import time
 
 import triton_python_backend_utils as pb_utils
 
 
 class TritonPythonModel:
+    def initialize(self, args):
+        self.gate = os.path.join(args["model_repository"], "later.fifo")
+
     def execute(self, requests):
         for request in requests:
             request.get_response_sender()
-        threading.Thread(target=lambda: (time.sleep(0.2), os._exit(3))).start()
+        threading.Thread(target=lambda: (open(self.gate).close(), os._exit(3))).start()
         return None
 """
 
 
 def test_a_late_answer_fails_when_the_process_dies_first(tmp_path):
     model = write_python_model(tmp_path, "dies", DIES, CONFIG)
+    os.mkfifo(tmp_path / "dies" / GATE)
     with loaded(model, CONFIG) as backend:
         (late,) = backend.run_requests([_request("after", [1, 1])]).results
         assert isinstance(late, Future)
+        open_gate(tmp_path / "dies" / GATE)
         with pytest.raises(Exception, match="exited with code 3"):
             _answer(late)

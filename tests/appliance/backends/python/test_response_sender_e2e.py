@@ -4,6 +4,7 @@ request, and batched beside requests answered the ordinary way."""
 
 from __future__ import annotations
 
+import os
 import textwrap
 import threading
 import time
@@ -14,9 +15,9 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.appliance.backends.python.test_response_sender import CONFIG, SENDER
+from tests.appliance.backends.python.test_response_sender import CONFIG, GATE, SENDER
 from tests.models import write_python_model
-from tests.waiting import wait_until
+from tests.waiting import open_gate, wait_until
 
 
 @pytest.fixture(scope="module")
@@ -24,6 +25,7 @@ def repository(tmp_path_factory):
     repo = tmp_path_factory.mktemp("sender")
     config = textwrap.dedent(CONFIG) + "dynamic_batching { }\ninstance_group [ { count: 1 kind: KIND_CPU } ]\n"
     write_python_model(repo, "sender", SENDER, config)
+    os.mkfifo(repo / "sender" / GATE)
     return repo
 
 
@@ -41,7 +43,7 @@ def test_answers_sent_during_execute_over_http_and_grpc(client, grpc_daemon):
     assert result.as_numpy("Y").tolist() == [[33, 43]]
 
 
-def test_a_late_answer_leaves_the_instance_free_meanwhile(daemon):
+def test_a_late_answer_leaves_the_instance_free_meanwhile(daemon, repository):
     done: dict[str, float] = {}
 
     def call(mode: str, x: list[int]) -> None:
@@ -57,9 +59,10 @@ def test_a_late_answer_leaves_the_instance_free_meanwhile(daemon):
     before = executions()
     late = threading.Thread(target=call, args=("after", [5, 6]))
     late.start()
-    # the late one's execute() has returned (its execution counted); its answer comes 0.3 s after it
+    # the late one's execute() has returned (its execution counted); its answer waits at the gate
     wait_until(lambda: executions() > before, what="the late request's execute() returned")
     call("return", [7, 8])
+    open_gate(repository / "sender" / GATE)
     late.join(30)
     assert done["return_y"] == [[71, 81]] and done["after_y"] == [[54, 64]]
     assert done["return"] < done["after"]  # one instance: it served the second request meanwhile

@@ -163,14 +163,13 @@ async def test_a_batch_over_the_budget_sends_that_size_back_to_threads(make_sche
 
 
 async def test_sizes_sent_back_to_threads_get_another_chance(make_scheduler, monkeypatch):
-    monkeypatch.setattr(inline_module, "_RETRY_AFTER", 0.05)
+    monkeypatch.setattr(inline_module, "_RETRY_AFTER", 0.0)  # the chance comes with the next batch
     backend = BusyRecorder(busy_rows=3)
     scheduler = make_scheduler(backend, INLINE)
     for _ in range(5):
         await _submit(scheduler, 1.0, rows=3)
     assert scheduler.execution["inline_max_batch"] == 2
-    await asyncio.sleep(0.1)
-    await _submit(scheduler, 1.0, rows=1)  # the next batch after the pause: every size inline again
+    await _submit(scheduler, 1.0, rows=1)  # the next batch, _RETRY_AFTER later: every size inline again
     assert scheduler.execution["inline_max_batch"] == 4
     assert backend.threads[-1] == threading.get_ident()
 

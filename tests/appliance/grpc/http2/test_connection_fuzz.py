@@ -17,6 +17,7 @@ from appliance.grpc.grpc_config import GrpcConfig
 from appliance.grpc.http2 import frames as f
 from appliance.grpc.http2.connection import MAX_FRAME, Http2Connection
 from appliance.grpc.http2.headers import Request
+from tests.waiting import next_turn
 
 FUZZ = settings(max_examples=200, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -64,8 +65,8 @@ class _Server:
     def handler(self, path: bytes):
         return self._echo if path == b"/t.S/Echo" else None
 
-    def opened(self, connection) -> bool:
-        return True
+    def opened(self, connection) -> None:
+        pass
 
     def closed(self, connection) -> None:
         pass
@@ -73,7 +74,7 @@ class _Server:
 
 def _settle(loop: asyncio.AbstractEventLoop) -> None:
     """One turn of the loop: what the connection scheduled runs (handlers, writes flushed)."""
-    loop.run_until_complete(asyncio.sleep(0))
+    loop.run_until_complete(next_turn())
 
 
 def _feed(chunks: list[bytes]) -> tuple[Http2Connection, _Transport]:

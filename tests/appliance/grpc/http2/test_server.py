@@ -26,7 +26,7 @@ from tests.waiting import await_until
 
 
 class _Handlers:
-    """A small service: Echo, Slow (sleeps until cancelled), Big (answers ``size`` bytes), Chat (echoes each
+    """A small service: Echo, Slow (waits until cancelled), Big (answers ``size`` bytes), Chat (echoes each
     message of a stream), Fail (aborts with trailing metadata)."""
 
     def __init__(self) -> None:
@@ -51,11 +51,10 @@ class _Handlers:
     async def slow(self, requests, context):
         await context.read()
         try:
-            await asyncio.sleep(30)
+            await asyncio.Event().wait()  # never set: only the call's cancellation ends it
         except asyncio.CancelledError:
             self.cancelled.set()
             raise
-        return b""
 
     async def big(self, requests, context):
         size = int(await context.read())
@@ -66,8 +65,7 @@ class _Handlers:
             await context.write(b"re:" + message)
 
     async def hold(self, requests, context):
-        await asyncio.sleep(30)  # never reads: what its client sends stays unread
-        return b""
+        await asyncio.Event().wait()  # never reads (until cancelled): what its client sends stays unread
 
     async def fail(self, requests, context):
         await context.read()

@@ -25,7 +25,7 @@ from appliance.protocol.shared_memory import LocalPeers, SharedMemoryLimits, Sha
 from appliance.protocol.shared_memory.binding import bind
 from appliance.protocol.shared_memory.table import RegionTable
 from tests.descriptors import opened
-from tests.waiting import await_until
+from tests.waiting import await_until, next_turn
 
 
 @pytest.fixture
@@ -319,7 +319,7 @@ async def test_a_cancelled_request_keeps_its_region_open_until_its_copy_ends(dir
     if direction == "output":
         binding.close()
     table.remove("system")
-    await asyncio.sleep(0.05)
+    await next_turn()  # what the removal scheduled runs (a close under the copy is noted, whenever it comes)
     assert not region.closed  # the thread still copies: the region must stay open under it
     region.go_on.set()
     await await_until(lambda: region.closed, timeout=5, what="the region closed once its copy ended")

@@ -50,13 +50,17 @@ def request(*inputs: InferInput, outputs: tuple[str, ...] = (), **parameters) ->
     return InferRequest(list(inputs), [RequestedOutput(o) for o in outputs], id="req-1", parameters=parameters)
 
 
-async def stream(registry: ModelRegistry, name: str, req: InferRequest,
-                 limits: StreamLimits | None = None) -> list[StreamItem]:
+async def stream(registry: ModelRegistry, name: str, req: InferRequest, limits: StreamLimits | None = None,
+                 into: list[StreamItem] | None = None) -> list[StreamItem]:
+    """Every item of the stream, appended to ``into`` (when given) as each comes."""
+    items = [] if into is None else into
     model = registry.get(name)
     with model.in_use():
         responses = await model.open_stream(req, limits)
         try:
-            return [item async for item in responses]
+            async for item in responses:
+                items.append(item)
+            return items
         finally:
             responses.close()
 
@@ -151,8 +155,9 @@ async def test_a_cancelled_request_task_cancels_the_decoupled_step(registry, rep
     marker = repository / "endless" / "cancelled.txt"
     req = request(ints("IN", [1]))
     req.id = "gone-task"
-    reading = asyncio.create_task(stream(registry, "endless_chain", req))
-    await asyncio.sleep(0.5)
+    received: list[StreamItem] = []
+    reading = asyncio.create_task(stream(registry, "endless_chain", req, into=received))
+    assert await _wait_for(lambda: received)  # the step runs: its responses flow
     reading.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await reading

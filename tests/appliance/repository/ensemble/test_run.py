@@ -7,6 +7,7 @@ import asyncio
 
 from appliance.repository.ensemble.plan import Step
 from appliance.repository.ensemble.run import SequenceTag, StepSlots
+from tests.waiting import next_turn
 
 STEP = Step(1, "slow", None, {"x": "IN"}, {"y": "OUT"})
 
@@ -15,7 +16,7 @@ async def test_a_step_runs_at_most_max_inflight_requests_at_once_across_requests
     slots = StepSlots("e", 2)
     assert await slots.acquire(STEP) and await slots.acquire(STEP)
     third = asyncio.create_task(slots.acquire(STEP))
-    await asyncio.sleep(0.05)
+    await next_turn(10)  # far more turns than an acquire with a free slot takes to end
     assert not third.done()  # both slots taken: it waits
     slots.release(STEP)
     assert await asyncio.wait_for(third, 1)
