@@ -140,10 +140,12 @@ class GrpcServer:
         """Turn new calls away, let calls in progress finish until ``deadline`` (``time.monotonic()``),
         then cancel what is left."""
         self.gate.stop()
+        # grpc.aio's own stop comes only once the calls in progress are done (or the deadline): until then
+        # the gate turns new calls away with UNAVAILABLE, as the appliance's transport does, where a call
+        # grpc.aio refuses while stopping would end CANCELLED, which clients do not retry elsewhere.
+        late = await self.gate.wait_running(max(0.0, deadline - time.monotonic()))
         grace = max(0.0, deadline - time.monotonic())
-        stopping = asyncio.gather(*(server.stop(grace) for server in self._servers))
-        late = await self.gate.wait_running(grace)
-        await stopping
+        await asyncio.gather(*(server.stop(grace) for server in self._servers))
         await self.gate.cancel_running(CANCEL_GRACE)  # gRPC ended their calls, not always their handlers
         if late:
             log.warning("%d gRPC request(s) still running at the shutdown deadline: cancelled", late)
