@@ -214,11 +214,12 @@ class InstancePool:
             except Exception:  # the waiter has its result and the instance is back: never a hang
                 log.exception("instance %s#%d: on_finish failed", self._label, index)
 
-    async def drain(self, timeout: float) -> bool:
-        """Wait until every instance is idle; False if ``timeout`` passed first."""
+    async def drain(self, timeout: float, busy: Callable[[], bool] | None = None) -> bool:
+        """Wait until ``busy`` (the scheduler in front: work queued or running) is false, then until every
+        instance is idle; False if ``timeout`` passed first."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        while self.idle < self.size * self.depth:
+        while (busy is not None and busy()) or self.idle < self.size * self.depth:
             if loop.time() >= deadline:
                 return False
             await asyncio.sleep(0.01)

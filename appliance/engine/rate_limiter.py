@@ -259,12 +259,14 @@ class RateLimiter:
         self._grant()
 
     def _unstage(self, slot: _Slot) -> bool:
-        """Stop waiting; False when the slot was granted meanwhile (it holds its resources)."""
+        """Stop waiting; False when the slot was granted meanwhile (it holds its resources). The waiters it
+        was ranked ahead of are looked at again: the first may fit now that it no longer waits first."""
         with self._lock:
             if slot.staged is None:
                 return False
             self._staged.remove(slot)
             slot.staged = slot.callback = slot.abandon = None
+        self._grant()
         return True
 
     def _give_back(self, slot: _Slot, executed: bool, pending: bool) -> None:

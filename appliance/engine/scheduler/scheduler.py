@@ -83,13 +83,7 @@ class Scheduler:
     async def drain(self, timeout: float) -> bool:
         """Stop taking requests; wait (bounded) until queued and running work has finished."""
         self._closing = True
-        assert self._loop is not None
-        deadline = self._loop.time() + timeout
-        while self._queue or self._in_flight:
-            if self._loop.time() >= deadline:
-                return False
-            await asyncio.sleep(0.01)
-        return await self.pool.drain(max(deadline - self._loop.time(), 0.0))
+        return await self.pool.drain(timeout, busy=lambda: bool(self._queue or self._in_flight))
 
     async def close(self, timeout: float | None = None) -> list[BaseException]:
         """Fail whatever is still queued, then stop the instances (their threads are joined off the

@@ -120,13 +120,7 @@ class SequenceScheduler:
 
     async def drain(self, timeout: float) -> bool:
         self._closing = True
-        assert self._loop is not None
-        deadline = self._loop.time() + timeout
-        while self._queued or self._in_flight:
-            if self._loop.time() >= deadline:
-                return False
-            await asyncio.sleep(0.01)
-        return await self.pool.drain(max(deadline - self._loop.time(), 0.0))
+        return await self.pool.drain(timeout, busy=lambda: bool(self._queued or self._in_flight))
 
     async def close(self, timeout: float | None = None) -> list[BaseException]:
         self._closing = True
