@@ -1,0 +1,129 @@
+"""How the appliance scales with cores: the same bench.triton cases with the whole daemon (its model
+processes included) pinned to one core and to two with ``taskset``, perf_analyzer sharing the box.
+
+    python -m bench.cores [--cores 1,2] [--repeats 3] [--interval-ms 1000] [--cases identity]
+                          [--protocols http,grpc] [--concurrency 1,16]
+
+Per repeat each pinning is started, measured on every case, protocol and concurrency, and stopped, the
+order alternating between repeats; each figure is the median over the repeats. Targets (issue 39): c=16
+throughput on two cores ≥ 1.5× one core, c=1 p50 on two cores no worse than on one. Writes
+bench/results/cores.md and cores.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.process import start_appliance
+from bench.serving import RESULTS, machine
+from bench.triton import CASES, Case, Running, _measure_server
+from bench.triton_models import write_repository
+
+SCALING_TARGET = 1.5
+"""c=16 throughput on the most cores over one core."""
+
+
+def _pinned(repo: Path, state: Path, cores: int) -> Running:
+    server = start_appliance(repo, state, prefix=("taskset", "-c", f"0-{cores - 1}"))
+    return Running(f"127.0.0.1:{server.port}", f"127.0.0.1:{server.grpc_port}", server.process.pid, server.stop)
+
+
+def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    repo = write_repository(work / "repo")
+    raw: dict[int, dict[str, list[tuple[float, ...]]]] = {cores: {} for cores in args.cores}
+    loads: list[float] = []
+    for repeat in range(args.repeats):
+        for cores in args.cores if repeat % 2 == 0 else list(reversed(args.cores)):
+            running = _pinned(repo, work / f"state-{cores}", cores)
+
+            def record(case: Case, protocol: str, concurrency: int, *figures: float, cores: int = cores,
+                       repeat: int = repeat) -> None:
+                raw[cores].setdefault(f"{case.name}|{protocol}|{concurrency}", []).append(figures)
+                loads.append(figures[-1])
+                print(f"  repeat {repeat + 1}/{args.repeats} {cores} core(s) {case.name:30} {protocol:4} "
+                      f"c={concurrency:<3} {figures[0]:8.0f} inf/s  p50 {figures[1]:7.3f} ms  "
+                      f"{figures[2]:6.0f} µs CPU/req  load {figures[3]:.2f}", file=sys.stderr, flush=True)
+
+            try:
+                _measure_server(running, args, record)
+            finally:
+                running.stop()
+    medians = {cores: {key: [statistics.median(values) for values in zip(*rows)] for key, rows in by_key.items()}
+               for cores, by_key in raw.items()}
+    return {"medians": medians, "runs": raw, "machine": machine(),
+            "load_average": {"median": statistics.median(loads), "min": min(loads), "max": max(loads)}}
+
+
+def table(medians: dict[int, dict[str, list[float]]]) -> str:
+    """One row per case, protocol and concurrency: each pinning's throughput, p50 and CPU per request, and
+    the most cores over one core, marked against the targets (throughput at c=16, p50 at c=1)."""
+    counts = sorted(medians)
+    one, most = counts[0], counts[-1]
+    head = " | ".join(f"{c} core{'s' if c > 1 else ''}: inf/s, p50 ms, CPU µs/req" for c in counts)
+    lines = [f"| case | protocol | c | {head} | × throughput ({most} vs {one}) | × p50 | target |",
+             "|---|---|---|" + "---|" * len(counts) + "---|---|---|"]
+    for key, base in medians[one].items():
+        case, protocol, concurrency = key.split("|")
+        top = medians[most].get(key)
+        if top is None:
+            continue
+        cells = " | ".join(f"{medians[c][key][0]:.0f}, {medians[c][key][1]:.3f}, {medians[c][key][2]:.0f}"
+                           for c in counts if key in medians[c])
+        rate, p50 = top[0] / base[0], top[1] / base[1]
+        if int(concurrency) > 1:
+            verdict = f"throughput ≥ {SCALING_TARGET}×: {'met' if rate >= SCALING_TARGET else 'MISSED'}"
+        else:
+            verdict = f"p50 no worse: {'met' if p50 <= 1.0 else 'MISSED'}"
+        lines.append(f"| {case} | {protocol} | {concurrency} | {cells} | {rate:.2f} | {p50:.2f} | {verdict} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cores", type=lambda t: sorted(int(c) for c in t.split(",")), default=[1, 2])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--interval-ms", type=int, default=1000, help="perf_analyzer's measurement window")
+    parser.add_argument("--cases", type=lambda t: t.split(","), default=["identity"], help=",".join(CASES))
+    parser.add_argument("--protocols", type=lambda t: t.split(","), default=["http", "grpc"])
+    parser.add_argument("--concurrency", type=lambda t: [int(c) for c in t.split(",")], default=[1, 16])
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    available = len(os.sched_getaffinity(0))
+    if args.cores[0] < 1 or args.cores[-1] > available:
+        parser.error(f"--cores must lie between 1 and this box's {available} usable cores")
+    unknown = [case for case in args.cases if case not in CASES]
+    if unknown:
+        parser.error(f"unknown cases {unknown}; cases: {','.join(CASES)}")
+    from tests.oracle import TritonUnavailable
+
+    started = time.monotonic()
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench-cores-") as tmp:
+            data = measure(args, Path(tmp))
+    except TritonUnavailable as error:  # perf_analyzer comes with real Triton's client wheel
+        print(f"perf_analyzer is unavailable here, nothing measured: {error}", file=sys.stderr)
+        return 1
+    load = data["load_average"]
+    command = " ".join(["python -m bench.cores", *(argv if argv is not None else sys.argv[1:])])
+    text = (f"Command: {command} ({time.monotonic() - started:.0f} s)\n\n"
+            f"Machine: {data['machine']}; 1-minute load average {load['median']:.2f} (median; "
+            f"{load['min']:.2f}-{load['max']:.2f}). Medians of {args.repeats} repeats, pinnings alternated; "
+            "the daemon and its model processes pinned with taskset, perf_analyzer 2.51 unpinned on the same "
+            "box; CPU per request of the daemon's whole process tree.\n\n" + table(data["medians"]))
+    print(text)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "cores.md").write_text(text + "\n")
+    (args.out / "cores.json").write_text(json.dumps(data, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
