@@ -64,13 +64,18 @@ def traffic(daemon):
 def _recorded(daemon) -> bool:
     """Whether the metrics ticks (one a second) have put all of the traffic into the database. A tick stamps
     what the second before it counted with its own second: a history query from now on reaches it."""
-    db = sqlite3.connect(f"file:{daemon.log_path.parent / 'metrics.db'}?mode=ro", uri=True)
+    try:
+        db = sqlite3.connect(f"file:{daemon.log_path.parent / 'metrics.db'}?mode=ro", uri=True, timeout=5)
+    except sqlite3.OperationalError:  # not created yet
+        return False
     try:
         strings = db.execute("SELECT SUM(success), SUM(failure) FROM model_1s WHERE model = 'simple_string'")
         batched = db.execute("SELECT SUM(inferences) FROM model_1s WHERE model = 'batched'")
         systems = db.execute("SELECT COUNT(*) FROM system_1s")
         return (strings.fetchone() == (SUCCESSES, FAILURES) and batched.fetchone()[0] == 32
                 and systems.fetchone()[0] > 0)
+    except sqlite3.OperationalError:  # busy with the daemon's write, or its tables not made yet: look again
+        return False
     finally:
         db.close()
 
