@@ -13,18 +13,19 @@ bench/results/cores.md and cores.json.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
-import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from bench.process import start_appliance
-from bench.serving import RESULTS, machine
-from bench.triton import CASES, Case, Running, _measure_server
+from bench.serving import RESULTS
+from bench.triton import CASES, Running, alternate
 from bench.triton_models import write_repository
 
 SCALING_TARGET = 1.5
@@ -38,28 +39,15 @@ def _pinned(repo: Path, state: Path, cores: int) -> Running:
 
 def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     repo = write_repository(work / "repo")
-    raw: dict[int, dict[str, list[tuple[float, ...]]]] = {cores: {} for cores in args.cores}
-    loads: list[float] = []
-    for repeat in range(args.repeats):
-        for cores in args.cores if repeat % 2 == 0 else list(reversed(args.cores)):
-            running = _pinned(repo, work / f"state-{cores}", cores)
+    servers: dict[str, Callable[[], Running]] = {
+        _label(cores): functools.partial(_pinned, repo, work / f"state-{cores}", cores) for cores in args.cores}
+    data = alternate(servers, args)
+    data["medians"] = {cores: data["medians"][_label(cores)] for cores in args.cores}
+    return data
 
-            def record(case: Case, protocol: str, concurrency: int, *figures: float, cores: int = cores,
-                       repeat: int = repeat) -> None:
-                raw[cores].setdefault(f"{case.name}|{protocol}|{concurrency}", []).append(figures)
-                loads.append(figures[-1])
-                print(f"  repeat {repeat + 1}/{args.repeats} {cores} core(s) {case.name:30} {protocol:4} "
-                      f"c={concurrency:<3} {figures[0]:8.0f} inf/s  p50 {figures[1]:7.3f} ms  "
-                      f"{figures[2]:6.0f} µs CPU/req  load {figures[3]:.2f}", file=sys.stderr, flush=True)
 
-            try:
-                _measure_server(running, args, record)
-            finally:
-                running.stop()
-    medians = {cores: {key: [statistics.median(values) for values in zip(*rows)] for key, rows in by_key.items()}
-               for cores, by_key in raw.items()}
-    return {"medians": medians, "runs": raw, "machine": machine(),
-            "load_average": {"median": statistics.median(loads), "min": min(loads), "max": max(loads)}}
+def _label(cores: int) -> str:
+    return f"{cores} core{'s' if cores > 1 else ''}"
 
 
 def table(medians: dict[int, dict[str, list[float]]]) -> str:

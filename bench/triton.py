@@ -192,6 +192,14 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         if args.baseline is not None:
             servers[f"{BASELINE} in-process"] = lambda: _start_appliance(trusted, work / "baseline-trusted",
                                                                          args.baseline)
+    return {**alternate(servers, args),
+            "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "out"}}
+
+
+def alternate(servers: dict[str, Callable[[], Running]], args: argparse.Namespace) -> dict[str, Any]:
+    """Each server in turn, started, measured on every case, protocol and concurrency, and stopped, the
+    order reversed every other repeat: the medians over the repeats by server, the runs, the machine and
+    the load average."""
     raw: dict[str, dict[str, list[tuple[float, ...]]]] = {name: {} for name in servers}
     loads: list[float] = []
     for repeat in range(args.repeats):
@@ -215,8 +223,7 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     medians = {name: {key: [statistics.median(values) for values in zip(*rows)] for key, rows in by_key.items()}
                for name, by_key in raw.items()}
     return {"medians": medians, "runs": raw, "machine": machine(),
-            "load_average": {"median": statistics.median(loads), "min": min(loads), "max": max(loads)},
-            "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "out"}}
+            "load_average": {"median": statistics.median(loads), "min": min(loads), "max": max(loads)}}
 
 
 def table(data: dict[str, Any]) -> str:
