@@ -24,8 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.process import start_appliance
-from bench.serving import RESULTS
-from bench.triton import CASES, Running, alternate
+from bench.triton import Running, add_run_options, alternate, parse_run_options
 from bench.triton_models import write_repository
 
 SCALING_TARGET = 1.5
@@ -77,19 +76,11 @@ def table(medians: dict[int, dict[str, list[float]]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cores", type=lambda t: sorted(int(c) for c in t.split(",")), default=[1, 2])
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--interval-ms", type=int, default=1000, help="perf_analyzer's measurement window")
-    parser.add_argument("--cases", type=lambda t: t.split(","), default=["identity"], help=",".join(CASES))
-    parser.add_argument("--protocols", type=lambda t: t.split(","), default=["http", "grpc"])
-    parser.add_argument("--concurrency", type=lambda t: [int(c) for c in t.split(",")], default=[1, 16])
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args(argv)
+    add_run_options(parser, ["identity"])
+    args = parse_run_options(parser, argv)
     available = len(os.sched_getaffinity(0))
     if args.cores[0] < 1 or args.cores[-1] > available:
         parser.error(f"--cores must lie between 1 and this box's {available} usable cores")
-    unknown = [case for case in args.cases if case not in CASES]
-    if unknown:
-        parser.error(f"unknown cases {unknown}; cases: {','.join(CASES)}")
     from tests.oracle import TritonUnavailable
 
     started = time.monotonic()

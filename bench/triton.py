@@ -249,24 +249,34 @@ def table(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_run_options(parser: argparse.ArgumentParser, cases: list[str]) -> None:
+    """The options of every bench that drives these cases with perf_analyzer (``cases``: the default)."""
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--interval-ms", type=int, default=1000, help="perf_analyzer's measurement window")
-    parser.add_argument("--cases", type=lambda t: t.split(","), default=list(CASES), help=",".join(CASES))
+    parser.add_argument("--cases", type=lambda t: t.split(","), default=cases, help=",".join(CASES))
     parser.add_argument("--protocols", type=lambda t: t.split(","), default=["http", "grpc"])
     parser.add_argument("--concurrency", type=lambda t: [int(c) for c in t.split(",")], default=[1, 16])
+    parser.add_argument("--out", type=Path, default=RESULTS)
+
+
+def parse_run_options(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    args = parser.parse_args(argv)
+    unknown = [case for case in args.cases if case not in CASES]
+    if unknown:
+        parser.error(f"unknown cases {unknown}; cases: {','.join(CASES)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_run_options(parser, list(CASES))
     parser.add_argument("--in-process", action="store_true",
                         help="also measure the appliance with every Python model marked in_process")
     parser.add_argument("--baseline", type=Path, help="also measure the appliance from this checkout (an A/B)")
     parser.add_argument("--no-triton", action="store_true", help="leave real Triton out (needs --baseline)")
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args(argv)
+    args = parse_run_options(parser, argv)
     if args.no_triton and args.baseline is None:
         parser.error("--no-triton needs --baseline: the table's ratios are over one of the two")
-    unknown = [case for case in args.cases if case not in CASES]
-    if unknown:
-        parser.error(f"unknown cases {unknown}; cases: {','.join(CASES)}")
     from tests.oracle import TritonUnavailable
 
     started = time.monotonic()
