@@ -140,7 +140,7 @@ async def test_a_gzip_bomb_stops_at_the_limit():
 @pytest.mark.parametrize("coding,body,message", [
     ("gzip", b"\x1f\x8b not gzip at all" * 100, "not valid gzip"),
     ("deflate", b"\x00\x01\x02" * 1000, "not valid deflate"),
-    ("gzip", gzip.compress(b"x" * 100_000)[:-200], "truncated"),
+    ("gzip", gzip.compress(b"x" * 100_000, mtime=0)[:-200], "truncated"),
     ("deflate", zlib.compress(b"abc") + b"junk", "data after its end"),
 ])
 async def test_junk_compressed_data_is_400(coding, body, message):

@@ -192,7 +192,7 @@ def test_gzip_bombs_stop_at_the_limit(daemon, gzip_bomb):
 @pytest.mark.parametrize("coding,body,status,message", [
     ("gzip", b"\x1f\x8b\x08\x00" + b"junk" * 100, 400, "not valid gzip"),
     ("deflate", b"\x78\x9c" + b"\xff" * 100, 400, "not valid deflate"),
-    ("gzip", gzip.compress(b"x" * 100_000)[:-100], 400, "truncated"),
+    ("gzip", gzip.compress(b"x" * 100_000, mtime=0)[:-100], 400, "truncated"),
     ("br", b"\x0b\x02\x80hello\x03", 415, "gzip or deflate"),
     ("zstd", b"\x28\xb5\x2f\xfd", 415, "gzip or deflate"),
 ])
