@@ -20,7 +20,10 @@ def test_perf_analyzer_runs_with_system_shared_memory(triton_install, start_daem
     try:
         result = run_perf_analyzer(["-m", "identity", "-u", url, "-i", protocol, "--shared-memory", "system",
                                     "--concurrency-range", "1", "--measurement-mode", "count_windows",
-                                    "--measurement-request-count", "20"], timeout=120, triton=triton_install)
+                                    "--measurement-request-count", "20",
+                                    # what is checked is that shared memory works, not a stable measurement:
+                                    # windows on a box loaded by the other tests may differ widely
+                                    "--stability-percentage", "1000"], timeout=120, triton=triton_install)
     except TritonUnavailable as error:
         pytest.fail(f"perf_analyzer failed against the appliance: {error}\n{daemon.log()[-3000:]}")
     assert result.best.throughput > 0
