@@ -13,6 +13,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import importlib
+import json
 import os
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -43,6 +44,7 @@ __all__ = [
     "ModelCall",
     "ModelCalls",
     "Outputs",
+    "model_parameters",
     "RESCHEDULE",
     "RequestResult",
     "Reschedule",
@@ -274,6 +276,21 @@ class BackendRequest:
     """True once the client went away or cancelled (Triton's ``request.is_cancelled()``)."""
     padding: bool = False
     """A row that fills an empty slot of a sequence batch (Triton's null request): its result is ignored."""
+
+
+# Request parameters that steer the transport or the scheduler, not the model: request.parameters()
+# leaves them out, as Triton's does.
+_TRANSPORT_PREFIXES = ("shared_memory_", "binary_data", "sequence_", "triton_")
+_TRANSPORT_KEYS = frozenset({"priority", "timeout", "headers"})
+
+
+def model_parameters(parameters: Mapping[str, object]) -> str:
+    """The request's own parameters as the JSON text ``request.parameters()`` returns."""
+    if not parameters:
+        return "{}"
+    kept = {key: value for key, value in parameters.items()
+            if key not in _TRANSPORT_KEYS and not key.startswith(_TRANSPORT_PREFIXES)}
+    return json.dumps(kept, default=str)
 
 
 class Reschedule:

@@ -10,32 +10,29 @@ from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
 from appliance.backends.base import Backend, LoadContext
 from appliance.core.errors import ConfigError, InferenceFailed, InvalidInput, RefusedByRuntime
-from appliance.core.tensors import RuntimeTensor
+from appliance.core.tensors import RuntimeTensor, v2_datatype
 
 __all__ = ["OnnxRuntimeBackend"]
 
-_ORT_TO_V2 = {
-    "tensor(bool)": "BOOL",
-    "tensor(uint8)": "UINT8",
-    "tensor(uint16)": "UINT16",
-    "tensor(uint32)": "UINT32",
-    "tensor(uint64)": "UINT64",
-    "tensor(int8)": "INT8",
-    "tensor(int16)": "INT16",
-    "tensor(int32)": "INT32",
-    "tensor(int64)": "INT64",
-    "tensor(float16)": "FP16",
-    "tensor(float)": "FP32",
-    "tensor(double)": "FP64",
-    "tensor(string)": "BYTES",
-    "tensor(bfloat16)": "BF16",
-}
+# onnxruntime names its tensor types as numpy names dtypes ("tensor(int64)"), but for these.
+_ORT_NAMES = {"float": "FP32", "double": "FP64", "string": "BYTES", "bfloat16": "BF16"}
+
+
+def _v2_datatype(ort_type: str) -> str | None:
+    """Triton's datatype of an onnxruntime type ("tensor(float)"); None for one this server cannot serve."""
+    name = ort_type.removeprefix("tensor(").removesuffix(")")
+    if name in _ORT_NAMES:
+        return _ORT_NAMES[name]
+    try:
+        return v2_datatype(np.dtype(name))
+    except (TypeError, ValueError):  # not a numpy name (uint4, float8e4m3fn, seq(...)) or no v2 type (complex64)
+        return None
 
 
 def _describe(args: Sequence[ort.NodeArg]) -> list[RuntimeTensor]:
     tensors = []
     for arg in args:
-        datatype = _ORT_TO_V2.get(arg.type)
+        datatype = _v2_datatype(arg.type)
         if datatype is None:
             raise ConfigError(f"tensor {arg.name!r} has type {arg.type}, which this server cannot serve")
         shape = tuple(d if isinstance(d, int) and d >= 0 else -1 for d in (arg.shape or []))

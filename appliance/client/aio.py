@@ -131,10 +131,7 @@ class AsyncBoxPool(PoolBase):
                                 sequence_id, sequence_start, sequence_end)
         attempts = self._attempts(model, options)
         while True:
-            box = attempts.choose()
-            if box is None:
-                await asyncio.sleep(attempts.pause())
-                continue
+            box = await attempts.next_box_async()
             try:
                 if self.protocol == "grpc":
                     result = await self._infer_grpc(box, model, inputs, options)

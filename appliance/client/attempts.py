@@ -7,6 +7,7 @@ to give up live here once, so the two cannot drift apart.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Hashable, Sequence
@@ -88,7 +89,7 @@ class PoolBase:
 
 
 class Attempts:
-    """The attempts of one request: ``choose`` a box (None: sleep ``pause()`` seconds and choose again),
+    """The attempts of one request: ``next_box`` (or ``next_box_async``) waits for a box to be free,
     send, then report the outcome: ``retry`` (Unreachable or Refused: choose again), ``failed`` (any
     other exception, raised to the caller) or ``succeeded``."""
 
@@ -108,6 +109,18 @@ class Attempts:
     def choose(self) -> Box | None:
         box = self._router.choose(self._model, self._protocol, self._tried, self._sequence)
         self._started = time.monotonic()
+        return box
+
+    def next_box(self) -> Box:
+        """The box to send to, sleeping (this thread) while none is free; NoBoxAvailable past the deadline."""
+        while (box := self.choose()) is None:
+            time.sleep(self.pause())
+        return box
+
+    async def next_box_async(self) -> Box:
+        """``next_box`` for the event loop."""
+        while (box := self.choose()) is None:
+            await asyncio.sleep(self.pause())
         return box
 
     def pause(self) -> float:

@@ -120,10 +120,7 @@ class BoxPool(PoolBase):
                                 sequence_id, sequence_start, sequence_end)
         attempts = self._attempts(model, options)
         while True:
-            box = attempts.choose()
-            if box is None:
-                time.sleep(attempts.pause())
-                continue
+            box = attempts.next_box()
             try:
                 result = self._transport.infer(box, model, inputs, options)
             except (Unreachable, Refused) as exc:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from appliance.commands.serve import serve_flags
+from appliance.settings.checks import field_key, fill
 from appliance.settings.loading import ENV_PREFIX, SECTIONS, setting_types
 
 __all__ = ["BEGIN", "END", "SettingDoc", "documented", "markdown", "replace_block"]
@@ -45,15 +46,16 @@ class SettingDoc:
 
 
 def _docstrings(cls: type) -> dict[str, str]:
-    """The string literal under each field of a dataclass, by field name (as Sphinx reads them)."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    body = tree.body[0].body  # type: ignore[attr-defined]
+    """The string literal under each field of a dataclass and of the dataclasses it derives from, by field
+    name (as Sphinx reads them), with a shared base's ``{prefix}`` and ``{port}`` filled in for ``cls``."""
     found: dict[str, str] = {}
-    for statement, following in zip(body, body[1:]):
-        if (isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name)
-                and isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant)
-                and isinstance(following.value.value, str)):
-            found[statement.target.id] = " ".join(following.value.value.split())
+    for each in reversed([c for c in cls.__mro__ if dataclasses.is_dataclass(c)]):
+        body = ast.parse(textwrap.dedent(inspect.getsource(each))).body[0].body  # type: ignore[attr-defined]
+        for statement, following in zip(body, body[1:]):
+            if (isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name)
+                    and isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant)
+                    and isinstance(following.value.value, str)):
+                found[statement.target.id] = fill(cls, " ".join(following.value.value.split()))
     return found
 
 
@@ -92,7 +94,7 @@ def documented(flags: Callable[[], dict[str, tuple[str, ...]]] = serve_flags) ->
     for section, cls in SECTIONS.items():
         strings = _docstrings(cls)
         for field in dataclasses.fields(cls):
-            key = field.metadata.get("key", field.name)
+            key = field_key(cls, field)
             env = _SYSTEMD.get(key, ENV_PREFIX + key.upper())
             if key == "state_dir":
                 env = f"{ENV_PREFIX}STATE_DIR, STATE_DIRECTORY"

@@ -13,8 +13,7 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from appliance.backends import BackendInfo
-from appliance.backends.base import Outputs
-from appliance.backends.python.backend import model_parameters
+from appliance.backends.base import Outputs, model_parameters
 from appliance.core.errors import (
     ApplianceError,
     DeadlineExceeded,

@@ -20,6 +20,16 @@ __all__ = [
 ]
 
 
+class _FieldsAsJson:
+    """A result whose JSON is its fields, in their order, tuples as lists."""
+
+    __slots__ = ()
+
+    def as_json(self) -> dict[str, Any]:
+        values = ((field.name, getattr(self, field.name)) for field in dataclasses.fields(self))  # type: ignore[arg-type]
+        return {name: list(value) if isinstance(value, tuple) else value for name, value in values}
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Health:
     live: bool
@@ -40,23 +50,17 @@ class Health:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class ServerMetadata:
+class ServerMetadata(_FieldsAsJson):
     name: str
     version: str
     extensions: tuple[str, ...]
 
-    def as_json(self) -> dict[str, Any]:
-        return {"name": self.name, "version": self.version, "extensions": list(self.extensions)}
-
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class TensorMetadata:
+class TensorMetadata(_FieldsAsJson):
     name: str
     datatype: str
     shape: tuple[int, ...]
-
-    def as_json(self) -> dict[str, Any]:
-        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

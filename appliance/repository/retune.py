@@ -28,7 +28,7 @@ DOMINANT_SHARE = 0.5
 """Other shapes must carry at least this share of the requests to count as the traffic's shapes."""
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class RetunePolicy:
     interval: float
     """Seconds between two retunes of one model (and at most between two looks at the traffic)."""

@@ -35,7 +35,7 @@ WARMUP_ANSWER_TIMEOUT = 60.0
 """Seconds a warmup run waits for an answer the model sends after its batch returned."""
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class WarmupSample:
     name: str
     batch: int

@@ -175,15 +175,9 @@ class HttpServer:
         # No access log: it costs more per request than the rest of the HTTP layer. Handler
         # cancellation: a client that disconnects while queued is dropped from its model's queue.
         # No automatic decompression: appliance.rest.body inflates bodies with a bound, off the loop.
-        self._runner = web.AppRunner(
-            app,
-            access_log=None,
-            handle_signals=False,
-            handler_cancellation=True,
-            keepalive_timeout=header_timeout,
-            auto_decompress=False,
-            shutdown_timeout=_CANCEL_GRACE,
-        )
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True,
+                                     keepalive_timeout=header_timeout, auto_decompress=False,
+                                     shutdown_timeout=_CANCEL_GRACE)
 
     @property
     def addresses(self) -> list:

@@ -10,8 +10,8 @@ from typing import Any
 
 from appliance.core.errors import ConfigError
 
-__all__ = ["flat_key", "key", "require_at_least", "require_networks", "require_one_of", "require_port",
-           "require_positive"]
+__all__ = ["field_key", "fill", "flat_key", "key", "require_at_least", "require_networks", "require_one_of",
+           "require_port", "require_positive"]
 
 
 def key(default: Any, name: str) -> Any:
@@ -55,4 +55,17 @@ def require_port(section: object, name: str) -> None:
 def flat_key(section: object, name: str) -> str:
     """The key a field of ``section`` is set by (its name unless ``key()`` gave another)."""
     field = next(f for f in dataclasses.fields(section) if f.name == name)  # type: ignore[arg-type]
-    return field.metadata.get("key", name)
+    return field_key(type(section) if not isinstance(section, type) else section, field)
+
+
+def field_key(cls: type, field: dataclasses.Field) -> str:
+    """``field``'s key in section class ``cls``: a key a shared base declares (``"{prefix}_use_ssl"``) takes
+    the class's ``PREFIX`` and ``PORT``."""
+    return fill(cls, field.metadata.get("key", field.name))
+
+
+def fill(cls: type, text: str) -> str:
+    """``text`` with ``{prefix}`` and ``{port}`` filled in from ``cls`` (a text without them as it is)."""
+    if "{prefix}" in text or "{port}" in text:
+        return text.replace("{prefix}", cls.PREFIX).replace("{port}", cls.PORT)  # type: ignore[attr-defined]
+    return text

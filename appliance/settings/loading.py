@@ -16,6 +16,7 @@ import platformdirs
 
 from appliance.core.errors import ConfigError
 from appliance.settings import sections
+from appliance.settings.checks import field_key
 
 __all__ = ["ENV_PREFIX", "SECTIONS", "default_state_dir", "flat_fields", "load_values", "setting_types"]
 
@@ -57,7 +58,7 @@ def flat_fields() -> dict[str, tuple[str, str]]:
     found: dict[str, tuple[str, str]] = {}
     for section, cls in SECTIONS.items():
         for field in dataclasses.fields(cls):
-            flat = field.metadata.get("key", field.name)
+            flat = field_key(cls, field)
             assert flat not in found, f"two settings have the key {flat!r}"
             found[flat] = (section, field.name)
     return found

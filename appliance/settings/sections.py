@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import ClassVar
 
 from appliance.core.errors import ConfigError
 from appliance.engine.shared_config import CacheConfig, RedisCacheConfig, ResourceLimit
@@ -34,6 +35,7 @@ __all__ = [
     "LimitsSection",
     "MetricsSection",
     "ModelsSection",
+    "PortTls",
     "RateLimiterSection",
     "ResponseCacheSection",
     "SelectionSection",
@@ -44,6 +46,16 @@ __all__ = [
 ]
 
 LOOPBACK = ("127.0.0.0/8", "::1/128")
+
+
+class StatePath:
+    """A path in the section's ``state_dir``, read as an attribute (``settings.server.cache_dir``)."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __get__(self, section: ServerSection, owner: type) -> Path:
+        return section.state_dir / self._name
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -81,52 +93,64 @@ class ServerSection:
         if self.exit_timeout < 0:
             raise ConfigError(f"exit_timeout must be >= 0 seconds, got {self.exit_timeout}")
 
-    @property
-    def example_repository_dir(self) -> Path:
-        return self.state_dir / "example-repository"
-
-    @property
-    def cache_dir(self) -> Path:
-        return self.state_dir / "cache"
-
-    @property
-    def trace_dir(self) -> Path:
-        return self.state_dir / "traces"
-
-    @property
-    def pushed_dir(self) -> Path:
-        """Models pushed over the load API, an overlay of the repository (see appliance.repository.pushed)."""
-        return self.state_dir / "pushed"
-
-    @property
-    def metrics_db(self) -> Path:
-        return self.state_dir / "metrics.db"
-
-
-def _tls(section: HttpSection | GrpcSection, state_dir: Path, flag: str) -> ServerTls | None:
-    """A port's TLS as its settings say (None: plain TCP); the box's own certificate by default. Mutual TLS
-    turns TLS on by itself, as Triton's --grpc-use-ssl-mutual=true does."""
-    if not (section.use_ssl or section.use_ssl_mutual):
-        if section.server_cert or section.server_key:
-            raise ConfigError(f"{flag}-server-cert and {flag}-server-key take effect with {flag}-use-ssl=true (or "
-                              f"{flag}-use-ssl-mutual=true); add it")
-        return None
-    if bool(section.server_cert) != bool(section.server_key):
-        raise ConfigError(f"{flag}-server-cert and {flag}-server-key go together; give both, or neither to "
-                          "serve the box's own certificate (appliance tls init)")
-    own = state_dir / "tls"
-    cert = Path(section.server_cert).expanduser() if section.server_cert else own / "server.crt"
-    private = Path(section.server_key).expanduser() if section.server_key else own / "server.key"
-    if not section.server_cert and not cert.exists():
-        raise ConfigError(f"{flag}-use-ssl without {flag}-server-cert serves the box's own certificate, and {cert} "
-                          "does not exist: run `appliance tls init` first, or name a certificate and key")
-    root = Path(section.root_cert).expanduser() if section.root_cert else None
-    return ServerTls(cert, private, root, section.use_ssl_mutual, flag)
+    example_repository_dir = StatePath("example-repository")
+    cache_dir = StatePath("cache")
+    trace_dir = StatePath("traces")
+    pushed_dir = StatePath("pushed")
+    """Models pushed over the load API, an overlay of the repository (see appliance.repository.pushed)."""
+    metrics_db = StatePath("metrics.db")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class HttpSection:
-    """The HTTP port (and the metrics port's connections)."""
+class PortTls:
+    """A port's TLS (Triton's --<port>-use-ssl flags), the base of the HTTP and gRPC sections. ``PREFIX``
+    begins the keys (``http_use_ssl``) and ``PORT`` names the port in the docs: a ``{prefix}`` or ``{port}``
+    in a key or a docstring below stands for them (``flat_key`` and the settings reference fill them in)."""
+
+    PREFIX: ClassVar[str]
+    PORT: ClassVar[str]
+
+    use_ssl: bool = key(False, "{prefix}_use_ssl")
+    """Serve the {port} port over TLS (Triton's --{prefix}-use-ssl): with {prefix}_server_cert and
+    {prefix}_server_key, or the box's own certificate that `appliance tls init` made (<state_dir>/tls/)."""
+    server_cert: str | None = key(None, "{prefix}_server_cert")
+    """The PEM certificate (chain) the {port} port presents with {prefix}_use_ssl."""
+    server_key: str | None = key(None, "{prefix}_server_key")
+    """Its PEM private key: readable by the daemon's user alone (chmod 600), or the daemon does not start."""
+    root_cert: str | None = key(None, "{prefix}_root_cert")
+    """The PEM CA bundle client certificates must chain to, with {prefix}_use_ssl_mutual."""
+    use_ssl_mutual: bool = key(False, "{prefix}_use_ssl_mutual")
+    """Mutual TLS on the {port} port (TLS on, as with Triton's flag, even without {prefix}_use_ssl): a client
+    without a certificate of {prefix}_root_cert's CA is refused in the handshake."""
+
+    def tls(self, state_dir: Path) -> ServerTls | None:
+        """The port's TLS as its settings say (None: plain TCP); the box's own certificate by default. Mutual
+        TLS turns TLS on by itself, as Triton's --grpc-use-ssl-mutual=true does."""
+        flag = f"--{self.PREFIX}"
+        if not (self.use_ssl or self.use_ssl_mutual):
+            if self.server_cert or self.server_key:
+                raise ConfigError(f"{flag}-server-cert and {flag}-server-key take effect with {flag}-use-ssl=true "
+                                  f"(or {flag}-use-ssl-mutual=true); add it")
+            return None
+        if bool(self.server_cert) != bool(self.server_key):
+            raise ConfigError(f"{flag}-server-cert and {flag}-server-key go together; give both, or neither to "
+                              "serve the box's own certificate (appliance tls init)")
+        own = state_dir / "tls"
+        cert = Path(self.server_cert).expanduser() if self.server_cert else own / "server.crt"
+        private = Path(self.server_key).expanduser() if self.server_key else own / "server.key"
+        if not self.server_cert and not cert.exists():
+            raise ConfigError(f"{flag}-use-ssl without {flag}-server-cert serves the box's own certificate, and "
+                              f"{cert} does not exist: run `appliance tls init` first, or name a certificate and key")
+        root = Path(self.root_cert).expanduser() if self.root_cert else None
+        return ServerTls(cert, private, root, self.use_ssl_mutual, flag)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class HttpSection(PortTls):
+    """The HTTP port; the metrics port shares its connection cap and its TLS."""
+
+    PREFIX = "http"
+    PORT = "HTTP"
 
     port: int = key(8000, "http_port")
     """The HTTP port (Triton's 8000); 0 picks a free one."""
@@ -150,22 +174,6 @@ class HttpSection:
     """Serve small infer requests (up to 64 KiB) on the HTTP port's own lean path instead of through aiohttp
     (same rules and answers, a fraction of the CPU); a connection's first other request hands it to
     aiohttp. Off: aiohttp serves every request."""
-    use_ssl: bool = key(False, "http_use_ssl")
-    """Serve the HTTP port (and the metrics port) over TLS (Triton's --http-use-ssl): with http_server_cert and
-    http_server_key, or the box's own certificate that `appliance tls init` made (<state_dir>/tls/)."""
-    server_cert: str | None = key(None, "http_server_cert")
-    """The PEM certificate (chain) the HTTP port (and the metrics port) presents with http_use_ssl."""
-    server_key: str | None = key(None, "http_server_key")
-    """Its PEM private key: readable by the daemon's user alone (chmod 600), or the daemon does not start."""
-    root_cert: str | None = key(None, "http_root_cert")
-    """The PEM CA bundle client certificates must chain to, with http_use_ssl_mutual."""
-    use_ssl_mutual: bool = key(False, "http_use_ssl_mutual")
-    """Mutual TLS on the HTTP port (and the metrics port; TLS on, even without http_use_ssl): a client
-    without a certificate of http_root_cert's CA is refused in the handshake."""
-
-    def tls(self, state_dir: Path) -> ServerTls | None:
-        return _tls(self, state_dir, "--http")
-
     def __post_init__(self) -> None:
         require_port(self, "port")
         require_at_least(self, 1, "max_connections")
@@ -174,8 +182,11 @@ class HttpSection:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class GrpcSection:
+class GrpcSection(PortTls):
     """The gRPC port: Triton's GRPCInferenceService."""
+
+    PREFIX = "grpc"
+    PORT = "gRPC"
 
     enabled: bool = key(True, "grpc")
     """Serve KServe v2 over gRPC beside HTTP (--no-grpc turns it off)."""
@@ -201,22 +212,6 @@ class GrpcSection:
     grpc_receive_grace gives it up (UNAVAILABLE) when another call waits for one."""
     receive_grace: float = key(2.0, "grpc_receive_grace")
     """Seconds a call's message may take before grpc_receive_min_rate applies to it."""
-    use_ssl: bool = key(False, "grpc_use_ssl")
-    """Serve the gRPC port over TLS (Triton's --grpc-use-ssl): with grpc_server_cert and
-    grpc_server_key, or the box's own certificate that `appliance tls init` made (<state_dir>/tls/)."""
-    server_cert: str | None = key(None, "grpc_server_cert")
-    """The PEM certificate (chain) the gRPC port presents with grpc_use_ssl."""
-    server_key: str | None = key(None, "grpc_server_key")
-    """Its PEM private key: readable by the daemon's user alone (chmod 600), or the daemon does not start."""
-    root_cert: str | None = key(None, "grpc_root_cert")
-    """The PEM CA bundle client certificates must chain to, with grpc_use_ssl_mutual."""
-    use_ssl_mutual: bool = key(False, "grpc_use_ssl_mutual")
-    """Mutual TLS on the gRPC port (TLS on, as with Triton's flag, even without grpc_use_ssl): a client
-    without a certificate of grpc_root_cert's CA is refused in the handshake."""
-
-    def tls(self, state_dir: Path) -> ServerTls | None:
-        return _tls(self, state_dir, "--grpc")
-
     def __post_init__(self) -> None:
         require_port(self, "port")
         require_at_least(self, 1, "max_streams", "stream_max_pending", "receive_min_rate")

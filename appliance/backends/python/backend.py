@@ -16,7 +16,7 @@ import queue
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from appliance.backends.base import (
@@ -26,6 +26,7 @@ from appliance.backends.base import (
     LoadContext,
     Outputs,
     RequestResult,
+    model_parameters,
     reschedule_refused,
 )
 from appliance.backends.python.environment import model_environment
@@ -38,14 +39,10 @@ from appliance.backends.python.wire.arena import Arena, Attachments, reusable_si
 from appliance.core.config_json import config_to_json
 from appliance.core.errors import ConfigError, InferenceFailed
 
-__all__ = ["ModelError", "PythonBackend", "model_parameters"]
+__all__ = ["ModelError", "PythonBackend"]
 
 log = logging.getLogger(__name__)
 
-# Request parameters that steer the transport or the scheduler, not the model: request.parameters()
-# leaves them out, as Triton's does.
-_TRANSPORT_PREFIXES = ("shared_memory_", "binary_data", "sequence_", "triton_")
-_TRANSPORT_KEYS = frozenset({"priority", "timeout", "headers"})
 _GROUP = 8
 """Requests of a model without dynamic batching sent to its process in one message (each still its own
 execute() there): the channel's cost — the messages, the wake-ups of two processes — is paid per group."""
@@ -81,15 +78,6 @@ def _small(requests: Sequence[BackendRequest], each: bool = False) -> bool:
         if total > _START_INPUT_BYTES:
             return False
     return True
-
-
-def model_parameters(parameters: Mapping[str, object]) -> str:
-    """The request's own parameters as the JSON text ``request.parameters()`` returns."""
-    if not parameters:
-        return "{}"
-    kept = {key: value for key, value in parameters.items()
-            if key not in _TRANSPORT_KEYS and not key.startswith(_TRANSPORT_PREFIXES)}
-    return json.dumps(kept, default=str)
 
 
 class _Instance:

@@ -38,8 +38,14 @@ import types
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn, cast
 
-from appliance.backends.base import BackendRequest, BatchResult, LoadContext, Outputs, reschedule_refused
-from appliance.backends.python.backend import model_parameters
+from appliance.backends.base import (
+    BackendRequest,
+    BatchResult,
+    LoadContext,
+    Outputs,
+    model_parameters,
+    reschedule_refused,
+)
 from appliance.backends.python.model_args import initialize_args
 from appliance.backends.python.model_backend import ModelPyBackend
 from appliance.backends.python.model_process import triton_python_backend_utils as pb_utils

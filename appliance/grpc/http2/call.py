@@ -40,7 +40,7 @@ from appliance.grpc.http2.headers import RESPONSE_HEADERS, Request, response_blo
 from appliance.grpc.status import abort
 from appliance.protocol.inflate import Compressed
 
-__all__ = ["Call", "Channel", "STREAM_WINDOW"]
+__all__ = ["Call", "STREAM_WINDOW"]
 
 log = logging.getLogger(__name__)
 

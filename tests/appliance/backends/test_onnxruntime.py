@@ -5,6 +5,7 @@ import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
 from appliance.backends import LoadContext, RuntimeOptions, named
+from appliance.backends.onnxruntime import _v2_datatype
 from appliance.core.errors import ConfigError, InvalidInput
 from appliance.examples import build_example_repository
 
@@ -54,3 +55,15 @@ def test_unloadable_file_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="onnxruntime cannot load"):
         _load(path)
 
+
+
+@pytest.mark.parametrize(("ort_type", "datatype"), [
+    ("tensor(bool)", "BOOL"), ("tensor(uint8)", "UINT8"), ("tensor(uint64)", "UINT64"), ("tensor(int8)", "INT8"),
+    ("tensor(int64)", "INT64"), ("tensor(float16)", "FP16"), ("tensor(float)", "FP32"), ("tensor(double)", "FP64"),
+    ("tensor(string)", "BYTES"), ("tensor(bfloat16)", "BF16"),
+    # No v2 datatype: the model is refused at load, naming the tensor.
+    ("tensor(uint4)", None), ("tensor(float8e4m3fn)", None), ("tensor(complex64)", None),
+    ("seq(tensor(float))", None), ("map(int64,tensor(float))", None),
+])
+def test_onnxruntime_types_map_to_triton_datatypes(ort_type, datatype):
+    assert _v2_datatype(ort_type) == datatype

@@ -6,8 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from appliance.backends.base import BackendRequest
-from appliance.backends.python.backend import model_parameters
+from appliance.backends.base import BackendRequest, model_parameters
 from appliance.core.errors import ConfigError
 from tests.appliance.backends.python.harness import loaded
 from tests.models import write_python_model

@@ -6,6 +6,7 @@ import enum
 import logging
 import os
 import sys
+from collections.abc import Callable
 
 from appliance.backends.python.model_process.pb import runtime
 from appliance.backends.python.model_process.pb.runtime import Runtime
@@ -37,26 +38,22 @@ def _send(level: int, message: str, depth: int = 3) -> None:
         print(f"{logging.getLevelName(level)} {filename}:{line}] {message}", file=sys.stderr)
 
 
+def _at(level: int) -> Callable[[str], None]:
+    def log(message: str) -> None:
+        _send(level, message)
+
+    return log
+
+
 class Logger:
     @staticmethod
     def log(message: str, level: int = LogLevel.INFO) -> None:
         _send(_TO_LOGGING[LogLevel(level)], message)
 
-    @staticmethod
-    def log_info(message: str) -> None:
-        _send(logging.INFO, message)
-
-    @staticmethod
-    def log_warn(message: str) -> None:
-        _send(logging.WARNING, message)
-
-    @staticmethod
-    def log_error(message: str) -> None:
-        _send(logging.ERROR, message)
-
-    @staticmethod
-    def log_verbose(message: str) -> None:
-        _send(logging.DEBUG, message)
+    log_info = staticmethod(_at(logging.INFO))
+    log_warn = staticmethod(_at(logging.WARNING))
+    log_error = staticmethod(_at(logging.ERROR))
+    log_verbose = staticmethod(_at(logging.DEBUG))
 
 
 class _Forward(logging.Handler):

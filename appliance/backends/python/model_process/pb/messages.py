@@ -12,16 +12,9 @@ from appliance.backends.python.model_process.pb.response import InferenceRespons
 from appliance.backends.python.model_process.pb.tensor import Tensor
 from appliance.backends.python.model_process.pb.transfer import send_response
 
-__all__ = [
-    "TRITONSERVER_REQUEST_FLAG_SEQUENCE_END",
-    "TRITONSERVER_REQUEST_FLAG_SEQUENCE_START",
-    "TRITONSERVER_REQUEST_RELEASE_ALL",
-    "TRITONSERVER_REQUEST_RELEASE_RESCHEDULE",
-    "TRITONSERVER_RESPONSE_COMPLETE_FINAL",
-    "InferenceRequest",
-    "InferenceResponse",
-    "ResponseSender",
-]
+__all__ = ["InferenceRequest", "InferenceResponse", "ResponseSender", "TRITONSERVER_REQUEST_FLAG_SEQUENCE_END",
+           "TRITONSERVER_REQUEST_FLAG_SEQUENCE_START", "TRITONSERVER_REQUEST_RELEASE_ALL",
+           "TRITONSERVER_REQUEST_RELEASE_RESCHEDULE", "TRITONSERVER_RESPONSE_COMPLETE_FINAL"]
 
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
