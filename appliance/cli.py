@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import sys
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+from types import ModuleType
 
 from appliance import __version__
-from appliance.commands import cache, discover, explain, fleet, install_service, probe, push, serve, stats, tls, tune
+from appliance.commands import serve
 from appliance.core.errors import ApplianceError
 from appliance.runtime import log_limit
 from appliance.settings import Settings, load_settings
@@ -17,28 +20,47 @@ from appliance.settings import Settings, load_settings
 __all__ = ["main", "usage_summary"]
 
 _COMMANDS = {
-    "serve": serve,
-    "probe": probe,
-    "tune": tune,
-    "explain": explain,
-    "cache": cache,
-    "stats": stats,
-    "install-service": install_service,
-    "discover": discover,
-    "push": push,
-    "fleet": fleet,
-    "tls": tls,
+    "serve": "serve",
+    "probe": "probe",
+    "tune": "tune",
+    "explain": "explain",
+    "cache": "cache",
+    "stats": "stats",
+    "install-service": "install_service",
+    "discover": "discover",
+    "push": "push",
+    "fleet": "fleet",
+    "tls": "tls",
 }
+"""Each command and its module in appliance.commands (``add_parser`` and ``run``). Only the module of the
+command given is imported: the daemon does not load the fleet commands' zeroconf or the certificate
+command's cryptography (about 25 MiB of a serving daemon's memory)."""
 
 
-def _parser() -> argparse.ArgumentParser:
+def _command(name: str) -> ModuleType:
+    return importlib.import_module(f"appliance.commands.{_COMMANDS[name]}")
+
+
+def _parser(commands: Iterable[str] = _COMMANDS) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="appliance", description="Edge inference appliance")
     parser.add_argument("--version", action="version", version=f"appliance {__version__}")
     parser.add_argument("--config", type=Path, help="TOML settings file (also APPLIANCE_CONFIG)")
     sub = parser.add_subparsers(dest="command", required=True)
-    for command in _COMMANDS.values():
-        command.add_parser(sub)
+    for name in commands:
+        _command(name).add_parser(sub)
     return parser
+
+
+def _named(argv: Sequence[str]) -> list[str]:
+    """The command ``argv`` names, alone, or every command when it names none the parser knows (then the
+    parser's help or error lists them all). Before the command come only --config FILE and --version."""
+    words = iter(argv)
+    for word in words:
+        if word == "--config":
+            next(words, None)
+        elif not word.startswith("-"):
+            return [word] if word in _COMMANDS else list(_COMMANDS)
+    return list(_COMMANDS)
 
 
 def usage_summary(width: int = 100) -> str:
@@ -65,14 +87,15 @@ def _setup_logging(settings: Settings) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = _parser(_named(argv)).parse_args(argv)
     flags = {k: v for k, v in vars(args).items() if k not in ("command", "config")}
     try:
         if args.command == "serve":
             flags.update(serve.trace_settings(flags))
         settings = load_settings(flags, os.environ, args.config)
         _setup_logging(settings)
-        return _COMMANDS[args.command].run(args, settings)
+        return _command(args.command).run(args, settings)
     except ApplianceError as exc:
         print(f"appliance: {exc.message}", file=sys.stderr)
         return 2

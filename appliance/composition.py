@@ -26,7 +26,6 @@ from appliance.backends.children import ChildProcesses
 from appliance.backends.python.wire.arena import arena_usage, remove_stale_arenas
 from appliance.core.errors import ConfigError
 from appliance.engine.rate_limiter import RateLimiter
-from appliance.engine.redis_cache import RedisResponseCache
 from appliance.engine.response_cache import ResponseCache, ResponseStore
 from appliance.engine.scheduler.execution import measure_thread_hop
 from appliance.engine.server_wide import ServerWide
@@ -35,7 +34,7 @@ from appliance.engine.streaming import StreamLimits
 from appliance.engine.tensor_checks import DecodeLimits
 from appliance.examples import ensure_example_repository, example_repository
 from appliance.grpc.grpc_config import GrpcConfig, StreamRules
-from appliance.mdns.announcer import box_id
+from appliance.mdns.identity import box_id
 from appliance.metrics.custom import CustomMetrics
 from appliance.metrics.service import MetricsService
 from appliance.metrics.store import Retention
@@ -43,7 +42,6 @@ from appliance.protocol.admission import AccessPolicy, Admission, parse_networks
 from appliance.protocol.dataplane import DataPlane, Rules
 from appliance.protocol.log_settings import LogSettings, LogValues
 from appliance.protocol.shared_memory import LocalPeers, SharedMemoryLimits, SharedMemoryRegistry
-from appliance.protocol.trace_otel import OtelExporter
 from appliance.protocol.trace_settings import TraceSettings, TraceValues
 from appliance.protocol.trace_writer import TraceWriter
 from appliance.protocol.tracing import Tracer
@@ -209,7 +207,8 @@ class Appliance:
         return await self._lifecycle.close()
 
 
-def server_wide(cache: sections.ResponseCacheSection, limiter: sections.RateLimiterSection) -> ServerWide:
+async def server_wide(cache: sections.ResponseCacheSection, limiter: sections.RateLimiterSection,
+                      lifecycle: Lifecycle) -> ServerWide:
     """The response cache (``cache_config``) and the rate limiter (``rate_limit``) the models share."""
     if limiter.resources and not limiter.enabled:
         log.warning("rate_limit_resources are ignored while rate_limit is off; start with --rate-limit "
@@ -217,7 +216,13 @@ def server_wide(cache: sections.ResponseCacheSection, limiter: sections.RateLimi
     config = cache.parsed
     store: ResponseStore | None = None
     if isinstance(config, RedisCacheConfig):
-        store = RedisResponseCache(config)
+        # Imported here: redis (with what it loads, ~19 MiB) stays out of a daemon that does not use it.
+        from appliance.engine.redis_cache import RedisResponseCache
+
+        redis = RedisResponseCache(config)
+        lifecycle.on_close("the redis response cache", redis.close)  # closed after the models that write to it
+        await redis.check()  # refused credentials stop the start; a Redis that is down does not
+        store = redis
     elif config is not None:
         store = ResponseCache(config.size)
     return ServerWide(
@@ -253,10 +258,7 @@ async def _compose(settings: Settings, lifecycle: Lifecycle, connections: int) -
     registries: list[ModelRegistry] = []  # the metrics start first, to see the models load
     custom_metrics = CustomMetrics() if settings.metrics.enabled else None
     children = ChildProcesses()
-    shared = server_wide(settings.response_cache, settings.rate_limiter)
-    if isinstance(shared.response_cache, RedisResponseCache):  # closed after the models that write to it
-        lifecycle.on_close("the redis response cache", shared.response_cache.close)
-        await shared.response_cache.check()  # refused credentials stop the start; a Redis that is down does not
+    shared = await server_wide(settings.response_cache, settings.rate_limiter, lifecycle)
     metrics = await _start_metrics(settings.metrics, server, state, registries, lifecycle, custom_metrics, children,
                                    shared)
     shm = settings.shm
@@ -373,6 +375,9 @@ def _start_tracing(settings: Settings, state: StateDir, lifecycle: Lifecycle) ->
     lifecycle.on_close("the trace writer", lambda: asyncio.to_thread(writer.close))
     exporter = None
     if section.mode == "opentelemetry":  # spans over OTLP/HTTP instead of the files
+        # Imported here: the OpenTelemetry SDK stays out of a daemon that writes Triton's trace files.
+        from appliance.protocol.trace_otel import OtelExporter
+
         exporter = OtelExporter(section.otel_url, section.otel_resource,
                                 max_queue_size=section.otel_bsp_max_queue_size,
                                 schedule_delay_ms=section.otel_bsp_schedule_delay,

@@ -12,8 +12,11 @@ alternates between repeats. Each figure is the median over the repeats. Beside t
 (perf_analyzer's) the table gives the CPU time each server spent per request, its child processes
 (the Python models' processes) included, read from /proc around each run: the figure a busy shared box
 distorts least. ``--in-process`` adds a third server: the appliance with every Python model marked
-``in_process`` (the plan for models the operator trusts). Targets: ≥ 1.0× Triton's throughput and
-≤ 1.0× its p50 on every row. Writes bench/results/triton.md and triton.json.
+``in_process`` (the plan for models the operator trusts). Targets: ≥ 1.0× Triton's throughput, ≤ 1.0×
+its p50 and ≤ 1.0× its CPU per request on every row. A second table gives each server's idle memory: the
+RSS of its whole process tree (the server and every model process) once it is ready and has sat idle
+for a few seconds, before any request; target: the appliance's ≤ Triton's. Writes
+bench/results/triton.md and triton.json.
 
 ``--baseline CHECKOUT`` adds the appliance run from another checkout (``git archive <commit> | tar -x -C
 DIR``), alternated with the others in the same way: an A/B of a change. ``--no-triton`` leaves Triton out;
@@ -35,11 +38,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from bench.process import start_appliance
+from bench.process import rss_mib, start_appliance
 from bench.serving import RESULTS, machine
 from bench.triton_models import REPEATS, write_repository
 
 _TICK = os.sysconf("SC_CLK_TCK")
+_SETTLE_S = 3.0
+"""Seconds a server sits idle after it is ready before its memory is read."""
 BASELINE = "baseline"
 """The server name of the appliance run from ``--baseline``'s checkout."""
 
@@ -97,6 +102,18 @@ def tree_cpu_seconds(pid: int) -> float:
         except (IndexError, ValueError):
             continue
     return total / _TICK
+
+
+def tree_rss_mib(pid: int) -> tuple[float, int]:
+    """Resident memory of ``pid`` and every process below it, in MiB, and how many processes that is."""
+    total, count = 0.0, 0
+    for process, _, _ in process_tree(pid):
+        try:
+            total += rss_mib(process)
+        except (OSError, IndexError, ValueError):  # exited meanwhile
+            continue
+        count += 1
+    return total, count
 
 
 @dataclasses.dataclass
@@ -201,11 +218,16 @@ def alternate(servers: dict[str, Callable[[], Running]], args: argparse.Namespac
     order reversed every other repeat: the medians over the repeats by server, the runs, the machine and
     the load average."""
     raw: dict[str, dict[str, list[tuple[float, ...]]]] = {name: {} for name in servers}
+    idle: dict[str, list[tuple[float, int]]] = {name: [] for name in servers}
     loads: list[float] = []
     for repeat in range(args.repeats):
         order = list(servers) if repeat % 2 == 0 else list(reversed(servers))
         for name in order:
             running = servers[name]()
+            time.sleep(_SETTLE_S)
+            idle[name].append(tree_rss_mib(running.pid))
+            print(f"  repeat {repeat + 1}/{args.repeats} {name:20} idle: {idle[name][-1][0]:.1f} MiB in "
+                  f"{idle[name][-1][1]} processes", file=sys.stderr, flush=True)
 
             def record(case: Case, protocol: str, concurrency: int, *figures: float, name: str = name,
                        repeat: int = repeat) -> None:
@@ -222,7 +244,9 @@ def alternate(servers: dict[str, Callable[[], Running]], args: argparse.Namespac
                 running.stop()
     medians = {name: {key: [statistics.median(values) for values in zip(*rows)] for key, rows in by_key.items()}
                for name, by_key in raw.items()}
-    return {"medians": medians, "runs": raw, "machine": machine(),
+    idle_rss = {name: [statistics.median(m for m, _ in rows), max(n for _, n in rows)]
+                for name, rows in idle.items() if rows}
+    return {"medians": medians, "runs": raw, "idle_rss": idle_rss, "machine": machine(),
             "load_average": {"median": statistics.median(loads), "min": min(loads), "max": max(loads)}}
 
 
@@ -233,19 +257,35 @@ def table(data: dict[str, Any]) -> str:
     others = [name for name in medians if name != reference]
     title = "Triton" if reference == "triton" else "baseline"
     lines = [f"| case | protocol | c | server | inf/s ({title}) | × {title} | p50 ms ({title}) | p50 × {title} | "
-             f"CPU µs/req ({title}) | throughput ≥ 1.0× | p50 ≤ 1.0× | load |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             f"CPU µs/req ({title}) | throughput ≥ 1.0× | p50 ≤ 1.0× | CPU ≤ 1.0× | load |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for key, base in triton.items():
         case, protocol, concurrency = key.split("|")
         for name in others:
             mine = medians[name].get(key)
             if mine is None:
                 continue
-            rate, p50 = mine[0] / base[0], mine[1] / base[1]
+            rate, p50, cpu = mine[0] / base[0], mine[1] / base[1], mine[2] / base[2]
             lines.append(f"| {case} | {protocol} | {concurrency} | {name} | {mine[0]:.0f} ({base[0]:.0f}) | "
                          f"{rate:.2f} | {mine[1]:.3f} ({base[1]:.3f}) | {p50:.2f} | {mine[2]:.0f} ({base[2]:.0f}) | "
                          f"{'met' if rate >= 1.0 else 'MISSED'} | {'met' if p50 <= 1.0 else 'MISSED'} | "
-                         f"{statistics.median([mine[3], base[3]]):.1f} |")
+                         f"{'met' if cpu <= 1.0 else 'MISSED'} | {statistics.median([mine[3], base[3]]):.1f} |")
+    return "\n".join(lines)
+
+
+def idle_table(data: dict[str, Any]) -> str:
+    """Each server's idle memory (whole tree), against the reference's: target ≤ 1.0×."""
+    idle = data.get("idle_rss", {})
+    reference = "triton" if "triton" in idle else BASELINE
+    if reference not in idle:
+        return ""
+    base = idle[reference][0]
+    lines = ["| server | idle RSS of the whole tree, MiB | processes | × " + reference + " | RSS ≤ 1.0× |",
+             "|---|---|---|---|---|"]
+    for name, (mib, processes) in idle.items():
+        ratio = mib / base
+        verdict = "" if name == reference else ("met" if ratio <= 1.0 else "MISSED")
+        lines.append(f"| {name} | {mib:.1f} | {processes} | {ratio:.2f} | {verdict} |")
     return "\n".join(lines)
 
 
@@ -292,7 +332,8 @@ def main(argv: list[str] | None = None) -> int:
             f"Machine: {data['machine']}; shared with other work: 1-minute load average {load['median']:.2f} "
             f"(median; {load['min']:.2f}-{load['max']:.2f}) over the runs. Medians of {args.repeats} repeats, "
             "servers alternated; perf_analyzer 2.51 (client p50); CPU per request of the server's whole "
-            "process tree.\n\n" + table(data))
+            "process tree.\n\n" + table(data) + "\n\nIdle memory (medians over the repeats, before any "
+            "request):\n\n" + idle_table(data))
     print(text)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "triton.md").write_text(text + "\n")

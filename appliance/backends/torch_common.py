@@ -10,7 +10,7 @@ import torch
 
 from appliance.backends.base import LoadContext
 from appliance.core.errors import ConfigError
-from appliance.core.tensors import BF16
+from appliance.core.tensors import bf16, is_bf16
 
 __all__ = ["TORCH_TO_V2", "outputs_by_name", "prepare_torch", "to_numpy", "to_torch"]
 
@@ -52,7 +52,7 @@ def to_torch(array: np.ndarray, device: torch.device) -> torch.Tensor:
         raise ConfigError("BYTES tensors are not supported by the torch backends")
     if not array.flags.writeable:  # torch wants to own writable memory; binary inputs are read-only views
         array = array.copy()
-    if array.dtype == BF16:  # numpy's bfloat16 is ml_dtypes': hand torch the same 16-bit words
+    if is_bf16(array.dtype):  # numpy's bfloat16 is ml_dtypes': hand torch the same 16-bit words
         return torch.from_numpy(np.ascontiguousarray(array).view(np.int16)).view(torch.bfloat16).to(device)
     return torch.from_numpy(array).to(device)
 
@@ -61,7 +61,7 @@ def to_numpy(value: Any) -> np.ndarray:
     if isinstance(value, torch.Tensor):
         value = value.detach().cpu()
         if value.dtype == torch.bfloat16:
-            return value.contiguous().view(torch.int16).numpy().view(BF16)
+            return value.contiguous().view(torch.int16).numpy().view(bf16())
         return value.numpy()
     return np.asarray(value)
 

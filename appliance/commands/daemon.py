@@ -7,13 +7,12 @@ import logging
 import signal
 import socket
 import time
+from typing import TYPE_CHECKING
 
 from appliance import __version__
-from appliance.client.boxes import Browser
 from appliance.composition import Appliance, compose
 from appliance.grpc.grpc_server import GrpcServer
 from appliance.grpc.http2.server import Http2Server
-from appliance.mdns.announcer import Announcer, catalog_digest
 from appliance.mdns.fleet import FleetView
 from appliance.protocol.front_end import FrontEnd
 from appliance.rest.app import build_app, build_metrics_app
@@ -23,6 +22,10 @@ from appliance.runtime.allocator import return_large_buffers
 from appliance.settings import Settings
 from appliance.settings.sections import FleetSection
 from appliance.systemd.notify import Notifier
+
+if TYPE_CHECKING:
+    from appliance.client.boxes import Browser
+    from appliance.mdns.announcer import Announcer
 
 __all__ = ["serve"]
 
@@ -53,6 +56,8 @@ async def _reload(appliance: Appliance, notifier: Notifier) -> None:
     notifier.ready(dataplane.status_line())
 
 async def _start_announcer(appliance: Appliance, port: int, grpc_port: int | None, own_id: str) -> Announcer:
+    from appliance.mdns.announcer import Announcer, catalog_digest  # zeroconf loads only with mDNS on
+
     fleet, registry, hardware = appliance.settings.fleet, appliance.registry, appliance.hardware
 
     def accelerators() -> list[str]:
@@ -79,6 +84,8 @@ async def _browse(fleet: FleetSection, own_id: str) -> tuple[Browser | None, Fle
     that cannot start is reported there, and the daemon serves on)."""
     if not fleet.mdns:
         return None, FleetView(None, own_id)
+    from appliance.client.boxes import Browser  # zeroconf loads only with mDNS on
+
     try:
         browser = await asyncio.to_thread(Browser, fleet.mdns_interfaces)
     except OSError as exc:

@@ -15,6 +15,7 @@ and ``array.view(np.int16)`` hands the same memory to torch as ``torch.bfloat16`
 from __future__ import annotations
 
 import dataclasses
+import functools
 import struct
 
 import numpy as np
@@ -22,10 +23,11 @@ import numpy as np
 from appliance.core.errors import InputMismatch
 
 __all__ = [
-    "BF16",
+    "bf16",
     "CONFIG_TO_V2",
     "V2_TO_CONFIG",
     "RuntimeTensor",
+    "is_bf16",
     "decode_bytes_tensor",
     "element_size",
     "encode_bytes_tensor",
@@ -45,13 +47,23 @@ class RuntimeTensor:
 
 # -- datatypes ------------------------------------------------------------------------------------
 
-try:
-    import ml_dtypes
+@functools.cache
+def bf16() -> np.dtype:
+    """The numpy dtype of BF16 tensors, ``ml_dtypes.bfloat16``, imported on first use: a process that
+    never meets a BF16 tensor (most model processes) does not load it (2 MiB each). Where ml_dtypes is
+    missing (a Python model's own environment, EXECUTION_ENV_PATH, as in Triton) BF16 tensors arrive as
+    their raw 2-byte elements."""
+    try:
+        import ml_dtypes
+    except ImportError:
+        return np.dtype((np.void, 2))
+    return np.dtype(ml_dtypes.bfloat16)
 
-    BF16 = np.dtype(ml_dtypes.bfloat16)
-    """The numpy dtype of BF16 tensors."""
-except ImportError:  # a Python model's own environment (EXECUTION_ENV_PATH) need not have it, as Triton's
-    BF16 = np.dtype((np.void, 2))  # BF16 tensors then arrive as their raw 2-byte elements
+
+def is_bf16(dtype: np.dtype) -> bool:
+    """Whether arrays of ``dtype`` hold BF16 tensors (without importing ml_dtypes for other dtypes)."""
+    return dtype.name == "bfloat16" or (dtype.kind == "V" and dtype.itemsize == 2 and dtype == bf16())
+
 
 _V2_TO_NUMPY: dict[str, np.dtype] = {
     "BOOL": np.dtype(np.bool_),
@@ -67,12 +79,13 @@ _V2_TO_NUMPY: dict[str, np.dtype] = {
     "FP32": np.dtype(np.float32),
     "FP64": np.dtype(np.float64),
     "BYTES": np.dtype(object),
-    "BF16": BF16,
 }
+"""Every v2 datatype's numpy dtype but BF16's (``bf16()``, loaded on first use)."""
 _NUMPY_TO_V2 = {dt: name for name, dt in _V2_TO_NUMPY.items() if name != "BYTES"}
+_DATATYPES = (*_V2_TO_NUMPY, "BF16")
 
 # Triton config enum names ("TYPE_FP32") <-> v2 names ("FP32"); TYPE_STRING is v2's BYTES.
-V2_TO_CONFIG = {name: "TYPE_STRING" if name == "BYTES" else f"TYPE_{name}" for name in _V2_TO_NUMPY}
+V2_TO_CONFIG = {name: "TYPE_STRING" if name == "BYTES" else f"TYPE_{name}" for name in _DATATYPES}
 CONFIG_TO_V2 = {cfg: v2 for v2, cfg in V2_TO_CONFIG.items()}
 
 
@@ -80,9 +93,9 @@ def numpy_dtype(datatype: str) -> np.dtype:
     """The numpy dtype for a v2 datatype (BF16: ``ml_dtypes.bfloat16``); ValueError for an unknown one."""
     dtype = _V2_TO_NUMPY.get(datatype)
     if dtype is None:
-        raise ValueError(
-            f"unknown datatype {datatype!r}; expected one of {', '.join(_V2_TO_NUMPY)}"
-        )
+        if datatype == "BF16":
+            return bf16()
+        raise ValueError(f"unknown datatype {datatype!r}; expected one of {', '.join(_DATATYPES)}")
     return dtype
 
 
@@ -90,10 +103,12 @@ def v2_datatype(dtype: np.dtype) -> str:
     dtype = np.dtype(dtype)
     if dtype.kind in ("O", "S", "U"):
         return "BYTES"
-    try:
-        return _NUMPY_TO_V2[dtype]
-    except KeyError:
-        raise ValueError(f"numpy dtype {dtype} has no KServe v2 datatype") from None
+    name = _NUMPY_TO_V2.get(dtype)
+    if name is not None:
+        return name
+    if is_bf16(dtype):
+        return "BF16"
+    raise ValueError(f"numpy dtype {dtype} has no KServe v2 datatype")
 
 
 def element_size(datatype: str) -> int | None:

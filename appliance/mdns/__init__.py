@@ -1,6 +1,2 @@
-"""LAN discovery: the daemon announces itself over mDNS; apps find boxes with appliance.client (which
-defines the service types both sides use)."""
-
-from appliance.client.boxes import HTTP_TYPE, KSERVE_TYPE
-
-__all__ = ["HTTP_TYPE", "KSERVE_TYPE"]
+"""LAN discovery: the daemon announces itself over mDNS (``announcer``, loaded only with mDNS on); apps
+find boxes with appliance.client, which defines the service types both sides use."""

@@ -12,19 +12,16 @@ import contextlib
 import hashlib
 import logging
 import socket
-import uuid
 from collections.abc import Callable, Iterable, Sequence
-from pathlib import Path
 
 import psutil
 from zeroconf import BadTypeInNameException, InterfaceChoice, IPVersion, NonUniqueNameException
 from zeroconf.asyncio import AsyncServiceInfo, AsyncZeroconf
 
 from appliance import __version__
-from appliance.mdns import HTTP_TYPE, KSERVE_TYPE
-from appliance.runtime.state import StateDir
+from appliance.client.boxes import HTTP_TYPE, KSERVE_TYPE
 
-__all__ = ["Announcer", "box_id", "catalog_digest", "txt_record"]
+__all__ = ["Announcer", "catalog_digest", "txt_record"]
 
 log = logging.getLogger(__name__)
 
@@ -49,28 +46,6 @@ def txt_record(box_id: str, accelerators: Sequence[str], models: int, grpc_port:
 def catalog_digest(names: Iterable[str]) -> str:
     """8 hex digits that change when the set of ready model names does."""
     return hashlib.sha256("\n".join(sorted(names)).encode()).hexdigest()[:8]
-
-
-def box_id(state_dir: Path, state: StateDir | None = None) -> str:
-    """A stable id for this box, kept in the state dir (blocking: call off the loop). One that cannot be
-    saved is used for this run and recorded in ``state`` (raised when there is no ``state``)."""
-    path = state_dir / "device-id"
-    try:
-        return str(uuid.UUID(path.read_text().strip()))
-    except (OSError, ValueError):
-        pass
-    value = str(uuid.uuid4())
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(value + "\n")
-    except OSError as exc:
-        if state is None:
-            raise
-        state.note("device_id_not_saved",
-                   f"the box id cannot be saved to {path} ({exc.strerror or exc}): announcing {value} for this "
-                   f"run, so LAN clients see a new box after each restart",
-                   "make the state dir writable and restart")
-    return value
 
 
 def _lan_addresses(host: str, interfaces: Sequence[str]) -> list[str]:

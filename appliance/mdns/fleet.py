@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from appliance.client.boxes import Box
+if TYPE_CHECKING:
+    from appliance.client.boxes import Box
 
 __all__ = ["FleetView"]
 

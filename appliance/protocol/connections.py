@@ -23,9 +23,9 @@ log = logging.getLogger(__name__)
 
 class ConnectionLimiter:
     """Counts open connections over every listener it wraps and turns away those beyond ``limit`` with a
-    protocol from ``refuse`` (called with the limiter, for what it may want to count or say)."""
+    protocol from ``refuse`` (the port's own refusal; by default ``close_at_once``)."""
 
-    def __init__(self, limit: int, refuse: Callable[[ConnectionLimiter], asyncio.Protocol] | None = None,
+    def __init__(self, limit: int, refuse: Callable[[], asyncio.Protocol] | None = None,
                  port: str = "the server") -> None:
         if limit < 1:
             raise ValueError(f"a connection limit must be at least 1, got {limit}")
@@ -42,7 +42,7 @@ class ConnectionLimiter:
             if self.open >= self.limit:
                 self.refused += 1
                 log.warning("%s refused a connection: %d are open (max_connections)", self._port, self.open)
-                return self._refuse(self)
+                return self._refuse()
             self.open += 1
             return _Counted(factory(), self._release)
 
@@ -52,7 +52,7 @@ class ConnectionLimiter:
         self.open -= 1
 
 
-def close_at_once(limiter: ConnectionLimiter) -> asyncio.Protocol:
+def close_at_once() -> asyncio.Protocol:
     """The refusal of a port that has no words for it (gRPC, as grpcio's max_allowed_incoming_connections):
     the connection is aborted as soon as it is made."""
     return _Abort()

@@ -66,6 +66,11 @@ _CLOSE_FLUSH_S = 2.0
 class OtelExporter:
     """Exports finished traces as spans; see the module's docstring. ``close`` flushes and stops."""
 
+    @staticmethod
+    def continues(traceparent: str) -> bool:
+        """Whether a request's W3C ``traceparent`` names a span its trace continues (else it is ignored)."""
+        return parse_traceparent(traceparent) is not None
+
     def __init__(self, url: str, resource: Sequence[str] = (), *, max_queue_size: int = 2048,
                  schedule_delay_ms: int = 5000, max_export_batch_size: int = 512) -> None:
         attributes = {"service.name": "triton-inference-server"}

@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from appliance.engine.trace import Trace
-from appliance.protocol.trace_otel import OtelExporter, parse_traceparent
 from appliance.protocol.trace_settings import TraceScope, TraceSettings
 from appliance.protocol.trace_writer import TraceWriter
+
+if TYPE_CHECKING:  # imported where spans are exported: the OpenTelemetry SDK loads only then
+    from appliance.protocol.trace_otel import OtelExporter
 
 __all__ = ["Trace", "Tracer"]
 
@@ -45,9 +48,11 @@ class Tracer:
         "HTTP" or "GRPC", whose receive marks the trace then carries; ``traceparent``: the request's W3C
         trace context, read only in OpenTelemetry mode."""
         scope = self.settings.scope(model_name)
-        parent = traceparent() if self.exporter is not None and traceparent is not None else None
-        if parent is not None and parse_traceparent(parent) is None:
-            parent = None
+        parent = None
+        if self.exporter is not None and traceparent is not None:
+            parent = traceparent()
+            if parent is not None and not self.exporter.continues(parent):
+                parent = None
         if parent is not None:  # the caller traces this request: traced whatever the rate and count
             if "TIMESTAMPS" not in scope.values.level:
                 return None

@@ -17,7 +17,7 @@ import numpy as np
 import orjson
 
 from appliance.core.errors import InputMismatch, InvalidInput
-from appliance.core.tensors import BF16, decode_bytes_tensor, element_size, encode_bytes_tensor, numpy_dtype
+from appliance.core.tensors import decode_bytes_tensor, element_size, encode_bytes_tensor, is_bf16, numpy_dtype
 from appliance.engine.tensor_checks import (
     BYTES_ELEMENT_OVERHEAD,
     MAX_ELEMENTS,
@@ -431,7 +431,7 @@ def json_numbers(array: np.ndarray) -> Any:
 
 
 def _json_data(name: str, array: np.ndarray) -> Any:
-    if array.dtype == BF16:
+    if is_bf16(array.dtype):
         raise _json_refused(name)
     if array.dtype == object:
         return [output_text(name, item) for item in array.ravel()]

@@ -22,7 +22,7 @@ import numpy as np
 import orjson
 
 from appliance.core.errors import InferenceFailed, InvalidInput
-from appliance.core.tensors import BF16, element_size
+from appliance.core.tensors import element_size, is_bf16
 from appliance.engine.signature import ModelSignature
 from appliance.engine.tensor_checks import BYTES_ELEMENT_OVERHEAD, DecodeLimits
 from appliance.engine.types import InferInput, InferRequest, InferResponse
@@ -160,7 +160,7 @@ def decode_generate_request(body: bytes, signature: ModelSignature, limits: Deco
 
 
 def _value(name: str, data: np.ndarray) -> Any:
-    if data.dtype == BF16:
+    if is_bf16(data.dtype):
         raise InvalidInput(f"sending BF16 data via JSON is not supported. Please use the binary data format for output "
                            f"('{name}': generate answers in JSON only; call infer and ask for binary outputs)")
     if data.dtype == object:

@@ -83,7 +83,7 @@ def _refusal_response(limit: int) -> bytes:
 def http_connection_limiter(limit: int) -> ConnectionLimiter:
     """The limiter of the HTTP and metrics ports: a connection beyond ``limit`` is answered 503."""
     refusals = _Refusals(limit)
-    return ConnectionLimiter(limit, lambda _limiter: _Refusal(refusals), port="the HTTP ports")
+    return ConnectionLimiter(limit, lambda: _Refusal(refusals), port="the HTTP ports")
 
 
 class _Refusals:

@@ -1,6 +1,7 @@
-"""bench.triton's own pieces: the CPU it reads covers every process below a server (model processes are
+"""bench.triton's own pieces: the CPU and memory it reads cover every process below a server (model processes are
 started from a thread, so they are that thread's children, not the main thread's), and the appliance
-serves the repository both servers are measured on, with the answers each model is written to give."""
+serves the repository both servers are measured on, with the answers each model is written to give; the
+tables mark each target met or missed."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from bench.process import start_appliance
-from bench.triton import tree_cpu_seconds
+from bench.triton import idle_table, table, tree_cpu_seconds, tree_rss_mib
 from bench.triton_models import REPEATS, write_repository
 from tests.waiting import wait_until
 
@@ -36,6 +37,32 @@ def test_cpu_of_a_child_started_from_another_thread_counts():
         wait_until(lambda: tree_cpu_seconds(os.getpid()) - before >= 0.3, timeout=30, interval=0.05)
     assert tree_cpu_seconds(os.getpid()) - before >= 0.3
     child.wait(30)
+
+
+def test_the_memory_of_a_tree_counts_a_child_started_from_another_thread():
+    child: list[subprocess.Popen] = []
+    script = "import time\nblock = bytearray(64 << 20)\nblock[::4096] = b'x' * len(block[::4096])\ntime.sleep(30)\n"
+    thread = threading.Thread(target=lambda: child.append(subprocess.Popen([sys.executable, "-c", script])))
+    thread.start()
+    thread.join()
+    try:
+        wait_until(lambda: tree_rss_mib(child[0].pid)[0] >= 64, timeout=30, interval=0.05)
+        mine, processes = tree_rss_mib(os.getpid())
+        assert processes >= 2 and mine >= tree_rss_mib(child[0].pid)[0] + 10  # this process's own share too
+    finally:
+        child[0].kill()
+        child[0].wait(10)
+
+
+def test_the_tables_mark_every_target():
+    data = {"medians": {"triton": {"identity|http|1": [1000.0, 0.5, 200.0, 1.0]},
+                        "appliance": {"identity|http|1": [1100.0, 0.4, 250.0, 1.2]}},
+            "idle_rss": {"triton": [300.0, 8], "appliance": [310.0, 8]}}
+    row = table(data).splitlines()[-1]
+    assert row.endswith("| met | met | MISSED | 1.1 |")  # 1.10× throughput, 0.80× p50, 1.25× CPU
+    assert idle_table(data).splitlines()[-1] == "| appliance | 310.0 | 8 | 1.03 | MISSED |"
+    data["idle_rss"]["appliance"] = [290.0, 8]
+    assert idle_table(data).splitlines()[-1].endswith("| 0.97 | met |")
 
 
 @pytest.mark.e2e

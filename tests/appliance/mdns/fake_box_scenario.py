@@ -28,7 +28,7 @@ from pathlib import Path
 from zeroconf import IPVersion, ServiceInfo, Zeroconf
 
 from appliance.client import BoxPool
-from appliance.mdns import KSERVE_TYPE
+from appliance.client.boxes import KSERVE_TYPE
 from tests.appliance.mdns.fleet_scenario import LOOPBACK, call, cli, launch, model_dirs, tensor, wait_started
 from tests.appliance.mdns.scenario import stop_all
 from tests.waiting import wait_until

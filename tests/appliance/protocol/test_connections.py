@@ -61,16 +61,16 @@ def test_a_protocol_never_connected_gives_its_slot_back_when_it_goes_away():
 
 
 def test_the_refusal_is_the_ports_own():
-    refusals: list[ConnectionLimiter] = []
+    refusals: list[asyncio.Protocol] = []
 
-    def refuse(limiter: ConnectionLimiter) -> asyncio.Protocol:
-        refusals.append(limiter)
-        return asyncio.Protocol()
+    def refuse() -> asyncio.Protocol:
+        refusals.append(asyncio.Protocol())
+        return refusals[-1]
 
     limiter = ConnectionLimiter(1, refuse)
     first = limiter.wrap(asyncio.Protocol)()
-    limiter.wrap(asyncio.Protocol)()
-    assert refusals == [limiter] and limiter.refused == 1 and limiter.open == 1
+    assert limiter.wrap(asyncio.Protocol)() is refusals[0]
+    assert len(refusals) == 1 and limiter.refused == 1 and limiter.open == 1
     first.connection_lost(None)
     assert limiter.open == 0
 

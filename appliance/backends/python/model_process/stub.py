@@ -10,7 +10,6 @@ away. Tensors travel through shared-memory arenas.
 
 from __future__ import annotations
 
-import asyncio
 import ctypes
 import importlib
 import inspect
@@ -22,7 +21,7 @@ import sys
 import threading
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from appliance.backends.python.model_process import triton_python_backend_utils as pb_utils
 from appliance.backends.python.model_process.pb import runtime
@@ -32,6 +31,9 @@ from appliance.backends.python.model_process.pb.transfer import error_of, tensor
 from appliance.backends.python.model_process.reading import Reading
 from appliance.backends.python.wire.arena import Arena, reusable_size
 from appliance.backends.python.wire.channel import Channel
+
+if TYPE_CHECKING:
+    import asyncio
 
 log = logging.getLogger("appliance.python-stub")
 
@@ -206,6 +208,8 @@ class _Model:
 
     def loop(self) -> asyncio.AbstractEventLoop:
         """The event loop coroutines run on (a thread of its own, started on first use, as in Triton)."""
+        import asyncio  # here and in call(): a model without coroutines never loads it (7 MiB a process)
+
         if self._loop is None:
             self._loop = asyncio.new_event_loop()
             threading.Thread(target=self._loop.run_forever, name="pb-event-loop", daemon=True).start()
@@ -218,6 +222,8 @@ class _Model:
         result = method(*args)
         if not inspect.iscoroutine(result):
             return result
+        import asyncio
+
         future = asyncio.run_coroutine_threadsafe(result, self.loop())
         if background:  # a decoupled model's async execute() runs on while the next batch comes
             future.add_done_callback(_log_background_failure)

@@ -19,7 +19,6 @@ import math
 import mmap
 import os
 import re
-import tempfile
 import threading
 from typing import Any
 
@@ -55,6 +54,12 @@ def reusable_size(needed: int) -> int:
     return min(max(_aligned(needed * 2), _MIN_BYTES), KEEP_BYTES)
 
 
+def _temporary_dir() -> str:
+    import tempfile  # only where there is no /dev/shm
+
+    return tempfile.gettempdir()
+
+
 def _label(model: str) -> str:
     return _LABEL_UNSAFE.sub("_", model)[:64]
 
@@ -84,10 +89,16 @@ class Arena:
         """An arena of ``size`` bytes (see ``reusable_size``), named for the model it serves."""
         # The creator's pid in the name: a later start can tell arenas whose owner died (SIGKILL, a
         # crash) from those of a daemon still running, and remove them.
-        fd, path = tempfile.mkstemp(prefix=f"{ARENA_PREFIX}{os.getpid()}-{_label(model)}-", dir=_SHM_DIR)
-        os.close(fd)
-        os.unlink(path)
-        return cls(path, max(_aligned(size), _MIN_BYTES), owner=True)
+        # A random name the constructor creates exclusively (O_EXCL), as tempfile.mkstemp would: without
+        # tempfile, which a model process otherwise does not load.
+        directory = _SHM_DIR or _temporary_dir()
+        for _ in range(8):
+            path = os.path.join(directory, f"{ARENA_PREFIX}{os.getpid()}-{_label(model)}-{os.urandom(6).hex()}")
+            try:
+                return cls(path, max(_aligned(size), _MIN_BYTES), owner=True)
+            except FileExistsError:
+                continue
+        raise FileExistsError(f"no free arena name in {directory} after 8 tries")
 
     @classmethod
     def attach(cls, path: str, size: int) -> Arena:

@@ -1,14 +1,19 @@
 """The channel between the daemon and a model process: frames both ways across processes, frames larger
-than a pipe holds, the end seen by each side, descriptors named on a command line."""
+than a pipe holds, the end seen by each side, descriptors named on a command line; frames arriving in any
+pieces (property-based), and a header that claims more than arrives."""
 
 from __future__ import annotations
 
 import os
+import struct
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from appliance.backends.python.wire.channel import CAPACITY, Channel
 
@@ -82,3 +87,39 @@ def test_the_descriptors_travel_as_one_argument():
         other.close()
     finally:
         ours.close()
+
+
+def _looped() -> tuple[Channel, Channel]:
+    """Two ends of one process: what one sends the other reads."""
+    (a_read, b_write), (b_read, a_write) = os.pipe(), os.pipe()
+    return Channel(a_read, a_write), Channel(b_read, b_write)
+
+
+def test_a_frame_that_claims_more_than_arrives_is_an_error_not_an_allocation():
+    ours, theirs = _looped()
+    os.write(theirs.fds()[1], struct.pack("!i", -1) + struct.pack("!Q", 1 << 40) + b"only this")
+    os.close(theirs.fds()[1])
+    with pytest.raises(OSError, match="ended within a message"):  # read as it arrives, never 1 TiB at once
+        ours.recv_bytes()
+    ours.close()
+
+
+@settings(max_examples=60, deadline=None)
+@given(frames=st.lists(st.binary(max_size=2 * CAPACITY).map(bytes), max_size=6),
+       pieces=st.lists(st.integers(1, 70_000), min_size=1, max_size=8))
+def test_frames_written_in_any_pieces_are_read_whole_and_in_order(frames, pieces):
+    """The header and body of each frame may arrive split anywhere (a pipe, a large frame, a signal)."""
+    ours, theirs = _looped()
+    wire = b"".join(struct.pack("!i", len(f)) + f for f in frames)
+    received: list[bytes] = []
+    reader = threading.Thread(target=lambda: received.extend(ours.recv_bytes() for _ in frames))
+    reader.start()
+    at, turn = 0, 0
+    while at < len(wire):  # written in the given pieces, in turn
+        size = pieces[turn % len(pieces)]
+        os.write(theirs.fds()[1], wire[at:at + size])
+        at, turn = at + size, turn + 1
+    reader.join(30)
+    assert received == frames
+    ours.close()
+    theirs.close()

@@ -9,10 +9,9 @@ main thread, running execute(), it reads the channel itself meanwhile) or awaits
 
 from __future__ import annotations
 
-import asyncio
 import queue
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -21,6 +20,9 @@ from appliance.backends.python.model_process.pb.errors import TritonError, Trito
 from appliance.backends.python.model_process.pb.response import InferenceResponse
 from appliance.backends.python.model_process.pb.tensor import Tensor
 from appliance.backends.python.model_process.pb.transfer import read_tensors, tensors_of, write_tensors
+
+if TYPE_CHECKING:
+    import asyncio
 
 __all__ = ["ResponseIterator", "execute", "execute_async", "is_model_ready", "load_model", "unload_model"]
 
@@ -141,6 +143,8 @@ def execute(request: InferenceRequest, decoupled: bool) -> Any:
 
 
 async def _execute_async(request: InferenceRequest) -> InferenceResponse:
+    import asyncio  # loaded by the coroutine's own loop already; a model without coroutines never loads it
+
     loop = asyncio.get_running_loop()
     future: asyncio.Future = loop.create_future()
 
@@ -160,6 +164,8 @@ async def _iterate_async(request: InferenceRequest) -> ResponseIterator:
     """As Triton's (``exec`` in an executor): the iterator once the first response is in, awaited
     without holding the event loop, so other coroutines (other requests of an async execute()) run
     meanwhile; a model whose responses all come at once then iterates without ever blocking the loop."""
+    import asyncio  # loaded by the coroutine's own loop already; a model without coroutines never loads it
+
     loop = asyncio.get_running_loop()
     arrived: asyncio.Future = loop.create_future()
 

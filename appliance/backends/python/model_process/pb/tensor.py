@@ -14,7 +14,8 @@ import numpy as np
 
 from appliance.backends.python.model_process.pb.errors import TritonModelException
 from appliance.backends.python.model_process.pb.types import BF16_CODE, numpy_to_triton_type
-from appliance.core.tensors import BF16
+from appliance.core.tensors import bf16 as bf16_dtype
+from appliance.core.tensors import is_bf16
 
 __all__ = ["Tensor"]
 
@@ -54,7 +55,7 @@ def _torch_bf16_array(tensor: Any) -> np.ndarray:
     """A torch.bfloat16 tensor's memory as a BF16 array (no copy when it is contiguous)."""
     import torch
 
-    return tensor.contiguous().view(torch.int16).numpy().view(BF16)
+    return tensor.contiguous().view(torch.int16).numpy().view(bf16_dtype())
 
 
 class Tensor:
@@ -65,13 +66,13 @@ class Tensor:
         if array.dtype.kind in "SU":
             array = np.array([v.encode() if isinstance(v, str) else bytes(v) for v in array.ravel()],
                              dtype=object).reshape(array.shape)
-        if bf16 and array.dtype != BF16:  # BF16's 16-bit words, as uint16 or int16
+        if bf16 and not is_bf16(array.dtype):  # BF16's 16-bit words, as uint16 or int16
             if array.dtype.itemsize != 2 or array.dtype.kind not in "iu":
                 raise TritonModelException(f"tensor '{name}': bf16=True takes 16-bit words (uint16), not {array.dtype}")
-            array = array.view(BF16)
+            array = array.view(bf16_dtype())
         self._name = name
         self._array = array
-        self._bf16 = array.dtype == BF16
+        self._bf16 = is_bf16(array.dtype)
 
     def name(self) -> str:
         return self._name

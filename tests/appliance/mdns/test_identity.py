@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from appliance.mdns.announcer import box_id
+from appliance.mdns.identity import box_id
 from appliance.runtime.state import StateDir
 from tests.readonly import unwritable
 
