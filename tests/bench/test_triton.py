@@ -41,7 +41,7 @@ def test_cpu_of_a_child_started_from_another_thread_counts():
 
 def test_the_memory_of_a_tree_counts_a_child_started_from_another_thread():
     child: list[subprocess.Popen] = []
-    script = "import time\nblock = bytearray(64 << 20)\nblock[::4096] = b'x' * len(block[::4096])\ntime.sleep(30)\n"
+    script = "import signal\nblock = bytearray(64 << 20)\nblock[::4096] = b'x' * len(block[::4096])\nsignal.pause()\n"
     thread = threading.Thread(target=lambda: child.append(subprocess.Popen([sys.executable, "-c", script])))
     thread.start()
     thread.join()
