@@ -26,5 +26,6 @@ def test_perf_analyzer_runs_with_system_shared_memory(triton_install, start_daem
                                     "--stability-percentage", "1000"], timeout=120, triton=triton_install)
     except TritonUnavailable as error:
         pytest.fail(f"perf_analyzer failed against the appliance: {error}\n{daemon.log()[-3000:]}")
+    # Measured at all means the regions were registered and read: a refusal of perf_analyzer's form-typed
+    # register or infer body (415 or 403) fails its run above. (The daemon logs no statuses to look for.)
     assert result.best.throughput > 0
-    assert "415" not in daemon.log()

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import os
+import struct
+import termios
 import time
 
 import numpy as np
@@ -16,6 +19,7 @@ import pytest
 from appliance.backends import named
 from appliance.backends.base import RuntimeOptions
 from appliance.backends.python.backend import PythonBackend
+from appliance.backends.python.model_process.reading import COMMANDS
 from appliance.backends.python.process import ModelProcess
 from appliance.core.errors import Unavailable
 from appliance.engine.instances import InstancePool
@@ -171,21 +175,41 @@ async def test_a_process_stopped_while_the_loop_holds_back_reading_ends_its_stre
     assert items[-1].final and items[-1].error is not None and "exited with code" in items[-1].error.message
 
 
+def _hold_until_sent(fd: int, quiet: float = 0.3, timeout: float = 30) -> None:
+    """Block (the event loop with it) until the pipe ``fd`` reads from holds bytes and none have arrived
+    for ``quiet`` seconds: the model has sent its responses and its reply, however slow the box."""
+    deadline, last, since = time.monotonic() + timeout, -1, time.monotonic()
+    while time.monotonic() < deadline:
+        waiting = struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
+        if waiting != last:
+            last, since = waiting, time.monotonic()
+        elif waiting and time.monotonic() - since >= quiet:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"the model sent nothing that stayed unread within {timeout} s")
+
+
 async def test_the_messages_waiting_in_the_channel_are_read_in_one_turn_of_the_loop(flood, monkeypatch):
     backend, open_stream, _ = flood
     turns: list[int] = []
-    readable = ModelProcess._readable
+    readable, send = ModelProcess._readable, ModelProcess.send
+    hold = False
 
     def counted(self: ModelProcess) -> None:
         turns.append(1)
         readable(self)
 
+    def sending(self: ModelProcess, message: tuple) -> None:
+        send(self, message)
+        if hold and message[0] in COMMANDS:  # the request is on its way: the loop stays busy until the
+            _hold_until_sent(self.conn.fileno())  # model has sent its 10 responses and its reply
+
     monkeypatch.setattr(ModelProcess, "_readable", counted)  # before the loop starts reading the channel
+    monkeypatch.setattr(ModelProcess, "send", sending)
     assert _values(await _read_all(await open_stream(1, StreamLimits(), _Held()))) == [0]
     assert backend.reads_on_loop
     turns.clear()
-    stream = await open_stream(10, StreamLimits(), _Held())
-    time.sleep(0.5)  # the loop is busy while the model sends its 10 responses and its reply
-    items = await _read_all(stream)
+    hold = True
+    items = await _read_all(await open_stream(10, StreamLimits(), _Held()))
     assert _values(items) == list(range(10))
-    assert len(turns) <= 2  # one wake-up for all of them (two if the first came before the rest)
+    assert len(turns) == 1  # one wake-up for all of them
