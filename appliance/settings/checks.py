@@ -55,7 +55,7 @@ def require_port(section: object, name: str) -> None:
 def flat_key(section: object, name: str) -> str:
     """The key a field of ``section`` is set by (its name unless ``key()`` gave another)."""
     field = next(f for f in dataclasses.fields(section) if f.name == name)  # type: ignore[arg-type]
-    return field_key(type(section) if not isinstance(section, type) else section, field)
+    return field_key(type(section), field)
 
 
 def field_key(cls: type, field: dataclasses.Field) -> str:

@@ -90,9 +90,9 @@ def test_the_descriptors_travel_as_one_argument():
 
 
 def _looped() -> tuple[Channel, Channel]:
-    """Two ends of one process: what one sends the other reads."""
-    (a_read, b_write), (b_read, a_write) = os.pipe(), os.pipe()
-    return Channel(a_read, a_write), Channel(b_read, b_write)
+    """Both ends in this process (the daemon's, the model process's): what one sends the other reads."""
+    ours, theirs = Channel.pair()
+    return ours, Channel(*theirs)
 
 
 def test_a_frame_that_claims_more_than_arrives_is_an_error_not_an_allocation():
