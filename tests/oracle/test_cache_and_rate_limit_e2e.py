@@ -15,6 +15,7 @@ import tritonclient.http as httpclient
 
 from tests.oracle import TritonServer
 from tests.oracle.models import write_python_model
+from tests.waiting import wait_until
 
 TWO_OUTPUTS = '''
 import triton_python_backend_utils as pb_utils
@@ -100,7 +101,9 @@ def _observe(http_url: str, metrics_url: str) -> dict:
             tensor = httpclient.InferInput(name, [1, 4], "FP32")
             tensor.set_data_from_numpy(x)
             client.infer(model, [tensor])
-        stats = client.get_inference_statistics(model)["model_stats"][0]
+        # A server may record a request's statistics just after answering it: read them once all 3 are in.
+        stats = wait_until(lambda model=model: _settled(client, model, 3), timeout=30,
+                           what=f"{model}'s 3 requests counted")
         inference = stats["inference_stats"]
         seen[model] = {"inference_count": stats["inference_count"], "execution_count": stats["execution_count"],
                        **{key: inference[key]["count"] for key in ("success", "queue", "compute_infer",
@@ -110,6 +113,11 @@ def _observe(http_url: str, metrics_url: str) -> dict:
                        if key.startswith(("nv_cache_num_hits_per_model", "nv_cache_num_misses_per_model"))}
     seen["index"] = {row["name"]: row for row in client.get_model_repository_index()}
     return seen
+
+
+def _settled(client: httpclient.InferenceServerClient, model: str, requests: int) -> dict | None:
+    stats = client.get_inference_statistics(model)["model_stats"][0]
+    return stats if stats["inference_stats"]["success"]["count"] >= requests else None
 
 
 @pytest.fixture(scope="module")
