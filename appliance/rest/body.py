@@ -21,13 +21,14 @@ import hashlib
 
 from aiohttp import web
 
-from appliance.core.errors import InvalidInput, PayloadTooLarge, RequestTimeout, UnsupportedEncoding
+from appliance.core.errors import InvalidInput, UnsupportedEncoding
 from appliance.protocol.inflate import InflateLimits, inflate_off_loop
+from appliance.rest.http_basics import body_timeout, too_large
 from appliance.rest.rest_config import BodyLimits
 from appliance.security.budget import Account
 from appliance.security.fleet_signature import FleetVerifier
 
-__all__ = ["ACCEPTED_ENCODINGS", "SIGNED_BODY", "BodyLimits", "body_timeout", "read_body", "too_large"]
+__all__ = ["ACCEPTED_ENCODINGS", "SIGNED_BODY", "BodyLimits", "read_body"]
 
 SIGNED_BODY = "appliance.signed_body"
 """Request key: the SHA-256 (hex) a signed request's body must have, as sent (set by the admission
@@ -35,23 +36,6 @@ middleware once the signature is verified; checked here, as the body is read, an
 request: the middleware checks a body no handler read before the answer leaves)."""
 
 ACCEPTED_ENCODINGS = ("gzip", "deflate", "identity")
-
-
-def body_timeout(timeout: float, received: int) -> RequestTimeout:
-    return RequestTimeout(
-        f"no part of the request body arrived for {timeout:g} s (after {received} bytes); send the "
-        "body without pauses (the server's body_timeout setting)"
-    )
-
-
-def too_large(limit: int, size: int | None = None) -> PayloadTooLarge:
-    """Triton's words first (its qa L0_http test_loading_large_invalid_model looks for them), then the fix."""
-    of = f" of {size} bytes" if size is not None else ""
-    return PayloadTooLarge(
-        f"request JSON size{of} exceeds the maximum allowed input size. The request body is larger than the "
-        f"{limit}-byte limit; send a smaller batch or raise the server's max_request_bytes setting "
-        "(APPLIANCE_MAX_REQUEST_BYTES)"
-    )
 
 
 async def read_body(request: web.BaseRequest, account: Account, limits: BodyLimits) -> bytes:

@@ -28,10 +28,10 @@ from appliance.engine.tensor_checks import (
 )
 from appliance.engine.types import InferInput, InferRequest, InferResponse, RequestedOutput, SharedMemoryInput
 from appliance.protocol.shared_memory.params import shared_memory_ref
+from appliance.rest.http_basics import HEADER_LENGTH
 
 __all__ = [
     "DecodeLimits",
-    "HEADER_LENGTH",
     "MAX_ELEMENTS",
     "decode_bytes_tensor",
     "decode_infer_request",
@@ -44,9 +44,6 @@ __all__ = [
     "output_text",
     "parse_json_object",
 ]
-
-HEADER_LENGTH = "Inference-Header-Content-Length"
-
 
 _DEFAULT_LIMITS = DecodeLimits()
 

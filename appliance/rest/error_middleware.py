@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import math
 from http import HTTPStatus
 
 import orjson
@@ -11,15 +10,11 @@ from aiohttp import web
 
 from appliance.core.errors import (
     ApplianceError,
-    RequestTimeout,
-    Unauthorized,
-    Unavailable,
-    UnsupportedEncoding,
 )
-from appliance.rest.body import too_large
+from appliance.rest.http_basics import error_parts, internal_message, too_large
 from appliance.rest.keys import CONFIG
 
-__all__ = ["error_middleware", "error_parts", "error_response", "internal_message"]
+__all__ = ["error_middleware", "error_response"]
 
 log = logging.getLogger(__name__)
 
@@ -31,26 +26,6 @@ def error_response(status: int, message: str, headers: dict[str, str] | None = N
         content_type="application/json",
         headers=headers,
     )
-
-
-def error_parts(exc: ApplianceError) -> tuple[int, str, dict[str, str] | None]:
-    """The status, message and extra headers ``exc`` is answered with over HTTP (aiohttp's routes and
-    the infer lane alike)."""
-    headers = None
-    if isinstance(exc, Unavailable) and exc.retry_after is not None:
-        headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after)))}
-    elif isinstance(exc, Unauthorized):
-        headers = {"WWW-Authenticate": 'Bearer realm="appliance"'}
-    elif isinstance(exc, UnsupportedEncoding):
-        headers = {"Accept-Encoding": ", ".join(exc.accepted)}  # RFC 7694
-    elif isinstance(exc, RequestTimeout):
-        headers = {"Connection": "close"}  # the rest of a stalled body is not waited for
-    return exc.status, exc.message, headers
-
-
-def internal_message(exc: Exception) -> str:
-    """What a 500 says of an error no handler expected."""
-    return f"internal error: {type(exc).__name__}: {exc}"
 
 
 def _from_appliance(exc: ApplianceError) -> web.Response:

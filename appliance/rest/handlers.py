@@ -19,9 +19,10 @@ from appliance.protocol.inference import Target
 from appliance.protocol.operations import Operation
 from appliance.rest import shared_memory
 from appliance.rest.body import read_body
-from appliance.rest.codec import HEADER_LENGTH, JsonTooDeep, encode_infer_response
+from appliance.rest.codec import JsonTooDeep, encode_infer_response
 from appliance.rest.error_middleware import error_response
 from appliance.rest.generate import generate, generate_stream
+from appliance.rest.http_basics import HEADER_LENGTH
 from appliance.rest.infer_body import InferBody
 from appliance.rest.jsonio import json_response as _json
 from appliance.rest.jsonio import optional_json as _optional_json

@@ -11,6 +11,9 @@ may take to send its request head, and a stop that keeps to one deadline.
   connections as well). Bodies have their own timeout in ``appliance.rest.body``.
 - **The infer lane** (``appliance.rest.lane``, the ``http_infer_lane`` setting): every connection starts
   on it, and is handed to aiohttp at its first request that is not a small infer request.
+- **Front-end workers** (``appliance.workers``, the ``workers`` setting): the daemon binds the port and
+  worker processes accept on it; they send lane requests to the daemon's lane and hand every other
+  connection to this server's aiohttp, through the same connection cap.
 - **Stop**: listening stops, idle connections close, requests in progress get until the deadline, the
   rest are cancelled, then the application's cleanup runs (see ``appliance.rest.app`` for its grace).
 """
@@ -20,17 +23,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import resource
+import socket
 import ssl
 import time
 import typing
 
-import orjson
 from aiohttp import web
 
 from appliance.protocol.connections import ConnectionLimiter
 from appliance.rest.lane import InferLane
 
-__all__ = ["HttpServer", "fit_connections_to_descriptors", "http_connection_limiter"]
+__all__ = ["HttpServer", "Workers", "fit_connections_to_descriptors"]
 
 log = logging.getLogger(__name__)
 
@@ -41,10 +44,6 @@ _DESCRIPTOR_RESERVE = 256
 _CANCEL_GRACE = 0.5
 _HANDSHAKE_TIMEOUT = 10.0
 """Seconds a TLS handshake may take; a client that starts one and stalls holds its connection no longer."""
-# A refused connection is answered and closed; its socket lingers this long at most, so the 503 is
-# read rather than lost to a reset, and no more than this many linger at once.
-_REFUSAL_LINGER = 1.0
-_MAX_LINGERING_REFUSALS = 64
 
 
 def fit_connections_to_descriptors(max_connections: int) -> int:
@@ -70,79 +69,33 @@ def fit_connections_to_descriptors(max_connections: int) -> int:
     return fitting
 
 
-def _refusal_response(limit: int) -> bytes:
-    body = orjson.dumps({"error": f"the server's HTTP ports have {limit} connections open (max_connections, less the "
-                                  "gRPC port's share); retry shortly"})
-    head = (
-        "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
-        f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n"
-    )
-    return head.encode() + body
+class Workers(typing.Protocol):
+    """Front-end worker processes that accept a port's connections (``appliance.workers.pool``)."""
 
+    @property
+    def sockets(self) -> list[socket.socket]: ...
 
-def http_connection_limiter(limit: int) -> ConnectionLimiter:
-    """The limiter of the HTTP and metrics ports: a connection beyond ``limit`` is answered 503."""
-    refusals = _Refusals(limit)
-    return ConnectionLimiter(limit, lambda: _Refusal(refusals), port="the HTTP ports")
+    def bind(self, host: str, port: int) -> int: ...
 
+    async def start(self, lane: InferLane, fallback: typing.Callable[[], asyncio.Protocol]) -> None: ...
 
-class _Refusals:
-    """What the HTTP ports' refused connections share: the answer, and how many linger now."""
+    def close(self) -> None: ...
 
-    def __init__(self, limit: int) -> None:
-        self.answer = _refusal_response(limit)
-        self.lingering = 0
-
-
-class _Refusal(asyncio.Protocol):
-    """Answers 503 and closes without reading the request (what was sent is read and dropped for a
-    moment so that closing does not reset the connection before the client reads the answer)."""
-
-    def __init__(self, refusals: _Refusals) -> None:
-        self._refusals = refusals
-        self._lingers = False
-        self._timer: asyncio.TimerHandle | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # A stream transport; uvloop's is not a subclass of asyncio.Transport, hence no isinstance.
-        transport = typing.cast(asyncio.Transport, transport)
-        transport.write(self._refusals.answer)
-        if self._refusals.lingering >= _MAX_LINGERING_REFUSALS:
-            transport.close()
-            return
-        try:
-            transport.write_eof()
-        except OSError:  # the client is gone already
-            transport.close()
-            return
-        self._refusals.lingering += 1
-        self._lingers = True
-        self._timer = asyncio.get_running_loop().call_later(_REFUSAL_LINGER, transport.close)
-
-    def data_received(self, data: bytes) -> None:
-        pass
-
-    def eof_received(self) -> bool:
-        return False  # the client is done: close
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        if self._lingers:
-            self._refusals.lingering -= 1
+    async def stop(self, deadline: float) -> None: ...
 
 
 class _LimitedSite(web.BaseSite):
-    """A TCP site whose connections go through a ``ConnectionLimiter``."""
+    """A TCP site whose connections go through a ``ConnectionLimiter`` (accepted here, or by ``workers``)."""
 
     def __init__(self, runner: web.AppRunner, host: str, port: int, limiter: ConnectionLimiter,
-                 lane: InferLane | None, tls: ssl.SSLContext | None = None) -> None:
+                 lane: InferLane | None, tls: ssl.SSLContext | None = None, workers: Workers | None = None) -> None:
         super().__init__(runner)
         self._host = host
         self._port = port
         self._limiter = limiter
         self._lane = lane
         self._tls = tls
+        self._workers = workers
 
     @property
     def name(self) -> str:
@@ -152,6 +105,12 @@ class _LimitedSite(web.BaseSite):
         await super().start()
         server = self._runner.server
         assert server is not None, "the runner is set up before its sites start"
+        if self._workers is not None:
+            assert self._lane is not None and self._tls is None, "workers serve the lane, in plain HTTP"
+            self._workers.bind(self._host, self._port)
+            await self._workers.start(self._lane, self._limiter.wrap(server))
+            self._server = self._workers  # type: ignore[assignment]  # its sockets and close(), as a Server's
+            return
         protocol = server if self._lane is None else self._lane.protocol(server)
         # TLS (when set) wraps the socket below the connection cap, the lane and aiohttp: each sees plain
         # HTTP; a handshake that fails (a plaintext request, a refused client certificate) ends that
@@ -165,13 +124,16 @@ class _LimitedSite(web.BaseSite):
 class HttpServer:
     """One application served over TCP with the limits above, as a ``protocol.front_end.FrontEnd``:
     ``start`` starts the application (its cleanup contexts) and binds, ``stop`` keeps to a deadline.
-    ``lane``: the infer lane in front of the application (None: aiohttp takes every connection)."""
+    ``lane``: the infer lane in front of the application (None: aiohttp takes every connection);
+    ``workers``: processes that accept the port's connections instead of this one (with the lane)."""
 
     def __init__(self, app: web.Application, limiter: ConnectionLimiter, header_timeout: float,
-                 lane: InferLane | None = None, tls: ssl.SSLContext | None = None) -> None:
+                 lane: InferLane | None = None, tls: ssl.SSLContext | None = None,
+                 workers: Workers | None = None) -> None:
         self._limiter = limiter
         self._lane = lane
         self._tls = tls
+        self._workers = workers
         # No access log: it costs more per request than the rest of the HTTP layer. Handler
         # cancellation: a client that disconnects while queued is dropped from its model's queue.
         # No automatic decompression: appliance.rest.body inflates bodies with a bound, off the loop.
@@ -189,7 +151,7 @@ class HttpServer:
 
     async def start(self, host: str, port: int) -> int:
         await self._runner.setup()
-        await _LimitedSite(self._runner, host, port, self._limiter, self._lane, self._tls).start()
+        await _LimitedSite(self._runner, host, port, self._limiter, self._lane, self._tls, self._workers).start()
         bound = self.port
         assert bound is not None
         return bound
@@ -200,6 +162,7 @@ class HttpServer:
         for site in list(self._runner.sites):
             await site.stop()
         lane = asyncio.ensure_future(self._lane.stop(deadline)) if self._lane is not None else None
+        workers = asyncio.ensure_future(self._workers.stop(deadline)) if self._workers is not None else None
         server = self._runner.server
         if server is not None:
             server.pre_shutdown()
@@ -218,4 +181,6 @@ class HttpServer:
                     log.warning("%d request(s) still running at the shutdown deadline: cancelled", len(late))
         if lane is not None:
             await lane
+        if workers is not None:
+            await workers
         await self._runner.cleanup()

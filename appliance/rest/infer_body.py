@@ -12,7 +12,8 @@ from appliance.engine.model import ModelVersion
 from appliance.engine.tensor_checks import DecodeLimits
 from appliance.engine.types import InferRequest
 from appliance.protocol.inference import Target
-from appliance.rest.codec import HEADER_LENGTH, decode_infer_request, decode_raw_request
+from appliance.rest.codec import decode_infer_request, decode_raw_request
+from appliance.rest.http_basics import HEADER_LENGTH
 from appliance.security.budget import Account
 
 __all__ = ["InferBody"]

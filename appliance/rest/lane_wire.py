@@ -15,8 +15,7 @@ from multidict import CIMultiDict
 
 from appliance.core.errors import ApplianceError
 from appliance.protocol.operations import Operation
-from appliance.rest.codec import HEADER_LENGTH
-from appliance.rest.error_middleware import error_parts, internal_message
+from appliance.rest.http_basics import HEADER_LENGTH, error_parts, internal_message
 from appliance.rest.lane_head import HeadReader
 
 __all__ = ["LANE_BODY_BYTES", "LaneHead", "answer", "closing", "empty_answer", "error_answer", "error_response",

@@ -6,8 +6,6 @@ its headers and connection, for aiohttp's routes and the infer lane alike."""
 
 from __future__ import annotations
 
-import asyncio
-
 from aiohttp import web
 from multidict import MultiMapping
 
@@ -15,10 +13,11 @@ from appliance.protocol.admission import Caller, Network, address_in
 from appliance.protocol.operations import Operation
 from appliance.rest.body import SIGNED_BODY, read_body
 from appliance.rest.browser import browser_refusal, check_host
+from appliance.rest.http_basics import transport_address
 from appliance.rest.keys import CONFIG, DATAPLANE, OPERATIONS
 from appliance.security.fleet_signature import EMPTY_BODY, FleetVerifier
 
-__all__ = ["admission_middleware", "caller", "client_address", "http_caller", "transport_address"]
+__all__ = ["admission_middleware", "caller", "client_address", "http_caller"]
 
 _CALLER = "appliance.caller"
 
@@ -43,13 +42,6 @@ def http_caller(headers: MultiMapping[str], peer: str | None, local: str | None,
     direct = address == peer
     return Caller(address, headers.get("Authorization"), connected_to=local if direct else None, direct=direct,
                   browser_refusal=browser_refusal(headers), request_line=request_line)
-
-
-def transport_address(transport: asyncio.BaseTransport, which: str) -> str | None:
-    """The IP address at one end of a connection (``which``: "peername" or "sockname"); None for a UNIX
-    socket or a transport that does not say."""
-    name = transport.get_extra_info(which)
-    return name[0] if isinstance(name, tuple) and name else None
 
 
 def _caller(request: web.Request) -> Caller:

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import textwrap
 
-from appliance.rest.http_server import http_connection_limiter
+from appliance.rest.refusal import http_connection_limiter
 from tests.waiting import await_until
 
 

@@ -216,3 +216,17 @@ def test_cache_and_rate_limit_settings_are_validated(env, message):
     with pytest.raises(ConfigError, match=message):
         load_settings({}, env)
 
+
+
+@pytest.mark.parametrize("value", ["-1", "65"])
+def test_workers_out_of_range_are_refused_with_the_fix(value):
+    with pytest.raises(ConfigError, match="workers must be at (least 0|most 64)"):
+        load_settings({}, {"HOME": "/home/u", "APPLIANCE_WORKERS": value})
+
+
+def test_workers_default_to_none_started():
+    from appliance.workers.pool import worker_count
+
+    settings = load_settings({}, {"HOME": "/home/u"})
+    assert settings.http.workers is None and worker_count(settings.http.workers) == 0
+    assert worker_count(load_settings({}, {"HOME": "/home/u", "APPLIANCE_WORKERS": "3"}).http.workers) == 3

@@ -1,0 +1,333 @@
+"""The infer lane's connections: what one HTTP port's lane keeps (``LaneConnections``: its open
+connections, timeouts and stop) and the protocol of one connection (``LaneConnection``), over whatever
+answers the lane's requests: the data plane in the daemon (``appliance.rest.lane.InferLane``), or the
+daemon over a link in a front-end worker process (``appliance.workers.worker``). The rules the
+connections keep (heads, bodies, timeouts, pipelining, hand-over) are told in ``appliance.rest.lane``."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import typing
+from collections.abc import Awaitable, Callable
+
+from appliance.rest.http_basics import body_timeout, transport_address
+from appliance.rest.lane_head import LANE_HEAD_BYTES, HeadReader, HeadRefused
+from appliance.rest.lane_wire import LANE_BODY_BYTES, LaneHead, closing, error_response, lane_request
+
+__all__ = ["LANE_REQUEST_BYTES", "LaneConnection", "LaneConnections"]
+
+log = logging.getLogger(__name__)
+
+LANE_REQUEST_BYTES = LANE_HEAD_BYTES + LANE_BODY_BYTES
+"""The most a lane request's head and body hold together."""
+_PAUSE_BYTES = LANE_REQUEST_BYTES  # pipelined bytes held while a request runs
+_LINGER = 1.0  # after refusing a head: how long what the client still sends is read and dropped
+
+
+class LaneConnections:
+    """What one port's lane keeps: its connections (``protocol`` makes one per accepted socket), the
+    timeouts and body bound they keep, and their stop. Subclasses answer the requests (``answer``)."""
+
+    def __init__(self, header_timeout: float, body_timeout: float, max_body: int) -> None:
+        self.header_timeout = header_timeout
+        self.body_timeout = body_timeout
+        self.max_body = min(LANE_BODY_BYTES, max_body)
+        self.connections: set[LaneConnection] = set()
+        self.stopping = False
+
+    def protocol(self, fallback: Callable[[], asyncio.Protocol]) -> Callable[[], asyncio.Protocol]:
+        """A protocol factory whose connections hand over to ``fallback``'s protocol (aiohttp's)."""
+        return lambda: LaneConnection(self, fallback)
+
+    async def answer(self, head: LaneHead, body: Callable[[], Awaitable[bytes]], peer: str | None,
+                     local: str | None, complete: bool = False) -> tuple[list[bytes], bool]:
+        """The answer to one lane request whose head is in (``body`` waits for its body; ``complete``: the
+        body is in already, and ``body`` returns it at once), and whether the connection must close after it."""
+        raise NotImplementedError
+
+    async def stop(self, deadline: float) -> None:
+        """Close idle connections, give requests in progress until ``deadline`` (``time.monotonic()``),
+        then cancel what is left; connections close after their answer."""
+        self.stopping = True
+        busy = []
+        for connection in list(self.connections):
+            if connection.running is None:
+                connection.close()
+            else:
+                busy.append(connection.running)
+        if busy:
+            _, late = await asyncio.wait(busy, timeout=max(deadline - time.monotonic(), 0.0))
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
+            if late:
+                log.warning("%d request(s) still running at the shutdown deadline: cancelled", len(late))
+        for connection in list(self.connections):
+            connection.close()
+
+
+class LaneConnection(asyncio.Protocol):
+    """One connection: on the lane until its first request that is not a lane request, aiohttp's after.
+    A request starts (and is admitted) once its head is in; its body is handed to it when complete."""
+
+    __slots__ = ("_lane", "_fallback", "_loop", "_transport", "_handed", "_buffer", "running", "_peer", "_local",
+                 "_deadline", "_timer", "_reading_paused", "_drained", "_wanted", "_body", "_arrived", "_skip",
+                 "_reader", "_refused")
+
+    def __init__(self, lane: LaneConnections, fallback: Callable[[], asyncio.Protocol]) -> None:
+        self._lane = lane
+        self._fallback = fallback
+        self._loop = asyncio.get_running_loop()
+        self._transport: asyncio.Transport | None = None
+        self._handed: asyncio.Protocol | None = None
+        self._buffer = bytearray()
+        self.running: asyncio.Task | None = None
+        """The request being served, if any."""
+        self._peer: str | None = None
+        self._local: str | None = None
+        self._deadline = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self._reading_paused = False
+        self._drained: asyncio.Future | None = None
+        self._wanted = 0  # the running request's body length, while its body is still coming
+        self._body: bytes | None = None  # the running request's body, once complete and not yet read
+        self._arrived: asyncio.Future[bytes] | None = None  # what the running request waits on for its body
+        self._skip = 0  # bytes of an answered request's body still to come, dropped
+        self._reader: HeadReader | None = None  # the next request's head, while it comes in
+        self._refused = False  # a head broke a rule: answered, and nothing more is taken
+
+    @property
+    def buffered(self) -> int:
+        """The bytes received and held (the head coming in, a body, pipelined requests): at most a head and
+        a body beyond what one read of the socket brings, as reading pauses past that."""
+        return len(self._buffer)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # A stream transport; uvloop's is not a subclass of asyncio.Transport, hence no isinstance.
+        self._transport = typing.cast(asyncio.Transport, transport)
+        self._peer = transport_address(transport, "peername")
+        self._local = transport_address(transport, "sockname")
+        self._lane.connections.add(self)
+        self._deadline = self._loop.time() + self._lane.header_timeout
+        self._timer = self._loop.call_at(self._deadline, self._expire)
+
+    def data_received(self, data: bytes) -> None:
+        if self._handed is not None:
+            self._handed.data_received(data)
+            return
+        if self._refused:
+            return
+        if self._skip:
+            dropped = min(self._skip, len(data))
+            self._skip -= dropped
+            data = data[dropped:]
+        self._buffer += data
+        if self._wanted:  # the next piece of a body: its wait starts again
+            self._deadline = self._loop.time() + self._lane.body_timeout
+            if len(self._buffer) >= self._wanted:
+                self._deliver()
+        elif self.running is not None:
+            if not self._reading_paused and len(self._buffer) > _PAUSE_BYTES:
+                self._pause_reading()
+        elif self._buffer:
+            self._advance()
+
+    def eof_received(self) -> bool | None:
+        if self._handed is not None:
+            return self._handed.eof_received()
+        return None  # the transport closes, which cancels a request in progress (as aiohttp does)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._handed is not None:
+            self._handed.connection_lost(exc)
+            return
+        self._lane.connections.discard(self)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self.running is not None:
+            self.running.cancel()
+        if self._drained is not None and not self._drained.done():
+            self._drained.cancel()
+
+    def pause_writing(self) -> None:
+        if self._handed is not None:
+            self._handed.pause_writing()
+        elif self._drained is None or self._drained.done():
+            self._drained = self._loop.create_future()
+
+    def resume_writing(self) -> None:
+        if self._handed is not None:
+            self._handed.resume_writing()
+        elif self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+
+    def _advance(self) -> None:
+        """Read the next request's head as it comes; start the request once it is in, hand over at a
+        request the lane does not take, refuse a head that breaks a rule."""
+        reader = self._reader
+        if reader is None:
+            reader = self._reader = HeadReader()
+        buffer = self._buffer
+        try:
+            end = reader.feed(buffer)
+        except HeadRefused as refusal:
+            self._refuse(refusal)
+            return
+        if not end:
+            return
+        self._reader = None
+        head = lane_request(reader, self._lane.max_body)
+        if head is None:
+            if reader.chunked_with_length:  # never the lane's (it is chunked): aiohttp reads it as RFC 9112 says
+                buffer[:end] = reader.normalised(bytes(buffer[:end]))
+            self._hand_over()
+            return
+        del buffer[:end]
+        self._wanted = head.length
+        self.running = self._loop.create_task(self._serve(head))
+        if len(buffer) >= head.length:
+            self._deliver()
+        else:
+            self._arm(self._loop.time() + self._lane.body_timeout)
+        if not self._reading_paused and len(buffer) > _PAUSE_BYTES:
+            self._pause_reading()
+
+    def _deliver(self) -> None:
+        """The running request's body is complete."""
+        wanted, self._wanted = self._wanted, 0
+        body = bytes(self._buffer[:wanted])
+        del self._buffer[:wanted]
+        if self._arrived is not None and not self._arrived.done():
+            self._arrived.set_result(body)
+        else:
+            self._body = body
+
+    async def _read_body(self) -> bytes:
+        """The running request's body, once it is complete (RequestTimeout: a piece came too late)."""
+        if self._body is not None:
+            body, self._body = self._body, None
+            return body
+        if self._arrived is None:  # (not None: a piece came too late, and the error waits here)
+            self._arrived = self._loop.create_future()
+        return await self._arrived
+
+    async def _serve(self, head: LaneHead) -> None:
+        lane = self._lane
+        reply, close = await lane.answer(head, self._read_body, self._peer, self._local, self._body is not None)
+        if self._wanted:  # answered before its body was in (refused, unknown model): drop the rest of it
+            self._skip = self._wanted - len(self._buffer)
+            del self._buffer[:self._wanted]
+            self._wanted = 0
+        self._body = None
+        if self._arrived is not None:
+            if self._arrived.done() and not self._arrived.cancelled():
+                self._arrived.exception()  # retrieved: a timeout nobody waited for is no error to log
+            self._arrived.cancel()
+            self._arrived = None
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return
+        close = close or head.close or lane.stopping
+        if close:
+            reply = closing(reply)
+        if len(reply) == 1:
+            transport.write(reply[0])
+        else:
+            transport.writelines(reply)
+        if close:
+            transport.close()
+            return
+        if self._drained is not None:
+            await self._drained
+        self._deadline = self._loop.time() + lane.header_timeout
+        self.running = None
+        if self._reading_paused and len(self._buffer) <= _PAUSE_BYTES:  # else the next request drains first
+            self._reading_paused = False
+            transport.resume_reading()
+        if self._buffer:
+            self._advance()
+
+    def _hand_over(self) -> None:
+        """From now on this connection is aiohttp's, from the first byte of the request at hand."""
+        self._reader = None
+        handed = self._handed = self._fallback()
+        self._lane.connections.discard(self)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        assert self._transport is not None
+        handed.connection_made(self._transport)
+        if self._reading_paused:
+            self._reading_paused = False
+            self._transport.resume_reading()
+        pending, self._buffer = bytes(self._buffer), bytearray()
+        if pending:
+            handed.data_received(pending)
+
+    def _refuse(self, refusal: HeadRefused) -> None:
+        """Answer a head that broke a rule and take nothing more; close once the client has had the answer
+        (what it still sends meanwhile is read and dropped, so that no reset loses the answer)."""
+        log.debug("refused a request head from %s: %d %s", self._peer, refusal.status, refusal.message)
+        self._reader = None
+        self._refused = True
+        self._buffer = bytearray()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        transport = self._transport
+        assert transport is not None
+        if self._reading_paused:  # read on, and drop
+            self._reading_paused = False
+            transport.resume_reading()
+        transport.writelines(closing(error_response(refusal.status, refusal.message)))
+        if not transport.can_write_eof():
+            transport.close()
+            return
+        transport.write_eof()  # the client reads the answer, then the end; its own end closes the connection
+        self._timer = self._loop.call_later(_LINGER, transport.close)
+
+    def _pause_reading(self) -> None:
+        assert self._transport is not None
+        self._reading_paused = True
+        self._transport.pause_reading()
+
+    def _arm(self, deadline: float) -> None:
+        """Set the connection's deadline; the timer fires at it even where it comes sooner than the one it
+        was set for (a body's wait, shorter than what was left of the wait for its head)."""
+        self._deadline = deadline
+        timer = self._timer
+        if timer is None or timer.when() > deadline:
+            if timer is not None:
+                timer.cancel()
+            self._timer = self._loop.call_at(deadline, self._expire)
+
+    def _expire(self) -> None:
+        """The connection's timer: a head that has not come in time ends the connection; a body piece
+        that has not, its request (408, and the connection closes after the answer)."""
+        self._timer = None
+        transport = self._transport
+        if self._handed is not None or transport is None or transport.is_closing():
+            return
+        now = self._loop.time()
+        if now < self._deadline:
+            self._timer = self._loop.call_at(self._deadline, self._expire)
+        elif self._wanted:
+            timeout = body_timeout(self._lane.body_timeout, len(self._buffer))
+            if self._arrived is not None and not self._arrived.done():
+                self._arrived.set_exception(timeout)
+            else:  # the request has not asked for its body yet: it gets the error when it does
+                self._arrived = self._loop.create_future()
+                self._arrived.set_exception(timeout)
+            self._wanted = 0
+        elif self.running is not None:  # the wait for the next head starts after the answer
+            self._timer = self._loop.call_at(now + self._lane.header_timeout, self._expire)
+        else:
+            transport.close()
+

@@ -1,0 +1,83 @@
+"""The HTTP ports' connection cap (``max_connections``, less the gRPC port's share): a connection beyond it
+gets a short 503 and is closed, never queued behind the others and never handed to aiohttp or the lane
+(so it counts against no request limit). The daemon's HTTP and metrics ports and the front-end workers
+(``appliance.workers``) apply it alike."""
+
+from __future__ import annotations
+
+import asyncio
+import typing
+
+import orjson
+
+from appliance.protocol.connections import ConnectionLimiter, ConnectionPage
+
+__all__ = ["http_connection_limiter"]
+
+# A refused connection is answered and closed; its socket lingers this long at most, so the 503 is
+# read rather than lost to a reset, and no more than this many linger at once.
+_REFUSAL_LINGER = 1.0
+_MAX_LINGERING_REFUSALS = 64
+
+
+def _refusal_response(limit: int) -> bytes:
+    body = orjson.dumps({"error": f"the server's HTTP ports have {limit} connections open (max_connections, less the "
+                                  "gRPC port's share); retry shortly"})
+    head = (
+        "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
+        f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+def http_connection_limiter(limit: int, shared: tuple[ConnectionPage, int] | None = None) -> ConnectionLimiter:
+    """The limiter of the HTTP and metrics ports: a connection beyond ``limit`` is answered 503. ``shared``:
+    the page the front-end workers count into too, and this process's counter in it."""
+    refusals = _Refusals(limit)
+    return ConnectionLimiter(limit, lambda: _Refusal(refusals), port="the HTTP ports", shared=shared)
+
+
+class _Refusals:
+    """What the HTTP ports' refused connections share: the answer, and how many linger now."""
+
+    def __init__(self, limit: int) -> None:
+        self.answer = _refusal_response(limit)
+        self.lingering = 0
+
+
+class _Refusal(asyncio.Protocol):
+    """Answers 503 and closes without reading the request (what was sent is read and dropped for a
+    moment so that closing does not reset the connection before the client reads the answer)."""
+
+    def __init__(self, refusals: _Refusals) -> None:
+        self._refusals = refusals
+        self._lingers = False
+        self._timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # A stream transport; uvloop's is not a subclass of asyncio.Transport, hence no isinstance.
+        transport = typing.cast(asyncio.Transport, transport)
+        transport.write(self._refusals.answer)
+        if self._refusals.lingering >= _MAX_LINGERING_REFUSALS:
+            transport.close()
+            return
+        try:
+            transport.write_eof()
+        except OSError:  # the client is gone already
+            transport.close()
+            return
+        self._refusals.lingering += 1
+        self._lingers = True
+        self._timer = asyncio.get_running_loop().call_later(_REFUSAL_LINGER, transport.close)
+
+    def data_received(self, data: bytes) -> None:
+        pass
+
+    def eof_received(self) -> bool:
+        return False  # the client is done: close
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._lingers:
+            self._refusals.lingering -= 1
