@@ -11,7 +11,6 @@ import os
 import signal
 import socket
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -42,7 +41,8 @@ def _answer(sock: socket.socket) -> tuple[int, bytes]:
             raise ConnectionError(f"closed after {data!r}")
         data += chunk
     head, _, rest = data.partition(b"\r\n\r\n")
-    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length"))
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length"))
     while len(rest) < length:
         rest += sock.recv(65536)
     return int(head.split(b" ")[1]), rest[:length]
@@ -68,7 +68,8 @@ def test_the_workers_accept_and_the_daemon_answers(daemon):
         inputs[0].set_data_from_numpy(a)
         inputs[1].set_data_from_numpy(np.ones_like(a))
         for binary in (True, False):
-            result = client.infer("simple", inputs, outputs=[triton.InferRequestedOutput("OUTPUT0", binary_data=binary)])
+            wanted = [triton.InferRequestedOutput("OUTPUT0", binary_data=binary)]
+            result = client.infer("simple", inputs, outputs=wanted)
             np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + 1)
         assert client.is_server_ready() and client.get_model_metadata("simple")["name"] == "simple"
         assert client.get_inference_statistics("simple")["model_stats"][0]["inference_count"] >= 2
