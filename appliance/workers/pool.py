@@ -176,9 +176,12 @@ class WorkerPool:
     def _on_message(self, worker: _Worker, message: tuple) -> None:
         kind = message[0]
         if kind == REQUEST:
-            request = message[1]
-            task = asyncio.get_running_loop().create_task(self._answer(worker, *message[1:]))
-            worker.requests[request] = task
+            request, loop = message[1], asyncio.get_running_loop()
+            # Its body's future is there before the next message is read: that may be the body.
+            coming: asyncio.Future[bytes] | None = None
+            if message[3] is None:
+                coming = worker.bodies[request] = loop.create_future()
+            worker.requests[request] = loop.create_task(self._answer(worker, coming, *message[1:]))
         elif kind == BODY:
             body = worker.bodies.pop(message[1], None)
             if body is not None and not body.done():
@@ -188,8 +191,8 @@ class WorkerPool:
             if cancelled is not None:
                 cancelled.cancel()
 
-    async def _answer(self, worker: _Worker, request: int, fields: tuple, body: bytes | None, peer: str | None,
-                      local: str | None) -> None:
+    async def _answer(self, worker: _Worker, coming: asyncio.Future[bytes] | None, request: int, fields: tuple,
+                      body: bytes | None, peer: str | None, local: str | None) -> None:
         assert self._lane is not None
         try:
             head = lane_head(fields)
@@ -198,10 +201,6 @@ class WorkerPool:
             if worker.link is not None:
                 worker.link.close()
             return
-
-        coming = None
-        if body is None:
-            coming = worker.bodies[request] = asyncio.get_running_loop().create_future()
 
         async def whole() -> bytes:
             if coming is not None:
