@@ -60,9 +60,10 @@ def _ms(text: str) -> float:
 
 
 def run_wrk(url: str, body: bytes, headers: dict[str, str], concurrency: int, seconds: float,
-            lua: str = "") -> Result:
+            lua: str = "", prefix: tuple[str, ...] = ()) -> Result:
     """POST ``body`` for ``seconds`` over ``concurrency`` connections; ``lua``: more of wrk's script, run
-    after ``wrk.body`` is set (a ``request`` function that varies the body, for instance)."""
+    after ``wrk.body`` is set (a ``request`` function that varies the body, for instance); ``prefix`` wraps
+    the command (``taskset -c ...``)."""
     if not url.startswith("http://127.0.0.1:"):
         raise ValueError("load is only ever sent to 127.0.0.1")
     with tempfile.TemporaryDirectory() as tmp:
@@ -74,8 +75,8 @@ def run_wrk(url: str, body: bytes, headers: dict[str, str], concurrency: int, se
         lines += [f'local f = io.open("{body_path}", "rb")', "wrk.body = f:read(\"*a\")", "f:close()", lua]
         script.write_text("\n".join(lines) + "\n")
         output = subprocess.run(
-            [require_wrk(), "-t1", f"-c{concurrency}", f"-d{max(1, round(seconds))}s", "--latency", "-s", str(script),
-             url],
+            [*prefix, require_wrk(), "-t1", f"-c{concurrency}", f"-d{max(1, round(seconds))}s", "--latency", "-s",
+             str(script), url],
             capture_output=True, text=True, timeout=seconds + 30, check=True,
         ).stdout
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", output).group(1))
