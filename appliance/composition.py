@@ -66,6 +66,13 @@ __all__ = ["Appliance", "compose", "make_selector", "resolve_repository", "runti
 
 log = logging.getLogger(__name__)
 
+
+PROBE_TIMEOUT = 60.0
+"""Seconds each hardware probe step gets at start. A step cut off reads as absent and changes the hardware
+fingerprint that keys the model cache (a miss, and tuning again), so the bound is one a cold start of every
+runtime fits in on a loaded box (15 s did not, once, on a 2-core CI box running four test files); only a
+step that hangs costs it in full, and the front ends answer meanwhile."""
+
 # What models get to finish and close when the appliance stops. The front ends have stopped by then:
 # every request finished or was cancelled at the shutdown deadline, so what is left is at most a batch
 # that a cancelled request left running in a runtime; waiting a second shutdown_timeout for it would
@@ -98,6 +105,7 @@ def make_selector(section: sections.SelectionSection, server: sections.ServerSec
         isolate=isolate,
         state=state,
     )
+
 
 
 def split_connections(http: sections.HttpSection, grpc: sections.GrpcSection, total: int) -> tuple[int, int]:
@@ -433,7 +441,7 @@ async def _load_repository(appliance: Appliance, selector: asyncio.Future[PlanCh
     # Probing imports the runtimes (seconds): done with the front ends already answering, and in a child
     # process, so that a daemon serving only ONNX never holds torch or OpenVINO.
     try:
-        report = await asyncio.to_thread(hardware_probe.probe_isolated, 15.0)
+        report = await asyncio.to_thread(hardware_probe.probe_isolated, PROBE_TIMEOUT)
     except BaseException:
         selector.set_result(None)  # loads waiting for a plan go on with their configs' backends
         raise
