@@ -141,6 +141,10 @@ class WorkerPool:
                 pass_fds=(link_theirs.fileno(), hand_theirs.fileno(), self._listening.fileno(), self.page.fd),
                 stdin=asyncio.subprocess.DEVNULL,
             )
+        except BaseException:
+            link_ours.close()
+            hand_ours.close()
+            raise
         finally:
             link_theirs.close()
             hand_theirs.close()
@@ -168,10 +172,17 @@ class WorkerPool:
             backoff = _FIRST_BACKOFF if lived > _STABLE else min(backoff * 2, _MAX_BACKOFF)
             log.warning("front-end worker %d exited (code %s) after %.1f s: its connections are lost; restarting "
                         "it in %.1f s", worker.index, code, lived, backoff)
-            await asyncio.sleep(backoff)
-            if self._stopping:
-                return
-            await self._spawn(worker)
+            while True:
+                await asyncio.sleep(backoff)
+                if self._stopping:
+                    return
+                try:
+                    await self._spawn(worker)
+                    break
+                except OSError as exc:  # out of processes or descriptors: try again, later
+                    backoff = min(backoff * 2, _MAX_BACKOFF)
+                    log.error("cannot restart front-end worker %d (%s): trying again in %.1f s", worker.index,
+                              exc, backoff)
 
     def _on_message(self, worker: _Worker, message: tuple) -> None:
         kind = message[0]
@@ -249,7 +260,7 @@ class WorkerPool:
         if self._listening is not None:
             self._listening.close()
             self._listening = None
-        self.page.close()
+        # The page stays: the daemon's HTTP limiter counts into it until its last connection closes.
 
 
 async def _serve_from(sock: socket.socket, protocol: asyncio.Protocol, pending: bytes) -> None:
