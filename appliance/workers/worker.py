@@ -18,6 +18,7 @@ import itertools
 import json
 import logging
 import os
+import signal
 import socket
 import sys
 import time
@@ -34,9 +35,6 @@ from appliance.workers.link import Link
 from appliance.workers.messages import ANSWER, BODY, CANCEL, REQUEST, STOP, head_fields
 
 __all__ = ["RemoteLane", "Worker", "main"]
-
-log = logging.getLogger("appliance.workers.worker")
-
 
 class RemoteLane(LaneConnections):
     """The lane of a worker's connections: each request is answered by the daemon over ``link``."""
@@ -149,6 +147,8 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=spec.get("log_level", logging.INFO),
                         format=f"%(asctime)s worker {spec['index']} %(levelname)s %(name)s: %(message)s")
     os.environ.pop("NOTIFY_SOCKET", None)
+    # A terminal's Ctrl-C reaches the whole group: the daemon stops its workers itself (STOP, or its end).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     run(Worker(spec).serve(), spec.get("event_loop", "auto"))
     return 0
 
