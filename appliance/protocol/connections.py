@@ -24,7 +24,7 @@ import typing
 import weakref
 from collections.abc import Callable
 
-__all__ = ["ConnectionLimiter", "ConnectionPage", "close_at_once"]
+__all__ = ["ConnectionLimiter", "ConnectionPage", "ProtocolWrapper", "close_at_once"]
 
 log = logging.getLogger(__name__)
 
@@ -115,25 +115,20 @@ class _Abort(asyncio.Protocol):
         typing.cast(asyncio.Transport, transport).abort()  # uvloop's transport is no asyncio.Transport
 
 
-class _Counted(asyncio.Protocol):
-    """The protocol for one connection, unchanged, plus giving back the connection's slot once."""
+class ProtocolWrapper(asyncio.Protocol):
+    """A connection's protocol in front of another (``inner``), passing every event on; subclasses add
+    to the events they override."""
 
-    __slots__ = ("_inner", "_done", "__weakref__")
+    __slots__ = ("_inner",)
 
-    def __init__(self, inner: asyncio.Protocol, release: Callable[[], None]) -> None:
+    def __init__(self, inner: asyncio.Protocol) -> None:
         self._inner = inner
-        # Released when the connection is lost, or when this object goes away without ever having
-        # been connected (asyncio could not make a transport for the accepted socket).
-        self._done = weakref.finalize(self, release)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._inner.connection_made(transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        try:
-            self._inner.connection_lost(exc)
-        finally:
-            self._done()
+        self._inner.connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
         self._inner.data_received(data)
@@ -146,3 +141,21 @@ class _Counted(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._inner.resume_writing()
+
+
+class _Counted(ProtocolWrapper):
+    """The protocol for one connection, unchanged, plus giving back the connection's slot once."""
+
+    __slots__ = ("_done", "__weakref__")
+
+    def __init__(self, inner: asyncio.Protocol, release: Callable[[], None]) -> None:
+        super().__init__(inner)
+        # Released when the connection is lost, or when this object goes away without ever having
+        # been connected (asyncio could not make a transport for the accepted socket).
+        self._done = weakref.finalize(self, release)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        try:
+            self._inner.connection_lost(exc)
+        finally:
+            self._done()

@@ -23,7 +23,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from appliance.protocol.connections import ConnectionPage
+from appliance.protocol.connections import ConnectionPage, ProtocolWrapper
 from appliance.rest.lane import InferLane
 from appliance.rest.lane_connection import LANE_REQUEST_BYTES
 from appliance.workers.handoff import Receiver, handoff_pair
@@ -271,13 +271,13 @@ async def _serve_from(sock: socket.socket, protocol: asyncio.Protocol, pending: 
         sock.close()
 
 
-class _Resumed(asyncio.Protocol):
+class _Resumed(ProtocolWrapper):
     """A protocol that starts from the bytes another process read of its connection (``pending``)."""
 
-    __slots__ = ("_inner", "_pending")
+    __slots__ = ("_pending",)
 
     def __init__(self, inner: asyncio.Protocol, pending: bytes) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self._pending = pending
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -285,18 +285,3 @@ class _Resumed(asyncio.Protocol):
         pending, self._pending = self._pending, b""
         if pending:
             self._inner.data_received(pending)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._inner.connection_lost(exc)
-
-    def data_received(self, data: bytes) -> None:
-        self._inner.data_received(data)
-
-    def eof_received(self) -> bool | None:
-        return self._inner.eof_received()
-
-    def pause_writing(self) -> None:
-        self._inner.pause_writing()
-
-    def resume_writing(self) -> None:
-        self._inner.resume_writing()
