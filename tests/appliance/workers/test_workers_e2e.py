@@ -114,6 +114,14 @@ def test_the_connection_cap_counts_every_worker_and_the_daemon(daemon):
     wait_until(lambda: _status(daemon) == 200, timeout=20, what="connections given back once closed")
 
 
+def _gone(pid: int) -> bool:
+    """Whether ``pid`` has exited (gone, or a zombie its parent has not reaped yet)."""
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
 def _status(daemon: Daemon) -> int:
     try:
         with socket.create_connection(("127.0.0.1", daemon.port), timeout=5) as sock:
@@ -126,6 +134,7 @@ def _status(daemon: Daemon) -> int:
 def test_a_worker_that_dies_is_restarted_and_the_port_keeps_serving(daemon):
     before = _workers(daemon)
     os.kill(before[0], signal.SIGKILL)
+    wait_until(lambda: _gone(before[0]), timeout=10, what="the killed worker gone")
     for _ in range(20):  # the other worker (and then the new one) accept
         assert _status(daemon) == 200
     wait_until(lambda: len(_workers(daemon)) == WORKERS and before[0] not in _workers(daemon), timeout=30,
