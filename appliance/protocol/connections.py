@@ -43,8 +43,8 @@ class ConnectionPage:
 
     @classmethod
     def create(cls, processes: int) -> ConnectionPage:
-        """A zeroed page for ``processes`` counters; its ``fd`` is inheritable, for the workers."""
-        fd = os.memfd_create("appliance-connections", 0)  # not close-on-exec: workers open it
+        """A zeroed page for ``processes`` counters; its ``fd`` goes to the workers (``pass_fds``)."""
+        fd = os.memfd_create("appliance-connections", os.MFD_CLOEXEC)
         os.ftruncate(fd, processes * 8)
         return cls(fd, processes)
 

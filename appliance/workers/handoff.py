@@ -6,11 +6,14 @@ bytes on, as the lane in the daemon hands a connection to aiohttp (``appliance.r
 
 A hand-over is a first message carrying the socket and up to ``_CHUNK`` bytes, then as many messages of
 bytes as the rest needs, the last one marked. What a worker has read is bounded by the lane (a head and a
-body beyond one read of the socket), and the daemon takes at most ``MAX_PENDING`` bytes for one."""
+body beyond one read of the socket), and the daemon takes at most ``MAX_PENDING`` bytes for one, and
+closes one whose last piece has not come within ``_PARTIAL_TIMEOUT``. A worker sends its hand-overs one
+at a time from a thread of their own, so a busy daemon slows hand-overs, never the worker's loop."""
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import os
 import socket
@@ -26,6 +29,7 @@ _CHUNK = 64 << 10
 _MORE = struct.Struct("<?")  # whether more bytes of this connection follow
 MAX_PENDING = 4 << 20
 _SEND_TIMEOUT = 5.0
+_PARTIAL_TIMEOUT = 10.0
 
 
 def handoff_pair() -> tuple[socket.socket, socket.socket]:
@@ -40,7 +44,12 @@ class HandOver:
 
     def __init__(self, sock: socket.socket) -> None:
         self._sock = sock
-        self._sock.settimeout(_SEND_TIMEOUT)  # the daemon reads these on its loop, at once
+        self._sock.settimeout(_SEND_TIMEOUT)  # the daemon reads these on its loop, as they come
+        self._sender = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="hand-over")
+
+    async def send_off_loop(self, fd: int, pending: bytes) -> None:
+        """``send`` on the hand-over thread (one at a time, so that the pieces of two never interleave)."""
+        await asyncio.get_running_loop().run_in_executor(self._sender, self.send, fd, pending)
 
     def send(self, fd: int, pending: bytes) -> None:
         """Send the socket ``fd`` (the caller closes its own copy after) and ``pending``. Raises OSError."""
@@ -51,6 +60,7 @@ class HandOver:
             self._sock.sendall(_MORE.pack(bool(rest)) + piece)
 
     def close(self) -> None:
+        self._sender.shutdown(wait=False, cancel_futures=True)
         self._sock.close()
 
 
@@ -63,11 +73,13 @@ class HandOff(asyncio.Protocol):
         self._over = over
         self._transport: asyncio.Transport | None = None
         self._pending = bytearray()
+        self._sending: asyncio.Task | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = typing.cast(asyncio.Transport, transport)
         self._transport.pause_reading()
-        asyncio.get_running_loop().call_soon(self._send)
+        # Sent from the next turn: the lane hands the bytes it has read right after this call.
+        self._sending = asyncio.get_running_loop().create_task(self._send())
 
     def data_received(self, data: bytes) -> None:
         self._pending += data
@@ -78,14 +90,14 @@ class HandOff(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
 
-    def _send(self) -> None:
+    async def _send(self) -> None:
         transport = self._transport
         if transport is None or transport.is_closing():
             return
         sock = transport.get_extra_info("socket")
         try:
-            self._over.send(sock.fileno(), bytes(self._pending))
-        except OSError as exc:
+            await self._over.send_off_loop(sock.fileno(), bytes(self._pending))
+        except (OSError, RuntimeError) as exc:  # RuntimeError: the worker is stopping
             log.warning("cannot hand a connection to the daemon (%s): closing it", exc)
         transport.abort()  # this process's copy; the daemon's serves on
 
@@ -99,6 +111,7 @@ class Receiver:
         self._sock.setblocking(False)
         self._serve = serve
         self._partial: tuple[socket.socket, bytearray] | None = None
+        self._expiry: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def start(self) -> None:
@@ -109,10 +122,22 @@ class Receiver:
         if self._loop is not None:
             self._loop.remove_reader(self._sock.fileno())
             self._loop = None
+        self._drop_partial()
+        self._sock.close()
+
+    def _drop_partial(self) -> None:
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
         if self._partial is not None:
             self._partial[0].close()
             self._partial = None
-        self._sock.close()
+
+    def _expire(self) -> None:
+        self._expiry = None
+        if self._partial is not None:
+            log.error("a front-end worker's hand-over stalled for %.0f s: the connection is closed", _PARTIAL_TIMEOUT)
+            self._drop_partial()
 
     def _readable(self) -> None:
         while True:
@@ -137,9 +162,7 @@ class Receiver:
             return
         (more,) = _MORE.unpack_from(data)
         if fds:
-            if self._partial is not None:  # the previous one never finished: drop it
-                self._partial[0].close()
-                self._partial = None
+            self._drop_partial()  # (a previous one that never finished)
             try:
                 handed = socket.socket(fileno=fds[0])
             except OSError:  # not a socket
@@ -147,6 +170,8 @@ class Receiver:
                 log.error("a front-end worker handed over a descriptor that is no socket: dropped")
                 return
             self._partial = (handed, bytearray())
+            if self._loop is not None:
+                self._expiry = self._loop.call_later(_PARTIAL_TIMEOUT, self._expire)
         if self._partial is None:
             log.error("a front-end worker sent bytes of no connection: dropped")
             return
@@ -154,9 +179,11 @@ class Receiver:
         pending += data[1:]
         if len(pending) > MAX_PENDING:
             log.error("a front-end worker handed over more than %d bytes with a connection: closed", MAX_PENDING)
-            sock.close()
-            self._partial = None
+            self._drop_partial()
             return
         if not more:
             self._partial = None
+            if self._expiry is not None:
+                self._expiry.cancel()
+                self._expiry = None
             self._serve(sock, bytes(pending))

@@ -4,23 +4,37 @@ every other one sent in the same turn of the event loop (one write for a burst o
 
 Each end bounds what it takes: a frame longer than ``max_frame`` ends the link (the daemon takes a
 worker's requests, whose heads and bodies the lane bounds; a worker takes the daemon's answers, which are
-not bounded, as over HTTP). A frame is read as its bytes arrive: a length alone allocates nothing."""
+not bounded, as over HTTP). A frame is read as its bytes arrive: a length alone allocates nothing. A
+frame is unpickled with no class or function allowed (a worker parses hostile bytes; a message is plain
+values), and one that does not unpickle ends the link."""
 
 from __future__ import annotations
 
 import asyncio
+import io
 import logging
 import pickle
 import struct
 import typing
 from collections.abc import Callable
 
-__all__ = ["Link"]
+__all__ = ["Link", "plain_values"]
 
 log = logging.getLogger(__name__)
 
 _LENGTH = struct.Struct("<I")
 MAX_FRAME = (1 << 32) - 1
+
+
+class _PlainValues(pickle.Unpickler):
+    """Unpickles tuples, lists, bytes, strings, numbers, booleans and None; any class or function is refused."""
+
+    def find_class(self, module: str, name: str) -> typing.Any:
+        raise pickle.UnpicklingError(f"a link message names {module}.{name}: only plain values travel")
+
+
+def plain_values(payload: bytes | bytearray) -> typing.Any:
+    return _PlainValues(io.BytesIO(payload)).load()
 
 
 class Link(asyncio.Protocol):
@@ -80,7 +94,12 @@ class Link(asyncio.Protocol):
                     return
                 if end - start - 4 < length:
                     break
-                message = pickle.loads(memoryview(received)[start + 4:start + 4 + length])
+                try:
+                    message = plain_values(received[start + 4:start + 4 + length])
+                except Exception as exc:  # noqa: BLE001 - whatever a malformed pickle raises
+                    log.error("a front-end link sent a frame that is no message (%s): closing it", exc)
+                    self._abort()
+                    return
                 start += 4 + length
                 self._on_message(message)
         finally:

@@ -32,7 +32,7 @@ from appliance.rest.refusal import http_connection_limiter
 from appliance.runtime.event_loop import run
 from appliance.workers.handoff import HandOff, HandOver
 from appliance.workers.link import Link
-from appliance.workers.messages import ANSWER, BODY, CANCEL, REQUEST, STOP, head_fields
+from appliance.workers.messages import ANSWER, BODY, CANCEL, READY, REQUEST, STOP, head_fields
 
 __all__ = ["RemoteLane", "Worker", "main"]
 
@@ -131,6 +131,7 @@ class Worker:
         limiter = http_connection_limiter(spec["limit"], (page, spec["index"]))
         factory = limiter.wrap(self.lane.protocol(lambda: HandOff(over)))
         self._server = await loop.create_server(factory, sock=socket.socket(fileno=spec["listen"]))
+        link.send((READY,))
         try:
             await link.closed
         finally:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import socket
 
 from hypothesis import given, settings
@@ -40,7 +41,7 @@ async def _hand(pending: bytes) -> tuple[bytes, bytes]:
 
 @settings(max_examples=25, deadline=None)
 @given(pending=st.one_of(st.binary(max_size=200),
-                         st.integers(0, 300_000).map(lambda n: os.urandom(n))))
+                         st.integers(0, 300_000).map(lambda n: random.Random(n).randbytes(n))))
 def test_a_handed_connection_arrives_with_every_byte_read_of_it(pending):
     got, reply = asyncio.run(_hand(pending))
     assert got == pending and reply == b"answered by the daemon"
@@ -82,6 +83,27 @@ async def test_a_hand_over_beyond_the_bound_is_closed_not_served():
         server_side.close()
         client.settimeout(10)
         assert await asyncio.to_thread(client.recv, 10) == b""  # the daemon closed it
+        assert served == []
+    finally:
+        client.close()
+        receiver.close()
+        theirs.close()
+
+
+async def test_a_hand_over_whose_last_piece_never_comes_is_closed(monkeypatch):
+    from appliance.workers import handoff
+
+    monkeypatch.setattr(handoff, "_PARTIAL_TIMEOUT", 0.2)
+    ours, theirs = handoff_pair()
+    served: list = []
+    receiver = Receiver(ours, lambda sock, data: served.append(data))
+    receiver.start()
+    client, server_side = socket.socketpair()
+    try:
+        socket.send_fds(theirs, [b"\x01first piece, more to come"], [server_side.fileno()])
+        server_side.close()
+        client.settimeout(10)
+        assert await asyncio.to_thread(client.recv, 10) == b""  # closed by the daemon, never served
         assert served == []
     finally:
         client.close()

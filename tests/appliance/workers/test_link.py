@@ -94,3 +94,15 @@ async def test_a_link_whose_other_end_is_gone_drops_what_is_sent_and_says_it_is_
     link.connection_lost(None)
     link.send((1, 2))  # no error: nobody waits for it
     assert link.closed.done()
+
+
+async def test_a_frame_that_names_a_class_or_is_no_pickle_ends_the_link():
+    import os
+
+    for payload in (pickle.dumps((1, os.system)), pickle.dumps(ValueError("x")), b"\x80\x05garbage"):
+        transport = _Transport()
+        got: list[tuple] = []
+        link = Link(got.append)
+        link.connection_made(transport)  # type: ignore[arg-type]
+        link.data_received(_frames([(1, "fine")]) + struct.pack("<I", len(payload)) + payload)
+        assert got == [(1, "fine")] and transport.aborted, payload

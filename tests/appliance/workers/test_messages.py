@@ -30,3 +30,18 @@ def test_a_head_travels_whole():
 def test_fields_that_describe_no_lane_request_are_refused(fields):
     with pytest.raises((ValueError, TypeError)):
         lane_head(fields)
+
+
+def test_a_head_travels_as_plain_values_only():
+    import pickle
+
+    from appliance.workers.link import plain_values
+
+    head = LaneHead(Operation.INFER, "POST", "/v2/models/m/infer", "m", None, CIMultiDict([("Host", "box")]), 0, False)
+    fields = plain_values(pickle.dumps(head_fields(head)))  # what the daemon's end of a link accepts
+    assert lane_head(fields).headers["host"] == "box"
+
+
+def test_header_fields_that_are_not_pairs_of_strings_are_refused():
+    with pytest.raises(ValueError):
+        lane_head(("infer", "POST", "/v2/models/m/infer", "m", None, [("Host", 1)], 0, False))
