@@ -72,14 +72,15 @@ async def test_bytes_of_no_connection_two_sockets_and_a_file_are_dropped():
         theirs.close()
 
 
-async def test_a_hand_over_beyond_the_bound_is_closed_not_served():
+async def _closed_unserved(send) -> None:
+    """Hand a connection over with ``send(worker_end, fd)``: the daemon closes it and serves nothing."""
     ours, theirs = handoff_pair()
     served: list = []
     receiver = Receiver(ours, lambda sock, data: served.append(data))
     receiver.start()
     client, server_side = socket.socketpair()
     try:
-        await asyncio.to_thread(HandOver(theirs).send, server_side.fileno(), b"x" * (MAX_PENDING + 1))
+        await asyncio.to_thread(send, theirs, server_side.fileno())
         server_side.close()
         client.settimeout(10)
         assert await asyncio.to_thread(client.recv, 10) == b""  # the daemon closed it
@@ -90,22 +91,12 @@ async def test_a_hand_over_beyond_the_bound_is_closed_not_served():
         theirs.close()
 
 
+async def test_a_hand_over_beyond_the_bound_is_closed_not_served():
+    await _closed_unserved(lambda end, fd: HandOver(end).send(fd, b"x" * (MAX_PENDING + 1)))
+
+
 async def test_a_hand_over_whose_last_piece_never_comes_is_closed(monkeypatch):
     from appliance.workers import handoff
 
     monkeypatch.setattr(handoff, "_PARTIAL_TIMEOUT", 0.2)
-    ours, theirs = handoff_pair()
-    served: list = []
-    receiver = Receiver(ours, lambda sock, data: served.append(data))
-    receiver.start()
-    client, server_side = socket.socketpair()
-    try:
-        socket.send_fds(theirs, [b"\x01first piece, more to come"], [server_side.fileno()])
-        server_side.close()
-        client.settimeout(10)
-        assert await asyncio.to_thread(client.recv, 10) == b""  # closed by the daemon, never served
-        assert served == []
-    finally:
-        client.close()
-        receiver.close()
-        theirs.close()
+    await _closed_unserved(lambda end, fd: socket.send_fds(end, [b"\x01first piece, more to come"], [fd]))
