@@ -70,8 +70,8 @@ log = logging.getLogger(__name__)
 PROBE_TIMEOUT = 60.0
 """Seconds each hardware probe step gets at start. A step cut off reads as absent and changes the hardware
 fingerprint that keys the model cache (a miss, and tuning again), so the bound is one a cold start of every
-runtime fits in on a loaded box (15 s did not, once, on a 2-core CI box running four test files); only a
-step that hangs costs it in full, and the front ends answer meanwhile."""
+runtime fits in on a loaded box; only a step that hangs costs it in full, and the front ends answer
+meanwhile. (Each absent runtime's reason is logged: a changed fingerprint says why.)"""
 
 # What models get to finish and close when the appliance stops. The front ends have stopped by then:
 # every request finished or was cancelled at the shutdown deadline, so what is left is at most a batch
@@ -447,6 +447,8 @@ async def _load_repository(appliance: Appliance, selector: asyncio.Future[PlanCh
         raise
     appliance.hardware.set_result({**report.to_json(), "summary": report.summary()})
     log.info("hardware: %s", report.summary())
+    for runtime, reason in report.runtime_absences().items():
+        log.info("hardware: %s is absent: %s", runtime, reason)
     if appliance.metrics is not None:
         appliance.metrics.event("hardware", detail={"fingerprint": report.fingerprint, "summary": report.summary()})
     selector.set_result(make_selector(settings.selection, settings.server, report, isolate=True,

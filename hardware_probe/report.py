@@ -154,6 +154,15 @@ class ProbeReport:
         """Installed runtimes only: {"onnxruntime": "1.32.0", ...}."""
         return list_runtime_versions(self.sections)
 
+    def runtime_absences(self) -> dict[str, str]:
+        """Why each runtime the probe looked for is absent (not installed, failed to import, cut off): the
+        reason a fingerprint that keys cached plans may differ from the last start's."""
+        runtimes = self.sections.get("runtimes", {})
+        if runtimes.get("status") != "present":
+            return {"runtimes": str(runtimes.get("reason", "not probed"))}
+        return {name: str(section.get("reason", "")) for name, section in runtimes.items()
+                if isinstance(section, dict) and section.get("status") == "absent"}
+
     def to_json(self) -> dict:
         return {"sections": self.sections, "fingerprint": self.fingerprint, "accelerators": self.accelerators}
 

@@ -78,3 +78,14 @@ def test_a_report_of_odd_sections_still_renders() -> None:
     assert report.accelerators == ["cpu"]
     assert report.onnxruntime_providers() == []
     assert "fingerprint" in report.summary()
+
+
+def test_runtime_absences_say_why_each_runtime_is_missing():
+    from hardware_probe.report import ProbeReport
+
+    report = ProbeReport(sections={"runtimes": {
+        "status": "present", "onnxruntime": {"status": "present", "version": "1.0"},
+        "torch": {"status": "absent", "reason": "ImportError: no torch"}}})
+    assert report.runtime_absences() == {"torch": "ImportError: no torch"}
+    cut = ProbeReport(sections={"runtimes": {"status": "absent", "reason": "timed out after 60.0 s"}})
+    assert cut.runtime_absences() == {"runtimes": "timed out after 60.0 s"}
