@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from hardware_probe.openvino_devices import list_openvino_devices
-from hardware_probe.step import absent
+from hardware_probe.step import RUNTIME_IMPORTS, absent
 
 __all__ = ["find_intel_gpus", "find_intel_npus", "probe_intel"]
 
@@ -61,7 +61,8 @@ def find_intel_npus(root: str | os.PathLike[str] = "/") -> list[dict]:
 
 def _ask_openvino() -> dict:
     try:
-        return {"status": "present", "devices": list_openvino_devices()}
+        with RUNTIME_IMPORTS:
+            return {"status": "present", "devices": list_openvino_devices()}
     except Exception as exc:  # OpenVINO missing or its plugins failing must not hide the sysfs view
         return absent(f"{type(exc).__name__}: {exc}")
 

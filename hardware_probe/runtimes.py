@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from hardware_probe.openvino_devices import list_openvino_devices
-from hardware_probe.step import absent
+from hardware_probe.step import RUNTIME_IMPORTS, absent
 
 __all__ = ["probe_runtimes"]
 
@@ -112,7 +112,8 @@ _RUNTIMES: dict[str, Callable[[], dict]] = {
 
 def _probe_one(probe_runtime: Callable[[], dict]) -> dict:
     try:
-        return probe_runtime()
+        with RUNTIME_IMPORTS:
+            return probe_runtime()
     except Exception as exc:  # missing or broken, a runtime is absent for itself only, not its neighbours
         return absent(f"{type(exc).__name__}: {exc}")
 

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["Step", "absent"]
+__all__ = ["RUNTIME_IMPORTS", "Step", "absent"]
+
+RUNTIME_IMPORTS = threading.Lock()
+"""Held by every step while it imports or calls a runtime (onnx, onnxruntime, OpenVINO, torch): steps run on
+threads at once, and two threads importing the same package (numpy under all of them) can see it partly
+initialised, which made every runtime read as absent now and then on a loaded box."""
 
 
 @dataclass(frozen=True)
