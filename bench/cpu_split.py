@@ -23,10 +23,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench.serving import RESULTS, machine
-from bench.triton import CASES, Running, _start_appliance, _start_triton, perf_once, process_tree
+from bench.triton import (
+    CASES,
+    TICKS_PER_SECOND,
+    Running,
+    _start_appliance,
+    _start_triton,
+    perf_once,
+    process_tree,
+)
 from bench.triton_models import write_repository
 
-_TICK = os.sysconf("SC_CLK_TCK")
 SERVERS = ("triton", "appliance", "in-process")
 
 Sample = dict[int, tuple[str, int, int, int]]
@@ -65,7 +72,8 @@ def split(before: Sample, after: Sample, requests: int) -> list[tuple[str, float
         if pid not in before or not requests:
             continue
         _, user0, system0, switches0 = before[pid]
-        row = (label, (user - user0) / _TICK / requests * 1e6, (system - system0) / _TICK / requests * 1e6,
+        row = (label, (user - user0) / TICKS_PER_SECOND / requests * 1e6,
+               (system - system0) / TICKS_PER_SECOND / requests * 1e6,
                (switches - switches0) / requests)
         if row[1] + row[2] >= 1:
             rows.append(row)

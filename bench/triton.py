@@ -42,7 +42,8 @@ from bench.process import rss_mib, start_appliance
 from bench.serving import RESULTS, machine
 from bench.triton_models import REPEATS, write_repository
 
-_TICK = os.sysconf("SC_CLK_TCK")
+TICKS_PER_SECOND = os.sysconf("SC_CLK_TCK")
+"""/proc's unit of CPU time."""
 _SETTLE_S = 3.0
 """Seconds a server sits idle after it is ready before its memory is read."""
 BASELINE = "baseline"
@@ -101,7 +102,7 @@ def tree_cpu_seconds(pid: int) -> float:
             total += sum(int(fields[i]) for i in (11, 12, 13, 14))
         except (IndexError, ValueError):
             continue
-    return total / _TICK
+    return total / TICKS_PER_SECOND
 
 
 def tree_rss_mib(pid: int) -> tuple[float, int]:

@@ -25,11 +25,10 @@ from pathlib import Path
 
 from bench.loadgen import require_wrk, run_wrk
 from bench.process import start_appliance
-from bench.triton import process_tree
+from bench.serving import RESULTS
+from bench.triton import TICKS_PER_SECOND, process_tree
 from bench.triton_models import write_repository
 
-RESULTS = Path(__file__).resolve().parent / "results"
-_TICK = os.sysconf("SC_CLK_TCK")
 BODY = json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 16], "datatype": "FP32",
                                "data": [float(i) for i in range(16)]}]}).encode()
 
@@ -40,7 +39,7 @@ def cpu_by_part(pid: int) -> dict[str, float]:
     parts = {"daemon": 0.0, "workers": 0.0, "models": 0.0}
     for process, fields, _ in process_tree(pid):
         try:
-            seconds = (int(fields[11]) + int(fields[12])) / _TICK
+            seconds = (int(fields[11]) + int(fields[12])) / TICKS_PER_SECOND
             command = Path(f"/proc/{process}/cmdline").read_bytes()
         except (OSError, IndexError, ValueError):  # exited meanwhile
             continue

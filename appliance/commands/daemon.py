@@ -23,7 +23,7 @@ from appliance.runtime.allocator import return_large_buffers
 from appliance.settings import Settings
 from appliance.settings.sections import FleetSection
 from appliance.systemd.notify import Notifier
-from appliance.workers.pool import WorkerPool, worker_count
+from appliance.workers.pool import WorkerPool
 
 if TYPE_CHECKING:
     from appliance.client.boxes import Browser
@@ -99,7 +99,7 @@ async def _browse(fleet: FleetSection, own_id: str) -> tuple[Browser | None, Fle
 def _workers(settings: Settings, appliance: Appliance, tls: bool) -> WorkerPool | None:
     """The HTTP port's front-end workers (the workers setting), or None where the daemon serves it alone."""
     http = settings.http
-    count = worker_count(http.workers)
+    count = http.workers
     if count and (tls or not http.infer_lane):
         log.info("workers: the daemon serves the HTTP port itself (front-end workers need %s)",
                  "plain HTTP: a TLS session cannot move between processes" if tls else "http_infer_lane on")

@@ -178,7 +178,7 @@ class HttpSection(PortTls):
     """Serve small infer requests (up to 64 KiB) on the HTTP port's own lean path instead of through aiohttp
     (same rules and answers, a fraction of the CPU); a connection's first other request hands it to
     aiohttp. Off: aiohttp serves every request."""
-    workers: int | None = None
+    workers: int = 0
     """Front-end worker processes that accept the HTTP port's connections and do their HTTP framing on
     their own cores, sending each infer-lane request to the daemon (which keeps admission, batching and
     sequences); 0: the daemon serves the port itself. Default 0: as measured (docs/performance.md), a worker
@@ -187,9 +187,8 @@ class HttpSection(PortTls):
     def __post_init__(self) -> None:
         require_port(self, "port")
         require_at_least(self, 1, "max_connections")
-        if self.workers is not None:
-            require_at_least(self, 0, "workers")
-            require_at_most(self, MAX_WORKERS, "workers")
+        require_at_least(self, 0, "workers")
+        require_at_most(self, MAX_WORKERS, "workers")
         require_positive(self, "header_timeout", "body_timeout")
         require_networks(self, "trusted_proxies")
 

@@ -37,7 +37,7 @@ from appliance.workers.handoff import Receiver, handoff_pair
 from appliance.workers.link import Link
 from appliance.workers.messages import ANSWER, BODY, CANCEL, READY, REQUEST, STOP, lane_head
 
-__all__ = ["WorkerPool", "worker_count"]
+__all__ = ["WorkerPool"]
 
 log = logging.getLogger(__name__)
 
@@ -46,14 +46,6 @@ _FIRST_BACKOFF, _MAX_BACKOFF, _STABLE = 0.5, 30.0, 10.0
 _KILL_GRACE = 1.0
 _START_TIMEOUT = 60.0  # a worker imports the lane and binds its loop: seconds, on a loaded box
 _FRAME_SLACK = 64 << 10  # a request frame's fields beside its head and body
-
-
-def worker_count(setting: int | None) -> int:
-    """The workers to start: ``setting`` when set, else none. Measured (docs/performance.md, "Front-end
-    workers"): a worker takes the HTTP framing off the daemon, a few per cent of the daemon's CPU per
-    request at c=1 and 13-17 % at c=16, and adds more than that in its own process and the hop, so none is
-    the default on every box."""
-    return setting if setting is not None else 0
 
 
 class _Run:
@@ -121,8 +113,6 @@ class WorkerPool:
         self._supervisors: list[asyncio.Task] = []
         self._handing: set[asyncio.Task] = set()
         self._stopping = False
-        self.restarts = 0
-        """Workers restarted after exiting on their own."""
 
     @property
     def sockets(self) -> list[socket.socket]:
@@ -223,7 +213,6 @@ class WorkerPool:
             self.page.set(index, 0)
             if self._stopping:
                 return
-            self.restarts += 1
             lived = time.monotonic() - run.started
             backoff = _FIRST_BACKOFF if lived > _STABLE else min(backoff * 2, _MAX_BACKOFF)
             log.warning("front-end worker %d exited (code %s) after %.1f s: its connections are lost; restarting "

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 
-from bench.cpu_split import _TICK, sample, split
+from bench.cpu_split import sample, split
+from bench.triton import TICKS_PER_SECOND as _TICK
 
 
 def test_the_sample_covers_the_process_and_its_threads():

@@ -225,8 +225,5 @@ def test_workers_out_of_range_are_refused_with_the_fix(value):
 
 
 def test_workers_default_to_none_started():
-    from appliance.workers.pool import worker_count
-
-    settings = load_settings({}, {"HOME": "/home/u"})
-    assert settings.http.workers is None and worker_count(settings.http.workers) == 0
-    assert worker_count(load_settings({}, {"HOME": "/home/u", "APPLIANCE_WORKERS": "3"}).http.workers) == 3
+    assert load_settings({}, {"HOME": "/home/u"}).http.workers == 0
+    assert load_settings({}, {"HOME": "/home/u", "APPLIANCE_WORKERS": "3"}).http.workers == 3
