@@ -47,7 +47,8 @@ class _Refusals:
 
 class _Refusal(asyncio.Protocol):
     """Answers 503 and closes without reading the request (what was sent is read and dropped for a
-    moment so that closing does not reset the connection before the client reads the answer)."""
+    moment so that closing does not reset the connection before the client reads the answer). Over TLS,
+    where a transport cannot half-close, the answer is followed by the TLS close at once."""
 
     def __init__(self, refusals: _Refusals) -> None:
         self._refusals = refusals
@@ -61,14 +62,21 @@ class _Refusal(asyncio.Protocol):
         if self._refusals.lingering >= _MAX_LINGERING_REFUSALS:
             transport.close()
             return
-        try:
-            transport.write_eof()
-        except OSError:  # the client is gone already
+        if transport.can_write_eof():
+            try:
+                transport.write_eof()
+            except OSError:  # the client is gone already
+                transport.close()
+                return
+            linger_end = transport.close
+        else:
+            # TLS cannot half-close: close() flushes the answer and sends close_notify, then waits for
+            # the client's; that wait lingers as long as a half-close would, no longer.
             transport.close()
-            return
+            linger_end = transport.abort
         self._refusals.lingering += 1
         self._lingers = True
-        self._timer = asyncio.get_running_loop().call_later(_REFUSAL_LINGER, transport.close)
+        self._timer = asyncio.get_running_loop().call_later(_REFUSAL_LINGER, linger_end)
 
     def data_received(self, data: bytes) -> None:
         pass

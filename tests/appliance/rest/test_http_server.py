@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import uvloop
 
 from appliance.rest.refusal import http_connection_limiter
+from appliance.tls.context import ServerTls
+from tests.tls_util import Pki
 from tests.waiting import await_until
 
 
@@ -66,6 +74,42 @@ async def test_one_limit_is_shared_by_every_server_it_wraps():
         for server in (first, second):
             server.close()
             await server.wait_closed()
+
+
+async def _refuse_over_tls(pki: Pki) -> bytes:
+    """A second TLS connection to a port capped at one: what it reads before the server closes it."""
+    limiter = http_connection_limiter(1)
+    server_context = ServerTls(pki.cert, pki.key).context()
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(limiter.wrap(_Echo), "127.0.0.1", 0, ssl=server_context)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        held_reader, held = await asyncio.open_connection("127.0.0.1", port, ssl=pki.context())
+        held.write(b"ping")
+        assert await asyncio.wait_for(held_reader.readexactly(4), 5) == b"ping"
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=pki.context())
+        writer.write(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+        refused = await asyncio.wait_for(reader.read(), 5)  # answered, then closed by the server
+        writer.close()
+        held.close()
+        await await_until(lambda: limiter.open == 0, timeout=5, what="the served connection's slot back")
+        return refused
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+@pytest.mark.parametrize("loop_factory", [asyncio.new_event_loop, uvloop.new_event_loop], ids=["asyncio", "uvloop"])
+def test_a_tls_connection_beyond_the_limit_is_refused_quietly(tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                                                              loop_factory: Callable[[], asyncio.AbstractEventLoop]):
+    """A TLS transport cannot half-close (no write_eof): the refusal closes it after the 503 instead of
+    logging a traceback for every connection past the cap."""
+    pki = Pki(tmp_path / "pki")
+    with caplog.at_level(logging.DEBUG), asyncio.Runner(loop_factory=loop_factory) as runner:
+        answer = runner.run(_refuse_over_tls(pki))
+    assert answer.startswith(b"HTTP/1.1 503 Service Unavailable\r\n") and b"max_connections" in answer
+    tracebacks = [record for record in caplog.records if record.exc_info or record.levelno >= logging.ERROR]
+    assert not tracebacks, [record.getMessage() for record in tracebacks]
 
 
 FIT = textwrap.dedent('''
