@@ -52,6 +52,7 @@ from appliance.repository.retune import RetunePolicy, Retuner
 from appliance.rest.rest_config import BodyLimits, RestConfig, host_policy
 from appliance.runtime.lifecycle import Lifecycle
 from appliance.runtime.state import StateDir
+from appliance.runtime.state_lock import StateLock
 from appliance.security.budget import MemoryBudget
 from appliance.security.fleet_signature import FleetVerifier
 from appliance.security.token import control_token
@@ -258,6 +259,10 @@ async def _compose(settings: Settings, lifecycle: Lifecycle, connections: int) -
     # Checked once, before anything reads or writes there: a read-only or damaged state dir degrades the
     # appliance (and says so), it never stops it.
     state = await asyncio.to_thread(StateDir.check, server.state_dir)
+    if state.writable:  # one daemon per state dir: a second one stops here, naming the first one's PID
+        held = await asyncio.to_thread(StateLock.acquire, server.state_dir)
+        if held is not None:
+            lifecycle.on_close("the state dir lock", lambda: _call(held.release))
     stale = await asyncio.to_thread(remove_stale_arenas)
     if stale:
         log.info("removed %d shared-memory arenas left by model processes that died", len(stale))

@@ -172,3 +172,15 @@ async def test_the_stream_settings_bound_every_decoupled_request(tmp_path):
         assert (limits.max_bytes, limits.stall_timeout) == (1 << 20, 5.0)
     finally:
         await appliance.close()
+
+
+async def test_a_second_daemon_on_the_same_state_dir_stops_naming_the_first(tmp_path):
+    settings = _settings(tmp_path, metrics=False, grpc=False)
+    first = await compose(settings)
+    try:
+        with pytest.raises(ConfigError, match=r"another appliance daemon \(PID \d+\)"):
+            await compose(settings)
+    finally:
+        await first.close()
+    second = await compose(settings)  # the first one's stop released the directory
+    await second.close()
