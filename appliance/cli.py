@@ -95,10 +95,19 @@ def main(argv: list[str] | None = None) -> int:
             flags.update(serve.trace_settings(flags))
         settings = load_settings(flags, os.environ, args.config)
         _setup_logging(settings)
-        return _command(args.command).run(args, settings)
+        status = _command(args.command).run(args, settings)
+        sys.stdout.flush()  # inside the try: a reader gone before the last write is handled below
+        return status
     except ApplianceError as exc:
         print(f"appliance: {exc.message}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # The reader went away (`appliance stats --json | head`): as a shell tool does, stop quietly. Python
+        # would flush stdout again at exit and print a second BrokenPipeError: point it at /dev/null first.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 141  # 128 + SIGPIPE, what a shell reports for a tool killed by the signal
 
 
 if __name__ == "__main__":  # prints docs/getting-started.md's command-line block

@@ -103,3 +103,27 @@ def test_the_documented_command_line_block_is_the_parsers_own():
     block = page.split("## Command line\n\n```\n", 1)[1].split("```", 1)[0]
     assert block == usage_summary(), (
         "docs/getting-started.md's command-line block drifted: paste the output of `python -m appliance.cli`")
+
+
+def test_a_reader_that_goes_away_ends_a_command_quietly(tmp_path):
+    """`appliance stats --json | head`: a closed pipe is the reader's choice, not an error to print."""
+    import os
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        result = subprocess.run([sys.executable, "-m", "appliance", "cache", "ls", "--state-dir", str(tmp_path)],
+                                stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(write_end)
+    assert (result.returncode, result.stderr) == (141, "")
+
+
+@pytest.mark.parametrize(("given", "error"), [("verbose", None), ("Warning", None),
+                                              ("loud", "log_level must be DEBUG, INFO, WARNING or ERROR")])
+def test_log_levels_are_read_in_any_case_or_refused_in_one_line(tmp_path, given, error):
+    result = _appliance("cache", "ls", "--state-dir", str(tmp_path), env={"APPLIANCE_LOG_LEVEL": given})
+    if error is None:
+        assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    else:
+        assert result.returncode == 2 and result.stderr.strip() == f"appliance: {error}, got {given.upper()!r}"
