@@ -272,6 +272,8 @@ class ModelRegistry:
             message = exc.message if isinstance(exc, ApplianceError) else f"{type(exc).__name__}: {exc}"
             log.error("model %s failed to load: %s", name, message)
             self._events.emit("model_failed", name, None, {"reason": message})
+            # The files that failed: a re-scan (poll mode, SIGHUP) tries again once they change.
+            entry.signature = await asyncio.to_thread(_signature_or_none, path)
             if entry.versions:  # a failed reload: the old versions keep serving
                 entry.reason = f"reload failed, still serving the previous load: {message}"
             else:
@@ -438,7 +440,10 @@ class ModelRegistry:
         removed = sorted(n for n in self._models if n not in paths)
         changed = []
         for name, entry in list(self._models.items()):
-            if (name in paths and name not in self._held and entry.versions and entry.signature is not None
+            # Loaded models, and models whose last load failed (their files fixed since: Triton never
+            # retries those, server#6534); a model unloaded on purpose stays unloaded.
+            tried = entry.versions or (entry.wanted and entry.state is ModelState.UNAVAILABLE)
+            if (name in paths and name not in self._held and tried and entry.signature is not None
                     and await asyncio.to_thread(directory_signature, paths[name]) != entry.signature):
                 changed.append(name)
         for name in added:
@@ -511,3 +516,11 @@ class ModelRegistry:
             entry.plan = None
             entry.state, entry.reason = ModelState.UNAVAILABLE, "server is shutting down"
         return errors
+
+
+def _signature_or_none(path: Path) -> tuple | None:
+    """``directory_signature``, or None when the directory cannot be read (blocking)."""
+    try:
+        return directory_signature(path)
+    except OSError:
+        return None

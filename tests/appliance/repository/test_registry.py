@@ -165,6 +165,32 @@ async def test_rescan_loads_new_models_reloads_changed_ones_and_unloads_removed_
         registry.entry("a")
 
 
+async def test_a_model_that_failed_to_load_is_tried_again_once_its_files_change(repo, make_registry):
+    """Triton never retries a failed model on a re-scan (server#6534); here fixing its files is enough."""
+    registry = make_registry(repo)
+    (repo / "unparsed").mkdir()
+    write_model(repo, "unparsed", identity_model(["FP32"]), config="this is { not a config")
+    await registry.load_all(["broken", "unparsed"])
+    assert {n: registry.entry(n).state for n in ("broken", "unparsed")} == dict.fromkeys(
+        ("broken", "unparsed"), ModelState.UNAVAILABLE)
+    assert (await registry.rescan())["reloaded"] == []  # the same files: no retry loop on every poll
+    write_model(repo, "broken", identity_model(["FP32"]))
+    (repo / "unparsed" / "config.pbtxt").write_text('backend: "onnxruntime"')
+    assert await registry.rescan() == {"added": [], "removed": [], "reloaded": ["broken", "unparsed"]}
+    assert {n: registry.entry(n).state for n in ("broken", "unparsed")} == dict.fromkeys(
+        ("broken", "unparsed"), ModelState.READY)
+    assert registry.get("broken").name == "broken"
+
+
+async def test_a_model_unloaded_on_purpose_is_not_loaded_by_a_rescan(repo, make_registry):
+    registry = make_registry(repo)
+    await registry.load_all(["b"])
+    await registry.unload("b", "unloaded")
+    write_model(repo, "b", identity_model(["INT32", "INT64"]))
+    assert (await registry.rescan())["reloaded"] == []
+    assert registry.entry("b").state is ModelState.UNAVAILABLE
+
+
 async def test_close_frees_every_version_and_says_why(repo, make_registry):
     registry = make_registry(repo)
     await registry.load_all(["a"])
