@@ -22,7 +22,8 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from appliance.backends import BACKENDS, BackendInfo, LoadContext, usable_cores
 from appliance.core.errors import ConfigError
-from appliance.repository.config import config_to_json
+from appliance.repository.config import CONFIG_FILENAME, config_to_json
+from appliance.repository.layout import file_digests
 from appliance.runtime.state import StateDir
 from appliance.selection.candidates import BATCH_WITHIN, CandidateBench, batch_cap, best
 from appliance.selection.decision import ONLY_PLAN, Choice, build_decision, measured_outcome, plan_from
@@ -36,7 +37,7 @@ from appliance.selection.plans import (
     instance_variants,
     offers_in_process,
 )
-from model_cache import BrokenEntry, ModelCache, cache_key, hash_files
+from model_cache import BrokenEntry, ModelCache, cache_key
 
 # SelectionSettings and TuneRequest live with the job a tuning child gets; they are part of this API.
 __all__ = ["Choice", "Hardware", "SelectionSettings", "Selector", "TuneRequest", "open_cache"]
@@ -165,7 +166,11 @@ class Selector:
     def _key(self, version_dir: Path, config: mc.ModelConfig, request: TuneRequest = TuneRequest()) -> str:
         # A decision per traffic profile: a model whose traffic comes back to known shapes switches to
         # the plan measured for them without measuring again.
-        return cache_key(hash_files(version_dir), config=_selection_inputs(config),
+        # Every file the model can read (a Python model's helper modules too), but for config.pbtxt:
+        # the parts of the config selection depends on are in the key already (_selection_inputs).
+        files = {name: value for name, value in file_digests(version_dir.parent, version_dir).items()
+                 if name != CONFIG_FILENAME}
+        return cache_key(files, config=_selection_inputs(config),
                          fingerprint=self._hardware.fingerprint, runtimes=self._hardware.runtime_versions,
                          request=dataclasses.asdict(request))
 

@@ -122,6 +122,24 @@ def test_a_read_only_cache_serves_hits_and_measures_misses_without_storing(repor
     assert "cnn" in state.problems[0].message and "not cached" in state.problems[0].message
 
 
+def test_the_plan_cache_key_covers_every_file_the_model_reads(report, tmp_path):
+    """A helper beside the versions is part of the key; another version and config.pbtxt's text are not
+    (the config's parts selection depends on are keyed on their own)."""
+    model_file = save(cnn_model(), tmp_path / "cnn" / "1" / "model.onnx")
+    config = onnx_context(model_file).config
+    selector = _selector(report)
+    key = selector._key(model_file.parent, config)
+    (tmp_path / "cnn" / "config.pbtxt").write_text("# comments only\n")
+    save(cnn_model(), tmp_path / "cnn" / "2" / "model.onnx")
+    assert selector._key(model_file.parent, config) == key
+    (tmp_path / "cnn" / "lib").mkdir()
+    (tmp_path / "cnn" / "lib" / "helper.py").write_text("SCALE = 1\n")
+    with_helper = selector._key(model_file.parent, config)
+    assert with_helper != key
+    (tmp_path / "cnn" / "lib" / "helper.py").write_text("SCALE = 2\n")
+    assert selector._key(model_file.parent, config) not in (key, with_helper)
+
+
 def test_a_cached_decision_without_a_usable_plan_is_measured_again(report, model_file, tmp_path):
     cache = ModelCache(tmp_path / "cache")
     selector = _selector(report, cache)
