@@ -1,13 +1,11 @@
 """How the appliance scales with cores: the same bench.triton cases with the whole daemon (its model
 processes included) pinned to one core and to two with ``taskset``, perf_analyzer sharing the box.
 
-    python -m bench.cores [--cores 1,2] [--workers 0,2] [--repeats 3] [--interval-ms 1000]
-                          [--cases identity] [--protocols http,grpc] [--concurrency 1,16]
+    python -m bench.cores [--cores 1,2] [--repeats 3] [--interval-ms 1000] [--cases identity]
+                          [--protocols http,grpc] [--concurrency 1,16]
 
-``--workers``: the ``workers`` settings (front-end worker processes on the HTTP port) to run each pinning
-with; default: the daemon's own default. Per repeat each pinning is started, measured on every case,
-protocol and concurrency, and stopped, the order alternating between repeats; each figure is the median
-over the repeats. Targets (issue 39): c=16
+Per repeat each pinning is started, measured on every case, protocol and concurrency, and stopped, the
+order alternating between repeats; each figure is the median over the repeats. Targets (issue 39): c=16
 throughput on two cores ≥ 1.5× one core, c=1 p50 on two cores no worse than on one. Writes
 bench/results/cores.md and cores.json.
 """
@@ -33,44 +31,22 @@ SCALING_TARGET = 1.5
 """c=16 throughput on the most cores over one core."""
 
 
-def _pinned(repo: Path, state: Path, cores: int, workers: int | None) -> Running:
-    env = {"APPLIANCE_WORKERS": str(workers)} if workers is not None else None
-    server = start_appliance(repo, state, env=env, prefix=("taskset", "-c", f"0-{cores - 1}"))
+def _pinned(repo: Path, state: Path, cores: int) -> Running:
+    server = start_appliance(repo, state, prefix=("taskset", "-c", f"0-{cores - 1}"))
     return Running(f"127.0.0.1:{server.port}", f"127.0.0.1:{server.grpc_port}", server.process.pid, server.stop)
 
 
 def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    """Medians per workers setting, then per core count."""
     repo = write_repository(work / "repo")
     servers: dict[str, Callable[[], Running]] = {
-        _label(cores, workers): functools.partial(_pinned, repo, work / f"state-{cores}-{workers}", cores, workers)
-        for cores in args.cores for workers in args.workers}
+        _label(cores): functools.partial(_pinned, repo, work / f"state-{cores}", cores) for cores in args.cores}
     data = alternate(servers, args)
-    data["medians"] = {workers: {cores: data["medians"][_label(cores, workers)] for cores in args.cores}
-                       for workers in args.workers}
+    data["medians"] = {cores: data["medians"][_label(cores)] for cores in args.cores}
     return data
 
 
-def _label(cores: int, workers: int | None = None) -> str:
-    pinned = f"{cores} core{'s' if cores > 1 else ''}"
-    return pinned if workers is None else f"{pinned}, workers={workers}"
-
-
-def workers_table(medians: dict[int | None, dict[int, dict[str, list[float]]]], cores: int) -> str:
-    """On ``cores``: each workers setting against the first (throughput, p50 and CPU per request)."""
-    settings = list(medians)
-    base = settings[0]
-    lines = [f"| case | protocol | c | workers | inf/s | p50 ms | CPU µs/req | × inf/s vs workers={base} | × p50 |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for key, reference in medians[base][cores].items():
-        case, protocol, concurrency = key.split("|")
-        for workers in settings:
-            row = medians[workers][cores].get(key)
-            if row is None:
-                continue
-            lines.append(f"| {case} | {protocol} | {concurrency} | {workers} | {row[0]:.0f} | {row[1]:.3f} | "
-                         f"{row[2]:.0f} | {row[0] / reference[0]:.2f} | {row[1] / reference[1]:.2f} |")
-    return "\n".join(lines)
+def _label(cores: int) -> str:
+    return f"{cores} core{'s' if cores > 1 else ''}"
 
 
 def table(medians: dict[int, dict[str, list[float]]]) -> str:
@@ -100,8 +76,6 @@ def table(medians: dict[int, dict[str, list[float]]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cores", type=lambda t: sorted(int(c) for c in t.split(",")), default=[1, 2])
-    parser.add_argument("--workers", type=lambda t: [int(w) for w in t.split(",")], default=[None],
-                        help="workers settings to compare (default: the daemon's default)")
     add_run_options(parser, ["identity"])
     args = parse_run_options(parser, argv)
     available = len(os.sched_getaffinity(0))
@@ -122,11 +96,7 @@ def main(argv: list[str] | None = None) -> int:
             f"Machine: {data['machine']}; 1-minute load average {load['median']:.2f} (median; "
             f"{load['min']:.2f}-{load['max']:.2f}). Medians of {args.repeats} repeats, pinnings alternated; "
             "the daemon and its model processes pinned with taskset, perf_analyzer 2.51 unpinned on the same "
-            "box; CPU per request of the daemon's whole process tree.\n")
-    for workers, medians in data["medians"].items():
-        text += f"\n{'' if workers is None else f'workers={workers}: '}\n\n{table(medians)}\n"
-    if len(args.workers) > 1:
-        text += f"\nFront-end workers on {args.cores[-1]} cores:\n\n{workers_table(data['medians'], args.cores[-1])}\n"
+            "box; CPU per request of the daemon's whole process tree.\n\n" + table(data["medians"]))
     print(text)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "cores.md").write_text(text + "\n")

@@ -23,7 +23,6 @@ from appliance.runtime.allocator import return_large_buffers
 from appliance.settings import Settings
 from appliance.settings.sections import FleetSection
 from appliance.systemd.notify import Notifier
-from appliance.workers.pool import WorkerPool
 
 if TYPE_CHECKING:
     from appliance.client.boxes import Browser
@@ -96,22 +95,6 @@ async def _browse(fleet: FleetSection, own_id: str) -> tuple[Browser | None, Fle
     return browser, FleetView(browser, own_id)
 
 
-def _workers(settings: Settings, appliance: Appliance, tls: bool) -> WorkerPool | None:
-    """The HTTP port's front-end workers (the workers setting), or None where the daemon serves it alone."""
-    http = settings.http
-    count = http.workers
-    if count and (tls or not http.infer_lane):
-        log.info("workers: the daemon serves the HTTP port itself (front-end workers need %s)",
-                 "plain HTTP: a TLS session cannot move between processes" if tls else "http_infer_lane on")
-        return None
-    if not count:
-        return None
-    log.info("the HTTP port is accepted by %d front-end worker process(es)", count)
-    return WorkerPool(count, header_timeout=http.header_timeout, body_timeout=appliance.rest.body.read_timeout,
-                      max_body=appliance.rest.body.max_bytes, connection_limit=appliance.http_connections,
-                      event_loop=settings.server.event_loop)
-
-
 async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     """Serve until ``stop`` is set (or a SIGTERM/SIGINT arrives when no event is given)."""
     loop = asyncio.get_running_loop()
@@ -136,13 +119,12 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         loop.add_signal_handler(signal.SIGHUP, lambda: spawn(_reload(appliance, notifier)))
     header_timeout, host = settings.http.header_timeout, server_section.host
     http_tls = appliance.rest.tls.context() if appliance.rest.tls is not None else None
-    workers = _workers(settings, appliance, http_tls is not None)
-    limiter = http_connection_limiter(appliance.http_connections, (workers.page, 0) if workers else None)
+    limiter = http_connection_limiter(appliance.http_connections)
     own_id = appliance.box_id
     browser, fleet = await _browse(fleet_section, own_id)
     app = build_app(appliance.dataplane, appliance.rest, metrics=appliance.metrics, fleet=fleet)
     lane = InferLane(appliance.dataplane, appliance.rest, header_timeout) if settings.http.infer_lane else None
-    server = HttpServer(app, limiter, header_timeout, lane, http_tls, workers)
+    server = HttpServer(app, limiter, header_timeout, lane, http_tls)
     metrics_server: HttpServer | None = None
     grpc_server: FrontEnd | None = None
     announcer: Announcer | None = None

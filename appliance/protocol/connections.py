@@ -6,67 +6,27 @@ the others and counts against no request limit.
 One ``ConnectionLimiter`` wraps the protocol factory of every listener it bounds (the HTTP and metrics
 ports share one, the gRPC port on the appliance's own transport has its own); grpcio's server takes the
 same number as ``grpc.max_allowed_incoming_connections``. ``appliance.composition.split_connections``
-splits ``max_connections`` between them.
-
-With front-end workers (``appliance.workers``) the HTTP ports' connections are open in several processes:
-their limiters count into one ``ConnectionPage``, a shared-memory page of one counter per process (each
-process writes only its own), and each checks the sum. Two processes that open a connection at the same
-instant may both see one slot left, so the ports may hold up to one connection per worker beyond the cap;
-a worker that dies has its counter zeroed by the daemon, as its connections died with it."""
+splits ``max_connections`` between them."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import mmap
-import os
 import typing
 import weakref
 from collections.abc import Callable
 
-__all__ = ["ConnectionLimiter", "ConnectionPage", "ProtocolWrapper", "close_at_once"]
+__all__ = ["ConnectionLimiter", "ProtocolWrapper", "close_at_once"]
 
 log = logging.getLogger(__name__)
 
 
-class ConnectionPage:
-    """Open connections per process, in a page of shared memory the daemon makes (``create``) and its
-    front-end workers open from an inherited descriptor (``attach``): process ``i`` writes counter ``i``
-    alone; ``total`` is what every process has open."""
-
-    def __init__(self, fd: int, processes: int) -> None:
-        if processes < 1:
-            raise ValueError(f"a connection page counts at least one process, got {processes}")
-        self.fd = fd
-        self._map = mmap.mmap(fd, processes * 8)
-        self._counts = memoryview(self._map).cast("q")
-
-    @classmethod
-    def create(cls, processes: int) -> ConnectionPage:
-        """A zeroed page for ``processes`` counters; its ``fd`` goes to the workers (``pass_fds``)."""
-        fd = os.memfd_create("appliance-connections", os.MFD_CLOEXEC)
-        os.ftruncate(fd, processes * 8)
-        return cls(fd, processes)
-
-    def total(self) -> int:
-        return sum(self._counts)
-
-    def set(self, process: int, count: int) -> None:
-        self._counts[process] = count
-
-    def close(self) -> None:
-        self._counts.release()
-        self._map.close()
-        os.close(self.fd)
-
-
 class ConnectionLimiter:
     """Counts open connections over every listener it wraps and turns away those beyond ``limit`` with a
-    protocol from ``refuse`` (the port's own refusal; by default ``close_at_once``). ``shared``: the page
-    and this process's counter in it, when other processes serve the same ports."""
+    protocol from ``refuse`` (the port's own refusal; by default ``close_at_once``)."""
 
     def __init__(self, limit: int, refuse: Callable[[], asyncio.Protocol] | None = None,
-                 port: str = "the server", shared: tuple[ConnectionPage, int] | None = None) -> None:
+                 port: str = "the server") -> None:
         if limit < 1:
             raise ValueError(f"a connection limit must be at least 1, got {limit}")
         self.limit = limit
@@ -74,34 +34,22 @@ class ConnectionLimiter:
         self.refused = 0
         self._refuse = refuse or close_at_once
         self._port = port
-        self._shared = shared
-
-    @property
-    def box_open(self) -> int:
-        """Connections open on the ports this limiter bounds, in every process that serves them."""
-        return self._shared[0].total() if self._shared is not None else self.open
 
     def wrap(self, factory: Callable[[], asyncio.Protocol]) -> Callable[[], asyncio.Protocol]:
         """A protocol factory for ``loop.create_server`` in front of ``factory``."""
 
         def make() -> asyncio.Protocol:
-            if self.box_open >= self.limit:
+            if self.open >= self.limit:
                 self.refused += 1
-                log.warning("%s refused a connection: %d are open (max_connections)", self._port, self.box_open)
+                log.warning("%s refused a connection: %d are open (max_connections)", self._port, self.open)
                 return self._refuse()
-            self._count(1)
+            self.open += 1
             return _Counted(factory(), self._release)
 
         return make
 
-    def _count(self, change: int) -> None:
-        self.open += change
-        if self._shared is not None:
-            page, process = self._shared
-            page.set(process, self.open)
-
     def _release(self) -> None:
-        self._count(-1)
+        self.open -= 1
 
 
 def close_at_once() -> asyncio.Protocol:

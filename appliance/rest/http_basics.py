@@ -1,6 +1,6 @@
-"""What every HTTP path of the daemon shares and a front-end worker (``appliance.workers``) needs without
-the rest of the HTTP layer: the binary-tensor header's name, the error a late or oversized body gets, how
-an error becomes a status, message and headers, and a connection's addresses."""
+"""What every HTTP path of the daemon (aiohttp's routes and the infer lane) shares: the binary-tensor
+header's name, the error a late or oversized body gets, how an error becomes a status, message and
+headers, and a connection's addresses."""
 
 from __future__ import annotations
 

@@ -11,9 +11,6 @@ may take to send its request head, and a stop that keeps to one deadline.
   connections as well). Bodies have their own timeout in ``appliance.rest.body``.
 - **The infer lane** (``appliance.rest.lane``, the ``http_infer_lane`` setting): every connection starts
   on it, and is handed to aiohttp at its first request that is not a small infer request.
-- **Front-end workers** (``appliance.workers``, the ``workers`` setting): the daemon binds the port and
-  worker processes accept on it; they send lane requests to the daemon's lane and hand every other
-  connection to this server's aiohttp, through the same connection cap.
 - **Stop**: listening stops, idle connections close, requests in progress get until the deadline, the
   rest are cancelled, then the application's cleanup runs (see ``appliance.rest.app`` for its grace).
 """
@@ -23,17 +20,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import resource
-import socket
 import ssl
 import time
-import typing
 
 from aiohttp import web
 
 from appliance.protocol.connections import ConnectionLimiter
 from appliance.rest.lane import InferLane
 
-__all__ = ["HttpServer", "Workers", "fit_connections_to_descriptors"]
+__all__ = ["HttpServer", "fit_connections_to_descriptors"]
 
 log = logging.getLogger(__name__)
 
@@ -69,33 +64,17 @@ def fit_connections_to_descriptors(max_connections: int) -> int:
     return fitting
 
 
-class Workers(typing.Protocol):
-    """Front-end worker processes that accept a port's connections (``appliance.workers.pool``)."""
-
-    @property
-    def sockets(self) -> list[socket.socket]: ...
-
-    def bind(self, host: str, port: int) -> int: ...
-
-    async def start(self, lane: InferLane, fallback: typing.Callable[[], asyncio.Protocol]) -> None: ...
-
-    def close(self) -> None: ...
-
-    async def stop(self, deadline: float) -> None: ...
-
-
 class _LimitedSite(web.BaseSite):
-    """A TCP site whose connections go through a ``ConnectionLimiter`` (accepted here, or by ``workers``)."""
+    """A TCP site whose connections go through a ``ConnectionLimiter``."""
 
     def __init__(self, runner: web.AppRunner, host: str, port: int, limiter: ConnectionLimiter,
-                 lane: InferLane | None, tls: ssl.SSLContext | None = None, workers: Workers | None = None) -> None:
+                 lane: InferLane | None, tls: ssl.SSLContext | None = None) -> None:
         super().__init__(runner)
         self._host = host
         self._port = port
         self._limiter = limiter
         self._lane = lane
         self._tls = tls
-        self._workers = workers
 
     @property
     def name(self) -> str:
@@ -105,12 +84,6 @@ class _LimitedSite(web.BaseSite):
         await super().start()
         server = self._runner.server
         assert server is not None, "the runner is set up before its sites start"
-        if self._workers is not None:
-            assert self._lane is not None and self._tls is None, "workers serve the lane, in plain HTTP"
-            self._workers.bind(self._host, self._port)
-            await self._workers.start(self._lane, self._limiter.wrap(server))
-            self._server = self._workers  # type: ignore[assignment]  # its sockets and close(), as a Server's
-            return
         protocol = server if self._lane is None else self._lane.protocol(server)
         # TLS (when set) wraps the socket below the connection cap, the lane and aiohttp: each sees plain
         # HTTP; a handshake that fails (a plaintext request, a refused client certificate) ends that
@@ -124,16 +97,13 @@ class _LimitedSite(web.BaseSite):
 class HttpServer:
     """One application served over TCP with the limits above, as a ``protocol.front_end.FrontEnd``:
     ``start`` starts the application (its cleanup contexts) and binds, ``stop`` keeps to a deadline.
-    ``lane``: the infer lane in front of the application (None: aiohttp takes every connection);
-    ``workers``: processes that accept the port's connections instead of this one (with the lane)."""
+    ``lane``: the infer lane in front of the application (None: aiohttp takes every connection)."""
 
     def __init__(self, app: web.Application, limiter: ConnectionLimiter, header_timeout: float,
-                 lane: InferLane | None = None, tls: ssl.SSLContext | None = None,
-                 workers: Workers | None = None) -> None:
+                 lane: InferLane | None = None, tls: ssl.SSLContext | None = None) -> None:
         self._limiter = limiter
         self._lane = lane
         self._tls = tls
-        self._workers = workers
         # No access log: it costs more per request than the rest of the HTTP layer. Handler
         # cancellation: a client that disconnects while queued is dropped from its model's queue.
         # No automatic decompression: appliance.rest.body inflates bodies with a bound, off the loop.
@@ -151,7 +121,7 @@ class HttpServer:
 
     async def start(self, host: str, port: int) -> int:
         await self._runner.setup()
-        await _LimitedSite(self._runner, host, port, self._limiter, self._lane, self._tls, self._workers).start()
+        await _LimitedSite(self._runner, host, port, self._limiter, self._lane, self._tls).start()
         bound = self.port
         assert bound is not None
         return bound
@@ -162,7 +132,6 @@ class HttpServer:
         for site in list(self._runner.sites):
             await site.stop()
         lane = asyncio.ensure_future(self._lane.stop(deadline)) if self._lane is not None else None
-        workers = asyncio.ensure_future(self._workers.stop(deadline)) if self._workers is not None else None
         server = self._runner.server
         if server is not None:
             server.pre_shutdown()
@@ -181,6 +150,4 @@ class HttpServer:
                     log.warning("%d request(s) still running at the shutdown deadline: cancelled", len(late))
         if lane is not None:
             await lane
-        if workers is not None:
-            await workers
         await self._runner.cleanup()

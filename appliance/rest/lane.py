@@ -52,7 +52,7 @@ from appliance.protocol.dataplane import DataPlane
 from appliance.protocol.inference import Target
 from appliance.protocol.operations import Operation
 from appliance.rest.browser import check_host
-from appliance.rest.codec import encode_infer_response
+from appliance.rest.codec import encode_answer
 from appliance.rest.http_basics import HEADER_LENGTH
 from appliance.rest.infer_body import InferBody
 from appliance.rest.lane_connection import LaneConnection, LaneConnections
@@ -97,8 +97,7 @@ class _Received:
 
 class InferLane(LaneConnections):
     """The lane of one HTTP port: answers lane requests through ``dataplane`` and keeps its connections
-    (``protocol`` makes one per accepted socket). Front-end workers' lane requests are answered here too
-    (``appliance.workers.pool``)."""
+    (``protocol`` makes one per accepted socket)."""
 
     def __init__(self, dataplane: DataPlane, config: RestConfig, header_timeout: float) -> None:
         super().__init__(header_timeout, config.body.read_timeout, config.body.max_bytes)
@@ -106,7 +105,7 @@ class InferLane(LaneConnections):
         self._config = config
 
     async def answer(self, head: LaneHead, body: Callable[[], Awaitable[bytes]], peer: str | None,
-                     local: str | None, complete: bool = False) -> tuple[list[bytes], bool]:
+                     local: str | None) -> tuple[list[bytes], bool]:
         """The answer to one lane request whose head is in (``body`` waits for its body; it is admitted
         first), and whether the connection must close after it."""
         received_ns = time.monotonic_ns()  # the trace's REQUEST_START
@@ -121,7 +120,7 @@ class InferLane(LaneConnections):
                 source = InferBody(lambda: Target(head.model, head.version), headers.get(HEADER_LENGTH),
                                    _Received(body, signed).read, headers)
                 async with self._dataplane.infer(who, source, received_ns=received_ns) as result:
-                    payload, json_length = encode_infer_response(result.response, result.request)
+                    payload, json_length = await encode_answer(result.response, result.request)
         except ApplianceError as exc:
             return error_answer(exc)
         except Exception as exc:

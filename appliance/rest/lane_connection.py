@@ -1,8 +1,9 @@
 """The infer lane's connections: what one HTTP port's lane keeps (``LaneConnections``: its open
-connections, timeouts and stop) and the protocol of one connection (``LaneConnection``), over whatever
-answers the lane's requests: the data plane in the daemon (``appliance.rest.lane.InferLane``), or the
-daemon over a link in a front-end worker process (``appliance.workers.worker``). The rules the
-connections keep (heads, bodies, timeouts, pipelining, hand-over) are told in ``appliance.rest.lane``."""
+connections, timeouts and stop) and the protocol of one connection (``LaneConnection``), apart from what
+answers the lane's requests through the data plane (``appliance.rest.lane.InferLane``, the one subclass:
+the split keeps the connection's state machine out of the answering, and the two modules free of a
+cycle). The rules the connections keep (heads, bodies, timeouts, pipelining, hand-over) are told in
+``appliance.rest.lane``."""
 
 from __future__ import annotations
 
@@ -16,19 +17,17 @@ from appliance.rest.http_basics import body_timeout, transport_address
 from appliance.rest.lane_head import LANE_HEAD_BYTES, HeadReader, HeadRefused
 from appliance.rest.lane_wire import LANE_BODY_BYTES, LaneHead, closing, error_response, lane_request
 
-__all__ = ["LANE_REQUEST_BYTES", "LaneConnection", "LaneConnections"]
+__all__ = ["LaneConnection", "LaneConnections"]
 
 log = logging.getLogger(__name__)
 
-LANE_REQUEST_BYTES = LANE_HEAD_BYTES + LANE_BODY_BYTES
-"""The most a lane request's head and body hold together."""
-_PAUSE_BYTES = LANE_REQUEST_BYTES  # pipelined bytes held while a request runs
+_PAUSE_BYTES = LANE_HEAD_BYTES + LANE_BODY_BYTES  # pipelined bytes held while a request runs
 _LINGER = 1.0  # after refusing a head: how long what the client still sends is read and dropped
 
 
 class LaneConnections:
     """What one port's lane keeps: its connections (``protocol`` makes one per accepted socket), the
-    timeouts and body bound they keep, and their stop. Subclasses answer the requests (``answer``)."""
+    timeouts and body bound they keep, and their stop. ``InferLane`` answers the requests (``answer``)."""
 
     def __init__(self, header_timeout: float, body_timeout: float, max_body: int) -> None:
         self.header_timeout = header_timeout
@@ -42,9 +41,9 @@ class LaneConnections:
         return lambda: LaneConnection(self, fallback)
 
     async def answer(self, head: LaneHead, body: Callable[[], Awaitable[bytes]], peer: str | None,
-                     local: str | None, complete: bool = False) -> tuple[list[bytes], bool]:
-        """The answer to one lane request whose head is in (``body`` waits for its body; ``complete``: the
-        body is in already, and ``body`` returns it at once), and whether the connection must close after it."""
+                     local: str | None) -> tuple[list[bytes], bool]:
+        """The answer to one lane request whose head is in (``body`` waits for its body), and whether the
+        connection must close after it."""
         raise NotImplementedError
 
     async def stop(self, deadline: float) -> None:
@@ -220,7 +219,7 @@ class LaneConnection(asyncio.Protocol):
 
     async def _serve(self, head: LaneHead) -> None:
         lane = self._lane
-        reply, close = await lane.answer(head, self._read_body, self._peer, self._local, self._body is not None)
+        reply, close = await lane.answer(head, self._read_body, self._peer, self._local)
         if self._wanted:  # answered before its body was in (refused, unknown model): drop the rest of it
             self._skip = self._wanted - len(self._buffer)
             del self._buffer[:self._wanted]

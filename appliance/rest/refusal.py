@@ -1,7 +1,6 @@
 """The HTTP ports' connection cap (``max_connections``, less the gRPC port's share): a connection beyond it
 gets a short 503 and is closed, never queued behind the others and never handed to aiohttp or the lane
-(so it counts against no request limit). The daemon's HTTP and metrics ports and the front-end workers
-(``appliance.workers``) apply it alike."""
+(so it counts against no request limit). The daemon's HTTP and metrics ports share it."""
 
 from __future__ import annotations
 
@@ -10,7 +9,7 @@ import typing
 
 import orjson
 
-from appliance.protocol.connections import ConnectionLimiter, ConnectionPage
+from appliance.protocol.connections import ConnectionLimiter
 
 __all__ = ["http_connection_limiter"]
 
@@ -30,11 +29,10 @@ def _refusal_response(limit: int) -> bytes:
     return head.encode() + body
 
 
-def http_connection_limiter(limit: int, shared: tuple[ConnectionPage, int] | None = None) -> ConnectionLimiter:
-    """The limiter of the HTTP and metrics ports: a connection beyond ``limit`` is answered 503. ``shared``:
-    the page the front-end workers count into too, and this process's counter in it."""
+def http_connection_limiter(limit: int) -> ConnectionLimiter:
+    """The limiter of the HTTP and metrics ports: a connection beyond ``limit`` is answered 503."""
     refusals = _Refusals(limit)
-    return ConnectionLimiter(limit, lambda: _Refusal(refusals), port="the HTTP ports", shared=shared)
+    return ConnectionLimiter(limit, lambda: _Refusal(refusals), port="the HTTP ports")
 
 
 class _Refusals:

@@ -10,8 +10,8 @@ from typing import Any
 
 from appliance.core.errors import ConfigError
 
-__all__ = ["field_key", "fill", "flat_key", "key", "require_at_least", "require_at_most", "require_networks",
-           "require_one_of", "require_port", "require_positive"]
+__all__ = ["field_key", "fill", "flat_key", "key", "require_at_least", "require_networks", "require_one_of",
+           "require_port", "require_positive"]
 
 
 def key(default: Any, name: str) -> Any:
@@ -29,12 +29,6 @@ def require_at_least(section: object, low: int, *names: str) -> None:
     for name in names:
         if getattr(section, name) < low:
             raise ConfigError(f"{flat_key(section, name)} must be at least {low}, got {getattr(section, name)}")
-
-
-def require_at_most(section: object, high: int, *names: str) -> None:
-    for name in names:
-        if getattr(section, name) > high:
-            raise ConfigError(f"{flat_key(section, name)} must be at most {high}, got {getattr(section, name)}")
 
 
 def require_one_of(section: object, name: str, choices: tuple[str, ...]) -> None:

@@ -39,6 +39,15 @@ SECTIONS: dict[str, type] = {
 }
 """Each section's name (its TOML table, its attribute of ``Settings``) and class, in documentation order."""
 
+_REMOVED: dict[str, str] = {
+    "workers": "front-end workers were removed (they measured 0.70-0.93x the daemon alone: "
+               "bench/results/NOTES.md); the daemon serves the HTTP port itself: remove workers",
+}
+"""Settings that are no more (flat key -> what changed and the fix): given anywhere, they stop the daemon
+rather than being ignored, so that nobody believes a setting is in force that is not."""
+_REMOVED_FIELDS = {("http", "workers"): "workers"}
+"""The removed settings by their section's table and field name."""
+
 # What systemd hands a service through its environment, under its own names.
 _SYSTEMD = {"notify_socket": "NOTIFY_SOCKET", "watchdog_usec": "WATCHDOG_USEC"}
 # What Triton's redis cache reads from the environment, under Triton's names (APPLIANCE_* ones win).
@@ -99,6 +108,11 @@ def _convert(name: str, hint: Any, value: Any) -> Any:
         raise ConfigError(f"setting {name!r}: cannot use {value!r} ({exc})") from exc
 
 
+def _removed(name: str, where: str) -> ConfigError:
+    """The error for a removed setting ``name`` (a flat key) given in ``where``."""
+    return ConfigError(f"setting {name!r} ({where}): {_REMOVED[name]}")
+
+
 def _read_file(config_file: Path) -> dict[str, Any]:
     """The file's settings as flat keys: top-level keys, and ``[section]`` tables of field names."""
     try:
@@ -110,6 +124,9 @@ def _read_file(config_file: Path) -> dict[str, Any]:
     for name, value in document.items():
         if name in SECTIONS and isinstance(value, dict):
             by_field = {field: flat for flat, (section, field) in fields.items() if section == name}
+            for field in value:
+                if (name, field) in _REMOVED_FIELDS:
+                    raise _removed(_REMOVED_FIELDS[name, field], f"[{name}] {field} in {config_file}")
             unknown = sorted(set(value) - set(by_field))
             if unknown:
                 raise ConfigError(f"unknown setting(s) {unknown} in the [{name}] table of {config_file}; its "
@@ -117,6 +134,8 @@ def _read_file(config_file: Path) -> dict[str, Any]:
             values.update({by_field[field]: item for field, item in value.items()})
         elif name in fields:
             values[name] = value
+        elif name in _REMOVED:
+            raise _removed(name, str(config_file))
         else:
             raise ConfigError(f"unknown setting(s) {[name]} in {config_file}; known settings: "
                               f"{', '.join(sorted(fields))} (or tables [{'], ['.join(SECTIONS)}])")
@@ -132,6 +151,9 @@ def load_values(flags: Mapping[str, Any], env: Mapping[str, str], config_file: P
         config_file = Path(env[ENV_PREFIX + "CONFIG"])
     if config_file is not None:
         values.update(_read_file(config_file))
+    for name in _REMOVED:
+        if ENV_PREFIX + name.upper() in env:
+            raise _removed(name, ENV_PREFIX + name.upper())
     for name in fields:
         variable = ENV_PREFIX + name.upper()
         if variable in env:

@@ -20,7 +20,6 @@ from appliance.settings.checks import (
     flat_key,
     key,
     require_at_least,
-    require_at_most,
     require_networks,
     require_one_of,
     require_port,
@@ -45,9 +44,6 @@ __all__ = [
     "TraceSection",
     "key",
 ]
-
-MAX_WORKERS = 64
-"""The most front-end workers the HTTP port takes (the workers setting)."""
 
 LOOPBACK = ("127.0.0.0/8", "::1/128")
 
@@ -178,17 +174,9 @@ class HttpSection(PortTls):
     """Serve small infer requests (up to 64 KiB) on the HTTP port's own lean path instead of through aiohttp
     (same rules and answers, a fraction of the CPU); a connection's first other request hands it to
     aiohttp. Off: aiohttp serves every request."""
-    workers: int = 0
-    """Front-end worker processes that accept the HTTP port's connections and do their HTTP framing on
-    their own cores, sending each infer-lane request to the daemon (which keeps admission, batching and
-    sequences); 0: the daemon serves the port itself. Default 0: as measured (docs/performance.md), a worker
-    takes about 7 % of the daemon's CPU per request and adds more in its own process. Needs the infer lane
-    and plain HTTP: with http_infer_lane off or TLS on the HTTP port, the daemon serves it itself."""
     def __post_init__(self) -> None:
         require_port(self, "port")
         require_at_least(self, 1, "max_connections")
-        require_at_least(self, 0, "workers")
-        require_at_most(self, MAX_WORKERS, "workers")
         require_positive(self, "header_timeout", "body_timeout")
         require_networks(self, "trusted_proxies")
 

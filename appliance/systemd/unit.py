@@ -31,8 +31,8 @@ RestartSec=2
 TimeoutStartSec=600
 WatchdogSec=30
 TimeoutStopSec=45
-# SIGTERM to the daemon alone: it drains its front-end workers and model processes itself (a SIGTERM to
-# the whole group would end them under requests in flight); what is left at TimeoutStopSec is killed.
+# SIGTERM to the daemon alone: it drains its model processes itself (a SIGTERM to the whole group would
+# end them under requests in flight); what is left at TimeoutStopSec is killed.
 KillMode=mixed
 Environment=APPLIANCE_SHUTDOWN_TIMEOUT=30
 Environment=APPLIANCE_HOST={host}

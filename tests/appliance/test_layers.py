@@ -92,7 +92,7 @@ LAYERS: dict[str, int] = {
     "appliance.security": 4, "appliance.client": 4, "appliance.mdns": 4, "appliance.selection": 4,
     "appliance.protocol": 5, "appliance.metrics": 5,
     "appliance.rest": 6, "appliance.grpc": 6,
-    "appliance.composition": 7, "appliance.workers": 7,
+    "appliance.composition": 7,
     "appliance.commands": 8,
     "appliance.cli": 9, "appliance.__main__": 9,
 }

@@ -13,12 +13,3 @@ def test_the_table_marks_scaling_at_c16_and_latency_at_c1():
     assert "| 1.04 | 0.95 | p50 no worse: met |" in rows["1"]
     assert "1000, 10.000, 300 | 1400, 7.000, 320" in rows["16"]
 
-
-def test_the_workers_table_compares_each_setting_with_the_first_on_the_most_cores():
-    from bench.cores import workers_table
-
-    medians = {0: {2: {"identity|http|16": [1000.0, 10.0, 300.0, 1.0]}},
-               2: {2: {"identity|http|16": [900.0, 11.0, 350.0, 1.0]}}}
-    rows = workers_table(medians, 2).splitlines()[2:]
-    assert rows[0].endswith("| 0 | 1000 | 10.000 | 300 | 1.00 | 1.00 |")
-    assert rows[1].endswith("| 2 | 900 | 11.000 | 350 | 0.90 | 1.10 |")

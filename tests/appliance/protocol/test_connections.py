@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import os
 
 import pytest
 
-from appliance.protocol.connections import ConnectionLimiter, ConnectionPage
+from appliance.protocol.connections import ConnectionLimiter
 from tests.waiting import await_until
 
 
@@ -80,38 +79,3 @@ def test_a_cap_below_one_is_refused():
     with pytest.raises(ValueError, match="at least 1"):
         ConnectionLimiter(0)
 
-
-def test_limiters_of_several_processes_count_into_one_page_and_refuse_on_the_sum():
-    page = ConnectionPage.create(3)
-    try:
-        daemon = ConnectionLimiter(4, shared=(page, 0))
-        worker = ConnectionLimiter(4, shared=(page, 1))
-        kept = [daemon.wrap(asyncio.Protocol)() for _ in range(2)] + [worker.wrap(asyncio.Protocol)() for _ in range(2)]
-        assert page.total() == 4 and (daemon.open, worker.open) == (2, 2)
-        refused = worker.wrap(asyncio.Protocol)()
-        assert worker.refused == 1 and not isinstance(refused, type(kept[0]))  # the refusal, not a counted one
-        page.set(2, 0)  # a dead worker's counter, zeroed by the daemon, changes nothing here
-        del kept[0]
-        gc.collect()
-        assert page.total() == 3 and daemon.open == 1
-        kept.append(worker.wrap(asyncio.Protocol)())
-        assert page.total() == 4
-    finally:
-        page.close()
-
-
-def test_a_page_opened_from_its_descriptor_elsewhere_sees_the_same_counters():
-    page = ConnectionPage.create(2)
-    try:
-        other = ConnectionPage(os.dup(page.fd), 2)  # as a worker opens the descriptor it inherited
-        other.set(1, 7)
-        page.set(0, 2)
-        assert page.total() == other.total() == 9
-        other.close()
-    finally:
-        page.close()
-
-
-def test_a_page_counts_at_least_one_process():
-    with pytest.raises(ValueError, match="at least one process"):
-        ConnectionPage(0, 0)

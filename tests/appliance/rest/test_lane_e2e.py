@@ -1,7 +1,6 @@
 """The infer lane against aiohttp's route: the same answers, the same rules, its own connection handling.
 
-Two daemons on the example repository, one with the lane and one without (``http_infer_lane = false``),
-the lane's daemon once serving its port itself and once through front-end workers (``workers = 2``);
+Two daemons on the example repository, one with the lane and one without (``http_infer_lane = false``);
 aiohttp's answers carry a ``Server`` header and the lane's do not, which tells who served each one."""
 
 from __future__ import annotations
@@ -26,13 +25,12 @@ JSON_BODY = {"inputs": [{"name": "INPUT0", "shape": [1, 16], "datatype": "INT32"
 INFER = "/v2/models/simple/infer"
 
 
-@pytest.fixture(scope="module", params=[0, 2], ids=["daemon", "workers"])
-def daemons(module_daemon, tmp_path_factory, request):
-    """The lane served by the daemon itself, then by front-end workers (``workers = 2``), against aiohttp."""
+@pytest.fixture(scope="module")
+def daemons(module_daemon, tmp_path_factory):
     repository = build_example_repository(tmp_path_factory.mktemp("x") / "repo")
     env = {"APPLIANCE_HEADER_TIMEOUT": str(TIMEOUT), "APPLIANCE_BODY_TIMEOUT": str(TIMEOUT),
            "APPLIANCE_AUTH_EXEMPT_NETWORKS": "127.0.0.1/32", "APPLIANCE_PROTECT_INFERENCE": "true"}
-    lane = module_daemon(repository, env={**env, "APPLIANCE_WORKERS": str(request.param)})
+    lane = module_daemon(repository, env=env)
     plain = module_daemon(repository, env={**env, "APPLIANCE_HTTP_INFER_LANE": "false"})
     return lane, plain
 

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -218,12 +219,17 @@ def test_cache_and_rate_limit_settings_are_validated(env, message):
 
 
 
-@pytest.mark.parametrize("value", ["-1", "65"])
-def test_workers_out_of_range_are_refused_with_the_fix(value):
-    with pytest.raises(ConfigError, match="workers must be at (least 0|most 64)"):
-        load_settings({}, {"HOME": "/home/u", "APPLIANCE_WORKERS": value})
+REMOVED = [  # (environment variable, the file's line, its table and line there, what the error says)
+    ("APPLIANCE_WORKERS", "workers = 2", "[http]\nworkers = 2", "front-end workers were removed.*remove workers"),
+]
 
 
-def test_workers_default_to_none_started():
-    assert load_settings({}, {"HOME": "/home/u"}).http.workers == 0
-    assert load_settings({}, {"HOME": "/home/u", "APPLIANCE_WORKERS": "3"}).http.workers == 3
+@pytest.mark.parametrize("variable, line, table, words", REMOVED, ids=[r[0] for r in REMOVED])
+def test_a_removed_setting_given_anywhere_is_refused_with_what_changed(tmp_path, variable, line, table, words):
+    with pytest.raises(ConfigError, match=f"{variable}.*{words}"):
+        load_settings({}, {"HOME": "/home/u", variable: "0"})
+    for text in (line, table):
+        file = tmp_path / "appliance.toml"
+        file.write_text(text + "\n")
+        with pytest.raises(ConfigError, match=f"{re.escape(str(file))}.*{words}"):
+            load_settings({}, {"HOME": "/home/u"}, file)
