@@ -68,12 +68,6 @@ __all__ = ["Appliance", "compose", "make_selector", "resolve_repository", "runti
 log = logging.getLogger(__name__)
 
 
-PROBE_TIMEOUT = 60.0
-"""Seconds each hardware probe step gets at start. A step cut off reads as absent and changes the hardware
-fingerprint that keys the model cache (a miss, and tuning again), so the bound is one a cold start of every
-runtime fits in on a loaded box; only a step that hangs costs it in full, and the front ends answer
-meanwhile. (Each absent runtime's reason is logged: a changed fingerprint says why.)"""
-
 # What models get to finish and close when the appliance stops. The front ends have stopped by then:
 # every request finished or was cancelled at the shutdown deadline, so what is left is at most a batch
 # that a cancelled request left running in a runtime; waiting a second shutdown_timeout for it would
@@ -217,8 +211,9 @@ class Appliance:
 
 
 async def server_wide(cache: sections.ResponseCacheSection, limiter: sections.RateLimiterSection,
-                      lifecycle: Lifecycle) -> ServerWide:
-    """The response cache (``cache_config``) and the rate limiter (``rate_limit``) the models share."""
+                      lifecycle: Lifecycle, state: StateDir, budget: MemoryBudget) -> ServerWide:
+    """The response cache (``cache_config``) and the rate limiter (``rate_limit``) the models share. ``budget``:
+    the request memory budget, which the redis cache's reads are counted against."""
     if limiter.resources and not limiter.enabled:
         log.warning("rate_limit_resources are ignored while rate_limit is off; start with --rate-limit "
                     "execution_count to limit model instances by them")
@@ -227,8 +222,10 @@ async def server_wide(cache: sections.ResponseCacheSection, limiter: sections.Ra
     if isinstance(config, RedisCacheConfig):
         # Imported here: redis (with what it loads, ~19 MiB) stays out of a daemon that does not use it.
         from appliance.engine.redis_cache import RedisResponseCache
+        from appliance.engine.redis_entry import entry_keys
 
-        redis = RedisResponseCache(config)
+        keys = await asyncio.to_thread(entry_keys, cache.redis_key, cache.redis_key_file, state.path, state)
+        redis = RedisResponseCache(config, keys, budget)
         lifecycle.on_close("the redis response cache", redis.close)  # closed after the models that write to it
         await redis.check()  # refused credentials stop the start; a Redis that is down does not
         store = redis
@@ -271,7 +268,8 @@ async def _compose(settings: Settings, lifecycle: Lifecycle, connections: int) -
     registries: list[ModelRegistry] = []  # the metrics start first, to see the models load
     custom_metrics = CustomMetrics() if settings.metrics.enabled else None
     children = ChildProcesses()
-    shared = await server_wide(settings.response_cache, settings.rate_limiter, lifecycle)
+    budget = MemoryBudget(settings.limits.max_request_memory_bytes)
+    shared = await server_wide(settings.response_cache, settings.rate_limiter, lifecycle, state, budget)
     metrics = await _start_metrics(settings.metrics, server, state, registries, lifecycle, custom_metrics, children,
                                    shared)
     shm = settings.shm
@@ -318,7 +316,7 @@ async def _compose(settings: Settings, lifecycle: Lifecycle, connections: int) -
                                        settings.auth.protect_inference, FleetVerifier(token, own_id)),
                           limits.max_concurrent_requests)
     dataplane = DataPlane(registry, _rules(settings.models, limits, settings.fleet), admission=admission,
-                          budget=MemoryBudget(limits.max_request_memory_bytes), shared_memory=shared_memory,
+                          budget=budget, shared_memory=shared_memory,
                           tracer=tracer, traces=traces, logs=logs, pushes=pushes, state=state, hardware=hardware)
     http_connections, grpc_connections = split_connections(settings.http, settings.grpc, connections)
     appliance = Appliance(
@@ -399,7 +397,7 @@ def _start_tracing(settings: Settings, state: StateDir, lifecycle: Lifecycle) ->
         log.info("traces are exported as OpenTelemetry spans to %s", section.otel_url)
     defaults = TraceValues(section.level, section.rate, section.count, section.log_frequency)
     traces = TraceSettings(defaults, trace_file=reported, mode=section.mode)
-    return traces, Tracer(traces, writer, exporter)
+    return traces, Tracer(traces, writer, exporter, client_rate=section.client_rate)
 
 
 def _open_pushes(models: sections.ModelsSection, server: sections.ServerSection,
@@ -445,8 +443,10 @@ async def _load_repository(appliance: Appliance, selector: asyncio.Future[PlanCh
     settings, registry, dataplane = appliance.settings, appliance.registry, appliance.dataplane
     # Probing imports the runtimes (seconds): done with the front ends already answering, and in a child
     # process, so that a daemon serving only ONNX never holds torch or OpenVINO.
+    log.info("probing this box's hardware and runtimes (up to %.0f s; ready answers 503 until the models load)",
+             hardware_probe.DEFAULT_TIMEOUT)
     try:
-        report = await asyncio.to_thread(hardware_probe.probe_isolated, PROBE_TIMEOUT)
+        report = await asyncio.to_thread(hardware_probe.probe_isolated)
     except BaseException:
         selector.set_result(None)  # loads waiting for a plan go on with their configs' backends
         raise
@@ -461,7 +461,11 @@ async def _load_repository(appliance: Appliance, selector: asyncio.Future[PlanCh
     models = settings.models
     explicit = models.control_mode == "explicit" and "*" not in models.load_models
     # Pushed models were loaded by a request: they serve again after a restart, in every mode.
-    await registry.load_all((*models.load_models, *registry.pushed_names()) if explicit else None)
+    names = (*models.load_models, *registry.pushed_names()) if explicit else None
+    log.info("loading %s of the repository's %d models%s", "all" if names is None else len(set(names)),
+             len(registry.entries()), " (a model the cache has no plan for is measured first: tuning)"
+             if settings.selection.enabled else "")
+    await registry.load_all(names)
     dataplane.mark_loaded()
     log.info("repository loaded: %d of %d models ready", registry.ready_count(), len(registry.entries()))
     if models.control_mode == "poll":

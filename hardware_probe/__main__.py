@@ -4,6 +4,6 @@ separate process, so that the caller never imports the runtimes the probe looks 
 import json
 import sys
 
-from hardware_probe.probe import probe
+from hardware_probe.probe import DEFAULT_TIMEOUT, probe
 
-print(json.dumps(probe(timeout=float(sys.argv[1]) if len(sys.argv) > 1 else 5.0).to_json(), default=str))
+print(json.dumps(probe(timeout=float(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_TIMEOUT).to_json(), default=str))

@@ -8,7 +8,7 @@ import logging
 import subprocess
 import sys
 
-from hardware_probe.probe import probe
+from hardware_probe.probe import DEFAULT_TIMEOUT, probe
 from hardware_probe.report import ProbeReport
 
 __all__ = ["probe_isolated"]
@@ -16,7 +16,7 @@ __all__ = ["probe_isolated"]
 log = logging.getLogger(__name__)
 
 
-def probe_isolated(timeout: float = 5.0) -> ProbeReport:
+def probe_isolated(timeout: float = DEFAULT_TIMEOUT) -> ProbeReport:
     """Like probe(), in a fresh interpreter; falls back to probing here if the child cannot run."""
     try:
         result = subprocess.run([sys.executable, "-m", "hardware_probe", str(timeout)], capture_output=True,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import shutil
 import sys
 from typing import Any
 
@@ -12,7 +13,7 @@ from appliance.repository.loader import load_model
 from appliance.selection.report import format_selection
 from appliance.settings import Settings
 
-__all__ = ["add_parser", "run"]
+__all__ = ["add_parser", "progress_line", "run"]
 
 
 def add_parser(sub: Any) -> None:
@@ -22,9 +23,21 @@ def add_parser(sub: Any) -> None:
     parser.add_argument("--state-dir", type=str, help="the daemon's state dir (holds the model cache)")
 
 
+_BAR = 20
+
+
+def progress_line(message: str, step: int, steps: int, width: int) -> str:
+    """One frame of the progress bar, never wider than ``width`` columns (a long message is cut)."""
+    step = min(max(step, 0), steps)
+    filled = _BAR * step // max(steps, 1)
+    head = f"[{'#' * filled}{'.' * (_BAR - filled)}] {step}/{steps} "
+    room = max(width - 1 - len(head), 0)  # the last column left free: some terminals wrap on it
+    text = message if len(message) <= room else (message[:room - 1] + "…" if room else "")
+    return head + text.ljust(room)
+
+
 def _progress_bar(message: str, step: int, steps: int) -> None:
-    filled = int(20 * step / max(steps, 1))
-    sys.stderr.write(f"\r[{'#' * filled}{'.' * (20 - filled)}] {step}/{steps} {message:<50}")
+    sys.stderr.write("\r" + progress_line(message, step, steps, shutil.get_terminal_size().columns))
     if message.startswith("chose"):
         sys.stderr.write("\n")
     sys.stderr.flush()
@@ -34,7 +47,10 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     import hardware_probe
     from appliance.composition import make_selector, resolve_repository, runtime_options
 
-    report = hardware_probe.probe()
+    # The daemon's probe (a child process, the same bound per step): a fingerprint computed otherwise could
+    # differ, and the decision cached here would be one the daemon never reads.
+    sys.stderr.write(f"probing this box (at most {hardware_probe.DEFAULT_TIMEOUT:.0f} s)\n")
+    report = hardware_probe.probe_isolated()
     selector = make_selector(settings.selection, settings.server, report)
     if selector is None:
         raise ConfigError("selection is switched off in the settings (selection = false)")

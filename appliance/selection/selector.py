@@ -269,7 +269,8 @@ class Selector:
             raise ConfigError(f"model {config.name!r}: objective must be latency or throughput, got {objective!r}")
         candidates = tuning_inputs(config, context.version_dir.parent, self._settings.dynamic_sizes, traffic=traffic)
         search = InputSearch(context.model_name, candidates, [o.name for o in config.output])
-        report = _Progress(context.model_name, len(plans), progress or self.progress)
+        batching = config.HasField("dynamic_batching") and config.max_batch_size > 1
+        report = _Progress(context.model_name, len(plans) + batching, progress or self.progress)
         with (self._cache.staging() if self._cache is not None else _scratch()) as staging:
             bench = CandidateBench(self._backends, info, context, search, staging,
                                    lambda plan: _tolerance(config, plan, self._settings), self._settings.budget,
@@ -296,7 +297,7 @@ class Selector:
                     or next((p for p in plans if pinned and pinned in (p.id, p.base)), None)
                     or Plan(DEFAULT_PLAN, info.name))
             outcome = measured_outcome(search, chosen is not None, traffic)
-            if chosen is not None and config.HasField("dynamic_batching") and config.max_batch_size > 1:
+            if chosen is not None and batching:
                 report(f"measuring {plan.id} by batch size")
                 outcome["batching"] = self._batching(bench, plan, config.max_batch_size)
             decision = build_decision(context, self._hardware.fingerprint, objective, plan, chosen, results,
@@ -339,8 +340,9 @@ class _Progress:
         self._model, self._steps, self._sink, self._step = model, steps, sink, 0
 
     def __call__(self, message: str, done: bool = False) -> None:
-        if not done:
-            self._step += 1
+        # Every step counted up front (each plan, and the batch curve when there is one); the last line
+        # reads n/n even when a step was skipped.
+        self._step = self._steps if done else min(self._step + 1, self._steps)
         log.info("tuning %s [%d/%d]: %s", self._model, self._step, self._steps, message)
         if self._sink is not None:
             self._sink(message, self._step, self._steps)

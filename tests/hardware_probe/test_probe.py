@@ -74,6 +74,22 @@ def test_a_section_without_status_counts_as_present() -> None:
     assert report.sections["plain"] == {"status": "present", "answer": 42}
 
 
+def test_progress_hears_of_each_step_as_it_ends_counting_up_to_all() -> None:
+    heard: list[tuple[str, int, int]] = []
+    steps = [Step("one", dict), Step("two", _raise), Step("three", lambda: {"x": 1})]
+    probe(steps=steps, progress=lambda *args: heard.append(args))
+    assert sorted(name for name, _, _ in heard) == ["one", "three", "two"]
+    assert [(ended, total) for _, ended, total in heard] == [(1, 3), (2, 3), (3, 3)]
+
+
+def test_a_progress_callback_that_raises_never_costs_the_report() -> None:
+    def broken(name: str, ended: int, steps: int) -> None:
+        raise OSError("stderr closed")
+
+    report = probe(steps=[Step("plain", lambda: {"answer": 42})], progress=broken)
+    assert report.sections["plain"] == {"status": "present", "answer": 42}
+
+
 def test_duplicate_step_names_are_refused() -> None:
     with pytest.raises(ValueError, match="'cpu' appears twice"):
         probe(steps=[*DEFAULT_STEPS, Step("cpu", dict)])

@@ -38,6 +38,7 @@ def test_probe_json_reports_this_box():
 def test_probe_table():
     result = _appliance("probe")
     assert result.returncode == 0 and "fingerprint" in result.stdout and "onnxruntime" in result.stdout
+    assert "probing CPU, memory" in result.stderr and "probed runtimes (" in result.stderr  # never silent
 
 
 @pytest.mark.slow  # tuning measures plans

@@ -117,3 +117,5 @@ def test_tuning_progress_is_logged_while_it_runs(start_daemon, tmp_path):
     index = {row["name"]: row for row in call(daemon.port, "POST", "/v2/repository/index", {})[2]}
     assert index["cnn"]["state"] == "LOADING"
     assert re.search(r"tuning cnn \[1/\d+\]: onnxruntime:CPU@\S+: [\d.]+ ms", daemon.log())
+    counts = [(int(step), int(steps)) for step, steps in re.findall(r"tuning cnn \[(\d+)/(\d+)\]", daemon.log())]
+    assert counts and all(step <= steps for step, steps in counts), counts  # never "3/2"
