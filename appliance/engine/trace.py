@@ -19,8 +19,9 @@ class Trace:
     timestamps: list[tuple[str, int]] = dataclasses.field(default_factory=list)
     sink: Any = None
     """Whatever the tracer needs to file the finished trace (the protocol's, opaque here)."""
-    parent: str | None = None
-    """The caller's W3C ``traceparent``, as the request carried it (OpenTelemetry mode), else None."""
+    parent: Any = None
+    """The caller's span, from the W3C ``traceparent`` the request carried (OpenTelemetry mode: the
+    exporter's, opaque here), else None."""
 
     def mark(self, name: str, ns: int | None = None) -> None:
         self.timestamps.append((name, time.monotonic_ns() if ns is None else ns))

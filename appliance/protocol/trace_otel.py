@@ -5,58 +5,51 @@ events and INFER_RESPONSE_COMPLETE), a span named after the model (REQUEST_START
 REQUEST_END; attributes ``triton.model_name``, ``triton.model_version``, ``triton.trace_id``,
 ``triton.trace_parent_id``) as its child, and ``compute`` (COMPUTE_START to COMPUTE_END) as the model
 span's child, when the model ran (a response-cache hit has none). A request that carried a W3C
-``traceparent`` (an HTTP header, gRPC metadata) is a child of the caller's span, in the caller's trace.
+``traceparent`` (an HTTP header, gRPC metadata) is a child of the caller's span, in the caller's trace;
+the header is read by OpenTelemetry's own ``TraceContextTextMapPropagator``.
 
-Nothing of it runs on the request's path: ``export`` queues the trace (never blocks; a full queue drops it,
-counted); a thread of its own builds the spans, which the SDK's batch span processor sends on its own
-thread, ``schedule_delay`` apart. Timestamps are recorded on the monotonic clock, and exported on the wall
-clock (OpenTelemetry's), shifted by the difference measured at start.
+``export`` builds the spans of a finished trace at once (a few objects, never blocking) and ends them into
+the SDK's batch span processor, whose bounded queue and thread send them ``schedule_delay`` apart (a full
+queue drops spans, as the SDK does). Timestamps are recorded on the monotonic clock, and exported on the
+wall clock (OpenTelemetry's), shifted by the difference measured at start.
 """
 
 from __future__ import annotations
 
-import logging
-import queue
-import re
 import threading
 import time
 from collections.abc import Sequence
 
+from opentelemetry.context import Context
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, set_span_in_context
 from opentelemetry.trace import Tracer as OtelTracer
+from opentelemetry.trace import get_current_span, set_span_in_context
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from appliance.engine.trace import Trace
 
-__all__ = ["OtelExporter", "parse_traceparent"]
+__all__ = ["OtelExporter", "caller_context"]
 
-log = logging.getLogger(__name__)
-
-_TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
-_STOP = object()
-_QUEUE = 10_000
-"""Finished traces waiting for the span thread at most; more are dropped (and counted)."""
+_PROPAGATOR = TraceContextTextMapPropagator()
+_TRACEPARENT_MAX = 512
+"""Longer values are ignored here, before the propagator, which would log a warning for each one."""
 _ROOT_EVENTS = ("HTTP_RECV_START", "HTTP_RECV_END", "GRPC_WAITREAD_START", "GRPC_WAITREAD_END",
                 "INFER_RESPONSE_COMPLETE", "HTTP_SEND_START", "HTTP_SEND_END", "GRPC_SEND_START", "GRPC_SEND_END")
 _MODEL_EVENTS = ("REQUEST_START", "QUEUE_START", "REQUEST_END")
 _COMPUTE_EVENTS = ("COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START", "COMPUTE_END")
 
 
-def parse_traceparent(value: str | None) -> SpanContext | None:
-    """The caller's span from a W3C ``traceparent`` (``00-<trace id>-<span id>-<flags>``); None when absent
-    or not one (version ff, all-zero ids), as the W3C spec says to ignore it then."""
-    if not value:
+def caller_context(value: str | None) -> Context | None:
+    """The context of the caller's span a W3C ``traceparent`` (``00-<trace id>-<span id>-<flags>``) names,
+    for a span to be its child; None when absent or not one (a bad format, version ff, all-zero ids: the
+    W3C spec says to ignore it then)."""
+    if not value or len(value) > _TRACEPARENT_MAX:
         return None
-    match = _TRACEPARENT.fullmatch(value.strip().lower())
-    if match is None or match.group(1) == "ff":
-        return None
-    trace_id, span_id = int(match.group(2), 16), int(match.group(3), 16)
-    if not trace_id or not span_id:
-        return None
-    return SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(int(match.group(4), 16)))
+    context = _PROPAGATOR.extract({"traceparent": value})
+    return context if get_current_span(context).get_span_context().is_valid else None
 
 
 _CLOSE_FLUSH_S = 2.0
@@ -66,10 +59,8 @@ _CLOSE_FLUSH_S = 2.0
 class OtelExporter:
     """Exports finished traces as spans; see the module's docstring. ``close`` flushes and stops."""
 
-    @staticmethod
-    def continues(traceparent: str) -> bool:
-        """Whether a request's W3C ``traceparent`` names a span its trace continues (else it is ignored)."""
-        return parse_traceparent(traceparent) is not None
+    caller = staticmethod(caller_context)
+    """The caller's span a request's ``traceparent`` names, as ``Trace.parent`` holds it, or None."""
 
     def __init__(self, url: str, resource: Sequence[str] = (), *, max_queue_size: int = 2048,
                  schedule_delay_ms: int = 5000, max_export_batch_size: int = 512) -> None:
@@ -82,31 +73,14 @@ class OtelExporter:
             schedule_delay_millis=schedule_delay_ms, max_export_batch_size=max_export_batch_size))
         self._tracer: OtelTracer = self._provider.get_tracer("edge-appliance")
         self._offset = time.time_ns() - time.monotonic_ns()
-        self._queue: queue.Queue[object] = queue.Queue(_QUEUE)
-        self._thread: threading.Thread | None = None
         self.url = url
-        self.dropped = 0
-        """Traces dropped because the span thread was that far behind."""
 
     def export(self, trace: Trace) -> None:
-        """Queue one finished trace (never blocks); the span thread starts on the first one."""
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="otel-spans", daemon=True)
-            self._thread.start()
-        try:
-            self._queue.put_nowait(trace)
-        except queue.Full:
-            self.dropped += 1
-            if self.dropped == 1:
-                log.warning("OpenTelemetry: traces come faster than spans are built; dropping them (raise "
-                            "trace_rate to trace fewer requests)")
+        """Build one finished trace's spans and hand them to the batch span processor (never blocks)."""
+        self._spans(trace)
 
     def close(self) -> None:
-        """Build the queued spans, export what is batched and stop (blocks: call off the event loop)."""
-        if self._thread is not None:
-            self._queue.put(_STOP)
-            self._thread.join()
-            self._thread = None
+        """Export what is batched and stop (blocks: call off the event loop)."""
         # One bounded try at what is batched (the SDK's force_flush takes no timeout: it runs on a thread of
         # its own), then the exporter stops retrying: a receiver that is down (each export retries for up to
         # 10 s) must not hold the daemon's stop.
@@ -117,23 +91,8 @@ class OtelExporter:
         self._provider.shutdown()
 
     def flush(self) -> None:
-        """Wait until the queued traces are built and exported (blocks)."""
-        if self._thread is not None:
-            self._queue.join()
+        """Wait until the ended spans are exported (blocks)."""
         self._provider.force_flush()
-
-    def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            try:
-                if item is _STOP:
-                    return
-                assert isinstance(item, Trace)
-                self._spans(item)
-            except Exception:  # a trace that cannot be built is lost, not the thread
-                log.exception("OpenTelemetry: could not build the spans of a trace")
-            finally:
-                self._queue.task_done()
 
     def _spans(self, trace: Trace) -> None:
         marks = dict(trace.timestamps)  # a name marked twice keeps its last time
@@ -141,9 +100,7 @@ class OtelExporter:
             marks.setdefault("INFER_RESPONSE_COMPLETE", marks["REQUEST_END"])
         wall = {name: ns + self._offset for name, ns in marks.items()}
         start, end = min(wall.values()), max(wall.values())
-        parent = parse_traceparent(trace.parent)
-        context = set_span_in_context(NonRecordingSpan(parent)) if parent is not None else None
-        root = self._tracer.start_span("InferRequest", context=context, start_time=start)
+        root = self._tracer.start_span("InferRequest", context=trace.parent, start_time=start)
         _events(root, wall, _ROOT_EVENTS)
         model = self._tracer.start_span(trace.model_name, context=set_span_in_context(root),
                                         start_time=wall.get("REQUEST_START", start))

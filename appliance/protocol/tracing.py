@@ -10,12 +10,17 @@ The ``Tracer`` samples requests by the settings in force for their model (the mo
 the global one: one request in ``trace_rate`` counted in that scope, as Triton counts) and hands
 finished traces to a ``TraceWriter`` with the scope's file rules, or, in OpenTelemetry mode, to an
 ``OtelExporter`` (appliance.protocol.trace_otel): there a request that carries a W3C ``traceparent`` is
-traced whatever the rate and count (as Triton), as a child of the caller's span.
+traced whatever the rate and count (as Triton), as a child of the caller's span, up to
+``trace_client_rate`` such requests a second over the daemon. A trace costs the daemon about as much CPU
+as the request it traces, so a client sending a traceparent with every request would otherwise double the
+daemon's work at will; beyond the cap a request is sampled by ``trace_rate`` like any other (and, when
+sampled, is still the caller's span's child).
 """
 
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -33,11 +38,14 @@ class Tracer:
     """Samples requests: per scope, one request in ``trace_rate`` while ``trace_count`` allows, when the
     scope's ``trace_level`` includes TIMESTAMPS. Used from the event loop only."""
 
-    def __init__(self, settings: TraceSettings, writer: TraceWriter, exporter: OtelExporter | None = None) -> None:
+    def __init__(self, settings: TraceSettings, writer: TraceWriter, exporter: OtelExporter | None = None, *,
+                 client_rate: int = 10, clock: Callable[[], float] = time.monotonic) -> None:
         self.settings = settings
         self.writer = writer
         self.exporter = exporter
         """OpenTelemetry mode: finished traces go here as spans instead of to the trace files."""
+        self._client_traces = _TokenBucket(client_rate, clock)
+        """Requests a client's traceparent may still have traced whatever the rate (trace_client_rate)."""
         self._ids = itertools.count(1)
 
     def start(self, model_name: str, model_version: int, received_ns: int | None = None, *,
@@ -50,12 +58,10 @@ class Tracer:
         scope = self.settings.scope(model_name)
         parent = None
         if self.exporter is not None and traceparent is not None:
-            parent = traceparent()
-            if parent is not None and not self.exporter.continues(parent):
-                parent = None
-        if parent is not None:  # the caller traces this request: traced whatever the rate and count
-            if "TIMESTAMPS" not in scope.values.level:
-                return None
+            header = traceparent()
+            parent = self.exporter.caller(header) if header is not None else None
+        if parent is not None and "TIMESTAMPS" in scope.values.level and self._client_traces.take():
+            pass  # the caller traces this request: traced whatever the rate and count, within the cap
         elif not scope.sample():
             return None
         trace = Trace(next(self._ids), model_name, model_version, sink=scope, parent=parent)
@@ -88,6 +94,30 @@ class Tracer:
         last = scope.collect()
         self.writer.add(trace.to_json(), scope.values.log_frequency, stream=scope.id, counted=scope.limited,
                         last=last)
+
+
+class _TokenBucket:
+    """``rate`` tokens a second, holding one second's worth at most; none at all when ``rate`` is 0."""
+
+    __slots__ = ("_rate", "_tokens", "_last", "_clock")
+
+    def __init__(self, rate: int, clock: Callable[[], float]) -> None:
+        self._rate = rate
+        self._tokens = float(rate)
+        self._clock = clock
+        self._last = clock()
+
+    def take(self) -> bool:
+        """One token if there is one."""
+        if self._rate <= 0:
+            return False
+        now = self._clock()
+        self._tokens = min(float(self._rate), self._tokens + (now - self._last) * self._rate)
+        self._last = now
+        if self._tokens < 1:
+            return False
+        self._tokens -= 1
+        return True
 
 
 _RECEIVE = {"HTTP": ("HTTP_RECV_START", "HTTP_RECV_END"), "GRPC": ("GRPC_WAITREAD_START", "GRPC_WAITREAD_END")}

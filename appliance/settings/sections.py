@@ -71,7 +71,7 @@ class ServerSection:
     host: str = "0.0.0.0"
     """The address every port binds."""
     log_level: str = "INFO"
-    """DEBUG, INFO, WARNING or ERROR."""
+    """DEBUG, INFO, WARNING or ERROR, in any case (VERBOSE, Triton's word for its detailed log, is DEBUG)."""
     event_loop: str = "auto"
     """auto (uvloop when installed, else asyncio's), uvloop or asyncio."""
     shutdown_timeout: float = 10.0
@@ -88,6 +88,9 @@ class ServerSection:
     def __post_init__(self) -> None:
         # An absolute path: a relative one would follow whatever directory the process started in.
         object.__setattr__(self, "state_dir", Path(self.state_dir).expanduser().absolute())
+        level = str(self.log_level).upper()
+        object.__setattr__(self, "log_level", "DEBUG" if level == "VERBOSE" else level)
+        require_one_of(self, "log_level", ("DEBUG", "INFO", "WARNING", "ERROR"))
         require_one_of(self, "event_loop", ("auto", "uvloop", "asyncio"))
         require_positive(self, "shutdown_timeout")
         if self.exit_timeout < 0:
@@ -420,6 +423,11 @@ class TraceSection:
     """Trace the rate-th request, the 2*rate-th... (at start; see trace_level)."""
     count: int = key(-1, "trace_count")
     """Requests to trace, -1 for no limit (at start; see trace_level)."""
+    client_rate: int = key(10, "trace_client_rate")
+    """With trace_mode = opentelemetry: requests a second, over the daemon, that a client's W3C traceparent
+    has traced whatever trace_rate and trace_count (a trace costs about as much CPU as its request, so a
+    client must not have every request traced); beyond it such a request is sampled like any other, and
+    still continues the caller's trace when sampled. 0: a traceparent never forces a trace."""
     log_frequency: int = key(0, "trace_log_frequency")
     """Traces per numbered trace file, 0 for one file (at start; see trace_level)."""
     mode: str = key("triton", "trace_mode")
@@ -463,6 +471,7 @@ class TraceSection:
         for resource in self.otel_resource:
             if "=" not in resource or not resource.partition("=")[0]:
                 raise ConfigError(f"trace_otel_resource entries are key=value, got {resource!r}")
+        require_at_least(self, 0, "client_rate")
         require_at_least(self, 1, "otel_bsp_max_queue_size")
         require_at_least(self, 1, "otel_bsp_schedule_delay")
         require_at_least(self, 1, "otel_bsp_max_export_batch_size")
@@ -513,9 +522,24 @@ class ResponseCacheSection:
                                                    metadata={"key": "cache_redis_password"})
     """The redis cache's password where cache_config names none (redis,password=... wins); also read from
     Triton's TRITONCACHE_REDIS_PASSWORD. An environment variable keeps it out of ps and of the settings file."""
+    redis_key: str | None = dataclasses.field(default=None, repr=False, metadata={"key": "cache_redis_key"})
+    """The secret (at least 32 characters) that signs the redis cache's entries: an appliance serves an entry
+    only when it was signed with its own key, so appliances share their entries only when each is given the
+    same one. Without it (or cache_redis_key_file), a box signs with a key of its own, kept in
+    <state_dir>/response-cache-key, and reads no other box's entries. An environment variable
+    (APPLIANCE_CACHE_REDIS_KEY) keeps it out of ps and of the settings file."""
+    redis_key_file: Path | None = key(None, "cache_redis_key_file")
+    """A file holding that secret, read at start; its owner alone may read it (chmod 600), as whoever can
+    read it can answer for every cached model through Redis."""
 
     def __post_init__(self) -> None:
         self.parsed  # noqa: B018 - checks the entries
+        if self.redis_key is not None and self.redis_key_file is not None:
+            raise ConfigError("cache_redis_key and cache_redis_key_file both give the response cache's secret; "
+                              "give one of them")
+        if self.redis_key is not None and len(self.redis_key.strip()) < 32:
+            raise ConfigError("cache_redis_key must be at least 32 characters (e.g. `head -c 32 /dev/urandom | "
+                              "base64`): whoever guesses it can answer for every cached model through Redis")
 
     @property
     def parsed(self) -> CacheConfig | RedisCacheConfig | None:

@@ -167,6 +167,24 @@ def test_a_propagated_context_is_traced_whatever_the_rate(start_daemon, reposito
     assert len(receiver.spans) == 6 and spans[0].trace_id == bytes.fromhex("1" * 32)
 
 
+def test_a_traceparent_over_trace_client_rate_is_sampled_like_any_request(start_daemon, repository, receiver):
+    """trace_client_rate 0: a traceparent forces no trace; the request is sampled by trace_rate (here the
+    second one) and, when it is, continues the caller's trace."""
+    capped = start_daemon(repository, "--trace-config", "mode=opentelemetry", "--trace-config", "rate=2",
+                          "--trace-config", "level=TIMESTAMPS",
+                          "--trace-config", f"opentelemetry,url=http://127.0.0.1:{receiver.port}/v1/traces",
+                          "--trace-config", "opentelemetry,bsp_schedule_delay=50",
+                          env={"APPLIANCE_TRACE_CLIENT_RATE": "0"})
+    receiver.clear()
+    with triton.InferenceServerClient(capped.url) as client:
+        _infer(client, {"traceparent": "00-" + "5" * 32 + "-" + "6" * 16 + "-01"})  # the first: not sampled
+        _infer(client, {"traceparent": "00-" + "7" * 32 + "-" + "8" * 16 + "-01"})  # the second: sampled
+    spans = receiver.trace(bytes.fromhex("7" * 32))
+    root = next(span for span in spans if span.name == "InferRequest")
+    assert root.parent_span_id == bytes.fromhex("8" * 16)
+    assert len(receiver.spans) == 3  # the first request's spans would have come before these
+
+
 def test_a_receiver_that_is_down_costs_requests_nothing(start_daemon, repository):
     lonely = start_daemon(repository, "--trace-config", "mode=opentelemetry", "--trace-config", "rate=1",
                           "--trace-config", "level=TIMESTAMPS",

@@ -1,7 +1,14 @@
-"""The tracer's sampling: trace_level, trace_rate, trace_count, per-model settings over the global ones."""
+"""The tracer's sampling: trace_level, trace_rate, trace_count, per-model settings over the global ones, and
+the cap on traces a client's traceparent forces (trace_client_rate)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
+import pytest
+from opentelemetry.trace import get_current_span
+
+from appliance.protocol.trace_otel import OtelExporter
 from appliance.protocol.trace_settings import TraceSettings
 from appliance.protocol.trace_writer import TraceWriter
 from appliance.protocol.tracing import Tracer
@@ -128,3 +135,54 @@ def test_a_front_ends_marks_surround_the_cores_as_triton_names_them():
         assert [name for name, _ in marks[3:]] == ["REQUEST_END", *send]
         assert marks[-2:] == [(send[0], 300), (send[1], 400)]
     writer.close()
+
+
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c12666c-b7ad6b7169242424-01"
+
+
+@pytest.fixture
+def exporter() -> Iterator[OtelExporter]:
+    spans = OtelExporter("http://127.0.0.1:9/v1/traces")  # nothing is exported in these tests
+    yield spans
+    spans.close()
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _forced(tracer: Tracer, requests: int, traceparent: str = TRACEPARENT) -> list[int]:
+    """Which of ``requests`` requests carrying ``traceparent`` were traced (their indexes)."""
+    return [index for index in range(requests)
+            if tracer.start("m", 1, traceparent=lambda: traceparent) is not None]
+
+
+def test_a_clients_traceparent_forces_traces_only_within_trace_client_rate(exporter):
+    settings, clock = TraceSettings(), _Clock()
+    settings.update({"trace_level": ["TIMESTAMPS"], "trace_rate": ["1000"]})
+    tracer = Tracer(settings, TraceWriter(None), exporter, client_rate=3, clock=clock)
+    assert _forced(tracer, 10) == [0, 1, 2]  # a second's worth at once, then the cap
+    clock.now += 0.5
+    assert _forced(tracer, 5) == [0]  # half a second: one and a half traces
+    clock.now += 60
+    assert _forced(tracer, 10) == [0, 1, 2]  # an idle minute saves no more than a second's worth
+    assert _forced(tracer, 5, "not-a-trace-context") == []  # not a traceparent: sampled by trace_rate
+
+
+def test_over_the_cap_a_request_is_sampled_by_the_rate_and_continues_the_callers_trace(exporter):
+    settings = TraceSettings()
+    settings.update({"trace_level": ["TIMESTAMPS"], "trace_rate": ["2"]})
+    tracer = Tracer(settings, TraceWriter(None), exporter, client_rate=0)  # 0: never forced
+    traces = [tracer.start("m", 1, traceparent=lambda: TRACEPARENT) for _ in range(4)]
+    assert [trace is not None for trace in traces] == [False, True, False, True]
+    caller = get_current_span(traces[1].parent).get_span_context()
+    assert (f"{caller.trace_id:032x}", f"{caller.span_id:016x}") == tuple(TRACEPARENT.split("-")[1:3])
+
+
+def test_a_traceparent_forces_nothing_while_the_level_is_off(exporter):
+    tracer = Tracer(TraceSettings(), TraceWriter(None), exporter, client_rate=100)
+    assert _forced(tracer, 5) == []
