@@ -146,7 +146,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         if settings.metrics.port is not None and appliance.metrics is not None:
             metrics_server = HttpServer(build_metrics_app(appliance.dataplane, appliance.rest, appliance.metrics),
                                         limiter, header_timeout, tls=http_tls)
-            await metrics_server.start(host, settings.metrics.port)
+            await metrics_server.start(host, settings.metrics.port, "--metrics-port")
             for address in metrics_server.addresses:
                 log.info("serving Prometheus metrics on %s://%s:%d/metrics", "https" if http_tls else "http",
                          _host(address[0]), address[1])

@@ -25,6 +25,7 @@ import time
 
 from aiohttp import web
 
+from appliance.core.errors import ConfigError
 from appliance.protocol.connections import ConnectionLimiter
 from appliance.rest.lane import InferLane
 
@@ -119,9 +120,14 @@ class HttpServer:
     def port(self) -> int | None:
         return self.addresses[0][1] if self._runner.server is not None and self.addresses else None
 
-    async def start(self, host: str, port: int) -> int:
+    async def start(self, host: str, port: int, flag: str = "--http-port") -> int:
+        """Bind ``host``:``port``; a port that cannot be bound is one ``ConfigError`` naming ``flag``."""
         await self._runner.setup()
-        await _LimitedSite(self._runner, host, port, self._limiter, self._lane, self._tls).start()
+        try:
+            await _LimitedSite(self._runner, host, port, self._limiter, self._lane, self._tls).start()
+        except OSError as exc:  # the caller's stop() cleans the application up, as after any start
+            raise ConfigError(f"cannot bind HTTP to {host}:{port}: {exc.strerror or exc}; pick another {flag} (0 "
+                              "picks a free one), or stop what holds the port") from None
         bound = self.port
         assert bound is not None
         return bound

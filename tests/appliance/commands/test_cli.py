@@ -128,3 +128,21 @@ def test_log_levels_are_read_in_any_case_or_refused_in_one_line(tmp_path, given,
         assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
     else:
         assert result.returncode == 2 and result.stderr.strip() == f"appliance: {error}, got {given.upper()!r}"
+
+
+@pytest.mark.e2e  # starts the daemon, which stops at the bind
+@pytest.mark.parametrize("flag", ["--http-port", "--metrics-port"])
+def test_a_port_in_use_is_one_line_naming_the_flag(tmp_path, flag):
+    """The gRPC port said so in one line; the HTTP ports printed a 25-line traceback."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        ports = {"--http-port": "0", "--metrics-port": "0", flag: port}
+        result = _appliance("serve", "--host", "127.0.0.1", "--grpc-port", "0", "--no-mdns", "--no-selection",
+                            "--state-dir", str(tmp_path / "state"), *(x for item in ports.items() for x in item))
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert f"appliance: cannot bind HTTP to 127.0.0.1:{port}" in result.stderr and flag in result.stderr
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
