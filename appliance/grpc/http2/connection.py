@@ -8,7 +8,8 @@ frame ends the connection with GOAWAY and the error's code; a malformed request 
 its stream with PROTOCOL_ERROR. Frames that do no work (SETTINGS, PING, PRIORITY, WINDOW_UPDATE, empty
 ones, resets, refused streams) are counted per connection (``appliance.grpc.http2.floods``) and a header
 block may span at most ``MAX_CONTINUATIONS`` frames: past either, GOAWAY(ENHANCE_YOUR_CALM). Only calls
-keep a connection from being idle: pings and other control frames do not."""
+keep a connection from being idle: pings and other control frames do not. Over TLS a connection whose
+handshake did not select ALPN h2 is closed before a frame is sent."""
 
 from __future__ import annotations
 
@@ -113,6 +114,13 @@ class Http2Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        tls = transport.get_extra_info("ssl_object")
+        if tls is not None and tls.selected_alpn_protocol() != "h2":
+            # RFC 9113 section 3.2: over TLS, HTTP/2 is spoken only where ALPN selected h2; a client that
+            # did not offer it asked for another protocol (every gRPC client offers it).
+            self._closed = True
+            transport.abort()
+            return
         self._server.opened(self)
         self.peer = _peer(transport.get_extra_info("peername"))
         transport.write(f.settings({f.MAX_CONCURRENT_STREAMS: self._server.config.max_streams_per_connection,

@@ -64,8 +64,8 @@ class Http2Server:
         """Bind ``host:port`` (0 picks a free port), start serving and return the bound port."""
         port = probe_port(host, port)
         try:
-            # With TLS, gRPC's ALPN protocol h2; a client that offers no ALPN is still served (grpcio's
-            # own server is as lenient), and a failed handshake ends that connection alone.
+            # With TLS, gRPC's ALPN protocol h2, required (Http2Connection closes a connection whose
+            # handshake did not select it); a failed handshake ends that connection alone.
             tls = self.config.tls.context(alpn=("h2",)) if self.config.tls is not None else None
             connection = self._limiter.wrap(lambda: Http2Connection(self))
             self._listener = await self.loop.create_server(connection, host, port, reuse_address=True, backlog=1024,

@@ -1,15 +1,17 @@
 """The appliance's own HTTP/2 transport for gRPC, in process: grpcio's client against it (unary, streams,
 deadlines, cancellation, compression, large messages under flow control, errors with their trailers), and
 raw frames for what no well-behaved client sends (a bad preface, a broken frame, a window overrun, a
-header block that never ends, too many streams or connections)."""
+header block that never ends, too many streams or connections, TLS without ALPN h2)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import socket
+import ssl
 import struct
 import threading
+from pathlib import Path
 
 import grpc
 import hpack
@@ -22,6 +24,8 @@ from appliance.grpc.http2 import frames as f
 from appliance.grpc.http2.server import Http2Server
 from appliance.protocol.inflate import Compressed, InflateLimits, inflate
 from appliance.security.budget import MemoryBudget
+from appliance.tls.context import ServerTls
+from tests.tls_util import Pki
 from tests.waiting import await_until
 
 
@@ -342,3 +346,44 @@ async def test_stopping_sends_goaway_and_new_calls_wait_no_longer(server):
     await _frames(reader, f.SETTINGS, 1)
     await server.stop(0.2)
     assert _goaway_code(await _frames(reader, f.GOAWAY)) == f.Error.NO_ERROR
+
+
+@pytest.fixture
+async def tls_server(tmp_path: Path):
+    pki = Pki(tmp_path / "pki")
+    handlers = _Handlers()
+    config = GrpcConfig(max_message_bytes=1 << 20, max_connections=4, idle_timeout=5, tls=ServerTls(pki.cert, pki.key))
+    server = Http2Server(config, Gate(None, 8), handlers.table.get)  # type: ignore[arg-type]
+    await server.start("127.0.0.1", 0)
+    server.pki = pki  # type: ignore[attr-defined]
+    yield server
+    await server.stop(0.5)
+
+
+@pytest.mark.parametrize("alpn", [["h2"], ["http/1.1"], None], ids=["h2", "http1.1", "none"])
+async def test_over_tls_http2_is_spoken_only_where_alpn_selected_h2(tls_server, alpn):
+    context = tls_server.pki.context()
+    if alpn is not None:
+        context.set_alpn_protocols(alpn)
+    reader, writer = await asyncio.open_connection("127.0.0.1", tls_server.port, ssl=context)
+    served = alpn == ["h2"]
+    assert writer.get_extra_info("ssl_object").selected_alpn_protocol() == ("h2" if served else None)
+    writer.write(f.PREFACE + f.settings({}))
+    frames = await _frames(reader, f.SETTINGS, 5)
+    assert [kind for kind, *_ in frames] == ([f.SETTINGS] if served else [])  # else closed, no frame
+    if not served:
+        assert reader.at_eof()
+        await await_until(lambda: not tls_server._limiter.open, timeout=5, what="the refused connection's slot back")
+    writer.close()
+    with contextlib.suppress(ConnectionError, ssl.SSLError):
+        await writer.wait_closed()
+
+
+async def test_grpcio_over_tls_offers_h2_and_is_served(tls_server):
+    credentials = grpc.ssl_channel_credentials(root_certificates=tls_server.pki.ca_file.read_bytes())
+
+    def call() -> bytes:
+        with grpc.secure_channel(f"127.0.0.1:{tls_server.port}", credentials) as channel:
+            return channel.unary_unary("/t.S/Echo")(b"over tls", timeout=10)
+
+    assert await asyncio.to_thread(call) == b"over tls"
