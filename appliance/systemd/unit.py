@@ -6,7 +6,7 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-__all__ = ["DEFAULT_EXEC", "render_unit"]
+__all__ = ["DEFAULT_EXEC", "HIDDEN_TREES", "hidden_from_the_service", "render_unit", "write_unit"]
 
 DEFAULT_EXEC = "/opt/appliance/.venv/bin/appliance"
 
@@ -98,3 +98,30 @@ def write_unit(path: Path, executable: str, arguments: tuple[str, ...], host: st
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(render_unit(executable, arguments, host))
     return path
+
+
+HIDDEN_TREES = {
+    Path("/tmp"): "PrivateTmp=yes gives the service an empty /tmp of its own",
+    Path("/var/tmp"): "PrivateTmp=yes gives the service an empty /var/tmp of its own",
+    Path("/home"): "ProtectHome=yes hides every home directory from the service",
+    Path("/root"): "ProtectHome=yes hides /root from the service",
+    Path("/run/user"): "ProtectHome=yes hides /run/user from the service",
+}
+"""The trees the unit's sandbox hides from the service, and which setting hides each."""
+
+
+def hidden_from_the_service(paths: dict[str, str]) -> list[str]:
+    """For each ``what -> path`` the unit needs (the executable, the repository) that its sandbox hides,
+    one warning saying which setting hides it and how to fix it. Links are resolved: a path that only
+    leads into a hidden tree is hidden too."""
+    warnings = []
+    for what, path in paths.items():
+        resolved = Path(path).expanduser().resolve()
+        for tree, why in HIDDEN_TREES.items():
+            if resolved == tree or tree in resolved.parents:
+                warnings.append(f"the {what} {path} is under {tree}, and {why}: the service will not find it. Move "
+                                f"it under /opt or /srv (a venv: python3 -m venv /opt/appliance/.venv), readable "
+                                f"by every user (DynamicUser=yes runs the service as a user of its own), or edit "
+                                f"the unit's sandbox settings")
+                break
+    return warnings

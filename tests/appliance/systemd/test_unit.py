@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from appliance.settings import Settings
-from appliance.systemd.unit import render_unit
+from appliance.systemd.unit import DEFAULT_EXEC, hidden_from_the_service, render_unit
 
 ROOT = Path(__file__).resolve().parents[3]
 needs_systemd = pytest.mark.skipif(shutil.which("systemd-analyze") is None,
@@ -66,3 +66,29 @@ def test_install_service_passes_the_grpc_choice(tmp_path):
                              capture_output=True, text=True, check=True).stdout
     assert re.search(r"^ExecStart=\S+ serve --no-grpc$", printed, re.MULTILINE)
     assert "over gRPC on 8001" in render_unit()
+
+
+def test_install_service_passes_the_http_port(tmp_path):
+    printed = subprocess.run([sys.executable, "-m", "appliance", "install-service", "--http-port", "9000",
+                              "--grpc-port", "9001", "--print"], capture_output=True, text=True, check=True).stdout
+    assert re.search(r"^ExecStart=\S+ serve --http-port 9000 --grpc-port 9001$", printed, re.MULTILINE)
+
+
+@pytest.mark.parametrize(("path", "setting"), [("/tmp/checkout/repo", "PrivateTmp=yes"),
+                                               ("/var/tmp/models", "PrivateTmp=yes"),
+                                               ("/home/ana/models", "ProtectHome=yes"),
+                                               ("/root/venv/bin/appliance", "ProtectHome=yes")])
+def test_a_path_the_sandbox_hides_is_warned_about(path, setting):
+    (warning,) = hidden_from_the_service({"model repository": path})
+    assert path in warning and setting in warning and "/opt" in warning
+
+
+def test_paths_the_service_can_see_are_not_warned_about():
+    assert hidden_from_the_service({"model repository": "/srv/models", "appliance executable": DEFAULT_EXEC,
+                                    "x": "/tmpfoo/models"}) == []
+
+
+def test_install_service_warns_of_a_repository_under_tmp(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "appliance", "install-service", "--print", "--model-repository",
+                             "/tmp/my-models"], capture_output=True, text=True, check=True)
+    assert "warning: the model repository /tmp/my-models is under /tmp" in result.stderr
