@@ -17,10 +17,12 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol, TypeVar
 
+import numpy as np
+
 from appliance.core.errors import InputMismatch, InvalidInput, NotSupported
 from appliance.engine.model import ModelVersion
 from appliance.engine.streaming import OneResponse, Responses, StreamLimits
-from appliance.engine.tensor_checks import DecodeLimits
+from appliance.engine.tensor_checks import BYTES_ELEMENT_OVERHEAD, DecodeLimits
 from appliance.engine.types import InferRequest, InferResponse
 from appliance.protocol.admission import Caller
 from appliance.protocol.results import InferResult
@@ -31,7 +33,7 @@ from appliance.repository.registry import ModelRegistry
 from appliance.security.budget import Account, MemoryBudget
 
 __all__ = ["DECODE_OFF_LOOP_BYTES", "Inference", "InferSource", "NOT_SERVED", "OneInference", "Target",
-           "decode_off_loop"]
+           "decode_off_loop", "tensor_work"]
 
 DECODE_OFF_LOOP_BYTES = 1 << 20
 """Decoding work above this many bytes (JSON text, BYTES tensors, a protobuf message) runs on a worker
@@ -41,11 +43,24 @@ T = TypeVar("T")
 
 
 async def decode_off_loop(size: int, work: Callable[..., T], *args: Any) -> T:
-    """``work(*args)``, decoding ``size`` bytes: on a worker thread above DECODE_OFF_LOOP_BYTES, inline below
-    (the one place the rule is applied: REST bodies, gRPC messages and stream requests)."""
+    """``work(*args)``, decoding (or encoding) ``size`` bytes: on a worker thread above DECODE_OFF_LOOP_BYTES,
+    inline below (the one place the rule is applied: REST bodies, gRPC messages and stream requests, and
+    the answers to them, sized by ``tensor_work``)."""
     if size > DECODE_OFF_LOOP_BYTES:
         return await asyncio.to_thread(work, *args)
     return work(*args)
+
+
+def tensor_work(array: np.ndarray) -> int:
+    """The bytes encoding ``array`` as raw data works through: its size; for a BYTES tensor (a Python step
+    per element) its elements' with BYTES_ELEMENT_OVERHEAD each, counted one by one only while that is cheap
+    (while the overhead alone stays under DECODE_OFF_LOOP_BYTES)."""
+    if array.dtype != object:
+        return array.nbytes
+    work = array.size * BYTES_ELEMENT_OVERHEAD
+    if work > DECODE_OFF_LOOP_BYTES:
+        return work
+    return work + sum(len(item) for item in array.flat if isinstance(item, (bytes, str)))
 
 
 NOT_SERVED = "shared memory is not served by this server; send the tensors in the request"

@@ -4,7 +4,8 @@ Pure functions over bytes: no aiohttp here, so the codec is unit-tested on its o
 tensors are read in place (``np.frombuffer`` over the body), and no buffer is ever sized from a
 client's claim before the claim is checked against the bytes actually received. Tensors in shared
 memory are only described here (``SharedMemoryInput``, ``RequestedOutput.shared_memory``): the data
-plane reads and writes them.
+plane reads and writes them. A large answer is encoded on a worker thread (``encode_answer``), in chunks
+that let the event loop in.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from appliance.engine.tensor_checks import (
     decode_raw_tensor,
 )
 from appliance.engine.types import InferInput, InferRequest, InferResponse, RequestedOutput, SharedMemoryInput
+from appliance.protocol.inference import decode_off_loop, tensor_work
 from appliance.protocol.shared_memory.params import shared_memory_ref
 from appliance.rest.http_basics import HEADER_LENGTH
 
@@ -37,8 +39,10 @@ __all__ = [
     "decode_infer_request",
     "decode_json_data",
     "decode_raw_request",
+    "encode_answer",
     "encode_bytes_tensor",
     "encode_infer_response",
+    "encoding_work",
     "json_numbers",
     "non_finite_token",
     "output_text",
@@ -414,31 +418,97 @@ def non_finite_token(value: float) -> bytes:
     return b"NaN" if math.isnan(value) else b"Infinity" if value > 0 else b"-Infinity"
 
 
-def json_numbers(array: np.ndarray) -> Any:
-    """A numeric tensor's values for orjson: the array itself, or, when it holds infinities or NaN, a
-    fragment that writes them as Triton does (``Infinity``, ``-Infinity``, ``NaN``: JavaScript's words,
-    which Python's json and tritonclient read; strict JSON parsers do not, so ask for such outputs as
-    binary data when a client needs them exactly)."""
-    flat = np.ascontiguousarray(array).ravel()
-    if flat.dtype.kind != "f" or np.isfinite(flat).all():
-        return flat  # orjson serialises C-contiguous native arrays directly (OPT_SERIALIZE_NUMPY)
-    items = [orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY) if np.isfinite(value)
-             else non_finite_token(float(value)) for value in flat]
-    return orjson.Fragment(b"[" + b",".join(items) + b"]")
+_CHUNK = 1 << 16
+"""Elements orjson writes in one call. orjson holds the GIL for a whole call, so a large answer, though
+encoded on a worker thread, would stall the event loop for as long: in chunks the loop gets the GIL back
+every millisecond or two."""
+
+_JSON_NUMBER_BYTES = 25
+"""The most text one number takes in a JSON answer (``-1.7976931348623157e+308`` and its comma)."""
+
+_TOKENS = np.array([b"NaN", b"Infinity", b"-Infinity"], dtype=object)
 
 
-def _json_data(name: str, array: np.ndarray) -> Any:
+def _numbers_text(values: np.ndarray) -> bytes:
+    """A 1-D numeric array's JSON text without its brackets; NaN and infinities as ``non_finite_token``
+    writes them. orjson writes each of them as ``null`` (and no number has an 'n'), so the k-th null is
+    the k-th non-finite value: split there and put the values' tokens in, with no step per element."""
+    text = orjson.dumps(values, option=orjson.OPT_SERIALIZE_NUMPY)[1:-1]
+    if values.dtype.kind != "f":
+        return text
+    finite = np.isfinite(values)
+    if finite.all():
+        return text
+    odd = values[~finite]
+    tokens = _TOKENS[np.where(np.isnan(odd), 0, np.where(odd > 0, 1, 2))].tolist()
+    gaps = text.split(b"null")
+    pieces = [b""] * (2 * len(gaps) - 1)
+    pieces[0::2] = gaps
+    pieces[1::2] = tokens
+    return b"".join(pieces)
+
+
+def _json_array(values: np.ndarray, text: Callable[[np.ndarray], bytes]) -> list[bytes]:
+    """A JSON array of ``values`` (1-D) in pieces to join, ``text`` writing each chunk's items."""
+    pieces = [b"["]
+    for start in range(0, values.size, _CHUNK):
+        if start:
+            pieces.append(b",")
+        pieces.append(text(values[start:start + _CHUNK]))
+    pieces.append(b"]")
+    return pieces
+
+
+def json_numbers(array: np.ndarray) -> list[bytes]:
+    """A numeric tensor's values as a JSON array, in pieces for ``b"".join``, with infinities and NaN as
+    Triton writes them (``Infinity``, ``-Infinity``, ``NaN``: JavaScript's words, which Python's json and
+    tritonclient read; strict JSON parsers do not, so ask for such outputs as binary data when a client
+    needs them exactly). Vectorised: no Python step per element, whatever the values."""
+    return _json_array(np.ascontiguousarray(array).ravel(), _numbers_text)
+
+
+def _json_data(name: str, array: np.ndarray) -> list[bytes]:
     if is_bf16(array.dtype):
         raise _json_refused(name)
     if array.dtype == object:
-        return [output_text(name, item) for item in array.ravel()]
+        return _json_array(array.ravel(), lambda items: orjson.dumps([output_text(name, item) for item in items])[1:-1])
     return json_numbers(array)
 
 
-def _raw_bytes(array: np.ndarray) -> bytes:
+def _raw_bytes(array: np.ndarray) -> bytes | memoryview:
     if array.dtype == object:
         return encode_bytes_tensor(array)
-    return np.ascontiguousarray(array).tobytes()
+    # A view, not a copy: the body's one join copies it (with the GIL released, for a large one).
+    return np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
+
+
+def _binary_choice(request: InferRequest | None) -> Callable[[str], bool]:
+    """Whether the request asked for an output as binary data: per output ``binary_data``, else the
+    request-wide ``binary_data_output`` (for outputs it does not list), as Triton's http_server decides."""
+    default = bool(request.parameters.get("binary_data_output", False)) if request else False
+    wanted = {o.name: o.parameters for o in request.outputs} if request else {}
+
+    def binary(name: str) -> bool:
+        params = wanted.get(name)
+        return default if params is None else bool(params.get("binary_data", False))
+    return binary
+
+
+def encoding_work(response: InferResponse, request: InferRequest | None = None) -> int:
+    """The bytes ``encode_infer_response`` writes, at most (a JSON number's longest text per element),
+    for the off-loop rule (``appliance.protocol.inference.decode_off_loop``): small answers are encoded on
+    the loop, large ones on a worker thread."""
+    binary = _binary_choice(request)
+    work = 0
+    for output in response.outputs:
+        if output.shared_memory is not None:
+            continue
+        data = output.data
+        if data.dtype == object or binary(output.name):
+            work += tensor_work(data)
+        else:
+            work += data.size * _JSON_NUMBER_BYTES
+    return work
 
 
 def encode_infer_response(
@@ -447,31 +517,27 @@ def encode_infer_response(
     """Encode a response; returns the body and the JSON header length (None for a pure JSON body).
 
     Outputs go binary when the request asked (per output ``binary_data`` or request-wide
-    ``binary_data_output``), as Triton does.
+    ``binary_data_output``), as Triton does. The body is written in pieces and joined once: the tensors'
+    text is never copied into a document and out again (a join of a large body releases the GIL).
     """
-    default_binary = bool(request.parameters.get("binary_data_output", False)) if request else False
-    wanted = {o.name: o.parameters for o in request.outputs} if request else {}
-    entries = []
-    chunks = []
+    binary = _binary_choice(request)
+    entries: list[list[bytes]] = []
+    chunks: list[bytes | memoryview] = []
     for output in response.outputs:
-        # binary_data_output is the default for outputs the request does not list; a listed output is
-        # binary only when it says binary_data: true (Triton's http_server).
-        params = wanted.get(output.name)
-        binary = default_binary if params is None else bool(params.get("binary_data", False))
         entry: dict[str, Any] = {
             "name": output.name,
             "datatype": output.datatype,
             "shape": list(output.data.shape),
         }
         if output.shared_memory is not None:
-            pass  # written into the client's region: no data (nor its parameters, as Triton answers)
-        elif binary:
+            entries.append([orjson.dumps(entry)])  # in the client's region: no data (nor its parameters)
+        elif binary(output.name):
             raw = _raw_bytes(output.data)
             entry["parameters"] = {"binary_data_size": len(raw)}
+            entries.append([orjson.dumps(entry)])
             chunks.append(raw)
-        else:
-            entry["data"] = _json_data(output.name, output.data)
-        entries.append(entry)
+        else:  # "data" comes last: it is spliced in before the entry's closing brace
+            entries.append([orjson.dumps(entry)[:-1], b',"data":', *_json_data(output.name, output.data), b"}"])
     document: dict[str, Any] = {
         "model_name": response.model_name,
         "model_version": str(response.model_version),
@@ -480,8 +546,18 @@ def encode_infer_response(
         document["id"] = response.id
     if response.parameters:
         document["parameters"] = response.parameters
-    document["outputs"] = entries
-    header = orjson.dumps(document, option=orjson.OPT_SERIALIZE_NUMPY)
+    header = [orjson.dumps(document, option=orjson.OPT_SERIALIZE_NUMPY)[:-1], b',"outputs":[']
+    for position, pieces in enumerate(entries):
+        if position:
+            header.append(b",")
+        header.extend(pieces)
+    header.append(b"]}")
     if not any(chunks):  # no binary bytes at all (none asked, or all empty): plain JSON, as Triton answers
-        return header, None
-    return b"".join([header, *chunks]), len(header)
+        return b"".join(header), None
+    return b"".join([*header, *chunks]), sum(map(len, header))
+
+
+async def encode_answer(response: InferResponse, request: InferRequest | None = None) -> tuple[bytes, int | None]:
+    """``encode_infer_response``, on a worker thread when the answer is large (``encoding_work``), so that
+    no answer's size stalls the event loop; a small one is encoded inline, where a thread costs more."""
+    return await decode_off_loop(encoding_work(response, request), encode_infer_response, response, request)

@@ -19,7 +19,7 @@ from appliance.protocol.inference import Target
 from appliance.protocol.operations import Operation
 from appliance.rest import shared_memory
 from appliance.rest.body import read_body
-from appliance.rest.codec import JsonTooDeep, encode_infer_response
+from appliance.rest.codec import JsonTooDeep, encode_answer
 from appliance.rest.error_middleware import error_response
 from appliance.rest.generate import generate, generate_stream
 from appliance.rest.http_basics import HEADER_LENGTH
@@ -86,7 +86,7 @@ async def infer(request: web.Request) -> web.Response:
     source = InferBody(functools.partial(_target, request), request.headers.get(HEADER_LENGTH),
                        functools.partial(read_body, request, limits=limits), request.headers)
     async with request.app[DATAPLANE].infer(caller(request), source, received_ns=received_ns) as result:
-        payload, json_length = encode_infer_response(result.response, result.request)
+        payload, json_length = await encode_answer(result.response, result.request)
     if json_length is None:
         answer = web.Response(body=payload, content_type="application/json")
     else:
