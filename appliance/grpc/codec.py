@@ -27,9 +27,11 @@ from appliance.engine.tensor_checks import (
     decode_raw_tensor,
 )
 from appliance.engine.types import InferInput, InferRequest, InferResponse, RequestedOutput, SharedMemoryInput
+from appliance.protocol.inference import tensor_work
 from appliance.protocol.shared_memory.params import shared_memory_ref
 
-__all__ = ["decode_infer_request", "encode_infer_response", "from_parameters", "set_parameters", "stream_options"]
+__all__ = ["decode_infer_request", "encode_infer_response", "encoding_work", "from_parameters",
+           "serialize_infer_response", "set_parameters", "stream_options"]
 
 # The typed field of InferTensorContents that holds each datatype (FP16 and BF16 have none: raw only).
 CONTENTS_FIELD = {
@@ -240,21 +242,59 @@ def _decode(request: pb.ModelInferRequest, limits: DecodeLimits, reserve: Callab
     return InferRequest(inputs, outputs, request.id or None, from_parameters(request.parameters), shared_inputs)
 
 
-def _raw(array: np.ndarray) -> bytes:
+def _raw(array: np.ndarray) -> bytes | memoryview:
     if array.dtype == object:
         return encode_bytes_tensor(array)
-    return np.ascontiguousarray(array).tobytes()
+    return np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
 
 
-def encode_infer_response(response: InferResponse) -> pb.ModelInferResponse:
+def _head(response: InferResponse) -> pb.ModelInferResponse:
+    """The message without its ``raw_output_contents``."""
     message = pb.ModelInferResponse(
         model_name=response.model_name,
         model_version=str(response.model_version),
         id=response.id or "",
         outputs=[pb.ModelInferResponse.InferOutputTensor(name=o.name, datatype=o.datatype, shape=o.data.shape)
                  for o in response.outputs],
-        raw_output_contents=[b"" if o.shared_memory is not None else _raw(o.data) for o in response.outputs],
     )
     if response.parameters:
         set_parameters(message.parameters, response.parameters)
     return message
+
+
+def encode_infer_response(response: InferResponse) -> pb.ModelInferResponse:
+    message = _head(response)
+    message.raw_output_contents.extend(b"" if o.shared_memory is not None else bytes(_raw(o.data))
+                                       for o in response.outputs)
+    return message
+
+
+_RAW_OUTPUT_TAG = b"\x32"
+"""raw_output_contents' key on the wire: field 6, length-delimited (the message's last field)."""
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def serialize_infer_response(response: InferResponse) -> bytes:
+    """``encode_infer_response(response).SerializeToString()``, the same bytes, written without copying the
+    tensors into a message and out again: the head serialised, each tensor appended as its
+    ``raw_output_contents`` field (protobuf writes fields in number order; that one is the last), in one
+    join (which releases the GIL for a large answer: encoded on a worker thread, it stalls no event loop)."""
+    pieces: list[bytes | memoryview] = [_head(response).SerializeToString()]
+    for output in response.outputs:
+        raw = b"" if output.shared_memory is not None else _raw(output.data)
+        pieces += (_RAW_OUTPUT_TAG, _varint(len(raw)), raw)
+    return b"".join(pieces)
+
+
+def encoding_work(response: InferResponse) -> int:
+    """The bytes serialising ``response`` works through, for the off-loop rule
+    (``appliance.protocol.inference.decode_off_loop``)."""
+    return sum(tensor_work(o.data) for o in response.outputs if o.shared_memory is None)

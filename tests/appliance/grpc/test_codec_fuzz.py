@@ -27,9 +27,15 @@ from tritonclient.grpc._utils import _get_inference_request
 
 from appliance.core.errors import InvalidInput, PayloadTooLarge
 from appliance.engine.tensor_checks import DecodeLimits
-from appliance.engine.types import InferOutput, InferRequest, InferResponse
+from appliance.engine.types import InferOutput, InferRequest, InferResponse, SharedMemoryRef
 from appliance.grpc.admission import inflated, parse
-from appliance.grpc.codec import CONTENTS_FIELD, decode_infer_request, encode_infer_response, stream_options
+from appliance.grpc.codec import (
+    CONTENTS_FIELD,
+    decode_infer_request,
+    encode_infer_response,
+    serialize_infer_response,
+    stream_options,
+)
 from appliance.grpc.http2.call import Call
 from appliance.grpc.http2.headers import Request
 from appliance.protocol.inflate import InflateLimits
@@ -286,6 +292,19 @@ def test_responses_read_back_by_tritonclient_give_the_same_outputs(arrays, respo
             assert [bytes(x) for x in got.ravel()] == list(output.data.ravel())
         else:
             assert_same_array(got, output.data)
+
+
+@FUZZ
+@given(arrays=st.lists(tensors(DATATYPES), max_size=4), shared=st.lists(st.booleans(), min_size=4, max_size=4),
+       response_id=st.none() | st.text(max_size=4),
+       parameters=st.sampled_from([{}, {"sequence_end": True, "n": 3, "s": "x", "f": 0.5, "big": 2**63}]))
+def test_serialized_responses_are_the_messages_bytes(arrays, shared, response_id, parameters):
+    """ModelInfer's answer, written without a message holding the tensors, is byte for byte what
+    protobuf serialises of the message (shared-memory outputs keep an empty raw_output_contents entry)."""
+    outputs = [InferOutput(f"out{i}", datatype, array, SharedMemoryRef("r", array.nbytes) if shared[i] else None)
+               for i, (datatype, array) in enumerate(arrays)]
+    response = InferResponse("m", 7, outputs, id=response_id, parameters=parameters)
+    assert serialize_infer_response(response) == encode_infer_response(response).SerializeToString()
 
 
 # Message framing on a call ---------------------------------------------------------------------------------
