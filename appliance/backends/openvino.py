@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -11,7 +12,12 @@ from appliance.backends.base import Backend, LoadContext
 from appliance.core.errors import ConfigError, InferenceFailed, InvalidInput
 from appliance.core.tensors import RuntimeTensor
 
-__all__ = ["OpenVinoBackend"]
+__all__ = ["OpenVinoBackend", "openvino_reason"]
+
+# OpenVINO's errors are a stack of frames ("Exception from src/...cpp:117:", "Check 'x' failed at ...",
+# "Details:", "Not Implemented:") around one or two lines that say what is wrong.
+_FRAME = re.compile(r"^(Exception from \S+:\d+:|Check '.*' failed at \S+:|Details:|Not Implemented:)$")
+_MAX_REASON = 300
 
 _OV_TO_V2 = {
     "boolean": "BOOL",
@@ -28,6 +34,15 @@ _OV_TO_V2 = {
     "f64": "FP64",
     "bf16": "BF16",
 }
+
+
+def openvino_reason(exc: BaseException) -> str:
+    """What an OpenVINO error says, on one line: the frames dropped, the rest joined, bounded. (A failed
+    candidate's 15-line stack printed twice on every first start of the example repository.)"""
+    lines = [line.strip() for line in str(exc).splitlines()]
+    reasons = list(dict.fromkeys(line for line in lines if line and not _FRAME.match(line)))
+    text = "; ".join(reasons) or type(exc).__name__
+    return text if len(text) <= _MAX_REASON else text[:_MAX_REASON - 1] + "…"
 
 
 def _describe(ports: Sequence[ov.Output]) -> list[RuntimeTensor]:
@@ -78,7 +93,7 @@ class OpenVinoBackend(Backend):
             model = core.read_model(str(context.model_file))
             self._compiled = core.compile_model(model, device, properties)
         except RuntimeError as exc:
-            raise ConfigError(f"OpenVINO cannot load {context.model_file} on {device}: {exc}") from exc
+            raise ConfigError(f"OpenVINO cannot load {context.model_file} on {device}: {openvino_reason(exc)}") from exc
         self._inputs = _describe(self._compiled.inputs)
         self._outputs = _describe(self._compiled.outputs)
         self._request = self._compiled.create_infer_request()

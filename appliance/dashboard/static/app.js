@@ -346,7 +346,8 @@
       h("span", { class: "plan chosen" }, selection.chosen),
       h("div", { class: "meta" },
         selection.objective ? pill(`for ${selection.objective}`, "neutral") : null,
-        selection.cache ? pill(`cache ${selection.cache}`, statusKind(selection.cache)) : null,
+        // The plan cache (the measured choice), not the response cache: the pill says which.
+        selection.cache ? pill(`plan cache ${selection.cache}`, statusKind(selection.cache)) : null,
         responses));
   }
 
@@ -431,6 +432,18 @@
       const values = block[s.key] || [];
       return t.map((_, i) => (values[i] == null ? null : values[i]));
     })];
+  }
+
+  // The time of the first sample in the history (null: none): a daemon started ten minutes ago has an
+  // hour's window with fifty empty minutes, and its charts begin at its history instead.
+  function firstSample(history) {
+    let first = null;
+    for (const def of CHARTS) {
+      const [t, ...series] = chartColumns(def, history);
+      const i = t.findIndex((_, k) => series.some((ys) => ys[k] != null));
+      if (i !== -1 && (first === null || t[i] < first)) first = t[i];
+    }
+    return first;
   }
 
   const countPoints = (columns) => columns.slice(1).reduce((n, ys) => n + ys.filter((v) => v != null).length, 0);
@@ -558,12 +571,15 @@
     const now = Math.floor(Date.now() / 1000);
     view.since = history.since != null ? history.since : now - RANGES[view.range].seconds;
     view.until = history.until != null ? history.until : now;
+    const first = firstSample(history);
+    if (first !== null) view.since = Math.max(view.since, Math.min(first - RANGES[view.range].step, view.until - 60));
     const { drawn, points } = renderCharts(history, probe instanceof ApiError ? null : probe);
 
     clearError();
     $("live-text").textContent = `updated ${fmt.time(now)}`;
     document.body.dataset.charts = String(drawn);
     document.body.dataset.points = String(points);
+    document.body.dataset.windowSeconds = String(view.until - view.since);
     document.body.dataset.state = "rendered";
   }
 

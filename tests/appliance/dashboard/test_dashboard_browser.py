@@ -131,8 +131,11 @@ def test_dashboard_renders_models_and_live_charts(busy_daemon, tmp_path):
     assert _BROKEN_FIRST_LINE in folded.group(1) and "detail line" not in folded.group(1)
     assert "detail line 19 of the converter" in folded.group(2)
 
+    # The charts begin at the history's first sample, not an hour before a daemon that started minutes ago.
+    assert 60 <= int(body["data-window-seconds"]) < 3000, body
     # The model with its state, its chosen plan and every measured alternative; the box's fingerprint.
     assert '<td class="model-name">mlp</td>' in dom
+    assert re.search(r">plan cache (miss|hit)<", dom), "the plan cache's pill does not say which cache it means"
     assert ">READY<" in dom
     status, _, selection = call(daemon.port, "GET", "/v2/models/mlp/selection")
     assert status == 200, selection
