@@ -25,6 +25,7 @@ import numpy as np
 
 from appliance.core.errors import BackendUnavailable, InferenceFailed, InvalidInput
 from appliance.core.tensors import RuntimeTensor
+from model_cache.environments import UnpackLimits
 
 if TYPE_CHECKING:
     from tritonclient.grpc.model_config_pb2 import ModelConfig
@@ -236,6 +237,8 @@ class BackendServices:
     environments: Path | None = None
     """Where Python models' packed environments are unpacked (``EXECUTION_ENV_PATH``; the model cache's
     ``environments``); None: a temporary directory."""
+    environment_limits: UnpackLimits = UnpackLimits()
+    """How much one packed environment may unpack to (the settings environment_max_*)."""
 
 
 class Outputs(dict[str, np.ndarray]):

@@ -38,6 +38,7 @@ from appliance.backends.python.requests import SENT, ModelError, OpenRequests, m
 from appliance.backends.python.wire.arena import Arena, Attachments, reusable_size
 from appliance.core.config_json import config_to_json
 from appliance.core.errors import ConfigError, InferenceFailed
+from model_cache.environments import UnpackLimits
 
 __all__ = ["ModelError", "PythonBackend"]
 
@@ -89,7 +90,8 @@ class _Instance:
         """Blocks freed on the event loop this turn, sent together at its end."""
         services = context.services
         self.peer = Peer(context.model_name, self._send, self.requests, services)
-        environment = model_environment(context, services.environments if services is not None else None)
+        environment = model_environment(context, services.environments if services is not None else None,
+                                        services.environment_limits if services is not None else UnpackLimits())
         self.process = ModelProcess(context, self.peer.handlers(), environment)
         self.process.on_exit(self._ended)
         self._children = services.processes if services is not None else None

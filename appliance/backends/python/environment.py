@@ -22,7 +22,7 @@ from pathlib import Path
 
 from appliance.backends.base import LoadContext
 from appliance.core.errors import ConfigError
-from model_cache.environments import BrokenEnvironment, interpreter, unpack_environment
+from model_cache.environments import BrokenEnvironment, UnpackLimits, interpreter, unpack_environment
 
 __all__ = ["ENV_PARAMETER", "ModelEnvironment", "model_environment"]
 
@@ -103,10 +103,12 @@ def _check_interpreter(context: LoadContext, python: Path, named: Path) -> None:
                           "process needs (as Triton's python backend does); install numpy in it and pack it again")
 
 
-def model_environment(context: LoadContext, root: Path | None) -> ModelEnvironment | None:
+def model_environment(context: LoadContext, root: Path | None,
+                      limits: UnpackLimits | None = None) -> ModelEnvironment | None:
     """The environment the model's config names (None: the daemon's own). ``root``: where archives are
-    unpacked (the model cache's ``environments``; a temporary directory when None or not writable).
-    Blocking (it may unpack an archive and runs the interpreter once): call it off the event loop."""
+    unpacked (the model cache's ``environments``; a temporary directory when None or not writable), within
+    ``limits`` (the defaults when None). Blocking (it may unpack an archive and runs the interpreter once):
+    call it off the event loop (the loader's thread calls it)."""
     value = context.parameter(ENV_PARAMETER)
     if value is None:
         return None
@@ -115,7 +117,7 @@ def model_environment(context: LoadContext, root: Path | None) -> ModelEnvironme
     places.append(Path(tempfile.gettempdir()) / f"edge-appliance-environments-{os.getuid()}")
     for place in places:
         try:
-            path = named if named.is_dir() else unpack_environment(named, place)
+            path = named if named.is_dir() else unpack_environment(named, place, limits or UnpackLimits())
             python = interpreter(path)
             shim = _appliance_path(place)
             break
