@@ -1,16 +1,16 @@
-"""HTTP/2 floods of security round 4 against the gRPC port, both transports, at full size.
+"""HTTP/2 floods of security round 4 against the gRPC port, at full size.
 
-    python -m bench.http2_floods [--frames 100000] [--transports appliance,grpcio]
+    python -m bench.http2_floods [--frames 100000]
 
-For each transport a fresh daemon (127.0.0.1, ephemeral ports, mDNS off, the example repository, under
+A fresh daemon (127.0.0.1, ephemeral ports, mDNS off, the example repository, under
 ``prlimit --as=4000000000``) takes every flood of tests/appliance/grpc/test_http2_hostile_e2e.py in turn,
 each on a connection of its own: SETTINGS with 1,000 calls open, empty CONTINUATION, empty DATA, PING,
 WINDOW_UPDATE, PRIORITY, unknown frames, empty HEADERS fragments, and a rapid reset of 10,000 calls.
 Meanwhile /v2/health/live is asked every 0.2 s on a connection of its own (tests.health_watch). Reported per
 flood: how the server ended it (GOAWAY and its code, or not), the slowest health answer and the daemon's RSS.
 
-Targets (issue 37): health under 100 ms while every flood runs, RSS within 64 MiB of where it was, and on the
-own transport every flood ended with GOAWAY ENHANCE_YOUR_CALM (11). Writes bench/results/http2-floods.md.
+Targets (issue 37): health under 100 ms while every flood runs, RSS within 64 MiB of where it was, and every
+flood ended with GOAWAY ENHANCE_YOUR_CALM (11). Writes bench/results/http2-floods.md.
 Loopback only; each flood is bounded in frames and seconds.
 """
 
@@ -52,43 +52,36 @@ def _attack(port: int, name: str, frames: int) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--frames", type=int, default=suite.FLOOD_FRAMES)
-    parser.add_argument("--transports", default="appliance,grpcio")
     parser.add_argument("--out", type=Path, default=RESULTS / "http2-floods.md")
     args = parser.parse_args()
     rows, verdicts = [], []
     load = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="http2-floods-") as work:
         repository = build_example_repository(Path(work) / "repo")
-        for transport in args.transports.split(","):
-            server = start_appliance(repository, Path(work) / f"state-{transport}", env={
-                "APPLIANCE_GRPC_TRANSPORT": transport}, prefix=ADDRESS_SPACE)
-            try:
-                for name in [*suite.FLOODS, RAPID_RESET]:
-                    with HealthSampler(server, keep_alive=False, timeout=30) as live:
-                        ended = _attack(server.grpc_port or 0, name, args.frames)
-                    grown = live.peak - live.baseline
-                    rows.append(f"| {transport} | {name} | {ended} | {live.slowest * 1000:.0f} ms ({live.checks} "
-                                f"checks) | {live.baseline:.0f} → {live.peak:.0f} |")
-                    print(rows[-1], flush=True)
-                    verdicts.append((f"{transport}, {name}: health under {HEALTH_TARGET_S * 1000:.0f} ms "
-                                     f"({live.slowest * 1000:.0f} ms)", live.slowest < HEALTH_TARGET_S
-                                     and not live.failures))
-                    verdicts.append((f"{transport}, {name}: RSS within {RSS_TARGET_MIB} MiB ({grown:+.0f})",
-                                     grown < RSS_TARGET_MIB))
-                    if transport == "appliance":
-                        verdicts.append((f"{transport}, {name}: GOAWAY ENHANCE_YOUR_CALM ({ended})",
-                                         ended == "GOAWAY(11)" or (name.startswith("empty HEADERS")
-                                                                   and ended == "GOAWAY(1)")))
-                verdicts.append((f"{transport}: the daemon lives", server.process.poll() is None))
-            finally:
-                server.stop()
+        server = start_appliance(repository, Path(work) / "state", prefix=ADDRESS_SPACE)
+        try:
+            for name in [*suite.FLOODS, RAPID_RESET]:
+                with HealthSampler(server, keep_alive=False, timeout=30) as live:
+                    ended = _attack(server.grpc_port or 0, name, args.frames)
+                grown = live.peak - live.baseline
+                rows.append(f"| {name} | {ended} | {live.slowest * 1000:.0f} ms ({live.checks} checks) | "
+                            f"{live.baseline:.0f} → {live.peak:.0f} |")
+                print(rows[-1], flush=True)
+                verdicts.append((f"{name}: health under {HEALTH_TARGET_S * 1000:.0f} ms ({live.slowest * 1000:.0f} ms)",
+                                 live.slowest < HEALTH_TARGET_S and not live.failures))
+                verdicts.append((f"{name}: RSS within {RSS_TARGET_MIB} MiB ({grown:+.0f})", grown < RSS_TARGET_MIB))
+                verdicts.append((f"{name}: GOAWAY ENHANCE_YOUR_CALM ({ended})", ended == "GOAWAY(11)"
+                                 or (name.startswith("empty HEADERS") and ended == "GOAWAY(1)")))
+            verdicts.append(("the daemon lives", server.process.poll() is None))
+        finally:
+            server.stop()
     lines = [
         "# HTTP/2 floods (security round 4)", "",
-        f"Command: python -m bench.http2_floods --frames {args.frames} --transports {args.transports}", "",
-        f"Load average (1, 5, 15 min) at the start: {', '.join(f'{x:.2f}' for x in load)}. Each transport a fresh "
-        "daemon on 127.0.0.1; /v2/health/live asked every 0.2 s on a new connection while each flood runs.", "",
-        "| transport | flood | how it ended | slowest /v2/health/live | daemon RSS MiB before → peak |",
-        "|---|---|---|---|---|", *rows, "",
+        f"Command: python -m bench.http2_floods --frames {args.frames}", "",
+        f"Load average (1, 5, 15 min) at the start: {', '.join(f'{x:.2f}' for x in load)}. A fresh daemon on "
+        "127.0.0.1; /v2/health/live asked every 0.2 s on a new connection while each flood runs.", "",
+        "| flood | how it ended | slowest /v2/health/live | daemon RSS MiB before → peak |",
+        "|---|---|---|---|", *rows, "",
         *[f"- {'met' if ok else 'MISSED'}: {what}" for what, ok in verdicts],
     ]
     args.out.parent.mkdir(parents=True, exist_ok=True)

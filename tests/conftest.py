@@ -173,35 +173,6 @@ def daemon(module_daemon, repository):
     return module_daemon(repository)
 
 
-@pytest.fixture(scope="module", params=["appliance", "grpcio"])
-def grpc_transport(request) -> str:
-    """Each transport of the gRPC port in turn (the grpc_transport setting): a test that takes it, itself or
-    through a fixture, runs on both, with ids [appliance] and [grpcio]. Module-scoped, so a module's daemons
-    start once per transport; a test that starts its own passes env={"APPLIANCE_GRPC_TRANSPORT": ...}."""
-    return request.param
-
-
-@pytest.fixture(scope="module")
-def daemon_on(daemon) -> Callable[[str], Daemon]:
-    """Factory: daemon_on(transport) -> the module's ``daemon`` (started on the default transport) with that
-    transport on its gRPC port: the daemon itself on the default one (appliance), one more like it on another
-    (started on first use, once). The module's HTTP-only tests keep taking ``daemon`` and run once."""
-    started: dict[str, Daemon] = {"appliance": daemon}
-
-    def on(transport: str) -> Daemon:
-        if transport not in started:
-            started[transport] = daemon.like({"APPLIANCE_GRPC_TRANSPORT": transport})
-        return started[transport]
-
-    return on
-
-
-@pytest.fixture(scope="module")
-def grpc_daemon(daemon_on, grpc_transport) -> Daemon:
-    """The module's ``daemon`` for its tests that talk gRPC, once per transport (see daemon_on)."""
-    return daemon_on(grpc_transport)
-
-
 @pytest.fixture(scope="module")
 def client(daemon):
     import tritonclient.http as triton

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING
 
 from appliance import __version__
 from appliance.composition import Appliance, compose
-from appliance.grpc.grpc_server import GrpcServer
 from appliance.grpc.http2.server import Http2Server
 from appliance.mdns.fleet import FleetView
 from appliance.protocol.front_end import FrontEnd
@@ -108,8 +107,8 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         background.add(task)
         task.add_done_callback(background.discard)
 
-    # One bound on connections over every port, fitted under the file-descriptor limit: gRPC's acceptors
-    # take their share of it, the HTTP and metrics ports count the rest together.
+    # One bound on connections over every port, fitted under the file-descriptor limit: the gRPC port
+    # takes its share of it, the HTTP and metrics ports count the rest together.
     appliance = await compose(settings, fit_connections_to_descriptors(settings.http.max_connections))
     state = appliance.state
     if stop is None:
@@ -126,7 +125,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     lane = InferLane(appliance.dataplane, appliance.rest, header_timeout) if settings.http.infer_lane else None
     server = HttpServer(app, limiter, header_timeout, lane, http_tls)
     metrics_server: HttpServer | None = None
-    grpc_server: FrontEnd | None = None
+    grpc_server: Http2Server | None = None
     announcer: Announcer | None = None
     deadline: float | None = None
     try:
@@ -135,9 +134,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             log.info("appliance %s serving KServe v2 on %s://%s:%d (state dir %s)", __version__,
                      "https" if http_tls else "http", _host(address[0]), address[1], server_section.state_dir)
         if appliance.grpc is not None:
-            own = settings.grpc.transport == "appliance"
-            grpc_server = (Http2Server.over(appliance.dataplane, appliance.grpc) if own
-                           else GrpcServer(appliance.dataplane, appliance.grpc))
+            grpc_server = Http2Server.over(appliance.dataplane, appliance.grpc)
             grpc_port = await grpc_server.start(host, settings.grpc.port)
             log.info("serving KServe v2 over gRPC%s on %s:%d", " (TLS)" if appliance.grpc.tls else "", _host(host),
                      grpc_port)

@@ -1,14 +1,14 @@
 """Admission before a byte is read: every RPC of the service is served by a handler that admits it first.
 
-grpc.aio reads a unary call's whole message before it calls the handler, so a token checked in the
-handler comes too late (ten unauthenticated 200 MiB calls were all read, and parsed, before each was
-refused). So every unary RPC is served as one that reads its message itself, after:
+A server that reads a unary call's whole message before it calls the handler checks a token too late
+(under grpc.aio ten unauthenticated 200 MiB calls were all read, and parsed, before each was refused).
+So every unary RPC is served as one that reads its message itself, after:
 
 1. admission through the data plane: the caller's ``authorization`` metadata and address decide the
    token (``appliance.protocol.operations.ACCESS``), then the bound on requests in flight, which every
    RPC counts in, ServerLive and ServerReady too (each costs a stream and a handler);
 2. receiving (``appliance.grpc.receive``): in a receive slot where the message may be large, at a
-   minimum rate on the appliance's transport, a slot given up to waiting calls past a grace on grpc.aio.
+   minimum rate.
 
 ServerLive and ServerReady read nothing: their message has no fields, and a health check must never wait
 for a client's bytes (or for a receive slot). Once read, the message's bytes count on the request's
@@ -19,9 +19,8 @@ max_inflation_ratio, on a worker thread), and it is parsed on a worker thread wh
 ModelInfer gets the raw bytes and its account (``Received``, with its caller): the data plane parses it,
 counted there. ModelStreamInfer is admitted as a stream (``appliance.grpc.stream``).
 
-``AdmittingHandlers`` makes the admitting handler of every RPC once, when the server is built, and is
-grpc's one generic handler: finding a call's handler is a dictionary lookup (an interceptor costs grpc.aio
-a coroutine per call).
+``AdmittingHandlers`` makes the admitting handler of every RPC once, when the server is built: finding a
+call's handler (``by_path``) is a dictionary lookup.
 """
 
 from __future__ import annotations
@@ -38,7 +37,7 @@ from tritonclient.grpc import service_pb2 as pb
 
 from appliance.core.errors import ApplianceError, InvalidInput
 from appliance.grpc.access import Gate, caller_of
-from appliance.grpc.receive import Metered, Receivers, sniffed, sniffing
+from appliance.grpc.receive import Metered, Receivers
 from appliance.grpc.status import abort, abort_unexpected
 from appliance.protocol.admission import Caller
 from appliance.protocol.dataplane import DataPlane
@@ -80,9 +79,15 @@ operation's *_UPDATE, decided once the message is read)."""
 _METHODS = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods_by_name
 _UPDATES = {Operation.TRACE_SETTINGS: Operation.TRACE_UPDATE, Operation.LOG_SETTINGS: Operation.LOG_UPDATE}
 _RAW = frozenset({"ModelInfer"})
-"""RPCs whose handler takes the message's bytes (``Received``) and parses them itself, on its account."""
+"""RPCs whose handler takes the message's bytes (``Received``) and parses them itself, on its account, and
+answers with its answer's bytes (serialised by the handler: a large answer off the event loop)."""
 _UNREAD = {"ServerLive": pb.ServerLiveRequest(), "ServerReady": pb.ServerReadyRequest()}
 """RPCs whose message (without fields) is not read: their request as any client sends it."""
+
+
+def _serialized(answer: bytes) -> bytes:
+    """The response serializer of a ``_RAW`` RPC: its handler's answer is the message's bytes."""
+    return answer
 
 
 @dataclasses.dataclass(slots=True)
@@ -139,23 +144,20 @@ def _operation(base: Operation, request: Any) -> Operation:
     return base
 
 
-class AdmittingHandlers(grpc.GenericRpcHandler):
+class AdmittingHandlers:
     """The handler of every RPC of ``service`` (Triton's GRPCInferenceService), each admitting its call
     first; made once."""
 
     def __init__(self, service: Any, dataplane: DataPlane, gate: Gate, receivers: Receivers,
-                 inflation: InflateLimits, *, grpcio: bool = False) -> None:
-        """``grpcio``: served by grpc.aio (which shows no message before it is whole, and hands compressed
-        ones over without their flag), not by the appliance's transport (``Metered`` calls)."""
+                 inflation: InflateLimits) -> None:
         self._dataplane = dataplane
         self._gate = gate
         self._receivers = receivers
         self._inflation = inflation
-        self._grpcio = grpcio
-        self._handlers: dict[str, grpc.RpcMethodHandler] = {}
+        self._paths: dict[bytes, grpc.RpcMethodHandler] = {}
         for method, descriptor in _METHODS.items():
             behaviour = getattr(service, method)
-            serializer = getattr(pb, descriptor.output_type.name).SerializeToString
+            serializer = _serialized if method in _RAW else getattr(pb, descriptor.output_type.name).SerializeToString
             handler: grpc.RpcMethodHandler
             if descriptor.client_streaming:  # ModelStreamInfer: admitted as a stream, its messages read raw
                 handler = grpc.stream_stream_rpc_method_handler(
@@ -166,20 +168,16 @@ class AdmittingHandlers(grpc.GenericRpcHandler):
                     functools.partial(self._unary, method, OPERATIONS[method], behaviour,
                                       getattr(pb, descriptor.input_type.name).FromString),
                     request_deserializer=None, response_serializer=serializer)
-            self._handlers[f"/{_SERVICE_NAME}/{method}"] = handler
-        self._paths = {path.encode(): handler for path, handler in self._handlers.items()}
-
-    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
-        return self._handlers.get(handler_call_details.method)
+            self._paths[f"/{_SERVICE_NAME}/{method}".encode()] = handler
 
     def by_path(self, path: bytes) -> grpc.RpcMethodHandler | None:
-        """The handler of the RPC at ``path`` (an HTTP/2 ``:path``), for the appliance's own transport."""
+        """The handler of the RPC at ``path`` (an HTTP/2 ``:path``), None for an unknown one."""
         return self._paths.get(path)
 
     async def _unary(self, method: str, operation: Operation, behaviour: Callable[..., Awaitable[Any]],
                      deserializer: Any, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> Any:
         try:
-            # ``requests`` stays unread: _serve reads the one message with context.read (see Receivers).
+            # ``requests`` stays unread: _serve reads the one message from the call (see Receivers).
             return await self._serve(method, operation, behaviour, deserializer, context)
         except ApplianceError as exc:
             # Aborting raises again: that exception keeps this frame, and a cycle with grpc's frames, until
@@ -199,10 +197,7 @@ class AdmittingHandlers(grpc.GenericRpcHandler):
             empty = _UNREAD.get(method)
             if empty is not None:
                 return await behaviour(empty, context)
-            if self._grpcio:
-                raw = sniffed(await self._receivers.receive(context.read, context.peer()))
-            else:
-                raw = await self._receivers.receive_metered(cast(Metered, context), context.peer())
+            raw = await self._receivers.receive(cast(Metered, context), context.peer())
             try:
                 account.reserve(len(raw))
                 raw = await inflated(raw, account, self._inflation)
@@ -225,6 +220,6 @@ class AdmittingHandlers(grpc.GenericRpcHandler):
         try:
             self._gate.refuse_if_stopping()
             with self._gate.open_stream(caller_of(context)):
-                await behaviour(sniffing(requests) if self._grpcio else requests, context)
+                await behaviour(requests, context)
         except ApplianceError as exc:
             await abort(context, exc)

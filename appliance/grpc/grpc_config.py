@@ -8,16 +8,14 @@ import dataclasses
 from appliance.protocol.inflate import DEFAULT_RATIO, InflateLimits
 from appliance.tls.context import ServerTls
 
-__all__ = ["ACCEPTORS", "CANCEL_GRACE", "GrpcConfig", "KEEPALIVE", "KEEPALIVE_TIMEOUT", "ReceiveRules", "StreamRules"]
+__all__ = ["CANCEL_GRACE", "GrpcConfig", "KEEPALIVE", "KEEPALIVE_TIMEOUT", "ReceiveRules", "StreamRules"]
 
 KEEPALIVE = 60.0
-"""Seconds a connection with calls open may stay silent before the server pings it (either transport)."""
+"""Seconds a connection with calls open may stay silent before the server pings it."""
 KEEPALIVE_TIMEOUT = 20.0
 """Seconds the client has to answer that ping before its connection is dropped."""
 CANCEL_GRACE = 0.5
 """Seconds requests still running at the stop deadline get to end once cancelled (as over HTTP)."""
-ACCEPTORS = 4
-"""grpc.aio servers sharing the port (see ``appliance.grpc.grpc_server.GrpcServer``)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -52,7 +50,8 @@ class GrpcConfig:
 
     max_message_bytes: int = 256 * 1024**2
     receivers: int = 4
-    """Messages received at once (what gRPC buffers before a handler can count it)."""
+    """Messages larger than a stream's window received at once (what the transport buffers before a handler
+    can count it)."""
     receive_timeout: float = 60.0
     """Seconds a call's message may take to arrive once its turn to be received has come."""
     receive_min_rate: int = 256 * 1024
@@ -60,13 +59,11 @@ class GrpcConfig:
     receive_grace: float = 2.0
     max_inflation_ratio: int = DEFAULT_RATIO
     max_connections: int = 1024
-    """Connections over every acceptor together."""
     max_streams: int = 1024
     """ModelStreamInfer streams open at once."""
     max_streams_per_connection: int = 1024
     idle_timeout: float = 60.0
     stream: StreamRules = StreamRules()
-    acceptors: int = ACCEPTORS
     tls: ServerTls | None = None
     """TLS on the gRPC port (grpc_use_ssl), None: plain HTTP/2."""
 

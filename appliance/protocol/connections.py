@@ -1,12 +1,11 @@
 """The connection cap every port of the daemon applies before it reads a byte: each accepted connection is
 counted until it closes, and one beyond the cap is handed to the port's refusal (the HTTP ports answer a
-short 503, the gRPC port closes it as grpcio does) instead of its server, so it is never queued behind
+short 503, the gRPC port closes it) instead of its server, so it is never queued behind
 the others and counts against no request limit.
 
 One ``ConnectionLimiter`` wraps the protocol factory of every listener it bounds (the HTTP and metrics
-ports share one, the gRPC port on the appliance's own transport has its own); grpcio's server takes the
-same number as ``grpc.max_allowed_incoming_connections``. ``appliance.composition.split_connections``
-splits ``max_connections`` between them."""
+ports share one, the gRPC port has its own). ``appliance.composition.split_connections`` splits
+``max_connections`` between them."""
 
 from __future__ import annotations
 
@@ -53,8 +52,8 @@ class ConnectionLimiter:
 
 
 def close_at_once() -> asyncio.Protocol:
-    """The refusal of a port that has no words for it (gRPC, as grpcio's max_allowed_incoming_connections):
-    the connection is aborted as soon as it is made."""
+    """The refusal of a port that has no words for it (gRPC, as grpc-core's max_allowed_incoming_connections
+    does): the connection is aborted as soon as it is made."""
     return _Abort()
 
 

@@ -1,5 +1,5 @@
 """The lifecycle every server of the daemon implements — the HTTP port (aiohttp and the infer lane), the
-metrics port, and the gRPC port on either transport — so that the daemon starts and stops them alike."""
+metrics port, and the gRPC port — so that the daemon starts and stops them alike."""
 
 from __future__ import annotations
 

@@ -42,10 +42,12 @@ SECTIONS: dict[str, type] = {
 _REMOVED: dict[str, str] = {
     "workers": "front-end workers were removed (they measured 0.70-0.93x the daemon alone: "
                "bench/results/NOTES.md); the daemon serves the HTTP port itself: remove workers",
+    "grpc_transport": "the grpcio gRPC server was removed; the appliance's own HTTP/2 transport serves gRPC: "
+                      "remove grpc_transport",
 }
 """Settings that are no more (flat key -> what changed and the fix): given anywhere, they stop the daemon
 rather than being ignored, so that nobody believes a setting is in force that is not."""
-_REMOVED_FIELDS = {("http", "workers"): "workers"}
+_REMOVED_FIELDS = {("http", "workers"): "workers", ("grpc", "transport"): "grpc_transport"}
 """The removed settings by their section's table and field name."""
 
 # What systemd hands a service through its environment, under its own names.

@@ -205,21 +205,16 @@ class GrpcSection(PortTls):
     flow control then holds the client back)."""
     stream_idle_timeout: float = key(300.0, "grpc_stream_idle_timeout")
     """Seconds a stream with no request in flight may send nothing before it is ended (UNAVAILABLE)."""
-    transport: str = key("appliance", "grpc_transport")
-    """Who speaks HTTP/2 on the gRPC port: "appliance" (its own transport on the event loop, a fraction of
-    grpc.aio's CPU per call) or "grpcio" (grpc.aio); the same handlers, admission and limits either way."""
     receive_min_rate: int = key(256 * 1024, "grpc_receive_min_rate")
     """Bytes a second a call's message must keep arriving at, after grpc_receive_grace, once the server
     reads it (DEADLINE_EXCEEDED below it): a client that announces a message and stalls loses its receive
-    slot. grpc.aio shows no progress before a message is whole: there a call holding a slot past
-    grpc_receive_grace gives it up (UNAVAILABLE) when another call waits for one."""
+    slot."""
     receive_grace: float = key(2.0, "grpc_receive_grace")
     """Seconds a call's message may take before grpc_receive_min_rate applies to it."""
     def __post_init__(self) -> None:
         require_port(self, "port")
         require_at_least(self, 1, "max_streams", "stream_max_pending", "receive_min_rate")
         require_positive(self, "stream_idle_timeout", "receive_grace")
-        require_one_of(self, "transport", ("appliance", "grpcio"))
         if self.max_connections is not None:
             require_at_least(self, 1, "max_connections")
 

@@ -3,8 +3,7 @@ must chain to (mutual TLS), checked at start so that a mistake stops the daemon 
 
 The key must be readable by its owner alone: the daemon never serves TLS with a key others can read.
 TLS 1.2 at least. The same ``ServerTls`` builds an ``ssl.SSLContext`` for the HTTP port (aiohttp and the
-infer lane share its socket) and the appliance's own gRPC transport (ALPN h2), and the PEM bytes grpcio's
-credentials take.
+infer lane share its socket) and the appliance's own gRPC transport (ALPN h2).
 """
 
 from __future__ import annotations
@@ -69,7 +68,3 @@ class ServerTls:
         if alpn:
             context.set_alpn_protocols(list(alpn))
         return context
-
-    def pem(self) -> tuple[bytes, bytes, bytes | None]:
-        """(certificate chain, key, root CA) as grpcio's ssl_server_credentials takes them."""
-        return self.cert.read_bytes(), self.key.read_bytes(), self.root.read_bytes() if self.root else None

@@ -1,9 +1,9 @@
 """One end-to-end suite for every supported front-end path (docs/architecture.md, "Supported combinations"):
-HTTP through the infer lane and through aiohttp, gRPC on the appliance's own HTTP/2 transport and on
-grpcio, a Python model in a process of its own and in the daemon. Three daemons cover them: the default
-(lane, own transport, a process per instance), the other pair of front ends (``http_infer_lane = false``,
-``grpc_transport = grpcio``), and the default front ends with the identity model on the in-process plan
-(allowed and pinned by its config, chosen by selection); each test runs on all three, over HTTP or gRPC.
+HTTP through the infer lane and through aiohttp, gRPC on the appliance's own HTTP/2 transport, a Python
+model in a process of its own and in the daemon. Three daemons cover them: the default (lane, a process per
+instance), aiohttp alone (``http_infer_lane = false``), and the default front ends with the identity model
+on the in-process plan (allowed and pinned by its config, chosen by selection); each test runs on all
+three, over HTTP or gRPC.
 
 Each path must answer the same: inference in JSON and binary, BYTES, a decoupled model's stream, Triton's
 refusals (unknown model, wrong shape), model metadata, and the statistics every path records."""
@@ -57,7 +57,7 @@ class FrontEndPath:
 
 PATHS = {
     "lane+own-http2": FrontEndPath(),
-    "aiohttp+grpcio": FrontEndPath({"APPLIANCE_HTTP_INFER_LANE": "false", "APPLIANCE_GRPC_TRANSPORT": "grpcio"}),
+    "aiohttp+own-http2": FrontEndPath({"APPLIANCE_HTTP_INFER_LANE": "false"}),
     "lane+own-http2+in-process": FrontEndPath(in_process=True),
 }
 

@@ -1,6 +1,6 @@
 """NVIDIA's perf_analyzer, unchanged, against the appliance over TLS: gRPC with Triton's client flags
 (``--ssl-grpc-use-ssl=true`` and the server's root certificate; with a client certificate when the port
-takes mutual TLS) on both gRPC transports, and HTTPS through libcurl with the CA bundle. A client without a
+takes mutual TLS), and HTTPS through libcurl with the CA bundle. A client without a
 certificate is refused by a mutual-TLS port. Certificates come from trustme."""
 
 from __future__ import annotations
@@ -31,10 +31,9 @@ def repository(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def tls_daemon(module_daemon, repository, pki, grpc_transport):
-    """HTTP and gRPC over TLS, once per gRPC transport."""
-    daemon = module_daemon(repository, *pki.flags("http"), *pki.flags("grpc"),
-                           env={"APPLIANCE_GRPC_TRANSPORT": grpc_transport}, wait_loaded=False)
+def tls_daemon(module_daemon, repository, pki):
+    """HTTP and gRPC over TLS."""
+    daemon = module_daemon(repository, *pki.flags("http"), *pki.flags("grpc"), wait_loaded=False)
     wait_until_loaded(daemon, pki)
     return daemon
 

@@ -1,6 +1,6 @@
 """One gRPC call on an HTTP/2 stream: what its handler sees as its ``context`` (the metadata, the peer,
 ``read``, ``write``, ``abort``, the trailing metadata) and the stream's two directions under HTTP/2 flow
-control. A handler is one of ``appliance.grpc.admission.AdmittingHandlers``' (the same as grpc.aio runs).
+control. A handler is one of ``appliance.grpc.admission.AdmittingHandlers``'.
 
 Receiving: a stream's window starts small (``STREAM_WINDOW``), so that a call not yet admitted holds at
 most that of its client's bytes; only while the handler reads (after admission, and for a message larger

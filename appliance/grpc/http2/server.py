@@ -1,6 +1,6 @@
-"""The gRPC port on the appliance's own HTTP/2 transport (``grpc_transport`` = appliance): one asyncio
-server, each connection an ``Http2Connection``, every call served by the same admitting handlers as
-grpc.aio's (``appliance.grpc.admission``), so admission, receive slots and the service are shared.
+"""The gRPC port on the appliance's own HTTP/2 transport: one asyncio server, each connection an
+``Http2Connection``, every call served by an admitting handler (``appliance.grpc.admission``): admission,
+receive slots, then the service.
 
 Bounds (docs/security.md): ``max_connections`` (``appliance.protocol.connections``: a connection over it
 is closed at once),
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
 from collections.abc import Callable
 from typing import TypeAlias
@@ -21,9 +22,10 @@ import grpc
 
 from appliance.core.errors import ConfigError
 from appliance.grpc.access import Gate
+from appliance.grpc.admission import AdmittingHandlers, Receivers
 from appliance.grpc.grpc_config import CANCEL_GRACE, GrpcConfig
-from appliance.grpc.grpc_server import admitting_handlers, probe_port
 from appliance.grpc.http2.connection import Http2Connection
+from appliance.grpc.service import InferenceService
 from appliance.protocol.connections import ConnectionLimiter
 from appliance.protocol.dataplane import DataPlane
 
@@ -34,8 +36,22 @@ log = logging.getLogger(__name__)
 Handler: TypeAlias = grpc.RpcMethodHandler
 
 
+def _probe_port(host: str, port: int) -> int:
+    """Bind ``host:port`` once, as any listener would: fails if the port is held by anyone (another daemon,
+    another program), and picks the free port for port 0 (one port, where ``host`` names several addresses)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a port in TIME_WAIT is free
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise ConfigError(f"cannot bind gRPC to {host}:{port}: {exc.strerror or exc}; pick another "
+                              "--grpc-port, or --no-grpc") from None
+        return probe.getsockname()[1]
+
+
 class Http2Server:
-    """``start`` binds and serves, ``stop`` keeps to the daemon's deadline (as ``GrpcServer``)."""
+    """``start`` binds and serves, ``stop`` keeps to the daemon's deadline."""
 
     def __init__(self, config: GrpcConfig, gate: Gate, handler: Callable[[bytes], Handler | None]) -> None:
         """``handler``: the handler of the RPC at a ``:path``, None for an unknown one."""
@@ -51,7 +67,10 @@ class Http2Server:
     @classmethod
     def over(cls, dataplane: DataPlane, config: GrpcConfig) -> Http2Server:
         """The server of Triton's GRPCInferenceService over ``dataplane``."""
-        gate, handlers = admitting_handlers(dataplane, config)
+        gate = Gate(dataplane, config.max_streams)
+        service = InferenceService(dataplane, gate, config.stream, config.inflation)
+        receivers = Receivers(config.receivers, rules=config.receiving)
+        handlers = AdmittingHandlers(service, dataplane, gate, receivers, config.inflation)
         return cls(config, gate, handlers.by_path)
 
     def opened(self, connection: Http2Connection) -> None:
@@ -62,7 +81,7 @@ class Http2Server:
 
     async def start(self, host: str, port: int) -> int:
         """Bind ``host:port`` (0 picks a free port), start serving and return the bound port."""
-        port = probe_port(host, port)
+        port = _probe_port(host, port)
         try:
             # With TLS, gRPC's ALPN protocol h2, required (Http2Connection closes a connection whose
             # handshake did not select it); a failed handshake ends that connection alone.

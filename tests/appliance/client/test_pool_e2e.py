@@ -4,7 +4,6 @@ a model only one box has, and an error a box answered that is not retried."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -18,36 +17,14 @@ from tests.builders import affine_model, write_model
 from tests.http_util import call
 
 MODULES = {"http": triton_http, "grpc": triton_grpc}
-PROTOCOLS = ["http", "grpc-appliance", "grpc-grpcio"]  # HTTP and each transport of the gRPC port
-
-
-def _kind(protocol: str) -> str:
-    """The pool's protocol: http or grpc."""
-    return protocol.partition("-")[0]
-
-
-def _fleet_on(daemons: list) -> Callable[[str], tuple[list, list[Box]]]:
-    """Factory: on(protocol) -> (daemons, their boxes), like ``daemons`` with the protocol's gRPC transport
-    (the daemons themselves on the default one; others started once, on first use)."""
-    by_transport = {"appliance": daemons}
-
-    def on(protocol: str) -> tuple[list, list[Box]]:
-        transport = protocol.partition("-")[2] or "appliance"
-        if transport not in by_transport:
-            by_transport[transport] = [d.like({"APPLIANCE_GRPC_TRANSPORT": transport}) for d in daemons]
-        chosen = by_transport[transport]
-        return chosen, [Box(name=n, addresses=("127.0.0.1",), port=d.port, grpc_port=d.grpc_port)
-                        for n, d in zip("ab", chosen)]
-
-    return on
+PROTOCOLS = ["http", "grpc"]
 
 
 @pytest.fixture(scope="module")
 def boxes(module_daemon, tmp_path_factory):
-    """Factory: boxes(protocol) -> (daemons, fleet): two boxes with 'affine' (y = 2x + 1) and the accumulator
-    'acc' (OUTPUT = the running sum of the sequence's INPUTs, state kept by each daemon: a sequence must stay
-    on one box to add up); only box b also has 'only_b' (y = 5x). One pair serves every test (a pair more for
-    each other gRPC transport): daemons are the slow part."""
+    """(daemons, fleet): two boxes with 'affine' (y = 2x + 1) and the accumulator 'acc' (OUTPUT = the running
+    sum of the sequence's INPUTs, state kept by each daemon: a sequence must stay on one box to add up); only
+    box b also has 'only_b' (y = 5x). One pair serves every test: daemons are the slow part."""
     from appliance.examples.sequence import accumulator_config, accumulator_model, write_sequence_model
 
     repo_a, repo_b = tmp_path_factory.mktemp("repo-a"), tmp_path_factory.mktemp("repo-b")
@@ -55,11 +32,13 @@ def boxes(module_daemon, tmp_path_factory):
         write_model(repo, "affine", affine_model(2, 1))
         write_sequence_model(repo, "acc", accumulator_model(), accumulator_config(idle_us=60_000_000))
     write_model(repo_b, "only_b", affine_model(5, 0))
-    return _fleet_on([module_daemon(repo_a), module_daemon(repo_b)])
+    daemons = [module_daemon(repo_a), module_daemon(repo_b)]
+    return daemons, [Box(name=n, addresses=("127.0.0.1",), port=d.port, grpc_port=d.grpc_port)
+                     for n, d in zip("ab", daemons)]
 
 
 def _tensor(protocol: str, value: float, width: int = 8):
-    tensor = MODULES[_kind(protocol)].InferInput("x", [1, width], "FP32")
+    tensor = MODULES[protocol].InferInput("x", [1, width], "FP32")
     tensor.set_data_from_numpy(np.full((1, width), value, np.float32))
     return tensor
 
@@ -71,8 +50,8 @@ def _fails(daemon) -> int:
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_eight_threads_through_one_pool(boxes, protocol):
-    _, fleet = boxes(protocol)
-    with BoxPool(fleet, _kind(protocol)) as pool:
+    _, fleet = boxes
+    with BoxPool(fleet, protocol) as pool:
         def one(index: int) -> tuple[float, float]:
             model = "only_b" if index % 5 == 0 else "affine"
             value = float(pool.infer(model, [_tensor(protocol, index)]).as_numpy("y")[0, 0])
@@ -89,9 +68,9 @@ def test_eight_threads_through_one_pool(boxes, protocol):
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_an_error_the_box_answered_reaches_the_caller_once(boxes, protocol):
-    daemons, fleet = boxes(protocol)
+    daemons, fleet = boxes
     before = sum(_fails(d) for d in daemons)
-    with BoxPool(fleet, _kind(protocol)) as pool:
+    with BoxPool(fleet, protocol) as pool:
         with pytest.raises(InferenceServerException) as excinfo:
             pool.infer("affine", [_tensor(protocol, 1.0, width=3)])  # the model takes [batch, 8]
         stats = pool.stats()
@@ -103,10 +82,10 @@ def test_an_error_the_box_answered_reaches_the_caller_once(boxes, protocol):
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_many_tasks_through_one_async_pool(boxes, protocol):
-    _, fleet = boxes(protocol)
+    _, fleet = boxes
 
     async def main():
-        async with AsyncBoxPool(fleet, _kind(protocol)) as pool:
+        async with AsyncBoxPool(fleet, protocol) as pool:
             results = await asyncio.gather(*(pool.infer("affine", [_tensor(protocol, i)]) for i in range(200)))
             return [float(r.as_numpy("y")[0, 0]) for r in results], pool.stats()
 
@@ -118,8 +97,8 @@ def test_many_tasks_through_one_async_pool(boxes, protocol):
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_each_sequence_stays_on_one_box_and_adds_up(boxes, protocol):
-    module = MODULES[_kind(protocol)]
-    _, fleet = boxes(protocol)
+    module = MODULES[protocol]
+    _, fleet = boxes
     steps = 6
 
     def run(sequence: int) -> list[int]:
@@ -132,7 +111,7 @@ def test_each_sequence_stays_on_one_box_and_adds_up(boxes, protocol):
             sums.append(int(result.as_numpy("OUTPUT")[0, 0]))
         return sums
 
-    with BoxPool(fleet, _kind(protocol)) as pool, ThreadPoolExecutor(8) as executor:
+    with BoxPool(fleet, protocol) as pool, ThreadPoolExecutor(8) as executor:
         got = list(executor.map(run, range(16)))
         stats = pool.stats()
     expected = [list(np.cumsum([s + step for step in range(steps)])) for s in range(16)]

@@ -79,11 +79,11 @@ def test_outputs_named_the_requests_order_over_http(client):
     assert [o["name"] for o in outputs] == ["OUT", "IDX"]
 
 
-def test_a_decoupled_models_responses_keep_its_order_over_a_grpc_stream(grpc_daemon):
+def test_a_decoupled_models_responses_keep_its_order_over_a_grpc_stream(daemon):
     answers: queue.Queue = queue.Queue()
     tensor = grpcclient.InferInput("IN", [2], "INT32")
     tensor.set_data_from_numpy(np.array([8, 9], np.int32))
-    with grpcclient.InferenceServerClient(grpc_daemon.grpc_url) as client:
+    with grpcclient.InferenceServerClient(daemon.grpc_url) as client:
         client.start_stream(callback=lambda result, error: answers.put((result, error)))
         client.async_stream_infer("repeat", [tensor])
         received = [answers.get(timeout=30) for _ in range(2)]

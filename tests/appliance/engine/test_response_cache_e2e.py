@@ -41,8 +41,7 @@ def _cache_counts(statistics: dict) -> tuple[int, int]:
     return inference["cache_hit"]["count"], inference["cache_miss"]["count"]
 
 
-def test_hits_and_misses_in_tritons_statistics_over_http_and_grpc(grpc_daemon):
-    daemon = grpc_daemon  # both protocols to one daemon, on each transport of its gRPC port
+def test_hits_and_misses_in_tritons_statistics_over_http_and_grpc(daemon):
     client = httpclient.InferenceServerClient(daemon.url)
     x = X + 10
     first = _infer(client, "cached", x)
@@ -61,8 +60,7 @@ def test_hits_and_misses_in_tritons_statistics_over_http_and_grpc(grpc_daemon):
     assert _cache_counts(client.get_inference_statistics("uncached")) == (0, 0)
 
 
-def test_a_grpc_request_hits_what_an_http_request_left(grpc_daemon):
-    daemon = grpc_daemon
+def test_a_grpc_request_hits_what_an_http_request_left(daemon):
     x = X + 50
     square = [httpclient.InferRequestedOutput("square")]
     _infer(httpclient.InferenceServerClient(daemon.url), "cached", x, outputs=square)  # over HTTP, then gRPC

@@ -27,8 +27,8 @@ def repo(tmp_path):
     return repo
 
 
-def test_http_and_grpc_requests_batch_together(start_daemon, repo, grpc_transport):
-    daemon = start_daemon(repo, env={"APPLIANCE_GRPC_TRANSPORT": grpc_transport})
+def test_http_and_grpc_requests_batch_together(start_daemon, repo):
+    daemon = start_daemon(repo)
     rows = np.random.default_rng(0).random((16, 784)).astype(np.float32)
     results: dict[int, np.ndarray] = {}
     errors: list[BaseException] = []

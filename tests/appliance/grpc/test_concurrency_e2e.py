@@ -1,5 +1,5 @@
 """Every gRPC call counts in max_concurrent_requests (security round 4, medium), ServerLive and ServerReady
-included, on both transports: each costs a stream, a task and a handler, and a flood of them was not
+included: each costs a stream, a task and a handler, and a flood of them was not
 bounded. HTTP's health checks stay outside the bound, so a busy box still answers its monitors."""
 
 from __future__ import annotations
@@ -18,13 +18,11 @@ FLOOD = 32
 LIVE = "/inference.GRPCInferenceService/ServerLive"
 READY = "/inference.GRPCInferenceService/ServerReady"
 METADATA = "/inference.GRPCInferenceService/ServerMetadata"
-TRANSPORTS = ["appliance", "grpcio"]
 
 
-@pytest.fixture(scope="module", params=TRANSPORTS)
-def daemon(request, module_daemon):
-    return module_daemon(None, env={"APPLIANCE_GRPC_TRANSPORT": request.param,
-                                    "APPLIANCE_MAX_CONCURRENT_REQUESTS": str(LIMIT),
+@pytest.fixture(scope="module")
+def daemon(module_daemon):
+    return module_daemon(None, env={"APPLIANCE_MAX_CONCURRENT_REQUESTS": str(LIMIT),
                                     "APPLIANCE_GRPC_RECEIVE_GRACE": "30"})
 
 

@@ -39,9 +39,8 @@ def _wait_for(daemon, pattern: str, after: int = 0, timeout: float = 10) -> re.M
         raise AssertionError(f"{pattern!r} not in the log:\n{daemon.log()[after:]}") from None
 
 
-def test_explicit_load_unload_and_config_override(start_daemon, repo, grpc_transport):
-    daemon = start_daemon(repo, "--model-control-mode", "explicit", "--load-model", "affine",
-                          env={"APPLIANCE_GRPC_TRANSPORT": grpc_transport})
+def test_explicit_load_unload_and_config_override(start_daemon, repo):
+    daemon = start_daemon(repo, "--model-control-mode", "explicit", "--load-model", "affine")
     with triton.InferenceServerClient(daemon.grpc_url) as client:
         index = {m.name: m.state for m in client.get_model_repository_index().models}
         assert index == {"affine": "READY", "other": "UNAVAILABLE"}
@@ -73,11 +72,11 @@ def test_explicit_load_unload_and_config_override(start_daemon, repo, grpc_trans
         assert excinfo.value.status() == "StatusCode.NOT_FOUND"  # as Triton
 
 
-def test_log_settings_change_the_daemons_log(start_daemon, repo, grpc_transport):
+def test_log_settings_change_the_daemons_log(start_daemon, repo):
     """The settings as Triton's typed parameters, a change that reaches the daemon's log, refusals as gRPC
     status codes; which lines each setting lets through is tested below the transports
     (tests/appliance/protocol/test_log_settings.py)."""
-    daemon = start_daemon(repo, "--model-control-mode", "explicit", env={"APPLIANCE_GRPC_TRANSPORT": grpc_transport})
+    daemon = start_daemon(repo, "--model-control-mode", "explicit")
     with triton.InferenceServerClient(daemon.grpc_url) as client:
         settings = client.get_log_settings(as_json=True)["settings"]
         assert settings["log_info"] == {"bool_param": True}
@@ -96,10 +95,9 @@ def test_log_settings_change_the_daemons_log(start_daemon, repo, grpc_transport)
         assert excinfo.value.status() == "StatusCode.UNIMPLEMENTED"
 
 
-def test_message_size_and_memory_budget(start_daemon, repo, grpc_transport):
+def test_message_size_and_memory_budget(start_daemon, repo):
     daemon = start_daemon(repo, env={"APPLIANCE_MAX_REQUEST_BYTES": str(1 << 20),
-                                     "APPLIANCE_MAX_REQUEST_MEMORY_BYTES": str(1 << 20),
-                                     "APPLIANCE_GRPC_TRANSPORT": grpc_transport})
+                                     "APPLIANCE_MAX_REQUEST_MEMORY_BYTES": str(1 << 20)})
     with triton.InferenceServerClient(daemon.grpc_url) as client:
         big = triton.InferInput("x", [1, 400_000], "FP32")  # 1.6 MB: above max_request_bytes
         big.set_data_from_numpy(np.zeros((1, 400_000), np.float32))
@@ -120,16 +118,15 @@ def test_no_grpc(start_daemon, repo):
     assert daemon.grpc_port is None and "gRPC" not in daemon.log()
 
 
-def test_a_grpc_port_in_use_is_a_clear_error(start_daemon, repo, tmp_path, grpc_transport):
-    """The acceptors share their port with each other only: a port another daemon serves is refused."""
-    transport = {"APPLIANCE_GRPC_TRANSPORT": grpc_transport}
-    first = start_daemon(repo, env=transport)
+def test_a_grpc_port_in_use_is_a_clear_error(start_daemon, repo, tmp_path):
+    """A port another daemon serves is refused."""
+    first = start_daemon(repo)
     environment = {k: v for k, v in os.environ.items() if not k.startswith("APPLIANCE_")}
     result = subprocess.run(
         [sys.executable, "-m", "appliance", "serve", "--host", "127.0.0.1", "--http-port", "0", "--grpc-port",
          str(first.grpc_port), "--no-mdns", "--no-selection", "--state-dir", str(tmp_path / "second"),
          "--model-repository", str(repo)],
-        capture_output=True, text=True, timeout=60, env={**environment, **transport})
+        capture_output=True, text=True, timeout=60, env=environment)
     assert result.returncode == 2, result.stderr[-2000:]
     assert f"cannot bind gRPC to 127.0.0.1:{first.grpc_port}" in result.stderr and "--grpc-port" in result.stderr
     with triton.InferenceServerClient(first.grpc_url) as client:  # the first daemon keeps its port

@@ -1,13 +1,10 @@
-"""The gRPC port against a hostile HTTP/2 client, on both transports (``grpc_transport`` = appliance, the
-own framing, and grpcio): the conformance cases h2spec checks (frame sizes, stream states, header and
-pseudo-header rules, flow control, SETTINGS, GOAWAY, CONTINUATION), and every known flood. Frames are
-built by hand and the answers parsed with ``hyperframe`` (tests/http2_raw.py).
+"""The gRPC port against a hostile HTTP/2 client: the conformance cases h2spec checks (frame sizes, stream
+states, header and pseudo-header rules, flow control, SETTINGS, GOAWAY, CONTINUATION), and every known
+flood. Frames are built by hand and the answers parsed with ``hyperframe`` (tests/http2_raw.py).
 
-On the own framing, a connection error is a GOAWAY with the RFC's code and a malformed request a stream
-reset with PROTOCOL_ERROR. grpc-core (the grpcio transport) is lenient with much of this (it ignores frames
-on idle or closed streams and serves malformed header blocks): there each case must leave the connection
-either refused or serving, and other clients served. A flood of frames that do no work is counted per
-connection and ends it with GOAWAY ENHANCE_YOUR_CALM on the own transport. While each flood runs,
+A connection error is a GOAWAY with the RFC's code and a malformed request a stream reset with
+PROTOCOL_ERROR. A flood of frames that do no work is counted per connection and ends it with GOAWAY
+ENHANCE_YOUR_CALM. While each flood runs,
 /v2/health/live answers within a second and RSS stays within 200 MiB (tests.health_watch); the daemon
 runs under a capped address space."""
 
@@ -41,19 +38,11 @@ from tests.http2_raw import (
 ADDRESS_SPACE = 4 << 30
 NO_ERROR, PROTOCOL_ERROR, FLOW_CONTROL_ERROR, STREAM_CLOSED, FRAME_SIZE_ERROR, COMPRESSION_ERROR = 0, 1, 3, 5, 6, 9
 REFUSED_STREAM, ENHANCE_YOUR_CALM = 7, 11
-TRANSPORTS = ["appliance", "grpcio"]
 
 
-@pytest.fixture(scope="module", params=TRANSPORTS)
-def daemon(request, module_daemon):
-    daemon = module_daemon(None, prefix=("prlimit", f"--as={ADDRESS_SPACE}"),
-                           env={"APPLIANCE_GRPC_TRANSPORT": request.param})
-    daemon.extra["transport"] = request.param
-    return daemon
-
-
-def _transport(daemon) -> str:
-    return daemon.extra["transport"]
+@pytest.fixture(scope="module")
+def daemon(module_daemon):
+    return module_daemon(None, prefix=("prlimit", f"--as={ADDRESS_SPACE}"))
 
 
 def _settings(*pairs: tuple[int, int]) -> bytes:
@@ -150,32 +139,18 @@ def _others_served(daemon) -> None:
         assert other.status(1) == "0"
 
 
-def _lenient(daemon, client: RawHttp2) -> None:
-    """grpc-core's answer to a broken client: refused, or ignored with the connection still usable; and
-    other connections are served either way."""
-    outcome = client.settle()
-    assert outcome.goaway is not None or outcome.closed or outcome.resets or outcome.pings, "neither refused nor alive"
-    _others_served(daemon)
-
-
 @pytest.mark.parametrize("case", CONNECTION_ERRORS)
 def test_connection_errors_end_the_connection_with_their_code(daemon, case):
     build, code = CONNECTION_ERRORS[case]
     with RawHttp2(daemon.grpc_port).handshake() as client:
         client.send(build(client))
-        if _transport(daemon) == "grpcio":
-            _lenient(daemon, client)
-        else:
-            _connection_error(client, code)
+        _connection_error(client, code)
 
 
 @pytest.mark.parametrize("case", STREAM_ERRORS)
 def test_malformed_requests_are_stream_errors(daemon, case):
     with RawHttp2(daemon.grpc_port).handshake() as client:
         client.send(STREAM_ERRORS[case](client))
-        if _transport(daemon) == "grpcio":
-            _lenient(daemon, client)
-            return
         _stream_error(client, 1, PROTOCOL_ERROR)
         assert client.outcome.goaway is None  # a stream error: the connection serves the next call
         client.send(client.call(3))
@@ -187,10 +162,7 @@ def test_frames_after_a_stream_closed_are_stream_closed(daemon):
         client.send(client.call(1))
         assert client.status(1) == "0"
         client.send(frame(DATA, 0, 1, EMPTY_MESSAGE))
-        if _transport(daemon) == "grpcio":
-            _lenient(daemon, client)
-        else:
-            _stream_error(client, 1, STREAM_CLOSED)
+        _stream_error(client, 1, STREAM_CLOSED)
 
 
 def test_settings_are_acknowledged_and_unknown_frames_and_settings_ignored(daemon):
@@ -265,10 +237,8 @@ def test_floods_are_cut_off_and_the_daemon_stays_healthy(daemon, case):
             _flood(client, FLOODS[case](client))
         client.sock.settimeout(5.0)
         outcome = client.settle(10.0)
-        if _transport(daemon) == "appliance":
-            assert outcome.goaway == ENHANCE_YOUR_CALM or (case.startswith("empty HEADERS") and outcome.goaway
-                                                            == PROTOCOL_ERROR), (outcome.goaway, outcome.closed)
-        # grpcio: grpc-core's own limits apply (it ends some floods, absorbs others); health and memory held.
+        assert outcome.goaway == ENHANCE_YOUR_CALM or (case.startswith("empty HEADERS") and outcome.goaway
+                                                        == PROTOCOL_ERROR), (outcome.goaway, outcome.closed)
     _others_served(daemon)
 
 
@@ -282,11 +252,9 @@ def test_many_clients_within_the_flood_limits_are_not_cut_off(daemon):
         assert client.outcome.goaway is None and set(client.outcome.statuses.values()) == {"0"}
 
 
-@pytest.fixture(scope="module", params=TRANSPORTS)
-def idle_daemon(request, module_daemon):
-    daemon = module_daemon(None, env={"APPLIANCE_GRPC_TRANSPORT": request.param, "APPLIANCE_HEADER_TIMEOUT": "2"})
-    daemon.extra["transport"] = request.param
-    return daemon
+@pytest.fixture(scope="module")
+def idle_daemon(module_daemon):
+    return module_daemon(None, env={"APPLIANCE_HEADER_TIMEOUT": "2"})
 
 
 def test_pings_do_not_keep_an_idle_connection_open(idle_daemon):
@@ -300,5 +268,4 @@ def test_pings_do_not_keep_an_idle_connection_open(idle_daemon):
             while client.read() is not None:  # the ack, then nothing for half a second: two pings a second
                 pass
         assert client.outcome.closed, "the pinging idle connection stayed open"
-        if idle_daemon.extra["transport"] == "appliance":  # grpc-core may call it too many pings: closed too
-            assert client.outcome.goaway in (None, NO_ERROR), "closed as idle, not as a flood"
+        assert client.outcome.goaway in (None, NO_ERROR), "closed as idle, not as a flood"

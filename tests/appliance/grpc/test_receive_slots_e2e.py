@@ -1,10 +1,10 @@
-"""Receive-slot starvation on the gRPC port (security round 4, high 4), on both transports: a handful of
-calls that announce a large message and stall (raw HTTP/2, ``h2``) used to hold every receive slot, so
-that every other client's unary call waited until its deadline (60 s), ServerLive included. Now health
-reads nothing, a small message takes no slot (the appliance's transport sees its prefix), a stalled
-message loses its slot past grpc_receive_grace (metered on the appliance's transport, given up to a
-waiting call on grpc.aio), and a freed slot goes to the connection holding fewest: another client's
-ServerLive and ModelInfer answer within a second while the stallers keep stalling."""
+"""Receive-slot starvation on the gRPC port (security round 4, high 4): a handful of calls that announce a
+large message and stall (raw HTTP/2, ``h2``) used to hold every receive slot, so that every other
+client's unary call waited until its deadline (60 s), ServerLive included. Now health reads nothing, a
+small message takes no slot (the transport sees its prefix), a stalled message loses its slot once it
+falls behind grpc_receive_min_rate past grpc_receive_grace, and a freed slot goes to the connection
+holding fewest: another client's ServerLive and ModelInfer answer within a second while the stallers keep
+stalling."""
 
 from __future__ import annotations
 
@@ -28,7 +28,6 @@ STALLERS = 8
 """Twice the receive slots (max_request_memory_bytes // max_request_bytes = 4)."""
 PROBE_SECONDS = 4.0
 LIVE = "/inference.GRPCInferenceService/ServerLive"
-TRANSPORTS = ["appliance", "grpcio"]
 _CODES = {str(code.value[0]): code.name for code in grpc.StatusCode}
 
 
@@ -37,16 +36,13 @@ def repository(tmp_path_factory):
     return build_example_repository(tmp_path_factory.mktemp("slots") / "repo")
 
 
-@pytest.fixture(scope="module", params=TRANSPORTS)
-def daemon(request, module_daemon, repository):
-    daemon = module_daemon(repository, prefix=("prlimit", f"--as={ADDRESS_SPACE}"), env={
-        "APPLIANCE_GRPC_TRANSPORT": request.param,
+@pytest.fixture(scope="module")
+def daemon(module_daemon, repository):
+    return module_daemon(repository, prefix=("prlimit", f"--as={ADDRESS_SPACE}"), env={
         "APPLIANCE_MAX_REQUEST_BYTES": str(MESSAGE),
         "APPLIANCE_MAX_REQUEST_MEMORY_BYTES": str(4 * MESSAGE),
         "APPLIANCE_GRPC_RECEIVE_GRACE": str(GRACE),
     })
-    daemon.extra["transport"] = request.param
-    return daemon
 
 
 class _Staller(threading.Thread):
@@ -119,9 +115,7 @@ def test_stalled_senders_hold_no_slot_another_client_needs(daemon):
     assert set(codes) == {"OK"}, [code for code in codes if code != "OK"][:4]
     assert max(slowest.values()) < 1.0, slowest
     ended = [code for staller in stallers for code in staller.ended]
-    # Stalled messages lost their slots: cut by the meter here, given up to a waiting call on grpc.aio.
-    expected = "DEADLINE_EXCEEDED" if daemon.extra["transport"] == "appliance" else "UNAVAILABLE"
-    assert expected in ended, ended[:8]
+    assert "DEADLINE_EXCEEDED" in ended, ended[:8]  # stalled messages lost their slots: cut by the meter
     assert all(staller.ended.count("OK") == len(staller.ended) for staller in stallers if staller.path == LIVE)
 
 
@@ -139,8 +133,7 @@ def test_a_message_sent_before_the_servers_settings_arrive_is_received(daemon):
 
 def test_a_slow_but_steady_message_is_received_and_a_trickle_is_cut(daemon):
     """Above grpc_receive_min_rate (256 KiB/s) a message may take its time; below it, past the grace, the
-    call ends with DEADLINE_EXCEEDED on the appliance's transport (grpc.aio cannot tell: it waits for the
-    whole message, up to body_timeout, unless another call needs the slot)."""
+    call ends with DEADLINE_EXCEEDED."""
     message = framed(pb.ModelInferRequest(model_name="simple", inputs=[pb.ModelInferRequest.InferInputTensor(
         name="INPUT0", datatype="INT32", shape=[1, 16])], raw_input_contents=[bytes(1 << 20)]).SerializeToString())
     with H2Grpc(daemon.grpc_port) as client:
@@ -150,8 +143,6 @@ def test_a_slow_but_steady_message_is_received_and_a_trickle_is_cut(daemon):
             client.pump(0.12)
         assert client.send(steady, b"", end=True)
         assert client.status(steady, seconds=10) == str(grpc.StatusCode.INVALID_ARGUMENT.value[0])
-        if daemon.extra["transport"] != "appliance":
-            return
         trickle = client.open(MODEL_INFER)
         started = time.monotonic()
         for start in range(0, len(message), 1024):  # 10 KiB/s

@@ -24,11 +24,11 @@ def repo(tmp_path):
     return repo
 
 
-def _start(start_daemon, repo, tmp_path, grpc_transport, env=None):
+def _start(start_daemon, repo, tmp_path, env=None):
     state = tmp_path / "state"
     daemon = start_daemon(repo, "--model-control-mode", "explicit", "--load-model", "*", state=state,
                           env={"APPLIANCE_AUTH_EXEMPT_NETWORKS": "127.0.0.1/32",
-                               "APPLIANCE_GRPC_TRANSPORT": grpc_transport, **(env or {})})
+                               **(env or {})})
     return daemon, (state / "auth-token").read_text().strip()
 
 
@@ -45,8 +45,8 @@ def _refused(call) -> InferenceServerException:
     return excinfo.value
 
 
-def test_control_needs_the_token_off_loopback(start_daemon, repo, tmp_path, grpc_transport):
-    daemon, token = _start(start_daemon, repo, tmp_path, grpc_transport)
+def test_control_needs_the_token_off_loopback(start_daemon, repo, tmp_path):
+    daemon, token = _start(start_daemon, repo, tmp_path)
     with relay(daemon.grpc_port, REMOTE) as port, triton.InferenceServerClient(f"127.0.0.1:{port}") as remote:
         error = _refused(lambda: remote.load_model("m"))
         assert "authorization: Bearer <token>" in error.message() and "auth-token" in error.message()
@@ -63,8 +63,8 @@ def test_control_needs_the_token_off_loopback(start_daemon, repo, tmp_path, grpc
         local.unload_model("m")  # 127.0.0.1 is exempt
 
 
-def test_protect_inference(start_daemon, repo, tmp_path, grpc_transport):
-    daemon, token = _start(start_daemon, repo, tmp_path, grpc_transport, env={"APPLIANCE_PROTECT_INFERENCE": "true"})
+def test_protect_inference(start_daemon, repo, tmp_path):
+    daemon, token = _start(start_daemon, repo, tmp_path, env={"APPLIANCE_PROTECT_INFERENCE": "true"})
     with relay(daemon.grpc_port, REMOTE) as port, triton.InferenceServerClient(f"127.0.0.1:{port}") as remote:
         _refused(lambda: _infer(remote))
         _refused(lambda: remote.get_model_metadata("m"))

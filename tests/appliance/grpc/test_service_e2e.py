@@ -1,5 +1,5 @@
 """Every RPC of Triton's GRPCInferenceService through Triton's own gRPC client, against the daemon as users
-start it (real onnxruntime models), on either transport of the gRPC port."""
+start it (real onnxruntime models)."""
 
 from __future__ import annotations
 
@@ -31,9 +31,8 @@ def repository(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def daemon(module_daemon, repository, grpc_transport):
-    """Both transports of the gRPC port (the grpc_transport setting) answer every RPC alike."""
-    return module_daemon(repository, "--metrics-port", "0", env={"APPLIANCE_GRPC_TRANSPORT": grpc_transport})
+def daemon(module_daemon, repository):
+    return module_daemon(repository, "--metrics-port", "0")
 
 
 @pytest.fixture(scope="module")

@@ -34,8 +34,8 @@ def repository(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def daemon(module_daemon, repository, grpc_transport):
-    return module_daemon(repository, env={"APPLIANCE_GRPC_TRANSPORT": grpc_transport})
+def daemon(module_daemon, repository):
+    return module_daemon(repository)
 
 
 @pytest.fixture
@@ -150,12 +150,11 @@ def test_bad_registrations_and_uses(client, daemon, regions):
     assert client.is_server_live()
 
 
-def test_other_hosts_are_kept_out(start_daemon, repository, tmp_path, regions, grpc_transport):
+def test_other_hosts_are_kept_out(start_daemon, repository, tmp_path, regions):
     """client_shm = local: a client on another address (with the token) is refused, loopback is served."""
     state = tmp_path / "state"
     daemon = start_daemon(repository, state=state, env={"APPLIANCE_AUTH_EXEMPT_NETWORKS": "127.0.0.1/32",
-                                                        "APPLIANCE_SHM_LOCAL_NETWORKS": "127.0.0.1/32",
-                                                        "APPLIANCE_GRPC_TRANSPORT": grpc_transport})
+                                                        "APPLIANCE_SHM_LOCAL_NETWORKS": "127.0.0.1/32"})
     token = {"authorization": f"Bearer {(state / 'auth-token').read_text().strip()}"}
     key, handle = regions(2 * SIZE)
     _fill(handle)

@@ -38,14 +38,13 @@ def _held(daemon, *seconds: float) -> bool:
     return running + queued == len(seconds)
 
 
-def _start(start_daemon, sleepy_repository, grpc_transport):
+def _start(start_daemon, sleepy_repository):
     return start_daemon(sleepy_repository, env={"APPLIANCE_SHUTDOWN_TIMEOUT": str(SHUTDOWN_TIMEOUT),
-                                                "APPLIANCE_EXIT_TIMEOUT": str(EXIT_TIMEOUT),
-                                                "APPLIANCE_GRPC_TRANSPORT": grpc_transport})
+                                                "APPLIANCE_EXIT_TIMEOUT": str(EXIT_TIMEOUT)})
 
 
-def test_calls_in_progress_finish_and_new_calls_are_turned_away(start_daemon, sleepy_repository, grpc_transport):
-    daemon = _start(start_daemon, sleepy_repository, grpc_transport)
+def test_calls_in_progress_finish_and_new_calls_are_turned_away(start_daemon, sleepy_repository):
+    daemon = _start(start_daemon, sleepy_repository)
     outcome: dict[str, object] = {}
     with triton.InferenceServerClient(daemon.grpc_url) as client, \
             triton.InferenceServerClient(daemon.grpc_url) as streaming, \
@@ -90,8 +89,8 @@ def test_calls_in_progress_finish_and_new_calls_are_turned_away(start_daemon, sl
     assert took < SHUTDOWN_TIMEOUT  # nothing waited for the deadline
 
 
-def test_a_call_still_running_at_the_deadline_is_cut(start_daemon, sleepy_repository, grpc_transport):
-    daemon = _start(start_daemon, sleepy_repository, grpc_transport)
+def test_a_call_still_running_at_the_deadline_is_cut(start_daemon, sleepy_repository):
+    daemon = _start(start_daemon, sleepy_repository)
     children = child_pids(daemon.process.pid)
     outcome: list[object] = []
     with triton.InferenceServerClient(daemon.grpc_url) as client:

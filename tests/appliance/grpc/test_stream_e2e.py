@@ -24,10 +24,9 @@ def repository(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def daemon(module_daemon, repository, grpc_transport):
+def daemon(module_daemon, repository):
     return module_daemon(repository, "--model-control-mode", "explicit", "--load-model", "simple",
-                         "--load-model", "repeat", "--load-model", "endless",
-                         env={"APPLIANCE_GRPC_TRANSPORT": grpc_transport})
+                         "--load-model", "repeat", "--load-model", "endless")
 
 
 @pytest.fixture
@@ -143,9 +142,9 @@ def test_reserved_triton_parameters_are_checked(daemon):
     assert "parameter keys starting with 'triton_' are reserved for Triton usage" in errors[1]
 
 
-def test_cancelling_the_stream_cancels_the_requests_in_flight(client, repository, grpc_transport):
+def test_cancelling_the_stream_cancels_the_requests_in_flight(client, repository):
     marker = repository / "endless" / "cancelled.txt"
-    gone = f"gone-{grpc_transport}"  # each transport's daemon writes the same marker file
+    gone = "gone"
     answers: queue.Queue = queue.Queue()
     client.start_stream(callback=lambda result, error: answers.put((result, error)))
     client.async_stream_infer("endless", [_int32("IN", [1])], request_id=gone)

@@ -142,9 +142,9 @@ def test_http_requests_are_exported_as_tritons_spans(daemon, receiver, headers):
 
 
 @pytest.mark.parametrize("headers", [None, {"traceparent": TRACEPARENT}], ids=["root", "propagated"])
-def test_grpc_requests_are_exported_as_tritons_spans(daemon_on, grpc_transport, daemon, receiver, headers):
+def test_grpc_requests_are_exported_as_tritons_spans(daemon, receiver, headers):
     receiver.clear()
-    client = triton_grpc.InferenceServerClient(daemon_on(grpc_transport).grpc_url)
+    client = triton_grpc.InferenceServerClient(daemon.grpc_url)
     _infer(client, headers)
     _check(receiver.trace(bytes.fromhex(TRACEPARENT.split("-")[1]) if headers else None), ROOT_GRPC, headers)
 

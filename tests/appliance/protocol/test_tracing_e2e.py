@@ -58,8 +58,7 @@ def _read_traces(path: Path, count: int) -> list[dict]:
         raise AssertionError(f"{path} holds {len(traces)} traces, expected {count}") from None
 
 
-def test_traced_requests_are_written_with_ordered_timestamps(grpc_daemon):
-    daemon = grpc_daemon  # traced over both protocols, on each transport of its gRPC port
+def test_traced_requests_are_written_with_ordered_timestamps(daemon):
     with triton.InferenceServerClient(daemon.url) as client:
         _trace_over_http_and_grpc(daemon, client)
 

@@ -54,11 +54,9 @@ def _infer_http(url: str, model: str) -> float:
         return float(client.infer(model, [tensor]).as_numpy("y")[0, 0])
 
 
-def test_push_over_http_and_grpc_is_served_listed_and_kept_across_a_restart(start_daemon, repo, model_dir, tmp_path,
-                                                                             grpc_transport):
+def test_push_over_http_and_grpc_is_served_listed_and_kept_across_a_restart(start_daemon, repo, model_dir, tmp_path):
     state = tmp_path / "state"
-    daemon = start_daemon(repo, "--model-control-mode", "explicit", "--load-model", "*", state=state,
-                          env={"APPLIANCE_GRPC_TRANSPORT": grpc_transport})
+    daemon = start_daemon(repo, "--model-control-mode", "explicit", "--load-model", "*", state=state)
     config = json.dumps({"backend": "onnxruntime", "max_batch_size": 8})
     with triton_http.InferenceServerClient(daemon.url) as client:
         client.load_model("tripler", config=config, files={"file:1/model.onnx": _bytes(model_dir)})
@@ -103,11 +101,10 @@ def test_appliance_push_names_each_box_and_fails_for_a_box_that_refuses(start_da
     assert row["models_ready"] == 3 and row["models_total"] == 3 and row["version"] and row["error"] is None
 
 
-def test_hostile_pushes_are_refused_and_leave_nothing(start_daemon, repo, model_dir, tmp_path, grpc_transport):
+def test_hostile_pushes_are_refused_and_leave_nothing(start_daemon, repo, model_dir, tmp_path):
     state = tmp_path / "state"
     daemon = start_daemon(repo, "--push-max-file-bytes", "4096", state=state,
-                          env={"APPLIANCE_AUTH_EXEMPT_NETWORKS": "127.0.0.1/32",
-                               "APPLIANCE_GRPC_TRANSPORT": grpc_transport})
+                          env={"APPLIANCE_AUTH_EXEMPT_NETWORKS": "127.0.0.1/32"})
     token = (state / "auth-token").read_text().strip()
     config = '{"backend": "onnxruntime"}'
     onnx_b64 = base64.b64encode(_bytes(model_dir)).decode()

@@ -221,6 +221,8 @@ def test_cache_and_rate_limit_settings_are_validated(env, message):
 
 REMOVED = [  # (environment variable, the file's line, its table and line there, what the error says)
     ("APPLIANCE_WORKERS", "workers = 2", "[http]\nworkers = 2", "front-end workers were removed.*remove workers"),
+    ("APPLIANCE_GRPC_TRANSPORT", 'grpc_transport = "grpcio"', '[grpc]\ntransport = "appliance"',
+     "the grpcio gRPC server was removed.*own HTTP/2 transport serves gRPC: remove grpc_transport"),
 ]
 
 

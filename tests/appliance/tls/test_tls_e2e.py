@@ -1,5 +1,5 @@
-"""TLS on the HTTP and gRPC ports end to end, with Triton's flags: tritonclient over TLS (HTTP, and gRPC on
-both transports), mutual TLS, and what is refused (a plaintext request, a client certificate of another
+"""TLS on the HTTP and gRPC ports end to end, with Triton's flags: tritonclient over TLS (HTTP and gRPC),
+mutual TLS, and what is refused (a plaintext request, a client certificate of another
 CA or none, an expired server certificate, a key others can read). Certificates come from trustme."""
 
 from __future__ import annotations
@@ -64,15 +64,14 @@ def _ready(client, timeout: float = 60) -> None:
     wait_until(ready, timeout=timeout, what="the daemon to become ready over TLS", interval=0.1)
 
 
-def _start(start_daemon, repository, pki, *flags, transport="appliance", ready_with=None):
-    daemon = start_daemon(repository, *flags, env={"APPLIANCE_GRPC_TRANSPORT": transport}, wait_loaded=False)
+def _start(start_daemon, repository, pki, *flags, ready_with=None):
+    daemon = start_daemon(repository, *flags, wait_loaded=False)
     _ready(ready_with(daemon) if ready_with else _https(daemon, pki))
     return daemon
 
 
-def test_http_and_grpc_over_tls_with_tritonclient(start_daemon, repository, pki, grpc_transport):
-    daemon = _start(start_daemon, repository, pki, *pki.flags("http"), *pki.flags("grpc"),
-                    transport=grpc_transport)
+def test_http_and_grpc_over_tls_with_tritonclient(start_daemon, repository, pki):
+    daemon = _start(start_daemon, repository, pki, *pki.flags("http"), *pki.flags("grpc"))
     assert "serving KServe v2 on https://" in daemon.log() and "over gRPC (TLS)" in daemon.log()
     https = _https(daemon, pki)
     assert https.is_server_live()
@@ -91,9 +90,9 @@ def test_http_and_grpc_over_tls_with_tritonclient(start_daemon, repository, pki,
     _infer(grpcs)
 
 
-def test_mutual_tls_takes_only_clients_of_its_ca(start_daemon, repository, pki, grpc_transport, tmp_path):
+def test_mutual_tls_takes_only_clients_of_its_ca(start_daemon, repository, pki, tmp_path):
     daemon = _start(start_daemon, repository, pki, *pki.flags("http", mutual=True), *pki.flags("grpc", mutual=True),
-                    transport=grpc_transport, ready_with=lambda d: _https(d, pki, client_cert=True))
+                    ready_with=lambda d: _https(d, pki, client_cert=True))
     _infer(_https(daemon, pki, client_cert=True))
     _infer(_grpcs(daemon, pki, client_cert=True))
     stranger = Pki(tmp_path / "other")  # a client certificate of another CA

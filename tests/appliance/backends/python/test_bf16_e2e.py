@@ -137,8 +137,8 @@ def test_bf16_over_the_binary_http_protocol(client, model, factor):
 
 
 @pytest.mark.parametrize("model, factor", [("double", 2), ("quadruple", 4)])
-def test_bf16_over_grpc_raw_contents(grpc_daemon, model, factor):
-    with grpcclient.InferenceServerClient(grpc_daemon.grpc_url) as client:
+def test_bf16_over_grpc_raw_contents(daemon, model, factor):
+    with grpcclient.InferenceServerClient(daemon.grpc_url) as client:
         tensor = grpcclient.InferInput("INPUT0", list(VALUES.shape), "BF16")
         tensor.set_data_from_numpy(VALUES)
         result = client.infer(model, [tensor])

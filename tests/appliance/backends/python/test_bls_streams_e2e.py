@@ -192,9 +192,9 @@ def test_a_bls_stream_cancel_that_the_called_model_ignores_delivers_every_respon
     assert not cancelled and total == read == 20  # Triton keeps delivering: the cancel is a request
 
 
-def test_async_execute_serves_streamed_bls_requests_concurrently(grpc_daemon):
+def test_async_execute_serves_streamed_bls_requests_concurrently(daemon):
     answers: queue.Queue = queue.Queue()
-    with grpcclient.InferenceServerClient(grpc_daemon.grpc_url) as client:
+    with grpcclient.InferenceServerClient(daemon.grpc_url) as client:
         client.start_stream(callback=lambda result, error: answers.put((time.monotonic(), result, error)))
         try:
             tensor = grpcclient.InferInput("WAIT", [1], "FP32")

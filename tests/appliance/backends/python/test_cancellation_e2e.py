@@ -144,10 +144,10 @@ def test_an_http_client_that_disconnects_cancels_the_running_request(daemon, rep
     _serves_on(daemon)
 
 
-def test_a_cancelled_grpc_call_cancels_the_running_request(grpc_daemon, repository, grpc_transport):
+def test_a_cancelled_grpc_call_cancels_the_running_request(daemon, repository):
     answers: queue.Queue = queue.Queue()
-    request_id = f"grpc-{grpc_transport}"  # each transport's daemon notes in the same seen.txt
-    with grpcclient.InferenceServerClient(grpc_daemon.grpc_url) as client:
+    request_id = "grpc"
+    with grpcclient.InferenceServerClient(daemon.grpc_url) as client:
         call = client.async_infer("waits", [_grpc_input(1)], lambda result, error: answers.put((result, error)),
                                   request_id=request_id)
         _wait_for(repository, "waits", f"started {request_id}", 30)
@@ -156,17 +156,16 @@ def test_a_cancelled_grpc_call_cancels_the_running_request(grpc_daemon, reposito
         assert _wait_for(repository, "waits", f"cancelled {request_id}", SEEN_WITHIN) < SEEN_WITHIN
         _, error = answers.get(timeout=10)
     assert error is not None and error.status() == "StatusCode.CANCELLED"
-    _serves_on(grpc_daemon)
+    _serves_on(daemon)
 
 
 @pytest.mark.parametrize("model", ["waits", "waits_decoupled"])
-def test_a_stream_stopped_with_cancel_requests_cancels_its_running_request(grpc_daemon, repository, model,
-                                                                           grpc_transport):
-    request_id = f"stream-{model}-{grpc_transport}"
-    with grpcclient.InferenceServerClient(grpc_daemon.grpc_url) as client:
+def test_a_stream_stopped_with_cancel_requests_cancels_its_running_request(daemon, repository, model):
+    request_id = f"stream-{model}"
+    with grpcclient.InferenceServerClient(daemon.grpc_url) as client:
         client.start_stream(callback=lambda result, error: None)
         client.async_stream_infer(model, [_grpc_input(1)], request_id=request_id)
         _wait_for(repository, model, f"started {request_id}", 30)
         client.stop_stream(cancel_requests=True)
     assert _wait_for(repository, model, f"cancelled {request_id}", SEEN_WITHIN) < SEEN_WITHIN
-    _serves_on(grpc_daemon)
+    _serves_on(daemon)

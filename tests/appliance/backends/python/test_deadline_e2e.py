@@ -100,11 +100,10 @@ def daemon(module_daemon, repository):
     return module_daemon(repository, "--request-deadline", str(DEADLINE))
 
 
-def test_a_stream_without_a_final_flag_ends_deadline_exceeded_and_the_model_sees_it(grpc_daemon, repository,
-                                                                                     grpc_transport):
+def test_a_stream_without_a_final_flag_ends_deadline_exceeded_and_the_model_sees_it(daemon, repository):
     answers: queue.Queue = queue.Queue()
-    lost = f"lost-{grpc_transport}"  # each transport's daemon notes in the same seen.txt
-    with grpcclient.InferenceServerClient(grpc_daemon.grpc_url) as client:
+    lost = "lost"
+    with grpcclient.InferenceServerClient(daemon.grpc_url) as client:
         client.start_stream(callback=lambda result, error: answers.put((time.monotonic(), result, error)))
         try:
             tensor = grpcclient.InferInput("IN", [1], "INT32")

@@ -79,9 +79,9 @@ class _Stream:
         return by_id
 
 
-def test_token_streams_over_grpc_batch_step_by_step(grpc_daemon):
+def test_token_streams_over_grpc_batch_step_by_step(daemon):
     prompts = {"a": 6, "b": 2, "c": 4}
-    with _Stream(grpc_daemon.grpc_url) as stream:
+    with _Stream(daemon.grpc_url) as stream:
         for request_id, prompt in prompts.items():
             stream.send("tokens", prompt, request_id)
         by_id = stream.collect(len(prompts))
@@ -95,8 +95,8 @@ def test_token_streams_over_grpc_batch_step_by_step(grpc_daemon):
     assert max(batches) <= 4  # max_batch_size
 
 
-def test_a_new_stream_joins_the_batches_of_running_ones(grpc_daemon):
-    with _Stream(grpc_daemon.grpc_url) as stream:
+def test_a_new_stream_joins_the_batches_of_running_ones(daemon):
+    with _Stream(daemon.grpc_url) as stream:
         stream.send("tokens", 12, "long")
         first = stream.answers.get(timeout=30)  # the long one is under way
         assert first[1] is None
@@ -108,8 +108,8 @@ def test_a_new_stream_joins_the_batches_of_running_ones(grpc_daemon):
     assert [int(r.as_numpy("TOKEN")[0, 0]) for r in by_id["long"]][-1] == 12
 
 
-def test_a_client_sequence_id_is_honoured_and_ends_with_its_request(grpc_daemon):
-    with _Stream(grpc_daemon.grpc_url) as stream:
+def test_a_client_sequence_id_is_honoured_and_ends_with_its_request(daemon):
+    with _Stream(daemon.grpc_url) as stream:
         stream.send("tokens", 2, "x", sequence_id=77, sequence_start=True)
         assert [int(r.as_numpy("TOKEN")[0, 0]) for r in stream.collect(1)["x"]] == [1, 2]
         stream.send("tokens", 2, "y", sequence_id=77)
@@ -118,16 +118,16 @@ def test_a_client_sequence_id_is_honoured_and_ends_with_its_request(grpc_daemon)
             stream.collect(1)
 
 
-def test_a_rescheduled_request_is_answered_on_its_second_run(grpc_daemon):
+def test_a_rescheduled_request_is_answered_on_its_second_run(daemon):
     a, b = np.random.randn(16).astype(np.float32), np.random.randn(16).astype(np.float32)
-    with grpcclient.InferenceServerClient(grpc_daemon.grpc_url) as client:
+    with grpcclient.InferenceServerClient(daemon.grpc_url) as client:
         inputs = [grpcclient.InferInput("A", [16], "FP32"), grpcclient.InferInput("B", [16], "FP32")]
         inputs[0].set_data_from_numpy(a)
         inputs[1].set_data_from_numpy(b)
         result = client.infer("second_try", inputs)
     np.testing.assert_array_equal(result.as_numpy("SUM"), a + b)
     np.testing.assert_array_equal(result.as_numpy("DIFF"), a - b)
-    stats = httpclient.InferenceServerClient(grpc_daemon.url).get_inference_statistics("second_try")
+    stats = httpclient.InferenceServerClient(daemon.url).get_inference_statistics("second_try")
     counts = stats["model_stats"][0]
     assert counts["execution_count"] >= 2 * counts["inference_stats"]["success"]["count"]
 

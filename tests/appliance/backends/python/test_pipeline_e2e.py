@@ -35,8 +35,8 @@ def repository(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def grpc_client(grpc_daemon):
-    with grpcclient.InferenceServerClient(grpc_daemon.grpc_url) as client:
+def grpc_client(daemon):
+    with grpcclient.InferenceServerClient(daemon.grpc_url) as client:
         yield client
 
 

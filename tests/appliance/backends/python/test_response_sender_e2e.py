@@ -36,9 +36,9 @@ def _inputs(module, mode: str, x: list[int]):
     return tensors
 
 
-def test_answers_sent_during_execute_over_http_and_grpc(client, grpc_daemon):
+def test_answers_sent_during_execute_over_http_and_grpc(client, daemon):
     assert client.infer("sender", _inputs(httpclient, "before", [1, 2])).as_numpy("Y").tolist() == [[12, 22]]
-    with grpcclient.InferenceServerClient(grpc_daemon.grpc_url) as grpc:
+    with grpcclient.InferenceServerClient(daemon.grpc_url) as grpc:
         result = grpc.infer("sender", _inputs(grpcclient, "then_final", [3, 4]))
     assert result.as_numpy("Y").tolist() == [[33, 43]]
 

@@ -99,10 +99,10 @@ def _stream(port: int, model: str, output: str, name: str, frames: np.ndarray) -
 
 @pytest.mark.parametrize("model, output", [("vad_onnx", "prob"), ("vad_openvino", "prob"),
                                            ("vad_torchscript", "OUTPUT__0"), ("vad_export", "OUTPUT__0")])
-def test_concurrent_streams_carry_their_state_on_every_runtime(grpc_daemon, model, output):
+def test_concurrent_streams_carry_their_state_on_every_runtime(daemon, model, output):
     rng = np.random.default_rng(11)
     streams = {f"{model}-{i}": rng.standard_normal((STEPS, FRAME)).astype(np.float32) for i in range(STREAMS)}
-    port = grpc_daemon.grpc_port
+    port = daemon.grpc_port
     with ThreadPoolExecutor(STREAMS) as pool:
         got = dict(zip(streams, pool.map(lambda n: _stream(port, model, output, n, streams[n]), streams)))
     for name, frames in streams.items():

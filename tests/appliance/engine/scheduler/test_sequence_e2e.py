@@ -42,7 +42,7 @@ ACCUMULATORS = {
     "acc_oldest_int": ("oldest { max_candidate_sequences: 8 preferred_batch_size: [ 2, 4 ] }", "INT32", "INT32", 2),
 }
 VADS = {"vad_direct": "direct { }", "vad_oldest": "oldest { max_candidate_sequences: 16 }"}
-PROTOCOLS = ["http", "grpc-appliance", "grpc-grpcio"]  # HTTP and each transport of the gRPC port
+PROTOCOLS = ["http", "grpc"]
 
 
 @pytest.fixture(scope="module")
@@ -76,10 +76,10 @@ def send_alone(daemon, kind: str, model: str, corrid, values: list[int]) -> list
 
 
 @pytest.fixture(scope="module")
-def clients(grpc_daemon):
-    """An HTTP and a gRPC client of one daemon, on each transport of its gRPC port."""
-    http = httpclient.InferenceServerClient(f"127.0.0.1:{grpc_daemon.port}")
-    grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_daemon.grpc_port}")
+def clients(daemon):
+    """An HTTP and a gRPC client of one daemon."""
+    http = httpclient.InferenceServerClient(f"127.0.0.1:{daemon.port}")
+    grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{daemon.grpc_port}")
     yield http, grpc
     http.close()
     grpc.close()
@@ -130,13 +130,13 @@ def test_control_and_state_tensors_are_not_client_inputs(client):
 
 
 @pytest.mark.parametrize("model", sorted(ACCUMULATORS))
-def test_interleaved_concurrent_sequences_equal_each_run_alone(grpc_daemon, repository, model):
+def test_interleaved_concurrent_sequences_equal_each_run_alone(daemon, repository, model):
     strategy, control, corrid, _ = ACCUMULATORS[model]
     rng = np.random.default_rng(1)
     ids = [f"s-{i}" if corrid == "BYTES" else 1000 + i for i in range(12)]
     values = {c: rng.integers(-100, 100, int(rng.integers(2, 9))).tolist() for c in ids}
     with ThreadPoolExecutor(12) as pool:
-        got = list(pool.map(lambda i: send_alone(grpc_daemon, "grpc" if i % 2 else "http", model, ids[i],
+        got = list(pool.map(lambda i: send_alone(daemon, "grpc" if i % 2 else "http", model, ids[i],
                                                  values[ids[i]]), range(len(ids))))
     path = repository / model / "1" / "model.onnx"
     assert [list(map(int, g)) for g in got] == [accumulate_in_process(path, control, values[c]) for c in ids]
@@ -161,9 +161,8 @@ def _error(client, model: str, value: int = 1, **kwargs) -> str:
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_protocol_errors_have_tritons_words(daemon_on, protocol):
-    kind, _, transport = protocol.partition("-")
-    client = own_client(daemon_on(transport or "appliance"), kind)
+def test_protocol_errors_have_tritons_words(daemon, protocol):
+    client = own_client(daemon, protocol)
     try:
         _refuse_as_triton(client)
     finally:
@@ -255,10 +254,10 @@ def test_concurrent_streams_over_grpc_streaming_keep_their_order(clients, reposi
     assert {c: [got[c][s] for s in range(10)] for c in values} == {c: np.cumsum(v).tolist() for c, v in values.items()}
 
 
-def test_a_python_model_keeps_state_per_batch_slot(grpc_daemon):
+def test_a_python_model_keeps_state_per_batch_slot(daemon):
     values = {c: list(range(c, c + 6)) for c in (1, 2, 3)}
     with ThreadPoolExecutor(3) as pool:
-        got = list(pool.map(lambda c: send_alone(grpc_daemon, "grpc" if c % 2 else "http", "py_accumulator", c,
+        got = list(pool.map(lambda c: send_alone(daemon, "grpc" if c % 2 else "http", "py_accumulator", c,
                                                  values[c]), values))
     assert [list(map(int, g)) for g in got] == [np.cumsum(v).tolist() for v in values.values()]
 
@@ -272,7 +271,7 @@ def test_equivalents_of_tritons_examples_answer_as_its_clients_expect(clients):
     assert send(http, "simple_string_dyna_sequence", "1002", [20, -11, -7]) == [20, 9, 1004]
 
 
-def test_statistics_and_metrics_count_sequences(grpc_daemon, clients):
+def test_statistics_and_metrics_count_sequences(daemon, clients):
     http, grpc = clients
     before = http.get_inference_statistics("acc_oldest_int")["model_stats"][0]["sequence_stats"]
     send(http, "acc_oldest_int", 424242, [1, 1, 1])
@@ -281,7 +280,7 @@ def test_statistics_and_metrics_count_sequences(grpc_daemon, clients):
     assert after["sequence_stats"]["ended"] == before["ended"] + 1
     # gRPC clients parse Triton's message: the appliance's extra member is left out, nothing breaks.
     assert grpc.get_inference_statistics("acc_oldest_int").model_stats[0].inference_count == after["inference_count"]
-    with urllib.request.urlopen(f"{grpc_daemon.base}/metrics", timeout=30) as response:
+    with urllib.request.urlopen(f"{daemon.base}/metrics", timeout=30) as response:
         text = response.read().decode()
     line = 'appliance_sequence_count{event="ended",model="acc_oldest_int",version="1"}'
     assert any(row.startswith(line) and float(row.split()[-1]) >= 1 for row in text.splitlines())

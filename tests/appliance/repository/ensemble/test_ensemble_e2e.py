@@ -18,7 +18,7 @@ from tests.appliance.repository.ensemble.repos import diamond_repository
 from tests.http_util import call
 
 ENSEMBLE = "preprocess_inception_ensemble"
-PROTOCOLS = ["http", "grpc-appliance", "grpc-grpcio"]  # HTTP and each transport of the gRPC port
+PROTOCOLS = ["http", "grpc"]
 
 
 @pytest.fixture(scope="module")
@@ -40,14 +40,14 @@ def _pixels(path) -> np.ndarray:
     return np.asarray(image, dtype=np.float32).transpose(2, 0, 1) / 255.0
 
 
-def _client(daemon_on, protocol: str):
-    """(tritonclient module, its client) for ``protocol``: http, or grpc-<transport of the gRPC port>."""
+def _client(daemon, protocol: str):
+    """(tritonclient module, its client) for ``protocol``: http or grpc."""
     if protocol == "http":
-        return httpclient, httpclient.InferenceServerClient(daemon_on("appliance").url)
-    return grpcclient, grpcclient.InferenceServerClient(daemon_on(protocol.removeprefix("grpc-")).grpc_url)
+        return httpclient, httpclient.InferenceServerClient(daemon.url)
+    return grpcclient, grpcclient.InferenceServerClient(daemon.grpc_url)
 
 
-def test_the_ensemble_is_described_like_any_model(daemon, grpc_daemon):
+def test_the_ensemble_is_described_like_any_model(daemon):
     http = httpclient.InferenceServerClient(daemon.url)
     assert http.is_server_ready() and http.is_model_ready(ENSEMBLE)
     metadata = http.get_model_metadata(ENSEMBLE)
@@ -56,7 +56,7 @@ def test_the_ensemble_is_described_like_any_model(daemon, grpc_daemon):
     config = http.get_model_config(ENSEMBLE)
     assert config["platform"] == "ensemble" and config["max_batch_size"] == 8
     assert [s["model_name"] for s in config["ensemble_scheduling"]["step"]] == ["image_preprocess", "classifier"]
-    grpc = grpcclient.InferenceServerClient(grpc_daemon.grpc_url)
+    grpc = grpcclient.InferenceServerClient(daemon.grpc_url)
     assert grpc.get_model_config(ENSEMBLE).config.platform == "ensemble"
     index = {row["name"]: row for row in http.get_model_repository_index()}
     assert index[ENSEMBLE]["state"] == "READY"
@@ -65,9 +65,9 @@ def test_the_ensemble_is_described_like_any_model(daemon, grpc_daemon):
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_images_are_classified_through_the_pipeline_as_the_classifier_alone_would(daemon_on, images, protocol):
+def test_images_are_classified_through_the_pipeline_as_the_classifier_alone_would(daemon, images, protocol):
     paths, batch = images
-    module, client = _client(daemon_on, protocol)
+    module, client = _client(daemon, protocol)
     pixels = np.stack([_pixels(p) for p in paths])
     direct_in = module.InferInput("image", list(pixels.shape), "FP32")
     direct_in.set_data_from_numpy(pixels)
@@ -88,8 +88,8 @@ def test_images_are_classified_through_the_pipeline_as_the_classifier_alone_woul
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_a_failing_step_fails_the_request_with_the_step_message(daemon_on, protocol):
-    module, client = _client(daemon_on, protocol)
+def test_a_failing_step_fails_the_request_with_the_step_message(daemon, protocol):
+    module, client = _client(daemon, protocol)
     raw = module.InferInput("INPUT", [1, 1], "BYTES")
     raw.set_data_from_numpy(np.array([[b"not an image"]], dtype=bytes))
     with pytest.raises(InferenceServerException) as failed:
@@ -125,8 +125,7 @@ def test_statistics_count_the_ensemble_and_each_composing_model(daemon, images):
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_explicit_mode_loads_the_composing_models_and_unload_dependents_unloads_them(start_daemon, tmp_path,
                                                                                       protocol):
-    transport = {} if protocol == "http" else {"APPLIANCE_GRPC_TRANSPORT": protocol.removeprefix("grpc-")}
-    daemon = start_daemon(diamond_repository(tmp_path / "repo"), "--model-control-mode", "explicit", env=transport)
+    daemon = start_daemon(diamond_repository(tmp_path / "repo"), "--model-control-mode", "explicit")
     client = httpclient.InferenceServerClient(daemon.url) if protocol == "http" else \
         grpcclient.InferenceServerClient(daemon.grpc_url)
     assert not client.is_model_ready("double")

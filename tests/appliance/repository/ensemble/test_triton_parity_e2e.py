@@ -43,21 +43,11 @@ def daemon(module_daemon, repository):
     return module_daemon(repository, *args)
 
 
-def _servers(triton, appliance) -> list[tuple[str, str, str]]:
-    return [("triton", triton.base, triton.grpc_url),
-            ("appliance", f"http://127.0.0.1:{appliance.port}", appliance.grpc_url)]
-
-
 @pytest.fixture(scope="module")
-def servers(triton, daemon):
+def servers(triton, daemon) -> list[tuple[str, str, str]]:
     """(name, HTTP base, gRPC address) of both."""
-    return _servers(triton, daemon)
-
-
-@pytest.fixture(scope="module")
-def grpc_servers(triton, grpc_daemon):
-    """The same, the appliance on each transport of its gRPC port."""
-    return _servers(triton, grpc_daemon)
+    return [("triton", triton.base, triton.grpc_url),
+            ("appliance", f"http://127.0.0.1:{daemon.port}", daemon.grpc_url)]
 
 
 def _stream(grpc_url: str, model: str, values: list[int], outputs: tuple[str, ...] = (), **options) -> list:
@@ -102,23 +92,23 @@ def _answers(messages: list) -> list:
     ("rsq", [1, 2], {"sequence_id": 7, "sequence_start": True}),
     ("rsq", [2, 1], {"outputs": ("IDX",)}),
 ])
-def test_streamed_answers_match_triton(grpc_servers, model, values, options):
-    answers = _both(grpc_servers, lambda http, grpc: _stream(grpc, model, values, **options))
+def test_streamed_answers_match_triton(servers, model, values, options):
+    answers = _both(servers, lambda http, grpc: _stream(grpc, model, values, **options))
     assert _answers(answers["appliance"]) == _answers(answers["triton"])
     for messages in answers.values():
         assert [parameters["triton_final_response"] for _, parameters in messages].count(True) == 1
 
 
-def test_answers_of_one_request_are_the_same_set_and_errors_the_same_words(grpc_servers):
+def test_answers_of_one_request_are_the_same_set_and_errors_the_same_words(servers):
     # slow_square runs on two instances and squares 1 before 3. Triton answers as the squares come and pairs
     # the n-th IDX with the n-th square to arrive (IDX 0 with SQ 1); the appliance answers in IN's order,
     # each IDX with its own element's square (docs/differences-from-triton.md)
-    answers = _both(grpc_servers, lambda http, grpc: _stream(grpc, "rsq", [3, 1, 2]))
+    answers = _both(servers, lambda http, grpc: _stream(grpc, "rsq", [3, 1, 2]))
     for name in ("SQ", "IDX"):
         assert sorted(o[name][0] for o, _ in _answers(answers["appliance"])) == sorted(
             o[name][0] for o, _ in _answers(answers["triton"]))
     assert [(o["IDX"], o["SQ"]) for o, _ in _answers(answers["appliance"])] == [([0], [9]), ([1], [1]), ([2], [4])]
-    errors = _both(grpc_servers, lambda http, grpc: _stream(grpc, "rsq", [4, -1, 5])[-1])
+    errors = _both(servers, lambda http, grpc: _stream(grpc, "rsq", [4, -1, 5])[-1])
     assert errors["appliance"] == errors["triton"] == ("error", "in ensemble 'rsq', negative value at 1")
 
 
