@@ -13,7 +13,8 @@ from types import ModuleType
 
 from appliance import __version__
 from appliance.commands import serve
-from appliance.core.errors import ApplianceError
+from appliance.core.errors import ApplianceError, ConfigError
+from appliance.protocol.log_settings import formatter
 from appliance.runtime import log_limit
 from appliance.settings import Settings, load_settings
 
@@ -77,13 +78,17 @@ def usage_summary(width: int = 100) -> str:
 
 
 def _setup_logging(settings: Settings) -> None:
-    logging.basicConfig(
-        level=settings.server.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    for handler in logging.getLogger().handlers:
-        log_limit.install(handler)  # a flood of one message (asyncio's accept errors...) stays a trickle
+    server = settings.server
+    try:  # Triton's --log-file: the log goes to the file instead of standard error
+        handler: logging.Handler = (logging.FileHandler(server.log_file) if server.log_file
+                                    else logging.StreamHandler(sys.stderr))
+    except OSError as exc:
+        raise ConfigError(f"log_file: cannot open {server.log_file} ({exc.strerror}); name a file the daemon "
+                          "may write, or leave it out to log to standard error") from None
+    handler.setFormatter(formatter(server.log_format))
+    logging.basicConfig(level=server.log_level.upper(), handlers=[handler])
+    for each in logging.getLogger().handlers:
+        log_limit.install(each)  # a flood of one message (asyncio's accept errors...) stays a trickle
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "serve":
             flags.update(serve.trace_settings(flags))
+            flags.update(serve.triton_settings(flags))
         settings = load_settings(flags, os.environ, args.config)
         _setup_logging(settings)
         status = _command(args.command).run(args, settings)

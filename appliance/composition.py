@@ -61,6 +61,7 @@ from appliance.selection.selector import Hardware, SelectionSettings, open_cache
 from appliance.settings import Settings, sections
 from appliance.tls.context import ServerTls
 from hardware_probe import ProbeReport
+from model_cache.environments import UnpackLimits
 
 __all__ = ["Appliance", "compose", "make_selector", "resolve_repository", "runtime_options", "server_wide",
            "split_connections"]
@@ -167,11 +168,12 @@ def _stream_limits(limits: sections.LimitsSection) -> StreamLimits:
                         deadline=limits.request_deadline)
 
 
-def _rules(models: sections.ModelsSection, limits: sections.LimitsSection, fleet: sections.FleetSection) -> Rules:
+def _rules(models: sections.ModelsSection, limits: sections.LimitsSection, fleet: sections.FleetSection,
+           server_id: str = "triton") -> Rules:
     host = socket.gethostname()
     return Rules(control_mode=models.control_mode, strict_readiness=models.strict_readiness,
                  decode=DecodeLimits(limits.max_tensor_elements, limits.max_inputs), streams=_stream_limits(limits),
-                 box_name=fleet.box_name(host), host=host)
+                 box_name=fleet.box_name(host), host=host, server_id=server_id)
 
 
 @dataclasses.dataclass(eq=False)
@@ -295,7 +297,9 @@ async def _compose(settings: Settings, lifecycle: Lifecycle, connections: int) -
         drain_timeout=server.shutdown_timeout,
         on_event=metrics.event if metrics is not None else None,
         services=BackendServices(metrics=custom_metrics, processes=children,
-                                 environments=server.cache_dir / "environments"),
+                                 environments=server.cache_dir / "environments",
+                                 environment_limits=UnpackLimits(settings.models.environment_max_unpacked_bytes,
+                                                                 settings.models.environment_max_members)),
         control_mode=settings.models.control_mode,
         overlay=pushed.model_dirs if pushed is not None else None,
         pushes=pushes,
@@ -309,14 +313,16 @@ async def _compose(settings: Settings, lifecycle: Lifecycle, connections: int) -
     registries.append(registry)
     lifecycle.on_close("the models", lambda: _close_models(registry))
     traces, tracer = _start_tracing(settings, state, lifecycle)
-    logs = LogSettings(logging.getLogger(), LogValues.from_level(server.log_level))
+    logs = LogSettings(logging.getLogger(),
+                       dataclasses.replace(LogValues.from_level(server.log_level), log_format=server.log_format),
+                       server.log_file or "")
     lifecycle.on_close("the log settings", lambda: _call(logs.restore))
     limits = settings.limits
     admission = Admission(AccessPolicy(token, parse_networks(settings.auth.exempt_networks),
                                        settings.auth.protect_inference, FleetVerifier(token, own_id)),
                           limits.max_concurrent_requests)
-    dataplane = DataPlane(registry, _rules(settings.models, limits, settings.fleet), admission=admission,
-                          budget=budget, shared_memory=shared_memory,
+    dataplane = DataPlane(registry, _rules(settings.models, limits, settings.fleet, server.server_id),
+                          admission=admission, budget=budget, shared_memory=shared_memory,
                           tracer=tracer, traces=traces, logs=logs, pushes=pushes, state=state, hardware=hardware)
     http_connections, grpc_connections = split_connections(settings.http, settings.grpc, connections)
     appliance = Appliance(

@@ -56,7 +56,8 @@ def start_appliance(repo: Path, state: Path, *args: str, tree: Path | None = Non
         environment["PYTHONPATH"] = str(tree.resolve())
     with open(log, "w") as out:
         process = subprocess.Popen(
-            [*prefix, sys.executable, "-m", "appliance", "serve", "--host", "127.0.0.1", "--http-port", "0",
+            [*prefix, sys.executable, "-m", "appliance", "serve", "--no-metrics-port",
+             "--host", "127.0.0.1", "--http-port", "0",
              "--grpc-port", "0", "--no-mdns", "--state-dir", str(state), "--model-repository", str(repo), *args],
             stdout=out, stderr=subprocess.STDOUT, env=environment, cwd=None if tree is None else tree.resolve(),
         )

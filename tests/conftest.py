@@ -110,7 +110,8 @@ def _daemon_factory(tmp_path_factory) -> Iterator:
         state = state or tmp_path_factory.mktemp("state")
         state.mkdir(parents=True, exist_ok=True)
         log_path = state / f"daemon-{len(started)}.log"
-        command = [*prefix, sys.executable, "-m", "appliance", "serve", "--host", "127.0.0.1", "--http-port", "0",
+        command = [*prefix, sys.executable, "-m", "appliance", "serve", "--no-metrics-port",
+                   "--host", "127.0.0.1", "--http-port", "0",
                    "--grpc-port", "0", "--state-dir", str(state), "--no-mdns", *args]
         if not selection:
             command.append("--no-selection")

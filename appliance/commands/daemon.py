@@ -66,7 +66,7 @@ async def _start_announcer(appliance: Appliance, port: int, grpc_port: int | Non
     announcer = Announcer(
         fleet.box_name(socket.gethostname()),
         port,
-        appliance.settings.server.host,
+        appliance.settings.http.address or appliance.settings.server.host,  # where the HTTP port listens
         fleet.mdns_interfaces,
         own_id,
         accelerators,
@@ -117,6 +117,9 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             loop.add_signal_handler(sig, stop.set)
         loop.add_signal_handler(signal.SIGHUP, lambda: spawn(_reload(appliance, notifier)))
     header_timeout, host = settings.http.header_timeout, server_section.host
+    # Triton's --http-address, --grpc-address and --metrics-address; the metrics port follows HTTP's.
+    http_host, grpc_host = settings.http.address or host, settings.grpc.address or host
+    metrics_host = settings.metrics.address or http_host
     http_tls = appliance.rest.tls.context() if appliance.rest.tls is not None else None
     limiter = http_connection_limiter(appliance.http_connections)
     own_id = appliance.box_id
@@ -129,21 +132,21 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     announcer: Announcer | None = None
     deadline: float | None = None
     try:
-        await server.start(host, settings.http.port)
+        await server.start(http_host, settings.http.port)
         for address in server.addresses:
             log.info("appliance %s serving KServe v2 on %s://%s:%d (state dir %s)", __version__,
                      "https" if http_tls else "http", _host(address[0]), address[1], server_section.state_dir)
         if appliance.grpc is not None:
             grpc_server = Http2Server.over(appliance.dataplane, appliance.grpc)
-            grpc_port = await grpc_server.start(host, settings.grpc.port)
-            log.info("serving KServe v2 over gRPC%s on %s:%d", " (TLS)" if appliance.grpc.tls else "", _host(host),
-                     grpc_port)
+            grpc_port = await grpc_server.start(grpc_host, settings.grpc.port)
+            log.info("serving KServe v2 over gRPC%s on %s:%d", " (TLS)" if appliance.grpc.tls else "",
+                     _host(grpc_host), grpc_port)
         if state.degraded:
             log.warning("%s", state.summary())
         if settings.metrics.port is not None and appliance.metrics is not None:
             metrics_server = HttpServer(build_metrics_app(appliance.dataplane, appliance.rest, appliance.metrics),
                                         limiter, header_timeout, tls=http_tls)
-            await metrics_server.start(host, settings.metrics.port, "--metrics-port")
+            await metrics_server.start(metrics_host, settings.metrics.port, "--metrics-port")
             for address in metrics_server.addresses:
                 log.info("serving Prometheus metrics on %s://%s:%d/metrics", "https" if http_tls else "http",
                          _host(address[0]), address[1])

@@ -7,23 +7,33 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from appliance.commands import triton_flags
 from appliance.settings import Settings
 from appliance.settings.trace_flags import TRACE_SPELLINGS, trace_flags
 
-__all__ = ["add_parser", "run", "serve_flags", "trace_settings"]
+__all__ = ["add_parser", "run", "serve_flags", "trace_settings", "triton_settings"]
 
 
-def _boolean(text: str) -> bool:
-    """Triton's boolean flag values (``--grpc-use-ssl=true``)."""
-    value = text.strip().lower()
-    if value not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
-        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
-    return value in ("true", "1", "yes", "on")
+_boolean = triton_flags.boolean  # Triton's boolean flag values (``--grpc-use-ssl=true``)
+
+
+class _OneRepository(argparse.Action):
+    """--model-repository (and Triton's --model-store): Triton takes several repositories, the appliance
+    serves one; the same one named twice is fine."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        given = getattr(namespace, self.dest, None)
+        if given is not None and given != values:
+            raise argparse.ArgumentError(self, f"the appliance serves one model repository, given {given} and "
+                                               f"{values}: merge them into one directory")
+        setattr(namespace, self.dest, values)
 
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("serve", help="serve a Triton-layout model repository over KServe v2 (HTTP and gRPC)")
-    p.add_argument("--model-repository", type=Path, help="model repository (default: the built-in example)")
+    p.add_argument("--model-repository", "--model-store", type=Path, action=_OneRepository,
+                   help="model repository (default: the built-in example)")
     p.add_argument("--host", help="address to bind (default 0.0.0.0)")
     p.add_argument("--http-port", type=int, help="HTTP port (default 8000; 0 picks a free one)")
     p.add_argument("--grpc-port", type=int, help="gRPC port (default 8001; 0 picks a free one)")
@@ -45,10 +55,16 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--mdns-interface", dest="mdns_interfaces", action="append", metavar="ADDR",
                    help="announce only on the interface with this IPv4 address (repeatable)")
     p.add_argument("--max-request-bytes", type=int, help="largest request body accepted (HTTP 413 above)")
-    p.add_argument("--strict-readiness", dest="strict_readiness", action=argparse.BooleanOptionalAction,
-                   default=None, help="ready only when every model is ready (default on, as Triton)")
+    p.add_argument("--strict-readiness", dest="strict_readiness", nargs="?", const=True, type=_boolean,
+                   metavar="BOOL", help="ready only when every model is ready (default "
+                   f"{str(triton_flags.default('strict_readiness')).lower()}, as Triton)")
+    p.add_argument("--no-strict-readiness", dest="strict_readiness", action="store_const", const=False,
+                   help="ready while some models are not (as --strict-readiness=false)")
     p.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR")
-    p.add_argument("--metrics-port", type=int, help="also serve /metrics alone on this port (Triton's 8002)")
+    p.add_argument("--metrics-port", type=int, help="also serve /metrics alone on this port (default "
+                   f"{triton_flags.default('metrics_port')}, as Triton; 0 picks a free one)")
+    p.add_argument("--no-metrics-port", dest="metrics_port", action="store_const", const="",
+                   help="no port of its own for /metrics (still on the HTTP port)")
     p.add_argument("--no-metrics", dest="metrics", action="store_const", const=False,
                    help="keep no history and serve no /metrics")
     p.add_argument("--model-control-mode", choices=["none", "poll", "explicit"],
@@ -86,6 +102,7 @@ def add_parser(sub: Any) -> None:
                        ("--trace-log-frequency", int)):
         p.add_argument(flag, dest=flag[2:].replace("-", "_"), type=kind, help=argparse.SUPPRESS)
     p.add_argument("--trace-level", dest="trace_levels", action="append", default=[], help=argparse.SUPPRESS)
+    triton_flags.add_arguments(p)  # the rest of tritonserver's command line
 
 
 def serve_flags() -> dict[str, tuple[str, ...]]:
@@ -93,11 +110,17 @@ def serve_flags() -> dict[str, tuple[str, ...]]:
     sub = argparse.ArgumentParser().add_subparsers()
     add_parser(sub)
     (serve,) = sub.choices.values()
-    flags = {action.dest: tuple(action.option_strings) for action in serve._actions if action.option_strings}
+    flags: dict[str, tuple[str, ...]] = {}
+    for action in serve._actions:
+        if action.option_strings and not action.dest.startswith("triton_"):
+            flags[action.dest] = flags.get(action.dest, ()) + tuple(action.option_strings)
     for name in ("help", "trace_config", "trace_file", "trace_levels", "trace_rate", "trace_count",
                  "trace_log_frequency"):
         flags.pop(name, None)
     flags.update({setting: (spelling,) for setting, spelling in TRACE_SPELLINGS.items()})
+    for row in triton_flags.FLAGS:  # Triton's flags that set a setting as they are (--id, --http-address...)
+        if row.sets is not None:
+            flags[row.sets] = flags.get(row.sets, ()) + (row.flag,)
     return flags
 
 
@@ -107,7 +130,10 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     from appliance.runtime import event_loop
 
     name = event_loop.loop_name(settings.server.event_loop)
-    logging.getLogger("appliance").info("event loop: %s", name)
+    log = logging.getLogger("appliance")
+    for notice in triton_flags.read(vars(args)).notices:  # once each: Triton's flags that do less here
+        log.info("%s", notice)
+    log.info("event loop: %s", name)
     event_loop.run(serve(settings), settings.server.event_loop)
     return 0
 
@@ -117,3 +143,9 @@ def trace_settings(flags: dict[str, Any]) -> dict[str, object]:
     return trace_flags(flags.pop("trace_config"), file=flags.pop("trace_file"), levels=flags.pop("trace_levels"),
                        rate=flags.pop("trace_rate"), count=flags.pop("trace_count"),
                        log_frequency=flags.pop("trace_log_frequency"))
+
+
+def triton_settings(flags: dict[str, Any]) -> dict[str, object]:
+    """tritonserver's flags that ``appliance serve`` has not of its own (appliance.commands.triton_flags) as
+    settings; ConfigError for a refused one."""
+    return triton_flags.read(flags).settings

@@ -84,6 +84,8 @@ class Rules:
     """The name this box goes by (the fleet name, else the host's), shown in /v2/health."""
     host: str = ""
     """The host's name, shown in /v2/health."""
+    server_id: str = SERVER_NAME
+    """The server's name in server metadata (the server_id setting, Triton's --id)."""
 
 
 class DataPlane:
@@ -178,7 +180,7 @@ class DataPlane:
 
     def server_metadata(self) -> ServerMetadata:
         served = set(self._shared_memory.extensions()) if self._shared_memory is not None else set()
-        return ServerMetadata(SERVER_NAME, __version__,
+        return ServerMetadata(self._rules.server_id, __version__,
                               tuple(name for name in EXTENSIONS if name not in _SHARED_MEMORY or name in served))
 
     def model_ready(self, name: str, version: str | None = None) -> bool:

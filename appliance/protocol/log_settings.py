@@ -17,7 +17,7 @@ from collections.abc import Mapping
 
 from appliance.core.errors import InvalidInput, NotSupported
 
-__all__ = ["FORMATS", "LogSettings", "LogValues"]
+__all__ = ["FORMATS", "LogSettings", "LogValues", "formatter"]
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +29,8 @@ class _UtcFormatter(logging.Formatter):
         return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z"
 
 
-def _formatter(name: str) -> logging.Formatter:
+def formatter(name: str) -> logging.Formatter:
+    """The log line in Triton's format ``name`` (one of FORMATS; the CLI starts logging with it)."""
     return _UtcFormatter(_LINE) if name == "ISO8601" else logging.Formatter(_LINE)
 
 
@@ -134,7 +135,7 @@ class LogSettings:
         self._logger.setLevel(self.values.lowest_level())
         if format_changed:
             for handler in self._logger.handlers:
-                handler.setFormatter(_formatter(self.values.log_format))
+                handler.setFormatter(formatter(self.values.log_format))
 
     def restore(self) -> None:
         """Logging as it was before the first update."""

@@ -74,6 +74,13 @@ class ServerSection:
     """DEBUG, INFO, WARNING or ERROR, in any case (VERBOSE, Triton's word for its detailed log, is DEBUG)."""
     event_loop: str = "auto"
     """auto (uvloop when installed, else asyncio's), uvloop or asyncio."""
+    server_id: str = "triton"
+    """The server's name in server metadata (GET /v2 "name"; Triton's --id). Triton's own clients check
+    for "triton"."""
+    log_format: str = "default"
+    """Triton's --log-format: default (local time) or ISO8601 (UTC) time stamps in the log."""
+    log_file: str | None = None
+    """Triton's --log-file: append the log to this file instead of standard error (the journal)."""
     shutdown_timeout: float = 10.0
     """Seconds a stopping daemon waits for in-flight requests: one deadline for the whole stop (requests
     still running then are cancelled; models get a second more to finish and close)."""
@@ -92,6 +99,9 @@ class ServerSection:
         object.__setattr__(self, "log_level", "DEBUG" if level == "VERBOSE" else level)
         require_one_of(self, "log_level", ("DEBUG", "INFO", "WARNING", "ERROR"))
         require_one_of(self, "event_loop", ("auto", "uvloop", "asyncio"))
+        require_one_of(self, "log_format", ("default", "ISO8601"))
+        if not self.server_id.strip():
+            raise ConfigError("server_id must not be empty (Triton's --id; default triton)")
         require_positive(self, "shutdown_timeout")
         if self.exit_timeout < 0:
             raise ConfigError(f"exit_timeout must be >= 0 seconds, got {self.exit_timeout}")
@@ -157,6 +167,8 @@ class HttpSection(PortTls):
 
     port: int = key(8000, "http_port")
     """The HTTP port (Triton's 8000); 0 picks a free one."""
+    address: str | None = key(None, "http_address")
+    """The address the HTTP port binds (Triton's --http-address); none: host."""
     max_connections: int = 4096
     """Client connections open at once over every port (the gRPC port takes grpc_max_connections of them);
     a connection beyond it gets a short 503 and is closed. Kept below the file-descriptor limit (the
@@ -195,6 +207,8 @@ class GrpcSection(PortTls):
     """Serve KServe v2 over gRPC beside HTTP (--no-grpc turns it off)."""
     port: int = key(8001, "grpc_port")
     """The gRPC port (Triton's 8001); 0 picks a free one."""
+    address: str | None = key(None, "grpc_address")
+    """The address the gRPC port binds (Triton's --grpc-address); none: host."""
     max_connections: int | None = key(None, "grpc_max_connections")
     """Connections the gRPC port takes out of max_connections (the HTTP ports count the rest); default a
     quarter of it."""
@@ -336,12 +350,19 @@ class ModelsSection:
     push_max_total_bytes: int = 2 * 1024**3
     """Bytes of all pushed models kept together in <state_dir>/pushed (a push replacing a model's files
     does not count the old ones); 413 above."""
+    environment_max_unpacked_bytes: int = 8 * 1024**3
+    """Bytes a Python model's packed environment (EXECUTION_ENV_PATH) may unpack to; a larger archive fails
+    the model's load, naming this setting."""
+    environment_max_members: int = 200_000
+    """Files, directories and links a Python model's packed environment may hold; more fail the model's
+    load, naming this setting."""
 
     def __post_init__(self) -> None:
         require_one_of(self, "control_mode", ("none", "poll", "explicit"))
         require_positive(self, "repository_poll_secs")
         require_at_least(self, 0, "intra_op_threads")
-        require_at_least(self, 1, "push_max_file_bytes", "push_max_total_bytes")
+        require_at_least(self, 1, "push_max_file_bytes", "push_max_total_bytes", "environment_max_unpacked_bytes",
+                         "environment_max_members")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -375,8 +396,11 @@ class MetricsSection:
 
     enabled: bool = key(True, "metrics")
     """Keep on-device history in <state_dir>/metrics.db and serve /metrics (--no-metrics)."""
-    port: int | None = key(None, "metrics_port")
-    """A separate port that serves only /metrics (Triton's 8002); none: /metrics on the HTTP port only."""
+    port: int | None = key(8002, "metrics_port")
+    """The port that serves only /metrics, as Triton's (0 picks a free one); none (metrics_port = "",
+    --no-metrics-port): /metrics on the HTTP port only. /metrics is on the HTTP port either way."""
+    address: str | None = key(None, "metrics_address")
+    """The address the metrics port binds (Triton's --metrics-address); none: the HTTP port's."""
     interval: float = key(1.0, "metrics_interval")
     """Seconds between two samples of the history."""
     history_raw_hours: float = 24.0

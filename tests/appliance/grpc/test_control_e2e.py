@@ -123,7 +123,8 @@ def test_a_grpc_port_in_use_is_a_clear_error(start_daemon, repo, tmp_path):
     first = start_daemon(repo)
     environment = {k: v for k, v in os.environ.items() if not k.startswith("APPLIANCE_")}
     result = subprocess.run(
-        [sys.executable, "-m", "appliance", "serve", "--host", "127.0.0.1", "--http-port", "0", "--grpc-port",
+        [sys.executable, "-m", "appliance", "serve", "--no-metrics-port",
+         "--host", "127.0.0.1", "--http-port", "0", "--grpc-port",
          str(first.grpc_port), "--no-mdns", "--no-selection", "--state-dir", str(tmp_path / "second"),
          "--model-repository", str(repo)],
         capture_output=True, text=True, timeout=60, env=environment)

@@ -51,7 +51,8 @@ def launch(name: str, work: Path, *extra: str, env: dict | None = None) -> tuple
     log = state / "daemon.log"
     with open(log, "w") as output:
         process = subprocess.Popen(
-            [sys.executable, "-m", "appliance", "serve", "--host", LOOPBACK, "--http-port", "0", "--grpc-port", "0",
+            [sys.executable, "-m", "appliance", "serve", "--no-metrics-port",
+             "--host", LOOPBACK, "--http-port", "0", "--grpc-port", "0",
              "--no-selection", "--state-dir", str(state), "--model-repository", str(repo), "--name", name,
              "--mdns-interface", LOOPBACK, *extra],
             stdout=output, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})

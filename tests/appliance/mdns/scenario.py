@@ -27,7 +27,8 @@ def start(name: str, repo: Path, state: Path) -> tuple[subprocess.Popen, dict[st
     state.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as output:  # the child keeps its own copy of the descriptor
         process = subprocess.Popen(
-            [sys.executable, "-m", "appliance", "serve", "--host", "127.0.0.1", "--http-port", "0", "--grpc-port", "0",
+            [sys.executable, "-m", "appliance", "serve", "--no-metrics-port",
+             "--host", "127.0.0.1", "--http-port", "0", "--grpc-port", "0",
              "--no-selection", "--no-metrics", "--state-dir", str(state), "--model-repository", str(repo), "--name",
              name, "--mdns-interface", "127.0.0.1"],
             stdout=output, stderr=subprocess.STDOUT)

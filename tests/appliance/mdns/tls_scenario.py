@@ -45,7 +45,8 @@ def _launch(work: Path, port: int, *flags: str) -> tuple[subprocess.Popen, int]:
     state, log = work / "state", work / f"daemon-{time.monotonic_ns()}.log"
     with open(log, "w") as output:
         process = subprocess.Popen(
-            [sys.executable, "-m", "appliance", "serve", "--host", LOOPBACK, "--http-port", str(port), "--grpc-port",
+            [sys.executable, "-m", "appliance", "serve", "--no-metrics-port",
+             "--host", LOOPBACK, "--http-port", str(port), "--grpc-port",
              "0", "--no-selection", "--state-dir", str(state), "--model-repository", str(work / "repo"), "--name",
              NAME, "--mdns-interface", LOOPBACK, *flags],
             stdout=output, stderr=subprocess.STDOUT, env=dict(os.environ))

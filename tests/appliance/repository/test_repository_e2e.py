@@ -96,7 +96,8 @@ def test_missing_repository_fails_fast(start_daemon, tmp_path):
     import sys
 
     result = subprocess.run(
-        [sys.executable, "-m", "appliance", "serve", "--host", "127.0.0.1", "--http-port", "0", "--no-mdns",
+        [sys.executable, "-m", "appliance", "serve", "--no-metrics-port",
+         "--host", "127.0.0.1", "--http-port", "0", "--no-mdns",
          "--state-dir", str(tmp_path), "--model-repository", str(tmp_path / "missing")],
         capture_output=True, text=True, timeout=60,
     )

@@ -43,7 +43,8 @@ def test_an_empty_or_short_token_file_is_refused(tmp_path, content):
 def test_daemon_refuses_to_start_with_an_empty_token(tmp_path):
     (tmp_path / "auth-token").write_text("")
     result = subprocess.run(
-        [sys.executable, "-m", "appliance", "serve", "--host", "127.0.0.1", "--http-port", "0", "--no-mdns",
+        [sys.executable, "-m", "appliance", "serve", "--no-metrics-port",
+         "--host", "127.0.0.1", "--http-port", "0", "--no-mdns",
          "--state-dir", str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "delete the file" in result.stderr
 
