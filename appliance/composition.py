@@ -226,7 +226,7 @@ async def server_wide(cache: sections.ResponseCacheSection, limiter: sections.Ra
         from appliance.engine.redis_cache import RedisResponseCache
         from appliance.engine.redis_entry import entry_keys
 
-        keys = await asyncio.to_thread(entry_keys, cache.redis_key, cache.redis_key_file, state.path, state)
+        keys = await asyncio.to_thread(entry_keys, cache.redis_key, cache.redis_key_file, state.path, state.note)
         redis = RedisResponseCache(config, keys, budget)
         lifecycle.on_close("the redis response cache", redis.close)  # closed after the models that write to it
         await redis.check()  # refused credentials stop the start; a Redis that is down does not

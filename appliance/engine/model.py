@@ -23,7 +23,7 @@ from appliance.core.errors import (
 )
 from appliance.core.tensors import v2_datatype
 from appliance.engine.classification import classify
-from appliance.engine.response_cache import ResponseStore
+from appliance.engine.response_cache import OutputForms, ResponseStore
 from appliance.engine.signature import ModelSignature, input_reshapes
 from appliance.engine.stats import FailureReason, ModelStats, StepTiming
 from appliance.engine.streaming import RawResponse, ResponseChannel, ResponseStream, StreamLimits
@@ -111,6 +111,11 @@ class ModelVersion:
         self._output_reshape = {
             o.name: (*batch, *o.dims) for o in self.config.output if o.HasField("reshape")
         }
+        # What a response from the cache must look like: the outputs as the runtime makes them (reshaped).
+        runtime_dims = {o.name: tuple(o.reshape.shape) for o in self.config.output if o.HasField("reshape")}
+        self._output_forms = OutputForms(self.name, {
+            name: (spec.datatype, runtime_dims.get(name, spec.dims)) for name, spec in self.signature.outputs.items()
+        }, self.signature.batched)
         # No outputs named in a request: every output the model has, none classified (built once).
         self._every_output = [RequestedOutput(name) for name in self.signature.outputs]
         self._every_output_name = [name for name in self.signature.outputs]
@@ -205,7 +210,7 @@ class ModelVersion:
         parameters = model_parameters(request.parameters) if request.parameters else ""
         key = cache.key(self._cache_owner, request.inputs, names, "" if parameters == "{}" else parameters)
         looked_up = time.perf_counter_ns()
-        stored = await cache.fetch(key, looked_up - started)
+        stored = await cache.fetch(key, looked_up - started, self._output_forms, batch_size)
         if stored is not None:
             self.stats.record_cache_hit(time.perf_counter_ns() - started)
             return stored
@@ -213,7 +218,8 @@ class ModelVersion:
         results = await self._submit(request, names, batch_size)
         inserting = time.perf_counter_ns()
         stored = cache.store(key, self._cache_owner, results,
-                             results.parameters if isinstance(results, Outputs) else None)
+                             results.parameters if isinstance(results, Outputs) else None, self._output_forms,
+                             batch_size)
         insert_ns = time.perf_counter_ns() - inserting
         cache.record_insertion(insert_ns)
         self.stats.record_cache_miss(lookup_ns + insert_ns)

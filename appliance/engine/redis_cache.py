@@ -1,167 +1,179 @@
 """Triton's ``redis`` response cache: the outputs of models with ``response_cache { enable: true }`` kept on
-a Redis server (``--cache-config redis,host=H --cache-config redis,port=P``), shared by every server that
-uses it.
+a Redis server (``--cache-config redis,host=H --cache-config redis,port=P``), shared by every server given the
+same key (``cache_redis_key`` or ``cache_redis_key_file``).
 
-Keys are the local cache's digest (appliance.engine.response_cache.request_key) under a fixed hashing key
-and a namespace from the version's content (``ModelVersion.content_digest``: name, config and files), so
-two appliances serving the same model compute the same key and share hits, and a changed model never
-answers from its old outputs. They are stored as ``appliance:rc1:<hex>``.
+Keys are the local cache's digest (appliance.engine.response_cache.request_key) under a hashing key derived
+from that secret, and a namespace from the version's content (``ModelVersion.content_digest``: name, config
+and files), so two appliances serving the same model with the same key compute the same key and share hits,
+and a changed model never answers from its old outputs. They are stored as ``appliance:rc2:<hex>``.
 
-Values are a small self-describing format, never pickle (whoever can write to the Redis server must not
-run code here): ``ARC1``, a 4-byte header length, a JSON header (each output's name, datatype, shape and
-byte count; the response parameters), then the outputs' bytes. A value that does not read back exactly
-(wrong sizes, unknown datatypes) is a miss, counted as a failure.
+Whoever can write to the Redis server must not answer for a model here. Values are signed
+(appliance.engine.redis_entry: an HMAC over the Redis key and the value, never pickle), and one is served
+only when its signature holds, it reads back exactly, and its outputs are those the model's config declares
+(datatype, rank, fixed dims, the request's batch size first); anything else is a miss, counted as a
+failure and logged (once a minute). A read is bounded before it is made: ``STRLEN`` with the first 64 KiB
+(``GETRANGE``) in one round trip; a larger entry is read whole only when it is within ``max_entry_size``,
+after its bytes are reserved from the request memory budget (``max_request_memory_bytes``, which also
+counts what its BYTES elements will take once decoded), and is checked and decoded on a worker thread.
 
 The cache never fails a request: a lookup that errs or takes longer than ``socket_timeout`` is a miss, an
-insertion runs after the response in the background (a bounded number at once; the rest are skipped), a
-call that finds every pooled connection busy for ``wait_timeout`` goes on without Redis,
-and after a failure the server is left alone for a back-off (0.5 s doubling to 30 s) so a Redis that is
-down costs requests nothing. Every failure, timeout and skip is counted
-(``appliance_response_cache_redis_failures``, ``..._skipped``). At start (``check``) only refused credentials
-stop the daemon, as they stop Triton: they are a setting to fix, not an outage.
+insertion runs after the response in the background (a bounded number at once; the rest are skipped; large
+ones are encoded on a worker thread, from a copy of the outputs), a call that finds every pooled connection
+busy for ``wait_timeout`` (redis-py's ``BlockingConnectionPool``) goes on without Redis, and after a failure
+the server is left alone for a back-off (0.5 s doubling to 30 s) so a Redis that is down costs requests
+nothing. Every failure, timeout and skip is counted (``appliance_response_cache_redis_failures``,
+``..._skipped``). At start (``check``) only refused credentials stop the daemon, as they stop Triton: they are
+a setting to fix, not an outage.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import ssl
-import struct
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import Any, Protocol
 
-import blake3
 import numpy as np
-import orjson
 import redis.asyncio as redis
+from redis.asyncio.connection import BlockingConnectionPool, Connection, SSLConnection
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import AuthenticationError, NoPermissionError, RedisError
+from redis.exceptions import AuthenticationError, NoPermissionError, RedisError, ResponseError
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from appliance.backends.base import Outputs
-from appliance.core.errors import ConfigError
-from appliance.core.tensors import decode_bytes_tensor, encode_bytes_tensor, numpy_dtype, v2_datatype
-from appliance.engine.response_cache import lookup_gauges, request_key
+from appliance.core.errors import ConfigError, PayloadTooLarge, Unavailable
+from appliance.engine.redis_entry import EntryKeys, decode_entry, encode_entry, open_entry
+from appliance.engine.response_cache import OutputForms, lookup_gauges, request_key
 from appliance.engine.shared_config import RedisCacheConfig
 from appliance.engine.types import InferInput
 
-__all__ = ["RedisResponseCache", "decode_entry", "encode_entry"]
+__all__ = ["PREFIX", "Account", "Budget", "RedisResponseCache"]
 
 log = logging.getLogger(__name__)
 
-PREFIX = b"appliance:rc1:"
-_HASH_KEY = blake3.blake3(b"edge appliance response cache, shared keys, v1").digest()
-"""Fixed, so that every server derives the same key for the same request (unlike the local cache's)."""
-_MAGIC = b"ARC1"
-_HEADER = struct.Struct("<I")
-_MAX_HEADER = 1 << 20
+PREFIX = b"appliance:rc2:"
+_INLINE = 64 << 10
+"""Entries up to this size are read in one round trip and checked on the loop; larger ones are read once
+counted against the memory budget, and checked and decoded (or encoded) on a worker thread."""
 _MAX_PENDING_WRITES = 64
 _BACKOFF_FIRST, _BACKOFF_MAX = 0.5, 30.0
+_WARN_EVERY = 60.0
+_BUDGET_SPENT = (Unavailable, PayloadTooLarge)
 
 
-def encode_entry(outputs: Mapping[str, np.ndarray], parameters: Mapping[str, object] | None) -> bytes:
-    """One response as stored on the server (see the module's docstring)."""
-    described, pieces = [], []
-    for name, array in outputs.items():
-        array = np.asarray(array)
-        datatype = v2_datatype(array.dtype)
-        raw = encode_bytes_tensor(array) if datatype == "BYTES" else np.ascontiguousarray(array).tobytes()
-        described.append([name, datatype, list(array.shape), len(raw)])
-        pieces.append(raw)
-    header = orjson.dumps({"o": described, "p": dict(parameters or {})})
-    return b"".join([_MAGIC, _HEADER.pack(len(header)), header, *pieces])
+class Account(Protocol):
+    """One read's or write's share of the request memory budget (appliance.security.budget.Account)."""
+
+    def reserve(self, size: int) -> None:
+        """Count ``size`` more bytes, or raise Unavailable / PayloadTooLarge counting none of them."""
+        ...
+
+    def close(self) -> None: ...
 
 
-def decode_entry(value: bytes) -> Outputs:
-    """The response ``encode_entry`` stored; ValueError for anything else."""
-    if len(value) < 8 or value[:4] != _MAGIC:
-        raise ValueError("not a response cache entry")
-    (length,) = _HEADER.unpack_from(value, 4)
-    if length > min(_MAX_HEADER, len(value) - 8):
-        raise ValueError("header length past the entry")
-    header = orjson.loads(value[8:8 + length])
-    if not isinstance(header, dict) or not isinstance(header.get("o"), list) or not isinstance(header.get("p"), dict):
-        raise ValueError("malformed header")
-    at, view, outputs = 8 + length, memoryview(value), {}
-    for item in header["o"]:
-        name, datatype, shape, size = item
-        if (not isinstance(name, str) or not isinstance(datatype, str) or not isinstance(size, int)
-                or not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape)
-                or size < 0 or at + size > len(value)):
-            raise ValueError("malformed output")
-        count = int(np.prod(shape, dtype=np.int64)) if shape else 1
-        raw = view[at:at + size]
-        if datatype == "BYTES":
-            if count > size // 4:  # each element takes at least its 4-byte length
-                raise ValueError(f"output {name!r}: {size} bytes cannot hold {count} BYTES elements")
-            array = decode_bytes_tensor(raw, count, name).reshape(shape)
-        else:
-            dtype = numpy_dtype(datatype)
-            if count * dtype.itemsize != size:
-                raise ValueError(f"output {name!r}: {size} bytes for {count} {datatype} elements")
-            array = np.frombuffer(raw, dtype).reshape(shape)
-        array.flags.writeable = False
-        outputs[name] = array
-        at += size
-    if at != len(value):
-        raise ValueError("bytes past the last output")
-    return Outputs(outputs, header["p"])
+class Budget(Protocol):
+    """The request memory budget (appliance.security.budget.MemoryBudget)."""
+
+    def account(self) -> Account: ...
+
+
+class _Unbounded:
+    """No budget: every reservation succeeds (where the cache is used without a daemon)."""
+
+    def account(self) -> _Unbounded:
+        return self
+
+    def reserve(self, size: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _pool_busy(exc: BaseException) -> bool:
+    """BlockingConnectionPool found no free connection within its timeout: it raises a ConnectionError from
+    the wait's TimeoutError (a connection that fails raises one from an OSError, or none)."""
+    return isinstance(exc, RedisConnectionError) and isinstance(exc.__cause__, TimeoutError)
 
 
 class RedisResponseCache:
-    """The response cache on a Redis server (``cache_config redis,...``); see the module's docstring."""
+    """The response cache on a Redis server (``cache_config redis,...``); see the module's docstring.
+    ``keys``: what signs the entries (default: a key of this process alone); ``budget``: the request memory
+    budget that reads and pending writes are counted against."""
 
     shared = True
 
-    def __init__(self, config: RedisCacheConfig) -> None:
+    def __init__(self, config: RedisCacheConfig, keys: EntryKeys | None = None, budget: Budget | None = None) -> None:
         self.config = config
+        self.keys = keys or EntryKeys.own()
+        self._budget: Budget = budget or _Unbounded()
         self._timeout = config.socket_timeout_ms / 1000
         self._connected = False
         """A call has succeeded since the last failure: its connection is up, so socket_timeout alone bounds a
         call; until then a call may also take connect_timeout to connect (and shake hands, with TLS)."""
         self._client: redis.Redis | None = None
-        self._slots: asyncio.Semaphore | None = None
-        """One per pooled connection: a call waits wait_timeout for one, then goes on without Redis."""
         self._writes: set[asyncio.Task[None]] = set()
         self._quiet_until = 0.0
         self._backoff = _BACKOFF_FIRST
+        self._warned: dict[str, float] = {}
+        """When each kind of warning may be logged again (a writer to Redis must not flood the log)."""
         self.hits = self.misses = self.insertions = 0
         self.failures = 0
-        """Lookups and insertions that erred or timed out, and entries that did not read back."""
+        """Lookups and insertions that erred or timed out, and entries refused (unsigned, altered, too large,
+        malformed, or not the model's outputs)."""
         self.skipped = 0
-        """Lookups and insertions not tried: the server was in its back-off, or too many writes were pending."""
+        """Lookups and insertions not tried: the server was in its back-off, every connection was busy, too
+        many writes were pending, the memory budget was spent, or the response was over max_entry_size."""
         self.lookup_ns = self.insertion_ns = 0
 
     def _connect(self) -> redis.Redis:
         """The client, made on first use (on the running loop: its connections belong to it)."""
         if self._client is None:
             config = self.config
-            tls = {"ssl": True, "ssl_ca_certs": config.cacert, "ssl_ca_path": config.cacert_dir,
-                   "ssl_certfile": config.cert, "ssl_keyfile": config.key,
-                   "ssl_min_version": ssl.TLSVersion.TLSv1_2} if config.tls else {}
-            self._client = redis.Redis(
+            tls: dict[str, Any] = {
+                "ssl_ca_certs": config.cacert, "ssl_ca_path": config.cacert_dir, "ssl_certfile": config.cert,
+                "ssl_keyfile": config.key, "ssl_min_version": ssl.TLSVersion.TLSv1_2} if config.tls else {}
+            pool = BlockingConnectionPool(
+                max_connections=config.pool_size, timeout=config.wait_timeout_ms / 1000,
+                connection_class=SSLConnection if config.tls else Connection,
                 host=config.host, port=config.port, db=config.db, username=config.user, password=config.password,
                 socket_connect_timeout=config.connect_timeout_ms / 1000, socket_timeout=self._timeout,
                 # no retries: a request waits socket_timeout at most, then goes on uncached
-                max_connections=config.pool_size, retry=Retry(NoBackoff(), 0), **tls)  # type: ignore[arg-type]
-            self._slots = asyncio.Semaphore(config.pool_size)
+                retry=Retry(NoBackoff(), 0), **tls)
+            self._client = redis.Redis.from_pool(pool)
         return self._client
 
-    async def _slot(self) -> bool:
-        """A connection of the pool is ours (release ``_slots`` after), or none came within wait_timeout
-        (counted as skipped: a busy pool is not a failing server)."""
-        self._connect()
-        assert self._slots is not None
-        try:
-            await asyncio.wait_for(self._slots.acquire(), self.config.wait_timeout_ms / 1000)
-        except TimeoutError:
-            self.skipped += 1
-            return False
-        return True
-
     def _bound(self) -> float:
-        return self._timeout if self._connected else self._timeout + self.config.connect_timeout_ms / 1000
+        """How long one call may take: the wait for a connection, then socket_timeout (and connect_timeout
+        while not connected)."""
+        config = self.config
+        bound = config.wait_timeout_ms / 1000 + self._timeout
+        return bound if self._connected else bound + config.connect_timeout_ms / 1000
+
+    async def _call(self, what: str, call: Awaitable[Any]) -> Any:
+        """``call``'s result, or None when it did not answer: every connection was busy (skipped), the server
+        answered with an error (a failure: say, another type of value under the key), or it failed or timed
+        out (a failure, and the back-off)."""
+        try:
+            result = await asyncio.wait_for(call, self._bound())
+        except ResponseError as exc:
+            self.failures += 1
+            self._warn("error", "response cache: redis %s:%d answered %s with an error (%s); served uncached",
+                       self.config.host, self.config.port, what, exc)
+            return None
+        except (RedisError, OSError, TimeoutError) as exc:
+            if _pool_busy(exc):  # a busy pool is not a failing server
+                self.skipped += 1
+            else:
+                self._failed(what, exc)
+            return None
+        self._succeeded()
+        return result
 
     async def check(self) -> None:
         """At start: a Redis that refuses the credentials stops the daemon (ConfigError, as Triton's redis cache
@@ -174,18 +186,22 @@ class RedisResponseCache:
             raise ConfigError(
                 f"cache_config: redis {config.host}:{config.port} refused the cache's credentials ({exc}); give the "
                 "right redis,user=<user> and redis,password=<password> (or TRITONCACHE_REDIS_USERNAME and "
-                "TRITONCACHE_REDIS_PASSWORD), or grant that user GET and SET on appliance:rc1:*") from None
+                "TRITONCACHE_REDIS_PASSWORD), or grant that user STRLEN, GETRANGE and SET on appliance:rc2:*"
+            ) from None
         except (RedisError, OSError, TimeoutError) as exc:
             self._failed("the first PING", exc)
         else:
             self._succeeded()
+        if not self.keys.shared:
+            log.info("response cache: redis entries are signed with this box's own key; give every appliance "
+                     "that should share them the same cache_redis_key_file")
 
     def version_owner(self, identity: bytes | None) -> bytes:
         # Without an identity (an ensemble) the version's entries are its own load's: never stale, not shared.
         return identity if identity is not None else os.urandom(16)
 
     def key(self, owner: bytes, inputs: Sequence[InferInput], outputs: Iterable[str], parameters: str) -> bytes:
-        return PREFIX + request_key(owner, inputs, outputs, parameters, hash_key=_HASH_KEY).hex().encode()
+        return PREFIX + request_key(owner, inputs, outputs, parameters, hash_key=self.keys.names).hex().encode()
 
     def _resting(self) -> bool:
         if time.monotonic() < self._quiet_until:
@@ -208,67 +224,136 @@ class RedisResponseCache:
             log.warning("response cache: redis %s:%d answers again", self.config.host, self.config.port)
         self._quiet_until, self._backoff, self._connected = 0.0, _BACKOFF_FIRST, True
 
-    async def fetch(self, key: bytes, elapsed_ns: int) -> Outputs | None:
+    def _warn(self, kind: str, message: str, *args: object) -> None:
+        """Log ``message`` unless a warning of this kind was logged within the last minute (each one is
+        counted all the same)."""
+        now = time.monotonic()
+        if now >= self._warned.get(kind, 0.0):
+            self._warned[kind] = now + _WARN_EVERY
+            log.warning(message + " (warnings like this one are logged once a minute)", *args)
+
+    def _refused(self, key: bytes, why: str) -> None:
+        self.failures += 1
+        self.misses += 1
+        self._warn("refused", "response cache: entry %s on redis refused: %s; answered from the model",
+                   key.decode(), why)
+
+    async def fetch(self, key: bytes, elapsed_ns: int, forms: OutputForms, batch_size: int) -> Outputs | None:
         started = time.perf_counter_ns()
         try:
-            if self._resting() or not await self._slot():
+            if self._resting():
                 return None
-            try:
-                value = await asyncio.wait_for(self._connect().get(key), self._bound())
-            except (RedisError, OSError, TimeoutError) as exc:
-                self._failed("a lookup", exc)
+            outputs = await self._read(key)
+            if outputs is None:
                 return None
-            finally:
-                assert self._slots is not None
-                self._slots.release()
-            self._succeeded()
-            if value is None:
-                self.misses += 1
-                return None
-            try:
-                outputs = decode_entry(value if isinstance(value, bytes) else value.encode())
-            except Exception as exc:  # whatever the bytes on the server are, they are a miss here
-                self.failures += 1
-                log.warning("response cache: entry %s on redis does not read back (%s); answered from the model",
-                            key.decode(), exc)
+            problem = forms.mismatch(outputs, batch_size)
+            if problem is not None:
+                self._refused(key, f"it is not the model's answer ({problem})")
                 return None
             self.hits += 1
             return outputs
         finally:
             self.lookup_ns += elapsed_ns + time.perf_counter_ns() - started
 
+    async def _read(self, key: bytes) -> Outputs | None:
+        """The signed response under ``key``, read within max_entry_size and the memory budget (see the
+        module's docstring); None for a miss, counted."""
+        client = self._connect()
+
+        async def first() -> list[Any]:
+            async with client.pipeline(transaction=False) as pipe:
+                pipe.strlen(key)
+                pipe.getrange(key, 0, _INLINE - 1)
+                return await pipe.execute()
+
+        read = await self._call("a lookup", first())
+        if read is None:
+            return None
+        size, value = read
+        if not size:
+            self.misses += 1
+            return None
+        if size > self.config.max_entry_size:
+            self._refused(key, f"it holds {size} bytes, over max_entry_size ({self.config.max_entry_size}); not read")
+            return None
+        account = self._budget.account()
+        try:
+            account.reserve(size)
+            if size > len(value):  # the rest, now that it is counted; at most the size reserved
+                value = await self._call("a lookup", client.getrange(key, 0, size - 1))
+                if value is None:
+                    return None
+            if len(value) > _INLINE:
+                return await asyncio.to_thread(self._open, key, value, account)
+            return self._open(key, value, account)
+        except _BUDGET_SPENT:
+            self.skipped += 1
+            return None
+        except Exception as exc:  # whatever the bytes on the server are, they are a miss here
+            self._refused(key, str(exc))
+            return None
+        finally:
+            account.close()
+
+    def _open(self, key: bytes, value: bytes, account: Account) -> Outputs:
+        return decode_entry(open_entry(key, value, self.keys), account.reserve)
+
     def store(self, key: bytes, owner: bytes, outputs: Mapping[str, np.ndarray],
-              parameters: Mapping[str, object] | None) -> Outputs | None:
+              parameters: Mapping[str, object] | None, forms: OutputForms, batch_size: int) -> Outputs | None:
         if self._resting():
             return None
         if len(self._writes) >= _MAX_PENDING_WRITES:
             self.skipped += 1
             return None
-        value = encode_entry(outputs, parameters)
-        if len(value) > self.config.max_entry_size:
+        problem = forms.mismatch(outputs, batch_size)
+        if problem is not None:  # every other server would refuse the entry: not written
+            self.skipped += 1
+            self._warn(f"store {forms.model}", "response cache: model %s's responses are not written to redis: %s",
+                       forms.model, problem)
+            return None
+        arrays = {name: np.asarray(array) for name, array in outputs.items()}
+        size = sum(array.nbytes for array in arrays.values())
+        if size > self.config.max_entry_size:
             self.skipped += 1
             return None
-        task = asyncio.get_running_loop().create_task(self._write(key, value))
+        account = self._budget.account()
+        try:
+            if size <= _INLINE and not any(array.dtype.hasobject for array in arrays.values()):
+                value: bytes | Callable[[], bytes] = encode_entry(key, arrays, parameters, self.keys)
+            else:
+                # Encoded on a worker thread, from a copy: the runtime may reuse its buffers once answered.
+                account.reserve(size)
+                copies = {name: array.copy() for name, array in arrays.items()}
+                value = functools.partial(encode_entry, key, copies, dict(parameters or {}), self.keys)
+        except _BUDGET_SPENT:
+            account.close()
+            self.skipped += 1
+            return None
+        task = asyncio.get_running_loop().create_task(self._write(key, value, account))
         self._writes.add(task)
         task.add_done_callback(self._writes.discard)
         return None
 
-    async def _write(self, key: bytes, value: bytes) -> None:
-        if not await self._slot():
-            return
+    async def _write(self, key: bytes, value: bytes | Callable[[], bytes], account: Account) -> None:
         started = time.perf_counter_ns()
         try:
+            if callable(value):
+                value = await asyncio.to_thread(value)
+            if len(value) > self.config.max_entry_size:
+                self.skipped += 1
+                return
+            account.reserve(len(value))
             ttl = self.config.ttl or None
-            await asyncio.wait_for(self._connect().set(key, value, ex=ttl), self._bound())
-        except (RedisError, OSError, TimeoutError) as exc:
-            self._failed("an insertion", exc)
-            return
+            if await self._call("an insertion", self._connect().set(key, value, ex=ttl)) is not None:
+                self.insertions += 1
+        except _BUDGET_SPENT:
+            self.skipped += 1
+        except Exception as exc:  # an output that cannot be encoded: the response was answered all the same
+            self.failures += 1
+            self._warn("encode", "response cache: a response could not be written to redis (%s)", exc)
         finally:
-            assert self._slots is not None
-            self._slots.release()
+            account.close()
             self.insertion_ns += time.perf_counter_ns() - started
-        self._succeeded()
-        self.insertions += 1
 
     def record_insertion(self, elapsed_ns: int) -> None:
         """Encoding and handing the write on is counted here; the write itself in ``_write``."""
@@ -298,10 +383,12 @@ class RedisResponseCache:
              self.insertions),
             ("appliance_response_cache_redis_failures",
              "Redis lookups and insertions that failed or timed out (each request was served uncached), "
-             "and entries that did not read back", self.failures),
+             "and entries refused: unsigned, altered, over max_entry_size, malformed or not the model's "
+             "outputs", self.failures),
             ("appliance_response_cache_redis_skipped",
-             "Redis lookups and insertions not tried: the server was in its back-off after a failure, too "
-             "many writes were pending, or the response was over max_entry_size", self.skipped),
+             "Redis lookups and insertions not tried: the server was in its back-off after a failure, every "
+             "connection was busy, too many writes were pending, the request memory budget was spent, or "
+             "the response was over max_entry_size", self.skipped),
         ]
 
     def as_json(self) -> dict[str, float | int]:

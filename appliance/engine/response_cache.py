@@ -17,7 +17,9 @@ budget. Everything here runs on the event loop (no locks).
 
 ``ResponseStore`` is what a model version sees of a cache, this one or the Redis one
 (appliance.engine.redis_cache): a version asks it for its owner (namespace), keys its requests, fetches and
-stores outputs, and forgets its entries when it closes.
+stores outputs, and forgets its entries when it closes. Each fetch and store names the version's
+``OutputForms`` and the request's batch size: a cache that others write to (Redis) serves an entry only when
+its outputs are the ones the model's config declares.
 """
 
 from __future__ import annotations
@@ -33,9 +35,10 @@ import blake3
 import numpy as np
 
 from appliance.backends.base import Outputs
+from appliance.core.tensors import v2_datatype
 from appliance.engine.types import InferInput
 
-__all__ = ["ResponseCache", "ResponseStore", "lookup_gauges", "request_key"]
+__all__ = ["OutputForms", "ResponseCache", "ResponseStore", "lookup_gauges", "request_key"]
 
 ENTRY_OVERHEAD = 256
 """Bytes an entry costs beyond its tensors (the key, the bookkeeping), counted against the size."""
@@ -68,6 +71,43 @@ def request_key(owner: bytes, inputs: Sequence[InferInput], outputs: Iterable[st
     if parameters:
         digest.update(b"\0p" + parameters.encode())
     return digest.digest()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class OutputForms:
+    """A model version's outputs as its runtime makes them: each one's datatype and dims (the config's
+    ``dims``, or its ``reshape``), without the batch dimension; what a response read from a cache others
+    write to must match."""
+
+    model: str
+    outputs: Mapping[str, tuple[str, tuple[int, ...]]]
+    batched: bool
+
+    def mismatch(self, outputs: Mapping[str, np.ndarray], batch_size: int) -> str | None:
+        """Why ``outputs`` cannot be this model's answer to a request of ``batch_size``, or None when they
+        can: every output declared, of its datatype, of its rank, each fixed dimension as declared (-1 takes
+        any size) and, where the model batches, the request's batch size first."""
+        for name, array in outputs.items():
+            form = self.outputs.get(name)
+            if form is None:
+                return f"output {name!r} is not in model {self.model!r}'s config"
+            datatype, dims = form
+            try:
+                found = v2_datatype(array.dtype)
+            except ValueError:
+                found = str(array.dtype)
+            if found != datatype:
+                return f"output {name!r} of model {self.model!r} is {found}; its config declares {datatype}"
+            shape = tuple(array.shape)
+            if self.batched:
+                if not shape or shape[0] != batch_size:
+                    return (f"output {name!r} of model {self.model!r} has shape {list(shape)}; a request of batch "
+                            f"size {batch_size} needs that many rows")
+                shape = shape[1:]
+            if len(shape) != len(dims) or any(want not in (-1, got) for want, got in zip(dims, shape)):
+                return (f"output {name!r} of model {self.model!r} has shape {list(array.shape)}; its config "
+                        f"declares dims {list(dims)}{' after the batch dimension' if self.batched else ''}")
+        return None
 
 
 @dataclasses.dataclass(slots=True)
@@ -111,12 +151,13 @@ class ResponseStore(Protocol):
 
     def key(self, owner: bytes, inputs: Sequence[InferInput], outputs: Iterable[str], parameters: str) -> bytes: ...
 
-    async def fetch(self, key: bytes, elapsed_ns: int) -> Outputs | None:
-        """The outputs stored under ``key``, or None (a miss, or a cache that could not answer in time)."""
+    async def fetch(self, key: bytes, elapsed_ns: int, forms: OutputForms, batch_size: int) -> Outputs | None:
+        """The outputs stored under ``key``, or None (a miss, or a cache that could not answer in time).
+        ``forms``, ``batch_size``: what the outputs must look like (see ``OutputForms.mismatch``)."""
         ...
 
     def store(self, key: bytes, owner: bytes, outputs: Mapping[str, np.ndarray],
-              parameters: Mapping[str, object] | None) -> Outputs | None:
+              parameters: Mapping[str, object] | None, forms: OutputForms, batch_size: int) -> Outputs | None:
         """Keep ``outputs``; what to answer with (the stored outputs) or None to answer with ``outputs``."""
         ...
 
@@ -158,11 +199,11 @@ class ResponseCache:
     def key(self, owner: bytes, inputs: Sequence[InferInput], outputs: Iterable[str], parameters: str) -> bytes:
         return request_key(owner, inputs, outputs, parameters)
 
-    async def fetch(self, key: bytes, elapsed_ns: int) -> Outputs | None:
-        return self.lookup(key, elapsed_ns)
+    async def fetch(self, key: bytes, elapsed_ns: int, forms: OutputForms, batch_size: int) -> Outputs | None:
+        return self.lookup(key, elapsed_ns)  # this process's own entries: no one else writes them
 
     def store(self, key: bytes, owner: bytes, outputs: Mapping[str, np.ndarray],
-              parameters: Mapping[str, object] | None) -> Outputs | None:
+              parameters: Mapping[str, object] | None, forms: OutputForms, batch_size: int) -> Outputs | None:
         return self.insert(key, owner, outputs, parameters)
 
     @property

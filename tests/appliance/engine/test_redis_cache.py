@@ -1,22 +1,30 @@
 """The Redis response cache against a real redis-server: entries round-trip, keys are shared between
-servers, TTL, password and TLS, and a Redis that is down, stalled or holds junk never fails a lookup."""
+servers given the same secret (and only then), TTL, password and TLS, a Redis that is down, stalled or holds
+junk never fails a lookup, and whoever writes to it answers for no model: an entry overwritten, written with
+another key, of other datatypes or shapes than the model's, too large, or of an older format is a miss, and
+a large one is read within the memory budget without stalling the loop."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+import tracemalloc
+from collections.abc import AsyncIterator
 
 import ml_dtypes
 import numpy as np
 import pytest
 import trustme
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from appliance.core.errors import ConfigError
-from appliance.engine.redis_cache import PREFIX, RedisResponseCache, decode_entry, encode_entry
+from appliance.core.tensors import v2_datatype
+from appliance.engine.redis_cache import PREFIX, RedisResponseCache
+from appliance.engine.redis_entry import EntryKeys, encode_entry
+from appliance.engine.response_cache import OutputForms
 from appliance.engine.shared_config import CacheConfig, RedisCacheConfig
 from appliance.engine.types import InferInput
+from appliance.security.budget import MemoryBudget
 from appliance.settings import load_settings
 from tests.redis_server import redis_server
 
@@ -48,42 +56,18 @@ def _outputs() -> dict[str, np.ndarray]:
     }
 
 
-def test_an_entry_reads_back_as_stored():
-    outputs = _outputs()
-    stored = decode_entry(encode_entry(outputs, {"sequence": "a", "n": 3, "done": True}))
-    assert stored.parameters == {"sequence": "a", "n": 3, "done": True}
-    assert list(stored) == list(outputs)
-    for name, array in outputs.items():
-        assert stored[name].dtype == array.dtype and stored[name].shape == array.shape
-        assert stored[name].tolist() == array.tolist()
-        assert not stored[name].flags.writeable  # every hit hands out the same bytes
+FORMS = OutputForms("m", {name: (v2_datatype(array.dtype), array.shape) for name, array in _outputs().items()},
+                    batched=False)
+SHARED = EntryKeys.of(b"the fleet's secret, 32 bytes long", shared=True)
 
 
-@pytest.mark.parametrize("value", [
-    b"", b"ARC1", b"pickle\x80\x04", b"ARC1\xff\xff\xff\x7f{}",
-    b'ARC1\x02\x00\x00\x00{}',
-    b'ARC1\x0f\x00\x00\x00{"o":[],"p":[]}',
-    b'ARC1\x1f\x00\x00\x00{"o":[["y","FP32",[4],16]],"p":{}}' + b"\0" * 8,  # short of its bytes
-    b'ARC1\x1f\x00\x00\x00{"o":[["y","FP32",[9],16]],"p":{}}' + b"\0" * 16,  # shape and bytes disagree
-    b'ARC1\x1f\x00\x00\x00{"o":[["y","NOPE",[4],16]],"p":{}}' + b"\0" * 16,
-    b'ARC1\x2a\x00\x00\x00{"o":[["t","BYTES",[1000000000],8]],"p":{}}' + b"\0" * 8,  # a count no bytes hold
-    b'ARC1\x0f\x00\x00\x00{"o":[],"p":{}}junk',
-])
-def test_anything_else_is_refused(value):
-    with pytest.raises(Exception):  # noqa: B017 - which error does not matter: each is a miss to the cache
-        decode_entry(value)
+async def _fetch(cache: RedisResponseCache, key: bytes, forms: OutputForms = FORMS, batch: int = 1):
+    return await cache.fetch(key, 0, forms, batch)
 
 
-@settings(max_examples=300, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
-@given(st.binary(max_size=256) | st.builds(lambda tail: encode_entry(_outputs(), {})[:40] + tail,
-                                           st.binary(max_size=64)))
-def test_fuzzed_entries_never_read_back_as_something_unchecked(value):
-    try:
-        outputs = decode_entry(value)
-    except Exception:
-        return
-    for array in outputs.values():  # what does read back is exactly what the bytes say
-        assert isinstance(array, np.ndarray) and not array.flags.writeable
+def _store(cache: RedisResponseCache, key: bytes, outputs, parameters=None, forms: OutputForms = FORMS,
+           batch: int = 1):
+    return cache.store(key, IDENTITY, outputs, parameters, forms, batch)
 
 
 async def test_a_miss_is_stored_then_hit_under_a_prefixed_key(server):
@@ -92,12 +76,12 @@ async def test_a_miss_is_stored_then_hit_under_a_prefixed_key(server):
         owner = cache.version_owner(IDENTITY)
         key = cache.key(owner, [X], ["y"], "")
         assert key.startswith(PREFIX)
-        assert await cache.fetch(key, 0) is None
-        cache.store(key, owner, _outputs(), {"p": 1})
+        assert await _fetch(cache, key) is None
+        _store(cache, key, _outputs(), {"p": 1})
         await asyncio.wait_for(cache.close(), 5)  # the write runs in the background; close waits for it
         assert server.keys() == [key]
         assert 0 < server.client().ttl(key) <= 300
-        hit = await cache.fetch(key, 0)
+        hit = await _fetch(cache, key)
         assert hit is not None and hit.parameters == {"p": 1}
         np.testing.assert_array_equal(hit["y"], _outputs()["y"])
         assert (cache.hits, cache.misses, cache.insertions, cache.failures) == (1, 1, 1, 0)
@@ -105,16 +89,16 @@ async def test_a_miss_is_stored_then_hit_under_a_prefixed_key(server):
         await cache.close()
 
 
-async def test_two_servers_share_the_keys_of_the_same_model_and_not_of_another(server):
-    first, second = RedisResponseCache(_config(server.port)), RedisResponseCache(_config(server.port))
+async def test_two_servers_with_the_same_secret_share_the_keys_of_the_same_model_and_not_of_another(server):
+    first, second = RedisResponseCache(_config(server.port), SHARED), RedisResponseCache(_config(server.port), SHARED)
     try:
         key = first.key(first.version_owner(IDENTITY), [X], ["y"], "")
         assert second.key(second.version_owner(IDENTITY), [X], ["y"], "") == key
         assert second.key(second.version_owner(b"\x02" * 32), [X], ["y"], "") != key  # other files or config
         assert first.version_owner(None) != second.version_owner(None)  # no identity: a load's own namespace
-        first.store(key, IDENTITY, _outputs(), None)
+        _store(first, key, _outputs(), None)
         await first.close()
-        assert await second.fetch(key, 0) is not None
+        assert await _fetch(second, key) is not None
     finally:
         await first.close()
         await second.close()
@@ -126,12 +110,12 @@ async def test_a_server_that_is_down_costs_a_timeout_once_then_nothing(tmp_path)
     cache = RedisResponseCache(_config(port, "redis,socket_timeout=50", "redis,connect_timeout=50"))
     try:
         key = cache.key(cache.version_owner(IDENTITY), [X], ["y"], "")
-        assert await asyncio.wait_for(cache.fetch(key, 0), 2) is None
+        assert await asyncio.wait_for(_fetch(cache, key), 2) is None
         assert cache.failures == 1
         started = time.monotonic()
         for _ in range(20):  # the back-off: not tried again at once
-            assert await cache.fetch(key, 0) is None
-            assert cache.store(key, IDENTITY, _outputs(), None) is None
+            assert await _fetch(cache, key) is None
+            assert _store(cache, key, _outputs(), None) is None
         assert time.monotonic() - started < 0.5
         assert cache.failures == 1 and cache.skipped == 40
         assert ("appliance_response_cache_redis_failures" in {name for name, _, _ in cache.gauges()})
@@ -143,10 +127,10 @@ async def test_a_stalled_server_is_a_miss_within_the_socket_timeout(server):
     cache = RedisResponseCache(_config(server.port, "redis,socket_timeout=100"))
     key = cache.key(cache.version_owner(IDENTITY), [X], ["y"], "")
     try:
-        assert await cache.fetch(key, 0) is None  # connected
+        assert await _fetch(cache, key) is None  # connected
         server.pause()
         started = time.monotonic()
-        assert await asyncio.wait_for(cache.fetch(key, 0), 3) is None
+        assert await asyncio.wait_for(_fetch(cache, key), 3) is None
         assert time.monotonic() - started < 1.0
         assert cache.failures == 1
     finally:
@@ -159,7 +143,7 @@ async def test_junk_under_a_key_is_a_counted_miss(server):
     key = cache.key(cache.version_owner(IDENTITY), [X], ["y"], "")
     server.client().set(key, b"\x80\x04\x95 not an entry")
     try:
-        assert await cache.fetch(key, 0) is None
+        assert await _fetch(cache, key) is None
         assert (cache.hits, cache.failures) == (0, 1)
     finally:
         await cache.close()
@@ -169,7 +153,7 @@ async def test_responses_over_max_entry_size_are_not_stored(server):
     cache = RedisResponseCache(_config(server.port, "redis,max_entry_size=1024"))
     key = cache.key(cache.version_owner(IDENTITY), [X], ["y"], "")
     try:
-        cache.store(key, IDENTITY, {"y": np.zeros(1024, np.float32)}, None)
+        _store(cache, key, {"y": np.zeros(1024, np.float32)}, None, OutputForms("m", {"y": ("FP32", (-1,))}, False))
         await cache.close()
         assert server.keys() == [] and cache.skipped == 1
     finally:
@@ -182,10 +166,10 @@ async def test_user_and_password(tmp_path):
         wrong = RedisResponseCache(_config(server.port, "redis,password=wrong"))
         key = right.key(right.version_owner(IDENTITY), [X], ["y"], "")
         try:
-            assert await wrong.fetch(key, 0) is None and wrong.failures == 1
-            right.store(key, IDENTITY, _outputs(), None)
+            assert await _fetch(wrong, key) is None and wrong.failures == 1
+            _store(right, key, _outputs(), None)
             await right.close()
-            assert await right.fetch(key, 0) is not None and right.failures == 0
+            assert await _fetch(right, key) is not None and right.failures == 0
         finally:
             await right.close()
             await wrong.close()
@@ -209,10 +193,10 @@ async def test_tls_with_the_servers_ca_and_a_client_certificate(tmp_path):
         key = trusted.key(trusted.version_owner(IDENTITY), [X], ["y"], "")
         try:
             assert trusted.config.tls
-            trusted.store(key, IDENTITY, _outputs(), None)
+            _store(trusted, key, _outputs(), None)
             await trusted.close()
-            assert await trusted.fetch(key, 0) is not None and trusted.failures == 0
-            assert await untrusted.fetch(key, 0) is None and untrusted.failures == 1
+            assert await _fetch(trusted, key) is not None and trusted.failures == 0
+            assert await _fetch(untrusted, key) is None and untrusted.failures == 1
         finally:
             await trusted.close()
             await untrusted.close()
@@ -223,13 +207,209 @@ async def test_a_busy_pool_is_skipped_not_counted_as_a_failing_server(server):
                                        "redis,socket_timeout=300"))
     key = cache.key(cache.version_owner(IDENTITY), [X], ["y"], "")
     try:
-        assert await cache.fetch(key, 0) is None  # connected
+        assert await _fetch(cache, key) is None  # connected
         server.pause()
-        slow, busy = await asyncio.gather(cache.fetch(key, 0), cache.fetch(key, 0))
+        slow, busy = await asyncio.gather(_fetch(cache, key), _fetch(cache, key))
         assert slow is None and busy is None
         assert (cache.failures, cache.skipped) == (1, 1)
     finally:
         server.resume()
+        await cache.close()
+
+
+async def test_servers_without_the_same_secret_share_nothing(server):
+    mine, theirs = RedisResponseCache(_config(server.port)), RedisResponseCache(_config(server.port))
+    try:
+        key = mine.key(mine.version_owner(IDENTITY), [X], ["y"], "")
+        assert theirs.key(theirs.version_owner(IDENTITY), [X], ["y"], "") != key  # they never look at it
+        _store(theirs, key, _outputs(), None)  # even written under my key, with their own
+        await theirs.close()
+        assert server.keys() == [key]
+        assert await _fetch(mine, key) is None
+        assert (mine.hits, mine.failures) == (0, 1)
+    finally:
+        await mine.close()
+        await theirs.close()
+
+
+def _forged(key: bytes, outputs: dict[str, np.ndarray], keys: EntryKeys) -> bytes:
+    return encode_entry(key, outputs, None, keys)
+
+
+async def test_an_overwritten_entry_is_not_served(server):
+    cache = RedisResponseCache(_config(server.port), SHARED)
+    key = cache.key(cache.version_owner(IDENTITY), [X], ["y"], "")
+    try:
+        _store(cache, key, _outputs(), None)
+        await cache.close()
+        assert await _fetch(cache, key) is not None
+        forged = {**_outputs(), "ids": np.array([[1337, 1337, 1337]], np.int64)}  # well formed, signed otherwise
+        server.client().set(key, _forged(key, forged, EntryKeys.of(b"a guess at the secret, 32 bytes!", True)))
+        assert await _fetch(cache, key) is None
+        tampered = bytearray(_forged(key, _outputs(), SHARED))
+        tampered[-10] ^= 0xFF  # one byte changed on the server
+        server.client().set(key, bytes(tampered))
+        assert await _fetch(cache, key) is None
+        other = cache.key(cache.version_owner(IDENTITY), [X], ["z"], "")
+        server.client().set(key, _forged(other, forged, SHARED))  # signed, but for another request
+        assert await _fetch(cache, key) is None
+        assert (cache.hits, cache.failures) == (1, 3)
+    finally:
+        await cache.close()
+
+
+@pytest.mark.parametrize(("outputs", "forms", "batch"), [
+    ({"y": np.array([b"pwned!"], object)}, OutputForms("m", {"y": ("FP32", (4,))}, False), 1),  # BYTES for FP32
+    ({"y": np.zeros(5, np.float32)}, OutputForms("m", {"y": ("FP32", (4,))}, False), 1),
+    ({"y": np.zeros((3, 4), np.float32)}, OutputForms("m", {"y": ("FP32", (4,))}, True), 2),  # rows != batch
+    ({"z": np.zeros(4, np.float32)}, OutputForms("m", {"y": ("FP32", (4,))}, False), 1),  # not an output
+])
+async def test_a_signed_entry_that_is_not_the_models_outputs_is_not_served(server, outputs, forms, batch, caplog):
+    cache = RedisResponseCache(_config(server.port), SHARED)
+    key = cache.key(cache.version_owner(IDENTITY), [X], ["y"], "")
+    try:
+        server.client().set(key, _forged(key, outputs, SHARED))  # whoever holds the secret, or a model gone wrong
+        for _ in range(3):
+            assert await _fetch(cache, key, forms, batch) is None
+        assert (cache.hits, cache.misses, cache.failures) == (0, 3, 3)
+        refusals = [r for r in caplog.records if "refused" in r.getMessage()]
+        assert len(refusals) == 1 and "not the model's answer" in refusals[0].getMessage()  # once a minute
+    finally:
+        await cache.close()
+
+
+async def test_outputs_that_are_not_the_models_are_not_written(server):
+    cache = RedisResponseCache(_config(server.port), SHARED)
+    key = cache.key(cache.version_owner(IDENTITY), [X], ["y"], "")
+    try:
+        _store(cache, key, {"y": np.zeros(3, np.int64)}, None, OutputForms("m", {"y": ("FP32", (3,))}, False))
+        await cache.close()
+        assert server.keys() == [] and cache.skipped == 1
+    finally:
+        await cache.close()
+
+
+async def test_an_entry_of_the_old_unsigned_format_is_a_miss(server):
+    cache = RedisResponseCache(_config(server.port), SHARED)
+    key = cache.key(cache.version_owner(IDENTITY), [X], ["y"], "")
+    header = b'{"o":[["y","FP32",[4],16]],"p":{}}'
+    old = b"ARC1" + len(header).to_bytes(4, "little") + header + np.full(4, 1337, np.float32).tobytes()
+    server.client().set(key, old)
+    server.client().set(b"appliance:rc1:" + key[len(PREFIX):], old)
+    try:
+        assert await _fetch(cache, key, OutputForms("m", {"y": ("FP32", (4,))}, False)) is None
+        assert (cache.hits, cache.failures) == (0, 1)
+    finally:
+        await cache.close()
+
+
+@contextlib.asynccontextmanager
+async def _loop_stalls() -> AsyncIterator[list[float]]:
+    """The longest the event loop went without running a 10 ms ticker (past those 10 ms), in [0]."""
+    longest = [0.0]
+
+    async def tick() -> None:
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(0.01)
+            now = time.monotonic()
+            longest[0] = max(longest[0], now - last - 0.01)
+            last = now
+
+    ticker = asyncio.create_task(tick())
+    await asyncio.sleep(0)
+    try:
+        yield longest
+    finally:
+        ticker.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await ticker
+
+
+def _empty_strings(key: bytes, count: int, keys: EntryKeys) -> bytes:
+    """A signed entry of ``count`` empty BYTES elements, built without making them (4 zero bytes each)."""
+    header = f'{{"o":[["t","BYTES",[{count}],{4 * count}]],"p":{{}}}}'.encode()
+    body = len(header).to_bytes(4, "little") + header + bytes(4 * count)
+    return b"ARC2" + keys.tag(key, body) + body
+
+
+BIG = OutputForms("m", {"t": ("BYTES", (-1,))}, False)
+
+
+async def test_an_entry_over_max_entry_size_is_refused_unread(server):
+    cache = RedisResponseCache(_config(server.port, "redis,socket_timeout=2000"), SHARED)
+    key = cache.key(cache.version_owner(IDENTITY), [X], ["t"], "")
+    server.client().set(key, _empty_strings(key, 4 << 20, SHARED))  # 16 MiB of 4 Mi empty elements
+    try:
+        assert await _fetch(cache, key, BIG) is None  # connected
+        tracemalloc.start()
+        try:
+            async with _loop_stalls() as stalled:
+                assert await _fetch(cache, key, BIG) is None
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert peak < 4 << 20  # the 16 MiB were never read (the first 64 KiB were)
+        assert stalled[0] < 0.2
+        assert (cache.hits, cache.failures) == (0, 2)
+    finally:
+        await cache.close()
+
+
+async def test_a_large_entry_is_read_within_the_memory_budget_off_the_loop(server):
+    budget = MemoryBudget(64 << 20)
+    config = _config(server.port, "redis,socket_timeout=2000", f"redis,max_entry_size={32 << 20}")
+    cache = RedisResponseCache(config, SHARED, budget)
+    key = cache.key(cache.version_owner(IDENTITY), [X], ["t"], "")
+    try:
+        # 4 Mi empty elements would take 4 Mi objects (~170 MiB) decoded: over the budget, never made.
+        server.client().set(key, _empty_strings(key, 4 << 20, SHARED))
+        assert await _fetch(cache, key, BIG) is None  # connected
+        async with _loop_stalls() as stalled:
+            assert await _fetch(cache, key, BIG) is None
+        assert stalled[0] < 0.2
+        assert (cache.hits, cache.failures, cache.skipped) == (0, 0, 2) and budget.used == 0
+        # Within the budget it is served, decoded off the loop all the same.
+        server.client().set(key, _empty_strings(key, 256 << 10, SHARED))
+        async with _loop_stalls() as stalled:
+            hit = await _fetch(cache, key, BIG)
+        assert hit is not None and hit["t"].shape == (256 << 10,) and hit["t"][0] == b""
+        assert stalled[0] < 0.2 and budget.used == 0
+        # A budget others have spent: a miss (skipped), not an error.
+        with budget.account() as others:
+            others.reserve(60 << 20)
+            assert await _fetch(cache, key, BIG) is None
+        assert cache.skipped == 3
+    finally:
+        await cache.close()
+
+
+async def test_a_large_response_is_written_from_a_copy_and_read_back(server):
+    cache = RedisResponseCache(_config(server.port, "redis,socket_timeout=2000"), SHARED)
+    key = cache.key(cache.version_owner(IDENTITY), [X], ["y"], "")
+    forms = OutputForms("m", {"y": ("FP32", (-1,)), "t": ("BYTES", (-1,))}, True)
+    outputs = {"y": np.arange(1 << 20, dtype=np.float32).reshape(1, -1), "t": np.array([[b"a", b"bc"]], object)}
+    try:
+        _store(cache, key, outputs, None, forms)
+        outputs["y"][:] = 0  # the runtime reuses its buffer once the response is out
+        await cache.close()
+        hit = await _fetch(cache, key, forms)
+        assert hit is not None and hit["y"][0, 12345] == 12345 and hit["t"].tolist() == [[b"a", b"bc"]]
+        assert (cache.insertions, cache.failures) == (1, 0)
+    finally:
+        await cache.close()
+
+
+async def test_another_type_of_value_under_a_key_is_a_miss_not_an_outage(server):
+    cache = RedisResponseCache(_config(server.port), SHARED)
+    key = cache.key(cache.version_owner(IDENTITY), [X], ["y"], "")
+    server.client().rpush(key, b"a list")
+    try:
+        assert await _fetch(cache, key) is None
+        assert cache.failures == 1
+        other = cache.key(cache.version_owner(IDENTITY), [X], ["z"], "")
+        assert await _fetch(cache, other) is None and cache.skipped == 0  # no back-off: the server is fine
+    finally:
         await cache.close()
 
 
@@ -250,10 +430,10 @@ async def test_credentials_from_tritons_environment_variables(tmp_path):
         key = right.key(right.version_owner(IDENTITY), [X], ["y"], "")
         try:
             assert (from_env.user, from_env.password) == ("default", "s3cret")
-            assert await wrong.fetch(key, 0) is None and wrong.failures == 1  # the cache_config's password wins
-            right.store(key, IDENTITY, _outputs(), None)
+            assert await _fetch(wrong, key) is None and wrong.failures == 1  # the cache_config's password wins
+            _store(right, key, _outputs(), None)
             await right.close()
-            assert await right.fetch(key, 0) is not None and right.failures == 0
+            assert await _fetch(right, key) is not None and right.failures == 0
         finally:
             await right.close()
             await wrong.close()

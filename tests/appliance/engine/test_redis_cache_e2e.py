@@ -1,5 +1,6 @@
-"""The Redis response cache end to end: two daemons sharing one real redis-server share their hits, and a
-Redis that stalls or goes away costs requests nothing but the cache (they are answered, counted)."""
+"""The Redis response cache end to end: two daemons given the same secret share their hits through one real
+redis-server, an entry altered there is answered from the model, and a Redis that stalls or goes away costs
+requests nothing but the cache (they are answered, counted)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
+from appliance.engine.redis_entry import EntryKeys, encode_entry
 from tests.builders import two_output_model, write_model
 from tests.http_util import call
 from tests.redis_server import redis_server
@@ -18,6 +20,7 @@ from tests.waiting import wait_until
 
 X = np.array([[1, 2, 3, 4, 5, 6]], np.float32)
 CACHED = "max_batch_size: 8\nresponse_cache { enable: true }\n"
+SECRET = "the fleet's response cache secret, at least 32 characters"
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +41,7 @@ def repository(tmp_path_factory):
 def daemons(module_daemon, repository, redis):
     flags = ("--cache-config", "redis,host=127.0.0.1", "--cache-config", f"redis,port={redis.port}",
              "--cache-config", "redis,socket_timeout=200", "--cache-config", "redis,ttl=600")
-    first = module_daemon(repository, *flags)
+    first = module_daemon(repository, *flags, env={"APPLIANCE_CACHE_REDIS_KEY": SECRET})
     return first, first.like()
 
 
@@ -72,7 +75,7 @@ def test_two_daemons_share_hits_through_one_redis(daemons, redis):
     answer = _infer(first, "cached", x)
     np.testing.assert_array_equal(answer, np.square(x))
     _until(lambda: len(redis.keys()) == 1)  # written after the response, in the background
-    assert redis.keys()[0].startswith(b"appliance:rc1:")
+    assert redis.keys()[0].startswith(b"appliance:rc2:")
     assert 0 < redis.client().ttl(redis.keys()[0]) <= 600
     np.testing.assert_array_equal(_infer(second, "cached", x), answer)
     hits, misses, ran = _counts(second)
@@ -82,6 +85,28 @@ def test_two_daemons_share_hits_through_one_redis(daemons, redis):
     assert _metric(second, "nv_cache_num_hits") == 1
     _infer(first, "uncached", x)
     assert len(redis.keys()) == 1  # a model whose config does not ask for the cache is not cached
+
+
+def test_an_entry_altered_on_redis_is_answered_from_the_model(daemons, redis):
+    first, second = daemons
+    x = X + 50
+    written = set(redis.keys())
+    _infer(first, "cached", x)
+    _until(lambda: len(set(redis.keys()) - written) == 1)
+    (key,) = set(redis.keys()) - written
+    failures = _metric(second, "appliance_response_cache_redis_failures")
+    insertions = _metric(second, "appliance_response_cache_insertions")
+    outputs = {"double": np.full((1, 6), 1337, np.float32), "square": np.full((1, 6), 1337, np.float32)}
+    redis.client().set(key, encode_entry(key, outputs, None, EntryKeys.of(b"not the secret at all, 32 bytes!")))
+    np.testing.assert_array_equal(_infer(second, "cached", x), np.square(x))
+    # The second daemon writes its own answer back; then, signed with the secret but BYTES where the model's
+    # config says FP32: not served either.
+    _until(lambda: _metric(second, "appliance_response_cache_insertions") == insertions + 1)
+    pwned = {"double": np.array([[b"pwned!"] * 6], object), "square": np.array([[b"pwned!"] * 6], object)}
+    redis.client().set(key, encode_entry(key, pwned, None, EntryKeys.of(SECRET.encode(), shared=True)))
+    np.testing.assert_array_equal(_infer(second, "cached", x), np.square(x))
+    assert _metric(second, "appliance_response_cache_redis_failures") == failures + 2
+    assert "refused" in second.log()
 
 
 def test_a_stalled_then_stopped_redis_costs_requests_nothing(daemons, redis):
