@@ -87,7 +87,8 @@ class OutputForms:
         """Why ``outputs`` cannot be this model's answer to a request of ``batch_size``, or None when they
         can: every output declared, of its datatype, of its rank, each fixed dimension as declared (-1 takes
         any size) and, where the model batches, the request's batch size first."""
-        for name, array in outputs.items():
+        for name, value in outputs.items():
+            array = np.asarray(value)
             form = self.outputs.get(name)
             if form is None:
                 return f"output {name!r} is not in model {self.model!r}'s config"
