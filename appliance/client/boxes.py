@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import ipaddress
 import logging
 import queue
 import socket
@@ -14,7 +15,7 @@ from typing import Any
 
 from zeroconf import InterfaceChoice, IPVersion, ServiceBrowser, ServiceStateChange, Zeroconf
 
-__all__ = ["HTTP_TYPE", "KSERVE_TYPE", "PROTOCOLS", "Box", "Browser", "discover"]
+__all__ = ["HTTP_TYPE", "KSERVE_TYPE", "PROTOCOLS", "Box", "Browser", "discover", "numeric_addresses"]
 
 log = logging.getLogger(__name__)
 
@@ -49,12 +50,13 @@ class Box:
         host, _, port = text.rpartition(":")
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise ValueError(f"expected host:port such as 192.168.1.20:8000, got {url!r}")
-        return cls(name=text, addresses=(host,), port=int(port), grpc_port=grpc_port, tls=("http",) if secure else ())
+        return cls(name=text, addresses=(host.removeprefix("[").removesuffix("]"),), port=int(port),
+                   grpc_port=grpc_port, tls=("http",) if secure else ())
 
     @property
     def url(self) -> str:
         """host:port, as tritonclient.http.InferenceServerClient takes it."""
-        return f"{self.addresses[0]}:{self.port}"
+        return _host_port(self.addresses[0], self.port)
 
     @property
     def base_url(self) -> str:
@@ -63,10 +65,31 @@ class Box:
     @property
     def grpc_url(self) -> str | None:
         """host:port of the gRPC service, as tritonclient.grpc.InferenceServerClient takes it."""
-        return None if self.grpc_port is None else f"{self.addresses[0]}:{self.grpc_port}"
+        return None if self.grpc_port is None else _host_port(self.addresses[0], self.grpc_port)
 
     def url_for(self, protocol: str) -> str | None:
         return self.grpc_url if protocol == "grpc" else self.url
+
+
+def _host_port(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"  # an IPv6 address in brackets
+
+
+def numeric_addresses(host: str, port: int) -> tuple[str, ...]:
+    """The numeric addresses ``host`` stands for (itself when it is one, written the one way; a name
+    resolved), in getaddrinfo's order; () when it resolves to none. Whoever checks an address against
+    something (a pinned box) connects to the number checked, never to the name again: a second lookup
+    may answer otherwise."""
+    bare = host.removeprefix("[").removesuffix("]")
+    try:
+        return (str(ipaddress.ip_address(bare)),)
+    except ValueError:
+        pass
+    try:
+        found = socket.getaddrinfo(bare, port, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return ()
+    return tuple(dict.fromkeys(str(sockaddr[0]) for *_, sockaddr in found))
 
 
 def parse_box(info: Any) -> Box | None:

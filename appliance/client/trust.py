@@ -13,6 +13,12 @@ it presented when pinned): a box's certificate is usually self-signed (``applian
 vouches for it and the pin is what does. A pinned box that presents another certificate, or that was
 pinned with TLS and now announces plain HTTP, is refused until the operator pins it again.
 
+An address is a number, never the text a command was given: a pin holds the numeric address the box
+answered at, and a box named by URL (``localhost``, ``aisle-3.lan``, ``127.0.0.1``) is at a pinned
+address when its name resolves to it, and is then that pinned box, with its checks. A box named by URL
+that says it is a pinned box must prove it the way the pin can: with the pinned certificate over TLS,
+or, for a box pinned over plain HTTP, by answering at its pinned address.
+
 The pins are a small JSON file (the ``trusted_boxes`` setting; default ``<state_dir>/trusted-boxes.json``),
 written whole (a temporary file renamed over it), mode 0600.
 """
@@ -30,7 +36,7 @@ from pathlib import Path
 
 import platformdirs
 
-from appliance.client.boxes import Box
+from appliance.client.boxes import Box, numeric_addresses
 from appliance.core.errors import ConfigError
 
 __all__ = ["FILE_NAME", "Pin", "TokenPolicy", "Trust", "TrustStore", "certificate_fingerprint", "default_path",
@@ -71,7 +77,7 @@ class Pin:
 
     @property
     def where(self) -> str:
-        return f"{self.address}:{self.port}"
+        return f"[{self.address}]:{self.port}" if ":" in self.address else f"{self.address}:{self.port}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,6 +94,7 @@ class Trust:
 
 def _trust_again(name: str) -> str:
     return f"appliance fleet trust {name}"
+
 
 
 class TrustStore:
@@ -183,18 +190,48 @@ class TrustStore:
                             f"{_trust_again(box.name)}")
 
     def pinned_at(self, box: Box) -> Pin | None:
-        """The pin at the box's (first) address and port, if any."""
-        return next((p for p in self._pins if p.where == f"{box.addresses[0]}:{box.port}"), None)
+        """The pin at one of the box's addresses (names resolved: ``localhost`` is 127.0.0.1) and its
+        port, with its address as the number matched; None when no box was pinned there."""
+        places = [(pin, numeric_addresses(pin.address, pin.port)) for pin in self._pins if pin.port == box.port]
+        for named in box.addresses:
+            for address in numeric_addresses(named, box.port):
+                for pin, numbers in places:
+                    if address in numbers:
+                        return dataclasses.replace(pin, address=address)
+        return None
 
-    def named_verdict(self, box: Box, box_id: str) -> Trust:
-        """A box the operator named by address (--url), which answered ``box_id`` there: trusted for this
-        command, unless another box was pinned at that address."""
-        for pin in self._pins:
-            if pin.where == f"{box.addresses[0]}:{box.port}" and pin.id != box_id:
-                return Trust(False, f"the box at {pin.where} now says it is box {box_id or '(no id)'}, but "
-                                    f"{pin.name} (box {pin.id}) was pinned there: check it, then pin it again: "
-                                    f"appliance fleet trust --url {pin.where}", pin, changed=True)
-        return Trust(True, box=box)
+    def named_verdict(self, box: Box, box_id: str, presented: str = "", again: str = "") -> Trust:
+        """A box the operator named by URL, which answered ``box_id`` at its address (``presented``: the
+        fingerprint of the certificate it presented there, '' over plain HTTP): trusted for this command,
+        unless another box was pinned at that address, or it says it is a pinned box and cannot prove it
+        (another certificate, plain HTTP for a box pinned with TLS, another address for one pinned
+        without). ``again``: the command that pins it (default: by its URL)."""
+        again = again or f"appliance fleet trust --url {box.base_url}"
+        here = f"{box.name} ({box.url})" if box.name != box.url else box.url
+        placed = self.pinned_at(box)
+        if placed is not None and placed.id != box_id:
+            return Trust(False, f"the box at {placed.where} now says it is box {box_id or '(no id)'}, but "
+                                f"{placed.name} (box {placed.id}) was pinned there: check it, then pin it again: "
+                                f"{again}", placed, changed=True)
+        claimed = next((p for p in self._pins if box_id and p.id == box_id), None)
+        if claimed is None:
+            return Trust(True, box=box)
+        if claimed.fingerprint and not presented:
+            return Trust(False, f"the box at {here} says it is {claimed.name} (box {box_id}), which was pinned "
+                                f"serving TLS (certificate {claimed.fingerprint}), but it answers plain HTTP: "
+                                f"another box, or an impostor; nothing was sent. If that box's TLS was turned off "
+                                f"on purpose, check it and pin it again: {again}", claimed, changed=True)
+        if claimed.fingerprint and not same_fingerprint(claimed.fingerprint, presented):
+            return Trust(False, f"the box at {here} says it is {claimed.name} (box {box_id}), but presents the TLS "
+                                f"certificate {presented}, not {claimed.fingerprint} that box was pinned with: "
+                                f"another box, or an impostor; nothing was sent. If its certificate was replaced on "
+                                f"purpose, check its fingerprint on the box (appliance tls show) and pin it again: "
+                                f"{again}", claimed, changed=True)
+        if not claimed.fingerprint and placed is None:
+            return Trust(False, f"the box at {here} says it is {claimed.name} (box {box_id}), which was pinned at "
+                                f"{claimed.where} over plain HTTP, where nothing but that address proves it: if it "
+                                f"moved, check it and pin it again: {again}", claimed, changed=True)
+        return Trust(True, pin=claimed, box=box)
 
 
 class TokenPolicy:

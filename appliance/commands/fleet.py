@@ -9,7 +9,8 @@ requests if it is pinned (the token is never sent), and not at all otherwise.
 
 ``appliance fleet trust NAME`` pins a box found on the LAN: its id (from its record, confirmed by the box
 at its address) and that address, and when its HTTP port speaks TLS the fingerprint of the certificate it
-presents; ``--url URL`` pins a box by address; ``--id ID`` pins only if the box is that box (read the id
+presents; ``--url URL`` pins a box by address (the number its host resolves to and the box answered
+at, never a name); ``--id ID`` pins only if the box is that box (read the id
 on the box: ``<state_dir>/device-id``), ``--fingerprint FP`` only if it presents that certificate (read
 it on the box: ``appliance tls show``). ``untrust NAME`` forgets a pin; ``trusted`` lists them.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import json
+import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -33,6 +35,8 @@ from appliance.commands.targets import (
     add_target_options,
     choose_targets,
     explicit_boxes,
+    prove_identity,
+    resolve,
     trust_store,
 )
 from appliance.core.errors import ConfigError
@@ -93,23 +97,29 @@ class _Reader:
         self._target = target
         self._token = token
         self._store = store
+        self._proven: tuple[str, str] | None = None
+        """(box id, an unused nonce) the box answered when checked."""
         self.refused: str | None = None
 
-    def _box_id(self) -> tuple[str, str] | None:
-        pin = self._target.trust.pin
-        if not self._target.named and pin is not None:
-            return pin.id, self._client.expect(pin.id, f"at {pin.where}")
-        identity = self._client.identify()
-        if identity is not None and not (verdict := self._store.named_verdict(self._target.box, identity[0])).trusted:
-            raise Refusal(verdict.reason)
-        return identity
+    def check(self) -> None:
+        """A box named by URL at an address where no box is pinned says its id first: one that says it is
+        a pinned box it cannot prove it is (TrustStore.named_verdict) is refused before it is read."""
+        if not self._target.named or self._target.trust.pin is not None:
+            return
+        try:
+            self._proven = prove_identity(self._client, self._target, self._store)
+        except Refusal as exc:
+            self.refused = str(exc)
+        except OSError:
+            self._client.close()  # not an appliance that signs (its nonce answer is odd): its reads will say
 
     def get(self, method: str, path: str, body: bytes | None = None) -> tuple[int, Any]:
         status, answer = self._client.call(method, path, body)
         if status != 401 or not self._token or not self._target.trust.trusted or self.refused:
             return status, answer
+        identity, self._proven = self._proven, None
         try:
-            identity = self._box_id()
+            identity = identity or prove_identity(self._client, self._target, self._store)
         except Refusal as exc:
             self.refused = str(exc)
             return status, answer
@@ -126,35 +136,19 @@ def box_summary(target: Target, token: str | None, store: TrustStore) -> dict[st
                            "id": box.id or None, "hw": box.hw or None, "models_ready": None, "models_total": None,
                            "requests_per_s": None, "p50_ms": None, "version": box.version or None,
                            "trusted": trust.trusted, "trust": _trust_word(target), "error": None}
-    problems = []
-    locked = ("protects its API (protect_inference): pin it to read it: appliance fleet trust " + box.name
-              if not trust.trusted else "protects its API: give the token (--token-file) to read it")
-    with BoxClient(target.reachable_box, fingerprint=target.fingerprint) as client:
+    problems: list[str] = []
+    with BoxClient(target.reachable_box, fingerprint=target.fingerprint, again=target.again) as client:
         reader = _Reader(client, target, token, store)
         try:
-            status, metadata = reader.get("GET", "/v2")
-            if status == 200 and isinstance(metadata, dict):
-                row["version"] = metadata.get("version") or row["version"]
-            status, index = reader.get("POST", "/v2/repository/index", b"{}")
-            if status == 200 and isinstance(index, list):
-                rows = [r for r in index if isinstance(r, dict)]
-                row["models_ready"] = len({r.get("name") for r in rows if r.get("state") == "READY"})
-                row["models_total"] = len({r.get("name") for r in rows})
-            else:
-                problems.append(f"repository index: HTTP {status}" + (f" ({locked})" if status == 401 else ""))
-            status, probe = reader.get("GET", "/v2/probe")
-            if status == 200 and isinstance(probe, dict) and probe.get("summary"):
-                row["hw"] = probe["summary"]
-            until = int(time.time())
-            status, history = reader.get("GET", f"/v2/history?since={until - WINDOW}&until={until}&step=1")
-            if status == 200:
-                row["requests_per_s"], row["p50_ms"] = minute_load(history)
-            else:
-                problems.append(f"history: HTTP {status}")
+            reader.check()
+            if not reader.refused:
+                _read(reader, row, problems, target)
         except OSError as exc:
             problems.append(f"unreachable: {exc}")
         except CertificateChanged as exc:
             reader.refused = str(exc)
+        if client.address:
+            row["address"], row["url"] = client.reached.url, client.reached.base_url
     if reader.refused:
         row["trusted"], row["trust"] = False, "CHANGED"
         problems.append(reader.refused)
@@ -164,9 +158,33 @@ def box_summary(target: Target, token: str | None, store: TrustStore) -> dict[st
     return row
 
 
+def _read(reader: _Reader, row: dict[str, Any], problems: list[str], target: Target) -> None:
+    locked = (f"protects its API (protect_inference): pin it to read it: {target.again}" if not target.trust.trusted
+              else "protects its API: give the token (--token-file) to read it")
+    status, metadata = reader.get("GET", "/v2")
+    if status == 200 and isinstance(metadata, dict):
+        row["version"] = metadata.get("version") or row["version"]
+    status, index = reader.get("POST", "/v2/repository/index", b"{}")
+    if status == 200 and isinstance(index, list):
+        rows = [r for r in index if isinstance(r, dict)]
+        row["models_ready"] = len({r.get("name") for r in rows if r.get("state") == "READY"})
+        row["models_total"] = len({r.get("name") for r in rows})
+    else:
+        problems.append(f"repository index: HTTP {status}" + (f" ({locked})" if status == 401 else ""))
+    status, probe = reader.get("GET", "/v2/probe")
+    if status == 200 and isinstance(probe, dict) and probe.get("summary"):
+        row["hw"] = probe["summary"]
+    until = int(time.time())
+    status, history = reader.get("GET", f"/v2/history?since={until - WINDOW}&until={until}&step=1")
+    if status == 200:
+        row["requests_per_s"], row["p50_ms"] = minute_load(history)
+    else:
+        problems.append(f"history: HTTP {status}")
+
+
 def _trust_word(target: Target) -> str:
     if target.trust.trusted:
-        return "url" if target.named else "pinned"
+        return "pinned" if target.trust.pin is not None else "url"
     return "CHANGED" if target.trust.changed else "no"
 
 
@@ -188,7 +206,8 @@ def _list(args: argparse.Namespace, settings: Settings) -> int:
     for row in rows:
         models = "-" if row["models_total"] is None else f"{row['models_ready']}/{row['models_total']}"
         hardware = (row["hw"] or "-").split("; runtimes")[0]  # the whole summary is in --json
-        table.append((row["name"], row["address"], hardware[:70], models, _cell(row["requests_per_s"]),
+        hardware = textwrap.shorten(hardware, 70, placeholder=" ...")  # whole words: never half a number
+        table.append((row["name"], row["address"], hardware, models, _cell(row["requests_per_s"]),
                       _cell(row["p50_ms"]), _cell(row["version"]), row["trust"]))
     widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
     for line in table:
@@ -211,7 +230,7 @@ def _trust(args: argparse.Namespace, settings: Settings) -> int:
                           "(every box found now) or --url URL")
     if args.names and args.all:
         raise ConfigError("give either NAME (repeatable) or --all, not both")
-    boxes = list(explicit)
+    boxes = [resolve(box) for box in explicit]  # pinned at the number it answers at, never at a name
     if args.names or args.all:
         found = {box.name: box for box in discover(args.timeout, args.discover_interfaces or ())}
         missing = [name for name in args.names if name not in found]
@@ -229,23 +248,24 @@ def _trust(args: argparse.Namespace, settings: Settings) -> int:
             with BoxClient(box) as client:
                 identity = client.identify()
                 presented = client.presented
+                reached = client.reached
         except OSError as exc:
             problems.append(f"{box.name}: cannot reach {box.base_url}: {exc}")
             continue
         answered = identity[0] if identity is not None else ""
         if not answered:
-            problems.append(f"{box.name}: the box at {box.url} proves no id (it answers no /v2/fleet/nonce: not an "
-                            "appliance, or one too old to take signed requests); not pinned")
+            problems.append(f"{box.name}: the box at {reached.url} proves no id (it answers no /v2/fleet/nonce: not "
+                            "an appliance, or one too old to take signed requests); not pinned")
         elif box.id and answered != box.id:
-            problems.append(f"{box.name}: its LAN record says box {box.id}, but the box at {box.url} says it is box "
-                            f"{answered}: something else answers there; not pinned")
+            problems.append(f"{box.name}: its LAN record says box {box.id}, but the box at {reached.url} says it is "
+                            f"box {answered}: something else answers there; not pinned")
         elif args.expect_id and answered != args.expect_id:
-            problems.append(f"{box.name}: the box at {box.url} is box {answered}, not {args.expect_id}; not pinned")
+            problems.append(f"{box.name}: the box at {reached.url} is box {answered}, not {args.expect_id}; not pinned")
         elif args.expect_fingerprint and not same_fingerprint(args.expect_fingerprint, presented):
-            problems.append(f"{box.name}: the box at {box.url} presents the TLS certificate "
+            problems.append(f"{box.name}: the box at {reached.url} presents the TLS certificate "
                             f"{presented or '(none: plain HTTP)'}, not {args.expect_fingerprint}; not pinned")
         else:
-            pin = store.pin(box, answered, presented)
+            pin = store.pin(reached, answered, presented)
             print(f"pinned {pin.name}: box {pin.id} at {pin.where}"
                   + (f", TLS certificate SHA-256 {pin.fingerprint}" if pin.fingerprint else ""))
     store.save()

@@ -5,8 +5,10 @@ The directory's config.pbtxt goes as the ``config`` parameter (JSON), every othe
 parallel, with one progress line each; the exit status is 1 when any box failed (each named, with why).
 
 Only to trusted boxes (see targets.py): a box found on the LAN that the operator did not pin is refused
-before anything is sent to it, with the command that pins it. The token is never sent: the push is
-signed for the pinned box id, over a nonce that box issued (appliance.security.fleet_signature).
+before anything is sent to it, with the command that pins it; a box named by URL (by any name of its
+address) must prove it is the box pinned there, or the pinned box it says it is, before the push goes.
+The token is never sent: the push is signed for the pinned box id, over a nonce that box issued
+(appliance.security.fleet_signature).
 """
 
 from __future__ import annotations
@@ -25,7 +27,14 @@ from urllib.parse import quote
 from google.protobuf import json_format
 
 from appliance.client.trust import TrustStore
-from appliance.commands.targets import BoxClient, Refusal, Target, add_target_options, choose_targets
+from appliance.commands.targets import (
+    BoxClient,
+    Refusal,
+    Target,
+    add_target_options,
+    choose_targets,
+    prove_identity,
+)
 from appliance.core.errors import ConfigError
 from appliance.repository.config import CONFIG_FILENAME, read_config
 from appliance.settings import Settings
@@ -82,29 +91,15 @@ def model_parameters(model_dir: Path, name: str) -> tuple[dict[str, str], int]:
     return parameters, sum(len(data) for data in files.values())
 
 
-def _identity(client: BoxClient, target: Target, store: TrustStore) -> tuple[str, str] | None:
-    """(box id, nonce) of a trusted box once it has proved it is the box expected; None for a box named
-    by URL that does not sign (Triton); Refusal otherwise."""
-    pin = target.trust.pin
-    if not target.named and pin is not None:
-        return pin.id, client.expect(pin.id, f"at {pin.where}")
-    identity = client.identify()
-    if identity is not None:
-        verdict = store.named_verdict(target.box, identity[0])
-        if not verdict.trusted:
-            raise Refusal(verdict.reason)
-    return identity
-
-
 def _push(target: Target, name: str, body: bytes, token: str | None, store: TrustStore, timeout: float) -> str:
     """'' when the box loaded the model, else why not."""
     if not target.trust.trusted:
         return f"not pushed: {target.trust.reason}"
     box = target.reachable_box
     path = f"/v2/repository/models/{quote(name, safe='')}/load"
-    with BoxClient(box, fingerprint=target.fingerprint) as client:
+    with BoxClient(box, fingerprint=target.fingerprint, again=target.again) as client:
         try:
-            identity = _identity(client, target, store)
+            identity = prove_identity(client, target, store)
             if token and identity is not None:
                 status, answer = client.signed(token, *identity, "POST", path, body, timeout)
             else:

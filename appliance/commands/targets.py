@@ -3,9 +3,12 @@ HTTP to one box: plain, or signed with the token (which never leaves this machin
 
 A box found on the LAN is trusted only when the operator pinned it (``appliance fleet trust``: its id
 at its address, see appliance.client.trust); a box named with ``--url`` is trusted for the command that
-names it, unless another box was pinned at that address. Whatever a box is, the token is never sent:
-requests that need it are signed (appliance.security.fleet_signature) for the box id the client expects, with a
-nonce that box issued.
+names it, unless another box was pinned at that address, or it says it is a pinned box and cannot prove
+it. A URL's host is resolved once, here, and the box is talked to at the number resolved: a URL whose
+host resolves to a pinned box's address (``https://localhost:8000`` for a box pinned at 127.0.0.1:8000)
+names that pinned box, and gets its checks (its id, its certificate, TLS). Whatever a box is, the token
+is never sent: requests that need it are signed (appliance.security.fleet_signature) for the box id the
+client expects, with a nonce that box issued.
 
 A box whose HTTP port speaks TLS (its record's ``tls``, an ``https://`` URL, or a pin with a certificate
 fingerprint) is talked to over TLS. Its certificate is checked against the pin's fingerprint, not against
@@ -24,14 +27,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from appliance.client.boxes import Box, discover
+from appliance.client.boxes import Box, discover, numeric_addresses
 from appliance.client.trust import Trust, TrustStore, certificate_fingerprint, same_fingerprint
 from appliance.core.errors import ConfigError
 from appliance.security.fleet_signature import NONCE_PATH, sign
 from appliance.settings import Settings
 
 __all__ = ["BoxClient", "CertificateChanged", "Refusal", "Target", "add_target_options", "choose_targets",
-           "explicit_boxes", "read_token", "select_boxes", "targets", "trust_store"]
+           "explicit_boxes", "prove_identity", "read_token", "resolve", "select_boxes", "targets", "trust_store"]
 
 
 def add_target_options(parser: argparse.ArgumentParser, choose: bool) -> None:
@@ -89,10 +92,21 @@ def trust_store(settings: Settings) -> TrustStore:
     return TrustStore.load(settings.fleet.trusted_boxes_file(settings.server.state_dir))
 
 
+def resolve(box: Box) -> Box:
+    """A box named by URL, at the numeric addresses its host resolves to (ConfigError when none): the
+    ones it is checked at and talked to, so that a second lookup cannot point elsewhere."""
+    addresses = numeric_addresses(box.addresses[0], box.port)
+    if not addresses:
+        raise ConfigError(f"--url {box.base_url}: {box.addresses[0]} resolves to no address; check the name, or "
+                          "give the box's address (such as http://192.168.1.20:8000)")
+    return dataclasses.replace(box, addresses=addresses)
+
+
 @dataclasses.dataclass(frozen=True)
 class Target:
-    """A box a command acts on. ``trust`` for a box found on the LAN is decided from the pins alone,
-    before any contact; for a box named by URL once it has said its id (``BoxClient.identify``)."""
+    """A box a command acts on. ``trust`` for a box found on the LAN, or named by URL at a pinned
+    address, is decided from the pins alone, before any contact; for another box named by URL once it
+    has said its id (``prove_identity``)."""
 
     box: Box
     named: bool
@@ -100,28 +114,47 @@ class Target:
     trust: Trust
     fingerprint: str = ""
     """The certificate the box must present (its pin's), '' when none is pinned."""
+    given: str = ""
+    """The URL as given (--url; https:// for a box pinned with TLS), '' for a box found on the LAN."""
 
     @property
     def reachable_box(self) -> Box:
         """The box at the address to use: a pinned box at its pinned address."""
         return self.trust.box or self.box
 
+    @property
+    def again(self) -> str:
+        """The command that pins this box (again), as the operator named it."""
+        return f"appliance fleet trust --url {self.given}" if self.given else f"appliance fleet trust {self.box.name}"
+
 
 def targets(boxes: Sequence[Box], named: Sequence[Box], store: TrustStore) -> list[Target]:
-    """``named``: the boxes given by --url (trusted for this command once they say their id)."""
+    """``named``: the boxes given by --url (trusted for this command once they say their id, or, at a
+    pinned box's address, once they prove they are that box)."""
     given = set(named)
     chosen = []
     for box in boxes:
         if box in given:
-            pin = store.pinned_at(box)
-            if pin is not None and pin.fingerprint:  # pinned with TLS: never talked to in plain text again
-                box = dataclasses.replace(box, tls=tuple(dict.fromkeys(("http", *box.tls))))
-            chosen.append(Target(box, True, Trust(True, box=box), pin.fingerprint if pin is not None else ""))
+            chosen.append(_named(box, store))
         else:
             verdict = store.verdict(box)
             pinned = verdict.pin.fingerprint if verdict.trusted and verdict.pin is not None else ""
             chosen.append(Target(box, False, verdict, pinned))
     return chosen
+
+
+def _named(box: Box, store: TrustStore) -> Target:
+    url = box.base_url
+    placed = resolve(box)
+    pin = store.pinned_at(placed)
+    if pin is None:
+        return Target(placed, True, Trust(True, box=placed), given=url)
+    # Whatever name the URL used, this is the address of a pinned box: that box, at that number, with the
+    # pin's checks; pinned with TLS, it is never talked to in plain text again (an http:// URL included).
+    tls = tuple(dict.fromkeys(("http", *placed.tls))) if pin.fingerprint else placed.tls
+    pinned = dataclasses.replace(placed, addresses=(pin.address,), tls=tls)
+    given = f"https://{box.name}" if pin.fingerprint else url  # box.name: the URL's host:port
+    return Target(pinned, True, Trust(True, pin=pin, box=pinned), pin.fingerprint, given=given)
 
 
 def choose_targets(args: argparse.Namespace, settings: Settings,
@@ -161,15 +194,25 @@ class BoxClient:
     """HTTP to one box, over one keep-alive connection: ``call`` sends a request as is; ``signed`` proves
     the token with a signature over a fresh nonce of the box, for the box id expected. Over TLS when the
     box's HTTP port speaks it; ``fingerprint``: the certificate it must present (CertificateChanged
-    otherwise, before any request is sent)."""
+    otherwise, before any request is sent). The box's addresses are tried in order (numbers: a name in
+    them would be looked up again by the connection); ``again``: the command that pins the box, for the
+    messages (default: by its name)."""
 
-    def __init__(self, box: Box, timeout: float = 10.0, fingerprint: str = "") -> None:
+    def __init__(self, box: Box, timeout: float = 10.0, fingerprint: str = "", again: str = "") -> None:
         self.box = box
         self._timeout = timeout
         self._fingerprint = fingerprint
+        self._again = again or f"appliance fleet trust {box.name}"
         self._connection: http.client.HTTPConnection | None = None
         self.presented: str = ""
         """The fingerprint of the certificate the box presented ('' until a TLS connection is made)."""
+        self.address: str = ""
+        """The address connected to ('' until a connection is made)."""
+
+    @property
+    def reached(self) -> Box:
+        """The box at the address connected to (all its addresses until then)."""
+        return dataclasses.replace(self.box, addresses=(self.address,)) if self.address else self.box
 
     def __enter__(self) -> BoxClient:
         return self
@@ -211,9 +254,23 @@ class BoxClient:
             return response.status, raw[:300].decode("utf-8", "replace")
 
     def _connect(self) -> http.client.HTTPConnection:
-        host, port = self.box.addresses[0], self.box.port
+        failures = []
+        for address in self.box.addresses:
+            try:
+                connection = self._open(address)
+            except OSError as exc:
+                failures.append(f"{address}: {exc}" if len(self.box.addresses) > 1 else str(exc))
+                continue
+            self.address = address
+            return connection
+        raise OSError("; ".join(failures) or "no address")
+
+    def _open(self, host: str) -> http.client.HTTPConnection:
+        port = self.box.port
         if "http" not in self.box.tls:
-            return http.client.HTTPConnection(host, port, timeout=self._timeout)
+            plain = http.client.HTTPConnection(host, port, timeout=self._timeout)
+            plain.connect()
+            return plain
         # No CA check: a box's own certificate is self-signed; the pin's fingerprint is what is checked.
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
@@ -224,7 +281,7 @@ class BoxClient:
             connection.connect()
         except ssl.SSLError as exc:
             connection.close()
-            raise OSError(f"TLS handshake with {self.box.url} failed: {exc.reason or exc}") from None
+            raise OSError(f"TLS handshake with {self.box.base_url} failed: {exc.reason or exc}") from None
         connection.auto_open = 0  # http.client reconnecting on its own would skip the certificate's check
         assert isinstance(connection.sock, ssl.SSLSocket)
         der = connection.sock.getpeercert(binary_form=True) or b""
@@ -235,7 +292,7 @@ class BoxClient:
                 f"{self.box.name} at {self.box.url} presents the TLS certificate {self.presented}, but it was pinned "
                 f"with {self._fingerprint}: another box, or an impostor, is there; nothing was sent. If the box's "
                 f"certificate was replaced on purpose (appliance tls init --force), check its fingerprint on the box "
-                f"(appliance tls show) and pin it again: appliance fleet trust {self.box.name}")
+                f"(appliance tls show) and pin it again: {self._again}")
         return connection
 
     def identify(self) -> tuple[str, str] | None:
@@ -261,7 +318,7 @@ class BoxClient:
         if answered != box_id:
             raise Refusal(f"the box at {self.box.url} now says it is box {answered}, but {self.box.name} was pinned "
                           f"as box {box_id} {where}: another box, or an impostor, is there; if you replaced the "
-                          f"box, check it and pin it again: appliance fleet trust {self.box.name}")
+                          f"box, check it and pin it again: {self._again}")
         return nonce
 
     def signed(self, token: str, box_id: str, nonce: str, method: str, path: str, body: bytes | None = None,
@@ -269,3 +326,19 @@ class BoxClient:
         """The request with ``Authorization: Fleet ...`` over ``nonce`` (one request per nonce)."""
         header = sign(token, box_id, nonce, method, path, body or b"")
         return self.call(method, path, body, [("Authorization", header)], timeout)
+
+
+def prove_identity(client: BoxClient, target: Target, store: TrustStore) -> tuple[str, str] | None:
+    """(box id, a nonce) of a trusted box once it has proved it is the box expected: a pinned box (found
+    on the LAN, or named at its pinned address) must say the pin's id; another box named by URL must not
+    say it is a pinned box it cannot prove it is (TrustStore.named_verdict). None for a box named by URL
+    that does not sign (Triton); Refusal otherwise."""
+    pin = target.trust.pin
+    if pin is not None:
+        return pin.id, client.expect(pin.id, f"at {pin.where}")
+    answered = client.identify()
+    if answered is not None:
+        verdict = store.named_verdict(client.reached, answered[0], client.presented, target.again)
+        if not verdict.trusted:
+            raise Refusal(verdict.reason)
+    return answered

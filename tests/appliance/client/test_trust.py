@@ -3,6 +3,7 @@ bearer token may go."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import stat
@@ -61,7 +62,7 @@ def test_a_box_named_by_address_is_trusted_unless_another_was_pinned_there(store
     named = Box.at("10.0.0.12:8000")
     assert store.named_verdict(named, REAL).trusted
     refused = store.named_verdict(named, OTHER)
-    assert not refused.trusted and refused.changed and "fleet trust --url 10.0.0.12:8000" in refused.reason
+    assert not refused.trusted and refused.changed and "fleet trust --url http://10.0.0.12:8000" in refused.reason
     assert store.named_verdict(Box.at("10.0.0.50:8000"), OTHER).trusted
 
 
@@ -140,3 +141,38 @@ def test_a_box_announced_or_named_with_tls_is_reached_over_https():
     assert Box.at("https://10.0.0.12:8000").base_url == "https://10.0.0.12:8000"
     assert Box.at("https://10.0.0.12:8000").url == "10.0.0.12:8000"
     assert Box.at("http://10.0.0.12:8000").base_url == "http://10.0.0.12:8000"
+
+
+def test_a_name_that_resolves_to_a_pinned_address_is_at_that_pin(tmp_path):
+    store = TrustStore.load(tmp_path / "trusted-boxes.json")
+    store.pin(_box(addresses=("127.0.0.1",)), REAL, FINGERPRINT)
+    for named in ("localhost:8000", "https://localhost:8000", "127.0.0.1:8000"):
+        pin = store.pinned_at(Box.at(named))
+        assert pin is not None and (pin.id, pin.address, pin.fingerprint) == (REAL, "127.0.0.1", FINGERPRINT)
+    assert store.pinned_at(Box.at("localhost:8001")) is None and store.pinned_at(Box.at("127.0.0.2:8000")) is None
+    legacy = TrustStore(store.path, [dataclasses.replace(store.pins()[0], address="localhost")])  # pinned by name
+    pin = legacy.pinned_at(Box.at("127.0.0.1:8000"))
+    assert pin is not None and pin.address == "127.0.0.1"
+    assert not legacy.named_verdict(Box.at("https://127.0.0.1:8000"), OTHER).trusted  # another box, at its number
+
+
+def test_a_box_named_by_url_that_says_it_is_a_tls_pinned_box_must_present_its_certificate(tmp_path):
+    store = TrustStore.load(tmp_path / "trusted-boxes.json")
+    store.pin(_box(), REAL, FINGERPRINT)  # aisle-3 at 10.0.0.12:8000, with TLS
+    elsewhere = Box.at("https://10.0.0.50:8000")
+    assert store.named_verdict(elsewhere, REAL, FINGERPRINT.replace(":", "")).trusted  # its key, at another address
+    forged = store.named_verdict(elsewhere, REAL, "EE:" * 31 + "EE")
+    assert not forged.trusted and forged.changed
+    assert f"presents the TLS certificate {'EE:' * 31}EE, not {FINGERPRINT}" in forged.reason
+    assert "appliance fleet trust --url https://10.0.0.50:8000" in forged.reason
+    plain = store.named_verdict(Box.at("http://10.0.0.50:8000"), REAL, "", again="appliance fleet trust --url X")
+    assert not plain.trusted and "answers plain HTTP" in plain.reason and plain.reason.endswith("--url X")
+    assert not store.named_verdict(Box.at("10.0.0.12:8000"), REAL, "").trusted  # its address, without TLS
+    assert store.named_verdict(elsewhere, OTHER, "EE:" * 31 + "EE").trusted  # not a pinned box: the URL names it
+
+
+def test_a_box_named_by_url_that_says_it_is_a_plain_pinned_box_must_answer_at_its_address(store):
+    assert store.named_verdict(Box.at("localhost:8000"), OTHER).trusted
+    moved = store.named_verdict(Box.at("10.0.0.50:8000"), REAL)
+    assert not moved.trusted and moved.changed and "pinned at 10.0.0.12:8000 over plain HTTP" in moved.reason
+    assert store.named_verdict(Box.at("10.0.0.12:8000"), REAL).trusted
