@@ -17,7 +17,9 @@ account of the memory budget; a compressed one is inflated on that account
 max_inflation_ratio, on a worker thread), and it is parsed on a worker thread when it is large (above
 ``DECODE_OFF_LOOP_BYTES``); a message that is not the protobuf it should be is INVALID_ARGUMENT.
 ModelInfer gets the raw bytes and its account (``Received``, with its caller): the data plane parses it,
-counted there. ModelStreamInfer is admitted as a stream (``appliance.grpc.stream``).
+counted there. ModelStreamInfer is admitted as a stream (``appliance.grpc.stream``). The standard health
+service's Check and Watch (``appliance.grpc.health``) are admitted as ServerReady and read their one
+message as any unary RPC does; Watch then answers with a stream.
 
 ``AdmittingHandlers`` makes the admitting handler of every RPC once, when the server is built: finding a
 call's handler (``by_path``) is a dictionary lookup.
@@ -37,6 +39,8 @@ from tritonclient.grpc import service_pb2 as pb
 
 from appliance.core.errors import ApplianceError, InvalidInput
 from appliance.grpc.access import Gate, caller_of
+from appliance.grpc.health import SERVICE as HEALTH_SERVICE
+from appliance.grpc.health import HealthCheckRequest, HealthCheckResponse, HealthService
 from appliance.grpc.receive import Metered, Receivers
 from appliance.grpc.status import abort, abort_unexpected
 from appliance.protocol.admission import Caller
@@ -82,6 +86,8 @@ _RAW = frozenset({"ModelInfer"})
 """RPCs whose handler takes the message's bytes (``Received``) and parses them itself, on its account, and
 answers with its answer's bytes (serialised by the handler: a large answer off the event loop)."""
 _UNREAD = {"ServerLive": pb.ServerLiveRequest(), "ServerReady": pb.ServerReadyRequest()}
+_HEALTH_METHODS = {"Check": grpc.stream_unary_rpc_method_handler, "Watch": grpc.stream_stream_rpc_method_handler}
+"""The RPCs of grpc.health.v1.Health, and the kind of handler each is served by."""
 """RPCs whose message (without fields) is not read: their request as any client sends it."""
 
 
@@ -123,6 +129,9 @@ def parse(raw: bytes, method: str, deserializer: Callable[[bytes], Any], account
     try:
         return deserializer(raw)
     except DecodeError as exc:
+        if method in _HEALTH_METHODS:
+            raise InvalidInput(f"the request is not a valid grpc.health.v1.HealthCheckRequest ({exc}); send "
+                               f"the HealthCheckRequest of {HEALTH_SERVICE}.{method}") from None
         name = _METHODS[method].input_type.name if method in _METHODS else "request"
         raise InvalidInput(f"the request is not a valid {name} message ({exc}); send the {name} of Triton's "
                            f"GRPCInferenceService.{method}") from None
@@ -145,10 +154,10 @@ def _operation(base: Operation, request: Any) -> Operation:
 
 
 class AdmittingHandlers:
-    """The handler of every RPC of ``service`` (Triton's GRPCInferenceService), each admitting its call
-    first; made once."""
+    """The handler of every RPC of ``service`` (Triton's GRPCInferenceService) and of ``health``
+    (grpc.health.v1.Health), each admitting its call first; made once."""
 
-    def __init__(self, service: Any, dataplane: DataPlane, gate: Gate, receivers: Receivers,
+    def __init__(self, service: Any, health: HealthService, dataplane: DataPlane, gate: Gate, receivers: Receivers,
                  inflation: InflateLimits) -> None:
         self._dataplane = dataplane
         self._gate = gate
@@ -169,6 +178,12 @@ class AdmittingHandlers:
                                       getattr(pb, descriptor.input_type.name).FromString),
                     request_deserializer=None, response_serializer=serializer)
             self._paths[f"/{_SERVICE_NAME}/{method}".encode()] = handler
+        # Check answers once; Watch, its one message read the same way, answers with a stream.
+        for method, kind in _HEALTH_METHODS.items():
+            run = functools.partial(self._unary, method, Operation.SERVER_READY, getattr(health, method),
+                                    HealthCheckRequest.FromString)
+            self._paths[f"/{HEALTH_SERVICE}/{method}".encode()] = kind(
+                run, request_deserializer=None, response_serializer=HealthCheckResponse.SerializeToString)
 
     def by_path(self, path: bytes) -> grpc.RpcMethodHandler | None:
         """The handler of the RPC at ``path`` (an HTTP/2 ``:path``), None for an unknown one."""

@@ -24,6 +24,7 @@ from appliance.core.errors import ConfigError
 from appliance.grpc.access import Gate
 from appliance.grpc.admission import AdmittingHandlers, Receivers
 from appliance.grpc.grpc_config import CANCEL_GRACE, GrpcConfig
+from appliance.grpc.health import HealthService
 from appliance.grpc.http2.connection import Http2Connection
 from appliance.grpc.service import InferenceService
 from appliance.protocol.connections import ConnectionLimiter
@@ -70,7 +71,8 @@ class Http2Server:
         gate = Gate(dataplane, config.max_streams)
         service = InferenceService(dataplane, gate, config.stream, config.inflation)
         receivers = Receivers(config.receivers, rules=config.receiving)
-        handlers = AdmittingHandlers(service, dataplane, gate, receivers, config.inflation)
+        handlers = AdmittingHandlers(service, HealthService(dataplane, gate), dataplane, gate, receivers,
+                                     config.inflation)
         return cls(config, gate, handlers.by_path)
 
     def opened(self, connection: Http2Connection) -> None:
