@@ -18,11 +18,17 @@ from appliance.engine.tensor_checks import DecodeLimits
 from appliance.engine.types import InferRequest
 from appliance.grpc.access import Gate, caller_of
 from appliance.grpc.admission import Received, parse_counted
-from appliance.grpc.codec import decode_infer_request, encode_infer_response, from_parameters, stream_options
+from appliance.grpc.codec import (
+    decode_infer_request,
+    encoding_work,
+    from_parameters,
+    serialize_infer_response,
+    stream_options,
+)
 from appliance.grpc.grpc_config import StreamRules
 from appliance.grpc.stream import StreamFailed, serve_stream, stream_message, wants_grpc_errors
 from appliance.protocol.dataplane import DataPlane
-from appliance.protocol.inference import Target
+from appliance.protocol.inference import Target, decode_off_loop
 from appliance.protocol.inflate import InflateLimits
 from appliance.protocol.results import RegionStatus
 from appliance.security.budget import Account
@@ -116,14 +122,17 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     # Inference
 
-    async def ModelInfer(self, request: Received, context: grpc.aio.ServicerContext) -> pb.ModelInferResponse:
-        """One inference; ``request`` is the message's bytes as read (``appliance.grpc.admission``)."""
+    async def ModelInfer(self, request: Received, context: grpc.aio.ServicerContext) -> bytes:
+        """One inference; ``request`` is the message's bytes as read (``appliance.grpc.admission``); the
+        answer is the ModelInferResponse's bytes, serialised here: on a worker thread when large, as
+        requests are parsed."""
         received_ns = time.monotonic_ns()  # the trace's REQUEST_START
         source = InferMessage(request.raw, context=context)
         del request.raw
         async with self._dataplane.infer(request.caller, source, received_ns=received_ns,
                                          account=request.account) as result:
-            return encode_infer_response(result.response)
+            response = result.response
+            return await decode_off_loop(encoding_work(response), serialize_infer_response, response)
 
     async def _stream_responses(self, message: pb.ModelInferRequest, account: Account,
                                 context: grpc.aio.ServicerContext,

@@ -410,23 +410,27 @@ class Call:
 
     async def _send_message(self, payload: bytes, last: bool = False) -> None:
         connection = self._connection
-        data = b"\x00" + len(payload).to_bytes(4, "big") + payload
+        prefix = b"\x00" + len(payload).to_bytes(4, "big")
         head = b""
         if not self._headers_sent:
             head = frame(HEADERS, END_HEADERS, self.stream, RESPONSE_HEADERS)
             self._headers_sent = True
-        size = len(data)
+        size = len(prefix) + len(payload)
         if size <= self.send_window and size <= connection.send_window and size <= connection.max_frame:
             self.send_window -= size
             connection.send_window -= size
             if last:  # a unary answer: headers, message and trailers in one write
-                self.end(_OK, "", head + frame(DATA, 0, self.stream, data))
+                self.end(_OK, "", head + frame(DATA, 0, self.stream, prefix + payload))
             else:
-                connection.write(head + frame(DATA, 0, self.stream, data))
-        else:
-            if head:
-                connection.write(head)
-            view = memoryview(data)
+                connection.write(head + frame(DATA, 0, self.stream, prefix + payload))
+            await connection.drain()
+            return
+        if head:
+            connection.write(head)
+        # Frame by frame from the message itself: a large one is never copied whole on the event loop (its
+        # prefix goes in a frame of its own).
+        for part in (prefix, payload):
+            view = memoryview(part)
             while view:
                 if self.local_ended:
                     raise asyncio.CancelledError()
@@ -438,7 +442,7 @@ class Call:
                 connection.send_window -= allowed
                 connection.write(frame(DATA, 0, self.stream, bytes(view[:allowed])))
                 view = view[allowed:]
-        await connection.drain()
+                await connection.drain()  # what one turn of the loop writes is bounded by the transport's buffer
 
     async def _window_opened(self) -> None:
         self._window = self._connection.loop.create_future()
