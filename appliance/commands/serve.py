@@ -30,13 +30,18 @@ class _OneRepository(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
+def _default(key: str) -> Any:
+    """A setting's default as its section declares it: help text never types a default a second time."""
+    return triton_flags.default(key)
+
+
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("serve", help="serve a Triton-layout model repository over KServe v2 (HTTP and gRPC)")
     p.add_argument("--model-repository", "--model-store", type=Path, action=_OneRepository,
                    help="model repository (default: the built-in example)")
-    p.add_argument("--host", help="address to bind (default 0.0.0.0)")
-    p.add_argument("--http-port", type=int, help="HTTP port (default 8000; 0 picks a free one)")
-    p.add_argument("--grpc-port", type=int, help="gRPC port (default 8001; 0 picks a free one)")
+    p.add_argument("--host", help=f"address to bind (default {_default('host')})")
+    p.add_argument("--http-port", type=int, help=f"HTTP port (default {_default('http_port')}; 0 picks a free one)")
+    p.add_argument("--grpc-port", type=int, help=f"gRPC port (default {_default('grpc_port')}; 0 picks a free one)")
     p.add_argument("--no-grpc", dest="grpc", action="store_const", const=False, help="serve HTTP only, no gRPC")
     for port in ("http", "grpc"):  # Triton's gRPC flags, as it spells them, and the same shape for HTTP
         p.add_argument(f"--{port}-use-ssl", dest=f"{port}_use_ssl", nargs="?", const=True, type=_boolean,
@@ -60,7 +65,7 @@ def add_parser(sub: Any) -> None:
                    f"{str(triton_flags.default('strict_readiness')).lower()}, as Triton)")
     p.add_argument("--no-strict-readiness", dest="strict_readiness", action="store_const", const=False,
                    help="ready while some models are not (as --strict-readiness=false)")
-    p.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR")
+    p.add_argument("--log-level", help=f"DEBUG, INFO, WARNING or ERROR (default {_default('log_level')})")
     p.add_argument("--metrics-port", type=int, help="also serve /metrics alone on this port (default "
                    f"{triton_flags.default('metrics_port')}, as Triton; 0 picks a free one)")
     p.add_argument("--no-metrics-port", dest="metrics_port", action="store_const", const="",
@@ -71,13 +76,14 @@ def add_parser(sub: Any) -> None:
                    help="none: load all; poll: re-scan the repository; explicit: load/unload over the API")
     p.add_argument("--load-model", dest="load_models", action="append", metavar="NAME",
                    help="in explicit mode, load this model at start (repeatable; '*' for all)")
-    p.add_argument("--repository-poll-secs", type=float, help="poll mode: seconds between re-scans (default 15)")
+    p.add_argument("--repository-poll-secs", type=float, help="poll mode: seconds between re-scans "
+                                                                   f"(default {_default('repository_poll_secs'):g})")
     p.add_argument("--exit-timeout-secs", dest="exit_timeout", type=float,
                    help="at stop, seconds to wait for Python model processes stuck in a call before killing "
-                        "them (default 30, as Triton)")
+                        f"them (default {_default('exit_timeout'):g}, as Triton)")
     p.add_argument("--request-deadline", dest="request_deadline", type=float, metavar="SECONDS",
                    help="cancel a streamed request or a BLS call that has not ended after this many seconds "
-                        "(default 0: never, as Triton)")
+                        f"(default {_default('request_deadline'):g}: never, as Triton)")
     p.add_argument("--no-selection", dest="selection", action="store_const", const=False,
                    help="serve each model with its config's backend, without measuring plans")
     p.add_argument("--retune", action="store_const", const=True, help="ignore cached plan decisions, measure again")

@@ -34,7 +34,7 @@ def test_running_serve_imports_no_other_command():
               " or m.split('.')[0] in ('zeroconf', 'cryptography', 'redis'))))")
     loaded = json.loads(subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                                        check=True, timeout=60).stdout)
-    assert loaded == ["appliance.commands.serve"]
+    assert loaded == ["appliance.commands.serve", "appliance.commands.triton_flags"]  # serve's flag table
 
 
 def test_an_unknown_command_is_refused_with_every_command_listed(capsys):
