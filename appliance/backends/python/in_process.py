@@ -46,15 +46,16 @@ from appliance.backends.base import (
     model_parameters,
     reschedule_refused,
 )
-from appliance.backends.python.model_args import initialize_args
+from appliance.backends.python.model_args import initialize_args, instance_name
 from appliance.backends.python.model_backend import ModelPyBackend
 from appliance.backends.python.model_process import triton_python_backend_utils as pb_utils
 from appliance.backends.python.model_process.pb import runtime
 from appliance.backends.python.model_process.pb.runtime import Runtime
 from appliance.backends.python.model_process.pb.transfer import error_of, tensors_of
+from appliance.backends.python.model_process.pb.unanswered import Unanswered
 from appliance.backends.python.model_process.stub import RESCHEDULED as RESCHEDULED_MARK
 from appliance.backends.python.model_process.stub import SENT as SENT_MARK
-from appliance.backends.python.model_process.stub import returned_entries
+from appliance.backends.python.model_process.stub import returned_entries, what_failed
 from appliance.backends.python.peer import Peer
 from appliance.backends.python.requests import SENT, OpenRequests, model_error
 from appliance.backends.python.wire.arena import Attachments
@@ -203,6 +204,10 @@ class InProcessPythonBackend(ModelPyBackend):
             except Exception as exc:
                 raise ConfigError(f"loading {context.model_file} failed: {type(exc).__name__}: {exc}") from exc
         self._model: Any = None
+        self._instance = instance_name(context)
+        """Triton's name of the instance, which its error messages give (set again from the final config)."""
+        self._unanswered = Unanswered(self._runtime, self._instance)
+        self._failure_logged = False
         if inspect.iscoroutinefunction(getattr(self._class, "execute", None)):
             self.inline_safe = False
             self.inline_refusal = "execute() is a coroutine: it is awaited on a loop of the instance's own"
@@ -221,6 +226,7 @@ class InProcessPythonBackend(ModelPyBackend):
         return result.as_dict() if isinstance(result, pb_utils.ModelConfig) else config
 
     def configure(self, config: Any) -> None:
+        self._instance = self._unanswered.instance = instance_name(self._context, config)
         with runtime.serving(self._runtime):
             try:
                 self._model = self._class()
@@ -256,10 +262,17 @@ class InProcessPythonBackend(ModelPyBackend):
         self._runtime.on_loop = _on_event_loop()
         try:
             with runtime.serving(self._runtime):
-                entries = returned_entries(False, served, self._call("execute", served))
+                entries = returned_entries(False, served, self._call("execute", served), self._instance,
+                                           self._unanswered)
         except Exception as exc:  # noqa: BLE001 - the batch fails, as a model process's would
-            log.error("model %s: execute() failed", self._context.model_name, exc_info=True)
-            error = InferenceFailed(f"model.py execute() failed: {type(exc).__name__}: {exc}")
+            for request in served:
+                request.close_sender()
+            if not self._failure_logged:  # once: a line per failed batch would let any client fill the log
+                self._failure_logged = True
+                log.error("model %s: execute() failed (logged once per instance: later failures only fail their "
+                          "requests)", self._context.model_name, exc_info=True)
+            error = InferenceFailed(f"Failed to process the request(s) for model '{self._instance}', message: "
+                                    f"{what_failed(exc)}")
             results = [error for _ in requests]
         else:
             results = [self._result(entry) for entry in entries or ()]
@@ -298,5 +311,6 @@ class InProcessPythonBackend(ModelPyBackend):
         if self._loop is not None:
             self._loop.close()
             self._loop = None
+        self._unanswered.close()
         self._peer.close()
         self._runtime.close()

@@ -28,6 +28,7 @@ from appliance.backends.python.model_process.pb import runtime
 from appliance.backends.python.model_process.pb.logger import forward_logging
 from appliance.backends.python.model_process.pb.runtime import Runtime
 from appliance.backends.python.model_process.pb.transfer import error_of, tensors_of
+from appliance.backends.python.model_process.pb.unanswered import NOT_A_LIST, NOT_A_RESPONSE, Unanswered
 from appliance.backends.python.model_process.reading import Reading
 from appliance.backends.python.wire.arena import Arena, reusable_size
 from appliance.backends.python.wire.channel import Channel
@@ -114,6 +115,11 @@ def _requests(arena: Arena, batch: list[dict], decoupled: bool) -> list[pb_utils
     ]
 
 
+class ReturnRefused(pb_utils.TritonModelException):
+    """What execute() returned breaks Triton's rules: its message is Triton's own (the C++ stub raises
+    these, so they carry no Python type or traceback; see ``what_failed``)."""
+
+
 SENT = ("sent",)
 """A request answered through its response sender (now, or later from another thread)."""
 RESCHEDULED = ("reschedule",)
@@ -125,36 +131,49 @@ def _unanswered(request: pb_utils.InferenceRequest) -> tuple[str]:
     return RESCHEDULED if rescheduled else SENT
 
 
-def returned_entries(decoupled: bool, requests: list, responses: Any, instance: str = "") -> list | None:
+def returned_entries(decoupled: bool, requests: list, responses: Any, instance: str = "",
+                     unanswered: Unanswered | None = None) -> list | None:
     """What execute() returned, checked with Triton's rules and words: one entry per request, an
     InferenceResponse or SENT/RESCHEDULED; None for a decoupled model that rescheduled nothing. (Also
     the in-process plan's: appliance.backends.python.in_process.) ``instance``: the model instance's name,
-    which Triton's messages give."""
+    which Triton's messages give. ``unanswered``: where a request of a model that is not decoupled, left
+    to its response sender, is watched (it gets an error once let go of unanswered)."""
+    entries = _checked_entries(decoupled, requests, responses, instance)
+    if unanswered is not None and entries is not None and not decoupled:
+        for request, entry in zip(requests, entries):
+            if entry is SENT:
+                unanswered.watch(request, NOT_A_LIST if responses is None else NOT_A_RESPONSE)
+    return entries
+
+
+def _checked_entries(decoupled: bool, requests: list, responses: Any, instance: str) -> list | None:
     if decoupled:
         if responses is not None:
-            raise pb_utils.TritonModelException(
+            raise ReturnRefused(
                 f"Python model '{instance}' is using the decoupled mode and the execute function must return "
                 "None. (Send the responses with request.get_response_sender().)")
         marks = [_unanswered(request) for request in requests]
         return list(marks) if RESCHEDULED in marks else None
     if responses is None:
         return [_unanswered(request) for request in requests]
-    if not isinstance(responses, list) or len(responses) != len(requests):
-        count = len(responses) if isinstance(responses, list) else type(responses).__name__
-        raise pb_utils.TritonModelException(
-            f"execute() returned {count} responses for {len(requests)} requests; it must return a list with one "
-            "InferenceResponse (or None, for a request answered through its response sender) per request")
+    if not isinstance(responses, list):
+        raise ReturnRefused(
+            f"Expected a list in the execute return, found type '{type(responses)}'.")
+    if len(responses) != len(requests):
+        raise ReturnRefused(
+            "Number of InferenceResponse objects do not match the number of InferenceRequest objects. "
+            f"InferenceRequest(s) size is:{len(requests)}, and InferenceResponse(s) size is:{len(responses)}\n")
     entries: list[Any] = []
     for request, response in zip(requests, responses):
         if response is None:
             entries.append(_unanswered(request))
             continue
         if request.release_flags() == pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
-            raise pb_utils.TritonModelException(
+            raise ReturnRefused(
                 "Expected a None object in the execute function return list for reschduled request, found type "
                 f"'{type(response)}'.")
         if not isinstance(response, pb_utils.InferenceResponse):
-            raise pb_utils.TritonModelException(
+            raise ReturnRefused(
                 "Expected an 'InferenceResponse' object in the execute function return list, found type "
                 f"'{type(response)}'.")
         if request._sender is not None:
@@ -205,6 +224,9 @@ class _Model:
         self.decoupled = False
         self.name = ""  # the instance's name, as Triton's messages give it (initialize's model_instance_name)
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.unanswered: Unanswered | None = None
+        """Requests left to their response senders (set once initialize() gave the instance's name)."""
+        self.failures = _Failures()
 
     def loop(self) -> asyncio.AbstractEventLoop:
         """The event loop coroutines run on (a thread of its own, started on first use, as in Triton)."""
@@ -226,29 +248,48 @@ class _Model:
 
         future = asyncio.run_coroutine_threadsafe(result, self.loop())
         if background:  # a decoupled model's async execute() runs on while the next batch comes
-            future.add_done_callback(_log_background_failure)
+            future.add_done_callback(self._log_background_failure)
             return None
         return future.result()
 
-
-def _log_background_failure(future: Any) -> None:
-    if not future.cancelled() and future.exception() is not None:
-        error = future.exception()
-        log.error("async execute() failed: %s", "".join(traceback.format_exception(error)))
+    def _log_background_failure(self, future: Any) -> None:
+        if not future.cancelled() and future.exception() is not None:
+            self.failures.log(future.exception(), "async execute() failed: ")
 
 
-def _failure(exc: BaseException) -> tuple[str, str, str]:
+class _Failures:
+    """execute()'s failures are logged once per model process: each fails its own requests (with its
+    words and traceback), but a line per failure would let any client fill the log."""
+
+    def __init__(self) -> None:
+        self._logged = False
+
+    def log(self, exc: BaseException, what: str = "") -> None:
+        if self._logged:
+            return
+        self._logged = True
+        log.error("%s%s\n(logged once per model process: later failures of execute() only fail their requests)",
+                  what, "".join(traceback.format_exception(exc)).rstrip())
+
+
+def _failure(exc: BaseException, failures: _Failures | None = None) -> tuple[str, str, str]:
+    """("failed", what, traceback): logged, unless ``failures`` has logged one already."""
     text = "".join(traceback.format_exception(exc))
-    log.error("%s", text.rstrip())
-    return ("failed", _what(exc), text)
+    if failures is None:
+        log.error("%s", text.rstrip())
+    else:
+        failures.log(exc)
+    return ("failed", what_failed(exc), text)
 
 
 _OURS = str(Path(__file__).resolve().parent)
 
 
-def _what(exc: BaseException) -> str:
+def what_failed(exc: BaseException) -> str:
     """The exception as Triton's stub reports it (pybind11's error_already_set::what()): its type and
     words, then the frames of the model's own code, innermost first."""
+    if isinstance(exc, ReturnRefused):
+        return str(exc)
     frames = [frame for frame in traceback.extract_tb(exc.__traceback__)
               if not str(Path(frame.filename).resolve()).startswith(_OURS)]
     where = "".join(f"  {frame.filename}({frame.lineno}): {frame.name}\n" for frame in reversed(frames))
@@ -260,9 +301,11 @@ def _execute(model: _Model, requests: list, rt: Runtime, output: Arena | None) -
     every request streams its responses (a decoupled model that rescheduled nothing); ("failed", ...)."""
     try:
         responses = model.call("execute", requests, background=model.decoupled)
-        entries = returned_entries(model.decoupled, requests, responses, model.name)
+        entries = returned_entries(model.decoupled, requests, responses, model.name, model.unanswered)
     except Exception as exc:
-        return _failure(exc), output
+        for request in requests:
+            request.close_sender()
+        return _failure(exc, model.failures), output
     if entries is None:
         return ("done", None, None), output
     packed, output = _pack_responses(entries, output, rt.model_name)
@@ -277,11 +320,13 @@ def _execute_each(model: _Model, requests: list, rt: Runtime, output: Arena | No
     failures: dict[int, tuple] = {}
     for index, request in enumerate(requests):
         try:
-            returned = returned_entries(False, [request], model.call("execute", [request]))
+            returned = returned_entries(False, [request], model.call("execute", [request]), model.name,
+                                        model.unanswered)
             assert returned is not None  # None only for a decoupled model, which is never grouped
             entries.append(returned[0])
         except Exception as exc:
-            failures[index] = _failure(exc)
+            request.close_sender()
+            failures[index] = _failure(exc, model.failures)
             entries.append(SENT)  # a mark _pack_responses passes through; replaced below
     packed, output = _pack_responses(entries, output, rt.model_name)
     for index, failure in failures.items():
@@ -300,6 +345,7 @@ def serve(rt: Runtime, commands: Reading, model_file: Path) -> None:
         model = _Model(model_class)
         model.decoupled = pb_utils.using_decoupled_model_transaction_policy(json.loads(args["model_config"]))
         model.name = args.get("model_instance_name", "")
+        model.unanswered = Unanswered(rt, model.name)
         model.call("initialize", args)
     except Exception as exc:
         rt.send(_failure(exc))
@@ -319,6 +365,7 @@ def serve(rt: Runtime, commands: Reading, model_file: Path) -> None:
         requests = _requests(inputs.get(arena_info), batch, model.decoupled)
         run = _execute_each if command == "execute_each" else _execute
         reply, outputs[turn] = run(model, requests, rt, outputs[turn])
+        del requests  # a request left unanswered, and let go of by the model, is answered now (``unanswered``)
         output = outputs[turn]
         if output is not None and output.oversized:  # the daemon reads it, then removes it
             output.release()
@@ -362,6 +409,10 @@ def main() -> None:
     # model.py (Triton's qa models run their tests so) must not take ours for test names.
     del sys.argv[1:]
     _die_with(daemon_pid)
+    # A child the model forks must not hold the channel: the daemon would never read its end once this
+    # process exits (a lingering child keeps the pipe open), and the child's writes would interleave with
+    # this process's frames.
+    os.register_at_fork(after_in_child=channel.close)
     rt = Runtime(channel, model_file.parent.parent.name)
     runtime.install(rt)
     forward_logging(rt)

@@ -66,6 +66,8 @@ class TritonPythonModel:
             elif mode == "twice":
                 sender.send(_response(request, 5))
                 sender.send(_response(request, 6))
+            elif mode == "forgotten":  # the sender is taken, never used, and let go of with the request
+                pass
             elif mode == "send_and_return":
                 sender.send(_response(request, 7), flags=final)
                 returned.append(_response(request, 8))
@@ -154,6 +156,18 @@ def test_a_response_returned_after_one_was_sent_is_refused_but_the_sent_one_stan
         _answer(other)
 
 
+def test_a_request_let_go_of_unanswered_gets_tritons_error_and_the_model_serves_on(backend):
+    # Triton deletes the response factory then and the client waits for ever; here it gets the error
+    # Triton's stub gave for execute() returning None, once the request can no longer be answered.
+    (forgotten,) = backend.run_requests([_request("forgotten", [1, 2])]).results
+    with pytest.raises(Exception, match=r"message: Expected a list in the execute return, found type "
+                                        r"'<class 'NoneType'>'\.") as info:
+        _answer(forgotten)
+    assert info.value.status == 500
+    (now,) = backend.run_requests([_request("return", [3, 4])]).results
+    assert _answer(now) == [[31, 41]]
+
+
 # Exits once its execute() returned, when the test opens the gate.
 DIES = """
 import os
@@ -167,9 +181,9 @@ class TritonPythonModel:
         self.gate = os.path.join(args["model_repository"], "later.fifo")
 
     def execute(self, requests):
-        for request in requests:
-            request.get_response_sender()
-        threading.Thread(target=lambda: (open(self.gate).close(), os._exit(3))).start()
+        # The senders are kept (by the thread) to answer later: a request let go of would be answered now.
+        senders = [request.get_response_sender() for request in requests]
+        threading.Thread(target=lambda: (senders, open(self.gate).close(), os._exit(3))).start()
         return None
 """
 

@@ -23,6 +23,15 @@ TRITONSERVER_REQUEST_RELEASE_ALL = 1
 TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
 
 
+class Tally:
+    """Responses a sender has sent (the final flag alone included)."""
+
+    __slots__ = ("sent",)
+
+    def __init__(self) -> None:
+        self.sent = 0
+
+
 class ResponseSender:
     """Sends the responses of one request: for a decoupled model any number, from any thread, during or
     after execute(), the last one carrying TRITONSERVER_RESPONSE_COMPLETE_FINAL; for a model that is not
@@ -33,7 +42,9 @@ class ResponseSender:
         self._key = key
         self._decoupled = decoupled
         self._closed = False
-        self._sent = 0
+        self.tally = Tally()
+        """What it has sent: kept apart so that a watch on the sender (``unanswered``) reads it after the
+        sender is gone."""
         self._lock = threading.Lock()
 
     def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
@@ -53,17 +64,22 @@ class ResponseSender:
     def _count(self, with_response: bool, final: bool) -> None:
         """Triton's rules (its words), under the lock."""
         if not self._decoupled:
-            if with_response and self._sent > 0:
+            if with_response and self.tally.sent > 0:
                 raise TritonModelException(
                     "Unable to send response. Non-decoupled model cannot send more than one response.")
-            if not with_response and final and self._sent == 0:
+            if not with_response and final and self.tally.sent == 0:
                 raise TritonModelException(
                     "Unable to send response. Non-decoupled model cannot send complete final before sending a "
                     "response.")
         if self._closed:
             raise TritonModelException("Unable to send response. Response sender has been closed.")
         self._closed = final
-        self._sent += 1
+        self.tally.sent += 1
+
+    def close(self) -> None:
+        """execute() failed: its requests were answered with the error; as in Triton, nothing may follow."""
+        with self._lock:
+            self._closed = True
 
     def returned(self) -> None:
         """execute() returned a response for this request (a model that is not decoupled): it counts as
@@ -164,7 +180,16 @@ class InferenceRequest:
     @property
     def answered(self) -> bool:
         """Its response sender has sent a response (or the final flag)."""
-        return self._sender is not None and self._sender._sent > 0
+        return self._sender is not None and self._sender.tally.sent > 0
+
+    def close_sender(self) -> None:
+        """execute() failed: the request has its error; a response sent after it raises in the model, as in
+        Triton (whose stub closes every sender of a failed batch), rather than reaching the daemon."""
+        if self._key is None:
+            return
+        if self._sender is None:
+            self._sender = ResponseSender(self._key, self._decoupled)  # closed at once: its inputs stay as they are
+        self._sender.close()
 
     def is_cancelled(self) -> bool:
         if self._key is None:
