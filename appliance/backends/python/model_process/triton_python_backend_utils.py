@@ -28,6 +28,13 @@ from appliance.backends.python.model_process.pb.model_config import (
     get_output_config_by_name,
     using_decoupled_model_transaction_policy,
 )
+from appliance.backends.python.model_process.pb.request_options import (
+    TRITONSERVER_MEMORY_CPU,
+    TRITONSERVER_MEMORY_GPU,
+    InferenceTrace,
+    MemoryType,
+    PreferredMemory,
+)
 from appliance.backends.python.model_process.pb.tensor import Tensor
 from appliance.backends.python.model_process.pb.types import (
     TRITON_STRING_TO_NUMPY,
@@ -38,7 +45,12 @@ from appliance.backends.python.model_process.pb.types import (
     triton_to_numpy_type,
 )
 
+InferenceResponseSender = ResponseSender
+"""Triton's name for the class of ``request.get_response_sender()``."""
+
 __all__ = [
+    "TRITONSERVER_MEMORY_CPU",
+    "TRITONSERVER_MEMORY_GPU",
     "TRITONSERVER_REQUEST_FLAG_SEQUENCE_END",
     "TRITONSERVER_REQUEST_FLAG_SEQUENCE_START",
     "TRITONSERVER_REQUEST_RELEASE_ALL",
@@ -47,12 +59,16 @@ __all__ = [
     "TRITON_STRING_TO_NUMPY",
     "InferenceRequest",
     "InferenceResponse",
+    "InferenceResponseSender",
+    "InferenceTrace",
     "LogLevel",
     "Logger",
+    "MemoryType",
     "Metric",
     "MetricFamily",
     "MetricKind",
     "ModelConfig",
+    "PreferredMemory",
     "ResponseIterator",
     "ResponseSender",
     "Tensor",

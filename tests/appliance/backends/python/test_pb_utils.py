@@ -155,3 +155,25 @@ def test_calls_that_need_the_server_say_so_outside_it():
 def test_logger_levels():
     assert [level.name for level in pb_utils.Logger.LogLevel] == ["INFO", "WARNING", "ERROR", "VERBOSE"]
     assert pb_utils.LogLevel.ERROR == pb_utils.Logger.LogLevel.ERROR == pb_utils.Logger.ERROR
+
+
+def test_tritons_request_option_names_are_there():
+    """Models written for Triton name these (qa models, NVIDIA's BLS examples): a missing name failed
+    their import or their first call."""
+    assert pb_utils.InferenceResponseSender is pb_utils.ResponseSender
+    assert (pb_utils.TRITONSERVER_MEMORY_GPU, pb_utils.TRITONSERVER_MEMORY_CPU) == (0, 1)
+    assert pb_utils.MemoryType.TRITONSERVER_MEMORY_CPU is pb_utils.TRITONSERVER_MEMORY_CPU
+    preferred = pb_utils.PreferredMemory(pb_utils.TRITONSERVER_MEMORY_CPU, 0)
+    assert (preferred.preferred_memory_type, preferred.preferred_device_id) == (1, 0)
+    with pytest.raises(TypeError):
+        pb_utils.PreferredMemory(None)
+    assert pb_utils.InferenceTrace().get_context() is None
+    tensor = pb_utils.Tensor("x", np.zeros(2, np.float32))
+    request = pb_utils.InferenceRequest(model_name="m", inputs=[tensor], requested_output_names=["y"],
+                                        preferred_memory=preferred, trace=pb_utils.InferenceTrace())
+    assert request.preferred_memory is preferred and request.trace().get_context() is None
+    assert pb_utils.InferenceRequest(model_name="m", inputs=[], requested_output_names=[]).trace().get_context() is None
+    with pytest.raises(pb_utils.TritonModelException, match="PreferredMemory"):
+        pb_utils.InferenceRequest(model_name="m", inputs=[], requested_output_names=[], preferred_memory="GPU")
+    served = pb_utils.InferenceRequest.served(7, [], {"outputs": ["y"]}, decoupled=False)  # as execute() gets it
+    assert served.trace().get_context() is None

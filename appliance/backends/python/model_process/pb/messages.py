@@ -8,6 +8,7 @@ from typing import Any
 
 from appliance.backends.python.model_process.pb import runtime
 from appliance.backends.python.model_process.pb.errors import TritonModelException
+from appliance.backends.python.model_process.pb.request_options import InferenceTrace, PreferredMemory
 from appliance.backends.python.model_process.pb.response import InferenceResponse, parameters_json, text_argument
 from appliance.backends.python.model_process.pb.tensor import Tensor
 from appliance.backends.python.model_process.pb.transfer import send_response
@@ -21,6 +22,7 @@ TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 TRITONSERVER_REQUEST_RELEASE_ALL = 1
 TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
+_UNTRACED = InferenceTrace()
 
 
 class Tally:
@@ -96,18 +98,25 @@ class InferenceRequest:
 
     def __init__(self, request_id: str = "", correlation_id: int | str = 0, *, inputs: Iterable[Tensor],
                  requested_output_names: Iterable[str], model_name: str = "", model_version: int = -1,
-                 flags: int = 0, timeout: int = 0, preferred_memory: Any = None, trace: Any = None,
-                 parameters: dict | str | None = None) -> None:
+                 flags: int = 0, timeout: int = 0, preferred_memory: PreferredMemory | None = None,
+                 trace: InferenceTrace | None = None, parameters: dict | str | None = None) -> None:
+        if preferred_memory is not None and not isinstance(preferred_memory, PreferredMemory):
+            raise TritonModelException(f"preferred_memory must be a pb_utils.PreferredMemory, not "
+                                       f"{type(preferred_memory).__name__}")
+        if trace is not None and not isinstance(trace, InferenceTrace):
+            raise TritonModelException(f"trace must be a pb_utils.InferenceTrace, not {type(trace).__name__}")
+        self.preferred_memory = preferred_memory or PreferredMemory.default()
         tensors = list(inputs)
         for tensor in tensors:
             if not isinstance(tensor, Tensor):
                 raise TritonModelException(f"inputs must hold pb_utils.Tensor objects, not {type(tensor).__name__}")
         self._fill(tensors, [text_argument(name, "requested_output_names") for name in requested_output_names],
                    text_argument(request_id, "request_id"), correlation_id, int(flags), int(timeout),
-                   parameters_json(parameters), trace, text_argument(model_name, "model_name"), int(model_version))
+                   parameters_json(parameters), trace or InferenceTrace(), text_argument(model_name, "model_name"),
+                   int(model_version))
 
     def _fill(self, inputs: list[Tensor], requested: list[str], request_id: str, correlation_id: int | str,
-              flags: int, timeout: int, parameters: str, trace: Any, model_name: str, model_version: int,
+              flags: int, timeout: int, parameters: str, trace: InferenceTrace, model_name: str, model_version: int,
               key: int | None = None, decoupled: bool = True) -> None:
         """Every attribute, from checked values (``__init__``'s, or the server's in ``served``)."""
         self._inputs = inputs
@@ -132,8 +141,8 @@ class InferenceRequest:
         made ``item``, and every request passes here."""
         request = cls.__new__(cls)
         request._fill(inputs, list(item["outputs"]), item.get("id", ""), item.get("correlation_id", 0),
-                      item.get("flags", 0), item.get("timeout", 0), item.get("parameters") or "{}", None, "", -1,
-                      key, decoupled)
+                      item.get("flags", 0), item.get("timeout", 0), item.get("parameters") or "{}", _UNTRACED, "",
+                      -1, key, decoupled)
         return request
 
     def inputs(self) -> list[Tensor]:
@@ -162,7 +171,8 @@ class InferenceRequest:
         """JSON text, as in Triton."""
         return self._parameters
 
-    def trace(self) -> Any:
+    def trace(self) -> InferenceTrace:
+        """Triton's ``InferenceTrace``: ``get_context()`` is None here (no trace context reaches a model)."""
         return self._trace
 
     def get_response_sender(self) -> ResponseSender:
