@@ -48,6 +48,7 @@ from appliance.protocol.tracing import Tracer
 from appliance.repository.plan_choice import PlanChooser
 from appliance.repository.pushed import PushLimits, PushStore
 from appliance.repository.registry import ModelRegistry
+from appliance.repository.residency import ResidencyRules
 from appliance.repository.retune import RetunePolicy, Retuner
 from appliance.rest.rest_config import BodyLimits, RestConfig, host_policy
 from appliance.runtime.lifecycle import Lifecycle
@@ -63,7 +64,8 @@ from appliance.tls.context import ServerTls
 from hardware_probe import ProbeReport
 from model_cache.environments import UnpackLimits
 
-__all__ = ["Appliance", "compose", "make_selector", "resolve_repository", "runtime_options", "server_wide",
+__all__ = ["Appliance", "compose", "make_selector", "probe_cache_file", "resolve_repository", "runtime_options",
+           "server_wide",
            "split_connections"]
 
 log = logging.getLogger(__name__)
@@ -78,6 +80,17 @@ CLOSE_GRACE = 1.0
 
 def runtime_options(models: sections.ModelsSection) -> RuntimeOptions:
     return RuntimeOptions(onnx_providers=models.onnx_providers, intra_op_threads=models.intra_op_threads)
+
+
+def residency_rules(models: sections.ModelsSection, server: sections.ServerSection,
+                    state: StateDir) -> ResidencyRules:
+    """Load on demand, idle unload, the memory budget and pressure; measurements kept in the state dir."""
+    budget = models.model_memory_budget_mib
+    return ResidencyRules(load_on_demand=models.load_on_demand, load_timeout=models.load_on_demand_timeout,
+                          idle_unload_secs=models.idle_unload_secs,
+                          budget_bytes=budget * 1024 * 1024 if budget is not None else None,
+                          pressure_threshold=models.memory_pressure_threshold,
+                          book=server.state_dir / "model-memory.json" if state.writable else None)
 
 
 def resolve_repository(server: sections.ServerSection) -> Path:
@@ -305,6 +318,7 @@ async def _compose(settings: Settings, lifecycle: Lifecycle, connections: int) -
         pushes=pushes,
         call_limits=_stream_limits(settings.limits),
         server=shared,
+        residency=residency_rules(settings.models, server, state),
     )
     try:
         await asyncio.to_thread(registry.discover)
@@ -336,6 +350,9 @@ async def _compose(settings: Settings, lifecycle: Lifecycle, connections: int) -
     task = asyncio.create_task(_load_repository(appliance, selector), name="load-repository")
     task.add_done_callback(lambda done: _loading_ended(dataplane, done))
     lifecycle.on_close("loading the repository", lambda: _cancel(task))
+    if registry.residency.active:
+        watching = asyncio.create_task(registry.residency.run(), name="model-residency")
+        lifecycle.on_close("the model residency watcher", lambda: _cancel(watching))
     if settings.selection.enabled and settings.selection.retune_on_traffic:
         retuner = Retuner(registry, RetunePolicy(settings.selection.retune_interval,
                                                  settings.selection.retune_min_requests))
@@ -358,6 +375,7 @@ async def _start_metrics(section: sections.MetricsSection, server: sections.Serv
         server.metrics_db, _retention(section), section.interval,
         lambda: registries[0].ready_versions() if registries else [], state, custom=custom,
         arenas=lambda: arena_usage({os.getpid(), *children.pids()}), server=shared,
+        residency=lambda: registries[0].residency.status() if registries and registries[0].residency.active else None,
     )
     await service.start()
     service.event("daemon_start", detail={"version": __version__})
@@ -445,19 +463,31 @@ async def _close_models(registry: ModelRegistry) -> None:
         log.error("error while closing a model: %s", error)
 
 
+def probe_cache_file(server: sections.ServerSection, state: StateDir) -> Path | None:
+    """Where the daemon (and ``appliance tune``, so that both compute the same fingerprint) keeps its probe
+    report; None: probe every time (probe_cache off, or a state dir that takes no writes)."""
+    if not server.probe_cache:
+        return None
+    if server.probe_cache_file is not None:
+        return Path(server.probe_cache_file)
+    return server.state_dir / "hardware-probe.json" if state.writable else None
+
+
 async def _load_repository(appliance: Appliance, selector: asyncio.Future[PlanChooser | None]) -> None:
     settings, registry, dataplane = appliance.settings, appliance.registry, appliance.dataplane
     # Probing imports the runtimes (seconds): done with the front ends already answering, and in a child
     # process, so that a daemon serving only ONNX never holds torch or OpenVINO.
-    log.info("probing this box's hardware and runtimes (up to %.0f s; ready answers 503 until the models load)",
-             hardware_probe.DEFAULT_TIMEOUT)
+    kept = probe_cache_file(settings.server, appliance.state)
+    log.info("probing this box's hardware and runtimes (%s; ready answers 503 until the models load)",
+             f"a report kept in {kept} serves while the box and its runtimes are the same" if kept is not None
+             else f"up to {hardware_probe.DEFAULT_TIMEOUT:.0f} s")
     try:
-        report = await asyncio.to_thread(hardware_probe.probe_isolated)
+        report, reused = await asyncio.to_thread(hardware_probe.probe_cached, kept)
     except BaseException:
         selector.set_result(None)  # loads waiting for a plan go on with their configs' backends
         raise
     appliance.hardware.set_result({**report.to_json(), "summary": report.summary()})
-    log.info("hardware: %s", report.summary())
+    log.info("hardware%s: %s", " (kept report: same boot, runtimes and devices)" if reused else "", report.summary())
     for runtime, reason in report.runtime_absences().items():
         log.info("hardware: %s is absent: %s", runtime, reason)
     if appliance.metrics is not None:
@@ -465,13 +495,15 @@ async def _load_repository(appliance: Appliance, selector: asyncio.Future[PlanCh
     selector.set_result(make_selector(settings.selection, settings.server, report, isolate=True,
                                       state=appliance.state))
     models = settings.models
-    explicit = models.control_mode == "explicit" and "*" not in models.load_models
+    explicit = (models.control_mode == "explicit" or models.load_on_demand) and "*" not in models.load_models
     # Pushed models were loaded by a request: they serve again after a restart, in every mode.
     names = (*models.load_models, *registry.pushed_names()) if explicit else None
     log.info("loading %s of the repository's %d models%s", "all" if names is None else len(set(names)),
              len(registry.entries()), " (a model the cache has no plan for is measured first: tuning)"
              if settings.selection.enabled else "")
+    registry.residency.pin(models.load_models if explicit else ())
     await registry.load_all(names)
+    registry.residency.mark_not_loaded()
     dataplane.mark_loaded()
     log.info("repository loaded: %d of %d models ready", registry.ready_count(), len(registry.entries()))
     if models.control_mode == "poll":

@@ -118,6 +118,9 @@ def _daemon_factory(tmp_path_factory) -> Iterator:
         if repository is not None:
             command += ["--model-repository", str(repository)]
         environment = {k: v for k, v in os.environ.items() if not k.startswith("APPLIANCE_")}
+        # One kept probe report for the session's daemons (the box does not change under a test run): a
+        # daemon start then skips seconds of runtime imports, as a restart on a real box does.
+        environment["APPLIANCE_PROBE_CACHE_FILE"] = str(tmp_path_factory.getbasetemp() / "hardware-probe.json")
         environment.update(env or {})
         with open(log_path, "w") as log_file:
             process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=environment)

@@ -45,12 +45,14 @@ def _progress_bar(message: str, step: int, steps: int) -> None:
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
     import hardware_probe
-    from appliance.composition import make_selector, resolve_repository, runtime_options
+    from appliance.composition import make_selector, probe_cache_file, resolve_repository, runtime_options
+    from appliance.runtime.state import StateDir
 
-    # The daemon's probe (a child process, the same bound per step): a fingerprint computed otherwise could
-    # differ, and the decision cached here would be one the daemon never reads.
+    # The daemon's probe (a child process, the same bound per step, the report it keeps): a fingerprint
+    # computed otherwise could differ, and the decision cached here would be one the daemon never reads.
     sys.stderr.write(f"probing this box (at most {hardware_probe.DEFAULT_TIMEOUT:.0f} s)\n")
-    report = hardware_probe.probe_isolated()
+    kept = probe_cache_file(settings.server, StateDir.check(settings.server.state_dir))
+    report, _ = hardware_probe.probe_cached(kept)
     selector = make_selector(settings.selection, settings.server, report)
     if selector is None:
         raise ConfigError("selection is switched off in the settings (selection = false)")

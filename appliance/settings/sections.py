@@ -91,6 +91,12 @@ class ServerSection:
     """systemd's NOTIFY_SOCKET (taken from the environment systemd sets)."""
     watchdog_usec: int | None = None
     """systemd's WATCHDOG_USEC (taken from the environment systemd sets)."""
+    probe_cache: bool = True
+    """Keep the hardware probe's report and reuse it at the next start while the box has not rebooted and its
+    runtimes, accelerator devices and the probe itself are unchanged: a restart then skips seconds of probing
+    (ready answers 503 meanwhile). Off: probe at every start."""
+    probe_cache_file: Path | None = None
+    """Where that report is kept (default <state_dir>/hardware-probe.json); daemons on one box may share one."""
 
     def __post_init__(self) -> None:
         # An absolute path: a relative one would follow whatever directory the process started in.
@@ -356,8 +362,32 @@ class ModelsSection:
     environment_max_members: int = 200_000
     """Files, directories and links a Python model's packed environment may hold; more fail the model's
     load, naming this setting."""
+    load_on_demand: bool = False
+    """A request for a model the repository has but that is not loaded loads it, then is served (requests
+    arriving meanwhile wait for the same load). At start only load_models are loaded (pinned). See
+    docs/memory.md."""
+    load_on_demand_timeout: float = 120.0
+    """Seconds a request waits for its model's load on demand; 503 (retry) after."""
+    idle_unload_secs: float = 0.0
+    """Unload a model that had no request for this many seconds (its processes end, its memory is
+    returned); 0: never. A model's config parameter idle_unload_secs overrides it. Pinned models, models
+    with a live sequence or a request in flight, and steps of a loaded ensemble are never unloaded."""
+    model_memory_budget_mib: int | None = None
+    """MiB the loaded models may hold together: a load first unloads the least recently used idle models
+    until its estimate fits; a model larger than the budget is refused (507). None: no budget."""
+    memory_pressure_threshold: float = 0.0
+    """Unload the least recently used idle model while the kernel's memory pressure (PSI some avg10, in
+    percent, /proc/pressure/memory) is at or above this, or the cgroup goes over memory.high; 0: not
+    watched."""
 
     def __post_init__(self) -> None:
+        require_at_least(self, 0, "idle_unload_secs", "memory_pressure_threshold")
+        require_positive(self, "load_on_demand_timeout")
+        if self.model_memory_budget_mib is not None:
+            require_at_least(self, 1, "model_memory_budget_mib")
+        if self.memory_pressure_threshold > 100:
+            raise ConfigError(f"memory_pressure_threshold is a percentage of time stalled (0 to 100), got "
+                              f"{self.memory_pressure_threshold:g}")
         require_one_of(self, "control_mode", ("none", "poll", "explicit"))
         require_positive(self, "repository_poll_secs")
         require_at_least(self, 0, "intra_op_threads")

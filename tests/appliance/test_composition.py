@@ -51,10 +51,10 @@ async def test_an_empty_token_file_stops_the_start_with_the_fix(tmp_path):
 async def test_a_repository_load_that_dies_makes_the_server_not_live(tmp_path, monkeypatch):
     import hardware_probe
 
-    def broken_probe(timeout: float):
+    def broken_probe(path, timeout: float = 60.0):
         raise RuntimeError("the probe child could not start")
 
-    monkeypatch.setattr(hardware_probe, "probe_isolated", broken_probe)
+    monkeypatch.setattr(hardware_probe, "probe_cached", broken_probe)
     appliance = await compose(_settings(tmp_path, metrics=False))
     try:
         await await_until(lambda: not appliance.dataplane.live(), timeout=30, what="the server to stop being live")
@@ -144,13 +144,13 @@ async def test_loads_wait_for_the_selector_that_comes_with_the_hardware_probe(tm
     import hardware_probe
 
     release = threading.Event()
-    real = hardware_probe.probe_isolated
+    real = hardware_probe.probe_cached
 
-    def slow_probe(timeout: float):
+    def slow_probe(path, timeout: float = 60.0):
         release.wait()
-        return real(timeout)
+        return real(path, timeout)
 
-    monkeypatch.setattr(hardware_probe, "probe_isolated", slow_probe)
+    monkeypatch.setattr(hardware_probe, "probe_cached", slow_probe)
     appliance = await compose(_settings(tmp_path, metrics=False))
     try:
         await asyncio.sleep(0.3)
@@ -184,3 +184,26 @@ async def test_a_second_daemon_on_the_same_state_dir_stops_naming_the_first(tmp_
         await first.close()
     second = await compose(settings)  # the first one's stop released the directory
     await second.close()
+
+
+async def test_a_restart_reuses_the_kept_probe_report(tmp_path, monkeypatch):
+    """The second start of a daemon on the same box skips the probe (seconds of runtime imports)."""
+    import hardware_probe.cached
+
+    probes = []
+    real = hardware_probe.cached.probe_isolated
+    monkeypatch.setattr(hardware_probe.cached, "probe_isolated", lambda timeout: probes.append(timeout) or real(timeout))
+    for _ in range(2):
+        appliance = await compose(_settings(tmp_path, metrics=False, grpc=False))
+        try:
+            await asyncio.wait_for(appliance.dataplane.wait_loaded(), 60)
+            assert "summary" in appliance.dataplane.hardware()
+        finally:
+            await appliance.close()
+    assert len(probes) == 1 and (tmp_path / "state" / "hardware-probe.json").is_file()
+    appliance = await compose(_settings(tmp_path, metrics=False, grpc=False, probe_cache=False))
+    try:
+        await asyncio.wait_for(appliance.dataplane.wait_loaded(), 60)
+    finally:
+        await appliance.close()
+    assert len(probes) == 2  # probe_cache = false probes at every start
