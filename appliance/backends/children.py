@@ -51,6 +51,11 @@ class ChildProcesses:
         with self._lock:
             return {child.pid for child in self._children}
 
+    def pids_of(self, name: str) -> set[int]:
+        """The process ids of model ``name``'s registered processes."""
+        with self._lock:
+            return {child.pid for child in self._children if child.name == name}
+
     def alive(self) -> list[ChildProcess]:
         with self._lock:
             return [child for child in self._children if child.alive]

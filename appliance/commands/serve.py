@@ -78,6 +78,14 @@ def add_parser(sub: Any) -> None:
                    help="in explicit mode, load this model at start (repeatable; '*' for all)")
     p.add_argument("--repository-poll-secs", type=float, help="poll mode: seconds between re-scans "
                                                                    f"(default {_default('repository_poll_secs'):g})")
+    p.add_argument("--load-on-demand", dest="load_on_demand", action="store_const", const=True,
+                   help="load a model on its first request (at start only --load-model ones, pinned); docs/memory.md")
+    p.add_argument("--idle-unload-secs", dest="idle_unload_secs", type=float, metavar="N",
+                   help="unload a model after N seconds without a request (default 0: never)")
+    p.add_argument("--model-memory-budget-mib", dest="model_memory_budget_mib", type=int, metavar="M",
+                   help="MiB the loaded models may hold together; idle models are unloaded to make room")
+    p.add_argument("--memory-pressure-threshold", dest="memory_pressure_threshold", type=float, metavar="PERCENT",
+                   help="unload idle models while PSI memory pressure (some avg10) is at least this (default 0: off)")
     p.add_argument("--exit-timeout-secs", dest="exit_timeout", type=float,
                    help="at stop, seconds to wait for Python model processes stuck in a call before killing "
                         f"them (default {_default('exit_timeout'):g}, as Triton)")

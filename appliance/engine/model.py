@@ -293,6 +293,11 @@ class ModelVersion:
         outputs = self._outputs(raw.outputs or {}, requested)
         return InferResponse(self.name, self.version, outputs, id=request_id, parameters=dict(raw.parameters or {}))
 
+    @property
+    def users(self) -> int:
+        """Requests holding this version now (see ``in_use``)."""
+        return self._users
+
     def in_use(self) -> _InUse:
         """Held by a request from lookup to response: a version being replaced or unloaded waits for
         every request that already chose it, even one still reading its body."""

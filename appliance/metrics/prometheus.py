@@ -24,13 +24,17 @@ _REASONS = (FailureReason.REJECTED, FailureReason.CANCELED, FailureReason.BACKEN
 class TritonCollector:
     def __init__(self, models: Callable[[], list[ModelVersion]], system: Callable[[], dict[str, Any] | None],
                  arenas: Callable[[], dict[str, int] | None] = lambda: None,
-                 server: ServerWide | None = None) -> None:
+                 server: ServerWide | None = None,
+                 residency: Callable[[], dict[str, Any] | None] = lambda: None) -> None:
         """``arenas``: the latest sample of the Python backend's shared-memory arenas, bytes by model.
-        ``server``: the response cache and rate limiter, whose own figures are exported when present."""
+        ``server``: the response cache and rate limiter, whose own figures are exported when present.
+        ``residency``: what each loaded model holds and the loads and unloads by cause (``Residency.status``;
+        None: residency off)."""
         self._models = models
         self._system = system
         self._arenas = arenas
         self._server = server or ServerWide()
+        self._residency = residency
 
     def collect(self) -> Iterator[Metric]:
         labels = ["model", "version"]
@@ -119,7 +123,32 @@ class TritonCollector:
             for name, used in sorted(arenas.items()):
                 family.add_metric([name], used)
             yield family
+        yield from self._residency_metrics()
         yield from self._system_metrics()
+
+    def _residency_metrics(self) -> Iterator[Metric]:
+        status = self._residency()
+        if status is None:
+            return
+        held = GaugeMetricFamily(
+            "appliance_model_memory_bytes",
+            "What a loaded model holds, in bytes: its model processes' RSS and the daemon's growth at its load "
+            "(docs/memory.md)", labels=["model"])
+        for name, size in status["models"].items():
+            held.add_metric([name], size)
+        yield held
+        yield GaugeMetricFamily("appliance_model_memory_used_bytes",
+                                "What the loaded models hold together, with the loads under way reserve",
+                                value=status["used_bytes"])
+        if status["budget_bytes"] is not None:
+            yield GaugeMetricFamily("appliance_model_memory_budget_bytes", "The model memory budget",
+                                    value=status["budget_bytes"])
+        for kind, text in (("loads", "Model loads, by cause (demand, explicit)"),
+                           ("unloads", "Model unloads by the appliance, by cause (idle, budget, pressure)")):
+            family = _TritonCounter(f"appliance_model_{kind}", text, ["model", "cause"])
+            for row in status[kind]:
+                family.add_metric([row["model"], row["cause"]], row["count"])
+            yield family
 
     def _cache_metrics(self) -> Iterator[Metric]:
         """The response cache's own figures, under the names Triton's local cache reports them."""

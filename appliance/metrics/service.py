@@ -35,11 +35,13 @@ class MetricsService:
     def __init__(self, path: Path, retention: Retention, interval: float,
                  models: Callable[[], list[ModelVersion]], state: StateDir,
                  custom: CustomMetrics | None = None, arenas: Callable[[], dict[str, int]] | None = None,
-                 server: ServerWide | None = None) -> None:
+                 server: ServerWide | None = None,
+                 residency: Callable[[], dict[str, Any] | None] | None = None) -> None:
         """``custom``: metric families models define (Python models' pb_utils.MetricFamily), exported
         after the server's own; ``arenas``: measures the Python backend's shared-memory arenas, bytes
         by model (blocking, called off the event loop each tick). ``server``: the response cache and rate
-        limiter, whose figures /metrics shows."""
+        limiter, whose figures /metrics shows. ``residency``: what each loaded model holds, loads and unloads by
+        cause (None: residency off; appliance.repository.residency)."""
         self.path = path
         self._retention = retention
         self._interval = interval
@@ -56,7 +58,7 @@ class MetricsService:
         self.latest_arenas: dict[str, int] | None = None
         self._registry = CollectorRegistry(auto_describe=False)
         self._registry.register(TritonCollector(models, lambda: self.latest_system, lambda: self.latest_arenas,
-                                                server))
+                                                server, residency or (lambda: None)))
 
     async def start(self) -> None:
         self._sampler = await asyncio.to_thread(SystemSampler)

@@ -19,7 +19,7 @@ from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
-from appliance.core.errors import InputMismatch, InvalidInput, NotSupported
+from appliance.core.errors import InputMismatch, InvalidInput, ModelNotFound, ModelNotReady, NotSupported
 from appliance.engine.model import ModelVersion
 from appliance.engine.streaming import OneResponse, Responses, StreamLimits
 from appliance.engine.tensor_checks import BYTES_ELEMENT_OVERHEAD, DecodeLimits
@@ -153,7 +153,11 @@ class Inference:
         entered: the caller exits it when done; a failure here lets it go), the request received and decoded
         into ``account``, and its trace started when sampled."""
         target = await source.target(account)
-        held = self._registry.get(target.model, target.version).in_use()
+        try:
+            version = self._registry.get(target.model, target.version)
+        except (ModelNotFound, ModelNotReady):
+            version = await self._load_on_demand(target)
+        held = version.in_use()
         model = held.__enter__()
         try:
             if refuse_decoupled and model.decoupled:
@@ -164,6 +168,21 @@ class Inference:
             held.__exit__(None, None, None)
             raise
         return held, model, request
+
+    async def _load_on_demand(self, target: Target) -> ModelVersion:
+        """The version ``target`` names once a load on demand has made it ready (load_on_demand); the
+        lookup's refusal as it was where the model is not one to load. A budget load beside this one may
+        unload the model again before this request holds it: then it loads again, a few times at most."""
+        residency = self._registry.residency
+        for _ in range(3):
+            if not residency.on_demand(target.model):
+                break
+            await residency.demand(target.model)
+            try:
+                return self._registry.get(target.model, target.version)
+            except (ModelNotFound, ModelNotReady):
+                continue
+        return self._registry.get(target.model, target.version)
 
     async def respond(self, model: ModelVersion, request: InferRequest, caller: Caller,
                       reserve: Callable[[int], None], release: Callable[[int], None]) -> Responses:

@@ -53,6 +53,11 @@ class RepositoryControl:
             return
         self._check_control("load")
         override = config_override(name, parameters)
+        pinned = parameters.get("pinned", False)
+        if not isinstance(pinned, bool):
+            raise InvalidInput(f"parameter 'pinned' must be a boolean, got {str(pinned)[:40]!r}")
+        if pinned:  # never unloaded for idleness, the memory budget or pressure (docs/memory.md)
+            self._registry.residency.pin((name,))
         async with self._lock(name):
             if self._pushed(name) and self._registry.in_repository(name):
                 await self._registry.load(name, override, source=self._registry.repository / name)

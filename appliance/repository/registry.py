@@ -21,6 +21,7 @@ from appliance.backends.base import BackendServices
 from appliance.core.errors import (
     ApplianceError,
     ConfigError,
+    InsufficientStorage,
     InvalidInput,
     ModelNotFound,
     ModelNotReady,
@@ -43,7 +44,9 @@ from appliance.repository.ensemble.dependencies import find_cycle, users_of
 from appliance.repository.events import ModelEvents
 from appliance.repository.layout import directory_signature, model_directory, scan_models
 from appliance.repository.loader import LoadedModel, load_model
+from appliance.repository.memory import read_pressure
 from appliance.repository.plan_choice import PlanChooser
+from appliance.repository.residency import Residency, ResidencyRules
 
 if TYPE_CHECKING:
     from appliance.repository.pushed import PushStore
@@ -126,7 +129,7 @@ class ModelRegistry:
                  overlay: Callable[[], Mapping[str, Path]] | None = None,
                  services: BackendServices | None = None, control_mode: str = "none",
                  pushes: PushStore | None = None, call_limits: StreamLimits | None = None,
-                 server: ServerWide | None = None) -> None:
+                 server: ServerWide | None = None, residency: ResidencyRules | None = None) -> None:
         """``on_event`` is told of model_loaded / model_failed / backend_chosen / model_unloaded (kind,
         model, version, detail): the metrics history records them. ``overlay``: model name -> directory
         of the models pushed over the load API (appliance.repository.pushed), served in place of the repository's.
@@ -134,7 +137,8 @@ class ModelRegistry:
         (``LocalModels``: Python models call models), which may load and unload models when
         ``control_mode`` is explicit, with files kept in ``pushes`` (as the load API's pushes are);
         ``call_limits`` bound those calls (their deadline, and the responses of a streamed one held for the
-        calling model). ``server``: the response cache and rate limiter the models share."""
+        calling model). ``server``: the response cache and rate limiter the models share. ``residency``: load
+        on demand, idle unload, the memory budget and pressure (appliance.repository.residency), off by default."""
         self._server = server or ServerWide()
         self._overlay = overlay
         self.repository = repository
@@ -151,6 +155,8 @@ class ModelRegistry:
         self._services = dataclasses.replace(services or BackendServices(), models=self._calls)
         self._held: set[str] = set()
         """Models a push is replacing: re-scans and retunes leave them alone meanwhile."""
+        self.residency = Residency(self, residency or ResidencyRules(), self._events, self._services.processes,
+                                   read_pressure)
 
     def scan(self) -> list[Path]:
         """Model directories in the repository (hidden entries and plain files are skipped), pushed ones
@@ -264,10 +270,16 @@ class ModelRegistry:
                 # A retune serves the same versions on another plan: their statistics count on (clients
                 # such as perf_analyzer read them before and after a window). Any other load starts at 0.
                 statistics = {n: v.stats for n, v in entry.versions.items()} if traffic is not None else None
-                loaded = await asyncio.to_thread(
-                    load_model, path, self._options, selector, self._retune, config_override, traffic,
-                    self._services, self._server, statistics,
-                )
+                ticket = await self.residency.admit(name, path, config)
+                try:
+                    loaded = await asyncio.to_thread(
+                        load_model, path, self._options, selector, self._retune, config_override, traffic,
+                        self._services, self._server, statistics,
+                    )
+                except BaseException:
+                    await self.residency.settle(ticket, ok=False)
+                    raise
+                await self.residency.settle(ticket, ok=True)
         except Exception as exc:
             message = exc.message if isinstance(exc, ApplianceError) else f"{type(exc).__name__}: {exc}"
             log.error("model %s failed to load: %s", name, message)
@@ -278,6 +290,8 @@ class ModelRegistry:
                 entry.reason = f"reload failed, still serving the previous load: {message}"
             else:
                 entry.state, entry.reason = ModelState.UNAVAILABLE, message
+            if raise_errors and isinstance(exc, InsufficientStorage):  # 507 as it is: no room, not a bad model
+                raise
             if raise_errors:
                 raise ConfigError(f"failed to load '{name}': {message}") from exc
             return entry, []
@@ -316,6 +330,15 @@ class ModelRegistry:
             return plan_ensemble(config) if is_ensemble(config) else None
         except (ApplianceError, OSError):
             return None
+
+    def composing(self) -> set[str]:
+        """The models a loaded ensemble runs as its steps."""
+        return {m for plan in self._loaded_plans().values() for m in plan.models()}
+
+    def busy(self, name: str) -> bool:
+        """Whether a load or unload of ``name`` is under way."""
+        lock = self._locks.get(name)
+        return lock is not None and lock.locked()
 
     def _loaded_plans(self) -> dict[str, EnsemblePlan]:
         return {e.name: e.plan for e in self._models.values() if e.plan is not None and e.versions}
