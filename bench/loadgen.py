@@ -24,6 +24,8 @@ class Result:
     p50_ms: float
     p99_ms: float
     errors: int
+    requests: int = 0
+    """Requests completed (wrk's count; 0 where the generator does not say)."""
 
 
 def add_wrk_arguments(parser: argparse.ArgumentParser, concurrency: tuple[int, ...] = (1, 16)) -> None:
@@ -80,6 +82,8 @@ def run_wrk(url: str, body: bytes, headers: dict[str, str], concurrency: int, se
             capture_output=True, text=True, timeout=seconds + 30, check=True,
         ).stdout
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", output).group(1))
+    count = re.search(r"(\d+) requests in ", output)
+    completed = int(count.group(1)) if count else 0
     p50 = _ms(re.search(r"\s50%\s+(\S+)", output).group(1))
     p99 = _ms(re.search(r"\s99%\s+(\S+)", output).group(1))
     errors = 0
@@ -88,7 +92,7 @@ def run_wrk(url: str, body: bytes, headers: dict[str, str], concurrency: int, se
         match = re.search(pattern, output)
         if match:
             errors += sum(int(g) for g in match.groups())
-    return Result(rps, p50, p99, errors)
+    return Result(rps, p50, p99, errors, completed)
 
 
 def run_h2load(url: str, body: bytes, concurrency: int, seconds: float) -> tuple[Result, int]:

@@ -11,7 +11,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-__all__ = ["Server", "peak_rss_mib", "rss_mib", "start_appliance", "start_floor"]
+__all__ = ["Server", "peak_rss_mib", "rss_mib", "start_appliance", "start_floor", "start_lean_reference"]
 
 
 @dataclasses.dataclass
@@ -83,6 +83,16 @@ def start_floor(model: Path, *args: str) -> Server:
         process = subprocess.Popen([sys.executable, "-m", "bench.floor", str(model), *args], stdout=out,
                                    stderr=subprocess.STDOUT)
     return Server(process, _wait_for(process, log, r"PORT (\d+)"))
+
+
+def start_lean_reference(model_dir: Path, log: Path, *args: str, prefix: tuple[str, ...] = ()) -> Server:
+    """bench.lean_reference serving the model in ``model_dir`` on 127.0.0.1, a free port; ``args``: its
+    other options (``--token``); ``prefix`` wraps the command (``taskset -c 0``)."""
+    with open(log, "w") as out:
+        process = subprocess.Popen([*prefix, sys.executable, "-m", "bench.lean_reference", "--host", "127.0.0.1",
+                                    "--port", "0", "--model-dir", str(model_dir), *args],
+                                   stdout=out, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parent.parent)
+    return Server(process, _wait_for(process, log, r"lean reference serving \S+ on http://127\.0\.0\.1:(\d+)"))
 
 
 def rss_mib(pid: int) -> float:

@@ -1,0 +1,218 @@
+"""The appliance against the lean reference (bench.lean_reference), side by side in one run (issue 49).
+
+    python -m bench.lean [--seconds 5] [--repeats 3] [--concurrency 1,16] [--server-core 0] [--load-core 1]
+
+Both serve the same model, bench/triton_models.py's Python identity (FP32[16], max_batch_size 8, one
+instance), each with its model process: the appliance as a production box ships it (the default plan, a
+process per Python model instance; the bearer token required for inference with no network exempt,
+connection and memory limits, statistics and metrics history at their defaults; gRPC on; only mDNS and the
+separate metrics port off), the reference with the same token. Each server and every process below it
+is pinned with ``taskset`` to one core, ``wrk -t1`` to the other; both run the whole time and each round
+measures one then the other (the order flips every repeat) at each concurrency, with v2 JSON POSTs. CPU
+per request is each whole process tree's, from /proc around each wrk run, split into the server process
+(all its threads) and the processes below it (the model process), over the requests wrk completed. The
+table gives medians over the repeats; the ratio is the median of each round's appliance/reference CPU.
+Target: the appliance's CPU per request ≤ 1.5× the reference's at every concurrency. Writes
+bench/results/lean.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from bench.loadgen import add_wrk_arguments, require_wrk, run_wrk
+from bench.process import Server, start_appliance, start_lean_reference
+from bench.serving import RESULTS, machine
+from bench.triton import TICKS_PER_SECOND, process_tree
+from bench.triton_models import write_repository
+
+__all__ = ["Round", "main", "table"]
+
+TARGET = 1.5
+"""The appliance's CPU per request over the reference's, at most."""
+SERVERS = ("appliance", "reference")
+_MODEL = "identity"
+_TOKEN = "lean-bench-token-0123456789abcdef"
+_WARM_UP_S = 2.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Round:
+    """One wrk run against one server."""
+
+    requests_per_s: float
+    p50_ms: float
+    server_us: float
+    """CPU of the server process (all its threads) per request."""
+    model_us: float
+    """CPU of the processes below it (its model process) per request."""
+    errors: int
+    load: float
+
+    @property
+    def cpu_us(self) -> float:
+        return self.server_us + self.model_us
+
+
+def tree_split(pid: int) -> tuple[float, float]:
+    """CPU seconds of ``pid`` itself (with what its reaped children left) and of the processes below it."""
+    own = below = 0
+    for process, fields, _ in process_tree(pid):
+        try:
+            ticks = sum(int(fields[i]) for i in (11, 12, 13, 14))
+        except (IndexError, ValueError):
+            continue
+        if process == pid:
+            own += ticks
+        else:
+            below += ticks
+    return own / TICKS_PER_SECOND, below / TICKS_PER_SECOND
+
+
+def _affinities(pid: int) -> set[str]:
+    """The CPU lists of every process below ``pid`` (itself included)."""
+    found = set()
+    for process, _, _ in process_tree(pid):
+        try:
+            for line in Path(f"/proc/{process}/status").read_text().splitlines():
+                if line.startswith("Cpus_allowed_list:"):
+                    found.add(line.split(":", 1)[1].strip())
+        except OSError:
+            continue
+    return found
+
+
+def _body() -> bytes:
+    return json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 16], "datatype": "FP32",
+                                   "data": [float(v) for v in range(16)]}]}).encode()
+
+
+def _measure(server: Server, concurrency: int, seconds: float, load_core: int) -> Round:
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {_TOKEN}"}
+    own, below = tree_split(server.process.pid)
+    result = run_wrk(f"{server.base}/v2/models/{_MODEL}/infer", _body(), headers, concurrency, seconds,
+                     prefix=("taskset", "-c", str(load_core)))
+    own_after, below_after = tree_split(server.process.pid)
+    per = 1e6 / result.requests if result.requests else float("nan")
+    return Round(result.requests_per_s, result.p50_ms, (own_after - own) * per, (below_after - below) * per,
+                 result.errors, os.getloadavg()[0])
+
+
+def table(rounds: dict[tuple[str, int], list[Round]]) -> str:
+    """One row per concurrency and server (medians over its rounds); on the appliance's row the median of
+    each round's CPU ratio over the reference, marked against ``TARGET``."""
+    lines = ["| c | server | req/s | p50 ms | CPU µs/req (server + model process) | × reference CPU | "
+             f"target ≤ {TARGET}× | errors | load |", "|---|---|---|---|---|---|---|---|---|"]
+    for concurrency in sorted({c for _, c in rounds}):
+        reference = rounds.get(("reference", concurrency), [])
+        for name in SERVERS:
+            mine = rounds.get((name, concurrency))
+            if not mine:
+                continue
+            server, model = statistics.median(r.server_us for r in mine), statistics.median(r.model_us for r in mine)
+            ratio_cell, verdict = "", ""
+            if name != "reference" and reference:
+                ratio = statistics.median(a.cpu_us / b.cpu_us for a, b in zip(mine, reference))
+                ratio_cell, verdict = f"{ratio:.2f}", "met" if ratio <= TARGET else "MISSED"
+            lines.append(f"| {concurrency} | {name} | {statistics.median(r.requests_per_s for r in mine):.0f} | "
+                         f"{statistics.median(r.p50_ms for r in mine):.3f} | "
+                         f"{statistics.median(r.cpu_us for r in mine):.0f} ({server:.0f} + {model:.0f}) | "
+                         f"{ratio_cell} | {verdict} | {sum(r.errors for r in mine)} | "
+                         f"{statistics.median(r.load for r in mine):.2f} |")
+    return "\n".join(lines)
+
+
+def _start(work: Path, server_core: int) -> dict[str, Server]:
+    every = write_repository(work / "all")
+    repo = work / "repo"
+    shutil.copytree(every / _MODEL, repo / _MODEL)
+    settings = work / "appliance.toml"
+    settings.write_text(f'auth_token = "{_TOKEN}"\nauth_exempt_networks = []\nprotect_inference = true\n')
+    pin = ("taskset", "-c", str(server_core))
+    servers = {"appliance": start_appliance(repo, work / "state", env={"APPLIANCE_CONFIG": str(settings)},
+                                            prefix=pin)}
+    try:
+        servers["reference"] = start_lean_reference(repo / _MODEL, work / "reference.log", "--token", _TOKEN,
+                                                    prefix=pin)
+    except BaseException:
+        servers["appliance"].stop()
+        raise
+    return servers
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
+                              cwd=Path(__file__).parent, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def run(args: argparse.Namespace) -> tuple[dict[tuple[str, int], list[Round]], list[str]]:
+    """Every round; and what was seen of the pinning."""
+    rounds: dict[tuple[str, int], list[Round]] = {}
+    notes = []
+    with tempfile.TemporaryDirectory(prefix="bench-lean-") as tmp:
+        servers = _start(Path(tmp), args.server_core)
+        try:
+            for name, server in servers.items():
+                pinned = _affinities(server.process.pid)
+                notes.append(f"{name}: cores {', '.join(sorted(pinned))}")
+                _measure(server, 16, _WARM_UP_S, args.load_core)  # warm-up: first requests pay for lazy set-up
+            for repeat in range(args.repeats):
+                order: Sequence[str] = SERVERS if repeat % 2 == 0 else tuple(reversed(SERVERS))
+                for concurrency in args.concurrency:
+                    for name in order:
+                        result = _measure(servers[name], concurrency, args.seconds, args.load_core)
+                        rounds.setdefault((name, concurrency), []).append(result)
+                        print(f"  repeat {repeat + 1}/{args.repeats} {name:9} c={concurrency:<3} "
+                              f"{result.requests_per_s:8.0f} req/s  p50 {result.p50_ms:6.3f} ms  "
+                              f"{result.cpu_us:5.0f} µs CPU/req ({result.server_us:.0f} + {result.model_us:.0f})  "
+                              f"errors {result.errors}  load {result.load:.2f}", file=sys.stderr, flush=True)
+        finally:
+            for server in servers.values():
+                server.stop()
+    return rounds, notes
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_wrk_arguments(parser)
+    parser.add_argument("--server-core", type=int, default=0, help="the core both servers are pinned to")
+    parser.add_argument("--load-core", type=int, default=1, help="the core wrk is pinned to")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    usable = os.sched_getaffinity(0)
+    if args.server_core == args.load_core or not {args.server_core, args.load_core} <= usable:
+        parser.error(f"--server-core and --load-core must be two different cores of {sorted(usable)}")
+    require_wrk()
+    started, before = time.monotonic(), os.getloadavg()[0]
+    rounds, notes = run(args)
+    loads = [r.load for runs in rounds.values() for r in runs]
+    command = " ".join(["python -m bench.lean", *(argv if argv is not None else sys.argv[1:])])
+    text = (f"Command: {command} ({time.monotonic() - started:.0f} s), commit {_commit()}, "
+            f"{time.strftime('%Y-%m-%d')}\n\n"
+            f"Machine: {machine()}; 1-minute load average {before:.2f} before the run, "
+            f"{min(loads):.2f}-{max(loads):.2f} over the rounds. Servers pinned to core {args.server_core} "
+            f"({'; '.join(notes)}), wrk -t1 to core {args.load_core}; Python identity FP32[16], v2 JSON, "
+            f"{args.seconds:g} s per run; medians of {args.repeats} repeats, servers alternated. CPU per request "
+            "of each whole process tree (the server process and its model process).\n\n" + table(rounds))
+    print(text)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "lean.md").write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
