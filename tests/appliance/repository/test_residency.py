@@ -180,9 +180,9 @@ async def test_a_load_that_cannot_fit_beside_busy_models_is_refused_after_the_ti
                                                          load_timeout=0.2))
     await _infer(plane, "a")
     await _infer(plane, "b", scale=2.0)
-    with registry.get("a").in_use(), registry.get("b").in_use():
-        with pytest.raises(InsufficientStorage, match="busy or pinned"):
-            await registry.load("c")
+    with (registry.get("a").in_use(), registry.get("b").in_use(),
+          pytest.raises(InsufficientStorage, match="busy or pinned")):
+        await registry.load("c")
     assert _loaded(registry) == {"a", "b"}
 
 
