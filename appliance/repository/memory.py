@@ -48,6 +48,9 @@ class Estimate:
     source: str
     """Where the figure comes from, as a refusal names it: "measured at its last load", "its config's
     memory_mib", "estimated from its files"."""
+    known: int | None = None
+    """For a guess from the files: the part the files themselves account for (the rest is the backend's
+    base, a guess); None when the whole figure is known."""
 
 
 def backend_of(config: mc.ModelConfig) -> str:
@@ -78,7 +81,8 @@ def estimate_from_files(path: Path, config: mc.ModelConfig) -> Estimate:
     if given is not None:
         return Estimate(given, "its config's memory_mib")
     base, factor = _BASE_AND_FACTOR.get(backend_of(config), _DEFAULT)
-    return Estimate(base + int(_files_size(path) * factor), "estimated from its files")
+    files = int(_files_size(path) * factor)
+    return Estimate(base + files, "estimated from its files", known=files)
 
 
 def _files_size(path: Path) -> int:

@@ -247,6 +247,10 @@ class Residency:
         estimate = await asyncio.to_thread(self._estimate, name, path, config)
         budget = self.rules.budget_bytes
         if budget is not None:
+            if estimate.bytes > budget and estimate.known is not None and estimate.known <= budget:
+                # Only the backend's base, a guess, does not fit: load it alone rather than refuse on a guess
+                # (its measurement then tells the truth for the next load).
+                estimate = dataclasses.replace(estimate, bytes=budget)
             if estimate.bytes > budget:
                 raise InsufficientStorage(
                     f"model '{name}' needs about {_mib(estimate.bytes)} MiB ({estimate.source}) but the model memory "

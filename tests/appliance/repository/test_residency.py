@@ -40,6 +40,7 @@ def repo(tmp_path):
     write_model(root, "big", affine_model(1, 0, WIDTH), config=_config(200))
     write_model(root, "lazy", affine_model(1, 0, WIDTH), config=_config(40, idle_unload_secs="0.05"))
     write_model(root, "held", affine_model(1, 0, WIDTH), config=_config(40, pinned="true"))
+    write_model(root, "plain", affine_model(1, 0, WIDTH))  # says nothing: estimated from its files
     return root
 
 
@@ -173,6 +174,15 @@ async def test_a_model_larger_than_the_budget_is_refused_with_its_size(repo, mak
         await _infer(plane, "big")
     assert _loaded(registry) == {"a"}  # nothing was unloaded for a model that could never fit
     assert plane.ready()
+
+
+async def test_a_first_load_whose_guess_exceeds_the_budget_loads_alone_rather_than_refused(repo, make_plane):
+    plane, registry, events = await make_plane(ResidencyRules(load_on_demand=True, budget_bytes=30 * MIB))
+    with pytest.raises(InsufficientStorage, match="needs about 40 MiB"):
+        await _infer(plane, "a")  # what it says it needs does not fit
+    await _infer(plane, "plain")  # onnxruntime's base (32 MiB) is a guess: its files are a few KiB
+    assert _loaded(registry) == {"plain"}
+    assert registry.residency.memory()["plain"] < 30 * MIB
 
 
 async def test_a_load_that_cannot_fit_beside_busy_models_is_refused_after_the_timeout(repo, make_plane):
