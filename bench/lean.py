@@ -37,7 +37,7 @@ from bench.serving import RESULTS, machine
 from bench.triton import TICKS_PER_SECOND, process_tree
 from bench.triton_models import write_repository
 
-__all__ = ["Round", "main", "table"]
+__all__ = ["Round", "main", "measure", "start_servers", "table", "tree_split"]
 
 TARGET = 1.5
 """The appliance's CPU per request over the reference's, at most."""
@@ -98,7 +98,8 @@ def _body() -> bytes:
                                    "data": [float(v) for v in range(16)]}]}).encode()
 
 
-def _measure(server: Server, concurrency: int, seconds: float, load_core: int) -> Round:
+def measure(server: Server, concurrency: int, seconds: float, load_core: int) -> Round:
+    """One wrk run of ``seconds`` against ``server`` (wrk pinned to ``load_core``), its tree's CPU around it."""
     headers = {"Content-Type": "application/json", "Authorization": f"Bearer {_TOKEN}"}
     own, below = tree_split(server.process.pid)
     result = run_wrk(f"{server.base}/v2/models/{_MODEL}/infer", _body(), headers, concurrency, seconds,
@@ -133,7 +134,9 @@ def table(rounds: dict[tuple[str, int], list[Round]]) -> str:
     return "\n".join(lines)
 
 
-def _start(work: Path, server_core: int) -> dict[str, Server]:
+def start_servers(work: Path, server_core: int) -> dict[str, Server]:
+    """The appliance and the reference on the identity model (a repository under ``work``), both pinned to
+    ``server_core``, both requiring the token: by name, as in ``SERVERS``."""
     every = write_repository(work / "all")
     repo = work / "repo"
     shutil.copytree(every / _MODEL, repo / _MODEL)
@@ -164,17 +167,17 @@ def run(args: argparse.Namespace) -> tuple[dict[tuple[str, int], list[Round]], l
     rounds: dict[tuple[str, int], list[Round]] = {}
     notes = []
     with tempfile.TemporaryDirectory(prefix="bench-lean-") as tmp:
-        servers = _start(Path(tmp), args.server_core)
+        servers = start_servers(Path(tmp), args.server_core)
         try:
             for name, server in servers.items():
                 pinned = _affinities(server.process.pid)
                 notes.append(f"{name}: cores {', '.join(sorted(pinned))}")
-                _measure(server, 16, _WARM_UP_S, args.load_core)  # warm-up: first requests pay for lazy set-up
+                measure(server, 16, _WARM_UP_S, args.load_core)  # warm-up: first requests pay for lazy set-up
             for repeat in range(args.repeats):
                 order: Sequence[str] = SERVERS if repeat % 2 == 0 else tuple(reversed(SERVERS))
                 for concurrency in args.concurrency:
                     for name in order:
-                        result = _measure(servers[name], concurrency, args.seconds, args.load_core)
+                        result = measure(servers[name], concurrency, args.seconds, args.load_core)
                         rounds.setdefault((name, concurrency), []).append(result)
                         print(f"  repeat {repeat + 1}/{args.repeats} {name:9} c={concurrency:<3} "
                               f"{result.requests_per_s:8.0f} req/s  p50 {result.p50_ms:6.3f} ms  "
