@@ -82,9 +82,10 @@ operation's *_UPDATE, decided once the message is read)."""
 
 _METHODS = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods_by_name
 _UPDATES = {Operation.TRACE_SETTINGS: Operation.TRACE_UPDATE, Operation.LOG_SETTINGS: Operation.LOG_UPDATE}
-_RAW = frozenset({"ModelInfer"})
-"""RPCs whose handler takes the message's bytes (``Received``) and parses them itself, on its account, and
-answers with its answer's bytes (serialised by the handler: a large answer off the event loop)."""
+_RAW = frozenset({"ModelInfer", "ModelStreamInfer"})
+"""RPCs whose handler takes the message's bytes (``Received``; ModelStreamInfer: each message's) and parses
+them itself, on its account, and answers with its answer's bytes (serialised by the handler: a large
+answer off the event loop)."""
 _UNREAD = {"ServerLive": pb.ServerLiveRequest(), "ServerReady": pb.ServerReadyRequest()}
 _HEALTH_METHODS = {"Check": grpc.stream_unary_rpc_method_handler, "Watch": grpc.stream_stream_rpc_method_handler}
 """The RPCs of grpc.health.v1.Health, and the kind of handler each is served by."""

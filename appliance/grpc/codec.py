@@ -30,8 +30,8 @@ from appliance.engine.types import InferInput, InferRequest, InferResponse, Requ
 from appliance.protocol.inference import tensor_work
 from appliance.protocol.shared_memory.params import shared_memory_ref
 
-__all__ = ["decode_infer_request", "encode_infer_response", "encoding_work", "from_parameters",
-           "serialize_infer_response", "set_parameters", "stream_options"]
+__all__ = ["FINAL_RESPONSE", "decode_infer_request", "encode_infer_response", "encoding_work", "from_parameters",
+           "serialize_infer_response", "serialize_stream_response", "set_parameters", "stream_options"]
 
 # The typed field of InferTensorContents that holds each datatype (FP16 and BF16 have none: raw only).
 CONTENTS_FIELD = {
@@ -282,16 +282,58 @@ def _varint(value: int) -> bytes:
     return bytes(out)
 
 
-def serialize_infer_response(response: InferResponse) -> bytes:
-    """``encode_infer_response(response).SerializeToString()``, the same bytes, written without copying the
-    tensors into a message and out again: the head serialised, each tensor appended as its
-    ``raw_output_contents`` field (protobuf writes fields in number order; that one is the last), in one
-    join (which releases the GIL for a large answer: encoded on a worker thread, it stalls no event loop)."""
-    pieces: list[bytes | memoryview] = [_head(response).SerializeToString()]
+def _message_pieces(head: pb.ModelInferResponse, response: InferResponse) -> list[bytes | memoryview]:
+    """A ModelInferResponse's bytes in pieces: ``head`` serialised, then each of ``response``'s tensors as
+    its ``raw_output_contents`` field (protobuf writes fields in number order; that one is the last)."""
+    pieces: list[bytes | memoryview] = [head.SerializeToString()]
     for output in response.outputs:
         raw = b"" if output.shared_memory is not None else _raw(output.data)
         pieces += (_RAW_OUTPUT_TAG, _varint(len(raw)), raw)
-    return b"".join(pieces)
+    return pieces
+
+
+_COPY_CHUNK = 1 << 20
+
+
+def _joined(pieces: list[bytes | memoryview]) -> bytes:
+    """``b"".join(pieces)``, with the GIL let go for the large copy. CPython's join releases it only when
+    every piece is a bytes object (with a memoryview among them it holds it throughout: 0.08 s for
+    128 MiB, a stall of every port though on a worker thread), so each view is copied out first, 1 MiB at
+    a time (the GIL held for one such copy at once)."""
+    out: list[bytes] = []
+    for piece in pieces:
+        if isinstance(piece, memoryview):
+            out += [bytes(piece[start:start + _COPY_CHUNK]) for start in range(0, len(piece), _COPY_CHUNK)]
+        else:
+            out.append(piece)
+    return b"".join(out)
+
+
+def serialize_infer_response(response: InferResponse) -> bytes:
+    """``encode_infer_response(response).SerializeToString()``, the same bytes, written without copying the
+    tensors into a message and out again, in one join that releases the GIL (``_joined``): encoded on a
+    worker thread, a large answer stalls no event loop."""
+    return _joined(_message_pieces(_head(response), response))
+
+
+FINAL_RESPONSE = "triton_final_response"
+"""The parameter every ModelStreamInfer response carries: true on the last one of its request."""
+
+_STREAM_INFER_TAG = b"\x12"
+"""ModelStreamInferResponse.infer_response's key on the wire: field 2, length-delimited (error_message,
+field 1, is empty on a response that has one)."""
+
+
+def serialize_stream_response(response: InferResponse, final: bool) -> bytes:
+    """The ModelStreamInferResponse carrying ``response`` (with FINAL_RESPONSE set to ``final``), the bytes
+    protobuf serialises of that message, written as ``serialize_infer_response`` writes ModelInfer's: no
+    message holds the tensors, one join that releases the GIL."""
+    # Built as the message is (the head copied into its stream message, then the flag added): protobuf
+    # writes a map's entries in the order its table holds them, which a copy may change.
+    head = pb.ModelStreamInferResponse(infer_response=_head(response)).infer_response
+    head.parameters[FINAL_RESPONSE].bool_param = final
+    pieces = _message_pieces(head, response)
+    return _joined([_STREAM_INFER_TAG, _varint(sum(map(len, pieces))), *pieces])
 
 
 def encoding_work(response: InferResponse) -> int:

@@ -26,7 +26,7 @@ from appliance.grpc.codec import (
     stream_options,
 )
 from appliance.grpc.grpc_config import StreamRules
-from appliance.grpc.stream import StreamFailed, serve_stream, stream_message, wants_grpc_errors
+from appliance.grpc.stream import Reply, StreamFailed, serve_stream, stream_message, wants_grpc_errors
 from appliance.protocol.dataplane import DataPlane
 from appliance.protocol.inference import Target, decode_off_loop
 from appliance.protocol.inflate import InflateLimits
@@ -136,7 +136,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def _stream_responses(self, message: pb.ModelInferRequest, account: Account,
                                 context: grpc.aio.ServicerContext,
-                                grpc_errors: bool) -> AsyncGenerator[pb.ModelStreamInferResponse, None]:
+                                grpc_errors: bool) -> AsyncGenerator[Reply, None]:
         """Every response of one request read from a ModelStreamInfer stream (one, unless the model is
         decoupled), each as it is ready; with ``grpc_errors`` (Triton's triton_grpc_error header) a failed
         response ends the stream with its status instead (StreamFailed)."""

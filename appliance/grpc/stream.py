@@ -19,39 +19,58 @@ nothing for ``idle_timeout`` is ended (UNAVAILABLE: open a new one).
 
 When the server stops, the stream reads no further: the requests already read are answered, then the
 stream ends UNAVAILABLE so the client knows that what it sent after that was not served.
+
+A response is serialised as it is written, by the rule ModelInfer's answer follows: a large one (above
+``DECODE_OFF_LOOP_BYTES`` of tensors) on a worker thread, with no message holding its tensors
+(``serialize_stream_response``), a small one inline. Responses are written one at a time, in the order
+they are ready: one whose serialising runs on a thread keeps its place, none overtakes it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from typing import TypeAlias
 
 import grpc
 from tritonclient.grpc import service_pb2 as pb
 
 from appliance.core.errors import ApplianceError, Unavailable
 from appliance.engine.streaming import StreamItem
+from appliance.engine.types import InferResponse
 from appliance.grpc.access import Gate, caller_of
 from appliance.grpc.admission import inflated, parse_counted
-from appliance.grpc.codec import encode_infer_response
+from appliance.grpc.codec import FINAL_RESPONSE, encoding_work, serialize_stream_response
 from appliance.grpc.grpc_config import StreamRules
 from appliance.grpc.status import abort
 from appliance.protocol.dataplane import DataPlane
+from appliance.protocol.inference import decode_off_loop
 from appliance.protocol.inflate import InflateLimits
 from appliance.protocol.operations import Operation
 from appliance.security.budget import Account
 
-__all__ = ["GRPC_ERROR", "StreamFailed", "serve_stream", "stream_message", "wants_grpc_errors"]
+__all__ = ["GRPC_ERROR", "Reply", "StreamAnswer", "StreamFailed", "serve_stream", "stream_message",
+           "wants_grpc_errors"]
 
 log = logging.getLogger(__name__)
 
-Respond = Callable[[pb.ModelInferRequest, Account], AsyncGenerator[pb.ModelStreamInferResponse, None]]
 
-FINAL = "triton_final_response"
+@dataclasses.dataclass(frozen=True, slots=True)
+class StreamAnswer:
+    """A response with its tensors, to be serialised when it is written (``_serialized``)."""
 
+    response: InferResponse
+    final: bool
+
+
+Reply: TypeAlias = StreamAnswer | pb.ModelStreamInferResponse
+"""What a stream writes: a response with tensors, or a message without any (an error, an empty final)."""
+
+Respond = Callable[[pb.ModelInferRequest, Account], AsyncGenerator[Reply, None]]
 
 GRPC_ERROR = "triton_grpc_error"
 """Triton's stream header: "true" ends the stream with a response's error as its status."""
@@ -81,24 +100,32 @@ def _error(request: pb.ModelInferRequest, message: str) -> pb.ModelStreamInferRe
         infer_response=pb.ModelInferResponse(model_name=request.model_name, model_version=request.model_version,
                                              id=request.id),
     )
-    answer.infer_response.parameters[FINAL].bool_param = True
+    answer.infer_response.parameters[FINAL_RESPONSE].bool_param = True
     return answer
 
 
-def stream_message(item: StreamItem, request: pb.ModelInferRequest,
-                   empty_final: bool) -> pb.ModelStreamInferResponse | None:
-    """The message for one response of ``request``; None for a final flag the client did not ask to see."""
+def stream_message(item: StreamItem, request: pb.ModelInferRequest, empty_final: bool) -> Reply | None:
+    """The reply for one response of ``request``; None for a final flag the client did not ask to see."""
     if item.error is not None:
         message = _error(request, item.error.message)
     elif item.response is not None:
-        message = pb.ModelStreamInferResponse(infer_response=encode_infer_response(item.response))
+        return StreamAnswer(item.response, item.final)
     elif empty_final:
         message = pb.ModelStreamInferResponse(infer_response=pb.ModelInferResponse(
             model_name=request.model_name, model_version=request.model_version, id=request.id))
     else:
         return None
-    message.infer_response.parameters[FINAL].bool_param = item.final
+    message.infer_response.parameters[FINAL_RESPONSE].bool_param = item.final
     return message
+
+
+async def _serialized(reply: Reply) -> bytes:
+    """The bytes of ``reply``'s ModelStreamInferResponse: a large response's serialised on a worker thread
+    (``decode_off_loop``, by ``encoding_work``), anything else inline."""
+    if isinstance(reply, StreamAnswer):
+        response = reply.response
+        return await decode_off_loop(encoding_work(response), serialize_stream_response, response, reply.final)
+    return reply.SerializeToString()
 
 
 def _sequence_key(request: pb.ModelInferRequest) -> tuple[str, str, object] | None:
@@ -128,9 +155,11 @@ async def serve_stream(requests: AsyncIterator[bytes], context: grpc.aio.Service
     last_of_sequence: dict[object, asyncio.Task] = {}
     quiet_since = loop.time()
 
-    async def write(message: pb.ModelStreamInferResponse) -> None:
+    async def write(reply: Reply) -> None:
+        # Serialised under the lock: replies are written in the order they came here, a large one's bytes
+        # made on a thread meanwhile (the lock hands over first come, first served).
         async with writing:
-            await context.write(message)  # waits while the client is slow: the model is held back
+            await context.write(await _serialized(reply))  # waits while the client is slow: the model is held back
 
     async def answer(message: pb.ModelInferRequest, account: Account, before: asyncio.Task | None) -> None:
         with account:  # counted from the read until answered, whichever way this ends

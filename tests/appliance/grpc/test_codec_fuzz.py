@@ -31,9 +31,11 @@ from appliance.engine.types import InferOutput, InferRequest, InferResponse, Sha
 from appliance.grpc.admission import inflated, parse
 from appliance.grpc.codec import (
     CONTENTS_FIELD,
+    FINAL_RESPONSE,
     decode_infer_request,
     encode_infer_response,
     serialize_infer_response,
+    serialize_stream_response,
     stream_options,
 )
 from appliance.grpc.http2.call import Call
@@ -304,6 +306,33 @@ def test_serialized_responses_are_the_messages_bytes(arrays, shared, response_id
     outputs = [InferOutput(f"out{i}", datatype, array, SharedMemoryRef("r", array.nbytes) if shared[i] else None)
                for i, (datatype, array) in enumerate(arrays)]
     response = InferResponse("m", 7, outputs, id=response_id, parameters=parameters)
+    assert serialize_infer_response(response) == encode_infer_response(response).SerializeToString()
+
+
+@FUZZ
+@given(arrays=st.lists(tensors(DATATYPES), max_size=4), shared=st.lists(st.booleans(), min_size=4, max_size=4),
+       response_id=st.none() | st.text(max_size=4), final=st.booleans(),
+       parameters=st.sampled_from([{}, {"sequence_end": True, "n": 3, "s": "x", "f": 0.5, "big": 2**63},
+                                   {f"p{i}": i for i in range(20)}]))
+def test_serialized_stream_responses_are_the_messages_bytes(arrays, shared, response_id, final, parameters):
+    """A ModelStreamInfer response, written without a message holding the tensors, is byte for byte what
+    protobuf serialises of the message built as the stream built it (the answer in its stream message,
+    then the final flag), parameters in the same order."""
+    outputs = [InferOutput(f"out{i}", datatype, array, SharedMemoryRef("r", array.nbytes) if shared[i] else None)
+               for i, (datatype, array) in enumerate(arrays)]
+    response = InferResponse("m", 7, outputs, id=response_id, parameters=parameters)
+    message = pb.ModelStreamInferResponse(infer_response=encode_infer_response(response))
+    message.infer_response.parameters[FINAL_RESPONSE].bool_param = final
+    assert serialize_stream_response(response, final) == message.SerializeToString()
+
+
+def test_a_large_stream_response_is_the_messages_bytes():
+    """Past 1 MiB (a tensor copied out in pieces) and with a length of several varint bytes."""
+    response = InferResponse("m", 1, [InferOutput("y", "FP32", np.arange(3 << 20, dtype=np.float32)[::3]),
+                                      InferOutput("t", "BYTES", np.array([b"a" * 300] * 5000, dtype=object))])
+    message = pb.ModelStreamInferResponse(infer_response=encode_infer_response(response))
+    message.infer_response.parameters[FINAL_RESPONSE].bool_param = True
+    assert serialize_stream_response(response, True) == message.SerializeToString()
     assert serialize_infer_response(response) == encode_infer_response(response).SerializeToString()
 
 
