@@ -6,7 +6,8 @@ Errors before the model runs are JSON errors with their status, as on every rout
 model itself is 400 on both routes, as Triton answers it; on generate_stream it is an event
 ``data: {"error": "..."}`` (the stream goes on), the stream's status that of its first event. A client that
 disconnects cancels its request: the handler is cancelled, the stream closed, the model sees
-``request.is_cancelled()``.
+``request.is_cancelled()``. A large answer is encoded on a worker thread (``encode_generate_answer``);
+the events of a stream are written one after the other, in the order the model sent them.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from appliance.engine.tensor_checks import DecodeLimits
 from appliance.engine.types import InferRequest
 from appliance.protocol.inference import Target
 from appliance.rest.body import read_body
-from appliance.rest.generate_codec import decode_generate_request, encode_generate_response, sse_event
+from appliance.rest.generate_codec import decode_generate_request, encode_generate_answer, sse_event
 from appliance.rest.keys import CONFIG, DATAPLANE
 from appliance.rest.security import caller
 from appliance.security.budget import Account
@@ -89,19 +90,19 @@ async def _generate(request: web.Request) -> web.Response:
                 continue  # the final flag alone
             if answer is not None:
                 raise InferenceFailed(_ONE_RESPONSE)  # leaving the stream cancels the rest
-            answer = encode_generate_response(item.response)
+            answer = await encode_generate_answer(item.response)  # off the loop when large
         if answer is None:
             raise InferenceFailed(_ONE_RESPONSE)
     return web.Response(body=answer, content_type="application/json")
 
 
-def _event(item: StreamItem) -> bytes | None:
+async def _event(item: StreamItem) -> bytes | None:
     if item.error is not None:
         return sse_event(orjson.dumps({"error": item.error.message}))
     if item.response is None:
         return None
     try:
-        return sse_event(encode_generate_response(item.response))
+        return await encode_generate_answer(item.response, event=True)  # off the loop when large
     except ApplianceError as exc:
         return sse_event(orjson.dumps({"error": exc.message}))
 
@@ -128,7 +129,7 @@ async def _write_events(request: web.Request, responses: Responses) -> web.Strea
     async for item in responses:
         if item.final:
             responses.close()  # counted in the statistics before the client sees the end
-        event = _event(item)
+        event = await _event(item)  # in order: the next response waits until this one is written
         if event is None:
             continue
         if stream is None:

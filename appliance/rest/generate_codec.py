@@ -9,6 +9,10 @@ integer, boolean or number). ``id`` is also the request's id.
 A response is one flat JSON object: ``id`` (when the request had one), ``model_name``,
 ``model_version``, each response parameter, and each output by name, one element as a JSON scalar and
 more as a flat list. When names collide the first of those wins, as in Triton.
+
+A response's text is written in pieces joined once, a large tensor's in chunks that let the event loop in
+(``appliance.rest.codec.json_numbers``), and a large response is encoded on a worker thread
+(``encode_generate_answer``, by the off-loop rule of ``appliance.protocol.inference.decode_off_loop``).
 """
 
 from __future__ import annotations
@@ -25,16 +29,19 @@ from appliance.core.errors import InferenceFailed, InvalidInput
 from appliance.core.tensors import element_size, is_bf16
 from appliance.engine.signature import ModelSignature
 from appliance.engine.tensor_checks import BYTES_ELEMENT_OVERHEAD, DecodeLimits
-from appliance.engine.types import InferInput, InferRequest, InferResponse
+from appliance.engine.types import InferInput, InferOutput, InferRequest, InferResponse
+from appliance.protocol.inference import decode_off_loop, tensor_work
 from appliance.rest.codec import (
     decode_json_data,
+    json_numbers,
     json_type_words,
     non_finite_token,
     output_text,
     parse_json_object,
 )
 
-__all__ = ["decode_generate_request", "encode_generate_response", "sse_event"]
+__all__ = ["decode_generate_request", "encode_generate_answer", "encode_generate_response", "generate_work",
+           "sse_event"]
 
 _NESTED = "parameters"
 
@@ -159,32 +166,112 @@ def decode_generate_request(body: bytes, signature: ModelSignature, limits: Deco
     return InferRequest(decoder.inputs, [], request_id, decoder.parameters)
 
 
-def _value(name: str, data: np.ndarray) -> Any:
+_OPTIONS = orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY
+
+_CHUNK = 1 << 16
+"""BYTES elements written by one orjson call (orjson holds the GIL for a whole call)."""
+
+_JSON_NUMBER_BYTES = 25
+"""The most text one number takes (``-1.7976931348623157e+308`` and its comma)."""
+
+
+def _refuse_bf16(name: str, data: np.ndarray) -> None:
     if is_bf16(data.dtype):
         raise InvalidInput(f"sending BF16 data via JSON is not supported. Please use the binary data format for output "
                            f"('{name}': generate answers in JSON only; call infer and ask for binary outputs)")
+
+
+def _value(name: str, data: np.ndarray) -> Any:
+    """One element's value for orjson (a tensor of one element is written as a JSON scalar)."""
     if data.dtype == object:
-        values: list[Any] = [output_text(name, item) for item in data.ravel()]
-    else:
-        values = data.ravel().tolist()
-        if data.dtype.kind == "f" and not np.isfinite(data).all():  # written as Triton writes them
-            values = [v if math.isfinite(v) else orjson.Fragment(non_finite_token(v)) for v in values]
-    return values[0] if len(values) == 1 else values
+        return output_text(name, data.item(0))
+    value = data.item(0)  # a Python number, as tolist() gives it
+    if isinstance(value, float) and not math.isfinite(value):  # written as Triton writes them
+        return orjson.Fragment(non_finite_token(value))
+    return value
+
+
+def _values(name: str, data: np.ndarray) -> list[bytes]:
+    """A tensor's elements as a JSON array, in pieces for one join; no Python step per number.
+
+    Floating-point values are written as Python's floats (double precision, shortest text), as
+    ``tolist()`` gives them, not as the narrower type's shortest text."""
+    flat = data.ravel()
+    if data.dtype == object:
+        pieces = [b"["]
+        for start in range(0, flat.size, _CHUNK):
+            if start:
+                pieces.append(b",")
+            pieces.append(orjson.dumps([output_text(name, item) for item in flat[start:start + _CHUNK]])[1:-1])
+        pieces.append(b"]")
+        return pieces
+    if flat.dtype.kind == "f":
+        flat = flat.astype(np.float64)  # numpy lets the GIL go while it converts
+    elif not flat.dtype.isnative:
+        flat = flat.astype(flat.dtype.newbyteorder("="))  # orjson writes native-endian arrays only
+    return json_numbers(flat)
+
+
+def _member(key: str, value: Any) -> bytes:
+    """``"key":value`` as orjson writes it inside an object."""
+    return orjson.dumps({key: value}, option=_OPTIONS)[1:-1]
+
+
+def _document(response: InferResponse) -> list[bytes]:
+    """One response's flat JSON object, keys sorted, in pieces."""
+    for output in response.outputs:
+        _refuse_bf16(output.name, output.data)
+    # Which value each key ends up with: the outputs, overwritten by the parameters, then the model's name,
+    # version and the id (as one dict updated in that order).
+    members: dict[str, Any] = {output.name: output for output in response.outputs}
+    members.update(response.parameters)
+    members["model_name"] = response.model_name
+    members["model_version"] = str(response.model_version)
+    if response.id:
+        members["id"] = response.id
+    if not all(isinstance(key, str) for key in members):
+        orjson.dumps(dict.fromkeys(members))  # raises what orjson raises for such a key
+    pieces = [b"{"]
+    for key in sorted(members):
+        value = members[key]
+        if len(pieces) > 1:
+            pieces.append(b",")
+        if not isinstance(value, InferOutput):
+            pieces.append(_member(key, value))
+        elif value.data.size == 1:
+            pieces.append(_member(key, _value(key, value.data)))
+        else:
+            pieces += (orjson.dumps(key), b":", *_values(key, value.data))
+    pieces.append(b"}")
+    return pieces
+
+
+def _encoded(response: InferResponse, event: bool) -> bytes:
+    try:
+        pieces = _document(response)
+    except orjson.JSONEncodeError as exc:
+        raise InferenceFailed(f"the response of model '{response.model_name}' cannot be written as JSON: {exc}; "
+                              "response parameters must be strings, integers, booleans or numbers") from None
+    if event:
+        return b"".join([b"data: ", *pieces, b"\n\n"])
+    return b"".join(pieces)
 
 
 def encode_generate_response(response: InferResponse) -> bytes:
     """One response as Triton's generate JSON (keys sorted, as Triton writes them)."""
-    document: dict[str, Any] = {output.name: _value(output.name, output.data) for output in response.outputs}
-    document.update(response.parameters)
-    document["model_name"] = response.model_name
-    document["model_version"] = str(response.model_version)
-    if response.id:
-        document["id"] = response.id
-    try:
-        return orjson.dumps(document, option=orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY)
-    except orjson.JSONEncodeError as exc:
-        raise InferenceFailed(f"the response of model '{response.model_name}' cannot be written as JSON: {exc}; "
-                              "response parameters must be strings, integers, booleans or numbers") from None
+    return _encoded(response, event=False)
+
+
+def generate_work(response: InferResponse) -> int:
+    """The bytes encoding ``response`` works through, at most, for the off-loop rule."""
+    return sum(tensor_work(o.data) if o.data.dtype == object else o.data.size * _JSON_NUMBER_BYTES
+               for o in response.outputs)
+
+
+async def encode_generate_answer(response: InferResponse, event: bool = False) -> bytes:
+    """``encode_generate_response`` (as a server-sent event with ``event``: ``sse_event`` of it), on a worker
+    thread when the response is large (``generate_work``): no response's size stalls the event loop."""
+    return await decode_off_loop(generate_work(response), _encoded, response, event)
 
 
 def sse_event(payload: bytes) -> bytes:

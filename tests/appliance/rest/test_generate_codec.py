@@ -4,15 +4,25 @@ parameters, and responses flattened to one JSON object."""
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
+import orjson
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from appliance.core.errors import InferenceFailed, InvalidInput
 from appliance.engine.signature import ModelSignature, TensorSpec
 from appliance.engine.types import InferOutput, InferResponse
-from appliance.rest.codec import DecodeLimits
-from appliance.rest.generate_codec import decode_generate_request, encode_generate_response, sse_event
+from appliance.rest.codec import DecodeLimits, non_finite_token, output_text
+from appliance.rest.generate_codec import (
+    decode_generate_request,
+    encode_generate_answer,
+    encode_generate_response,
+    sse_event,
+)
+from tests.appliance.strategies_fuzz import tensors
 
 
 def _signature(max_batch_size: int = 0, **inputs: tuple[str, tuple[int, ...]]) -> ModelSignature:
@@ -135,3 +145,61 @@ def test_bytes_that_are_not_text_cannot_be_json():
 
 def test_server_sent_event_framing():
     assert sse_event(b'{"a":1}') == b'data: {"a":1}\n\n'
+
+
+# The element-wise encoder the chunked one replaced (a Python step per element, on the event loop): the
+# reference it must match byte for byte.
+
+
+def _reference_value(name: str, data: np.ndarray):
+    if data.dtype == object:
+        values = [output_text(name, item) for item in data.ravel()]
+    else:
+        values = data.ravel().tolist()
+        if data.dtype.kind == "f" and not np.isfinite(data).all():
+            values = [v if math.isfinite(v) else orjson.Fragment(non_finite_token(v)) for v in values]
+    return values[0] if len(values) == 1 else values
+
+
+def _reference(response: InferResponse) -> bytes:
+    document = {output.name: _reference_value(output.name, output.data) for output in response.outputs}
+    document.update(response.parameters)
+    document["model_name"] = response.model_name
+    document["model_version"] = str(response.model_version)
+    if response.id:
+        document["id"] = response.id
+    return orjson.dumps(document, option=orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY)
+
+
+_JSON_DATATYPES = ("BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32",
+                   "FP64", "BYTES")
+_NAMES = st.sampled_from(["y", "id", "model_name", "tokens", "z", "é", "Y"])
+
+
+@settings(max_examples=200, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(arrays=st.lists(st.tuples(_NAMES, tensors(_JSON_DATATYPES, utf8=True)), max_size=4),
+       parameters=st.dictionaries(_NAMES, st.one_of(st.booleans(), st.integers(-2**63, 2**64 - 1), st.floats(),
+                                                    st.text(max_size=4)), max_size=3),
+       response_id=st.none() | st.text(max_size=4), big_endian=st.booleans())
+def test_responses_are_byte_identical_to_the_element_wise_encoder(arrays, parameters, response_id, big_endian):
+    """Any outputs (NaN and infinities too, colliding names, byte orders), parameters and id: the same text,
+    keys sorted, as the encoder that wrote each element with a Python step."""
+    outputs = [InferOutput(name, datatype, array.astype(array.dtype.newbyteorder(">")) if big_endian and
+                           array.dtype != object else array) for name, (datatype, array) in arrays]
+    response = InferResponse("m", 3, outputs, id=response_id, parameters=parameters)
+    assert encode_generate_response(response) == _reference(response)
+
+
+async def test_a_large_response_is_the_same_text_chunked_and_as_an_event():
+    """Past a chunk of elements (BYTES) and past the off-loop threshold: the same text, and the event is
+    sse_event of it."""
+    floats = np.linspace(-1e30, 1e30, 300_001).astype(np.float32)
+    floats[[7, 70_000, 300_000]] = [np.nan, np.inf, -np.inf]
+    response = InferResponse("m", 1, [
+        InferOutput("scores", "FP32", floats),
+        InferOutput("text", "BYTES", np.array([f"t{i}".encode() for i in range(150_000)], dtype=object)),
+        InferOutput("ids", "INT64", np.arange(-5, 200_000, dtype=np.int64)),
+    ], id="7", parameters={"done": True})
+    expected = _reference(response)
+    assert await encode_generate_answer(response) == expected
+    assert await encode_generate_answer(response, event=True) == sse_event(expected)
