@@ -1,6 +1,6 @@
 """A hand-written corpus of hostile requests: each gets a 4xx JSON error, the daemon stays up and
 answers, and its memory comes back to where it was. A valid request whose answer is costly to encode
-stalls no port."""
+stalls no port, whichever way it is answered (infer, generate, generate_stream, gRPC ModelStreamInfer)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import http.client
 import json
 import math
 import struct
+import subprocess
+import sys
 import threading
 import time
 
@@ -18,8 +20,8 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
 from appliance.examples import build_example_repository
-from tests.builders import OPSET, save
-from tests.grpc_util import channel
+from tests.builders import OPSET, save, write_model
+from tests.grpc_util import MODEL_STREAM_INFER, channel
 from tests.http_util import call
 from tests.processes import rss_mib
 
@@ -32,10 +34,25 @@ def _echo():
                              opset_imports=OPSET)
 
 
+def _grow():
+    """y = x repeated to shape n (Expand): a request of a few bytes asks for an answer of any size."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
+    n = helper.make_tensor_value_info("n", TensorProto.INT64, [1])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["count"])
+    return helper.make_model(helper.make_graph([helper.make_node("Expand", ["x", "n"], ["y"])], "grow", [x, n], [y]),
+                             opset_imports=OPSET)
+
+
+_GROW_CONFIG = ('platform: "onnxruntime_onnx"\nmax_batch_size: 0\n'
+                'input [ { name: "x" data_type: TYPE_FP32 dims: [ 1 ] }, { name: "n" data_type: TYPE_INT64 dims: [ 1 ] } ]\n'
+                'output [ { name: "y" data_type: TYPE_FP32 dims: [ -1 ] } ]\n')
+
+
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory):
     repo = build_example_repository(tmp_path_factory.mktemp("x") / "repo")
     save(_echo(), repo / "echo" / "1" / "model.onnx")
+    write_model(repo, "grow", _grow(), config=_GROW_CONFIG)
     return repo
 
 
@@ -133,15 +150,10 @@ class _Poller(threading.Thread):
             self.ready.set()
 
 
-def test_an_answer_with_a_nan_stalls_no_port(daemon):
-    """Issue 47: 1 Mi FP32 with one NaN (a 4 MiB request), echoed and answered as JSON. The encoder wrote
-    each value with a Python step once one was not finite, on the event loop: every port stalled for
-    seconds. Now health on the HTTP and gRPC ports answers at once all the while."""
-    values = np.arange(1 << 20, dtype=np.float32)
-    values[12345] = np.nan
-    header = {"inputs": [{"name": "x", "shape": [1, values.size], "datatype": "FP32",
-                          "parameters": {"binary_data_size": values.nbytes}}]}
-    body, headers = _binary(header, values.tobytes())
+def _health_while(daemon, send):
+    """``send()``'s result, while health is asked again and again on the HTTP and the gRPC port; each check
+    (after the first, which opens its connection) must answer within HEALTH_BOUND. ``send`` returns once
+    the answer is in and before it is parsed here (that takes this process's GIL for a while)."""
     done = threading.Event()
     http_health = http.client.HTTPConnection("127.0.0.1", daemon.port, timeout=30)
     grpc_channel = channel(daemon.grpc_port)
@@ -162,26 +174,102 @@ def test_an_answer_with_a_nan_stalls_no_port(daemon):
             poller.start()
         for poller in pollers.values():
             assert poller.ready.wait(30)
-        connection = http.client.HTTPConnection("127.0.0.1", daemon.port, timeout=120)
-        try:
-            connection.request("POST", "/v2/models/echo/infer", body=body, headers=headers)
-            response = connection.getresponse()
-            raw = response.read()
-        finally:
-            connection.close()
-        done.set()  # before the answer is parsed here: that takes this process's GIL for a while
+        result = send()
+        done.set()
         for poller in pollers.values():
             poller.join(60)
     finally:
         done.set()
         http_health.close()
         grpc_channel.close()
-    assert response.status == 200, raw[:500]
-    data = json.loads(raw)["outputs"][0]["data"]
-    assert len(data) == values.size and math.isnan(data[12345])
-    assert data[:3] == [0.0, 1.0, 2.0] and data[-1] == values[-1]
     for port, poller in pollers.items():
         assert poller.error is None, (port, poller.error)
         assert poller.times, port
         assert max(poller.times) < HEALTH_BOUND, (f"{port} health took {max(poller.times):.2f} s while the answer "
                                                   f"was encoded ({len(poller.times)} checks)")
+    return result
+
+
+def _post(daemon, path: str, body: bytes, headers: dict) -> tuple[int, bytes]:
+    connection = http.client.HTTPConnection("127.0.0.1", daemon.port, timeout=120)
+    try:
+        connection.request("POST", path, body=body, headers=headers)
+        response = connection.getresponse()
+        return response.status, response.read()
+    finally:
+        connection.close()
+
+
+def test_an_answer_with_a_nan_stalls_no_port(daemon):
+    """Issue 47: 1 Mi FP32 with one NaN (a 4 MiB request), echoed and answered as JSON. The encoder wrote
+    each value with a Python step once one was not finite, on the event loop: every port stalled for
+    seconds. Now health on the HTTP and gRPC ports answers at once all the while."""
+    values = np.arange(1 << 20, dtype=np.float32)
+    values[12345] = np.nan
+    header = {"inputs": [{"name": "x", "shape": [1, values.size], "datatype": "FP32",
+                          "parameters": {"binary_data_size": values.nbytes}}]}
+    body, headers = _binary(header, values.tobytes())
+    status, raw = _health_while(daemon, lambda: _post(daemon, "/v2/models/echo/infer", body, headers))
+    assert status == 200, raw[:500]
+    data = json.loads(raw)["outputs"][0]["data"]
+    assert len(data) == values.size and math.isnan(data[12345])
+    assert data[:3] == [0.0, 1.0, 2.0] and data[-1] == values[-1]
+
+
+STREAM_ANSWER = 16 << 20
+"""Elements of the stream's answer: 64 MiB of FP32, which took 0.4 s of the event loop to build into a
+message and serialise before (on this box), and takes none now."""
+
+_STREAM_CLIENT = """
+import json, sys
+import grpc, numpy as np
+from tritonclient.grpc import service_pb2 as pb
+request = sys.stdin.buffer.read()
+with grpc.insecure_channel(f"127.0.0.1:{sys.argv[1]}", options=[("grpc.max_receive_message_length", -1)]) as channel:
+    (raw,) = channel.stream_stream(sys.argv[2])(iter([request]), timeout=120)
+answer = pb.ModelStreamInferResponse.FromString(raw)
+y = np.frombuffer(answer.infer_response.raw_output_contents[0], np.float32)
+print(json.dumps({"error": answer.error_message, "id": answer.infer_response.id, "size": y.size,
+                  "final": answer.infer_response.parameters["triton_final_response"].bool_param,
+                  "ends": [float(y[0]), float(y[-1])]}))
+"""
+"""A ModelStreamInfer client in a process of its own: taking in 64 MiB holds its GIL a while, which
+would delay this process's health checks, not the server's."""
+
+
+def test_a_large_stream_answer_stalls_no_port(daemon):
+    """Issue 47 on ModelStreamInfer: a request of a few bytes whose answer is 64 MiB. Its message was built
+    and serialised on the event loop; now it is serialised on a worker thread (without a message holding
+    the tensor) and written frame by frame, and health answers at once on both ports all the while."""
+    request = pb.ModelInferRequest(model_name="grow", id="big", inputs=[
+        pb.ModelInferRequest.InferInputTensor(name="x", datatype="FP32", shape=[1]),
+        pb.ModelInferRequest.InferInputTensor(name="n", datatype="INT64", shape=[1])],
+        raw_input_contents=[np.float32([1.5]).tobytes(), np.int64([STREAM_ANSWER]).tobytes()])
+
+    def send() -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", _STREAM_CLIENT, str(daemon.grpc_port), MODEL_STREAM_INFER],
+                              input=request.SerializeToString(), capture_output=True, timeout=120, check=False)
+
+    done = _health_while(daemon, send)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert json.loads(done.stdout) == {"error": "", "id": "big", "size": STREAM_ANSWER, "final": True,
+                                       "ends": [1.5, 1.5]}
+
+
+GENERATE_ANSWER = 8 << 20
+"""Elements of the generate answer: 32 MiB of JSON text, which took 0.9 s of the event loop before."""
+
+
+@pytest.mark.parametrize("endpoint", ["generate", "generate_stream"])
+def test_a_large_generate_answer_stalls_no_port(daemon, endpoint):
+    """Issue 47 on the generate endpoints: a request of a few bytes whose JSON answer is 8 Mi numbers was
+    written with a Python step per element on the event loop; now in chunks on a worker thread."""
+    body = json.dumps({"x": 1.5, "n": GENERATE_ANSWER}).encode()
+    status, raw = _health_while(daemon, lambda: _post(daemon, f"/v2/models/grow/{endpoint}", body,
+                                                      {"Content-Type": "application/json"}))
+    assert status == 200, raw[:500]
+    if endpoint == "generate_stream":
+        assert raw.startswith(b"data: ") and raw.endswith(b"\n\n") and raw.count(b"\n\n") == 1
+        raw = raw[len(b"data: "):]
+    y = json.loads(raw)["y"]
+    assert len(y) == GENERATE_ANSWER and y[0] == y[-1] == 1.5
