@@ -27,7 +27,7 @@ from appliance.engine.tensor_checks import (
     decode_raw_tensor,
 )
 from appliance.engine.types import InferInput, InferRequest, InferResponse, RequestedOutput, SharedMemoryInput
-from appliance.protocol.inference import tensor_work
+from appliance.protocol.inference import join_releasing_gil, tensor_work
 from appliance.protocol.shared_memory.params import shared_memory_ref
 
 __all__ = ["FINAL_RESPONSE", "decode_infer_request", "encode_infer_response", "encoding_work", "from_parameters",
@@ -292,28 +292,11 @@ def _message_pieces(head: pb.ModelInferResponse, response: InferResponse) -> lis
     return pieces
 
 
-_COPY_CHUNK = 1 << 20
-
-
-def _joined(pieces: list[bytes | memoryview]) -> bytes:
-    """``b"".join(pieces)``, with the GIL let go for the large copy. CPython's join releases it only when
-    every piece is a bytes object (with a memoryview among them it holds it throughout: 0.08 s for
-    128 MiB, a stall of every port though on a worker thread), so each view is copied out first, 1 MiB at
-    a time (the GIL held for one such copy at once)."""
-    out: list[bytes] = []
-    for piece in pieces:
-        if isinstance(piece, memoryview):
-            out += [bytes(piece[start:start + _COPY_CHUNK]) for start in range(0, len(piece), _COPY_CHUNK)]
-        else:
-            out.append(piece)
-    return b"".join(out)
-
-
 def serialize_infer_response(response: InferResponse) -> bytes:
     """``encode_infer_response(response).SerializeToString()``, the same bytes, written without copying the
-    tensors into a message and out again, in one join that releases the GIL (``_joined``): encoded on a
+    tensors into a message and out again, in one join that releases the GIL (``join_releasing_gil``): encoded on a
     worker thread, a large answer stalls no event loop."""
-    return _joined(_message_pieces(_head(response), response))
+    return join_releasing_gil(_message_pieces(_head(response), response))
 
 
 FINAL_RESPONSE = "triton_final_response"
@@ -333,7 +316,7 @@ def serialize_stream_response(response: InferResponse, final: bool) -> bytes:
     head = pb.ModelStreamInferResponse(infer_response=_head(response)).infer_response
     head.parameters[FINAL_RESPONSE].bool_param = final
     pieces = _message_pieces(head, response)
-    return _joined([_STREAM_INFER_TAG, _varint(sum(map(len, pieces))), *pieces])
+    return join_releasing_gil([_STREAM_INFER_TAG, _varint(sum(map(len, pieces))), *pieces])
 
 
 def encoding_work(response: InferResponse) -> int:

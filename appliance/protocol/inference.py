@@ -33,7 +33,24 @@ from appliance.repository.registry import ModelRegistry
 from appliance.security.budget import Account, MemoryBudget
 
 __all__ = ["DECODE_OFF_LOOP_BYTES", "Inference", "InferSource", "NOT_SERVED", "OneInference", "Target",
-           "decode_off_loop", "tensor_work"]
+           "decode_off_loop", "join_releasing_gil", "tensor_work"]
+
+_COPY_CHUNK = 1 << 20
+
+
+def join_releasing_gil(pieces: list[bytes | memoryview]) -> bytes:
+    """``b"".join(pieces)``, with the GIL let go for the large copy. CPython's join releases it only when
+    every piece is a bytes object (with a memoryview among them it holds it throughout: 0.08 s for
+    128 MiB, a stall of every port though on a worker thread), so each view is copied out first, 1 MiB at
+    a time (the GIL held for one such copy at once). Both transports' encoders answer through it."""
+    out: list[bytes] = []
+    for piece in pieces:
+        if isinstance(piece, memoryview):
+            out += [bytes(piece[start:start + _COPY_CHUNK]) for start in range(0, len(piece), _COPY_CHUNK)]
+        else:
+            out.append(piece)
+    return b"".join(out)
+
 
 DECODE_OFF_LOOP_BYTES = 1 << 20
 """Decoding work above this many bytes (JSON text, BYTES tensors, a protobuf message) runs on a worker

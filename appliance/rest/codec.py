@@ -28,7 +28,7 @@ from appliance.engine.tensor_checks import (
     decode_raw_tensor,
 )
 from appliance.engine.types import InferInput, InferRequest, InferResponse, RequestedOutput, SharedMemoryInput
-from appliance.protocol.inference import decode_off_loop, tensor_work
+from appliance.protocol.inference import decode_off_loop, join_releasing_gil, tensor_work
 from appliance.protocol.shared_memory.params import shared_memory_ref
 from appliance.rest.http_basics import HEADER_LENGTH
 
@@ -554,7 +554,7 @@ def encode_infer_response(
     header.append(b"]}")
     if not any(chunks):  # no binary bytes at all (none asked, or all empty): plain JSON, as Triton answers
         return b"".join(header), None
-    return b"".join([*header, *chunks]), sum(map(len, header))
+    return join_releasing_gil([*header, *chunks]), sum(map(len, header))
 
 
 async def encode_answer(response: InferResponse, request: InferRequest | None = None) -> tuple[bytes, int | None]:

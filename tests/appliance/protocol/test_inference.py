@@ -142,3 +142,16 @@ async def test_leaving_a_stream_early_cancels_the_request(stream_plane, streamin
                 break
     await await_until(lambda: marker.exists() and "left" in marker.read_text(), timeout=30,
                       what="the model to see request.is_cancelled()", interval=0.05)
+
+
+def test_a_join_of_views_is_the_plain_join_copied_out_in_chunks():
+    """Both encoders answer through it: a large binary answer must be the same bytes b"".join makes."""
+    import numpy as np
+
+    from appliance.protocol.inference import join_releasing_gil
+
+    big = np.arange((3 << 20) // 4 + 5, dtype=np.float32)
+    pieces = [b"{head}", memoryview(big).cast("B"), b"", memoryview(b"tail")]
+    joined = join_releasing_gil(pieces)
+    assert isinstance(joined, bytes) and joined == b"".join(pieces)
+    assert join_releasing_gil([]) == b""
