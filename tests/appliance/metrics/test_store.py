@@ -92,13 +92,15 @@ WRITER = textwrap.dedent("""
 
 def test_kill_9_mid_write_leaves_an_intact_database(tmp_path):
     path = tmp_path / "m.db"
-    process = subprocess.Popen([sys.executable, "-c", WRITER, str(path)], stdout=subprocess.PIPE, text=True)
-    assert process.stdout.readline().strip() == "started"
-    # writing in earnest (its write-ahead log past a few hundred KiB) when it is killed
-    wal = path.with_name(path.name + "-wal")
-    wait_until(lambda: wal.exists() and wal.stat().st_size > 256 * 1024, timeout=30, what="the writer's log growing")
-    process.send_signal(signal.SIGKILL)
-    process.wait()
+    with subprocess.Popen([sys.executable, "-c", WRITER, str(path)], stdout=subprocess.PIPE, text=True) as process:
+        try:
+            assert process.stdout.readline().strip() == "started"
+            # writing in earnest (its write-ahead log past a few hundred KiB) when it is killed
+            wal = path.with_name(path.name + "-wal")
+            wait_until(lambda: wal.exists() and wal.stat().st_size > 256 * 1024, timeout=30,
+                       what="the writer's log growing")
+        finally:
+            process.send_signal(signal.SIGKILL)
     db = sqlite3.connect(path)
     assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     rows = db.execute("SELECT COUNT(*) FROM model_1s").fetchone()[0]

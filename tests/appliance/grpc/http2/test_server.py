@@ -182,10 +182,23 @@ _ENCODER_CALL = [(":method", "POST"), (":scheme", "http"), (":path", "/t.S/Echo"
                  ("content-type", "application/grpc"), ("te", "trailers")]
 
 
-async def _raw(server, preface: bytes = f.PREFACE + f.settings({})):
-    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-    writer.write(preface)
-    return reader, writer
+@pytest.fixture
+async def raw(server):
+    """Opens raw connections to ``server``, each first sending ``preface``; closes them all at the end (a test
+    that asserts the server hangs up leaves its writer to this, not to the garbage collector)."""
+    writers: list[asyncio.StreamWriter] = []
+
+    async def open_raw(preface: bytes = f.PREFACE + f.settings({})):
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writers.append(writer)
+        writer.write(preface)
+        return reader, writer
+
+    yield open_raw
+    for writer in writers:
+        writer.close()
+        with contextlib.suppress(ConnectionError):
+            await writer.wait_closed()
 
 
 async def _frames(reader, until_type: int | None = None, seconds: float = 3.0):
@@ -220,15 +233,14 @@ def _goaway_code(frames) -> int | None:
     (f.window_update(0, 0), f.Error.PROTOCOL_ERROR),
     (f.window_update(0, 2**31 - 1), f.Error.FLOW_CONTROL_ERROR),
 ])
-async def test_a_broken_frame_ends_the_connection_with_goaway(server, send, code):
-    reader, writer = await _raw(server)
+async def test_a_broken_frame_ends_the_connection_with_goaway(raw, send, code):
+    reader, writer = await raw()
     writer.write(send)
     assert _goaway_code(await _frames(reader, f.GOAWAY)) == code
-    writer.close()
 
 
-async def test_frames_still_coming_for_an_answered_stream_are_ignored(server):
-    reader, writer = await _raw(server)
+async def test_frames_still_coming_for_an_answered_stream_are_ignored(raw):
+    reader, writer = await raw()
     encoder = hpack.Encoder()
     unknown = [*_ENCODER_CALL[:2], (":path", "/t.S/Nope"), *_ENCODER_CALL[3:]]
     writer.write(f.frame(f.HEADERS, f.END_HEADERS, 1, encoder.encode(unknown)))  # answered and reset at once
@@ -238,38 +250,36 @@ async def test_frames_still_coming_for_an_answered_stream_are_ignored(server):
                  + f.frame(f.PING, 0, 0, b"after it"))
     frames = await _frames(reader, f.PING)
     assert _goaway_code(frames) is None and frames[-1] == (f.PING, f.ACK, 0, b"after it")
-    writer.close()
 
 
 @pytest.mark.parametrize(("method", "content_type", "status"), [("POST", "application/json", "415"),
                                                                  ("GET", "application/grpc", "405")])
-async def test_a_request_that_is_not_grpc_gets_an_http_status(server, method, content_type, status):
-    reader, writer = await _raw(server)
+async def test_a_request_that_is_not_grpc_gets_an_http_status(raw, method, content_type, status):
+    reader, writer = await raw()
     fields = [(":method", method), *_ENCODER_CALL[1:4], ("content-type", content_type)]
     writer.write(f.frame(f.HEADERS, f.END_HEADERS, 1, hpack.Encoder().encode(fields)))
     frames = await _frames(reader, f.RST_STREAM)
     answer = next(payload for kind, _, stream, payload in frames if kind == f.HEADERS and stream == 1)
     assert dict(hpack.Decoder().decode(answer))[":status"] == status
-    writer.close()
 
 
-async def test_not_http2_and_a_silent_connection_are_closed(server):
-    reader, writer = await _raw(server, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+async def test_not_http2_and_a_silent_connection_are_closed(raw):
+    reader, writer = await raw(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
     assert _goaway_code(await _frames(reader)) == f.Error.PROTOCOL_ERROR
-    reader, writer = await _raw(server, b"")  # no preface within idle_timeout (2 s)
+    reader, writer = await raw(b"")  # no preface within idle_timeout (2 s)
     assert await asyncio.wait_for(reader.read(), 5) is not None and reader.at_eof()
 
 
-async def test_a_header_block_that_never_ends_is_cut_off(server):
-    reader, writer = await _raw(server)
+async def test_a_header_block_that_never_ends_is_cut_off(raw):
+    reader, writer = await raw()
     writer.write(f.frame(f.HEADERS, 0, 1, b""))
     for _ in range(8):
         writer.write(f.frame(f.CONTINUATION, 0, 1, b"\x00" * 16_000))
     assert _goaway_code(await _frames(reader, f.GOAWAY)) == f.Error.ENHANCE_YOUR_CALM
 
 
-async def test_data_past_the_window_of_a_call_not_read_is_a_flow_control_error(server):
-    reader, writer = await _raw(server)
+async def test_data_past_the_window_of_a_call_not_read_is_a_flow_control_error(raw):
+    reader, writer = await raw()
     call = [*_ENCODER_CALL[:2], (":path", "/t.S/Slow"), *_ENCODER_CALL[3:]]
     writer.write(f.frame(f.HEADERS, f.END_HEADERS, 1, hpack.Encoder().encode(call)))
     for _ in range(5):  # 80 KiB on a stream whose window is 64 KiB at most
@@ -277,9 +287,9 @@ async def test_data_past_the_window_of_a_call_not_read_is_a_flow_control_error(s
     assert _goaway_code(await _frames(reader, f.GOAWAY)) == f.Error.FLOW_CONTROL_ERROR
 
 
-async def test_bytes_no_handler_reads_are_capped_per_connection(server, monkeypatch):
+async def test_bytes_no_handler_reads_are_capped_per_connection(raw, monkeypatch):
     monkeypatch.setattr(connection, "UNREAD_LIMIT", 100_000)
-    reader, writer = await _raw(server)
+    reader, writer = await raw()
     encoder = hpack.Encoder()
     hold = [*_ENCODER_CALL[:2], (":path", "/t.S/Hold"), *_ENCODER_CALL[3:]]
     for stream in (1, 3):
@@ -291,23 +301,21 @@ async def test_bytes_no_handler_reads_are_capped_per_connection(server, monkeypa
     refused = [(stream, struct.unpack(">I", payload)[0]) for kind, _, stream, payload in frames if kind == f.RST_STREAM]
     assert refused == [(1, f.Error.REFUSED_STREAM)]  # the one holding most; the connection goes on
     assert frames[-1] == (f.PING, f.ACK, 0, b"still ok")
-    writer.close()
 
 
-async def test_a_client_that_cancels_call_after_call_is_cut_off(server, monkeypatch):
+async def test_a_client_that_cancels_call_after_call_is_cut_off(raw, monkeypatch):
     monkeypatch.setitem(floods.FLOOD_LIMITS, floods.Flood.RESET, floods.FloodLimit(20, 1.0))
-    reader, writer = await _raw(server)
+    reader, writer = await raw()
     encoder = hpack.Encoder()
     slow = [*_ENCODER_CALL[:2], (":path", "/t.S/Slow"), *_ENCODER_CALL[3:]]
     for stream in range(1, 61, 2):  # 30 calls opened and cancelled at once ("rapid reset")
         writer.write(f.frame(f.HEADERS, f.END_HEADERS, stream, encoder.encode(slow))
                      + f.rst_stream(stream, f.Error.CANCEL))
     assert _goaway_code(await _frames(reader, f.GOAWAY)) == f.Error.ENHANCE_YOUR_CALM
-    writer.close()
 
 
-async def test_streams_over_the_limit_are_refused_and_pings_answered(server):
-    reader, writer = await _raw(server)
+async def test_streams_over_the_limit_are_refused_and_pings_answered(raw):
+    reader, writer = await raw()
     encoder = hpack.Encoder()
     slow = [*_ENCODER_CALL[:2], (":path", "/t.S/Slow"), *_ENCODER_CALL[3:]]
     for stream in range(1, 20, 2):  # ten calls; the limit is eight
@@ -318,7 +326,6 @@ async def test_streams_over_the_limit_are_refused_and_pings_answered(server):
                if kind == f.RST_STREAM and struct.unpack(">I", payload)[0] == f.Error.REFUSED_STREAM]
     assert refused == [17, 19]
     assert frames[-1] == (f.PING, f.ACK, 0, b"12345678")
-    writer.close()
 
 
 async def test_connections_over_the_limit_are_closed_at_once(server):
@@ -341,8 +348,8 @@ async def test_connections_over_the_limit_are_closed_at_once(server):
             sock.close()
 
 
-async def test_stopping_sends_goaway_and_new_calls_wait_no_longer(server):
-    reader, writer = await _raw(server)
+async def test_stopping_sends_goaway_and_new_calls_wait_no_longer(server, raw):
+    reader, writer = await raw()
     await _frames(reader, f.SETTINGS, 1)
     await server.stop(0.2)
     assert _goaway_code(await _frames(reader, f.GOAWAY)) == f.Error.NO_ERROR
