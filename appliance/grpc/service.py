@@ -59,7 +59,7 @@ class InferMessage:
             assert raw is not None
             self.message = await parse_counted(raw, "ModelInfer", pb.ModelInferRequest.FromString, account)
         assert self.message is not None
-        return Target(self.message.model_name, self.message.model_version or None)
+        return Target(self.message.model_name, self.message.model_version or None, _own_timeout(self.message))
 
     async def receive(self, account: Account) -> int:
         return self.size  # the message was read (and counted) before the call reached the service
@@ -75,6 +75,18 @@ class InferMessage:
         decoded = decode_infer_request(self.message, limits, reserve)
         self.empty_final = stream_options(decoded.parameters)
         return decoded
+
+
+def _own_timeout(message: pb.ModelInferRequest) -> float | None:
+    """Triton's ``timeout`` parameter (microseconds, an int64_param) in seconds: how long the request may
+    wait for its model to load on demand; None without a positive one (decoding refuses a malformed one).
+    The call's deadline (grpc-timeout) bounds the wait anyway: the call is cancelled at it."""
+    if "timeout" not in message.parameters:
+        return None
+    parameter = message.parameters["timeout"]
+    if parameter.WhichOneof("parameter_choice") != "int64_param" or parameter.int64_param <= 0:
+        return None
+    return parameter.int64_param / 1e6
 
 
 class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):

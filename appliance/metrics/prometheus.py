@@ -143,7 +143,7 @@ class TritonCollector:
         if status["budget_bytes"] is not None:
             yield GaugeMetricFamily("appliance_model_memory_budget_bytes", "The model memory budget",
                                     value=status["budget_bytes"])
-        for kind, text in (("loads", "Model loads, by cause (demand, explicit)"),
+        for kind, text in (("loads", "Model loads, by cause (start, demand, explicit)"),
                            ("unloads", "Model unloads by the appliance, by cause (idle, budget, pressure)")):
             family = _TritonCounter(f"appliance_model_{kind}", text, ["model", "cause"])
             for row in status[kind]:

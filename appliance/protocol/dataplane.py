@@ -19,6 +19,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from appliance import __version__
 from appliance.core.errors import InvalidInput, ModelNotFound, ModelNotReady, NotSupported, Unavailable
+from appliance.engine.model import ModelVersion
 from appliance.engine.streaming import Responses, StreamLimits
 from appliance.engine.tensor_checks import DecodeLimits
 from appliance.protocol.admission import AccessPolicy, Admission, Admitted, Caller
@@ -192,8 +193,19 @@ class DataPlane:
             return False
         return True
 
+    def _serving(self, name: str, version: str | None) -> ModelVersion:
+        """The version that serves. For a model the repository has that a request would load
+        (load_on_demand), Triton's refusal (its words and status) says so."""
+        try:
+            return self._registry.get(name, version)
+        except ModelNotFound as error:
+            if "load_on_demand" in error.message or not self._registry.residency.on_demand(name):
+                raise
+            raise ModelNotFound(f"{error.message}; it is in the repository, not loaded: an inference request loads "
+                                "it (load_on_demand)") from None
+
     def model_metadata(self, name: str, version: str | None = None) -> ModelMetadata:
-        model = self._registry.get(name, version)
+        model = self._serving(name, version)
         entry = self._registry.entry(name)
         signature = model.signature
 
@@ -205,7 +217,7 @@ class DataPlane:
 
     def model_config(self, name: str, version: str | None = None) -> mc.ModelConfig:
         """Triton's ModelConfig message of the version that serves, as Triton reports it."""
-        return as_reported(self._registry.get(name, version).config)
+        return as_reported(self._serving(name, version).config)
 
     def model_statistics(self, name: str | None = None, version: str | None = None) -> list[VersionStatistics]:
         """Triton's statistics extension: every ready version, one model, or one version."""
@@ -245,6 +257,12 @@ class DataPlane:
         if self._hardware is None or not self._hardware.done():
             raise Unavailable("the hardware probe is still running; try again in a few seconds", retry_after=5)
         return self._hardware.result()
+
+    def memory(self) -> dict[str, Any]:
+        """Load on demand, idle unload, the model memory budget and pressure (JSON, docs/memory.md): the
+        rules in force, the budget and what the loaded models use of it, what each holds and why it is
+        loaded, the loads and unloads by cause, each model's last first-request wait."""
+        return self._registry.residency.status()
 
     # Inference
 

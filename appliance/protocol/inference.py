@@ -88,6 +88,10 @@ class Target:
 
     model: str
     version: str | None = None
+    timeout: float | None = None
+    """Seconds the request may wait for its model to load on demand, where it says so before its body is
+    read (gRPC: Triton's ``timeout`` parameter, in the message already parsed); None: load_on_demand_timeout
+    alone bounds the wait (docs/memory.md)."""
 
 
 class InferSource(Protocol):
@@ -194,7 +198,7 @@ class Inference:
         for _ in range(3):
             if not residency.on_demand(target.model):
                 break
-            await residency.demand(target.model)
+            await residency.demand(target.model, target.timeout)
             try:
                 return self._registry.get(target.model, target.version)
             except (ModelNotFound, ModelNotReady):

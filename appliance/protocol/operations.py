@@ -51,6 +51,8 @@ class Operation(enum.Enum):
     HISTORY = "history"
     """The on-device metrics history (SQLite)."""
     HARDWARE = "hardware"
+    MODEL_MEMORY = "model_memory"
+    """Load on demand, idle unload, the model memory budget: what each model holds and why (GET /v2/memory)."""
     FLEET = "fleet"
     FLEET_NONCE = "fleet_nonce"
     """This box's id and a nonce for one signed request (appliance.security.fleet_signature)."""

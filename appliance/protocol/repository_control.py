@@ -106,16 +106,21 @@ class RepositoryControl:
                 origin = entry.origin
             else:
                 origin = "pushed" if self._pushed(entry.name) else "repository"
+            residence = self._registry.residency.residence(entry.name)
             if entry.state is not ModelState.READY:
                 if ready_only:
                     continue
                 # An unloaded model keeps a row per version it served (Triton's index does).
                 versions: list[str | None] = (
                     [str(v) for v in entry.retired_versions] if entry.state is ModelState.UNAVAILABLE else [])
-                rows.extend(IndexEntry(entry.name, entry.state.value, entry.reason, origin, version)
+                rows.extend(IndexEntry(entry.name, entry.state.value, entry.reason, origin, version,
+                                       unload_cause=residence.unload_cause, pinned=residence.pinned)
                             for version in versions or [None])
                 continue
-            rows.extend(IndexEntry(entry.name, "READY", entry.reason, origin, str(version))
+            # What a model holds is measured for the model, not per version: each READY row shows it.
+            rows.extend(IndexEntry(entry.name, "READY", entry.reason, origin, str(version),
+                                   load_cause=residence.load_cause, pinned=residence.pinned,
+                                   memory_bytes=residence.memory_bytes)
                         for version in sorted(entry.versions))
             if not ready_only:
                 rows.extend(IndexEntry(entry.name, "UNAVAILABLE", reason, origin, str(version))

@@ -91,7 +91,9 @@ class VersionStatistics:
 @dataclasses.dataclass(frozen=True, slots=True)
 class IndexEntry:
     """One row of Triton's repository index, with the appliance's ``origin``: "repository", or "pushed"
-    (its files came in a load request)."""
+    (its files came in a load request), and, while load on demand, idle unload, a memory budget or
+    pressure is on (docs/memory.md), why the model is loaded or not and what it holds. Triton's clients
+    read the keys they know and leave the others (the gRPC index carries Triton's four fields only)."""
 
     name: str
     state: str
@@ -99,6 +101,13 @@ class IndexEntry:
     origin: str
     version: str | None = None
     """None for a row about the model rather than one of its versions (it is not READY)."""
+    load_cause: str | None = None
+    """Why a READY model is loaded: "start", "demand" or "explicit" (the load API, a re-scan, a step)."""
+    unload_cause: str | None = None
+    """Why the appliance unloaded a model that is not loaded again: "idle", "budget" or "pressure"."""
+    pinned: bool = False
+    memory_bytes: int | None = None
+    """What the loaded model holds, as last measured (its model processes' RSS, the daemon's growth)."""
 
     def as_json(self) -> dict[str, Any]:
         row: dict[str, Any] = {"name": self.name}
@@ -108,6 +117,14 @@ class IndexEntry:
         if self.reason:  # Triton leaves an empty reason out
             row["reason"] = self.reason
         row["origin"] = self.origin
+        if self.load_cause is not None:
+            row["load_cause"] = self.load_cause
+        if self.unload_cause is not None:
+            row["unload_cause"] = self.unload_cause
+        if self.pinned:
+            row["pinned"] = True
+        if self.memory_bytes is not None:
+            row["memory_bytes"] = self.memory_bytes
         return row
 
 

@@ -5,7 +5,9 @@ The registry asks ``admit`` before each load (the estimate, the budget, the evic
 ``settle`` after it (the measurement); the data plane asks ``demand`` when a request names a model the
 repository has but that is not loaded; ``run`` is the watcher (idle models, pressure, the per-model
 measurement /metrics shows). Every load and unload it causes is counted and recorded with its cause:
-demand, idle, budget or pressure (loads it did not cause are "explicit": start-up, the load API).
+demand, idle, budget or pressure (loads it did not cause are "start", before start-up ended, or
+"explicit": the load API, a re-scan, an ensemble's step). ``residence`` says it of one model (the
+repository index's rows), ``status`` of them all (GET /v2/memory, /metrics, the dashboard).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ if TYPE_CHECKING:
     from appliance.engine.model import ModelVersion
     from appliance.repository.events import ModelEvents
 
-__all__ = ["Causes", "Residency", "ResidencyRules"]
+__all__ = ["Causes", "Residence", "Residency", "ResidencyRules"]
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +55,7 @@ class Causes:
     BUDGET = "budget"
     PRESSURE = "pressure"
     EXPLICIT = "explicit"
+    START = "start"
 
 
 class ModelEntry(Protocol):
@@ -109,6 +112,19 @@ class ResidencyRules:
                 or self.pressure_threshold > 0)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Residence:
+    """Why one model is loaded or not, and what it holds (a repository index row carries it)."""
+
+    load_cause: str | None = None
+    """For a loaded model: "demand", "start" or "explicit" (None: residency measured no load of it)."""
+    unload_cause: str | None = None
+    """For a model residency unloaded and that is not loaded again: "idle", "budget" or "pressure"."""
+    pinned: bool = False
+    memory_bytes: int | None = None
+    """What a loaded model holds, as last measured (None: not loaded, or not measured)."""
+
+
 @dataclasses.dataclass(slots=True)
 class Ticket:
     """One admitted load: what it was estimated at, the daemon's RSS before it, when it started."""
@@ -146,6 +162,12 @@ class Residency:
         self._held: dict[str, int] = {}
         """What each loaded model holds, in bytes, as last measured (growth at load + its processes' RSS)."""
         self._loaded_ms: dict[str, int] = {}
+        self._load_cause: dict[str, str] = {}
+        """The cause of each model's last load."""
+        self._unload_cause: dict[str, str] = {}
+        """The cause of each model's last unload by residency, until it loads again."""
+        self._starting = True
+        """Until start-up's loads end (``mark_not_loaded``): the loads settled meanwhile are "start" ones."""
         self._last_high: int | None = None
         self.loads: collections.Counter[tuple[str, str]] = collections.Counter()
         """(model, cause) -> loads."""
@@ -192,18 +214,25 @@ class Residency:
             return False
         return self._registry.in_repository(name)
 
-    async def demand(self, name: str) -> None:
+    async def demand(self, name: str, timeout: float | None = None) -> None:
         """Load ``name`` for a request and wait for it: one load however many requests wait, each waiting
-        up to load_on_demand_timeout; the load's failure reaches every one of them."""
+        up to load_on_demand_timeout, or its own ``timeout`` (seconds) where that is shorter; the load's
+        failure reaches every one of them. A waiter that gives up leaves the load running for the others."""
         flight = self._flights.get(name)
         if flight is None:
             flight = asyncio.ensure_future(self._load_on_demand(name))
             self._flights[name] = flight
             flight.add_done_callback(lambda done: self._landed(name, done))
+        limit = self.rules.load_timeout
+        own = timeout is not None and timeout < limit
         try:
-            await asyncio.wait_for(asyncio.shield(flight), self.rules.load_timeout)
+            await asyncio.wait_for(asyncio.shield(flight), timeout if own else limit)
         except TimeoutError:
-            raise Unavailable(f"model '{name}' is still loading on demand after {self.rules.load_timeout:g} s "
+            if own:
+                raise Unavailable(f"model '{name}' is still loading on demand after the request's timeout "
+                                  f"({timeout:g} s, its 'timeout' parameter); retry shortly with a longer "
+                                  "timeout, or load it at start with --load-model", retry_after=5) from None
+            raise Unavailable(f"model '{name}' is still loading on demand after {limit:g} s "
                               "(load_on_demand_timeout); retry shortly, or load it at start with --load-model",
                               retry_after=5) from None
 
@@ -230,7 +259,9 @@ class Residency:
         self.first_request_seconds[name] = time.monotonic() - started
 
     def mark_not_loaded(self) -> None:
-        """After start-up: models not loaded say that their first request loads them."""
+        """After start-up: models not loaded say that their first request loads them; loads from now on
+        are no longer "start" ones."""
+        self._starting = False
         if not self.rules.load_on_demand:
             return
         for entry in self._registry.entries():
@@ -289,7 +320,7 @@ class Residency:
                     break
             if freed >= need:
                 self._reserved[name] = size  # ours before the unloads yield: a load beside this one sees it
-                again = "; loads again on its next request" if self.rules.load_on_demand else ""
+                again = "; loads again on its next request (load_on_demand)" if self.rules.load_on_demand else ""
                 for victim in victims:
                     await self._unload(victim, Causes.BUDGET,
                                        f"unloaded to make room for '{name}' under the model memory budget "
@@ -319,7 +350,9 @@ class Residency:
             self._held[name] = max(ticket.floor, self._growth[name] + children)
             self._loaded_ms[name] = time.time_ns() // 1_000_000
             await asyncio.to_thread(self._book.record, name, self._held[name])
-            cause = self._causes.get(name, Causes.EXPLICIT)
+            cause = self._causes.get(name, Causes.START if self._starting else Causes.EXPLICIT)
+            self._load_cause[name] = cause
+            self._unload_cause.pop(name, None)
             seconds = time.monotonic() - ticket.started
             self.loads[(name, cause)] += 1
             self._events.emit("model_residency", name, None, {
@@ -359,7 +392,7 @@ class Residency:
             limit = self._idle_limit(entry)
             idle = (now_ms - self._last_used_ms(entry)) / 1000
             if limit > 0 and idle >= limit:
-                again = "; loads again on its next request" if self.rules.load_on_demand else ""
+                again = "; loads again on its next request (load_on_demand)" if self.rules.load_on_demand else ""
                 await self._unload(name, Causes.IDLE, f"unloaded: no request for {idle:.0f} s "
                                                       f"(idle_unload_secs {limit:g}){again}")
                 unloaded.append(name)
@@ -401,8 +434,26 @@ class Residency:
         """Bytes each loaded model holds, as last measured (for /metrics and the dashboard)."""
         return {n: size for n, size in sorted(self._held.items()) if self._has_versions(n)}
 
+    def residence(self, name: str) -> Residence:
+        """Why ``name`` is loaded (its last load's cause) or not (residency's unload), whether it is
+        pinned, what it holds; all None while residency is off."""
+        if not self.active:
+            return Residence()
+        loaded = self._has_versions(name)
+        return Residence(self._load_cause.get(name) if loaded else None,
+                         None if loaded else self._unload_cause.get(name), self.pinned(name),
+                         self._held.get(name) if loaded else None)
+
     def status(self) -> dict[str, object]:
-        return {"budget_bytes": self.rules.budget_bytes, "used_bytes": self.used(), "models": self.memory(),
+        """Every figure at once (JSON): the rules in force, the budget and what is used of it, what each
+        loaded model holds and why it is loaded, the loads and unloads by cause, first-request seconds."""
+        rules = self.rules
+        return {"active": self.active, "load_on_demand": rules.load_on_demand,
+                "load_on_demand_timeout": rules.load_timeout, "idle_unload_secs": rules.idle_unload_secs,
+                "memory_pressure_threshold": rules.pressure_threshold,
+                "budget_bytes": rules.budget_bytes, "used_bytes": self.used(), "models": self.memory(),
+                "load_causes": {n: self._load_cause[n] for n in self.memory() if n in self._load_cause},
+                "unload_causes": {n: c for n, c in sorted(self._unload_cause.items()) if not self._has_versions(n)},
                 "pinned": sorted(self._pinned),
                 "loads": [{"model": m, "cause": c, "count": n} for (m, c), n in sorted(self.loads.items())],
                 "unloads": [{"model": m, "cause": c, "count": n} for (m, c), n in sorted(self.unloads.items())],
@@ -420,6 +471,7 @@ class Residency:
         finally:
             self._evicting.discard(name)
         self.unloads[(name, cause)] += 1
+        self._unload_cause[name] = cause
         self._events.emit("model_residency", name, None, {"action": "unload", "cause": cause, "reason": reason,
                                                           "bytes": self._held.get(name, 0)})
 

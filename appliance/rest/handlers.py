@@ -152,6 +152,11 @@ async def hardware(request: web.Request) -> web.Response:
     return _json(request.app[DATAPLANE].hardware())
 
 
+async def model_memory(request: web.Request) -> web.Response:
+    """What each loaded model holds and why, the model memory budget (docs/memory.md; the dashboard's)."""
+    return _json(request.app[DATAPLANE].memory())
+
+
 async def fleet(request: web.Request) -> web.Response:
     """The boxes this one sees on the LAN (the dashboard's fleet panel)."""
     return _json(request.app[FLEET].as_json())
@@ -264,6 +269,7 @@ _ROUTES: list[tuple[str, str, Callable, Operation]] = [
     ("GET", "/v2/history", metrics_history, Operation.HISTORY),
     ("GET", "/v2/probe", hardware, Operation.HARDWARE),
     ("GET", "/v2/fleet", fleet, Operation.FLEET),
+    ("GET", "/v2/memory", model_memory, Operation.MODEL_MEMORY),
     ("GET", NONCE_PATH, fleet_nonce, Operation.FLEET_NONCE),
     ("GET", "/v2/openapi.json", openapi, Operation.DOCUMENTS),
     ("GET", "/v2/health", server_health, Operation.SERVER_HEALTH),

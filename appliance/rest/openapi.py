@@ -201,6 +201,10 @@ def openapi_document() -> dict[str, Any]:
                 "an HMAC of the request under the token, which never travels; see docs/fleet.md). Needs no token",
                 _JSON, errors=())},
             "/v2/probe": {"get": _operation("Hardware probe report", _JSON, errors=(503,))},
+            "/v2/memory": {"get": _operation(
+                "Load on demand, idle unload, the model memory budget (docs/memory.md): the rules in force, the "
+                "budget and what is used of it, what each loaded model holds and why it is loaded, the loads and "
+                "unloads by cause", _JSON, errors=(401,))},
             "/v2/history": {"get": _operation("Metrics history as time series", _JSON, parameters=history,
                                               errors=(400,))},
             "/v2/models/stats": {"get": _operation("Statistics of every model", _JSON, errors=())},

@@ -4,7 +4,8 @@
 // The page reports its state on <body> for tests and probes: data-state is "loading", then
 // "rendered" once a refresh drew everything, or "error" (with the message on the page);
 // data-charts is the number of uPlot charts drawn and data-points the non-null values they plot;
-// data-degraded is "true" while the daemon reports problems with its state dir (the banner shows them).
+// data-degraded is "true" while the daemon reports problems with its state dir (the banner shows them);
+// data-memory is "on" while load on demand, idle unload, a budget or pressure is (GET /v2/memory), else "off".
 "use strict";
 
 (() => {
@@ -295,7 +296,7 @@
     $("models-count").textContent = `${ready} of ${rows.length} ready`;
     const tbody = $("models").tBodies[0];
     if (!rows.length) {
-      replaceChildren(tbody, h("tr", {}, h("td", { colSpan: 5, class: "muted" }, "No models in the repository.")));
+      replaceChildren(tbody, h("tr", {}, h("td", { colSpan: 6, class: "muted" }, "No models in the repository.")));
       return;
     }
     replaceChildren(tbody, rows.map((row) => {
@@ -303,10 +304,34 @@
       return h("tr", { "data-model": row.name },
         h("td", { class: "model-name" }, row.name, row.origin === "pushed" ? [" ", pill("pushed", "accent")] : null),
         h("td", { class: "mono" }, row.version != null ? row.version : "—"),
-        h("td", {}, pill(row.state, statusKind(row.state)), row.reason ? longText(row.reason, "reason") : null),
+        // A loaded model's reason, or an unload the appliance chose, is news, not a failure.
+        h("td", {}, pill(row.state, statusKind(row.state)),
+          row.reason ? longText(row.reason, row.state === "READY" || row.unload_cause ? "reason quiet" : "reason") : null),
+        h("td", {}, renderResidence(row)),
         h("td", {}, renderChosen(row, answer, cache.perVersion.get(`${row.name}/${row.version}`))),
         h("td", {}, renderCandidates(answer)));
     }));
+  }
+
+  // ---- memory: what a loaded model holds and why it is loaded or not (the index row's own fields, set
+  // while load on demand, idle unload, a budget or pressure is on: docs/memory.md).
+
+  const LOAD_CAUSES = { start: "loaded at start", demand: "loaded on demand", explicit: "loaded explicitly" };
+  const UNLOAD_CAUSES = { idle: "unloaded: idle", budget: "unloaded: budget", pressure: "unloaded: pressure" };
+
+  function renderResidence(row) {
+    const causes = [
+      row.load_cause ? pill(LOAD_CAUSES[row.load_cause] || `loaded: ${row.load_cause}`, "neutral") : null,
+      row.unload_cause ? pill(UNLOAD_CAUSES[row.unload_cause] || `unloaded: ${row.unload_cause}`, "warn") : null,
+      row.pinned ? pill("pinned", "accent") : null,
+    ].filter(Boolean);
+    if (row.memory_bytes == null && !causes.length) return h("span", { class: "muted" }, "—");
+    return h("div", { class: "residence" },
+      row.memory_bytes != null
+        ? h("span", { class: "mono memory", title: "its model processes' RSS and the daemon's growth at its load" },
+          fmt.bytes(row.memory_bytes))
+        : null,
+      causes.length ? h("div", { class: "meta" }, causes) : null);
   }
 
   function renderFleet(fleet) {
@@ -400,7 +425,17 @@
   };
   const sum = (values) => (values || []).reduce((total, v) => total + (v || 0), 0);
 
-  function renderTiles(history, rows, cache) {
+  function memoryTile(memory, tile) {
+    if (!memory || !memory.active) return null;
+    if (memory.budget_bytes == null) {
+      return tile("Model memory", fmt.bytes(memory.used_bytes), "held by the loaded models · no budget");
+    }
+    const share = memory.budget_bytes > 0 ? memory.used_bytes / memory.budget_bytes : 0;
+    return tile("Model memory", `${fmt.bytes(memory.used_bytes)} / ${fmt.bytes(memory.budget_bytes)}`,
+      `of the budget (${fmt.percent(100 * share)}) · model_memory_budget_mib`, share > 0.9 ? "warn" : "");
+  }
+
+  function renderTiles(history, rows, cache, memory) {
     const s = history.series || {};
     const sys = history.system || {};
     const failures = sum(s.failure);
@@ -420,7 +455,8 @@
       cache.hits + cache.misses
         ? tile("Response cache", fmt.percent(hitRate(cache)),
           `hit rate · ${fmt.count(cache.hits)} hits, ${fmt.count(cache.misses)} misses`)
-        : null);
+        : null,
+      memoryTile(memory, tile));
   }
 
   // ---- charts: one uPlot per entry of CHARTS, created once and fed new data on each refresh.
@@ -543,7 +579,7 @@
   }
 
   async function refresh() {
-    const [meta, health, probe, rows, fleet, statistics] = await Promise.all([
+    const [meta, health, probe, rows, fleet, statistics, memory] = await Promise.all([
       getJSON("/v2"),
       getJSON("/v2/health"),
       getJSON("/v2/probe").catch((error) => {
@@ -554,6 +590,10 @@
       getJSON("/v2/fleet"),
       getJSON("/v2/models/stats").catch((error) => {
         if (error instanceof ApiError) return null;  // statistics refused (a token needed): no hit rate shown
+        throw error;
+      }),
+      getJSON("/v2/memory").catch((error) => {
+        if (error instanceof ApiError) return null;  // refused (a token needed): no memory tile
         throw error;
       }),
     ]);
@@ -567,7 +607,7 @@
     pending.catch(() => {});  // awaited below: an early failure is not an unhandled rejection
     renderModels(rows, await loadSelections(rows), cache);
     const history = await pending;
-    renderTiles(history, rows, cache);
+    renderTiles(history, rows, cache, memory);
     const now = Math.floor(Date.now() / 1000);
     view.since = history.since != null ? history.since : now - RANGES[view.range].seconds;
     view.until = history.until != null ? history.until : now;
@@ -579,6 +619,7 @@
     $("live-text").textContent = `updated ${fmt.time(now)}`;
     document.body.dataset.charts = String(drawn);
     document.body.dataset.points = String(points);
+    document.body.dataset.memory = memory && memory.active ? "on" : "off";
     document.body.dataset.windowSeconds = String(view.until - view.since);
     document.body.dataset.state = "rendered";
   }

@@ -211,6 +211,48 @@ def test_dashboard_shows_the_response_cache_hit_rate(start_daemon, tmp_path):
     assert "responses 75.0 % from cache" in dom, "the model's row shows no hit rate"
 
 
+def _shown_bytes(n: float) -> str:
+    """The page's fmt.bytes: 1024-based units, one decimal below 100."""
+    units = ["B", "KiB", "MiB", "GiB", "TiB"]
+    i = 0
+    while abs(n) >= 1024 and i < len(units) - 1:
+        n /= 1024
+        i += 1
+    return f"{n:.{0 if n >= 100 or i == 0 else 1}f} {units[i]}"
+
+
+@needs_chromium
+def test_dashboard_shows_what_a_model_loaded_on_demand_holds(start_daemon, tmp_path):
+    repo = tmp_path / "repo"
+    save(mlp_model(), repo / "mlp" / "1" / "model.onnx")
+    # Its memory_mib is the floor of what it is counted at: the figure is known however little it grew.
+    (repo / "mlp" / "config.pbtxt").write_text('parameters { key: "memory_mib" value { string_value: "24" } }\n')
+    save(mlp_model(), repo / "later" / "1" / "model.onnx")
+    daemon = start_daemon(repo, "--load-on-demand", "--model-memory-budget-mib", "512")
+    body = {"inputs": [{"name": "input", "shape": [1, 784], "datatype": "FP32", "data": [0.5] * 784}]}
+    status, _, payload = call(daemon.port, "POST", "/v2/models/mlp/infer", body)  # loads it on demand
+    assert status == 200, payload
+    status, _, rows = call(daemon.port, "POST", "/v2/repository/index", {})
+    assert status == 200, rows
+    row = next(r for r in rows if r["name"] == "mlp")
+    assert row["load_cause"] == "demand" and row["memory_bytes"] >= 24 << 20, row
+    status, _, memory = call(daemon.port, "GET", "/v2/memory")
+    assert status == 200 and memory["budget_bytes"] == 512 << 20, memory
+
+    page, dom, console = _render(daemon.base + "/", daemon.base, tmp_path / "profile")
+    assert page.get("data-state") == "rendered", f"{page}\ndaemon log:\n{daemon.log()[-3000:]}"
+    assert console == [], "the page reported errors on the console:\n" + "\n".join(console)
+    assert page.get("data-memory") == "on", page
+    shown = re.search(r'<tr data-model="mlp">.*?<div class="residence"><span class="mono memory"[^>]*>([^<]*)</span>'
+                      r'<div class="meta"><span class="pill neutral">loaded on demand</span></div>', dom, re.S)
+    assert shown, "the mlp row shows no memory figure and load cause"
+    assert shown.group(1) == _shown_bytes(row["memory_bytes"])
+    # The model not loaded yet holds nothing and says why in its reason; the budget's tile.
+    assert re.search(r'<tr data-model="later">.*?loads on its first request \(load_on_demand\)', dom, re.S)
+    assert re.search(r'<div class="tile-label">Model memory</div><div class="tile-value">[^<]* / 512 MiB</div>', dom), (
+        "no model memory tile with the budget")
+
+
 def test_page_loads_nothing_from_outside_the_daemon():
     """Offline boxes: the page and its vendored chart library come from the daemon, no CDN."""
     for name in ("index.html", "app.js", "style.css"):

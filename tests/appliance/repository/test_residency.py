@@ -10,10 +10,12 @@ import json
 
 import numpy as np
 import pytest
+from tritonclient.grpc import service_pb2 as pb
 
 from appliance.backends import RuntimeOptions
-from appliance.core.errors import InsufficientStorage, ModelNotFound
+from appliance.core.errors import InsufficientStorage, ModelNotFound, Unavailable
 from appliance.engine.types import InferInput, InferRequest
+from appliance.grpc.service import InferMessage
 from appliance.protocol.dataplane import DataPlane
 from appliance.repository.memory import MIB, Pressure
 from appliance.repository.registry import ModelRegistry
@@ -239,3 +241,90 @@ async def test_a_measurement_is_kept_for_the_next_loads_estimate(repo, make_plan
     _, again, events = await make_plane(ResidencyRules(load_on_demand=True, book=book, budget_bytes=80 * MIB))
     with pytest.raises(InsufficientStorage, match=r"needs about 90 MiB \(measured at its last load\)"):
         await again.load("a")
+
+
+def _message(model: str, timeout_us: int) -> pb.ModelInferRequest:
+    """A gRPC ModelInferRequest of x = ones carrying Triton's ``timeout`` parameter."""
+    message = pb.ModelInferRequest(model_name=model)
+    message.inputs.add(name="x", datatype="FP32", shape=[1, WIDTH])
+    message.raw_input_contents.append(np.ones((1, WIDTH), dtype=np.float32).tobytes())
+    message.parameters["timeout"].int64_param = timeout_us
+    return message
+
+
+async def test_the_index_says_why_each_model_is_loaded_or_not_and_what_it_holds(repo, make_plane):
+    plane, registry, _ = await make_plane(ResidencyRules(load_on_demand=True, idle_unload_secs=3600),
+                                          load=("a", "held"))
+    registry.residency.pin(["a"])  # as --load-model does
+    await _infer(plane, "b", scale=2.0)
+    await _infer(plane, "lazy")
+    while "lazy" in _loaded(registry):
+        await registry.residency.unload_idle()
+        await asyncio.sleep(0.02)
+    rows = {row.name: row.as_json() for row in plane.repository_index()}
+    assert rows["a"]["load_cause"] == "start" and rows["a"]["pinned"] is True
+    assert rows["held"]["load_cause"] == "start" and rows["held"]["pinned"] is True  # its config pins it
+    assert rows["b"]["load_cause"] == "demand" and "pinned" not in rows["b"]
+    assert all(rows[m]["memory_bytes"] >= 40 * MIB for m in ("a", "held", "b"))  # never below memory_mib
+    assert rows["lazy"]["state"] == "UNAVAILABLE" and rows["lazy"]["unload_cause"] == "idle"
+    assert "memory_bytes" not in rows["lazy"] and "load_cause" not in rows["lazy"]
+    assert {"load_cause", "unload_cause", "memory_bytes"}.isdisjoint(rows["c"])  # never loaded
+    memory = plane.memory()
+    assert memory["budget_bytes"] is None and memory["load_on_demand"] is True
+    assert memory["models"]["b"] == rows["b"]["memory_bytes"]
+    assert memory["load_causes"] == {"a": "start", "b": "demand", "held": "start"}
+    assert memory["unload_causes"] == {"lazy": "idle"}
+    await _infer(plane, "lazy")  # loaded again: the unload is history
+    row = next(r.as_json() for r in plane.repository_index() if r.name == "lazy")
+    assert row["load_cause"] == "demand" and "unload_cause" not in row
+    await registry.load("c")  # the load API
+    assert next(r for r in plane.repository_index() if r.name == "c").load_cause == "explicit"
+
+
+async def test_without_residency_the_index_rows_are_tritons(repo, make_plane):
+    plane, _, _ = await make_plane(ResidencyRules(), load=("a",))
+    rows = {row.name: row.as_json() for row in plane.repository_index()}
+    assert rows["a"] == {"name": "a", "version": "1", "state": "READY", "origin": "repository"}
+    assert plane.memory()["active"] is False
+
+
+async def test_metadata_of_a_model_not_loaded_says_that_a_request_loads_it(repo, make_plane):
+    plane, registry, _ = await make_plane(ResidencyRules(load_on_demand=True))
+    with pytest.raises(ModelNotFound, match=r"^Request for unknown model: 'a' has no available versions; not loaded: "
+                                            r"loads on its first request \(load_on_demand\)$"):
+        plane.model_metadata("a")
+    await _infer(plane, "a")
+    await registry.unload("a")  # as the unload API does
+    for read in (plane.model_metadata, plane.model_config):
+        with pytest.raises(ModelNotFound, match=r"^Request for unknown model: 'a' has no available versions; "
+                                                r"unloaded; it is in the repository, not loaded: an inference "
+                                                r"request loads it \(load_on_demand\)$"):
+            read("a")
+    with pytest.raises(ModelNotFound, match=r"^Request for unknown model: 'nothere' is not found$"):
+        plane.model_metadata("nothere")
+    plain, registry, _ = await make_plane(ResidencyRules())
+    with pytest.raises(ModelNotFound) as refused:
+        plain.model_metadata("a")
+    assert "load_on_demand" not in refused.value.message
+
+
+async def test_a_requests_own_timeout_bounds_its_wait_for_the_load(repo, make_plane, monkeypatch):
+    plane, registry, _ = await make_plane(ResidencyRules(load_on_demand=True, load_timeout=5))
+    release = asyncio.Event()
+    load = registry.load
+
+    async def slow_load(name, *args, **kwargs):
+        await release.wait()
+        return await load(name, *args, **kwargs)
+
+    monkeypatch.setattr(registry, "load", slow_load)
+    patient = asyncio.ensure_future(_infer(plane, "b", scale=2.0))
+    with pytest.raises(Unavailable, match=r"still loading on demand after the request's timeout \(0.05 s"):
+        async with plane.infer(LOCAL, InferMessage(message=_message("b", timeout_us=50_000))):
+            pass
+    assert not patient.done()  # the load goes on for the requests still waiting
+    release.set()
+    await patient
+    async with plane.infer(LOCAL, InferMessage(message=_message("b", timeout_us=50_000))) as result:
+        np.testing.assert_allclose(result.response.outputs[0].data, np.full((1, WIDTH), 2.0))
+    assert registry.residency.loads[("b", "demand")] == 1
