@@ -27,6 +27,7 @@ from appliance.engine.types import InferInput
 from appliance.security.budget import MemoryBudget
 from appliance.settings import load_settings
 from tests.redis_server import redis_server
+from tests.waiting import next_turn
 
 IDENTITY = b"\x01" * 32
 X = InferInput("x", "FP32", np.arange(6, dtype=np.float32).reshape(1, 6))
@@ -317,7 +318,7 @@ async def _loop_stalls() -> AsyncIterator[list[float]]:
             last = now
 
     ticker = asyncio.create_task(tick())
-    await asyncio.sleep(0)
+    await next_turn()  # the ticker starts before what it watches
     try:
         yield longest
     finally:

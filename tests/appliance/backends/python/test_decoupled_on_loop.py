@@ -36,7 +36,7 @@ from appliance.repository.registry import ModelRegistry
 from appliance.security.budget import MemoryBudget
 from tests.appliance.backends.python.harness import loaded, parse_config
 from tests.models import write_python_model
-from tests.waiting import await_until
+from tests.waiting import await_until, wait_until
 
 CONFIG = """
 name: "flood"
@@ -178,15 +178,17 @@ async def test_a_process_stopped_while_the_loop_holds_back_reading_ends_its_stre
 def _hold_until_sent(fd: int, quiet: float = 0.3, timeout: float = 30) -> None:
     """Block (the event loop with it) until the pipe ``fd`` reads from holds bytes and none have arrived
     for ``quiet`` seconds: the model has sent its responses and its reply, however slow the box."""
-    deadline, last, since = time.monotonic() + timeout, -1, time.monotonic()
-    while time.monotonic() < deadline:
+    last, since = -1, time.monotonic()
+
+    def sent_and_quiet() -> bool:
+        nonlocal last, since
         waiting = struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
         if waiting != last:
             last, since = waiting, time.monotonic()
-        elif waiting and time.monotonic() - since >= quiet:
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"the model sent nothing that stayed unread within {timeout} s")
+            return False
+        return bool(waiting) and time.monotonic() - since >= quiet
+
+    wait_until(sent_and_quiet, timeout=timeout, what="the model's bytes, unread and no more coming")
 
 
 async def test_the_messages_waiting_in_the_channel_are_read_in_one_turn_of_the_loop(flood, monkeypatch):
