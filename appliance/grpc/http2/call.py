@@ -36,7 +36,7 @@ from appliance.grpc.http2.frames import (
     frame,
     rst_stream,
 )
-from appliance.grpc.http2.headers import RESPONSE_HEADERS, Request, response_block, trailers_block
+from appliance.grpc.http2.headers import HeaderEncoder, Request
 from appliance.grpc.status import abort
 from appliance.protocol.inflate import Compressed
 
@@ -63,6 +63,8 @@ class Channel(Protocol):
     send_window: int
     """What the client lets the server send on the connection now."""
     max_frame: int
+    headers: HeaderEncoder
+    """The connection's HPACK encoder: a block it encodes is written at once (HPACK state is per connection)."""
 
     def write(self, data: bytes) -> None: ...
 
@@ -242,7 +244,7 @@ class Call:
         if request.method != b"POST" or not request.content_type.startswith(b"application/grpc"):
             # Not gRPC: an HTTP status, as gRPC servers answer (415 for the content type).
             self._finish(frame(HEADERS, END_HEADERS | END_STREAM, self.stream,
-                               response_block(405 if request.method != b"POST" else 415)))
+                               self._connection.headers.response(405 if request.method != b"POST" else 415)))
             return
         if handler is None:
             self.end(_UNIMPLEMENTED, f"Method not found: {request.path.decode('latin-1')}")
@@ -409,11 +411,13 @@ class Call:
             self._task.cancel()
 
     async def _send_message(self, payload: bytes, last: bool = False) -> None:
+        if self.local_ended:  # reset or ended meanwhile: nothing more is sent (nor a header block encoded)
+            raise asyncio.CancelledError()
         connection = self._connection
         prefix = b"\x00" + len(payload).to_bytes(4, "big")
         head = b""
         if not self._headers_sent:
-            head = frame(HEADERS, END_HEADERS, self.stream, RESPONSE_HEADERS)
+            head = frame(HEADERS, END_HEADERS, self.stream, connection.headers.response())
             self._headers_sent = True
         size = len(prefix) + len(payload)
         if size <= self.send_window and size <= connection.send_window and size <= connection.max_frame:
@@ -457,7 +461,7 @@ class Call:
         is reset if the client still sends."""
         if self.local_ended:
             return
-        block = trailers_block(code, message, self._trailing, self._headers_sent)
+        block = self._connection.headers.trailers(code, message, self._trailing, self._headers_sent)
         self._headers_sent = True
         self._finish(before + frame(HEADERS, END_HEADERS | END_STREAM, self.stream, block))
 

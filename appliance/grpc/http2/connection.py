@@ -26,7 +26,7 @@ from appliance.grpc.http2 import frames as f
 from appliance.grpc.http2.call import STREAM_WINDOW, Call
 from appliance.grpc.http2.floods import Flood, FloodMeter
 from appliance.grpc.http2.frames import Error, FrameError
-from appliance.grpc.http2.headers import HeaderDecoder, trailers_block
+from appliance.grpc.http2.headers import HeaderDecoder, HeaderEncoder
 
 __all__ = ["Host", "Http2Connection"]
 
@@ -85,6 +85,7 @@ class Http2Connection(asyncio.Protocol):
         self._continuation: tuple[int, int, list[bytes], int] | None = None
         self._continuations = 0
         self._decoder = HeaderDecoder(MAX_HEADER_LIST)
+        self.headers = HeaderEncoder()
         self._settings_acked = False
         self.send_window = f.DEFAULT_WINDOW
         self._stream_send_window = f.DEFAULT_WINDOW
@@ -343,7 +344,7 @@ class Http2Connection(asyncio.Protocol):
 
     def _refuse(self, stream: int, code: int, message: str, flags: int) -> None:
         """Answer a call with a status alone (a Trailers-Only response) before any handler runs."""
-        out = f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, stream, trailers_block(code, message, (), False))
+        out = f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, stream, self.headers.trailers(code, message, (), False))
         if not flags & f.END_STREAM:
             out += f.rst_stream(stream, Error.NO_ERROR)
         self._remember(stream, bool(flags & f.END_STREAM))
@@ -420,6 +421,8 @@ class Http2Connection(asyncio.Protocol):
             return
         self._floods.count(Flood.SETTINGS, self.loop.time())
         values = f.parse_settings(payload)
+        if f.HEADER_TABLE_SIZE in values:
+            self.headers.resize(values[f.HEADER_TABLE_SIZE])  # before the ACK: blocks after it say so
         if f.INITIAL_WINDOW_SIZE in values and values[f.INITIAL_WINDOW_SIZE] != self._stream_send_window:
             # Only a change walks the open calls (a flood repeating one value costs one frame each).
             delta = values[f.INITIAL_WINDOW_SIZE] - self._stream_send_window

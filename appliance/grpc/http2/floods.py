@@ -6,8 +6,10 @@ acknowledged), PING (each one answered), PRIORITY, WINDOW_UPDATE, empty DATA, st
 ("rapid reset", CVE-2023-44487), streams refused over the concurrency cap, empty header fragments, frames
 of unknown types. Each costs the event loop a few microseconds and some cost more (an answer to write), so
 a connection sending them without end stalls every other client (the CVE-2019-9511..9518 family). The
-buckets below are what hardened servers keep (nghttp2, hypercorn, grpc-core): a burst a well-behaved
-client never reaches, refilled at a rate it never sustains."""
+buckets below follow nghttp2's token bucket on stream resets (``nghttp2_option_set_stream_reset_rate_limit``)
+and cowboy's ``max_received_frame_rate`` and ``max_reset_stream_rate``, one per kind: a burst a
+well-behaved client never reaches, refilled at a rate it never sustains. (hypercorn and the ``h2`` library
+keep no such counters: a server on them adds its own.)"""
 
 from __future__ import annotations
 

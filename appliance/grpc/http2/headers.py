@@ -1,20 +1,24 @@
-"""gRPC's HTTP/2 headers: HPACK decoding of what a client sends (the ``hpack`` package, with the blocks a
-client repeats call after call answered from a cache), and the few header blocks the server sends,
-encoded as literals that never touch the client's dynamic table."""
+"""gRPC's HTTP/2 headers: HPACK decoding of what a client sends and encoding of the few header blocks the
+server sends, both by the ``hpack`` package, one decoder and one encoder per connection (HPACK's dynamic
+tables are per connection). Each side answers the blocks that come call after call from a cache: a block
+made only of one-byte indexed fields changes no table."""
 
 from __future__ import annotations
 
 import base64
 import binascii
-from typing import cast
+from typing import TypeAlias, cast
 
 import hpack
 
-__all__ = ["HeaderDecoder", "RESPONSE_HEADERS", "Request", "grpc_timeout", "response_block", "trailers_block"]
+__all__ = ["ENCODER_TABLE_SIZE", "HeaderDecoder", "HeaderEncoder", "Request", "grpc_timeout"]
 
 _CACHED_BLOCKS = 64
 _HIGH = frozenset(range(0x81, 0xFF))
 """The first byte of an indexed field whose index fits in it (1..126)."""
+ENCODER_TABLE_SIZE = 4096
+"""Bytes of dynamic table the server's encoder uses at most (HPACK's default): a client's larger
+SETTINGS_HEADER_TABLE_SIZE (up to 4 GiB) never makes the server hold more."""
 
 
 class HeaderDecoder:
@@ -136,32 +140,6 @@ def grpc_timeout(value: bytes) -> float | None:
     return int(digits) * _UNITS[unit]
 
 
-def _integer(value: int, prefix_bits: int, first: int = 0) -> bytes:
-    limit = (1 << prefix_bits) - 1
-    if value < limit:
-        return bytes((first | value,))
-    out = bytearray((first | limit,))
-    value -= limit
-    while value >= 0x80:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def _literal(name: bytes, value: bytes) -> bytes:
-    """A field as a literal without indexing, new name, no Huffman coding (RFC 7541 section 6.2.2)."""
-    return b"\x00" + _integer(len(name), 7) + name + _integer(len(value), 7) + value
-
-
-def response_block(status: int = 200) -> bytes:
-    status_field = b"\x88" if status == 200 else _literal(b":status", str(status).encode())  # static index 8
-    return (status_field
-            + b"\x0f\x10" + _integer(16, 7) + b"application/grpc"  # content-type (static name index 31)
-            + _literal(b"grpc-accept-encoding", b"identity,deflate,gzip"))
-
-
-RESPONSE_HEADERS = response_block()
 _MESSAGE_LIMIT = 8192
 """Bytes of a ``grpc-message`` as sent, percent-encoding included: with the status and the trailing
 metadata a server sets, the trailers stay well inside the 16 KiB frame every peer takes."""
@@ -181,14 +159,81 @@ def _percent_encoded(message: str) -> bytes:
     return bytes(out)
 
 
-def trailers_block(code: int, message: str, metadata: tuple[tuple[str, str], ...] = (),
-                   headers_sent: bool = True) -> bytes:
-    """The trailers that end a call with status ``code``; a Trailers-Only response's whole block when no
-    headers were sent yet."""
-    block = b"" if headers_sent else RESPONSE_HEADERS
-    block += _literal(b"grpc-status", str(code).encode())
-    if message:
-        block += _literal(b"grpc-message", _percent_encoded(message))
-    for key, value in metadata:
-        block += _literal(key.lower().encode("latin-1"), value.encode("latin-1", "replace"))
-    return block
+_Field: TypeAlias = tuple[bytes, bytes] | tuple[bytes, bytes, bool]
+"""(name, value), or (name, value, True) for a field never indexed."""
+_CONTENT_TYPE = (b"content-type", b"application/grpc")
+_ACCEPT_ENCODING = (b"grpc-accept-encoding", b"identity,deflate,gzip")
+_RESPONSE = ((b":status", b"200"), _CONTENT_TYPE, _ACCEPT_ENCODING)
+_STATUSES = tuple((b"grpc-status", str(code).encode()) for code in range(17))
+"""grpc-status fields of gRPC's 17 codes, built once (a trailer's cache key is then a tuple of constants)."""
+
+
+class HeaderEncoder:
+    """One connection's HPACK encoder (``hpack.Encoder``) for the blocks the server sends. HPACK state is
+    shared by every block of the connection, so each block must be sent, in the order it was encoded, as
+    soon as it is (``Call`` and ``Http2Connection`` write it at once). Literal values are not Huffman
+    coded: printable ASCII may grow under Huffman coding (a backslash takes 19 bits), and a grpc-message
+    must stay within a frame.
+
+    A call's usual blocks (the response headers, ``grpc-status: 0``) are in the dynamic table after the
+    first call: hpack then writes one indexed byte a field, and since such a block changes no table it is
+    cached until a block that may change the table is encoded (as ``HeaderDecoder`` does), which costs a
+    dict lookup instead of hpack's few microseconds a block."""
+
+    __slots__ = ("_cache", "_encoder")
+
+    def __init__(self) -> None:
+        self._encoder = hpack.Encoder()
+        self._encoder.header_table_size = ENCODER_TABLE_SIZE
+        self._cache: dict[tuple[_Field, ...], bytes] = {}
+
+    def resize(self, size: int) -> None:
+        """The client's SETTINGS_HEADER_TABLE_SIZE: the table shrinks (at most ``ENCODER_TABLE_SIZE``), and
+        the next block says so."""
+        size = min(size, ENCODER_TABLE_SIZE)
+        if size != self._encoder.header_table_size:
+            encoder = self._encoder
+            encoder.header_table_size = size
+            # hpack signals every change since the last block, in order; the client holds the block to the
+            # last SETTINGS it sent, so the block says only the smallest size and then the last (RFC 7541
+            # section 4.2: two at most).
+            changes = encoder.table_size_changes
+            if len(changes) > 1:
+                smallest = min(changes)
+                encoder.table_size_changes = [smallest] if smallest == size else [smallest, size]
+            self._cache.clear()
+
+    def encode(self, fields: tuple[_Field, ...]) -> bytes:
+        """The block of ``fields``."""
+        block = self._cache.get(fields)
+        if block is not None:
+            return block
+        block = self._encoder.encode(fields, huffman=False)
+        if _HIGH.issuperset(block):
+            if len(self._cache) >= _CACHED_BLOCKS:
+                self._cache.clear()
+            self._cache[fields] = block
+        else:
+            self._cache.clear()  # the table may have changed: indexes may now name other fields
+        return block
+
+    def response(self, status: int = 200) -> bytes:
+        """The headers that start an answer: a gRPC one, or an HTTP status alone (405, 415) for a request
+        that is not gRPC."""
+        if status == 200:
+            return self.encode(_RESPONSE)
+        return self.encode(((b":status", str(status).encode()), _CONTENT_TYPE, _ACCEPT_ENCODING))
+
+    def trailers(self, code: int, message: str, metadata: tuple[tuple[str, str], ...] = (),
+                 headers_sent: bool = True) -> bytes:
+        """The trailers that end a call with status ``code``; a Trailers-Only response's whole block when no
+        headers were sent yet. A grpc-message is never indexed: messages differ call after call, and each
+        would push the fields every call reuses out of the table."""
+        fields: tuple[_Field, ...] = () if headers_sent else _RESPONSE
+        fields += (_STATUSES[code] if 0 <= code < len(_STATUSES) else (b"grpc-status", str(code).encode()),)
+        if message:
+            fields += ((b"grpc-message", _percent_encoded(message), True),)
+        if metadata:
+            fields += tuple((key.lower().encode("latin-1"), value.encode("latin-1", "replace"))
+                            for key, value in metadata)
+        return self.encode(fields)

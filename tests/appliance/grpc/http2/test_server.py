@@ -14,6 +14,10 @@ import threading
 from pathlib import Path
 
 import grpc
+import h2.config
+import h2.connection
+import h2.events
+import h2.settings
 import hpack
 import pytest
 
@@ -174,6 +178,50 @@ async def test_a_stream_answers_each_message(server):
             return list(channel.stream_stream("/t.S/Chat")(iter([b"a", b"b" * 100_000, b"c"])))
 
     assert await asyncio.to_thread(call) == [b"re:a", b"re:" + b"b" * 100_000, b"re:c"]
+
+
+def _h2_blocks(port: int, table_size: int | None) -> list[list[list[tuple[str, str]]]]:
+    """Calls one after another on one connection of the ``h2`` library, whose own HPACK decoder follows the
+    server's dynamic table and holds it to the table size this client asks for: each call's header blocks."""
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
+    conn.initiate_connection()
+    if table_size is not None:
+        conn.update_settings({h2.settings.SettingCodes.HEADER_TABLE_SIZE: table_size})
+    answers = []
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        for path in ("/t.S/Echo", "/t.S/Fail", "/t.S/Nope", "/t.S/Echo", "/t.S/Echo"):
+            stream = conn.get_next_available_stream_id()
+            conn.send_headers(stream, [(":method", "POST"), (":scheme", "http"), (":path", path),
+                                       (":authority", "x"), ("content-type", "application/grpc"), ("te", "trailers")])
+            conn.send_data(stream, b"\x00\x00\x00\x00\x01m", end_stream=True)
+            blocks: list[list[tuple[str, str]]] = []
+            ended = False
+            while not ended:
+                sock.sendall(conn.data_to_send())
+                data = sock.recv(1 << 16)
+                assert data, "the server closed the connection"
+                for event in conn.receive_data(data):
+                    if isinstance(event, (h2.events.ResponseReceived, h2.events.TrailersReceived)):
+                        blocks.append(list(event.headers))
+                    elif isinstance(event, h2.events.StreamEnded) and event.stream_id == stream:
+                        ended = True
+                    assert not isinstance(event, h2.events.ConnectionTerminated), event
+            answers.append(blocks)
+    return answers
+
+
+@pytest.mark.parametrize("table_size", [None, 0, 256])
+async def test_header_blocks_are_read_by_the_h2_library_at_any_table_size(server, table_size):
+    response = [(":status", "200"), ("content-type", "application/grpc"),
+                ("grpc-accept-encoding", "identity,deflate,gzip")]
+    ok = [response, [("grpc-status", "0")]]
+    assert await asyncio.to_thread(_h2_blocks, server.port, table_size) == [
+        ok,
+        [[*response, ("grpc-status", "3"), ("grpc-message", "no: 100%25 wrong"), ("retry-after", "2")]],
+        [[*response, ("grpc-status", "12"), ("grpc-message", "Method not found: /t.S/Nope")]],
+        ok,
+        ok,
+    ]
 
 
 # Raw frames
