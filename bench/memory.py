@@ -4,8 +4,10 @@ backend, and what a 20-model repository holds with and without a model memory bu
     python -m bench.memory [--repeats 5] [--models 20] [--model-mib 40] [--budget-mib 200]
 
 1. First-request latency: the daemon (explicit mode, --load-on-demand, selection off) over the benchmark
-   repository; for each model, --repeats times: unload it, then time one request (the load on demand and
-   the inference) and a second one (warm). Medians.
+   repository, with the small CNN also as an OpenVINO IR and as TorchScript where those runtimes are
+   installed; for each model, its first load over the load API is timed (for OpenVINO and PyTorch it
+   pays the runtime's import in the daemon), then --repeats times: unload it, then time one request (the
+   load on demand and the inference) and a second one (warm). Medians.
 2. RSS: --models Python models that each hold --model-mib MiB, every one requested once in turn; the
    process tree's RSS (daemon and model processes) sampled every 20 ms, its peak over the idle daemon
    reported, once with every model loaded at start (no budget) and once with --load-on-demand and
@@ -73,14 +75,57 @@ def _body(metadata: dict) -> dict:
     return {"inputs": inputs}
 
 
+_TORCHSCRIPT_CONFIG = """platform: "pytorch_libtorch"
+max_batch_size: 16
+input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 3, 112, 112 ] } ]
+output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 10 ] } ]
+"""
+
+
+def write_runtime_models(repo: Path) -> list[str]:
+    """bench.models' small CNN as an OpenVINO IR (cnn_openvino, converted from its ONNX) and as TorchScript
+    (cnn_torchscript, the same layers traced in PyTorch), each where its runtime is installed; their names."""
+    written = []
+    try:
+        import openvino as ov
+    except ImportError:
+        ov = None
+    if ov is not None:
+        onnx_path = repo / "cnn_plain" / "1" / "model.onnx"
+        (repo / "cnn_openvino" / "1").mkdir(parents=True, exist_ok=True)
+        ov.save_model(ov.convert_model(str(onnx_path)), str(repo / "cnn_openvino" / "1" / "model.xml"),
+                      compress_to_fp16=False)
+        (repo / "cnn_openvino" / "config.pbtxt").write_text('backend: "openvino"\nmax_batch_size: 16\n')
+        written.append("cnn_openvino")
+    try:
+        import torch
+    except ImportError:
+        return written
+    torch.manual_seed(0)
+    layers: list[torch.nn.Module] = []
+    for cin, cout, stride in [(3, 32, 2), (32, 64, 1), (64, 64, 2), (64, 128, 2)]:  # as cnn_model's
+        layers += [torch.nn.Conv2d(cin, cout, 3, stride=stride, padding=1), torch.nn.ReLU()]
+    net = torch.nn.Sequential(*layers, torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
+                              torch.nn.Linear(128, 10)).eval()
+    (repo / "cnn_torchscript" / "1").mkdir(parents=True, exist_ok=True)
+    with torch.no_grad():
+        torch.jit.trace(net, torch.zeros(1, 3, 112, 112)).save(str(repo / "cnn_torchscript" / "1" / "model.pt"))
+    (repo / "cnn_torchscript" / "config.pbtxt").write_text(_TORCHSCRIPT_CONFIG)
+    written.append("cnn_torchscript")
+    return written
+
+
 def first_requests(workdir: Path, repeats: int) -> dict[str, dict[str, float]]:
     repo = write_repository(workdir / "repo")
+    others = write_runtime_models(repo)
     server = start_appliance(repo, workdir / "state-latency", "--no-selection", "--no-metrics",
                              "--model-control-mode", "explicit", "--load-on-demand")
     figures: dict[str, dict[str, float]] = {}
     try:
-        for model in ("tiny", "cnn_plain", "identity_onnx", "identity_python"):
+        for model in ("tiny", "cnn_plain", "identity_onnx", "identity_python", *others):
+            started = time.perf_counter()
             _call(server, f"/v2/repository/models/{model}/load", {})
+            first_load = time.perf_counter() - started
             metadata = _call(server, f"/v2/models/{model}")
             body = _body(metadata)
             cold, warm = [], []
@@ -92,7 +137,8 @@ def first_requests(workdir: Path, repeats: int) -> dict[str, dict[str, float]]:
                 started = time.perf_counter()
                 _call(server, f"/v2/models/{model}/infer", body)
                 warm.append(time.perf_counter() - started)
-            figures[f"{model} ({metadata['platform']})"] = {"first_ms": statistics.median(cold) * 1000,
+            figures[f"{model} ({metadata['platform']})"] = {"load_ms": first_load * 1000,
+                                                            "first_ms": statistics.median(cold) * 1000,
                                                             "warm_ms": statistics.median(warm) * 1000}
     finally:
         server.stop()
@@ -165,8 +211,11 @@ def main() -> int:
              f"`python -m bench.memory --repeats {args.repeats} --models {args.models} --model-mib {args.model_mib} "
              f"--budget-mib {args.budget_mib}`, CPU only, {psutil.cpu_count()} CPUs.", "",
              "## First request with load on demand (median)", "",
-             "| model (platform) | first request, ms | warm request, ms |", "|---|---|---|"]
-    lines += [f"| {model} | {f['first_ms']:.0f} | {f['warm_ms']:.1f} |" for model, f in latency.items()]
+             "Models in this order; its first load is the load API's, before any request (the first OpenVINO "
+             "or PyTorch model pays its runtime's import in the daemon there).", "",
+             "| model (platform) | its first load, ms | first request, ms | warm request, ms |", "|---|---|---|---|"]
+    lines += [f"| {model} | {f['load_ms']:.0f} | {f['first_ms']:.0f} | {f['warm_ms']:.1f} |"
+              for model, f in latency.items()]
     lines += ["", f"## {args.models} Python models of {args.model_mib} MiB each", "", "| figure | value |", "|---|---|"]
     lines += [f"| {name} | {value:.1f} |" for name, value in rss.items()]
     text = "\n".join(lines) + "\n"
