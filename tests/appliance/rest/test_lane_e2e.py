@@ -256,7 +256,7 @@ def test_a_slow_head_is_dropped_and_a_slow_body_gets_408(daemons):
         status, headers, body = slow_body.answer()
         assert status == 408 and headers["connection"] == "close" and "body_timeout" in json.loads(body)["error"]
         assert slow_body.closed() and slow_head.closed()
-        assert time.monotonic() - started < TIMEOUT + 3
+        assert time.monotonic() - started < 6 * TIMEOUT  # dropped at about TIMEOUT; 6x leaves a busy box its time
         # and an idle keep-alive connection is closed after header_timeout, as aiohttp's are
         idle = _Connection(lane.port)
         idle.send(data)

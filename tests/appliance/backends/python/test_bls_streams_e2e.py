@@ -159,7 +159,7 @@ output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] } ]
 """
 
 WAIT = 2.0
-"""Seconds each sleeper request takes: four of them one after the other would take 8."""
+"""Seconds each sleeper request takes: eight of them one after the other would take 16."""
 
 
 @pytest.fixture(scope="module")
@@ -200,11 +200,12 @@ def test_async_execute_serves_streamed_bls_requests_concurrently(daemon):
             tensor = grpcclient.InferInput("WAIT", [1], "FP32")
             tensor.set_data_from_numpy(np.array([WAIT], np.float32))
             started = time.monotonic()
-            for index in range(4):
+            for index in range(8):
                 client.async_stream_infer("sleeper_bls", [tensor], request_id=str(index))
-            got = [answers.get(timeout=30) for _ in range(4)]
+            got = [answers.get(timeout=30) for _ in range(8)]
         finally:
             client.stop_stream()
     assert all(error is None and result.as_numpy("OUT").tolist() == [WAIT] for _, result, error in got)
     last = max(at for at, _, _ in got) - started
-    assert last < 3 * WAIT, f"four {WAIT} s requests took {last:.1f} s: they ran one after another"
+    # together about WAIT; 5x that leaves a busy box its time and still fails the 8 * WAIT of one at a time
+    assert last < 5 * WAIT, f"eight {WAIT} s requests took {last:.1f} s: they ran one after another"

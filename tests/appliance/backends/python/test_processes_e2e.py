@@ -170,7 +170,7 @@ def test_a_hung_execute_does_not_stop_the_daemon_from_exiting(start_daemon, tmp_
     daemon.process.send_signal(signal.SIGTERM)
     daemon.process.wait(SHUTDOWN_TIMEOUT + EXIT_TIMEOUT + 20)
     took = time.monotonic() - start
-    assert took < SHUTDOWN_TIMEOUT + EXIT_TIMEOUT + 10
+    assert took < 5 * (SHUTDOWN_TIMEOUT + EXIT_TIMEOUT)  # about their sum; 5x for a busy box, yet not a hang
     assert _wait_gone(stubs, 5) == []
     assert "did not finish within exit_timeout" in daemon.log()
 
@@ -184,7 +184,7 @@ def test_a_hung_initialize_does_not_stop_the_daemon_from_exiting(start_daemon, t
     start = time.monotonic()
     daemon.process.send_signal(signal.SIGTERM)
     daemon.process.wait(SHUTDOWN_TIMEOUT + EXIT_TIMEOUT + 20)
-    assert time.monotonic() - start < SHUTDOWN_TIMEOUT + EXIT_TIMEOUT + 10
+    assert time.monotonic() - start < 5 * (SHUTDOWN_TIMEOUT + EXIT_TIMEOUT)
     assert _wait_gone(stubs, 5) == []
 
 
