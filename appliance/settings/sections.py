@@ -367,7 +367,8 @@ class ModelsSection:
     arriving meanwhile wait for the same load). At start only load_models are loaded (pinned). See
     docs/memory.md."""
     load_on_demand_timeout: float = 120.0
-    """Seconds a request waits for its model's load on demand; 503 (retry) after."""
+    """Seconds a request waits for its model's load on demand at most (a gRPC request's own ``timeout``
+    parameter or deadline may end its wait sooner; docs/memory.md); 503 (retry) after."""
     idle_unload_secs: float = 0.0
     """Unload a model that had no request for this many seconds (its processes end, its memory is
     returned); 0: never. A model's config parameter idle_unload_secs overrides it. Pinned models, models
