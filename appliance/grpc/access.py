@@ -102,24 +102,10 @@ class Gate:
             finally:
                 self._streams -= 1
 
-    async def wait_running(self, timeout: float) -> int:
-        """Wait up to ``timeout`` for the requests running now to end; how many did not end by themselves
-        (still running, or cancelled meanwhile by gRPC's own stop)."""
-        running = list(self._running)
-        if not running:
-            return 0
-        done, pending = await asyncio.wait(running, timeout=timeout)
-        return len(pending) + sum(1 for task in done if task.cancelled())
-
-    async def cancel_running(self, grace: float) -> int:
-        """Cancel the requests still running (at the stop deadline) and give them ``grace`` seconds to
-        end; how many there were. gRPC's own stop ends their calls but not their handlers."""
-        late = list(self._running)
-        for task in late:
-            task.cancel()
-        if late:
-            await asyncio.wait(late, timeout=grace)
-        return len(late)
+    @property
+    def running(self) -> tuple[asyncio.Task, ...]:
+        """The tasks of the requests running now (what the server's stop waits for, then cancels)."""
+        return tuple(self._running)
 
 
 class GateAdmitted:

@@ -8,14 +8,12 @@ import dataclasses
 from appliance.protocol.inflate import DEFAULT_RATIO, InflateLimits
 from appliance.tls.context import ServerTls
 
-__all__ = ["CANCEL_GRACE", "GrpcConfig", "KEEPALIVE", "KEEPALIVE_TIMEOUT", "ReceiveRules", "StreamRules"]
+__all__ = ["GrpcConfig", "KEEPALIVE", "KEEPALIVE_TIMEOUT", "ReceiveRules", "StreamRules"]
 
 KEEPALIVE = 60.0
 """Seconds a connection with calls open may stay silent before the server pings it."""
 KEEPALIVE_TIMEOUT = 20.0
 """Seconds the client has to answer that ping before its connection is dropped."""
-CANCEL_GRACE = 0.5
-"""Seconds requests still running at the stop deadline get to end once cancelled (as over HTTP)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -1,5 +1,6 @@
 """The lifecycle every server of the daemon implements — the HTTP port (aiohttp and the infer lane), the
-metrics port, and the gRPC port — so that the daemon starts and stops them alike."""
+metrics port, and the gRPC port — so that the daemon starts and stops them alike (each stop waits for its
+requests, and cuts them, with ``appliance.protocol.drain.finish_by``)."""
 
 from __future__ import annotations
 

@@ -22,11 +22,14 @@ import logging
 import resource
 import ssl
 import time
+from typing import Any
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
 
 from appliance.core.errors import ConfigError
 from appliance.protocol.connections import ConnectionLimiter
+from appliance.protocol.drain import CANCEL_GRACE, finish_by
 from appliance.rest.lane import InferLane
 
 __all__ = ["HttpServer", "fit_connections_to_descriptors"]
@@ -36,8 +39,6 @@ log = logging.getLogger(__name__)
 # File descriptors kept for everything but client connections: models, SQLite, pipes to model
 # processes, sockets of refused connections.
 _DESCRIPTOR_RESERVE = 256
-# What connections that are still open at the stop deadline get to finish after being cancelled.
-_CANCEL_GRACE = 0.5
 _HANDSHAKE_TIMEOUT = 10.0
 """Seconds a TLS handshake may take; a client that starts one and stalls holds its connection no longer."""
 
@@ -110,7 +111,7 @@ class HttpServer:
         # No automatic decompression: appliance.rest.body inflates bodies with a bound, off the loop.
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True,
                                      keepalive_timeout=header_timeout, auto_decompress=False,
-                                     shutdown_timeout=_CANCEL_GRACE)
+                                     shutdown_timeout=CANCEL_GRACE)
 
     @property
     def addresses(self) -> list:
@@ -144,16 +145,15 @@ class HttpServer:
             # aiohttp's per-connection shutdown waits its timeout for the request, then as long again
             # after cancelling it: bound it by the deadline instead, then close what is still busy (with
             # handler cancellation, that cancels its handler at once).
-            remaining = deadline - time.monotonic()
-            waits = {asyncio.ensure_future(c.shutdown(max(remaining, 0.01))): c for c in server.connections}
-            if waits:
-                _, late = await asyncio.wait(waits, timeout=max(remaining, 0.0))
-                for wait in late:
-                    wait.cancel()
-                    waits[wait].force_close()
-                await asyncio.gather(*late, return_exceptions=True)
-                if late:
-                    log.warning("%d request(s) still running at the shutdown deadline: cancelled", len(late))
+            remaining = max(deadline - time.monotonic(), 0.01)
+            waits: dict[asyncio.Future[Any], RequestHandler] = {
+                asyncio.ensure_future(c.shutdown(remaining)): c for c in server.connections}
+
+            def cut(wait: asyncio.Future[Any]) -> None:
+                wait.cancel()
+                waits[wait].force_close()
+
+            await finish_by(deadline, waits, cancel=cut)
         if lane is not None:
             await lane
         await self._runner.cleanup()

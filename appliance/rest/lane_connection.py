@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 import typing
 from collections.abc import Awaitable, Callable
 
+from appliance.protocol.drain import finish_by
 from appliance.rest.http_basics import body_timeout, transport_address
 from appliance.rest.lane_head import LANE_HEAD_BYTES, HeadReader, HeadRefused
 from appliance.rest.lane_wire import LANE_BODY_BYTES, LaneHead, closing, error_response, lane_request
@@ -56,13 +56,7 @@ class LaneConnections:
                 connection.close()
             else:
                 busy.append(connection.running)
-        if busy:
-            _, late = await asyncio.wait(busy, timeout=max(deadline - time.monotonic(), 0.0))
-            for task in late:
-                task.cancel()
-            await asyncio.gather(*late, return_exceptions=True)
-            if late:
-                log.warning("%d request(s) still running at the shutdown deadline: cancelled", len(late))
+        await finish_by(deadline, busy)
         for connection in list(self.connections):
             connection.close()
 

@@ -474,9 +474,8 @@ class Call:
         self._connection.write(out)
         self._connection.forget(self)
 
-    def cancel(self) -> asyncio.Task | None:
-        """Cancel the handler (the server stops); its task, to wait for."""
-        if self._task is not None and not self._task.done():
-            self._task.cancel()
-            return self._task
-        return None
+    @property
+    def running(self) -> asyncio.Task | None:
+        """The handler's task while it runs."""
+        task = self._task
+        return task if task is not None and not task.done() else None

@@ -540,8 +540,6 @@ class Http2Connection(asyncio.Protocol):
             self.write(f.frame(f.PING, 0, 0, b"\x00" * 8))
         self._arm(min(idle, KEEPALIVE_TIMEOUT) / 2 if self._calls else max(0.05, idle - (now - self._busy_at)))
 
-    async def cancel_calls(self, grace: float) -> None:
-        """Cancel the handlers still running (the server stops) and give them ``grace`` seconds."""
-        tasks = [task for call in list(self._calls.values()) if (task := call.cancel()) is not None]
-        if tasks:
-            await asyncio.wait(tasks, timeout=grace)
+    def running(self) -> list[asyncio.Task]:
+        """The handlers of its calls still running (what the server's stop waits for, then cancels)."""
+        return [task for call in self._calls.values() if (task := call.running) is not None]

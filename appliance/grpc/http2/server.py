@@ -12,9 +12,7 @@ progress until the deadline, then cancelled."""
 from __future__ import annotations
 
 import asyncio
-import logging
 import socket
-import time
 from collections.abc import Callable
 from typing import TypeAlias
 
@@ -23,16 +21,15 @@ import grpc
 from appliance.core.errors import ConfigError
 from appliance.grpc.access import Gate
 from appliance.grpc.admission import AdmittingHandlers, Receivers
-from appliance.grpc.grpc_config import CANCEL_GRACE, GrpcConfig
+from appliance.grpc.grpc_config import GrpcConfig
 from appliance.grpc.health import HealthService
 from appliance.grpc.http2.connection import Http2Connection
 from appliance.grpc.service import InferenceService
 from appliance.protocol.connections import ConnectionLimiter
 from appliance.protocol.dataplane import DataPlane
+from appliance.protocol.drain import finish_by
 
 __all__ = ["Http2Server"]
-
-log = logging.getLogger(__name__)
 
 Handler: TypeAlias = grpc.RpcMethodHandler
 
@@ -105,10 +102,9 @@ class Http2Server:
             self._listener.close()
         for connection in list(self._connections):
             connection.go_away()
-        late = await self.gate.wait_running(max(0.0, deadline - time.monotonic()))
-        await self.gate.cancel_running(CANCEL_GRACE)
+        running = set(self.gate.running)  # a stream's requests run in tasks of their own
+        for connection in self._connections:
+            running.update(connection.running())
+        await finish_by(deadline, running, "gRPC request(s)")
         for connection in list(self._connections):
-            await connection.cancel_calls(CANCEL_GRACE)
             connection.close()
-        if late:
-            log.warning("%d gRPC request(s) still running at the shutdown deadline: cancelled", late)
