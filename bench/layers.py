@@ -8,7 +8,8 @@ run py-spy samples the server and its model process (``--subprocesses --nonblock
 samples where a thread runs); each sample goes to the layer of its innermost frame that names one
 (``classify``): HTTP framing, decode, routing and admission, scheduling, the hop on the server's side,
 the hop on the model process's side (all of that process but the model), execution (the model's own
-``model.py``), encode, statistics, and the event loop (uvloop, asyncio, the system calls under them).
+``model.py``), encode, statistics, and the event loop (uvloop, asyncio, the system calls under them,
+and any frame no layer names).
 A layer's µs per request is its share of the samples times the tree's CPU per request from /proc.
 
 Budgets: the appliance may spend 1.5× the reference's CPU per request (bench.lean's target), shared out
