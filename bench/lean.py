@@ -28,6 +28,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -148,10 +150,26 @@ def start_servers(work: Path, server_core: int) -> dict[str, Server]:
     try:
         servers["reference"] = start_lean_reference(repo / _MODEL, work / "reference.log", "--token", _TOKEN,
                                                     prefix=pin)
+        for name, server in servers.items():
+            _check_token_required(name, server)
     except BaseException:
-        servers["appliance"].stop()
+        for server in servers.values():
+            server.stop()
         raise
     return servers
+
+
+def _check_token_required(name: str, server: Server) -> None:
+    """Both servers are measured with the token checked: an inference without it must be refused."""
+    request = urllib.request.Request(f"{server.base}/v2/models/{_MODEL}/infer", data=_body(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            status = answer.status
+    except urllib.error.HTTPError as error:
+        status = error.code
+    if status != 401:
+        raise RuntimeError(f"{name} answered {status} to an inference without the token; expected 401")
 
 
 def _commit() -> str:
