@@ -22,6 +22,7 @@ from appliance.repository.registry import ModelRegistry
 from appliance.repository.residency import ResidencyRules
 from tests.appliance.protocol.sources import LOCAL, Decoded
 from tests.builders import affine_model, write_model
+from tests.waiting import await_until
 
 WIDTH = 8
 
@@ -77,6 +78,17 @@ def _loaded(registry: ModelRegistry) -> set[str]:
     return {e.name for e in registry.entries() if e.versions}
 
 
+async def _unload_idle_until_gone(registry: ModelRegistry, *names: str) -> None:
+    """Look for idle models, as the daemon's timer does, until ``names`` (every model, when none) are unloaded."""
+    async def gone() -> bool:
+        await registry.residency.unload_idle()
+        loaded = _loaded(registry)
+        return not (loaded & set(names) if names else loaded)
+
+    await await_until(gone, timeout=10, what=f"{', '.join(names) or 'every model'} unloaded for idleness",
+                      interval=0.02)
+
+
 def _residency(events: list[tuple], action: str) -> list[tuple[str, str]]:
     return [(model, detail["cause"]) for kind, model, _, detail in events
             if kind == "model_residency" and detail["action"] == action]
@@ -124,9 +136,7 @@ async def test_an_idle_model_is_unloaded_and_its_next_request_loads_it_again(rep
     await _infer(plane, "a")
     await _infer(plane, "lazy")
     residency = registry.residency
-    while _loaded(registry):
-        await residency.unload_idle()
-        await asyncio.sleep(0.02)
+    await _unload_idle_until_gone(registry)
     assert sorted(_residency(events, "unload")) == [("a", "idle"), ("lazy", "idle")]
     row = next(r for r in plane.repository_index() if r.name == "a")
     assert "idle_unload_secs" in row.reason and "next request" in row.reason
@@ -138,9 +148,7 @@ async def test_a_models_own_idle_unload_secs_overrides_the_servers(repo, make_pl
     plane, registry, _ = await make_plane(ResidencyRules(load_on_demand=True, idle_unload_secs=3600))
     await _infer(plane, "a")
     await _infer(plane, "lazy")
-    while "lazy" in _loaded(registry):
-        await registry.residency.unload_idle()
-        await asyncio.sleep(0.02)
+    await _unload_idle_until_gone(registry, "lazy")
     assert _loaded(registry) == {"a"}
 
 
@@ -153,9 +161,7 @@ async def test_pinned_and_held_models_are_never_unloaded_for_idleness(repo, make
         await asyncio.sleep(0.05)
         assert await registry.residency.unload_idle() == []
     assert _loaded(registry) == {"a", "b", "held"}
-    while "b" in _loaded(registry):
-        await registry.residency.unload_idle()
-        await asyncio.sleep(0.02)
+    await _unload_idle_until_gone(registry, "b")
     assert _loaded(registry) == {"a", "held"}
 
 
@@ -258,9 +264,7 @@ async def test_the_index_says_why_each_model_is_loaded_or_not_and_what_it_holds(
     registry.residency.pin(["a"])  # as --load-model does
     await _infer(plane, "b", scale=2.0)
     await _infer(plane, "lazy")
-    while "lazy" in _loaded(registry):
-        await registry.residency.unload_idle()
-        await asyncio.sleep(0.02)
+    await _unload_idle_until_gone(registry, "lazy")
     rows = {row.name: row.as_json() for row in plane.repository_index()}
     assert rows["a"]["load_cause"] == "start" and rows["a"]["pinned"] is True
     assert rows["held"]["load_cause"] == "start" and rows["held"]["pinned"] is True  # its config pins it
