@@ -6,6 +6,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -43,8 +44,13 @@ def repository(tmp_path_factory):
     net = _network()
     example = torch.randn(2, 3, 8, 8)
     onnx_path = _write(repo, "cnn_onnx", "model.onnx")
-    torch.onnx.export(net, (example,), str(onnx_path), input_names=["image"], output_names=["logits"],
-                      dynamic_axes={"image": {0: "batch"}, "logits": {0: "batch"}}, dynamo=False)
+    with warnings.catch_warnings():
+        # torch's legacy (TorchScript-based) ONNX exporter is deprecated as a whole, and it calls its own
+        # deprecated helpers; its torch.export-based successor needs onnxscript, which the appliance does not
+        # depend on. Only this call's deprecations are let through.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        torch.onnx.export(net, (example,), str(onnx_path), input_names=["image"], output_names=["logits"],
+                          dynamic_axes={"image": {0: "batch"}, "logits": {0: "batch"}}, dynamo=False)
     ov.save_model(ov.convert_model(str(onnx_path)), str(_write(repo, "cnn_openvino", "model.xml")),
                   compress_to_fp16=False)
     shutil.copy(onnx_path, _write(repo, "cnn_openvino_onnx", "model.onnx",
