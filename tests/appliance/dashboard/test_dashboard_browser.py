@@ -22,6 +22,7 @@ from tests.builders import save
 from tests.http_util import call
 from tests.models import write_python_model
 from tests.readonly import read_only_prefix
+from tests.waiting import wait_until
 
 CHROMIUM = shutil.which("chromium")
 needs_chromium = pytest.mark.skipif(
@@ -97,8 +98,16 @@ def busy_daemon(module_daemon, tmp_path_factory):
     for _ in range(REQUESTS):
         status, _, payload = call(daemon.port, "POST", "/v2/models/mlp/infer", body)
         assert status == 200, payload
-    time.sleep(2.5)  # the metrics writer flushes every second: the traffic is in the history
+    wait_until(lambda: _requests_in_history(daemon) >= REQUESTS, timeout=30, interval=0.2,
+               what="the traffic in the history (the metrics writer flushes every second)")
     return daemon
+
+
+def _requests_in_history(daemon) -> int:
+    now = int(time.time()) + 1
+    status, _, history = call(daemon.port, "GET", f"/v2/history?since={now - 600}&until={now}&step=1")
+    assert status == 200, history
+    return sum(r for r in history["series"]["requests"] if r)
 
 
 def _assert_rendered(daemon, body: dict[str, str], dom: str, console: list[str]) -> None:
