@@ -73,6 +73,7 @@ def page_server():
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield server.server_address[1], pages, recorded
     server.shutdown()
+    server.server_close()
 
 
 def test_a_pages_form_typed_posts_are_refused_and_a_programs_are_served(start_daemon, tmp_path: Path, regions,
