@@ -91,6 +91,7 @@ class FakeBox:
         self.zeroconf.unregister_all_services()
         self.zeroconf.close()
         self.server.shutdown()
+        self.server.server_close()
 
     def replay(self) -> list[dict]:
         """Every request received, sent to the real box as it came (headers and body), and its answer."""

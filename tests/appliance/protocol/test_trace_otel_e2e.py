@@ -80,6 +80,7 @@ def receiver():
     running = Receiver()
     yield running
     running.server.shutdown()
+    running.server.server_close()
 
 
 @pytest.fixture(scope="module")
