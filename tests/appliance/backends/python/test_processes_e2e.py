@@ -98,7 +98,8 @@ class TritonPythonModel:
             with open(pids, "a") as f:
                 f.write(f"{os.getpid()}\\n")
             return
-        first = int(open(pids).read().split()[0])
+        with open(pids) as f:
+            first = int(f.read().split()[0])
         os.kill(first, signal.SIGKILL)
         deadline = time.monotonic() + 10
         while os.path.exists(f"/proc/{first}") and time.monotonic() < deadline:  # until the daemon reaped it
