@@ -188,6 +188,31 @@ _KEEPALIVE = ("the appliance's gRPC transport keeps its own connection policy: i
 
 _A, _I, _R = Fate.APPLIED, Fate.IGNORED, Fate.REFUSED
 
+
+def _port_rows(flag: str, port: str, headers: str) -> tuple[TritonFlag, TritonFlag]:
+    """--reuse-<flag>-port and --<flag>-header-forward-pattern, refused alike for HTTP and gRPC: ``port``
+    names the port in the refusal, ``headers`` (with its verb) what the transport's headers are called."""
+    return (
+        TritonFlag(f"--reuse-{flag}-port", _R, "false is the appliance's behaviour; true is refused: servers "
+                   "sharing a port is not supported", boolean,
+                   apply=_when(False, f"servers sharing one {port} port is not supported: give each its own port",
+                               refuse=True)),
+        TritonFlag(f"--{flag}-header-forward-pattern", _R, "headers are not forwarded to models as request "
+                   "parameters", apply=_refused(f"{headers} not forwarded to models as request parameters here; "
+                                                "send them as request parameters")),
+    )
+
+
+def _endpoint_rows(allow: str, endpoint: str, flags: Sequence[tuple[str, Callable[[str], Any]]],
+                   ) -> tuple[TritonFlag, ...]:
+    """An endpoint the appliance does not serve (SageMaker, Vertex AI): ``allow`` true is refused, and its
+    other ``flags`` (flag, value type) are ignored."""
+    none = f"no {endpoint} endpoint"
+    return (TritonFlag(allow, _R, f"false is the appliance's behaviour; true is refused: {none}", boolean,
+                       apply=_when(False, f"the appliance serves {none}", refuse=True)),
+            *(TritonFlag(flag, _I, none, kind, apply=_ignored(f"the appliance serves {none}")) for flag, kind in flags))
+
+
 FLAGS: tuple[TritonFlag, ...] = (
     # Server
     TritonFlag("--help", _A, "prints the usage of `appliance serve`", None, own=True),
@@ -246,13 +271,7 @@ FLAGS: tuple[TritonFlag, ...] = (
     TritonFlag("--http-address", _A, "`http_address` (default `host`, 0.0.0.0)", sets="http_address",
                metavar="ADDRESS", help=lambda: f"address the HTTP port binds (default --host, {default('host')})"),
     TritonFlag("--http-port", _A, "`http_port`", int, own=True),
-    TritonFlag("--reuse-http-port", _R, "false is the appliance's behaviour; true is refused: servers sharing a "
-               "port is not supported", boolean,
-               apply=_when(False, "servers sharing one HTTP port is not supported: give each its own port",
-                           refuse=True)),
-    TritonFlag("--http-header-forward-pattern", _R, "headers are not forwarded to models as request parameters",
-               apply=_refused("HTTP headers are not forwarded to models as request parameters here; send them as "
-                              "request parameters")),
+    *_port_rows("http", "HTTP", "HTTP headers are"),
     TritonFlag("--http-thread-count", _I, "the event loop serves HTTP, not a thread pool", int,
                apply=_ignored("the event loop serves HTTP, not a thread pool")),
     TritonFlag("--http-restricted-api", _A, "`protect_inference` true: from outside `auth_exempt_networks` "
@@ -264,13 +283,7 @@ FLAGS: tuple[TritonFlag, ...] = (
     TritonFlag("--grpc-address", _A, "`grpc_address` (default `host`)", sets="grpc_address",
                metavar="ADDRESS", help=lambda: f"address the gRPC port binds (default --host, {default('host')})"),
     TritonFlag("--grpc-port", _A, "`grpc_port`", int, own=True),
-    TritonFlag("--reuse-grpc-port", _R, "false is the appliance's behaviour; true is refused: servers sharing a "
-               "port is not supported", boolean,
-               apply=_when(False, "servers sharing one gRPC port is not supported: give each its own port",
-                           refuse=True)),
-    TritonFlag("--grpc-header-forward-pattern", _R, "headers are not forwarded to models as request parameters",
-               apply=_refused("gRPC metadata is not forwarded to models as request parameters here; send them as "
-                              "request parameters")),
+    *_port_rows("grpc", "gRPC", "gRPC metadata is"),
     TritonFlag("--grpc-infer-allocation-pool-size", _I, "no pool of response objects is kept", int,
                apply=_ignored("no pool of response objects is kept")),
     TritonFlag("--grpc-use-ssl", _A, "`grpc_use_ssl` (see the TLS row above)", boolean, own=True),
@@ -287,20 +300,11 @@ FLAGS: tuple[TritonFlag, ...] = (
         ("--grpc-max-connection-age", int), ("--grpc-max-connection-age-grace", int))),
     TritonFlag("--grpc-restricted-protocol", _A, "as --http-restricted-api", apply=_restricted, repeat=True),
     # SageMaker and Vertex AI
-    TritonFlag("--allow-sagemaker", _R, "false is the appliance's behaviour; true is refused: no SageMaker "
-               "endpoint", boolean,
-               apply=_when(False, "the appliance serves no SageMaker endpoint", refuse=True)),
-    *(TritonFlag(flag, _I, "no SageMaker endpoint", kind, apply=_ignored("the appliance serves no SageMaker "
-                                                                         "endpoint"))
-      for flag, kind in (("--sagemaker-port", int), ("--sagemaker-safe-port-range", str),
-                         ("--sagemaker-thread-count", int))),
-    TritonFlag("--allow-vertex-ai", _R, "false is the appliance's behaviour; true is refused: no Vertex AI "
-               "endpoint", boolean,
-               apply=_when(False, "the appliance serves no Vertex AI endpoint", refuse=True)),
-    *(TritonFlag(flag, _I, "no Vertex AI endpoint", kind, apply=_ignored("the appliance serves no Vertex AI "
-                                                                         "endpoint"))
-      for flag, kind in (("--vertex-ai-port", int), ("--vertex-ai-thread-count", int),
-                         ("--vertex-ai-default-model", str))),
+    *_endpoint_rows("--allow-sagemaker", "SageMaker", (("--sagemaker-port", int),
+                                                        ("--sagemaker-safe-port-range", str),
+                                                        ("--sagemaker-thread-count", int))),
+    *_endpoint_rows("--allow-vertex-ai", "Vertex AI", (("--vertex-ai-port", int), ("--vertex-ai-thread-count", int),
+                                                       ("--vertex-ai-default-model", str))),
     # Metrics
     TritonFlag("--allow-metrics", _A, "`metrics` (false: no /metrics and no history, as --no-metrics)", boolean,
                sets="metrics", help=lambda: "false keeps no history and serves no /metrics (as --no-metrics)"),
