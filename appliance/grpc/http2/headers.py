@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-from typing import TypeAlias, cast
+from typing import TypeAlias, TypeVar, cast
 
 import hpack
 
@@ -19,6 +19,21 @@ _HIGH = frozenset(range(0x81, 0xFF))
 ENCODER_TABLE_SIZE = 4096
 """Bytes of dynamic table the server's encoder uses at most (HPACK's default): a client's larger
 SETTINGS_HEADER_TABLE_SIZE (up to 4 GiB) never makes the server hold more."""
+
+_Key = TypeVar("_Key")
+_Value = TypeVar("_Value")
+
+
+def _remember(cache: dict[_Key, _Value], key: _Key, value: _Value, block: bytes) -> None:
+    """Keep ``value`` under ``key`` when ``block`` (the HPACK block decoded or encoded) is made only of
+    one-byte indexed fields: it changed no table, so the same key gives the same value until one may have.
+    Any other block empties the cache: the table may have changed, and indexes may now name other fields."""
+    if _HIGH.issuperset(block):
+        if len(cache) >= _CACHED_BLOCKS:
+            cache.clear()
+        cache[key] = value
+    else:
+        cache.clear()
 
 
 class HeaderDecoder:
@@ -37,12 +52,7 @@ class HeaderDecoder:
         if cached is not None:
             return cached
         request = Request(cast(list[tuple[bytes, bytes]], self._decoder.decode(block, raw=True)))
-        if _HIGH.issuperset(block):
-            if len(self._cache) >= _CACHED_BLOCKS:
-                self._cache.clear()
-            self._cache[block] = request
-        else:
-            self._cache.clear()  # the table may have changed: indexes may now name other fields
+        _remember(self._cache, block, request, block)
         return request
 
 
@@ -209,12 +219,7 @@ class HeaderEncoder:
         if block is not None:
             return block
         block = self._encoder.encode(fields, huffman=False)
-        if _HIGH.issuperset(block):
-            if len(self._cache) >= _CACHED_BLOCKS:
-                self._cache.clear()
-            self._cache[fields] = block
-        else:
-            self._cache.clear()  # the table may have changed: indexes may now name other fields
+        _remember(self._cache, fields, block, block)
         return block
 
     def response(self, status: int = 200) -> bytes:
