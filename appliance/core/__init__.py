@@ -1,2 +1,3 @@
-"""The leaves every layer may import: the error hierarchy (errors), tensor datatypes (tensors) and
-Triton's JSON rendering of a model config (config_json). They import nothing of the appliance but errors."""
+"""The leaves every layer may import: the error hierarchy (errors), tensor datatypes (tensors),
+Triton's JSON rendering of a model config (config_json) and the check on files holding a secret
+(private_files). They import nothing of the appliance but errors."""

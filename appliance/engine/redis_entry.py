@@ -24,7 +24,6 @@ import hmac
 import logging
 import os
 import secrets
-import stat
 import struct
 import tempfile
 from collections.abc import Callable, Mapping
@@ -35,6 +34,7 @@ import orjson
 
 from appliance.backends.base import Outputs
 from appliance.core.errors import ConfigError
+from appliance.core.private_files import check_private_file
 from appliance.core.tensors import decode_bytes_tensor, encode_bytes_tensor, numpy_dtype, v2_datatype
 from appliance.engine.tensor_checks import BYTES_ELEMENT_OVERHEAD
 
@@ -105,15 +105,13 @@ def entry_keys(secret: str | None, secret_file: Path | None, state_dir: Path,
 
 
 def _read_secret(path: Path) -> bytes:
+    missing = "name a file holding the response cache's secret (e.g. made with `head -c 32 /dev/urandom | base64`)"
+    check_private_file(path, "cache_redis_key_file", missing=missing,
+                       exposed="whoever reads it can answer for every model through Redis")
     try:
-        mode = path.stat().st_mode
         secret = path.read_bytes().strip()
     except OSError as exc:
-        raise ConfigError(f"cache_redis_key_file {path}: {exc.strerror or exc}; name a file holding the "
-                          "response cache's secret (e.g. made with `head -c 32 /dev/urandom | base64`)") from None
-    if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise ConfigError(f"cache_redis_key_file {path} can be read by other users (mode {stat.filemode(mode)}); "
-                          f"whoever reads it can answer for every model through Redis: chmod 600 {path}")
+        raise ConfigError(f"cache_redis_key_file {path}: {exc.strerror or exc}; {missing}") from None
     if len(secret) < MIN_SECRET_LENGTH:
         raise ConfigError(f"cache_redis_key_file {path} holds {len(secret)} bytes; the secret needs at least "
                           f"{MIN_SECRET_LENGTH} (e.g. `head -c 32 /dev/urandom | base64 > {path}`)")

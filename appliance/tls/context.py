@@ -10,25 +10,19 @@ from __future__ import annotations
 
 import dataclasses
 import ssl
-import stat
 from collections.abc import Sequence
 from pathlib import Path
 
 from appliance.core.errors import ConfigError
+from appliance.core.private_files import check_private_file
 
 __all__ = ["ServerTls", "check_private_key"]
 
 
 def check_private_key(path: Path, flag: str) -> None:
     """Refuse a key file that is missing, or that the group or others may read or write."""
-    try:
-        mode = path.stat().st_mode
-    except OSError as exc:
-        raise ConfigError(f"{flag} {path}: {exc.strerror or exc}; make a key and certificate with "
-                          "`appliance tls init`, or name yours") from None
-    if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise ConfigError(f"{flag} {path} can be read by other users (mode {stat.filemode(mode)}); the daemon "
-                          f"never serves TLS with a key others can read: chmod 600 {path}")
+    check_private_file(path, flag, missing="make a key and certificate with `appliance tls init`, or name yours",
+                       exposed="the daemon never serves TLS with a key others can read")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

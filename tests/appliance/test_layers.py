@@ -39,7 +39,8 @@ def _violations(package: str, allowed: tuple[str, ...]) -> list[str]:
     ]
 
 
-@pytest.mark.parametrize("leaf", ["appliance.core.tensors", "appliance.core.config_json", "appliance.core.errors"])
+@pytest.mark.parametrize("leaf", ["appliance.core.tensors", "appliance.core.config_json", "appliance.core.errors",
+                                  "appliance.core.private_files"])
 def test_leaf_modules_import_nothing_of_the_appliance_but_its_errors(leaf):
     assert _violations(leaf, ("appliance.core.errors",)) == []
 
@@ -60,7 +61,7 @@ def test_the_core_knows_no_front_end(package):
 
 def test_the_engine_knows_neither_the_repository_nor_the_protocol():
     allowed = ("appliance.engine", "appliance.backends", "appliance.core.tensors", "appliance.core.config_json",
-               "appliance.core.errors")
+               "appliance.core.errors", "appliance.core.private_files")
     assert _violations("appliance.engine", allowed) == []
 
 
