@@ -15,7 +15,7 @@ from typing import Any
 
 from zeroconf import InterfaceChoice, IPVersion, ServiceBrowser, ServiceStateChange, Zeroconf
 
-__all__ = ["HTTP_TYPE", "KSERVE_TYPE", "PROTOCOLS", "Box", "Browser", "discover", "numeric_addresses"]
+__all__ = ["HTTP_TYPE", "KSERVE_TYPE", "PROTOCOLS", "Box", "Browser", "discover", "host_port", "numeric_addresses"]
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ class Box:
     @property
     def url(self) -> str:
         """host:port, as tritonclient.http.InferenceServerClient takes it."""
-        return _host_port(self.addresses[0], self.port)
+        return host_port(self.addresses[0], self.port)
 
     @property
     def base_url(self) -> str:
@@ -65,14 +65,15 @@ class Box:
     @property
     def grpc_url(self) -> str | None:
         """host:port of the gRPC service, as tritonclient.grpc.InferenceServerClient takes it."""
-        return None if self.grpc_port is None else _host_port(self.addresses[0], self.grpc_port)
+        return None if self.grpc_port is None else host_port(self.addresses[0], self.grpc_port)
 
     def url_for(self, protocol: str) -> str | None:
         return self.grpc_url if protocol == "grpc" else self.url
 
 
-def _host_port(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"  # an IPv6 address in brackets
+def host_port(host: str, port: int) -> str:
+    """``host:port``, an IPv6 address in brackets (``[::1]:8000``)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def numeric_addresses(host: str, port: int) -> tuple[str, ...]:

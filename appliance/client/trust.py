@@ -36,7 +36,7 @@ from pathlib import Path
 
 import platformdirs
 
-from appliance.client.boxes import Box, numeric_addresses
+from appliance.client.boxes import Box, host_port, numeric_addresses
 from appliance.core.errors import ConfigError
 
 __all__ = ["FILE_NAME", "Pin", "TokenPolicy", "Trust", "TrustStore", "certificate_fingerprint", "default_path",
@@ -77,7 +77,7 @@ class Pin:
 
     @property
     def where(self) -> str:
-        return f"[{self.address}]:{self.port}" if ":" in self.address else f"{self.address}:{self.port}"
+        return host_port(self.address, self.port)
 
 
 @dataclasses.dataclass(frozen=True)
