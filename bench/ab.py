@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.process import start_appliance
+from bench.report import command_line, publish
 from bench.serving import RESULTS, machine
 from bench.triton import CASES, Running, perf_once, tree_cpu_seconds
 from bench.triton_models import write_repository
@@ -109,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     except TritonUnavailable as error:
         print(f"perf_analyzer is unavailable here, nothing measured: {error}", file=sys.stderr)
         return 1
-    command = " ".join(["python -m bench.ab", *(argv if argv is not None else sys.argv[1:])])
+    command = command_line("bench.ab", argv)
     lines = [f"Command: {command} ({time.monotonic() - started:.0f} s)", "",
              f"Machine: {machine()}; 1-minute load average {statistics.median(loads):.2f} (median; "
              f"{min(loads):.2f}-{max(loads):.2f}). Medians of {args.rounds} rounds; 'ratio' is the median of each "
@@ -127,9 +128,7 @@ def main(argv: list[str] | None = None) -> int:
             cells += [f"{before:.{3 if index == 1 else 0}f} → {after:.{3 if index == 1 else 0}f}", f"{ratio:.2f}"]
         lines.append(f"| {case} | {protocol} | {concurrency} | " + " | ".join(cells) + " |")
     text = "\n".join(lines)
-    print(text)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "ab.md").write_text(text + "\n")
+    publish(text, args.out, "ab.md")
     return 0
 
 

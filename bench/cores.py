@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.process import start_appliance
+from bench.report import command_line, publish
 from bench.triton import Running, add_run_options, alternate, parse_run_options
 from bench.triton_models import write_repository
 
@@ -91,15 +92,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"perf_analyzer is unavailable here, nothing measured: {error}", file=sys.stderr)
         return 1
     load = data["load_average"]
-    command = " ".join(["python -m bench.cores", *(argv if argv is not None else sys.argv[1:])])
+    command = command_line("bench.cores", argv)
     text = (f"Command: {command} ({time.monotonic() - started:.0f} s)\n\n"
             f"Machine: {data['machine']}; 1-minute load average {load['median']:.2f} (median; "
             f"{load['min']:.2f}-{load['max']:.2f}). Medians of {args.repeats} repeats, pinnings alternated; "
             "the daemon and its model processes pinned with taskset, perf_analyzer 2.51 unpinned on the same "
             "box; CPU per request of the daemon's whole process tree.\n\n" + table(data["medians"]))
-    print(text)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "cores.md").write_text(text + "\n")
+    publish(text, args.out, "cores.md")
     (args.out / "cores.json").write_text(json.dumps(data, indent=2))
     return 0
 

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from bench.report import command_line
 from bench.serving import RESULTS, machine
 from bench.triton import (
     CASES,
@@ -131,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
                             print(lines[-1], file=sys.stderr, flush=True)
             finally:
                 running.stop()
-    command = " ".join(["python -m bench.cpu_split", *(argv if argv is not None else sys.argv[1:])])
+    command = command_line("bench.cpu_split", argv)
     text = (f"Command: {command} ({time.monotonic() - started:.0f} s)\n\nMachine: {machine()}; 1-minute load "
             f"average {min(loads, default=0):.2f}-{max(loads, default=0):.2f}. {args.protocol}, c={args.concurrency}; "
             f"one row per process and run (perf_analyzer windows of {args.interval_ms} ms).\n\n"

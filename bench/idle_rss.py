@@ -23,6 +23,7 @@ import numpy as np
 
 from bench.models import write_repository
 from bench.process import Server, rss_mib, start_appliance
+from bench.report import publish
 
 RESULTS = Path(__file__).parent / "results"
 TARGET_MIB = 30.0
@@ -90,9 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         samples = measure(args.repeats, args.settle, Path(tmp))
     text = report(samples, args.repeats, args.settle)
-    print(text)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "idle-rss.md").write_text(text + "\n")
+    publish(text, args.out, "idle-rss.md")
     return 0
 
 

@@ -34,7 +34,8 @@ from pathlib import Path
 from bench.lean import SERVERS, TARGET, measure, start_servers
 from bench.loadgen import add_wrk_arguments, require_wrk
 from bench.profile import _py_spy, _record
-from bench.serving import RESULTS, machine
+from bench.report import heading, publish
+from bench.serving import RESULTS
 
 __all__ = ["LAYERS", "budgets", "classify", "layer_shares", "main"]
 
@@ -176,16 +177,12 @@ def main(argv: list[str] | None = None) -> int:
                 server.stop()
     costs = {key: {layer: statistics.median(run[layer] for run in rows) for layer in LAYERS}
              for key, rows in runs.items()}
-    command = " ".join(["python -m bench.layers", *(argv if argv is not None else sys.argv[1:])])
-    text = (f"Command: {command} ({time.monotonic() - started:.0f} s), {time.strftime('%Y-%m-%d')}\n\n"
-            f"Machine: {machine()}; 1-minute load average {before:.2f} before, {min(loads):.2f}-{max(loads):.2f} "
-            f"during. bench.lean's servers and load (pinned, token required, v2 JSON, Python identity); py-spy at "
-            f"{_RATE_HZ} Hz shares each tree's /proc CPU per request out to the layers; medians of "
-            f"{args.repeats} repeat(s). Budget: 1.25× the reference's layer, scheduling and statistics ⅛ of the "
-            "reference's total each (together 1.5× the reference).\n\n" + table(costs))
-    print(text)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "layers.md").write_text(text + "\n")
+    text = (heading("bench.layers", argv, started, before, loads) + " bench.lean's servers and load (pinned, token "
+            f"required, v2 JSON, Python identity); py-spy at {_RATE_HZ} Hz shares each tree's /proc CPU per request "
+            f"out to the layers; medians of {args.repeats} repeat(s). Budget: 1.25× the reference's layer, "
+            "scheduling and statistics ⅛ of the reference's total each (together 1.5× the reference).\n\n"
+            + table(costs))
+    publish(text, args.out, "layers.md")
     return 0
 
 

@@ -24,7 +24,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,7 +34,8 @@ from pathlib import Path
 
 from bench.loadgen import add_wrk_arguments, require_wrk, run_wrk
 from bench.process import Server, start_appliance, start_lean_reference
-from bench.serving import RESULTS, machine
+from bench.report import heading, publish
+from bench.serving import RESULTS
 from bench.triton import TICKS_PER_SECOND, process_tree
 from bench.triton_models import write_repository
 
@@ -172,14 +172,6 @@ def _check_token_required(name: str, server: Server) -> None:
         raise RuntimeError(f"{name} answered {status} to an inference without the token; expected 401")
 
 
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
-                              cwd=Path(__file__).parent, check=True).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
 def run(args: argparse.Namespace) -> tuple[dict[tuple[str, int], list[Round]], list[str]]:
     """Every round; and what was seen of the pinning."""
     rounds: dict[tuple[str, int], list[Round]] = {}
@@ -221,17 +213,11 @@ def main(argv: list[str] | None = None) -> int:
     started, before = time.monotonic(), os.getloadavg()[0]
     rounds, notes = run(args)
     loads = [r.load for runs in rounds.values() for r in runs]
-    command = " ".join(["python -m bench.lean", *(argv if argv is not None else sys.argv[1:])])
-    text = (f"Command: {command} ({time.monotonic() - started:.0f} s), commit {_commit()}, "
-            f"{time.strftime('%Y-%m-%d')}\n\n"
-            f"Machine: {machine()}; 1-minute load average {before:.2f} before the run, "
-            f"{min(loads):.2f}-{max(loads):.2f} over the rounds. Servers pinned to core {args.server_core} "
+    text = (heading("bench.lean", argv, started, before, loads) + f" Servers pinned to core {args.server_core} "
             f"({'; '.join(notes)}), wrk -t1 to core {args.load_core}; Python identity FP32[16], v2 JSON, "
             f"{args.seconds:g} s per run; medians of {args.repeats} repeats, servers alternated. CPU per request "
             "of each whole process tree (the server process and its model process).\n\n" + table(rounds))
-    print(text)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "lean.md").write_text(text + "\n")
+    publish(text, args.out, "lean.md")
     return 0
 
 

@@ -1,7 +1,12 @@
 """The least of Triton's ``triton_python_backend_utils`` a Python-backend model needs to run in the lean
 reference's model process (bench.lean_model): tensors, a request's inputs, a response or its error. Enough
 for models that answer each request from its inputs (bench/triton_models.py's identity); nothing that
-calls other models, streams or keeps sequences."""
+calls other models, streams or keeps sequences.
+
+It repeats, on purpose, the shape of the appliance's own pb_utils
+(appliance.backends.python.model_process.pb): the lean reference is the measure of what a server without
+the appliance costs, so it imports nothing of the appliance (nor its checks on each response's tensors
+and parameters)."""
 
 from __future__ import annotations
 

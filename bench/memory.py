@@ -30,6 +30,7 @@ from pathlib import Path
 
 import psutil
 
+from appliance.repository.memory import process_rss
 from bench.models import write_repository
 from bench.process import Server, start_appliance
 
@@ -146,14 +147,8 @@ def first_requests(workdir: Path, repeats: int) -> dict[str, dict[str, float]]:
 
 
 def _tree_rss(pid: int) -> int:
-    root = psutil.Process(pid)
-    total = root.memory_info().rss
-    for child in root.children(recursive=True):
-        try:
-            total += child.memory_info().rss
-        except psutil.NoSuchProcess:
-            continue
-    return total
+    """Resident bytes of ``pid`` and every process below it, summed as the daemon sums a model's processes."""
+    return process_rss([pid, *(child.pid for child in psutil.Process(pid).children(recursive=True))])
 
 
 def _sample(pid: int, peak: list[int], stop: threading.Event) -> None:

@@ -23,6 +23,7 @@ from pathlib import Path
 from bench.loadgen import require_wrk, run_wrk
 from bench.models import write_repository
 from bench.process import Server, start_appliance, start_floor
+from bench.report import publish
 from bench.serving import _JSON, _TINY, RESULTS, _json_body, machine
 from bench.triton import tree_cpu_seconds
 
@@ -103,9 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"| {name} | {concurrency} | {cost:.0f} | {cost / floor[concurrency]:.2f} | "
                      f"{statistics.median(r[0] for r in rows):.0f} | {statistics.median(r[1] for r in rows):.2f} |")
     text = "\n".join(lines)
-    print(text)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "request-cost.md").write_text(text + "\n")
+    publish(text, args.out, "request-cost.md")
     return 0
 
 

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.process import rss_mib, start_appliance
+from bench.report import command_line, publish
 from bench.serving import RESULTS, machine
 from bench.triton_models import REPEATS, write_repository
 
@@ -328,16 +329,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"real Triton is unavailable here, nothing measured: {error}", file=sys.stderr)
         return 1
     load = data["load_average"]
-    command = " ".join(["python -m bench.triton", *(argv if argv is not None else sys.argv[1:])])
+    command = command_line("bench.triton", argv)
     text = (f"Command: {command} ({time.monotonic() - started:.0f} s)\n\n"
             f"Machine: {data['machine']}; shared with other work: 1-minute load average {load['median']:.2f} "
             f"(median; {load['min']:.2f}-{load['max']:.2f}) over the runs. Medians of {args.repeats} repeats, "
             "servers alternated; perf_analyzer 2.51 (client p50); CPU per request of the server's whole "
             "process tree.\n\n" + table(data) + "\n\nIdle memory (medians over the repeats, before any "
             "request):\n\n" + idle_table(data))
-    print(text)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "triton.md").write_text(text + "\n")
+    publish(text, args.out, "triton.md")
     (args.out / "triton.json").write_text(json.dumps(data, indent=2))
     return 0
 

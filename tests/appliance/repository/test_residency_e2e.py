@@ -17,6 +17,7 @@ import psutil
 import pytest
 
 from appliance.examples.sequence import write_sequence_model
+from appliance.repository.memory import process_rss
 from tests.models import write_python_model
 from tests.models.sequence import simple_sequence_config, simple_sequence_model
 from tests.waiting import wait_until
@@ -75,14 +76,8 @@ def _infer(daemon, model: str) -> tuple[int, dict]:
 
 
 def _tree_rss(pid: int) -> int:
-    root = psutil.Process(pid)
-    total = root.memory_info().rss
-    for child in root.children(recursive=True):
-        try:
-            total += child.memory_info().rss
-        except psutil.NoSuchProcess:
-            continue
-    return total
+    """Resident bytes of ``pid`` and every process below it, summed as the daemon sums a model's processes."""
+    return process_rss([pid, *(child.pid for child in psutil.Process(pid).children(recursive=True))])
 
 
 def _metric(daemon, name: str, **labels: str) -> float:
