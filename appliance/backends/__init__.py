@@ -46,6 +46,9 @@ BACKENDS: tuple[BackendInfo, ...] = (
                 "TorchExportBackend", "cpu"),
     BackendInfo("python", ("python",), "model.py", "appliance.backends.python.factory", "load_python", "cpu",
                 decoupled=True, in_process=False),
+    # Triton's qa backend: the config is the model (no file), OUTPUT<i> = INPUT<i>
+    BackendInfo("identity", ("identity",), "", "appliance.backends.identity", "IdentityBackend", "cpu",
+                reads_file=False),
     # a batch waits on the GPU's stream: kept off the event loop
     BackendInfo("tensorrt", ("tensorrt_plan",), "model.plan", "appliance.backends.tensorrt", "TensorRTBackend",
                 "nvidia", in_process=False),
@@ -71,9 +74,9 @@ def resolve_backend(model_name: str, backend: str, platform: str, version_dirs: 
             f"model {model_name!r}: unknown backend/platform {backend or platform!r}; known: {known}"
         )
     for info in BACKENDS:
-        if any((d / info.default_filename).exists() for d in version_dirs):
+        if info.reads_file and any((d / info.default_filename).exists() for d in version_dirs):
             return info
-    wanted = " or ".join(i.default_filename for i in BACKENDS)
+    wanted = " or ".join(i.default_filename for i in BACKENDS if i.reads_file)
     raise ConfigError(
         f"model {model_name!r}: cannot tell which backend to use; put {wanted} in a version "
         f"directory (e.g. {model_name}/1/{BACKENDS[0].default_filename}) or set 'backend' in config.pbtxt"

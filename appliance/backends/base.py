@@ -472,6 +472,10 @@ class BackendInfo:
     in_process: bool = True
     """The runtime computes in this process: a batch never waits on another process, so a fast one may
     run on the event loop (the Python backend's model runs in a process of its own)."""
+    reads_file: bool = True
+    """It loads the model from ``default_filename`` in the version directory. False: the config is the
+    whole model (Triton's identity backend), an empty version directory serves, and a model is never
+    taken for one of its models by the files it holds."""
 
     @property
     def platform(self) -> str:

@@ -137,7 +137,9 @@ def _load_version(
     traffic profile to tune this version on (a retune on real traffic, see appliance.repository.retune);
     ``stats``: the statistics it counts on from (the version it replaces, in a retune), else new ones."""
     model_dir, info, options, selector = load.model_dir, load.info, load.options, load.selector
-    model_file = _model_file(model_dir, version_dir, config.default_model_filename or info.default_filename)
+    # A backend that reads no file (identity) is told where its version directory is all the same.
+    model_file = (_model_file(model_dir, version_dir, config.default_model_filename or info.default_filename)
+                  if info.reads_file else version_dir / "model")
     instances: list[Backend] = []
     count = _instance_count(config, info)
     threads = threads_per_instance(options, count)
