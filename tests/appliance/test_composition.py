@@ -192,7 +192,8 @@ async def test_a_restart_reuses_the_kept_probe_report(tmp_path, monkeypatch):
 
     probes = []
     real = hardware_probe.cached.probe_isolated
-    monkeypatch.setattr(hardware_probe.cached, "probe_isolated", lambda timeout: probes.append(timeout) or real(timeout))
+    monkeypatch.setattr(hardware_probe.cached, "probe_isolated",
+                        lambda timeout: probes.append(timeout) or real(timeout))
     for _ in range(2):
         appliance = await compose(_settings(tmp_path, metrics=False, grpc=False))
         try:
