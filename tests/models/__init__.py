@@ -21,7 +21,7 @@ import textwrap
 from collections.abc import Mapping
 from pathlib import Path
 
-__all__ = ["MODELS", "copy_model", "write_python_model"]
+__all__ = ["MODELS", "copy_model", "read_config", "write_python_model"]
 
 MODELS = Path(__file__).resolve().parent
 """tests/models: the directories ``copy_model`` reads."""
@@ -56,3 +56,8 @@ def copy_model(repo: Path, source: str, name: str | None = None, version: int = 
             shutil.copyfile(path, target / path.name)
     shutil.copyfile(directory / f"{config}.pbtxt", target.parent / "config.pbtxt")
     return target / "model.py"
+
+
+def read_config(source: str, config: str = "config") -> str:
+    """The text of ``tests/models/<source>/<config>.pbtxt``: the config a test parses as ``copy_model`` puts it."""
+    return (MODELS / source / f"{config}.pbtxt").read_text()
