@@ -1,72 +1,14 @@
-"""The models of Triton's qa/L0_decoupled repository, written here (nothing of NVIDIA's is copied): a
-decoupled Python ``repeat_int32`` with the qa's tensors (IN, DELAY, WAIT -> OUT, IDX) and an
-``identity_int32`` on the identity backend, which the qa's ``sequence_repeat`` ensemble chains."""
+"""The models of Triton's qa/L0_decoupled repository, written here (nothing of NVIDIA's is copied), as files
+under tests/models/qa_decoupled/: a decoupled Python ``repeat_int32`` with the qa's tensors (IN, DELAY,
+WAIT -> OUT, IDX) and an ``identity_int32`` on the identity backend (a config alone: an empty version
+directory beside it is the whole model), which the qa's ``sequence_repeat`` ensemble chains."""
 
 from __future__ import annotations
 
-# One response per element of IN, each after DELAY[i] milliseconds: OUT = IN[i], IDX = i, sent from a
-# thread after execute returns; then the final flag alone. WAIT (how long the qa's model keeps its
-# request before releasing it) changes nothing here. IN and DELAY of different lengths is an error.
-REPEAT_INT32 = '''
-import threading
-import time
+from tests.models import MODELS
 
-import numpy as np
-import triton_python_backend_utils as pb_utils
+_QA = MODELS / "qa_decoupled"
 
-
-class TritonPythonModel:
-    def initialize(self, args):
-        self.threads = []
-
-    def execute(self, requests):
-        for request in requests:
-            values = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
-            delays = pb_utils.get_input_tensor_by_name(request, "DELAY").as_numpy()
-            sender = request.get_response_sender()
-            if values.shape != delays.shape:
-                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(
-                    f"expected IN and DELAY shape to match, got {list(values.shape)} and {list(delays.shape)}")),
-                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-                continue
-            thread = threading.Thread(target=self.respond, args=(sender, values, delays))
-            thread.start()
-            self.threads.append(thread)
-        return None
-
-    def respond(self, sender, values, delays):
-        for index, (value, delay) in enumerate(zip(values, delays)):
-            time.sleep(int(delay) / 1000)
-            sender.send(pb_utils.InferenceResponse(output_tensors=[
-                pb_utils.Tensor("OUT", np.array([value], np.int32)),
-                pb_utils.Tensor("IDX", np.array([index], np.uint32)),
-            ]))
-        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-
-    def finalize(self):
-        for thread in self.threads:
-            thread.join()
-'''
-
-REPEAT_INT32_CONFIG = '''
-backend: "python"
-max_batch_size: 0
-model_transaction_policy { decoupled: true }
-input [
-  { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] },
-  { name: "DELAY" data_type: TYPE_UINT32 dims: [ -1 ] },
-  { name: "WAIT" data_type: TYPE_UINT32 dims: [ 1 ] }
-]
-output [
-  { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] },
-  { name: "IDX" data_type: TYPE_UINT32 dims: [ 1 ] }
-]
-'''
-
-# No model file: an empty version directory beside this config is the whole model.
-IDENTITY_INT32_CONFIG = '''
-backend: "identity"
-max_batch_size: 0
-input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ -1 ] } ]
-output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ -1 ] } ]
-'''
+REPEAT_INT32 = (_QA / "repeat_int32" / "model.py").read_text()
+REPEAT_INT32_CONFIG = (_QA / "repeat_int32" / "config.pbtxt").read_text()
+IDENTITY_INT32_CONFIG = (_QA / "identity_int32" / "config.pbtxt").read_text()

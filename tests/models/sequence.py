@@ -1,5 +1,6 @@
 """Sequence models the tests build: equivalents of Triton's example stateful models (written here from
-their documented behaviour, not copied) and a Python accumulator.
+their documented behaviour, not copied) and a Python accumulator; the Python models are files under
+tests/models/sequence/.
 
 - ``simple_sequence``: OUTPUT = READY * (INPUT + START) (START, READY int32 controls; direct).
 - ``simple_dyna_sequence``: OUTPUT = READY * (INPUT + START + END * CORRID) (oldest, UINT64 CORRID).
@@ -15,7 +16,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from appliance.examples.sequence import write_sequence_model
-from tests.models import write_python_model
+from tests.models import MODELS, copy_model
 
 _OPSET = [helper.make_opsetid("", 17)]
 _INT = '{{ name: "{0}" control [ {{ kind: {1} int32_false_true: [ 0, 1 ] }} ] }}'
@@ -61,93 +62,18 @@ instance_group [ {{ kind: KIND_CPU count: {2 if dyna else 1} }} ]
 """
 
 
-STRING_DYNA_PY = '''
-import numpy as np
-import triton_python_backend_utils as pb_utils
+_SEQUENCE = MODELS / "sequence"
 
-
-class TritonPythonModel:
-    def initialize(self, args):
-        self.sums = {}
-
-    def execute(self, requests):
-        responses = []
-        for request in requests:
-            def value(name):
-                return pb_utils.get_input_tensor_by_name(request, name).as_numpy()
-            corrid = value("CORRID").reshape(-1)[0].decode()
-            if not value("READY").any():
-                responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT", np.zeros((1, 1), np.int32))]))
-                continue
-            total = int(value("INPUT").sum()) + (0 if value("START").any() else self.sums.get(corrid, 0))
-            self.sums[corrid] = total
-            out = total + (int(corrid) if value("END").any() else 0)
-            if value("END").any():
-                self.sums.pop(corrid, None)
-            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT", np.full((1, 1), out, np.int32))]))
-        return responses
-'''
-
-STRING_DYNA_CONFIG = '''
-backend: "python"
-max_batch_size: 8
-sequence_batching {
-  oldest { max_candidate_sequences: 64 }
-  control_input [
-    { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] },
-    { name: "END" control [ { kind: CONTROL_SEQUENCE_END int32_false_true: [ 0, 1 ] } ] },
-    { name: "READY" control [ { kind: CONTROL_SEQUENCE_READY int32_false_true: [ 0, 1 ] } ] },
-    { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_STRING } ] }
-  ]
-}
-input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
-output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
-'''
-
-# The accumulator as a Python model under the direct strategy: like Triton's stateful backends it keeps
-# one running sum per batch slot, and a request's position in the batch is its slot.
-PY_ACCUMULATOR = '''
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def initialize(self, args):
-        self.sums = {}
-
-    def execute(self, requests):
-        responses = []
-        for slot, request in enumerate(requests):
-            def value(name):
-                return pb_utils.get_input_tensor_by_name(request, name).as_numpy()
-            ready = bool(value("READY").any())
-            if ready:
-                base = 0 if value("START").any() else self.sums.get(slot, 0)
-                self.sums[slot] = base + int(value("INPUT").sum())
-            out = np.full((1, 1), self.sums.get(slot, 0) if ready else 0, np.int32)
-            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT", out)]))
-        return responses
-'''
-
-PY_ACCUMULATOR_CONFIG = '''
-backend: "python"
-max_batch_size: 4
-sequence_batching {
-  direct { }
-  control_input [
-    { name: "START" control [ { kind: CONTROL_SEQUENCE_START bool_false_true: [ false, true ] } ] },
-    { name: "READY" control [ { kind: CONTROL_SEQUENCE_READY fp32_false_true: [ 0, 1 ] } ] }
-  ]
-}
-input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
-output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
-instance_group [ { kind: KIND_CPU count: 1 } ]
-'''
+STRING_DYNA_PY = (_SEQUENCE / "simple_string_dyna_sequence" / "model.py").read_text()
+STRING_DYNA_CONFIG = (_SEQUENCE / "simple_string_dyna_sequence" / "config.pbtxt").read_text()
+PY_ACCUMULATOR = (_SEQUENCE / "py_accumulator" / "model.py").read_text()
+"""The accumulator as a Python model under the direct strategy (one running sum per batch slot)."""
+PY_ACCUMULATOR_CONFIG = (_SEQUENCE / "py_accumulator" / "config.pbtxt").read_text()
 
 
 def write_triton_examples(repo: Path) -> Path:
     """The three models Triton's sequence client examples call."""
     for dyna, name in ((False, "simple_sequence"), (True, "simple_dyna_sequence")):
         write_sequence_model(repo, name, simple_sequence_model(dyna), simple_sequence_config(dyna))
-    write_python_model(repo, "simple_string_dyna_sequence", STRING_DYNA_PY, STRING_DYNA_CONFIG)
+    copy_model(repo, "sequence/simple_string_dyna_sequence")
     return repo
