@@ -15,33 +15,17 @@ from appliance.backends.python.factory import IN_PROCESS_PLAN_ID
 from appliance.backends.python.in_process import InProcessPythonBackend
 from appliance.selection.plans import IN_PROCESS_PLAN
 from tests.appliance.backends.python.harness import parse_config
-from tests.models import write_python_model
+from tests.models import copy_model, read_config
 
 PYTHON = next(info for info in BACKENDS if info.name == "python")
 
-PID = """
-import os
-
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        pid = np.asarray([[os.getpid()]], dtype=np.int64)
-        return [pb_utils.InferenceResponse([pb_utils.Tensor("PID", pid)]) for _ in requests]
-"""
-CONFIG = """
-backend: "python"
-max_batch_size: 8
-input [ { name: "IN" data_type: TYPE_FP32 dims: [ 1 ] } ]
-output [ { name: "PID" data_type: TYPE_INT64 dims: [ 1 ] } ]
-parameters { key: "python_plan" value: { string_value: "in-process" } }
-"""
+MODEL = "backends/pid_batched"
+"""Answers with the id of the process it runs in; its config names the old marker (python_plan)."""
+CONFIG = read_config(MODEL)
 
 
 def _pid_of(tmp_path, plan: str) -> tuple[type, int]:
-    model = write_python_model(tmp_path, "pid", PID, CONFIG)
+    model = copy_model(tmp_path, MODEL, "pid")
     config = parse_config(CONFIG)
     config.name = "pid"
     backend = PYTHON.load(LoadContext("pid", 1, model, config, RuntimeOptions(), plan=plan))

@@ -11,27 +11,10 @@ import json
 import pytest
 
 from tests.http_util import call
-from tests.models import write_python_model
+from tests.models import copy_model
 
-# Answers with the id of the process it runs in.
-PID = """
-import os
-
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        pid = np.asarray([os.getpid()], dtype=np.int64)
-        return [pb_utils.InferenceResponse([pb_utils.Tensor("PID", pid)]) for _ in requests]
-"""
-TENSORS = """
-max_batch_size: 0
-input [ { name: "IN" data_type: TYPE_FP32 dims: [ 1 ] } ]
-output [ { name: "PID" data_type: TYPE_INT64 dims: [ 1 ] } ]
-"""
-MARKER = 'parameters { key: "python_plan" value: { string_value: "in-process" } }\n'
+MODEL = "backends/pid"
+"""Answers with the id of the process it runs in; its config "marker" names the old in-process marker."""
 
 
 def _pid(port: int, model: str) -> int:
@@ -46,8 +29,8 @@ def _pid(port: int, model: str) -> int:
 def box(module_daemon, tmp_path_factory):
     """A daemon as users run it (selection on), whose configs do not allow the in-process plan."""
     repo = tmp_path_factory.mktemp("factory") / "repo"
-    write_python_model(repo, "dropped", PID, 'backend: "python"\n' + TENSORS + MARKER)
-    write_python_model(repo, "pushed", PID, 'backend: "python"\n' + TENSORS)
+    copy_model(repo, MODEL, "dropped", config="marker")
+    copy_model(repo, MODEL, "pushed")
     return module_daemon(repo, "--model-control-mode", "explicit", "--load-model", "*", selection=True)
 
 

@@ -10,45 +10,12 @@ import numpy as np
 from appliance.backends.base import BackendRequest, BatchResult
 from appliance.core.errors import InferenceFailed
 from tests.appliance.backends.python.harness import loaded
-from tests.models import write_python_model
+from tests.models import copy_model, read_config
 
-CONFIG = """
-backend: "python"
-max_batch_size: 0
-input [ { name: "IN" data_type: TYPE_FP32 dims: [ 2 ] } ]
-output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 2 ] }, { name: "SEEN" data_type: TYPE_INT32 dims: [ 2 ] } ]
-"""
-
-def one_at_a_time(seconds: float = 0.0) -> str:
-    """model.py: OUT = IN + 1; SEEN = (how many requests this execute() got, how many executions so far);
-    IN[0] == -1 raises; each execute() first sleeps ``seconds`` (so that concurrent requests queue)."""
-    return f"""
-import time
-
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def initialize(self, args):
-        self.executions = 0
-
-    def execute(self, requests):
-        self.executions += 1
-        time.sleep({seconds})
-        responses = []
-        for request in requests:
-            data = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
-            if data[0] == -1:
-                raise ValueError("minus one")
-            seen = np.asarray([len(requests), self.executions], np.int32)
-            outputs = [pb_utils.Tensor("OUT", data + 1), pb_utils.Tensor("SEEN", seen)]
-            responses.append(pb_utils.InferenceResponse(outputs))
-        return responses
-"""
-
-
-ONE_AT_A_TIME = one_at_a_time()
+MODEL = "backends/one_at_a_time"
+"""OUT = IN + 1; SEEN = (how many requests this execute() got, how many executions so far); IN[0] == -1
+raises; its config "queued" has each execute() sleep first (so that concurrent requests queue)."""
+CONFIG = read_config(MODEL)
 
 
 def _request(*values: float) -> BackendRequest:
@@ -63,7 +30,7 @@ async def _each(backend, requests) -> BatchResult:
 
 
 def test_a_group_runs_execute_once_per_request_in_order(tmp_path):
-    model = write_python_model(tmp_path, "one", ONE_AT_A_TIME, CONFIG)
+    model = copy_model(tmp_path, MODEL, "one")
 
     async def scenario(backend):
         assert backend.group_limit > 1
@@ -78,7 +45,7 @@ def test_a_group_runs_execute_once_per_request_in_order(tmp_path):
 
 
 def test_a_request_whose_execute_raises_fails_alone(tmp_path):
-    model = write_python_model(tmp_path, "one", ONE_AT_A_TIME, CONFIG)
+    model = copy_model(tmp_path, MODEL, "one")
 
     async def scenario(backend):
         result = await _each(backend, [_request(1, 1), _request(-1, 0), _request(3, 3)])
@@ -98,14 +65,14 @@ def test_a_request_whose_execute_raises_fails_alone(tmp_path):
 
 
 def test_a_decoupled_model_is_never_grouped(tmp_path):
-    config = CONFIG + "model_transaction_policy { decoupled: true }\n"
-    model = write_python_model(tmp_path, "one", ONE_AT_A_TIME, config)
+    config = read_config(MODEL, "decoupled")
+    model = copy_model(tmp_path, MODEL, "one", config="decoupled")
     with loaded(model, config) as backend:
         assert backend.group_limit == 1
 
 
 def test_a_group_starts_from_the_loop_when_each_request_is_small(tmp_path):
-    model = write_python_model(tmp_path, "one", ONE_AT_A_TIME, CONFIG)
+    model = copy_model(tmp_path, MODEL, "one")
     each = np.arange(8192, dtype=np.float32)  # 32 KiB: four together are more than a batch copies on the loop
 
     async def scenario(backend):

@@ -9,8 +9,7 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.appliance.backends.python.test_groups import CONFIG, one_at_a_time
-from tests.models import write_python_model
+from tests.models import copy_model
 
 _COUNT = 12
 
@@ -18,7 +17,7 @@ _COUNT = 12
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory):
     repo = tmp_path_factory.mktemp("groups")
-    write_python_model(repo, "one", one_at_a_time(0.02), CONFIG)  # concurrent requests queue
+    copy_model(repo, "backends/one_at_a_time", "one", config="queued")  # concurrent requests queue
     return repo
 
 

@@ -14,40 +14,13 @@ from appliance.backends.base import BackendRequest, BatchResult
 from appliance.core.errors import InferenceFailed
 from appliance.engine.instances import InstancePool
 from tests.appliance.backends.python.harness import loaded
-from tests.models import write_python_model
+from tests.models import copy_model, read_config
 from tests.waiting import open_gate
 
-CONFIG = """
-backend: "python"
-max_batch_size: 8
-input [ { name: "IN" data_type: TYPE_FP32 dims: [ -1 ] } ]
-output [ { name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] } ]
-"""
-
-# Sleeps (in ms) as long as its first input says, returns its input + 1; -1 ends the process once the test
-# opens the gate (exit.fifo in the model's directory).
-SLOW = """
-import os
-import time
-
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def initialize(self, args):
-        self.gate = os.path.join(args["model_repository"], "exit.fifo")
-
-    def execute(self, requests):
-        responses = []
-        for request in requests:
-            data = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
-            if data.flat[0] == -1:
-                open(self.gate).close()
-                os._exit(5)
-            time.sleep(float(data.flat[0]) / 1000)
-            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", data + 1)]))
-        return responses
-"""
+MODEL = "backends/slow_plus_one"
+"""Sleeps (in ms) as long as its first input says, returns its input + 1; -1 ends the process once the test
+opens the gate (exit.fifo in the model's directory)."""
+CONFIG = read_config(MODEL)
 
 
 def _request(*values: float) -> BackendRequest:
@@ -62,7 +35,7 @@ async def _started(backend, requests) -> asyncio.Future:
 
 
 def test_batches_sent_while_one_runs_each_get_their_own_answers(tmp_path):
-    model = write_python_model(tmp_path, "slow", SLOW, CONFIG)
+    model = copy_model(tmp_path, MODEL, "slow")
 
     async def scenario(backend):
         assert backend.pipeline_depth == 2
@@ -82,7 +55,7 @@ def test_batches_sent_while_one_runs_each_get_their_own_answers(tmp_path):
 
 
 def test_a_process_that_dies_fails_both_batches_on_their_way(tmp_path):
-    model = write_python_model(tmp_path, "slow", SLOW, CONFIG)
+    model = copy_model(tmp_path, MODEL, "slow")
     gate = tmp_path / "slow" / "exit.fifo"
     os.mkfifo(gate)
 
@@ -103,7 +76,7 @@ def test_a_process_that_dies_fails_both_batches_on_their_way(tmp_path):
 
 
 def test_a_pool_of_depth_two_lends_each_instance_twice(tmp_path):
-    model = write_python_model(tmp_path, "slow", SLOW, CONFIG)
+    model = copy_model(tmp_path, MODEL, "slow")
 
     async def scenario(backend):
         pool = InstancePool("slow", [backend], depth=backend.pipeline_depth)

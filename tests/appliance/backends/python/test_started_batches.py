@@ -11,32 +11,11 @@ import numpy as np
 from appliance.backends.base import BackendRequest, BatchResult
 from appliance.core.errors import InferenceFailed
 from tests.appliance.backends.python.harness import loaded
-from tests.models import write_python_model
+from tests.models import copy_model, read_config
 
-CONFIG = """
-backend: "python"
-max_batch_size: 8
-input [ { name: "IN" data_type: TYPE_FP32 dims: [ -1 ] } ]
-output [ { name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] } ]
-"""
-
-# Doubles its input; an input whose first element is -1 ends the process in the middle of execute().
-DOUBLE = """
-import os
-
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        responses = []
-        for request in requests:
-            data = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
-            if data.flat[0] == -1:
-                os._exit(3)
-            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", data * 2)]))
-        return responses
-"""
+MODEL = "backends/double_or_exit"
+"""Doubles its input; an input whose first element is -1 ends the process in the middle of execute()."""
+CONFIG = read_config(MODEL)
 
 
 async def _start(backend, requests) -> BatchResult | BaseException | None:
@@ -53,7 +32,7 @@ def _request(values) -> BackendRequest:
 
 
 def test_small_batches_run_from_the_loop_and_large_inputs_through_the_thread(tmp_path):
-    model = write_python_model(tmp_path, "double", DOUBLE, CONFIG)
+    model = copy_model(tmp_path, MODEL, "double")
 
     async def scenario(backend):
         for round_ in range(20):  # the first hands the channel over to the loop; the rest read on it
@@ -71,7 +50,7 @@ def test_small_batches_run_from_the_loop_and_large_inputs_through_the_thread(tmp
 
 
 def test_a_process_that_dies_in_a_started_batch_fails_it_and_is_restarted_for_the_next(tmp_path):
-    model = write_python_model(tmp_path, "double", DOUBLE, CONFIG)
+    model = copy_model(tmp_path, MODEL, "double")
 
     async def scenario(backend):
         assert isinstance(await _start(backend, [_request([1.0])]), BatchResult)
