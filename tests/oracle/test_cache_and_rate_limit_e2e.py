@@ -2,10 +2,12 @@
 (``--cache-config local,size=...`` and ``--rate-limit execution_count``), compared on what a client sees:
 the config members Triton shows (``response_cache``, ``model_transaction_policy``, an instance group's
 ``rate_limiter``), the statistics and /metrics counters after repeated requests, and the refusal of a
-decoupled model that enables the cache. Skipped, with the reason, where Triton cannot run here."""
+decoupled model that enables the cache (the models: tests/models/oracle/). Skipped, with the reason, where
+Triton cannot run here."""
 
 from __future__ import annotations
 
+import shutil
 import urllib.request
 from pathlib import Path
 
@@ -13,55 +15,10 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
+from tests.models import MODELS, copy_model
 from tests.oracle import TritonServer
-from tests.oracle.models import write_python_model
 from tests.waiting import wait_until
 
-TWO_OUTPUTS = '''
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        responses = []
-        for request in requests:
-            x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
-            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x * 2),
-                                                         pb_utils.Tensor("OUTPUT1", x + 1)]))
-        return responses
-'''
-
-DECOUPLED = '''
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        for request in requests:
-            sender = request.get_response_sender()
-            sender.send(pb_utils.InferenceResponse([pb_utils.Tensor(
-                "OUTPUT0", pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy())]),
-                flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-        return None
-'''
-
-IO = '''
-backend: "python"
-max_batch_size: 8
-input [{ name: "INPUT0" data_type: TYPE_FP32 dims: [4] }]
-output [{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [4] }, { name: "OUTPUT1" data_type: TYPE_FP32 dims: [4] }]
-'''
-LIMITED = ('instance_group [{ kind: KIND_CPU count: 1 rate_limiter { resources [{ name: "R1" count: 2 }, '
-           '{ name: "G" global: true count: 1 }] priority: 2 } }]\n')
-ENSEMBLE = '''
-platform: "ensemble"
-max_batch_size: 8
-input [{ name: "IN" data_type: TYPE_FP32 dims: [4] }]
-output [{ name: "OUT" data_type: TYPE_FP32 dims: [4] }]
-response_cache { enable: true }
-ensemble_scheduling { step [{ model_name: "plain" model_version: -1 input_map { key: "INPUT0" value: "IN" }
-                              output_map { key: "OUTPUT0" value: "OUT" } }] }
-'''
 CACHE = "local,size=1048576"
 REFUSAL = ("Response Cache does not currently support model streaming with 'decoupled' transaction policy. "
            "Please disable the response cache.")
@@ -70,17 +27,11 @@ REFUSAL = ("Response Cache does not currently support model streaming with 'deco
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory) -> Path:
     repo = tmp_path_factory.mktemp("cache-oracle") / "repo"
-    write_python_model(repo, "cached", TWO_OUTPUTS, IO + "response_cache { enable: true }\n" + LIMITED)
-    write_python_model(repo, "plain", TWO_OUTPUTS, IO)
-    write_python_model(repo, "streaming", DECOUPLED, '''
-backend: "python"
-input [{ name: "INPUT0" data_type: TYPE_FP32 dims: [4] }]
-output [{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [4] }]
-model_transaction_policy { decoupled: true }
-response_cache { enable: true }
-''')
+    copy_model(repo, "oracle/two_outputs", "cached", config="cached")
+    copy_model(repo, "oracle/two_outputs", "plain")
+    copy_model(repo, "oracle/cached_decoupled", "streaming")
     (repo / "ens" / "1").mkdir(parents=True)
-    (repo / "ens" / "config.pbtxt").write_text(ENSEMBLE)
+    shutil.copyfile(MODELS / "oracle" / "cached_ensemble" / "config.pbtxt", repo / "ens" / "config.pbtxt")
     return repo
 
 
