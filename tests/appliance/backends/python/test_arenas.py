@@ -12,40 +12,13 @@ import pytest
 from appliance.backends.base import BackendRequest
 from appliance.backends.python.wire.arena import ARENA_PREFIX, KEEP_BYTES
 from tests.appliance.backends.python.harness import RecordingSink, loaded
-from tests.models import write_python_model
+from tests.models import copy_model, read_config
 from tests.processes import child_pids
 from tests.waiting import wait_until
 
-ECHO = """
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        return [pb_utils.InferenceResponse(
-                    [pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())])
-                for r in requests]
-"""
-
-ECHO_DECOUPLED = """
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        for request in requests:
-            out = pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(request, "IN").as_numpy())
-            request.get_response_sender().send(pb_utils.InferenceResponse([out]),
-                                               flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-        return None
-"""
-
-CONFIG = """
-backend: "python"
-max_batch_size: 0
-input [ { name: "IN" data_type: TYPE_FP32 dims: [ -1 ] } ]
-output [ { name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] } ]
-"""
+ECHO = "backends/arena_echo"
+"""OUT is IN; ``arena_echo_decoupled`` sends it as its one response, decoupled."""
+CONFIG = read_config(ECHO)
 
 LARGE = (40 << 20) // 4
 """Elements of a 40 MiB FP32 request: well past what an arena may keep."""
@@ -94,8 +67,9 @@ def _run(backend, values: np.ndarray, decoupled: bool) -> np.ndarray:
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="arenas live in /dev/shm only on Linux")
 @pytest.mark.parametrize("decoupled", [False, True], ids=["plain", "decoupled"])
 def test_a_large_request_leaves_no_arena_behind(tmp_path, decoupled):
-    config = CONFIG + ("model_transaction_policy { decoupled: true }\n" if decoupled else "")
-    model = write_python_model(tmp_path, "echo", ECHO_DECOUPLED if decoupled else ECHO, config)
+    source = f"{ECHO}_decoupled" if decoupled else ECHO
+    model = copy_model(tmp_path, source, "echo")
+    config = read_config(source)
     with loaded(model, config) as backend:
         small = np.arange(16, dtype=np.float32)
         np.testing.assert_array_equal(_run(backend, small, decoupled), small)

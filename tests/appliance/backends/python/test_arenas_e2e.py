@@ -11,8 +11,8 @@ import pytest
 import tritonclient.http as httpclient
 
 from appliance.backends.python.wire.arena import KEEP_BYTES
-from tests.appliance.backends.python.test_arenas import CONFIG, ECHO, _shm_bytes
-from tests.models import write_python_model
+from tests.appliance.backends.python.test_arenas import ECHO, _shm_bytes
+from tests.models import copy_model
 from tests.processes import child_pids
 from tests.waiting import wait_until
 
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="arenas li
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory):
     root = tmp_path_factory.mktemp("arenas") / "repo"
-    write_python_model(root, "echo", ECHO, CONFIG)
+    copy_model(root, ECHO, "echo")
     return root
 
 

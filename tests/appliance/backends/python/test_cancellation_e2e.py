@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import queue
 import socket
-import textwrap
 import time
 from pathlib import Path
 
@@ -17,81 +16,12 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from tests.models import write_python_model
+from tests.models import copy_model
 from tests.waiting import wait_until
 
-# Polls request.is_cancelled() from inside execute() until it turns True (or 30 s pass), and notes in
-# seen.txt, beside its version directory, when it started and when it saw the cancellation.
-WAITS = """
-import os
-import time
-
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def initialize(self, args):
-        self.seen = os.path.join(args["model_repository"], "seen.txt")
-
-    def note(self, text):
-        with open(self.seen, "a") as seen:
-            seen.write(text + "\\n")
-
-    def execute(self, requests):
-        responses = []
-        for request in requests:
-            value = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
-            if value.flat[0] == 0:  # answers at once
-                responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", value)]))
-                continue
-            self.note(f"started {request.request_id()}")
-            deadline = time.monotonic() + 30
-            while not request.is_cancelled() and time.monotonic() < deadline:
-                time.sleep(0.02)
-            self.note(f"{'cancelled' if request.is_cancelled() else 'never cancelled'} {request.request_id()}")
-            responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(
-                "cancelled", pb_utils.TritonError.CANCELLED)))
-        return responses
-"""
-
-# The same, decoupled: it polls both the request and its response sender, streaming as it waits.
-WAITS_DECOUPLED = """
-import os
-import time
-
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def initialize(self, args):
-        self.seen = os.path.join(args["model_repository"], "seen.txt")
-
-    def note(self, text):
-        with open(self.seen, "a") as seen:
-            seen.write(text + "\\n")
-
-    def execute(self, requests):
-        for request in requests:
-            sender = request.get_response_sender()
-            value = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
-            self.note(f"started {request.request_id()}")
-            deadline = time.monotonic() + 30
-            while not (request.is_cancelled() and sender.is_cancelled()) and time.monotonic() < deadline:
-                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", value)]))
-                time.sleep(0.05)
-            self.note(f"{'cancelled' if request.is_cancelled() else 'never cancelled'} {request.request_id()}")
-            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-        return None
-"""
-
-CONFIG = """
-backend: "python"
-max_batch_size: 0
-input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
-output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
-"""
+# backends/waits polls request.is_cancelled() from inside execute() until it turns True (or 30 s pass),
+# and notes in seen.txt, beside its version directory, when it started and when it saw the cancellation;
+# backends/waits_decoupled does the same, decoupled, polling its response sender too, streaming as it waits.
 
 SEEN_WITHIN = 5.0
 """Seconds from the client's cancel to the model seeing it (it polls every 20-50 ms; the rest is slack
@@ -101,9 +31,8 @@ for a loaded machine)."""
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("cancellation") / "repo"
-    for name, source, extra in (("waits", WAITS, ""),
-                                ("waits_decoupled", WAITS_DECOUPLED, "model_transaction_policy { decoupled: true }")):
-        write_python_model(root, name, source, textwrap.dedent(CONFIG) + extra + "\n")
+    for name in ("waits", "waits_decoupled"):
+        copy_model(root, f"backends/{name}")
     return root
 
 

@@ -13,85 +13,21 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from tests.models import write_python_model
+from tests.models import copy_model
 from tests.waiting import wait_until
 
 DEADLINE = 1.0
 
-# Sends one response and never its final flag; a thread notes in seen.txt when the request turns cancelled.
-NEVER_FINAL = """
-import os
-import threading
-import time
-
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def initialize(self, args):
-        self.seen = os.path.join(args["model_repository"], "seen.txt")
-
-    def execute(self, requests):
-        for request in requests:
-            value = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
-            request.get_response_sender().send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", value)]))
-            threading.Thread(target=self.watch, args=(request,), daemon=True).start()
-        return None
-
-    def watch(self, request):
-        deadline = time.monotonic() + 60
-        while not request.is_cancelled() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        with open(self.seen, "a") as seen:
-            seen.write(f"{request.request_id()} {request.is_cancelled()}\\n")
-"""
-
-NEVER_FINAL_CONFIG = """
-backend: "python"
-max_batch_size: 0
-model_transaction_policy { decoupled: true }
-input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
-output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
-"""
-
-# One instance; IN > 0 calls this same model with IN - 1 and answers what that call gave (its error
-# text and code, if any); IN == 0 answers at once.
-CALLS_ITSELF = """
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        responses = []
-        for request in requests:
-            value = int(pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()[0])
-            text = b"done"
-            if value > 0:
-                inner = pb_utils.InferenceRequest(
-                    model_name="calls_itself", requested_output_names=["OUT"],
-                    inputs=[pb_utils.Tensor("IN", np.array([value - 1], np.int32))]).exec()
-                if inner.has_error():
-                    text = f"{inner.error().code()}|{inner.error().message()}".encode()
-            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([text], dtype=object))]))
-        return responses
-"""
-
-CALLS_ITSELF_CONFIG = """
-backend: "python"
-max_batch_size: 0
-input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
-output [ { name: "OUT" data_type: TYPE_STRING dims: [ 1 ] } ]
-instance_group [ { count: 1 kind: KIND_CPU } ]
-"""
+# backends/never_final: sends one response and never its final flag; a thread notes in seen.txt when the
+# request turns cancelled. backends/calls_itself: one instance; IN > 0 calls this same model with IN - 1 and
+# answers what that call gave (its error text and code, if any); IN == 0 answers at once.
 
 
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("deadline") / "repo"
-    write_python_model(root, "never_final", NEVER_FINAL, NEVER_FINAL_CONFIG)
-    write_python_model(root, "calls_itself", CALLS_ITSELF, CALLS_ITSELF_CONFIG)
+    copy_model(root, "backends/never_final")
+    copy_model(root, "backends/calls_itself")
     return root
 
 

@@ -14,32 +14,19 @@ import pytest
 import tritonclient.http as httpclient
 
 from tests.http_util import call
-from tests.models import write_python_model
+from tests.models import copy_model
 
 GREETING = "hello from the model's own environment"
-MODEL = """
-import sys
-
-import numpy as np
-import triton_python_backend_utils as pb_utils
-from envonly_pkg import greeting
+MODEL = "backends/envonly"
+"""Imports envonly_pkg, which the daemon's venv lacks; TEXT is its greeting and sys.prefix."""
 
 
-class TritonPythonModel:
-    def execute(self, requests):
-        text = np.array([[greeting().encode(), sys.prefix.encode()]], dtype=np.object_)
-        return [pb_utils.InferenceResponse([pb_utils.Tensor("TEXT", text)]) for _ in requests]
-"""
-
-
-def _config(path: str) -> str:
-    return f"""
-    backend: "python"
-    max_batch_size: 0
-    input [ {{ name: "X", data_type: TYPE_FP32, dims: [ 1 ] }} ]
-    output [ {{ name: "TEXT", data_type: TYPE_STRING, dims: [ 1, 2 ] }} ]
-    parameters {{ key: "EXECUTION_ENV_PATH" value: {{ string_value: "{path}" }} }}
-    """
+def _model(repo: Path, name: str, environment: str | None) -> None:
+    """``repo/name`` serving MODEL, with ``environment`` as its EXECUTION_ENV_PATH (none if None)."""
+    copy_model(repo, MODEL, name)
+    if environment is not None:
+        with (repo / name / "config.pbtxt").open("a") as config:
+            config.write(f'parameters {{ key: "EXECUTION_ENV_PATH" value: {{ string_value: "{environment}" }} }}\n')
 
 
 @pytest.fixture(scope="module")
@@ -68,17 +55,15 @@ def _pack(environment: Path, archive: Path) -> None:
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory, environment) -> Path:
     repo = tmp_path_factory.mktemp("repo")
-    write_python_model(repo, "packed", MODEL, _config("$$TRITON_MODEL_DIRECTORY/env.tar.gz"))
+    _model(repo, "packed", "$$TRITON_MODEL_DIRECTORY/env.tar.gz")
     _pack(environment, repo / "packed" / "env.tar.gz")
-    write_python_model(repo, "in_place", MODEL, _config("$$TRITON_MODEL_DIRECTORY/venv"))
+    _model(repo, "in_place", "$$TRITON_MODEL_DIRECTORY/venv")
     subprocess.run(["cp", "-a", str(environment), str(repo / "in_place" / "venv")], check=True)
-    write_python_model(repo, "broken", MODEL, _config("$$TRITON_MODEL_DIRECTORY/env.tar.gz"))
+    _model(repo, "broken", "$$TRITON_MODEL_DIRECTORY/env.tar.gz")
     whole = (repo / "packed" / "env.tar.gz").read_bytes()
     (repo / "broken" / "env.tar.gz").write_bytes(whole[: len(whole) // 3])
-    write_python_model(repo, "outside", MODEL, _config(str(environment)))
-    write_python_model(repo, "without", MODEL, _config("$$TRITON_MODEL_DIRECTORY/env.tar.gz").replace(
-        'parameters { key: "EXECUTION_ENV_PATH" value: { string_value: "$$TRITON_MODEL_DIRECTORY/env.tar.gz" } }',
-        ""))
+    _model(repo, "outside", str(environment))
+    _model(repo, "without", None)
     return repo
 
 

@@ -12,76 +12,14 @@ import pytest
 
 from appliance.backends.base import BackendRequest
 from tests.appliance.backends.python.harness import loaded
-from tests.models import write_python_model
+from tests.models import copy_model, read_config
 from tests.waiting import open_gate
 
-CONFIG = """
-backend: "python"
-max_batch_size: 8
-input [ { name: "MODE" data_type: TYPE_STRING dims: [ 1 ] }, { name: "X" data_type: TYPE_INT32 dims: [ 2 ] } ]
-output [ { name: "Y" data_type: TYPE_INT32 dims: [ 2 ] } ]
-"""
-
-# MODE says how each request is answered: "return" (in the list execute returns), "before" (sent with the
-# final flag during execute), "then_final" (sent, then the final flag alone), "after" (from a thread once
-# execute returned, when the test opens the gate: ``open_gate(model directory / GATE)``), "final_first" (the
-# final flag before any response), "twice" (two responses during execute), "send_and_return" (sent, and
-# returned too). Y is X * 10 + a mark of the path taken.
+SENDER = "backends/sender"
+"""Answers each request as its MODE says (see its model.py); ``later.fifo`` in its model directory is the
+gate its late answers wait at (``open_gate``). Y is X * 10 + a mark of the path taken."""
+CONFIG = read_config(SENDER)
 GATE = "later.fifo"
-SENDER = """
-import os
-import threading
-
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-def _response(request, mark):
-    x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
-    return pb_utils.InferenceResponse([pb_utils.Tensor("Y", (x * 10 + mark).astype(np.int32))])
-
-
-class TritonPythonModel:
-    def initialize(self, args):
-        self.gate = os.path.join(args["model_repository"], "later.fifo")
-
-    def execute(self, requests):
-        returned, later = [], []
-        for request in requests:
-            mode = pb_utils.get_input_tensor_by_name(request, "MODE").as_numpy()[0, 0].decode()
-            final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-            if mode == "return":
-                returned.append(_response(request, 1))
-                continue
-            sender = request.get_response_sender()
-            if mode == "before":
-                sender.send(_response(request, 2), flags=final)
-            elif mode == "then_final":
-                sender.send(_response(request, 3))
-                sender.send(flags=final)
-            elif mode == "after":
-                later.append((request, sender))
-            elif mode == "final_first":
-                sender.send(flags=final)
-            elif mode == "twice":
-                sender.send(_response(request, 5))
-                sender.send(_response(request, 6))
-            elif mode == "forgotten":  # the sender is taken, never used, and let go of with the request
-                pass
-            elif mode == "send_and_return":
-                sender.send(_response(request, 7), flags=final)
-                returned.append(_response(request, 8))
-                continue
-            returned.append(None)
-        if later:
-            threading.Thread(target=self._answer_later, args=(later,)).start()
-        return None if all(r is None for r in returned) else returned
-
-    def _answer_later(self, later):
-        open(self.gate).close()  # well after execute() returned: the next batch may have run meanwhile
-        for request, sender in later:
-            sender.send(_response(request, 4), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-"""
 
 
 def _request(mode: str, x: list[int]) -> BackendRequest:
@@ -105,7 +43,7 @@ def gate(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def backend(gate):
-    model = write_python_model(gate.parent.parent, "sender", SENDER, CONFIG)
+    model = copy_model(gate.parent.parent, SENDER)
     os.mkfifo(gate)
     with loaded(model, CONFIG) as backend:
         yield backend
@@ -169,27 +107,11 @@ def test_a_request_let_go_of_unanswered_gets_tritons_error_and_the_model_serves_
 
 
 # Exits once its execute() returned, when the test opens the gate.
-DIES = """
-import os
-import threading
-
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def initialize(self, args):
-        self.gate = os.path.join(args["model_repository"], "later.fifo")
-
-    def execute(self, requests):
-        # The senders are kept (by the thread) to answer later: a request let go of would be answered now.
-        senders = [request.get_response_sender() for request in requests]
-        threading.Thread(target=lambda: (senders, open(self.gate).close(), os._exit(3))).start()
-        return None
-"""
+DIES = "backends/sender_dies"
 
 
 def test_a_late_answer_fails_when_the_process_dies_first(tmp_path):
-    model = write_python_model(tmp_path, "dies", DIES, CONFIG)
+    model = copy_model(tmp_path, DIES, "dies")
     os.mkfifo(tmp_path / "dies" / GATE)
     with loaded(model, CONFIG) as backend:
         (late,) = backend.run_requests([_request("after", [1, 1])]).results

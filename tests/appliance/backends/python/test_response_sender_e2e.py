@@ -5,7 +5,6 @@ request, and batched beside requests answered the ordinary way."""
 from __future__ import annotations
 
 import os
-import textwrap
 import threading
 import time
 
@@ -15,16 +14,15 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.appliance.backends.python.test_response_sender import CONFIG, GATE, SENDER
-from tests.models import write_python_model
+from tests.appliance.backends.python.test_response_sender import GATE, SENDER
+from tests.models import copy_model
 from tests.waiting import open_gate, wait_until
 
 
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory):
     repo = tmp_path_factory.mktemp("sender")
-    config = textwrap.dedent(CONFIG) + "dynamic_batching { }\ninstance_group [ { count: 1 kind: KIND_CPU } ]\n"
-    write_python_model(repo, "sender", SENDER, config)
+    copy_model(repo, SENDER, config="batched")
     os.mkfifo(repo / "sender" / GATE)
     return repo
 
