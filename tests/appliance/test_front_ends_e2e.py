@@ -19,33 +19,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.models import write_python_model
-from tests.models.decoupled import REPEAT, REPEAT_CONFIG
-
-IDENTITY = '''
-import os
-
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        return [pb_utils.InferenceResponse([pb_utils.Tensor(t.name().replace("INPUT", "OUTPUT"), t.as_numpy())
-                                            for t in request.inputs()], parameters={"pid": os.getpid()})
-                for request in requests]
-'''
-
-IDENTITY_CONFIG = '''
-backend: "python"
-max_batch_size: 8
-input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] },
-        { name: "INPUT1" data_type: TYPE_STRING dims: [ -1 ] } ]
-output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] },
-         { name: "OUTPUT1" data_type: TYPE_STRING dims: [ -1 ] } ]
-'''
-
-IN_PROCESS = ('parameters { key: "in_process" value: { string_value: "true" } }\n'
-              'parameters { key: "plan" value: { string_value: "python:in-process" } }\n')
+from tests.models import copy_model
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,8 +37,8 @@ PATHS = {
 
 
 def _repository(root, in_process: bool):
-    write_python_model(root, "identity", IDENTITY, IDENTITY_CONFIG + (IN_PROCESS if in_process else ""))
-    write_python_model(root, "repeat", REPEAT, REPEAT_CONFIG)
+    copy_model(root, "front_ends/identity", config="in_process" if in_process else "config")
+    copy_model(root, "decoupled/repeat")
     return root
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import tritonclient.http as httpclient
 
 from appliance.examples import build_example_repository, ensure_example_repository
-from tests.models import write_python_model
+from tests.models import copy_model
 
 
 def _onnx_loaded(daemon) -> bool:
@@ -38,20 +38,6 @@ _OPTIONAL_IN_MODEL = {
     "_asyncio": "async execute() and async BLS (this model has neither)",
     "ml_dtypes": "BF16 tensors (none here)",
 }
-_ECHO = '''
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        inputs = [pb_utils.get_input_tensor_by_name(r, "IN").as_numpy() for r in requests]
-        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", x)]) for x in inputs]
-'''
-_ECHO_CONFIG = '''
-backend: "python"
-input [ { name: "IN" data_type: TYPE_FP32 dims: [ 2 ] } ]
-output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 2 ] } ]
-'''
 
 
 def _children(pid: int) -> list[int]:
@@ -68,7 +54,7 @@ def _mapped(pid: int, libraries: dict[str, str]) -> list[str]:
 
 def test_a_daemon_and_its_model_processes_load_only_what_they_use(start_daemon, tmp_path):
     repository = tmp_path / "repo"
-    write_python_model(repository, "echo", _ECHO, _ECHO_CONFIG)
+    copy_model(repository, "front_ends/echo")
     daemon = start_daemon(repository)
     with httpclient.InferenceServerClient(daemon.url) as client:
         tensor = httpclient.InferInput("IN", [2], "FP32")

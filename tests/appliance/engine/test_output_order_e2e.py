@@ -11,54 +11,14 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from tests.models import write_python_model
-
-CONFIG = """
-backend: "python"
-max_batch_size: 0
-input [ { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] } ]
-output [ { name: "OUT" data_type: TYPE_INT32 dims: [ -1 ] }, { name: "IDX" data_type: TYPE_UINT32 dims: [ 1 ] } ]
-"""
-
-# Makes IDX before OUT: the reverse of its config.
-REVERSED = """
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        responses = []
-        for request in requests:
-            values = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
-            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("IDX", np.array([7], np.uint32)),
-                                                         pb_utils.Tensor("OUT", values)]))
-        return responses
-"""
-
-# One response per element, IDX then OUT, as NVIDIA's repeat example.
-REPEAT = """
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        for request in requests:
-            sender = request.get_response_sender()
-            for index, value in enumerate(pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()):
-                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("IDX", np.array([index], np.uint32)),
-                                                        pb_utils.Tensor("OUT", np.array([value], np.int32))]))
-            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-        return None
-"""
+from tests.models import copy_model
 
 
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory):
     repo = tmp_path_factory.mktemp("order")
-    write_python_model(repo, "reversed", REVERSED, CONFIG)
-    write_python_model(repo, "repeat", REPEAT, CONFIG + "model_transaction_policy { decoupled: true }\n")
+    copy_model(repo, "engine/reversed")
+    copy_model(repo, "engine/repeat_idx_first", "repeat")
     return repo
 
 

@@ -15,33 +15,8 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from tests.models import write_python_model
+from tests.models import copy_model
 from tests.waiting import wait_until
-
-ECHO = '''
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        return [pb_utils.InferenceResponse(
-                    [pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())])
-                for r in requests]
-'''
-
-
-def _config(name: str, priority: int) -> str:
-    return f'''
-name: "{name}"
-backend: "python"
-input [{{ name: "IN" data_type: TYPE_FP32 dims: [1] }}]
-output [{{ name: "OUT" data_type: TYPE_FP32 dims: [1] }}]
-instance_group [{{ kind: KIND_CPU count: 2
-  rate_limiter {{ resources [{{ name: "bus" global: true count: 1 }}, {{ name: "npu" count: 1 }}]
-                 priority: {priority} }} }}]
-'''
-
 
 MODELS = ("detector", "classifier")
 CLIENTS = 16
@@ -51,8 +26,8 @@ REQUESTS = 400
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory):
     repo = tmp_path_factory.mktemp("limited-concurrent") / "repo"
-    for priority, name in enumerate(MODELS, start=1):
-        write_python_model(repo, name, ECHO, _config(name, priority))
+    for name in MODELS:
+        copy_model(repo, "engine/limited_echo", name, config=name)
     return repo
 
 

@@ -12,41 +12,14 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from tests.models import write_python_model
-
-RECORDER = '''
-import time
-
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        start = time.monotonic()
-        time.sleep(0.04)
-        end = time.monotonic()
-        return [pb_utils.InferenceResponse([pb_utils.Tensor("SPAN", np.array([start, end], np.float64))])
-                for _ in requests]
-'''
-
-
-def _config(name: str, count: int = 1, priority: int = 1) -> str:
-    return f'''
-name: "{name}"
-backend: "python"
-input [{{ name: "IN" data_type: TYPE_FP32 dims: [1] }}]
-output [{{ name: "SPAN" data_type: TYPE_FP64 dims: [2] }}]
-instance_group [{{ kind: KIND_CPU count: 1
-  rate_limiter {{ resources [{{ name: "accelerator" count: {count} }}] priority: {priority} }} }}]
-'''
+from tests.models import copy_model
 
 
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory):
     repo = tmp_path_factory.mktemp("limited") / "repo"
-    for name, count, priority in (("detector", 1, 1), ("classifier", 1, 2), ("greedy", 2, 1)):
-        write_python_model(repo, name, RECORDER, _config(name, count, priority))
+    for name in ("detector", "classifier", "greedy"):  # tests/models/engine/recorder/<name>.pbtxt
+        copy_model(repo, "engine/recorder", name, config=name)
     return repo
 
 

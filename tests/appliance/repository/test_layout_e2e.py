@@ -8,28 +8,9 @@ import os
 import numpy as np
 import tritonclient.http as triton
 
-from tests.models import write_python_model
+from tests.models import copy_model
 from tests.redis_server import redis_server
 from tests.waiting import wait_until
-
-MODEL = '''
-import numpy as np
-import triton_python_backend_utils as pb_utils
-from lib.helper import OFFSET
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        return [pb_utils.InferenceResponse([pb_utils.Tensor(
-            "y", pb_utils.get_input_tensor_by_name(r, "x").as_numpy() + np.float32(OFFSET))]) for r in requests]
-'''
-
-CONFIG = '''
-backend: "python"
-input [ { name: "x" data_type: TYPE_FP32 dims: [ 2 ] } ]
-output [ { name: "y" data_type: TYPE_FP32 dims: [ 2 ] } ]
-response_cache { enable: true }
-'''
 
 
 def _y(client: triton.InferenceServerClient) -> list[float]:
@@ -40,7 +21,7 @@ def _y(client: triton.InferenceServerClient) -> list[float]:
 
 def test_a_changed_helper_module_is_not_answered_from_the_shared_cache(start_daemon, tmp_path):
     repo = tmp_path / "repo"
-    write_python_model(repo, "m", MODEL, CONFIG)
+    copy_model(repo, "repository/offset", "m")
     helper = repo / "m" / "lib" / "helper.py"
     helper.parent.mkdir()
     helper.write_text("OFFSET = 1\n")

@@ -18,44 +18,20 @@ import pytest
 
 from appliance.examples.sequence import write_sequence_model
 from appliance.repository.memory import process_rss
-from tests.models import write_python_model
+from tests.models import copy_model
 from tests.models.sequence import simple_sequence_config, simple_sequence_model
 from tests.waiting import wait_until
 
 MIB = 1024 * 1024
 BUDGET_MIB = 500
 
-HOG = '''
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def initialize(self, args):
-        self.ballast = np.ones(160 * 1024 * 1024 // 8)  # touched: resident, with the interpreter ~200 MiB
-
-    def execute(self, requests):
-        return [pb_utils.InferenceResponse([pb_utils.Tensor("y", pb_utils.get_input_tensor_by_name(r, "x")
-                .as_numpy() + self.ballast[:1].astype(np.float32))]) for r in requests]
-'''
-
-CONFIG = '''
-backend: "python"
-max_batch_size: 0
-input [ { name: "x" data_type: TYPE_FP32 dims: [ 2 ] } ]
-output [ { name: "y" data_type: TYPE_FP32 dims: [ 2 ] } ]
-'''
-LIGHT = HOG.replace("np.ones(160 * 1024 * 1024 // 8)", "np.ones(1)")
-
-
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory):
     repo = tmp_path_factory.mktemp("residency")
-    for name in ("hog_a", "hog_b", "hog_c", "hog_d"):
-        write_python_model(repo, name, HOG, CONFIG)
-    declared = 'parameters: { key: "memory_mib" value: { string_value: "2048" } }\n'
-    write_python_model(repo, "huge", LIGHT, CONFIG + declared)
-    write_python_model(repo, "light", LIGHT, CONFIG)
+    for name in ("hog_a", "hog_b", "hog_c", "hog_d"):  # each ~200 MiB resident
+        copy_model(repo, "repository/hog", name)
+    copy_model(repo, "repository/hog", "huge", config="huge")  # declares 2048 MiB
+    copy_model(repo, "repository/hog", "light", config="light")
     write_sequence_model(repo, "simple_sequence", simple_sequence_model(False), simple_sequence_config(False))
     return repo
 

@@ -16,42 +16,7 @@ from appliance.core.errors import ConfigError
 from appliance.repository.loader import load_model
 from appliance.repository.warmup import warmup_samples
 from tests.builders import framing_model, write_model
-from tests.models import write_python_model
-
-# A Python model that appends one line per execution to a file in its model directory.
-COUNTING_MODEL = '''
-import os
-
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def initialize(self, args):
-        self.log = os.path.join(args["model_repository"], "executions.log")
-        self.name = args["model_instance_name"]
-
-    def execute(self, requests):
-        with open(self.log, "a") as log:
-            for request in requests:
-                x = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
-                log.write(f"{self.name} {list(x.shape)} {x.ravel()[0]}\\n")
-        return [pb_utils.InferenceResponse([pb_utils.Tensor(
-            "OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy() * 2)]) for r in requests]
-'''
-
-COUNTING_CONFIG = '''
-backend: "python"
-max_batch_size: 8
-input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] } ]
-output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]
-instance_group [ { count: 2 kind: KIND_CPU } ]
-model_warmup [
-  { name: "ones" batch_size: 3 count: 2
-    inputs { key: "IN" value: { data_type: TYPE_FP32 dims: [ 4 ] input_data_file: "ones.raw" } } },
-  { name: "zeros" batch_size: 1
-    inputs { key: "IN" value: { data_type: TYPE_FP32 dims: [ 4 ] zero_data: true } } }
-]
-'''
+from tests.models import copy_model
 
 
 def _config(text: str) -> mc.ModelConfig:
@@ -61,7 +26,7 @@ def _config(text: str) -> mc.ModelConfig:
 
 
 def test_warmup_runs_count_times_on_every_instance_before_the_load_returns(tmp_path):
-    model_dir = write_python_model(tmp_path, "counting", COUNTING_MODEL, COUNTING_CONFIG).parent.parent
+    model_dir = copy_model(tmp_path, "repository/counting").parent.parent
     (model_dir / "warmup").mkdir()
     (model_dir / "warmup" / "ones.raw").write_bytes(np.ones(4, np.float32).tobytes())
     loaded = load_model(model_dir, RuntimeOptions())

@@ -16,20 +16,9 @@ from tritonclient.utils import InferenceServerException
 from appliance.examples import build_example_repository
 from tests.builders import OPSET, save
 from tests.http_util import call
-from tests.models import write_python_model
+from tests.models import copy_model
 
 HEADER = "Inference-Header-Content-Length"
-
-
-_BYTES_IDENTITY = """
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        return [pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(
-            "OUT_BYTES", pb_utils.get_input_tensor_by_name(r, "IN_BYTES").as_numpy())]) for r in requests]
-"""
 
 
 def _wide_identity():
@@ -43,10 +32,7 @@ def _wide_identity():
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory):
     repo = build_example_repository(tmp_path_factory.mktemp("x") / "repo")
-    write_python_model(repo, "bytes_identity", _BYTES_IDENTITY,
-                       'backend: "python"\nmax_batch_size: 4\n'
-                       'input [ { name: "IN_BYTES" data_type: TYPE_STRING dims: [ 4 ] } ]\n'
-                       'output [ { name: "OUT_BYTES" data_type: TYPE_STRING dims: [ 4 ] } ]\n')
+    copy_model(repo, "front_ends/bytes_identity")
     save(_wide_identity(), repo / "wide" / "1" / "model.onnx")
     (repo / "broken" / "1").mkdir(parents=True)
     (repo / "broken" / "1" / "model.onnx").write_bytes(b"not an onnx file")

@@ -1,6 +1,7 @@
 """A Python-preprocessing -> ONNX-classifier ensemble shaped as the client repo's
 ensemble_image_client.py expects: ``preprocess_inception_ensemble`` takes one BYTES input (an encoded
-image per batch item) and has one classification output with labels.
+image per batch item, decoded by tests/models/ensemble/image_preprocess) and has one classification
+output with labels.
 
 Run as a script to write the repository somewhere (for running NVIDIA's client against a daemon):
 ``python -m tests.appliance.repository.ensemble.image_pipeline DIR [IMAGE_DIR]``.
@@ -15,45 +16,9 @@ import numpy as np
 
 from tests.appliance.repository.ensemble.repos import write_ensemble
 from tests.builders import cnn_model, write_model
-from tests.models import write_python_model
+from tests.models import copy_model
 
 LABELS = ["circle", "square", "stripe", "noise", "blank"]
-
-# Decodes each image with Pillow, scales it to 16x16 RGB in [0, 1], channels first.
-PREPROCESS = '''
-import io
-
-import numpy as np
-import triton_python_backend_utils as pb_utils
-from PIL import Image
-
-
-def _pixels(encoded):
-    image = Image.open(io.BytesIO(encoded)).convert("RGB").resize((16, 16))
-    return np.asarray(image, dtype=np.float32).transpose(2, 0, 1) / 255.0
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        responses = []
-        for request in requests:
-            images = pb_utils.get_input_tensor_by_name(request, "RAW_IMAGE").as_numpy()
-            try:
-                batch = np.stack([_pixels(row[0]) for row in images])
-            except Exception as exc:  # a file that is not an image: this request fails, not the batch
-                error = pb_utils.TritonError(f"cannot decode the image: {exc}")
-                responses.append(pb_utils.InferenceResponse(error=error))
-                continue
-            responses.append(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("PIXELS", batch)]))
-        return responses
-'''
-
-PREPROCESS_CONFIG = '''
-backend: "python"
-max_batch_size: 8
-input [ { name: "RAW_IMAGE" data_type: TYPE_STRING dims: [ 1 ] } ]
-output [ { name: "PIXELS" data_type: TYPE_FP32 dims: [ 3, 16, 16 ] } ]
-'''
 
 CLASSIFIER_CONFIG = '''
 platform: "onnxruntime_onnx"
@@ -87,7 +52,7 @@ ensemble_scheduling {
 
 
 def image_pipeline_repository(repo: Path) -> Path:
-    write_python_model(repo, "image_preprocess", PREPROCESS, PREPROCESS_CONFIG)
+    copy_model(repo, "ensemble/image_preprocess")
     write_model(repo, "classifier", cnn_model(), config=CLASSIFIER_CONFIG)
     ensemble = write_ensemble(repo, "preprocess_inception_ensemble", ENSEMBLE_CONFIG)
     (ensemble / "labels.txt").write_text("\n".join(LABELS) + "\n")

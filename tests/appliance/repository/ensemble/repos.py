@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from tests.builders import affine_model, two_output_model, write_model
-from tests.models import write_python_model
+from tests.models import copy_model
 
 Tensor = tuple[str, str, list[int]]
 """(name, config data type such as TYPE_FP32, dims without the batch dimension)."""
@@ -65,45 +65,12 @@ def diamond_repository(repo: Path) -> Path:
     return repo
 
 
-# A Python step that sleeps 0.3 s and reports when it ran (time.time() at start and end, per item), so a
-# test can tell whether two steps overlapped; a negative first value fails the request.
-SLEEPER = '''
-import time
-
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        responses = []
-        for request in requests:
-            x = pb_utils.get_input_tensor_by_name(request, "x").as_numpy()
-            if x.flat[0] < 0:
-                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError("negative input")))
-                continue
-            start = time.time()
-            time.sleep(0.3)
-            span = np.array([[start, time.time()]] * len(x), dtype=np.float64)
-            responses.append(pb_utils.InferenceResponse(
-                output_tensors=[pb_utils.Tensor("y", x), pb_utils.Tensor("span", span)]))
-        return responses
-'''
-
-SLEEPER_CONFIG = '''
-backend: "python"
-max_batch_size: 8
-input [ { name: "x" data_type: TYPE_FP32 dims: [ 8 ] } ]
-output [ { name: "y" data_type: TYPE_FP32 dims: [ 8 ] }, { name: "span" data_type: TYPE_FP64 dims: [ 2 ] } ]
-'''
-
-
 def parallel_repository(repo: Path) -> Path:
     """``parallel``: two_outputs(IN) -> (d, s); sleeper_a(d) and sleeper_b(s), two Python models that each
-    sleep 0.3 s, run side by side -> (A, SPAN_A, B, SPAN_B)."""
+    sleep 0.3 s (tests/models/ensemble/sleeper), run side by side -> (A, SPAN_A, B, SPAN_B)."""
     diamond_repository(repo)
     for name in ("sleeper_a", "sleeper_b"):
-        write_python_model(repo, name, SLEEPER, SLEEPER_CONFIG)
+        copy_model(repo, "ensemble/sleeper", name)
     write_ensemble(repo, "parallel", ensemble_config(
         [("IN", "TYPE_FP32", F8)],
         [("A", "TYPE_FP32", F8), ("SPAN_A", "TYPE_FP64", [2]), ("B", "TYPE_FP32", F8), ("SPAN_B", "TYPE_FP64", [2])],

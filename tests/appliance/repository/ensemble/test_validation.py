@@ -9,6 +9,7 @@ from appliance.backends import RuntimeOptions
 from appliance.repository.registry import ModelRegistry, ModelState
 from tests.appliance.repository.ensemble.repos import F8, chain_repository, ensemble_config, step, write_ensemble
 from tests.builders import affine_model, write_model
+from tests.models import copy_model
 
 IN = ("IN", "TYPE_FP32", F8)
 OUT = ("OUT", "TYPE_FP32", F8)
@@ -86,12 +87,7 @@ def repo(tmp_path):
     write_model(root, "fixed", affine_model(1.0, 0.0), config=(
         'max_batch_size: 0\ninput [ { name: "x" data_type: TYPE_FP32 dims: [-1, 8] } ]\n'
         'output [ { name: "y" data_type: TYPE_FP32 dims: [-1, 8] } ]\n'))
-    (root / "two_in" / "1").mkdir(parents=True)
-    (root / "two_in" / "1" / "model.py").write_text("class TritonPythonModel:\n    pass\n")
-    (root / "two_in" / "config.pbtxt").write_text(
-        'backend: "python"\nmax_batch_size: 8\n'
-        'input [ { name: "a" data_type: TYPE_FP32 dims: [8] }, { name: "b" data_type: TYPE_FP32 dims: [8] } ]\n'
-        'output [ { name: "y" data_type: TYPE_FP32 dims: [8] } ]\n')
+    copy_model(root, "ensemble/two_in")
     write_ensemble(root, "loop", ensemble_config([IN], [OUT], [step("bad", {"IN": "IN"}, {"OUT": "OUT"})]))
     (root / "broken" / "1").mkdir(parents=True)
     (root / "broken" / "1" / "model.onnx").write_bytes(b"not onnx")

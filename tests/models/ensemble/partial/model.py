@@ -1,0 +1,9 @@
+"""Declares A and B, answers with A alone (B is never produced)."""
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("A", pb_utils.get_input_tensor_by_name(r, "X").as_numpy())])
+                for r in requests]
