@@ -17,63 +17,12 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.models import write_python_model
+from tests.models import copy_model
 
 torch = pytest.importorskip("torch")
 
-BF16_IO = """
-backend: "python"
-max_batch_size: 8
-input [ { name: "INPUT0" data_type: TYPE_BF16 dims: [ -1 ] } ]
-output [ { name: "OUTPUT0" data_type: TYPE_BF16 dims: [ -1 ] } ]
-"""
-
-# Doubles its input in torch (BF16 both ways by DLPack); as_numpy() must refuse BF16 with Triton's words.
-DOUBLE = """
-import torch
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        responses = []
-        for request in requests:
-            tensor = pb_utils.get_input_tensor_by_name(request, "INPUT0")
-            try:
-                tensor.as_numpy()
-                raise RuntimeError("as_numpy() of a BF16 tensor must fail")
-            except pb_utils.TritonModelException as exc:
-                assert "tensor dtype is bf16 and cannot be converted to numpy" in str(exc).lower()
-            value = torch.utils.dlpack.from_dlpack(tensor.to_dlpack())
-            assert value.dtype == torch.bfloat16
-            out = pb_utils.Tensor.from_dlpack("OUTPUT0", torch.utils.dlpack.to_dlpack(value * 2))
-            responses.append(pb_utils.InferenceResponse([out]))
-        return responses
-"""
-
-# BLS: hands its input (through torch) to `double`, adds the input to the answer: 3x.
-BLS = """
-import torch
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        responses = []
-        for request in requests:
-            x = torch.from_dlpack(pb_utils.get_input_tensor_by_name(request, "INPUT0"))
-            call = pb_utils.InferenceRequest(
-                model_name="double", requested_output_names=["OUTPUT0"],
-                inputs=[pb_utils.Tensor.from_dlpack("INPUT0", x.clone())])
-            response = call.exec()
-            if response.has_error():
-                raise pb_utils.TritonModelException(response.error().message())
-            doubled = pb_utils.get_output_tensor_by_name(response, "OUTPUT0")
-            assert doubled.triton_dtype() == 14  # BF16
-            total = torch.from_dlpack(doubled) + x
-            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor.from_dlpack("OUTPUT0", total)]))
-        return responses
-"""
+# backends/bf16_double doubles its BF16 input in torch (both ways by DLPack), as_numpy() refusing BF16 with
+# Triton's words; backends/bf16_bls hands its input to `double` (BLS) and adds the input to the answer: 3x.
 
 TORCH_DOUBLE = """
 platform: "pytorch_libtorch"
@@ -110,8 +59,8 @@ def _write(repo, name, config):
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory):
     repo = tmp_path_factory.mktemp("bf16")
-    write_python_model(repo, "double", DOUBLE, BF16_IO)
-    write_python_model(repo, "bls_bf16", BLS, BF16_IO)
+    copy_model(repo, "backends/bf16_double", "double")
+    copy_model(repo, "backends/bf16_bls", "bls_bf16")
     _write(repo, "torch_double", TORCH_DOUBLE)
     torch.jit.script(_Double()).save(str(repo / "torch_double" / "1" / "model.pt"))
     _write(repo, "quadruple", ENSEMBLE)

@@ -21,6 +21,7 @@ from appliance.backends.base import RuntimeOptions
 from appliance.backends.python.backend import PythonBackend
 from appliance.backends.python.model_process.reading import COMMANDS
 from appliance.backends.python.process import ModelProcess
+from appliance.backends.python.wire.messages import Message
 from appliance.core.errors import Unavailable
 from appliance.engine.instances import InstancePool
 from appliance.engine.model import ModelVersion
@@ -35,33 +36,12 @@ from appliance.repository.config import signature_of
 from appliance.repository.registry import ModelRegistry
 from appliance.security.budget import MemoryBudget
 from tests.appliance.backends.python.harness import loaded, parse_config
-from tests.models import write_python_model
+from tests.models import copy_model, read_config
 from tests.waiting import await_until, wait_until
 
-CONFIG = """
-name: "flood"
-backend: "python"
-model_transaction_policy { decoupled: true }
-input [ { name: "COUNT" data_type: TYPE_INT32 dims: [ 1 ] } ]
-output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
-"""
-
 # COUNT responses, each its index, sent from execute() as fast as the channel takes them, then the final flag.
-FLOOD = """
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        for request in requests:
-            count = int(pb_utils.get_input_tensor_by_name(request, "COUNT").as_numpy()[0])
-            sender = request.get_response_sender()
-            for value in range(count):
-                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([value], np.int32))]))
-            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-        return None
-"""
+FLOOD = "backends/flood"
+CONFIG = read_config(FLOOD)
 
 
 class _Held:
@@ -80,7 +60,7 @@ class _Held:
 
 @pytest.fixture
 async def flood(tmp_path):
-    model_file = write_python_model(tmp_path, "flood", FLOOD, CONFIG)
+    model_file = copy_model(tmp_path, FLOOD)
     with contextlib.ExitStack() as stack:
         backend: PythonBackend = stack.enter_context(loaded(model_file, CONFIG))
         config = parse_config(CONFIG)
@@ -205,9 +185,9 @@ async def test_the_messages_waiting_in_the_channel_are_read_in_one_turn_of_the_l
         readable(self)
         turns.append((before, waiting(self)))
 
-    def sending(self: ModelProcess, message: tuple) -> None:
+    def sending(self: ModelProcess, message: Message) -> None:
         send(self, message)
-        if hold and message[0] in COMMANDS:  # the request is on its way: the loop stays busy until the
+        if hold and isinstance(message, COMMANDS):  # the request is on its way: the loop stays busy until the
             _hold_until_sent(self.conn.fileno())  # model has sent its 10 responses and its reply
 
     monkeypatch.setattr(ModelProcess, "_readable", counted)  # before the loop starts reading the channel

@@ -18,49 +18,19 @@ from appliance.selection import Hardware, Selector
 from appliance.selection.plans import IN_PROCESS_PLAN
 from appliance.selection.selector import SelectionSettings
 from tests.appliance.backends.python.harness import parse_config
-from tests.models import write_python_model
+from tests.models import copy_model, read_config
 
 PYTHON = next(info for info in BACKENDS if info.name == "python")
 
-CONFIG = """
-backend: "python"
-max_batch_size: 8
-input [ { name: "IN" data_type: TYPE_FP32 dims: [ -1 ] } ]
-output [ { name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] } ]
-parameters { key: "in_process" value: { string_value: "true" } }
-"""
-
-# Module state and a relative import: two models with this same layout must not share either.
-SCALE = """
-import triton_python_backend_utils as pb_utils
-
-from .factor import FACTOR
-
-calls = []
-
-
-class TritonPythonModel:
-    def initialize(self, args):
-        self.name = args["model_instance_name"]
-
-    def execute(self, requests):
-        calls.append(len(requests))
-        responses = []
-        for request in requests:
-            data = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
-            if data.flat[0] < 0:
-                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError("negative", 3)))
-            elif data.flat[0] == 99:
-                raise ValueError("ninety-nine")
-            else:
-                responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", data * FACTOR)],
-                                                            parameters={"calls": len(calls), "by": self.name}))
-        return responses
-"""
+# Module state and a relative import (factor.py, rewritten per load): two models with this same layout
+# must not share either.
+SCALE = "backends/scale"
+CONFIG = read_config(SCALE)
 
 
 def _load(tmp_path, name: str, factor: int, services=None) -> InProcessPythonBackend:
-    model = write_python_model(tmp_path, name, SCALE, CONFIG, files={"factor.py": f"FACTOR = {factor}\n"})
+    model = copy_model(tmp_path, SCALE, name)
+    (model.parent / "factor.py").write_text(f"FACTOR = {factor}\n")
     config = parse_config(CONFIG)
     config.name = name
     context = LoadContext(name, 1, model, config, RuntimeOptions(), services=services, plan=IN_PROCESS_PLAN.id)
@@ -107,21 +77,6 @@ def test_two_models_of_the_same_layout_keep_their_own_modules(tmp_path):
         two.close()
 
 
-BLS = """
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        responses = []
-        for request in requests:
-            call = pb_utils.InferenceRequest(model_name="other", requested_output_names=["OUT"],
-                                             inputs=[pb_utils.get_input_tensor_by_name(request, "IN")])
-            answer = call.exec()
-            responses.append(pb_utils.InferenceResponse(answer.output_tensors(),
-                                                        parameters={"cancelled": request.is_cancelled()}))
-        return responses
-"""
 
 
 class _Models:
@@ -140,7 +95,7 @@ class _Models:
 def test_bls_calls_and_is_cancelled_reach_the_daemon(tmp_path):
     from appliance.backends.base import BackendServices
 
-    model = write_python_model(tmp_path, "caller", BLS, CONFIG)
+    model = copy_model(tmp_path, "backends/bls_other", "caller")
     config = parse_config(CONFIG)
     config.name = "caller"
     backend = PYTHON.load(LoadContext("caller", 1, model, config, RuntimeOptions(),
@@ -156,15 +111,6 @@ def test_bls_calls_and_is_cancelled_reach_the_daemon(tmp_path):
         backend.close()
 
 
-DOUBLE = """
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN")
-                                                            .as_numpy() * 2)]) for r in requests]
-"""
 
 
 @pytest.fixture(scope="module")
@@ -185,7 +131,7 @@ def test_the_in_process_plan_is_offered_only_where_the_config_allows_it(selector
 
 
 def test_selection_measures_both_plans_and_shows_them(tmp_path, selector):
-    model = write_python_model(tmp_path, "double", DOUBLE, CONFIG)
+    model = copy_model(tmp_path, "backends/double")
     config = parse_config(CONFIG)
     config.name = "double"
     choice = selector.choose(PYTHON, LoadContext("double", 1, model, config, RuntimeOptions()))

@@ -16,64 +16,21 @@ from appliance.backends.python.factory import IN_PROCESS_PLAN_ID
 from appliance.backends.python.in_process import InProcessPythonBackend
 from appliance.core.errors import InferenceFailed
 from tests.appliance.backends.python.harness import parse_config
-from tests.models import write_python_model
+from tests.models import copy_model, read_config
 
 PYTHON = next(info for info in BACKENDS if info.name == "python")
 
-CONFIG = """
-backend: "python"
-max_batch_size: 8
-input [ { name: "IN" data_type: TYPE_FP32 dims: [ -1 ] } ]
-output [ { name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] } ]
-parameters { key: "in_process" value: { string_value: "true" } }
-"""
-
-DOUBLE = """
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN")
-                                                            .as_numpy() * 2)]) for r in requests]
-"""
-
+DOUBLE = "backends/double"
+CONFIG = read_config(DOUBLE)
 # A negative input is answered by another model, through a helper module: model.py itself names no call
 # that waits, so only the call, when it comes, can tell.
-THROUGH_A_HELPER = """
-import triton_python_backend_utils as pb_utils
-
-from .helper import ask_other
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        responses = []
-        for request in requests:
-            data = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
-            if data.flat[0] < 0:
-                data = ask_other(request)
-            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", data)],
-                                                        parameters={"cancelled": request.is_cancelled()}))
-        return responses
-"""
-HELPER = """
-import triton_python_backend_utils as pb_utils
-
-
-def ask_other(request):
-    call = pb_utils.InferenceRequest(model_name="other", requested_output_names=["OUT"],
-                                     inputs=[pb_utils.get_input_tensor_by_name(request, "IN")])
-    return call.exec().output_tensors()[0].as_numpy()
-"""
-
-_EXECUTE = "    def execute(self, requests):\n"
-_NEVER = _EXECUTE + "        if not requests:\n            "
+THROUGH_A_HELPER = "backends/through_a_helper"
+# DOUBLE, naming a call that waits in code that never runs, or with a coroutine for execute().
 WAITING = {
-    "bls": DOUBLE.replace(_EXECUTE, _NEVER + "pb_utils.InferenceRequest().exec()\n"),
-    "async bls": DOUBLE.replace(_EXECUTE, _NEVER + "pb_utils.InferenceRequest().async_exec()\n"),
-    "load": DOUBLE.replace(_EXECUTE, _NEVER + "pb_utils.load_model('x')\n"),
-    "async execute": DOUBLE.replace("    def execute", "    async def execute"),
+    "bls": "backends/double_names_bls",
+    "async bls": "backends/double_names_async_bls",
+    "load": "backends/double_names_load",
+    "async execute": "backends/double_async_execute",
 }
 
 
@@ -90,9 +47,8 @@ class _Models:
         return future
 
 
-def _load(tmp_path, source: str, files: dict[str, str] | None = None,
-          services: BackendServices | None = None) -> InProcessPythonBackend:
-    model = write_python_model(tmp_path, "m", source, CONFIG, files=files)
+def _load(tmp_path, source: str, services: BackendServices | None = None) -> InProcessPythonBackend:
+    model = copy_model(tmp_path, source, "m")
     config = parse_config(CONFIG)
     config.name = "m"
     backend = PYTHON.load(LoadContext("m", 1, model, config, RuntimeOptions(), services=services,
@@ -135,7 +91,7 @@ def test_a_model_whose_code_names_a_waiting_call_never_runs_on_the_loop(tmp_path
 
 def test_a_waiting_call_made_on_the_loop_is_refused_and_later_batches_run_on_the_thread(tmp_path):
     models = _Models()
-    backend = _load(tmp_path, THROUGH_A_HELPER, files={"helper.py": HELPER}, services=BackendServices(models=models))
+    backend = _load(tmp_path, THROUGH_A_HELPER, services=BackendServices(models=models))
     try:
         assert backend.inline_safe is True  # model.py names no waiting call
         answer = _on_the_loop(backend, _request(2))  # is_cancelled() is answered at once: it may run there

@@ -9,58 +9,10 @@ import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
 from tests.http_util import call
-from tests.models import write_python_model
-from tests.models.sequence import PY_ACCUMULATOR, PY_ACCUMULATOR_CONFIG
+from tests.models import copy_model
 
-TENSORS = """
-max_batch_size: 8
-input [ { name: "IN" data_type: TYPE_FP32 dims: [ 1 ] } ]
-output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] } ]
-"""
-TRUSTED = 'backend: "python"\n' + TENSORS + 'parameters { key: "in_process" value: { string_value: "true" } }\n'
-
-# Answers with the thread it ran on; an input of -1 is answered by model 'other' (BLS), through a helper
-# module, so that model.py names no call that waits.
-CALLER = """
-import threading
-
-import triton_python_backend_utils as pb_utils
-
-from .helper import ask_other
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        responses = []
-        for request in requests:
-            data = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
-            if data.flat[0] == -1:
-                data = ask_other(request)
-            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", data)],
-                                                        parameters={"thread": threading.current_thread().name}))
-        return responses
-"""
-HELPER = """
-import triton_python_backend_utils as pb_utils
-
-
-def ask_other(request):
-    call = pb_utils.InferenceRequest(model_name="other", requested_output_names=["OUT"],
-                                     inputs=[pb_utils.get_input_tensor_by_name(request, "IN")])
-    answer = call.exec()
-    if answer.has_error():
-        raise pb_utils.TritonModelException(answer.error().message())
-    return answer.output_tensors()[0].as_numpy()
-"""
-DOUBLE = """
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN")
-                                                            .as_numpy() * 2)]) for r in requests]
-"""
+# backends/caller answers with the thread it ran on; an input of -1 is answered by model 'other' (BLS,
+# backends/double), through a helper module, so that model.py names no call that waits.
 
 
 def _infer(client: triton.InferenceServerClient, value: float) -> tuple[np.ndarray, dict]:
@@ -79,8 +31,8 @@ def _execution(daemon) -> dict:
 def test_a_cheap_trusted_model_runs_on_the_loop_and_a_call_from_there_is_refused_not_deadlocked(
         start_daemon, tmp_path):
     repo = tmp_path / "repo"
-    write_python_model(repo, "caller", CALLER, TRUSTED, files={"helper.py": HELPER})
-    write_python_model(repo, "other", DOUBLE, 'backend: "python"\n' + TENSORS)
+    copy_model(repo, "backends/caller")
+    copy_model(repo, "backends/double", "other", config="tensors")
     daemon = start_daemon(repo, selection=True, env={"APPLIANCE_TUNE_BUDGET": "0.05"})
     execution = _execution(daemon)
     assert execution["execution"] == "inline" and "under the GIL" in execution["reason"], execution
@@ -101,16 +53,14 @@ def test_a_cheap_trusted_model_runs_on_the_loop_and_a_call_from_there_is_refused
         assert out.tolist() == [[-2.0]] and parameters["thread"] != "MainThread"
 
 
-# Calls 'other' for every request: a tuning process, which serves no other model, cannot measure it.
-ALWAYS_CALLS = CALLER.replace("            if data.flat[0] == -1:\n                data = ask_other(request)",
-                              "            data = ask_other(request)")
-PINNED = TRUSTED + 'parameters { key: "plan" value: { string_value: "python:in-process" } }\n'
+# backends/always_calls calls 'other' for every request: a tuning process, which serves no other model,
+# cannot measure it; its config pins the in-process plan.
 
 
 def test_a_model_selection_cannot_measure_is_served_on_the_plan_it_pins(start_daemon, tmp_path):
     repo = tmp_path / "repo"
-    write_python_model(repo, "caller", ALWAYS_CALLS, PINNED, files={"helper.py": HELPER})
-    write_python_model(repo, "other", DOUBLE, 'backend: "python"\n' + TENSORS)
+    copy_model(repo, "backends/always_calls", "caller")
+    copy_model(repo, "backends/double", "other", config="tensors")
     daemon = start_daemon(repo, selection=True, env={"APPLIANCE_TUNE_BUDGET": "0.05"})
     status, _, selection = call(daemon.port, "GET", "/v2/models/caller/selection")
     assert status == 200 and selection["status"] == "unmeasured", selection
@@ -121,19 +71,14 @@ def test_a_model_selection_cannot_measure_is_served_on_the_plan_it_pins(start_da
     assert out.tolist() == [[8.0]] and parameters["thread"] == "caller:1#0"
 
 
-# The tests' Python accumulator (a running sum per direct slot), trusted, answering with the thread it ran on.
-ACCUMULATE = PY_ACCUMULATOR.replace("import numpy as np", "import threading\n\nimport numpy as np").replace(
-    'pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT", out)])',
-    'pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT", out)], '
-    'parameters={"thread": threading.current_thread().name})')
-SEQUENCE = PY_ACCUMULATOR_CONFIG + 'parameters { key: "in_process" value: { string_value: "true" } }\n'
+# backends/accumulate_on_thread: the tests' Python accumulator (a running sum per direct slot), trusted,
+# answering with the thread it ran on.
 
 
 def test_a_cheap_trusted_sequence_model_runs_its_steps_on_the_loop_and_keeps_each_sequence_apart(
         start_daemon, tmp_path):
-    assert "current_thread" in ACCUMULATE
     repo = tmp_path / "repo"
-    write_python_model(repo, "accumulate", ACCUMULATE, SEQUENCE)
+    copy_model(repo, "backends/accumulate_on_thread", "accumulate")
     daemon = start_daemon(repo, selection=True, env={"APPLIANCE_TUNE_BUDGET": "0.05"})
     status, _, selection = call(daemon.port, "GET", "/v2/models/accumulate/selection")
     assert status == 200 and selection["execution"]["execution"] == "inline", selection

@@ -1,0 +1,11 @@
+"""OUT is IN * 2; its code names an async BLS call (never made)."""
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        if not requests:
+            pb_utils.InferenceRequest().async_exec()
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN")
+                                                            .as_numpy() * 2)]) for r in requests]
