@@ -12,128 +12,16 @@ import pytest
 from appliance.backends.base import BackendRequest
 from appliance.core.errors import InferenceFailed
 from tests.appliance.backends.python.harness import RecordingSink, loaded
-from tests.models import write_python_model
+from tests.models import copy_model, read_config
 from tests.waiting import open_gate, wait_until
 
-DECOUPLED_CONFIG = """
-backend: "python"
-model_transaction_policy { decoupled: true }
-input [ { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] } ]
-output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
-"""
-
-# As Triton's repeat example (tests.models.decoupled's ``repeat``, with each value as a response parameter
-# instead of its index as a tensor): one response per element, sent from a thread after execute() returned.
-REPEAT = """
-import threading
-
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def initialize(self, args):
-        import json
-        assert pb_utils.using_decoupled_model_transaction_policy(json.loads(args["model_config"]))
-        self.threads = []
-
-    def execute(self, requests):
-        for request in requests:
-            values = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
-            thread = threading.Thread(target=self.repeat, args=(request.get_response_sender(), values))
-            thread.start()
-            self.threads.append(thread)
-        return None
-
-    def repeat(self, sender, values):
-        for value in values:
-            sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([value], np.int32))],
-                                                   parameters={"index": int(value)}))
-        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-
-    def finalize(self):
-        for thread in self.threads:
-            thread.join()
-"""
-
-# Sends while execute() runs: nothing, then the final flag alone (zero responses).
-INLINE = """
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        for request in requests:
-            sender = request.get_response_sender()
-            values = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
-            if values[0] < 0:
-                sender.send(pb_utils.InferenceResponse(
-                    error=pb_utils.TritonError("negative", pb_utils.TritonError.INVALID_ARG)),
-                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-                continue
-            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-            try:
-                sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-            except pb_utils.TritonModelException as exc:
-                pb_utils.Logger.log_info(f"second final refused: {exc}")
-        return None
-"""
-
-# Waits for its request to be cancelled, then says so.
-WAITS_FOR_CANCEL = """
-import threading
-import time
-
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        for request in requests:
-            threading.Thread(target=self.watch, args=(request,)).start()
-        return None
-
-    def watch(self, request):
-        sender = request.get_response_sender()
-        deadline = time.monotonic() + 30
-        while not request.is_cancelled() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        state = 1 if request.is_cancelled() and sender.is_cancelled() else 0
-        sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([state], np.int32))]),
-                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-"""
-
-RETURNS_LIST = """
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        return [pb_utils.InferenceResponse([]) for _ in requests]
-"""
-
-# Sends one response, then exits (the stream still open) once execute() returned, when the test opens the gate.
-DIES_LATER = """
-import os
-import threading
-
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def initialize(self, args):
-        self.gate = os.path.join(args["model_repository"], "exit.fifo")
-
-    def execute(self, requests):
-        for request in requests:
-            sender = request.get_response_sender()
-            sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([1], np.int32))]))
-        threading.Thread(target=lambda: (open(self.gate).close(), os._exit(4))).start()
-        return None
-"""
+# Each a decoupled model of tests/models/backends sharing this config: ``repeat_with_parameters`` (as
+# Triton's repeat example, each value a response from a thread after execute() returned, with the value as
+# the response parameter "index"), ``zero_responses`` (the final flag alone, then a second one; a negative
+# IN an error response), ``waits_for_cancel``, ``returns_list`` (execute() returns a list), ``dies_later``
+# (one response, then exits with code 4 once the test opens exit.fifo) and ``send_flags`` (sends the flags
+# its IN names).
+DECOUPLED_CONFIG = read_config("backends/returns_list")
 
 
 def _request(values, sink, cancelled=lambda: False):
@@ -141,7 +29,7 @@ def _request(values, sink, cancelled=lambda: False):
 
 
 def test_responses_stream_from_threads_after_execute_returns(tmp_path):
-    model = write_python_model(tmp_path, "repeat", REPEAT, DECOUPLED_CONFIG)
+    model = copy_model(tmp_path, "backends/repeat_with_parameters", "repeat")
     with loaded(model, DECOUPLED_CONFIG) as backend:
         sinks = [RecordingSink(), RecordingSink()]
         batch = backend.run_requests([_request([4, 5, 6], sinks[0]), _request([7], sinks[1])])
@@ -158,7 +46,7 @@ def test_responses_stream_from_threads_after_execute_returns(tmp_path):
 
 
 def test_zero_responses_errors_and_a_second_final(tmp_path):
-    model = write_python_model(tmp_path, "inline", INLINE, DECOUPLED_CONFIG)
+    model = copy_model(tmp_path, "backends/zero_responses", "inline")
     with loaded(model, DECOUPLED_CONFIG) as backend:
         ok, bad = RecordingSink(), RecordingSink()
         batch = backend.run_requests([_request([1], ok), _request([-1], bad)])
@@ -170,7 +58,7 @@ def test_zero_responses_errors_and_a_second_final(tmp_path):
 
 
 def test_cancellation_reaches_the_model(tmp_path):
-    model = write_python_model(tmp_path, "cancel", WAITS_FOR_CANCEL, DECOUPLED_CONFIG)
+    model = copy_model(tmp_path, "backends/waits_for_cancel", "cancel")
     with loaded(model, DECOUPLED_CONFIG) as backend:
         flag = threading.Event()
         sink = RecordingSink()
@@ -183,7 +71,7 @@ def test_cancellation_reaches_the_model(tmp_path):
 
 
 def test_a_decoupled_execute_must_return_none(tmp_path):
-    model = write_python_model(tmp_path, "returns_list", RETURNS_LIST, DECOUPLED_CONFIG)
+    model = copy_model(tmp_path, "backends/returns_list")
     # The batch fails as a whole, as when execute() raises, in Triton's words (qa L0_backend_python
     # decoupled_test's test_decoupled_return_response_error), which name the model instance.
     with loaded(model, DECOUPLED_CONFIG) as backend, pytest.raises(InferenceFailed) as failed:
@@ -193,7 +81,7 @@ def test_a_decoupled_execute_must_return_none(tmp_path):
 
 
 def test_open_streams_fail_when_the_process_dies(tmp_path):
-    model = write_python_model(tmp_path, "dies", DIES_LATER, DECOUPLED_CONFIG)
+    model = copy_model(tmp_path, "backends/dies_later", "dies")
     gate = tmp_path / "dies" / "exit.fifo"
     os.mkfifo(gate)
     with loaded(model, DECOUPLED_CONFIG) as backend:
@@ -212,24 +100,9 @@ def test_open_streams_fail_when_the_process_dies(tmp_path):
 
 @pytest.mark.parametrize("flags", [2, 3])
 def test_unsupported_send_flags_are_refused(tmp_path, flags):
-    source = f"""
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        for request in requests:
-            sender = request.get_response_sender()
-            try:
-                sender.send(flags={flags})
-            except pb_utils.TritonModelException as exc:
-                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc))),
-                            flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-        return None
-"""
-    model = write_python_model(tmp_path, "flags", source, DECOUPLED_CONFIG)
+    model = copy_model(tmp_path, "backends/send_flags", "flags")
     with loaded(model, DECOUPLED_CONFIG) as backend:
         sink = RecordingSink()
-        backend.run_requests([_request([1], sink)])
+        backend.run_requests([_request([flags], sink)])
         (answer,) = sink.wait_final()
         assert "Unsupported flag" in str(answer.error)

@@ -18,105 +18,24 @@ import pytest
 import tritonclient.http as httpclient
 
 from appliance.backends.python.wire.arena import ARENA_PREFIX
-from tests.models import write_python_model
+from tests.models import copy_model
 from tests.processes import child_pids
 from tests.waiting import wait_until
 
-CONFIG = """
-backend: "python"
-input [ { name: "x" data_type: TYPE_FP32 dims: [ 2 ] } ]
-output [ { name: "y" data_type: TYPE_FP32 dims: [ 2 ] } ]
-"""
-
-# Each writes "hanging" in its repository once it hangs, for the tests to wait on.
-HANGS_IN_EXECUTE = """
-import os
-import threading
-
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def initialize(self, args):
-        self.marker = os.path.join(args["model_repository"], "hanging")
-
-    def execute(self, requests):
-        open(self.marker, "w").close()
-        threading.Event().wait()
-"""
-
-HANGS_IN_INITIALIZE = """
-import os
-import threading
-
-
-class TritonPythonModel:
-    def initialize(self, args):
-        open(os.path.join(args["model_repository"], "hanging"), "w").close()
-        threading.Event().wait()
-
-    def execute(self, requests):
-        return []
-"""
-
-DIES_IN_INITIALIZE = """
-import os
-
-
-class TritonPythonModel:
-    def initialize(self, args):
-        os._exit(7)
-
-    def execute(self, requests):
-        return []
-"""
-
-ECHO = """
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        return [pb_utils.InferenceResponse([pb_utils.Tensor("y", pb_utils.get_input_tensor_by_name(r, "x").as_numpy())])
-                for r in requests]
-"""
-
-# Two instances; the second one's initialize() kills the first one's process (already initialized),
-# as an OOM killer or an operator might while a model loads. pids.txt lists instance 0's processes.
-KILLS_ITS_SIBLING = """
-import os
-import signal
-import time
-
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def initialize(self, args):
-        pids = os.path.join(args["model_repository"], "pids.txt")
-        if args["model_instance_name"].endswith("_0"):
-            with open(pids, "a") as f:
-                f.write(f"{os.getpid()}\\n")
-            return
-        with open(pids) as f:
-            first = int(f.read().split()[0])
-        os.kill(first, signal.SIGKILL)
-        deadline = time.monotonic() + 10
-        while os.path.exists(f"/proc/{first}") and time.monotonic() < deadline:  # until the daemon reaped it
-            time.sleep(0.01)
-
-    def execute(self, requests):
-        return [pb_utils.InferenceResponse([pb_utils.Tensor("y", pb_utils.get_input_tensor_by_name(r, "x").as_numpy())])
-                for r in requests]
-"""
+# Models of tests/models/backends: hangs_in_execute and hangs_in_initialize write "hanging" in their model
+# directory once they hang, for the tests to wait on; dies_in_initialize exits with code 7; echo_xy answers
+# y = x; kills_its_sibling (two instances) has its second instance's initialize() kill the first one's
+# process (already initialized), as an OOM killer or an operator might while a model loads, pids.txt
+# listing instance 0's processes.
 
 EXIT_TIMEOUT = 2.0
 SHUTDOWN_TIMEOUT = 1.0
 
 
 def _repository(root: Path, **models: str) -> Path:
+    """``root`` serving each ``name=source`` (a directory of tests/models/backends)."""
     for name, source in models.items():
-        write_python_model(root, name, source, CONFIG)
+        copy_model(root, f"backends/{source}", name)
     return root
 
 
@@ -159,7 +78,7 @@ def _call(url: str, model: str) -> None:
 
 
 def test_a_hung_execute_does_not_stop_the_daemon_from_exiting(start_daemon, tmp_path):
-    repo = _repository(tmp_path / "repo", hangs=HANGS_IN_EXECUTE)
+    repo = _repository(tmp_path / "repo", hangs="hangs_in_execute")
     daemon = start_daemon(repo, "--exit-timeout-secs", str(EXIT_TIMEOUT),
                           env={"APPLIANCE_SHUTDOWN_TIMEOUT": str(SHUTDOWN_TIMEOUT)})
     stubs = _stubs(daemon.process.pid)
@@ -177,7 +96,7 @@ def test_a_hung_execute_does_not_stop_the_daemon_from_exiting(start_daemon, tmp_
 
 
 def test_a_hung_initialize_does_not_stop_the_daemon_from_exiting(start_daemon, tmp_path):
-    repo = _repository(tmp_path / "repo", stuck=HANGS_IN_INITIALIZE)
+    repo = _repository(tmp_path / "repo", stuck="hangs_in_initialize")
     daemon = start_daemon(repo, "--exit-timeout-secs", str(EXIT_TIMEOUT), wait_loaded=False,
                           env={"APPLIANCE_SHUTDOWN_TIMEOUT": str(SHUTDOWN_TIMEOUT)})
     stubs = wait_until(lambda: _stubs(daemon.process.pid), timeout=30, interval=0.1, what="the model process")
@@ -190,7 +109,7 @@ def test_a_hung_initialize_does_not_stop_the_daemon_from_exiting(start_daemon, t
 
 
 def test_no_model_process_outlives_a_killed_daemon_and_its_arenas_go_at_the_next_start(start_daemon, tmp_path):
-    repo = _repository(tmp_path / "repo", echo=ECHO)
+    repo = _repository(tmp_path / "repo", echo="echo_xy")
     daemon = start_daemon(repo)
     _call(daemon.url, "echo")  # arenas exist on both sides now
     stubs = _stubs(daemon.process.pid)
@@ -209,7 +128,7 @@ def test_no_model_process_outlives_a_killed_daemon_and_its_arenas_go_at_the_next
 
 
 def test_a_process_that_dies_during_initialize_fails_the_load_saying_so(start_daemon, tmp_path):
-    repo = _repository(tmp_path / "repo", dies=DIES_IN_INITIALIZE, echo=ECHO)
+    repo = _repository(tmp_path / "repo", dies="dies_in_initialize", echo="echo_xy")
     daemon = start_daemon(repo, "--no-strict-readiness")
     with httpclient.InferenceServerClient(daemon.url) as client:
         index = {row["name"]: row for row in client.get_model_repository_index()}
@@ -227,7 +146,7 @@ def test_a_model_process_dies_with_its_parent_even_when_its_channel_stays_open(t
         import os, pickle, subprocess, sys
         from appliance.backends.python.wire.channel import Channel
         ours, theirs = Channel.pair()
-        model = {str(_repository(tmp_path / 'repo', echo=ECHO) / 'echo' / '1' / 'model.py')!r}
+        model = {str(_repository(tmp_path / 'repo', echo="echo_xy") / 'echo' / '1' / 'model.py')!r}
         stub = subprocess.Popen([sys.executable, "-m", "appliance.backends.python.model_process.stub",
                                  Channel.argument(theirs), model, str(os.getpid())], pass_fds=theirs)
         subprocess.Popen([sys.executable, "-c", "import os; os.read({held}, 1)"], pass_fds=(*ours.fds(), {held}))
@@ -248,7 +167,7 @@ def test_a_model_process_dies_with_its_parent_even_when_its_channel_stays_open(t
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_a_process_killed_while_its_model_loads_is_started_again_before_ready(start_daemon, tmp_path):
     repo = tmp_path / "repo"
-    write_python_model(repo, "sibling", KILLS_ITS_SIBLING, CONFIG + "instance_group [ { count: 2 kind: KIND_CPU } ]\n")
+    copy_model(repo, "backends/kills_its_sibling", "sibling")
     daemon = start_daemon(repo)
     with httpclient.InferenceServerClient(daemon.url) as client:
         assert client.is_model_ready("sibling")
