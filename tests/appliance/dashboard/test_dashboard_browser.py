@@ -20,7 +20,7 @@ from appliance.dashboard import STATIC_DIR
 from appliance.examples import mlp_model
 from tests.builders import save
 from tests.http_util import call
-from tests.models import write_python_model
+from tests.models import copy_model
 from tests.readonly import read_only_prefix
 from tests.waiting import wait_until
 
@@ -74,24 +74,16 @@ def _render(url: str, base: str, profile: Path, attempts: int = 3) -> tuple[dict
     return body, run.stdout, _page_console(run.stderr, base)
 
 
-# A model that fails to load with a long, many-line reason (as OpenVINO's conversion errors are): the
-# models table shows its first line, the rest on demand.
+# tests/models/dashboard/broken fails to load with a long, many-line reason whose first line is this: the
+# models table shows it, the rest on demand.
 _BROKEN_FIRST_LINE = "the converter refused this model"
-_BROKEN = f"""
-class TritonPythonModel:
-    def initialize(self, args):
-        details = "".join(f"\\n  detail line {{i}} of the converter" for i in range(20))
-        raise RuntimeError({_BROKEN_FIRST_LINE!r} + details)
-"""
 
 
 @pytest.fixture(scope="module")
 def busy_daemon(module_daemon, tmp_path_factory):
     repo = tmp_path_factory.mktemp("dashboard") / "repo"
     save(mlp_model(), repo / "mlp" / "1" / "model.onnx")
-    write_python_model(repo, "broken", _BROKEN,
-                       'backend: "python"\ninput [ { name: "x" data_type: TYPE_FP32 dims: [ 2 ] } ]\n'
-                       'output [ { name: "y" data_type: TYPE_FP32 dims: [ 2 ] } ]\n')
+    copy_model(repo, "dashboard/broken")
     # Measured selection (a short budget): the page shows the chosen plan and its alternatives.
     daemon = module_daemon(repo, selection=True, env={"APPLIANCE_TUNE_BUDGET": "0.05"})
     body = {"inputs": [{"name": "input", "shape": [1, 784], "datatype": "FP32", "data": [0.5] * 784}]}

@@ -34,7 +34,7 @@ import tritonclient.http as triton
 from appliance.client import AsyncBoxPool, BoxPool
 from tests.appliance.mdns.scenario import stop_all
 from tests.builders import affine_model, save
-from tests.models import write_python_model
+from tests.models import copy_model
 from tests.waiting import await_until, wait_until
 
 LOOPBACK = "127.0.0.1"
@@ -92,34 +92,10 @@ def cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "appliance", *args], capture_output=True, text=True, timeout=120)
 
 
-# "m": a Python model that takes 4 ms a request, one request at a time per box, whatever the CPU: the
-# boxes share two busy cores here, and a CPU-bound model would make them as unequal as the scheduler
-# makes their processes (a real fleet has a machine per box).
-STEADY_MODEL = """
-import time
-
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        responses = []
-        for request in requests:
-            x = pb_utils.get_input_tensor_by_name(request, "x").as_numpy()
-            time.sleep(0.004)
-            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("y", x * 2)]))
-        return responses
-"""
-STEADY_CONFIG = """backend: "python"
-input [ { name: "x" data_type: TYPE_FP32 dims: [ 2 ] } ]
-output [ { name: "y" data_type: TYPE_FP32 dims: [ 2 ] } ]
-"""
-
-
 def model_dirs(work: Path) -> tuple[Path, Path]:
-    """m (the Python model above, y = 2x) and n (ONNX, y = 5x over [batch, 8])."""
+    """m (tests/models/fleet/steady: y = 2x, 4 ms a request) and n (ONNX, y = 5x over [batch, 8])."""
     m_dir, n_dir = work / "push" / "m", work / "push" / "n"
-    write_python_model(m_dir.parent, "m", STEADY_MODEL, STEADY_CONFIG)
+    copy_model(m_dir.parent, "fleet/steady", "m")
     save(affine_model(5.0, 0), n_dir / "1" / "model.onnx")
     (n_dir / "config.pbtxt").write_text('backend: "onnxruntime"\nmax_batch_size: 8\n')
     return m_dir, n_dir
