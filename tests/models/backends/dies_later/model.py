@@ -16,5 +16,9 @@ class TritonPythonModel:
         for request in requests:
             sender = request.get_response_sender()
             sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([1], np.int32))]))
-        threading.Thread(target=lambda: (open(self.gate).close(), os._exit(4))).start()
+        threading.Thread(target=self._exit_later).start()
         return None
+
+    def _exit_later(self):
+        open(self.gate).close()
+        os._exit(4)

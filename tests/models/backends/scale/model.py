@@ -5,7 +5,7 @@ import triton_python_backend_utils as pb_utils
 
 from .factor import FACTOR
 
-calls = []
+calls: list[int] = []
 
 
 class TritonPythonModel:

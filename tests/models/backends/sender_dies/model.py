@@ -12,5 +12,9 @@ class TritonPythonModel:
     def execute(self, requests):
         # The senders are kept (by the thread) to answer later: a request let go of would be answered now.
         senders = [request.get_response_sender() for request in requests]
-        threading.Thread(target=lambda: (senders, open(self.gate).close(), os._exit(3))).start()
+        threading.Thread(target=self._exit_later, args=(senders,)).start()
         return None
+
+    def _exit_later(self, senders):
+        open(self.gate).close()
+        os._exit(3)
