@@ -36,6 +36,23 @@ from appliance.backends.python.peer import Peer
 from appliance.backends.python.process import ModelProcess, ProcessExited
 from appliance.backends.python.requests import SENT, ModelError, OpenRequests, model_error
 from appliance.backends.python.wire.arena import Arena, Attachments, reusable_size
+from appliance.backends.python.wire.messages import (
+    Crashed,
+    Describe,
+    Described,
+    Done,
+    Errored,
+    Execute,
+    ExecuteEach,
+    Failed,
+    Free,
+    Initialize,
+    Message,
+    Produced,
+    Ready,
+    Rescheduled,
+    Sent,
+)
 from appliance.core.config_json import config_to_json
 from appliance.core.errors import ConfigError, InferenceFailed
 from model_cache.environments import UnpackLimits
@@ -50,6 +67,13 @@ execute() there): the channel's cost — the messages, the wake-ups of two proce
 _START_INPUT_BYTES = 64 * 1024
 """Inputs up to this size are written into the arena on the event loop (``start_requests``): copying
 them costs less than the hop to an instance thread; larger ones are copied on the instance's thread."""
+
+
+def _described(reply: Message) -> dict:
+    """The auto-completed config of a Described reply."""
+    if not isinstance(reply, Described):
+        raise ConfigError(f"the model process answered auto_complete_config() with {type(reply).__name__}")
+    return reply.config
 
 
 class _ExecuteFailed(InferenceFailed):
@@ -98,7 +122,7 @@ class _Instance:
         if self._children is not None:
             self._children.register(self.process)
 
-    def _send(self, message: tuple) -> None:
+    def _send(self, message: Message) -> None:
         self.process.send(message)
 
     def _free(self, block: int) -> None:
@@ -106,7 +130,7 @@ class _Instance:
         one turn of the loop go back in one message (a stream's responses often come several to a turn)."""
         loop = asyncio._get_running_loop()
         if loop is None:
-            self.process.send(("free", [block]))
+            self.process.send(Free([block]))
             return
         self._freed.append(block)
         if len(self._freed) == 1:
@@ -114,7 +138,7 @@ class _Instance:
 
     def _send_freed(self) -> None:
         blocks, self._freed = self._freed, []
-        self.process.send(("free", blocks))
+        self.process.send(Free(blocks))
 
     def _ended(self) -> None:
         try:
@@ -153,8 +177,8 @@ class PythonBackend(ModelPyBackend):
         self._ready = False
         instance = _Instance(context)
         try:
-            _, described = instance.process.call(("describe", config_to_json(context.config)),
-                                                 "running auto_complete_config()")
+            described = _described(instance.process.call(Describe(config_to_json(context.config)),
+                                                         "running auto_complete_config()"))
         except ProcessExited as exc:
             instance.stop()
             raise ConfigError(f"the model process of '{context.model_name}' exited with code {exc.code} "
@@ -180,13 +204,14 @@ class PythonBackend(ModelPyBackend):
         assert self._instance is not None
         name = self._context.model_name
         try:
-            reply = self._instance.process.call(("initialize", self._args()), "running initialize()")
+            reply = self._instance.process.call(Initialize(self._args()), "running initialize()")
         except ProcessExited as exc:
             raise ConfigError(
                 f"the model process of '{name}' exited with code {exc.code} during initialize()"
             ) from None
-        if reply[0] != "ready":
-            raise ConfigError(f"initialize() of model '{name}' failed: {reply[1]}")
+        if not isinstance(reply, Ready):
+            what = reply.what if isinstance(reply, Failed) else f"it answered {type(reply).__name__}"
+            raise ConfigError(f"initialize() of model '{name}' failed: {what}")
         self._ready = True
 
     def check_ready(self) -> None:
@@ -208,8 +233,8 @@ class PythonBackend(ModelPyBackend):
                     self._context.instance_index)
         self._ready = False
         self._instance = _Instance(self._context)
-        self._instance.process.call(("describe", config_to_json(self._context.config)),
-                                    "running auto_complete_config()")
+        _described(self._instance.process.call(Describe(config_to_json(self._context.config)),
+                                               "running auto_complete_config()"))
         self._initialize()
 
     def _write_inputs(self, requests: Sequence[BackendRequest], keys: list[int]) -> tuple[dict, list[dict]]:
@@ -264,14 +289,14 @@ class PythonBackend(ModelPyBackend):
                 started = time.perf_counter_ns()
                 arena_info, batch = self._write_inputs(requests, keys)
                 input_ns = time.perf_counter_ns() - started
-                instance.process.call_async(("execute", arena_info, batch), replies.put)
+                instance.process.call_async(Execute(arena_info, batch), replies.put)
             reply = replies.get()
             if reply is None:
                 code = instance.process.process.wait()
                 raise ProcessExited(f"the model process of '{instance.process.name}' exited with code {code} "
                                     "while handling the request", code)
-            if reply[0] == "crashed":
-                raise ConfigError(f"model.py of '{instance.process.name}' failed: {reply[1]}\n{reply[2]}")
+            if isinstance(reply, Crashed):
+                raise ConfigError(f"model.py of '{instance.process.name}' failed: {reply.what}\n{reply.traceback}")
         except ProcessExited as exc:
             self._ready = False
             error = InferenceFailed(f"{exc.message}; it is restarted for the next request")
@@ -300,18 +325,18 @@ class PythonBackend(ModelPyBackend):
         """The event loop writes the inputs (when small) and sends the batch; whoever reads the channel
         (the event loop itself, once handed over) completes the batch with the reply: no instance thread
         waits for the model."""
-        return self._start(requests, done, "execute")
+        return self._start(requests, done, Execute)
 
     def start_each(self, requests: Sequence[BackendRequest],
                    done: Callable[[BatchResult | BaseException], None]) -> bool:
         """A group in one message: the model process runs execute() once per request, in order, and
         answers them together; a request whose execute() raised fails alone."""
-        return self._start(requests, done, "execute_each")
+        return self._start(requests, done, ExecuteEach)
 
     def _start(self, requests: Sequence[BackendRequest], done: Callable[[BatchResult | BaseException], None],
-               command: str) -> bool:
+               command: type[Execute] | type[ExecuteEach]) -> bool:
         instance = self._instance
-        small = _small(requests, each=command == "execute_each")
+        small = _small(requests, each=command is ExecuteEach)
         if instance is None or not self._ready or not instance.process.alive or not small:
             return False  # a restart blocks; large inputs are copied off the event loop
         try:  # a decoupled model's channel too: while a client is behind, the loop stops reading it
@@ -321,14 +346,14 @@ class PythonBackend(ModelPyBackend):
 
         input_ns = 0
 
-        def replied(reply: tuple | None) -> None:
+        def replied(reply: Message | None) -> None:
             try:
                 taken = time.perf_counter_ns()
                 replies = self._replied(instance, reply, len(requests))
                 output_ns = time.perf_counter_ns() - taken
                 self._let_go_of_inputs(arena_info["path"])
                 raised = (frozenset(i for i, r in enumerate(replies) if isinstance(r, _ExecuteFailed))
-                          if command == "execute_each" else frozenset())  # a group's requests fail alone
+                          if command is ExecuteEach else frozenset())  # a group's requests fail alone
                 results = instance.requests.finish_batch(keys, replies)
             except BaseException as exc:  # noqa: BLE001 - the batch must complete, whatever happened
                 if isinstance(exc, InferenceFailed):  # execute() raised
@@ -355,12 +380,12 @@ class PythonBackend(ModelPyBackend):
                 instance.requests.finish_batch(keys, [exc for _ in keys])
                 raise
             input_ns = time.perf_counter_ns() - started
-            instance.process.call_async((command, arena_info, batch), replied)
+            instance.process.call_async(command(arena_info, batch), replied)
         finally:
             self._sending.release()
         return True
 
-    def _replied(self, instance: _Instance, reply: tuple | None, count: int) -> list[Any]:
+    def _replied(self, instance: _Instance, reply: Message | None, count: int) -> list[Any]:
         if reply is None:
             self._ready = False
             try:
@@ -370,37 +395,40 @@ class PythonBackend(ModelPyBackend):
             return [InferenceFailed(f"the model process of '{instance.process.name}' exited with code {code} "
                                     "while handling the request; it is restarted for the next request")
                     for _ in range(count)]
-        if reply[0] == "crashed":
-            raise ConfigError(f"model.py of '{instance.process.name}' failed: {reply[1]}\n{reply[2]}")
+        if isinstance(reply, Crashed):
+            raise ConfigError(f"model.py of '{instance.process.name}' failed: {reply.what}\n{reply.traceback}")
         return self._results(reply, count, instance)
 
-    def _results(self, reply: tuple, count: int, instance: _Instance | None = None) -> list[Any]:
+    def _results(self, reply: Message, count: int, instance: _Instance | None = None) -> list[Any]:
         """One result per request: outputs, error, RESCHEDULE, or SENT (its response sender answers it:
         ``OpenRequests.finish_batch`` puts the answer, or a future of it, in its place)."""
         instance = instance or self._instance
         assert instance is not None
-        if reply[0] == "failed":
+        if isinstance(reply, Failed):
             # The batch failed as a whole (Triton counts the execution, but no inference), in its words.
-            raise self._execute_failed(reply[1])
-        _, arena_info, packed = reply
+            raise self._execute_failed(reply.what)
+        if not isinstance(reply, Done):
+            raise InferenceFailed(f"the model process of '{instance.process.name}' answered a batch with "
+                                  f"{type(reply).__name__}")
+        arena_info, packed = reply
         if packed is None:  # decoupled: the responses went to the sinks
             return [{} for _ in range(count)]
         arena = instance.process.outputs(arena_info) if arena_info is not None else None
         results: list[RequestResult | object] = []
         for item in packed:
-            kind = item[0]
-            if kind == "error":
-                results.append(model_error((item[1], item[2])))
-            elif kind == "sent":
-                results.append(SENT)
-            elif kind == "failed":  # a request of a group (execute_each) whose own execute() raised
-                results.append(self._execute_failed(item[1]))
-            elif kind == "reschedule":
-                results.append(RESCHEDULE if self._iterative else reschedule_refused(self._context.model_name))
-            else:
-                assert arena is not None
-                parameters = json.loads(item[2]) if item[2] and item[2] != "{}" else {}
-                results.append(Outputs({d[0]: arena.read(d, copy=True) for d in item[1]}, parameters))
+            match item:
+                case Produced(descriptors, text):
+                    assert arena is not None
+                    parameters = json.loads(text) if text and text != "{}" else {}
+                    results.append(Outputs({d[0]: arena.read(d, copy=True) for d in descriptors}, parameters))
+                case Errored(message, code):
+                    results.append(model_error((message, code)))
+                case Sent():
+                    results.append(SENT)
+                case Failed(what):  # a request of a group (ExecuteEach) whose own execute() raised
+                    results.append(self._execute_failed(what))
+                case Rescheduled():
+                    results.append(RESCHEDULE if self._iterative else reschedule_refused(self._context.model_name))
         if arena is not None and arena.oversized:  # read (copied): the model process let go of it already
             instance.process.drop_output_arena(arena.path)
         return results

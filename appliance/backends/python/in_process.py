@@ -53,13 +53,12 @@ from appliance.backends.python.model_process.pb import runtime
 from appliance.backends.python.model_process.pb.runtime import Runtime
 from appliance.backends.python.model_process.pb.transfer import error_of, tensors_of
 from appliance.backends.python.model_process.pb.unanswered import Unanswered
-from appliance.backends.python.model_process.stub import RESCHEDULED as RESCHEDULED_MARK
-from appliance.backends.python.model_process.stub import SENT as SENT_MARK
 from appliance.backends.python.model_process.stub import returned_entries, what_failed
 from appliance.backends.python.peer import Peer
 from appliance.backends.python.requests import SENT, OpenRequests, model_error
 from appliance.backends.python.wire.arena import Attachments
 from appliance.backends.python.wire.channel import Channel
+from appliance.backends.python.wire.messages import Ask, Free, Infer, Message, Rescheduled, Sent
 from appliance.core.config_json import config_to_json
 from appliance.core.errors import ConfigError, InferenceFailed
 
@@ -118,45 +117,44 @@ class _LocalRuntime(Runtime):
     def __init__(self, model_name: str) -> None:
         # No connection: send() below replaces it.
         super().__init__(cast(Channel, None), model_name)
-        self.handlers: Mapping[str, Any] = {}
+        self.handlers: Mapping[type[Message], Any] = {}
         self.on_loop = False
         """execute() runs on the event loop's thread: a call that waits for the loop is refused."""
         self.refused = False
         """Such a call was refused."""
 
-    def send(self, message: tuple) -> None:
-        handler = self.handlers.get(message[0])
+    def send(self, message: Message) -> None:
+        handler = self.handlers.get(type(message))
         if handler is None:
-            raise InferenceFailed(f"model {self.model_name}: unknown message {message[0]!r}")
-        if self.on_loop and _waits(message):
+            raise InferenceFailed(f"model {self.model_name}: the server takes no {type(message).__name__} message")
+        if self.on_loop and isinstance(message, (Infer, Ask)) and _waits(message):
             self._refuse(message)
         handler(message)
 
-    def _refuse(self, message: tuple) -> NoReturn:
+    def _refuse(self, message: Infer | Ask) -> NoReturn:
         """A call that would wait for the event loop, from the event loop: it never starts (its inputs and
         the blocks it gave back are let go of), and the model gets an exception."""
         self.refused = True
         with self._calls_lock:
-            self._calls.pop(message[1], None)
-        if message[0] == "infer":
-            _, _, ref, _, meta = message
-            if ref is not None:
-                self.blocks.free(ref[0])
-            if meta.get("released"):
-                self.handlers["free"](("free", meta["released"]))
+            self._calls.pop(message.call, None)
+        if isinstance(message, Infer):
+            if message.ref is not None:
+                self.blocks.free(message.ref[0])
+            if message.meta.get("released"):
+                self.handlers[Free](Free(message.meta["released"]))
         raise pb_utils.TritonModelException(f"model {self.model_name} {_ON_THE_LOOP}")
 
-    def receive(self, message: tuple) -> None:
+    def receive(self, message: Message) -> None:
         """What the daemon-side handlers send to the model."""
-        if message[0] == "free":
-            for block in message[1]:
+        if isinstance(message, Free):
+            for block in message.blocks:
                 self.blocks.free(block)
         else:
             self.answer(message)
 
 
-def _waits(message: tuple) -> bool:
-    return message[0] == "infer" or (message[0] == "ask" and message[2] in _WAITING_QUESTIONS)
+def _waits(message: Infer | Ask) -> bool:
+    return isinstance(message, Infer) or (isinstance(message, Ask) and message.what in _WAITING_QUESTIONS)
 
 
 def _names_waiting_calls(context: LoadContext) -> bool:
@@ -286,9 +284,9 @@ class InProcessPythonBackend(ModelPyBackend):
     def _result(self, entry: Any) -> Any:
         """A request's result from what execute() gave for it: its outputs, its error, SENT (its response
         sender answers it), or a refused reschedule (iterative sequences run in a process)."""
-        if entry == SENT_MARK:
+        if isinstance(entry, Sent):
             return SENT
-        if entry == RESCHEDULED_MARK:
+        if isinstance(entry, Rescheduled):
             return reschedule_refused(self._context.model_name)
         error = error_of(entry)
         if error is not None:

@@ -22,6 +22,18 @@ from appliance.backends.base import CALLS_UNAVAILABLE, BackendServices, ModelCal
 from appliance.backends.python.process import Handler
 from appliance.backends.python.requests import ModelError, OpenRequests
 from appliance.backends.python.wire.arena import Attachments, BlockRef, Blocks, Descriptor
+from appliance.backends.python.wire.messages import (
+    Answer,
+    Ask,
+    Cancel,
+    Free,
+    Infer,
+    Log,
+    Message,
+    MetricUpdate,
+    Response,
+    Result,
+)
 from appliance.core.errors import ApplianceError, NotSupported, PushRefused, PushTooLarge
 
 __all__ = ["Peer"]
@@ -69,7 +81,7 @@ class _CallSink:
 
 
 class Peer:
-    def __init__(self, model: str, send: Callable[[tuple], None], requests: OpenRequests,
+    def __init__(self, model: str, send: Callable[[Message], None], requests: OpenRequests,
                  services: BackendServices | None) -> None:
         self._model = model
         self._send = send
@@ -83,14 +95,14 @@ class Peer:
         self._lock = threading.Lock()
         self._log = logging.getLogger(f"appliance.model.{model}")
 
-    def handlers(self) -> dict[str, Handler]:
-        return {"infer": self.on_infer, "cancel": self.on_cancel, "ask": self.on_ask, "free": self.on_free,
-                "log": self.on_log, "metric": self.on_metric, "response": self._requests.on_response}
+    def handlers(self) -> dict[type[Message], Handler]:
+        return {Infer: self.on_infer, Cancel: self.on_cancel, Ask: self.on_ask, Free: self.on_free, Log: self.on_log,
+                MetricUpdate: self.on_metric, Response: self._requests.on_response}
 
     # -- BLS -------------------------------------------------------------------------------------
 
-    def on_infer(self, message: tuple) -> None:
-        _, call, ref, descriptors, meta = message
+    def on_infer(self, message: Infer) -> None:
+        call, ref, descriptors, meta = message
         for block in meta.get("released", ()):
             self.blocks.free(block)
         inputs = self.attachments.read(ref, descriptors) if ref is not None else {}
@@ -133,43 +145,43 @@ class Peer:
                 error = exc
         answer = _error(error) if error is not None else None
         params = json.dumps(dict(parameters)) if parameters else None
-        self._send(("result", call, ref, descriptors, answer, params, final))
+        self._send(Result(call, ref, descriptors, answer, params, final))
 
     def forget(self, call: int) -> None:
         with self._lock:
             self._streams.pop(call, None)
 
-    def on_cancel(self, message: tuple) -> None:
+    def on_cancel(self, message: Cancel) -> None:
         """``ResponseIterator.cancel()``: the called model is asked to stop; what it still sends arrives."""
         with self._lock:
-            streamed = self._streams.get(message[1])
+            streamed = self._streams.get(message.call)
         if streamed is not None:
             streamed.cancel()
 
-    def on_free(self, message: tuple) -> None:
-        for block in message[1]:
+    def on_free(self, message: Free) -> None:
+        for block in message.blocks:
             self.blocks.free(block)
 
     # -- questions -------------------------------------------------------------------------------
 
-    def on_ask(self, message: tuple) -> None:
-        _, call, what, args = message
+    def on_ask(self, message: Ask) -> None:
+        call, what, args = message
         try:
             value = self._answer(what, args)
         except (ApplianceError, ValueError, KeyError, TypeError) as exc:
-            self._send(("answer", call, False, getattr(exc, "message", None) or str(exc)))
+            self._send(Answer(call, False, getattr(exc, "message", None) or str(exc)))
             return
         if isinstance(value, Future):
             value.add_done_callback(lambda done: self._answer_later(call, done))
             return
-        self._send(("answer", call, True, value))
+        self._send(Answer(call, True, value))
 
     def _answer_later(self, call: int, future: Future) -> None:
         error = future.exception()
         if error is not None:
-            self._send(("answer", call, False, _error(error)[0]))
+            self._send(Answer(call, False, _error(error)[0]))
         else:
-            self._send(("answer", call, True, future.result()))
+            self._send(Answer(call, True, future.result()))
 
     def _answer(self, what: str, args: tuple) -> Any:
         if what == "cancelled":
@@ -221,12 +233,12 @@ class Peer:
 
     # -- logs and metrics ------------------------------------------------------------------------
 
-    def on_log(self, message: tuple) -> None:
-        _, level, text, filename, line = message
+    def on_log(self, message: Log) -> None:
+        level, text, filename, line = message
         self._log.log(level, "%s:%s] %s", filename, line, text)
 
-    def on_metric(self, message: tuple) -> None:
-        _, operation, metric_id, value = message
+    def on_metric(self, message: MetricUpdate) -> None:
+        operation, metric_id, value = message
         if self._services.metrics is not None:
             self._services.metrics.update(metric_id, operation, value)
 

@@ -16,32 +16,45 @@ import asyncio
 import collections
 import logging
 import os
-import pickle
 import queue
 import select
 import subprocess
 import sys
 import threading
 from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 from appliance.backends.base import LoadContext
 from appliance.backends.python.environment import ModelEnvironment
 from appliance.backends.python.wire.arena import Arena
 from appliance.backends.python.wire.channel import Channel
+from appliance.backends.python.wire.messages import (
+    Crashed,
+    Described,
+    Done,
+    Failed,
+    Finalize,
+    Finalized,
+    HandedOver,
+    Handover,
+    Message,
+    MessageRefused,
+    Ready,
+    decode,
+    encode,
+)
 from appliance.core.errors import ConfigError, InferenceFailed
 
 __all__ = ["REPLIES", "Handler", "ModelProcess", "ProcessExited"]
 
 log = logging.getLogger(__name__)
 
-REPLIES = frozenset({"described", "ready", "done", "failed", "finalized", "crashed"})
+REPLIES = (Described, Ready, Done, Failed, Finalized, Crashed)
 """The kinds that answer a command of the daemon (everything else is a message of the model's own)."""
 
-Handler = Callable[[tuple], "Awaitable[object] | None"]
+Handler = Callable[[Any], "Awaitable[object] | None"]
 """Handles one kind of message; on the event loop it may hand back a wait (a client behind in reading a
 streamed response), and the channel is read no further until it completes."""
-_PICKLE = pickle.HIGHEST_PROTOCOL
-"""Messages are pickled directly (multiprocessing's ForkingPickler costs a pickler object per message)."""
 _DRAIN = 16
 """Messages read in one wake-up of the event loop at most (the loop's other work waits meanwhile)."""
 _OUTPUT_ARENAS = 3
@@ -93,7 +106,7 @@ _SPAWNER = _Spawner()
 class ModelProcess:
     """A model.py process and the reader thread that dispatches what it sends."""
 
-    def __init__(self, context: LoadContext, handlers: Mapping[str, Handler],
+    def __init__(self, context: LoadContext, handlers: Mapping[type[Message], Handler],
                  environment: ModelEnvironment | None = None) -> None:
         """``environment``: the model's own Python environment (EXECUTION_ENV_PATH), else the daemon's."""
         self.name = context.model_name
@@ -112,7 +125,7 @@ class ModelProcess:
         finally:
             Channel.close_fds(child)
         self._send_lock = threading.Lock()
-        self._waiting: collections.deque[Callable[[tuple | None], None]] = collections.deque()
+        self._waiting: collections.deque[Callable[[Message | None], None]] = collections.deque()
         """Where the replies to the commands sent go, oldest first (None: the process ended first)."""
         self._reply_lock = threading.Lock()
         self._ended = False
@@ -136,16 +149,17 @@ class ModelProcess:
 
     # -- sending and receiving ---------------------------------------------------------------
 
-    def send(self, message: tuple) -> None:
+    def send(self, message: Message) -> None:
         """Send from any thread; a process that is gone makes this a no-op (its end is reported by
         the reader)."""
+        data = encode(message)
         try:
             with self._send_lock:
-                self.conn.send_bytes(pickle.dumps(message, _PICKLE))
+                self.conn.send_bytes(data)
         except (OSError, ValueError):
             pass
 
-    def _command(self, message: tuple, on_reply: Callable[[tuple | None], None]) -> bool:
+    def _command(self, message: Message, on_reply: Callable[[Message | None], None]) -> bool:
         """Send a command whose reply goes to ``on_reply``; False if the process has ended (nobody would
         answer). The queue of waiters and the channel take commands in the same order."""
         with self._reply_lock:
@@ -155,7 +169,7 @@ class ModelProcess:
             self.send(message)
         return True
 
-    def call(self, message: tuple, doing: str = "handling the request") -> tuple:
+    def call(self, message: Message, doing: str = "handling the request") -> Message:
         """Send a command and wait for its reply; ``doing`` names the step in the error if the process
         ends meanwhile."""
         box: queue.SimpleQueue = queue.SimpleQueue()
@@ -163,11 +177,11 @@ class ModelProcess:
         if reply is None:
             code = self.process.wait()
             raise ProcessExited(f"the model process of '{self.name}' exited with code {code} while {doing}", code)
-        if reply[0] == "crashed":
-            raise ConfigError(f"model.py of '{self.name}' failed: {reply[1]}\n{reply[2]}")
+        if isinstance(reply, Crashed):
+            raise ConfigError(f"model.py of '{self.name}' failed: {reply.what}\n{reply.traceback}")
         return reply
 
-    def call_async(self, message: tuple, on_reply: Callable[[tuple | None], None]) -> None:
+    def call_async(self, message: Message, on_reply: Callable[[Message | None], None]) -> None:
         """Send a command without waiting: ``on_reply`` gets its reply on whatever reads the channel (None
         if the process ended first). Commands are answered in the order they were sent."""
         if not self._command(message, on_reply):  # the reader has stopped: nobody would answer
@@ -184,7 +198,7 @@ class ModelProcess:
         if self._loop is not None:
             return
         self._loop = loop
-        self.send(("handover",))
+        self.send(Handover())
 
     @property
     def reads_on_loop(self) -> bool:
@@ -195,10 +209,13 @@ class ModelProcess:
         try:
             while True:
                 try:
-                    message = pickle.loads(self.conn.recv_bytes())
+                    data = self.conn.recv_bytes()
                 except (EOFError, OSError):
                     break
-                if message[0] == "handed_over" and self._loop is not None:
+                message = self._decode(data)
+                if message is None:
+                    continue
+                if isinstance(message, HandedOver) and self._loop is not None:
                     try:
                         self._loop.call_soon_threadsafe(self._read_on_loop)
                     except RuntimeError:  # the loop is closed: read on here
@@ -222,7 +239,7 @@ class ModelProcess:
         never waits for long."""
         for _ in range(_DRAIN):
             try:
-                message = pickle.loads(self.conn.recv_bytes())
+                data = self.conn.recv_bytes()
             except (EOFError, OSError):
                 assert self._loop is not None
                 self._loop.remove_reader(self.conn.fileno())
@@ -230,7 +247,8 @@ class ModelProcess:
                 # Ending waits for the process: never on the event loop.
                 threading.Thread(target=self._end, name=f"python-model-end:{self.name}", daemon=True).start()
                 return
-            waiting = self._dispatch(message)
+            message = self._decode(data)
+            waiting = self._dispatch(message) if message is not None else None
             if waiting is not None:  # hold back what follows (in order) until the handler is done with it
                 assert self._loop is not None
                 self._loop.remove_reader(self.conn.fileno())
@@ -259,19 +277,29 @@ class ModelProcess:
             self._ending = True
         return True
 
-    def _dispatch(self, message: tuple) -> Awaitable[object] | None:
-        kind = message[0]
-        if kind in REPLIES:
+    def _decode(self, data: bytes) -> Message | None:
+        """The message in a frame, or None for one that is not a message: the process is killed (what it
+        sent may have been a reply someone waits for), and its end, read next, fails what waits for it."""
+        try:
+            return decode(data)
+        except MessageRefused as exc:
+            log.error("model %s sent a frame that is not a message, so its process is stopped: %s", self.name,
+                      exc.message)
+            self.kill_now()
+            return None
+
+    def _dispatch(self, message: Message) -> Awaitable[object] | None:
+        if isinstance(message, REPLIES):
             self._reply(message)
             return None
-        handler = self._handlers.get(kind)
+        handler = self._handlers.get(type(message))
         if handler is None:
-            log.error("model %s sent an unknown message %r", self.name, kind)
+            log.error("model %s sent a message the daemon does not take: %s", self.name, type(message).__name__)
             return None
         try:
             return handler(message)
         except Exception:
-            log.exception("model %s: handling its %r message failed", self.name, kind)
+            log.exception("model %s: handling its %s message failed", self.name, type(message).__name__)
             return None
 
     def _end(self, claimed: bool = False) -> None:
@@ -291,7 +319,7 @@ class ModelProcess:
         finally:
             self._ended_event.set()
 
-    def _reply(self, message: tuple | None) -> None:
+    def _reply(self, message: Message | None) -> None:
         with self._reply_lock:
             if message is None:  # the end: every command still waiting gets None
                 self._ended = True
@@ -300,7 +328,7 @@ class ModelProcess:
             else:
                 waiting = [self._waiting.popleft()] if self._waiting else []
         if not waiting and message is not None:  # e.g. finalize's answer at stop: nobody waits for it
-            log.debug("model %s: reply %r with no command waiting", self.name, message[0])
+            log.debug("model %s: reply %s with no command waiting", self.name, type(message).__name__)
         for on_reply in waiting:
             try:
                 on_reply(message)
@@ -345,12 +373,12 @@ class ModelProcess:
 
     def request_stop(self) -> None:
         """Ask model.py to finalize and exit once it is done with what it runs (never blocks)."""
-        self.send(("finalize",))
+        self.send(Finalize())
 
     def stop(self, timeout: float = 5.0) -> None:
         """Ask model.py to finalize and exit; kill the process if it has not within ``timeout``."""
         if self.process.poll() is None:
-            self.send(("finalize",))
+            self.send(Finalize())
             try:
                 self.process.wait(timeout)
             except subprocess.TimeoutExpired:
@@ -392,6 +420,13 @@ class ModelProcess:
     async def _remove_reader(self) -> None:
         assert self._loop is not None
         self._loop.remove_reader(self.conn.fileno())
+
+    def kill_now(self) -> None:
+        """Kill the process without waiting for it (its end reaches the reader as the channel's end)."""
+        try:
+            self.process.kill()
+        except OSError:  # reaped already
+            pass
 
     def kill(self) -> None:
         if self.process.poll() is None:

@@ -19,6 +19,7 @@ from http import HTTPStatus
 
 from appliance.backends.base import BackendRequest, Outputs, RequestResult, Reschedule, ResponseSink
 from appliance.backends.python.wire.arena import Attachments
+from appliance.backends.python.wire.messages import Response
 from appliance.core.errors import ApplianceError
 
 __all__ = ["SENT", "ModelError", "OpenRequests", "model_error"]
@@ -143,11 +144,11 @@ class OpenRequests:
             entry = self._open.get(key)
         return entry is not None and bool(entry.cancelled())
 
-    def on_response(self, message: tuple) -> Awaitable[object] | None:
-        """A streamed response: ("response", key, block, descriptors, error, parameters, final). On the reader
+    def on_response(self, message: Response) -> Awaitable[object] | None:
+        """A streamed response (sent through a response sender). On the reader
         thread its sink may block while the client is behind; on the event loop it never does: the wait
         for room comes back instead, and the channel is read no further until it completes."""
-        _, key, ref, descriptors, error, parameters, final = message
+        key, ref, descriptors, error, parameters, final = message
         outputs = self._attachments.read(ref, descriptors) if ref is not None else None
         if ref is not None:
             self._free(ref[0])

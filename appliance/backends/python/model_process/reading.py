@@ -15,18 +15,31 @@ reads is noticed by PR_SET_PDEATHSIG, or when the command ends.
 
 from __future__ import annotations
 
+import logging
 import os
-import pickle
 import queue
 import select
 import threading
 from collections.abc import Callable
 
 from appliance.backends.python.model_process.pb.runtime import Runtime
+from appliance.backends.python.wire.messages import (
+    Describe,
+    Execute,
+    ExecuteEach,
+    Finalize,
+    Initialize,
+    Message,
+    MessageRefused,
+    decode,
+)
 
 __all__ = ["COMMANDS", "Reading"]
 
-COMMANDS = frozenset({"describe", "initialize", "execute", "execute_each", "finalize"})
+COMMANDS = (Describe, Initialize, Execute, ExecuteEach, Finalize)
+"""The daemon's commands, run one at a time by the main thread (every other message is handled where it is read)."""
+
+log = logging.getLogger("appliance.python-stub")
 
 _MAIN, _BUSY, _READER, _CALLER = "main", "busy", "reader", "caller"
 """Who reads: the main thread between commands; nobody (a command runs); the reader thread; the main
@@ -34,7 +47,7 @@ thread during a command, waiting for the answer to its own call."""
 
 
 class Reading:
-    def __init__(self, rt: Runtime, dispatch: Callable[[tuple], None], gone: Callable[[], None]) -> None:
+    def __init__(self, rt: Runtime, dispatch: Callable[[Message], None], gone: Callable[[], None]) -> None:
         """``dispatch``: handles a message that is not a command, on the thread that read it; ``gone``:
         the daemon closed the channel (never returns)."""
         self._rt = rt
@@ -93,7 +106,7 @@ class Reading:
         if others:
             self._reader_turn.set()
 
-    def next_command(self) -> tuple:
+    def next_command(self) -> Message:
         """Main thread: the next command, reading (and dispatching what else comes) while it waits."""
         with self._lock:
             reclaim = self._state == _READER and not self._called and not self._always
@@ -115,17 +128,23 @@ class Reading:
                     message = self._commands.get_nowait()  # read by the reader thread before it handed back
                 except queue.Empty:
                     message = self._recv()
-            if message[0] in COMMANDS:
+            if isinstance(message, COMMANDS):
                 with self._lock:
                     if self._state == _MAIN:
                         self._state = _BUSY
                 return message
             self._dispatch(message)
 
-    def _recv(self) -> tuple:
+    def _recv(self) -> Message:
         try:
-            return pickle.loads(self._rt.conn.recv_bytes())
+            data = self._rt.conn.recv_bytes()
         except (EOFError, OSError):
+            self._gone()
+            raise
+        try:
+            return decode(data)
+        except MessageRefused as exc:  # another version of the daemon: nothing it sends can be trusted
+            log.error("the daemon sent a frame that is not a message; this model process exits: %s", exc.message)
             self._gone()
             raise
 
@@ -144,10 +163,10 @@ class Reading:
                     break
                 self._route(self._recv())
 
-    def _route(self, message: tuple) -> None:
+    def _route(self, message: Message) -> None:
         """A message read while the main thread is not waiting for a command: a command is queued for it
         (``next_command``), anything else is handled at once on this thread."""
-        if message[0] in COMMANDS:
+        if isinstance(message, COMMANDS):
             self._commands.put(message)
         else:
             self._dispatch(message)

@@ -32,6 +32,28 @@ from appliance.backends.python.model_process.pb.unanswered import NOT_A_LIST, NO
 from appliance.backends.python.model_process.reading import Reading
 from appliance.backends.python.wire.arena import Arena, reusable_size
 from appliance.backends.python.wire.channel import Channel
+from appliance.backends.python.wire.messages import (
+    Crashed,
+    Describe,
+    Described,
+    Done,
+    Entry,
+    Errored,
+    Execute,
+    ExecuteEach,
+    Failed,
+    Finalize,
+    Finalized,
+    Free,
+    HandedOver,
+    Handover,
+    Initialize,
+    Message,
+    Produced,
+    Ready,
+    Rescheduled,
+    Sent,
+)
 
 if TYPE_CHECKING:
     import asyncio
@@ -120,13 +142,13 @@ class ReturnRefused(pb_utils.TritonModelException):
     these, so they carry no Python type or traceback; see ``what_failed``)."""
 
 
-SENT = ("sent",)
+SENT = Sent()
 """A request answered through its response sender (now, or later from another thread)."""
-RESCHEDULED = ("reschedule",)
+RESCHEDULED = Rescheduled()
 """A request the model released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE: it runs again."""
 
 
-def _unanswered(request: pb_utils.InferenceRequest) -> tuple[str]:
+def _unanswered(request: pb_utils.InferenceRequest) -> Sent | Rescheduled:
     rescheduled = request.release_flags() == pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
     return RESCHEDULED if rescheduled else SENT
 
@@ -141,7 +163,7 @@ def returned_entries(decoupled: bool, requests: list, responses: Any, instance: 
     entries = _checked_entries(decoupled, requests, responses, instance)
     if unanswered is not None and entries is not None and not decoupled:
         for request, entry in zip(requests, entries):
-            if entry is SENT:
+            if isinstance(entry, Sent):
                 unanswered.watch(request, NOT_A_LIST if responses is None else NOT_A_RESPONSE)
     return entries
 
@@ -153,7 +175,7 @@ def _checked_entries(decoupled: bool, requests: list, responses: Any, instance: 
                 f"Python model '{instance}' is using the decoupled mode and the execute function must return "
                 "None. (Send the responses with request.get_response_sender().)")
         marks = [_unanswered(request) for request in requests]
-        return list(marks) if RESCHEDULED in marks else None
+        return marks if any(isinstance(mark, Rescheduled) for mark in marks) else None
     if responses is None:
         return [_unanswered(request) for request in requests]
     if not isinstance(responses, list):
@@ -182,13 +204,13 @@ def _checked_entries(decoupled: bool, requests: list, responses: Any, instance: 
     return entries
 
 
-def _pack_responses(responses: list, arena: Arena | None, model: str) -> tuple[list[Any], Arena]:
-    """Write every response's tensors into the output arena (growing it); errors stay as messages,
-    requests answered elsewhere (SENT, RESCHEDULED) as their marks."""
+def _pack_responses(responses: list, arena: Arena | None, model: str) -> tuple[list[Entry], Arena]:
+    """Write every response's tensors into the output arena (growing it): one entry per response,
+    Produced or Errored; requests answered elsewhere (Sent, Rescheduled) keep their marks."""
     tensors: list[list[tuple[str, Any]]] = []
     packed: list[Any] = []
     for response in responses:
-        if isinstance(response, tuple):
+        if isinstance(response, (Sent, Rescheduled)):
             tensors.append([])
             packed.append(response)
             continue
@@ -205,14 +227,14 @@ def _pack_responses(responses: list, arena: Arena | None, model: str) -> tuple[l
         arena = Arena.create(reusable_size(needed), model)
     offset = 0
     for index, (response, response_tensors) in enumerate(zip(packed, tensors)):
-        if isinstance(response, tuple):
+        if isinstance(response, (Sent, Rescheduled)):
             continue
         error = error_of(response)
         if error is not None:
-            packed[index] = ("error", *error)
+            packed[index] = Errored(*error)
             continue
         descriptors, offset = arena.write(response_tensors, offset)
-        packed[index] = ("ok", descriptors, response.parameters())
+        packed[index] = Produced(descriptors, response.parameters())
     return packed, arena
 
 
@@ -272,14 +294,14 @@ class _Failures:
                   what, "".join(traceback.format_exception(exc)).rstrip())
 
 
-def _failure(exc: BaseException, failures: _Failures | None = None) -> tuple[str, str, str]:
-    """("failed", what, traceback): logged, unless ``failures`` has logged one already."""
+def _failure(exc: BaseException, failures: _Failures | None = None) -> Failed:
+    """Logged, unless ``failures`` has logged one already."""
     text = "".join(traceback.format_exception(exc))
     if failures is None:
         log.error("%s", text.rstrip())
     else:
         failures.log(exc)
-    return ("failed", what_failed(exc), text)
+    return Failed(what_failed(exc), text)
 
 
 _OURS = str(Path(__file__).resolve().parent)
@@ -296,9 +318,10 @@ def what_failed(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" + (f"\n\nAt:\n{where}" if where else "")
 
 
-def _execute(model: _Model, requests: list, rt: Runtime, output: Arena | None) -> tuple[tuple, Arena | None]:
-    """("done", arena, packed): packed holds one entry per request (see _pack_responses), or is None when
-    every request streams its responses (a decoupled model that rescheduled nothing); ("failed", ...)."""
+def _execute(model: _Model, requests: list, rt: Runtime,
+             output: Arena | None) -> tuple[Done | Failed, Arena | None]:
+    """Done: its entries one per request (see _pack_responses), or None when every request streams its
+    responses (a decoupled model that rescheduled nothing); or Failed."""
     try:
         responses = model.call("execute", requests, background=model.decoupled)
         entries = returned_entries(model.decoupled, requests, responses, model.name, model.unanswered)
@@ -307,17 +330,18 @@ def _execute(model: _Model, requests: list, rt: Runtime, output: Arena | None) -
             request.close_sender()
         return _failure(exc, model.failures), output
     if entries is None:
-        return ("done", None, None), output
+        return Done(None, None), output
     packed, output = _pack_responses(entries, output, rt.model_name)
-    return ("done", output.info(), packed), output
+    return Done(output.info(), packed), output
 
 
-def _execute_each(model: _Model, requests: list, rt: Runtime, output: Arena | None) -> tuple[tuple, Arena | None]:
+def _execute_each(model: _Model, requests: list, rt: Runtime,
+                  output: Arena | None) -> tuple[Done | Failed, Arena | None]:
     """A group (a model without dynamic batching, never decoupled): execute() once per request, in order,
-    each its own execution; one reply for all, where a request whose execute() raised is ("failed", what,
-    text) and the others as in _execute."""
+    each its own execution; one reply for all, where a request whose execute() raised is Failed and the
+    others as in _execute."""
     entries: list[Any] = []
-    failures: dict[int, tuple] = {}
+    failures: dict[int, Failed] = {}
     for index, request in enumerate(requests):
         try:
             returned = returned_entries(False, [request], model.call("execute", [request]), model.name,
@@ -331,16 +355,17 @@ def _execute_each(model: _Model, requests: list, rt: Runtime, output: Arena | No
     packed, output = _pack_responses(entries, output, rt.model_name)
     for index, failure in failures.items():
         packed[index] = failure
-    return ("done", output.info(), packed), output
+    return Done(output.info(), packed), output
 
 
 def serve(rt: Runtime, commands: Reading, model_file: Path) -> None:
     model_class = _load_model_class(model_file)
-    command, config = commands.next_command()
-    assert command == "describe"
-    rt.send(("described", _auto_complete(model_class, config)))
-    command, args = commands.next_command()
-    assert command == "initialize"
+    describe = commands.next_command()
+    assert isinstance(describe, Describe), describe
+    rt.send(Described(_auto_complete(model_class, describe.config)))
+    initialize = commands.next_command()
+    assert isinstance(initialize, Initialize), initialize
+    args = initialize.args
     try:
         model = _Model(model_class)
         model.decoupled = pb_utils.using_decoupled_model_transaction_policy(json.loads(args["model_config"]))
@@ -352,18 +377,19 @@ def serve(rt: Runtime, commands: Reading, model_file: Path) -> None:
         return
     if model.decoupled:
         commands.keep_reader()
-    rt.send(("ready", None))
+    rt.send(Ready())
     # Replies are written into two output arenas in turn: the daemon may send the next batch before it
     # has read this one's outputs, but not the one after (it lends the instance twice at most).
     inputs, turn = _Attached(), 0
     outputs: list[Arena | None] = [None, None]
     while True:
         message = commands.next_command()
-        if message[0] == "finalize":
+        if isinstance(message, Finalize):
             break
-        command, arena_info, batch = message
+        assert isinstance(message, (Execute, ExecuteEach)), message
+        arena_info, batch = message
         requests = _requests(inputs.get(arena_info), batch, model.decoupled)
-        run = _execute_each if command == "execute_each" else _execute
+        run = _execute_each if isinstance(message, ExecuteEach) else _execute
         reply, outputs[turn] = run(model, requests, rt, outputs[turn])
         del requests  # a request left unanswered, and let go of by the model, is answered now (``unanswered``)
         output = outputs[turn]
@@ -381,16 +407,15 @@ def serve(rt: Runtime, commands: Reading, model_file: Path) -> None:
     for output in outputs:
         if output is not None:
             output.close()
-    rt.send(("finalized", None))
+    rt.send(Finalized())
 
 
-def _dispatch(rt: Runtime, message: tuple) -> None:
+def _dispatch(rt: Runtime, message: Message) -> None:
     """A message of the daemon that is not a command, on the thread that read it."""
-    kind = message[0]
-    if kind == "handover":  # the daemon's event loop reads what follows
-        rt.send(("handed_over",))
-    elif kind == "free":
-        for block in message[1]:
+    if isinstance(message, Handover):  # the daemon's event loop reads what follows
+        rt.send(HandedOver())
+    elif isinstance(message, Free):
+        for block in message.blocks:
             rt.blocks.free(block)
     else:
         rt.answer(message)
@@ -421,7 +446,7 @@ def main() -> None:
         serve(rt, commands, model_file)
     except Exception as exc:
         try:
-            rt.send(("crashed", f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+            rt.send(Crashed(f"{type(exc).__name__}: {exc}", traceback.format_exc()))
         except OSError:
             pass
         rt.close()

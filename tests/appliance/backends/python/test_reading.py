@@ -4,7 +4,6 @@ hands reading to the reader thread when another thread's call is still open."""
 
 from __future__ import annotations
 
-import pickle
 import threading
 
 import pytest
@@ -12,6 +11,7 @@ import pytest
 from appliance.backends.python.model_process.pb.runtime import Runtime
 from appliance.backends.python.model_process.reading import Reading
 from appliance.backends.python.wire.channel import Channel
+from appliance.backends.python.wire.messages import Answer, Execute, Message, decode, encode
 
 
 class _Stub:
@@ -27,21 +27,21 @@ class _Stub:
         """The stub exits here; the test's reader thread (a daemon thread) just stops reading."""
         threading.Event().wait()
 
-    def send(self, message: tuple) -> None:
+    def send(self, message: Message) -> None:
         """As the daemon."""
-        self.daemon.send_bytes(pickle.dumps(message))
+        self.daemon.send_bytes(encode(message))
 
-    def received(self) -> tuple:
+    def received(self) -> Message:
         """What the model process sent, as the daemon reads it."""
-        return pickle.loads(self.daemon.recv_bytes())
+        return decode(self.daemon.recv_bytes())
 
     def call(self, inline: bool) -> tuple[int, dict]:
         """Start a call; its answer's value and the thread that read it land in the dict."""
         seen: dict = {}
         done = threading.Event()
 
-        def answered(message: tuple) -> bool:
-            seen["value"], seen["thread"] = message[3], threading.current_thread().name
+        def answered(message: Answer) -> bool:
+            seen["value"], seen["thread"] = message.value, threading.current_thread().name
             done.set()
             return True
 
@@ -60,34 +60,34 @@ def stub():
 
 
 def test_the_main_thread_reads_for_its_own_call_and_queues_the_commands_it_meets(stub):
-    stub.send(("execute", 1))
-    assert stub.reading.next_command() == ("execute", 1)  # a command runs: nobody reads
+    stub.send(Execute({}, [1]))
+    assert stub.reading.next_command() == Execute({}, [1])  # a command runs: nobody reads
     call, seen = stub.call(inline=True)
-    stub.send(("execute", 2))  # pipelined behind the answer: read while waiting, kept for later
-    stub.send(("answer", call, True, 42))
+    stub.send(Execute({}, [2]))  # pipelined behind the answer: read while waiting, kept for later
+    stub.send(Answer(call, True, 42))
     stub.rt.wait_inline(seen["done"].is_set)
     assert seen["value"] == 42 and seen["thread"] == threading.current_thread().name  # no reader thread
-    assert stub.reading.next_command() == ("execute", 2)
+    assert stub.reading.next_command() == Execute({}, [2])
 
 
 def test_another_threads_call_is_read_by_the_reader_thread_once_the_main_thread_has_its_answer(stub):
-    stub.send(("execute", 1))
+    stub.send(Execute({}, [1]))
     stub.reading.next_command()
     mine, seen_mine = stub.call(inline=True)
     other: dict = {}
     started = threading.Thread(target=lambda: other.update(zip(("call", "seen"), stub.call(inline=False))))
     started.start()
     started.join(5)
-    stub.send(("answer", mine, True, "mine"))
+    stub.send(Answer(mine, True, "mine"))
     stub.rt.wait_inline(seen_mine["done"].is_set)
     assert seen_mine["value"] == "mine"
-    stub.send(("answer", other["call"], True, "other"))  # nobody on the main thread reads now
+    stub.send(Answer(other["call"], True, "other"))  # nobody on the main thread reads now
     assert other["seen"]["done"].wait(5)
     assert other["seen"]["value"] == "other" and other["seen"]["thread"] == "pb-reader"
 
 
 def test_a_call_from_another_thread_never_reads_inline(stub):
-    stub.send(("execute", 1))
+    stub.send(Execute({}, [1]))
     stub.reading.next_command()
     result: dict = {}
 
@@ -101,15 +101,15 @@ def test_a_call_from_another_thread_never_reads_inline(stub):
     thread.start()
     thread.join(5)
     assert not result["seen"]["done"].is_set()
-    stub.send(("answer", result["call"], True, 7))
+    stub.send(Answer(result["call"], True, 7))
     assert result["seen"]["done"].wait(5) and result["seen"]["thread"] == "pb-reader"
 
 
 def test_the_main_thread_takes_reading_back_for_the_next_command_after_an_inline_call(stub):
-    stub.send(("execute", 1))
+    stub.send(Execute({}, [1]))
     stub.reading.next_command()
     call, seen = stub.call(inline=True)
-    stub.send(("answer", call, True, 1))
+    stub.send(Answer(call, True, 1))
     stub.rt.wait_inline(seen["done"].is_set)
-    stub.send(("execute", 2))
-    assert stub.reading.next_command() == ("execute", 2)
+    stub.send(Execute({}, [2]))
+    assert stub.reading.next_command() == Execute({}, [2])

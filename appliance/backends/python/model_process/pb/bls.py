@@ -20,6 +20,7 @@ from appliance.backends.python.model_process.pb.errors import TritonError, Trito
 from appliance.backends.python.model_process.pb.response import InferenceResponse
 from appliance.backends.python.model_process.pb.tensor import Tensor
 from appliance.backends.python.model_process.pb.transfer import read_tensors, tensors_of, write_tensors
+from appliance.backends.python.wire.messages import Answer, Cancel, Gone, Infer, Result
 
 if TYPE_CHECKING:
     import asyncio
@@ -49,17 +50,19 @@ class InferenceRequest(Protocol):
     def parameters(self) -> str: ...
 
 
-def _response(message: tuple, rt: runtime.Runtime) -> InferenceResponse:
-    if message[0] == "gone":
-        return InferenceResponse(error=TritonError(message[3], TritonError.UNAVAILABLE))
-    _, _, ref, descriptors, error, parameters, _ = message
-    if error is not None:
-        return InferenceResponse(error=TritonError(error[0], error[1]))
-    return InferenceResponse(read_tensors(ref, descriptors, rt), parameters=parameters or None)
+def _response(message: Answer | Result | Gone, rt: runtime.Runtime) -> InferenceResponse:
+    match message:
+        case Result(_, _, _, (text, code)):
+            return InferenceResponse(error=TritonError(text, code))
+        case Result(_, ref, descriptors, None, parameters):
+            return InferenceResponse(read_tensors(ref, descriptors, rt), parameters=parameters or None)
+        case Gone(_, reason):
+            return InferenceResponse(error=TritonError(reason, TritonError.UNAVAILABLE))
+    return InferenceResponse(error=TritonError(f"the server answered a call with {type(message).__name__}"))
 
 
-def _final(message: tuple) -> bool:
-    return message[0] == "gone" or bool(message[6])
+def _final(message: Answer | Result | Gone) -> bool:
+    return not isinstance(message, Result) or message.final
 
 
 def _start(request: InferenceRequest, decoupled: bool, deliver: Callable[[InferenceResponse, bool], None],
@@ -72,7 +75,7 @@ def _start(request: InferenceRequest, decoupled: bool, deliver: Callable[[Infere
     ref, descriptors = write_tensors(tensors_of(request.inputs(), "input"))
     freed = False
 
-    def answered(message: tuple) -> bool:
+    def answered(message: Answer | Result | Gone) -> bool:
         nonlocal freed
         if not freed and ref is not None:  # the daemon has read the inputs by its first answer
             freed = True
@@ -85,11 +88,16 @@ def _start(request: InferenceRequest, decoupled: bool, deliver: Callable[[Infere
     meta = {
         "model_name": request.model_name, "model_version": request.model_version,
         "outputs": request.requested_output_names(), "id": request.request_id(),
-        "correlation_id": request.correlation_id(), "flags": request.flags(), "timeout": request.timeout(),
+        "correlation_id": _plain(request.correlation_id()), "flags": request.flags(), "timeout": request.timeout(),
         "parameters": request.parameters(), "decoupled": decoupled, "released": rt.take_released(),
     }
-    rt.send(("infer", call, ref, descriptors, meta))
+    rt.send(Infer(call, ref, descriptors, meta))
     return call
+
+
+def _plain(correlation_id: Any) -> int | str:
+    """A correlation id as the channel carries it (plain data only: a numpy integer becomes an int)."""
+    return correlation_id if isinstance(correlation_id, str) else int(correlation_id)
 
 
 class ResponseIterator:
@@ -113,7 +121,7 @@ class ResponseIterator:
     def cancel(self) -> None:
         """Ask the called model to stop: its request.is_cancelled() turns True. What it still sends
         arrives here, up to its final response (a model that ignores the cancellation streams on)."""
-        runtime.current().send(("cancel", self._call))
+        runtime.current().send(Cancel(self._call))
 
 
 def _iterator(request: InferenceRequest, first: Callable[[], None] | None = None) -> ResponseIterator:

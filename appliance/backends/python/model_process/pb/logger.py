@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from appliance.backends.python.model_process.pb import runtime
 from appliance.backends.python.model_process.pb.runtime import Runtime
+from appliance.backends.python.wire.messages import Log
 
 __all__ = ["LogLevel", "Logger", "forward_logging"]
 
@@ -33,7 +34,7 @@ def _where(depth: int) -> tuple[str, int]:
 def _send(level: int, message: str, depth: int = 3) -> None:
     filename, line = _where(depth)
     try:
-        runtime.current().send(("log", level, str(message), filename, line))
+        runtime.current().send(Log(level, str(message), filename, line))
     except Exception:  # noqa: BLE001 - outside a server (or it went away): stderr is all there is
         print(f"{logging.getLevelName(level)} {filename}:{line}] {message}", file=sys.stderr)
 
@@ -65,7 +66,7 @@ class _Forward(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            self._rt.send(("log", record.levelno, self.format(record), record.filename, record.lineno))
+            self._rt.send(Log(record.levelno, self.format(record), record.filename, record.lineno))
         except Exception:  # noqa: BLE001 - logging must never raise into the model
             self.handleError(record)
 

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from appliance.backends.python.model_process.pb import runtime
 from appliance.backends.python.model_process.pb.errors import TritonModelException
+from appliance.backends.python.wire.messages import MetricUpdate
 
 __all__ = ["Metric", "MetricFamily", "MetricKind"]
 
@@ -34,17 +35,17 @@ class Metric:
             raise TritonModelException("increment() is not supported on a histogram metric; use observe()")
         if self._kind is MetricKind.COUNTER and value < 0:
             raise TritonModelException("a counter can only go up: increment() takes a value >= 0")
-        runtime.current().send(("metric", "increment", self._id, float(value)))
+        runtime.current().send(MetricUpdate("increment", self._id, float(value)))
 
     def set(self, value: float) -> None:
         if self._kind is not MetricKind.GAUGE:
             raise TritonModelException("set() is supported only on a gauge metric")
-        runtime.current().send(("metric", "set", self._id, float(value)))
+        runtime.current().send(MetricUpdate("set", self._id, float(value)))
 
     def observe(self, value: float) -> None:
         if self._kind is not MetricKind.HISTOGRAM:
             raise TritonModelException("observe() is supported only on a histogram metric")
-        runtime.current().send(("metric", "observe", self._id, float(value)))
+        runtime.current().send(MetricUpdate("observe", self._id, float(value)))
 
     def value(self) -> float:
         if self._kind is MetricKind.HISTOGRAM:

@@ -10,7 +10,7 @@ question, ``start_call`` opens a call whose answers (one, or a stream) go to a c
 from __future__ import annotations
 
 import itertools
-import pickle
+import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -19,8 +19,11 @@ from typing import Any
 from appliance.backends.python.model_process.pb.errors import TritonModelException
 from appliance.backends.python.wire.arena import Attachments, Blocks
 from appliance.backends.python.wire.channel import Channel
+from appliance.backends.python.wire.messages import Answer, Ask, Free, Gone, Message, Result, encode
 
 __all__ = ["Runtime", "current", "install", "serving"]
+
+log = logging.getLogger("appliance.python-stub")
 
 
 class Runtime:
@@ -33,7 +36,7 @@ class Runtime:
         """The daemon's blocks (BLS responses), as this process reads them."""
         self._send_lock = threading.Lock()
         self._ids = itertools.count(1)
-        self._calls: dict[int, Callable[[tuple], bool]] = {}
+        self._calls: dict[int, Callable[[Answer | Result | Gone], bool]] = {}
         self._calls_lock = threading.Lock()
         self._released: list[int] = []
         self._released_lock = threading.Lock()
@@ -43,9 +46,10 @@ class Runtime:
         self.read_inline: Callable[[Callable[[], bool]], None] | None = None
         """Reads the channel on the calling thread until the condition holds, where that thread may read."""
 
-    def send(self, message: tuple) -> None:
+    def send(self, message: Message) -> None:
+        data = encode(message)
         with self._send_lock:
-            self.conn.send_bytes(pickle.dumps(message, pickle.HIGHEST_PROTOCOL))
+            self.conn.send_bytes(data)
 
     def release(self, block: int, now: bool = False) -> None:
         """The daemon may reuse one of its blocks (its tensors were copied out). Told with the next BLS call
@@ -56,7 +60,7 @@ class Runtime:
             if len(self._released) < _RELEASE_BATCH and not now:
                 return
             blocks, self._released = self._released, []
-        self.send(("free", blocks))
+        self.send(Free(blocks))
 
     def take_released(self) -> list[int]:
         with self._released_lock:
@@ -66,11 +70,11 @@ class Runtime:
     def flush_released(self) -> None:
         blocks = self.take_released()
         if blocks:
-            self.send(("free", blocks))
+            self.send(Free(blocks))
 
-    def start_call(self, on_answer: Callable[[tuple], bool], inline: bool = False) -> int:
-        """A new call id; ``on_answer(message)`` gets each answer and returns True on the last one. If the
-        daemon goes away first, it gets ``("gone", call, False, reason)``. ``inline``: the calling thread
+    def start_call(self, on_answer: Callable[[Answer | Result | Gone], bool], inline: bool = False) -> int:
+        """A new call id; ``on_answer(message)`` gets each answer (Answer, Result) and returns True on the
+        last one. If the daemon goes away first, it gets ``Gone``. ``inline``: the calling thread
         then waits for the answer in ``wait_inline``."""
         call = next(self._ids)
         with self._calls_lock:
@@ -90,21 +94,27 @@ class Runtime:
         """Ask the daemon one question and wait for the answer (raises what the daemon reports)."""
         future: Future = Future()
 
-        def answered(message: tuple) -> bool:
-            _, _, ok, value = message
-            if ok is True:
-                future.set_result(value)
-            else:
-                future.set_exception(TritonModelException(value))
+        def answered(message: Answer | Result | Gone) -> bool:
+            match message:
+                case Answer(_, True, value):
+                    future.set_result(value)
+                case Answer(_, _, error) | Gone(_, error):
+                    future.set_exception(TritonModelException(error))
+                case _:
+                    future.set_exception(TritonModelException(f"the server answered {what} with "
+                                                              f"{type(message).__name__}"))
             return True
 
         call = self.start_call(answered)
-        self.send(("ask", call, what, args))
+        self.send(Ask(call, what, args))
         return future.result(timeout)
 
-    def answer(self, message: tuple) -> None:
-        """Route an answer (``answer`` or ``result``) to its call (reader thread)."""
-        call = message[1]
+    def answer(self, message: Message) -> None:
+        """Route an answer (Answer or Result) to its call (reader thread)."""
+        if not isinstance(message, (Answer, Result)):
+            log.error("the daemon sent a %s message, which answers no call; dropped", type(message).__name__)
+            return
+        call = message.call
         with self._calls_lock:
             handler = self._calls.get(call)
         if handler is not None and handler(message):
@@ -117,7 +127,7 @@ class Runtime:
             calls = list(self._calls.items())
             self._calls.clear()
         for call, handler in calls:
-            handler(("gone", call, False, reason))
+            handler(Gone(call, reason))
 
     def close(self) -> None:
         self.blocks.close()

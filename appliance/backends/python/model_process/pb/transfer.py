@@ -13,6 +13,7 @@ from appliance.backends.python.model_process.pb.errors import TritonError
 from appliance.backends.python.model_process.pb.response import InferenceResponse
 from appliance.backends.python.model_process.pb.tensor import Tensor
 from appliance.backends.python.wire.arena import KEEP_BYTES, BlockRef, Descriptor
+from appliance.backends.python.wire.messages import Response
 
 __all__ = ["error_of", "read_tensors", "send_response", "tensors_of", "write_tensors"]
 
@@ -56,7 +57,7 @@ def send_response(key: int, response: InferenceResponse | None, final: bool) -> 
         if error is None:
             ref, descriptors = write_tensors(tensors_of(response.output_tensors(), "output"))
         parameters = response.parameters()
-    runtime.current().send(("response", key, ref, descriptors, error, parameters, final))
+    runtime.current().send(Response(key, ref, descriptors, error, parameters, final))
 
 
 def response_parameters(text: str | None) -> dict[str, Any]:

@@ -20,6 +20,8 @@ import threading
 import weakref
 from typing import TYPE_CHECKING
 
+from appliance.backends.python.wire.messages import Response
+
 if TYPE_CHECKING:
     from appliance.backends.python.model_process.pb.messages import InferenceRequest
     from appliance.backends.python.model_process.pb.runtime import Runtime
@@ -83,7 +85,7 @@ class Unanswered:
                 log.error("%s; later requests of this instance let go of unanswered get the same error, unlogged",
                           message)
             try:
-                self._rt.send(("response", key, None, [], (message, _CODE), None, True))
+                self._rt.send(Response(key, None, [], (message, _CODE), None, True))
             except Exception:  # noqa: BLE001 - the daemon went away: nobody waits for the answer
                 log.debug("could not answer request %s: the daemon is gone", key)
 
