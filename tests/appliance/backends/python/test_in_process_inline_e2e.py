@@ -71,14 +71,14 @@ def test_a_model_selection_cannot_measure_is_served_on_the_plan_it_pins(start_da
     assert out.tolist() == [[8.0]] and parameters["thread"] == "caller:1#0"
 
 
-# backends/accumulate_on_thread: the tests' Python accumulator (a running sum per direct slot), trusted,
-# answering with the thread it ran on.
+# sequence/py_accumulator served with its in_process.pbtxt: the tests' Python accumulator (a running sum per
+# direct slot), trusted, answering with the thread it ran on.
 
 
 def test_a_cheap_trusted_sequence_model_runs_its_steps_on_the_loop_and_keeps_each_sequence_apart(
         start_daemon, tmp_path):
     repo = tmp_path / "repo"
-    copy_model(repo, "backends/accumulate_on_thread", "accumulate")
+    copy_model(repo, "sequence/py_accumulator", "accumulate", config="in_process")
     daemon = start_daemon(repo, selection=True, env={"APPLIANCE_TUNE_BUDGET": "0.05"})
     status, _, selection = call(daemon.port, "GET", "/v2/models/accumulate/selection")
     assert status == 200 and selection["execution"]["execution"] == "inline", selection
