@@ -134,14 +134,21 @@ async def test_a_batch_refused_at_start_gives_its_resources_back_before_the_next
     assert _idle(limiter)
 
 
-async def test_a_waiter_is_told_when_its_model_is_unloaded():
-    # An unloaded model's instance waiting for its resources gets an error, never an endless wait.
-    limiter = RateLimiter()
+async def _holder_and_queued_waiter(limiter: RateLimiter):
+    """(holder, waiter, waiting): two instances of SHARED, the holder holding it and the waiter's take(0)
+    (the future ``waiting``) queued behind it."""
     holder = limiter.register("holder:1", SHARED, RateLimitCounts())
     waiter = limiter.register("waiter:1", SHARED, RateLimitCounts())
     assert holder.try_take(0)
     waiting = asyncio.ensure_future(waiter.take(0))
     await _until(lambda: limiter.waiting == 1, what="the waiter queueing")
+    return holder, waiter, waiting
+
+
+async def test_a_waiter_is_told_when_its_model_is_unloaded():
+    # An unloaded model's instance waiting for its resources gets an error, never an endless wait.
+    limiter = RateLimiter()
+    holder, waiter, waiting = await _holder_and_queued_waiter(limiter)
     waiter.close()
     with pytest.raises(Unavailable, match="unloaded while waiting"):
         await asyncio.wait_for(waiting, 5)
@@ -151,11 +158,7 @@ async def test_a_waiter_is_told_when_its_model_is_unloaded():
 
 async def test_a_cancelled_waiter_gives_back_what_it_was_granted_meanwhile():
     limiter = RateLimiter()
-    holder = limiter.register("holder:1", SHARED, RateLimitCounts())
-    waiter = limiter.register("waiter:1", SHARED, RateLimitCounts())
-    assert holder.try_take(0)
-    waiting = asyncio.ensure_future(waiter.take(0))
-    await _until(lambda: limiter.waiting == 1, what="the waiter queueing")
+    holder, waiter, waiting = await _holder_and_queued_waiter(limiter)
     waiting.cancel()
     holder.give_back(0)  # granted to the waiter in the same iteration its cancellation lands
     with pytest.raises(asyncio.CancelledError):
