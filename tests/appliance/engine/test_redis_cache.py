@@ -33,6 +33,11 @@ IDENTITY = b"\x01" * 32
 X = InferInput("x", "FP32", np.arange(6, dtype=np.float32).reshape(1, 6))
 
 
+def _key(cache: RedisResponseCache) -> bytes:
+    """The key of IDENTITY's answer to X, asking for y."""
+    return cache.key(cache.version_owner(IDENTITY), [X], ["y"], "")
+
+
 def _config(port: int, *extra: str) -> RedisCacheConfig:
     config = CacheConfig.parse(("redis,host=127.0.0.1", f"redis,port={port}", *extra))
     assert isinstance(config, RedisCacheConfig)
@@ -110,7 +115,7 @@ async def test_a_server_that_is_down_costs_a_timeout_once_then_nothing(tmp_path)
         port = gone.port
     cache = RedisResponseCache(_config(port, "redis,socket_timeout=50", "redis,connect_timeout=50"))
     try:
-        key = cache.key(cache.version_owner(IDENTITY), [X], ["y"], "")
+        key = _key(cache)
         assert await asyncio.wait_for(_fetch(cache, key), 2) is None
         assert cache.failures == 1
         started = time.monotonic()
@@ -126,7 +131,7 @@ async def test_a_server_that_is_down_costs_a_timeout_once_then_nothing(tmp_path)
 
 async def test_a_stalled_server_is_a_miss_within_the_socket_timeout(server):
     cache = RedisResponseCache(_config(server.port, "redis,socket_timeout=100"))
-    key = cache.key(cache.version_owner(IDENTITY), [X], ["y"], "")
+    key = _key(cache)
     try:
         assert await _fetch(cache, key) is None  # connected
         server.pause()
@@ -141,7 +146,7 @@ async def test_a_stalled_server_is_a_miss_within_the_socket_timeout(server):
 
 async def test_junk_under_a_key_is_a_counted_miss(server):
     cache = RedisResponseCache(_config(server.port))
-    key = cache.key(cache.version_owner(IDENTITY), [X], ["y"], "")
+    key = _key(cache)
     server.client().set(key, b"\x80\x04\x95 not an entry")
     try:
         assert await _fetch(cache, key) is None
@@ -152,7 +157,7 @@ async def test_junk_under_a_key_is_a_counted_miss(server):
 
 async def test_responses_over_max_entry_size_are_not_stored(server):
     cache = RedisResponseCache(_config(server.port, "redis,max_entry_size=1024"))
-    key = cache.key(cache.version_owner(IDENTITY), [X], ["y"], "")
+    key = _key(cache)
     try:
         _store(cache, key, {"y": np.zeros(1024, np.float32)}, None, OutputForms("m", {"y": ("FP32", (-1,))}, False))
         await cache.close()
@@ -206,7 +211,7 @@ async def test_tls_with_the_servers_ca_and_a_client_certificate(tmp_path):
 async def test_a_busy_pool_is_skipped_not_counted_as_a_failing_server(server):
     cache = RedisResponseCache(_config(server.port, "redis,pool_size=1", "redis,wait_timeout=20",
                                        "redis,socket_timeout=300"))
-    key = cache.key(cache.version_owner(IDENTITY), [X], ["y"], "")
+    key = _key(cache)
     try:
         assert await _fetch(cache, key) is None  # connected
         server.pause()
@@ -239,7 +244,7 @@ def _forged(key: bytes, outputs: dict[str, np.ndarray], keys: EntryKeys) -> byte
 
 async def test_an_overwritten_entry_is_not_served(server):
     cache = RedisResponseCache(_config(server.port), SHARED)
-    key = cache.key(cache.version_owner(IDENTITY), [X], ["y"], "")
+    key = _key(cache)
     try:
         _store(cache, key, _outputs(), None)
         await cache.close()
@@ -267,7 +272,7 @@ async def test_an_overwritten_entry_is_not_served(server):
 ])
 async def test_a_signed_entry_that_is_not_the_models_outputs_is_not_served(server, outputs, forms, batch, caplog):
     cache = RedisResponseCache(_config(server.port), SHARED)
-    key = cache.key(cache.version_owner(IDENTITY), [X], ["y"], "")
+    key = _key(cache)
     try:
         server.client().set(key, _forged(key, outputs, SHARED))  # whoever holds the secret, or a model gone wrong
         for _ in range(3):
@@ -281,7 +286,7 @@ async def test_a_signed_entry_that_is_not_the_models_outputs_is_not_served(serve
 
 async def test_outputs_that_are_not_the_models_are_not_written(server):
     cache = RedisResponseCache(_config(server.port), SHARED)
-    key = cache.key(cache.version_owner(IDENTITY), [X], ["y"], "")
+    key = _key(cache)
     try:
         _store(cache, key, {"y": np.zeros(3, np.int64)}, None, OutputForms("m", {"y": ("FP32", (3,))}, False))
         await cache.close()
@@ -292,7 +297,7 @@ async def test_outputs_that_are_not_the_models_are_not_written(server):
 
 async def test_an_entry_of_the_old_unsigned_format_is_a_miss(server):
     cache = RedisResponseCache(_config(server.port), SHARED)
-    key = cache.key(cache.version_owner(IDENTITY), [X], ["y"], "")
+    key = _key(cache)
     header = b'{"o":[["y","FP32",[4],16]],"p":{}}'
     old = b"ARC1" + len(header).to_bytes(4, "little") + header + np.full(4, 1337, np.float32).tobytes()
     server.client().set(key, old)
@@ -387,7 +392,7 @@ async def test_a_large_entry_is_read_within_the_memory_budget_off_the_loop(serve
 
 async def test_a_large_response_is_written_from_a_copy_and_read_back(server):
     cache = RedisResponseCache(_config(server.port, "redis,socket_timeout=2000"), SHARED)
-    key = cache.key(cache.version_owner(IDENTITY), [X], ["y"], "")
+    key = _key(cache)
     forms = OutputForms("m", {"y": ("FP32", (-1,)), "t": ("BYTES", (-1,))}, True)
     outputs = {"y": np.arange(1 << 20, dtype=np.float32).reshape(1, -1), "t": np.array([[b"a", b"bc"]], object)}
     try:
@@ -403,7 +408,7 @@ async def test_a_large_response_is_written_from_a_copy_and_read_back(server):
 
 async def test_another_type_of_value_under_a_key_is_a_miss_not_an_outage(server):
     cache = RedisResponseCache(_config(server.port), SHARED)
-    key = cache.key(cache.version_owner(IDENTITY), [X], ["y"], "")
+    key = _key(cache)
     server.client().rpush(key, b"a list")
     try:
         assert await _fetch(cache, key) is None
