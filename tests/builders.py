@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
@@ -237,3 +238,16 @@ def sample_tensor(datatype: str, shape: tuple[int, ...], seed: int = 0) -> np.nd
         info = np.iinfo(dtype)
         return rng.integers(max(info.min, -1000), min(info.max, 1000), shape).astype(dtype)
     return rng.standard_normal(shape).astype(dtype)
+
+
+def mixed_outputs() -> dict[str, np.ndarray]:
+    """A model's outputs of every kind an entry must carry: float, int, bool, bytes, bfloat16, a scalar, empty."""
+    return {
+        "y": np.linspace(0, 1, 12, dtype=np.float32).reshape(3, 4),
+        "ids": np.array([[1, -2, 3]], np.int64),
+        "flag": np.array([True, False]),
+        "text": np.array([b"one", b"", b"three"], dtype=np.object_),
+        "half": np.array([1.5, -2.0], dtype=ml_dtypes.bfloat16),
+        "scalar": np.array(7, np.int32),
+        "empty": np.zeros((0, 4), np.float16),
+    }

@@ -12,7 +12,6 @@ import time
 import tracemalloc
 from collections.abc import AsyncIterator
 
-import ml_dtypes
 import numpy as np
 import pytest
 import trustme
@@ -26,6 +25,7 @@ from appliance.engine.shared_config import CacheConfig, RedisCacheConfig
 from appliance.engine.types import InferInput
 from appliance.security.budget import MemoryBudget
 from appliance.settings import load_settings
+from tests.builders import mixed_outputs
 from tests.redis_server import redis_server
 from tests.waiting import next_turn
 
@@ -50,19 +50,7 @@ def server(tmp_path):
         yield running
 
 
-def _outputs() -> dict[str, np.ndarray]:
-    return {
-        "y": np.linspace(0, 1, 12, dtype=np.float32).reshape(3, 4),
-        "ids": np.array([[1, -2, 3]], np.int64),
-        "flag": np.array([True, False]),
-        "text": np.array([b"one", b"", b"three"], dtype=np.object_),
-        "half": np.array([1.5, -2.0], dtype=ml_dtypes.bfloat16),
-        "scalar": np.array(7, np.int32),
-        "empty": np.zeros((0, 4), np.float16),
-    }
-
-
-FORMS = OutputForms("m", {name: (v2_datatype(array.dtype), array.shape) for name, array in _outputs().items()},
+FORMS = OutputForms("m", {name: (v2_datatype(array.dtype), array.shape) for name, array in mixed_outputs().items()},
                     batched=False)
 SHARED = EntryKeys.of(b"the fleet's secret, 32 bytes long", shared=True)
 
@@ -83,13 +71,13 @@ async def test_a_miss_is_stored_then_hit_under_a_prefixed_key(server):
         key = cache.key(owner, [X], ["y"], "")
         assert key.startswith(PREFIX)
         assert await _fetch(cache, key) is None
-        _store(cache, key, _outputs(), {"p": 1})
+        _store(cache, key, mixed_outputs(), {"p": 1})
         await asyncio.wait_for(cache.close(), 5)  # the write runs in the background; close waits for it
         assert server.keys() == [key]
         assert 0 < server.client().ttl(key) <= 300
         hit = await _fetch(cache, key)
         assert hit is not None and hit.parameters == {"p": 1}
-        np.testing.assert_array_equal(hit["y"], _outputs()["y"])
+        np.testing.assert_array_equal(hit["y"], mixed_outputs()["y"])
         assert (cache.hits, cache.misses, cache.insertions, cache.failures) == (1, 1, 1, 0)
     finally:
         await cache.close()
@@ -102,7 +90,7 @@ async def test_two_servers_with_the_same_secret_share_the_keys_of_the_same_model
         assert second.key(second.version_owner(IDENTITY), [X], ["y"], "") == key
         assert second.key(second.version_owner(b"\x02" * 32), [X], ["y"], "") != key  # other files or config
         assert first.version_owner(None) != second.version_owner(None)  # no identity: a load's own namespace
-        _store(first, key, _outputs(), None)
+        _store(first, key, mixed_outputs(), None)
         await first.close()
         assert await _fetch(second, key) is not None
     finally:
@@ -121,7 +109,7 @@ async def test_a_server_that_is_down_costs_a_timeout_once_then_nothing(tmp_path)
         started = time.monotonic()
         for _ in range(20):  # the back-off: not tried again at once
             assert await _fetch(cache, key) is None
-            assert _store(cache, key, _outputs(), None) is None
+            assert _store(cache, key, mixed_outputs(), None) is None
         assert time.monotonic() - started < 0.5
         assert cache.failures == 1 and cache.skipped == 40
         assert ("appliance_response_cache_redis_failures" in {name for name, _, _ in cache.gauges()})
@@ -173,7 +161,7 @@ async def test_user_and_password(tmp_path):
         key = right.key(right.version_owner(IDENTITY), [X], ["y"], "")
         try:
             assert await _fetch(wrong, key) is None and wrong.failures == 1
-            _store(right, key, _outputs(), None)
+            _store(right, key, mixed_outputs(), None)
             await right.close()
             assert await _fetch(right, key) is not None and right.failures == 0
         finally:
@@ -199,7 +187,7 @@ async def test_tls_with_the_servers_ca_and_a_client_certificate(tmp_path):
         key = trusted.key(trusted.version_owner(IDENTITY), [X], ["y"], "")
         try:
             assert trusted.config.tls
-            _store(trusted, key, _outputs(), None)
+            _store(trusted, key, mixed_outputs(), None)
             await trusted.close()
             assert await _fetch(trusted, key) is not None and trusted.failures == 0
             assert await _fetch(untrusted, key) is None and untrusted.failures == 1
@@ -228,7 +216,7 @@ async def test_servers_without_the_same_secret_share_nothing(server):
     try:
         key = mine.key(mine.version_owner(IDENTITY), [X], ["y"], "")
         assert theirs.key(theirs.version_owner(IDENTITY), [X], ["y"], "") != key  # they never look at it
-        _store(theirs, key, _outputs(), None)  # even written under my key, with their own
+        _store(theirs, key, mixed_outputs(), None)  # even written under my key, with their own
         await theirs.close()
         assert server.keys() == [key]
         assert await _fetch(mine, key) is None
@@ -246,13 +234,13 @@ async def test_an_overwritten_entry_is_not_served(server):
     cache = RedisResponseCache(_config(server.port), SHARED)
     key = _key(cache)
     try:
-        _store(cache, key, _outputs(), None)
+        _store(cache, key, mixed_outputs(), None)
         await cache.close()
         assert await _fetch(cache, key) is not None
-        forged = {**_outputs(), "ids": np.array([[1337, 1337, 1337]], np.int64)}  # well formed, signed otherwise
+        forged = {**mixed_outputs(), "ids": np.array([[1337, 1337, 1337]], np.int64)}  # well formed, signed otherwise
         server.client().set(key, _forged(key, forged, EntryKeys.of(b"a guess at the secret, 32 bytes!", True)))
         assert await _fetch(cache, key) is None
-        tampered = bytearray(_forged(key, _outputs(), SHARED))
+        tampered = bytearray(_forged(key, mixed_outputs(), SHARED))
         tampered[-10] ^= 0xFF  # one byte changed on the server
         server.client().set(key, bytes(tampered))
         assert await _fetch(cache, key) is None
@@ -437,7 +425,7 @@ async def test_credentials_from_tritons_environment_variables(tmp_path):
         try:
             assert (from_env.user, from_env.password) == ("default", "s3cret")
             assert await _fetch(wrong, key) is None and wrong.failures == 1  # the cache_config's password wins
-            _store(right, key, _outputs(), None)
+            _store(right, key, mixed_outputs(), None)
             await right.close()
             assert await _fetch(right, key) is not None and right.failures == 0
         finally:

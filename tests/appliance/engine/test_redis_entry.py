@@ -7,7 +7,6 @@ from __future__ import annotations
 import re
 import stat
 
-import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -18,22 +17,11 @@ from appliance.engine.redis_entry import EntryKeys, decode_entry, encode_entry, 
 from appliance.engine.response_cache import OutputForms
 from appliance.runtime.state import StateDir
 from appliance.settings import load_settings
+from tests.builders import mixed_outputs
 
 KEYS = EntryKeys.of(b"k" * 32, shared=True)
 KEY = b"appliance:rc2:00ff"
 SECRET = "a shared secret of at least 32 characters"
-
-
-def _outputs() -> dict[str, np.ndarray]:
-    return {
-        "y": np.linspace(0, 1, 12, dtype=np.float32).reshape(3, 4),
-        "ids": np.array([[1, -2, 3]], np.int64),
-        "flag": np.array([True, False]),
-        "text": np.array([b"one", b"", b"three"], dtype=np.object_),
-        "half": np.array([1.5, -2.0], dtype=ml_dtypes.bfloat16),
-        "scalar": np.array(7, np.int32),
-        "empty": np.zeros((0, 4), np.float16),
-    }
 
 
 def _read(value: bytes, key: bytes = KEY, keys: EntryKeys = KEYS):
@@ -41,7 +29,7 @@ def _read(value: bytes, key: bytes = KEY, keys: EntryKeys = KEYS):
 
 
 def test_an_entry_reads_back_as_stored():
-    outputs = _outputs()
+    outputs = mixed_outputs()
     stored = _read(encode_entry(KEY, outputs, {"sequence": "a", "n": 3, "done": True}, KEYS))
     assert stored.parameters == {"sequence": "a", "n": 3, "done": True}
     assert list(stored) == list(outputs)
@@ -52,7 +40,7 @@ def test_an_entry_reads_back_as_stored():
 
 
 def test_an_entry_reads_back_only_under_its_key_with_its_secret():
-    value = encode_entry(KEY, _outputs(), None, KEYS)
+    value = encode_entry(KEY, mixed_outputs(), None, KEYS)
     with pytest.raises(ValueError, match="signature does not match"):
         _read(value, key=b"appliance:rc2:0100")  # copied under another request's key
     with pytest.raises(ValueError, match="signature does not match"):
@@ -102,8 +90,9 @@ def test_unsigned_and_old_entries_are_refused(value):
 
 
 @settings(max_examples=300, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
-@given(st.binary(max_size=256) | st.builds(lambda tail: _signed(encode_entry(KEY, _outputs(), {}, KEYS)[36:80] + tail),
-                                           st.binary(max_size=64)))
+@given(st.binary(max_size=256)
+       | st.builds(lambda tail: _signed(encode_entry(KEY, mixed_outputs(), {}, KEYS)[36:80] + tail),
+                   st.binary(max_size=64)))
 def test_fuzzed_entries_never_read_back_as_something_unchecked(value):
     try:
         outputs = _read(value)
