@@ -21,7 +21,8 @@ from tests.waiting import wait_until
 
 # backends/waits polls request.is_cancelled() from inside execute() until it turns True (or 30 s pass),
 # and notes in seen.txt, beside its version directory, when it started and when it saw the cancellation;
-# backends/waits_decoupled does the same, decoupled, polling its response sender too, streaming as it waits.
+# served as waits_decoupled (its decoupled.pbtxt) it does the same, polling its response sender too,
+# streaming as it waits.
 
 SEEN_WITHIN = 5.0
 """Seconds from the client's cancel to the model seeing it (it polls every 20-50 ms; the rest is slack
@@ -31,8 +32,8 @@ for a loaded machine)."""
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("cancellation") / "repo"
-    for name in ("waits", "waits_decoupled"):
-        copy_model(root, f"backends/{name}")
+    copy_model(root, "backends/waits")
+    copy_model(root, "backends/waits", "waits_decoupled", config="decoupled")
     return root
 
 
