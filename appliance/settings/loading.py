@@ -18,26 +18,60 @@ from appliance.core.errors import ConfigError
 from appliance.settings import sections
 from appliance.settings.checks import field_key
 
-__all__ = ["ENV_PREFIX", "SECTIONS", "default_state_dir", "flat_fields", "load_values", "setting_types"]
+__all__ = ["ENV_PREFIX", "SECTIONS", "Settings", "default_state_dir", "flat_fields", "from_flat", "load_values",
+           "setting_types"]
 
 ENV_PREFIX = "APPLIANCE_"
 
-SECTIONS: dict[str, type] = {
-    "server": sections.ServerSection,
-    "http": sections.HttpSection,
-    "grpc": sections.GrpcSection,
-    "limits": sections.LimitsSection,
-    "auth": sections.AuthSection,
-    "shm": sections.ShmSection,
-    "models": sections.ModelsSection,
-    "selection": sections.SelectionSection,
-    "metrics": sections.MetricsSection,
-    "trace": sections.TraceSection,
-    "fleet": sections.FleetSection,
-    "response_cache": sections.ResponseCacheSection,
-    "rate_limiter": sections.RateLimiterSection,
-}
-"""Each section's name (its TOML table, its attribute of ``Settings``) and class, in documentation order."""
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Settings:
+    server: sections.ServerSection
+    http: sections.HttpSection = dataclasses.field(default_factory=sections.HttpSection)
+    grpc: sections.GrpcSection = dataclasses.field(default_factory=sections.GrpcSection)
+    limits: sections.LimitsSection = dataclasses.field(default_factory=sections.LimitsSection)
+    auth: sections.AuthSection = dataclasses.field(default_factory=sections.AuthSection)
+    shm: sections.ShmSection = dataclasses.field(default_factory=sections.ShmSection)
+    models: sections.ModelsSection = dataclasses.field(default_factory=sections.ModelsSection)
+    selection: sections.SelectionSection = dataclasses.field(default_factory=sections.SelectionSection)
+    metrics: sections.MetricsSection = dataclasses.field(default_factory=sections.MetricsSection)
+    trace: sections.TraceSection = dataclasses.field(default_factory=sections.TraceSection)
+    fleet: sections.FleetSection = dataclasses.field(default_factory=sections.FleetSection)
+    response_cache: sections.ResponseCacheSection = dataclasses.field(default_factory=sections.ResponseCacheSection)
+    rate_limiter: sections.RateLimiterSection = dataclasses.field(default_factory=sections.RateLimiterSection)
+
+    def __post_init__(self) -> None:
+        """What spans two sections."""
+        grpc, http = self.grpc, self.http
+        if grpc.enabled and grpc.port == http.port != 0:
+            raise ConfigError(f"grpc_port and http_port are both {http.port}; give gRPC its own port "
+                              "(--grpc-port, default 8001) or turn it off (--no-grpc)")
+        if grpc.max_connections is not None and grpc.max_connections >= http.max_connections:
+            raise ConfigError(f"grpc_max_connections ({grpc.max_connections}) must be below max_connections "
+                              f"({http.max_connections}): the HTTP ports need connections too")
+
+    @classmethod
+    def build(cls, **values: Any) -> Settings:
+        """Settings from flat keys (``state_dir=..., http_port=0, metrics=False``), values already typed."""
+        return from_flat(values)
+
+
+def from_flat(values: Mapping[str, Any]) -> Settings:
+    """The settings from flat keys, values already typed; unknown keys are refused."""
+    fields = flat_fields()
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        raise ConfigError(f"unknown setting(s) {unknown}; known settings: {', '.join(sorted(fields))}")
+    grouped: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
+    for flat, value in values.items():
+        section, name = fields[flat]
+        grouped[section][name] = value
+    return Settings(**{name: SECTIONS[name](**grouped[name]) for name in SECTIONS})
+
+
+SECTIONS: dict[str, type] = typing.get_type_hints(Settings)
+"""Each section's name (its TOML table, its attribute of ``Settings``) and class, in documentation order:
+read off ``Settings``'s fields, so that the list of sections is written once."""
 
 _REMOVED: dict[str, str] = {
     "workers": "front-end workers were removed (they measured 0.70-0.93x the daemon alone: "
