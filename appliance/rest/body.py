@@ -30,7 +30,7 @@ from appliance.security.fleet_signature import FleetVerifier
 
 __all__ = ["ACCEPTED_ENCODINGS", "SIGNED_BODY", "BodyLimits", "read_body"]
 
-SIGNED_BODY = "appliance.signed_body"
+SIGNED_BODY = web.RequestKey("appliance.signed_body", str)
 """Request key: the SHA-256 (hex) a signed request's body must have, as sent (set by the admission
 middleware once the signature is verified; checked here, as the body is read, and then taken off the
 request: the middleware checks a body no handler read before the answer leaves)."""

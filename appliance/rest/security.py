@@ -19,7 +19,7 @@ from appliance.security.fleet_signature import EMPTY_BODY, FleetVerifier
 
 __all__ = ["admission_middleware", "caller", "client_address", "http_caller"]
 
-_CALLER = "appliance.caller"
+_CALLER = web.RequestKey("appliance.caller", Caller)
 
 
 def client_address(headers: MultiMapping[str], peer: str | None, trusted_proxies: tuple[Network, ...]) -> str | None:
