@@ -40,9 +40,9 @@ def repository(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def daemon(module_daemon, repository):
-    return module_daemon(repository, "--model-control-mode", "explicit", "--load-model", "simple",
-                         "--load-model", "mlp", "--load-model", "bytes_identity", "--load-model", "wide")
+def daemon(module_in_process, repository):
+    return module_in_process(repository, model_control_mode="explicit",
+                             load_models=("simple", "mlp", "bytes_identity", "wide"))
 
 
 def _split(body: bytes, headers: dict) -> tuple[dict, bytes]:
