@@ -16,6 +16,7 @@ from collections.abc import Iterator
 
 import ml_dtypes
 import numpy as np
+from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -23,7 +24,9 @@ from appliance.core.errors import ApplianceError, InputMismatch, InvalidInput
 
 __all__ = [
     "DATATYPES",
+    "FEW",
     "FIXED_DATATYPES",
+    "FUZZ",
     "HUGE_COUNTS",
     "Reservations",
     "assert_client_error",
@@ -43,6 +46,11 @@ _NUMPY = {
 }
 FIXED_DATATYPES = (*_NUMPY, "BF16")
 DATATYPES = (*FIXED_DATATYPES, "BYTES")
+
+FUZZ = settings(max_examples=200, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+"""The codec fuzz tests' settings: the same 200 examples every run, no per-example deadline."""
+FEW = settings(FUZZ, max_examples=100)
+"""For the properties whose examples cost more (a server round trip, a large encoding)."""
 
 # Element counts a hostile shape claims: past every limit, at them, and around 2**32 and 2**64.
 HUGE_COUNTS = (2**20 + 1, 2**30, 2**30 + 1, 2**31, 2**32, 2**40, 2**40 + 1, 2**62, 2**63, 2**64 - 1, 2**64)

@@ -20,7 +20,7 @@ import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc._utils import _get_inference_request
@@ -44,6 +44,8 @@ from appliance.protocol.inflate import InflateLimits
 from appliance.security.budget import MemoryBudget
 from tests.appliance.strategies_fuzz import (
     DATATYPES,
+    FEW,
+    FUZZ,
     HUGE_COUNTS,
     Reservations,
     assert_client_error,
@@ -55,9 +57,6 @@ from tests.appliance.strategies_fuzz import (
 from tests.waiting import next_turn
 
 pytestmark = pytest.mark.timeout(60)  # a hang fails the test instead of stalling CI
-
-FUZZ = settings(max_examples=200, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
-FEW = settings(FUZZ, max_examples=100)
 
 _PER_BYTE = 64
 _FIXED = 256 * 1024

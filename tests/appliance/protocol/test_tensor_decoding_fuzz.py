@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor
 
@@ -25,7 +25,9 @@ from appliance.engine.tensor_checks import MAX_DIMS, MAX_ELEMENTS, check_datatyp
 from appliance.protocol.shared_memory.params import shared_memory_ref
 from tests.appliance.strategies_fuzz import (
     DATATYPES,
+    FEW,
     FIXED_DATATYPES,
+    FUZZ,
     HUGE_COUNTS,
     assert_client_error,
     assert_same_array,
@@ -36,9 +38,6 @@ from tests.appliance.strategies_fuzz import (
 )
 
 pytestmark = pytest.mark.timeout(60)  # a hang fails the test instead of stalling CI
-
-FUZZ = settings(max_examples=200, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
-FEW = settings(FUZZ, max_examples=100)
 
 _FIXED = 64 * 1024
 _BYTES_ITEMS = st.lists(st.binary(max_size=16), max_size=12)

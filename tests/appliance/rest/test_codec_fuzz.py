@@ -17,7 +17,7 @@ import numpy as np
 import orjson
 import pytest
 import tritonclient.http as httpclient
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -36,7 +36,9 @@ from appliance.rest.codec import (
 from appliance.rest.infer_body import InferBody
 from tests.appliance.strategies_fuzz import (
     DATATYPES,
+    FEW,
     FIXED_DATATYPES,
+    FUZZ,
     HUGE_COUNTS,
     Reservations,
     assert_client_error,
@@ -48,9 +50,6 @@ from tests.appliance.strategies_fuzz import (
 )
 
 pytestmark = pytest.mark.timeout(60)  # a hang fails the test instead of stalling CI
-
-FUZZ = settings(max_examples=200, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
-FEW = settings(FUZZ, max_examples=100)
 
 # What decoding may allocate per byte received (orjson's objects, then numpy's arrays) plus a constant.
 _PER_BYTE = 64
