@@ -49,6 +49,11 @@ def repository(tmp_path_factory):
     return repo
 
 
+@pytest.fixture(scope="module")
+def daemon(module_in_process, repository):
+    return module_in_process(repository)
+
+
 def _inputs(values: list[int], delay_ms: int = 5, delays: int | None = None) -> list[grpcclient.InferInput]:
     tensors = []
     for name, data in (("IN", np.array(values, np.int32)),

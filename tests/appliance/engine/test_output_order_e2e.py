@@ -22,6 +22,11 @@ def repository(tmp_path_factory):
     return repo
 
 
+@pytest.fixture(scope="module")
+def daemon(module_in_process, repository):
+    return module_in_process(repository)
+
+
 def _http_input() -> list[httpclient.InferInput]:
     tensor = httpclient.InferInput("IN", [3], "INT32")
     tensor.set_data_from_numpy(np.array([4, 5, 6], np.int32))

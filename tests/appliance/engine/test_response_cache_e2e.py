@@ -26,8 +26,8 @@ def repository(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def daemon(module_daemon, repository):
-    return module_daemon(repository, "--cache-config", "local,size=1048576")
+def daemon(module_in_process, repository):
+    return module_in_process(repository, cache_config=("local,size=1048576",))
 
 
 def _infer(client, model: str, x: np.ndarray = X, outputs=None):

@@ -28,6 +28,12 @@ def repository(tmp_path_factory):
     return repo
 
 
+@pytest.fixture(scope="module")
+def daemon(module_in_process, repository):
+    """Served in this process; the ``client`` fixture (tests/conftest.py) talks to it."""
+    return module_in_process(repository)
+
+
 def _reference(repo, model: str, feeds: dict[str, np.ndarray], version: int = 1) -> dict[str, np.ndarray]:
     session = ort.InferenceSession(str(repo / model / str(version) / "model.onnx"))
     feeds = {k: v.astype(str) if v.dtype == object else v for k, v in feeds.items()}
