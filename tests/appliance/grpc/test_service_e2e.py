@@ -31,8 +31,8 @@ def repository(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def daemon(module_daemon, repository):
-    return module_daemon(repository, "--metrics-port", "0")
+def daemon(module_in_process, repository):
+    return module_in_process(repository)
 
 
 @pytest.fixture(scope="module")

@@ -28,11 +28,11 @@ def images(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def daemon(module_daemon, tmp_path_factory):
+def daemon(module_in_process, tmp_path_factory):
     repo = tmp_path_factory.mktemp("repo")
     image_pipeline_repository(repo)
     diamond_repository(repo)
-    return module_daemon(repo)
+    return module_in_process(repo)
 
 
 def _pixels(path) -> np.ndarray:
@@ -123,9 +123,9 @@ def test_statistics_count_the_ensemble_and_each_composing_model(daemon, images):
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_explicit_mode_loads_the_composing_models_and_unload_dependents_unloads_them(start_daemon, tmp_path,
+def test_explicit_mode_loads_the_composing_models_and_unload_dependents_unloads_them(serve_in_process, tmp_path,
                                                                                       protocol):
-    daemon = start_daemon(diamond_repository(tmp_path / "repo"), "--model-control-mode", "explicit")
+    daemon = serve_in_process(diamond_repository(tmp_path / "repo"), model_control_mode="explicit")
     client = httpclient.InferenceServerClient(daemon.url) if protocol == "http" else \
         grpcclient.InferenceServerClient(daemon.grpc_url)
     assert not client.is_model_ready("double")
