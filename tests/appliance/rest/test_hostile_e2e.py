@@ -122,6 +122,11 @@ HEALTH_BOUND = 0.2
 """Seconds a health check may take while an answer is encoded (a few milliseconds when the loop is free;
 the unfixed encoder stalled it for 4 s and more)."""
 
+LARGE_ANSWER_BOUND = 0.35
+"""The same for the 64 MiB stream and 32 MiB generate answers, whose unfixed encoders stalled health
+0.45-0.55 s on this box: a loaded CI box (two test workers and their daemons on two cores) has shown a
+single 0.20 s check with the fix in, from scheduling alone."""
+
 
 class _Poller(threading.Thread):
     """Asks ``check`` again and again until ``done``, after one check that opens the connection; records
@@ -150,9 +155,9 @@ class _Poller(threading.Thread):
             self.ready.set()
 
 
-def _health_while(daemon, send):
+def _health_while(daemon, send, bound: float = HEALTH_BOUND):
     """``send()``'s result, while health is asked again and again on the HTTP and the gRPC port; each check
-    (after the first, which opens its connection) must answer within HEALTH_BOUND. ``send`` returns once
+    (after the first, which opens its connection) must answer within ``bound``. ``send`` returns once
     the answer is in and before it is parsed here (that takes this process's GIL for a while)."""
     done = threading.Event()
     http_health = http.client.HTTPConnection("127.0.0.1", daemon.port, timeout=30)
@@ -185,7 +190,7 @@ def _health_while(daemon, send):
     for port, poller in pollers.items():
         assert poller.error is None, (port, poller.error)
         assert poller.times, port
-        assert max(poller.times) < HEALTH_BOUND, (f"{port} health took {max(poller.times):.2f} s while the answer "
+        assert max(poller.times) < bound, (f"{port} health took {max(poller.times):.2f} s while the answer "
                                                   f"was encoded ({len(poller.times)} checks)")
     return result
 
@@ -250,7 +255,7 @@ def test_a_large_stream_answer_stalls_no_port(daemon):
         return subprocess.run([sys.executable, "-c", _STREAM_CLIENT, str(daemon.grpc_port), MODEL_STREAM_INFER],
                               input=request.SerializeToString(), capture_output=True, timeout=120, check=False)
 
-    done = _health_while(daemon, send)
+    done = _health_while(daemon, send, LARGE_ANSWER_BOUND)
     assert done.returncode == 0, done.stderr.decode()[-2000:]
     assert json.loads(done.stdout) == {"error": "", "id": "big", "size": STREAM_ANSWER, "final": True,
                                        "ends": [1.5, 1.5]}
@@ -266,7 +271,8 @@ def test_a_large_generate_answer_stalls_no_port(daemon, endpoint):
     written with a Python step per element on the event loop; now in chunks on a worker thread."""
     body = json.dumps({"x": 1.5, "n": GENERATE_ANSWER}).encode()
     status, raw = _health_while(daemon, lambda: _post(daemon, f"/v2/models/grow/{endpoint}", body,
-                                                      {"Content-Type": "application/json"}))
+                                                      {"Content-Type": "application/json"}),
+                               LARGE_ANSWER_BOUND)
     assert status == 200, raw[:500]
     if endpoint == "generate_stream":
         assert raw.startswith(b"data: ") and raw.endswith(b"\n\n") and raw.count(b"\n\n") == 1
