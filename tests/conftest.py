@@ -236,3 +236,12 @@ def sleepy_repository(tmp_path) -> Path:
 
     write_python_model(tmp_path / "repo", "sleepy", SLEEPY, SIMPLE_CONFIG)
     return tmp_path / "repo"
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    """A throwaway CA with the server's and a client's certificates (tests.tls_util.Pki), shared by a
+    test module's TLS daemons and clients."""
+    from tests.tls_util import Pki
+
+    return Pki(tmp_path_factory.mktemp("pki"))

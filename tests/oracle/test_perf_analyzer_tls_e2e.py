@@ -11,16 +11,11 @@ import pytest
 
 from tests.builders import identity_model, write_model
 from tests.oracle import TritonUnavailable, run_perf_analyzer
-from tests.tls_util import Pki, wait_until_loaded
+from tests.tls_util import wait_until_loaded
 
 # That it runs over TLS is the point, not a stable figure: two shared cores make windows vary widely.
 _MEASURE = ["--concurrency-range", "1", "--measurement-mode", "count_windows", "--measurement-request-count", "20",
             "--stability-percentage", "1000"]
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory) -> Pki:
-    return Pki(tmp_path_factory.mktemp("pki"))
 
 
 @pytest.fixture(scope="module")

@@ -26,11 +26,6 @@ X = np.arange(8, dtype=np.float32).reshape(2, 4)
 
 
 @pytest.fixture(scope="module")
-def pki(tmp_path_factory) -> Pki:
-    return Pki(tmp_path_factory.mktemp("pki"))
-
-
-@pytest.fixture(scope="module")
 def repository(tmp_path_factory) -> Path:
     repo = tmp_path_factory.mktemp("repo")
     write_model(repo, "identity", identity_model(["FP32"]))
