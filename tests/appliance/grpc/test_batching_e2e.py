@@ -27,8 +27,8 @@ def repo(tmp_path):
     return repo
 
 
-def test_http_and_grpc_requests_batch_together(start_daemon, repo):
-    daemon = start_daemon(repo)
+def test_http_and_grpc_requests_batch_together(serve_in_process, repo):
+    daemon = serve_in_process(repo)
     rows = np.random.default_rng(0).random((16, 784)).astype(np.float32)
     results: dict[int, np.ndarray] = {}
     errors: list[BaseException] = []

@@ -24,9 +24,8 @@ def repository(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def daemon(module_daemon, repository):
-    return module_daemon(repository, "--model-control-mode", "explicit", "--load-model", "simple",
-                         "--load-model", "repeat", "--load-model", "endless")
+def daemon(module_in_process, repository):
+    return module_in_process(repository, model_control_mode="explicit", load_models=("simple", "repeat", "endless"))
 
 
 @pytest.fixture

@@ -41,8 +41,8 @@ def repo(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def daemon(module_daemon, repo):
-    return module_daemon(repo)
+def daemon(module_in_process, repo):
+    return module_in_process(repo)
 
 
 def _one_row_body(seed=0):

@@ -76,6 +76,11 @@ def send_alone(daemon, kind: str, model: str, corrid, values: list[int]) -> list
 
 
 @pytest.fixture(scope="module")
+def daemon(module_in_process, repository):
+    return module_in_process(repository)
+
+
+@pytest.fixture(scope="module")
 def clients(daemon):
     """An HTTP and a gRPC client of one daemon."""
     http = httpclient.InferenceServerClient(f"127.0.0.1:{daemon.port}")

@@ -28,9 +28,9 @@ def repository(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def daemon(module_daemon, repository):
-    return module_daemon(repository, "--model-control-mode", "explicit", "--load-model", "rsq",
-                         "--load-model", "endless_chain", "--load-model", "partial_out")
+def daemon(module_in_process, repository):
+    return module_in_process(repository, model_control_mode="explicit",
+                             load_models=("rsq", "endless_chain", "partial_out"))
 
 
 @pytest.fixture
