@@ -144,10 +144,11 @@ def _daemon_factory(tmp_path_factory) -> Iterator:
         daemon.stop()
 
 
-# Fixtures that start a real daemon, or install real Triton to start it (tests/oracle): a test using one
-# is end to end (marked e2e), as is every test in a *_e2e.py module (those start daemons or model
-# processes of their own).
-_DAEMON_FIXTURES = frozenset({"start_daemon", "module_daemon", "daemon", "client", "triton_install"})
+# Fixtures that start a real daemon (a process, or served in the test process: tests/inprocess.py), or
+# install real Triton to start it (tests/oracle): a test using one is end to end (marked e2e), as is
+# every test in a *_e2e.py module (those start daemons or model processes of their own).
+_DAEMON_FIXTURES = frozenset({"start_daemon", "module_daemon", "daemon", "client", "triton_install",
+                              "serve_in_process", "module_in_process"})
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
