@@ -67,6 +67,11 @@ def repository(tmp_path_factory):
     return repo
 
 
+@pytest.fixture(scope="module")
+def daemon(module_in_process, repository):
+    return module_in_process(repository)
+
+
 VALUES = np.array([[1.5, -2.0, 3.25, 0.0078125]], dtype=ml_dtypes.bfloat16)
 
 

@@ -35,6 +35,11 @@ def repository(tmp_path_factory) -> Path:
     return repo
 
 
+@pytest.fixture(scope="module")
+def daemon(module_in_process, repository):
+    return module_in_process(repository)
+
+
 def _bls_cancel(client, max_sum: int, ignore: bool) -> tuple[int, bool, int]:
     tensors = [httpclient.InferInput("MAX_SUM", [1], "INT32"), httpclient.InferInput("IGNORE", [1], "BOOL")]
     tensors[0].set_data_from_numpy(np.array([max_sum], np.int32))

@@ -37,6 +37,11 @@ def repository(tmp_path_factory) -> Path:
     return root
 
 
+@pytest.fixture(scope="module")
+def daemon(module_in_process, repository):
+    return module_in_process(repository)
+
+
 def _seen(repository: Path, model: str) -> list[str]:
     path = repository / model / "seen.txt"
     return path.read_text().splitlines() if path.exists() else []

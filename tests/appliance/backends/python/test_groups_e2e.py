@@ -21,6 +21,11 @@ def repository(tmp_path_factory):
     return repo
 
 
+@pytest.fixture(scope="module")
+def daemon(module_in_process, repository):
+    return module_in_process(repository)
+
+
 def _inputs(value: float) -> list[httpclient.InferInput]:
     tensor = httpclient.InferInput("IN", [2], "FP32")
     tensor.set_data_from_numpy(np.asarray([value, value], np.float32))

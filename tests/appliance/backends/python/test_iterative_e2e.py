@@ -32,6 +32,11 @@ def repository(tmp_path_factory):
     return repo
 
 
+@pytest.fixture(scope="module")
+def daemon(module_in_process, repository):
+    return module_in_process(repository)
+
+
 def _generate_stream(daemon, body: dict) -> list[dict]:
     request = urllib.request.Request(f"{daemon.base}/v2/models/tokens/generate_stream", data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"}, method="POST")

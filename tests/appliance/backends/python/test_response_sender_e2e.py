@@ -27,6 +27,11 @@ def repository(tmp_path_factory):
     return repo
 
 
+@pytest.fixture(scope="module")
+def daemon(module_in_process, repository):
+    return module_in_process(repository)
+
+
 def _inputs(module, mode: str, x: list[int]):
     tensors = [module.InferInput("MODE", [1, 1], "BYTES"), module.InferInput("X", [1, 2], "INT32")]
     tensors[0].set_data_from_numpy(np.array([[mode.encode()]], dtype=object))
