@@ -24,8 +24,8 @@ def repository(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def daemon(module_daemon, repository):
-    return module_daemon(repository, "--rate-limit", "execution_count", "--rate-limit-resource", "accelerator:1")
+def daemon(module_in_process, repository):
+    return module_in_process(repository, rate_limit="execution_count", rate_limit_resources=("accelerator:1",))
 
 
 def _span(url: str, model: str) -> tuple[str, float, float]:

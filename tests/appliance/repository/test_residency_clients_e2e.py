@@ -17,11 +17,11 @@ NOT_LOADED = "not loaded: loads on its first request (load_on_demand)"
 
 
 @pytest.fixture(scope="module")
-def daemon(module_daemon, tmp_path_factory):
+def daemon(module_in_process, tmp_path_factory):
     repo = tmp_path_factory.mktemp("on-demand") / "repo"
     for name in ("first", "second"):
         save(mlp_model(), repo / name / "1" / "model.onnx")
-    return module_daemon(repo, "--load-on-demand", "--model-memory-budget-mib", "256")
+    return module_in_process(repo, load_on_demand=True, model_memory_budget_mib=256)
 
 
 def _input(module):

@@ -32,8 +32,8 @@ def repository(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def daemon(module_daemon, repository):
-    return module_daemon(repository, "--request-deadline", str(DEADLINE))
+def daemon(module_in_process, repository):
+    return module_in_process(repository, request_deadline=DEADLINE)
 
 
 def test_a_stream_without_a_final_flag_ends_deadline_exceeded_and_the_model_sees_it(daemon, repository):
