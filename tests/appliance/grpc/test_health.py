@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import asyncio
 
+from google.protobuf.message import DecodeError
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from appliance.grpc.access import Gate
 from appliance.grpc.health import (
     NOT_SERVING,
@@ -72,3 +76,19 @@ async def test_watch_reports_each_change_and_ends_not_serving_when_the_server_st
     gate.stop()
     await asyncio.wait_for(watching, 5)  # ends at once, not at its next look
     assert context.sent == [NOT_SERVING, SERVING, NOT_SERVING]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(raw=st.binary(max_size=512))
+async def test_any_request_bytes_are_a_status_or_a_decode_error(raw):
+    """Hostile bytes as a Check request: protobuf refuses them (the transport answers INVALID_ARGUMENT, as
+    test_health_e2e checks), or they name a service, which gets SERVING or NOT_SERVING: nothing else."""
+    dataplane = _DataPlane()
+    dataplane.server_ready = True
+    health = HealthService(dataplane, Gate(dataplane))  # type: ignore[arg-type]
+    try:
+        request = HealthCheckRequest.FromString(raw)
+    except DecodeError:
+        return
+    answer = await health.Check(request, _Context())
+    assert answer.status == (SERVING if request.service == "" else NOT_SERVING)
