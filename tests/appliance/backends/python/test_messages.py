@@ -11,6 +11,8 @@ import pickle
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from appliance.backends.base import BackendRequest
 from appliance.backends.python.wire import messages as m
@@ -130,3 +132,21 @@ def test_a_model_process_that_sends_a_class_runs_nothing_in_the_daemon_and_is_st
         assert not (tmp_path / "sends_a_class" / "ran").exists()  # os.system never ran
         (answered,) = backend.run_requests([BackendRequest({"IN": np.array([2], np.float32)}, ("OUT",))]).results
         assert isinstance(answered, dict) and answered["OUT"].tolist() == [2.0]  # started again
+
+
+_PLAIN = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8) | st.binary(max_size=8),
+                      lambda inner: st.lists(inner, max_size=4) | st.tuples(inner, inner), max_leaves=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(frame=st.one_of(st.binary(max_size=256),
+                       st.builds(lambda number, rest: pickle.dumps((number, *rest)),
+                                 st.integers(-2, len(m.KINDS) + 2), st.lists(_PLAIN, max_size=6))))
+def test_any_frame_is_a_message_of_a_known_kind_or_refused(frame):
+    """A model process writes whatever it likes into the channel: the daemon gets one of the kinds, whole,
+    or MessageRefused, never another exception."""
+    try:
+        message = m.decode(frame)
+    except m.MessageRefused:
+        return
+    assert type(message) in m.KINDS and len(message) == len(type(message)._fields)
