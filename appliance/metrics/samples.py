@@ -48,64 +48,50 @@ class ModelSample:
         return cls(**{f.name: values[f.name] for f in dataclasses.fields(cls)})
 
 
-@dataclasses.dataclass
-class _Totals:
-    success: int
-    failure: int
-    reasons: Counter
-    inferences: int
-    executions: int
-    latency_ns: int
-    queue_ns: int
-    input_ns: int
-    infer_ns: int
-    output_ns: int
-    latency_hist: list[int]
-    batch_hist: dict[int, int]
+_COUNTERS = ("requests", "success", "failure", "inferences", "executions", "latency_ns", "queue_ns", "input_ns",
+             "infer_ns", "output_ns")
+"""The fields of a sample that are plain counts: a tick's change is their difference, a roll-up their sum."""
 
-    @classmethod
-    def of(cls, stats: ModelStats) -> _Totals:
-        return cls(
-            stats.success.count, stats.fail.count, Counter(stats.failures), stats.inference_count,
-            stats.execution_count, stats.success.ns + stats.fail.ns, stats.queue.ns, stats.compute_input.ns,
-            stats.compute_infer.ns, stats.compute_output.ns, list(stats.latency_histogram),
-            stats.batch_histogram(),
-        )
+
+def _totals(stats: ModelStats) -> ModelSample:
+    """The version's cumulative counters as one sample (no time, model or version of its own)."""
+    success, failure = stats.success, stats.fail
+    return ModelSample(
+        0, "", 0, requests=success.count + failure.count, success=success.count, failure=failure.count,
+        failure_reasons=dict(stats.failures), inferences=stats.inference_count, executions=stats.execution_count,
+        latency_ns=success.ns + failure.ns, queue_ns=stats.queue.ns, input_ns=stats.compute_input.ns,
+        infer_ns=stats.compute_infer.ns, output_ns=stats.compute_output.ns, latency_hist=list(stats.latency_histogram),
+        batch_hist={str(size): count for size, count in stats.batch_histogram().items()},
+    )
+
+
+def _change(t: int, model: str, version: int, now: ModelSample, before: ModelSample) -> ModelSample:
+    """What the counters gained from ``before`` to ``now`` (zero changes left out of the reasons and batches)."""
+    sample = ModelSample(t, model, version, **{name: getattr(now, name) - getattr(before, name) for name in _COUNTERS})
+    sample.failure_reasons = dict(Counter(now.failure_reasons) - Counter(before.failure_reasons))
+    sample.latency_hist = [a - b for a, b in zip(now.latency_hist, before.latency_hist)]
+    sample.batch_hist = {size: count - before.batch_hist.get(size, 0) for size, count in now.batch_hist.items()
+                         if count - before.batch_hist.get(size, 0)}
+    return sample
 
 
 class Snapshotter:
     """Turns cumulative counters into per-tick deltas (a version seen for the first time starts at 0)."""
 
     def __init__(self) -> None:
-        self._previous: dict[tuple[str, int], tuple[ModelStats, _Totals]] = {}
+        self._previous: dict[tuple[str, int], tuple[ModelStats, ModelSample]] = {}
 
     def take(self, t: int, versions: list[tuple[str, int, ModelStats]]) -> list[ModelSample]:
         samples = []
-        current: dict[tuple[str, int], tuple[ModelStats, _Totals]] = {}
+        current: dict[tuple[str, int], tuple[ModelStats, ModelSample]] = {}
         for model, version, stats in versions:
-            now = _Totals.of(stats)
+            now = _totals(stats)
             key = (model, version)
             previous = self._previous.get(key)
             # A reloaded version has fresh counters: compare only against the same stats object.
-            before = previous[1] if previous and previous[0] is stats else _Totals.of(ModelStats())
+            before = previous[1] if previous and previous[0] is stats else _totals(ModelStats())
             current[key] = (stats, now)
-            sample = ModelSample(
-                t, model, version,
-                requests=(now.success - before.success) + (now.failure - before.failure),
-                success=now.success - before.success,
-                failure=now.failure - before.failure,
-                failure_reasons={k: v for k, v in (now.reasons - before.reasons).items() if v},
-                inferences=now.inferences - before.inferences,
-                executions=now.executions - before.executions,
-                latency_ns=now.latency_ns - before.latency_ns,
-                queue_ns=now.queue_ns - before.queue_ns,
-                input_ns=now.input_ns - before.input_ns,
-                infer_ns=now.infer_ns - before.infer_ns,
-                output_ns=now.output_ns - before.output_ns,
-                latency_hist=[a - b for a, b in zip(now.latency_hist, before.latency_hist)],
-                batch_hist={str(k): v - before.batch_hist.get(k, 0) for k, v in now.batch_hist.items()
-                            if v - before.batch_hist.get(k, 0)},
-            )
+            sample = _change(t, model, version, now, before)
             if sample.requests or sample.executions:
                 samples.append(sample)
         self._previous = current
@@ -119,8 +105,7 @@ def merge_samples(t: int, samples: list[ModelSample]) -> ModelSample:
     reasons: Counter = Counter()
     batches: Counter = Counter()
     for s in samples:
-        for field in ("requests", "success", "failure", "inferences", "executions", "latency_ns", "queue_ns",
-                      "input_ns", "infer_ns", "output_ns"):
+        for field in _COUNTERS:
             setattr(merged, field, getattr(merged, field) + getattr(s, field))
         reasons.update(s.failure_reasons)
         batches.update(s.batch_hist)

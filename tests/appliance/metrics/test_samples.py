@@ -31,6 +31,19 @@ def test_a_tick_reports_what_changed_since_the_last_one():
     assert second.failure_reasons == {} and second.batch_hist == {}
 
 
+def test_each_counter_of_a_tick_is_the_change_of_its_own_counter():
+    stats, snapshots = ModelStats(), Snapshotter()
+    _serve(stats, ok=1, batch=1, latency_ns=1_000_000)
+    snapshots.take(1, [("m", 1, stats)])
+    _serve(stats, ok=2, failed=1, batch=3, latency_ns=3_000_000)
+    (sample,) = snapshots.take(2, [("m", 1, stats)])
+    counts = (sample.requests, sample.success, sample.failure, sample.inferences, sample.executions)
+    assert counts == (3, 2, 1, 3, 1)
+    assert (sample.latency_ns, sample.queue_ns) == (9_000_000, 3000)
+    assert (sample.input_ns, sample.infer_ns, sample.output_ns) == (30, 60, 90)
+    assert sample.batch_hist == {"3": 1} and sample.failure_reasons == {FailureReason.BACKEND: 1}
+
+
 def test_a_quiet_tick_has_no_sample_and_a_reloaded_version_starts_from_zero():
     stats, snapshots = ModelStats(), Snapshotter()
     _serve(stats, ok=5)
