@@ -232,10 +232,9 @@ def regions():
 @pytest.fixture
 def sleepy_repository(tmp_path) -> Path:
     """A repository with one Python model, ``sleepy``, that sleeps as long as its input says."""
-    from tests.models import write_python_model
-    from tests.models.simple import SIMPLE_CONFIG, SLEEPY
+    from tests.models import copy_model
 
-    write_python_model(tmp_path / "repo", "sleepy", SLEEPY, SIMPLE_CONFIG)
+    copy_model(tmp_path / "repo", "simple/sleepy")
     return tmp_path / "repo"
 
 

@@ -13,8 +13,7 @@ import pytest
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
-from tests.models import simple as pm
-from tests.models import write_python_model
+from tests.models import MODELS, copy_model
 
 torch = pytest.importorskip("torch")
 ov = pytest.importorskip("openvino")
@@ -62,14 +61,11 @@ def repository(tmp_path_factory):
     program = torch.export.export(net, (example,), dynamic_shapes=({0: torch.export.Dim("batch", max=64)},))
     torch.export.save(program, str(_write(repo, "cnn_export", "model.pt2")))
     model_py = _write(repo, "cnn_python", "model.py")
-    model_py.write_text(pm.NUMPY_CNN)
+    shutil.copyfile(MODELS / "simple" / "numpy_cnn" / "model.py", model_py)  # no config: auto_complete_config()
     for key, tensor in (("cw", net[0].weight), ("cb", net[0].bias), ("lw", net[4].weight), ("lb", net[4].bias)):
         np.save(model_py.parent / f"{key}.npy", tensor.detach().numpy())
-    write_python_model(repo, "add_sub", pm.ADD_SUB, pm.ADD_SUB_CONFIG)
-    write_python_model(repo, "raises", pm.RAISES, pm.SIMPLE_CONFIG)
-    write_python_model(repo, "wrong_count", pm.WRONG_COUNT, pm.SIMPLE_CONFIG)
-    write_python_model(repo, "exits", pm.EXITS, "max_batch_size: 4\n" + pm.SIMPLE_CONFIG)
-    write_python_model(repo, "request_error", pm.REQUEST_ERROR, pm.SIMPLE_CONFIG)
+    for name in ("add_sub", "raises", "wrong_count", "exits", "request_error"):
+        copy_model(repo, f"simple/{name}")
     torch.jit.trace(net, example).save(str(_write(repo, "torchscript_no_config", "model.pt")))
     return repo
 

@@ -21,7 +21,7 @@ from tests import grpc_util
 from tests.grpc_util import MODEL_INFER, MODEL_STREAM_INFER, PREFACE
 from tests.health_watch import HealthWatch
 from tests.http_util import accept_queue, call, open_sockets
-from tests.models import write_python_model
+from tests.models import copy_model
 from tests.waiting import wait_until
 
 ADDRESS_SPACE = 4 << 30
@@ -88,10 +88,8 @@ def test_malformed_messages_are_invalid_argument(module_daemon, repository):
 def sleepy(module_daemon, tmp_path_factory):
     """A daemon serving the Python model 'sleepy' (sleeps x[0] seconds) with a 64 MiB budget, streams
     of at most 4 pending requests, and a 2 s idle-stream timeout."""
-    from tests.models.simple import SIMPLE_CONFIG, SLEEPY
-
     repo = tmp_path_factory.mktemp("sleepy") / "repo"
-    write_python_model(repo, "sleepy", SLEEPY, SIMPLE_CONFIG)
+    copy_model(repo, "simple/sleepy")
     return module_daemon(repo, prefix=("prlimit", f"--as={ADDRESS_SPACE}"), env={
         "APPLIANCE_MAX_REQUEST_BYTES": str(MESSAGE + 4096),
         "APPLIANCE_MAX_REQUEST_MEMORY_BYTES": str(4 * MESSAGE),

@@ -13,7 +13,7 @@ import pytest
 from appliance.examples import build_example_repository
 from tests.health_watch import HealthWatch
 from tests.http_util import call
-from tests.models.simple import ADD_SUB
+from tests.models import MODELS
 
 REMOTE = "127.0.0.2"
 INFER = {"inputs": [{"name": "INPUT0", "shape": [1, 16], "datatype": "INT32", "data": list(range(16))},
@@ -25,7 +25,7 @@ def outside(tmp_path_factory) -> Path:
     """A directory outside the repository holding what an attacker wants run or read."""
     path = tmp_path_factory.mktemp("outside")
     (path / "evil.py").write_text(
-        f"open({str(path / 'PWNED')!r}, 'w').write('ran')\n" + ADD_SUB
+        f"open({str(path / 'PWNED')!r}, 'w').write('ran')\n" + (MODELS / "simple" / "add_sub" / "model.py").read_text()
     )
     (path / "secret.txt").write_text("top-secret-label\n")
     return path

@@ -16,19 +16,17 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.models import iterative as m
-from tests.models import write_python_model
+from tests.models import copy_model
 
 
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory):
     repo = tmp_path_factory.mktemp("iterative")
-    write_python_model(repo, "tokens", m.TOKENS, m.TOKENS_CONFIG)
-    write_python_model(repo, "second_try", m.SECOND_TRY, m.SECOND_TRY_CONFIG)
-    write_python_model(repo, "second_try_dynamic", m.SECOND_TRY, m.SECOND_TRY_DYNAMIC)
-    write_python_model(repo, "second_try_sequence", m.SECOND_TRY, m.SECOND_TRY_SEQUENCE)
-    write_python_model(repo, "wrong_return", m.WRONG_RETURN, m.WRONG_RETURN_CONFIG)
-    write_python_model(repo, "bls_driver", m.BLS_DRIVER, m.BLS_DRIVER_CONFIG)
+    for name in ("tokens", "second_try", "wrong_return", "bls_driver"):
+        copy_model(repo, f"iterative/{name}")
+    # second_try under schedulers that cannot run a request again
+    for scheduler in ("dynamic", "sequence"):
+        copy_model(repo, "iterative/second_try", f"second_try_{scheduler}", config=scheduler)
     return repo
 
 

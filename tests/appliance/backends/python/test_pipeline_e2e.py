@@ -15,22 +15,17 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.builders import identity_model, write_model
-from tests.models import pipelines as m
-from tests.models import write_python_model
-from tests.models.decoupled import REPEAT, REPEAT_CONFIG
+from tests.models import copy_model, read_config
 
 
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory):
     repo = tmp_path_factory.mktemp("pipelines")
-    write_model(repo, "identity_fp32", identity_model(["FP32"]), config=m.IDENTITY_CONFIG)
-    write_python_model(repo, "bls_sync", m.BLS_SYNC, m.BLS_IO)
-    write_python_model(repo, "bls_async", m.BLS_ASYNC, m.BLS_IO)
-    write_python_model(repo, "repeat", REPEAT, REPEAT_CONFIG)
-    write_python_model(repo, "bls_decoupled", m.BLS_DECOUPLED, m.BLS_DECOUPLED_CONFIG)
-    write_python_model(repo, "surface", m.SURFACE, m.SURFACE_CONFIG)
-    write_python_model(repo, "errors", m.ERRORS, m.ERRORS_CONFIG)
-    write_python_model(repo, "driver", m.DRIVER, m.DRIVER_CONFIG)
+    # The ONNX identity the BLS models call; bls_decoupled calls decoupled/repeat.
+    write_model(repo, "identity_fp32", identity_model(["FP32"]), config=read_config("pipelines/identity_fp32"))
+    copy_model(repo, "decoupled/repeat")
+    for name in ("bls_sync", "bls_async", "bls_decoupled", "surface", "errors", "driver"):
+        copy_model(repo, f"pipelines/{name}")
     return repo
 
 
