@@ -1,5 +1,6 @@
-"""A backend for scheduler tests: sleeps, records every batch it runs, can raise. Not a runtime mock:
-it stands in for a model, and the scheduler under test is the real one."""
+"""Backends for scheduler tests: FakeBackend sleeps, records every batch it runs, can raise;
+TensorlessBackend and RequestsBackend are the bases a test's own stand-in builds on. Not runtime mocks:
+they stand in for a model, and the scheduler under test is the real one."""
 
 from __future__ import annotations
 
@@ -26,7 +27,26 @@ class _Counter:
             self.active -= 1
 
 
-class FakeBackend(Backend):
+class TensorlessBackend(Backend):
+    """A stand-in model that declares no tensors: the scheduler, pool and rate limiter tests call the model
+    and never read its tensor descriptions. Subclasses say what ``run`` (or ``run_requests``) does."""
+
+    def inputs(self):
+        return []
+
+    def outputs(self):
+        return []
+
+
+class RequestsBackend(TensorlessBackend):
+    """A stand-in model answered through ``run_requests`` (a request at a time: reschedules, sinks), whose
+    ``run`` must never be reached."""
+
+    def run(self, inputs, outputs):
+        raise AssertionError(f"{type(self).__name__} answers through run_requests; run() was called")
+
+
+class FakeBackend(TensorlessBackend):
     """y = 2x; ``delay`` may be a number or a function of the inputs."""
 
     def __init__(self, delay: float | Callable[[dict], float] = 0.0, fail: str | None = None,
@@ -49,12 +69,6 @@ class FakeBackend(Backend):
     @property
     def batch_sizes(self) -> list[int]:
         return [len(b) for b in self.batches]
-
-    def inputs(self):
-        return []
-
-    def outputs(self):
-        return []
 
     def run(self, inputs, outputs):
         counters = [c for c in (self._own, self._shared) if c is not None]

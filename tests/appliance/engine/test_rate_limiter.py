@@ -15,13 +15,13 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from appliance.backends import Backend
 from appliance.core.errors import ConfigError
 from appliance.engine.instances import InstancePool
 from appliance.engine.rate_limiter import InstanceNeeds, RateLimitCounts, RateLimiter, instance_needs
 from appliance.engine.scheduler import Scheduler, SchedulerPolicy, SequenceScheduler, sequence_policy
 from appliance.engine.shared_config import ResourceLimit
 from appliance.engine.stats import ModelStats
+from tests.fakes import TensorlessBackend
 from tests.waiting import await_until
 
 
@@ -91,18 +91,12 @@ def test_one_name_cannot_be_global_and_per_device():
         limiter.register("b:1", _needs(("resource2", False, 2)), RateLimitCounts())
 
 
-class Recorder(Backend):
+class Recorder(TensorlessBackend):
     """An instance that records when each execution starts and ends (monotonic, on its own thread)."""
 
     def __init__(self, name: str, log: list[tuple[str, float, float]], delay: float) -> None:
         self.name, self.log, self.delay = name, log, delay
         self.lock = threading.Lock()
-
-    def inputs(self):
-        return []
-
-    def outputs(self):
-        return []
 
     def run(self, inputs, outputs):
         start = time.monotonic()
@@ -113,8 +107,8 @@ class Recorder(Backend):
 
 
 @pytest.fixture
-async def models():
-    made: list[Scheduler] = []
+def models(started):
+    """models(limiter, name, needs, log) -> a started scheduler of Recorder instances, closed after the test."""
 
     def make(limiter: RateLimiter | None, name: str, needs: list[InstanceNeeds], log: list,
              delay: float = 0.01) -> Scheduler:
@@ -124,15 +118,10 @@ async def models():
         if limiter is not None:
             stats.rate_limiter = RateLimitCounts()
             limits = limiter.register(f"{name}:1", needs, stats.rate_limiter)
-        scheduler = Scheduler(f"{name}:1", InstancePool(f"{name}:1", backends, limits),
-                              SchedulerPolicy(max_batch_size=0), stats)
-        scheduler.start()
-        made.append(scheduler)
-        return scheduler
+        return started(Scheduler(f"{name}:1", InstancePool(f"{name}:1", backends, limits),
+                                 SchedulerPolicy(max_batch_size=0), stats))
 
-    yield make
-    for scheduler in made:
-        await scheduler.close()
+    return make
 
 
 async def _saturate(scheduler: Scheduler, count: int) -> list[asyncio.Task]:
@@ -239,22 +228,18 @@ class SequenceRecorder(Recorder):
         return super().run({"x": inputs["x"]}, ["y"])
 
 
-async def test_a_sequence_model_waits_for_the_resource_too(models, tmp_path):
+async def test_a_sequence_model_waits_for_the_resource_too(models, started, tmp_path):
     log: list = []
     limiter = RateLimiter()
     plain = models(limiter, "plain", _needs(("r", False, 1)), log)
     config = text_format.Parse(SEQUENCE, mc.ModelConfig())
     stats = ModelStats()
     limits = limiter.register("stateful:1", _needs(("r", False, 1)), RateLimitCounts())
-    sequences = SequenceScheduler("stateful:1", "stateful",
-                                  InstancePool("stateful:1", [SequenceRecorder("stateful", log, 0.01)], limits),
-                                  sequence_policy(config, tmp_path), stats)
-    sequences.start()
-    try:
-        steps = [asyncio.ensure_future(sequences.submit(
-            {"x": np.zeros((1, 1), np.float32)}, ["y"], 1,
-            {"sequence_id": 7, "sequence_start": index == 0})) for index in range(6)]
-        await asyncio.gather(*await _saturate(plain, 6), *steps)
-    finally:
-        await sequences.close()
+    sequences = started(SequenceScheduler(
+        "stateful:1", "stateful", InstancePool("stateful:1", [SequenceRecorder("stateful", log, 0.01)], limits),
+        sequence_policy(config, tmp_path), stats))
+    steps = [asyncio.ensure_future(sequences.submit(
+        {"x": np.zeros((1, 1), np.float32)}, ["y"], 1,
+        {"sequence_id": 7, "sequence_start": index == 0})) for index in range(6)]
+    await asyncio.gather(*await _saturate(plain, 6), *steps)
     assert sum(1 for name, _, _ in log if name == "stateful") == 6 and _overlaps(log) == 0

@@ -23,6 +23,7 @@ from appliance.engine.instances import InstancePool
 from appliance.engine.rate_limiter import InstanceNeeds, RateLimitCounts, RateLimiter
 from appliance.engine.scheduler import Scheduler, SchedulerPolicy
 from appliance.engine.stats import ModelStats
+from tests.fakes import RequestsBackend, TensorlessBackend
 from tests.waiting import await_until, next_turn
 
 
@@ -31,7 +32,7 @@ async def _until(condition: Callable[[], bool], timeout: float = 5.0, what: str 
     await await_until(condition, timeout=timeout, what=what, interval=0.001)
 
 
-class Remote(Backend):
+class Remote(TensorlessBackend):
     """An instance whose batches run elsewhere (a model process): ``start_requests`` queues the batch, and
     the test answers it on the event loop, in order, with ``answer``; a batch may also be refused at start
     (the model process is gone), which the pool hands to its waiters at once."""
@@ -42,12 +43,6 @@ class Remote(Backend):
         self.started: collections.deque[tuple[list[BackendRequest], Callable]] = collections.deque()
         self.executions = 0
         self.refuse = refuse_first
-
-    def inputs(self):
-        return []
-
-    def outputs(self):
-        return []
 
     def run(self, inputs, outputs):  # the instance's thread: never used, every batch starts elsewhere
         raise AssertionError("a Remote batch ran on the instance's thread")
@@ -171,7 +166,7 @@ async def test_a_cancelled_waiter_gives_back_what_it_was_granted_meanwhile():
 # -- many clients, several instances, shared resources, random cancellations ----------------------------
 
 
-class Threaded(Backend):
+class Threaded(RequestsBackend):
     """An instance whose batches run on its own thread (the pool's other path), answering at once."""
 
     inline_safe = False
@@ -179,18 +174,9 @@ class Threaded(Backend):
     def __init__(self) -> None:
         self.requests = 0
 
-    def inputs(self):
-        return []
-
-    def outputs(self):
-        return []
-
     def run_requests(self, requests):
         self.requests += len(requests)
         return BatchResult([{"y": r.inputs["x"]} for r in requests])
-
-    def run(self, inputs, outputs):
-        raise AssertionError("run_requests answers")
 
 
 async def _answer_at_random(backends: list[Remote], limiter: RateLimiter, rng: random.Random,

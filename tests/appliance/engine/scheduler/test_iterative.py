@@ -14,17 +14,17 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from appliance.backends import Backend
 from appliance.backends.base import RESCHEDULE, BatchResult
 from appliance.core.errors import InvalidInput
 from appliance.engine.instances import InstancePool
 from appliance.engine.scheduler import SequenceScheduler, sequence_policy
 from appliance.engine.stats import ModelStats
 from tests.appliance.backends.python.harness import RecordingSink
+from tests.fakes import RequestsBackend
 from tests.waiting import await_until
 
 
-class Countdown(Backend):
+class Countdown(RequestsBackend):
     """Each request asks for N steps (input STEPS); every step answers REMAINING (N - steps done so far)
     and is rescheduled until it reaches 0, the state kept per correlation ID as a Python model keeps it.
     Records every batch as (correlation ID, flags, START control) rows."""
@@ -35,15 +35,6 @@ class Countdown(Backend):
         self.left: dict = {}
         self.batches: list[list[tuple]] = []
         self._lock = threading.Lock()
-
-    def inputs(self):
-        return []
-
-    def outputs(self):
-        return []
-
-    def run(self, inputs, outputs):
-        raise AssertionError("run_requests is the entry point")
 
     def run_requests(self, requests):
         time.sleep(self.delay)

@@ -13,7 +13,6 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from appliance.backends import Backend
 from appliance.core.errors import InferenceFailed, InvalidInput, Unavailable
 from appliance.engine.instances import InstancePool
 from appliance.engine.scheduler import SequenceScheduler, sequence_policy
@@ -21,10 +20,11 @@ from appliance.engine.scheduler.execution import ExecutionMode
 from appliance.engine.scheduler.sequence import BACKLOG_PER_SLOT, MIN_BACKLOG, THREADED_SEQUENCES
 from appliance.engine.stats import ModelStats
 from appliance.examples.sequence import accumulator_config
+from tests.fakes import TensorlessBackend
 from tests.waiting import await_until
 
 
-class Accumulator(Backend):
+class Accumulator(TensorlessBackend):
     """The accumulator of appliance.examples.sequence in numpy; records each batch's control rows."""
 
     def __init__(self, delay: float = 0.0, fail_on: int | None = None) -> None:
@@ -35,12 +35,6 @@ class Accumulator(Backend):
         self.overlaps = 0
         self.threads: set[int] = set()
         self._lock = threading.Lock()
-
-    def inputs(self):
-        return []
-
-    def outputs(self):
-        return []
 
     def run(self, inputs, outputs):
         self.threads.add(threading.get_ident())
