@@ -21,11 +21,9 @@ from tritonclient.utils import InferenceServerException
 from appliance.examples import build_example_repository
 from tests.descriptors import opened
 from tests.relay import relay
+from tests.shm_util import SIZE, X, Y, filled_region
 
 REMOTE = "127.0.0.2"
-X = np.arange(16, dtype=np.int32).reshape(1, 16)
-Y = np.full((1, 16), 3, dtype=np.int32)
-SIZE = X.nbytes  # 64
 
 
 @pytest.fixture(scope="module")
@@ -62,11 +60,6 @@ def _outputs(region: str, byte_size: int = SIZE) -> list[triton.InferRequestedOu
     return outputs
 
 
-def _fill(handle) -> None:
-    shm.set_shared_memory_region(handle, [X])
-    shm.set_shared_memory_region(handle, [Y], offset=SIZE)
-
-
 def _refused(call, status: str) -> str:
     with pytest.raises(InferenceServerException) as caught:
         call()
@@ -75,9 +68,8 @@ def _refused(call, status: str) -> str:
 
 
 def test_register_infer_status_unregister(client, daemon, regions):
-    in_key, in_handle = regions(2 * SIZE)
+    in_key, in_handle = filled_region(regions)
     out_key, out_handle = regions(2 * SIZE)
-    _fill(in_handle)
     assert "system_shared_memory" in client.get_server_metadata().extensions
     client.register_system_shared_memory("input", in_key, 2 * SIZE)
     client.register_system_shared_memory("output", out_key, 2 * SIZE)
@@ -125,8 +117,7 @@ def test_mixed_with_request_tensors_and_in_a_stream(client, regions):
 
 
 def test_bad_registrations_and_uses(client, daemon, regions):
-    key, handle = regions(2 * SIZE)
-    _fill(handle)
+    key, handle = filled_region(regions)
     client.register_system_shared_memory("r", key, 2 * SIZE)
     message = _refused(lambda: client.register_system_shared_memory("r", key, SIZE), "ALREADY_EXISTS")
     assert "already in manager" in message and key not in message
@@ -156,8 +147,7 @@ def test_other_hosts_are_kept_out(start_daemon, repository, tmp_path, regions):
     daemon = start_daemon(repository, state=state, env={"APPLIANCE_AUTH_EXEMPT_NETWORKS": "127.0.0.1/32",
                                                         "APPLIANCE_SHM_LOCAL_NETWORKS": "127.0.0.1/32"})
     token = {"authorization": f"Bearer {(state / 'auth-token').read_text().strip()}"}
-    key, handle = regions(2 * SIZE)
-    _fill(handle)
+    key, handle = filled_region(regions)
     with relay(daemon.grpc_port, REMOTE) as port, triton.InferenceServerClient(f"127.0.0.1:{port}") as remote:
         _refused(lambda: remote.register_system_shared_memory("r", key, 2 * SIZE), "UNAUTHENTICATED")
         message = _refused(lambda: remote.register_system_shared_memory("r", key, 2 * SIZE, headers=token),

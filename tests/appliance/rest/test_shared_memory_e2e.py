@@ -18,12 +18,10 @@ from appliance.backends.python.wire.arena import Arena
 from appliance.examples import build_example_repository
 from tests.descriptors import opened
 from tests.http_util import call
+from tests.shm_util import SIZE, X, Y, filled_region
 from tests.waiting import wait_until
 
 REMOTE = "127.0.0.2"
-X = np.arange(16, dtype=np.int32).reshape(1, 16)
-Y = np.full((1, 16), 3, dtype=np.int32)
-SIZE = X.nbytes  # 64
 
 
 @pytest.fixture(scope="module")
@@ -60,11 +58,6 @@ def _outputs(region: str, byte_size: int = SIZE):
     return outputs
 
 
-def _fill(handle) -> None:
-    shm.set_shared_memory_region(handle, [X])
-    shm.set_shared_memory_region(handle, [Y], offset=SIZE)
-
-
 def _refused(call_, status_text: str | None = None) -> str:
     with pytest.raises(InferenceServerException) as caught:
         call_()
@@ -79,9 +72,8 @@ def test_metadata_lists_system_shared_memory_only(triton_client):
 
 
 def test_register_infer_status_unregister(triton_client, daemon, regions):
-    in_key, in_handle = regions(2 * SIZE)
+    in_key, in_handle = filled_region(regions)
     out_key, out_handle = regions(2 * SIZE)
-    _fill(in_handle)
     triton_client.register_system_shared_memory("input", in_key, 2 * SIZE)
     triton_client.register_system_shared_memory("output", out_key, 2 * SIZE)
     result = triton_client.infer("simple", _inputs("input"), outputs=_outputs("output"))
@@ -164,8 +156,7 @@ def test_bad_registrations_are_refused_and_the_daemon_stays_up(triton_client, da
 
 
 def test_bad_uses_are_refused_and_the_daemon_stays_up(triton_client, regions):
-    key, handle = regions(2 * SIZE)
-    _fill(handle)
+    key, handle = filled_region(regions)
     triton_client.register_system_shared_memory("io", key, 2 * SIZE)
     cases = [
         (_inputs("io", offset1=2 * SIZE), None, "400", "Invalid offset for shared memory region: 'io'"),
@@ -187,8 +178,7 @@ def test_bad_uses_are_refused_and_the_daemon_stays_up(triton_client, regions):
 
 
 def test_an_object_shrunk_under_its_region_is_an_error_not_a_crash(triton_client, daemon, regions):
-    key, handle = regions(2 * SIZE)
-    _fill(handle)
+    key, handle = filled_region(regions)
     triton_client.register_system_shared_memory("io", key, 2 * SIZE)
     import os
 
@@ -214,9 +204,8 @@ def _pending(port: int, model: str) -> float:
 
 
 def test_a_region_unregistered_during_a_request(triton_client, daemon, regions):
-    in_key, in_handle = regions(2 * SIZE)
+    in_key, in_handle = filled_region(regions)
     out_key, out_handle = regions(2 * SIZE)
-    _fill(in_handle)
     triton_client.register_system_shared_memory("in", in_key, 2 * SIZE)
     triton_client.register_system_shared_memory("out", out_key, 2 * SIZE)
     results: list = []
@@ -276,8 +265,7 @@ def test_registration_takes_the_control_rules(daemon):
 def test_a_cross_site_page_cannot_write_into_another_clients_region(daemon, triton_client, regions, headers):
     """Issue 22 item 5: an inference request that names a region gets the control endpoints' browser
     rules (a page could make a browser on the box write model outputs into a victim's region)."""
-    key, handle = regions(2 * SIZE)
-    _fill(handle)
+    key, handle = filled_region(regions)
     triton_client.register_system_shared_memory("victim_out", key, 2 * SIZE)
     body = {"inputs": [{"name": n, "shape": [1, 16], "datatype": "INT32", "data": [1] * 16} for n in ("INPUT0",
                                                                                                     "INPUT1")],
@@ -303,8 +291,7 @@ def test_a_client_on_another_address_may_not_use_shared_memory(narrow_daemon, re
     daemon = narrow_daemon
     token = (daemon.log_path.parent / "auth-token").read_text().strip()
     auth = {"Authorization": f"Bearer {token}"}
-    key, handle = regions(2 * SIZE)
-    _fill(handle)
+    key, handle = filled_region(regions)
     register = "/v2/systemsharedmemory/region/io/register"
     body = {"key": key, "offset": 0, "byte_size": 2 * SIZE}
     assert call(daemon.port, "POST", register, body, source=REMOTE)[0] == 401  # a control endpoint: the token
