@@ -13,9 +13,12 @@ Y = np.full((1, 16), 3, dtype=np.int32)
 SIZE = X.nbytes  # 64
 
 
-def filled_region(regions: Callable) -> tuple[str, object]:
-    """(key, handle) of a new region of 2 * SIZE bytes holding X at offset 0 and Y at SIZE."""
-    key, handle = regions(2 * SIZE)
-    shm.set_shared_memory_region(handle, [X])
-    shm.set_shared_memory_region(handle, [Y], offset=SIZE)
+def filled_region(regions: Callable, arrays: tuple[np.ndarray, ...] = (X, Y)) -> tuple[str, object]:
+    """(key, handle) of a new region holding ``arrays`` back to back: by default X at offset 0 and Y at SIZE,
+    2 * SIZE bytes in all."""
+    key, handle = regions(sum(array.nbytes for array in arrays))
+    offset = 0
+    for array in arrays:
+        shm.set_shared_memory_region(handle, [array], offset=offset)
+        offset += array.nbytes
     return key, handle

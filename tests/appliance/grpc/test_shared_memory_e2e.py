@@ -31,11 +31,6 @@ def repository(tmp_path_factory):
     return build_example_repository(tmp_path_factory.mktemp("grpc-shm") / "repo")
 
 
-@pytest.fixture(scope="module")
-def daemon(module_daemon, repository):
-    return module_daemon(repository)
-
-
 @pytest.fixture
 def client(daemon):
     with triton.InferenceServerClient(daemon.grpc_url) as client:
@@ -93,8 +88,7 @@ def test_register_infer_status_unregister(client, daemon, regions):
 
 
 def test_mixed_with_request_tensors_and_in_a_stream(client, regions):
-    in_key, in_handle = regions(SIZE)
-    shm.set_shared_memory_region(in_handle, [X])
+    in_key, _ = filled_region(regions, (X,))
     client.register_system_shared_memory("x", in_key, SIZE)
     inputs = [triton.InferInput("INPUT0", [1, 16], "INT32"), triton.InferInput("INPUT1", [1, 16], "INT32")]
     inputs[0].set_shared_memory("x", SIZE)

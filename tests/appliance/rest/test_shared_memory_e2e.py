@@ -118,8 +118,7 @@ def test_bytes_tensors_in_shared_memory(triton_client, regions):
 
 
 def test_shared_memory_and_request_tensors_mix(triton_client, regions):
-    key, handle = regions(SIZE)
-    shm.set_shared_memory_region(handle, [X])
+    key, handle = filled_region(regions, (X,))
     triton_client.register_system_shared_memory("x", key, SIZE)
     inputs = [triton.InferInput("INPUT0", [1, 16], "INT32"), triton.InferInput("INPUT1", [1, 16], "INT32")]
     inputs[0].set_shared_memory("x", SIZE)
