@@ -1,5 +1,5 @@
-"""Load a model.py with the Python backend directly (no daemon, no transport), and a sink that records
-what a decoupled model streams."""
+"""Load a model.py with the Python backend directly (no daemon, no transport), read a request's answer,
+and a sink that records what a decoupled model streams."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import dataclasses
 import textwrap
 import threading
 from collections.abc import Iterator
+from concurrent.futures import Future
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +36,16 @@ def loaded(model_file: Path, config: str, services: BackendServices | None = Non
         yield backend
     finally:
         backend.close()
+
+
+def answer_y(result, timeout: float = 10.0) -> list:
+    """A request's answer as its output Y's values: ``result`` is what the backend gave for the request (its
+    outputs, the error that failed it, or a Future of either); an error is raised."""
+    if isinstance(result, Future):
+        result = result.result(timeout)
+    if isinstance(result, BaseException):
+        raise result
+    return result["Y"].tolist()
 
 
 @dataclasses.dataclass

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import re
-from concurrent.futures import Future
 
 import numpy as np
 import pytest
@@ -14,7 +13,7 @@ import pytest
 from appliance.backends import BACKENDS, BackendRequest, LoadContext, RuntimeOptions
 from appliance.backends.python.in_process import InProcessPythonBackend
 from appliance.selection.plans import IN_PROCESS_PLAN
-from tests.appliance.backends.python.harness import parse_config
+from tests.appliance.backends.python.harness import answer_y, parse_config
 from tests.appliance.backends.python.hostile_models import WRONG_RETURNS, failed, write_hostile
 
 PYTHON = next(info for info in BACKENDS if info.name == "python")
@@ -38,25 +37,16 @@ def _request(mode: str, value: float = 1.0) -> BackendRequest:
                            "X": np.full((1, 2), value, np.float32)}, ("Y",))
 
 
-def _answer(result, timeout: float = 10.0):
-    """A request's answer: its outputs, or the error it got (raised)."""
-    if isinstance(result, Future):
-        result = result.result(timeout)
-    if isinstance(result, BaseException):
-        raise result
-    return result["Y"].tolist()
-
-
 @pytest.mark.parametrize("mode", sorted(WRONG_RETURNS))
 def test_a_wrong_return_answers_each_request_with_tritons_error_and_the_model_serves_on(backend, mode):
     results = backend.run_requests([_request(mode), _request(mode)]).results
     for result in results:
         with pytest.raises(Exception, match=failed("hostile_0_0", mode)) as info:
-            _answer(result)
+            answer_y(result)
         assert info.value.status == 500
         assert getattr(info.value, "grpc_code", None) in (None, "INTERNAL")
     (echo,) = backend.run_requests([_request("echo", 3.0)]).results
-    assert _answer(echo) == [[3.0, 3.0]]
+    assert answer_y(echo) == [[3.0, 3.0]]
 
 
 @pytest.mark.parametrize("mode", ["none", "raise"])
@@ -65,6 +55,6 @@ def test_each_kind_of_failure_is_logged_once_per_instance(backend, mode, caplog)
         for _ in range(3):
             for result in backend.run_requests([_request(mode)]).results:
                 with pytest.raises(Exception, match=re.escape("Failed to process the request(s)")):
-                    _answer(result)
+                    answer_y(result)
     # The first failure of its kind is logged (by this test, or by an earlier one of the module), no other.
     assert len([record for record in caplog.records if record.levelno >= logging.ERROR]) <= 1

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from appliance.backends.base import BackendRequest
-from tests.appliance.backends.python.harness import loaded
+from tests.appliance.backends.python.harness import answer_y, loaded
 from tests.models import copy_model, read_config
 from tests.waiting import open_gate
 
@@ -25,14 +25,6 @@ GATE = "later.fifo"
 def _request(mode: str, x: list[int]) -> BackendRequest:
     return BackendRequest({"MODE": np.array([[mode.encode()]], dtype=object), "X": np.array([x], np.int32)},
                           ["Y"])
-
-
-def _answer(result, timeout: float = 10.0):
-    if isinstance(result, Future):
-        result = result.result(timeout)
-    if isinstance(result, BaseException):
-        raise result
-    return result["Y"].tolist()
 
 
 @pytest.fixture(scope="module")
@@ -49,10 +41,10 @@ def backend(gate):
         yield backend
 
 
-def test_a_response_sent_during_execute_is_the_answer(backend):
+def test_a_response_sent_during_execute_is_theanswer_y(backend):
     before, then_final = backend.run_requests([_request("before", [1, 2]), _request("then_final", [3, 4])]).results
-    assert _answer(before) == [[12, 22]]
-    assert _answer(then_final) == [[33, 43]]
+    assert answer_y(before) == [[12, 22]]
+    assert answer_y(then_final) == [[33, 43]]
 
 
 def test_a_response_sent_after_execute_returned_comes_later(backend, gate):
@@ -61,16 +53,16 @@ def test_a_response_sent_after_execute_returned_comes_later(backend, gate):
     # The instance is free meanwhile: another batch runs, and its inputs overwrite the arena the late
     # request's inputs were in.
     (now,) = backend.run_requests([_request("return", [7, 8])]).results
-    assert _answer(now) == [[71, 81]]
+    assert answer_y(now) == [[71, 81]]
     open_gate(gate)
-    assert _answer(late) == [[54, 64]]
+    assert answer_y(late) == [[54, 64]]
 
 
 def test_one_batch_answers_each_request_its_own_way(backend, gate):
     results = backend.run_requests([_request("return", [1, 1]), _request("before", [2, 2]),
                                     _request("after", [3, 3])]).results
     open_gate(gate)
-    assert [_answer(r) for r in results] == [[[11, 11]], [[22, 22]], [[34, 34]]]
+    assert [answer_y(r) for r in results] == [[[11, 11]], [[22, 22]], [[34, 34]]]
 
 
 def test_a_final_flag_before_any_response_fails_with_tritons_words(backend):
@@ -83,15 +75,15 @@ def test_the_first_response_counts_when_a_second_is_refused(backend):
     # Triton: the second send raises in the model, which fails execute(); the first response has reached
     # the client already, so that is the answer.
     (result,) = backend.run_requests([_request("twice", [1, 2])]).results
-    assert _answer(result) == [[15, 25]]
+    assert answer_y(result) == [[15, 25]]
 
 
 def test_a_response_returned_after_one_was_sent_is_refused_but_the_sent_one_stands(backend):
     sent, other = backend.run_requests([_request("send_and_return", [1, 2]), _request("return", [3, 4])]).results
-    assert _answer(sent) == [[17, 27]]
+    assert answer_y(sent) == [[17, 27]]
     # execute() failed (Triton's words) for the request that had no answer yet.
     with pytest.raises(Exception, match="Non-decoupled model cannot send more than one response"):
-        _answer(other)
+        answer_y(other)
 
 
 def test_a_request_let_go_of_unanswered_gets_tritons_error_and_the_model_serves_on(backend):
@@ -100,10 +92,10 @@ def test_a_request_let_go_of_unanswered_gets_tritons_error_and_the_model_serves_
     (forgotten,) = backend.run_requests([_request("forgotten", [1, 2])]).results
     with pytest.raises(Exception, match=r"message: Expected a list in the execute return, found type "
                                         r"'<class 'NoneType'>'\.") as info:
-        _answer(forgotten)
+        answer_y(forgotten)
     assert info.value.status == 500
     (now,) = backend.run_requests([_request("return", [3, 4])]).results
-    assert _answer(now) == [[31, 41]]
+    assert answer_y(now) == [[31, 41]]
 
 
 # Exits once its execute() returned, when the test opens the gate.
@@ -118,4 +110,4 @@ def test_a_late_answer_fails_when_the_process_dies_first(tmp_path):
         assert isinstance(late, Future)
         open_gate(tmp_path / "dies" / GATE)
         with pytest.raises(Exception, match="exited with code 3"):
-            _answer(late)
+            answer_y(late)
