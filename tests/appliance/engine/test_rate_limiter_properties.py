@@ -249,14 +249,19 @@ async def _operate(checker: Checker, name: str, operation: tuple, model: Model, 
         limits.give_back(index, executed=executed, pending=pending)
 
 
+def _give_back_all(checker: Checker) -> None:
+    """Every held instance is given back, unexecuted."""
+    for model in checker.models:
+        for index, instance in enumerate(model.instances):
+            if instance.held:
+                instance.held = False
+                model.limits.give_back(index, executed=False)
+
+
 async def _drain(checker: Checker) -> None:
     """Give everything back until every waiter has been granted; then nothing is held and nothing waits."""
     for _ in range(1 + sum(len(m.instances) for m in checker.models)):
-        for model in checker.models:
-            for index, instance in enumerate(model.instances):
-                if instance.held:
-                    instance.held = False
-                    model.limits.give_back(index, executed=False)
+        _give_back_all(checker)
         await _settle()
         checker.collect()
         checker.check("drain")
@@ -264,11 +269,7 @@ async def _drain(checker: Checker) -> None:
             break
     else:
         raise AssertionError("waiters were never granted though everything was given back")
-    for model in checker.models:
-        for index, instance in enumerate(model.instances):
-            if instance.held:
-                instance.held = False
-                model.limits.give_back(index, executed=False)
+    _give_back_all(checker)
     await _settle()
     assert checker.limiter.waiting == 0
     assert all(row["in_use"] == 0 for row in checker.limiter.resources()), checker.limiter.resources()
