@@ -94,6 +94,14 @@ def write_model(repo: Path, name: str, model: onnx.ModelProto, version: int = 1,
     return repo / name
 
 
+def write_cache_repository(repo: Path) -> Path:
+    """The response cache tests' repository: ``two_output_model`` twice with max_batch_size 8, as ``cached``
+    (response_cache enabled) and ``uncached``."""
+    for name, cache in (("cached", "response_cache { enable: true }\n"), ("uncached", "")):
+        write_model(repo, name, two_output_model(), config="max_batch_size: 8\n" + cache)
+    return repo
+
+
 def cnn_model(seed: int = 0) -> onnx.ModelProto:
     """A small CNN: image [batch, 3, 16, 16] -> logits [batch, 5] (conv, relu, global pool, dense)."""
     rng = np.random.default_rng(seed)

@@ -13,13 +13,12 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from appliance.engine.redis_entry import EntryKeys, encode_entry
-from tests.builders import two_output_model, write_model
+from tests.builders import write_cache_repository
 from tests.http_util import call
 from tests.redis_server import redis_server
 from tests.waiting import wait_until
 
 X = np.array([[1, 2, 3, 4, 5, 6]], np.float32)
-CACHED = "max_batch_size: 8\nresponse_cache { enable: true }\n"
 SECRET = "the fleet's response cache secret, at least 32 characters"
 
 
@@ -31,10 +30,7 @@ def redis(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory):
-    repo = tmp_path_factory.mktemp("redis-cache") / "repo"
-    write_model(repo, "cached", two_output_model(), config=CACHED)
-    write_model(repo, "uncached", two_output_model(), config="max_batch_size: 8\n")
-    return repo
+    return write_cache_repository(tmp_path_factory.mktemp("redis-cache") / "repo")
 
 
 @pytest.fixture(scope="module")

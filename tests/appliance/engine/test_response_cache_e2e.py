@@ -10,19 +10,15 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 
-from tests.builders import two_output_model, write_model
+from tests.builders import write_cache_repository
 from tests.http_util import call
 
 X = np.array([[1, 2, 3, 4, 5, 6]], np.float32)
-CACHED = "max_batch_size: 8\nresponse_cache { enable: true }\n"
 
 
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory):
-    repo = tmp_path_factory.mktemp("cache") / "repo"
-    write_model(repo, "cached", two_output_model(), config=CACHED)
-    write_model(repo, "uncached", two_output_model(), config="max_batch_size: 8\n")
-    return repo
+    return write_cache_repository(tmp_path_factory.mktemp("cache") / "repo")
 
 
 @pytest.fixture(scope="module")
