@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.served import Addresses
 from tests.waiting import wait_until
 
 _BOUND = re.compile(r"serving KServe v2 on https?://127\.0\.0\.1:(\d+)")
@@ -22,7 +23,7 @@ _GRPC_BOUND = re.compile(r"serving KServe v2 over gRPC(?: \(TLS\))? on 127\.0\.0
 
 
 @dataclass
-class Daemon:
+class Daemon(Addresses):
     process: subprocess.Popen
     port: int
     log_path: Path
@@ -32,21 +33,6 @@ class Daemon:
     like: Callable[..., Daemon] | None = field(default=None, repr=False)
     """like(added) -> Daemon: starts another daemon like this one (its repository, arguments and
     environment, ``added`` on top; a state dir of its own), stopped with the factory's daemons."""
-
-    @property
-    def url(self) -> str:
-        """host:port as tritonclient wants it."""
-        return f"127.0.0.1:{self.port}"
-
-    @property
-    def grpc_url(self) -> str:
-        """host:port as tritonclient.grpc wants it."""
-        assert self.grpc_port is not None, "this daemon serves no gRPC"
-        return f"127.0.0.1:{self.grpc_port}"
-
-    @property
-    def base(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
     def log(self) -> str:
         return self.log_path.read_text()

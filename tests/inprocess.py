@@ -24,6 +24,7 @@ from appliance.rest.http_server import HttpServer
 from appliance.rest.lane import InferLane
 from appliance.rest.refusal import http_connection_limiter
 from appliance.settings import Settings
+from tests.served import Addresses
 
 __all__ = ["InProcessServer", "in_process_factory"]
 
@@ -33,7 +34,7 @@ _START_TIMEOUT = 60.0
 
 
 @dataclass
-class InProcessServer:
+class InProcessServer(Addresses):
     """A served appliance; the surface tests use from tests.conftest.Daemon (port, grpc_port, url, grpc_url,
     base), plus the Appliance itself."""
 
@@ -46,21 +47,6 @@ class InProcessServer:
     _thread: threading.Thread | None = field(default=None, repr=False)
     _http: HttpServer | None = field(default=None, repr=False)
     _grpc: Http2Server | None = field(default=None, repr=False)
-
-    @property
-    def url(self) -> str:
-        """host:port as tritonclient wants it."""
-        return f"127.0.0.1:{self.port}"
-
-    @property
-    def grpc_url(self) -> str:
-        """host:port as tritonclient.grpc wants it."""
-        assert self.grpc_port is not None, "this server serves no gRPC"
-        return f"127.0.0.1:{self.grpc_port}"
-
-    @property
-    def base(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
     def call(self, coroutine: Coroutine[Any, Any, T], timeout: float = _START_TIMEOUT) -> T:
         """Runs ``coroutine`` on the server's loop and returns its result (from the test's thread)."""
