@@ -42,6 +42,7 @@ from appliance.grpc.http2.call import Call
 from appliance.grpc.http2.headers import Request
 from appliance.protocol.inflate import InflateLimits
 from appliance.security.budget import MemoryBudget
+from tests.appliance.grpc.memory_channel import MemoryChannel
 from tests.appliance.strategies_fuzz import (
     DATATYPES,
     FEW,
@@ -338,40 +339,10 @@ def test_a_large_stream_response_is_the_messages_bytes():
 # Message framing on a call ---------------------------------------------------------------------------------
 
 
-class _Connection:
-    """The connection a Call sees (``appliance.grpc.http2.call.Channel``), without a socket."""
-
-    def __init__(self, max_message: int) -> None:
-        self.loop = asyncio.get_running_loop()
-        self.peer = "ipv4:127.0.0.1:1"
-        self.max_message = max_message
-        self.send_window = self.max_frame = 1 << 20
-
-    def write(self, data: bytes) -> None:
-        pass
-
-    async def drain(self) -> None:
-        pass
-
-    def wait_window(self, call: Call) -> None:
-        pass
-
-    def open_stream_window(self, stream: int, increment: int) -> None:
-        pass
-
-    def forget(self, call: Call) -> None:
-        pass
-
-    def hold(self, call: Call, size: int) -> bool:
-        return True
-
-    def release(self, size: int) -> None:
-        pass
-
-
-def _call(connection: _Connection, encoding: bytes) -> Call:
+def _call(max_message: int, encoding: bytes) -> Call:
     request = Request([(b":method", b"POST"), (b":scheme", b"http"), (b":path", b"/inference.GRPCInferenceService/"
                        b"ModelInfer"), (b"content-type", b"application/grpc"), (b"grpc-encoding", encoding)])
+    connection = MemoryChannel(max_message, max_frame=1 << 20)
     return Call(connection, 1, request, receive_window=1 << 40, send_window=1 << 20)  # type: ignore[arg-type]
 
 
@@ -419,7 +390,7 @@ def test_messages_cut_into_any_frames_arrive_whole(messages, encoding, data):
     frames = _cut(wire, data.draw(st.lists(st.integers(0, len(wire)), max_size=8)))
 
     async def run() -> list[bytes]:
-        return await _read_all(_call(_Connection(1 << 20), encoding), frames, data.draw(st.booleans()))
+        return await _read_all(_call(1 << 20, encoding), frames, data.draw(st.booleans()))
 
     assert asyncio.run(run()) == messages
 
@@ -441,7 +412,7 @@ def test_mutated_framing_gives_messages_or_a_client_error_and_never_waits(messag
         interleaved = data.draw(st.booleans())
         with measure_peak() as peak:
             try:
-                got = await _read_all(_call(_Connection(max_message), encoding), frames, interleaved, max_message)
+                got = await _read_all(_call(max_message, encoding), frames, interleaved, max_message)
             except Exception as exc:  # noqa: BLE001 - the property: only the protocol's own errors
                 assert_client_error(exc)
             else:
@@ -458,7 +429,7 @@ def test_a_length_prefix_claiming_more_than_received_allocates_nothing_for_the_c
     """A prefix claiming up to 4 GiB: refused from the prefix above max_message_bytes; below it, only
     what came is held, and a stream that ends inside the message is refused."""
     async def run() -> None:
-        call = _call(_Connection(max_message), b"identity")
+        call = _call(max_message, b"identity")
         with measure_peak() as peak:
             call.data(b"\x00" + claim.to_bytes(4, "big") + received, 5 + len(received), end=False)
         assert peak[0] < _FIXED
@@ -479,7 +450,7 @@ def test_a_decompression_bomb_is_refused_within_the_message_limit(size, encoding
     bomb = _COMPRESS[encoding](bytes(size))  # type: ignore[misc]
 
     async def run() -> None:
-        call = _call(_Connection(max_message), encoding)
+        call = _call(max_message, encoding)
         with measure_peak() as peak, pytest.raises(PayloadTooLarge):
             await _read_all(call, [_framed(1, bomb)], interleaved=False, max_message=max_message)
         assert peak[0] <= 4 * max_message + 4 * len(bomb) + _FIXED
@@ -499,6 +470,6 @@ def test_a_compressed_message_that_is_cut_or_followed_by_bytes_is_refused(encodi
 
     async def run() -> None:
         with pytest.raises(InvalidInput):
-            await _read_all(_call(_Connection(1 << 20), encoding), [_framed(1, compressed)], interleaved=False)
+            await _read_all(_call(1 << 20, encoding), [_framed(1, compressed)], interleaved=False)
 
     asyncio.run(run())

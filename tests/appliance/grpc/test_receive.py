@@ -18,6 +18,7 @@ from appliance.grpc.http2.call import STREAM_WINDOW, Call
 from appliance.grpc.http2.headers import Request
 from appliance.grpc.receive import Receivers
 from appliance.protocol.inflate import Compressed
+from tests.appliance.grpc.memory_channel import MemoryChannel
 from tests.waiting import await_until
 
 
@@ -113,44 +114,10 @@ async def test_one_connection_waits_for_a_bounded_number_of_slots():
     await asyncio.gather(*held)
 
 
-class _Channel:
-    """What a Call needs of its connection, in memory."""
-
-    max_message = 1 << 20
-    send_window = 1 << 20
-    max_frame = 1 << 14
-
-    def __init__(self) -> None:
-        self.loop = asyncio.get_running_loop()
-        self.peer = "ipv4:127.0.0.1:1"
-        self.opened = 0
-
-    def write(self, data: bytes) -> None:
-        pass
-
-    async def drain(self) -> None:
-        pass
-
-    def wait_window(self, call: Call) -> None:
-        pass
-
-    def open_stream_window(self, stream: int, increment: int) -> None:
-        self.opened += increment
-
-    def forget(self, call: Call) -> None:
-        pass
-
-    def hold(self, call: Call, size: int) -> bool:
-        return True
-
-    def release(self, size: int) -> None:
-        pass
-
-
-def _call(channel: _Channel) -> Call:
+def _call() -> Call:
     request = Request([(b":method", b"POST"), (b":scheme", b"http"), (b":path", b"/s/M"),
                        (b"content-type", b"application/grpc"), (b"grpc-encoding", b"gzip")])
-    return Call(channel, 1, request, receive_window=STREAM_WINDOW, send_window=1 << 20)  # type: ignore[arg-type]
+    return Call(MemoryChannel(), 1, request, receive_window=STREAM_WINDOW, send_window=1 << 20)  # type: ignore[arg-type]
 
 
 def _prefix(length: int, flag: int = 0) -> bytes:
@@ -159,16 +126,16 @@ def _prefix(length: int, flag: int = 0) -> bytes:
 
 async def test_only_a_message_the_window_cannot_hold_takes_a_slot():
     rules = ReceiveRules(timeout=30, grace=1)
-    small = _call(_Channel())
+    small = _call()
     small.data(_prefix(3) + b"abc", 8, end=True)
     assert await small.announced(rules) is False and await small.read() == b"abc"
-    large = _call(_Channel())
+    large = _call()
     large.data(_prefix(STREAM_WINDOW * 4) + bytes(100), 105, end=False)
     assert await large.announced(rules) is True
 
 
 async def test_a_compressed_message_is_handed_over_as_sent():
-    call = _call(_Channel())
+    call = _call()
     packed = gzip.compress(b"hello")
     call.data(_prefix(len(packed), flag=1) + packed, 5 + len(packed), end=True)
     message = await call.read()
@@ -178,16 +145,16 @@ async def test_a_compressed_message_is_handed_over_as_sent():
 async def test_a_stalled_message_is_cut_once_it_falls_behind_the_minimum_rate():
     rules = ReceiveRules(timeout=30, min_rate=64 * 1024, grace=0.2)
     receivers = Receivers(1, rules=rules)
-    stalled = _call(_Channel())
+    stalled = _call()
     stalled.data(_prefix(STREAM_WINDOW * 4) + bytes(100), 105, end=False)
     started = time.monotonic()
     with pytest.raises(RequestTimeout, match="grpc_receive_min_rate"):
         await receivers.receive(stalled, "attacker")
     assert time.monotonic() - started < 1.0
-    silent = _call(_Channel())  # not even a prefix: cut too, and without a slot
+    silent = _call()  # not even a prefix: cut too, and without a slot
     with pytest.raises(RequestTimeout, match="grpc_receive_min_rate"):
         await receivers.receive(silent, "attacker")
-    steady = _call(_Channel())
+    steady = _call()
     size = STREAM_WINDOW * 8
     steady.data(_prefix(size), 5, end=False)
 
