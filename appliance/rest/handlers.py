@@ -242,9 +242,6 @@ def _setting_values(key: str, value: object) -> list[str]:
     return [str(item) for item in items]
 
 
-_MODEL = "/v2/models/{model}"
-_VERSION = "/v2/models/{model}/versions/{version}"
-
 async def log_settings(request: web.Request) -> web.Response:
     """Triton's logging extension: the daemon's log settings."""
     return _json(request.app[DATAPLANE].log_settings())
@@ -256,14 +253,26 @@ async def update_log_settings(request: web.Request) -> web.Response:
     return _json(request.app[DATAPLANE].log_settings(changes))
 
 
-_ROUTES: list[tuple[str, str, Callable, Operation]] = [
+_Route = tuple[str, str, Callable, Operation]
+"""Method, path, handler and the data-plane operation it performs."""
+
+_MODEL = "/v2/models/{model}"
+_VERSION = "/v2/models/{model}/versions/{version}"
+
+
+def _model_routes(*routes: _Route) -> list[_Route]:
+    """Each of ``routes`` (its path: what follows the model's) under a model and under one of its versions."""
+    return [(method, prefix + path, handler, operation)
+            for method, path, handler, operation in routes for prefix in (_MODEL, _VERSION)]
+
+
+_ROUTES: list[_Route] = [
     # Inference first: aiohttp tries the routes under /v2 in this order, a pattern match each.
-    ("POST", _MODEL + "/infer", infer, Operation.INFER),
-    ("POST", _VERSION + "/infer", infer, Operation.INFER),
-    ("POST", _MODEL + "/generate", generate, Operation.INFER),
-    ("POST", _VERSION + "/generate", generate, Operation.INFER),
-    ("POST", _MODEL + "/generate_stream", generate_stream, Operation.INFER_STREAM),
-    ("POST", _VERSION + "/generate_stream", generate_stream, Operation.INFER_STREAM),
+    *_model_routes(
+        ("POST", "/infer", infer, Operation.INFER),
+        ("POST", "/generate", generate, Operation.INFER),
+        ("POST", "/generate_stream", generate_stream, Operation.INFER_STREAM),
+    ),
     ("GET", "/", dashboard, Operation.DOCUMENTS),
     ("GET", "/metrics", prometheus_metrics, Operation.METRICS),
     ("GET", "/v2/history", metrics_history, Operation.HISTORY),
@@ -286,21 +295,27 @@ _ROUTES: list[tuple[str, str, Callable, Operation]] = [
     ("GET", _MODEL + "/trace/setting", trace_setting, Operation.TRACE_SETTINGS),
     ("POST", "/v2/trace/setting", change_trace_setting, Operation.TRACE_UPDATE),
     ("POST", _MODEL + "/trace/setting", change_trace_setting, Operation.TRACE_UPDATE),
-    *(
-        route
-        for prefix in (_MODEL, _VERSION)
-        for route in (
-            ("GET", prefix, model_metadata, Operation.MODEL_METADATA),
-            ("GET", prefix + "/ready", model_ready, Operation.MODEL_READY),
-            ("GET", prefix + "/config", model_config, Operation.MODEL_CONFIG),
-            ("GET", prefix + "/stats", model_statistics, Operation.MODEL_STATISTICS),
-            ("GET", prefix + "/selection", model_selection, Operation.MODEL_SELECTION),
-        )
+    *_model_routes(
+        ("GET", "", model_metadata, Operation.MODEL_METADATA),
+        ("GET", "/ready", model_ready, Operation.MODEL_READY),
+        ("GET", "/config", model_config, Operation.MODEL_CONFIG),
+        ("GET", "/stats", model_statistics, Operation.MODEL_STATISTICS),
+        ("GET", "/selection", model_selection, Operation.MODEL_SELECTION),
     ),
     *shared_memory.ROUTES,
 ]
 
-ROUTES: list[web.AbstractRouteDef] = [web.route(method, path, handler) for method, path, handler, _ in _ROUTES]
-ROUTES.insert(7, web.static("/dashboard/static", STATIC_DIR))
+
+def _route_defs() -> list[web.AbstractRouteDef]:
+    """aiohttp's routes, in the table's order, with the dashboard's files served right after its page."""
+    defs: list[web.AbstractRouteDef] = []
+    for method, path, handler, _ in _ROUTES:
+        defs.append(web.route(method, path, handler))
+        if handler is dashboard:
+            defs.append(web.static("/dashboard/static", STATIC_DIR))
+    return defs
+
+
+ROUTES = _route_defs()
 OPERATIONS = {handler: operation for _, _, handler, operation in _ROUTES}
 """The data-plane operation each handler performs (one operation per handler)."""
