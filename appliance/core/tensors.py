@@ -61,8 +61,10 @@ def bf16() -> np.dtype:
 
 
 def is_bf16(dtype: np.dtype) -> bool:
-    """Whether arrays of ``dtype`` hold BF16 tensors (without importing ml_dtypes for other dtypes)."""
-    return dtype.name == "bfloat16" or (dtype.kind == "V" and dtype.itemsize == 2 and dtype == bf16())
+    """Whether arrays of ``dtype`` hold BF16 tensors (without importing ml_dtypes for other dtypes). The kind
+    is asked first: ``dtype.name`` costs ~2 µs (numpy builds it in Python), and every BF16 dtype, ml_dtypes'
+    or the raw 2-byte void, is of kind "V"."""
+    return dtype.kind == "V" and dtype.itemsize == 2 and (dtype.name == "bfloat16" or dtype == bf16())
 
 
 _V2_TO_NUMPY: dict[str, np.dtype] = {
