@@ -450,6 +450,8 @@ def _numbers_text(values: np.ndarray) -> bytes:
 
 def _json_array(values: np.ndarray, text: Callable[[np.ndarray], bytes]) -> list[bytes]:
     """A JSON array of ``values`` (1-D) in pieces to join, ``text`` writing each chunk's items."""
+    if values.size <= _CHUNK:
+        return [b"[", text(values), b"]"]
     pieces = [b"["]
     for start in range(0, values.size, _CHUNK):
         if start:
@@ -482,11 +484,17 @@ def _raw_bytes(array: np.ndarray) -> bytes | memoryview:
     return np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
 
 
+def _never(_: str) -> bool:
+    return False
+
+
 def _binary_choice(request: InferRequest | None) -> Callable[[str], bool]:
     """Whether the request asked for an output as binary data: per output ``binary_data``, else the
     request-wide ``binary_data_output`` (for outputs it does not list), as Triton's http_server decides."""
-    default = bool(request.parameters.get("binary_data_output", False)) if request else False
-    wanted = {o.name: o.parameters for o in request.outputs} if request else {}
+    if request is None or (not request.outputs and not request.parameters):  # the common small request
+        return _never
+    default = bool(request.parameters.get("binary_data_output", False))
+    wanted = {o.name: o.parameters for o in request.outputs}
 
     def binary(name: str) -> bool:
         params = wanted.get(name)
