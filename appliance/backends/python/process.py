@@ -17,7 +17,6 @@ import collections
 import logging
 import os
 import queue
-import select
 import subprocess
 import sys
 import threading
@@ -139,9 +138,6 @@ class ModelProcess:
         """The event loop reads the channel (after ``read_on``), not the reader thread."""
         self._resuming: asyncio.Task | None = None
         """While the loop holds back reading (a handler waits for a client): what resumes it."""
-        self._more = select.poll()
-        """Whether another message waits in the channel (asked without reading it)."""
-        self._more.register(self.conn.fileno(), select.POLLIN)
         self._ended_event = threading.Event()
         self._ending = False
         self._reader = threading.Thread(target=self._read, name=f"python-model-reader:{self.name}", daemon=True)
@@ -229,33 +225,46 @@ class ModelProcess:
 
     def _read_on_loop(self) -> None:
         assert self._loop is not None
+        self.conn.read_without_waiting()
         self._loop.add_reader(self.conn.fileno(), self._readable)
         self._on_loop = True
 
     def _readable(self) -> None:
-        """The channel is readable (on the event loop): the messages in it, up to ``_DRAIN`` (the
-        responses a decoupled model sent meanwhile are handled in one turn of the loop, so their answers
-        leave in one write). Messages are small (tensors travel through shared memory), so reading one
-        never waits for long."""
+        """The channel is readable (on the event loop): one read takes what it holds."""
+        try:
+            open_ = self.conn.fill()
+        except OSError:
+            open_ = False
+        self._take(ended=not open_)
+
+    def _take(self, ended: bool = False) -> None:
+        """The messages read, up to ``_DRAIN`` a turn of the loop (the responses a decoupled model sent
+        meanwhile are handled in one turn, so their answers leave in one write); then, if the other end
+        closed (``ended``), the end."""
+        assert self._loop is not None
+        if not self._on_loop or self.conn.closed:  # stopped since this turn was asked for
+            return
         for _ in range(_DRAIN):
-            try:
-                data = self.conn.recv_bytes()
-            except (EOFError, OSError):
-                assert self._loop is not None
-                self._loop.remove_reader(self.conn.fileno())
-                self._on_loop = False
-                # Ending waits for the process: never on the event loop.
-                threading.Thread(target=self._end, name=f"python-model-end:{self.name}", daemon=True).start()
-                return
+            data = self.conn.next_frame()
+            if data is None:
+                break
             message = self._decode(data)
             waiting = self._dispatch(message) if message is not None else None
             if waiting is not None:  # hold back what follows (in order) until the handler is done with it
-                assert self._loop is not None
                 self._loop.remove_reader(self.conn.fileno())
                 self._resuming = self._loop.create_task(self._resume_after(waiting))
                 return
-            if not self._on_loop or self.conn.closed or not self._more.poll(0):  # stopped meanwhile, or read all
+            if not self._on_loop or self.conn.closed:  # stopped meanwhile
                 return
+        else:
+            if self.conn.holds_frame:  # more than a turn's worth read already: the next turn takes them
+                self._loop.call_soon(self._take, ended)
+                return
+        if ended:
+            self._loop.remove_reader(self.conn.fileno())
+            self._on_loop = False
+            # Ending waits for the process: never on the event loop.
+            threading.Thread(target=self._end, name=f"python-model-end:{self.name}", daemon=True).start()
 
     async def _resume_after(self, waiting: Awaitable[object]) -> None:
         try:
@@ -267,6 +276,8 @@ class ModelProcess:
             if self._on_loop and not self._ending and not self.conn.closed:
                 assert self._loop is not None
                 self._loop.add_reader(self.conn.fileno(), self._readable)
+                if self.conn.holds_frame:  # read before the hold, and the pipe may wake nobody for them
+                    self._loop.call_soon(self._take)
 
     def _claim_held_end(self) -> bool:
         """Stopping (off the loop) while the loop holds back reading: it would not read the end, so the

@@ -49,6 +49,10 @@ class Channel:
         self._in = read_fd
         self._out = write_fd
         self._closed = False
+        self._held = bytearray()
+        """Non-blocking reading (``fill``): what has been read and not yet taken as frames."""
+        self._taken = 0
+        """Where in ``_held`` the next frame starts."""
 
     @classmethod
     def pair(cls) -> tuple[Channel, tuple[int, int]]:
@@ -112,6 +116,62 @@ class Channel:
                 raise OSError(f"the channel ended within a message ({buffer.tell()} of {size} bytes)")
             buffer.write(chunk)
         return buffer.getvalue()
+
+    def read_without_waiting(self) -> None:
+        """From now on frames are taken with ``fill`` and ``next_frame`` (the event loop reads), not
+        ``recv_bytes``."""
+        os.set_blocking(self._in, False)
+
+    def fill(self) -> bool:
+        """Non-blocking: read what the pipe holds now, at most CAPACITY (one system call a wake-up,
+        however many frames came, where a frame read by itself took two and a poll to learn of the next);
+        False once the other end has closed. What a frame's header claims is held only as its bytes
+        arrive."""
+        try:
+            chunk = os.read(self._in, CAPACITY)
+        except BlockingIOError:  # woken for nothing
+            return True
+        if not chunk:
+            return False
+        if self._taken == len(self._held):  # all taken: start again rather than grow
+            self._held = bytearray(chunk)
+            self._taken = 0
+        else:
+            self._held += chunk
+        return True
+
+    def next_frame(self) -> bytes | None:
+        """The next whole frame ``fill`` has read, or None until more arrives."""
+        held, start = self._held, self._taken
+        if len(held) - start < 4:
+            return None
+        (size,) = _SIZE.unpack_from(held, start)
+        start += 4
+        if size == -1:
+            if len(held) - start < 8:
+                return None
+            (size,) = _LARGE_SIZE.unpack_from(held, start)
+            start += 8
+        if len(held) - start < size:
+            return None
+        self._taken = start + size
+        if self._taken > CAPACITY:  # let go of what was taken (a frame larger than one read came in pieces)
+            frame = bytes(held[start:self._taken])
+            del held[:self._taken]
+            self._taken = 0
+            return frame
+        return bytes(held[start:self._taken])
+
+    @property
+    def holds_frame(self) -> bool:
+        """Whether ``next_frame`` has a whole frame to give without reading."""
+        held, start = self._held, self._taken
+        if len(held) - start < 4:
+            return False
+        (size,) = _SIZE.unpack_from(held, start)
+        if size == -1:
+            return len(held) - start >= 12 and len(held) - start - 12 >= _LARGE_SIZE.unpack_from(held, start + 4)[0]
+        return len(held) - start - 4 >= size
 
     def fileno(self) -> int:
         """The descriptor to wait on for the next frame."""

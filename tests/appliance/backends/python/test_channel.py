@@ -123,3 +123,44 @@ def test_frames_written_in_any_pieces_are_read_whole_and_in_order(frames, pieces
     assert received == frames
     ours.close()
     theirs.close()
+
+
+@settings(max_examples=60, deadline=None)
+@given(frames=st.lists(st.binary(max_size=2 * CAPACITY).map(bytes), max_size=6),
+       pieces=st.lists(st.integers(1, 70_000), min_size=1, max_size=8))
+def test_frames_filled_without_waiting_come_whole_in_order_whatever_the_pieces(frames, pieces):
+    """The event loop's way (``fill`` once a wake-up, then ``next_frame``): a frame is given only once it is
+    whole, every frame once and in order, however the bytes came; ``holds_frame`` says so beforehand."""
+    ours, theirs = _looped()
+    ours.read_without_waiting()
+    wire = b"".join(struct.pack("!i", len(f)) + f for f in frames)
+    received: list[bytes] = []
+    at, turn = 0, 0
+    while at < len(wire):  # each piece fits in the pipe, and one fill() reads all of it
+        size = min(pieces[turn % len(pieces)], 60_000)
+        os.write(theirs.fds()[1], wire[at:at + size])
+        at, turn = at + size, turn + 1
+        assert ours.fill()
+        holds = ours.holds_frame
+        frame = ours.next_frame()
+        assert (frame is not None) == holds
+        while frame is not None:
+            received.append(frame)
+            frame = ours.next_frame()
+    assert ours.fill()  # nothing more: a wake-up for nothing is no end
+    assert received == frames
+    assert not ours.holds_frame and ours.next_frame() is None
+    theirs.close()
+    assert not ours.fill()  # the other end closed
+    ours.close()
+
+
+def test_a_header_that_claims_more_than_arrives_holds_only_what_arrived():
+    ours, theirs = _looped()
+    ours.read_without_waiting()
+    os.write(theirs.fds()[1], struct.pack("!i", -1) + struct.pack("!Q", 1 << 40) + b"only this")
+    assert ours.fill()
+    assert not ours.holds_frame and ours.next_frame() is None
+    theirs.close()
+    assert not ours.fill()
+    ours.close()
