@@ -35,7 +35,7 @@ from appliance.backends.python.model_backend import ModelPyBackend
 from appliance.backends.python.peer import Peer
 from appliance.backends.python.process import ModelProcess, ProcessExited
 from appliance.backends.python.requests import SENT, ModelError, OpenRequests, model_error
-from appliance.backends.python.wire.arena import Arena, Attachments, reusable_size
+from appliance.backends.python.wire.arena import Arena, Attachments, inline, read_tensor, reusable_size
 from appliance.backends.python.wire.messages import (
     Crashed,
     Describe,
@@ -237,23 +237,30 @@ class PythonBackend(ModelPyBackend):
                                                "running auto_complete_config()"))
         self._initialize()
 
-    def _write_inputs(self, requests: Sequence[BackendRequest], keys: list[int]) -> tuple[dict, list[dict]]:
+    def _write_inputs(self, requests: Sequence[BackendRequest], keys: list[int]) -> tuple[dict | None, list[dict]]:
+        """The batch's inputs in the message (small ones: ``inline``) or in an input arena (its ``info()``, else
+        None), and one dict a request for the model process."""
         tensors = [list(r.inputs.items()) for r in requests]
-        needed = sum(Arena.needed(t) for t in tensors)
-        arena = self._input_arenas[self._turn]
-        if arena is None or arena.size < needed:
-            if arena is not None:
-                arena.close()
-            arena = self._input_arenas[self._turn] = Arena.create(reusable_size(needed), self._context.model_name)
-        self._turn ^= 1
-        batch, offset = [], 0
-        for key, request, request_tensors in zip(keys, requests, tensors):
-            descriptors, offset = arena.write(request_tensors, offset)
-            batch.append({"key": key, "inputs": descriptors, "outputs": list(request.outputs),
-                          "id": request.request_id, "correlation_id": request.correlation_id,
-                          "flags": request.flags, "timeout": request.timeout_us,
-                          "parameters": model_parameters(request.parameters)})
-        return arena.info(), batch
+        carried = inline(tensors)
+        arena_info = None
+        if carried is None:
+            needed = sum(Arena.needed(t) for t in tensors)
+            arena = self._input_arenas[self._turn]
+            if arena is None or arena.size < needed:
+                if arena is not None:
+                    arena.close()
+                arena = self._input_arenas[self._turn] = Arena.create(reusable_size(needed), self._context.model_name)
+            self._turn ^= 1
+            carried, offset = [], 0
+            for request_tensors in tensors:
+                descriptors, offset = arena.write(request_tensors, offset)
+                carried.append(descriptors)
+            arena_info = arena.info()
+        batch = [{"key": key, "inputs": descriptors, "outputs": list(request.outputs), "id": request.request_id,
+                  "correlation_id": request.correlation_id, "flags": request.flags, "timeout": request.timeout_us,
+                  "parameters": model_parameters(request.parameters)}
+                 for key, request, descriptors in zip(keys, requests, carried)]
+        return arena_info, batch
 
     @property
     def reads_on_loop(self) -> bool:
@@ -306,17 +313,19 @@ class PythonBackend(ModelPyBackend):
             try:
                 results = self._results(reply, len(requests))
             except InferenceFailed as failed:  # execute() raised
-                self._let_go_of_inputs(arena_info["path"])
+                self._let_go_of_inputs(arena_info)
                 return BatchResult(_failed_batch(instance.requests.finish_batch(keys, [failed for _ in keys]), failed))
             output_ns = time.perf_counter_ns() - replied
-        self._let_go_of_inputs(arena_info["path"])
+        self._let_go_of_inputs(arena_info)
         return BatchResult(instance.requests.finish_batch(keys, results), input_ns=input_ns, output_ns=output_ns)
 
-    def _let_go_of_inputs(self, path: str) -> None:
-        """After a batch: the arena it was written into (``path``), if larger than those kept for reuse,
-        goes (the model process has let go of its view of it too)."""
+    def _let_go_of_inputs(self, info: dict | None) -> None:
+        """After a batch: the arena it was written into (``info``, None for inputs carried inline), if larger
+        than those kept for reuse, goes (the model process has let go of its view of it too)."""
+        if info is None:
+            return
         for index, arena in enumerate(self._input_arenas):
-            if arena is not None and arena.path == path and arena.oversized:
+            if arena is not None and arena.path == info["path"] and arena.oversized:
                 self._input_arenas[index] = None
                 arena.close()
 
@@ -351,13 +360,13 @@ class PythonBackend(ModelPyBackend):
                 taken = time.perf_counter_ns()
                 replies = self._replied(instance, reply, len(requests))
                 output_ns = time.perf_counter_ns() - taken
-                self._let_go_of_inputs(arena_info["path"])
+                self._let_go_of_inputs(arena_info)
                 raised = (frozenset(i for i, r in enumerate(replies) if isinstance(r, _ExecuteFailed))
                           if command is ExecuteEach else frozenset())  # a group's requests fail alone
                 results = instance.requests.finish_batch(keys, replies)
             except BaseException as exc:  # noqa: BLE001 - the batch must complete, whatever happened
                 if isinstance(exc, InferenceFailed):  # execute() raised
-                    self._let_go_of_inputs(arena_info["path"])
+                    self._let_go_of_inputs(arena_info)
                     try:
                         answered = _failed_batch(instance.requests.finish_batch(keys, [exc for _ in keys]), exc)
                     except InferenceFailed as failed:
@@ -418,9 +427,8 @@ class PythonBackend(ModelPyBackend):
         for item in packed:
             match item:
                 case Produced(descriptors, text):
-                    assert arena is not None
                     parameters = json.loads(text) if text and text != "{}" else {}
-                    results.append(Outputs({d[0]: arena.read(d, copy=True) for d in descriptors}, parameters))
+                    results.append(Outputs({d[0]: read_tensor(arena, d, copy=True) for d in descriptors}, parameters))
                 case Errored(message, code):
                     results.append(model_error((message, code)))
                 case Sent():

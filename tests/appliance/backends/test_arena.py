@@ -7,14 +7,21 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+import pytest
+
 from appliance.backends.python.wire.arena import (
     ARENA_PREFIX,
+    INLINE_BYTES,
     KEEP_BYTES,
     Arena,
     arena_usage,
+    inline,
+    read_tensor,
     remove_stale_arenas,
     reusable_size,
 )
+from appliance.backends.python.wire.messages import Execute, decode, encode
 from tests.waiting import wait_until
 
 
@@ -79,3 +86,37 @@ def test_an_arena_names_the_model_it_serves():
         assert arena_usage({os.getpid()}, os.path.dirname(arena.path)).get("my_model_1", -1) >= 0
     finally:
         arena.close()
+
+
+def test_small_tensors_travel_in_the_message_and_come_out_writable_and_equal():
+    parts = [[("a", np.arange(6, dtype=np.float32).reshape(2, 3)), ("b", np.array(7, np.int64))],
+             [("a", np.arange(4, dtype=np.int32)[::2])]]  # not contiguous: copied contiguous
+    carried = inline(parts)
+    assert carried is not None
+    sent = decode(encode(Execute(None, [{"inputs": descriptors} for descriptors in carried])))
+    for part, item in zip(parts, sent.batch):
+        for (name, array), descriptor in zip(part, item["inputs"]):
+            read = read_tensor(None, descriptor, copy=False)
+            assert descriptor[0] == name and read.dtype == array.dtype
+            np.testing.assert_array_equal(read, array)
+            read[...] = 0  # a model may write into its inputs, as into an arena's
+            assert not np.any(read)
+
+
+def test_large_or_bytes_tensors_go_through_an_arena():
+    assert inline([[("a", np.zeros(INLINE_BYTES // 4 + 1, np.float32))]]) is None
+    half = INLINE_BYTES // 8  # FP32 elements in half of it
+    assert inline([[("a", np.zeros(half, np.float32))], [("b", np.zeros(half + 1, np.float32))]]) is None
+    assert inline([[("s", np.array([b"x"], dtype=object))]]) is None
+
+
+@pytest.mark.parametrize("descriptor", [
+    ("a", "FP32", (4,), -1, bytearray(12)),  # fewer bytes than its shape needs
+    ("a", "FP32", (2,), -1, bytearray(12)),  # more
+    ("a", "FP32", (1,), -1, b"abcd"),  # not a bytearray
+    ("a", "BYTES", (1,), -1, bytearray(4)),  # BYTES never travel inline
+    ("a", "FP32", (1,), 0, 4),  # in an arena, but the message names none
+])
+def test_an_inline_descriptor_that_does_not_add_up_is_refused(descriptor):
+    with pytest.raises(ValueError):
+        read_tensor(None, descriptor, copy=False)

@@ -30,7 +30,7 @@ from appliance.backends.python.model_process.pb.runtime import Runtime
 from appliance.backends.python.model_process.pb.transfer import error_of, tensors_of
 from appliance.backends.python.model_process.pb.unanswered import NOT_A_LIST, NOT_A_RESPONSE, Unanswered
 from appliance.backends.python.model_process.reading import Reading
-from appliance.backends.python.wire.arena import Arena, reusable_size
+from appliance.backends.python.wire.arena import Arena, inline, read_tensor, reusable_size
 from appliance.backends.python.wire.channel import Channel
 from appliance.backends.python.wire.messages import (
     Crashed,
@@ -110,7 +110,10 @@ class _Attached:
     def __init__(self) -> None:
         self.arenas: dict[str, Arena] = {}
 
-    def get(self, info: dict) -> Arena:
+    def get(self, info: dict | None) -> Arena | None:
+        """The arena ``info`` names (None: the batch's inputs travel inline)."""
+        if info is None:
+            return None
         arena = self.arenas.get(info["path"])
         if arena is None:
             arena = self.arenas[info["path"]] = Arena.attach(info["path"], info["size"])
@@ -118,21 +121,23 @@ class _Attached:
                 self.arenas.pop(next(iter(self.arenas))).close()
         return arena
 
-    def let_go_if_oversized(self, info: dict) -> None:
+    def let_go_if_oversized(self, info: dict | None) -> None:
         """After execute(): an oversized arena held this one batch; the daemon removes it."""
+        if info is None:
+            return
         arena = self.arenas.get(info["path"])
         if arena is not None and arena.oversized:
             del self.arenas[info["path"]]
             arena.close()
 
 
-def _requests(arena: Arena, batch: list[dict], decoupled: bool) -> list[pb_utils.InferenceRequest]:
+def _requests(arena: Arena | None, batch: list[dict], decoupled: bool) -> list[pb_utils.InferenceRequest]:
     """The batch as model.py sees it. A decoupled model's inputs are detached from the arena (it may
     read them after execute() returned, when the arena holds the next batch)."""
     return [
         pb_utils.InferenceRequest.served(
-            item["key"], [pb_utils.Tensor(d[0], arena.read(d, copy=decoupled)) for d in item["inputs"]], item,
-            decoupled)
+            item["key"], [pb_utils.Tensor(d[0], read_tensor(arena, d, copy=decoupled)) for d in item["inputs"]],
+            item, decoupled)
         for item in batch
     ]
 
@@ -204,9 +209,10 @@ def _checked_entries(decoupled: bool, requests: list, responses: Any, instance: 
     return entries
 
 
-def _pack_responses(responses: list, arena: Arena | None, model: str) -> tuple[list[Entry], Arena]:
-    """Write every response's tensors into the output arena (growing it): one entry per response,
-    Produced or Errored; requests answered elsewhere (Sent, Rescheduled) keep their marks."""
+def _pack_responses(responses: list, arena: Arena | None, model: str) -> tuple[list[Entry], Arena | None, bool]:
+    """Every response's tensors, inline when small (``inline``), else written into the output arena (growing
+    it): one entry per response, Produced or Errored; requests answered elsewhere (Sent, Rescheduled) keep
+    their marks. Also the output arena, and whether the entries are in it."""
     tensors: list[list[tuple[str, Any]]] = []
     packed: list[Any] = []
     for response in responses:
@@ -220,11 +226,13 @@ def _pack_responses(responses: list, arena: Arena | None, model: str) -> tuple[l
             response = pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc)))
             tensors.append([])
         packed.append(response)
-    needed = sum(Arena.needed(ts) for ts in tensors)
-    if arena is None or arena.size < needed:
-        if arena is not None:
-            arena.close()
-        arena = Arena.create(reusable_size(needed), model)
+    carried = inline(tensors)
+    if carried is None:
+        needed = sum(Arena.needed(ts) for ts in tensors)
+        if arena is None or arena.size < needed:
+            if arena is not None:
+                arena.close()
+            arena = Arena.create(reusable_size(needed), model)
     offset = 0
     for index, (response, response_tensors) in enumerate(zip(packed, tensors)):
         if isinstance(response, (Sent, Rescheduled)):
@@ -233,9 +241,13 @@ def _pack_responses(responses: list, arena: Arena | None, model: str) -> tuple[l
         if error is not None:
             packed[index] = Errored(*error)
             continue
-        descriptors, offset = arena.write(response_tensors, offset)
+        if carried is not None:
+            descriptors = carried[index]
+        else:
+            assert arena is not None
+            descriptors, offset = arena.write(response_tensors, offset)
         packed[index] = Produced(descriptors, response.parameters())
-    return packed, arena
+    return packed, arena, carried is None
 
 
 class _Model:
@@ -331,8 +343,8 @@ def _execute(model: _Model, requests: list, rt: Runtime,
         return _failure(exc, model.failures), output
     if entries is None:
         return Done(None, None), output
-    packed, output = _pack_responses(entries, output, rt.model_name)
-    return Done(output.info(), packed), output
+    packed, output, in_arena = _pack_responses(entries, output, rt.model_name)
+    return Done(output.info() if in_arena and output is not None else None, packed), output
 
 
 def _execute_each(model: _Model, requests: list, rt: Runtime,
@@ -352,10 +364,10 @@ def _execute_each(model: _Model, requests: list, rt: Runtime,
             request.close_sender()
             failures[index] = _failure(exc, model.failures)
             entries.append(SENT)  # a mark _pack_responses passes through; replaced below
-    packed, output = _pack_responses(entries, output, rt.model_name)
+    packed, output, in_arena = _pack_responses(entries, output, rt.model_name)
     for index, failure in failures.items():
         packed[index] = failure
-    return Done(output.info(), packed), output
+    return Done(output.info() if in_arena and output is not None else None, packed), output
 
 
 def serve(rt: Runtime, commands: Reading, model_file: Path) -> None:

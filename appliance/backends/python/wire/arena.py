@@ -26,11 +26,12 @@ import numpy as np
 
 from appliance.core.tensors import decode_bytes_tensor, encode_bytes_tensor, numpy_dtype, v2_datatype
 
-__all__ = ["ARENA_PREFIX", "KEEP_BYTES", "Arena", "Attachments", "BlockRef", "Blocks", "Descriptor", "arena_usage",
-           "remove_stale_arenas", "reusable_size"]
+__all__ = ["ARENA_PREFIX", "INLINE_BYTES", "KEEP_BYTES", "Arena", "Attachments", "BlockRef", "Blocks", "Descriptor",
+           "arena_usage", "inline", "read_tensor", "remove_stale_arenas", "reusable_size"]
 
-Descriptor = tuple[str, str, tuple[int, ...], int, int]
-"""(name, v2 datatype, shape, offset, size in bytes)"""
+Descriptor = tuple[str, str, tuple[int, ...], int, "int | bytearray"]
+"""(name, v2 datatype, shape, offset, size in bytes); a tensor carried in the message itself (``inline``):
+offset -1 and its bytes in place of the size."""
 
 _ALIGN = 64
 ARENA_PREFIX = "appliance-"
@@ -40,6 +41,48 @@ KEEP_BYTES = 16 << 20
 """The largest arena kept for reuse between messages; a larger one carries one message and goes."""
 _MIN_BYTES = 1 << 16
 _LABEL_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+INLINE_BYTES = 16 * 1024
+"""Tensors of one message up to this many bytes together travel in the message itself (``inline``): for
+a small tensor the arena's bookkeeping on both sides (sizing, a view of the map, the copy in and out,
+letting go) costs more than the bytes in the pipe (docs/performance.md, "The hop")."""
+
+
+def inline(tensors: list[list[tuple[str, np.ndarray]]]) -> list[list[Descriptor]] | None:
+    """Descriptors that carry each message part's tensors themselves (a bytearray: the reader's array is
+    writable, as one in an arena is), or None when they are too large together, or hold BYTES (sized only
+    once serialized): those go through an arena."""
+    total = 0
+    for part in tensors:
+        for _, array in part:
+            if array.dtype.hasobject:
+                return None
+            total += array.nbytes
+    if total > INLINE_BYTES:
+        return None
+    return [[(name, v2_datatype(array.dtype), array.shape, -1,
+              bytearray(np.ascontiguousarray(array).reshape(-1).view(np.uint8).data))
+             for name, array in part] for part in tensors]
+
+
+def read_tensor(arena: Arena | None, descriptor: Descriptor, copy: bool) -> np.ndarray:
+    """The tensor a descriptor names: carried inline, or in ``arena`` (``copy`` detaches it from the arena,
+    which will be reused). Descriptors come from the other process: one that does not add up is a
+    ValueError."""
+    if descriptor[3] >= 0:
+        if arena is None:
+            raise ValueError(f"tensor '{descriptor[0]}' is in an arena, but the message names none")
+        return arena.read(descriptor, copy)
+    name, datatype, shape, _, raw = descriptor
+    if type(raw) is not bytearray or datatype == "BYTES":
+        raise ValueError(f"tensor '{name}' is not carried as an inline tensor is")
+    dtype = numpy_dtype(datatype)
+    count = math.prod(shape)
+    if count * dtype.itemsize != len(raw):
+        raise ValueError(f"tensor '{name}' of shape {list(shape)} carries {len(raw)} bytes, not "
+                         f"{count * dtype.itemsize}")
+    return np.frombuffer(raw, dtype=dtype, count=count).reshape(shape)
 
 
 def _aligned(n: int) -> int:
@@ -130,7 +173,7 @@ class Arena:
 
     def write(self, tensors: list[tuple[str, np.ndarray]], offset: int = 0) -> tuple[list[Descriptor], int]:
         """Pack tensors from ``offset``; returns their descriptors and the next free offset."""
-        descriptors = []
+        descriptors: list[Descriptor] = []
         for name, array in tensors:
             raw = _raw(array)
             size = len(raw) if isinstance(raw, bytes) else raw.nbytes
@@ -145,6 +188,8 @@ class Arena:
     def read(self, descriptor: Descriptor, copy: bool) -> np.ndarray:
         """The tensor a descriptor names; ``copy`` detaches it from the arena (which will be reused)."""
         name, datatype, shape, offset, size = descriptor
+        if type(size) is not int:
+            raise ValueError(f"tensor '{name}': its size in the arena is not a number")
         count = math.prod(shape)  # not np.prod: several µs on a tuple this small
         if datatype == "BYTES":
             return decode_bytes_tensor(memoryview(self._map)[offset : offset + size], count, name).reshape(shape)

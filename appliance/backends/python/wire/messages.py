@@ -32,7 +32,7 @@ __all__ = [
 
 BlockRef = tuple[int, str, int]
 """(block, arena path, arena size): as appliance.backends.python.wire.arena names it."""
-Descriptors = list[tuple[str, str, tuple[int, ...], int, int]]
+Descriptors = list[tuple[str, str, tuple[int, ...], int, "int | bytearray"]]
 ModelErrorArgs = tuple[str, int]
 """(message, TritonError code)."""
 
@@ -65,23 +65,24 @@ class Ready(NamedTuple):
 
 
 class Execute(NamedTuple):
-    """Run execute() once on the batch; ``arena``: the input arena's ``info()``, ``batch``: one dict a
-    request (its key, input descriptors, outputs, id, ...). Answered by ``Done`` or ``Failed``."""
+    """Run execute() once on the batch; ``arena``: the input arena's ``info()`` (None: the inputs are carried
+    inline), ``batch``: one dict a request (its key, input descriptors, outputs, id, ...). Answered by
+    ``Done`` or ``Failed``."""
 
-    arena: dict[str, Any]
+    arena: dict[str, Any] | None
     batch: list[dict[str, Any]]
 
 
 class ExecuteEach(NamedTuple):
     """A group: execute() once per request, in order; one ``Done`` for all."""
 
-    arena: dict[str, Any]
+    arena: dict[str, Any] | None
     batch: list[dict[str, Any]]
 
 
 class Done(NamedTuple):
     """execute() returned: ``packed`` has one entry per request, written in the output arena ``arena``
-    (its ``info()``); both None when every request streams its responses."""
+    (its ``info()``; None when they are carried inline); both None when every request streams its responses."""
 
     arena: dict[str, Any] | None
     packed: list[Entry] | None

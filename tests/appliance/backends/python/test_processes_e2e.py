@@ -67,10 +67,10 @@ def _wait_gone(pids: list[int], timeout: float) -> list[int]:
     return [pid for pid in pids if _alive(pid)]
 
 
-def _call(url: str, model: str) -> None:
+def _call(url: str, model: str, name: str = "x", elements: int = 2) -> None:
     with httpclient.InferenceServerClient(url, network_timeout=120) as client:
-        x = httpclient.InferInput("x", [2], "FP32")
-        x.set_data_from_numpy(np.ones(2, np.float32))
+        x = httpclient.InferInput(name, [elements], "FP32")
+        x.set_data_from_numpy(np.ones(elements, np.float32))
         try:
             client.infer(model, [x])
         except Exception:  # noqa: BLE001 - the daemon stops under it
@@ -109,9 +109,9 @@ def test_a_hung_initialize_does_not_stop_the_daemon_from_exiting(start_daemon, t
 
 
 def test_no_model_process_outlives_a_killed_daemon_and_its_arenas_go_at_the_next_start(start_daemon, tmp_path):
-    repo = _repository(tmp_path / "repo", echo="echo_xy")
+    repo = _repository(tmp_path / "repo", echo="arena_echo")
     daemon = start_daemon(repo)
-    _call(daemon.url, "echo")  # arenas exist on both sides now
+    _call(daemon.url, "echo", "IN", 8192)  # 32 KiB, past what travels inline: arenas exist on both sides now
     stubs = _stubs(daemon.process.pid)
     owners = {daemon.process.pid, *stubs}
     arenas = [name for name in os.listdir("/dev/shm") if name.startswith(ARENA_PREFIX)
