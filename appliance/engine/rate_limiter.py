@@ -93,9 +93,6 @@ class RateLimitCounts:
     """Executions that waited for resources (or for an instance ranked ahead of them)."""
     wait_ns: int = 0
 
-    def as_json(self) -> dict[str, int]:
-        return dataclasses.asdict(self)
-
 
 @dataclasses.dataclass(eq=False, slots=True)
 class _Slot:

@@ -90,9 +90,6 @@ class SequenceCounts:
     rejected: int = 0
     """New sequences refused because every slot and the backlog were full."""
 
-    def as_json(self) -> dict[str, int]:
-        return dataclasses.asdict(self)
-
 
 @dataclasses.dataclass(slots=True)
 class _BatchBucket:
@@ -174,9 +171,9 @@ class ModelStats:
     def as_json(self) -> dict[str, Any]:
         document = self._triton_json()
         if self.sequences is not None:
-            document["sequence_stats"] = self.sequences.as_json()
+            document["sequence_stats"] = dataclasses.asdict(self.sequences)
         if self.rate_limiter is not None:
-            document["rate_limiter_stats"] = self.rate_limiter.as_json()
+            document["rate_limiter_stats"] = dataclasses.asdict(self.rate_limiter)
         return document
 
     def _triton_json(self) -> dict[str, Any]:

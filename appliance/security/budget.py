@@ -27,10 +27,6 @@ class MemoryBudget:
         self._lock = threading.Lock()
 
     @property
-    def limit(self) -> int:
-        return self._limit
-
-    @property
     def used(self) -> int:
         return self._used
 

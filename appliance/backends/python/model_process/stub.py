@@ -30,30 +30,9 @@ from appliance.backends.python.model_process.pb.runtime import Runtime
 from appliance.backends.python.model_process.pb.transfer import error_of, tensors_of
 from appliance.backends.python.model_process.pb.unanswered import NOT_A_LIST, NOT_A_RESPONSE, Unanswered
 from appliance.backends.python.model_process.reading import Reading
+from appliance.backends.python.wire import messages as wire
 from appliance.backends.python.wire.arena import Arena, inline, read_tensor, reusable_size
 from appliance.backends.python.wire.channel import Channel
-from appliance.backends.python.wire.messages import (
-    Crashed,
-    Describe,
-    Described,
-    Done,
-    Entry,
-    Errored,
-    Execute,
-    ExecuteEach,
-    Failed,
-    Finalize,
-    Finalized,
-    Free,
-    HandedOver,
-    Handover,
-    Initialize,
-    Message,
-    Produced,
-    Ready,
-    Rescheduled,
-    Sent,
-)
 
 if TYPE_CHECKING:
     import asyncio
@@ -147,13 +126,13 @@ class ReturnRefused(pb_utils.TritonModelException):
     these, so they carry no Python type or traceback; see ``what_failed``)."""
 
 
-SENT = Sent()
+SENT = wire.Sent()
 """A request answered through its response sender (now, or later from another thread)."""
-RESCHEDULED = Rescheduled()
+RESCHEDULED = wire.Rescheduled()
 """A request the model released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE: it runs again."""
 
 
-def _unanswered(request: pb_utils.InferenceRequest) -> Sent | Rescheduled:
+def _unanswered(request: pb_utils.InferenceRequest) -> wire.Sent | wire.Rescheduled:
     rescheduled = request.release_flags() == pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
     return RESCHEDULED if rescheduled else SENT
 
@@ -168,7 +147,7 @@ def returned_entries(decoupled: bool, requests: list, responses: Any, instance: 
     entries = _checked_entries(decoupled, requests, responses, instance)
     if unanswered is not None and entries is not None and not decoupled:
         for request, entry in zip(requests, entries):
-            if isinstance(entry, Sent):
+            if isinstance(entry, wire.Sent):
                 unanswered.watch(request, NOT_A_LIST if responses is None else NOT_A_RESPONSE)
     return entries
 
@@ -180,7 +159,7 @@ def _checked_entries(decoupled: bool, requests: list, responses: Any, instance: 
                 f"Python model '{instance}' is using the decoupled mode and the execute function must return "
                 "None. (Send the responses with request.get_response_sender().)")
         marks = [_unanswered(request) for request in requests]
-        return marks if any(isinstance(mark, Rescheduled) for mark in marks) else None
+        return marks if any(isinstance(mark, wire.Rescheduled) for mark in marks) else None
     if responses is None:
         return [_unanswered(request) for request in requests]
     if not isinstance(responses, list):
@@ -209,14 +188,14 @@ def _checked_entries(decoupled: bool, requests: list, responses: Any, instance: 
     return entries
 
 
-def _pack_responses(responses: list, arena: Arena | None, model: str) -> tuple[list[Entry], Arena | None, bool]:
+def _pack_responses(responses: list, arena: Arena | None, model: str) -> tuple[list[wire.Entry], Arena | None, bool]:
     """Every response's tensors, inline when small (``inline``), else written into the output arena (growing
     it): one entry per response, Produced or Errored; requests answered elsewhere (Sent, Rescheduled) keep
     their marks. Also the output arena, and whether the entries are in it."""
     tensors: list[list[tuple[str, Any]]] = []
     packed: list[Any] = []
     for response in responses:
-        if isinstance(response, (Sent, Rescheduled)):
+        if isinstance(response, (wire.Sent, wire.Rescheduled)):
             tensors.append([])
             packed.append(response)
             continue
@@ -235,18 +214,18 @@ def _pack_responses(responses: list, arena: Arena | None, model: str) -> tuple[l
             arena = Arena.create(reusable_size(needed), model)
     offset = 0
     for index, (response, response_tensors) in enumerate(zip(packed, tensors)):
-        if isinstance(response, (Sent, Rescheduled)):
+        if isinstance(response, (wire.Sent, wire.Rescheduled)):
             continue
         error = error_of(response)
         if error is not None:
-            packed[index] = Errored(*error)
+            packed[index] = wire.Errored(*error)
             continue
         if carried is not None:
             descriptors = carried[index]
         else:
             assert arena is not None
             descriptors, offset = arena.write(response_tensors, offset)
-        packed[index] = Produced(descriptors, response.parameters())
+        packed[index] = wire.Produced(descriptors, response.parameters())
     return packed, arena, carried is None
 
 
@@ -306,14 +285,14 @@ class _Failures:
                   what, "".join(traceback.format_exception(exc)).rstrip())
 
 
-def _failure(exc: BaseException, failures: _Failures | None = None) -> Failed:
+def _failure(exc: BaseException, failures: _Failures | None = None) -> wire.Failed:
     """Logged, unless ``failures`` has logged one already."""
     text = "".join(traceback.format_exception(exc))
     if failures is None:
         log.error("%s", text.rstrip())
     else:
         failures.log(exc)
-    return Failed(what_failed(exc), text)
+    return wire.Failed(what_failed(exc), text)
 
 
 _OURS = str(Path(__file__).resolve().parent)
@@ -331,7 +310,7 @@ def what_failed(exc: BaseException) -> str:
 
 
 def _execute(model: _Model, requests: list, rt: Runtime,
-             output: Arena | None) -> tuple[Done | Failed, Arena | None]:
+             output: Arena | None) -> tuple[wire.Done | wire.Failed, Arena | None]:
     """Done: its entries one per request (see _pack_responses), or None when every request streams its
     responses (a decoupled model that rescheduled nothing); or Failed."""
     try:
@@ -342,18 +321,18 @@ def _execute(model: _Model, requests: list, rt: Runtime,
             request.close_sender()
         return _failure(exc, model.failures), output
     if entries is None:
-        return Done(None, None), output
+        return wire.Done(None, None), output
     packed, output, in_arena = _pack_responses(entries, output, rt.model_name)
-    return Done(output.info() if in_arena and output is not None else None, packed), output
+    return wire.Done(output.info() if in_arena and output is not None else None, packed), output
 
 
 def _execute_each(model: _Model, requests: list, rt: Runtime,
-                  output: Arena | None) -> tuple[Done | Failed, Arena | None]:
+                  output: Arena | None) -> tuple[wire.Done | wire.Failed, Arena | None]:
     """A group (a model without dynamic batching, never decoupled): execute() once per request, in order,
     each its own execution; one reply for all, where a request whose execute() raised is Failed and the
     others as in _execute."""
     entries: list[Any] = []
-    failures: dict[int, Failed] = {}
+    failures: dict[int, wire.Failed] = {}
     for index, request in enumerate(requests):
         try:
             returned = returned_entries(False, [request], model.call("execute", [request]), model.name,
@@ -367,16 +346,16 @@ def _execute_each(model: _Model, requests: list, rt: Runtime,
     packed, output, in_arena = _pack_responses(entries, output, rt.model_name)
     for index, failure in failures.items():
         packed[index] = failure
-    return Done(output.info() if in_arena and output is not None else None, packed), output
+    return wire.Done(output.info() if in_arena and output is not None else None, packed), output
 
 
 def serve(rt: Runtime, commands: Reading, model_file: Path) -> None:
     model_class = _load_model_class(model_file)
     describe = commands.next_command()
-    assert isinstance(describe, Describe), describe
-    rt.send(Described(_auto_complete(model_class, describe.config)))
+    assert isinstance(describe, wire.Describe), describe
+    rt.send(wire.Described(_auto_complete(model_class, describe.config)))
     initialize = commands.next_command()
-    assert isinstance(initialize, Initialize), initialize
+    assert isinstance(initialize, wire.Initialize), initialize
     args = initialize.args
     try:
         model = _Model(model_class)
@@ -389,19 +368,19 @@ def serve(rt: Runtime, commands: Reading, model_file: Path) -> None:
         return
     if model.decoupled:
         commands.keep_reader()
-    rt.send(Ready())
+    rt.send(wire.Ready())
     # Replies are written into two output arenas in turn: the daemon may send the next batch before it
     # has read this one's outputs, but not the one after (it lends the instance twice at most).
     inputs, turn = _Attached(), 0
     outputs: list[Arena | None] = [None, None]
     while True:
         message = commands.next_command()
-        if isinstance(message, Finalize):
+        if isinstance(message, wire.Finalize):
             break
-        assert isinstance(message, (Execute, ExecuteEach)), message
+        assert isinstance(message, (wire.Execute, wire.ExecuteEach)), message
         arena_info, batch = message
         requests = _requests(inputs.get(arena_info), batch, model.decoupled)
-        run = _execute_each if isinstance(message, ExecuteEach) else _execute
+        run = _execute_each if isinstance(message, wire.ExecuteEach) else _execute
         reply, outputs[turn] = run(model, requests, rt, outputs[turn])
         del requests  # a request left unanswered, and let go of by the model, is answered now (``unanswered``)
         output = outputs[turn]
@@ -419,14 +398,14 @@ def serve(rt: Runtime, commands: Reading, model_file: Path) -> None:
     for output in outputs:
         if output is not None:
             output.close()
-    rt.send(Finalized())
+    rt.send(wire.Finalized())
 
 
-def _dispatch(rt: Runtime, message: Message) -> None:
+def _dispatch(rt: Runtime, message: wire.Message) -> None:
     """A message of the daemon that is not a command, on the thread that read it."""
-    if isinstance(message, Handover):  # the daemon's event loop reads what follows
-        rt.send(HandedOver())
-    elif isinstance(message, Free):
+    if isinstance(message, wire.Handover):  # the daemon's event loop reads what follows
+        rt.send(wire.HandedOver())
+    elif isinstance(message, wire.Free):
         for block in message.blocks:
             rt.blocks.free(block)
     else:
@@ -458,7 +437,7 @@ def main() -> None:
         serve(rt, commands, model_file)
     except Exception as exc:
         try:
-            rt.send(Crashed(f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+            rt.send(wire.Crashed(f"{type(exc).__name__}: {exc}", traceback.format_exc()))
         except OSError:
             pass
         rt.close()
