@@ -26,6 +26,9 @@ __all__ = ["InstancePool"]
 
 T = TypeVar("T")
 
+Finished = Callable[[Any, BaseException | None], None]
+"""Called with a batch's result, or its error."""
+
 log = logging.getLogger(__name__)
 
 
@@ -87,9 +90,11 @@ class InstancePool:
         assert self._free is not None, "InstancePool.start() was not called"
         return await self._free.get()
 
-    def execute(self, index: int, work: Callable[[Backend], T]) -> asyncio.Future[T]:
+    def execute(self, index: int, work: Callable[[Backend], T], then: Finished | None = None) -> asyncio.Future[T]:
         """Run ``work(backend)`` on an acquired instance's thread; the instance is released when the
-        thread finishes (not when the awaiting task goes away)."""
+        thread finishes (not when the awaiting task goes away). ``then(result, error)``: called on the loop
+        in the step that resolves the future, after the instance is free (a callback of the future would
+        run a step of the loop later)."""
         assert self._loop is not None
         loop = self._loop
         future: asyncio.Future[T] = loop.create_future()
@@ -102,19 +107,20 @@ class InstancePool:
             except BaseException as exc:  # handed to the waiter, never lost in the thread
                 result, error = None, exc
             try:
-                loop.call_soon_threadsafe(self._finish, index, future, result, error)
+                loop.call_soon_threadsafe(self._finish, index, future, result, error, then)
             except RuntimeError:  # the loop is closed: the daemon stopped without waiting for this batch
                 pass
 
         self._inboxes[index].put(run)
         return future
 
-    def begin(self, index: int, start: Callable[[Backend, Callable[[Any, BaseException | None], None]], bool]
-              ) -> asyncio.Future | None:
+    def begin(self, index: int, start: Callable[[Backend, Callable[[Any, BaseException | None], None]], bool],
+              then: Finished | None = None) -> asyncio.Future | None:
         """Start work on an acquired instance that completes on another thread by itself (a backend's
         ``start_requests``): ``start(backend, finished)`` returns False when it cannot, and then this
         returns None with the instance still acquired; otherwise ``finished(result, error)`` (from any
-        thread) resolves the future and releases the instance, with no thread of the pool in between."""
+        thread) resolves the future and releases the instance, with no thread of the pool in between.
+        ``then`` as for ``execute``."""
         assert self._loop is not None
         loop = self._loop
         future: asyncio.Future = loop.create_future()
@@ -128,12 +134,12 @@ class InstancePool:
             self._finished_elsewhere(index)
             if threading.get_ident() == loop_thread:  # read on the loop itself: no wake-up through its pipe
                 if returned:  # the waiter's callbacks are attached: resolve it now, not an iteration later
-                    self._finish(index, future, result, error)
+                    self._finish(index, future, result, error, then)
                 else:  # finished within start(): after the caller has attached its callbacks
-                    loop.call_soon(self._finish, index, future, result, error)
+                    loop.call_soon(self._finish, index, future, result, error, then)
                 return
             try:
-                loop.call_soon_threadsafe(self._finish, index, future, result, error)
+                loop.call_soon_threadsafe(self._finish, index, future, result, error, then)
             except RuntimeError:  # the loop is closed: the daemon stopped without waiting for this batch
                 pass
 
@@ -141,7 +147,7 @@ class InstancePool:
             started = start(self._backends[index], finished)
         except Exception as exc:  # handed to the waiter, as a thread would
             self._finished_elsewhere(index)
-            self._finish(index, future, None, exc)
+            self._finish(index, future, None, exc, then)
             return future
         if not started:
             self._finished_elsewhere(index)
@@ -196,7 +202,8 @@ class InstancePool:
         assert self._free is not None
         self._free.put_nowait(index)
 
-    def _finish(self, index: int, future: asyncio.Future, result: Any, error: BaseException | None) -> None:
+    def _finish(self, index: int, future: asyncio.Future, result: Any, error: BaseException | None,
+                then: Finished | None = None) -> None:
         # The waiter's callbacks run a step later (asyncio schedules them), and a request arriving between
         # the two may take the instance with try_acquire: on_finish runs here, in the step that frees the
         # instance, else it found the rate-limiter resources of the batch that just ended still held and
@@ -213,6 +220,11 @@ class InstancePool:
                 self._on_finish(index)
             except Exception:  # the waiter has its result and the instance is back: never a hang
                 log.exception("instance %s#%d: on_finish failed", self._label, index)
+        if then is not None:
+            try:
+                then(result, error)
+            except Exception:  # as a callback of the future: logged, and the loop goes on
+                log.exception("instance %s#%d: handling a finished batch failed", self._label, index)
 
     async def drain(self, timeout: float, busy: Callable[[], bool] | None = None) -> bool:
         """Wait until ``busy`` (the scheduler in front: work queued or running) is false, then until every

@@ -189,15 +189,17 @@ def start_batch(
     return _started(backend.start_requests, finished, requests, grouped=False)
 
 
-def dispatch(pool: InstancePool, index: int, requests: Sequence[BackendRequest], each: bool = False) -> asyncio.Future:
+def dispatch(pool: InstancePool, index: int, requests: Sequence[BackendRequest], each: bool = False,
+             then: Callable[[Any, BaseException | None], None] | None = None) -> asyncio.Future:
     """Run ``requests`` on the acquired instance ``index``, as one batch or (``each``) one at a time: a
     backend that runs them in another process starts them from here and is woken by its reply, with no
     instance thread in between; otherwise (or when it cannot now) the instance's thread runs them. The
-    future resolves to what ``execute_batch`` (``execute_each``) returns."""
+    future resolves to what ``execute_batch`` (``execute_each``) returns; ``then(result, error)`` gets it
+    in the same step of the loop (InstancePool.execute)."""
     start, run = (start_each, execute_each) if each else (start_batch, execute_batch)
-    future = pool.begin(index, functools.partial(start, requests=requests))
+    future = pool.begin(index, functools.partial(start, requests=requests), then)
     if future is None:
-        future = pool.execute(index, functools.partial(run, requests=requests))
+        future = pool.execute(index, functools.partial(run, requests=requests), then)
     return future
 
 

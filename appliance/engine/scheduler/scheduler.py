@@ -322,8 +322,7 @@ class Scheduler:
                 self._run_inline(index, batch, queue_ns, functools.partial(execute_batch, requests=requests), items)
                 return
         self._in_flight += len(batch)
-        future = dispatch(self.pool, index, requests, each=grouped)
-        future.add_done_callback(functools.partial(self._on_batch_done, index, batch, queue_ns))
+        dispatch(self.pool, index, requests, each=grouped, then=functools.partial(self._batch_done, batch, queue_ns))
 
     def _ran(self, index: int) -> None:
         """Instance ``index`` finished a batch: its rate-limiter resources go back, in the step that frees
@@ -342,11 +341,10 @@ class Scheduler:
         self._ran(index)
         self._finish_batch(batch, queue_ns, outcome, None)
 
-    def _on_batch_done(self, index: int, batch: list[Pending], queue_ns: list[int], future: asyncio.Future) -> None:
+    def _batch_done(self, batch: list[Pending], queue_ns: list[int], result: Any, error: BaseException | None) -> None:
         # The instance's resources went back already, as the pool freed it (InstancePool.start's on_finish).
         self._in_flight -= len(batch)
-        error = future.exception()
-        self._finish_batch(batch, queue_ns, None if error is not None else future.result(), error)
+        self._finish_batch(batch, queue_ns, None if error is not None else result, error)
 
     def _finish_batch(self, batch: list[Pending], queue_ns: list[int], outcome: Any,
                       error: BaseException | None) -> None:
