@@ -22,12 +22,25 @@ from typing import Any, TypeVar
 from appliance.backends import Backend
 from appliance.engine.rate_limiter import InstanceLimits
 
-__all__ = ["InstancePool"]
+__all__ = ["Finished", "InstancePool"]
 
 T = TypeVar("T")
 
 Finished = Callable[[Any, BaseException | None], None]
 """Called with a batch's result, or its error."""
+
+
+def _resolver(future: asyncio.Future) -> Finished:
+    """What resolves ``future`` with a result or an error (unless its waiter cancelled it)."""
+
+    def resolve(result: Any, error: BaseException | None) -> None:
+        if future.cancelled():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+    return resolve
 
 log = logging.getLogger(__name__)
 
@@ -90,14 +103,19 @@ class InstancePool:
         assert self._free is not None, "InstancePool.start() was not called"
         return await self._free.get()
 
-    def execute(self, index: int, work: Callable[[Backend], T], then: Finished | None = None) -> asyncio.Future[T]:
+    def execute(self, index: int, work: Callable[[Backend], T]) -> asyncio.Future[T]:
         """Run ``work(backend)`` on an acquired instance's thread; the instance is released when the
-        thread finishes (not when the awaiting task goes away). ``then(result, error)``: called on the loop
-        in the step that resolves the future, after the instance is free (a callback of the future would
-        run a step of the loop later)."""
+        thread finishes (not when the awaiting task goes away)."""
+        assert self._loop is not None
+        future: asyncio.Future[T] = self._loop.create_future()
+        self.run(index, work, _resolver(future))
+        return future
+
+    def run(self, index: int, work: Callable[[Backend], Any], then: Finished) -> None:
+        """``execute`` with ``then(result, error)`` in place of a future: called on the loop in the step
+        that frees the instance (a future's callbacks would run a step of the loop later)."""
         assert self._loop is not None
         loop = self._loop
-        future: asyncio.Future[T] = loop.create_future()
         backend = self._backends[index]
 
         def run() -> None:
@@ -107,23 +125,26 @@ class InstancePool:
             except BaseException as exc:  # handed to the waiter, never lost in the thread
                 result, error = None, exc
             try:
-                loop.call_soon_threadsafe(self._finish, index, future, result, error, then)
+                loop.call_soon_threadsafe(self._finish, index, then, result, error)
             except RuntimeError:  # the loop is closed: the daemon stopped without waiting for this batch
                 pass
 
         self._inboxes[index].put(run)
-        return future
 
-    def begin(self, index: int, start: Callable[[Backend, Callable[[Any, BaseException | None], None]], bool],
-              then: Finished | None = None) -> asyncio.Future | None:
+    def begin(self, index: int, start: Callable[[Backend, Finished], bool]) -> asyncio.Future | None:
         """Start work on an acquired instance that completes on another thread by itself (a backend's
         ``start_requests``): ``start(backend, finished)`` returns False when it cannot, and then this
         returns None with the instance still acquired; otherwise ``finished(result, error)`` (from any
-        thread) resolves the future and releases the instance, with no thread of the pool in between.
-        ``then`` as for ``execute``."""
+        thread) resolves the future and releases the instance, with no thread of the pool in between."""
+        assert self._loop is not None
+        future: asyncio.Future = self._loop.create_future()
+        return future if self.start_elsewhere(index, start, _resolver(future)) else None
+
+    def start_elsewhere(self, index: int, start: Callable[[Backend, Finished], bool], then: Finished) -> bool:
+        """``begin`` with ``then(result, error)`` in place of a future (see ``run``); False when ``start``
+        cannot start the work (the instance is still acquired)."""
         assert self._loop is not None
         loop = self._loop
-        future: asyncio.Future = loop.create_future()
 
         with self._elsewhere_done:
             self._elsewhere[index] += 1
@@ -134,12 +155,12 @@ class InstancePool:
             self._finished_elsewhere(index)
             if threading.get_ident() == loop_thread:  # read on the loop itself: no wake-up through its pipe
                 if returned:  # the waiter's callbacks are attached: resolve it now, not an iteration later
-                    self._finish(index, future, result, error, then)
+                    self._finish(index, then, result, error)
                 else:  # finished within start(): after the caller has attached its callbacks
-                    loop.call_soon(self._finish, index, future, result, error, then)
+                    loop.call_soon(self._finish, index, then, result, error)
                 return
             try:
-                loop.call_soon_threadsafe(self._finish, index, future, result, error, then)
+                loop.call_soon_threadsafe(self._finish, index, then, result, error)
             except RuntimeError:  # the loop is closed: the daemon stopped without waiting for this batch
                 pass
 
@@ -147,13 +168,13 @@ class InstancePool:
             started = start(self._backends[index], finished)
         except Exception as exc:  # handed to the waiter, as a thread would
             self._finished_elsewhere(index)
-            self._finish(index, future, None, exc, then)
-            return future
+            self._finish(index, then, None, exc)
+            return True
         if not started:
             self._finished_elsewhere(index)
-            return None
+            return False
         returned = True
-        return future
+        return True
 
     def _finished_elsewhere(self, index: int) -> None:
         with self._elsewhere_done:
@@ -202,29 +223,23 @@ class InstancePool:
         assert self._free is not None
         self._free.put_nowait(index)
 
-    def _finish(self, index: int, future: asyncio.Future, result: Any, error: BaseException | None,
-                then: Finished | None = None) -> None:
-        # The waiter's callbacks run a step later (asyncio schedules them), and a request arriving between
-        # the two may take the instance with try_acquire: on_finish runs here, in the step that frees the
-        # instance, else it found the rate-limiter resources of the batch that just ended still held and
-        # took them twice (security finding "High 5"). After release, so that a waiter for a free instance
-        # is woken before the grants on_finish schedules (the limiter lets an instance with work re-take).
-        if not future.cancelled():
-            if error is not None:
-                future.set_exception(error)
-            else:
-                future.set_result(result)
+    def _finish(self, index: int, then: Finished, result: Any, error: BaseException | None) -> None:
+        # ``then`` first: a future's callbacks run a step later (asyncio schedules them), and a request
+        # arriving between the two may take the instance with try_acquire: on_finish runs here, in the step
+        # that frees the instance, else it found the rate-limiter resources of the batch that just ended
+        # still held and took them twice (security finding "High 5"). After release, so that a waiter for a
+        # free instance is woken before the grants on_finish schedules (the limiter lets an instance with
+        # work re-take).
+        try:
+            then(result, error)
+        except Exception:  # the instance must come back whatever happened: never a hang
+            log.exception("instance %s#%d: handling a finished batch failed", self._label, index)
         self.release(index)
         if self._on_finish is not None:
             try:
                 self._on_finish(index)
             except Exception:  # the waiter has its result and the instance is back: never a hang
                 log.exception("instance %s#%d: on_finish failed", self._label, index)
-        if then is not None:
-            try:
-                then(result, error)
-            except Exception:  # as a callback of the future: logged, and the loop goes on
-                log.exception("instance %s#%d: handling a finished batch failed", self._label, index)
 
     async def drain(self, timeout: float, busy: Callable[[], bool] | None = None) -> bool:
         """Wait until ``busy`` (the scheduler in front: work queued or running) is false, then until every

@@ -27,10 +27,11 @@ from appliance.backends.base import BatchResult, RequestResult
 from appliance.engine.stats import BatchTiming
 
 if TYPE_CHECKING:
-    from appliance.engine.instances import InstancePool
+    from appliance.engine.instances import Finished, InstancePool
 
 __all__ = ["GIL_BUDGET_NS", "INLINE_BUDGET_NS", "THREADED", "ExecutionMode", "choose_execution", "dispatch",
-           "execute_batch", "execute_each", "measure_thread_hop", "plan_batch_ns", "start_batch", "start_each"]
+           "execute_batch", "execute_each", "measure_thread_hop", "plan_batch_ns", "run_batch", "start_batch",
+           "start_each"]
 
 INLINE_BUDGET_NS = 200_000
 """The longest a batch run inline may block the event loop."""
@@ -189,18 +190,25 @@ def start_batch(
     return _started(backend.start_requests, finished, requests, grouped=False)
 
 
-def dispatch(pool: InstancePool, index: int, requests: Sequence[BackendRequest], each: bool = False,
-             then: Callable[[Any, BaseException | None], None] | None = None) -> asyncio.Future:
+def dispatch(pool: InstancePool, index: int, requests: Sequence[BackendRequest], each: bool = False) -> asyncio.Future:
     """Run ``requests`` on the acquired instance ``index``, as one batch or (``each``) one at a time: a
     backend that runs them in another process starts them from here and is woken by its reply, with no
     instance thread in between; otherwise (or when it cannot now) the instance's thread runs them. The
-    future resolves to what ``execute_batch`` (``execute_each``) returns; ``then(result, error)`` gets it
-    in the same step of the loop (InstancePool.execute)."""
+    future resolves to what ``execute_batch`` (``execute_each``) returns."""
     start, run = (start_each, execute_each) if each else (start_batch, execute_batch)
-    future = pool.begin(index, functools.partial(start, requests=requests), then)
+    future = pool.begin(index, functools.partial(start, requests=requests))
     if future is None:
-        future = pool.execute(index, functools.partial(run, requests=requests), then)
+        future = pool.execute(index, functools.partial(run, requests=requests))
     return future
+
+
+def run_batch(pool: InstancePool, index: int, requests: Sequence[BackendRequest], then: Finished,
+              each: bool = False) -> None:
+    """``dispatch`` with ``then(result, error)`` in place of the future: called in the step of the loop that
+    frees the instance, not a step later as a future's callback."""
+    start, run = (start_each, execute_each) if each else (start_batch, execute_batch)
+    if not pool.start_elsewhere(index, functools.partial(start, requests=requests), then):
+        pool.run(index, functools.partial(run, requests=requests), then)
 
 
 def _started(start_with: Callable[[Sequence[BackendRequest], Callable[[BatchResult | BaseException], None]], bool],

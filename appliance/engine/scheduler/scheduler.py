@@ -26,7 +26,7 @@ from appliance.backends.base import Reschedule, reschedule_refused
 from appliance.core.errors import ApplianceError, InferenceFailed, Unavailable
 from appliance.engine.instances import InstancePool
 from appliance.engine.scheduler.completion import Answers, answer_later, mark_compute
-from appliance.engine.scheduler.execution import THREADED, ExecutionMode, dispatch, execute_batch
+from appliance.engine.scheduler.execution import THREADED, ExecutionMode, execute_batch, run_batch
 from appliance.engine.scheduler.inline import InlineRuns
 from appliance.engine.scheduler.policy import SchedulerPolicy
 from appliance.engine.scheduler.queue import Pending, RequestQueue
@@ -322,7 +322,7 @@ class Scheduler:
                 self._run_inline(index, batch, queue_ns, functools.partial(execute_batch, requests=requests), items)
                 return
         self._in_flight += len(batch)
-        dispatch(self.pool, index, requests, each=grouped, then=functools.partial(self._batch_done, batch, queue_ns))
+        run_batch(self.pool, index, requests, functools.partial(self._batch_done, batch, queue_ns), each=grouped)
 
     def _ran(self, index: int) -> None:
         """Instance ``index`` finished a batch: its rate-limiter resources go back, in the step that frees

@@ -145,3 +145,44 @@ async def test_work_that_fails_to_start_reaches_the_waiter_and_frees_the_instanc
     with pytest.raises(RuntimeError, match="no"):
         await future
     assert pool.idle == 1
+
+
+async def test_then_gets_a_batch_in_the_step_that_finishes_it_before_the_instance_is_free(make_pool):
+    """Read on the loop (a model process's reply), a batch's ``then`` runs inside that very callback, before
+    the instance is released; an error reaches it as one, and no future is left unretrieved."""
+    pool = make_pool([FakeBackend()])
+    pool.start()
+    loop = asyncio.get_running_loop()
+    seen: list[tuple[object, object, int]] = []
+    finish: list = []
+
+    def start(backend, finished):
+        finish.append(finished)
+        return True
+
+    def then(result, error):
+        seen.append((result, error, pool.idle))
+
+    index = await pool.acquire()
+    assert pool.start_elsewhere(index, start, then)
+    await asyncio.sleep(0)
+    finish[0]("done", None)  # on the loop's thread, as the loop reads a reply
+    assert seen == [("done", None, 0)] and pool.idle == 1
+
+    failure = RuntimeError("no")
+    index = await pool.acquire()
+    assert pool.start_elsewhere(index, start, then)
+    await asyncio.sleep(0)
+    loop.call_soon(finish[1], None, failure)
+    await await_until(lambda: len(seen) == 2, timeout=5)
+    assert seen[1] == (None, failure, 0) and pool.idle == 1
+
+
+async def test_run_hands_a_thread_s_result_to_then_on_the_loop(make_pool):
+    pool = make_pool([FakeBackend()])
+    pool.start()
+    got: list = []
+    pool.run(await pool.acquire(), _double, lambda result, error: got.append((result, error)))
+    await await_until(lambda: got, timeout=10)
+    assert np.array_equal(got[0][0]["y"], [[2.0]]) and got[0][1] is None
+    assert pool.idle == 1
