@@ -228,6 +228,8 @@ class ModelProcess:
         self.conn.read_without_waiting()
         self._loop.add_reader(self.conn.fileno(), self._readable)
         self._on_loop = True
+        if self.conn.holds_frame:  # read by the reader thread with the handover's echo
+            self._take()
 
     def _readable(self) -> None:
         """The channel is readable (on the event loop): one read takes what it holds."""

@@ -154,6 +154,9 @@ class Reading:
             self._reader_turn.wait()
             self._reader_turn.clear()
             while True:
+                if self._rt.conn.holds_frame:  # read together with one before: no wait on the pipe for it
+                    self._route(self._recv())
+                    continue
                 ready, _, _ = select.select([self._wake_read, conn], [], [])
                 if self._wake_read in ready:
                     os.read(self._wake_read, 64)

@@ -2,8 +2,9 @@
 
 Each message is a length-prefixed frame (multiprocessing's ``Connection`` framing: a 4-byte big-endian
 length, or -1 and an 8-byte one from 2 GiB up), written in one ``write`` up to 16 KiB. The framing is
-the channel's own rather than ``multiprocessing.connection``'s: a frame is read without the copies of its
-BytesIO, and a model process does not load multiprocessing (1.3 MiB each).
+the channel's own rather than ``multiprocessing.connection``'s: a read takes what the pipe holds (at most
+``CAPACITY``), and the frames in it are split off there, so a small frame costs one read, not two, and frames
+that came together cost one; a model process does not load multiprocessing (1.3 MiB each).
 
 Pipes rather than a socket pair: a pipe's write is cheaper than a Unix socket's (no socket buffer per
 message) and its read wakes a writer only when the pipe was full, so on this project's VMs a
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import io
 import os
 import struct
 
@@ -94,39 +94,29 @@ class Channel:
                 written += os.write(self._out, view[written:])
 
     def recv_bytes(self) -> bytes:
-        """The next frame (blocks until it is whole); EOFError once the other end is gone."""
-        (size,) = _SIZE.unpack(self._read(4, at_start=True))
-        if size == -1:
-            (size,) = _LARGE_SIZE.unpack(self._read(8))
-        return self._read(size)
-
-    def _read(self, size: int, at_start: bool = False) -> bytes:
-        """``size`` bytes; read at most CAPACITY at a time, so what a frame's header claims is held only as
-        its bytes arrive (a model process that announces a terabyte and stops costs nothing)."""
-        chunk = os.read(self._in, min(size, CAPACITY))
-        if len(chunk) == size:
-            return chunk
-        if not chunk and at_start:
-            raise EOFError("the other end closed the channel")
-        buffer = io.BytesIO(chunk)
-        buffer.seek(0, io.SEEK_END)
-        while buffer.tell() < size:
-            chunk = os.read(self._in, min(size - buffer.tell(), CAPACITY))
-            if not chunk:
-                raise OSError(f"the channel ended within a message ({buffer.tell()} of {size} bytes)")
-            buffer.write(chunk)
-        return buffer.getvalue()
+        """The next frame (blocks until it is whole); EOFError once the other end is gone. Reads what the
+        pipe holds, at most CAPACITY at a time (``fill``): a small frame takes one read, and frames that
+        came together are taken from what was read (``holds_frame`` says so before waiting on the pipe)."""
+        frame = self.next_frame()
+        while frame is None:
+            if not self.fill():
+                if self._taken < len(self._held):
+                    raise OSError(f"the channel ended within a message ({len(self._held) - self._taken} bytes of "
+                                  "it came)")
+                raise EOFError("the other end closed the channel")
+            frame = self.next_frame()
+        return frame
 
     def read_without_waiting(self) -> None:
         """From now on frames are taken with ``fill`` and ``next_frame`` (the event loop reads), not
-        ``recv_bytes``."""
+        ``recv_bytes``, which would wait for nothing."""
         os.set_blocking(self._in, False)
 
     def fill(self) -> bool:
-        """Non-blocking: read what the pipe holds now, at most CAPACITY (one system call a wake-up,
-        however many frames came, where a frame read by itself took two and a poll to learn of the next);
-        False once the other end has closed. What a frame's header claims is held only as its bytes
-        arrive."""
+        """Read what the pipe holds now, at most CAPACITY (one system call a wake-up however many frames
+        came, where a frame read by itself took two and a poll to learn of the next), waiting for it unless
+        reading without waiting; False once the other end has closed. What a frame's header claims is held
+        only as its bytes arrive."""
         try:
             chunk = os.read(self._in, CAPACITY)
         except BlockingIOError:  # woken for nothing

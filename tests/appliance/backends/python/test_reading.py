@@ -113,3 +113,24 @@ def test_the_main_thread_takes_reading_back_for_the_next_command_after_an_inline
     stub.rt.wait_inline(seen["done"].is_set)
     stub.send(Execute({}, [2]))
     assert stub.reading.next_command() == Execute({}, [2])
+
+
+def test_frames_that_came_in_one_write_are_each_read_whoever_reads(stub):
+    """Frames read together (one read takes what the pipe holds) wait in the channel, not in the pipe: the
+    reader thread takes them without waiting for the pipe to wake it, and so does the main thread."""
+    stub.send(Execute({}, [1]))
+    stub.reading.next_command()
+    other: dict = {}
+    thread = threading.Thread(target=lambda: other.update(zip(("call", "seen"), stub.call(inline=False))))
+    thread.start()
+    thread.join(5)
+    second: dict = {}
+    thread = threading.Thread(target=lambda: second.update(zip(("call", "seen"), stub.call(inline=False))))
+    thread.start()
+    thread.join(5)
+    frames = [encode(Answer(other["call"], True, "first")), encode(Answer(second["call"], True, "second")),
+              encode(Execute({}, [2]))]
+    stub.daemon._write(b"".join(len(frame).to_bytes(4, "big") + frame for frame in frames))  # one write
+    assert other["seen"]["done"].wait(5) and second["seen"]["done"].wait(5)
+    assert (other["seen"]["value"], second["seen"]["value"]) == ("first", "second")
+    assert stub.reading.next_command() == Execute({}, [2])
