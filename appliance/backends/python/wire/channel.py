@@ -3,7 +3,7 @@
 Each message is a length-prefixed frame (multiprocessing's ``Connection`` framing: a 4-byte big-endian
 length, or -1 and an 8-byte one from 2 GiB up), written in one ``write`` up to 16 KiB. The framing is
 the channel's own rather than ``multiprocessing.connection``'s: a read takes what the pipe holds (at most
-``CAPACITY``), and the frames in it are split off there, so a small frame costs one read, not two, and frames
+64 KiB), and the frames in it are split off there, so a small frame costs one read, not two, and frames
 that came together cost one; a model process does not load multiprocessing (1.3 MiB each).
 
 Pipes rather than a socket pair: a pipe's write is cheaper than a Unix socket's (no socket buffer per
@@ -30,6 +30,8 @@ CAPACITY = 256 * 1024
 """Bytes a pipe holds before its writer waits (a socket pair's default buffer is ~208 KiB)."""
 _SIZE = struct.Struct("!i")
 _LARGE_SIZE = struct.Struct("!Q")
+_READ_BYTES = 64 * 1024
+"""Bytes one read takes at most (a larger frame comes in several)."""
 _JOINED = 16 * 1024
 """Frames up to this size go out in one write with their header (larger ones: two, without a copy)."""
 
@@ -53,6 +55,9 @@ class Channel:
         """Non-blocking reading (``fill``): what has been read and not yet taken as frames."""
         self._taken = 0
         """Where in ``_held`` the next frame starts."""
+        self._inbox = bytearray(_READ_BYTES)
+        """What one read fills: the same buffer each time (``os.read`` of this size would map and unmap a
+        fresh one per call, past malloc's mmap threshold: three system calls more a read)."""
 
     @classmethod
     def pair(cls) -> tuple[Channel, tuple[int, int]]:
@@ -95,7 +100,7 @@ class Channel:
 
     def recv_bytes(self) -> bytes:
         """The next frame (blocks until it is whole); EOFError once the other end is gone. Reads what the
-        pipe holds, at most CAPACITY at a time (``fill``): a small frame takes one read, and frames that
+        pipe holds, at most _READ_BYTES at a time (``fill``): a small frame takes one read, and frames that
         came together are taken from what was read (``holds_frame`` says so before waiting on the pipe)."""
         frame = self.next_frame()
         while frame is None:
@@ -113,16 +118,17 @@ class Channel:
         os.set_blocking(self._in, False)
 
     def fill(self) -> bool:
-        """Read what the pipe holds now, at most CAPACITY (one system call a wake-up however many frames
+        """Read what the pipe holds now, at most _READ_BYTES (one system call a wake-up however many frames
         came, where a frame read by itself took two and a poll to learn of the next), waiting for it unless
         reading without waiting; False once the other end has closed. What a frame's header claims is held
         only as its bytes arrive."""
         try:
-            chunk = os.read(self._in, CAPACITY)
+            count = os.readv(self._in, (self._inbox,))
         except BlockingIOError:  # woken for nothing
             return True
-        if not chunk:
+        if not count:
             return False
+        chunk = memoryview(self._inbox)[:count]
         if self._taken == len(self._held):  # all taken: start again rather than grow
             self._held = bytearray(chunk)
             self._taken = 0
@@ -145,7 +151,7 @@ class Channel:
         if len(held) - start < size:
             return None
         self._taken = start + size
-        if self._taken > CAPACITY:  # let go of what was taken (a frame larger than one read came in pieces)
+        if self._taken > _READ_BYTES:  # let go of what was taken (a frame larger than one read came in pieces)
             frame = bytes(held[start:self._taken])
             del held[:self._taken]
             self._taken = 0
