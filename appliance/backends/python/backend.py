@@ -348,10 +348,11 @@ class PythonBackend(ModelPyBackend):
         small = _small(requests, each=command is ExecuteEach)
         if instance is None or not self._ready or not instance.process.alive or not small:
             return False  # a restart blocks; large inputs are copied off the event loop
-        try:  # a decoupled model's channel too: while a client is behind, the loop stops reading it
-            instance.process.read_on(asyncio.get_running_loop())
-        except RuntimeError:  # not called on an event loop: the reader thread reads on
-            pass
+        if not instance.process.handed_over:  # asked once (get_running_loop costs a getpid() each call)
+            try:  # a decoupled model's channel too: while a client is behind, the loop stops reading it
+                instance.process.read_on(asyncio.get_running_loop())
+            except RuntimeError:  # not called on an event loop: the reader thread reads on
+                pass
 
         input_ns = 0
 

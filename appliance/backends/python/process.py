@@ -197,6 +197,11 @@ class ModelProcess:
         self.send(Handover())
 
     @property
+    def handed_over(self) -> bool:
+        """``read_on`` has been asked (it may not have taken effect yet: ``reads_on_loop``)."""
+        return self._loop is not None
+
+    @property
     def reads_on_loop(self) -> bool:
         """The event loop reads the channel (``read_on`` has taken effect), not the reader thread."""
         return self._on_loop
