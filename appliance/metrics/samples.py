@@ -76,7 +76,9 @@ def _change(t: int, model: str, version: int, now: ModelSample, before: ModelSam
 
 
 class Snapshotter:
-    """Turns cumulative counters into per-tick deltas (a version seen for the first time starts at 0)."""
+    """Turns cumulative counters into per-tick deltas (a version seen for the first time starts at 0). What
+    a version's counters gained since the last tick is counted even when they went away meanwhile: a
+    reload (fresh counters in their place) or an unload would otherwise drop up to a tick of its traffic."""
 
     def __init__(self) -> None:
         self._previous: dict[tuple[str, int], tuple[ModelStats, ModelSample]] = {}
@@ -88,14 +90,31 @@ class Snapshotter:
             now = _totals(stats)
             key = (model, version)
             previous = self._previous.get(key)
-            # A reloaded version has fresh counters: compare only against the same stats object.
-            before = previous[1] if previous and previous[0] is stats else _totals(ModelStats())
             current[key] = (stats, now)
-            sample = _change(t, model, version, now, before)
+            if previous is not None and previous[0] is stats:
+                sample = _change(t, model, version, now, previous[1])
+            else:  # fresh counters (a reloaded version's start at 0), and the last gains of those they replaced
+                sample = _change(t, model, version, now, _ZERO)
+                if previous is not None:
+                    sample = merge_samples(t, [sample, _last_gains(t, key, previous)])
             if sample.requests or sample.executions:
                 samples.append(sample)
+        for key, previous in self._previous.items():
+            if key not in current:  # unloaded since the last tick
+                sample = _last_gains(t, key, previous)
+                if sample.requests or sample.executions:
+                    samples.append(sample)
         self._previous = current
         return samples
+
+
+_ZERO = _totals(ModelStats())
+
+
+def _last_gains(t: int, key: tuple[str, int], previous: tuple[ModelStats, ModelSample]) -> ModelSample:
+    """What a version's counters that are no longer served gained after the last tick."""
+    stats, before = previous
+    return _change(t, key[0], key[1], _totals(stats), before)
 
 
 def merge_samples(t: int, samples: list[ModelSample]) -> ModelSample:

@@ -55,6 +55,24 @@ def test_a_quiet_tick_has_no_sample_and_a_reloaded_version_starts_from_zero():
     assert sample.requests == 2  # not 2 - 5
 
 
+def test_what_replaced_or_unloaded_counters_gained_since_the_last_tick_is_not_lost():
+    """A reload swaps a version's counters and an unload drops them between two ticks: the requests they
+    took after the last tick are still counted, once."""
+    old, gone, snapshots = ModelStats(), ModelStats(), Snapshotter()
+    _serve(old, ok=5)
+    _serve(gone, ok=1)
+    snapshots.take(1, [("m", 1, old), ("g", 1, gone)])
+    _serve(old, ok=3, failed=1)  # after the tick, before the reload
+    _serve(gone, ok=2)  # after the tick, before the unload
+    reloaded = ModelStats()
+    _serve(reloaded, ok=2)
+    samples = {s.model: s for s in snapshots.take(2, [("m", 1, reloaded)])}
+    assert (samples["m"].requests, samples["m"].success, samples["m"].failure) == (6, 5, 1)
+    assert sum(samples["m"].latency_hist) == 6
+    assert samples["g"].requests == 2
+    assert snapshots.take(3, [("m", 1, reloaded)]) == []  # counted once
+
+
 def test_a_sample_survives_its_database_row():
     sample = ModelSample(7, "m", 2, requests=3, failure_reasons={"OTHER": 1}, latency_hist=[1, 2],
                          batch_hist={"4": 1})
