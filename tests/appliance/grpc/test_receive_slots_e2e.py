@@ -134,19 +134,23 @@ def test_a_message_sent_before_the_servers_settings_arrive_is_received(daemon):
 def test_a_slow_but_steady_message_is_received_and_a_trickle_is_cut(daemon):
     """Above grpc_receive_min_rate (256 KiB/s) a message may take its time; below it, past the grace, the
     call ends with DEADLINE_EXCEEDED."""
-    message = framed(pb.ModelInferRequest(model_name="simple", inputs=[pb.ModelInferRequest.InferInputTensor(
-        name="INPUT0", datatype="INT32", shape=[1, 16])], raw_input_contents=[bytes(1 << 20)]).SerializeToString())
+    def message(size: int) -> bytes:
+        return framed(pb.ModelInferRequest(model_name="simple", inputs=[pb.ModelInferRequest.InferInputTensor(
+            name="INPUT0", datatype="INT32", shape=[1, 16])], raw_input_contents=[bytes(size)]).SerializeToString())
+
     with H2Grpc(daemon.grpc_port) as client:
         steady = client.open(MODEL_INFER)
-        for start in range(0, len(message), 128 << 10):  # 1 MiB at about 1 MiB/s
-            assert client.send(steady, message[start:start + (128 << 10)], deadline=10)
-            client.pump(0.12)
+        large = message(4 << 20)
+        for start in range(0, len(large), 256 << 10):  # 4 MiB at ~4 MiB/s: 16x the rate, past the grace
+            assert client.send(steady, large[start:start + (256 << 10)], deadline=10)
+            client.pump(0.05)
         assert client.send(steady, b"", end=True)
         assert client.status(steady, seconds=10) == str(grpc.StatusCode.INVALID_ARGUMENT.value[0])
         trickle = client.open(MODEL_INFER)
         started = time.monotonic()
-        for start in range(0, len(message), 1024):  # 10 KiB/s
-            if not client.send(trickle, message[start:start + 1024], deadline=10) or trickle in client.ended:
+        small = message(1 << 20)
+        for start in range(0, len(small), 1024):  # 10 KiB/s
+            if not client.send(trickle, small[start:start + 1024], deadline=10) or trickle in client.ended:
                 break
             client.pump(0.1)
         assert client.status(trickle, seconds=10) == str(grpc.StatusCode.DEADLINE_EXCEEDED.value[0])
