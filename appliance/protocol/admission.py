@@ -32,17 +32,24 @@ def address_in(address: str | None, networks: tuple[Network, ...]) -> bool:
     None (a UNIX socket peer) lie in none."""
     if not address or not networks:
         return False
-    parsed = _parsed(address)
+    literal = address.split("%")[0]
+    if len(literal) > _LONGEST_LITERAL:  # junk (a forwarded header may hold anything): never kept
+        return False
+    parsed = _parsed(literal)
     return parsed is not None and any(parsed in network for network in networks)
 
 
+_LONGEST_LITERAL = 45
+"""The longest IP literal ipaddress reads ("ffff:ffff:ffff:ffff:ffff:ffff:255.255.255.255")."""
+
+
 @functools.lru_cache(maxsize=1024)
-def _parsed(address: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+def _parsed(literal: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     """An address as ``ipaddress`` reads it (None for junk): asked for every request a guarded operation
-    gets, from the few addresses of a LAN's clients, and ~5 µs to parse each time. Bounded: a client that
-    sends many forwarded addresses only cycles the cache."""
+    gets, from the few addresses of a LAN's clients, and ~5 µs to parse each time. Bounded: 1024 literals
+    of at most _LONGEST_LITERAL characters; a client that sends many forwarded addresses only cycles it."""
     try:
-        return ipaddress.ip_address(address.split("%")[0])
+        return ipaddress.ip_address(literal)
     except ValueError:
         return None
 

@@ -85,3 +85,17 @@ def test_the_bound_on_requests_in_flight_leaves_health_and_metrics_out():
     with pytest.raises(Unauthorized), admission.admit(Operation.MODEL_LOAD, Caller(REMOTE)):
         pass
     assert admission.in_flight == 0
+
+
+def test_junk_addresses_lie_in_no_network_and_are_not_kept():
+    """A forwarded header may carry anything: junk lies in no network, and what is longer than any IP
+    literal is refused before the parse cache holds it (the cache keeps only short literals)."""
+    from appliance.protocol.admission import _parsed, address_in
+
+    networks = parse_networks(["10.0.0.0/8", "fe80::/10"])
+    _parsed.cache_clear()
+    assert address_in("10.1.2.3", networks) and address_in("fe80::1%eth0", networks)
+    assert not address_in("10.1.2.3" + "0" * 8000, networks)
+    assert not address_in("not an address", networks) and not address_in("", networks)
+    assert not address_in("10.1.2.3", ())
+    assert _parsed.cache_info().currsize == 3  # the two literals and the short junk, not the 8 KiB one
