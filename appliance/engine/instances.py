@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 from appliance.backends import Backend
 from appliance.engine.rate_limiter import InstanceLimits
 
-__all__ = ["Finished", "InstancePool"]
+__all__ = ["Finished", "InstancePool", "resolving"]
 
 T = TypeVar("T")
 
@@ -30,7 +30,7 @@ Finished = Callable[[Any, BaseException | None], None]
 """Called with a batch's result, or its error."""
 
 
-def _resolver(future: asyncio.Future) -> Finished:
+def resolving(future: asyncio.Future) -> Finished:
     """What resolves ``future`` with a result or an error (unless its waiter cancelled it)."""
 
     def resolve(result: Any, error: BaseException | None) -> None:
@@ -108,7 +108,7 @@ class InstancePool:
         thread finishes (not when the awaiting task goes away)."""
         assert self._loop is not None
         future: asyncio.Future[T] = self._loop.create_future()
-        self.run(index, work, _resolver(future))
+        self.run(index, work, resolving(future))
         return future
 
     def run(self, index: int, work: Callable[[Backend], Any], then: Finished) -> None:
@@ -138,7 +138,7 @@ class InstancePool:
         thread) resolves the future and releases the instance, with no thread of the pool in between."""
         assert self._loop is not None
         future: asyncio.Future = self._loop.create_future()
-        return future if self.start_elsewhere(index, start, _resolver(future)) else None
+        return future if self.start_elsewhere(index, start, resolving(future)) else None
 
     def start_elsewhere(self, index: int, start: Callable[[Backend, Finished], bool], then: Finished) -> bool:
         """``begin`` with ``then(result, error)`` in place of a future (see ``run``); False when ``start``
@@ -224,12 +224,12 @@ class InstancePool:
         self._free.put_nowait(index)
 
     def _finish(self, index: int, then: Finished, result: Any, error: BaseException | None) -> None:
-        # ``then`` first: a future's callbacks run a step later (asyncio schedules them), and a request
-        # arriving between the two may take the instance with try_acquire: on_finish runs here, in the step
-        # that frees the instance, else it found the rate-limiter resources of the batch that just ended
-        # still held and took them twice (security finding "High 5"). After release, so that a waiter for a
-        # free instance is woken before the grants on_finish schedules (the limiter lets an instance with
-        # work re-take).
+        # ``then`` first, while the instance is still held (it resolves a future, or hands the batch to the
+        # scheduler). on_finish runs here, in the step that frees the instance: a future's callbacks run a
+        # step later, and a request arriving between the two may take the instance with try_acquire, which
+        # found the rate-limiter resources of the batch that just ended still held and took them twice
+        # (security finding "High 5"). After release, so that a waiter for a free instance is woken before
+        # the grants on_finish schedules (the limiter lets an instance with work re-take).
         try:
             then(result, error)
         except Exception:  # the instance must come back whatever happened: never a hang

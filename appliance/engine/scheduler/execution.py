@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from appliance.backends import Backend, BackendRequest
 from appliance.backends.base import BatchResult, RequestResult
+from appliance.engine.instances import resolving
 from appliance.engine.stats import BatchTiming
 
 if TYPE_CHECKING:
@@ -195,10 +196,8 @@ def dispatch(pool: InstancePool, index: int, requests: Sequence[BackendRequest],
     backend that runs them in another process starts them from here and is woken by its reply, with no
     instance thread in between; otherwise (or when it cannot now) the instance's thread runs them. The
     future resolves to what ``execute_batch`` (``execute_each``) returns."""
-    start, run = (start_each, execute_each) if each else (start_batch, execute_batch)
-    future = pool.begin(index, functools.partial(start, requests=requests))
-    if future is None:
-        future = pool.execute(index, functools.partial(run, requests=requests))
+    future = asyncio.get_running_loop().create_future()
+    run_batch(pool, index, requests, resolving(future), each)
     return future
 
 

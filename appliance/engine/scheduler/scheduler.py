@@ -342,7 +342,8 @@ class Scheduler:
         self._finish_batch(batch, queue_ns, outcome, None)
 
     def _batch_done(self, batch: list[Pending], queue_ns: list[int], result: Any, error: BaseException | None) -> None:
-        # The instance's resources went back already, as the pool freed it (InstancePool.start's on_finish).
+        # In the step that frees the instance, just before the pool releases it and gives its rate-limiter
+        # resources back (InstancePool._finish).
         self._in_flight -= len(batch)
         self._finish_batch(batch, queue_ns, None if error is not None else result, error)
 

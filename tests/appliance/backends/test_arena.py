@@ -9,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from appliance.backends.python.wire.arena import (
     ARENA_PREFIX,
@@ -120,3 +122,17 @@ def test_large_or_bytes_tensors_go_through_an_arena():
 def test_an_inline_descriptor_that_does_not_add_up_is_refused(descriptor):
     with pytest.raises(ValueError):
         read_tensor(None, descriptor, copy=False)
+
+
+@settings(max_examples=300, deadline=None)
+@given(datatype=st.sampled_from(["FP32", "INT8", "UINT64", "BOOL", "FP16", "BYTES", "NOPE"]),
+       shape=st.lists(st.integers(-3, 1 << 40), max_size=4).map(tuple),
+       raw=st.binary(max_size=64).map(bytearray))
+def test_any_inline_descriptor_reads_as_its_bytes_or_is_refused(datatype, shape, raw):
+    """Whatever a model process sends as an inline tensor: an array holding exactly its bytes, or a
+    ValueError; never an allocation its shape claims."""
+    try:
+        array = read_tensor(None, ("t", datatype, shape, -1, raw), copy=False)
+    except ValueError:
+        return
+    assert array.nbytes == len(raw) and array.shape == shape

@@ -188,10 +188,11 @@ def _checked_entries(decoupled: bool, requests: list, responses: Any, instance: 
     return entries
 
 
-def _pack_responses(responses: list, arena: Arena | None, model: str) -> tuple[list[wire.Entry], Arena | None, bool]:
+def _pack_responses(responses: list, arena: Arena | None,
+                    model: str) -> tuple[list[wire.Entry], Arena | None, dict | None]:
     """Every response's tensors, inline when small (``inline``), else written into the output arena (growing
     it): one entry per response, Produced or Errored; requests answered elsewhere (Sent, Rescheduled) keep
-    their marks. Also the output arena, and whether the entries are in it."""
+    their marks. Also the output arena, and its ``info()`` when the entries are in it (else None)."""
     tensors: list[list[tuple[str, Any]]] = []
     packed: list[Any] = []
     for response in responses:
@@ -226,7 +227,7 @@ def _pack_responses(responses: list, arena: Arena | None, model: str) -> tuple[l
             assert arena is not None
             descriptors, offset = arena.write(response_tensors, offset)
         packed[index] = wire.Produced(descriptors, response.parameters())
-    return packed, arena, carried is None
+    return packed, arena, arena.info() if carried is None and arena is not None else None
 
 
 class _Model:
@@ -322,8 +323,8 @@ def _execute(model: _Model, requests: list, rt: Runtime,
         return _failure(exc, model.failures), output
     if entries is None:
         return wire.Done(None, None), output
-    packed, output, in_arena = _pack_responses(entries, output, rt.model_name)
-    return wire.Done(output.info() if in_arena and output is not None else None, packed), output
+    packed, output, info = _pack_responses(entries, output, rt.model_name)
+    return wire.Done(info, packed), output
 
 
 def _execute_each(model: _Model, requests: list, rt: Runtime,
@@ -343,10 +344,10 @@ def _execute_each(model: _Model, requests: list, rt: Runtime,
             request.close_sender()
             failures[index] = _failure(exc, model.failures)
             entries.append(SENT)  # a mark _pack_responses passes through; replaced below
-    packed, output, in_arena = _pack_responses(entries, output, rt.model_name)
+    packed, output, info = _pack_responses(entries, output, rt.model_name)
     for index, failure in failures.items():
         packed[index] = failure
-    return wire.Done(output.info() if in_arena and output is not None else None, packed), output
+    return wire.Done(info, packed), output
 
 
 def serve(rt: Runtime, commands: Reading, model_file: Path) -> None:

@@ -138,6 +138,26 @@ class Channel:
 
     def next_frame(self) -> bytes | None:
         """The next whole frame ``fill`` has read, or None until more arrives."""
+        bounds = self._frame_bounds()
+        if bounds is None:
+            return None
+        start, end = bounds
+        held = self._held
+        self._taken = end
+        if end > _READ_BYTES:  # let go of what was taken (a frame larger than one read came in pieces)
+            frame = bytes(held[start:end])
+            del held[:end]
+            self._taken = 0
+            return frame
+        return bytes(held[start:end])
+
+    @property
+    def holds_frame(self) -> bool:
+        """Whether ``next_frame`` has a whole frame to give without reading."""
+        return self._frame_bounds() is not None
+
+    def _frame_bounds(self) -> tuple[int, int] | None:
+        """Where the next frame's bytes start and end in what was read, once all of them are in."""
         held, start = self._held, self._taken
         if len(held) - start < 4:
             return None
@@ -148,26 +168,7 @@ class Channel:
                 return None
             (size,) = _LARGE_SIZE.unpack_from(held, start)
             start += 8
-        if len(held) - start < size:
-            return None
-        self._taken = start + size
-        if self._taken > _READ_BYTES:  # let go of what was taken (a frame larger than one read came in pieces)
-            frame = bytes(held[start:self._taken])
-            del held[:self._taken]
-            self._taken = 0
-            return frame
-        return bytes(held[start:self._taken])
-
-    @property
-    def holds_frame(self) -> bool:
-        """Whether ``next_frame`` has a whole frame to give without reading."""
-        held, start = self._held, self._taken
-        if len(held) - start < 4:
-            return False
-        (size,) = _SIZE.unpack_from(held, start)
-        if size == -1:
-            return len(held) - start >= 12 and len(held) - start - 12 >= _LARGE_SIZE.unpack_from(held, start + 4)[0]
-        return len(held) - start - 4 >= size
+        return (start, start + size) if len(held) - start >= size else None
 
     def fileno(self) -> int:
         """The descriptor to wait on for the next frame."""
