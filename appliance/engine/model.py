@@ -24,6 +24,7 @@ from appliance.core.errors import (
 from appliance.core.tensors import v2_datatype
 from appliance.engine.classification import classify
 from appliance.engine.response_cache import OutputForms, ResponseStore
+from appliance.engine.scheduler import Scheduler
 from appliance.engine.signature import ModelSignature, input_reshapes
 from appliance.engine.stats import FailureReason, ModelStats, StepTiming
 from appliance.engine.streaming import RawResponse, ResponseChannel, ResponseStream, StreamLimits
@@ -102,6 +103,8 @@ class ModelVersion:
         self._users = 0  # requests holding this version (see in_use), so a retired version drains
         self._running = 0  # requests between validation and their result: the concurrency traffic records
         self._decoupled = bool(self.config.model_transaction_policy.decoupled)  # read twice per request
+        self._straight = (isinstance(self.scheduler, Scheduler) and self.response_cache is None
+                          and not self._decoupled)
         self.traffic = TrafficStats(self.signature.batched)
         """The shapes, batch sizes and concurrency of the requests this version served, when selection
         chose its plan (see appliance.repository.retune)."""
@@ -140,9 +143,70 @@ class ModelVersion:
     def start(self) -> None:
         self.scheduler.start()
 
+    @property
+    def straight(self) -> bool:
+        """Whether ``begin`` serves this version: a batching scheduler's, no response cache, not decoupled."""
+        return self._straight
+
     async def infer(self, request: InferRequest) -> InferResponse:
         """Validate, schedule and post-process one request; counts it in ``stats`` and ``traffic`` once
         it is valid."""
+        batch_size = self._accept(request)
+        start = time.perf_counter_ns()
+        try:
+            response = await self._run(request, batch_size)
+        except BaseException as exc:
+            self.stats.record_request(False, time.perf_counter_ns() - start, _failure_reason(exc))
+            raise
+        finally:
+            self._running -= 1
+        self.stats.record_request(True, time.perf_counter_ns() - start)
+        return response
+
+    def begin(self, request: InferRequest, then: Callable[[InferResponse | None, BaseException | None], None],
+              ) -> Callable[[], bool]:
+        """``infer`` without a task waiting, where ``straight``: queue the request (refusals raise here) and
+        call ``then(response, error)`` in the step that completes it; the result withdraws the request
+        (its client went away: ``then`` gets CancelledError, and True, unless it had its answer already)."""
+        batch_size = self._accept(request)
+        start = time.perf_counter_ns()
+
+        def finished(results: Any, error: BaseException | None) -> None:
+            self._running -= 1
+            if error is None:
+                try:
+                    response = self._response(request, results)
+                except Exception as exc:
+                    error = exc
+                else:
+                    self.stats.record_request(True, time.perf_counter_ns() - start)
+                    then(response, None)
+                    return
+            self.stats.record_request(False, time.perf_counter_ns() - start, _failure_reason(error))
+            then(None, error)
+
+        names = [o.name for o in request.outputs] if request.outputs else self._every_output_name
+        scheduler = self.scheduler
+        assert isinstance(scheduler, Scheduler)
+        try:
+            pending = scheduler.enqueue(self._runtime_inputs(request), names, batch_size, request.parameters,
+                                        finished, request.trace, request.id or "")
+        except BaseException as exc:
+            self._running -= 1
+            self.stats.record_request(False, time.perf_counter_ns() - start, _failure_reason(exc))
+            raise
+
+        def withdraw() -> bool:
+            if not scheduler.withdraw(pending):
+                return False
+            finished(None, asyncio.CancelledError())
+            return True
+
+        return withdraw
+
+    def _accept(self, request: InferRequest) -> int:
+        """A request this version takes, validated and counted as running (and in ``traffic``): its batch
+        size."""
         if self.decoupled:
             raise InvalidInput(
                 f"model '{self.name}' is decoupled (it may send any number of responses per request); call it "
@@ -154,16 +218,7 @@ class ModelVersion:
             # Counted from validation to the result, not while the response is written: one client
             # sending back to back is concurrency 1 however late the server finishes writing to it.
             self.traffic.record(((t.name, t.data.shape) for t in request.inputs), batch_size, self._running)
-        start = time.perf_counter_ns()
-        try:
-            response = await self._run(request, batch_size)
-        except BaseException as exc:
-            self.stats.record_request(False, time.perf_counter_ns() - start, _failure_reason(exc))
-            raise
-        finally:
-            self._running -= 1
-        self.stats.record_request(True, time.perf_counter_ns() - start)
-        return response
+        return batch_size
 
     def _runtime_inputs(self, request: InferRequest) -> dict[str, np.ndarray]:
         inputs = {t.name: t.data for t in request.inputs}
@@ -179,6 +234,9 @@ class ModelVersion:
             results = await self._cached(request, names, batch_size, self.response_cache)
         else:
             results = await self._submit(request, names, batch_size)
+        return self._response(request, results)
+
+    def _response(self, request: InferRequest, results: Mapping[str, np.ndarray]) -> InferResponse:
         # An output the model did not produce is left out of the response, as Triton does (a Python model
         # may answer with some of its outputs; an ensemble step may, and the ensemble passes that on).
         outputs = self._outputs(results, request.outputs)

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
@@ -23,13 +24,14 @@ from appliance.engine.model import ModelVersion
 from appliance.engine.streaming import Responses, StreamLimits
 from appliance.engine.tensor_checks import DecodeLimits
 from appliance.protocol.admission import AccessPolicy, Admission, Admitted, Caller
-from appliance.protocol.inference import NOT_SERVED, Inference, InferSource, OneInference
+from appliance.protocol.inference import NOT_SERVED, Flight, Inference, InferSource, OneInference, ReadySource
 from appliance.protocol.log_settings import LogSettings, LogValues
 from appliance.protocol.operations import Operation
 from appliance.protocol.repository_control import RepositoryControl
 from appliance.protocol.results import (
     Health,
     IndexEntry,
+    InferResult,
     ModelMetadata,
     RegionStatus,
     ServerMetadata,
@@ -276,6 +278,12 @@ class DataPlane:
         """``async with plane.infer(caller, source) as result``: encode ``result`` inside the block (the
         model stays held, the request's bytes counted). See ``appliance.protocol.inference``."""
         return self._inference.infer(caller, source, received_ns=received_ns, account=account)
+
+    def begin(self, caller: Caller, source: ReadySource, received_ns: int,
+              then: Callable[[Flight, InferResult | None, BaseException | None], None]) -> Flight | None:
+        """``infer`` without a task for a request whose bytes are in hand, where it applies (None: use
+        ``infer``). See ``Inference.begin``."""
+        return self._inference.begin(caller, source, received_ns, then)
 
     def infer_stream(self, caller: Caller, source: InferSource, *, received_ns: int | None = None,
                      account: Account | None = None) -> contextlib.AbstractAsyncContextManager[Responses]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol, TypeVar
@@ -32,7 +33,8 @@ from appliance.protocol.tracing import Trace, Tracer
 from appliance.repository.registry import ModelRegistry
 from appliance.security.budget import Account, MemoryBudget
 
-__all__ = ["DECODE_OFF_LOOP_BYTES", "Inference", "InferSource", "NOT_SERVED", "OneInference", "Target",
+__all__ = ["DECODE_OFF_LOOP_BYTES", "Flight", "Inference", "InferSource", "NOT_SERVED", "OneInference", "ReadySource",
+           "Target",
            "decode_off_loop", "join_releasing_gil", "tensor_work"]
 
 _COPY_CHUNK = 1 << 20
@@ -123,6 +125,19 @@ class InferSource(Protocol):
         only when a trace would use it."""
 
 
+class ReadySource(InferSource, Protocol):
+    """An ``InferSource`` whose request is all in hand: what ``Inference.begin`` takes, without a wait."""
+
+    def target_now(self) -> Target:
+        """The model the request names."""
+
+    def decoding_work(self) -> int:
+        """The bytes decoding would work through (``receive``'s answer), before anything is counted."""
+
+    def receive_now(self, account: Account) -> None:
+        """``receive``, with no wait: the request's bytes counted on ``account`` (and checked)."""
+
+
 def decoupled_refusal(source: InferSource, model: str) -> InvalidInput:
     return InvalidInput(f"{source.endpoint} doesn't support models with decoupled transaction policy; call model "
                         f"'{model}' through {source.streaming_alternative}")
@@ -143,6 +158,39 @@ class Inference:
         """A new account of the memory budget, for a transport that must count bytes it reads before the
         request reaches ``infer`` (a stream's requests, reserved when read)."""
         return self._budget.account()
+
+    def begin(self, caller: Caller, source: ReadySource, received_ns: int,
+              then: Callable[[Flight, InferResult | None, BaseException | None], None]) -> Flight | None:
+        """``infer`` as a straight line, for a request whose bytes are all in hand (``source``): look up,
+        hold, count, decode and queue it in this step, and call ``then(flight, result, error)`` in the step
+        that has its result; the caller encodes the result, then ends the flight (``Flight.end``). None
+        where the line does not apply (the model is not ready here and now, or is one ``begin`` does not
+        serve, or decoding is worker-thread work): ``infer`` then serves the request, nothing having been
+        taken. Refusals found in this step raise here; a request that needs to wait on something but its
+        model (shared memory) runs the rest as a task. A trace sampled here is written at ``end``."""
+        target = source.target_now()
+        try:
+            model = self._registry.get(target.model, target.version)
+        except (ModelNotFound, ModelNotReady):
+            return None
+        if not model.straight or source.decoding_work() > DECODE_OFF_LOOP_BYTES:
+            return None
+        flight = Flight(self, model.in_use(), self._budget.account(), then)
+        try:
+            flight.held.__enter__()
+            source.receive_now(flight.account)
+            request = self._decoded(model, source, caller, flight.account)
+            trace = request.trace = flight.trace = self._start_trace(model, source, received_ns)
+            if trace is None and not request.uses_shared_memory:
+                flight.withdraw = model.begin(request, functools.partial(flight.landed, request))
+            else:
+                task = asyncio.get_running_loop().create_task(self._run(model, request, caller, flight.account.reserve))
+                task.add_done_callback(functools.partial(flight.ran, request))
+                flight.withdraw = task.cancel
+        except BaseException:
+            flight.end()
+            raise
+        return flight
 
     def infer(self, caller: Caller, source: InferSource, *, received_ns: int | None = None,
               account: Account | None = None) -> OneInference:
@@ -232,8 +280,13 @@ class Inference:
     async def _decode(self, model: ModelVersion, source: InferSource, caller: Caller,
                       account: Account) -> InferRequest:
         work = await source.receive(account)
+        return await decode_off_loop(work, self._decoded, model, source, caller, account)
+
+    def _decoded(self, model: ModelVersion, source: InferSource, caller: Caller, account: Account) -> InferRequest:
+        """The request ``source`` has received, decoded (Triton's words for a mismatch) and checked for what
+        it may ask of shared memory."""
         try:
-            request = await decode_off_loop(work, source.decode, model, self._limits, account.reserve)
+            request = source.decode(model, self._limits, account.reserve)
         except InputMismatch as mismatch:  # in Triton's words, now that the model is known
             raise mismatch.finish(model.name) from None
         if request.uses_shared_memory:
@@ -346,14 +399,72 @@ class OneInference:
         self._end(sent)
 
     def _end(self, sent: tuple[str, int, int] | None) -> None:
+        assert self._account is not None
+        release(self._inference, self._trace, self._held, self._account, sent)
+
+
+class Flight:
+    """One request on ``Inference.begin``'s straight line: what it holds (its model version, its account
+    of the memory budget, its trace), how to withdraw it, and ``then``, told its result. ``end`` lets
+    everything go, once: after the answer is encoded, or at once on an error."""
+
+    __slots__ = ("_inference", "held", "account", "trace", "withdraw", "_then", "_sending", "_ended")
+
+    def __init__(self, inference: Inference, held: contextlib.AbstractContextManager[ModelVersion],
+                 account: Account,
+                 then: Callable[[Flight, InferResult | None, BaseException | None], None]) -> None:
+        self._inference = inference
+        self.held = held
+        self.account = account
+        self.trace: Trace | None = None
+        self.withdraw: Callable[[], object] | None = None
+        """Takes the request back (its client went away): ``then`` gets CancelledError, unless it had its
+        result already."""
+        self._then = then
+        self._sending = 0
+        self._ended = False
+
+    def landed(self, request: InferRequest, response: InferResponse | None, error: BaseException | None) -> None:
+        """The model's answer (``ModelVersion.begin``'s ``then``)."""
+        self.withdraw = None
+        if self.trace is not None and error is None:
+            self._sending = time.monotonic_ns()
+        self._then(self, InferResult(request, response) if response is not None else None, error)
+
+    def ran(self, request: InferRequest, task: asyncio.Task) -> None:
+        """The answer of a request whose run was a task."""
+        error = asyncio.CancelledError() if task.cancelled() else task.exception()
+        self.landed(request, None if error is not None else task.result(), error)
+
+    def cancel(self) -> None:
+        """Take the request back, wherever it is (its client went away): see ``withdraw``."""
+        withdraw, self.withdraw = self.withdraw, None
+        if withdraw is not None:
+            withdraw()
+
+    def end(self, sent: tuple[str, int, int] | None = None) -> None:
+        """Let the model version, the account and the trace go (``sent``: the front end's name and the
+        marks around writing the answer, for the trace)."""
+        if self._ended:
+            return
+        self._ended = True
+        release(self._inference, self.trace, self.held, self.account, sent)
+
+    def sent(self, frontend: str) -> tuple[str, int, int] | None:
+        """The marks around the answer for ``end``, where the request is traced."""
+        return (frontend, self._sending, time.monotonic_ns()) if self.trace is not None else None
+
+
+def release(inference: Inference, trace: Trace | None, held: contextlib.AbstractContextManager[ModelVersion] | None,
+            account: Account, sent: tuple[str, int, int] | None) -> None:
+    """What a request held, let go: its trace written, its model version and its account released."""
+    try:
+        if trace is not None:
+            assert inference._tracer is not None
+            inference._tracer.finish(trace, sent)
+    finally:
         try:
-            if self._trace is not None:
-                assert self._inference._tracer is not None
-                self._inference._tracer.finish(self._trace, sent)
+            if held is not None:
+                held.__exit__(None, None, None)
         finally:
-            try:
-                if self._held is not None:
-                    self._held.__exit__(None, None, None)
-            finally:
-                assert self._account is not None
-                self._account.close()
+            account.close()

@@ -4,6 +4,7 @@ the body from aiohttp's stream, and the infer lane (``appliance.rest.lane``), wh
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Awaitable, Callable, Mapping
 
@@ -15,8 +16,9 @@ from appliance.protocol.inference import Target
 from appliance.rest.codec import decode_infer_request, decode_raw_request
 from appliance.rest.http_basics import HEADER_LENGTH
 from appliance.security.budget import Account
+from appliance.security.fleet_signature import FleetVerifier
 
-__all__ = ["InferBody"]
+__all__ = ["InferBody", "count_body"]
 
 _DIGITS = re.compile(r"[0-9]{1,15}")  # ASCII only: str.isdigit() also takes '²'
 
@@ -54,28 +56,49 @@ def _decoding_work(body: bytes, header_length: int | None) -> int:
     return header_length
 
 
+def count_body(body: bytes, account: Account, signed: str | None) -> None:
+    """A body as read: counted on the request's account, and a signed request's digest checked."""
+    account.reserve(len(body))
+    if signed is not None:
+        FleetVerifier.check_body(signed, hashlib.sha256(body).hexdigest())
+
+
 class InferBody:
     """One infer request: ``target`` names the model (it may raise: a malformed path is answered after
     admission), ``header_length`` is the Inference-Header-Content-Length header as sent, ``read`` reads
-    the whole body, counted on the account it is given."""
+    the whole body, counted on the account it is given. ``InferBody.ready`` makes one whose body is in
+    hand (``ReadySource``, for ``Inference.begin``)."""
 
     endpoint = "HTTP end point"
     frontend = "HTTP"
     streaming_alternative = ("POST .../generate_stream (or gRPC ModelStreamInfer), which returns all its "
                              "responses")
 
-    __slots__ = ("_target", "_raw_header_length", "_read", "_body", "_header_length", "_headers")
+    __slots__ = ("_target", "_raw_header_length", "_read", "_body", "_header_length", "_headers", "_signed")
 
     def __init__(self, target: Callable[[], Target], header_length: str | None,
-                 read: Callable[[Account], Awaitable[bytes]], headers: Mapping[str, str] | None = None) -> None:
+                 read: Callable[[Account], Awaitable[bytes]] | None, headers: Mapping[str, str] | None = None) -> None:
         self._headers = headers
         self._target = target
         self._raw_header_length = header_length
         self._read = read
         self._body = b""
         self._header_length: int | None = None
+        self._signed: str | None = None
+
+    @classmethod
+    def ready(cls, target: Callable[[], Target], header_length: str | None, body: bytes, signed: str | None,
+              headers: Mapping[str, str]) -> InferBody:
+        """A request whose body is in hand; ``signed``: the digest a signed request's body must have."""
+        source = cls(target, header_length, None, headers)
+        source._body = body
+        source._signed = signed
+        return source
 
     async def target(self, account: Account) -> Target:
+        return self._target()
+
+    def target_now(self) -> Target:
         return self._target()
 
     def traceparent(self) -> str | None:
@@ -83,8 +106,18 @@ class InferBody:
 
     async def receive(self, account: Account) -> int:
         self._header_length = _header_length(self._raw_header_length)
-        self._body = await self._read(account)
+        if self._read is None:
+            count_body(self._body, account, self._signed)
+        else:
+            self._body = await self._read(account)
         return _decoding_work(self._body, self._header_length)
+
+    def decoding_work(self) -> int:
+        self._header_length = _header_length(self._raw_header_length)
+        return _decoding_work(self._body, self._header_length)
+
+    def receive_now(self, account: Account) -> None:
+        count_body(self._body, account, self._signed)
 
     def decode(self, model: ModelVersion, limits: DecodeLimits, reserve: Callable[[int], None]) -> InferRequest:
         if self._header_length == 0:

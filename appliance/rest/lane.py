@@ -42,20 +42,23 @@ deadline as aiohttp's connections do.
 
 from __future__ import annotations
 
-import hashlib
+import asyncio
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from appliance.core.errors import ApplianceError
+from appliance.core.errors import ApplianceError, InferenceFailed
+from appliance.protocol.admission import Admitted, Caller
 from appliance.protocol.dataplane import DataPlane
-from appliance.protocol.inference import Target
+from appliance.protocol.inference import DECODE_OFF_LOOP_BYTES, Flight, Target
 from appliance.protocol.operations import Operation
+from appliance.protocol.results import InferResult
 from appliance.rest.browser import check_host
-from appliance.rest.codec import encode_answer
+from appliance.rest.codec import encode_answer, encode_infer_response, encoding_work
 from appliance.rest.http_basics import HEADER_LENGTH
-from appliance.rest.infer_body import InferBody
-from appliance.rest.lane_connection import LaneConnection, LaneConnections
+from appliance.rest.infer_body import InferBody, count_body
+from appliance.rest.lane_connection import LaneConnection, LaneConnections, Running
 from appliance.rest.lane_wire import (
     LaneHead,
     empty_answer,
@@ -69,7 +72,6 @@ from appliance.rest.reads import answer_read
 from appliance.rest.rest_config import RestConfig
 from appliance.rest.security import http_caller
 from appliance.security.budget import Account
-from appliance.security.fleet_signature import FleetVerifier
 
 __all__ = ["InferLane", "LaneConnection"]
 
@@ -89,44 +91,102 @@ class _Received:
 
     async def read(self, account: Account) -> bytes:
         body = await self._collect()
-        account.reserve(len(body))
-        if self._signed is not None:
-            FleetVerifier.check_body(self._signed, hashlib.sha256(body).hexdigest())
+        count_body(body, account, self._signed)
         return body
+
+
+Answered = Callable[[list[bytes], bool], None]
+"""Given a lane request's answer, and whether the connection must close after it."""
 
 
 class InferLane(LaneConnections):
     """The lane of one HTTP port: answers lane requests through ``dataplane`` and keeps its connections
-    (``protocol`` makes one per accepted socket)."""
+    (``protocol`` makes one per accepted socket). A request whose body came with its head is served on
+    the data plane's straight line (``serve``: no task, its answer written by the step that has its
+    result); one whose body is still coming, by a task (``answer``)."""
 
     def __init__(self, dataplane: DataPlane, config: RestConfig, header_timeout: float) -> None:
         super().__init__(header_timeout, config.body.read_timeout, config.body.max_bytes)
         self._dataplane = dataplane
         self._config = config
 
+    def _admit(self, head: LaneHead, peer: str | None, local: str | None) -> tuple[Caller, Admitted, str | None]:
+        """The Host and browser rules, the caller, and its admission (entered: the caller exits it)."""
+        headers = head.headers
+        check_host(headers, self._config.hosts)
+        who = http_caller(headers, peer, local, (head.method, head.target), self._config.trusted_proxies)
+        admitted = self._dataplane.admit(head.operation, who)
+        return who, admitted, admitted.__enter__()
+
     async def answer(self, head: LaneHead, body: Callable[[], Awaitable[bytes]], peer: str | None,
                      local: str | None) -> tuple[list[bytes], bool]:
         """The answer to one lane request whose head is in (``body`` waits for its body; it is admitted
         first), and whether the connection must close after it."""
         received_ns = time.monotonic_ns()  # the trace's REQUEST_START
-        config = self._config
-        headers = head.headers
         try:
-            check_host(headers, config.hosts)
-            who = http_caller(headers, peer, local, (head.method, head.target), config.trusted_proxies)
-            with self._dataplane.admit(head.operation, who) as signed:
-                if head.operation is not Operation.INFER:
-                    return self._read(head), False
-                source = InferBody(lambda: Target(head.model, head.version), headers.get(HEADER_LENGTH),
-                                   _Received(body, signed).read, headers)
-                async with self._dataplane.infer(who, source, received_ns=received_ns) as result:
-                    payload, json_length = await encode_answer(result.response, result.request)
-        except ApplianceError as exc:
-            return error_answer(exc)
+            who, admitted, signed = self._admit(head, peer, local)
         except Exception as exc:
-            log.exception("unhandled error serving %s %s", head.method, head.target)
-            return internal_error(exc), False
+            return self._refusal(head, exc)
+        try:
+            if head.operation is not Operation.INFER:
+                return self._read(head), False
+            source = InferBody(lambda: Target(head.model, head.version), head.headers.get(HEADER_LENGTH),
+                               _Received(body, signed).read, head.headers)
+            return await self._infer(head, who, source, received_ns)
+        except Exception as exc:
+            return self._refusal(head, exc)
+        finally:
+            admitted.__exit__(None, None, None)
+
+    def serve(self, head: LaneHead, body: bytes, peer: str | None, local: str | None, running: Running,
+              answered: Answered) -> None:
+        """Answer one lane request whose body is in hand: ``answered`` gets the answer, in this step where
+        it is at hand (refusals, reads), else in the step that has the model's result; ``running`` is the
+        request in progress (cancelling it takes the request back; ``answered`` is not called then)."""
+        received_ns = time.monotonic_ns()
+        try:
+            who, admitted, signed = self._admit(head, peer, local)
+        except Exception as exc:
+            answered(*self._refusal(head, exc))
+            return
+        try:
+            if head.operation is not Operation.INFER:
+                reply = self._read(head)
+            else:
+                source = InferBody.ready(lambda: Target(head.model, head.version), head.headers.get(HEADER_LENGTH),
+                                         body, signed, head.headers)
+                straight = _Straight(self, head, admitted, answered)
+                flight = self._dataplane.begin(who, source, received_ns, straight.landed)
+                if flight is None:  # not the straight line's: served as a request whose body is still coming is
+                    task = asyncio.get_running_loop().create_task(self._infer(head, who, source, received_ns))
+                    task.add_done_callback(straight.awaited)
+                    running.withdraw = task.cancel
+                else:
+                    running.withdraw = flight.cancel
+                return
+        except Exception as exc:
+            reply, close = self._refusal(head, exc)
+        else:
+            close = False
+        admitted.__exit__(None, None, None)
+        answered(reply, close)
+
+    async def _infer(self, head: LaneHead, who: Caller, source: InferBody, received_ns: int) -> tuple[list[bytes], bool]:
+        """The answer to an admitted infer request, on the awaited path."""
+        try:
+            async with self._dataplane.infer(who, source, received_ns=received_ns) as result:
+                payload, json_length = await encode_answer(result.response, result.request)
+        except Exception as exc:
+            return self._refusal(head, exc)
         return infer_answer(payload, json_length), False
+
+    def _refusal(self, head: LaneHead, exc: Exception) -> tuple[list[bytes], bool]:
+        """The answer to a request that raised ``exc``: the appliance's errors as they say, anything else a
+        500 (logged)."""
+        if isinstance(exc, ApplianceError):
+            return error_answer(exc)
+        log.error("unhandled error serving %s %s", head.method, head.target, exc_info=exc)
+        return internal_error(exc), False
 
     def _read(self, head: LaneHead) -> list[bytes]:
         """The answer to a read, as aiohttp's handler for its route answers it (appliance.rest.reads)."""
@@ -134,3 +194,60 @@ class InferLane(LaneConnections):
         if error is not None:
             return error_response(status, error)
         return empty_answer(status) if body is None else json_answer(body)
+
+
+class _Straight:
+    """One infer request on the straight line, from its model's result to its answer: encoded in the step
+    that has the result (on a worker thread when it is large), what it held let go, ``answered`` told."""
+
+    __slots__ = ("_lane", "_head", "_admitted", "_answered")
+
+    def __init__(self, lane: InferLane, head: LaneHead, admitted: Admitted, answered: Answered) -> None:
+        self._lane = lane
+        self._head = head
+        self._admitted = admitted
+        self._answered = answered
+
+    def landed(self, flight: Flight, result: InferResult | None, error: BaseException | None) -> None:
+        """``Inference.begin``'s ``then``."""
+        if error is None:
+            assert result is not None
+            try:
+                work = encoding_work(result.response, result.request)
+                if work > DECODE_OFF_LOOP_BYTES:
+                    encoding = asyncio.get_running_loop().create_task(encode_answer(result.response, result.request))
+                    encoding.add_done_callback(functools.partial(self._encoded, flight))
+                    flight.withdraw = encoding.cancel
+                    return
+                answer = infer_answer(*encode_infer_response(result.response, result.request)), False
+            except Exception as exc:
+                answer = self._lane._refusal(self._head, exc)
+            self._finish(flight, answer, flight.sent(InferBody.frontend))
+            return
+        self._finish(flight, None if isinstance(error, asyncio.CancelledError) else self._lane._refusal(
+            self._head, error if isinstance(error, Exception) else InferenceFailed(repr(error))), None)
+
+    def _encoded(self, flight: Flight, encoding: asyncio.Task) -> None:
+        if encoding.cancelled():
+            self._finish(flight, None, None)
+            return
+        error = encoding.exception()
+        answer = (self._lane._refusal(self._head, error) if isinstance(error, Exception)
+                  else (infer_answer(*encoding.result()), False))
+        self._finish(flight, answer, flight.sent(InferBody.frontend))
+
+    def awaited(self, task: asyncio.Task) -> None:
+        """The answer of a request ``begin`` did not take, served by a task."""
+        self._admitted.__exit__(None, None, None)
+        if not task.cancelled():
+            self._answered(*task.result())
+
+    def _finish(self, flight: Flight, answer: tuple[list[bytes], bool] | None,
+                sent: tuple[str, int, int] | None) -> None:
+        """Let go of what the request held; then the answer, unless it was withdrawn."""
+        try:
+            flight.end(sent)
+        finally:
+            self._admitted.__exit__(None, None, None)
+        if answer is not None:
+            self._answered(*answer)

@@ -17,12 +17,27 @@ from appliance.rest.http_basics import body_timeout, transport_address
 from appliance.rest.lane_head import LANE_HEAD_BYTES, HeadReader, HeadRefused
 from appliance.rest.lane_wire import LANE_BODY_BYTES, LaneHead, closing, error_response, lane_request
 
-__all__ = ["LaneConnection", "LaneConnections"]
+__all__ = ["LaneConnection", "LaneConnections", "Running"]
 
 log = logging.getLogger(__name__)
 
 _PAUSE_BYTES = LANE_HEAD_BYTES + LANE_BODY_BYTES  # pipelined bytes held while a request runs
 _LINGER = 1.0  # after refusing a head: how long what the client still sends is read and dropped
+
+
+class Running(asyncio.Future):
+    """A request the lane serves without a task (``LaneConnections.serve``), in progress: done once it is
+    answered; cancelling it (the client went away, the stop deadline passed) takes the request back."""
+
+    withdraw: Callable[[], object] | None = None
+
+    def cancel(self, msg: object = None) -> bool:
+        if self.done():
+            return False
+        withdraw, self.withdraw = self.withdraw, None
+        if withdraw is not None:
+            withdraw()
+        return super().cancel(msg)
 
 
 class LaneConnections:
@@ -46,6 +61,12 @@ class LaneConnections:
         connection must close after it."""
         raise NotImplementedError
 
+    def serve(self, head: LaneHead, body: bytes, peer: str | None, local: str | None, running: Running,
+              answered: Callable[[list[bytes], bool], None]) -> None:
+        """``answer`` for a request whose body is in hand, without a task: ``answered(reply, close)`` once
+        the answer is ready (in this step or a later one); ``running`` stands for it meanwhile."""
+        raise NotImplementedError
+
     async def stop(self, deadline: float) -> None:
         """Close idle connections, give requests in progress until ``deadline`` (``time.monotonic()``),
         then cancel what is left; connections close after their answer."""
@@ -67,7 +88,7 @@ class LaneConnection(asyncio.Protocol):
 
     __slots__ = ("_lane", "_fallback", "_loop", "_transport", "_handed", "_buffer", "running", "_peer", "_local",
                  "_deadline", "_timer", "_reading_paused", "_drained", "_wanted", "_body", "_arrived", "_skip",
-                 "_reader", "_refused")
+                 "_reader", "_refused", "_advancing")
 
     def __init__(self, lane: LaneConnections, fallback: Callable[[], asyncio.Protocol]) -> None:
         self._lane = lane
@@ -90,6 +111,7 @@ class LaneConnection(asyncio.Protocol):
         self._skip = 0  # bytes of an answered request's body still to come, dropped
         self._reader: HeadReader | None = None  # the next request's head, while it comes in
         self._refused = False  # a head broke a rule: answered, and nothing more is taken
+        self._advancing = False  # in _advance: an answer given within it leaves the next request to it
 
     @property
     def buffered(self) -> int:
@@ -162,8 +184,21 @@ class LaneConnection(asyncio.Protocol):
             self._transport.close()
 
     def _advance(self) -> None:
-        """Read the next request's head as it comes; start the request once it is in, hand over at a
-        request the lane does not take, refuse a head that breaks a rule."""
+        """Take the requests that have come in, one at a time: read the next one's head as it comes; start
+        the request once it is in, hand over at a request the lane does not take, refuse a head that
+        breaks a rule. A request answered at once (refused, a read, an error) lets the next one start in
+        this loop rather than deeper in the stack."""
+        if self._advancing:
+            return
+        self._advancing = True
+        try:
+            while self.running is None and self._buffer and self._start_next():
+                pass
+        finally:
+            self._advancing = False
+
+    def _start_next(self) -> bool:
+        """Start the next request, if its head is in; whether the connection is still the lane's to read."""
         reader = self._reader
         if reader is None:
             reader = self._reader = HeadReader()
@@ -172,25 +207,32 @@ class LaneConnection(asyncio.Protocol):
             end = reader.feed(buffer)
         except HeadRefused as refusal:
             self._refuse(refusal)
-            return
+            return False
         if not end:
-            return
+            return False
         self._reader = None
-        head = lane_request(reader, self._lane.max_body)
+        lane = self._lane
+        head = lane_request(reader, lane.max_body)
         if head is None:
             if reader.chunked_with_length:  # never the lane's (it is chunked): aiohttp reads it as RFC 9112 says
                 buffer[:end] = reader.normalised(bytes(buffer[:end]))
             self._hand_over()
-            return
+            return False
         del buffer[:end]
-        self._wanted = head.length
-        self.running = self._loop.create_task(self._serve(head))
-        if len(buffer) >= head.length:
-            self._deliver()
+        length = head.length
+        if len(buffer) >= length:  # the body came with its head: the straight line
+            body = bytes(buffer[:length])
+            del buffer[:length]
+            running = self.running = Running(loop=self._loop)
+            lane.serve(head, body, self._peer, self._local, running,
+                       lambda reply, close: self._answered(running, head, reply, close))
         else:
-            self._arm(self._loop.time() + self._lane.body_timeout)
+            self._wanted = length
+            self.running = self._loop.create_task(self._serve(head))
+            self._arm(self._loop.time() + lane.body_timeout)
         if not self._reading_paused and len(buffer) > _PAUSE_BYTES:
             self._pause_reading()
+        return True
 
     def _deliver(self) -> None:
         """The running request's body is complete."""
@@ -212,6 +254,7 @@ class LaneConnection(asyncio.Protocol):
         return await self._arrived
 
     async def _serve(self, head: LaneHead) -> None:
+        """A request whose body is still coming: served by a task, which waits for it."""
         lane = self._lane
         reply, close = await lane.answer(head, self._read_body, self._peer, self._local)
         if self._wanted:  # answered before its body was in (refused, unknown model): drop the rest of it
@@ -224,10 +267,31 @@ class LaneConnection(asyncio.Protocol):
                 self._arrived.exception()  # retrieved: a timeout nobody waited for is no error to log
             self._arrived.cancel()
             self._arrived = None
+        if not self._write(head, reply, close):
+            return
+        if self._drained is not None:
+            await self._drained
+        self._next()
+
+    def _answered(self, running: Running, head: LaneHead, reply: list[bytes], close: bool) -> None:
+        """A request served without a task has its answer."""
+        if running.done():  # withdrawn (its connection went, or the stop cut it)
+            return
+        running.set_result(None)
+        if not self._write(head, reply, close):
+            return
+        drained = self._drained
+        if drained is not None and not drained.done():
+            drained.add_done_callback(lambda _: self._next())
+        else:
+            self._next()
+
+    def _write(self, head: LaneHead, reply: list[bytes], close: bool) -> bool:
+        """Write a request's answer; whether the connection goes on (False: it is closing)."""
         transport = self._transport
         if transport is None or transport.is_closing():
-            return
-        close = close or head.close or lane.stopping
+            return False
+        close = close or head.close or self._lane.stopping
         if close:
             reply = closing(reply)
         if len(reply) == 1:
@@ -236,10 +300,16 @@ class LaneConnection(asyncio.Protocol):
             transport.writelines(reply)
         if close:
             transport.close()
+            return False
+        return True
+
+    def _next(self) -> None:
+        """After an answer (once the client has taken it, where writing paused): the wait for the next head
+        starts, reading resumes, and a request already in goes on."""
+        transport = self._transport
+        if transport is None or transport.is_closing():
             return
-        if self._drained is not None:
-            await self._drained
-        self._deadline = self._loop.time() + lane.header_timeout
+        self._deadline = self._loop.time() + self._lane.header_timeout
         self.running = None
         if self._reading_paused and len(self._buffer) <= _PAUSE_BYTES:  # else the next request drains first
             self._reading_paused = False

@@ -6,6 +6,7 @@ request gets its batch's COMPUTE_* marks."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
@@ -16,12 +17,16 @@ if TYPE_CHECKING:
 
 __all__ = ["Answers", "Waiting", "answer_later", "mark_compute"]
 
+log = logging.getLogger(__name__)
+
 
 class Waiting(Protocol):
     """A queued request as the batchers keep it: the future its client awaits."""
 
     future: asyncio.Future
     completed: bool
+    then: Callable[[Any, BaseException | None], None] | None
+    """Given the answer instead of ``future``, where set (``future`` then gets None, to mark it done)."""
 
 
 W = TypeVar("W", bound=Waiting)
@@ -51,7 +56,15 @@ class Answers(Generic[W]):
 
 
 def _resolve(request: Waiting, result: Any, error: BaseException | None) -> None:
-    if request.future.done():  # the client went away (its waiter was cancelled)
+    if request.future.done():  # the client went away (its waiter was cancelled, or it was withdrawn)
+        return
+    then = request.then
+    if then is not None:
+        request.future.set_result(None)
+        try:
+            then(result, error)
+        except Exception:  # one answer's fault must not keep the rest of its batch from theirs
+            log.exception("answering a request failed")
         return
     if error is not None:
         request.future.set_exception(error)

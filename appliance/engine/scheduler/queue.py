@@ -49,6 +49,9 @@ class Pending:
     arrival_ns: int = dataclasses.field(default_factory=time.monotonic_ns)
     """For the statistics' queue time: ``arrival`` is the loop's clock, which uvloop advances once per
     iteration (a request dispatched in the iteration it came in would count 0 ns queued)."""
+    then: Callable[[object, BaseException | None], None] | None = None
+    """Called with the request's outputs or error in the step that completes it (``Scheduler.enqueue``),
+    instead of ``future`` getting them; ``future`` then only marks it done (or withdrawn)."""
 
 
 class RequestQueue:

@@ -115,6 +115,60 @@ class Scheduler:
         decoupled model, ``sink`` receives the responses and this returns once the backend's
         ``run_requests`` has (the instance is free again while responses may still follow);
         ``cancelled`` is the request's cancellation probe."""
+        flushing = not self._flush_scheduled
+        pending = self._queued(inputs, outputs, batch_size, parameters, trace, timing, request_id, sink, cancelled,
+                               None)
+        if flushing:
+            self._flush_scheduled = True
+            try:
+                if self.policy.dynamic:
+                    # Dispatch one loop iteration later, once every request that arrived in this
+                    # iteration has queued: requests that arrive together are batched together.
+                    await asyncio.sleep(0)
+            except BaseException:  # cancelled meanwhile (its client went away): it never executes
+                self.withdraw(pending)
+                raise
+            finally:  # even if this request was cancelled meanwhile: the others must not wait
+                if self._flush_scheduled:
+                    # Here rather than in a callback of its own: an inline batch has completed this
+                    # request when it returns, so it answers without another loop iteration.
+                    self._flush()
+        try:
+            return await pending.future
+        except asyncio.CancelledError:
+            # A client that went away while queued (cancelling this task cancels the future it awaits):
+            # the request never executes.
+            if pending.future.cancelled() and self._queue.remove(pending):
+                self._complete(pending, None, None)
+            raise
+
+    def enqueue(self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str], batch_size: int,
+                parameters: Mapping[str, Any], then: Callable[[Any, BaseException | None], None],
+                trace: Trace | None = None, request_id: str = "") -> Pending:
+        """``submit`` without a task waiting: queue one validated request; ``then(outputs, error)`` is
+        called in the step that completes it (the straight line of appliance.protocol.inference). The
+        queue is dispatched once the loop has run what this step of it received, so that requests that
+        arrive together go to a model process in one hand-off. ``withdraw`` takes the request back."""
+        pending = self._queued(inputs, outputs, batch_size, parameters, trace, None, request_id, None, None, then)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush_if_scheduled)  # type: ignore[union-attr]
+        return pending
+
+    def withdraw(self, pending: Pending) -> bool:
+        """Its client went away: a queued request never executes, a running one reads as cancelled to its
+        model, and neither is answered; True unless it had its answer already."""
+        if not pending.future.cancel():
+            return False
+        if self._queue.remove(pending):
+            self._complete(pending, None, None)
+        return True
+
+    def _queued(self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str], batch_size: int,
+                parameters: Mapping[str, Any], trace: Trace | None, timing: StepTiming | None, request_id: str,
+                sink: ResponseSink | None, cancelled: Callable[[], bool] | None,
+                then: Callable[[Any, BaseException | None], None] | None) -> Pending:
+        """A new request in the queue, refused (Unavailable) while unloading or when its level is full."""
         assert self._loop is not None, "Scheduler.start() was not called"
         if self._closing:
             raise Unavailable(f"model {self.label} is unloading", retry_after=1)
@@ -133,37 +187,14 @@ class Scheduler:
         pending = Pending(
             inputs, tuple(outputs), batch_size, key, loop.create_future(), loop.time(), level, next(self._seq),
             parameters, trace=trace, timing=timing, request_id=request_id, sink=sink, cancelled=cancelled,
+            then=then,
         )
         if trace is not None:
             trace.mark("QUEUE_START")
         self._queue.push(pending)
         if timeout > 0:
             pending.timer = loop.call_at(pending.arrival + timeout, self._expire, pending, timeout)
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            try:
-                if policy.dynamic:
-                    # Dispatch one loop iteration later, once every request that arrived in this
-                    # iteration has queued: requests that arrive together are batched together.
-                    await asyncio.sleep(0)
-            except BaseException:  # cancelled meanwhile (its client went away): it never executes
-                pending.future.cancel()
-                if self._queue.remove(pending):
-                    self._complete(pending, None, None)
-                raise
-            finally:  # even if this request was cancelled meanwhile: the others must not wait
-                if self._flush_scheduled:
-                    # Here rather than in a callback of its own: an inline batch has completed this
-                    # request when it returns, so it answers without another loop iteration.
-                    self._flush()
-        try:
-            return await pending.future
-        except asyncio.CancelledError:
-            # A client that went away while queued (cancelling this task cancels the future it awaits):
-            # the request never executes.
-            if pending.future.cancelled() and self._queue.remove(pending):
-                self._complete(pending, None, None)
-            raise
+        return pending
 
     def _expire(self, pending: Pending, timeout: float) -> None:
         pending.timer = None
@@ -179,6 +210,10 @@ class Scheduler:
         )
 
     # -- the batcher -------------------------------------------------------------------------
+
+    def _flush_if_scheduled(self) -> None:
+        if self._flush_scheduled:  # (a submit's own flush may have come first)
+            self._flush()
 
     def _flush(self) -> None:
         """Dispatch every batch that is ready to free instances, without waiting for anything."""

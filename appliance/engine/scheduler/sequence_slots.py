@@ -51,6 +51,8 @@ class SequenceRequest:
     """The model released it with RESCHEDULE (an iterative sequence): it is queued to run again."""
     arrival_ns: int = dataclasses.field(default_factory=time.monotonic_ns)
     """For the statistics' queue time (``arrival`` is the loop's clock: see queue.Pending)."""
+    then: None = None
+    """Always None: a sequence's requests are awaited (see queue.Pending.then)."""
 
 
 @dataclasses.dataclass(eq=False, slots=True)
