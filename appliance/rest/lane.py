@@ -171,7 +171,8 @@ class InferLane(LaneConnections):
         admitted.__exit__(None, None, None)
         answered(reply, close)
 
-    async def _infer(self, head: LaneHead, who: Caller, source: InferBody, received_ns: int) -> tuple[list[bytes], bool]:
+    async def _infer(self, head: LaneHead, who: Caller, source: InferBody,
+                     received_ns: int) -> tuple[list[bytes], bool]:
         """The answer to an admitted infer request, on the awaited path."""
         try:
             async with self._dataplane.infer(who, source, received_ns=received_ns) as result:

@@ -97,7 +97,7 @@ class LaneConnection(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._handed: asyncio.Protocol | None = None
         self._buffer = bytearray()
-        self.running: asyncio.Task | None = None
+        self.running: asyncio.Future | None = None
         """The request being served, if any."""
         self._peer: str | None = None
         self._local: str | None = None

@@ -13,7 +13,7 @@ import dataclasses
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -51,7 +51,7 @@ class SequenceRequest:
     """The model released it with RESCHEDULE (an iterative sequence): it is queued to run again."""
     arrival_ns: int = dataclasses.field(default_factory=time.monotonic_ns)
     """For the statistics' queue time (``arrival`` is the loop's clock: see queue.Pending)."""
-    then: None = None
+    then: Callable[[Any, BaseException | None], None] | None = None
     """Always None: a sequence's requests are awaited (see queue.Pending.then)."""
 
 
