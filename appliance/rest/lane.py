@@ -111,10 +111,15 @@ class InferLane(LaneConnections):
         self._config = config
 
     def _admit(self, head: LaneHead, peer: str | None, local: str | None) -> tuple[Caller, Admitted, str | None]:
-        """The Host and browser rules, the caller, and its admission (entered: the caller exits it)."""
-        headers = head.headers
-        check_host(headers, self._config.hosts)
-        who = http_caller(headers, peer, local, (head.method, head.target), self._config.trusted_proxies)
+        """The Host and browser rules, the caller, and its admission (entered: the caller exits it). The
+        first two depend on the head and the connection alone: a head the connection sends again keeps
+        them (``LaneHead.caller``); admission is asked every time."""
+        who = head.caller
+        if who is None:
+            headers = head.headers
+            check_host(headers, self._config.hosts)
+            who = head.caller = http_caller(headers, peer, local, (head.method, head.target),
+                                            self._config.trusted_proxies)
         admitted = self._dataplane.admit(head.operation, who)
         return who, admitted, admitted.__enter__()
 

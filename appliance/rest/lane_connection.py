@@ -88,7 +88,7 @@ class LaneConnection(asyncio.Protocol):
 
     __slots__ = ("_lane", "_fallback", "_loop", "_transport", "_handed", "_buffer", "running", "_peer", "_local",
                  "_deadline", "_timer", "_reading_paused", "_drained", "_wanted", "_body", "_arrived", "_skip",
-                 "_reader", "_refused", "_advancing")
+                 "_reader", "_refused", "_advancing", "_known")
 
     def __init__(self, lane: LaneConnections, fallback: Callable[[], asyncio.Protocol]) -> None:
         self._lane = lane
@@ -112,6 +112,7 @@ class LaneConnection(asyncio.Protocol):
         self._reader: HeadReader | None = None  # the next request's head, while it comes in
         self._refused = False  # a head broke a rule: answered, and nothing more is taken
         self._advancing = False  # in _advance: an answer given within it leaves the next request to it
+        self._known: tuple[bytes, LaneHead] | None = None  # the last lane head read, and its bytes
 
     @property
     def buffered(self) -> int:
@@ -197,8 +198,9 @@ class LaneConnection(asyncio.Protocol):
         finally:
             self._advancing = False
 
-    def _start_next(self) -> bool:
-        """Start the next request, if its head is in; whether the connection is still the lane's to read."""
+    def _read_head(self) -> LaneHead | None:
+        """The next request's head, taken off the buffer, once it is in and it is the lane's; None while it
+        is coming, or once it is refused or handed over with the connection."""
         reader = self._reader
         if reader is None:
             reader = self._reader = HeadReader()
@@ -207,19 +209,35 @@ class LaneConnection(asyncio.Protocol):
             end = reader.feed(buffer)
         except HeadRefused as refusal:
             self._refuse(refusal)
-            return False
+            return None
         if not end:
-            return False
+            return None
         self._reader = None
-        lane = self._lane
-        head = lane_request(reader, lane.max_body)
+        head = lane_request(reader, self._lane.max_body)
         if head is None:
             if reader.chunked_with_length:  # never the lane's (it is chunked): aiohttp reads it as RFC 9112 says
                 buffer[:end] = reader.normalised(bytes(buffer[:end]))
             self._hand_over()
-            return False
+            return None
+        raw = bytes(buffer[:end])
         del buffer[:end]
-        length = head.length
+        if raw[:1] not in (b"\r", b"\n"):  # (a head after blank lines is read afresh)
+            self._known = (raw, head)
+        return head
+
+    def _start_next(self) -> bool:
+        """Start the next request, if its head is in; whether the connection is still the lane's to read."""
+        buffer = self._buffer
+        known = self._known
+        if known is not None and self._reader is None and buffer.startswith(known[0]):
+            # The head the last request sent, byte for byte (clients repeat theirs): read as it was.
+            head = known[1]
+            del buffer[:len(known[0])]
+        else:
+            head = self._read_head()
+            if head is None:
+                return False
+        lane, length = self._lane, head.length
         if len(buffer) >= length:  # the body came with its head: the straight line
             body = bytes(buffer[:length])
             del buffer[:length]

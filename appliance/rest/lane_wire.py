@@ -14,6 +14,7 @@ import orjson
 from multidict import CIMultiDict
 
 from appliance.core.errors import ApplianceError
+from appliance.protocol.admission import Caller
 from appliance.protocol.operations import Operation
 from appliance.rest.http_basics import HEADER_LENGTH, error_parts, internal_message
 from appliance.rest.lane_head import HeadReader
@@ -41,9 +42,11 @@ _CLOSE = b"Connection: close\r\n"
 class LaneHead:
     """A lane request's head: the operation it asks for, its method and target as sent, the model (and
     version) it names, its fields, its body's length, and whether the client asked for the connection to
-    close after the answer."""
+    close after the answer. A connection whose next head is byte for byte the last one reuses it (what
+    is read from a head depends on its bytes alone); ``caller``: its client as the Host rule and the
+    connection's addresses made it, kept with it for that reuse (None until then)."""
 
-    __slots__ = ("operation", "method", "target", "model", "version", "headers", "length", "close")
+    __slots__ = ("operation", "method", "target", "model", "version", "headers", "length", "close", "caller")
 
     def __init__(self, operation: Operation, method: str, target: str, model: str, version: str | None,
                  headers: CIMultiDict[str], length: int, close: bool) -> None:
@@ -55,6 +58,7 @@ class LaneHead:
         self.headers = headers
         self.length = length
         self.close = close
+        self.caller: Caller | None = None
 
 
 def lane_request(head: HeadReader, max_body: int) -> LaneHead | None:

@@ -381,9 +381,9 @@ class ModelProcess:
 
     @property
     def alive(self) -> bool:
-        # poll() says None while another thread waits for the process (the reader, reaping a process
-        # that died): the end of the channel, seen first, settles it.
-        return not self._ending and self.process.poll() is None
+        """False once the end of its channel has been read (a process that dies closes it: whoever reads
+        the channel sees that at once) or it has been reaped; asked before every batch, so no waitpid."""
+        return not self._ending and self.process.returncode is None
 
     @property
     def pid(self) -> int:

@@ -400,3 +400,22 @@ def test_an_answer_after_which_the_lane_closes_says_connection_close(daemons):
         assert status == 200 and "connection" not in headers
     finally:
         keep.close()
+
+
+def test_a_head_sent_again_is_answered_again_and_one_that_differs_is_read_afresh(daemons):
+    lane, _ = daemons
+    body = json.dumps(JSON_BODY).encode()
+    token = {"Authorization": f"Bearer {_token(lane)}"}
+    wrong = {"Authorization": "Bearer not-the-token-0123456789abcdef"}
+    connection = _Connection(lane.port, source="127.0.0.2")  # not exempt: the token is checked
+    try:
+        for headers in (token, token, wrong, token, {**token, "Host": "rebound.example"}, token):
+            connection.send(_request(body, headers=headers))
+        answers = [connection.answer() for _ in range(6)]
+    finally:
+        connection.close()
+    statuses = [status for status, _, _ in answers]
+    assert statuses[:4] == [200, 200, 401, 200]
+    assert statuses[4] in (400, 403, 421) and b"Host" in answers[4][2]
+    assert statuses[5] == 200
+    assert _outputs(answers[0][2]) == _outputs(answers[5][2]) == [d + 1 for d in DATA]
