@@ -229,6 +229,7 @@ class LaneConnection(asyncio.Protocol):
         """Start the next request, if its head is in; whether the connection is still the lane's to read."""
         buffer = self._buffer
         known = self._known
+        head: LaneHead | None
         if known is not None and self._reader is None and buffer.startswith(known[0]):
             # The head the last request sent, byte for byte (clients repeat theirs): read as it was.
             head = known[1]
