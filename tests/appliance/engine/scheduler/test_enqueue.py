@@ -38,6 +38,19 @@ def _enqueue(scheduler: Scheduler, value: float, told: Told, **parameters):
     return scheduler.enqueue({"x": np.full((1, 1), value, np.float32)}, ["y"], 1, parameters, told.then)
 
 
+_ONE_AT_A_TIME = SchedulerPolicy(max_batch_size=1)
+
+
+async def _one_running(make_scheduler, policy: SchedulerPolicy = _ONE_AT_A_TIME):
+    """A scheduler whose one instance runs a request (x = 1) for 0.2 s, and what that request is told."""
+    backend = FakeBackend(delay=0.2)
+    scheduler = make_scheduler(policy, backend)
+    told = Told()
+    _enqueue(scheduler, 1.0, told)
+    await await_until(lambda: backend.batches, what="the first request running")
+    return backend, scheduler, told
+
+
 async def test_each_request_is_told_its_outputs_in_the_step_that_completes_it(make_scheduler):
     backend = FakeBackend(delay=0.01)
     scheduler = make_scheduler(SchedulerPolicy(max_batch_size=4, dynamic=True), backend)
@@ -52,11 +65,7 @@ async def test_each_request_is_told_its_outputs_in_the_step_that_completes_it(ma
 
 
 async def test_a_request_withdrawn_while_queued_never_runs_and_is_not_told(make_scheduler):
-    backend = FakeBackend(delay=0.2)
-    scheduler = make_scheduler(SchedulerPolicy(max_batch_size=1), backend)
-    told = Told()
-    _enqueue(scheduler, 1.0, told)
-    await await_until(lambda: backend.batches, what="the first request running")
+    backend, scheduler, told = await _one_running(make_scheduler)
     queued = _enqueue(scheduler, 2.0, told)
     assert scheduler.withdraw(queued)
     assert not scheduler.withdraw(queued)  # once
@@ -101,12 +110,8 @@ async def test_a_failed_batch_tells_each_request_its_error(make_scheduler):
 
 
 async def test_a_full_queue_refuses_in_the_step_that_enqueues(make_scheduler):
-    backend = FakeBackend(delay=0.2)
     policy = SchedulerPolicy(max_batch_size=1, dynamic=True, default_queue_policy=QueuePolicy(max_queue_size=1))
-    scheduler = make_scheduler(policy, backend)
-    told = Told()
-    _enqueue(scheduler, 1.0, told)
-    await await_until(lambda: backend.batches, what="the first request running")
+    _, scheduler, told = await _one_running(make_scheduler, policy)
     _enqueue(scheduler, 2.0, told)
     with pytest.raises(Unavailable, match="max_queue_size 1"):
         _enqueue(scheduler, 3.0, told)
@@ -128,11 +133,7 @@ async def test_an_answer_that_raises_leaves_the_rest_of_its_batch_answered(make_
 
 
 async def test_requests_still_queued_at_close_are_told_the_model_was_unloaded(make_scheduler):
-    backend = FakeBackend(delay=0.2)
-    scheduler = make_scheduler(SchedulerPolicy(max_batch_size=1), backend)
-    told = Told()
-    _enqueue(scheduler, 1.0, told)
-    await await_until(lambda: backend.batches, what="the first request running")
+    _, scheduler, told = await _one_running(make_scheduler)
     _enqueue(scheduler, 2.0, told)
     await scheduler.close()
     assert any(isinstance(error, Unavailable) and "unloaded" in str(error) for _, error in told.outcomes)
