@@ -250,9 +250,12 @@ class _Straight:
 
     def _finish(self, flight: Flight, answer: tuple[list[bytes], bool] | None,
                 sent: tuple[str, int, int] | None) -> None:
-        """Let go of what the request held; then the answer, unless it was withdrawn."""
+        """Let go of what the request held; then the answer, unless it was withdrawn (the client gets its
+        answer even where letting go failed: that is logged)."""
         try:
             flight.end(sent)
+        except Exception:
+            log.exception("letting go of what %s %s held failed", self._head.method, self._head.target)
         finally:
             self._admitted.__exit__(None, None, None)
         if answer is not None:

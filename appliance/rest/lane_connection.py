@@ -35,9 +35,12 @@ class Running(asyncio.Future):
         if self.done():
             return False
         withdraw, self.withdraw = self.withdraw, None
-        if withdraw is not None:
-            withdraw()
-        return super().cancel(msg)
+        try:
+            if withdraw is not None:
+                withdraw()
+        finally:
+            cancelled = super().cancel(msg)
+        return cancelled
 
 
 class LaneConnections:

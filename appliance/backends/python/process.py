@@ -381,9 +381,10 @@ class ModelProcess:
 
     @property
     def alive(self) -> bool:
-        """False once the end of its channel has been read (a process that dies closes it: whoever reads
-        the channel sees that at once) or it has been reaped; asked before every batch, so no waitpid."""
-        return not self._ending and self.process.returncode is None
+        # poll() says None while another thread waits for the process (the reader, reaping a process
+        # that died): the end of the channel, seen first, settles it. Not the channel's end alone: a
+        # model's forked workers may hold the channel open after the process itself has died.
+        return not self._ending and self.process.poll() is None
 
     @property
     def pid(self) -> int:

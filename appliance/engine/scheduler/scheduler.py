@@ -219,7 +219,10 @@ class Scheduler:
         """Dispatch every batch that is ready to free instances, without waiting for anything."""
         self._flush_scheduled = False
         assert self._loop is not None and self._wakeup is not None
-        while self._queue:
+        # Until a request enqueued meanwhile schedules the next flush: an inline batch answers its requests
+        # within this loop, and a pipelining client's next request is enqueued from that answer; it waits
+        # for the next step, as a client's next request waits behind the others' reads.
+        while self._queue and not self._flush_scheduled:
             batch, final = self._peek_batch(self.pool.idle)
             if not final and self.policy.dynamic and self._delay_left(batch[0]) > 0:
                 break  # the batcher task waits for company
@@ -245,7 +248,7 @@ class Scheduler:
     async def _batch_loop(self) -> None:
         assert self._wakeup is not None
         while True:
-            if not self._queue:
+            if not self._queue or self._flush_scheduled:  # (a flush to come takes what it can first)
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue

@@ -11,6 +11,7 @@ import pytest
 from appliance.core.errors import InferenceFailed, Unavailable
 from appliance.engine.instances import InstancePool
 from appliance.engine.scheduler import QueuePolicy, Scheduler, SchedulerPolicy
+from appliance.engine.scheduler.execution import ExecutionMode
 from appliance.engine.stats import ModelStats
 from tests.fakes import FakeBackend
 from tests.waiting import await_until
@@ -137,3 +138,30 @@ async def test_requests_still_queued_at_close_are_told_the_model_was_unloaded(ma
     _enqueue(scheduler, 2.0, told)
     await scheduler.close()
     assert any(isinstance(error, Unavailable) and "unloaded" in str(error) for _, error in told.outcomes)
+
+
+async def test_a_request_enqueued_from_an_inline_answer_waits_for_the_next_step(started):
+    """A pipelining client's next request, enqueued as the last one is answered by a batch run on the
+    loop, must not run in the same flush: one connection would hold the loop for its whole pipeline."""
+    inline = ExecutionMode(True, "test", 1_000, 50_000, 10_000_000)
+    backend = FakeBackend()
+    scheduler = started(Scheduler("m:1", InstancePool("m:1", [backend]), SchedulerPolicy(max_batch_size=1),
+                                  ModelStats(), execution=inline))
+    loop = asyncio.get_running_loop()
+    steps: list[float] = []
+    told = Told()
+
+    def then(results, error) -> None:
+        told.then(results, error)
+        steps.append(loop.time())
+        if len(told.outcomes) < 3:  # the next request of the pipeline, enqueued from this answer
+            scheduler.enqueue({"x": np.full((1, 1), 1.0, np.float32)}, ["y"], 1, {}, then)
+
+    scheduler.enqueue({"x": np.full((1, 1), 1.0, np.float32)}, ["y"], 1, {}, then)
+    ticks = 0
+    while len(told.outcomes) < 3 and ticks < 100:
+        await asyncio.sleep(0)
+        ticks += 1
+    assert told.outcomes == [(2.0, None)] * 3
+    assert backend.batch_sizes == [1, 1, 1]
+    assert ticks >= 3  # one answer a step, not the whole pipeline in one
