@@ -52,11 +52,11 @@ __all__ = [
 _DEFAULT_LIMITS = DecodeLimits()
 
 
-def _allocation(datatype: str, count: int, binary: bool, available: int) -> int:
+def _allocation(itemsize: int | None, count: int, binary: bool, available: int) -> int:
     """Bytes that decoding one input allocates beyond the body, bounded by what the ``available`` bytes
     can hold (so a shape claim alone reserves nothing): a JSON element takes at least a byte of text, a
-    binary BYTES element its 4-byte length prefix; binary fixed-size tensors are views of the body."""
-    itemsize = element_size(datatype)
+    binary BYTES element its 4-byte length prefix; binary fixed-size tensors are views of the body.
+    ``itemsize``: the datatype's (None for BYTES)."""
     if itemsize is None:
         return min(count, available // 4 if binary else available) * BYTES_ELEMENT_OVERHEAD
     return 0 if binary else min(count, available) * itemsize
@@ -86,13 +86,12 @@ class JsonTooDeep(InvalidInput):
 
 def parse_json_object(text: bytes, expected: str) -> dict[str, Any]:
     """A request body that must be a JSON object; ``expected`` describes it in the error."""
-    too_deep = JsonTooDeep(f"JSON nesting depth exceeds the maximum this server reads ({_ORJSON_DEPTH}); the "
-                            f"request body must be {expected}")
     try:
         document = orjson.loads(text)
     except orjson.JSONDecodeError as exc:
         if "depth limit" in str(exc):  # orjson's bound (1024 levels): deeper than any control body needs
-            raise too_deep from None
+            raise JsonTooDeep(f"JSON nesting depth exceeds the maximum this server reads ({_ORJSON_DEPTH}); the "
+                              f"request body must be {expected}") from None
         raise InvalidInput(f"malformed JSON in the request body: {exc}") from None
     if not isinstance(document, dict):
         raise InvalidInput(f"the request body must be {expected}")
@@ -289,9 +288,10 @@ def _decode_request(header: dict[str, Any], body: bytes, header_length: int | No
             raise InvalidInput(f"Unable to parse 'shape': attempt to access JSON non-unsigned-integer as "
                                f"unsigned-integer; input '{name}': 'shape' must be non-negative integers, got "
                                f"{dims!r}"[:400])
-        shape, count = check_shape(dims, name, limits.max_tensor_elements, element_size(datatype))
+        itemsize = element_size(datatype)
+        shape, count = check_shape(dims, name, limits.max_tensor_elements, itemsize)
         params = _parameters(raw, f"input '{name}'")
-        shared = shared_memory_ref(params, f"input '{name}'")
+        shared = shared_memory_ref(params, f"input '{name}'") if params else None
         if shared is not None:
             if "binary_data_size" in params or "data" in raw:
                 raise InvalidInput(
@@ -301,7 +301,7 @@ def _decode_request(header: dict[str, Any], body: bytes, header_length: int | No
             shared_inputs.append(SharedMemoryInput(name, datatype, shape, shared))
             continue
         binary = "binary_data_size" in params
-        reserve(_allocation(datatype, count, binary, len(body) - offset if binary else json_bytes))
+        reserve(_allocation(itemsize, count, binary, len(body) - offset if binary else json_bytes))
         if "binary_data_size" in params:
             if header_length is None:
                 raise InvalidInput(
@@ -344,7 +344,7 @@ def _request_parameters(header: dict[str, Any]) -> dict[str, Any]:
     """The request's parameters; keys with Triton's reserved prefix refused, as Triton's HTTP front end does
     (over gRPC ``triton_enable_empty_final_response`` is allowed: it steers the stream)."""
     params = _parameters(header, "the request")
-    if any(isinstance(key, str) and key.startswith("triton_") for key in params):
+    if params and any(isinstance(key, str) and key.startswith("triton_") for key in params):
         raise InvalidInput("parameter keys starting with 'triton_' are reserved for Triton usage and should not be "
                            "specified.")
     return params
@@ -402,7 +402,7 @@ def decode_raw_request(
             )
         shape = tuple(len(body) // (known * itemsize) if d < 0 else d for d in shape)
     _, count = check_shape(list(shape), name, limits.max_tensor_elements)
-    reserve(_allocation(datatype, count, True, len(body)))
+    reserve(_allocation(itemsize, count, True, len(body)))
     data = decode_raw_tensor(memoryview(body), datatype, shape, count, name, "the raw binary body")
     return InferRequest([InferInput(name, datatype, data)], [], None, {"binary_data_output": True})
 
