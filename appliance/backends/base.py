@@ -25,12 +25,12 @@ import numpy as np
 
 from appliance.core.errors import BackendUnavailable, InferenceFailed, InvalidInput
 from appliance.core.tensors import RuntimeTensor
-from model_cache.environments import UnpackLimits
 
 if TYPE_CHECKING:
     from tritonclient.grpc.model_config_pb2 import ModelConfig
 
     from appliance.backends.children import ChildProcesses
+    from model_cache.environments import UnpackLimits
 
 __all__ = [
     "Backend",
@@ -237,8 +237,17 @@ class BackendServices:
     environments: Path | None = None
     """Where Python models' packed environments are unpacked (``EXECUTION_ENV_PATH``; the model cache's
     ``environments``); None: a temporary directory."""
-    environment_limits: UnpackLimits = UnpackLimits()
+    environment_limits: UnpackLimits = dataclasses.field(default_factory=lambda: _unpack_limits())
     """How much one packed environment may unpack to (the settings environment_max_*)."""
+
+
+def _unpack_limits() -> UnpackLimits:
+    """The default limits, imported when first asked for: this module is imported by every model process
+    (through its package), and model_cache.environments brings tarfile, zipfile and the compressors (~6 MiB
+    a process) that only the daemon needs."""
+    from model_cache.environments import UnpackLimits
+
+    return UnpackLimits()
 
 
 class Outputs(dict[str, np.ndarray]):
