@@ -118,7 +118,12 @@ class Scheduler:
         flushing = not self._flush_scheduled
         pending = self._queued(inputs, outputs, batch_size, parameters, trace, timing, request_id, sink, cancelled,
                                None)
-        if flushing:
+        if flushing and self._group > 1:
+            # A backend that takes groups (a model process): as ``enqueue`` does, the queue is dispatched once
+            # the loop has run what this wake-up received, so that those requests go in one hand-off.
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush_if_scheduled)  # type: ignore[union-attr]
+        elif flushing:
             self._flush_scheduled = True
             try:
                 if self.policy.dynamic:
@@ -300,7 +305,10 @@ class Scheduler:
         """The requests that would form the next batch, and whether it can grow no further."""
         policy = self.policy
         if not policy.dynamic:  # the oldest request, and for a backend that takes groups those behind it
-            return list(itertools.islice(self._queue, self._group)), True
+            take = self._group
+            if take > 1 and idle > 1:  # spread over the idle instances, as a batch is (_batch_limit)
+                take = min(take, max(1, -(-len(self._queue) // min(idle, self.pool.size))))
+            return list(itertools.islice(self._queue, take)), True
         batch: list[Pending] = []
         size = 0
         limit = self._batch_limit(idle)

@@ -340,3 +340,32 @@ async def test_without_dynamic_batching_a_group_runs_each_request_alone_and_coun
     assert stats.inference_count == 1 + 2 * 6  # but the failed one made no inference
     assert stats.batch_histogram() == {1: 1, 2: 7}
 
+
+
+class _GroupRecorder(FakeBackend):
+    """Records the groups it is offered (``start_each``), then lets its thread run them one by one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.groups: list[int] = []
+
+    def start_each(self, requests, done) -> bool:
+        self.groups.append(len(requests))
+        return False
+
+
+async def test_requests_submitted_in_one_step_go_to_a_backend_that_takes_groups_together(started):
+    backend = _GroupRecorder()
+    scheduler = started(Scheduler("m:1", InstancePool("m:1", [backend]), SchedulerPolicy(max_batch_size=8),
+                                  ModelStats(), group=8))
+    results = await asyncio.gather(*(submit(scheduler, float(i)) for i in range(3)))
+    assert [r["y"][0, 0] for r in results] == [0.0, 2.0, 4.0]
+    assert backend.groups == [3]  # not the first alone, then the two behind it
+
+
+async def test_a_wake_ups_requests_are_spread_over_the_idle_instances_that_take_groups(started):
+    backends = [_GroupRecorder(), _GroupRecorder()]
+    scheduler = started(Scheduler("m:1", InstancePool("m:1", list(backends)), SchedulerPolicy(max_batch_size=8),
+                                  ModelStats(), group=8))
+    await asyncio.gather(*(submit(scheduler, float(i)) for i in range(5)))
+    assert [b.groups for b in backends] == [[3], [2]]  # side by side, not five in a row on one instance
