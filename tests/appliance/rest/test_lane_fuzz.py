@@ -369,6 +369,22 @@ def test_floods_stay_bounded(served, data):
         assert _answers(outcome.written)[-1][0] == 431
 
 
+@FEW
+@given(st.data())
+def test_a_head_after_one_the_connection_sent_reads_as_it_would_on_a_new_connection(served, data):
+    """A connection reuses its last head's reading when the next head is that head byte for byte: whatever
+    follows an answered request (the same head, a near copy of it, garbage) gets what it would get first
+    on a connection of its own."""
+    first = data.draw(st.sampled_from(LANE_REQUESTS[:2]))  # answered 200, and the connection stays
+    then = data.draw(st.just(first) | _http_mutated(first))
+    alone = _run(served, [then])
+    after = _run(served, _split(data.draw, first + then))
+    _check(after, first + then)
+    statuses = [status for status, _, _ in _answers(after.written)]
+    assert statuses == [200] + [status for status, _, _ in _answers(alone.written)]
+    assert after.handed.made == alone.handed.made and bytes(after.handed.data) == bytes(alone.handed.data)
+
+
 def test_a_body_that_starts_after_a_pipelined_answer_waits_body_timeout_not_header_timeout(served):
     """Found by the fuzzing above: the wait for a pipelined request's body ran to the end of the wait for
     its head (header_timeout, 30 s here) instead of body_timeout."""
