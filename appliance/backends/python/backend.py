@@ -35,7 +35,7 @@ from appliance.backends.python.model_backend import ModelPyBackend
 from appliance.backends.python.peer import Peer
 from appliance.backends.python.process import ModelProcess, ProcessExited
 from appliance.backends.python.requests import SENT, ModelError, OpenRequests, model_error
-from appliance.backends.python.wire.arena import Arena, Attachments, inline, read_tensor, reusable_size
+from appliance.backends.python.wire.arena import Arena, Attachments, pack, read_tensor
 from appliance.backends.python.wire.messages import (
     Crashed,
     Describe,
@@ -241,21 +241,10 @@ class PythonBackend(ModelPyBackend):
         """The batch's inputs in the message (small ones: ``inline``) or in an input arena (its ``info()``, else
         None), and one dict a request for the model process."""
         tensors = [list(r.inputs.items()) for r in requests]
-        carried = inline(tensors)
-        arena_info = None
-        if carried is None:
-            needed = sum(Arena.needed(t) for t in tensors)
-            arena = self._input_arenas[self._turn]
-            if arena is None or arena.size < needed:
-                if arena is not None:
-                    arena.close()
-                arena = self._input_arenas[self._turn] = Arena.create(reusable_size(needed), self._context.model_name)
+        carried, arena, arena_info = pack(tensors, self._input_arenas[self._turn], self._context.model_name)
+        if arena_info is not None:  # in the arena: the next batch takes the other one
+            self._input_arenas[self._turn] = arena
             self._turn ^= 1
-            carried, offset = [], 0
-            for request_tensors in tensors:
-                descriptors, offset = arena.write(request_tensors, offset)
-                carried.append(descriptors)
-            arena_info = arena.info()
         batch = [{"key": key, "inputs": descriptors, "outputs": list(request.outputs), "id": request.request_id,
                   "correlation_id": request.correlation_id, "flags": request.flags, "timeout": request.timeout_us,
                   "parameters": model_parameters(request.parameters)}

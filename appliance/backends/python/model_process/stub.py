@@ -31,7 +31,7 @@ from appliance.backends.python.model_process.pb.transfer import error_of, tensor
 from appliance.backends.python.model_process.pb.unanswered import NOT_A_LIST, NOT_A_RESPONSE, Unanswered
 from appliance.backends.python.model_process.reading import Reading
 from appliance.backends.python.wire import messages as wire
-from appliance.backends.python.wire.arena import Arena, inline, read_tensor, reusable_size
+from appliance.backends.python.wire.arena import Arena, pack, read_tensor
 from appliance.backends.python.wire.channel import Channel
 
 if TYPE_CHECKING:
@@ -190,7 +190,7 @@ def _checked_entries(decoupled: bool, requests: list, responses: Any, instance: 
 
 def _pack_responses(responses: list, arena: Arena | None,
                     model: str) -> tuple[list[wire.Entry], Arena | None, dict | None]:
-    """Every response's tensors, inline when small (``inline``), else written into the output arena (growing
+    """Every response's tensors, inline when small, else written into the output arena (``pack``, growing
     it): one entry per response, Produced or Errored; requests answered elsewhere (Sent, Rescheduled) keep
     their marks. Also the output arena, and its ``info()`` when the entries are in it (else None)."""
     tensors: list[list[tuple[str, Any]]] = []
@@ -206,28 +206,14 @@ def _pack_responses(responses: list, arena: Arena | None,
             response = pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc)))
             tensors.append([])
         packed.append(response)
-    carried = inline(tensors)
-    if carried is None:
-        needed = sum(Arena.needed(ts) for ts in tensors)
-        if arena is None or arena.size < needed:
-            if arena is not None:
-                arena.close()
-            arena = Arena.create(reusable_size(needed), model)
-    offset = 0
-    for index, (response, response_tensors) in enumerate(zip(packed, tensors)):
+    carried, arena, info = pack(tensors, arena, model)
+    for index, response in enumerate(packed):
         if isinstance(response, (wire.Sent, wire.Rescheduled)):
             continue
         error = error_of(response)
-        if error is not None:
-            packed[index] = wire.Errored(*error)
-            continue
-        if carried is not None:
-            descriptors = carried[index]
-        else:
-            assert arena is not None
-            descriptors, offset = arena.write(response_tensors, offset)
-        packed[index] = wire.Produced(descriptors, response.parameters())
-    return packed, arena, arena.info() if carried is None and arena is not None else None
+        packed[index] = (wire.Errored(*error) if error is not None
+                         else wire.Produced(carried[index], response.parameters()))
+    return packed, arena, info
 
 
 class _Model:

@@ -27,7 +27,7 @@ import numpy as np
 from appliance.core.tensors import decode_bytes_tensor, encode_bytes_tensor, numpy_dtype, v2_datatype
 
 __all__ = ["ARENA_PREFIX", "INLINE_BYTES", "KEEP_BYTES", "Arena", "Attachments", "BlockRef", "Blocks", "Descriptor",
-           "arena_usage", "inline", "read_tensor", "remove_stale_arenas", "reusable_size"]
+           "arena_usage", "inline", "pack", "read_tensor", "remove_stale_arenas", "reusable_size"]
 
 Descriptor = tuple[str, str, tuple[int, ...], int, "int | bytearray"]
 """(name, v2 datatype, shape, offset, size in bytes); a tensor carried in the message itself (``inline``):
@@ -64,6 +64,27 @@ def inline(tensors: list[list[tuple[str, np.ndarray]]]) -> list[list[Descriptor]
     return [[(name, v2_datatype(array.dtype), array.shape, -1,
               bytearray(np.ascontiguousarray(array).reshape(-1).view(np.uint8).data))
              for name, array in part] for part in tensors]
+
+
+def pack(tensors: list[list[tuple[str, np.ndarray]]], arena: Arena | None,
+         model: str) -> tuple[list[list[Descriptor]], Arena | None, dict[str, Any] | None]:
+    """Each message part's tensors as descriptors (both sides' one way): carried inline when small
+    (``inline``), else written into ``arena``, which a larger one replaces (the old one closed) when it is
+    too small. Also the arena (as given, or its replacement) and its ``info()`` for the message, None when
+    the tensors travel inline."""
+    carried = inline(tensors)
+    if carried is not None:
+        return carried, arena, None
+    needed = sum(Arena.needed(part) for part in tensors)
+    if arena is None or arena.size < needed:
+        if arena is not None:
+            arena.close()
+        arena = Arena.create(reusable_size(needed), model)
+    carried, offset = [], 0
+    for part in tensors:
+        descriptors, offset = arena.write(part, offset)
+        carried.append(descriptors)
+    return carried, arena, arena.info()
 
 
 def read_tensor(arena: Arena | None, descriptor: Descriptor, copy: bool) -> np.ndarray:
