@@ -156,11 +156,9 @@ class ModelVersion:
         try:
             response = await self._run(request, batch_size)
         except BaseException as exc:
-            self.stats.record_request(False, time.perf_counter_ns() - start, _failure_reason(exc))
+            self._settle(start, exc)
             raise
-        finally:
-            self._running -= 1
-        self.stats.record_request(True, time.perf_counter_ns() - start)
+        self._settle(start, None)
         return response
 
     def begin(self, request: InferRequest, then: Callable[[InferResponse | None, BaseException | None], None],
@@ -172,18 +170,14 @@ class ModelVersion:
         start = time.perf_counter_ns()
 
         def finished(results: Any, error: BaseException | None) -> None:
-            self._running -= 1
+            response = None
             if error is None:
                 try:
                     response = self._response(request, results)
                 except Exception as exc:
                     error = exc
-                else:
-                    self.stats.record_request(True, time.perf_counter_ns() - start)
-                    then(response, None)
-                    return
-            self.stats.record_request(False, time.perf_counter_ns() - start, _failure_reason(error))
-            then(None, error)
+            self._settle(start, error)
+            then(response, error)
 
         names = [o.name for o in request.outputs] if request.outputs else self._every_output_name
         scheduler = self.scheduler
@@ -192,8 +186,7 @@ class ModelVersion:
             pending = scheduler.enqueue(self._runtime_inputs(request), names, batch_size, request.parameters,
                                         finished, request.trace, request.id or "")
         except BaseException as exc:
-            self._running -= 1
-            self.stats.record_request(False, time.perf_counter_ns() - start, _failure_reason(exc))
+            self._settle(start, exc)
             raise
 
         def withdraw() -> bool:
@@ -203,6 +196,15 @@ class ModelVersion:
             return True
 
         return withdraw
+
+    def _settle(self, start: int, error: BaseException | None) -> None:
+        """A request ``_accept`` took, done (``start``: its ``perf_counter_ns`` then): no longer running, and
+        counted as a success or as the failure ``error`` was."""
+        self._running -= 1
+        if error is None:
+            self.stats.record_request(True, time.perf_counter_ns() - start)
+        else:
+            self.stats.record_request(False, time.perf_counter_ns() - start, _failure_reason(error))
 
     def _accept(self, request: InferRequest) -> int:
         """A request this version takes, validated and counted as running (and in ``traffic``): its batch

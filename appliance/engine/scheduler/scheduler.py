@@ -121,8 +121,7 @@ class Scheduler:
         if flushing and self._group > 1:
             # A backend that takes groups (a model process): as ``enqueue`` does, the queue is dispatched once
             # the loop has run what this wake-up received, so that those requests go in one hand-off.
-            self._flush_scheduled = True
-            self._loop.call_soon(self._flush_if_scheduled)  # type: ignore[union-attr]
+            self._flush_soon()
         elif flushing:
             self._flush_scheduled = True
             try:
@@ -143,8 +142,8 @@ class Scheduler:
         except asyncio.CancelledError:
             # A client that went away while queued (cancelling this task cancels the future it awaits):
             # the request never executes.
-            if pending.future.cancelled() and self._queue.remove(pending):
-                self._complete(pending, None, None)
+            if pending.future.cancelled():
+                self._forget(pending)
             raise
 
     def enqueue(self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str], batch_size: int,
@@ -156,8 +155,7 @@ class Scheduler:
         arrive together go to a model process in one hand-off. ``withdraw`` takes the request back."""
         pending = self._queued(inputs, outputs, batch_size, parameters, trace, None, request_id, None, None, then)
         if not self._flush_scheduled:
-            self._flush_scheduled = True
-            self._loop.call_soon(self._flush_if_scheduled)  # type: ignore[union-attr]
+            self._flush_soon()
         return pending
 
     def withdraw(self, pending: Pending) -> bool:
@@ -165,9 +163,13 @@ class Scheduler:
         model, and neither is answered; True unless it had its answer already."""
         if not pending.future.cancel():
             return False
+        self._forget(pending)
+        return True
+
+    def _forget(self, pending: Pending) -> None:
+        """A cancelled request: out of the queue, if it is still there (its place in the order is kept)."""
         if self._queue.remove(pending):
             self._complete(pending, None, None)
-        return True
 
     def _queued(self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str], batch_size: int,
                 parameters: Mapping[str, Any], trace: Trace | None, timing: StepTiming | None, request_id: str,
@@ -215,6 +217,11 @@ class Scheduler:
         )
 
     # -- the batcher -------------------------------------------------------------------------
+
+    def _flush_soon(self) -> None:
+        """Dispatch once the loop has run what this wake-up received (``_flush_if_scheduled``)."""
+        self._flush_scheduled = True
+        self._loop.call_soon(self._flush_if_scheduled)  # type: ignore[union-attr]
 
     def _flush_if_scheduled(self) -> None:
         if self._flush_scheduled:  # (a submit's own flush may have come first)
