@@ -106,8 +106,8 @@ class InferBody:
 
     async def receive(self, account: Account) -> int:
         self._header_length = _header_length(self._raw_header_length)
-        if self._read is None:
-            count_body(self._body, account, self._signed)
+        if self._read is None:  # in hand (``ready``)
+            self.receive_now(account)
         else:
             self._body = await self._read(account)
         return _decoding_work(self._body, self._header_length)

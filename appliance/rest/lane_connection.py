@@ -289,26 +289,26 @@ class LaneConnection(asyncio.Protocol):
                 self._arrived.exception()  # retrieved: a timeout nobody waited for is no error to log
             self._arrived.cancel()
             self._arrived = None
-        if not self._write(head, reply, close):
-            return
-        if self._drained is not None:
-            await self._drained
-        self._next()
+        self._write(head, reply, close)
 
     def _answered(self, running: Running, head: LaneHead, reply: list[bytes], close: bool) -> None:
         """A request served without a task has its answer."""
         if running.done():  # withdrawn (its connection went, or the stop cut it)
             return
         running.set_result(None)
-        if not self._write(head, reply, close):
-            return
-        drained = self._drained
-        if drained is not None and not drained.done():
-            drained.add_done_callback(lambda _: self._next())
-        else:
-            self._next()
+        self._write(head, reply, close)
 
-    def _write(self, head: LaneHead, reply: list[bytes], close: bool) -> bool:
+    def _write(self, head: LaneHead, reply: list[bytes], close: bool) -> None:
+        """Write a request's answer; unless the connection closes, the next request goes on once the client
+        has taken it (``_next``)."""
+        if self._send(head, reply, close):
+            drained = self._drained
+            if drained is not None and not drained.done():
+                drained.add_done_callback(lambda _: self._next())
+            else:
+                self._next()
+
+    def _send(self, head: LaneHead, reply: list[bytes], close: bool) -> bool:
         """Write a request's answer; whether the connection goes on (False: it is closing)."""
         transport = self._transport
         if transport is None or transport.is_closing():
