@@ -264,9 +264,10 @@ def not_cancelled() -> bool:
     return False
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(slots=True)
 class BackendRequest:
-    """One request of a batch, as a backend sees it."""
+    """One request of a batch, as a backend sees it (not frozen: one is made per request, and a frozen
+    dataclass sets each of its fields through ``object.__setattr__``)."""
 
     inputs: Mapping[str, np.ndarray]
     outputs: Sequence[str]

@@ -85,6 +85,8 @@ _V2_TO_NUMPY: dict[str, np.dtype] = {
 """Every v2 datatype's numpy dtype but BF16's (``bf16()``, loaded on first use)."""
 _NUMPY_TO_V2 = {dt: name for name, dt in _V2_TO_NUMPY.items() if name != "BYTES"}
 _DATATYPES = (*_V2_TO_NUMPY, "BF16")
+_ELEMENT_SIZES: dict[str, int | None] = {name: None if name == "BYTES" else dt.itemsize
+                                         for name, dt in _V2_TO_NUMPY.items()} | {"BF16": 2}
 
 # Triton config enum names ("TYPE_FP32") <-> v2 names ("FP32"); TYPE_STRING is v2's BYTES.
 V2_TO_CONFIG = {name: "TYPE_STRING" if name == "BYTES" else f"TYPE_{name}" for name in _DATATYPES}
@@ -102,6 +104,9 @@ def numpy_dtype(datatype: str) -> np.dtype:
 
 
 def v2_datatype(dtype: np.dtype) -> str:
+    name = _NUMPY_TO_V2.get(dtype)  # a numeric numpy dtype (the common case) is a key as it is
+    if name is not None:
+        return name
     dtype = np.dtype(dtype)
     if dtype.kind in ("O", "S", "U"):
         return "BYTES"
@@ -114,10 +119,12 @@ def v2_datatype(dtype: np.dtype) -> str:
 
 
 def element_size(datatype: str) -> int | None:
-    """Bytes per element in the binary encoding, or None for variable-size BYTES."""
-    if datatype == "BYTES":
-        return None
-    return numpy_dtype(datatype).itemsize
+    """Bytes per element in the binary encoding, or None for variable-size BYTES; ValueError for an unknown
+    datatype (a table: asked for every input of every request)."""
+    try:
+        return _ELEMENT_SIZES[datatype]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown datatype {datatype!r}; expected one of {', '.join(_DATATYPES)}") from None
 
 
 # -- BYTES as 4-byte-little-endian-length-prefixed elements (Triton's binary encoding) -------------

@@ -219,14 +219,15 @@ class ModelVersion:
         if self.selection is not None:  # what retuning on traffic looks at
             # Counted from validation to the result, not while the response is written: one client
             # sending back to back is concurrency 1 however late the server finishes writing to it.
-            self.traffic.record(((t.name, t.data.shape) for t in request.inputs), batch_size, self._running)
+            self.traffic.record([(t.name, t.data.shape) for t in request.inputs], batch_size, self._running)
         return batch_size
 
     def _runtime_inputs(self, request: InferRequest) -> dict[str, np.ndarray]:
         inputs = {t.name: t.data for t in request.inputs}
-        for name, shape in self._input_reshape.items():
-            if name in inputs:
-                inputs[name] = inputs[name].reshape(shape)
+        if self._input_reshape:
+            for name, shape in self._input_reshape.items():
+                if name in inputs:
+                    inputs[name] = inputs[name].reshape(shape)
         return inputs
 
     async def _run(self, request: InferRequest, batch_size: int) -> InferResponse:
@@ -288,9 +289,9 @@ class ModelVersion:
     def _output(self, requested: RequestedOutput, data: np.ndarray) -> InferOutput:
         name = requested.name
         data = np.asarray(data) if not isinstance(data, np.ndarray) else data
-        if name in self._output_reshape:
+        if self._output_reshape and name in self._output_reshape:
             data = data.reshape(self._output_reshape[name])
-        if requested.classification:
+        if requested.parameters and requested.classification:
             data = classify(name, data, requested.classification, self.labels.get(name, []), self.signature.batched)
         return InferOutput(name, v2_datatype(data.dtype), data)
 

@@ -142,8 +142,7 @@ class ModelStats:
     def record_batch(self, batch_size: int, requests: int, queue_ns: list[int], timing: BatchTiming) -> None:
         self.execution_count += 1
         self.inference_count += batch_size
-        for ns in queue_ns:
-            self.queue.add(ns)
+        self.queue.add(sum(queue_ns), len(queue_ns))
         self.compute_input.add(timing.input_ns * requests, requests)
         self.compute_infer.add(timing.infer_ns * requests, requests)
         self.compute_output.add(timing.output_ns * requests, requests)
@@ -153,6 +152,29 @@ class ModelStats:
         bucket.compute_input.add(timing.input_ns)
         bucket.compute_infer.add(timing.infer_ns)
         bucket.compute_output.add(timing.output_ns)
+
+    def record_executions(self, batch_sizes: list[int], queue_ns: list[int], timing: BatchTiming) -> None:
+        """A group's executions (one request each, of ``batch_sizes``), each as ``record_batch`` counts one
+        of one request that waited ``queue_ns`` and cost ``timing``: counted together."""
+        runs = len(batch_sizes)
+        if not runs:
+            return
+        self.execution_count += runs
+        self.inference_count += sum(batch_sizes)
+        self.queue.add(sum(queue_ns), runs)
+        self.compute_input.add(timing.input_ns * runs, runs)
+        self.compute_infer.add(timing.infer_ns * runs, runs)
+        self.compute_output.add(timing.output_ns * runs, runs)
+        sizes: dict[int, int] = {}
+        for size in batch_sizes:
+            sizes[size] = sizes.get(size, 0) + 1
+        for size, count in sizes.items():
+            bucket = self.batches.get(size)
+            if bucket is None:
+                bucket = self.batches[size] = _BatchBucket()
+            bucket.compute_input.add(timing.input_ns * count, count)
+            bucket.compute_infer.add(timing.infer_ns * count, count)
+            bucket.compute_output.add(timing.output_ns * count, count)
 
     def record_failed_batch(self, batch_size: int) -> None:
         """An execution that failed as a whole (the model raised): Triton counts the execution, in

@@ -23,6 +23,7 @@ __all__ = ["BYTES_ELEMENT_OVERHEAD", "MAX_DIMS", "MAX_ELEMENTS", "DecodeLimits",
 MAX_ELEMENTS = 2**40
 MAX_DIMS = 64
 _UINT64 = 1 << 64
+_INT = {int}
 # What one BYTES element costs beyond its text: a pointer in the object array and a bytes object.
 BYTES_ELEMENT_OVERHEAD = 8 + 33
 
@@ -52,7 +53,7 @@ def check_shape(raw: object, name: str, limit: int, itemsize: int | None = None)
     datatype's element size, for Triton's byte-size overflow check."""
     dims = raw if type(raw) is list else (  # a JSON list, or a protobuf's repeated field
         list(raw) if isinstance(raw, Sequence) and not isinstance(raw, (str, bytes)) else raw)
-    if not isinstance(dims, list) or len(dims) > MAX_DIMS or not all(type(d) is int for d in dims):
+    if not isinstance(dims, list) or len(dims) > MAX_DIMS or not set(map(type, dims)) <= _INT:
         raise InvalidInput(
             f"input '{name}': 'shape' must be a list of at most {MAX_DIMS} non-negative integers, got {dims!r}"[:400]
         )
@@ -71,7 +72,7 @@ def check_shape(raw: object, name: str, limit: int, itemsize: int | None = None)
                            f"most {bound} elements are allowed (max_tensor_elements)")
     # numpy sizes a shape by its non-zero dimensions: [0, 2**62] or [0, 2**30, 2**30] (FP64) has no elements
     # but is no shape numpy makes, so those count against the bound too.
-    if count > bound or math.prod(d for d in dims if d) > bound:
+    if count > bound or (not count and math.prod(d for d in dims if d) > bound):  # (count > 0: no zero dims)
         raise InvalidInput(
             f"input '{name}': shape {dims} has more elements, or non-zero dimensions whose product is larger, than "
             f"the {bound} allowed (max_tensor_elements)"

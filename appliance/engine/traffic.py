@@ -33,7 +33,11 @@ class TrafficStats:
         """One valid request: its inputs' shapes as the client sent them."""
         self.requests += 1
         start = 1 if self._batched else 0
-        item = tuple((name, shape[start:]) for name, shape in inputs)
+        if type(inputs) is list and len(inputs) == 1:  # the common request: one input
+            name, shape = inputs[0]
+            item: ItemShapes = ((name, shape[start:]),)
+        else:
+            item = tuple((name, shape[start:]) for name, shape in inputs)
         if item in self._shapes or len(self._shapes) < MAX_SHAPES:
             self._shapes[item] += 1
         else:

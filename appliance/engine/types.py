@@ -91,7 +91,8 @@ class InferRequest:
 
     @property
     def uses_shared_memory(self) -> bool:
-        return bool(self.shared_inputs) or any(o.shared_memory is not None for o in self.outputs)
+        return bool(self.shared_inputs) or (bool(self.outputs) and any(o.shared_memory is not None
+                                                                       for o in self.outputs))
 
 
 @dataclasses.dataclass(slots=True)

@@ -38,8 +38,12 @@ def _names(names: list[str], none: str = "[]") -> str:
 
 def validate_request(model: str, signature: ModelSignature, request: InferRequest) -> int:
     """Raise InvalidInput with what was expected; return the request's batch size (1 if unbatched)."""
-    prefix = request_prefix(request.id)
+    # (Every message starts with Triton's prefix, built only for a refusal.)
     given = [tensor.name for tensor in request.inputs]
+    specs = signature.inputs
+    if len(given) == len(specs) and given == list(specs):  # the common request: every input, in order
+        return _batch_size(model, signature, request)
+    prefix = request_prefix(request.id)
     if len(set(given)) < len(given):  # Triton refuses a second input of a name as it is added
         twice = next(name for index, name in enumerate(given) if name in given[:index])
         raise InvalidInput(f"{prefix}input '{twice}' already exists in request")
@@ -54,43 +58,51 @@ def validate_request(model: str, signature: ModelSignature, request: InferReques
             f"Got input(s) {_names(given)}, but missing required input(s) {_names(missing, ']')}. Please provide all "
             "required input(s)."
         )
+    return _batch_size(model, signature, request)
+
+
+def _batch_size(model: str, signature: ModelSignature, request: InferRequest) -> int:
+    """The rest of ``validate_request``, for inputs the model has (none twice, none required missing)."""
     batch: int | None = None
+    batched = signature.batched
     for tensor in request.inputs:
         spec = signature.inputs.get(tensor.name)
         if spec is None:
             raise InvalidInput(
-                f"{prefix}unexpected inference input '{tensor.name}' for model '{model}'; "
+                f"{request_prefix(request.id)}unexpected inference input '{tensor.name}' for model '{model}'; "
                 f"the model's inputs are {sorted(signature.inputs)}"
             )
         if tensor.datatype != spec.datatype:
             raise InvalidInput(
-                f"{prefix}inference input '{tensor.name}' data-type is '{tensor.datatype}', "
+                f"{request_prefix(request.id)}inference input '{tensor.name}' data-type is '{tensor.datatype}', "
                 f"but model '{model}' expects '{spec.datatype}'"
             )
         shape = tensor.data.shape
-        if signature.batched:
+        if batched:
             if len(shape) >= 1 and shape[0] > signature.max_batch_size:
                 raise InvalidInput(
-                    f"{prefix}inference request batch-size must be <= {signature.max_batch_size} for '{model}'"
+                    f"{request_prefix(request.id)}inference request batch-size must be <= {signature.max_batch_size} for '{model}'"
                 )
             if len(shape) < 1 or shape[0] < 1:
                 raise InvalidInput(
-                    f"{prefix}unexpected shape for input '{tensor.name}' for model '{model}'. Expected "
-                    f"{_shape_text(signature.full_shape(spec))}, got {_shape_text(shape)}{_BATCH_NOTE}"
+                    f"{request_prefix(request.id)}unexpected shape for input '{tensor.name}' for model '{model}'. "
+                    f"Expected {_shape_text(signature.full_shape(spec))}, got {_shape_text(shape)}{_BATCH_NOTE}"
                 )
             if batch is not None and shape[0] != batch:
                 raise InvalidInput(
-                    f"{prefix}inputs of model '{model}' disagree on the batch size: {batch} and "
+                    f"{request_prefix(request.id)}inputs of model '{model}' disagree on the batch size: {batch} and "
                     f"{shape[0]} (input '{tensor.name}')"
                 )
             batch = shape[0]
             shape = shape[1:]
-        if not spec.shape_matches(shape):
-            note = _BATCH_NOTE if signature.batched else ""
+        if shape != spec.dims and not spec.shape_matches(shape):
+            note = _BATCH_NOTE if batched else ""
             raise InvalidInput(
-                f"{prefix}unexpected shape for input '{tensor.name}' for model '{model}'. Expected "
-                f"{_shape_text(signature.full_shape(spec))}, got {_shape_text(tensor.data.shape)}{note}"
+                f"{request_prefix(request.id)}unexpected shape for input '{tensor.name}' for model '{model}'. "
+                f"Expected {_shape_text(signature.full_shape(spec))}, got {_shape_text(tensor.data.shape)}{note}"
             )
+    if not request.outputs:
+        return batch or 1
     named = [output.name for output in request.outputs]
     if len(set(named)) < len(named):  # Triton's words (2.51 returned it once; its later releases refuse it)
         twice = next(name for index, name in enumerate(named) if name in named[:index])

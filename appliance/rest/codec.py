@@ -62,6 +62,16 @@ def _allocation(itemsize: int | None, count: int, binary: bool, available: int) 
     return 0 if binary else min(count, available) * itemsize
 
 
+def _negative(dims: list) -> bool:
+    """Whether a JSON shape holds a negative integer (a shape of integers alone, the common one, in C)."""
+    if set(map(type, dims)) <= _INT:
+        return min(dims) < 0
+    return any(type(d) is int and d < 0 for d in dims)
+
+
+_INT = {int}
+
+
 def _ignore(size: int) -> None:
     pass
 
@@ -178,6 +188,17 @@ def _may_overflow(source: np.dtype, target: np.dtype) -> bool:
     return source.kind == "f" or target.itemsize < 4
 
 
+_LARGEST = {np.dtype(t): float(np.finfo(t).max) for t in (np.float16, np.float32, np.float64)}
+
+
+def _within(source: np.ndarray, target: np.dtype) -> bool:
+    """Whether every value of ``source`` lies within the float type ``target``'s range, so that casting
+    it overflows nowhere: the common case, checked by two reductions in C."""
+    largest = _LARGEST.get(target)
+    return (largest is not None and source.size > 0 and np.maximum.reduce(source, axis=None) <= largest
+            and np.minimum.reduce(source, axis=None) >= -largest)
+
+
 def decode_json_data(data: Any, datatype: str, shape: tuple[int, ...], count: int, name: str) -> np.ndarray:
     # Any nesting is accepted as long as the element count matches, down to Triton's depth limit (numpy
     # refuses ragged lists, so the first elements' chain is the depth of a list it takes).
@@ -216,12 +237,12 @@ def decode_json_data(data: Any, datatype: str, shape: tuple[int, ...], count: in
             f"{_TYPE_WORDS[dtype.kind]}: input '{name}': 'data' does not hold {datatype} values: expected "
             f"{_KIND_WORDS[dtype.kind]}, got {_describe(source)}"
         )
-    if dtype.kind != "f" or not _may_overflow(source.dtype, dtype):
+    if dtype.kind != "f" or not _may_overflow(source.dtype, dtype) or _within(source, dtype):
         array = source.astype(dtype, copy=False)
         if dtype.kind in "iu" and source.size and not np.array_equal(array, source):
             raise InvalidInput(f"input '{name}': 'data' does not hold {datatype} values: a value is out of range")
         return array.reshape(shape)
-    with np.errstate(over="ignore"):
+    with np.errstate(over="ignore"):  # (a value past the type's largest may still round to it)
         array = source.astype(dtype, copy=False)
     if source.size and not np.isfinite(array).all():
         # JSON holds no infinities: a value that became one did not fit (1e39 as FP32).
@@ -284,7 +305,7 @@ def _decode_request(header: dict[str, Any], body: bytes, header_length: int | No
             raise InvalidInput(f"inputs[{position}] needs a 'name' string")
         datatype = check_datatype(raw.get("datatype"), name)
         dims = raw.get("shape")
-        if type(dims) is list and any(type(d) is int and d < 0 for d in dims):  # Triton's JSON reader's words
+        if type(dims) is list and dims and _negative(dims):  # Triton's JSON reader's words
             raise InvalidInput(f"Unable to parse 'shape': attempt to access JSON non-unsigned-integer as "
                                f"unsigned-integer; input '{name}': 'shape' must be non-negative integers, got "
                                f"{dims!r}"[:400])
@@ -434,11 +455,9 @@ def _numbers_text(values: np.ndarray) -> bytes:
     writes them. orjson writes each of them as ``null`` (and no number has an 'n'), so the k-th null is
     the k-th non-finite value: split there and put the values' tokens in, with no step per element."""
     text = orjson.dumps(values, option=orjson.OPT_SERIALIZE_NUMPY)[1:-1]
-    if values.dtype.kind != "f":
+    if values.dtype.kind != "f" or b"n" not in text:  # (no null: every value is finite)
         return text
     finite = np.isfinite(values)
-    if finite.all():
-        return text
     odd = values[~finite]
     tokens = _TOKENS[np.where(np.isnan(odd), 0, np.where(odd > 0, 1, 2))].tolist()
     gaps = text.split(b"null")

@@ -34,8 +34,9 @@ class MemoryBudget:
         """A new, empty account for one request; use it as a context manager."""
         return Account(self)
 
-    def _take(self, size: int, held: int) -> None:
-        if held + size > self._limit:
+    def _take(self, account: Account, size: int) -> None:
+        """Count ``size`` bytes on ``account`` and on the budget, or raise without counting any."""
+        if account._held + size > self._limit:
             raise PayloadTooLarge(
                 f"this request needs more than {self._limit} bytes in memory, the whole budget "
                 f"({self._setting}); send a smaller batch, or raise {self._setting}"
@@ -48,21 +49,25 @@ class MemoryBudget:
                     retry_after=1,
                 )
             self._used += size
+            account._held += size
 
-    def _give(self, size: int) -> None:
+    def _give(self, account: Account, size: int) -> None:
+        """Give back up to ``size`` bytes of what ``account`` holds."""
         with self._lock:
+            size = min(size, account._held)
+            account._held -= size
             self._used -= size
 
 
 class Account:
-    """One request's share of a ``MemoryBudget``; everything it holds is released on exit."""
+    """One request's share of a ``MemoryBudget``; everything it holds is released on exit. Its count is
+    kept under the budget's lock (one lock for both, taken once per change)."""
 
-    __slots__ = ("_budget", "_held", "_lock")
+    __slots__ = ("_budget", "_held")
 
     def __init__(self, budget: MemoryBudget) -> None:
         self._budget = budget
         self._held = 0
-        self._lock = threading.Lock()
 
     @property
     def held(self) -> int:
@@ -70,20 +75,15 @@ class Account:
 
     def reserve(self, size: int) -> None:
         """Count ``size`` more bytes against the budget, or raise without counting any of them."""
-        if size < 0:
-            raise ValueError(f"cannot reserve a negative size ({size})")
-        if size == 0:
+        if size <= 0:
+            if size < 0:
+                raise ValueError(f"cannot reserve a negative size ({size})")
             return
-        with self._lock:
-            self._budget._take(size, self._held)
-            self._held += size
+        self._budget._take(self, size)
 
     def release(self, size: int) -> None:
         """Give back part of what this account holds (e.g. a compressed body once it is decompressed)."""
-        with self._lock:
-            size = min(size, self._held)
-            self._held -= size
-        self._budget._give(size)
+        self._budget._give(self, size)
 
     def join(self, pieces: list[bytes]) -> bytes:
         """``pieces`` as one bytes object, the list emptied: the pieces and the joined copy coexist for a
@@ -100,7 +100,8 @@ class Account:
         return joined
 
     def close(self) -> None:
-        self.release(self._held)
+        if self._held:
+            self._budget._give(self, self._held)
 
     def __enter__(self) -> Account:
         return self

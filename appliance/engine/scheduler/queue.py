@@ -58,6 +58,7 @@ class RequestQueue:
     def __init__(self, policy: SchedulerPolicy) -> None:
         self._policy = policy
         self._levels: list[deque[Pending]] = [deque() for _ in range(policy.levels)]
+        self._limits = [policy.queue_policy(level).max_queue_size for level in range(policy.levels)]
         self._delayed: deque[Pending] = deque()
         self._count = 0
         self.items = 0
@@ -76,7 +77,7 @@ class RequestQueue:
         yield from self._delayed
 
     def level_full(self, level: int) -> bool:
-        limit = self._policy.queue_policy(level).max_queue_size
+        limit = self._limits[level]
         return limit > 0 and len(self._levels[level]) >= limit
 
     def push(self, pending: Pending) -> None:

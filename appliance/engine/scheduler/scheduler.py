@@ -61,6 +61,8 @@ class Scheduler:
         self._in_flight = 0
         self._group = max(group, 1) if not policy.dynamic else 1
         self._inline = InlineRuns(label, execution, policy.max_batch_size)
+        level = policy.level_of({})
+        self._plain = level, policy.timeout_of(level, {})  # a request without parameters' level and timeout
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -180,8 +182,11 @@ class Scheduler:
         if self._closing:
             raise Unavailable(f"model {self.label} is unloading", retry_after=1)
         policy = self.policy
-        level = policy.level_of(parameters)
-        timeout = policy.timeout_of(level, parameters)
+        if parameters:
+            level = policy.level_of(parameters)
+            timeout = policy.timeout_of(level, parameters)
+        else:  # the common request: no priority, no timeout of its own
+            level, timeout = self._plain
         loop = self._loop
         key = tuple(sorted((name, array.shape[1:]) for name, array in inputs.items())) if policy.dynamic else ()
         if self._queue.level_full(level):
@@ -412,13 +417,15 @@ class Scheduler:
         if len(outcome) == 3:  # a group: each request was its own execution, and may have failed alone
             results, group_timing, failed = outcome
             timing = _share(group_timing, len(batch))
-            for index, (pending, waited) in enumerate(zip(batch, queue_ns)):
-                if index not in failed:
-                    self.stats.record_batch(pending.size, 1, [waited], timing)
-                    continue
+            if not failed:
+                self.stats.record_executions([p.size for p in batch], queue_ns, timing)
+            else:
+                self.stats.record_executions([p.size for i, p in enumerate(batch) if i not in failed],
+                                             [w for i, w in enumerate(queue_ns) if i not in failed], timing)
+            for index in sorted(failed):
                 results[index] = self._failure(results[index], 1)
                 if isinstance(results[index], InferenceFailed):
-                    self.stats.record_failed_batch(pending.size)
+                    self.stats.record_failed_batch(batch[index].size)
         else:
             results, timing = outcome
             self.stats.record_batch(sum(p.size for p in batch), len(batch), queue_ns, timing)
