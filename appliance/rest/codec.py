@@ -191,12 +191,16 @@ def _may_overflow(source: np.dtype, target: np.dtype) -> bool:
 _LARGEST = {np.dtype(t): float(np.finfo(t).max) for t in (np.float16, np.float32, np.float64)}
 
 
-def _within(source: np.ndarray, target: np.dtype) -> bool:
-    """Whether every value of ``source`` lies within the float type ``target``'s range, so that casting
-    it overflows nowhere: the common case, checked by two reductions in C."""
+def _within(data: list, flat: bool, source: np.ndarray, target: np.dtype) -> bool:
+    """Whether every value of ``source`` (read from ``data``, a flat list where ``flat``) lies within the
+    float type ``target``'s range, so that casting it overflows nowhere: the common case, checked in C
+    (the list's own min and max where it is flat, two reductions where it is nested)."""
     largest = _LARGEST.get(target)
-    return (largest is not None and source.size > 0 and np.maximum.reduce(source, axis=None) <= largest
-            and np.minimum.reduce(source, axis=None) >= -largest)
+    if largest is None or not source.size:
+        return False
+    if flat:
+        return max(data) <= largest and min(data) >= -largest
+    return bool(np.maximum.reduce(source, axis=None) <= largest and np.minimum.reduce(source, axis=None) >= -largest)
 
 
 def decode_json_data(data: Any, datatype: str, shape: tuple[int, ...], count: int, name: str) -> np.ndarray:
@@ -237,7 +241,7 @@ def decode_json_data(data: Any, datatype: str, shape: tuple[int, ...], count: in
             f"{_TYPE_WORDS[dtype.kind]}: input '{name}': 'data' does not hold {datatype} values: expected "
             f"{_KIND_WORDS[dtype.kind]}, got {_describe(source)}"
         )
-    if dtype.kind != "f" or not _may_overflow(source.dtype, dtype) or _within(source, dtype):
+    if dtype.kind != "f" or not _may_overflow(source.dtype, dtype) or _within(data, depth == 1, source, dtype):
         array = source.astype(dtype, copy=False)
         if dtype.kind in "iu" and source.size and not np.array_equal(array, source):
             raise InvalidInput(f"input '{name}': 'data' does not hold {datatype} values: a value is out of range")
