@@ -15,6 +15,8 @@ __all__ = ["ACCESS", "BOUNDLESS", "Access", "Operation"]
 
 
 class Access(enum.Enum):
+    __hash__ = object.__hash__  # (see Operation)
+
     OPEN = "open"
     """Health: needs nothing, even with protect_inference."""
     INFERENCE = "inference"
@@ -25,6 +27,10 @@ class Access(enum.Enum):
 
 
 class Operation(enum.Enum):
+    # Members are singletons that compare by identity: hashed in C, not by Enum's Python ``__hash__``
+    # (every request looks its operation up in ACCESS and BOUNDLESS).
+    __hash__ = object.__hash__
+
     SERVER_LIVE = "server_live"
     SERVER_READY = "server_ready"
     SERVER_HEALTH = "server_health"

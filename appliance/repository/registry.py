@@ -499,7 +499,9 @@ class ModelRegistry:
 
     def get(self, name: str, version: str | None = None) -> ModelVersion:
         """The ready model version a request names (the newest ready one when no version is given)."""
-        entry = self.entry(name)
+        entry = self._models.get(name) or self.entry(name)
+        if not version:
+            return entry.latest()
         number = parse_version(version)
         if number is None:
             return entry.latest()

@@ -8,6 +8,7 @@ cycle). The rules the connections keep (heads, bodies, timeouts, pipelining, han
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import typing
 from collections.abc import Awaitable, Callable
@@ -246,8 +247,7 @@ class LaneConnection(asyncio.Protocol):
             body = bytes(buffer[:length])
             del buffer[:length]
             running = self.running = Running(loop=self._loop)
-            lane.serve(head, body, self._peer, self._local, running,
-                       lambda reply, close: self._answered(running, head, reply, close))
+            lane.serve(head, body, self._peer, self._local, running, functools.partial(self._answered, running, head))
         else:
             self._wanted = length
             self.running = self._loop.create_task(self._serve(head))

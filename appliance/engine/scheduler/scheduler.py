@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from appliance.backends import BackendRequest
-from appliance.backends.base import Reschedule, reschedule_refused
+from appliance.backends.base import Outputs, Reschedule, reschedule_refused
 from appliance.core.errors import ApplianceError, InferenceFailed, Unavailable
 from appliance.engine.instances import InstancePool
 from appliance.engine.scheduler.completion import Answers, answer_later, mark_compute
@@ -429,19 +429,22 @@ class Scheduler:
         else:
             results, timing = outcome
             self.stats.record_batch(sum(p.size for p in batch), len(batch), queue_ns, timing)
+        complete = self._answers.complete
         for pending, result, waited in zip(batch, results, queue_ns):
             if pending.trace is not None:
                 mark_compute(pending.trace, timing)
             if pending.timing is not None:
                 pending.timing.add(waited, timing)
-            if isinstance(result, BaseException):
-                self._complete(pending, None, result)
+            if type(result) is Outputs:  # the common result, told first
+                complete(pending, result, None)
+            elif isinstance(result, BaseException):
+                complete(pending, None, result)
             elif isinstance(result, Future):  # the model answers later (a Python response sender)
                 self._complete_later(pending, result)
             elif isinstance(result, Reschedule):  # only the iterative sequence batcher runs it again
-                self._complete(pending, None, reschedule_refused(self.label))
+                complete(pending, None, reschedule_refused(self.label))
             else:
-                self._complete(pending, result, None)
+                complete(pending, result, None)
 
     def _failure(self, error: BaseException, requests: int) -> BaseException:
         """An execution's error as the waiters get it: anything but the appliance's own errors is logged
