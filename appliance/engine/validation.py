@@ -81,7 +81,8 @@ def _batch_size(model: str, signature: ModelSignature, request: InferRequest) ->
         if batched:
             if len(shape) >= 1 and shape[0] > signature.max_batch_size:
                 raise InvalidInput(
-                    f"{request_prefix(request.id)}inference request batch-size must be <= {signature.max_batch_size} for '{model}'"
+                    f"{request_prefix(request.id)}inference request batch-size must be <= "
+                    f"{signature.max_batch_size} for '{model}'"
                 )
             if len(shape) < 1 or shape[0] < 1:
                 raise InvalidInput(
