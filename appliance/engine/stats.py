@@ -124,8 +124,12 @@ class ModelStats:
         """Set for a model whose instances run under the rate limiter."""
 
     def record_request(self, ok: bool, duration_ns: int, reason: str = FailureReason.OTHER) -> None:
-        (self.success if ok else self.fail).add(duration_ns)
-        if not ok:
+        if ok:
+            success = self.success  # (Duration.add inline: every request passes here)
+            success.count += 1
+            success.ns += duration_ns
+        else:
+            self.fail.add(duration_ns)
             self.failures[reason] += 1
         self.latency_histogram[bisect.bisect_left(LATENCY_BUCKETS_US, duration_ns // 1000)] += 1
         self.last_inference_ms = time.time_ns() // 1_000_000
@@ -142,16 +146,19 @@ class ModelStats:
     def record_batch(self, batch_size: int, requests: int, queue_ns: list[int], timing: BatchTiming) -> None:
         self.execution_count += 1
         self.inference_count += batch_size
-        self.queue.add(sum(queue_ns), len(queue_ns))
-        self.compute_input.add(timing.input_ns * requests, requests)
-        self.compute_infer.add(timing.infer_ns * requests, requests)
-        self.compute_output.add(timing.output_ns * requests, requests)
         bucket = self.batches.get(batch_size)
         if bucket is None:
             bucket = self.batches[batch_size] = _BatchBucket()
-        bucket.compute_input.add(timing.input_ns)
-        bucket.compute_infer.add(timing.infer_ns)
-        bucket.compute_output.add(timing.output_ns)
+        input_ns, infer_ns, output_ns = timing.input_ns, timing.infer_ns, timing.output_ns
+        # (Duration.add inline: every batch passes here, one request each at low load)
+        queue = self.queue
+        queue.count += len(queue_ns)
+        queue.ns += sum(queue_ns)
+        for total, ns, times in ((self.compute_input, input_ns, requests), (self.compute_infer, infer_ns, requests),
+                                 (self.compute_output, output_ns, requests), (bucket.compute_input, input_ns, 1),
+                                 (bucket.compute_infer, infer_ns, 1), (bucket.compute_output, output_ns, 1)):
+            total.count += times
+            total.ns += ns * times
 
     def record_executions(self, batch_sizes: list[int], queue_ns: list[int], timing: BatchTiming) -> None:
         """A group's executions (one request each, of ``batch_sizes``), each as ``record_batch`` counts one

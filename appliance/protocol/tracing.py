@@ -56,11 +56,13 @@ class Tracer:
         "HTTP" or "GRPC", whose receive marks the trace then carries; ``traceparent``: the request's W3C
         trace context, read only in OpenTelemetry mode."""
         scope = self.settings.scope(model_name)
+        if "TIMESTAMPS" not in scope.values.level:  # tracing is off for it (the common case): nothing to count
+            return None
         parent = None
         if self.exporter is not None and traceparent is not None:
             header = traceparent()
             parent = self.exporter.caller(header) if header is not None else None
-        if parent is not None and "TIMESTAMPS" in scope.values.level and self._client_traces.take():
+        if parent is not None and self._client_traces.take():
             pass  # the caller traces this request: traced whatever the rate and count, within the cap
         elif not scope.sample():
             return None

@@ -63,6 +63,10 @@ def count_body(body: bytes, account: Account, signed: str | None) -> None:
         FleetVerifier.check_body(signed, hashlib.sha256(body).hexdigest())
 
 
+def _known() -> Target:
+    raise AssertionError("InferBody.ready's target is known: target_now answers it")
+
+
 class InferBody:
     """One infer request: ``target`` names the model (it may raise: a malformed path is answered after
     admission), ``header_length`` is the Inference-Header-Content-Length header as sent, ``read`` reads
@@ -74,12 +78,14 @@ class InferBody:
     streaming_alternative = ("POST .../generate_stream (or gRPC ModelStreamInfer), which returns all its "
                              "responses")
 
-    __slots__ = ("_target", "_raw_header_length", "_read", "_body", "_header_length", "_headers", "_signed")
+    __slots__ = ("_target", "_named", "_raw_header_length", "_read", "_body", "_header_length", "_headers",
+                 "_signed")
 
     def __init__(self, target: Callable[[], Target], header_length: str | None,
                  read: Callable[[Account], Awaitable[bytes]] | None, headers: Mapping[str, str] | None = None) -> None:
         self._headers = headers
         self._target = target
+        self._named: Target | None = None  # the target, where it is known already (``ready``)
         self._raw_header_length = header_length
         self._read = read
         self._body = b""
@@ -87,19 +93,22 @@ class InferBody:
         self._signed: str | None = None
 
     @classmethod
-    def ready(cls, target: Callable[[], Target], header_length: str | None, body: bytes, signed: str | None,
+    def ready(cls, target: Target, header_length: str | None, body: bytes, signed: str | None,
               headers: Mapping[str, str]) -> InferBody:
-        """A request whose body is in hand; ``signed``: the digest a signed request's body must have."""
-        source = cls(target, header_length, None, headers)
+        """A request whose body is in hand, to the model ``target`` names; ``signed``: the digest a signed
+        request's body must have."""
+        source = cls(_known, header_length, None, headers)
+        source._named = target
         source._body = body
         source._signed = signed
         return source
 
     async def target(self, account: Account) -> Target:
-        return self._target()
+        return self.target_now()
 
     def target_now(self) -> Target:
-        return self._target()
+        named = self._named
+        return named if named is not None else self._target()
 
     def traceparent(self) -> str | None:
         return self._headers.get("traceparent") if self._headers is not None else None

@@ -158,8 +158,10 @@ class InferLane(LaneConnections):
             if head.operation is not Operation.INFER:
                 reply = self._read(head)
             else:
-                source = InferBody.ready(lambda: Target(head.model, head.version), head.headers.get(HEADER_LENGTH),
-                                         body, signed, head.headers)
+                named = head.named
+                if named is None:  # (a head the connection sends again keeps it)
+                    named = head.named = Target(head.model, head.version)
+                source = InferBody.ready(named, head.headers.get(HEADER_LENGTH), body, signed, head.headers)
                 straight = _Straight(self, head, admitted, answered)
                 flight = self._dataplane.begin(who, source, received_ns, straight.landed)
                 if flight is None:  # not the straight line's: served as a request whose body is still coming is

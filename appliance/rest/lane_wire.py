@@ -15,6 +15,7 @@ from multidict import CIMultiDict
 
 from appliance.core.errors import ApplianceError
 from appliance.protocol.admission import Caller
+from appliance.protocol.inference import Target
 from appliance.protocol.operations import Operation
 from appliance.rest.http_basics import HEADER_LENGTH, error_parts, internal_message
 from appliance.rest.lane_head import HeadReader
@@ -46,7 +47,8 @@ class LaneHead:
     is read from a head depends on its bytes alone); ``caller``: its client as the Host rule and the
     connection's addresses made it, kept with it for that reuse (None until then)."""
 
-    __slots__ = ("operation", "method", "target", "model", "version", "headers", "length", "close", "caller")
+    __slots__ = ("operation", "method", "target", "model", "version", "headers", "length", "close", "caller",
+                 "named")
 
     def __init__(self, operation: Operation, method: str, target: str, model: str, version: str | None,
                  headers: CIMultiDict[str], length: int, close: bool) -> None:
@@ -59,6 +61,8 @@ class LaneHead:
         self.length = length
         self.close = close
         self.caller: Caller | None = None
+        self.named: Target | None = None
+        """The model it names, as the data plane takes it (made once, then kept with it)."""
 
 
 def lane_request(head: HeadReader, max_body: int) -> LaneHead | None:

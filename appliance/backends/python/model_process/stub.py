@@ -242,7 +242,7 @@ class _Model:
         if method is None:
             return None
         result = method(*args)
-        if not inspect.iscoroutine(result):
+        if type(result) is list or not inspect.iscoroutine(result):  # (execute()'s usual answer, told first)
             return result
         import asyncio
 
