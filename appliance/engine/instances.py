@@ -12,6 +12,8 @@ never waits for the daemon between batches. The instance's thread still runs one
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import logging
 import queue
 import threading
@@ -45,6 +47,55 @@ def resolving(future: asyncio.Future) -> Finished:
 log = logging.getLogger(__name__)
 
 
+class _Free:
+    """The free places of a pool's instances, in the order they came back: what the pool used
+    ``asyncio.Queue`` for (``get``, ``get_nowait``, ``put_nowait``, ``qsize``), with its rules (waiters
+    woken in order, a woken waiter that is cancelled passes its wake-up on), in a step each: one place is
+    taken and given back per batch, and the queue's took about ten Python calls for that."""
+
+    __slots__ = ("_loop", "_items", "_waiters")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._items: collections.deque[int] = collections.deque()
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    def qsize(self) -> int:
+        return len(self._items)
+
+    def get_nowait(self) -> int:
+        if not self._items:
+            raise asyncio.QueueEmpty
+        return self._items.popleft()
+
+    def put_nowait(self, index: int) -> None:
+        self._items.append(index)
+        self._wake()
+
+    def _wake(self) -> None:
+        waiters = self._waiters
+        while waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    async def get(self) -> int:
+        while not self._items:
+            waiter = self._loop.create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            except BaseException:
+                waiter.cancel()
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(waiter)
+                if self._items and not waiter.cancelled():  # woken, then cancelled: the next one gets it
+                    self._wake()
+                raise
+        return self._items.popleft()
+
+
 class InstancePool:
     def __init__(self, label: str, backends: Sequence[Backend], limits: InstanceLimits | None = None,
                  depth: int = 1) -> None:
@@ -67,12 +118,14 @@ class InstancePool:
         ]
         for thread in self._threads:
             thread.start()
-        self._free: asyncio.Queue[int] | None = None
+        self._free: _Free | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._elsewhere = [0 for _ in backends]
         """Per instance, the batches started with ``begin`` that have not finished."""
-        self._elsewhere_done = threading.Condition()
-        """Guards ``_elsewhere``; notified as such a batch finishes (close waits for them)."""
+        self._elsewhere_lock = threading.Lock()
+        """Guards ``_elsewhere`` (a plain lock: taken twice a batch, a Condition's ``with`` is Python code)."""
+        self._elsewhere_done = threading.Condition(self._elsewhere_lock)
+        """Notified as such a batch finishes (close waits for them)."""
         self._closed: set[int] = set()
         """Instances whose backend close() has been called: a second close() leaves them be."""
         self._on_finish: Callable[[int], None] | None = None
@@ -94,7 +147,7 @@ class InstancePool:
         with ``run_inline`` leave that to their caller, which does it right after, in the same step."""
         self._loop = asyncio.get_running_loop()
         self._on_finish = on_finish
-        self._free = asyncio.Queue()
+        self._free = _Free(self._loop)
         for _ in range(self.depth):
             for index in range(len(self._backends)):
                 self._free.put_nowait(index)
@@ -146,7 +199,7 @@ class InstancePool:
         assert self._loop is not None
         loop = self._loop
 
-        with self._elsewhere_done:
+        with self._elsewhere_lock:
             self._elsewhere[index] += 1
         loop_thread = threading.get_ident()
         returned = False
@@ -177,7 +230,7 @@ class InstancePool:
         return True
 
     def _finished_elsewhere(self, index: int) -> None:
-        with self._elsewhere_done:
+        with self._elsewhere_lock:
             self._elsewhere[index] -= 1
             if not self._elsewhere[index]:
                 self._elsewhere_done.notify_all()

@@ -186,3 +186,25 @@ async def test_run_hands_a_thread_s_result_to_then_on_the_loop(make_pool):
     await await_until(lambda: got, timeout=10)
     assert np.array_equal(got[0][0]["y"], [[2.0]]) and got[0][1] is None
     assert pool.idle == 1
+
+
+async def test_waiters_for_a_free_instance_get_it_in_order_and_a_cancelled_one_passes_it_on(make_pool):
+    pool = make_pool([FakeBackend()])
+    pool.start()
+    held = await pool.acquire()
+    first = asyncio.ensure_future(pool.acquire())
+    second = asyncio.ensure_future(pool.acquire())
+    third = asyncio.ensure_future(pool.acquire())
+    await asyncio.sleep(0)
+    pool.release(held)  # wakes the first waiter, which is cancelled before it runs
+    first.cancel()
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert first.cancelled()
+    assert second.done() and second.result() == held  # the wake-up went on to the next in line
+    assert not third.done() and pool.idle == 0
+    pool.release(second.result())
+    assert await asyncio.wait_for(third, 1) == held
+    assert pool.try_acquire() is None
+    pool.release(held)
+    assert pool.try_acquire() == held
