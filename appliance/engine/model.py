@@ -209,7 +209,7 @@ class ModelVersion:
     def _accept(self, request: InferRequest) -> int:
         """A request this version takes, validated and counted as running (and in ``traffic``): its batch
         size."""
-        if self.decoupled:
+        if self._decoupled:
             raise InvalidInput(
                 f"model '{self.name}' is decoupled (it may send any number of responses per request); call it "
                 "through a streaming API: HTTP generate_stream or gRPC ModelStreamInfer"

@@ -64,7 +64,7 @@ def validate_request(model: str, signature: ModelSignature, request: InferReques
 def _batch_size(model: str, signature: ModelSignature, request: InferRequest) -> int:
     """The rest of ``validate_request``, for inputs the model has (none twice, none required missing)."""
     batch: int | None = None
-    batched = signature.batched
+    batched = signature.max_batch_size > 0
     for tensor in request.inputs:
         spec = signature.inputs.get(tensor.name)
         if spec is None:

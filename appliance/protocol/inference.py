@@ -175,7 +175,7 @@ class Inference:
             return None
         if not model.straight or source.decoding_work() > DECODE_OFF_LOOP_BYTES:
             return None
-        flight = Flight(self, model.in_use(), self._budget.account(), then)
+        flight = Flight(self, model.in_use(), Account(self._budget), then)
         try:
             flight.held.__enter__()
             source.receive_now(flight.account)

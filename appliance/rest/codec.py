@@ -70,6 +70,8 @@ def _negative(dims: list) -> bool:
 
 
 _INT = {int}
+_NONE: dict[str, Any] = {}
+"""An input's parameters where it sends none (read only, never handed on)."""
 
 
 def _ignore(size: int) -> None:
@@ -180,21 +182,16 @@ def _exact_integers(data: list, source: np.ndarray, name: str, datatype: str) ->
         raise InvalidInput(f"input '{name}': 'data' does not hold {datatype} values: a value is out of range") from None
 
 
-def _may_overflow(source: np.dtype, target: np.dtype) -> bool:
-    """Whether JSON numbers read as ``source`` may become infinities as ``target`` (a float type): JSON
-    has no infinities, and integers (at most 2**64) fit every float type but FP16."""
-    if source == target:
-        return False
-    return source.kind == "f" or target.itemsize < 4
-
-
 _LARGEST = {np.dtype(t): float(np.finfo(t).max) for t in (np.float16, np.float32, np.float64)}
 
 
-def _within(data: list, flat: bool, source: np.ndarray, target: np.dtype) -> bool:
-    """Whether every value of ``source`` (read from ``data``, a flat list where ``flat``) lies within the
-    float type ``target``'s range, so that casting it overflows nowhere: the common case, checked in C
-    (the list's own min and max where it is flat, two reductions where it is nested)."""
+def _fits(data: list, flat: bool, source: np.ndarray, target: np.dtype) -> bool:
+    """Whether casting JSON numbers read as ``source`` (from ``data``, a flat list where ``flat``) to the
+    float type ``target`` overflows nowhere: always for the same type, and for integers (at most 2**64,
+    which every float type but FP16 holds); otherwise when every value lies within ``target``'s range,
+    checked in C (the list's own min and max where it is flat, two reductions where it is nested)."""
+    if source.dtype == target or (source.dtype.kind != "f" and target.itemsize >= 4):
+        return True
     largest = _LARGEST.get(target)
     if largest is None or not source.size:
         return False
@@ -241,7 +238,7 @@ def decode_json_data(data: Any, datatype: str, shape: tuple[int, ...], count: in
             f"{_TYPE_WORDS[dtype.kind]}: input '{name}': 'data' does not hold {datatype} values: expected "
             f"{_KIND_WORDS[dtype.kind]}, got {_describe(source)}"
         )
-    if dtype.kind != "f" or not _may_overflow(source.dtype, dtype) or _within(data, depth == 1, source, dtype):
+    if dtype.kind != "f" or _fits(data, depth == 1, source, dtype):
         array = source.astype(dtype, copy=False)
         if dtype.kind in "iu" and source.size and not np.array_equal(array, source):
             raise InvalidInput(f"input '{name}': 'data' does not hold {datatype} values: a value is out of range")
@@ -315,7 +312,8 @@ def _decode_request(header: dict[str, Any], body: bytes, header_length: int | No
                                f"{dims!r}"[:400])
         itemsize = element_size(datatype)
         shape, count = check_shape(dims, name, limits.max_tensor_elements, itemsize)
-        params = _parameters(raw, f"input '{name}'")
+        params = raw.get("parameters")
+        params = _NONE if params is None else _parameters(raw, f"input '{name}'")
         shared = shared_memory_ref(params, f"input '{name}'") if params else None
         if shared is not None:
             if "binary_data_size" in params or "data" in raw:
@@ -368,6 +366,8 @@ def _decode_request(header: dict[str, Any], body: bytes, header_length: int | No
 def _request_parameters(header: dict[str, Any]) -> dict[str, Any]:
     """The request's parameters; keys with Triton's reserved prefix refused, as Triton's HTTP front end does
     (over gRPC ``triton_enable_empty_final_response`` is allowed: it steers the stream)."""
+    if "parameters" not in header:  # the common request: none (a new dict: a request's own)
+        return {}
     params = _parameters(header, "the request")
     if params and any(isinstance(key, str) and key.startswith("triton_") for key in params):
         raise InvalidInput("parameter keys starting with 'triton_' are reserved for Triton usage and should not be "
@@ -489,11 +489,14 @@ def json_numbers(array: np.ndarray) -> list[bytes]:
     Triton writes them (``Infinity``, ``-Infinity``, ``NaN``: JavaScript's words, which Python's json and
     tritonclient read; strict JSON parsers do not, so ask for such outputs as binary data when a client
     needs them exactly). Vectorised: no Python step per element, whatever the values."""
-    return _json_array(np.ascontiguousarray(array).ravel(), _numbers_text)
+    values = np.ascontiguousarray(array).ravel()
+    if values.size <= _CHUNK:  # (the common answer: one piece of text)
+        return [b"[", _numbers_text(values), b"]"]
+    return _json_array(values, _numbers_text)
 
 
 def _json_data(name: str, array: np.ndarray) -> list[bytes]:
-    if is_bf16(array.dtype):
+    if array.dtype.kind == "V" and is_bf16(array.dtype):
         raise _json_refused(name)
     if array.dtype == object:
         return _json_array(array.ravel(), lambda items: orjson.dumps([output_text(name, item) for item in items])[1:-1])

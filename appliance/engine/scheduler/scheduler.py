@@ -473,7 +473,8 @@ def _backend_request(pending: Pending) -> BackendRequest:
     # front end's task was cancelled, and with it the future it awaited), so a running model sees
     # request.is_cancelled() turn True; Future.cancelled() only reads a flag, from any thread.
     return BackendRequest(pending.inputs, pending.outputs, pending.parameters, pending.size,
-                          request_id=pending.request_id, timeout_us=_timeout_us(pending.parameters),
+                          request_id=pending.request_id,
+                          timeout_us=_timeout_us(pending.parameters) if pending.parameters else 0,
                           sink=pending.sink, cancelled=pending.cancelled or pending.future.cancelled)
 
 
