@@ -247,7 +247,7 @@ class PythonBackend(ModelPyBackend):
             self._turn ^= 1
         batch = [{"key": key, "inputs": descriptors, "outputs": list(request.outputs), "id": request.request_id,
                   "correlation_id": request.correlation_id, "flags": request.flags, "timeout": request.timeout_us,
-                  "parameters": model_parameters(request.parameters)}
+                  "parameters": model_parameters(request.parameters) if request.parameters else "{}"}
                  for key, request, descriptors in zip(keys, requests, carried)]
         return arena_info, batch
 

@@ -375,7 +375,7 @@ class Scheduler:
         requests = [_backend_request(p) for p in batch]
         grouped = len(batch) > 1 and not self.policy.dynamic  # a group: each request its own execution
         if not grouped:
-            items = sum(p.size for p in batch)
+            items = batch[0].size if len(batch) == 1 else sum(p.size for p in batch)
             if self._inline.admits(items, now):
                 self._run_inline(index, batch, queue_ns, functools.partial(execute_batch, requests=requests), items)
                 return
@@ -428,7 +428,8 @@ class Scheduler:
                     self.stats.record_failed_batch(batch[index].size)
         else:
             results, timing = outcome
-            self.stats.record_batch(sum(p.size for p in batch), len(batch), queue_ns, timing)
+            items = batch[0].size if len(batch) == 1 else sum(p.size for p in batch)
+            self.stats.record_batch(items, len(batch), queue_ns, timing)
         complete = self._answers.complete
         for pending, result, waited in zip(batch, results, queue_ns):
             if pending.trace is not None:

@@ -123,11 +123,10 @@ class Reading:
                 reading = self._state == _MAIN
             if not reading:  # the reader thread reads on: its commands come through the queue
                 message = self._commands.get()
+            elif self._commands.empty():  # (asked first: an Empty raised for every command costs ~1 µs)
+                message = self._recv()
             else:
-                try:
-                    message = self._commands.get_nowait()  # read by the reader thread before it handed back
-                except queue.Empty:
-                    message = self._recv()
+                message = self._commands.get_nowait()  # read by the reader thread before it handed back
             if isinstance(message, COMMANDS):
                 with self._lock:
                     if self._state == _MAIN:
