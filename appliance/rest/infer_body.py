@@ -122,6 +122,9 @@ class InferBody:
         return _decoding_work(self._body, self._header_length)
 
     def decoding_work(self) -> int:
+        if self._raw_header_length is None:  # a JSON body (the common one): all of it
+            self._header_length = None
+            return len(self._body)
         self._header_length = _header_length(self._raw_header_length)
         return _decoding_work(self._body, self._header_length)
 

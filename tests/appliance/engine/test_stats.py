@@ -21,3 +21,14 @@ def test_a_failed_execution_counts_as_an_execution_but_not_an_inference():
     assert (document["inference_count"], document["execution_count"]) == (1, 2)
     assert document["inference_stats"]["compute_infer"] == {"count": 1, "ns": 2}
     assert document["batch_stats"][0]["compute_infer"]["count"] == 2  # Triton's batch row counts it
+
+
+def test_a_groups_executions_count_as_each_one_recorded_alone():
+    timing = BatchTiming(input_ns=3, infer_ns=50, output_ns=7)
+    together, alone = ModelStats(), ModelStats()
+    together.record_executions([1, 2, 1], [10, 20, 30], timing)
+    for size, waited in ((1, 10), (2, 20), (1, 30)):
+        alone.record_batch(size, 1, [waited], timing)
+    assert together.as_json() | {"last_inference": 0} == alone.as_json() | {"last_inference": 0}
+    together.record_executions([], [], timing)  # a group whose every execution failed: nothing ran
+    assert together.as_json()["execution_count"] == 3

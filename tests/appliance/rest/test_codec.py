@@ -319,6 +319,25 @@ def test_a_float_beyond_its_type_is_refused_not_made_infinite(datatype, value):
     assert np.isfinite(decode_infer_request(orjson.dumps(body)).inputs[0].data).all()
 
 
+@pytest.mark.parametrize("datatype, data, shape", [("FP32", [[1.0, 1e39]], [1, 2]), ("FP32", [1.0, -1e39], [2]),
+                                                    ("FP16", [[1, 70000]], [1, 2]), ("FP16", [1, -70000], [2])])
+def test_a_float_beyond_its_type_is_refused_flat_or_nested(datatype, data, shape):
+    """The range is checked by the list's own min and max when it is flat, by numpy's when nested."""
+    body = {"inputs": [{"name": "x", "shape": shape, "datatype": datatype, "data": data}]}
+    with pytest.raises(InvalidInput, match=f"beyond {datatype}'s range"):
+        decode_infer_request(orjson.dumps(body))
+
+
+def test_a_float_past_fp32s_largest_that_rounds_to_it_is_taken_as_before():
+    """Past the largest FP32 by less than half a step, a value rounds to it, not to infinity: the exact
+    path (the cast under np.errstate) decides what the quick range check cannot."""
+    largest = float(np.finfo(np.float32).max)
+    for data in ([largest * (1 + 2**-26)], [[largest * (1 + 2**-26)]]):
+        body = {"inputs": [{"name": "x", "shape": [1] if not isinstance(data[0], list) else [1, 1],
+                            "datatype": "FP32", "data": data}]}
+        assert decode_infer_request(orjson.dumps(body)).inputs[0].data.max() == np.float32(largest)
+
+
 def test_non_finite_outputs_are_written_as_triton_writes_them():
     """Infinity, -Infinity and NaN as Triton's JSON has them (Python's json and tritonclient read them);
     binary outputs carry them exactly."""
