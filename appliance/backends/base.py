@@ -256,7 +256,7 @@ class Outputs(dict[str, np.ndarray]):
 
     def __init__(self, tensors: Mapping[str, np.ndarray], parameters: Mapping[str, object] | None = None) -> None:
         super().__init__(tensors)
-        self.parameters: Mapping[str, object] = dict(parameters or {})
+        self.parameters: Mapping[str, object] = dict(parameters) if parameters else {}
 
 
 def not_cancelled() -> bool:

@@ -244,7 +244,7 @@ class ModelVersion:
         # may answer with some of its outputs; an ensemble step may, and the ensemble passes that on).
         outputs = self._outputs(results, request.outputs)
         # A model may set response parameters (Triton's Python InferenceResponse(parameters=...)).
-        parameters = dict(results.parameters) if isinstance(results, Outputs) else {}
+        parameters = dict(results.parameters) if isinstance(results, Outputs) and results.parameters else {}
         return InferResponse(self.name, self.version, outputs, id=request.id, parameters=parameters)
 
     def _outputs(self, results: Mapping[str, np.ndarray],

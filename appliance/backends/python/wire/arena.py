@@ -61,8 +61,7 @@ def inline(tensors: list[list[tuple[str, np.ndarray]]]) -> list[list[Descriptor]
             total += array.nbytes
     if total > INLINE_BYTES:
         return None
-    return [[(name, v2_datatype(array.dtype), array.shape, -1,
-              bytearray(np.ascontiguousarray(array).reshape(-1).view(np.uint8).data))
+    return [[(name, v2_datatype(array.dtype), array.shape, -1, bytearray(array.tobytes()))  # (C order, one step)
              for name, array in part] for part in tensors]
 
 
