@@ -510,15 +510,12 @@ def _raw_bytes(array: np.ndarray) -> bytes | memoryview:
     return np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
 
 
-def _never(_: str) -> bool:
-    return False
-
-
-def _binary_choice(request: InferRequest | None) -> Callable[[str], bool]:
+def _binary_choice(request: InferRequest | None) -> Callable[[str], bool] | None:
     """Whether the request asked for an output as binary data: per output ``binary_data``, else the
-    request-wide ``binary_data_output`` (for outputs it does not list), as Triton's http_server decides."""
-    if request is None or (not request.outputs and not request.parameters):  # the common small request
-        return _never
+    request-wide ``binary_data_output`` (for outputs it does not list), as Triton's http_server decides.
+    None where it asked for none (the common small request)."""
+    if request is None or (not request.outputs and not request.parameters):
+        return None
     default = bool(request.parameters.get("binary_data_output", False))
     wanted = {o.name: o.parameters for o in request.outputs}
 
@@ -538,7 +535,7 @@ def encoding_work(response: InferResponse, request: InferRequest | None = None) 
         if output.shared_memory is not None:
             continue
         data = output.data
-        if data.dtype == object or binary(output.name):
+        if data.dtype == object or (binary is not None and binary(output.name)):
             work += tensor_work(data)
         else:
             work += data.size * _JSON_NUMBER_BYTES
@@ -565,7 +562,7 @@ def encode_infer_response(
         }
         if output.shared_memory is not None:
             entries.append([orjson.dumps(entry)])  # in the client's region: no data (nor its parameters)
-        elif binary(output.name):
+        elif binary is not None and binary(output.name):
             raw = _raw_bytes(output.data)
             entry["parameters"] = {"binary_data_size": len(raw)}
             entries.append([orjson.dumps(entry)])
