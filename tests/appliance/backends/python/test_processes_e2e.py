@@ -120,8 +120,9 @@ def test_no_model_process_outlives_a_killed_daemon_and_its_arenas_go_at_the_next
     daemon.process.kill()
     daemon.process.wait(10)
     assert _wait_gone(stubs, 10) == []
-    left = [name for name in arenas if os.path.exists(f"/dev/shm/{name}")]
-    assert left  # a SIGKILL leaves them behind ...
+    # A SIGKILL leaves them behind (unit-tested: tests/appliance/backends/test_arena.py), until a daemon
+    # starts: this test's next one, or one another test starts meanwhile (the same sweep), so which of the
+    # two removes them is not asserted here.
     again = start_daemon(repo)
     assert [name for name in arenas if os.path.exists(f"/dev/shm/{name}")] == []  # ... the next start removes them
     again.stop()
