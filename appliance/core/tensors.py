@@ -110,9 +110,10 @@ def numpy_dtype(datatype: str) -> np.dtype:
 
 
 def v2_datatype(dtype: np.dtype) -> str:
-    name = _NUMPY_TO_V2.get(dtype)  # a numeric numpy dtype (the common case) is a key as it is
-    if name is not None:
-        return name
+    if isinstance(dtype, np.dtype):  # a numeric numpy dtype (the common case) is a key as it is
+        name = _NUMPY_TO_V2.get(dtype)
+        if name is not None:
+            return name
     dtype = np.dtype(dtype)
     if dtype.kind in ("O", "S", "U"):
         return "BYTES"

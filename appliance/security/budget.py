@@ -35,13 +35,14 @@ class MemoryBudget:
         return Account(self)
 
     def _take(self, account: Account, size: int) -> None:
-        """Count ``size`` bytes on ``account`` and on the budget, or raise without counting any."""
-        if account._held + size > self._limit:
-            raise PayloadTooLarge(
-                f"this request needs more than {self._limit} bytes in memory, the whole budget "
-                f"({self._setting}); send a smaller batch, or raise {self._setting}"
-            )
+        """Count ``size`` bytes on ``account`` and on the budget, or raise without counting any (both checks
+        under the lock: threads may reserve on one account at once, as an ensemble's steps do)."""
         with self._lock:
+            if account._held + size > self._limit:
+                raise PayloadTooLarge(
+                    f"this request needs more than {self._limit} bytes in memory, the whole budget "
+                    f"({self._setting}); send a smaller batch, or raise {self._setting}"
+                )
             if self._used + size > self._limit:
                 raise Unavailable(
                     f"the server holds {self._used} bytes of requests in memory and {self._setting} is "

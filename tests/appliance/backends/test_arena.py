@@ -105,6 +105,18 @@ def test_small_tensors_travel_in_the_message_and_come_out_writable_and_equal():
             assert not np.any(read)
 
 
+def test_an_array_subclass_travels_inline_as_its_data():
+    """A masked array's own tobytes writes its fill value where it is masked; inline carries the data, as
+    the arena does for a large one."""
+    masked = np.ma.masked_invalid(np.array([1.0, np.nan, 3.0], np.float32))
+    (descriptor,), = inline([[("m", masked)]])
+    read = read_tensor(None, descriptor, copy=False)
+    assert read[0] == 1.0 and np.isnan(read[1]) and read[2] == 3.0
+    fortran = np.asfortranarray(np.arange(6, dtype=np.int32).reshape(2, 3))
+    (descriptor,), = inline([[("f", fortran)]])
+    assert np.array_equal(read_tensor(None, descriptor, copy=False), fortran)
+
+
 def test_large_or_bytes_tensors_go_through_an_arena():
     assert inline([[("a", np.zeros(INLINE_BYTES // 4 + 1, np.float32))]]) is None
     half = INLINE_BYTES // 8  # FP32 elements in half of it

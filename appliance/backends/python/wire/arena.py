@@ -61,7 +61,8 @@ def inline(tensors: list[list[tuple[str, np.ndarray]]]) -> list[list[Descriptor]
             total += array.nbytes
     if total > INLINE_BYTES:
         return None
-    return [[(name, v2_datatype(array.dtype), array.shape, -1, bytearray(array.tobytes()))  # (C order, one step)
+    # ndarray's own tobytes (C order, one step): a subclass's may differ (a masked array writes its fill value)
+    return [[(name, v2_datatype(array.dtype), array.shape, -1, bytearray(np.ndarray.tobytes(array)))
              for name, array in part] for part in tensors]
 
 
@@ -97,7 +98,9 @@ def read_tensor(arena: Arena | None, descriptor: Descriptor, copy: bool) -> np.n
     name, datatype, shape, _, raw = descriptor
     if type(raw) is not bytearray or datatype == "BYTES":
         raise ValueError(f"tensor '{name}' is not carried as an inline tensor is")
-    dtype = NUMERIC_DTYPES.get(datatype) or numpy_dtype(datatype)
+    dtype = NUMERIC_DTYPES.get(datatype)
+    if dtype is None:
+        dtype = numpy_dtype(datatype)
     count = math.prod(shape)
     if count * dtype.itemsize != len(raw):
         raise ValueError(f"tensor '{name}' of shape {list(shape)} carries {len(raw)} bytes, not "
