@@ -17,8 +17,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import struct
-from collections.abc import Mapping
-from types import MappingProxyType
 
 import numpy as np
 
@@ -28,7 +26,6 @@ __all__ = [
     "bf16",
     "CONFIG_TO_V2",
     "V2_TO_CONFIG",
-    "NUMERIC_DTYPES",
     "RuntimeTensor",
     "is_bf16",
     "decode_bytes_tensor",
@@ -87,9 +84,6 @@ _V2_TO_NUMPY: dict[str, np.dtype] = {
 }
 """Every v2 datatype's numpy dtype but BF16's (``bf16()``, loaded on first use)."""
 _NUMPY_TO_V2 = {dt: name for name, dt in _V2_TO_NUMPY.items() if name != "BYTES"}
-NUMERIC_DTYPES: Mapping[str, np.dtype] = MappingProxyType({name: dt for name, dt in _V2_TO_NUMPY.items()
-                                                           if name != "BYTES"})
-"""The numpy dtype of every fixed-size v2 datatype but BF16 (``numpy_dtype`` for those and any other)."""
 _DATATYPES = (*_V2_TO_NUMPY, "BF16")
 _ELEMENT_SIZES: dict[str, int | None] = {name: None if name == "BYTES" else dt.itemsize
                                          for name, dt in _V2_TO_NUMPY.items()} | {"BF16": 2}

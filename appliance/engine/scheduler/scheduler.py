@@ -375,7 +375,7 @@ class Scheduler:
         requests = [_backend_request(p) for p in batch]
         grouped = len(batch) > 1 and not self.policy.dynamic  # a group: each request its own execution
         if not grouped:
-            items = batch[0].size if len(batch) == 1 else sum(p.size for p in batch)
+            items = _items(batch)
             if self._inline.admits(items, now):
                 self._run_inline(index, batch, queue_ns, functools.partial(execute_batch, requests=requests), items)
                 return
@@ -410,7 +410,7 @@ class Scheduler:
         if error is not None:
             error = self._failure(error, len(batch))
             if isinstance(error, InferenceFailed):  # it ran and failed (not refused before running)
-                self.stats.record_failed_batch(sum(p.size for p in batch))
+                self.stats.record_failed_batch(_items(batch))
             for pending in batch:
                 self._complete(pending, None, error)
             return
@@ -428,8 +428,7 @@ class Scheduler:
                     self.stats.record_failed_batch(batch[index].size)
         else:
             results, timing = outcome
-            items = batch[0].size if len(batch) == 1 else sum(p.size for p in batch)
-            self.stats.record_batch(items, len(batch), queue_ns, timing)
+            self.stats.record_batch(_items(batch), len(batch), queue_ns, timing)
         complete = self._answers.complete
         for pending, result, waited in zip(batch, results, queue_ns):
             if pending.trace is not None:
@@ -467,6 +466,11 @@ def _share(timing: BatchTiming, count: int) -> BatchTiming:
     """One request's part of what a group of ``count`` executions cost (each is counted on its own)."""
     return BatchTiming(timing.input_ns // count, timing.infer_ns // count, timing.output_ns // count,
                        timing.start_ns, timing.end_ns)
+
+
+def _items(batch: list[Pending]) -> int:
+    """The batch items a batch's requests carry together (a batch of one, the common one, without a sum)."""
+    return batch[0].size if len(batch) == 1 else sum(p.size for p in batch)
 
 
 def _backend_request(pending: Pending) -> BackendRequest:

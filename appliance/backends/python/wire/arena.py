@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from appliance.core.tensors import NUMERIC_DTYPES, decode_bytes_tensor, encode_bytes_tensor, numpy_dtype, v2_datatype
+from appliance.core.tensors import decode_bytes_tensor, encode_bytes_tensor, numpy_dtype, v2_datatype
 
 __all__ = ["ARENA_PREFIX", "INLINE_BYTES", "KEEP_BYTES", "Arena", "Attachments", "BlockRef", "Blocks", "Descriptor",
            "arena_usage", "inline", "pack", "read_tensor", "remove_stale_arenas", "reusable_size"]
@@ -98,9 +98,7 @@ def read_tensor(arena: Arena | None, descriptor: Descriptor, copy: bool) -> np.n
     name, datatype, shape, _, raw = descriptor
     if type(raw) is not bytearray or datatype == "BYTES":
         raise ValueError(f"tensor '{name}' is not carried as an inline tensor is")
-    dtype = NUMERIC_DTYPES.get(datatype)
-    if dtype is None:
-        dtype = numpy_dtype(datatype)
+    dtype = numpy_dtype(datatype)
     count = math.prod(shape)
     if count * dtype.itemsize != len(raw):
         raise ValueError(f"tensor '{name}' of shape {list(shape)} carries {len(raw)} bytes, not "
