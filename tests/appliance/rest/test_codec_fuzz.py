@@ -523,3 +523,36 @@ def test_responses_are_byte_identical_to_the_reference_encoder(outputs, data):
     response = InferResponse("m", 1, outputs, id=data.draw(st.none() | st.text(max_size=4)),
                              parameters=data.draw(st.sampled_from([{}, {"sequence_end": True, "n": 3}])))
     assert encode_infer_response(response, request) == _reference_response(response, request)
+
+
+_EDGES = (65504.0, 65520.0, 3.4028234663852886e38, 3.4028235677973366e38, 1e39, 1e308)
+
+
+_NUMBERS = (st.floats(allow_nan=False, allow_infinity=False) | st.sampled_from(_EDGES + tuple(-v for v in _EDGES))
+            | st.integers(-(2**63), 2**64 - 1))
+
+
+@given(values=st.lists(_NUMBERS, min_size=1, max_size=6),
+       datatype=st.sampled_from(("FP16", "FP32", "FP64")), nested=st.booleans())
+def test_json_floats_are_cast_exactly_or_refused_as_beyond_range_flat_or_nested(values, datatype, nested):
+    """The quick range check (a flat list's min and max, numpy's reductions for a nested one) decides as
+    the cast under np.errstate does: the same tensor, or 'beyond range' where the cast made an infinity."""
+    data = [values] if nested else values
+    body = orjson.dumps({"inputs": [{"name": "x", "shape": [1, len(values)] if nested else [len(values)],
+                                     "datatype": datatype, "data": data}]})
+    try:
+        source = np.array(data)
+    except OverflowError:  # integers numpy reads only as objects: refused as they were
+        with pytest.raises(InvalidInput):
+            decode_infer_request(body)
+        return
+    dtype = np.dtype(datatype.replace("FP", "float"))
+    with np.errstate(over="ignore"):
+        expected = source.astype(dtype)
+    try:
+        decoded = decode_infer_request(body).inputs[0].data
+    except InvalidInput as exc:
+        if source.dtype.kind in "iuf":  # (mixed huge integers read as objects: refused for their kind)
+            assert f"beyond {datatype}'s range" in str(exc) and not np.isfinite(expected).all()
+        return
+    assert np.isfinite(decoded).all() and np.array_equal(decoded, expected)
