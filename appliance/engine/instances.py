@@ -125,6 +125,9 @@ class InstancePool:
         self._elsewhere_lock = threading.Lock()
         """Guards ``_elsewhere`` (a plain lock: taken twice a batch, a Condition's ``with`` is Python code)."""
         self._elsewhere_done = threading.Condition(self._elsewhere_lock)
+        self._elsewhere_waiters = 0
+        """Threads in ``_wait_elsewhere`` (a batch's end notifies only when one waits: notify_all is Python
+        code, three calls a batch for nobody)."""
         """Notified as such a batch finishes (close waits for them)."""
         self._closed: set[int] = set()
         """Instances whose backend close() has been called: a second close() leaves them be."""
@@ -232,14 +235,19 @@ class InstancePool:
     def _finished_elsewhere(self, index: int) -> None:
         with self._elsewhere_lock:
             self._elsewhere[index] -= 1
-            if not self._elsewhere[index]:
+            if self._elsewhere_waiters and not self._elsewhere[index]:
                 self._elsewhere_done.notify_all()
 
     def _wait_elsewhere(self, index: int, deadline: float | None) -> bool:
         """Whether the batches started on instance ``index`` with ``begin`` all finished by ``deadline``."""
         with self._elsewhere_done:
-            return self._elsewhere_done.wait_for(
-                lambda: not self._elsewhere[index], None if deadline is None else max(0.0, deadline - time.monotonic()))
+            self._elsewhere_waiters += 1
+            try:
+                return self._elsewhere_done.wait_for(
+                    lambda: not self._elsewhere[index],
+                    None if deadline is None else max(0.0, deadline - time.monotonic()))
+            finally:
+                self._elsewhere_waiters -= 1
 
     def run_inline(self, index: int, work: Callable[[Backend], T]) -> T:
         """Run ``work(backend)`` on an acquired instance right here, on the event loop's thread, and

@@ -242,10 +242,16 @@ class ModelVersion:
     def _response(self, request: InferRequest, results: Mapping[str, np.ndarray]) -> InferResponse:
         # An output the model did not produce is left out of the response, as Triton does (a Python model
         # may answer with some of its outputs; an ensemble step may, and the ensemble passes that on).
-        outputs = self._outputs(results, request.outputs)
+        every = self._produced_order
+        if request.outputs or every is None or self._output_reshape:
+            outputs = self._outputs(results, request.outputs)
+        else:  # the common answer (every output, as the model made them): ``_outputs`` without its steps
+            outputs = [InferOutput(name, v2_datatype(value.dtype), value) if type(value) is np.ndarray
+                       else self._output(every[name], value)
+                       for name, value in results.items() if value is not None and name in every]
         # A model may set response parameters (Triton's Python InferenceResponse(parameters=...)).
-        parameters = dict(results.parameters) if isinstance(results, Outputs) and results.parameters else {}
-        return InferResponse(self.name, self.version, outputs, id=request.id, parameters=parameters)
+        parameters = dict(results.parameters) if type(results) is Outputs and results.parameters else {}
+        return InferResponse(self.name, self.version, outputs, request.id, parameters)
 
     def _outputs(self, results: Mapping[str, np.ndarray],
                  requested: Sequence[RequestedOutput]) -> list[InferOutput]:

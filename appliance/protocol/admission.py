@@ -137,28 +137,38 @@ class Admission:
     def check(self, operation: Operation, caller: Caller) -> str | None:
         return self.policy.check(operation, caller)
 
-    def admit(self, operation: Operation, caller: Caller) -> Admitted:
+    def admit(self, operation: Operation, caller: Caller, proof: object = None) -> Admitted:
         """Held while the request is handled: refused on entry (before it holds any bytes) when the caller
         may not ask for ``operation`` or max_concurrent_requests are running already. Entering gives the
-        body digest a signed request must match (see AccessPolicy.check)."""
-        return Admitted(self, operation, caller)
+        body digest a signed request must match (see AccessPolicy.check). ``proof``: the ``Admitted.proof``
+        of an earlier request with the same operation and caller (a connection that sends the same head
+        again), whose access check then stands (the bound is counted all the same)."""
+        return Admitted(self, operation, caller, proof)
 
 
 class Admitted:
     """One request's admission (``Admission.admit``): a context manager, a class rather than a generator
     because every request enters one."""
 
-    __slots__ = ("_admission", "_operation", "_caller", "_counted")
+    __slots__ = ("_admission", "_operation", "_caller", "_counted", "proof")
 
-    def __init__(self, admission: Admission, operation: Operation, caller: Caller) -> None:
+    def __init__(self, admission: Admission, operation: Operation, caller: Caller, proof: object = None) -> None:
         self._admission = admission
         self._operation = operation
         self._caller = caller
         self._counted = False
+        self.proof = proof
+        """Once entered: what an identical later request may show to skip the access check (``admit``), or
+        None (a signed request proves itself each time: its signature covers a nonce used once)."""
 
     def __enter__(self) -> str | None:
         admission = self._admission
-        signed_body = admission.policy.check(self._operation, self._caller)
+        policy = admission.policy
+        if self.proof is policy:  # this caller passed this check before
+            signed_body = None
+        else:
+            signed_body = policy.check(self._operation, self._caller)
+            self.proof = policy if signed_body is None else None
         if self._operation in BOUNDLESS and not self._caller.always_counted:
             return signed_body
         if admission._in_flight >= admission.limit:

@@ -77,8 +77,11 @@ class ProtocolWrapper(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._inner.connection_lost(exc)
 
-    def data_received(self, data: bytes) -> None:
-        self._inner.data_received(data)
+    @property
+    def data_received(self) -> Callable[[bytes], None]:
+        """The inner protocol's own: the event loop looks it up when the connection is made (uvloop does
+        once) and calls it without a step in between (a connection's every read goes through here)."""
+        return self._inner.data_received
 
     def eof_received(self) -> bool | None:
         return self._inner.eof_received()

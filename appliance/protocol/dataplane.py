@@ -149,11 +149,11 @@ class DataPlane:
 
     # Admission
 
-    def admit(self, operation: Operation, caller: Caller) -> Admitted:
+    def admit(self, operation: Operation, caller: Caller, proof: object = None) -> Admitted:
         """Held while one request is handled; a transport asks before it reads the request's bytes.
         Entering gives the SHA-256 (hex) a signed request's body must have (None: not signed), which the
-        transport checks as it reads the body."""
-        return self._admission.admit(operation, caller)
+        transport checks as it reads the body. ``proof``: see ``Admission.admit``."""
+        return self._admission.admit(operation, caller, proof)
 
     def check_access(self, operation: Operation, caller: Caller) -> None:
         """The access policy alone (for each request read from an open stream, admitted with the stream)."""

@@ -272,7 +272,7 @@ class Inference:
 
     def _start_trace(self, model: ModelVersion, source: InferSource, received_ns: int | None) -> Trace | None:
         """The request's trace when it is sampled: its front end's receive marks, then REQUEST_START."""
-        if self._tracer is None:
+        if self._tracer is None or not self._tracer.settings.tracing:  # no scope traces: nothing to count
             return None
         return self._tracer.start(model.name, model.version, received_ns, frontend=source.frontend,
                                   read_ns=time.monotonic_ns(), traceparent=source.traceparent)

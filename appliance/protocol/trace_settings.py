@@ -103,6 +103,9 @@ class TraceSettings:
         """Only models with settings of their own; the others use the global scope."""
         self._file = trace_file
         self._mode = mode
+        self.tracing = "TIMESTAMPS" in self._defaults.level
+        """Whether any scope traces (its level has TIMESTAMPS): where none does, a request is not
+        sampled at all (``Tracer.start`` is not asked)."""
 
     def get(self, model: str | None = None) -> dict[str, list[str]]:
         """The settings in force for ``model`` (or the global ones), as the protocol answers them."""
@@ -149,6 +152,7 @@ class TraceSettings:
             self._global = self._derive(self._global, self._defaults, parsed, cleared)
             for name in list(self._models):  # models that take fields from the global scope follow it
                 self._rebuild(name, {}, set())
+        self.tracing = any("TIMESTAMPS" in scope.values.level for scope in (self._global, *self._models.values()))
         return self.get(model)
 
     def _rebuild(self, model: str, parsed: Mapping[str, object], cleared: set[str]) -> None:

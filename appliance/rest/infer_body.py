@@ -82,26 +82,23 @@ class InferBody:
                  "_signed")
 
     def __init__(self, target: Callable[[], Target], header_length: str | None,
-                 read: Callable[[Account], Awaitable[bytes]] | None, headers: Mapping[str, str] | None = None) -> None:
+                 read: Callable[[Account], Awaitable[bytes]] | None, headers: Mapping[str, str] | None = None,
+                 named: Target | None = None, body: bytes = b"", signed: str | None = None) -> None:
         self._headers = headers
         self._target = target
-        self._named: Target | None = None  # the target, where it is known already (``ready``)
+        self._named = named  # the target, where it is known already (``ready``)
         self._raw_header_length = header_length
         self._read = read
-        self._body = b""
+        self._body = body
         self._header_length: int | None = None
-        self._signed: str | None = None
+        self._signed = signed
 
     @classmethod
     def ready(cls, target: Target, header_length: str | None, body: bytes, signed: str | None,
               headers: Mapping[str, str]) -> InferBody:
         """A request whose body is in hand, to the model ``target`` names; ``signed``: the digest a signed
         request's body must have."""
-        source = cls(_known, header_length, None, headers)
-        source._named = target
-        source._body = body
-        source._signed = signed
-        return source
+        return cls(_known, header_length, None, headers, target, body, signed)
 
     async def target(self, account: Account) -> Target:
         return self.target_now()
@@ -129,7 +126,10 @@ class InferBody:
         return _decoding_work(self._body, self._header_length)
 
     def receive_now(self, account: Account) -> None:
-        count_body(self._body, account, self._signed)
+        if self._signed is None:  # (``count_body``, one call fewer for every request on the straight line)
+            account.reserve(len(self._body))
+        else:
+            count_body(self._body, account, self._signed)
 
     def decode(self, model: ModelVersion, limits: DecodeLimits, reserve: Callable[[int], None]) -> InferRequest:
         if self._header_length == 0:

@@ -113,15 +113,18 @@ class InferLane(LaneConnections):
     def _admit(self, head: LaneHead, peer: str | None, local: str | None) -> tuple[Caller, Admitted, str | None]:
         """The Host and browser rules, the caller, and its admission (entered: the caller exits it). The
         first two depend on the head and the connection alone: a head the connection sends again keeps
-        them (``LaneHead.caller``); admission is asked every time."""
+        them (``LaneHead.caller``), and the access check it passed (``LaneHead.proof``); the bound on
+        requests at once is asked every time."""
         who = head.caller
         if who is None:
             headers = head.headers
             check_host(headers, self._config.hosts)
             who = head.caller = http_caller(headers, peer, local, (head.method, head.target),
                                             self._config.trusted_proxies)
-        admitted = self._dataplane.admit(head.operation, who)
-        return who, admitted, admitted.__enter__()
+        admitted = self._dataplane.admit(head.operation, who, head.proof)
+        signed = admitted.__enter__()
+        head.proof = admitted.proof
+        return who, admitted, signed
 
     async def answer(self, head: LaneHead, body: Callable[[], Awaitable[bytes]], peer: str | None,
                      local: str | None) -> tuple[list[bytes], bool]:

@@ -299,31 +299,24 @@ class LaneConnection(asyncio.Protocol):
         self._write(head, reply, close)
 
     def _write(self, head: LaneHead, reply: list[bytes], close: bool) -> None:
-        """Write a request's answer; unless the connection closes, the next request goes on once the client
-        has taken it (``_next``)."""
-        if self._send(head, reply, close):
-            drained = self._drained
-            if drained is not None and not drained.done():
-                drained.add_done_callback(lambda _: self._next())
-            else:
-                self._next()
-
-    def _send(self, head: LaneHead, reply: list[bytes], close: bool) -> bool:
-        """Write a request's answer; whether the connection goes on (False: it is closing)."""
+        """Write a request's answer; unless the connection closes after it, the next request goes on once
+        the client has taken it (``_next``)."""
         transport = self._transport
         if transport is None or transport.is_closing():
-            return False
-        close = close or head.close or self._lane.stopping
-        if close:
-            reply = closing(reply)
+            return
+        if close or head.close or self._lane.stopping:
+            transport.writelines(closing(reply))
+            transport.close()
+            return
         if len(reply) == 1:
             transport.write(reply[0])
         else:
             transport.writelines(reply)
-        if close:
-            transport.close()
-            return False
-        return True
+        drained = self._drained
+        if drained is not None and not drained.done():
+            drained.add_done_callback(lambda _: self._next())
+        else:
+            self._next()
 
     def _next(self) -> None:
         """After an answer (once the client has taken it, where writing paused): the wait for the next head

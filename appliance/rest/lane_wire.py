@@ -48,7 +48,7 @@ class LaneHead:
     connection's addresses made it, kept with it for that reuse (None until then)."""
 
     __slots__ = ("operation", "method", "target", "model", "version", "headers", "length", "close", "caller",
-                 "named")
+                 "named", "proof")
 
     def __init__(self, operation: Operation, method: str, target: str, model: str, version: str | None,
                  headers: CIMultiDict[str], length: int, close: bool) -> None:
@@ -63,6 +63,8 @@ class LaneHead:
         self.caller: Caller | None = None
         self.named: Target | None = None
         """The model it names, as the data plane takes it (made once, then kept with it)."""
+        self.proof: object = None
+        """Its access check passed (``Admitted.proof``), kept with it for that reuse."""
 
 
 def lane_request(head: HeadReader, max_body: int) -> LaneHead | None:

@@ -87,6 +87,33 @@ def test_the_bound_on_requests_in_flight_leaves_health_and_metrics_out():
     assert admission.in_flight == 0
 
 
+def test_a_proof_skips_the_access_check_of_the_same_caller_but_not_the_bound():
+    """A connection that sends the same head again shows the proof its first request earned: the check
+    stands, the bound on requests at once is counted as ever; a refusal and a signed request earn none."""
+    admission = Admission(AccessPolicy(TOKEN, protect_inference=True), max_concurrent_requests=1)
+    caller = Caller(REMOTE, f"Bearer {TOKEN}")
+    first = admission.admit(Operation.INFER, caller)
+    with first:
+        assert first.proof is admission.policy and admission.in_flight == 1
+    again = admission.admit(Operation.INFER, Caller(REMOTE, "Bearer wrong"), first.proof)
+    # (the proof stands for the head it came with: the lane shows it for that head alone)
+    with again, pytest.raises(Unavailable, match="max_concurrent_requests"), admission.admit(
+            Operation.INFER, caller, first.proof):
+        pass
+    refused = admission.admit(Operation.INFER, Caller(REMOTE, "Bearer wrong"))
+    with pytest.raises(Unauthorized), refused:
+        pass
+    assert refused.proof is None and admission.in_flight == 0
+    assert admission.admit(Operation.INFER, caller, AccessPolicy(TOKEN)).__enter__() is None  # another policy's
+    box = FleetVerifier(TOKEN, "8d5a3c1e-1111-4222-8333-944445555666")
+    signing = Admission(AccessPolicy(TOKEN, signatures=box))
+    line = ("POST", "/v2/repository/models/m/load")
+    signed = signing.admit(Operation.MODEL_LOAD, Caller(REMOTE, sign(TOKEN, box.box_id, box.nonce(), *line, b""),
+                                                          request_line=line))
+    with signed:
+        assert signed.proof is None  # its nonce is spent: the next request signs afresh
+
+
 def test_junk_addresses_lie_in_no_network_and_are_not_kept():
     """A forwarded header may carry anything: junk lies in no network, and what is longer than any IP
     literal is refused before the parse cache holds it (the cache keeps only short literals)."""

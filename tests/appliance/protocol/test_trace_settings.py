@@ -89,3 +89,16 @@ def test_the_trace_file_refusal_is_tritons_text():
     with pytest.raises(NotSupported) as refused:
         TraceSettings().update({"trace_file": ["model.log"]}, model="simple")
     assert str(refused.value.message) == "trace file location can not be updated through network protocol"
+
+
+def test_tracing_says_whether_any_scope_traces():
+    """Where no scope's level has TIMESTAMPS, requests are not sampled at all (the data plane asks this first)."""
+    settings = TraceSettings()
+    assert not settings.tracing
+    settings.update({"trace_level": ["TIMESTAMPS"]}, model="m")
+    assert settings.tracing
+    settings.update({"trace_level": []}, model="m")
+    assert not settings.tracing
+    settings.update({"trace_level": ["TIMESTAMPS", "TENSORS"]})
+    assert settings.tracing
+    assert TraceSettings(TraceValues(level=("TIMESTAMPS",))).tracing

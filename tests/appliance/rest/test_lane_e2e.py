@@ -409,13 +409,14 @@ def test_a_head_sent_again_is_answered_again_and_one_that_differs_is_read_afresh
     wrong = {"Authorization": "Bearer not-the-token-0123456789abcdef"}
     connection = _Connection(lane.port, source="127.0.0.2")  # not exempt: the token is checked
     try:
-        for headers in (token, token, wrong, token, {**token, "Host": "rebound.example"}, token):
+        # A head sent again keeps the access check it passed, never one it failed.
+        for headers in (token, token, wrong, wrong, token, {**token, "Host": "rebound.example"}, token):
             connection.send(_request(body, headers=headers))
-        answers = [connection.answer() for _ in range(6)]
+        answers = [connection.answer() for _ in range(7)]
     finally:
         connection.close()
     statuses = [status for status, _, _ in answers]
-    assert statuses[:4] == [200, 200, 401, 200]
-    assert statuses[4] in (400, 403, 421) and b"Host" in answers[4][2]
-    assert statuses[5] == 200
-    assert _outputs(answers[0][2]) == _outputs(answers[5][2]) == [d + 1 for d in DATA]
+    assert statuses[:5] == [200, 200, 401, 401, 200]
+    assert statuses[5] in (400, 403, 421) and b"Host" in answers[5][2]
+    assert statuses[6] == 200
+    assert _outputs(answers[0][2]) == _outputs(answers[6][2]) == [d + 1 for d in DATA]
