@@ -448,6 +448,12 @@ class Flight:
         if self._ended:
             return
         self._ended = True
+        if self.trace is None:  # (``release`` without its steps, for the untraced request)
+            try:
+                self.held.__exit__(None, None, None)
+            finally:
+                self.account.close()
+            return
         release(self._inference, self.trace, self.held, self.account, sent)
 
     def sent(self, frontend: str) -> tuple[str, int, int] | None:

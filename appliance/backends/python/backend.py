@@ -47,6 +47,7 @@ from appliance.backends.python.wire.messages import (
     Failed,
     Free,
     Initialize,
+    Item,
     Message,
     Produced,
     Ready,
@@ -237,17 +238,16 @@ class PythonBackend(ModelPyBackend):
                                                "running auto_complete_config()"))
         self._initialize()
 
-    def _write_inputs(self, requests: Sequence[BackendRequest], keys: list[int]) -> tuple[dict | None, list[dict]]:
+    def _write_inputs(self, requests: Sequence[BackendRequest], keys: list[int]) -> tuple[dict | None, list[Item]]:
         """The batch's inputs in the message (small ones: ``inline``) or in an input arena (its ``info()``, else
-        None), and one dict a request for the model process."""
+        None), and one ``Item`` a request for the model process."""
         tensors = [list(r.inputs.items()) for r in requests]
         carried, arena, arena_info = pack(tensors, self._input_arenas[self._turn], self._context.model_name)
         if arena_info is not None:  # in the arena: the next batch takes the other one
             self._input_arenas[self._turn] = arena
             self._turn ^= 1
-        batch = [{"key": key, "inputs": descriptors, "outputs": list(request.outputs), "id": request.request_id,
-                  "correlation_id": request.correlation_id, "flags": request.flags, "timeout": request.timeout_us,
-                  "parameters": model_parameters(request.parameters) if request.parameters else "{}"}
+        batch = [(key, descriptors, list(request.outputs), request.request_id, request.correlation_id, request.flags,
+                  request.timeout_us, model_parameters(request.parameters) if request.parameters else "{}")
                  for key, request, descriptors in zip(keys, requests, carried)]
         return arena_info, batch
 

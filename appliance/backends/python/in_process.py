@@ -249,11 +249,10 @@ class InProcessPythonBackend(ModelPyBackend):
             self.configure(self._context.config)
         keys = self._requests.open(requests, streamed=False)
         served = [
-            pb_utils.InferenceRequest.served(key, [pb_utils.Tensor(name, array) for name, array in r.inputs.items()],
-                                             {"outputs": list(r.outputs), "id": r.request_id,
-                                              "correlation_id": r.correlation_id, "flags": r.flags,
-                                              "timeout": r.timeout_us, "parameters": model_parameters(r.parameters)},
-                                             False)
+            pb_utils.InferenceRequest.served(
+                (key, None, r.outputs, r.request_id, r.correlation_id, r.flags, r.timeout_us,
+                 model_parameters(r.parameters)),
+                [pb_utils.Tensor(name, array) for name, array in r.inputs.items()], False)
             for key, r in zip(keys, requests)
         ]
         results: list[Any]

@@ -477,10 +477,10 @@ def _backend_request(pending: Pending) -> BackendRequest:
     # Without a probe of its own, a request is cancelled when its waiter is (the client went away: the
     # front end's task was cancelled, and with it the future it awaited), so a running model sees
     # request.is_cancelled() turn True; Future.cancelled() only reads a flag, from any thread.
-    return BackendRequest(pending.inputs, pending.outputs, pending.parameters, pending.size,
-                          request_id=pending.request_id,
-                          timeout_us=_timeout_us(pending.parameters) if pending.parameters else 0,
-                          sink=pending.sink, cancelled=pending.cancelled or pending.future.cancelled)
+    parameters = pending.parameters
+    return BackendRequest(pending.inputs, pending.outputs, parameters, pending.size, pending.request_id, 0, 0,
+                          _timeout_us(parameters) if parameters else 0, pending.sink,
+                          pending.cancelled or pending.future.cancelled)
 
 
 def _timeout_us(parameters: Mapping[str, Any]) -> int:

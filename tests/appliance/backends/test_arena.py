@@ -95,9 +95,10 @@ def test_small_tensors_travel_in_the_message_and_come_out_writable_and_equal():
              [("a", np.arange(4, dtype=np.int32)[::2])]]  # not contiguous: copied contiguous
     carried = inline(parts)
     assert carried is not None
-    sent = decode(encode(Execute(None, [{"inputs": descriptors} for descriptors in carried])))
+    sent = decode(encode(Execute(None, [(key, descriptors, [], "", 0, 0, 0, "{}")
+                                        for key, descriptors in enumerate(carried)])))
     for part, item in zip(parts, sent.batch):
-        for (name, array), descriptor in zip(part, item["inputs"]):
+        for (name, array), descriptor in zip(part, item[1]):
             read = read_tensor(None, descriptor, copy=False)
             assert descriptor[0] == name and read.dtype == array.dtype
             np.testing.assert_array_equal(read, array)

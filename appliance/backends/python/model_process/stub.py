@@ -110,13 +110,12 @@ class _Attached:
             arena.close()
 
 
-def _requests(arena: Arena | None, batch: list[dict], decoupled: bool) -> list[pb_utils.InferenceRequest]:
+def _requests(arena: Arena | None, batch: list[wire.Item], decoupled: bool) -> list[pb_utils.InferenceRequest]:
     """The batch as model.py sees it. A decoupled model's inputs are detached from the arena (it may
     read them after execute() returned, when the arena holds the next batch)."""
     return [
         pb_utils.InferenceRequest.served(
-            item["key"], [pb_utils.Tensor(d[0], read_tensor(arena, d, copy=decoupled)) for d in item["inputs"]],
-            item, decoupled)
+            item, [pb_utils.Tensor(d[0], read_tensor(arena, d, copy=decoupled)) for d in item[1]], decoupled)
         for item in batch
     ]
 

@@ -26,8 +26,8 @@ from appliance.core.errors import InferenceFailed
 __all__ = [
     "ENTRIES", "KINDS", "Answer", "Ask", "Cancel", "Crashed", "Describe", "Described", "Done", "Entry", "Errored",
     "Execute", "ExecuteEach", "Failed", "Finalize", "Finalized", "Free", "Gone", "HandedOver", "Handover", "Infer",
-    "Initialize", "Log", "Message", "MessageRefused", "MetricUpdate", "Produced", "Ready", "Rescheduled", "Response",
-    "Result", "Sent", "decode", "encode",
+    "Initialize", "Item", "Log", "Message", "MessageRefused", "MetricUpdate", "Produced", "Ready", "Rescheduled",
+    "Response", "Result", "Sent", "decode", "encode",
 ]
 
 BlockRef = tuple[int, str, int]
@@ -64,20 +64,25 @@ class Ready(NamedTuple):
     pass
 
 
+Item = tuple[int, Descriptors, list[str], str, "int | str", int, int, str]
+"""One request of an ``Execute``'s batch, a flat record: its key, its input descriptors, the outputs it
+asks for, its id, correlation id, flags, timeout (µs, 0: none) and parameters (JSON text). A plain
+tuple on the channel (a dict a request cost its keys' pickling on both sides)."""
+
+
 class Execute(NamedTuple):
     """Run execute() once on the batch; ``arena``: the input arena's ``info()`` (None: the inputs are carried
-    inline), ``batch``: one dict a request (its key, input descriptors, outputs, id, ...). Answered by
-    ``Done`` or ``Failed``."""
+    inline), ``batch``: one ``Item`` a request. Answered by ``Done`` or ``Failed``."""
 
     arena: dict[str, Any] | None
-    batch: list[dict[str, Any]]
+    batch: list[Item]
 
 
 class ExecuteEach(NamedTuple):
     """A group: execute() once per request, in order; one ``Done`` for all."""
 
     arena: dict[str, Any] | None
-    batch: list[dict[str, Any]]
+    batch: list[Item]
 
 
 class Done(NamedTuple):

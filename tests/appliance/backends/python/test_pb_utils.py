@@ -175,5 +175,5 @@ def test_tritons_request_option_names_are_there():
     assert pb_utils.InferenceRequest(model_name="m", inputs=[], requested_output_names=[]).trace().get_context() is None
     with pytest.raises(pb_utils.TritonModelException, match="PreferredMemory"):
         pb_utils.InferenceRequest(model_name="m", inputs=[], requested_output_names=[], preferred_memory="GPU")
-    served = pb_utils.InferenceRequest.served(7, [], {"outputs": ["y"]}, decoupled=False)  # as execute() gets it
+    served = pb_utils.InferenceRequest.served((7, [], ["y"], "", 0, 0, 0, "{}"), [], decoupled=False)  # execute()'s
     assert served.trace().get_context() is None

@@ -135,14 +135,15 @@ class InferenceRequest:
         self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
 
     @classmethod
-    def served(cls, key: int, inputs: list[Tensor], item: dict, decoupled: bool = True) -> InferenceRequest:
-        """A request of the batch the daemon sent to execute() (``decoupled``: the model's transaction
-        policy, which sets its response sender's rules). Built without ``__init__``'s checks: the server
-        made ``item``, and every request passes here."""
+    def served(cls, item: tuple, inputs: list[Tensor], decoupled: bool = True) -> InferenceRequest:
+        """A request of the batch the daemon sent to execute(), from its ``Item`` (key, input descriptors,
+        outputs, id, correlation id, flags, timeout, parameters) and its input tensors (``decoupled``: the
+        model's transaction policy, which sets its response sender's rules). Built without ``__init__``'s
+        checks: the server made ``item``, and every request passes here."""
+        key, _, outputs, request_id, correlation_id, flags, timeout, parameters = item
         request = cls.__new__(cls)
-        request._fill(inputs, list(item["outputs"]), item.get("id", ""), item.get("correlation_id", 0),
-                      item.get("flags", 0), item.get("timeout", 0), item.get("parameters") or "{}", _UNTRACED, "",
-                      -1, key, decoupled)
+        request._fill(inputs, list(outputs), request_id, correlation_id, flags, timeout, parameters or "{}", _UNTRACED,
+                      "", -1, key, decoupled)
         return request
 
     def inputs(self) -> list[Tensor]:
