@@ -176,7 +176,11 @@ class ModelVersion:
                     response = self._response(request, results)
                 except Exception as exc:
                     error = exc
-            self._settle(start, error)
+            if error is None:  # (``_settle`` inline for the common answer)
+                self._running -= 1
+                self.stats.record_request(True, time.perf_counter_ns() - start)
+            else:
+                self._settle(start, error)
             then(response, error)
 
         names = [o.name for o in request.outputs] if request.outputs else self._every_output_name

@@ -552,6 +552,10 @@ def encode_infer_response(
     text is never copied into a document and out again (a join of a large body releases the GIL).
     """
     binary = _binary_choice(request)
+    if binary is None:
+        plain = _plain_json(response)
+        if plain is not None:
+            return plain, None
     entries: list[list[bytes]] = []
     chunks: list[bytes | memoryview] = []
     for output in response.outputs:
@@ -586,6 +590,35 @@ def encode_infer_response(
     if not any(chunks):  # no binary bytes at all (none asked, or all empty): plain JSON, as Triton answers
         return b"".join(header), None
     return join_releasing_gil([*header, *chunks]), sum(map(len, header))
+
+
+_PLAIN_KINDS = frozenset("biuf")
+_PLAIN_ELEMENTS = _CHUNK
+
+
+def _plain_json(response: InferResponse) -> bytes | None:
+    """The common answer (small numeric outputs, none binary, none in shared memory), written by one orjson
+    call with the tensors in the document: the same text as the general path writes, or None where that
+    path must write it (a non-finite value, which orjson writes as ``null``; a large or BYTES or BF16
+    output; an array orjson does not take)."""
+    entries = []
+    for output in response.outputs:
+        data = output.data
+        if output.shared_memory is not None or data.dtype.kind not in _PLAIN_KINDS or data.size > _PLAIN_ELEMENTS:
+            return None
+        entries.append({"name": output.name, "datatype": output.datatype, "shape": list(data.shape),
+                        "data": data.ravel()})
+    document: dict[str, Any] = {"model_name": response.model_name, "model_version": str(response.model_version)}
+    if response.id is not None:
+        document["id"] = response.id
+    if response.parameters:
+        document["parameters"] = response.parameters
+    document["outputs"] = entries
+    try:
+        text = orjson.dumps(document, option=orjson.OPT_SERIALIZE_NUMPY)
+    except TypeError:  # (orjson.JSONEncodeError is one): e.g. an array not in native byte order
+        return None
+    return None if b"null" in text else text  # a NaN or an infinity (or a parameter's null): the general path
 
 
 async def encode_answer(response: InferResponse, request: InferRequest | None = None) -> tuple[bytes, int | None]:

@@ -525,6 +525,20 @@ def test_responses_are_byte_identical_to_the_reference_encoder(outputs, data):
     assert encode_infer_response(response, request) == _reference_response(response, request)
 
 
+@FUZZ
+@given(outputs=_outputs(), data=st.data())
+def test_an_answer_to_a_request_that_asks_for_nothing_is_the_reference_encoders_too(outputs, data):
+    """Where nothing binary is asked for, the common answer is written by one orjson call with the tensors in
+    the document; what that call cannot write as the general path does (NaN and infinities, BYTES, shared
+    memory, parameters holding null) the general path writes: either way, the same bytes."""
+    outputs = [o for o in outputs if not _sent_as_json_unreadable(o) or o.shared_memory is not None]
+    response = InferResponse("m", 1, outputs, id=data.draw(st.none() | st.text(max_size=4)),
+                             parameters=data.draw(st.sampled_from([{}, {"sequence_end": True, "n": 3}, {"x": None}])))
+    plain = decode_infer_request(b'{"inputs": []}')
+    assert encode_infer_response(response, plain) == encode_infer_response(response) == _reference_response(
+        response, plain)
+
+
 _EDGES = (65504.0, 65520.0, 3.4028234663852886e38, 3.4028235677973366e38, 1e39, 1e308)
 
 
