@@ -92,8 +92,14 @@ __all__ = [
 
 
 def get_input_tensor_by_name(inference_request: InferenceRequest, name: str) -> Tensor | None:
-    return next((t for t in inference_request.inputs() if t.name() == name), None)
+    for tensor in inference_request.inputs():  # (a loop, not a generator: most models call this per input)
+        if tensor.name() == name:
+            return tensor
+    return None
 
 
 def get_output_tensor_by_name(inference_response: InferenceResponse, name: str) -> Tensor | None:
-    return next((t for t in inference_response.output_tensors() if t.name() == name), None)
+    for tensor in inference_response.output_tensors():
+        if tensor.name() == name:
+            return tensor
+    return None

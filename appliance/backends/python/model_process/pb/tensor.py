@@ -20,6 +20,8 @@ from appliance.core.tensors import is_bf16
 __all__ = ["Tensor"]
 
 _DLPACK_CPU = (1, 0)  # (kDLCPU, device 0)
+_PLAIN = frozenset("biuf")
+"""numpy kinds a tensor holds as they are: numbers and booleans (not strings, objects, BF16's void)."""
 
 
 class _Capsule:
@@ -62,6 +64,11 @@ class Tensor:
     def __init__(self, name: str, data: Any, *, bf16: bool = False) -> None:
         if not isinstance(name, str):
             raise TypeError(f"a Tensor's name must be a string, not {type(name).__name__}")
+        if type(data) is np.ndarray and data.dtype.kind in _PLAIN and not bf16:  # the common tensor, at once
+            self._name = name
+            self._array = data
+            self._bf16 = False
+            return
         array = data if isinstance(data, np.ndarray) else np.asarray(data)
         if array.dtype.kind in "SU":
             array = np.array([v.encode() if isinstance(v, str) else bytes(v) for v in array.ravel()],
