@@ -223,7 +223,7 @@ class ModelVersion:
         if self.selection is not None:  # what retuning on traffic looks at
             # Counted from validation to the result, not while the response is written: one client
             # sending back to back is concurrency 1 however late the server finishes writing to it.
-            self.traffic.record([(t.name, t.data.shape) for t in request.inputs], batch_size, self._running)
+            self.traffic.record(request.inputs, batch_size, self._running)
         return batch_size
 
     def _runtime_inputs(self, request: InferRequest) -> dict[str, np.ndarray]:

@@ -9,8 +9,11 @@ update per request.
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from appliance.engine.types import InferInput
 
 __all__ = ["MAX_SHAPES", "TrafficStats"]
 
@@ -29,15 +32,15 @@ class TrafficStats:
         self._batches: collections.Counter[int] = collections.Counter()
         self._in_flight: collections.Counter[int] = collections.Counter()
 
-    def record(self, inputs: Iterable[tuple[str, tuple[int, ...]]], batch: int, in_flight: int) -> None:
+    def record(self, inputs: Sequence[InferInput], batch: int, in_flight: int) -> None:
         """One valid request: its inputs' shapes as the client sent them."""
         self.requests += 1
         start = 1 if self._batched else 0
-        if type(inputs) is list and len(inputs) == 1:  # the common request: one input
-            name, shape = inputs[0]
-            item: ItemShapes = ((name, shape[start:]),)
+        if len(inputs) == 1:  # the common request: one input
+            tensor = inputs[0]
+            item: ItemShapes = ((tensor.name, tensor.data.shape[start:]),)
         else:
-            item = tuple((name, shape[start:]) for name, shape in inputs)
+            item = tuple((tensor.name, tensor.data.shape[start:]) for tensor in inputs)
         if item in self._shapes or len(self._shapes) < MAX_SHAPES:
             self._shapes[item] += 1
         else:

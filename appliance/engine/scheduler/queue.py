@@ -7,15 +7,13 @@ import asyncio
 import dataclasses
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
-
-import numpy as np
 
 from appliance.engine.scheduler.policy import SchedulerPolicy
 
 if TYPE_CHECKING:
-    from appliance.backends.base import ResponseSink
+    from appliance.backends.base import BackendRequest
     from appliance.engine.stats import StepTiming
     from appliance.engine.trace import Trace
 
@@ -24,34 +22,30 @@ __all__ = ["Pending", "RequestQueue"]
 
 @dataclasses.dataclass(eq=False, slots=True)
 class Pending:
-    inputs: Mapping[str, np.ndarray]
-    outputs: tuple[str, ...]
+    request: BackendRequest
+    """The request as the backend takes it, made as it is queued (while its parts are at hand: the batch
+    that runs it only hands it on)."""
     size: int
-    """Batch items this request carries."""
+    """Batch items this request carries (``request.size``, read where the batcher counts them)."""
     key: tuple
     """Requests batch together only when their keys (input names and non-batch shapes) are equal."""
     future: asyncio.Future
     arrival: float
     level: int
     seq: int
-    parameters: Mapping[str, object] = dataclasses.field(default_factory=dict)
+    trace: Trace | None = None
+    timing: StepTiming | None = None
+    """Told this request's queue and compute times (an ensemble step's)."""
+    then: Callable[[object, BaseException | None], None] | None = None
+    """Called with the request's outputs or error in the step that completes it (``Scheduler.enqueue``),
+    instead of ``future`` getting them; ``future`` then only marks it done (or withdrawn)."""
     timer: asyncio.TimerHandle | None = None
     delayed: bool = False
     queued: bool = False
     completed: bool = False
-    trace: Trace | None = None
-    timing: StepTiming | None = None
-    """Told this request's queue and compute times (an ensemble step's)."""
-    request_id: str = ""
-    sink: ResponseSink | None = None
-    """Where a decoupled model's responses go (see appliance.engine.streaming)."""
-    cancelled: Callable[[], bool] | None = None
     arrival_ns: int = dataclasses.field(default_factory=time.monotonic_ns)
     """For the statistics' queue time: ``arrival`` is the loop's clock, which uvloop advances once per
     iteration (a request dispatched in the iteration it came in would count 0 ns queued)."""
-    then: Callable[[object, BaseException | None], None] | None = None
-    """Called with the request's outputs or error in the step that completes it (``Scheduler.enqueue``),
-    instead of ``future`` getting them; ``future`` then only marks it done (or withdrawn)."""
 
 
 class RequestQueue:

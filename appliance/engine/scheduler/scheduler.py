@@ -196,11 +196,13 @@ class Scheduler:
                 retry_after=1,
             )
         # Sequence numbers go only to accepted requests: preserve_ordering waits for each of them.
-        pending = Pending(
-            inputs, tuple(outputs), batch_size, key, loop.create_future(), loop.time(), level, next(self._seq),
-            parameters, trace=trace, timing=timing, request_id=request_id, sink=sink, cancelled=cancelled,
-            then=then,
-        )
+        future = loop.create_future()
+        # Without a probe of its own, a request is cancelled when its waiter is (the client went away: the
+        # front end's task was cancelled, and with it the future it awaited), so a running model sees
+        # request.is_cancelled() turn True; Future.cancelled() only reads a flag, from any thread.
+        request = BackendRequest(inputs, tuple(outputs), parameters, batch_size, request_id, 0, 0,
+                                 _timeout_us(parameters) if parameters else 0, sink, cancelled or future.cancelled)
+        pending = Pending(request, batch_size, key, future, loop.time(), level, next(self._seq), trace, timing, then)
         if trace is not None:
             trace.mark("QUEUE_START")
         self._queue.push(pending)
@@ -372,7 +374,7 @@ class Scheduler:
         now = self._loop.time()
         stamp = time.monotonic_ns()
         queue_ns = [stamp - p.arrival_ns for p in batch]
-        requests = [_backend_request(p) for p in batch]
+        requests = [p.request for p in batch]
         grouped = len(batch) > 1 and not self.policy.dynamic  # a group: each request its own execution
         if not grouped:
             items = _items(batch)
@@ -471,16 +473,6 @@ def _share(timing: BatchTiming, count: int) -> BatchTiming:
 def _items(batch: list[Pending]) -> int:
     """The batch items a batch's requests carry together (a batch of one, the common one, without a sum)."""
     return batch[0].size if len(batch) == 1 else sum(p.size for p in batch)
-
-
-def _backend_request(pending: Pending) -> BackendRequest:
-    # Without a probe of its own, a request is cancelled when its waiter is (the client went away: the
-    # front end's task was cancelled, and with it the future it awaited), so a running model sees
-    # request.is_cancelled() turn True; Future.cancelled() only reads a flag, from any thread.
-    parameters = pending.parameters
-    return BackendRequest(pending.inputs, pending.outputs, parameters, pending.size, pending.request_id, 0, 0,
-                          _timeout_us(parameters) if parameters else 0, pending.sink,
-                          pending.cancelled or pending.future.cancelled)
 
 
 def _timeout_us(parameters: Mapping[str, Any]) -> int:

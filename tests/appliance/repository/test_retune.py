@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 
+import numpy as np
 import pytest
 
 from appliance.backends import RuntimeOptions
 from appliance.backends.base import CALLS_UNAVAILABLE
+from appliance.engine.types import InferInput
 from appliance.repository.loader import load_model
 from appliance.repository.registry import ModelEntry, ModelState
 from appliance.repository.retune import RetunePolicy, Retuner, why_retune
@@ -27,7 +29,7 @@ def model(tmp_path):
 
 def _serve(model, samples: int, requests: int) -> None:
     for _ in range(requests):
-        model.traffic.record([("audio", (1, samples))], 1, in_flight=1)
+        model.traffic.record([InferInput("audio", "FP32", np.empty((1, samples), np.float32))], 1, in_flight=1)
 
 
 def test_an_unmeasured_model_is_retuned_once_it_has_traffic(model):
