@@ -35,7 +35,15 @@ from appliance.backends.python.model_backend import ModelPyBackend
 from appliance.backends.python.peer import Peer
 from appliance.backends.python.process import ModelProcess, ProcessExited
 from appliance.backends.python.requests import SENT, ModelError, OpenRequests, model_error
-from appliance.backends.python.wire.arena import Arena, Attachments, pack, read_tensor
+from appliance.backends.python.wire.arena import (
+    INLINE_BYTES,
+    Arena,
+    Attachments,
+    Descriptor,
+    inline,
+    pack,
+    read_tensor,
+)
 from appliance.backends.python.wire.messages import (
     Crashed,
     Describe,
@@ -67,7 +75,9 @@ _GROUP = 8
 execute() there): the channel's cost — the messages, the wake-ups of two processes — is paid per group."""
 _START_INPUT_BYTES = 64 * 1024
 """Inputs up to this size are written into the arena on the event loop (``start_requests``): copying
-them costs less than the hop to an instance thread; larger ones are copied on the instance's thread."""
+them costs less than the hop to an instance thread; larger ones are copied on the instance's thread.
+Inputs that travel inline (at most INLINE_BYTES together) are within it: ``_start`` sizes them once."""
+assert INLINE_BYTES <= _START_INPUT_BYTES
 
 
 def _described(reply: Message) -> dict:
@@ -238,11 +248,14 @@ class PythonBackend(ModelPyBackend):
                                                "running auto_complete_config()"))
         self._initialize()
 
-    def _write_inputs(self, requests: Sequence[BackendRequest], keys: list[int]) -> tuple[dict | None, list[Item]]:
+    def _write_inputs(self, requests: Sequence[BackendRequest], keys: list[int],
+                      inlined: tuple[list, list[list[Descriptor]] | None] | None = None,
+                      ) -> tuple[dict | None, list[Item]]:
         """The batch's inputs in the message (small ones: ``inline``) or in an input arena (its ``info()``, else
-        None), and one ``Item`` a request for the model process."""
-        tensors = [list(r.inputs.items()) for r in requests]
-        carried, arena, arena_info = pack(tensors, self._input_arenas[self._turn], self._context.model_name)
+        None), and one ``Item`` a request for the model process. ``inlined``: the batch's tensors and what
+        ``inline`` made of them, where the caller asked it already."""
+        tensors, carried = inlined if inlined is not None else ([list(r.inputs.items()) for r in requests], None)
+        carried, arena, arena_info = pack(tensors, self._input_arenas[self._turn], self._context.model_name, carried)
         if arena_info is not None:  # in the arena: the next batch takes the other one
             self._input_arenas[self._turn] = arena
             self._turn ^= 1
@@ -334,9 +347,12 @@ class PythonBackend(ModelPyBackend):
     def _start(self, requests: Sequence[BackendRequest], done: Callable[[BatchResult | BaseException], None],
                command: type[Execute] | type[ExecuteEach]) -> bool:
         instance = self._instance
-        small = _small(requests, each=command is ExecuteEach)
-        if instance is None or not self._ready or not instance.process.alive or not small:
-            return False  # a restart blocks; large inputs are copied off the event loop
+        if instance is None or not self._ready or not instance.process.alive:
+            return False  # a restart blocks
+        tensors = [list(r.inputs.items()) for r in requests]
+        carried = inline(tensors)  # (inputs this small are small: the common batch is sized once)
+        if carried is None and not _small(requests, each=command is ExecuteEach):
+            return False  # large inputs are copied off the event loop
         if not instance.process.handed_over:  # asked once (get_running_loop costs a getpid() each call)
             try:  # a decoupled model's channel too: while a client is behind, the loop stops reading it
                 instance.process.read_on(asyncio.get_running_loop())
@@ -374,7 +390,7 @@ class PythonBackend(ModelPyBackend):
             keys = instance.requests.open(requests, streamed=self._decoupled)
             started = time.perf_counter_ns()
             try:
-                arena_info, batch = self._write_inputs(requests, keys)
+                arena_info, batch = self._write_inputs(requests, keys, (tensors, carried))
             except BaseException as exc:
                 instance.requests.finish_batch(keys, [exc for _ in keys])
                 raise

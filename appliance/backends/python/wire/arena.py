@@ -66,13 +66,15 @@ def inline(tensors: list[list[tuple[str, np.ndarray]]]) -> list[list[Descriptor]
              for name, array in part] for part in tensors]
 
 
-def pack(tensors: list[list[tuple[str, np.ndarray]]], arena: Arena | None,
-         model: str) -> tuple[list[list[Descriptor]], Arena | None, dict[str, Any] | None]:
+def pack(tensors: list[list[tuple[str, np.ndarray]]], arena: Arena | None, model: str,
+         carried: list[list[Descriptor]] | None = None,
+         ) -> tuple[list[list[Descriptor]], Arena | None, dict[str, Any] | None]:
     """Each message part's tensors as descriptors (both sides' one way): carried inline when small
-    (``inline``), else written into ``arena``, which a larger one replaces (the old one closed) when it is
-    too small. Also the arena (as given, or its replacement) and its ``info()`` for the message, None when
-    the tensors travel inline."""
-    carried = inline(tensors)
+    (``inline``; ``carried``: what it made of them already, where the caller asked it first), else written
+    into ``arena``, which a larger one replaces (the old one closed) when it is too small. Also the arena
+    (as given, or its replacement) and its ``info()`` for the message, None when the tensors travel inline."""
+    if carried is None:
+        carried = inline(tensors)
     if carried is not None:
         return carried, arena, None
     needed = sum(Arena.needed(part) for part in tensors)
