@@ -28,7 +28,7 @@ from appliance.engine.tensor_checks import (
     decode_raw_tensor,
 )
 from appliance.engine.types import InferInput, InferRequest, InferResponse, RequestedOutput, SharedMemoryInput
-from appliance.protocol.inference import decode_off_loop, join_releasing_gil, tensor_work
+from appliance.protocol.inference import DECODE_OFF_LOOP_BYTES, decode_off_loop, join_releasing_gil, tensor_work
 from appliance.protocol.shared_memory.params import shared_memory_ref
 from appliance.rest.http_basics import HEADER_LENGTH
 
@@ -47,6 +47,7 @@ __all__ = [
     "non_finite_token",
     "output_text",
     "parse_json_object",
+    "plain_answer",
 ]
 
 _DEFAULT_LIMITS = DecodeLimits()
@@ -551,11 +552,10 @@ def encode_infer_response(
     ``binary_data_output``), as Triton does. The body is written in pieces and joined once: the tensors'
     text is never copied into a document and out again (a join of a large body releases the GIL).
     """
+    plain = plain_answer(response, request)
+    if plain is not None:
+        return plain, None
     binary = _binary_choice(request)
-    if binary is None:
-        plain = _plain_json(response)
-        if plain is not None:
-            return plain, None
     entries: list[list[bytes]] = []
     chunks: list[bytes | memoryview] = []
     for output in response.outputs:
@@ -593,18 +593,24 @@ def encode_infer_response(
 
 
 _PLAIN_KINDS = frozenset("biuf")
-_PLAIN_ELEMENTS = _CHUNK
+_PLAIN_ELEMENTS = DECODE_OFF_LOOP_BYTES // _JSON_NUMBER_BYTES
+"""The most elements a plain answer holds: its encoding is event-loop work (``encoding_work``'s bound)."""
 
 
-def _plain_json(response: InferResponse) -> bytes | None:
-    """The common answer (small numeric outputs, none binary, none in shared memory), written by one orjson
-    call with the tensors in the document: the same text as the general path writes, or None where that
-    path must write it (a non-finite value, which orjson writes as ``null``; a large or BYTES or BF16
-    output; an array orjson does not take)."""
+def plain_answer(response: InferResponse, request: InferRequest | None = None) -> bytes | None:
+    """The common answer, where the request asks for nothing binary and every output is numeric, none in
+    shared memory, all of them together small enough to encode on the event loop: written by one orjson
+    call with the tensors in the document, the same text as ``encode_infer_response`` writes. None where
+    that must write it (a non-finite value, which orjson writes as ``null``; a large, BYTES or BF16 output;
+    an array orjson does not take): then ``encoding_work`` says where."""
+    if request is not None and (request.outputs or request.parameters):
+        return None
     entries = []
+    elements = 0
     for output in response.outputs:
         data = output.data
-        if output.shared_memory is not None or data.dtype.kind not in _PLAIN_KINDS or data.size > _PLAIN_ELEMENTS:
+        elements += data.size
+        if output.shared_memory is not None or data.dtype.kind not in _PLAIN_KINDS or elements > _PLAIN_ELEMENTS:
             return None
         entries.append({"name": output.name, "datatype": output.datatype, "shape": list(data.shape),
                         "data": data.ravel()})

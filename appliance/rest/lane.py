@@ -55,7 +55,7 @@ from appliance.protocol.inference import DECODE_OFF_LOOP_BYTES, Flight, Target
 from appliance.protocol.operations import Operation
 from appliance.protocol.results import InferResult
 from appliance.rest.browser import check_host
-from appliance.rest.codec import encode_answer, encode_infer_response, encoding_work
+from appliance.rest.codec import encode_answer, encode_infer_response, encoding_work, plain_answer
 from appliance.rest.http_basics import HEADER_LENGTH
 from appliance.rest.infer_body import InferBody, count_body
 from appliance.rest.lane_connection import LaneConnection, LaneConnections, Running
@@ -224,13 +224,16 @@ class _Straight:
         if error is None:
             assert result is not None
             try:
-                work = encoding_work(result.response, result.request)
-                if work > DECODE_OFF_LOOP_BYTES:
+                plain = plain_answer(result.response, result.request)  # the common answer, small by its bound
+                if plain is not None:
+                    answer = infer_answer(plain, None), False
+                elif encoding_work(result.response, result.request) > DECODE_OFF_LOOP_BYTES:
                     encoding = asyncio.get_running_loop().create_task(encode_answer(result.response, result.request))
                     encoding.add_done_callback(functools.partial(self._encoded, flight))
                     flight.withdraw = encoding.cancel
                     return
-                answer = infer_answer(*encode_infer_response(result.response, result.request)), False
+                else:
+                    answer = infer_answer(*encode_infer_response(result.response, result.request)), False
             except Exception as exc:
                 answer = self._lane._refusal(self._head, exc)
             self._finish(flight, answer, flight.sent(InferBody.frontend))

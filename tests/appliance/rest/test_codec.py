@@ -26,7 +26,9 @@ from appliance.rest.codec import (
     decode_infer_request,
     encode_bytes_tensor,
     encode_infer_response,
+    encoding_work,
     parse_json_object,
+    plain_answer,
 )
 
 
@@ -361,3 +363,21 @@ def test_a_control_body_is_read_to_orjsons_depth_and_no_deeper(levels, refused):
             parse_json_object(body, 'a JSON object such as {"ready": true}')
     else:
         assert list(parse_json_object(body, "an object")) == ["ready"]
+
+
+def test_a_plain_answer_is_only_what_the_event_loop_may_encode():
+    """The lane writes a plain answer without asking encoding_work first: every output numeric and small
+    enough together to encode on the loop; otherwise (too large, BYTES, binary asked for) it is left to the
+    general path and the off-loop rule."""
+    from appliance.protocol.inference import DECODE_OFF_LOOP_BYTES
+
+    def response(*arrays: np.ndarray) -> InferResponse:
+        return InferResponse("m", 1, [InferOutput(f"y{i}", "FP32", a) for i, a in enumerate(arrays)])
+
+    small = response(np.ones((1, 16), np.float32))
+    assert plain_answer(small) == encode_infer_response(small)[0]
+    split = response(*[np.ones(30_000, np.float32)] * 2)  # each alone would pass; together they are too many
+    assert plain_answer(split) is None and encoding_work(split) > DECODE_OFF_LOOP_BYTES
+    assert plain_answer(InferResponse("m", 1, [InferOutput("s", "BYTES", np.array([b"x"], dtype=object))])) is None
+    binary = decode_infer_request(b'{"inputs": [], "parameters": {"binary_data_output": true}}')
+    assert plain_answer(small, binary) is None
