@@ -28,14 +28,17 @@ _LINGER = 1.0  # after refusing a head: how long what the client still sends is 
 
 class Running(asyncio.Future):
     """A request the lane serves without a task (``LaneConnections.serve``), in progress: done once it is
-    answered; cancelling it (the client went away, the stop deadline passed) takes the request back."""
+    answered; cancelling it (the client went away, the stop deadline passed) takes the request back.
+    ``withdraw``: how, once the lane has set it (a slot: no dict a request)."""
 
-    withdraw: Callable[[], object] | None = None
+    __slots__ = ("withdraw",)
+    withdraw: Callable[[], object] | None
 
     def cancel(self, msg: object = None) -> bool:
         if self.done():
             return False
-        withdraw, self.withdraw = self.withdraw, None
+        withdraw = getattr(self, "withdraw", None)  # (unset: nothing to take back)
+        self.withdraw = None
         try:
             if withdraw is not None:
                 withdraw()

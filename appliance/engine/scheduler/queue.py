@@ -93,6 +93,24 @@ class RequestQueue:
             pending.timer = None
         return True
 
+    def take(self, batch: list[Pending]) -> None:
+        """Take out a batch the batcher formed (queued requests, each once): ``remove`` for each, in one
+        step, a request at the head of its queue popped (a batch is its queue's oldest, in order)."""
+        items = 0
+        for pending in batch:
+            queue = self._delayed if pending.delayed else self._levels[pending.level]
+            if queue[0] is pending:
+                queue.popleft()
+            else:
+                queue.remove(pending)
+            pending.queued = False
+            items += pending.size
+            if pending.timer is not None:
+                pending.timer.cancel()
+                pending.timer = None
+        self._count -= len(batch)
+        self.items -= items
+
     def delay(self, pending: Pending) -> None:
         """Move a request whose timeout passed behind every request still in time."""
         if pending.queued and not pending.delayed:

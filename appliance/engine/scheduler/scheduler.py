@@ -254,8 +254,7 @@ class Scheduler:
                 break  # the batcher task waits for the instance's resources, in rank order
             if not final and self.policy.preferred_batch_sizes:
                 batch = self._trim_to_preferred(batch)
-            for pending in batch:
-                self._queue.remove(pending)
+            self._queue.take(batch)
             self._dispatch(index, batch)
         if self._queue:
             self._wakeup.set()
@@ -365,8 +364,7 @@ class Scheduler:
                 await asyncio.wait_for(self._wakeup.wait(), wait)
             except TimeoutError:
                 pass
-        for pending in batch:
-            self._queue.remove(pending)
+        self._queue.take(batch)
         return batch
 
     def _dispatch(self, index: int, batch: list[Pending]) -> None:

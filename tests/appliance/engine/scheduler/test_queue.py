@@ -1,0 +1,38 @@
+"""The pending-request queue: a batch taken out in one step leaves the queue as removing each would."""
+
+from __future__ import annotations
+
+import asyncio
+
+from appliance.backends.base import BackendRequest
+from appliance.engine.scheduler.policy import SchedulerPolicy
+from appliance.engine.scheduler.queue import Pending, RequestQueue
+
+
+def _pending(loop: asyncio.AbstractEventLoop, level: int, size: int = 1) -> Pending:
+    return Pending(BackendRequest({}, (), {}, size), size, (), loop.create_future(), 0.0, level, 0)
+
+
+def test_a_batch_taken_out_leaves_the_rest_in_order_and_counts_right():
+    loop = asyncio.new_event_loop()
+    try:
+        queue = RequestQueue(SchedulerPolicy(max_batch_size=8, priority_levels=2))
+        first, second, third = (_pending(loop, 0, size) for size in (1, 2, 3))
+        low, late = _pending(loop, 1), _pending(loop, 1)
+        for pending in (first, second, third, low, late):
+            queue.push(pending)
+        queue.delay(late)
+        handle = first.timer = loop.call_later(60, lambda: None)
+        queue.take([first, second])
+        assert list(queue) == [third, low, late] and len(queue) == 3 and queue.items == 5
+        assert not first.queued and not second.queued and first.timer is None and handle.cancelled()
+        queue.take([low, late])  # a level's head, then the delayed one
+        assert list(queue) == [third] and queue.items == 3
+        behind = _pending(loop, 0)
+        queue.push(behind)
+        queue.take([behind])  # behind its level's head: taken from where it is
+        assert list(queue) == [third] and queue.items == 3
+        queue.take([third])
+        assert not queue and queue.items == 0 and not queue.remove(third)
+    finally:
+        loop.close()
