@@ -105,7 +105,7 @@ def read_tensor(arena: Arena | None, descriptor: Descriptor, copy: bool) -> np.n
     if count * dtype.itemsize != len(raw):
         raise ValueError(f"tensor '{name}' of shape {list(shape)} carries {len(raw)} bytes, not "
                          f"{count * dtype.itemsize}")
-    return np.frombuffer(raw, dtype=dtype, count=count).reshape(shape)
+    return np.ndarray(shape, dtype, raw)  # a view of its bytes, shaped: one array (frombuffer, reshape: two)
 
 
 def _aligned(n: int) -> int:
