@@ -184,6 +184,9 @@ def _exact_integers(data: list, source: np.ndarray, name: str, datatype: str) ->
 
 
 _LARGEST = {np.dtype(t): float(np.finfo(t).max) for t in (np.float16, np.float32, np.float64)}
+_FLOAT_DTYPES: dict[str, np.dtype] = {name: np.dtype(f"float{bits}") for name, bits in (("FP16", 16), ("FP32", 32),
+                                                                                      ("FP64", 64))}
+_FLOAT = {float}
 
 
 def _fits(data: list, flat: bool, source: np.ndarray, target: np.dtype) -> bool:
@@ -218,6 +221,13 @@ def decode_json_data(data: Any, datatype: str, shape: tuple[int, ...], count: in
         array = np.empty(count, dtype=object)
         array[:] = items
         return array.reshape(shape)
+    dtype = _FLOAT_DTYPES.get(datatype)
+    if dtype is not None and set(map(type, data)) == _FLOAT:  # a flat list of floats: cast as it is read
+        if len(data) != count:
+            raise InvalidInput(f"input '{name}': shape {list(shape)} needs {count} elements, 'data' has {len(data)}")
+        largest = _LARGEST[dtype]  # (JSON has no NaN or infinity: only a value past the type's range fails)
+        if max(data) <= largest and min(data) >= -largest:
+            return np.array(data, dtype=dtype).reshape(shape)  # each value cast once, as astype casts it
     depth, first = 0, data
     while isinstance(first, list) and first:
         depth, first = depth + 1, first[0]
