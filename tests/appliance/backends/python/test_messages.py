@@ -109,11 +109,15 @@ class _Runs:
     (pickle.dumps((True,)), "not a message of a known kind"),
     (pickle.dumps((m.KINDS.index(m.Cancel), 1, 2)), "a Cancel message has 1 fields, not 2"),
     (pickle.dumps((m.KINDS.index(m.Done), None, [("ok", [], "{}")])), "not a Done entry of a known kind"),
+    (pickle.dumps((m.KINDS.index(m.Done), None, [(m.ENTRIES.index(m.Produced) == 0, [], "{}")])),
+     "not a Done entry of a known kind"),
+    (pickle.dumps((m.KINDS.index(m.Done), None, [(m.ENTRIES.index(m.Produced), [], "{}", 1)])),
+     "a Produced Done entry has 2 fields, not 3"),
     (pickle.dumps((m.KINDS.index(m.Answer), 1, True, _Runs())), "holds plain data only, not posix.system"),
     (pickle.dumps(m.Ready()), "holds plain data only, not appliance.backends.python.wire.messages.Ready"),
     (b"\x80\x05garbage", "is not a message"),
-], ids=["tagged tuple", "unknown number", "bool for a number", "fields", "entry", "a class", "pickled class",
-        "not a pickle"])
+], ids=["tagged tuple", "unknown number", "bool for a number", "fields", "entry", "bool for an entry's number",
+        "an entry's fields", "a class", "pickled class", "not a pickle"])
 def test_a_frame_that_is_not_a_message_is_refused(channel, frame, refusal):
     ours, other = channel
     ours.send_bytes(frame)
