@@ -34,30 +34,13 @@ class MemoryBudget:
         """A new, empty account for one request; use it as a context manager."""
         return Account(self)
 
-    def _take(self, account: Account, size: int) -> None:
-        """Count ``size`` bytes on ``account`` and on the budget, or raise without counting any (both checks
-        under the lock: threads may reserve on one account at once, as an ensemble's steps do)."""
-        with self._lock:
-            if account._held + size > self._limit:
-                raise PayloadTooLarge(
-                    f"this request needs more than {self._limit} bytes in memory, the whole budget "
-                    f"({self._setting}); send a smaller batch, or raise {self._setting}"
-                )
-            if self._used + size > self._limit:
-                raise Unavailable(
-                    f"the server holds {self._used} bytes of requests in memory and {self._setting} is "
-                    f"{self._limit}; retry shortly",
-                    retry_after=1,
-                )
-            self._used += size
-            account._held += size
-
-    def _give(self, account: Account, size: int) -> None:
-        """Give back up to ``size`` bytes of what ``account`` holds."""
-        with self._lock:
-            size = min(size, account._held)
-            account._held -= size
-            self._used -= size
+    def _refusal(self, held: int, size: int) -> Exception:
+        """Why ``size`` more bytes are not counted on an account holding ``held``."""
+        if held + size > self._limit:
+            return PayloadTooLarge(f"this request needs more than {self._limit} bytes in memory, the whole budget "
+                                   f"({self._setting}); send a smaller batch, or raise {self._setting}")
+        return Unavailable(f"the server holds {self._used} bytes of requests in memory and {self._setting} is "
+                           f"{self._limit}; retry shortly", retry_after=1)
 
 
 class Account:
@@ -75,16 +58,27 @@ class Account:
         return self._held
 
     def reserve(self, size: int) -> None:
-        """Count ``size`` more bytes against the budget, or raise without counting any of them."""
+        """Count ``size`` more bytes against the budget, or raise without counting any of them (both checks
+        under the budget's lock: threads may reserve on one account at once, as an ensemble's steps do)."""
         if size <= 0:
             if size < 0:
                 raise ValueError(f"cannot reserve a negative size ({size})")
             return
-        self._budget._take(self, size)
+        budget = self._budget
+        with budget._lock:
+            if self._held + size > budget._limit or budget._used + size > budget._limit:
+                raise budget._refusal(self._held, size)
+            budget._used += size
+            self._held += size
 
     def release(self, size: int) -> None:
-        """Give back part of what this account holds (e.g. a compressed body once it is decompressed)."""
-        self._budget._give(self, size)
+        """Give back up to ``size`` bytes of what this account holds (e.g. a compressed body once it is
+        decompressed)."""
+        budget = self._budget
+        with budget._lock:
+            size = min(size, self._held)
+            self._held -= size
+            budget._used -= size
 
     def join(self, pieces: list[bytes]) -> bytes:
         """``pieces`` as one bytes object, the list emptied: the pieces and the joined copy coexist for a
@@ -102,7 +96,7 @@ class Account:
 
     def close(self) -> None:
         if self._held:
-            self._budget._give(self, self._held)
+            self.release(self._held)
 
     def __enter__(self) -> Account:
         return self
