@@ -173,7 +173,7 @@ def _checked_entries(decoupled: bool, requests: list, responses: Any, instance: 
         if response is None:
             entries.append(_unanswered(request))
             continue
-        if request.release_flags() == pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
+        if request._release_flags == pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
             raise ReturnRefused(
                 "Expected a None object in the execute function return list for reschduled request, found type "
                 f"'{type(response)}'.")
@@ -187,6 +187,9 @@ def _checked_entries(decoupled: bool, requests: list, responses: Any, instance: 
     return entries
 
 
+_RESPONSE = pb_utils.InferenceResponse
+
+
 def _pack_responses(responses: list, arena: Arena | None,
                     model: str) -> tuple[list[wire.Entry], Arena | None, dict | None]:
     """Every response's tensors, inline when small, else written into the output arena (``pack``, growing
@@ -195,6 +198,10 @@ def _pack_responses(responses: list, arena: Arena | None,
     tensors: list[list[tuple[str, Any]]] = []
     packed: list[Any] = []
     for response in responses:
+        if type(response) is _RESPONSE and response._error is None:  # the common response, told first
+            tensors.append(tensors_of(response._outputs, "output"))
+            packed.append(response)
+            continue
         if isinstance(response, (wire.Sent, wire.Rescheduled)):
             tensors.append([])
             packed.append(response)
@@ -207,6 +214,9 @@ def _pack_responses(responses: list, arena: Arena | None,
         packed.append(response)
     carried, arena, info = pack(tensors, arena, model)
     for index, response in enumerate(packed):
+        if type(response) is _RESPONSE and response._error is None:
+            packed[index] = wire.Produced(carried[index], response._parameters)
+            continue
         if isinstance(response, (wire.Sent, wire.Rescheduled)):
             continue
         error = error_of(response)
