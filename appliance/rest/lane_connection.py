@@ -298,6 +298,9 @@ class LaneConnection(asyncio.Protocol):
         """A request served without a task has its answer."""
         if running.done():  # withdrawn (its connection went, or the stop cut it)
             return
+        # What withdraws it (the flight, whose answer leads back here) goes: else the request's objects
+        # stay a reference cycle that only the garbage collector frees, ~11 objects a request.
+        running.withdraw = None
         running.set_result(None)
         self._write(head, reply, close)
 
