@@ -125,10 +125,10 @@ class InstancePool:
         self._elsewhere_lock = threading.Lock()
         """Guards ``_elsewhere`` (a plain lock: taken twice a batch, a Condition's ``with`` is Python code)."""
         self._elsewhere_done = threading.Condition(self._elsewhere_lock)
+        """Notified as such a batch finishes (close waits for them)."""
         self._elsewhere_waiters = 0
         """Threads in ``_wait_elsewhere`` (a batch's end notifies only when one waits: notify_all is Python
         code, three calls a batch for nobody)."""
-        """Notified as such a batch finishes (close waits for them)."""
         self._closed: set[int] = set()
         """Instances whose backend close() has been called: a second close() leaves them be."""
         self._on_finish: Callable[[int], None] | None = None
