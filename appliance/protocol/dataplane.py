@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Callable
 from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
@@ -23,15 +22,14 @@ from appliance.core.errors import InvalidInput, ModelNotFound, ModelNotReady, No
 from appliance.engine.model import ModelVersion
 from appliance.engine.streaming import Responses, StreamLimits
 from appliance.engine.tensor_checks import DecodeLimits
-from appliance.protocol.admission import AccessPolicy, Admission, Admitted, Caller
-from appliance.protocol.inference import NOT_SERVED, Flight, Inference, InferSource, OneInference, ReadySource
+from appliance.protocol.admission import AccessPolicy, Admission, Caller
+from appliance.protocol.inference import NOT_SERVED, Inference, InferSource, OneInference
 from appliance.protocol.log_settings import LogSettings, LogValues
 from appliance.protocol.operations import Operation
 from appliance.protocol.repository_control import RepositoryControl
 from appliance.protocol.results import (
     Health,
     IndexEntry,
-    InferResult,
     ModelMetadata,
     RegionStatus,
     ServerMetadata,
@@ -113,6 +111,14 @@ class DataPlane:
         self._hardware = hardware
         self._inference = Inference(registry, budget, rules.decode, shared_memory=shared_memory, tracer=tracer,
                                     stream_limits=rules.streams)
+        # The two steps every request takes are the parts' own methods (no forwarding step in between).
+        self.admit = self._admission.admit
+        """Held while one request is handled; a transport asks before it reads the request's bytes.
+        Entering gives the SHA-256 (hex) a signed request's body must have (None: not signed), which the
+        transport checks as it reads the body. See ``Admission.admit`` (its ``proof``)."""
+        self.begin = self._inference.begin
+        """``infer`` without a task for a request whose bytes are in hand, where it applies (None: use
+        ``infer``). See ``Inference.begin``."""
         self._repository = RepositoryControl(registry, control_mode=rules.control_mode, pushes=pushes)
         self._loaded = asyncio.Event()
         self.failure: str | None = None
@@ -148,12 +154,6 @@ class DataPlane:
         return line + (f", {idle} not loaded" if idle else "")
 
     # Admission
-
-    def admit(self, operation: Operation, caller: Caller, proof: object = None) -> Admitted:
-        """Held while one request is handled; a transport asks before it reads the request's bytes.
-        Entering gives the SHA-256 (hex) a signed request's body must have (None: not signed), which the
-        transport checks as it reads the body. ``proof``: see ``Admission.admit``."""
-        return self._admission.admit(operation, caller, proof)
 
     def check_access(self, operation: Operation, caller: Caller) -> None:
         """The access policy alone (for each request read from an open stream, admitted with the stream)."""
@@ -278,12 +278,6 @@ class DataPlane:
         """``async with plane.infer(caller, source) as result``: encode ``result`` inside the block (the
         model stays held, the request's bytes counted). See ``appliance.protocol.inference``."""
         return self._inference.infer(caller, source, received_ns=received_ns, account=account)
-
-    def begin(self, caller: Caller, source: ReadySource, received_ns: int,
-              then: Callable[[Flight, InferResult | None, BaseException | None], None]) -> Flight | None:
-        """``infer`` without a task for a request whose bytes are in hand, where it applies (None: use
-        ``infer``). See ``Inference.begin``."""
-        return self._inference.begin(caller, source, received_ns, then)
 
     def infer_stream(self, caller: Caller, source: InferSource, *, received_ns: int | None = None,
                      account: Account | None = None) -> contextlib.AbstractAsyncContextManager[Responses]:
