@@ -146,6 +146,13 @@ class LaneConnection(asyncio.Protocol):
             dropped = min(self._skip, len(data))
             self._skip -= dropped
             data = data[dropped:]
+        known = self._known
+        if (known is not None and self.running is None and not self._buffer and self._reader is None
+                and len(data) == len(known[0]) + known[1].length and data.startswith(known[0])):
+            # One whole request in one read, its head the last one's (the common keep-alive client): started
+            # from the read itself, with no buffer between.
+            self._begin(known[1], data[len(known[0]):])
+            return
         self._buffer += data
         if self._wanted:  # the next piece of a body: its wait starts again
             self._deadline = self._loop.time() + self._lane.body_timeout
@@ -245,19 +252,24 @@ class LaneConnection(asyncio.Protocol):
             head = self._read_head()
             if head is None:
                 return False
-        lane, length = self._lane, head.length
+        length = head.length
         if len(buffer) >= length:  # the body came with its head: the straight line
             body = bytes(buffer[:length])
             del buffer[:length]
-            running = self.running = Running(loop=self._loop)
-            lane.serve(head, body, self._peer, self._local, running, functools.partial(self._answered, running, head))
+            self._begin(head, body)
         else:
             self._wanted = length
             self.running = self._loop.create_task(self._serve(head))
-            self._arm(self._loop.time() + lane.body_timeout)
+            self._arm(self._loop.time() + self._lane.body_timeout)
         if not self._reading_paused and len(buffer) > _PAUSE_BYTES:
             self._pause_reading()
         return True
+
+    def _begin(self, head: LaneHead, body: bytes) -> None:
+        """A request whose body is in hand, on the straight line (``LaneConnections.serve``)."""
+        running = self.running = Running(loop=self._loop)
+        self._lane.serve(head, body, self._peer, self._local, running,
+                         functools.partial(self._answered, running, head))
 
     def _deliver(self) -> None:
         """The running request's body is complete."""
