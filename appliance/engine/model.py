@@ -176,11 +176,7 @@ class ModelVersion:
                     response = self._response(request, results)
                 except Exception as exc:
                     error = exc
-            if error is None:  # (``_settle`` inline for the common answer)
-                self._running -= 1
-                self.stats.record_request(True, time.perf_counter_ns() - start)
-            else:
-                self._settle(start, error)
+            self._settle(start, error)
             then(response, error)
 
         names = [o.name for o in request.outputs] if request.outputs else self._every_output_name
@@ -246,13 +242,7 @@ class ModelVersion:
     def _response(self, request: InferRequest, results: Mapping[str, np.ndarray]) -> InferResponse:
         # An output the model did not produce is left out of the response, as Triton does (a Python model
         # may answer with some of its outputs; an ensemble step may, and the ensemble passes that on).
-        every = self._produced_order
-        if request.outputs or every is None or self._output_reshape:
-            outputs = self._outputs(results, request.outputs)
-        else:  # the common answer (every output, as the model made them): ``_outputs`` without its steps
-            outputs = [InferOutput(name, v2_datatype(value.dtype), value) if type(value) is np.ndarray
-                       else self._output(every[name], value)
-                       for name, value in results.items() if value is not None and name in every]
+        outputs = self._outputs(results, request.outputs)
         # A model may set response parameters (Triton's Python InferenceResponse(parameters=...)).
         parameters = dict(results.parameters) if type(results) is Outputs and results.parameters else {}
         return InferResponse(self.name, self.version, outputs, request.id, parameters)
@@ -263,6 +253,10 @@ class ModelVersion:
         model produced. An output the model did not produce is left out."""
         if not requested and self._produced_order is not None:
             every = self._produced_order
+            if not self._output_reshape:  # as the model made them (an output named by none has no classification)
+                return [InferOutput(name, v2_datatype(value.dtype), value) if type(value) is np.ndarray
+                        else self._output(every[name], value)
+                        for name, value in results.items() if value is not None and name in every]
             return [self._output(every[name], value) for name, value in results.items()
                     if value is not None and name in every]
         return [self._output(o, results[o.name]) for o in requested or self._every_output

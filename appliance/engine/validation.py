@@ -39,12 +39,9 @@ def _names(names: list[str], none: str = "[]") -> str:
 def validate_request(model: str, signature: ModelSignature, request: InferRequest) -> int:
     """Raise InvalidInput with what was expected; return the request's batch size (1 if unbatched)."""
     # (Every message starts with Triton's prefix, built only for a refusal.)
+    given = [tensor.name for tensor in request.inputs]
     specs = signature.inputs
-    inputs = request.inputs
-    if len(inputs) == 1 == len(specs) and inputs[0].name in specs:  # the common request: its model's one input
-        return _batch_size(model, signature, request)
-    given = [tensor.name for tensor in inputs]
-    if len(given) == len(specs) and given == list(specs):  # every input, in order
+    if len(given) == len(specs) and given == list(specs):  # the common request: every input, in order
         return _batch_size(model, signature, request)
     prefix = request_prefix(request.id)
     if len(set(given)) < len(given):  # Triton refuses a second input of a name as it is added

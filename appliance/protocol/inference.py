@@ -181,8 +181,7 @@ class Inference:
             source.receive_now(flight.account)
             request = self._decoded(model, source, caller, flight.account)
             trace = request.trace = flight.trace = self._start_trace(model, source, received_ns)
-            if trace is None and ((not request.shared_inputs and not request.outputs)  # (the common request)
-                                  or not request.uses_shared_memory):
+            if trace is None and not request.uses_shared_memory:
                 flight.withdraw = model.begin(request, functools.partial(flight.landed, request))
             else:
                 task = asyncio.get_running_loop().create_task(self._run(model, request, caller, flight.account.reserve))
@@ -290,7 +289,7 @@ class Inference:
             request = source.decode(model, self._limits, account.reserve)
         except InputMismatch as mismatch:  # in Triton's words, now that the model is known
             raise mismatch.finish(model.name) from None
-        if (request.shared_inputs or request.outputs) and request.uses_shared_memory:
+        if request.uses_shared_memory:
             if self._shared_memory is None:
                 raise NotSupported(NOT_SERVED)
             if caller.browser_refusal is not None:  # a page must not read or write another client's regions
@@ -449,12 +448,6 @@ class Flight:
         if self._ended:
             return
         self._ended = True
-        if self.trace is None:  # (``release`` without its steps, for the untraced request)
-            try:
-                self.held.__exit__(None, None, None)
-            finally:
-                self.account.close()
-            return
         release(self._inference, self.trace, self.held, self.account, sent)
 
     def sent(self, frontend: str) -> tuple[str, int, int] | None:

@@ -42,6 +42,7 @@ __all__ = [
     "encode_answer",
     "encode_bytes_tensor",
     "encode_infer_response",
+    "encode_in_pieces",
     "encoding_work",
     "json_numbers",
     "non_finite_token",
@@ -184,8 +185,7 @@ def _exact_integers(data: list, source: np.ndarray, name: str, datatype: str) ->
 
 
 _LARGEST = {np.dtype(t): float(np.finfo(t).max) for t in (np.float16, np.float32, np.float64)}
-_FLOAT_DTYPES: dict[str, np.dtype] = {name: np.dtype(f"float{bits}") for name, bits in (("FP16", 16), ("FP32", 32),
-                                                                                      ("FP64", 64))}
+_FLOAT_DTYPES = {name: numpy_dtype(name) for name in ("FP16", "FP32", "FP64")}
 _FLOAT = {float}
 
 
@@ -222,12 +222,10 @@ def decode_json_data(data: Any, datatype: str, shape: tuple[int, ...], count: in
         array[:] = items
         return array.reshape(shape)
     dtype = _FLOAT_DTYPES.get(datatype)
-    if dtype is not None and set(map(type, data)) == _FLOAT:  # a flat list of floats: cast as it is read
-        if len(data) != count:
-            raise InvalidInput(f"input '{name}': shape {list(shape)} needs {count} elements, 'data' has {len(data)}")
+    if dtype is not None and len(data) == count and set(map(type, data)) == _FLOAT:  # a flat list of floats
         largest = _LARGEST[dtype]  # (JSON has no NaN or infinity: only a value past the type's range fails)
-        if max(data) <= largest and min(data) >= -largest:
-            return np.array(data, dtype=dtype).reshape(shape)  # each value cast once, as astype casts it
+        if max(data) <= largest and min(data) >= -largest:  # cast as it is read, each value as astype casts it
+            return np.array(data, dtype=dtype).reshape(shape)
     depth, first = 0, data
     while isinstance(first, list) and first:
         depth, first = depth + 1, first[0]
@@ -565,6 +563,12 @@ def encode_infer_response(
     plain = plain_answer(response, request)
     if plain is not None:
         return plain, None
+    return encode_in_pieces(response, request)
+
+
+def encode_in_pieces(response: InferResponse, request: InferRequest | None = None) -> tuple[bytes, int | None]:
+    """``encode_infer_response`` without its first try (``plain_answer``), for a caller that tried it already:
+    any answer, written in pieces and joined once."""
     binary = _binary_choice(request)
     entries: list[list[bytes]] = []
     chunks: list[bytes | memoryview] = []
@@ -613,7 +617,7 @@ def plain_answer(response: InferResponse, request: InferRequest | None = None) -
     call with the tensors in the document, the same text as ``encode_infer_response`` writes. None where
     that must write it (a non-finite value, which orjson writes as ``null``; a large, BYTES or BF16 output;
     an array orjson does not take): then ``encoding_work`` says where."""
-    if request is not None and (request.outputs or request.parameters):
+    if request is not None and (request.outputs or request.parameters):  # (``_binary_choice`` is not None)
         return None
     entries = []
     elements = 0

@@ -126,10 +126,7 @@ class InferBody:
         return _decoding_work(self._body, self._header_length)
 
     def receive_now(self, account: Account) -> None:
-        if self._signed is None:  # (``count_body``, one call fewer for every request on the straight line)
-            account.reserve(len(self._body))
-        else:
-            count_body(self._body, account, self._signed)
+        count_body(self._body, account, self._signed)
 
     def decode(self, model: ModelVersion, limits: DecodeLimits, reserve: Callable[[int], None]) -> InferRequest:
         if self._header_length == 0:

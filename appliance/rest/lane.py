@@ -55,7 +55,7 @@ from appliance.protocol.inference import DECODE_OFF_LOOP_BYTES, Flight, Target
 from appliance.protocol.operations import Operation
 from appliance.protocol.results import InferResult
 from appliance.rest.browser import check_host
-from appliance.rest.codec import encode_answer, encode_infer_response, encoding_work, plain_answer
+from appliance.rest.codec import encode_answer, encode_in_pieces, encoding_work, plain_answer
 from appliance.rest.http_basics import HEADER_LENGTH
 from appliance.rest.infer_body import InferBody, count_body
 from appliance.rest.lane_connection import LaneConnection, LaneConnections, Running
@@ -232,8 +232,8 @@ class _Straight:
                     encoding.add_done_callback(functools.partial(self._encoded, flight))
                     flight.withdraw = encoding.cancel
                     return
-                else:
-                    answer = infer_answer(*encode_infer_response(result.response, result.request)), False
+                else:  # (plain_answer declined it: the general encoder, not the first try again)
+                    answer = infer_answer(*encode_in_pieces(result.response, result.request)), False
             except Exception as exc:
                 answer = self._lane._refusal(self._head, exc)
             self._finish(flight, answer, flight.sent(InferBody.frontend))

@@ -139,9 +139,8 @@ def _status_line(status: int) -> bytes:
 
 
 def answer(status: int, content_type: bytes, payload: bytes, extra: bytes = b"") -> list[bytes]:
-    line = _STATUS_LINES.get(status)  # (``_status_line``, inline: every answer passes here)
     head = b"%sContent-Type: %s\r\nContent-Length: %d\r\nDate: %s\r\n%s\r\n" % (
-        line if line is not None else _status_line(status), content_type, len(payload), _DATES.now(), extra)
+        _status_line(status), content_type, len(payload), _DATES.now(), extra)
     if len(payload) > _WRITE_APART:
         return [head, payload]
     return [head + payload]

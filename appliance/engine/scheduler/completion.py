@@ -47,16 +47,7 @@ class Answers(Generic[W]):
             return
         request.completed = True
         if not self._ordered:
-            future = request.future
-            then = request.then
-            if then is None or future.done():
-                _resolve(request, result, error)
-                return
-            future.set_result(None)  # (``_resolve`` inline for the straight line's request: every one passes here)
-            try:
-                then(result, error)
-            except Exception:  # one answer's fault must not keep the rest of its batch from theirs
-                log.exception("answering a request failed")
+            _resolve(request, result, error)
             return
         self._finished[self._order_of(request)] = (request, result, error)
         while self._next in self._finished:

@@ -29,6 +29,7 @@ from appliance.protocol.inference import DECODE_OFF_LOOP_BYTES
 from appliance.rest.codec import (
     decode_infer_request,
     decode_raw_request,
+    encode_in_pieces,
     encode_infer_response,
     encoding_work,
     json_numbers,
@@ -540,6 +541,7 @@ def test_an_answer_to_a_request_that_asks_for_nothing_is_the_reference_encoders_
     plain = decode_infer_request(b'{"inputs": []}')
     assert encode_infer_response(response, plain) == encode_infer_response(response) == _reference_response(
         response, plain)
+    assert encode_in_pieces(response, plain) == _reference_response(response, plain)  # the general encoder
     written = plain_answer(response, plain)  # the lane's first try: the same bytes, where it writes them
     assert written is None or (written, None) == _reference_response(response, plain)
     assert written is None or encoding_work(response, plain) <= DECODE_OFF_LOOP_BYTES

@@ -252,7 +252,6 @@ _ENTRY_NUMBERS = {kind: number for number, kind in enumerate(ENTRIES)}
 _SHAPES = {number: (kind, len(kind._fields) + 1) for number, kind in enumerate(KINDS)}
 """A kind's class and the length of its tuple on the channel, by its number."""
 _ENTRY_SHAPES = {number: (kind, len(kind._fields) + 1) for number, kind in enumerate(ENTRIES)}
-_PRODUCED = _ENTRY_NUMBERS[Produced]
 _PICKLE = pickle.HIGHEST_PROTOCOL
 """Pickled directly (multiprocessing's ForkingPickler costs a pickler object per message)."""
 
@@ -287,9 +286,7 @@ def decode(data: bytes) -> Message:
     if type(message) is Done and message.packed is not None:
         if type(message.packed) is not list:
             raise MessageRefused("a Done message's entries are not a list")
-        entries = [tuple.__new__(Produced, entry[1:])  # the common entry, checked here (a call fewer each)
-                   if type(entry) is tuple and len(entry) == 3 and type(entry[0]) is int and entry[0] == _PRODUCED
-                   else _typed(entry, _ENTRY_SHAPES, "Done entry") for entry in message.packed]
+        entries = [_typed(entry, _ENTRY_SHAPES, "Done entry") for entry in message.packed]
         message = tuple.__new__(Done, (message.arena, entries))
     return message
 
