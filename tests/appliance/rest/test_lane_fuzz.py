@@ -184,8 +184,9 @@ class _Outcome:
         self.peak = peak
 
 
-async def _exchange(lane: InferLane, chunks: list[bytes]) -> _Outcome:
-    """One connection: ``chunks`` arrive one by one (each when the lane reads), then the client's end."""
+async def _exchange(lane: InferLane, chunks: list[bytes], answered_first: bool = False) -> _Outcome:
+    """One connection: ``chunks`` arrive one by one (each when the lane reads; ``answered_first``: each once
+    the request before it is answered, as a client waiting for its answer sends), then the client's end."""
     loop = asyncio.get_running_loop()
     transport = _Transport(loop)
     handed = _Handed()
@@ -197,6 +198,9 @@ async def _exchange(lane: InferLane, chunks: list[bytes]) -> _Outcome:
     for chunk in chunks:
         await await_until(lambda: not transport.paused or transport.closing, timeout=deadline - time.monotonic(),
                           what="reading to resume", interval=0.001)
+        if answered_first:
+            await await_until(lambda: connection.running is None or transport.closing,
+                              timeout=deadline - time.monotonic(), what="the answer", interval=0.001)
         if transport.closing:
             break
         connection.data_received(chunk)
@@ -276,10 +280,10 @@ def _split(draw: st.DrawFn, data: bytes) -> list[bytes]:
     return [data[a:b] for a, b in zip(points, points[1:], strict=False) if b > a] or [b""]
 
 
-def _run(served, chunks: list[bytes]) -> _Outcome:
+def _run(served, chunks: list[bytes], answered_first: bool = False) -> _Outcome:
     loop, lane, errors = served
     errors.clear()
-    outcome = loop.run_until_complete(asyncio.wait_for(_exchange(lane, chunks), EXAMPLE_SECONDS + 5))
+    outcome = loop.run_until_complete(asyncio.wait_for(_exchange(lane, chunks, answered_first), EXAMPLE_SECONDS + 5))
     loop.run_until_complete(next_turn())  # what the connection's end left to run
     assert not errors, errors
     assert not lane.connections, "a connection outlived its end"
@@ -383,6 +387,11 @@ def test_a_head_after_one_the_connection_sent_reads_as_it_would_on_a_new_connect
     statuses = [status for status, _, _ in _answers(after.written)]
     assert statuses == [200] + [status for status, _, _ in _answers(alone.written)]
     assert after.handed.made == alone.handed.made and bytes(after.handed.data) == bytes(alone.handed.data)
+    # Sent whole in one read once the first is answered (the lane then starts it from the read itself).
+    waited = _run(served, [first, then], answered_first=True)
+    _check(waited, first + then)
+    assert [status for status, _, _ in _answers(waited.written)] == statuses
+    assert waited.handed.made == alone.handed.made and bytes(waited.handed.data) == bytes(alone.handed.data)
 
 
 def test_a_body_that_starts_after_a_pipelined_answer_waits_body_timeout_not_header_timeout(served):
