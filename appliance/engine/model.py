@@ -24,7 +24,7 @@ from appliance.core.errors import (
 from appliance.core.tensors import v2_datatype
 from appliance.engine.classification import classify
 from appliance.engine.response_cache import OutputForms, ResponseStore
-from appliance.engine.scheduler import Scheduler
+from appliance.engine.scheduler import Scheduler, SequenceScheduler
 from appliance.engine.signature import ModelSignature, input_reshapes
 from appliance.engine.stats import FailureReason, ModelStats, StepTiming
 from appliance.engine.streaming import RawResponse, ResponseChannel, ResponseStream, StreamLimits
@@ -61,6 +61,18 @@ class VersionScheduler(Protocol):
     async def drain(self, timeout: float) -> bool: ...
 
     async def close(self, timeout: float | None = None) -> list[BaseException]: ...
+
+
+class StraightScheduler(Protocol):
+    """A scheduler ``ModelVersion.begin`` serves through (``straight``): the batching scheduler and the
+    sequence batcher. ``enqueue`` queues a request whose outcome goes to ``then``; ``withdraw`` takes what
+    it returned back."""
+
+    def enqueue(self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str], batch_size: int,
+                parameters: Mapping[str, Any], then: Callable[[Any, BaseException | None], None],
+                trace: Trace | None = None, request_id: str = "") -> Any: ...
+
+    def withdraw(self, queued: Any) -> bool: ...
 
 
 def _failure_reason(exc: BaseException) -> str:
@@ -103,7 +115,7 @@ class ModelVersion:
         self._users = 0  # requests holding this version (see in_use), so a retired version drains
         self._running = 0  # requests between validation and their result: the concurrency traffic records
         self._decoupled = bool(self.config.model_transaction_policy.decoupled)  # read twice per request
-        self._straight = (isinstance(self.scheduler, Scheduler) and self.response_cache is None
+        self._straight = (isinstance(self.scheduler, (Scheduler, SequenceScheduler)) and self.response_cache is None
                           and not self._decoupled)
         self.traffic = TrafficStats(self.signature.batched)
         """The shapes, batch sizes and concurrency of the requests this version served, when selection
@@ -145,7 +157,8 @@ class ModelVersion:
 
     @property
     def straight(self) -> bool:
-        """Whether ``begin`` serves this version: a batching scheduler's, no response cache, not decoupled."""
+        """Whether ``begin`` serves this version: a batching scheduler's or a sequence batcher's, no response
+        cache, not decoupled."""
         return self._straight
 
     async def infer(self, request: InferRequest) -> InferResponse:
@@ -180,8 +193,7 @@ class ModelVersion:
             then(response, error)
 
         names = [o.name for o in request.outputs] if request.outputs else self._every_output_name
-        scheduler = self.scheduler
-        assert isinstance(scheduler, Scheduler)
+        scheduler: StraightScheduler = self.scheduler  # type: ignore[assignment]  # (``straight`` says so)
         try:
             pending = scheduler.enqueue(self._runtime_inputs(request), names, batch_size, request.parameters,
                                         finished, request.trace, request.id or "")

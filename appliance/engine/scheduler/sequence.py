@@ -147,6 +147,29 @@ class SequenceScheduler:
         its step ran; its responses go to ``sink``). An accepted request runs even if its client goes away
         (``cancelled`` is not consulted, except before an iterative request runs again): later steps
         need its state."""
+        request = self._accept(inputs, outputs, batch_size, parameters, trace, timing, request_id, sink, cancelled,
+                               None)
+        return await request.future
+
+    def enqueue(self, inputs: Mapping[str, np.ndarray], outputs: Iterable[str], batch_size: int,
+                parameters: Mapping[str, Any], then: Callable[[Any, BaseException | None], None],
+                trace: Trace | None = None, request_id: str = "") -> SequenceRequest:
+        """``submit`` without a task waiting (as ``Scheduler.enqueue``): queue one validated request on its
+        sequence; ``then(outputs, error)`` is called in the step that completes it. ``withdraw`` takes
+        its answer back, not its step."""
+        return self._accept(inputs, outputs, batch_size, parameters, trace, None, request_id, None, None, then)
+
+    @staticmethod
+    def withdraw(request: SequenceRequest) -> bool:
+        """Its client went away: the request still runs (its sequence's later steps need the state it
+        leaves) but is not answered; True unless it had its answer already."""
+        return request.future.cancel()
+
+    def _accept(self, inputs: Mapping[str, np.ndarray], outputs: Iterable[str], batch_size: int,
+                parameters: Mapping[str, Any], trace: Trace | None, timing: StepTiming | None, request_id: str,
+                sink: ResponseSink | None, cancelled: Callable[[], bool] | None,
+                then: Callable[[Any, BaseException | None], None] | None) -> SequenceRequest:
+        """A new request queued on its sequence (its lane looked at one loop iteration later), or refused."""
         loop = self._loop
         assert loop is not None, "SequenceScheduler.start() was not called"
         if self._closing:
@@ -176,7 +199,7 @@ class SequenceScheduler:
         key = tuple(sorted((name, array.shape) for name, array in inputs.items()))
         request = SequenceRequest(inputs, tuple(outputs), parameters, ids.flags, loop.create_future(), loop.time(),
                                   key, next(self._order), trace, timing, request_id, sink=sink,
-                                  cancelled=cancelled or not_cancelled)
+                                  cancelled=cancelled or not_cancelled, then=then)
         if trace is not None:
             trace.mark("QUEUE_START")
         sequence.queue.append(request)
@@ -186,7 +209,7 @@ class SequenceScheduler:
             self.counts.started += 1
         if sequence.lane is not None:
             self._kick(self._table.lanes[sequence.lane])
-        return await request.future
+        return request
 
     def _ids(self, parameters: Mapping[str, Any]) -> SequenceIds:
         """The request's sequence; under iterative_sequence, one of its own when it names none."""

@@ -52,7 +52,8 @@ class SequenceRequest:
     arrival_ns: int = dataclasses.field(default_factory=time.monotonic_ns)
     """For the statistics' queue time (``arrival`` is the loop's clock: see queue.Pending)."""
     then: Callable[[Any, BaseException | None], None] | None = None
-    """Always None: a sequence's requests are awaited (see queue.Pending.then)."""
+    """Called with the outputs or error in the step that completes the request (``enqueue``), instead of
+    ``future`` getting them (see queue.Pending.then)."""
 
 
 @dataclasses.dataclass(eq=False, slots=True)
