@@ -303,7 +303,7 @@ def model_parameters(parameters: Mapping[str, object]) -> str:
         return "{}"
     kept = {key: value for key, value in parameters.items()
             if key not in _TRANSPORT_KEYS and not key.startswith(_TRANSPORT_PREFIXES)}
-    return json.dumps(kept, default=str)
+    return json.dumps(kept, default=str) if kept else "{}"
 
 
 class Reschedule:

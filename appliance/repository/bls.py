@@ -113,10 +113,23 @@ class LocalModels:
     # -- inference -------------------------------------------------------------------------------
 
     def infer(self, call: ModelCall) -> Future[Outputs]:
+        loop = self._loop
+        if loop is not None and asyncio._get_running_loop() is loop and self._limits.deadline <= 0:
+            # Called on the loop (a model process's channel it reads): the called model's straight line
+            # where it has one, as a client's request takes it; else (and under a deadline) awaited.
+            try:
+                model = self._model(call)
+            except ApplianceError as exc:
+                return _failed(exc)
+            if model.straight:
+                return _begin(model, call)
+            return self._submit(self._run(model, call))
         return self._submit(self._infer(call))
 
     async def _infer(self, call: ModelCall) -> Outputs:
-        model = self._model(call)
+        return await self._run(self._model(call), call)
+
+    async def _run(self, model: ModelVersion, call: ModelCall) -> Outputs:
         with model.in_use():
             if model.decoupled:
                 raise InvalidInput(
@@ -220,6 +233,39 @@ class LocalModels:
         self._check_control("unload")
         self._registry.model_dir(name)
         await self._registry.unload(name, unload_dependents=unload_dependents)
+
+
+def _begin(model: ModelVersion, call: ModelCall) -> Future[Outputs]:
+    """``call`` on ``model``'s straight line (``ModelVersion.begin``, on the loop): the model held until
+    the outcome is in the returned future. Nothing withdraws it (a caller does not cancel a call's future;
+    a stopping daemon fails what is queued)."""
+    future: Future[Outputs] = Future()
+    held = model.in_use()
+    held.__enter__()
+
+    def then(response: InferResponse | None, error: BaseException | None) -> None:
+        held.__exit__(None, None, None)
+        if future.cancelled():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            assert response is not None
+            future.set_result(_outputs(response))
+
+    try:
+        model.begin(_request(call), then)
+    except Exception as exc:  # refused before it queued (an invalid call): the caller's error, as awaited
+        held.__exit__(None, None, None)
+        future.set_exception(exc)
+        return future
+    return future
+
+
+def _failed(error: BaseException) -> Future[Outputs]:
+    future: Future[Outputs] = Future()
+    future.set_exception(error)
+    return future
 
 
 def _settle(future: Future, task: asyncio.Task) -> None:

@@ -1,0 +1,104 @@
+"""``LocalModels.infer``, a backend's call to another model (Triton's BLS), made on the event loop as a
+model process's channel makes it: the called model's straight line, its outcome in the future, the
+version held until then; the awaited path under a deadline gives the same outcomes."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from appliance.backends import named
+from appliance.backends.base import ModelCall
+from appliance.core.errors import InvalidInput, ModelNotFound, Unavailable
+from appliance.engine.instances import InstancePool
+from appliance.engine.model import ModelVersion
+from appliance.engine.scheduler import Scheduler, policy_from_config
+from appliance.engine.stats import ModelStats
+from appliance.engine.streaming import StreamLimits
+from appliance.repository.bls import LocalModels
+from appliance.repository.config import signature_of
+from tests.fakes import FakeBackend
+
+CONFIG = """
+name: "double"
+max_batch_size: 4
+input [{ name: "x" data_type: TYPE_FP32 dims: [1] }]
+output [{ name: "y" data_type: TYPE_FP32 dims: [1] }]
+"""
+
+
+class _Registry:
+    repository = Path("/nonexistent")
+
+    def __init__(self, model: ModelVersion) -> None:
+        self.model = model
+
+    def get(self, name: str, version: str | None = None) -> ModelVersion:
+        if name != self.model.name:
+            raise ModelNotFound(f"no model {name}")
+        return self.model
+
+
+@pytest.fixture
+async def served():
+    config = text_format.Parse(CONFIG, mc.ModelConfig())
+    stats = ModelStats()
+    pool = InstancePool("double:1", [FakeBackend(delay=0.02)])
+    model = ModelVersion("double", 1, config, signature_of(config), named("onnxruntime"),
+                         Scheduler("double:1", pool, policy_from_config(config), stats), stats)
+    model.start()
+    yield model
+    await model.close(10)
+
+
+def _models(model: ModelVersion, deadline: float = 0.0) -> LocalModels:
+    models = LocalModels(_Registry(model), explicit=False, limits=StreamLimits(deadline=deadline))  # type: ignore[arg-type]
+    models.bind(asyncio.get_running_loop())
+    return models
+
+
+def _call(value: float, model: str = "double", name: str = "x") -> ModelCall:
+    return ModelCall(model, {name: np.full((1, 1), value, np.float32)})
+
+
+@pytest.mark.parametrize("deadline", [0.0, 30.0], ids=["straight", "awaited"])
+async def test_a_call_on_the_loop_gets_its_outputs_and_holds_the_model_until_then(served, deadline):
+    models = _models(served, deadline)
+    future = models.infer(_call(3.0))
+    await asyncio.sleep(0)  # (an awaited call's task has begun)
+    assert served.users == 1
+    outputs = await asyncio.wrap_future(future)
+    assert outputs["y"].tolist() == [[6.0]]
+    assert served.users == 0
+    assert served.stats.as_json()["inference_stats"]["success"]["count"] == 1
+
+
+@pytest.mark.parametrize("deadline", [0.0, 30.0], ids=["straight", "awaited"])
+async def test_a_refused_call_gets_its_error_in_the_future_and_lets_the_model_go(served, deadline):
+    models = _models(served, deadline)
+    with pytest.raises(InvalidInput, match="'z'"):
+        await asyncio.wrap_future(models.infer(_call(1.0, name="z")))
+    with pytest.raises(Unavailable, match="Model nowhere - Error when running inference"):
+        await asyncio.wrap_future(models.infer(_call(1.0, model="nowhere")))
+    assert served.users == 0
+
+
+async def test_calls_made_together_on_the_straight_line_each_get_their_own_outputs(served):
+    models = _models(served)
+    futures = [models.infer(_call(float(value))) for value in range(6)]
+    results = [await asyncio.wrap_future(future) for future in futures]
+    assert [r["y"][0, 0] for r in results] == [2.0 * value for value in range(6)]
+    assert served.users == 0
+
+
+async def test_a_call_to_a_model_with_a_straight_line_runs_without_a_task_of_its_own(served):
+    models = _models(served)
+    before = asyncio.all_tasks()
+    future = models.infer(_call(2.0))
+    assert asyncio.all_tasks() == before
+    assert (await asyncio.wrap_future(future))["y"].tolist() == [[4.0]]
