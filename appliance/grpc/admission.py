@@ -50,7 +50,7 @@ from appliance.protocol.inflate import Compressed, InflateLimits, inflate_off_lo
 from appliance.protocol.operations import Operation
 from appliance.security.budget import Account
 
-__all__ = ["OPERATIONS", "AdmittingHandlers", "Received", "Receivers", "inflated", "parse"]
+__all__ = ["OPERATIONS", "AdmittingHandlers", "Received", "Receivers", "inflated", "parse", "parse_uncounted"]
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +127,11 @@ async def parse_counted(raw: bytes, method: str, deserializer: Callable[[bytes],
 def parse(raw: bytes, method: str, deserializer: Callable[[bytes], Any], account: Account) -> Any:
     """The request message of ``method`` in ``raw``; its parsed copy counted on ``account``."""
     account.reserve(len(raw))
+    return parse_uncounted(raw, method, deserializer)
+
+
+def parse_uncounted(raw: bytes, method: str, deserializer: Callable[[bytes], Any]) -> Any:
+    """``parse`` for a caller that counts the parsed copy itself."""
     try:
         return deserializer(raw)
     except DecodeError as exc:

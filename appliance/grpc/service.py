@@ -4,6 +4,7 @@ typed answer back into a message. Admission happened before the message was read
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
@@ -17,7 +18,7 @@ from appliance.engine.model import ModelVersion
 from appliance.engine.tensor_checks import DecodeLimits
 from appliance.engine.types import InferRequest
 from appliance.grpc.access import Gate, caller_of
-from appliance.grpc.admission import Received, parse_counted
+from appliance.grpc.admission import Received, parse_counted, parse_uncounted
 from appliance.grpc.codec import (
     decode_infer_request,
     encoding_work,
@@ -28,7 +29,7 @@ from appliance.grpc.codec import (
 from appliance.grpc.grpc_config import StreamRules
 from appliance.grpc.stream import Reply, StreamFailed, serve_stream, stream_message, wants_grpc_errors
 from appliance.protocol.dataplane import DataPlane
-from appliance.protocol.inference import Target, decode_off_loop
+from appliance.protocol.inference import DECODE_OFF_LOOP_BYTES, Flight, InferResult, Target, decode_off_loop
 from appliance.protocol.inflate import InflateLimits
 from appliance.protocol.results import RegionStatus
 from appliance.security.budget import Account
@@ -63,6 +64,21 @@ class InferMessage:
 
     async def receive(self, account: Account) -> int:
         return self.size  # the message was read (and counted) before the call reached the service
+
+    # ReadySource (``Inference.begin``, for a message small enough to parse on the loop)
+
+    def target_now(self) -> Target:
+        if self.message is None:  # counted by ``receive_now`` (the raw bytes are on the call's account)
+            raw, self._raw = self._raw, None
+            assert raw is not None
+            self.message = parse_uncounted(raw, "ModelInfer", pb.ModelInferRequest.FromString)
+        return Target(self.message.model_name, self.message.model_version or None, _own_timeout(self.message))
+
+    def decoding_work(self) -> int:
+        return self.size
+
+    def receive_now(self, account: Account) -> None:
+        account.reserve(self.size)  # the parsed message
 
     def traceparent(self) -> str | None:
         if self._context is None:
@@ -141,10 +157,44 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         received_ns = time.monotonic_ns()  # the trace's REQUEST_START
         source = InferMessage(request.raw, context=context)
         del request.raw
+        if source.size <= DECODE_OFF_LOOP_BYTES:  # (a larger message is parsed on a worker thread)
+            answer = await self._straight(request, source, received_ns)
+            if answer is not None:
+                return answer
         async with self._dataplane.infer(request.caller, source, received_ns=received_ns,
                                          account=request.account) as result:
             response = result.response
             return await decode_off_loop(encoding_work(response), serialize_infer_response, response)
+
+    async def _straight(self, request: Received, source: InferMessage, received_ns: int) -> bytes | None:
+        """The answer on the data plane's straight line (``begin``): no task or coroutine of the core's
+        between this call and its model's result; None where the line does not take the request (the
+        awaited path then serves it, the message parsed already)."""
+        landed = asyncio.get_running_loop().create_future()
+
+        def then(flight: Flight, result: InferResult | None, error: BaseException | None) -> None:
+            if not landed.done():  # (not when the call was cancelled meanwhile)
+                landed.set_result((result, error))
+
+        request.account.release(source.size)  # counted once: on the flight's account (``receive_now``)
+        flight = self._dataplane.begin(request.caller, source, received_ns, then)
+        if flight is None:
+            request.account.reserve(source.size)  # back on the call's account, for the awaited path
+            return None
+        sent = None
+        try:
+            result, error = await landed
+            if error is not None:
+                raise error
+            response = result.response
+            answer = await decode_off_loop(encoding_work(response), serialize_infer_response, response)
+            sent = flight.sent(source.frontend)
+            return answer
+        except asyncio.CancelledError:
+            flight.cancel()  # the client went away (or its deadline passed): the request is taken back
+            raise
+        finally:
+            flight.end(sent)
 
     async def _stream_responses(self, message: pb.ModelInferRequest, account: Account,
                                 context: grpc.aio.ServicerContext,

@@ -1,0 +1,94 @@
+"""ModelInfer on the data plane's straight line (``InferenceService._straight``): a call whose client
+goes away (its deadline passed: the client resets the stream) takes its request back wherever it is,
+and lets go of what it held; the awaited path still serves what the line does not take."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tritonclient.grpc as triton
+from tritonclient.utils import InferenceServerException
+
+from tests.http_util import call
+from tests.waiting import wait_until
+
+
+def _sleeping(seconds: float) -> list[triton.InferInput]:
+    tensor = triton.InferInput("x", [2], "FP32")
+    tensor.set_data_from_numpy(np.array([seconds, 0.0], np.float32))
+    return [tensor]
+
+
+def _counts(daemon) -> tuple[int, int]:
+    status, _, stats = call(daemon.port, "GET", "/v2/models/sleepy/stats")
+    assert status == 200
+    inference = stats["model_stats"][0]["inference_stats"]
+    return inference["success"]["count"], inference["fail"]["count"]
+
+
+def test_a_running_call_whose_deadline_passes_lets_go_of_its_admission(start_daemon, sleepy_repository):
+    daemon = start_daemon(sleepy_repository, env={"APPLIANCE_MAX_CONCURRENT_REQUESTS": "1"})
+    with triton.InferenceServerClient(daemon.grpc_url) as client:
+        with pytest.raises(InferenceServerException) as excinfo:
+            client.infer("sleepy", _sleeping(1.5), client_timeout=0.5)
+        assert excinfo.value.status() == "StatusCode.DEADLINE_EXCEEDED"
+        # Withdrawn: counted as failed, and the one admission place is free again (the next call then
+        # waits for the model's instance).
+        wait_until(lambda: _counts(daemon)[1] == 1, timeout=30, what="the withdrawn call to count as failed")
+        answer = client.infer("sleepy", _sleeping(0.0), client_timeout=30)
+        assert answer.as_numpy("y").tolist() == [0.0, 0.0]
+        assert _counts(daemon) == (1, 1)
+
+
+def test_a_queued_call_whose_deadline_passes_never_runs(start_daemon, sleepy_repository):
+    daemon = start_daemon(sleepy_repository)
+    with triton.InferenceServerClient(daemon.grpc_url) as client:
+        first = client.async_infer("sleepy", _sleeping(1.0), callback=lambda *_: None, client_timeout=30)
+        wait_until(lambda: "sleepy: sleeping 1 s" in daemon.log(), timeout=30, what="the first call to run")
+        client.async_infer("sleepy", _sleeping(0.5), callback=lambda *_: None, client_timeout=30)  # behind it
+        outcomes: list[object] = []
+        client.async_infer("sleepy", _sleeping(0.25), callback=lambda result, error: outcomes.append(error),
+                           client_timeout=0.3)
+        wait_until(lambda: outcomes, timeout=30, what="the third call's deadline")
+        assert outcomes[0].status() == "StatusCode.DEADLINE_EXCEEDED"
+        wait_until(lambda: _counts(daemon)[0] == 2, timeout=30, what="the first two calls")
+        del first
+        answer = client.infer("sleepy", _sleeping(0.0), client_timeout=30)
+        assert answer.as_numpy("y").tolist() == [0.0, 0.0]
+    assert "sleepy: sleeping 0.25 s" not in daemon.log()
+
+
+def test_a_refused_call_gets_its_status_and_an_unknown_model_the_awaited_path(start_daemon, sleepy_repository):
+    daemon = start_daemon(sleepy_repository)
+    with triton.InferenceServerClient(daemon.grpc_url) as client:
+        wrong = triton.InferInput("z", [2], "FP32")
+        wrong.set_data_from_numpy(np.zeros(2, np.float32))
+        with pytest.raises(InferenceServerException, match="'z'") as excinfo:
+            client.infer("sleepy", [wrong])
+        assert excinfo.value.status() == "StatusCode.INVALID_ARGUMENT"
+        with pytest.raises(InferenceServerException, match="nowhere") as excinfo:
+            client.infer("nowhere", _sleeping(0.0))
+        assert excinfo.value.status() in ("StatusCode.NOT_FOUND", "StatusCode.UNAVAILABLE")
+        assert client.infer("sleepy", _sleeping(0.0)).as_numpy("y").tolist() == [0.0, 0.0]
+
+
+def test_a_straight_model_is_served_without_the_awaited_path(serve_in_process, tmp_path, monkeypatch):
+    from appliance.protocol.inference import Inference
+    from tests.models import copy_model
+
+    copy_model(tmp_path, "simple/sleepy")
+    server = serve_in_process(tmp_path, grpc=True)
+    awaited: list[str] = []
+    original = Inference.infer
+
+    def counted(self, caller, source, **kwargs):
+        awaited.append(source.endpoint)
+        return original(self, caller, source, **kwargs)
+
+    monkeypatch.setattr(Inference, "infer", counted)
+    with triton.InferenceServerClient(server.grpc_url) as client:
+        for _ in range(3):
+            assert client.infer("sleepy", _sleeping(0.0)).as_numpy("y").tolist() == [0.0, 0.0]
+        with pytest.raises(InferenceServerException, match="nowhere"):
+            client.infer("nowhere", _sleeping(0.0))
+    assert awaited == ["ModelInfer RPC"]  # the unknown model only
