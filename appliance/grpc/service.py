@@ -4,7 +4,6 @@ typed answer back into a message. Admission happened before the message was read
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
@@ -29,7 +28,7 @@ from appliance.grpc.codec import (
 from appliance.grpc.grpc_config import StreamRules
 from appliance.grpc.stream import Reply, StreamFailed, serve_stream, stream_message, wants_grpc_errors
 from appliance.protocol.dataplane import DataPlane
-from appliance.protocol.inference import DECODE_OFF_LOOP_BYTES, Flight, InferResult, Target, decode_off_loop
+from appliance.protocol.inference import DECODE_OFF_LOOP_BYTES, Target, decode_off_loop
 from appliance.protocol.inflate import InflateLimits
 from appliance.protocol.results import RegionStatus
 from appliance.security.budget import Account
@@ -167,32 +166,20 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             return await decode_off_loop(encoding_work(response), serialize_infer_response, response)
 
     async def _straight(self, request: Received, source: InferMessage, received_ns: int) -> bytes | None:
-        """The answer on the data plane's straight line (``begin``): no task or coroutine of the core's
-        between this call and its model's result; None where the line does not take the request (the
-        awaited path then serves it, the message parsed already)."""
-        landed = asyncio.get_running_loop().create_future()
-
-        def then(flight: Flight, result: InferResult | None, error: BaseException | None) -> None:
-            if not landed.done():  # (not when the call was cancelled meanwhile)
-                landed.set_result((result, error))
-
+        """The answer on the data plane's straight line (``DataPlane.straight``); None where the line does
+        not take the request (the awaited path then serves it, the message parsed already)."""
         request.account.release(source.size)  # counted once: on the flight's account (``receive_now``)
-        flight = self._dataplane.begin(request.caller, source, received_ns, then)
-        if flight is None:
+        begun = await self._dataplane.straight(request.caller, source, received_ns)
+        if begun is None:
             request.account.reserve(source.size)  # back on the call's account, for the awaited path
             return None
+        flight, result = begun
         sent = None
         try:
-            result, error = await landed
-            if error is not None:
-                raise error
             response = result.response
             answer = await decode_off_loop(encoding_work(response), serialize_infer_response, response)
             sent = flight.sent(source.frontend)
             return answer
-        except asyncio.CancelledError:
-            flight.cancel()  # the client went away (or its deadline passed): the request is taken back
-            raise
         finally:
             flight.end(sent)
 

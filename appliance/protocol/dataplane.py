@@ -119,6 +119,10 @@ class DataPlane:
         self.begin = self._inference.begin
         """``infer`` without a task for a request whose bytes are in hand, where it applies (None: use
         ``infer``). See ``Inference.begin``."""
+        self.takes = self._inference.takes
+        """Whether ``begin`` would take a request to a target now. See ``Inference.takes``."""
+        self.straight = self._inference.straight
+        """``begin`` for a caller that awaits (its request has a task anyway). See ``Inference.straight``."""
         self._repository = RepositoryControl(registry, control_mode=rules.control_mode, pushes=pushes)
         self._loaded = asyncio.Event()
         self.failure: str | None = None

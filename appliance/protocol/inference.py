@@ -192,6 +192,43 @@ class Inference:
             raise
         return flight
 
+    def takes(self, target: Target) -> bool:
+        """Whether ``begin`` would take a request to ``target`` now (its model is ready here and one the line
+        serves): a transport asks before it waits for a body that came after its head, which the awaited
+        path reads only once the model is found."""
+        try:
+            return self._registry.get(target.model, target.version).straight
+        except (ModelNotFound, ModelNotReady):
+            return False
+
+    async def straight(self, caller: Caller, source: ReadySource,
+                       received_ns: int) -> tuple[Flight, InferResult] | None:
+        """``begin`` for a transport whose request has a task anyway (a body that came after its head, a gRPC
+        call): the flight and its result, to encode and then ``end`` the flight; None where the line does
+        not take the request (``infer`` serves it). A refusal or the model's error raises here, with
+        everything let go; cancelling the caller's task takes the request back."""
+        landed: asyncio.Future[tuple[InferResult | None, BaseException | None]] = \
+            asyncio.get_running_loop().create_future()
+
+        def then(flight: Flight, result: InferResult | None, error: BaseException | None) -> None:
+            if not landed.done():  # (not when the caller was cancelled meanwhile)
+                landed.set_result((result, error))
+
+        flight = self.begin(caller, source, received_ns, then)
+        if flight is None:
+            return None
+        try:
+            result, error = await landed
+        except asyncio.CancelledError:
+            flight.cancel()
+            flight.end()
+            raise
+        if error is not None:
+            flight.end()
+            raise error
+        assert result is not None
+        return flight, result
+
     def infer(self, caller: Caller, source: InferSource, *, received_ns: int | None = None,
               account: Account | None = None) -> OneInference:
         """One request, one response: ``async with inference.infer(...) as result``; the model stays held

@@ -138,9 +138,23 @@ class InferLane(LaneConnections):
         try:
             if head.operation is not Operation.INFER:
                 return self._read(head), False
-            source = InferBody(lambda: Target(head.model, head.version), head.headers.get(HEADER_LENGTH),
-                               _Received(body, signed).read, head.headers)
-            return await self._infer(head, who, source, received_ns)
+            target = self._target(head)
+            if not self._dataplane.takes(target):  # read once its model is found (or refused unread)
+                source = InferBody(lambda: target, head.headers.get(HEADER_LENGTH), _Received(body, signed).read,
+                                   head.headers)
+                return await self._infer(head, who, source, received_ns)
+            source = InferBody.ready(target, head.headers.get(HEADER_LENGTH), await body(), signed, head.headers)
+            begun = await self._dataplane.straight(who, source, received_ns)
+            if begun is None:
+                return await self._infer(head, who, source, received_ns)
+            flight, result = begun
+            sent = None
+            try:
+                payload, json_length = await encode_answer(result.response, result.request)
+                sent = flight.sent(InferBody.frontend)
+            finally:
+                flight.end(sent)
+            return infer_answer(payload, json_length), False
         except Exception as exc:
             return self._refusal(head, exc)
         finally:
@@ -161,10 +175,8 @@ class InferLane(LaneConnections):
             if head.operation is not Operation.INFER:
                 reply = self._read(head)
             else:
-                named = head.named
-                if named is None:  # (a head the connection sends again keeps it)
-                    named = head.named = Target(head.model, head.version)
-                source = InferBody.ready(named, head.headers.get(HEADER_LENGTH), body, signed, head.headers)
+                source = InferBody.ready(self._target(head), head.headers.get(HEADER_LENGTH), body, signed,
+                                         head.headers)
                 straight = _Straight(self, head, admitted, answered)
                 flight = self._dataplane.begin(who, source, received_ns, straight.landed)
                 if flight is None:  # not the straight line's: served as a request whose body is still coming is
@@ -180,6 +192,13 @@ class InferLane(LaneConnections):
             close = False
         admitted.__exit__(None, None, None)
         answered(reply, close)
+
+    @staticmethod
+    def _target(head: LaneHead) -> Target:
+        named = head.named
+        if named is None:  # (a head the connection sends again keeps it)
+            named = head.named = Target(head.model, head.version)
+        return named
 
     async def _infer(self, head: LaneHead, who: Caller, source: InferBody,
                      received_ns: int) -> tuple[list[bytes], bool]:

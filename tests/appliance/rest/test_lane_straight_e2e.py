@@ -1,10 +1,14 @@
-"""The lane's straight line (a request whose body came with its head, served without a task): a client
-that goes away takes its request back wherever it is, and lets go of what it held."""
+"""The lane's straight line (a request whose body came with its head, served without a task; one whose
+body came later, by its task through ``DataPlane.straight``): a client that goes away takes its request
+back wherever it is, and lets go of what it held."""
 
 from __future__ import annotations
 
 import json
 import socket
+import time
+
+import pytest
 
 from tests.http_util import call
 from tests.waiting import wait_until
@@ -17,10 +21,17 @@ def _request(seconds: float) -> bytes:
     return head + body
 
 
-def _sent(daemon, seconds: float) -> socket.socket:
-    """A connection that has sent one request, head and body in one piece."""
+def _sent(daemon, seconds: float, body_later: bool = False) -> socket.socket:
+    """A connection that has sent one request, head and body in one piece (``body_later``: the body once
+    the head has been read alone)."""
     connection = socket.create_connection(("127.0.0.1", daemon.port), timeout=30)
-    connection.sendall(_request(seconds))
+    request = _request(seconds)
+    if body_later:
+        head_end = request.index(b"\r\n\r\n") + 4
+        connection.sendall(request[:head_end])
+        time.sleep(0.2)
+        request = request[head_end:]
+    connection.sendall(request)
     return connection
 
 
@@ -31,9 +42,11 @@ def _failures(daemon) -> tuple[int, int]:
     return inference["success"]["count"], inference["fail"]["count"]
 
 
-def test_a_running_request_whose_client_goes_away_lets_go_of_its_admission(start_daemon, sleepy_repository):
+@pytest.mark.parametrize("body_later", [False, True], ids=["with-its-head", "after-its-head"])
+def test_a_running_request_whose_client_goes_away_lets_go_of_its_admission(start_daemon, sleepy_repository,
+                                                                            body_later):
     daemon = start_daemon(sleepy_repository, env={"APPLIANCE_MAX_CONCURRENT_REQUESTS": "1"})
-    gone = _sent(daemon, 1.5)
+    gone = _sent(daemon, 1.5, body_later)
     wait_until(lambda: "sleepy: sleeping 1.5 s" in daemon.log(), timeout=30, what="the request to run in the model")
     gone.close()
     # The one admission place is free again at once (the next request then waits for the model's instance).
@@ -67,3 +80,31 @@ def _pending(daemon) -> float:
     _, _, metrics = call(daemon.port, "GET", "/metrics")
     return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.decode().splitlines()
                if line.startswith('nv_inference_pending_request_count{model="sleepy"'))
+
+
+def test_a_body_that_comes_after_its_head_is_served_on_the_straight_line(serve_in_process, tmp_path, monkeypatch):
+    from appliance.protocol.inference import Inference
+    from tests.models import copy_model
+
+    copy_model(tmp_path, "simple/sleepy")
+    server = serve_in_process(tmp_path)
+    awaited: list[str] = []
+    original = Inference.infer
+
+    def counted(self, caller, source, **kwargs):
+        awaited.append(source.endpoint)
+        return original(self, caller, source, **kwargs)
+
+    monkeypatch.setattr(Inference, "infer", counted)
+    for _ in range(2):
+        connection = _sent(server, 0.0, body_later=True)
+        with connection:
+            assert connection.recv(65536).startswith(b"HTTP/1.1 200 ")
+    assert awaited == []
+    # An unknown model's request is refused before its body comes (the awaited path reads it only once
+    # the model is found).
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as connection:
+        connection.sendall(b"POST /v2/models/nowhere/infer HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                           b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n")
+        assert connection.recv(65536).startswith(b"HTTP/1.1 404 ")
+    assert awaited == ["HTTP end point"]
