@@ -30,7 +30,7 @@ from appliance.grpc.stream import Reply, StreamFailed, serve_stream, stream_mess
 from appliance.protocol.dataplane import DataPlane
 from appliance.protocol.inference import DECODE_OFF_LOOP_BYTES, Target, decode_off_loop
 from appliance.protocol.inflate import InflateLimits
-from appliance.protocol.results import RegionStatus
+from appliance.protocol.results import InferResult, RegionStatus
 from appliance.security.budget import Account
 
 __all__ = ["InferMessage", "InferenceService"]
@@ -90,6 +90,12 @@ class InferMessage:
         decoded = decode_infer_request(self.message, limits, reserve)
         self.empty_final = stream_options(decoded.parameters)
         return decoded
+
+
+async def _serialized(result: InferResult) -> bytes:
+    """The ModelInferResponse's bytes: serialised on a worker thread when large."""
+    response = result.response
+    return await decode_off_loop(encoding_work(response), serialize_infer_response, response)
 
 
 def _own_timeout(message: pb.ModelInferRequest) -> float | None:
@@ -162,26 +168,16 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
                 return answer
         async with self._dataplane.infer(request.caller, source, received_ns=received_ns,
                                          account=request.account) as result:
-            response = result.response
-            return await decode_off_loop(encoding_work(response), serialize_infer_response, response)
+            return await _serialized(result)
 
     async def _straight(self, request: Received, source: InferMessage, received_ns: int) -> bytes | None:
         """The answer on the data plane's straight line (``DataPlane.straight``); None where the line does
         not take the request (the awaited path then serves it, the message parsed already)."""
         request.account.release(source.size)  # counted once: on the flight's account (``receive_now``)
-        begun = await self._dataplane.straight(request.caller, source, received_ns)
-        if begun is None:
+        answer = await self._dataplane.straight(request.caller, source, received_ns, _serialized)
+        if answer is None:
             request.account.reserve(source.size)  # back on the call's account, for the awaited path
-            return None
-        flight, result = begun
-        sent = None
-        try:
-            response = result.response
-            answer = await decode_off_loop(encoding_work(response), serialize_infer_response, response)
-            sent = flight.sent(source.frontend)
-            return answer
-        finally:
-            flight.end(sent)
+        return answer
 
     async def _stream_responses(self, message: pb.ModelInferRequest, account: Account,
                                 context: grpc.aio.ServicerContext,

@@ -15,7 +15,7 @@ import contextlib
 import dataclasses
 import functools
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
@@ -201,12 +201,12 @@ class Inference:
         except (ModelNotFound, ModelNotReady):
             return False
 
-    async def straight(self, caller: Caller, source: ReadySource,
-                       received_ns: int) -> tuple[Flight, InferResult] | None:
+    async def straight(self, caller: Caller, source: ReadySource, received_ns: int,
+                       encode: Callable[[InferResult], Awaitable[T]]) -> T | None:
         """``begin`` for a transport whose request has a task anyway (a body that came after its head, a gRPC
-        call): the flight and its result, to encode and then ``end`` the flight; None where the line does
-        not take the request (``infer`` serves it). A refusal or the model's error raises here, with
-        everything let go; cancelling the caller's task takes the request back."""
+        call): the result, encoded by ``encode`` while the request still holds what it holds; None where
+        the line does not take the request (``infer`` serves it). A refusal or the model's error raises
+        here, with everything let go; cancelling the caller's task takes the request back."""
         landed: asyncio.Future[tuple[InferResult | None, BaseException | None]] = \
             asyncio.get_running_loop().create_future()
 
@@ -217,17 +217,21 @@ class Inference:
         flight = self.begin(caller, source, received_ns, then)
         if flight is None:
             return None
+        sent = None
         try:
-            result, error = await landed
-        except asyncio.CancelledError:
-            flight.cancel()
-            flight.end()
-            raise
-        if error is not None:
-            flight.end()
-            raise error
-        assert result is not None
-        return flight, result
+            try:
+                result, error = await landed
+            except asyncio.CancelledError:
+                flight.cancel()
+                raise
+            if error is not None:
+                raise error
+            assert result is not None
+            answer = await encode(result)
+            sent = flight.sent(source.frontend)
+            return answer
+        finally:
+            flight.end(sent)
 
     def infer(self, caller: Caller, source: InferSource, *, received_ns: int | None = None,
               account: Account | None = None) -> OneInference:

@@ -95,6 +95,12 @@ class _Received:
         return body
 
 
+async def _encoded(result: InferResult) -> tuple[list[bytes], bool]:
+    """The answer to an infer request, encoded (on a worker thread when large)."""
+    payload, json_length = await encode_answer(result.response, result.request)
+    return infer_answer(payload, json_length), False
+
+
 Answered = Callable[[list[bytes], bool], None]
 """Given a lane request's answer, and whether the connection must close after it."""
 
@@ -144,17 +150,8 @@ class InferLane(LaneConnections):
                                    head.headers)
                 return await self._infer(head, who, source, received_ns)
             source = InferBody.ready(target, head.headers.get(HEADER_LENGTH), await body(), signed, head.headers)
-            begun = await self._dataplane.straight(who, source, received_ns)
-            if begun is None:
-                return await self._infer(head, who, source, received_ns)
-            flight, result = begun
-            sent = None
-            try:
-                payload, json_length = await encode_answer(result.response, result.request)
-                sent = flight.sent(InferBody.frontend)
-            finally:
-                flight.end(sent)
-            return infer_answer(payload, json_length), False
+            answer = await self._dataplane.straight(who, source, received_ns, _encoded)
+            return answer if answer is not None else await self._infer(head, who, source, received_ns)
         except Exception as exc:
             return self._refusal(head, exc)
         finally:
@@ -205,10 +202,9 @@ class InferLane(LaneConnections):
         """The answer to an admitted infer request, on the awaited path."""
         try:
             async with self._dataplane.infer(who, source, received_ns=received_ns) as result:
-                payload, json_length = await encode_answer(result.response, result.request)
+                return await _encoded(result)
         except Exception as exc:
             return self._refusal(head, exc)
-        return infer_answer(payload, json_length), False
 
     def _refusal(self, head: LaneHead, exc: Exception) -> tuple[list[bytes], bool]:
         """The answer to a request that raised ``exc``: the appliance's errors as they say, anything else a
