@@ -140,6 +140,10 @@ class ModelProcess:
         """While the loop holds back reading (a handler waits for a client): what resumes it."""
         self._ended_event = threading.Event()
         self._ending = False
+        self._pidfd: int | None = None
+        """Readable once the process has exited, watched by the loop (``read_on``): ``alive`` then asks no
+        system call (a ``waitpid`` a request, before)."""
+        self._exited = False
         self._reader = threading.Thread(target=self._read, name=f"python-model-reader:{self.name}", daemon=True)
         self._reader.start()
 
@@ -194,7 +198,29 @@ class ModelProcess:
         if self._loop is not None:
             return
         self._loop = loop
+        self._watch_exit(loop)
         self.send(Handover())
+
+    def _watch_exit(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self.process.returncode is not None:  # reaped already (its pid may be another process's now)
+            return
+        try:
+            pidfd = os.pidfd_open(self.process.pid)
+        except (AttributeError, OSError):  # not Linux 5.3 or later: ``alive`` asks ``poll``
+            return
+        self._pidfd = pidfd
+        loop.add_reader(pidfd, self._process_exited)
+
+    def _process_exited(self) -> None:
+        """The pidfd is readable: the process has exited (on the loop, or from ``stop`` once it is not
+        running)."""
+        self._exited = True
+        pidfd, self._pidfd = self._pidfd, None
+        if pidfd is None:
+            return
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.remove_reader(pidfd)
+        os.close(pidfd)
 
     @property
     def handed_over(self) -> bool:
@@ -384,7 +410,11 @@ class ModelProcess:
         # poll() says None while another thread waits for the process (the reader, reaping a process
         # that died): the end of the channel, seen first, settles it. Not the channel's end alone: a
         # model's forked workers may hold the channel open after the process itself has died.
-        return not self._ending and self.process.poll() is None
+        if self._ending or self._exited:
+            return False
+        if self._pidfd is not None:  # the loop learns of the exit
+            return True
+        return self.process.poll() is None
 
     @property
     def pid(self) -> int:
@@ -407,6 +437,8 @@ class ModelProcess:
         self.exit_code = self.process.returncode
         self._reader.join(timeout=5)
         loop = self._loop
+        if self._pidfd is not None and (loop is None or not loop.is_running() or asyncio._get_running_loop() is loop):
+            self._process_exited()  # (else the running loop reads the exit, and closes the pidfd)
         if loop is not None and not self._ended_event.is_set():
             if asyncio._get_running_loop() is loop or not loop.is_running():
                 # Stopped from the loop that reads the channel (it cannot read the end while blocked
