@@ -258,7 +258,6 @@ def _begin(model: ModelVersion, call: ModelCall) -> Future[Outputs]:
     except Exception as exc:  # refused before it queued (an invalid call): the caller's error, as awaited
         held.__exit__(None, None, None)
         future.set_exception(exc)
-        return future
     return future
 
 
