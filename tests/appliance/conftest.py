@@ -19,3 +19,20 @@ def serve_in_process(tmp_path_factory) -> Iterator:
 def module_in_process(tmp_path_factory) -> Iterator:
     """The same factory, with servers shared by a test module."""
     yield from in_process_factory(tmp_path_factory)
+
+
+@pytest.fixture
+def awaited_requests(monkeypatch) -> list[str]:
+    """The endpoints of the requests an in-process server serves on the data plane's awaited path
+    (``Inference.infer``) from now on, in order: what the straight line did not take."""
+    from appliance.protocol.inference import Inference
+
+    awaited: list[str] = []
+    original = Inference.infer
+
+    def counted(self, caller, source, **kwargs):
+        awaited.append(source.endpoint)
+        return original(self, caller, source, **kwargs)
+
+    monkeypatch.setattr(Inference, "infer", counted)
+    return awaited

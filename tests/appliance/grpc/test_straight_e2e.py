@@ -72,23 +72,14 @@ def test_a_refused_call_gets_its_status_and_an_unknown_model_the_awaited_path(st
         assert client.infer("sleepy", _sleeping(0.0)).as_numpy("y").tolist() == [0.0, 0.0]
 
 
-def test_a_straight_model_is_served_without_the_awaited_path(serve_in_process, tmp_path, monkeypatch):
-    from appliance.protocol.inference import Inference
+def test_a_straight_model_is_served_without_the_awaited_path(serve_in_process, tmp_path, awaited_requests):
     from tests.models import copy_model
 
     copy_model(tmp_path, "simple/sleepy")
     server = serve_in_process(tmp_path, grpc=True)
-    awaited: list[str] = []
-    original = Inference.infer
-
-    def counted(self, caller, source, **kwargs):
-        awaited.append(source.endpoint)
-        return original(self, caller, source, **kwargs)
-
-    monkeypatch.setattr(Inference, "infer", counted)
     with triton.InferenceServerClient(server.grpc_url) as client:
         for _ in range(3):
             assert client.infer("sleepy", _sleeping(0.0)).as_numpy("y").tolist() == [0.0, 0.0]
         with pytest.raises(InferenceServerException, match="nowhere"):
             client.infer("nowhere", _sleeping(0.0))
-    assert awaited == ["ModelInfer RPC"]  # the unknown model only
+    assert awaited_requests == ["ModelInfer RPC"]  # the unknown model only

@@ -82,29 +82,21 @@ def _pending(daemon) -> float:
                if line.startswith('nv_inference_pending_request_count{model="sleepy"'))
 
 
-def test_a_body_that_comes_after_its_head_is_served_on_the_straight_line(serve_in_process, tmp_path, monkeypatch):
-    from appliance.protocol.inference import Inference
+def test_a_body_that_comes_after_its_head_is_served_on_the_straight_line(serve_in_process, tmp_path,
+                                                                          awaited_requests):
     from tests.models import copy_model
 
     copy_model(tmp_path, "simple/sleepy")
     server = serve_in_process(tmp_path)
-    awaited: list[str] = []
-    original = Inference.infer
-
-    def counted(self, caller, source, **kwargs):
-        awaited.append(source.endpoint)
-        return original(self, caller, source, **kwargs)
-
-    monkeypatch.setattr(Inference, "infer", counted)
     for _ in range(2):
         connection = _sent(server, 0.0, body_later=True)
         with connection:
             assert connection.recv(65536).startswith(b"HTTP/1.1 200 ")
-    assert awaited == []
+    assert awaited_requests == []
     # An unknown model's request is refused before its body comes (the awaited path reads it only once
     # the model is found).
     with socket.create_connection(("127.0.0.1", server.port), timeout=30) as connection:
         connection.sendall(b"POST /v2/models/nowhere/infer HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                            b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n")
         assert connection.recv(65536).startswith(b"HTTP/1.1 404 ")
-    assert awaited == ["HTTP end point"]
+    assert awaited_requests == ["HTTP end point"]
