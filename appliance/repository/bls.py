@@ -87,12 +87,10 @@ class LocalModels:
     def _submit(self, coroutine: Any) -> Future:
         if self._loop is None or self._loop.is_closed():
             coroutine.close()
-            future: Future = Future()
-            future.set_exception(Unavailable("the server is not running"))
-            return future
+            return _failed(Unavailable("the server is not running"))
         if asyncio._get_running_loop() is self._loop:  # called on the loop (a channel it reads): no hop
             task = self._loop.create_task(coroutine)
-            future = Future()
+            future: Future = Future()
             task.add_done_callback(functools.partial(_settle, future))
             future.add_done_callback(lambda done: task.cancel() if done.cancelled() else None)
             return future
@@ -261,8 +259,9 @@ def _begin(model: ModelVersion, call: ModelCall) -> Future[Outputs]:
     return future
 
 
-def _failed(error: BaseException) -> Future[Outputs]:
-    future: Future[Outputs] = Future()
+def _failed(error: BaseException) -> Future[Any]:
+    """A call's future, failed at once (``error``)."""
+    future: Future[Any] = Future()
     future.set_exception(error)
     return future
 
