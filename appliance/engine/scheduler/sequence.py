@@ -74,6 +74,8 @@ BACKLOG_PER_SLOT = 4
 MIN_BACKLOG = 64
 MAX_QUEUED_PER_SEQUENCE = 256
 MAX_REMEMBERED_ENDS = 4096
+TIMER_SLACK = 0.001
+"""uvloop's timers keep milliseconds, so one may fire up to this much before its time."""
 
 class SequenceScheduler:
     def __init__(self, label: str, model: str, pool: InstancePool, policy: SequencePolicy,
@@ -101,6 +103,9 @@ class SequenceScheduler:
         self._granted: set[int] = set()
         """Lanes holding their instance's resources, about to dispatch."""
         self._fresh_ids = itertools.count(1)
+        self._reaper: asyncio.TimerHandle | None = None
+        """The one timer that ends idle sequences (``_reap``): at the earliest moment one may be due, rather
+        than a timer per sequence set and cancelled at every step."""
         self._inline = InlineRuns(label, execution, policy.max_batch_size)
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -128,9 +133,10 @@ class SequenceScheduler:
         for lane in self._table.lanes:
             if lane.timer is not None:
                 lane.timer.cancel()
+        if self._reaper is not None:
+            self._reaper.cancel()
+            self._reaper = None
         for sequence in list(self._sequences.values()):
-            if sequence.idle_timer is not None:
-                sequence.idle_timer.cancel()
             while sequence.queue:
                 self._queued -= 1
                 self._complete(sequence.queue.popleft(), None, gone)
@@ -193,9 +199,7 @@ class SequenceScheduler:
                 f"sequence {ids.corrid} of model '{self._model}' has {MAX_QUEUED_PER_SEQUENCE} requests queued; "
                 "wait for answers before sending more", retry_after=1,
             )
-        if sequence.idle_timer is not None:
-            sequence.idle_timer.cancel()
-            sequence.idle_timer = None
+        sequence.idle_since = None
         key = tuple(sorted((name, array.shape) for name, array in inputs.items()))
         request = SequenceRequest(inputs, tuple(outputs), parameters, ids.flags, loop.create_future(), loop.time(),
                                   key, next(self._order), trace, timing, request_id, sink=sink,
@@ -387,7 +391,8 @@ class SequenceScheduler:
         for _, (sequence, request) in real:
             self._after_step(sequence, request)
         self._give_back(lane, executed=True)
-        self._kick(lane)
+        if any(s.ready for s in lane.members()):  # what came during the step (else no loop turn for nothing)
+            self._kick(lane)
 
     def _settle(self, sequence: Sequence, request: SequenceRequest, result: RequestResult) -> None:
         """Keep the sequence's new state from the outputs; answer the client with what it asked for (or run
@@ -455,21 +460,33 @@ class SequenceScheduler:
             self._end(sequence, "already ended (its last request carried END)", reaped=False)
         elif not sequence.queue and self._sequences.get(sequence.corrid) is sequence:
             assert self._loop is not None
-            sequence.idle_timer = self._loop.call_later(self.policy.idle_timeout, self._reap, sequence)
+            sequence.idle_since = now = self._loop.time()
+            if self._reaper is None:
+                self._reaper = self._loop.call_at(now + self.policy.idle_timeout, self._reap)
 
-    def _reap(self, sequence: Sequence) -> None:
-        sequence.idle_timer = None
-        if sequence.queue or sequence.running or self._sequences.get(sequence.corrid) is not sequence:
-            return
-        idle_us = round(self.policy.idle_timeout * 1e6)
-        log.info("model %s: sequence %r idle for %d us, ended", self.label, sequence.corrid, idle_us)
-        self._end(sequence, f"was ended after {idle_us} us without a request (max_sequence_idle_microseconds)",
-                  reaped=True)
+    def _reap(self) -> None:
+        """End every sequence idle for ``max_sequence_idle_microseconds``; look again when the next may be.
+        The live sequences are bounded (places and backlog), and each idle spell wakes this at most once."""
+        assert self._loop is not None
+        self._reaper = None
+        now, timeout = self._loop.time(), self.policy.idle_timeout
+        next_due: float | None = None
+        for sequence in list(self._sequences.values()):
+            since = sequence.idle_since
+            if since is None or sequence.queue or sequence.running:
+                continue
+            if now - since < timeout - TIMER_SLACK:
+                next_due = since + timeout if next_due is None else min(next_due, since + timeout)
+                continue
+            idle_us = round(timeout * 1e6)
+            log.info("model %s: sequence %r idle for %d us, ended", self.label, sequence.corrid, idle_us)
+            self._end(sequence, f"was ended after {idle_us} us without a request (max_sequence_idle_microseconds)",
+                      reaped=True)
+        if next_due is not None and not self._closing:
+            self._reaper = self._loop.call_at(next_due, self._reap)
 
     def _end(self, sequence: Sequence, how: str, reaped: bool) -> None:
-        if sequence.idle_timer is not None:
-            sequence.idle_timer.cancel()
-            sequence.idle_timer = None
+        sequence.idle_since = None
         if self._sequences.get(sequence.corrid) is sequence:
             del self._sequences[sequence.corrid]
         self._ended[sequence.corrid] = how

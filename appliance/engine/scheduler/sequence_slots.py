@@ -67,7 +67,9 @@ class Sequence:
     running: bool = False
     ending: bool = False
     """The last request queued carries END: only a new START may follow it."""
-    idle_timer: asyncio.TimerHandle | None = None
+    idle_since: float | None = None
+    """When its last step ended with nothing queued (the loop's clock): the scheduler's one reaper
+    ends it once ``max_sequence_idle_microseconds`` have passed since; None while it has work."""
 
     @property
     def ready(self) -> bool:

@@ -169,6 +169,31 @@ async def test_idle_sequences_are_reaped_and_their_slot_reused(make):
     assert await run_sequence(scheduler, 2, [3, 4]) == [3, 7]
 
 
+async def test_one_reaper_ends_each_sequence_at_its_own_idle_time(make):
+    # Sequences that go idle at different times are each ended once idle that long: the one reaper that
+    # ends the first looks again for the one a later step kept alive.
+    scheduler = make("direct { }", Accumulator(), max_batch_size=2, idle_us=200_000)
+    await asyncio.gather(step(scheduler, 1, 1, start=True), step(scheduler, 2, 1, start=True))
+    await asyncio.sleep(0.1)
+    await step(scheduler, 2, 1)  # sequence 2 idles from here
+    await await_until(lambda: scheduler.stats.sequences.reaped == 1, what="sequence 1 reaped")
+    assert scheduler.stats.sequences.active == 1
+    with pytest.raises(InvalidInput, match=r"sequence 1 was ended after 200000 us without a request"):
+        await step(scheduler, 1, 1)
+    await await_until(lambda: scheduler.stats.sequences.reaped == 2, what="sequence 2 reaped")
+    assert scheduler.stats.sequences.active == 0
+
+
+async def test_a_step_with_nothing_queued_behind_it_takes_no_further_loop_turn(make, monkeypatch):
+    scheduler = make("direct { }", Accumulator(), max_batch_size=1)
+    looked = []
+    run_lane = scheduler._run_lane
+    monkeypatch.setattr(scheduler, "_run_lane", lambda lane: (looked.append(lane.index), run_lane(lane)))
+    await step(scheduler, 1, 1, start=True)
+    await asyncio.sleep(0.01)  # a kick after the step would have run by now
+    assert looked == [0]  # the request's own look at the lane, none after its step
+
+
 async def test_a_full_batcher_backlogs_then_refuses_new_sequences(make):
     scheduler = make("direct { }", Accumulator(), max_batch_size=1, idle_us=60_000_000)
     await step(scheduler, 1, 1, start=True)  # holds the only slot, never ends
