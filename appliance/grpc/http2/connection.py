@@ -440,7 +440,8 @@ class Http2Connection(asyncio.Protocol):
 
     def write(self, data: bytes) -> None:
         """Queue ``data``; what the calls of one turn of the event loop write goes in one send (a send on
-        loopback costs more than the answers it carries)."""
+        loopback costs more than the answers it carries), sent at the end of the turn or when the
+        connection's last open call ends (``forget``)."""
         if self._closed:
             return
         if not self._out:
@@ -475,6 +476,9 @@ class Http2Connection(asyncio.Protocol):
             self._remember(stream, by_client)
             if not self._calls:
                 self._busy_at = self.loop.time()
+                # No other call can add to this turn's send: it goes now, not a loop turn later (a client
+                # with one call at a time waits for it).
+                self._flush()
         self._waiting_window.discard(call)
         self.release(call.unread)
         call.unread = 0
