@@ -24,7 +24,6 @@ from appliance.core.errors import (
 from appliance.core.tensors import v2_datatype
 from appliance.engine.classification import classify
 from appliance.engine.response_cache import OutputForms, ResponseStore
-from appliance.engine.scheduler import Scheduler, SequenceScheduler
 from appliance.engine.signature import ModelSignature, input_reshapes
 from appliance.engine.stats import FailureReason, ModelStats, StepTiming
 from appliance.engine.streaming import RawResponse, ResponseChannel, ResponseStream, StreamLimits
@@ -64,13 +63,16 @@ class VersionScheduler(Protocol):
 
 
 class StraightScheduler(Protocol):
-    """A scheduler ``ModelVersion.begin`` serves through (``straight``): the batching scheduler and the
-    sequence batcher. ``enqueue`` queues a request whose outcome goes to ``then``; ``withdraw`` takes what
-    it returned back."""
+    """A scheduler ``ModelVersion.begin`` serves through (``straight``): the batching scheduler, the
+    sequence batcher and an ensemble's; each says so with ``takes_straight``. ``enqueue`` queues a request
+    whose outcome goes to ``then`` (``timing``: where an ensemble adds its step's times); ``withdraw``
+    takes what it returned back (``then`` is then never called)."""
+
+    takes_straight: bool
 
     def enqueue(self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str], batch_size: int,
                 parameters: Mapping[str, Any], then: Callable[[Any, BaseException | None], None],
-                trace: Trace | None = None, request_id: str = "") -> Any: ...
+                trace: Trace | None = None, request_id: str = "", timing: StepTiming | None = None) -> Any: ...
 
     def withdraw(self, queued: Any) -> bool: ...
 
@@ -115,7 +117,7 @@ class ModelVersion:
         self._users = 0  # requests holding this version (see in_use), so a retired version drains
         self._running = 0  # requests between validation and their result: the concurrency traffic records
         self._decoupled = bool(self.config.model_transaction_policy.decoupled)  # read twice per request
-        self._straight = (isinstance(self.scheduler, (Scheduler, SequenceScheduler)) and self.response_cache is None
+        self._straight = (getattr(self.scheduler, "takes_straight", False) and self.response_cache is None
                           and not self._decoupled)
         self.traffic = TrafficStats(self.signature.batched)
         """The shapes, batch sizes and concurrency of the requests this version served, when selection
@@ -157,8 +159,8 @@ class ModelVersion:
 
     @property
     def straight(self) -> bool:
-        """Whether ``begin`` serves this version: a batching scheduler's or a sequence batcher's, no response
-        cache, not decoupled."""
+        """Whether ``begin`` serves this version: its scheduler takes the straight line (the batching
+        scheduler, the sequence batcher, an ensemble's), no response cache, not decoupled."""
         return self._straight
 
     async def infer(self, request: InferRequest) -> InferResponse:
@@ -196,7 +198,7 @@ class ModelVersion:
         scheduler: StraightScheduler = self.scheduler  # type: ignore[assignment]  # (``straight`` says so)
         try:
             pending = scheduler.enqueue(self._runtime_inputs(request), names, batch_size, request.parameters,
-                                        finished, request.trace, request.id or "")
+                                        finished, request.trace, request.id or "", request.timing)
         except BaseException as exc:
             self._settle(start, exc)
             raise

@@ -42,6 +42,9 @@ log = logging.getLogger(__name__)
 
 
 class Scheduler:
+    takes_straight = True
+    """``ModelVersion.begin`` queues requests here with ``enqueue`` (see model.StraightScheduler)."""
+
     def __init__(self, label: str, pool: InstancePool, policy: SchedulerPolicy, stats: ModelStats,
                  execution: ExecutionMode = THREADED, group: int = 1) -> None:
         """``group``: without dynamic batching, how many queued requests one hand-off to an instance may
@@ -150,12 +153,12 @@ class Scheduler:
 
     def enqueue(self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str], batch_size: int,
                 parameters: Mapping[str, Any], then: Callable[[Any, BaseException | None], None],
-                trace: Trace | None = None, request_id: str = "") -> Pending:
+                trace: Trace | None = None, request_id: str = "", timing: StepTiming | None = None) -> Pending:
         """``submit`` without a task waiting: queue one validated request; ``then(outputs, error)`` is
         called in the step that completes it (the straight line of appliance.protocol.inference). The
         queue is dispatched once the loop has run what this step of it received, so that requests that
         arrive together go to a model process in one hand-off. ``withdraw`` takes the request back."""
-        pending = self._queued(inputs, outputs, batch_size, parameters, trace, None, request_id, None, None, then)
+        pending = self._queued(inputs, outputs, batch_size, parameters, trace, timing, request_id, None, None, then)
         if not self._flush_scheduled:
             self._flush_soon()
         return pending

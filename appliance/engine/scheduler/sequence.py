@@ -78,6 +78,9 @@ TIMER_SLACK = 0.001
 """uvloop's timers keep milliseconds, so one may fire up to this much before its time."""
 
 class SequenceScheduler:
+    takes_straight = True
+    """``ModelVersion.begin`` queues requests here with ``enqueue`` (see model.StraightScheduler)."""
+
     def __init__(self, label: str, model: str, pool: InstancePool, policy: SequencePolicy,
                  stats: ModelStats, execution: ExecutionMode = THREADED_SEQUENCES) -> None:
         self.label = label
@@ -159,11 +162,11 @@ class SequenceScheduler:
 
     def enqueue(self, inputs: Mapping[str, np.ndarray], outputs: Iterable[str], batch_size: int,
                 parameters: Mapping[str, Any], then: Callable[[Any, BaseException | None], None],
-                trace: Trace | None = None, request_id: str = "") -> SequenceRequest:
+                trace: Trace | None = None, request_id: str = "", timing: StepTiming | None = None) -> SequenceRequest:
         """``submit`` without a task waiting (as ``Scheduler.enqueue``): queue one validated request on its
         sequence; ``then(outputs, error)`` is called in the step that completes it. ``withdraw`` takes
         its answer back, not its step."""
-        return self._accept(inputs, outputs, batch_size, parameters, trace, None, request_id, None, None, then)
+        return self._accept(inputs, outputs, batch_size, parameters, trace, timing, request_id, None, None, then)
 
     @staticmethod
     def withdraw(request: SequenceRequest) -> bool:

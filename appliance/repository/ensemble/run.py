@@ -94,13 +94,13 @@ class SequenceTag:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class _Tensor:
+class FrameTensor:
     data: np.ndarray | None
     """None: not given (an optional ensemble input) or not produced by the step that maps it."""
     sequence: SequenceTag
 
 
-Frame = dict[str, _Tensor]
+Frame = dict[str, FrameTensor]
 Emit = Callable[[Frame], Awaitable[None]]
 
 
@@ -178,7 +178,7 @@ class EnsembleRun:
     async def run(self, inputs: Mapping[str, np.ndarray]) -> Outputs:
         """The ensemble's single answer (not decoupled), or, with a sink, every answer sent to it and the
         final flag after the last (an empty result is returned)."""
-        frame = {name: _Tensor(inputs.get(name), self._sequence) for name in self._plan.inputs}
+        frame = {name: FrameTensor(inputs.get(name), self._sequence) for name in self._plan.inputs}
         self._live = 1
         try:
             await self._frame(0, frame, self._answer)
@@ -266,7 +266,7 @@ class EnsembleRun:
         if response.parameters and not _SEQUENCE_KEYS.isdisjoint(response.parameters):
             sequence = SequenceTag.of(response.parameters, sequence)
         produced = {output.name: output.data for output in response.outputs}
-        return {tensor: _Tensor(produced.get(key), sequence) for key, tensor in step.outputs.items()
+        return {tensor: FrameTensor(produced.get(key), sequence) for key, tensor in step.outputs.items()
                 if tensor in self._needed}
 
     async def _run_step(self, step: Step, frame: Frame) -> Frame:
@@ -366,19 +366,25 @@ class EnsembleRun:
 
     # -- answers ----------------------------------------------------------------------------------
 
-    async def _answer(self, frame: Frame) -> None:
+    def _outputs_of(self, frame: Frame) -> Outputs:
+        """The ensemble's answer from a frame of the last level: the outputs asked for (one no step produced
+        is left out, as Triton leaves it) and the sequence they belong to."""
         outputs: dict[str, np.ndarray] = {}
         parameters: dict[str, Any] = {}
         for name in self._outputs:
             tensor = frame[name]
-            if tensor.data is not None:  # an output no step produced is left out (Triton)
+            if tensor.data is not None:
                 outputs[name] = tensor.data
                 parameters = tensor.sequence.parameters()
+        return Outputs(outputs, parameters)
+
+    async def _answer(self, frame: Frame) -> None:
+        answer = self._outputs_of(frame)
         if self._sink is None:
-            self._result = Outputs(outputs, parameters)
+            self._result = answer
             return
         final = self._live == 1  # nothing else may answer after this
-        if not await self._sink.put(outputs, parameters=parameters, final=final):
+        if not await self._sink.put(answer, parameters=answer.parameters, final=final):
             raise _Stopped
         self._final_sent = final
 

@@ -18,6 +18,7 @@ from appliance.core.errors import NotSupported, Unavailable
 from appliance.engine.stats import BatchTiming, ModelStats, StepTiming
 from appliance.engine.streaming import ResponseChannel
 from appliance.repository.ensemble.flow import EnsembleFlow
+from appliance.repository.ensemble.line import EnsembleLine
 from appliance.repository.ensemble.run import EnsembleRun, Resolve, StepSlots
 
 if TYPE_CHECKING:
@@ -29,6 +30,9 @@ __all__ = ["EnsembleScheduler", "Resolve"]
 
 class EnsembleScheduler:
     """Stands where a backend model has its batching scheduler (see ``ModelVersion.scheduler``)."""
+
+    takes_straight = True
+    """``ModelVersion.begin`` queues requests here with ``enqueue`` (see engine.model.StraightScheduler)."""
 
     def __init__(self, flow: EnsembleFlow, resolve: Resolve, stats: ModelStats, max_inflight_requests: int = 0) -> None:
         self.flow = flow
@@ -81,9 +85,94 @@ class EnsembleScheduler:
             result = await run.run(inputs)
         finally:
             self._in_flight -= 1
+        self._count(run, batch_size, timing)
+        return result
+
+    def enqueue(self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str], batch_size: int,
+                parameters: Mapping[str, Any], then: Callable[[Any, BaseException | None], None],
+                trace: Trace | None = None, request_id: str = "", timing: StepTiming | None = None) -> _Queued:
+        """``submit`` without a task waiting (``ModelVersion.begin``): the steps begun now, on their models'
+        lines where the route allows (``EnsembleLine``), else run as a task; ``then(outputs, error)`` is
+        called in the step that completes the request. ``withdraw`` takes it back."""
+        if self._closing:
+            raise Unavailable(f"ensemble '{self.plan.name}' is unloading", retry_after=1)
+        levels, needed = self.flow.route(frozenset(outputs))
+        queued = _Queued(then)
+
+        def finished(result: Any, error: BaseException | None) -> None:
+            self._in_flight -= 1
+            if error is None:
+                self._count(run, batch_size, timing)
+            queued.answer(result, error)
+
+        run: EnsembleRun
+        self._in_flight += 1
+        if EnsembleLine.serves(levels, self._slots):
+            line = run = EnsembleLine(self.plan, levels, needed, outputs, self._resolve, self._slots, parameters,
+                                      request_id, None)
+            queued.stop = line.withdraw
+            try:
+                line.begin(inputs, finished)
+            except BaseException:  # refused before anything was queued: raised, as ``submit`` raises it
+                self._in_flight -= 1
+                raise
+        else:  # a decoupled step to fan out from, or steps to wait for: the awaited run, as a task
+            run = EnsembleRun(self.plan, levels, needed, outputs, self._resolve, self._slots, parameters,
+                              request_id, None)
+            task = asyncio.get_running_loop().create_task(run.run(inputs))
+            queued.stop = task.cancel
+            task.add_done_callback(lambda task: finished(*_outcome(task)))
+        return queued
+
+    @staticmethod
+    def withdraw(queued: _Queued) -> bool:
+        """Its client went away: the steps running are withdrawn; True unless it had its answer already."""
+        return queued.withdraw()
+
+    def _count(self, run: EnsembleRun, batch_size: int, timing: StepTiming | None) -> None:
+        """A request that succeeded, as one execution whose times are its steps' sums (as Triton counts)."""
         spent = run.spent
         self.stats.record_batch(batch_size, 1, [spent.queue_ns], BatchTiming(spent.input_ns, spent.infer_ns,
                                                                              spent.output_ns))
         if timing is not None:  # a nested ensemble: its steps count in the outer one too
             timing.add(spent.queue_ns, spent)
-        return result
+
+
+class _Queued:
+    """A request ``enqueue`` took: answered once through ``then``, or withdrawn first (then never)."""
+
+    __slots__ = ("_then", "stop", "_over")
+
+    def __init__(self, then: Callable[[Any, BaseException | None], None]) -> None:
+        self._then = then
+        self.stop: Callable[[], object] = _nothing
+        self._over = False
+
+    def answer(self, result: Any, error: BaseException | None) -> None:
+        if not self._over:
+            self._over = True
+            then, self._then, self.stop = self._then, _ignore, _nothing  # (no cycle left through them)
+            then(result, error)
+
+    def withdraw(self) -> bool:
+        if self._over:
+            return False
+        self._over = True
+        stop, self._then, self.stop = self.stop, _ignore, _nothing
+        stop()
+        return True
+
+
+def _nothing() -> None:
+    return None
+
+
+def _ignore(result: Any, error: BaseException | None) -> None:
+    return None
+
+
+def _outcome(task: asyncio.Task) -> tuple[Any, BaseException | None]:
+    if task.cancelled():
+        return None, asyncio.CancelledError()
+    error = task.exception()
+    return (None, error) if error is not None else (task.result(), None)
