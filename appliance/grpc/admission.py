@@ -31,13 +31,13 @@ import dataclasses
 import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import grpc
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 
-from appliance.core.errors import ApplianceError, InvalidInput
+from appliance.core.errors import ApplianceError, InferenceFailed, InvalidInput
 from appliance.grpc.access import Gate, caller_of
 from appliance.grpc.health import SERVICE as HEALTH_SERVICE
 from appliance.grpc.health import HealthCheckRequest, HealthCheckResponse, HealthService
@@ -45,12 +45,13 @@ from appliance.grpc.receive import Metered, Receivers
 from appliance.grpc.status import abort, abort_unexpected
 from appliance.protocol.admission import Caller
 from appliance.protocol.dataplane import DataPlane
-from appliance.protocol.inference import decode_off_loop
+from appliance.protocol.inference import DECODE_OFF_LOOP_BYTES, decode_off_loop
 from appliance.protocol.inflate import Compressed, InflateLimits, inflate_off_loop
 from appliance.protocol.operations import Operation
 from appliance.security.budget import Account
 
-__all__ = ["OPERATIONS", "AdmittingHandlers", "Received", "Receivers", "inflated", "parse", "parse_uncounted"]
+__all__ = ["OPERATIONS", "AdmittingHandlers", "Received", "Receivers", "Straight", "StraightCall", "inflated", "parse",
+           "parse_uncounted"]
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +96,45 @@ _HEALTH_METHODS = {"Check": grpc.stream_unary_rpc_method_handler, "Watch": grpc.
 def _serialized(answer: bytes) -> bytes:
     """The response serializer of a ``_RAW`` RPC: its handler's answer is the message's bytes."""
     return answer
+
+
+class StraightCall(Protocol):
+    """What a call served without a task offers its handler (``appliance.grpc.http2.call.Call``)."""
+
+    def invocation_metadata(self) -> tuple[tuple[str, str | bytes], ...]: ...
+
+    def peer(self) -> str: ...
+
+    def peek_message(self) -> bytes: ...
+
+    def take_message(self) -> bytes: ...
+
+    def serving(self, stop: Callable[[], object]) -> None: ...
+
+    def ended(self) -> None: ...
+
+    def answer(self, payload: bytes) -> None: ...
+
+    def refuse(self, error: ApplianceError) -> None: ...
+
+    def taken_back(self) -> None: ...
+
+
+class Straight(grpc.RpcMethodHandler):
+    """A unary RPC's admitting handler (``handler``, as its task runs it) that may also serve a call whose
+    one message came whole with its headers without a task: ``straight(call)`` takes it (True) or leaves
+    it to the task (False)."""
+
+    def __init__(self, handler: grpc.RpcMethodHandler, straight: Callable[[StraightCall], bool]) -> None:
+        self.request_streaming = handler.request_streaming
+        self.response_streaming = handler.response_streaming
+        self.request_deserializer = handler.request_deserializer
+        self.response_serializer = handler.response_serializer
+        self.unary_unary = handler.unary_unary
+        self.unary_stream = handler.unary_stream
+        self.stream_unary = handler.stream_unary
+        self.stream_stream = handler.stream_stream
+        self.straight = straight
 
 
 @dataclasses.dataclass(slots=True)
@@ -183,6 +223,8 @@ class AdmittingHandlers:
                     functools.partial(self._unary, method, OPERATIONS[method], behaviour,
                                       getattr(pb, descriptor.input_type.name).FromString),
                     request_deserializer=None, response_serializer=serializer)
+                if method == "ModelInfer":
+                    handler = Straight(handler, functools.partial(self._straight_infer, service))
             self._paths[f"/{_SERVICE_NAME}/{method}".encode()] = handler
         # Check answers once; Watch, its one message read the same way, answers with a stream.
         for method, kind in _HEALTH_METHODS.items():
@@ -190,6 +232,36 @@ class AdmittingHandlers:
                                     HealthCheckRequest.FromString)
             self._paths[f"/{HEALTH_SERVICE}/{method}".encode()] = kind(
                 run, request_deserializer=None, response_serializer=HealthCheckResponse.SerializeToString)
+
+    def _straight_infer(self, service: Any, call: StraightCall) -> bool:
+        """ModelInfer for a call whose one message came whole with its headers, without a task: admitted
+        as ``_serve`` admits it, its bytes counted, then begun on the data plane's straight line
+        (``InferenceService.begin_infer``). False (nothing taken) for a message to parse on a worker
+        thread: the call's task serves it."""
+        if len(call.peek_message()) > DECODE_OFF_LOOP_BYTES:
+            return False
+        caller = caller_of(call)
+        admitted = None
+        account = None
+        try:
+            self._gate.refuse_if_stopping()
+            admitted = self._dataplane.admit(Operation.INFER, caller)
+            admitted.__enter__()
+            account = self._dataplane.account()
+            raw = call.take_message()
+            account.reserve(len(raw))
+            return service.begin_infer(Received(raw, account, caller), call, admitted)
+        except ApplianceError as exc:
+            error: ApplianceError = _detached(exc)
+        except Exception as exc:  # noqa: BLE001 - a bug: answered INTERNAL and logged
+            log.error("unhandled error serving gRPC ModelInfer", exc_info=exc)
+            error = InferenceFailed(f"internal error: {type(exc).__name__}: {exc}")
+        if account is not None:
+            account.__exit__(None, None, None)
+        if admitted is not None:
+            admitted.__exit__(None, None, None)
+        call.refuse(error)
+        return True
 
     def by_path(self, path: bytes) -> grpc.RpcMethodHandler | None:
         """The handler of the RPC at ``path`` (an HTTP/2 ``:path``), None for an unknown one."""

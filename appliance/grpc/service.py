@@ -4,6 +4,9 @@ typed answer back into a message. Admission happened before the message was read
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
@@ -13,11 +16,12 @@ from google.protobuf import json_format
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
+from appliance.core.errors import ApplianceError, InferenceFailed
 from appliance.engine.model import ModelVersion
 from appliance.engine.tensor_checks import DecodeLimits
 from appliance.engine.types import InferRequest
 from appliance.grpc.access import Gate, caller_of
-from appliance.grpc.admission import Received, parse_counted, parse_uncounted
+from appliance.grpc.admission import Received, StraightCall, parse_counted, parse_uncounted
 from appliance.grpc.codec import (
     decode_infer_request,
     encoding_work,
@@ -27,13 +31,16 @@ from appliance.grpc.codec import (
 )
 from appliance.grpc.grpc_config import StreamRules
 from appliance.grpc.stream import Reply, StreamFailed, serve_stream, stream_message, wants_grpc_errors
+from appliance.protocol.admission import Admitted
 from appliance.protocol.dataplane import DataPlane
-from appliance.protocol.inference import DECODE_OFF_LOOP_BYTES, Target, decode_off_loop
+from appliance.protocol.inference import DECODE_OFF_LOOP_BYTES, Flight, Target, decode_off_loop
 from appliance.protocol.inflate import InflateLimits
 from appliance.protocol.results import InferResult, RegionStatus
 from appliance.security.budget import Account
 
 __all__ = ["InferMessage", "InferenceService"]
+
+log = logging.getLogger(__name__)
 
 
 class InferMessage:
@@ -96,6 +103,72 @@ async def _serialized(result: InferResult) -> bytes:
     """The ModelInferResponse's bytes: serialised on a worker thread when large."""
     response = result.response
     return await decode_off_loop(encoding_work(response), serialize_infer_response, response)
+
+
+class _StraightInfer:
+    """A ModelInfer call served without a task, from its request's outcome to its answer: serialised in
+    the step that has the outcome (on a worker thread when large), what it held let go, the call ended."""
+
+    __slots__ = ("_call", "_admitted")
+
+    def __init__(self, call: StraightCall, admitted: Admitted) -> None:
+        self._call = call
+        self._admitted = admitted
+
+    def landed(self, flight: Flight, result: InferResult | None, error: BaseException | None) -> None:
+        """``DataPlane.begin``'s ``then``."""
+        try:
+            if error is None:
+                assert result is not None
+                work = encoding_work(result.response)
+                if work > DECODE_OFF_LOOP_BYTES:
+                    encoding = asyncio.get_running_loop().create_task(
+                        decode_off_loop(work, serialize_infer_response, result.response))
+                    encoding.add_done_callback(functools.partial(self._encoded, flight))
+                    flight.withdraw = encoding.cancel
+                    return
+                payload = serialize_infer_response(result.response)
+                flight.end(flight.sent(InferMessage.frontend))
+                self._call.answer(payload)
+            else:
+                flight.end()
+                self._outcome(error)
+        except Exception as exc:  # noqa: BLE001 - a bug: answered INTERNAL, logged, everything let go
+            flight.end()
+            self._outcome(exc)
+        self._end()
+
+    def _encoded(self, flight: Flight, encoding: asyncio.Task) -> None:
+        error = asyncio.CancelledError() if encoding.cancelled() else encoding.exception()
+        flight.end(flight.sent(InferMessage.frontend) if error is None else None)
+        if error is None:
+            self._call.answer(encoding.result())
+        else:
+            self._outcome(error)
+        self._end()
+
+    def awaited(self, task: asyncio.Task) -> None:
+        """The answer of a request the line did not take, served by a task."""
+        error = asyncio.CancelledError() if task.cancelled() else task.exception()
+        if error is None:
+            self._call.answer(task.result())
+        else:
+            self._outcome(error)
+        self._end()
+
+    def _outcome(self, error: BaseException) -> None:
+        """End the call as ``error`` says: taken back, the appliance's status, or INTERNAL (logged)."""
+        if isinstance(error, asyncio.CancelledError):
+            self._call.taken_back()
+        elif isinstance(error, ApplianceError):
+            self._call.refuse(error)
+        else:
+            log.error("unhandled error serving gRPC ModelInfer", exc_info=error)
+            self._call.refuse(InferenceFailed(f"internal error: {type(error).__name__}: {error}"))
+
+    def _end(self) -> None:
+        self._admitted.__exit__(None, None, None)
+        self._call.ended()
 
 
 def _own_timeout(message: pb.ModelInferRequest) -> float | None:
@@ -166,6 +239,32 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             answer = await self._straight(request, source, received_ns)
             if answer is not None:
                 return answer
+        async with self._dataplane.infer(request.caller, source, received_ns=received_ns,
+                                         account=request.account) as result:
+            return await _serialized(result)
+
+    def begin_infer(self, request: Received, call: StraightCall, admitted: Admitted) -> bool:
+        """ModelInfer without a task (``AdmittingHandlers._straight_infer``: the message came whole, small
+        enough to parse on the loop): begun on the data plane's straight line and answered in the step
+        that has its outcome (``_StraightInfer``); a request the line does not take is served on the
+        awaited path by a task. Refusals found in this step raise here. True: the call is taken."""
+        received_ns = time.monotonic_ns()
+        source = InferMessage(request.raw, context=call)
+        request.raw = b""  # the handler drops the bytes once it has parsed them
+        serving = _StraightInfer(call, admitted)
+        request.account.release(source.size)  # counted once: on the flight's account (``receive_now``)
+        flight = self._dataplane.begin(request.caller, source, received_ns, serving.landed)
+        if flight is None:  # not the line's: the awaited path, the message parsed already
+            request.account.reserve(source.size)
+            task = asyncio.get_running_loop().create_task(self._awaited(request, source, received_ns))
+            task.add_done_callback(serving.awaited)
+            call.serving(task.cancel)
+            return True
+        request.account.close()  # (holds nothing now)
+        call.serving(flight.cancel)
+        return True
+
+    async def _awaited(self, request: Received, source: InferMessage, received_ns: int) -> bytes:
         async with self._dataplane.infer(request.caller, source, received_ns=received_ns,
                                          account=request.account) as result:
             return await _serialized(result)

@@ -7,12 +7,13 @@ from __future__ import annotations
 import logging
 import math
 from http import HTTPStatus
+from typing import NamedTuple
 
 import grpc
 
 from appliance.core.errors import AlreadyExists, ApplianceError, Unavailable
 
-__all__ = ["abort", "abort_unexpected", "status_code"]
+__all__ = ["Status", "abort", "abort_unexpected", "status_code", "status_of"]
 
 log = logging.getLogger(__name__)
 
@@ -43,11 +44,27 @@ def status_code(error: ApplianceError) -> grpc.StatusCode:
     return grpc.StatusCode.INVALID_ARGUMENT if 400 <= error.status < 500 else grpc.StatusCode.INTERNAL
 
 
+class Status(NamedTuple):
+    """How a call ends for an error: the status, its message and the trailing metadata (retry-after)."""
+
+    code: grpc.StatusCode
+    message: str
+    trailing: tuple[tuple[str, str], ...]
+
+
+def status_of(error: ApplianceError) -> Status:
+    trailing: tuple[tuple[str, str], ...] = ()
+    if isinstance(error, Unavailable) and error.retry_after is not None:
+        trailing = (("retry-after", str(max(1, math.ceil(error.retry_after)))),)
+    return Status(status_code(error), error.message, trailing)
+
+
 async def abort(context: grpc.aio.ServicerContext, error: ApplianceError) -> None:
     """End the call with the error's status and message (raises, as ``context.abort`` does)."""
-    if isinstance(error, Unavailable) and error.retry_after is not None:
-        context.set_trailing_metadata((("retry-after", str(max(1, math.ceil(error.retry_after)))),))
-    await context.abort(status_code(error), error.message)
+    status = status_of(error)
+    if status.trailing:
+        context.set_trailing_metadata(status.trailing)
+    await context.abort(status.code, status.message)
 
 
 async def abort_unexpected(context: grpc.aio.ServicerContext, method: str, error: Exception) -> None:

@@ -37,7 +37,7 @@ from appliance.grpc.http2.frames import (
     rst_stream,
 )
 from appliance.grpc.http2.headers import HeaderEncoder, Request
-from appliance.grpc.status import abort
+from appliance.grpc.status import abort, status_of
 from appliance.protocol.inflate import Compressed
 
 __all__ = ["Call", "STREAM_WINDOW"]
@@ -75,6 +75,8 @@ class Channel(Protocol):
     def open_stream_window(self, stream: int, increment: int) -> None: ...
 
     def forget(self, call: Call) -> None: ...
+
+    def start_after_read(self, call: Call) -> None: ...
 
     def hold(self, call: Call, size: int) -> bool: ...
 
@@ -131,6 +133,13 @@ class Call:
         self._trailing: tuple[tuple[str, str], ...] = ()
         self._serializer: Callable[[Any], bytes] | None = None
         self._task: asyncio.Task | None = None
+        self._pending: grpc.RpcMethodHandler | None = None
+        """A handler that may serve the call without a task (``straight``), until the read that brought the
+        call's headers ends (``start_after_read``)."""
+        self._stop: Callable[[], object] | None = None
+        """While the call is served without a task: what takes its request back."""
+        self._served: asyncio.Future[None] | None = None
+        """Made only when the server stops meanwhile (``running``): resolved as the call ends."""
         self._timer: asyncio.TimerHandle | None = None
         self._expired = False
         self.unread = 0
@@ -254,9 +263,90 @@ class Call:
                                      "supported; send identity, deflate or gzip")
             return
         loop = self._connection.loop
-        self._task = loop.create_task(self._run(handler))
         if request.timeout is not None:
             self._timer = loop.call_later(request.timeout, self._expire)
+        if getattr(handler, "straight", None) is not None:
+            self._pending = handler
+            self._connection.start_after_read(self)
+            return
+        self._task = loop.create_task(self._run(handler))
+
+    def start_pending(self) -> None:
+        """At the end of the read that brought the call's headers: a call whose one message came whole with
+        them is served without a task where its handler can (``straight``); any other runs its task."""
+        handler, self._pending = self._pending, None
+        if handler is None or self.local_ended:
+            return
+        if (self.remote_ended and self._failure is None and len(self._messages) == 1
+                and type(self._messages[0]) is bytes and handler.straight(self)):
+            return
+        self._task = self._connection.loop.create_task(self._run(handler))
+
+    # Served without a task (``start_pending``): what the handler's ``straight`` uses
+
+    def peek_message(self) -> bytes:
+        """The call's one message, whole (``start_pending`` checked), left in place."""
+        return self._messages[0]
+
+    def take_message(self) -> bytes:
+        """The call's one message, whole (``start_pending`` checked), off the connection's allowance."""
+        if self.unread:
+            self._connection.release(self.unread)
+            self.unread = 0
+        return self._messages.popleft()
+
+    def serving(self, stop: Callable[[], object]) -> None:
+        """The call's request is in progress; ``stop`` takes it back (the deadline, a reset, the server's
+        stop): the handler then ends the call (``ended``) as its request's outcome says."""
+        self._stop = stop
+
+    def ended(self) -> None:
+        """The call served without a task is over (answered, refused or taken back; an answer that waits
+        for the client's window keeps the deadline, in its task)."""
+        self._stop = None
+        if self._timer is not None and self._task is None:
+            self._timer.cancel()
+            self._timer = None
+        if self._served is not None and not self._served.done():
+            self._served.set_result(None)
+
+    def answer(self, payload: bytes) -> None:
+        """The unary answer: headers, message and trailers in one write where the windows and a frame take
+        them (as ``_send_message``), else from a task that waits for the window."""
+        if self.local_ended:
+            return
+        connection = self._connection
+        size = 5 + len(payload)
+        if size <= self.send_window and size <= connection.send_window and size <= connection.max_frame:
+            self.send_window -= size
+            connection.send_window -= size
+            head = frame(HEADERS, END_HEADERS, self.stream, connection.headers.response())
+            self._headers_sent = True
+            self.end(_OK, "", head + frame(DATA, 0, self.stream, b"\x00" + len(payload).to_bytes(4, "big") + payload))
+            return
+        self._task = connection.loop.create_task(self._answer_later(payload))
+
+    async def _answer_later(self, payload: bytes) -> None:
+        try:
+            await self._send_message(payload, last=True)
+        except asyncio.CancelledError:
+            self.taken_back()
+        finally:
+            if self._timer is not None:
+                self._timer.cancel()
+
+    def refuse(self, error: ApplianceError) -> None:
+        """End the call with the error's status (``abort`` without a task)."""
+        status = status_of(error)
+        if status.trailing:
+            self.set_trailing_metadata(status.trailing)
+        self.end(status.code.value[0], status.message)
+
+    def taken_back(self) -> None:
+        """End a call whose request was taken back: DEADLINE_EXCEEDED at its deadline, else CANCELLED
+        (nothing is sent after a reset)."""
+        self.end(_DEADLINE if self._expired else _CANCELLED,
+                 "Deadline Exceeded" if self._expired else "the call was cancelled")
 
     async def _run(self, handler: grpc.RpcMethodHandler) -> None:
         try:
@@ -285,9 +375,13 @@ class Call:
             self._unmeter()
 
     def _expire(self) -> None:
+        self._timer = None
         if self._task is not None and not self._task.done():
             self._expired = True
             self._task.cancel()
+        elif self._stop is not None:
+            self._expired = True
+            self._stop()
 
     # Receiving
 
@@ -407,8 +501,11 @@ class Call:
         self.remote_ended = self.local_ended = True
         self._fail(asyncio.CancelledError())
         self.window_opened()
+        self._pending = None
         if self._task is not None and not self._task.done():
             self._task.cancel()
+        elif self._stop is not None:
+            self._stop()
 
     async def _send_message(self, payload: bytes, last: bool = False) -> None:
         if self.local_ended:  # reset or ended meanwhile: nothing more is sent (nor a header block encoded)
@@ -475,7 +572,19 @@ class Call:
         self._connection.forget(self)
 
     @property
-    def running(self) -> asyncio.Task | None:
-        """The handler's task while it runs."""
+    def running(self) -> asyncio.Future | None:
+        """The handler's task while it runs; for a call served without one, a future that resolves as it
+        ends (cancelling it takes the request back)."""
         task = self._task
-        return task if task is not None and not task.done() else None
+        if task is not None and not task.done():
+            return task
+        if self._stop is None:
+            return None
+        if self._served is None:
+            self._served = self._connection.loop.create_future()
+            self._served.add_done_callback(self._stop_served)
+        return self._served
+
+    def _stop_served(self, served: asyncio.Future[None]) -> None:
+        if served.cancelled() and self._stop is not None:  # the server's stop gave up waiting
+            self._stop()

@@ -46,6 +46,7 @@ client closed are STREAM_CLOSED errors, on one the server reset they are ignored
 on one never opened below the last a PROTOCOL_ERROR; older streams are ignored."""
 CLOSE_GRACE = 5.0
 _INVALID_ARGUMENT = grpc.StatusCode.INVALID_ARGUMENT.value[0]
+_INTERNAL_CODE = grpc.StatusCode.INTERNAL.value[0]
 CONNECTION_WINDOW = 16 * 1024**2
 """The connection's receive window: streams' own windows bound what is held."""
 
@@ -79,6 +80,8 @@ class Http2Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self._buffer = bytearray()
         self._out: list[bytes] = []
+        self._starting: list[Call] = []
+        """Calls whose headers this read brought, started as it ends (``Call.start_pending``)."""
         self._preface = False
         self._calls: dict[int, Call] = {}
         self._last_stream = 0
@@ -182,12 +185,25 @@ class Http2Connection(asyncio.Protocol):
                 if self._closed:
                     return
         except FrameError as exc:
+            self._starting.clear()
             self._fail(exc.code, str(exc))
             return
+        finally:
+            if self._starting:
+                self._start_calls()
         del buffer[:position]
         if self._receive_window < CONNECTION_WINDOW // 2 and not self._closed:
             self.write(f.window_update(0, CONNECTION_WINDOW - self._receive_window))
             self._receive_window = CONNECTION_WINDOW
+
+    def _start_calls(self) -> None:
+        starting, self._starting = self._starting, []
+        for call in starting:
+            try:
+                call.start_pending()
+            except Exception:  # noqa: BLE001 - a bug: the call ends INTERNAL, the connection goes on
+                log.exception("starting gRPC %s failed", call.request.path.decode("latin-1"))
+                call.end(_INTERNAL_CODE, "internal error starting the call")
 
     def eof_received(self) -> bool | None:
         return None  # the transport closes
@@ -463,6 +479,10 @@ class Http2Connection(asyncio.Protocol):
     def wait_window(self, call: Call) -> None:
         self._waiting_window.add(call)
 
+    def start_after_read(self, call: Call) -> None:
+        """Start ``call`` once this read's frames are all taken (its message may be among them)."""
+        self._starting.append(call)
+
     def open_stream_window(self, stream: int, increment: int) -> None:
         self.write(f.window_update(stream, increment))
 
@@ -544,6 +564,7 @@ class Http2Connection(asyncio.Protocol):
             self.write(f.frame(f.PING, 0, 0, b"\x00" * 8))
         self._arm(min(idle, KEEPALIVE_TIMEOUT) / 2 if self._calls else max(0.05, idle - (now - self._busy_at)))
 
-    def running(self) -> list[asyncio.Task]:
-        """The handlers of its calls still running (what the server's stop waits for, then cancels)."""
+    def running(self) -> list[asyncio.Future]:
+        """Its calls still running: their handlers' tasks, or for a call served without one what stands for
+        it (what the server's stop waits for, then cancels)."""
         return [task for call in self._calls.values() if (task := call.running) is not None]

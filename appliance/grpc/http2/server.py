@@ -102,7 +102,7 @@ class Http2Server:
             self._listener.close()
         for connection in list(self._connections):
             connection.go_away()
-        running = set(self.gate.running)  # a stream's requests run in tasks of their own
+        running: set[asyncio.Future] = set(self.gate.running)  # a stream's requests run in tasks of their own
         for connection in self._connections:
             running.update(connection.running())
         await finish_by(deadline, running, "gRPC request(s)")

@@ -4,6 +4,8 @@ and lets go of what it held; the awaited path still serves what the line does no
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import tritonclient.grpc as triton
@@ -43,9 +45,12 @@ def test_a_running_call_whose_deadline_passes_lets_go_of_its_admission(start_dae
 def test_a_queued_call_whose_deadline_passes_never_runs(start_daemon, sleepy_repository):
     daemon = start_daemon(sleepy_repository)
     with triton.InferenceServerClient(daemon.grpc_url) as client:
-        first = client.async_infer("sleepy", _sleeping(1.0), callback=lambda *_: None, client_timeout=30)
+        first = client.async_infer("sleepy", _sleeping(1.0), callback=lambda **_: None, client_timeout=30)
         wait_until(lambda: "sleepy: sleeping 1 s" in daemon.log(), timeout=30, what="the first call to run")
-        client.async_infer("sleepy", _sleeping(0.5), callback=lambda *_: None, client_timeout=30)  # behind it
+        client.async_infer("sleepy", _sleeping(0.5), callback=lambda **_: None, client_timeout=30)  # behind it
+        # The model process takes a second request while it runs one (pipeline_depth 2), and requests read
+        # in one turn go to it together: the third must come a turn later, to queue behind the second.
+        time.sleep(0.2)
         outcomes: list[object] = []
         client.async_infer("sleepy", _sleeping(0.25), callback=lambda result, error: outcomes.append(error),
                            client_timeout=0.3)
@@ -83,3 +88,64 @@ def test_a_straight_model_is_served_without_the_awaited_path(serve_in_process, t
         with pytest.raises(InferenceServerException, match="nowhere"):
             client.infer("nowhere", _sleeping(0.0))
     assert awaited_requests == ["ModelInfer RPC"]  # the unknown model only
+
+
+_WIDE = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "OUT", np.arange(int(pb_utils.get_input_tensor_by_name(r, "N").as_numpy()[0]), dtype=np.float32))])
+            for r in requests]
+"""
+
+
+def test_a_call_whose_message_came_whole_is_served_without_a_task(serve_in_process, tmp_path, monkeypatch,
+                                                                   awaited_requests):
+    # tritonclient writes a small unary call's headers and message together: the call is begun at the end
+    # of the read that brought them (Call.start_pending), with no task; other RPCs keep theirs, and so does
+    # a message larger than a stream's first window (it comes once the call is admitted).
+    from appliance.grpc.http2.call import STREAM_WINDOW, Call
+
+    (tmp_path / "wide" / "1").mkdir(parents=True)
+    (tmp_path / "wide" / "1" / "model.py").write_text(_WIDE)
+    (tmp_path / "wide" / "config.pbtxt").write_text(
+        'backend: "python"\nmax_batch_size: 0\ninput [ { name: "N" data_type: TYPE_INT32 dims: [ -1 ] } ]\n'
+        'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] } ]\n')
+    tasks: list[bytes] = []
+    run = Call._run
+
+    def counted(self, handler):
+        tasks.append(self.request.path)
+        return run(self, handler)
+
+    monkeypatch.setattr(Call, "_run", counted)
+    server = serve_in_process(tmp_path, grpc=True)
+    with triton.InferenceServerClient(server.grpc_url) as client:
+        # 4 floats; then 8192 (32 KiB, an answer larger than a frame: sent as the client's window allows)
+        for size, width in ((4, 1), (8192, 1), (4, STREAM_WINDOW)):
+            tensor = triton.InferInput("N", [width], "INT32")
+            tensor.set_data_from_numpy(np.full(width, size, np.int32))
+            np.testing.assert_array_equal(client.infer("wide", [tensor]).as_numpy("OUT"),
+                                          np.arange(size, dtype=np.float32))
+        assert client.get_model_metadata("wide").name == "wide"
+    infer, metadata = b"/inference.GRPCInferenceService/ModelInfer", b"/inference.GRPCInferenceService/ModelMetadata"
+    assert tasks == [infer, metadata]  # the message of 64 KiB, and the metadata
+    assert awaited_requests == []
+
+
+def test_a_refusal_before_the_line_ends_the_call_without_a_task(serve_in_process, tmp_path):
+    from tests.models import copy_model
+
+    copy_model(tmp_path, "simple/sleepy")
+    token = "a-token-of-24-characters"
+    server = serve_in_process(tmp_path, grpc=True, auth_token=token, auth_exempt_networks=[], protect_inference=True)
+    with triton.InferenceServerClient(server.grpc_url) as client:
+        with pytest.raises(InferenceServerException) as excinfo:
+            client.infer("sleepy", _sleeping(0.0))
+        assert excinfo.value.status() == "StatusCode.UNAUTHENTICATED"
+        answer = client.infer("sleepy", _sleeping(0.0), headers={"authorization": f"Bearer {token}"})
+        assert answer.as_numpy("y").tolist() == [0.0, 0.0]
