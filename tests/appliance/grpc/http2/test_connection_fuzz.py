@@ -1,7 +1,8 @@
 """Property-based fuzzing of the own HTTP/2 transport's decoding (``hypothesis``): whatever bytes a client
 sends, in whatever pieces, the connection either goes on or ends itself with GOAWAY; no exception escapes
 ``data_received``, nothing it holds outgrows a frame, and a header block of any fields becomes a request
-(well-formed or not) without an error."""
+(well-formed or not) without an error. Calls are served both from a task and without one (a call whose
+message came whole with its headers, ``Call.start_pending``)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ import struct
 
 import grpc
 import hpack
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from appliance.grpc.admission import Straight
 from appliance.grpc.grpc_config import GrpcConfig
 from appliance.grpc.http2 import frames as f
 from appliance.grpc.http2.connection import MAX_FRAME, Http2Connection
@@ -50,7 +53,8 @@ class _Transport:
 
 
 class _Server:
-    """A host serving one echoing RPC at /t.S/Echo; every other path is unknown."""
+    """A host serving an echoing RPC at /t.S/Echo, from a task, and at /t.S/Fast, where its message came
+    whole with its headers, without one (``Straight``, as ModelInfer); every other path is unknown."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
@@ -61,15 +65,24 @@ class _Server:
 
         self._echo = grpc.stream_unary_rpc_method_handler(echo, request_deserializer=None,
                                                           response_serializer=lambda raw: raw)
+        self._fast = Straight(self._echo, _answer_at_once)
 
     def handler(self, path: bytes):
-        return self._echo if path == b"/t.S/Echo" else None
+        return {b"/t.S/Echo": self._echo, b"/t.S/Fast": self._fast}.get(path)
 
     def opened(self, connection) -> None:
         pass
 
     def closed(self, connection) -> None:
         pass
+
+
+def _answer_at_once(call) -> bool:
+    message = call.take_message()
+    call.serving(lambda: None)
+    call.answer(message)
+    call.ended()
+    return True
 
 
 def _settle(loop: asyncio.AbstractEventLoop) -> None:
@@ -123,7 +136,9 @@ def _frames(draw) -> bytes:
         choice = draw(st.integers(0, 3))
         if choice == 0:
             message = draw(st.binary(max_size=40))
-            out.append(f.frame(f.HEADERS, f.END_HEADERS, stream, encoder.encode(_GOOD))
+            path = draw(st.sampled_from([b"/t.S/Echo", b"/t.S/Fast"]))
+            headers = [(name, path if name == b":path" else value) for name, value in _GOOD]
+            out.append(f.frame(f.HEADERS, f.END_HEADERS, stream, encoder.encode(headers))
                        + f.frame(f.DATA, f.END_STREAM, stream, b"\x00" + struct.pack(">I", len(message)) + message))
         elif choice == 1:
             fields = draw(_FIELDS)
@@ -177,10 +192,12 @@ def test_any_header_fields_make_a_request_or_a_reason(fields):
         assert request.path  # a well-formed request routes somewhere
 
 
-def test_a_well_formed_call_is_answered():
-    """The fuzzer's own control: the shape it mutates is served."""
+@pytest.mark.parametrize("path", [b"/t.S/Echo", b"/t.S/Fast"])
+def test_a_well_formed_call_is_answered(path):
+    """The fuzzer's own control: the shape it mutates is served, from a task and without one."""
     encoder = hpack.Encoder()
-    call = (f.PREFACE + f.settings({}) + f.frame(f.HEADERS, f.END_HEADERS, 1, encoder.encode(_GOOD))
+    headers = [(name, path if name == b":path" else value) for name, value in _GOOD]
+    call = (f.PREFACE + f.settings({}) + f.frame(f.HEADERS, f.END_HEADERS, 1, encoder.encode(headers))
             + f.frame(f.DATA, f.END_STREAM, 1, b"\x00\x00\x00\x00\x02hi"))
     _, transport = _feed([call])
     assert b"\x00\x00\x00\x00\x02hi" in transport.written and not transport.closing
