@@ -41,6 +41,7 @@ from appliance.core.errors import ApplianceError, InferenceFailed, InvalidInput
 from appliance.grpc.access import Gate, caller_of
 from appliance.grpc.health import SERVICE as HEALTH_SERVICE
 from appliance.grpc.health import HealthCheckRequest, HealthCheckResponse, HealthService
+from appliance.grpc.http2.headers import Request
 from appliance.grpc.receive import Metered, Receivers
 from appliance.grpc.status import abort, abort_unexpected
 from appliance.protocol.admission import Caller
@@ -101,6 +102,8 @@ def _serialized(answer: bytes) -> bytes:
 class StraightCall(Protocol):
     """What a call served without a task offers its handler (``appliance.grpc.http2.call.Call``)."""
 
+    request: Request
+
     def invocation_metadata(self) -> tuple[tuple[str, str | bytes], ...]: ...
 
     def peer(self) -> str: ...
@@ -118,6 +121,18 @@ class StraightCall(Protocol):
     def refuse(self, error: ApplianceError) -> None: ...
 
     def taken_back(self) -> None: ...
+
+
+class _Passed:
+    """Kept with a call's headers (``Request.memo``) while its connection keeps the header block: the
+    caller they name, and the access check it passed for ModelInfer (``Admitted.proof``; the bound on
+    requests at once is asked every time), as the HTTP lane keeps them with a head sent again."""
+
+    __slots__ = ("caller", "proof")
+
+    def __init__(self, caller: Caller) -> None:
+        self.caller = caller
+        self.proof: object = None
 
 
 class Straight(grpc.RpcMethodHandler):
@@ -240,13 +255,17 @@ class AdmittingHandlers:
         thread: the call's task serves it."""
         if len(call.peek_message()) > DECODE_OFF_LOOP_BYTES:
             return False
-        caller = caller_of(call)
+        memo = call.request.memo
+        if type(memo) is not _Passed:  # a header block this connection has not sent before (or not kept)
+            memo = call.request.memo = _Passed(caller_of(call))
+        caller = memo.caller
         admitted = None
         account = None
         try:
             self._gate.refuse_if_stopping()
-            admitted = self._dataplane.admit(Operation.INFER, caller)
+            admitted = self._dataplane.admit(Operation.INFER, caller, memo.proof)
             admitted.__enter__()
+            memo.proof = admitted.proof
             account = self._dataplane.account()
             raw = call.take_message()
             account.reserve(len(raw))

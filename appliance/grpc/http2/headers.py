@@ -67,10 +67,13 @@ class Request:
     ``bad_timeout`` holds a ``grpc-timeout`` that is not gRPC's form; ``trailer`` whether the block can be
     a request's trailers (no pseudo-header)."""
 
-    __slots__ = ("bad_timeout", "content_length", "content_type", "encoding", "malformed", "metadata", "method",
-                 "path", "timeout", "trailer")
+    __slots__ = ("bad_timeout", "content_length", "content_type", "encoding", "malformed", "memo", "metadata",
+                 "method", "path", "timeout", "trailer")
 
     def __init__(self, fields: list[tuple[bytes, bytes]]) -> None:
+        self.memo: object = None
+        """What a handler derives from these headers alone, kept while the connection keeps the block
+        cached (``HeaderDecoder``): the same bytes on the same connection name the same caller."""
         self.method = self.path = self.content_type = b""
         self.encoding = b"identity"
         self.timeout: float | None = None

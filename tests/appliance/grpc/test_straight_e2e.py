@@ -147,5 +147,11 @@ def test_a_refusal_before_the_line_ends_the_call_without_a_task(serve_in_process
         with pytest.raises(InferenceServerException) as excinfo:
             client.infer("sleepy", _sleeping(0.0))
         assert excinfo.value.status() == "StatusCode.UNAUTHENTICATED"
-        answer = client.infer("sleepy", _sleeping(0.0), headers={"authorization": f"Bearer {token}"})
-        assert answer.as_numpy("y").tolist() == [0.0, 0.0]
+        for _ in range(3):  # the same header block again: its caller and passed check are kept with it
+            answer = client.infer("sleepy", _sleeping(0.0), headers={"authorization": f"Bearer {token}"})
+            assert answer.as_numpy("y").tolist() == [0.0, 0.0]
+        for authorization in (None, "Bearer not-the-token-at-all"):  # other blocks: checked afresh
+            with pytest.raises(InferenceServerException) as excinfo:
+                client.infer("sleepy", _sleeping(0.0),
+                             headers={"authorization": authorization} if authorization else None)
+            assert excinfo.value.status() == "StatusCode.UNAUTHENTICATED"
