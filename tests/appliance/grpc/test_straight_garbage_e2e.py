@@ -4,14 +4,12 @@ tests/appliance/rest/test_lane_garbage_e2e.py); a model's call and an ensemble's
 
 from __future__ import annotations
 
-import collections
-import gc
-
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
 from tests.appliance.repository.ensemble.repos import chain_repository
+from tests.garbage import appliance_cycles
 from tests.models import copy_model
 
 
@@ -36,17 +34,9 @@ def test_a_call_frees_what_it_made_without_the_collector(serve_in_process, tmp_p
     try:
         for _ in range(20):  # warm: first calls make what is kept
             call(client)
-        gc.collect()
-        gc.set_debug(gc.DEBUG_SAVEALL)  # what a collection finds unreachable is kept in gc.garbage
-        try:
+        with appliance_cycles() as ours:
             for _ in range(50):
                 call(client)
-            gc.collect()
-            ours = collections.Counter(type(o).__qualname__ for o in gc.garbage
-                                       if type(o).__module__.startswith("appliance"))
-        finally:
-            gc.set_debug(0)
-            gc.garbage.clear()
     finally:
         client.close()
     assert not ours, f"calls left cycles of the daemon's objects: {dict(ours)}"

@@ -5,13 +5,12 @@ caches they cool)."""
 
 from __future__ import annotations
 
-import collections
-import gc
 import json
 import socket
 
 import pytest
 
+from tests.garbage import appliance_cycles
 from tests.models import copy_model
 
 _ECHO = {"inputs": [{"name": "IN", "shape": [4], "datatype": "FP32", "data": [1.0, 2.0, 3.0, 4.0]}]}
@@ -45,18 +44,10 @@ def test_the_straight_line_frees_what_each_request_made_without_the_collector(se
         for step in range(20):  # warm: first requests make what is kept (the head read once, the channel)
             for sequence, connection in enumerate(connections, start=1):  # a sequence per connection
                 assert _request(connection, name, sequence, step == 0).startswith(b"HTTP/1.1 200 ")
-        gc.collect()
-        gc.set_debug(gc.DEBUG_SAVEALL)  # what a collection finds unreachable is kept in gc.garbage
-        try:
+        with appliance_cycles() as ours:
             for _ in range(25):
                 for sequence, connection in enumerate(connections, start=1):
                     assert _request(connection, name, sequence).startswith(b"HTTP/1.1 200 ")
-            gc.collect()
-            ours = collections.Counter(type(o).__qualname__ for o in gc.garbage
-                                       if type(o).__module__.startswith("appliance"))
-        finally:
-            gc.set_debug(0)
-            gc.garbage.clear()
     finally:
         for connection in connections:
             connection.close()

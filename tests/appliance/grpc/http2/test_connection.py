@@ -5,54 +5,15 @@ from __future__ import annotations
 
 import asyncio
 
-import grpc
 import hpack
 
-from appliance.grpc.grpc_config import GrpcConfig
 from appliance.grpc.http2 import frames as f
 from appliance.grpc.http2.connection import Http2Connection
+from tests.appliance.grpc.http2.hosts import EchoHost, RecordingTransport
 from tests.waiting import next_turn
 
 _GOOD = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", b"/t.S/Echo"), (b":authority", b"x"),
          (b"content-type", b"application/grpc"), (b"te", b"trailers")]
-
-
-class _Transport:
-    def __init__(self) -> None:
-        self.sends: list[bytes] = []
-
-    def write(self, data: bytes) -> None:
-        self.sends.append(bytes(data))
-
-    def is_closing(self) -> bool:
-        return False
-
-    def close(self) -> None:
-        pass
-
-    def get_extra_info(self, name: str, default: object = None) -> object:
-        return ("127.0.0.1", 5) if name == "peername" else default
-
-
-class _Server:
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.config = GrpcConfig(max_message_bytes=1 << 16, max_streams_per_connection=8, idle_timeout=60)
-
-        async def echo(requests, context):
-            return await context.read()
-
-        self._echo = grpc.stream_unary_rpc_method_handler(echo, request_deserializer=None,
-                                                          response_serializer=lambda raw: raw)
-
-    def handler(self, path: bytes):
-        return self._echo if path == b"/t.S/Echo" else None
-
-    def opened(self, connection) -> None:
-        pass
-
-    def closed(self, connection) -> None:
-        pass
 
 
 def _call(encoder: hpack.Encoder, stream: int, payload: bytes) -> bytes:
@@ -60,9 +21,9 @@ def _call(encoder: hpack.Encoder, stream: int, payload: bytes) -> bytes:
             + f.frame(f.DATA, f.END_STREAM, stream, b"\x00" + len(payload).to_bytes(4, "big") + payload))
 
 
-async def _connected() -> tuple[Http2Connection, _Transport]:
-    connection = Http2Connection(_Server(asyncio.get_running_loop()))
-    transport = _Transport()
+async def _connected() -> tuple[Http2Connection, RecordingTransport]:
+    connection = Http2Connection(EchoHost(asyncio.get_running_loop()))
+    transport = RecordingTransport()
     connection.connection_made(transport)  # type: ignore[arg-type]
     connection.data_received(f.PREFACE + f.settings({}))
     await next_turn()

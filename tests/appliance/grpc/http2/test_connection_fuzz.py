@@ -9,80 +9,19 @@ from __future__ import annotations
 import asyncio
 import struct
 
-import grpc
 import hpack
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from appliance.grpc.admission import Straight
-from appliance.grpc.grpc_config import GrpcConfig
 from appliance.grpc.http2 import frames as f
 from appliance.grpc.http2.connection import MAX_FRAME, Http2Connection
 from appliance.grpc.http2.headers import Request
+from tests.appliance.grpc.http2.hosts import EchoHost, RecordingTransport
 from tests.waiting import next_turn
 
 FUZZ = settings(max_examples=200, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-
-
-class _Transport:
-    def __init__(self) -> None:
-        self.written = bytearray()
-        self.closing = False
-
-    def write(self, data: bytes) -> None:
-        self.written += data
-
-    def close(self) -> None:
-        self.closing = True
-
-    abort = close
-
-    def is_closing(self) -> bool:
-        return self.closing
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-    def get_extra_info(self, name: str, default: object = None) -> object:
-        return ("127.0.0.1", 5) if name == "peername" else default
-
-
-class _Server:
-    """A host serving an echoing RPC at /t.S/Echo, from a task, and at /t.S/Fast, where its message came
-    whole with its headers, without one (``Straight``, as ModelInfer); every other path is unknown."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.config = GrpcConfig(max_message_bytes=1 << 16, max_streams_per_connection=8, idle_timeout=60)
-
-        async def echo(requests, context):
-            return await context.read()
-
-        self._echo = grpc.stream_unary_rpc_method_handler(echo, request_deserializer=None,
-                                                          response_serializer=lambda raw: raw)
-        self._fast = Straight(self._echo, _answer_at_once)
-
-    def handler(self, path: bytes):
-        return {b"/t.S/Echo": self._echo, b"/t.S/Fast": self._fast}.get(path)
-
-    def opened(self, connection) -> None:
-        pass
-
-    def closed(self, connection) -> None:
-        pass
-
-
-def _answer_at_once(call) -> bool:
-    message = call.take_message()
-    call.serving(lambda: None)
-    call.answer(message)
-    call.ended()
-    return True
 
 
 def _settle(loop: asyncio.AbstractEventLoop) -> None:
@@ -90,11 +29,11 @@ def _settle(loop: asyncio.AbstractEventLoop) -> None:
     loop.run_until_complete(next_turn())
 
 
-def _feed(chunks: list[bytes]) -> tuple[Http2Connection, _Transport]:
+def _feed(chunks: list[bytes]) -> tuple[Http2Connection, RecordingTransport]:
     loop = asyncio.new_event_loop()
     try:
-        connection = Http2Connection(_Server(loop))
-        transport = _Transport()
+        connection = Http2Connection(EchoHost(loop))
+        transport = RecordingTransport()
         connection.connection_made(transport)  # type: ignore[arg-type]
         for chunk in chunks:
             connection.data_received(chunk)  # must never raise

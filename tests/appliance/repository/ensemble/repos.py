@@ -5,6 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+import numpy as np
+
+from appliance.engine.types import InferInput, InferRequest, RequestedOutput
 from tests.builders import affine_model, two_output_model, write_model
 from tests.models import copy_model
 
@@ -37,6 +40,13 @@ def write_ensemble(repo: Path, name: str, config: str) -> Path:
 
 
 F8 = [8]
+X = np.arange(16, dtype=np.float32).reshape(2, 8)
+"""The ensemble tests' input: two rows of eight."""
+
+
+def request(*outputs: str, x: np.ndarray = X) -> InferRequest:
+    """A request of ``x`` (as ``IN``) asking for ``outputs`` (none: every output)."""
+    return InferRequest([InferInput("IN", "FP32", x)], [RequestedOutput(name) for name in outputs])
 
 
 def chain_repository(repo: Path) -> Path:

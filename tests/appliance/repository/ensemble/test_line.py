@@ -5,49 +5,26 @@ away midway, and a route the line leaves to the awaited run."""
 from __future__ import annotations
 
 import asyncio
-import collections
-import gc
 
 import numpy as np
 import pytest
 
-from appliance.backends import RuntimeOptions
 from appliance.core.errors import InvalidInput
-from appliance.engine.types import InferInput, InferRequest, RequestedOutput
-from appliance.repository.registry import ModelRegistry, ModelState
+from appliance.engine.types import InferRequest
+from appliance.repository.registry import ModelRegistry
 from tests.appliance.repository.ensemble.repos import (
     F8,
+    X,
     diamond_repository,
     ensemble_config,
     nested_repository,
     parallel_repository,
+    request,
     step,
     write_ensemble,
 )
+from tests.garbage import appliance_cycles
 from tests.waiting import await_until
-
-X = np.arange(16, dtype=np.float32).reshape(2, 8)
-
-
-def request(*outputs: str, x: np.ndarray = X) -> InferRequest:
-    return InferRequest([InferInput("IN", "FP32", x)], [RequestedOutput(name) for name in outputs])
-
-
-@pytest.fixture
-async def registry_of(tmp_path):
-    made: list[ModelRegistry] = []
-
-    async def make(builder) -> ModelRegistry:
-        registry = ModelRegistry(builder(tmp_path / "repo"), RuntimeOptions(), drain_timeout=5)
-        made.append(registry)
-        await registry.load_all()
-        assert all(e.state is ModelState.READY for e in registry.entries()), [
-            (e.name, e.reason) for e in registry.entries()]
-        return registry
-
-    yield make
-    for registry in made:
-        await registry.close(10)
 
 
 def begin(registry: ModelRegistry, name: str, req: InferRequest):
@@ -169,15 +146,7 @@ async def test_a_request_leaves_no_cycle_for_the_garbage_collector(registry_of):
     registry = await registry_of(diamond_repository)
     for _ in range(5):
         await begin(registry, "chain", request())[0]
-    gc.collect()
-    gc.set_debug(gc.DEBUG_SAVEALL)  # what a collection finds unreachable is kept in gc.garbage
-    try:
+    with appliance_cycles() as ours:
         for _ in range(20):
             await begin(registry, "chain", request())[0]
-        gc.collect()
-        ours = collections.Counter(type(o).__qualname__ for o in gc.garbage
-                                   if type(o).__module__.startswith("appliance"))
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
     assert not ours, f"requests left cycles of the daemon's objects: {dict(ours)}"

@@ -8,36 +8,17 @@ import asyncio
 import numpy as np
 import pytest
 
-from appliance.backends import RuntimeOptions
 from appliance.core.errors import InvalidInput
-from appliance.engine.types import InferInput, InferRequest, RequestedOutput
-from appliance.repository.registry import ModelRegistry, ModelState
-from tests.appliance.repository.ensemble.repos import diamond_repository, nested_repository, parallel_repository
+from appliance.engine.types import InferInput, InferRequest
+from appliance.repository.registry import ModelRegistry
+from tests.appliance.repository.ensemble.repos import (
+    X,
+    diamond_repository,
+    nested_repository,
+    parallel_repository,
+    request,
+)
 from tests.waiting import await_until
-
-X = np.arange(16, dtype=np.float32).reshape(2, 8)
-
-
-def request(*outputs: str, x: np.ndarray = X) -> InferRequest:
-    return InferRequest([InferInput("IN", "FP32", x)], [RequestedOutput(name) for name in outputs])
-
-
-@pytest.fixture
-async def registry_of(tmp_path):
-    """registry_of(builder) -> a loaded registry over the repository ``builder`` writes; closed after."""
-    made: list[ModelRegistry] = []
-
-    async def make(builder) -> ModelRegistry:
-        registry = ModelRegistry(builder(tmp_path / "repo"), RuntimeOptions(), drain_timeout=5)
-        made.append(registry)
-        await registry.load_all()
-        assert all(e.state is ModelState.READY for e in registry.entries()), [
-            (e.name, e.reason) for e in registry.entries()]
-        return registry
-
-    yield make
-    for registry in made:
-        await registry.close(10)
 
 
 async def infer(registry: ModelRegistry, name: str, req: InferRequest) -> dict[str, np.ndarray]:
