@@ -1,9 +1,9 @@
-"""Property-based fuzzing of ModelInfer as served (``InferenceService._straight``: the message parsed on the
-event loop, then begun on the data plane's straight line, or handed to the awaited path): valid messages
-for a batching model and a sequence model, built by tritonclient, then mutated on the wire (truncated,
-bytes flipped, inserted, deleted, duplicated, length-like numbers written in). Whatever arrives, the call
-ends within its deadline with an answer or a status a client is blamed for, never INTERNAL or UNKNOWN,
-and the server answers a valid call after it."""
+"""Property-based fuzzing of ModelInfer as served (a message that came whole with its headers: admitted and
+parsed on the event loop without a task, ``InferenceService.begin_infer``, then begun on the data plane's
+straight line or handed to the awaited path): valid messages for a batching model and a sequence model,
+built by tritonclient, then mutated on the wire (truncated, bytes flipped, inserted, deleted, duplicated,
+length-like numbers written in). Whatever arrives, the call ends within its deadline with an answer or a
+status a client is blamed for, never INTERNAL or UNKNOWN, and the server answers a valid call after it."""
 
 from __future__ import annotations
 
