@@ -10,6 +10,7 @@ from __future__ import annotations
 from http import HTTPStatus
 
 __all__ = [
+    "internal_message",
     "AlreadyExists",
     "ApplianceError",
     "BackendUnavailable",
@@ -210,3 +211,8 @@ class ConfigError(ApplianceError):
 
 class BackendUnavailable(ConfigError):
     """The runtime a model needs is not installed on this box."""
+
+
+def internal_message(exc: BaseException) -> str:
+    """What a client is told of an error no handler expected (HTTP 500, gRPC INTERNAL)."""
+    return f"internal error: {type(exc).__name__}: {exc}"

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol, cast
 
@@ -37,13 +36,13 @@ import grpc
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 
-from appliance.core.errors import ApplianceError, InferenceFailed, InvalidInput
+from appliance.core.errors import ApplianceError, InvalidInput
 from appliance.grpc.access import Gate, caller_of
 from appliance.grpc.health import SERVICE as HEALTH_SERVICE
 from appliance.grpc.health import HealthCheckRequest, HealthCheckResponse, HealthService
 from appliance.grpc.http2.headers import Request
 from appliance.grpc.receive import Metered, Receivers
-from appliance.grpc.status import abort, abort_unexpected
+from appliance.grpc.status import abort, abort_unexpected, unexpected
 from appliance.protocol.admission import Caller
 from appliance.protocol.dataplane import DataPlane
 from appliance.protocol.inference import DECODE_OFF_LOOP_BYTES, decode_off_loop
@@ -54,7 +53,6 @@ from appliance.security.budget import Account
 __all__ = ["OPERATIONS", "AdmittingHandlers", "Received", "Receivers", "Straight", "StraightCall", "inflated", "parse",
            "parse_uncounted"]
 
-log = logging.getLogger(__name__)
 
 _SERVICE_NAME = "inference.GRPCInferenceService"
 OPERATIONS: dict[str, Operation] = {
@@ -273,8 +271,7 @@ class AdmittingHandlers:
         except ApplianceError as exc:
             error: ApplianceError = _detached(exc)
         except Exception as exc:  # noqa: BLE001 - a bug: answered INTERNAL and logged
-            log.error("unhandled error serving gRPC ModelInfer", exc_info=exc)
-            error = InferenceFailed(f"internal error: {type(exc).__name__}: {exc}")
+            error = unexpected("ModelInfer", exc)
         if account is not None:
             account.__exit__(None, None, None)
         if admitted is not None:

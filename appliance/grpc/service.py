@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
@@ -16,8 +15,9 @@ from google.protobuf import json_format
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
-from appliance.core.errors import ApplianceError, InferenceFailed
+from appliance.core.errors import ApplianceError
 from appliance.engine.model import ModelVersion
+from appliance.engine.scheduler.completion import run_as_task
 from appliance.engine.tensor_checks import DecodeLimits
 from appliance.engine.types import InferRequest
 from appliance.grpc.access import Gate, caller_of
@@ -30,6 +30,7 @@ from appliance.grpc.codec import (
     stream_options,
 )
 from appliance.grpc.grpc_config import StreamRules
+from appliance.grpc.status import unexpected
 from appliance.grpc.stream import Reply, StreamFailed, serve_stream, stream_message, wants_grpc_errors
 from appliance.protocol.admission import Admitted
 from appliance.protocol.dataplane import DataPlane
@@ -40,7 +41,6 @@ from appliance.security.budget import Account
 
 __all__ = ["InferMessage", "InferenceService"]
 
-log = logging.getLogger(__name__)
 
 
 class InferMessage:
@@ -117,44 +117,36 @@ class _StraightInfer:
 
     def landed(self, flight: Flight, result: InferResult | None, error: BaseException | None) -> None:
         """``DataPlane.begin``'s ``then``."""
-        try:
-            if error is None:
-                assert result is not None
+        payload = None
+        if error is None:
+            assert result is not None
+            try:
                 work = encoding_work(result.response)
                 if work > DECODE_OFF_LOOP_BYTES:
-                    encoding = asyncio.get_running_loop().create_task(
-                        decode_off_loop(work, serialize_infer_response, result.response))
-                    encoding.add_done_callback(functools.partial(self._encoded, flight))
-                    flight.withdraw = encoding.cancel
+                    flight.withdraw = run_as_task(decode_off_loop(work, serialize_infer_response, result.response),
+                                                  functools.partial(self._encoded, flight))
                     return
                 payload = serialize_infer_response(result.response)
-                flight.end(flight.sent(InferMessage.frontend))
+            except Exception as exc:  # noqa: BLE001 - a bug: answered INTERNAL, logged, everything let go
+                error = exc
+        self._encoded(flight, payload, error)
+
+    def _encoded(self, flight: Flight, payload: bytes | None, error: BaseException | None) -> None:
+        flight.end(flight.sent(InferMessage.frontend) if error is None else None)
+        self.answered(payload, error)
+
+    def answered(self, payload: bytes | None, error: BaseException | None) -> None:
+        """End the call with its answer, or as its error says (the awaited path's too), and let go of the
+        admission."""
+        try:
+            if error is None:
+                assert payload is not None
                 self._call.answer(payload)
             else:
-                flight.end()
                 self._outcome(error)
-        except Exception as exc:  # noqa: BLE001 - a bug: answered INTERNAL, logged, everything let go
-            flight.end()
-            self._outcome(exc)
-        self._end()
-
-    def _encoded(self, flight: Flight, encoding: asyncio.Task) -> None:
-        error = asyncio.CancelledError() if encoding.cancelled() else encoding.exception()
-        flight.end(flight.sent(InferMessage.frontend) if error is None else None)
-        if error is None:
-            self._call.answer(encoding.result())
-        else:
-            self._outcome(error)
-        self._end()
-
-    def awaited(self, task: asyncio.Task) -> None:
-        """The answer of a request the line did not take, served by a task."""
-        error = asyncio.CancelledError() if task.cancelled() else task.exception()
-        if error is None:
-            self._call.answer(task.result())
-        else:
-            self._outcome(error)
-        self._end()
+        finally:
+            self._admitted.__exit__(None, None, None)
+            self._call.ended()
 
     def _outcome(self, error: BaseException) -> None:
         """End the call as ``error`` says: taken back, the appliance's status, or INTERNAL (logged)."""
@@ -163,12 +155,7 @@ class _StraightInfer:
         elif isinstance(error, ApplianceError):
             self._call.refuse(error)
         else:
-            log.error("unhandled error serving gRPC ModelInfer", exc_info=error)
-            self._call.refuse(InferenceFailed(f"internal error: {type(error).__name__}: {error}"))
-
-    def _end(self) -> None:
-        self._admitted.__exit__(None, None, None)
-        self._call.ended()
+            self._call.refuse(unexpected("ModelInfer", error))
 
 
 def _own_timeout(message: pb.ModelInferRequest) -> float | None:
@@ -256,9 +243,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         flight = self._dataplane.begin(request.caller, source, received_ns, serving.landed)
         if flight is None:  # not the line's: the awaited path, the message parsed already
             request.account.reserve(source.size)
-            task = asyncio.get_running_loop().create_task(self._awaited(request, source, received_ns))
-            task.add_done_callback(serving.awaited)
-            call.serving(task.cancel)
+            call.serving(run_as_task(self._awaited(request, source, received_ns), serving.answered))
             return True
         request.account.close()  # (holds nothing now)
         call.serving(flight.cancel)

@@ -11,9 +11,9 @@ from typing import NamedTuple
 
 import grpc
 
-from appliance.core.errors import AlreadyExists, ApplianceError, Unavailable
+from appliance.core.errors import AlreadyExists, ApplianceError, InferenceFailed, Unavailable, internal_message
 
-__all__ = ["Status", "abort", "abort_unexpected", "status_code", "status_of"]
+__all__ = ["Status", "abort", "abort_unexpected", "status_code", "status_of", "unexpected"]
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +67,11 @@ async def abort(context: grpc.aio.ServicerContext, error: ApplianceError) -> Non
     await context.abort(status.code, status.message)
 
 
-async def abort_unexpected(context: grpc.aio.ServicerContext, method: str, error: Exception) -> None:
+def unexpected(method: str, error: BaseException) -> InferenceFailed:
+    """An error no handler expected (a bug), logged with its traceback, as the call ends for it (INTERNAL)."""
     log.error("unhandled error serving gRPC %s", method, exc_info=error)
-    await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(error).__name__}: {error}")
+    return InferenceFailed(internal_message(error))
+
+
+async def abort_unexpected(context: grpc.aio.ServicerContext, method: str, error: Exception) -> None:
+    await abort(context, unexpected(method, error))

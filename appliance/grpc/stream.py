@@ -39,7 +39,7 @@ from typing import TypeAlias
 import grpc
 from tritonclient.grpc import service_pb2 as pb
 
-from appliance.core.errors import ApplianceError, Unavailable
+from appliance.core.errors import ApplianceError, Unavailable, internal_message
 from appliance.engine.streaming import StreamItem
 from appliance.engine.types import InferResponse
 from appliance.grpc.access import Gate, caller_of
@@ -183,7 +183,7 @@ async def serve_stream(requests: AsyncIterator[bytes], context: grpc.aio.Service
                     await write(_error(message, exc.message))
             except Exception as exc:  # noqa: BLE001 - a bug: this request fails, the stream goes on
                 log.error("unhandled error serving a ModelStreamInfer request", exc_info=exc)
-                await write(_refused(message, f"internal error: {type(exc).__name__}: {exc}"))
+                await write(_refused(message, internal_message(exc)))
 
     def forget(key: object, task: asyncio.Task) -> None:
         nonlocal quiet_since

@@ -22,6 +22,7 @@ import numpy as np
 
 from appliance.core.errors import InputMismatch, InvalidInput, ModelNotFound, ModelNotReady, NotSupported
 from appliance.engine.model import ModelVersion
+from appliance.engine.scheduler.completion import outcome
 from appliance.engine.streaming import OneResponse, Responses, StreamLimits
 from appliance.engine.tensor_checks import BYTES_ELEMENT_OVERHEAD, DecodeLimits
 from appliance.engine.types import InferRequest, InferResponse
@@ -474,8 +475,7 @@ class Flight:
 
     def ran(self, request: InferRequest, task: asyncio.Task) -> None:
         """The answer of a request whose run was a task."""
-        error = asyncio.CancelledError() if task.cancelled() else task.exception()
-        self.landed(request, None if error is not None else task.result(), error)
+        self.landed(request, *outcome(task))
 
     def cancel(self) -> None:
         """Take the request back, wherever it is (its client went away): see ``withdraw``."""

@@ -8,10 +8,8 @@ from http import HTTPStatus
 import orjson
 from aiohttp import web
 
-from appliance.core.errors import (
-    ApplianceError,
-)
-from appliance.rest.http_basics import error_parts, internal_message, too_large
+from appliance.core.errors import ApplianceError, internal_message
+from appliance.rest.http_basics import error_parts, too_large
 from appliance.rest.keys import CONFIG
 
 __all__ = ["error_middleware", "error_response"]

@@ -16,7 +16,7 @@ from appliance.core.errors import (
     UnsupportedEncoding,
 )
 
-__all__ = ["HEADER_LENGTH", "body_timeout", "error_parts", "internal_message", "too_large", "transport_address"]
+__all__ = ["HEADER_LENGTH", "body_timeout", "error_parts", "too_large", "transport_address"]
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
@@ -51,11 +51,6 @@ def error_parts(exc: ApplianceError) -> tuple[int, str, dict[str, str] | None]:
     elif isinstance(exc, RequestTimeout):
         headers = {"Connection": "close"}  # the rest of a stalled body is not waited for
     return exc.status, exc.message, headers
-
-
-def internal_message(exc: Exception) -> str:
-    """What a 500 says of an error no handler expected."""
-    return f"internal error: {type(exc).__name__}: {exc}"
 
 
 def transport_address(transport: asyncio.BaseTransport, which: str) -> str | None:

@@ -13,11 +13,11 @@ from http import HTTPStatus
 import orjson
 from multidict import CIMultiDict
 
-from appliance.core.errors import ApplianceError
+from appliance.core.errors import ApplianceError, internal_message
 from appliance.protocol.admission import Caller
 from appliance.protocol.inference import Target
 from appliance.protocol.operations import Operation
-from appliance.rest.http_basics import HEADER_LENGTH, error_parts, internal_message
+from appliance.rest.http_basics import HEADER_LENGTH, error_parts
 from appliance.rest.lane_head import HeadReader
 
 __all__ = ["LANE_BODY_BYTES", "LaneHead", "answer", "closing", "empty_answer", "error_answer", "error_response",

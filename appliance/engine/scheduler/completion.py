@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from appliance.engine.stats import BatchTiming
     from appliance.engine.trace import Trace
 
-__all__ = ["Answers", "Waiting", "answer_later", "mark_compute"]
+__all__ = ["Answers", "Waiting", "answer_later", "mark_compute", "outcome", "run_as_task"]
 
 log = logging.getLogger(__name__)
 
@@ -95,3 +95,21 @@ def mark_compute(trace: Trace, timing: BatchTiming) -> None:
     for name, ns in (("COMPUTE_START", start), ("COMPUTE_INPUT_END", input_end),
                      ("COMPUTE_OUTPUT_START", output_start), ("COMPUTE_END", end)):
         trace.mark(name, ns)
+
+
+def outcome(task: asyncio.Future) -> tuple[Any, BaseException | None]:
+    """A finished task's ``(result, error)`` as a ``then`` callback takes them: CancelledError when it was
+    cancelled."""
+    if task.cancelled():
+        return None, asyncio.CancelledError()
+    error = task.exception()
+    return (None, error) if error is not None else (task.result(), None)
+
+
+def run_as_task(work: Coroutine[Any, Any, Any],
+                then: Callable[[Any, BaseException | None], None]) -> Callable[[], object]:
+    """``work`` as a task of the running loop whose end calls ``then(result, error)`` (``outcome``); what
+    cancels it."""
+    task = asyncio.get_running_loop().create_task(work)
+    task.add_done_callback(lambda done: then(*outcome(done)))
+    return task.cancel

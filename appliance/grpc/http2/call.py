@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import logging
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -37,12 +36,11 @@ from appliance.grpc.http2.frames import (
     rst_stream,
 )
 from appliance.grpc.http2.headers import HeaderEncoder, Request
-from appliance.grpc.status import abort, status_of
+from appliance.grpc.status import abort, status_of, unexpected
 from appliance.protocol.inflate import Compressed
 
 __all__ = ["Call", "STREAM_WINDOW"]
 
-log = logging.getLogger(__name__)
 
 STREAM_WINDOW = 16 * 1024
 """A stream's receive window while no handler reads it."""
@@ -315,16 +313,8 @@ class Call:
         them (as ``_send_message``), else from a task that waits for the window."""
         if self.local_ended:
             return
-        connection = self._connection
-        size = 5 + len(payload)
-        if size <= self.send_window and size <= connection.send_window and size <= connection.max_frame:
-            self.send_window -= size
-            connection.send_window -= size
-            head = frame(HEADERS, END_HEADERS, self.stream, connection.headers.response())
-            self._headers_sent = True
-            self.end(_OK, "", head + frame(DATA, 0, self.stream, b"\x00" + len(payload).to_bytes(4, "big") + payload))
-            return
-        self._task = connection.loop.create_task(self._answer_later(payload))
+        if not self._sent_whole(payload, last=True):
+            self._task = self._connection.loop.create_task(self._answer_later(payload))
 
     async def _answer_later(self, payload: bytes) -> None:
         try:
@@ -364,11 +354,9 @@ class Call:
                 await abort(self, exc)
         except asyncio.CancelledError:
             # The deadline passed, the server stops, or the client reset the stream (then nothing is sent).
-            self.end(_DEADLINE if self._expired else _CANCELLED,
-                     "Deadline Exceeded" if self._expired else "the call was cancelled")
+            self.taken_back()
         except Exception as exc:  # noqa: BLE001 - a bug: INTERNAL, logged
-            log.error("unhandled error serving gRPC %s", self.request.path.decode("latin-1"), exc_info=exc)
-            self.end(_INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
+            self.refuse(unexpected(self.request.path.decode("latin-1"), exc))
         finally:
             if self._timer is not None:
                 self._timer.cancel()
@@ -511,23 +499,13 @@ class Call:
         if self.local_ended:  # reset or ended meanwhile: nothing more is sent (nor a header block encoded)
             raise asyncio.CancelledError()
         connection = self._connection
-        prefix = b"\x00" + len(payload).to_bytes(4, "big")
-        head = b""
-        if not self._headers_sent:
-            head = frame(HEADERS, END_HEADERS, self.stream, connection.headers.response())
-            self._headers_sent = True
-        size = len(prefix) + len(payload)
-        if size <= self.send_window and size <= connection.send_window and size <= connection.max_frame:
-            self.send_window -= size
-            connection.send_window -= size
-            if last:  # a unary answer: headers, message and trailers in one write
-                self.end(_OK, "", head + frame(DATA, 0, self.stream, prefix + payload))
-            else:
-                connection.write(head + frame(DATA, 0, self.stream, prefix + payload))
+        if self._sent_whole(payload, last):
             await connection.drain()
             return
-        if head:
-            connection.write(head)
+        if not self._headers_sent:
+            connection.write(frame(HEADERS, END_HEADERS, self.stream, connection.headers.response()))
+            self._headers_sent = True
+        prefix = b"\x00" + len(payload).to_bytes(4, "big")
         # Frame by frame from the message itself: a large one is never copied whole on the event loop (its
         # prefix goes in a frame of its own).
         for part in (prefix, payload):
@@ -544,6 +522,25 @@ class Call:
                 connection.write(frame(DATA, 0, self.stream, bytes(view[:allowed])))
                 view = view[allowed:]
                 await connection.drain()  # what one turn of the loop writes is bounded by the transport's buffer
+
+    def _sent_whole(self, payload: bytes, last: bool) -> bool:
+        """Send the message in one write (after the headers, the first time; a unary answer's ``last`` one
+        with the trailers too) where both windows and a frame take it; False, nothing sent, where not."""
+        connection = self._connection
+        size = 5 + len(payload)
+        if size > self.send_window or size > connection.send_window or size > connection.max_frame:
+            return False
+        self.send_window -= size
+        connection.send_window -= size
+        out = frame(DATA, 0, self.stream, b"\x00" + len(payload).to_bytes(4, "big") + payload)
+        if not self._headers_sent:
+            out = frame(HEADERS, END_HEADERS, self.stream, connection.headers.response()) + out
+            self._headers_sent = True
+        if last:
+            self.end(_OK, "", out)
+        else:
+            connection.write(out)
+        return True
 
     async def _window_opened(self) -> None:
         self._window = self._connection.loop.create_future()

@@ -18,13 +18,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from appliance.backends.base import Outputs
+from appliance.engine.scheduler.completion import run_as_task
 from appliance.engine.types import InferResponse
 from appliance.repository.ensemble.flow import Level
 from appliance.repository.ensemble.plan import Step
 from appliance.repository.ensemble.run import EnsembleRun, Frame, FrameTensor, SequenceTag, StepSlots, in_ensemble
 
 if TYPE_CHECKING:
-    from appliance.engine.model import ModelVersion
+    pass
 
 __all__ = ["EnsembleLine"]
 
@@ -89,8 +90,8 @@ class EnsembleLine(EnsembleRun):
         try:
             if model.straight:
                 self._running[step.number] = model.begin(request, done)
-            else:
-                self._running[step.number] = _as_task(model, request, done)
+            else:  # a step on a model the line does not serve: awaited, as a task
+                self._running[step.number] = run_as_task(model.infer(request), done)
         except Exception as exc:  # refused before it was queued
             held.__exit__(None, None, None)
             self._fail(in_ensemble(self._plan.name, exc))
@@ -138,19 +139,3 @@ class EnsembleLine(EnsembleRun):
 def _answered(outputs: Outputs | None, error: BaseException | None) -> None:
     return None
 
-
-def _as_task(model: ModelVersion, request: Any,
-             done: Callable[[InferResponse | None, BaseException | None], None]) -> Callable[[], object]:
-    """A step on a model the line does not serve: ``model.infer`` as a task whose end calls ``done``."""
-    task = asyncio.get_running_loop().create_task(model.infer(request))
-
-    def ended(task: asyncio.Task) -> None:
-        if task.cancelled():
-            done(None, asyncio.CancelledError())
-        elif task.exception() is not None:
-            done(None, task.exception())
-        else:
-            done(task.result(), None)
-
-    task.add_done_callback(ended)
-    return task.cancel

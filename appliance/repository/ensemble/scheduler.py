@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from appliance.core.errors import NotSupported, Unavailable
+from appliance.engine.scheduler.completion import run_as_task
 from appliance.engine.stats import BatchTiming, ModelStats, StepTiming
 from appliance.engine.streaming import ResponseChannel
 from appliance.repository.ensemble.flow import EnsembleFlow
@@ -119,9 +120,7 @@ class EnsembleScheduler:
         else:  # a decoupled step to fan out from, or steps to wait for: the awaited run, as a task
             run = EnsembleRun(self.plan, levels, needed, outputs, self._resolve, self._slots, parameters,
                               request_id, None)
-            task = asyncio.get_running_loop().create_task(run.run(inputs))
-            queued.stop = task.cancel
-            task.add_done_callback(lambda task: finished(*_outcome(task)))
+            queued.stop = run_as_task(run.run(inputs), finished)
         return queued
 
     @staticmethod
@@ -170,9 +169,3 @@ def _nothing() -> None:
 def _ignore(result: Any, error: BaseException | None) -> None:
     return None
 
-
-def _outcome(task: asyncio.Task) -> tuple[Any, BaseException | None]:
-    if task.cancelled():
-        return None, asyncio.CancelledError()
-    error = task.exception()
-    return (None, error) if error is not None else (task.result(), None)
