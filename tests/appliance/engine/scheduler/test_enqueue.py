@@ -13,6 +13,7 @@ from appliance.engine.instances import InstancePool
 from appliance.engine.scheduler import QueuePolicy, Scheduler, SchedulerPolicy
 from appliance.engine.scheduler.execution import ExecutionMode
 from appliance.engine.stats import ModelStats
+from tests.appliance.engine.scheduler.told import Told
 from tests.fakes import FakeBackend
 from tests.waiting import await_until
 
@@ -23,16 +24,6 @@ def make_scheduler(started):
         return started(Scheduler("m:1", InstancePool("m:1", [backend]), policy, ModelStats()))
 
     return make
-
-
-class Told:
-    """What ``then`` was told, in order."""
-
-    def __init__(self) -> None:
-        self.outcomes: list[tuple[float | None, BaseException | None]] = []
-
-    def then(self, results, error) -> None:
-        self.outcomes.append((None if results is None else float(results["y"][0, 0]), error))
 
 
 def _enqueue(scheduler: Scheduler, value: float, told: Told, **parameters):
@@ -46,7 +37,7 @@ async def _one_running(make_scheduler, policy: SchedulerPolicy = _ONE_AT_A_TIME)
     """A scheduler whose one instance runs a request (x = 1) for 0.2 s, and what that request is told."""
     backend = FakeBackend(delay=0.2)
     scheduler = make_scheduler(policy, backend)
-    told = Told()
+    told = Told("y", float)
     _enqueue(scheduler, 1.0, told)
     await await_until(lambda: backend.batches, what="the first request running")
     return backend, scheduler, told
@@ -55,7 +46,7 @@ async def _one_running(make_scheduler, policy: SchedulerPolicy = _ONE_AT_A_TIME)
 async def test_each_request_is_told_its_outputs_in_the_step_that_completes_it(make_scheduler):
     backend = FakeBackend(delay=0.01)
     scheduler = make_scheduler(SchedulerPolicy(max_batch_size=4, dynamic=True), backend)
-    told = Told()
+    told = Told("y", float)
     for value in (1.0, 2.0, 3.0):
         _enqueue(scheduler, value, told)
     assert told.outcomes == []  # nothing runs in the step that queued them
@@ -80,12 +71,12 @@ async def test_a_request_withdrawn_while_queued_never_runs_and_is_not_told(make_
 async def test_a_request_withdrawn_while_running_reads_as_cancelled_and_is_not_told(make_scheduler):
     backend = FakeBackend(delay=0.2)
     scheduler = make_scheduler(SchedulerPolicy(max_batch_size=1), backend)
-    told = Told()
+    told = Told("y", float)
     running = _enqueue(scheduler, 1.0, told)
     await await_until(lambda: backend.batches, what="the request running")
     assert scheduler.withdraw(running)
     assert running.future.cancelled()  # what the model's is_cancelled() reads
-    after = Told()
+    after = Told("y", float)
     _enqueue(scheduler, 2.0, after)  # the instance is free again once the batch returns
     await await_until(lambda: after.outcomes, what="the next request's answer")
     assert told.outcomes == []
@@ -93,7 +84,7 @@ async def test_a_request_withdrawn_while_running_reads_as_cancelled_and_is_not_t
 
 async def test_withdrawing_an_answered_request_does_nothing(make_scheduler):
     scheduler = make_scheduler(SchedulerPolicy(max_batch_size=1), FakeBackend())
-    told = Told()
+    told = Told("y", float)
     pending = _enqueue(scheduler, 1.0, told)
     await await_until(lambda: told.outcomes, what="the answer")
     assert not scheduler.withdraw(pending)
@@ -102,7 +93,7 @@ async def test_withdrawing_an_answered_request_does_nothing(make_scheduler):
 
 async def test_a_failed_batch_tells_each_request_its_error(make_scheduler):
     scheduler = make_scheduler(SchedulerPolicy(max_batch_size=4, dynamic=True), FakeBackend(fail="broken"))
-    told = Told()
+    told = Told("y", float)
     _enqueue(scheduler, 1.0, told)
     _enqueue(scheduler, 2.0, told)
     await await_until(lambda: len(told.outcomes) == 2, what="both errors")
@@ -121,7 +112,7 @@ async def test_a_full_queue_refuses_in_the_step_that_enqueues(make_scheduler):
 
 async def test_an_answer_that_raises_leaves_the_rest_of_its_batch_answered(make_scheduler, caplog):
     scheduler = make_scheduler(SchedulerPolicy(max_batch_size=4, dynamic=True), FakeBackend(delay=0.01))
-    told = Told()
+    told = Told("y", float)
 
     def broken(results, error) -> None:
         raise RuntimeError("answer writer broke")
@@ -149,7 +140,7 @@ async def test_a_request_enqueued_from_an_inline_answer_waits_for_the_next_step(
                                   ModelStats(), execution=inline))
     loop = asyncio.get_running_loop()
     steps: list[float] = []
-    told = Told()
+    told = Told("y", float)
 
     def then(results, error) -> None:
         told.then(results, error)

@@ -12,6 +12,7 @@ import pytest
 from appliance.core.errors import InvalidInput
 from appliance.engine.scheduler import SequenceScheduler
 from tests.appliance.engine.scheduler.accumulator import Accumulator, sequence_scheduler
+from tests.appliance.engine.scheduler.told import Told
 from tests.waiting import await_until
 
 
@@ -23,16 +24,6 @@ def make(started):
     return build
 
 
-class Told:
-    """What ``then`` was told, in order: OUTPUT's value, or the error."""
-
-    def __init__(self) -> None:
-        self.outcomes: list[tuple[int | None, BaseException | None]] = []
-
-    def then(self, results, error) -> None:
-        self.outcomes.append((None if results is None else int(results["OUTPUT"][0, 0]), error))
-
-
 def _enqueue(scheduler: SequenceScheduler, told: Told, corrid: int, value: int, start: bool = False,
              end: bool = False):
     parameters = {"sequence_id": corrid, "sequence_start": start, "sequence_end": end}
@@ -41,7 +32,7 @@ def _enqueue(scheduler: SequenceScheduler, told: Told, corrid: int, value: int, 
 
 async def test_each_step_is_told_its_outputs_and_the_sequence_accumulates(make):
     scheduler = make()
-    told = Told()
+    told = Told("OUTPUT", int)
     _enqueue(scheduler, told, 7, 1, start=True)
     _enqueue(scheduler, told, 7, 2)
     _enqueue(scheduler, told, 7, 3, end=True)
@@ -54,7 +45,7 @@ async def test_each_step_is_told_its_outputs_and_the_sequence_accumulates(make):
 
 async def test_a_refused_step_raises_where_it_is_enqueued_and_is_not_told(make):
     scheduler = make()
-    told = Told()
+    told = Told("OUTPUT", int)
     with pytest.raises(InvalidInput, match="must specify the START flag"):
         _enqueue(scheduler, told, 9, 1)
     await asyncio.sleep(0.05)
@@ -64,7 +55,7 @@ async def test_a_refused_step_raises_where_it_is_enqueued_and_is_not_told(make):
 async def test_a_withdrawn_step_still_runs_for_its_sequence_but_is_not_told(make):
     backend = Accumulator(delay=0.1)
     scheduler = make("direct { }", backend)
-    told = Told()
+    told = Told("OUTPUT", int)
     _enqueue(scheduler, told, 5, 10, start=True)
     await await_until(lambda: backend.batches, what="the first step running")
     withdrawn = _enqueue(scheduler, told, 5, 20)
@@ -80,7 +71,7 @@ async def test_a_withdrawn_step_still_runs_for_its_sequence_but_is_not_told(make
 
 async def test_a_step_answered_already_is_not_withdrawn(make):
     scheduler = make()
-    told = Told()
+    told = Told("OUTPUT", int)
     answered = _enqueue(scheduler, told, 3, 4, start=True, end=True)
     await await_until(lambda: told.outcomes, what="the answer")
     assert not scheduler.withdraw(answered)
