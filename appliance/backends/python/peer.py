@@ -21,7 +21,7 @@ import numpy as np
 from appliance.backends.base import CALLS_UNAVAILABLE, BackendServices, ModelCall, ModelCalls, StreamedCall
 from appliance.backends.python.process import Handler
 from appliance.backends.python.requests import ModelError, OpenRequests
-from appliance.backends.python.wire.arena import Attachments, BlockRef, Blocks, Descriptor
+from appliance.backends.python.wire.arena import Attachments, BlockRef, Blocks, Descriptor, carry, taken
 from appliance.backends.python.wire.messages import (
     Answer,
     Ask,
@@ -105,7 +105,7 @@ class Peer:
         call, ref, descriptors, meta = message
         for block in meta.get("released", ()):
             self.blocks.free(block)
-        inputs = self.attachments.read(ref, descriptors) if ref is not None else {}
+        inputs = taken(self.attachments, ref, descriptors)
         models = self._services.models
         if models is None:
             self.send_result(call, None, ModelError(CALLS_UNAVAILABLE, 5), None, True)
@@ -140,7 +140,7 @@ class Peer:
         descriptors: list[Descriptor] = []
         if error is None and outputs:
             try:
-                ref, descriptors = self.blocks.write(list(outputs.items()))
+                ref, descriptors = carry(self.blocks, list(outputs.items()))
             except Exception as exc:  # noqa: BLE001 - e.g. an output numpy cannot lay out
                 error = exc
         answer = _error(error) if error is not None else None

@@ -18,7 +18,7 @@ from concurrent.futures import Future
 from http import HTTPStatus
 
 from appliance.backends.base import BackendRequest, Outputs, RequestResult, Reschedule, ResponseSink
-from appliance.backends.python.wire.arena import Attachments
+from appliance.backends.python.wire.arena import Attachments, taken
 from appliance.backends.python.wire.messages import Response
 from appliance.core.errors import ApplianceError
 
@@ -149,10 +149,10 @@ class OpenRequests:
         thread its sink may block while the client is behind; on the event loop it never does: the wait
         for room comes back instead, and the channel is read no further until it completes."""
         key, ref, descriptors, error, parameters, final = message
-        outputs = self._attachments.read(ref, descriptors) if ref is not None else None
+        outputs = taken(self._attachments, ref, descriptors) if ref is not None or descriptors else None
         if ref is not None:
             self._free(ref[0])
-        flag_only = ref is None and error is None and parameters is None  # send(flags=FINAL) alone
+        flag_only = outputs is None and error is None and parameters is None  # send(flags=FINAL) alone
         params = _parameters(parameters)
         with self._lock:
             entry = self._open.get(key)

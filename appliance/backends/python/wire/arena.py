@@ -27,7 +27,7 @@ import numpy as np
 from appliance.core.tensors import decode_bytes_tensor, encode_bytes_tensor, numpy_dtype, v2_datatype
 
 __all__ = ["ARENA_PREFIX", "INLINE_BYTES", "KEEP_BYTES", "Arena", "Attachments", "BlockRef", "Blocks", "Descriptor",
-           "arena_usage", "inline", "pack", "read_tensor", "remove_stale_arenas", "reusable_size"]
+           "arena_usage", "carry", "inline", "pack", "read_tensor", "remove_stale_arenas", "reusable_size", "taken"]
 
 Descriptor = tuple[str, str, tuple[int, ...], int, "int | bytearray"]
 """(name, v2 datatype, shape, offset, size in bytes); a tensor carried in the message itself (``inline``):
@@ -296,8 +296,8 @@ class _Segment:
 
 class Blocks:
     """The writer's side of messages that overlap (streamed responses, BLS calls in flight at once):
-    each message's tensors go into a block of a shared segment, and the block stays untouched until
-    the reader says it is done with it (``free``). A full segment is followed by another of the same
+    each message's tensors that are too large to travel in it (``carry``) go into a block of a shared
+    segment, and the block stays untouched until the reader says it is done with it (``free``). A full segment is followed by another of the same
     size (bigger only for a message that does not fit, up to ``KEEP_BYTES``), and a segment whose
     blocks are all free is reused from its start, so a steady stream cycles through a few segments
     instead of growing. A message larger than ``KEEP_BYTES`` gets a segment of its own, removed once
@@ -418,3 +418,24 @@ class Attachments:
             for arena in self._arenas.values():
                 arena.close()
             self._arenas.clear()
+
+
+def carry(blocks: Blocks, tensors: list[tuple[str, np.ndarray]]) -> tuple[BlockRef | None, list[Descriptor]]:
+    """One message's tensors as it carries them, outside a batch (a streamed response, a BLS call and its
+    answers): in the message itself when small (``inline``: no block to write, read, and give back with a
+    ``Free`` message), else in a block of ``blocks``. (None, []) when there are none."""
+    if not tensors:
+        return None, []
+    carried = inline([tensors])
+    if carried is not None:
+        return None, carried[0]
+    return blocks.write(tensors)
+
+
+def taken(attachments: Attachments, ref: BlockRef | None, descriptors: list[Descriptor]) -> dict[str, np.ndarray]:
+    """The tensors ``carry`` put in a message, by name: copied out of the peer's block ``ref`` (the
+    receiver then frees it), or read out of the message itself (views of its own bytes). Descriptors
+    that do not add up are a ValueError (``read_tensor``)."""
+    if ref is not None:
+        return attachments.read(ref, descriptors)
+    return {d[0]: read_tensor(None, d, copy=False) for d in descriptors}

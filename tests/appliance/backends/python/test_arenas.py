@@ -82,3 +82,16 @@ def test_a_large_request_leaves_no_arena_behind(tmp_path, decoupled):
         for _ in range(3):  # and it serves large requests again, each one's arenas let go of
             assert _run(backend, large, decoupled)[-1] == 1.5
         assert _settled_shm_bytes(KEEP_BYTES) < KEEP_BYTES
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="arenas live in /dev/shm only on Linux")
+def test_small_streamed_responses_travel_in_their_messages(tmp_path):
+    """A decoupled model's small responses carry their tensors themselves: no block segment is made, and
+    none is read and given back, on either side of the channel."""
+    model = copy_model(tmp_path, f"{ECHO}_decoupled", "echo")
+    with loaded(model, read_config(f"{ECHO}_decoupled")) as backend:
+        for values in (np.arange(16, dtype=np.float32), np.full(1000, 2.5, np.float32)):
+            np.testing.assert_array_equal(_run(backend, values, decoupled=True), values)
+        assert _shm_bytes(_ours()) == 0
+        large = np.full(LARGE, 1.5, np.float32)  # a large one still goes through shared memory
+        assert _run(backend, large, decoupled=True)[-1] == 1.5

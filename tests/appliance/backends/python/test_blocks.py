@@ -1,12 +1,14 @@
-"""Blocks: overlapping messages' tensors in shared memory, freed by the reader."""
+"""Blocks: overlapping messages' tensors in shared memory, freed by the reader; and ``carry``, which keeps
+small ones in the message itself."""
 
 from __future__ import annotations
 
 import os
 
 import numpy as np
+import pytest
 
-from appliance.backends.python.wire.arena import KEEP_BYTES, Arena, Attachments, Blocks
+from appliance.backends.python.wire.arena import INLINE_BYTES, KEEP_BYTES, Arena, Attachments, Blocks, carry, taken
 
 
 def test_blocks_are_reused_once_freed_and_bigger_segments_come_only_for_bigger_messages():
@@ -81,4 +83,45 @@ def test_segments_kept_for_reuse_never_grow_past_keep_bytes():
         assert Arena.needed(near) <= ref[2] <= KEEP_BYTES
         blocks.free(ref[0])
     finally:
+        blocks.close()
+
+
+def test_carry_keeps_small_tensors_in_the_message_and_puts_the_rest_in_a_block():
+    blocks, reader = Blocks(), Attachments()
+    try:
+        small = [("a", np.arange(6, dtype=np.int32).reshape(2, 3)), ("b", np.array([True, False]))]
+        ref, descriptors = carry(blocks, small)
+        assert ref is None and blocks.in_use == 0
+        got = taken(reader, ref, descriptors)
+        assert got["a"].tolist() == [[0, 1, 2], [3, 4, 5]] and got["b"].tolist() == [True, False]
+        got["a"][0, 0] = 7  # the reader's array is its own, and writable, as one copied out of a block
+        assert small[0][1][0, 0] == 0
+        assert carry(blocks, []) == (None, [])
+        for tensors in ([("big", np.zeros(INLINE_BYTES // 4 + 1, np.float32))],  # too large together
+                        [("s", np.array([b"x", b"yz"], dtype=object))]):  # BYTES: sized once serialised
+            ref, descriptors = carry(blocks, tensors)
+            assert ref is not None
+            name, array = tensors[0]
+            assert taken(reader, ref, descriptors)[name].tolist() == array.tolist()
+            blocks.free(ref[0])
+        assert blocks.in_use == 0
+    finally:
+        reader.close()
+        blocks.close()
+
+
+def test_taken_refuses_descriptors_that_do_not_add_up():
+    blocks, reader = Blocks(), Attachments()
+    try:
+        _, in_block = blocks.write([("a", np.arange(4, dtype=np.float32))])
+        with pytest.raises(ValueError, match="in an arena, but the message names none"):
+            taken(reader, None, in_block)
+        _, carried = carry(blocks, [("a", np.arange(4, dtype=np.float32))])
+        name, datatype, shape, offset, raw = carried[0]
+        with pytest.raises(ValueError, match="carries 16 bytes, not 20"):
+            taken(reader, None, [(name, datatype, (5,), offset, raw)])
+        with pytest.raises(ValueError, match="not carried as an inline tensor is"):
+            taken(reader, None, [(name, datatype, shape, offset, bytes(raw))])
+    finally:
+        reader.close()
         blocks.close()

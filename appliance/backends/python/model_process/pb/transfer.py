@@ -1,5 +1,5 @@
-"""Tensors and responses across the channel, on the model process's side: tensors go into shared-memory
-blocks, only their descriptors into messages."""
+"""Tensors and responses across the channel, on the model process's side: small tensors travel in the
+message itself, larger ones in shared-memory blocks, only their descriptors in the message (``carry``)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from appliance.backends.python.model_process.pb import runtime
 from appliance.backends.python.model_process.pb.errors import TritonError
 from appliance.backends.python.model_process.pb.response import InferenceResponse
 from appliance.backends.python.model_process.pb.tensor import Tensor
-from appliance.backends.python.wire.arena import KEEP_BYTES, BlockRef, Descriptor
+from appliance.backends.python.wire.arena import KEEP_BYTES, BlockRef, Descriptor, carry, taken
 from appliance.backends.python.wire.messages import Response
 
 __all__ = ["error_of", "read_tensors", "send_response", "tensors_of", "write_tensors"]
@@ -24,21 +24,21 @@ def tensors_of(tensors: list[Tensor], what: str) -> list[tuple[str, np.ndarray]]
 
 
 def write_tensors(pairs: list[tuple[str, np.ndarray]]) -> tuple[BlockRef | None, list[Descriptor]]:
-    if not pairs:
-        return None, []
-    return runtime.current().blocks.write(pairs)
+    """``pairs`` as a message carries them (``carry``): in it, or in a block of this process's."""
+    return carry(runtime.current().blocks, pairs)
 
 
 def read_tensors(ref: BlockRef | None, descriptors: list[Descriptor],
                  rt: runtime.Runtime | None = None) -> list[Tensor]:
-    """The tensors of a daemon's block, copied out; the block is given back at once. ``rt``: the runtime
-    whose call this answers, when read on a thread where it is not current (the daemon's event loop reads
-    an in-process model's answers)."""
-    if ref is None:
+    """The tensors of a daemon's message: carried in it, or in a block of the daemon's, copied out and
+    given back at once. ``rt``: the runtime whose call this answers, when read on a thread where it is not
+    current (the daemon's event loop reads an in-process model's answers)."""
+    if not descriptors:
         return []
     current = rt or runtime.current()
-    arrays = current.attachments.read(ref, descriptors)
-    current.release(ref[0], now=ref[2] > KEEP_BYTES)
+    arrays = taken(current.attachments, ref, descriptors)
+    if ref is not None:
+        current.release(ref[0], now=ref[2] > KEEP_BYTES)
     return [Tensor(name, array) for name, array in arrays.items()]
 
 
