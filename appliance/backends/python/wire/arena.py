@@ -297,11 +297,11 @@ class _Segment:
 class Blocks:
     """The writer's side of messages that overlap (streamed responses, BLS calls in flight at once):
     each message's tensors that are too large to travel in it (``carry``) go into a block of a shared
-    segment, and the block stays untouched until the reader says it is done with it (``free``). A full segment is followed by another of the same
-    size (bigger only for a message that does not fit, up to ``KEEP_BYTES``), and a segment whose
-    blocks are all free is reused from its start, so a steady stream cycles through a few segments
-    instead of growing. A message larger than ``KEEP_BYTES`` gets a segment of its own, removed once
-    it is freed."""
+    segment, and the block stays untouched until the reader says it is done with it (``free``). A full
+    segment is followed by another of the same size (bigger only for a message that does not fit, up to
+    ``KEEP_BYTES``), and a segment whose blocks are all free is reused from its start, so a steady
+    stream cycles through a few segments instead of growing. A message larger than ``KEEP_BYTES`` gets a
+    segment of its own, removed once it is freed."""
 
     SPARE = 2
     """Free segments kept for reuse beside the current one; more are removed."""
