@@ -3,7 +3,8 @@
 The main thread runs the daemon's commands one at a time. While it waits for the next one it reads the
 channel itself, so a command wakes it directly, not through another thread (a thread hop costs as much
 as the whole round trip to the daemon). While it runs a command nobody reads, unless another thread
-starts a call that needs an answer (BLS, ``is_cancelled``, a metric family): then the reader thread
+starts a call that needs an answer (BLS, ``is_cancelled``, a metric family), or sends a response whose
+tensors are in a block that the daemon gives back (``Runtime.lent``): then the reader thread
 takes over and keeps reading (commands it reads go to the main thread through a queue) until a command
 passes without calls, when the main thread takes reading back through a wake-up pipe. A call the main
 thread makes itself during a command and waits for (BLS ``exec``) is the exception: with nobody else
@@ -57,7 +58,6 @@ class Reading:
         self._state = _MAIN
         self._called = False
         """A call was started during the current command."""
-        self._always = False
         self._others = False
         """Another thread started a call while the main thread read for its own."""
         self._main = threading.get_ident()
@@ -68,12 +68,6 @@ class Reading:
         rt.on_call = self.call_started
         rt.read_inline = self.read_until
         threading.Thread(target=self._read, name="pb-reader", daemon=True).start()
-
-    def keep_reader(self) -> None:
-        """The reader thread reads from now on (a decoupled model: the blocks of the responses it sends
-        during execute() come back to it as they are read)."""
-        self._always = True
-        self.call_started()
 
     def call_started(self, inline: bool = False) -> None:
         """Some thread waits for an answer: make sure a thread reads (any thread, before it sends).
@@ -109,7 +103,7 @@ class Reading:
     def next_command(self) -> Message:
         """Main thread: the next command, reading (and dispatching what else comes) while it waits."""
         with self._lock:
-            reclaim = self._state == _READER and not self._called and not self._always
+            reclaim = self._state == _READER and not self._called
             if self._state in (_BUSY, _CALLER):  # _CALLER: a call whose sending failed never reached read_until
                 self._state = _MAIN
                 self._others = False

@@ -362,8 +362,6 @@ def serve(rt: Runtime, commands: Reading, model_file: Path) -> None:
     except Exception as exc:
         rt.send(_failure(exc))
         return
-    if model.decoupled:
-        commands.keep_reader()
     rt.send(wire.Ready())
     # Replies are written into two output arenas in turn: the daemon may send the next batch before it
     # has read this one's outputs, but not the one after (it lends the instance twice at most).

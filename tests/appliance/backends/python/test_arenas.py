@@ -95,3 +95,17 @@ def test_small_streamed_responses_travel_in_their_messages(tmp_path):
         assert _shm_bytes(_ours()) == 0
         large = np.full(LARGE, 1.5, np.float32)  # a large one still goes through shared memory
         assert _run(backend, large, decoupled=True)[-1] == 1.5
+
+
+def test_blocks_of_large_responses_come_back_while_execute_runs(tmp_path):
+    """A decoupled model that streams large responses during one long execute() gets their blocks back as
+    the daemon reads them: its process reads the daemon's Free messages meanwhile, rather than filling
+    segment after segment until execute() returns."""
+    model = copy_model(tmp_path, "backends/streams_large", "streams")
+    with loaded(model, read_config("backends/streams_large")) as backend:
+        sink = RecordingSink()
+        values = np.full(1 << 16, 0.5, np.float32)  # 256 KiB: a block each
+        backend.run_requests([BackendRequest({"IN": values}, ["OUT"], sink=sink)])
+        *streamed, last = sink.wait_final()
+        assert [s.outputs["OUT"].shape for s in streamed] == [values.shape] * 3
+        assert last.outputs["OUT"].tolist() == [0.0]  # every block given back before execute() returned

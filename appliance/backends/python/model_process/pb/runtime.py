@@ -51,6 +51,13 @@ class Runtime:
         with self._send_lock:
             self.conn.send_bytes(data)
 
+    def lent(self) -> None:
+        """A message about to be sent holds a block of this process's: some thread must read, so that the
+        daemon's ``Free`` of it comes back (a model streaming large responses during one execute() would
+        otherwise fill segment after segment). Small tensors travel in their message and lend nothing."""
+        if self.on_call is not None:
+            self.on_call(False)
+
     def release(self, block: int, now: bool = False) -> None:
         """The daemon may reuse one of its blocks (its tensors were copied out). Told with the next BLS call
         or after the next execute(), not at once: a message less on every call's path; ``now`` for a

@@ -52,12 +52,15 @@ def send_response(key: int, response: InferenceResponse | None, final: bool) -> 
     ref: BlockRef | None = None
     descriptors: list[Descriptor] = []
     error, parameters = None, None
+    current = runtime.current()
     if response is not None:
         error = error_of(response)
         if error is None:
-            ref, descriptors = write_tensors(tensors_of(response.output_tensors(), "output"))
+            ref, descriptors = carry(current.blocks, tensors_of(response.output_tensors(), "output"))
+            if ref is not None:
+                current.lent()
         parameters = response.parameters()
-    runtime.current().send(Response(key, ref, descriptors, error, parameters, final))
+    current.send(Response(key, ref, descriptors, error, parameters, final))
 
 
 def response_parameters(text: str | None) -> dict[str, Any]:
