@@ -10,6 +10,7 @@ parameters and an empty ``raw_output_contents`` entry (so the others keep their 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -262,6 +263,39 @@ def _head(response: InferResponse) -> pb.ModelInferResponse:
     return message
 
 
+_Outputs = tuple[tuple[str, str, tuple[int, ...]], ...]
+
+
+@functools.lru_cache(maxsize=256)
+def _plain_head(model_name: str, model_version: object, request_id: str, outputs: _Outputs,
+                final: bool | None) -> bytes:
+    """The serialised head of a response without parameters of its own (``final``: a stream's, with
+    FINAL_RESPONSE; None: ModelInfer's): one model's answers share a few, so each is built once (a
+    message a response cost several µs)."""
+    message = pb.ModelInferResponse(
+        model_name=model_name, model_version=str(model_version), id=request_id,
+        outputs=[pb.ModelInferResponse.InferOutputTensor(name=name, datatype=datatype, shape=shape)
+                 for name, datatype, shape in outputs])
+    if final is not None:
+        message.parameters[FINAL_RESPONSE].bool_param = final
+    return message.SerializeToString()
+
+
+def _head_bytes(response: InferResponse, final: bool | None = None) -> bytes:
+    """``_head(response)`` serialised (with FINAL_RESPONSE set to ``final`` unless None), as protobuf
+    writes it."""
+    if not response.parameters:
+        outputs = tuple([(o.name, o.datatype, o.data.shape) for o in response.outputs])
+        return _plain_head(response.model_name, response.model_version, response.id or "", outputs, final)
+    if final is None:
+        return _head(response).SerializeToString()
+    # Built as the message is (the head copied into its stream message, then the flag added): protobuf
+    # writes a map's entries in the order its table holds them, which a copy may change.
+    head = pb.ModelStreamInferResponse(infer_response=_head(response)).infer_response
+    head.parameters[FINAL_RESPONSE].bool_param = final
+    return head.SerializeToString()
+
+
 def encode_infer_response(response: InferResponse) -> pb.ModelInferResponse:
     message = _head(response)
     message.raw_output_contents.extend(b"" if o.shared_memory is not None else bytes(_raw(o.data))
@@ -282,10 +316,11 @@ def _varint(value: int) -> bytes:
     return bytes(out)
 
 
-def _message_pieces(head: pb.ModelInferResponse, response: InferResponse) -> list[bytes | memoryview]:
-    """A ModelInferResponse's bytes in pieces: ``head`` serialised, then each of ``response``'s tensors as
-    its ``raw_output_contents`` field (protobuf writes fields in number order; that one is the last)."""
-    pieces: list[bytes | memoryview] = [head.SerializeToString()]
+def _message_pieces(head: bytes, response: InferResponse) -> list[bytes | memoryview]:
+    """A ModelInferResponse's bytes in pieces: ``head`` (``_head_bytes``), then each of ``response``'s
+    tensors as its ``raw_output_contents`` field (protobuf writes fields in number order; that one is the
+    last)."""
+    pieces: list[bytes | memoryview] = [head]
     for output in response.outputs:
         raw = b"" if output.shared_memory is not None else _raw(output.data)
         pieces += (_RAW_OUTPUT_TAG, _varint(len(raw)), raw)
@@ -296,7 +331,7 @@ def serialize_infer_response(response: InferResponse) -> bytes:
     """``encode_infer_response(response).SerializeToString()``, the same bytes, written without copying the
     tensors into a message and out again, in one join that releases the GIL (``join_releasing_gil``): encoded on a
     worker thread, a large answer stalls no event loop."""
-    return join_releasing_gil(_message_pieces(_head(response), response))
+    return join_releasing_gil(_message_pieces(_head_bytes(response), response))
 
 
 FINAL_RESPONSE = "triton_final_response"
@@ -311,11 +346,7 @@ def serialize_stream_response(response: InferResponse, final: bool) -> bytes:
     """The ModelStreamInferResponse carrying ``response`` (with FINAL_RESPONSE set to ``final``), the bytes
     protobuf serialises of that message, written as ``serialize_infer_response`` writes ModelInfer's: no
     message holds the tensors, one join that releases the GIL."""
-    # Built as the message is (the head copied into its stream message, then the flag added): protobuf
-    # writes a map's entries in the order its table holds them, which a copy may change.
-    head = pb.ModelStreamInferResponse(infer_response=_head(response)).infer_response
-    head.parameters[FINAL_RESPONSE].bool_param = final
-    pieces = _message_pieces(head, response)
+    pieces = _message_pieces(_head_bytes(response, final), response)
     return join_releasing_gil([_STREAM_INFER_TAG, _varint(sum(map(len, pieces))), *pieces])
 
 

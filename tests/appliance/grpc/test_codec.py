@@ -13,9 +13,12 @@ from appliance.engine.tensor_checks import DecodeLimits
 from appliance.engine.types import InferOutput, InferResponse
 from appliance.grpc.codec import (
     CONTENTS_FIELD,
+    FINAL_RESPONSE,
     decode_infer_request,
     encode_infer_response,
     from_parameters,
+    serialize_infer_response,
+    serialize_stream_response,
     set_parameters,
 )
 
@@ -163,6 +166,27 @@ def test_responses_carry_raw_output_contents():
     np.testing.assert_array_equal(np.frombuffer(message.raw_output_contents[0], np.float32).reshape(2, 3), numbers)
     assert deserialize_bytes_tensor(message.raw_output_contents[1]).tolist() == [b"1:0.5", b"2:0.25"]
     assert message.parameters["sequence_end"].bool_param is True
+
+
+def test_a_head_built_once_serves_only_answers_it_describes():
+    """The serialised heads of answers without parameters of their own are kept (a model's answers share a
+    few): each answer still reads back as its own model, version, id, outputs and final flag."""
+    def answer(model="m", version=1, request_id="", shape=(1, 4), name="y"):
+        return InferResponse(model, version, [InferOutput(name, "FP32", np.zeros(shape, np.float32))], id=request_id)
+
+    variants = [answer(), answer("n"), answer(version=2), answer(request_id="a"), answer(shape=(2, 4)),
+                answer(name="z"), answer()]
+    for response in variants:
+        for final in (False, True, False):
+            message = pb.ModelStreamInferResponse.FromString(serialize_stream_response(response, final))
+            got = message.infer_response
+            assert (got.model_name, got.model_version, got.id) == (response.model_name, str(response.model_version),
+                                                                   response.id)
+            assert [(o.name, list(o.shape)) for o in got.outputs] == [(o.name, list(o.data.shape))
+                                                                      for o in response.outputs]
+            assert dict(got.parameters) == {FINAL_RESPONSE: pb.InferParameter(bool_param=final)}
+        plain = pb.ModelInferResponse.FromString(serialize_infer_response(response))
+        assert not plain.parameters and plain == encode_infer_response(response)
 
 
 def test_bf16_travels_as_raw_contents_both_ways():
