@@ -249,21 +249,29 @@ def _raw(array: np.ndarray) -> bytes | memoryview:
     return np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
 
 
+_Outputs = tuple[tuple[str, str, tuple[int, ...]], ...]
+"""Each output's name, datatype and shape: what a response's head says of its tensors."""
+
+
+def _described(response: InferResponse) -> _Outputs:
+    return tuple([(o.name, o.datatype, o.data.shape) for o in response.outputs])
+
+
+def _bare_head(model_name: str, model_version: object, request_id: str,
+               outputs: _Outputs) -> pb.ModelInferResponse:
+    """A ModelInferResponse without parameters or ``raw_output_contents``."""
+    return pb.ModelInferResponse(
+        model_name=model_name, model_version=str(model_version), id=request_id,
+        outputs=[pb.ModelInferResponse.InferOutputTensor(name=name, datatype=datatype, shape=shape)
+                 for name, datatype, shape in outputs])
+
+
 def _head(response: InferResponse) -> pb.ModelInferResponse:
     """The message without its ``raw_output_contents``."""
-    message = pb.ModelInferResponse(
-        model_name=response.model_name,
-        model_version=str(response.model_version),
-        id=response.id or "",
-        outputs=[pb.ModelInferResponse.InferOutputTensor(name=o.name, datatype=o.datatype, shape=o.data.shape)
-                 for o in response.outputs],
-    )
+    message = _bare_head(response.model_name, response.model_version, response.id or "", _described(response))
     if response.parameters:
         set_parameters(message.parameters, response.parameters)
     return message
-
-
-_Outputs = tuple[tuple[str, str, tuple[int, ...]], ...]
 
 
 @functools.lru_cache(maxsize=256)
@@ -272,10 +280,7 @@ def _plain_head(model_name: str, model_version: object, request_id: str, outputs
     """The serialised head of a response without parameters of its own (``final``: a stream's, with
     FINAL_RESPONSE; None: ModelInfer's): one model's answers share a few, so each is built once (a
     message a response cost several µs)."""
-    message = pb.ModelInferResponse(
-        model_name=model_name, model_version=str(model_version), id=request_id,
-        outputs=[pb.ModelInferResponse.InferOutputTensor(name=name, datatype=datatype, shape=shape)
-                 for name, datatype, shape in outputs])
+    message = _bare_head(model_name, model_version, request_id, outputs)
     if final is not None:
         message.parameters[FINAL_RESPONSE].bool_param = final
     return message.SerializeToString()
@@ -285,8 +290,8 @@ def _head_bytes(response: InferResponse, final: bool | None = None) -> bytes:
     """``_head(response)`` serialised (with FINAL_RESPONSE set to ``final`` unless None), as protobuf
     writes it."""
     if not response.parameters:
-        outputs = tuple([(o.name, o.datatype, o.data.shape) for o in response.outputs])
-        return _plain_head(response.model_name, response.model_version, response.id or "", outputs, final)
+        return _plain_head(response.model_name, response.model_version, response.id or "", _described(response),
+                           final)
     if final is None:
         return _head(response).SerializeToString()
     # Built as the message is (the head copied into its stream message, then the flag added): protobuf
