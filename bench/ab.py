@@ -3,7 +3,7 @@ both running at once and measured in turn, window after window.
 
     python -m bench.ab --baseline CHECKOUT [--cases identity,batching] [--protocols http,grpc]
                        [--concurrency 1,16] [--rounds 8] [--interval-ms 1000] [--in-process]
-                       [--args "--flag value"] [--baseline-args "..."]
+                       [--args "--flag value"] [--baseline-args "..."] [--client h2load]
 
 A shared box's load drifts over minutes, which swamps a change of 10-20 % when each server is measured
 for minutes on end (bench.triton). Here both daemons serve the same repository (bench/triton_models.py)
@@ -13,11 +13,17 @@ of each round's own ratio (this tree over the baseline, measured seconds apart).
 daemon's whole process tree (its model processes included), from /proc around each run. The idle
 daemon costs nothing while the other is measured. Make the baseline with ``git archive <commit> | tar -x
 -C DIR``. Writes bench/results/ab.md (``--out`` elsewhere).
+
+``--client h2load`` drives the gRPC rows with nghttp2's h2load instead (HTTP/2 POSTs of one ModelInferRequest
+of FP32[1,16], one call in flight a connection, as bench.serving's gRPC series): a client that sends some
+headers as literals without indexing, where perf_analyzer's grpc client indexes them all. The cases whose
+model takes INPUT0 alone (identity, batching, bls, ensemble).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import os
 import shlex
@@ -29,9 +35,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from bench.loadgen import require_h2load, run_h2load
 from bench.process import start_appliance
 from bench.report import command_line, publish
-from bench.serving import RESULTS, machine
+from bench.serving import RESULTS, _grpc_body, machine
 from bench.triton import CASES, Running, perf_once, tree_cpu_seconds
 from bench.triton_models import write_repository
 
@@ -54,6 +63,24 @@ def _measure(running: Running, model: str, run: Callable[[], Any]) -> tuple[floa
     return best.throughput, best.p50_us / 1000, cpu / served * 1e6 if served else float("nan")
 
 
+@dataclasses.dataclass(frozen=True)
+class _Window:
+    throughput: float
+    p50_us: float
+
+
+@dataclasses.dataclass(frozen=True)
+class _Run:
+    best: _Window
+
+
+def _h2load_once(url: str, body: bytes, concurrency: int, interval_ms: int) -> _Run:
+    """One h2load run of about three of perf_analyzer's windows, read as perf_analyzer's result is."""
+    result, _ = run_h2load(f"http://{url}/inference.GRPCInferenceService/ModelInfer", body, concurrency,
+                           max(1.0, 3 * interval_ms / 1000))
+    return _Run(_Window(result.requests_per_s, result.p50_ms * 1000))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--baseline", type=Path, required=True, help="a checkout of the code before the change")
@@ -65,8 +92,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--in-process", action="store_true", help="every Python model marked in_process")
     parser.add_argument("--args", default="", help="extra daemon arguments for this tree")
     parser.add_argument("--baseline-args", default="", help="extra daemon arguments for the baseline")
+    parser.add_argument("--client", choices=("perf_analyzer", "h2load"), default="perf_analyzer",
+                        help="what drives the gRPC rows (h2load: the cases whose model takes INPUT0 alone)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
+    if args.client == "h2load":
+        require_h2load()
+        bad = [case for case in args.cases if case in ("sequence", "decoupled")]
+        if bad:
+            parser.error(f"--client h2load drives one ModelInferRequest of INPUT0 alone; not the cases {bad}")
     unknown = [case for case in args.cases if case not in CASES]
     if unknown:
         parser.error(f"unknown cases {unknown}; cases: {','.join(CASES)}")
@@ -96,8 +130,15 @@ def main(argv: list[str] | None = None) -> int:
                                 for name in order:
                                     running = servers[name]
                                     url = running.grpc if protocol == "grpc" else running.http
-                                    figures = _measure(running, case.model, functools.partial(
-                                        perf_once, case, url, protocol, concurrency, args.interval_ms))
+                                    if protocol == "grpc" and args.client == "h2load":
+                                        body = _grpc_body(case.model, ("INPUT0", "OUTPUT0",
+                                                                       np.ones((1, 16), np.float32)))
+                                        drive = functools.partial(_h2load_once, url, body, concurrency,
+                                                                  args.interval_ms)
+                                    else:
+                                        drive = functools.partial(perf_once, case, url, protocol, concurrency,
+                                                                  args.interval_ms)
+                                    figures = _measure(running, case.model, drive)
                                     row[name].append(figures)
                                     loads.append(os.getloadavg()[0])
                                     print(f"  round {round_ + 1}/{args.rounds} {name:9} {case.name:30} {protocol:4} "

@@ -1,7 +1,7 @@
 """gRPC's HTTP/2 headers: HPACK decoding of what a client sends and encoding of the few header blocks the
 server sends, both by the ``hpack`` package, one decoder and one encoder per connection (HPACK's dynamic
-tables are per connection). Each side answers the blocks that come call after call from a cache: a block
-made only of one-byte indexed fields changes no table."""
+tables are per connection). Each side answers the blocks that come call after call from a cache, kept
+while no block changes its dynamic table."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ __all__ = ["ENCODER_TABLE_SIZE", "HeaderDecoder", "HeaderEncoder", "Request", "g
 
 _CACHED_BLOCKS = 64
 _HIGH = frozenset(range(0x81, 0xFF))
-"""The first byte of an indexed field whose index fits in it (1..126)."""
+"""The first byte of an indexed field whose index fits in it (1..126): a block of those alone changes no
+table (how the server's encoder tells its repeated blocks)."""
 ENCODER_TABLE_SIZE = 4096
 """Bytes of dynamic table the server's encoder uses at most (HPACK's default): a client's larger
 SETTINGS_HEADER_TABLE_SIZE (up to 4 GiB) never makes the server hold more."""
@@ -24,11 +25,11 @@ _Key = TypeVar("_Key")
 _Value = TypeVar("_Value")
 
 
-def _remember(cache: dict[_Key, _Value], key: _Key, value: _Value, block: bytes) -> None:
-    """Keep ``value`` under ``key`` when ``block`` (the HPACK block decoded or encoded) is made only of
-    one-byte indexed fields: it changed no table, so the same key gives the same value until one may have.
-    Any other block empties the cache: the table may have changed, and indexes may now name other fields."""
-    if _HIGH.issuperset(block):
+def _remember(cache: dict[_Key, _Value], key: _Key, value: _Value, unchanged: bool) -> None:
+    """Keep ``value`` under ``key`` when the HPACK block it was decoded from or encoded as left the dynamic
+    table ``unchanged``: the same key then gives the same value until a block may have changed it. Any
+    other block empties the cache: the table may have changed, and indexes may now name other fields."""
+    if unchanged:
         if len(cache) >= _CACHED_BLOCKS:
             cache.clear()
         cache[key] = value
@@ -36,11 +37,19 @@ def _remember(cache: dict[_Key, _Value], key: _Key, value: _Value, block: bytes)
         cache.clear()
 
 
+def _table_state(table: hpack.table.HeaderTable) -> tuple[int, object, int]:
+    """What changes whenever a block changes a dynamic table: every insertion puts a new entry first (an
+    eviction, or a clear, also shortens it), a size update changes its bound."""
+    entries = table.dynamic_entries
+    return len(entries), entries[0] if entries else None, table.maxsize
+
+
 class HeaderDecoder:
-    """One connection's HPACK decoder, handing out each block as a ``Request``. A block made only of
-    one-byte indexed fields (how gRPC clients send the headers they repeat on every call, once they are in
-    the dynamic table) changes no table, so its ``Request`` is cached until a block that may change the
-    table comes; a cached one is shared between calls and never changed."""
+    """One connection's HPACK decoder, handing out each block as a ``Request``. A block that changed no
+    table when it was decoded (indexed fields and literals not indexed: how clients send the headers they
+    repeat on every call, once they are in the dynamic table) decodes the same way while the table stays
+    as it is, so its ``Request`` is cached until a block changes the table; a cached one is shared between
+    calls and never changed."""
 
     def __init__(self, max_header_list_size: int) -> None:
         self._decoder = hpack.Decoder(max_header_list_size=max_header_list_size)
@@ -51,8 +60,12 @@ class HeaderDecoder:
         cached = self._cache.get(block)
         if cached is not None:
             return cached
+        table = self._decoder.header_table
+        before = _table_state(table)
         request = Request(cast(list[tuple[bytes, bytes]], self._decoder.decode(block, raw=True)))
-        _remember(self._cache, block, request, block)
+        after = _table_state(table)
+        unchanged = after[0] == before[0] and after[1] is before[1] and after[2] == before[2]
+        _remember(self._cache, block, request, unchanged)
         return request
 
 
@@ -222,7 +235,7 @@ class HeaderEncoder:
         if block is not None:
             return block
         block = self._encoder.encode(fields, huffman=False)
-        _remember(self._cache, fields, block, block)
+        _remember(self._cache, fields, block, _HIGH.issuperset(block))  # one-byte indexed fields only
         return block
 
     def response(self, status: int = 200) -> bytes:

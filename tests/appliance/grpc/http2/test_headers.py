@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from appliance.grpc.http2.headers import ENCODER_TABLE_SIZE, HeaderDecoder, HeaderEncoder, grpc_timeout
+from appliance.grpc.http2.headers import ENCODER_TABLE_SIZE, HeaderDecoder, HeaderEncoder, Request, grpc_timeout
 
 _CALL = [(":method", "POST"), (":scheme", "http"), (":path", "/inference.GRPCInferenceService/ModelInfer"),
          (":authority", "box:8001"), ("content-type", "application/grpc"), ("te", "trailers"),
@@ -32,6 +32,51 @@ def test_a_call_s_headers_are_read_and_repeated_blocks_come_from_the_cache():
     changed = encoder.encode([*_CALL[:-1], ("grpc-timeout", "1S")])  # adds to the table: the cache goes
     assert decoder.decode(changed).timeout == 1.0
     assert decoder.decode(again) is not cached
+
+
+def test_a_block_with_literals_not_indexed_is_cached_until_the_table_changes():
+    """Literals sent without indexing (h2load's and nghttp2's way with some headers) change no table: the
+    block decodes the same way until one that adds to the table, or resizes it, comes."""
+    encoder, decoder = hpack.Encoder(), HeaderDecoder(16 * 1024)
+    decoder.decode(encoder.encode(_CALL))
+    literal = [*_CALL, hpack.NeverIndexedHeaderTuple("content-length", "42")]
+    block = encoder.encode(literal)
+    first = decoder.decode(block)
+    assert first.content_length == 42 and decoder.decode(block) is first  # changed no table: cached
+    added = encoder.encode([*_CALL, ("x-added", "1")])
+    assert decoder.decode(added).metadata[-1] == ("x-added", "1")
+    again = decoder.decode(block)
+    assert again is not first and again.content_length == 42  # decoded afresh after the table changed
+    assert decoder.decode(block) is again
+    encoder.header_table_size = 64  # the next block starts with a size update (evicting entries)
+    resized = encoder.encode(literal)
+    assert decoder.decode(resized).path == first.path
+    with pytest.raises(hpack.HPACKError):  # decoded afresh, not from the cache: its indexes are gone
+        decoder.decode(block)
+
+
+_FIELDS = st.sampled_from([(":path", "/a"), (":path", "/b"), ("x-key", "v1"), ("x-key", "v2"),
+                           ("authorization", "Bearer t"), ("content-length", "7"), ("x-long", "z" * 40)])
+
+
+@settings(max_examples=150, deadline=None)
+@given(calls=st.lists(st.tuples(st.lists(st.tuples(_FIELDS, st.booleans()), max_size=6),
+                                st.sampled_from([None, 0, 64, 256, 4096])), min_size=1, max_size=12))
+def test_the_cache_never_changes_what_a_block_decodes_to(calls):
+    """Whatever mix of indexed fields, literals (indexed or not) and table size updates a client sends,
+    the cached decoder reads each block as an independent HPACK decoder reads it."""
+    encoder, decoder, reference = hpack.Encoder(), HeaderDecoder(16 * 1024), hpack.Decoder()
+    for fields, table_size in calls:
+        if table_size is not None:
+            encoder.header_table_size = table_size
+        listed = [(":method", "POST"), *[hpack.NeverIndexedHeaderTuple(*field) if never else field
+                                         for field, never in fields]]
+        for _ in range(2):  # each block twice: the second may come from the cache
+            block = encoder.encode(listed)
+            expected = Request(reference.decode(block, raw=True))
+            got = decoder.decode(block)
+            assert (got.path, got.metadata, got.content_length, got.malformed) == (
+                expected.path, expected.metadata, expected.content_length, expected.malformed)
 
 
 def test_a_header_list_over_the_limit_and_junk_are_hpack_errors():
