@@ -23,7 +23,6 @@ model takes INPUT0 alone (identity, batching, bls, ensemble).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import os
 import shlex
@@ -33,7 +32,6 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -41,7 +39,7 @@ from bench.loadgen import require_h2load, run_h2load
 from bench.process import start_appliance
 from bench.report import command_line, publish
 from bench.serving import RESULTS, _grpc_body, machine
-from bench.triton import CASES, Running, perf_once, tree_cpu_seconds
+from bench.triton import CASES, Case, Running, perf_once, tree_cpu_seconds
 from bench.triton_models import write_repository
 
 __all__ = ["main"]
@@ -54,31 +52,25 @@ def _start(repo: Path, state: Path, tree: Path | None, args: list[str]) -> Runni
     return Running(f"127.0.0.1:{server.port}", f"127.0.0.1:{server.grpc_port}", server.process.pid, server.stop)
 
 
-def _measure(running: Running, model: str, run: Callable[[], Any]) -> tuple[float, float, float]:
+def _measure(running: Running, model: str, run: Callable[[], tuple[float, float]]) -> tuple[float, float, float]:
+    """``run()``'s throughput and p50 (ms), and the CPU µs a request the daemon's tree spent meanwhile."""
     served, cpu = running.successes(model), tree_cpu_seconds(running.pid)
-    result = run()
+    throughput, p50_ms = run()
     served = running.successes(model) - served
     cpu = tree_cpu_seconds(running.pid) - cpu
-    best = result.best
-    return best.throughput, best.p50_us / 1000, cpu / served * 1e6 if served else float("nan")
+    return throughput, p50_ms, cpu / served * 1e6 if served else float("nan")
 
 
-@dataclasses.dataclass(frozen=True)
-class _Window:
-    throughput: float
-    p50_us: float
+def _perf_analyzer(case: Case, url: str, protocol: str, concurrency: int, interval_ms: int) -> tuple[float, float]:
+    best = perf_once(case, url, protocol, concurrency, interval_ms).best
+    return best.throughput, best.p50_us / 1000
 
 
-@dataclasses.dataclass(frozen=True)
-class _Run:
-    best: _Window
-
-
-def _h2load_once(url: str, body: bytes, concurrency: int, interval_ms: int) -> _Run:
-    """One h2load run of about three of perf_analyzer's windows, read as perf_analyzer's result is."""
+def _h2load(url: str, body: bytes, concurrency: int, interval_ms: int) -> tuple[float, float]:
+    """One h2load run as long as about three of perf_analyzer's windows."""
     result, _ = run_h2load(f"http://{url}/inference.GRPCInferenceService/ModelInfer", body, concurrency,
                            max(1.0, 3 * interval_ms / 1000))
-    return _Run(_Window(result.requests_per_s, result.p50_ms * 1000))
+    return result.requests_per_s, result.p50_ms
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -133,10 +125,9 @@ def main(argv: list[str] | None = None) -> int:
                                     if protocol == "grpc" and args.client == "h2load":
                                         body = _grpc_body(case.model, ("INPUT0", "OUTPUT0",
                                                                        np.ones((1, 16), np.float32)))
-                                        drive = functools.partial(_h2load_once, url, body, concurrency,
-                                                                  args.interval_ms)
+                                        drive = functools.partial(_h2load, url, body, concurrency, args.interval_ms)
                                     else:
-                                        drive = functools.partial(perf_once, case, url, protocol, concurrency,
+                                        drive = functools.partial(_perf_analyzer, case, url, protocol, concurrency,
                                                                   args.interval_ms)
                                     figures = _measure(running, case.model, drive)
                                     row[name].append(figures)
