@@ -54,12 +54,16 @@ def sample(pid: int) -> Sample:
     """Every process below ``pid`` (itself included): CPU ticks and context switches, all threads."""
     out: Sample = {}
     for process, fields, tasks in process_tree(pid):
+        switches = 0
+        for task in tasks:
+            try:
+                status = Path(f"/proc/{process}/task/{task}/status").read_text()
+            except OSError:  # a thread that ended meanwhile: the process is still counted
+                continue
+            for line in status.splitlines():
+                if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
+                    switches += int(line.split()[1])
         try:
-            switches = 0
-            for task in tasks:
-                for line in Path(f"/proc/{process}/task/{task}/status").read_text().splitlines():
-                    if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
-                        switches += int(line.split()[1])
             out[process] = (_label(process), int(fields[11]), int(fields[12]), switches)
         except (OSError, IndexError, ValueError):  # exited meanwhile
             continue
