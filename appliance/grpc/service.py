@@ -42,7 +42,6 @@ from appliance.security.budget import Account
 __all__ = ["InferMessage", "InferenceService"]
 
 
-
 class InferMessage:
     """A ModelInferRequest as the data plane reads it: parsed here from its bytes (on a worker thread
     when large) unless it comes parsed, then decoded."""
@@ -226,9 +225,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
             answer = await self._straight(request, source, received_ns)
             if answer is not None:
                 return answer
-        async with self._dataplane.infer(request.caller, source, received_ns=received_ns,
-                                         account=request.account) as result:
-            return await _serialized(result)
+        return await self._awaited(request, source, received_ns)
 
     def begin_infer(self, request: Received, call: StraightCall, admitted: Admitted) -> bool:
         """ModelInfer without a task (``AdmittingHandlers._straight_infer``: the message came whole, small
@@ -250,6 +247,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         return True
 
     async def _awaited(self, request: Received, source: InferMessage, received_ns: int) -> bytes:
+        """The awaited path: the request through the data plane, its answer serialised (``_serialized``)."""
         async with self._dataplane.infer(request.caller, source, received_ns=received_ns,
                                          account=request.account) as result:
             return await _serialized(result)

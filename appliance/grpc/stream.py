@@ -32,21 +32,20 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
-import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import TypeAlias
 
 import grpc
 from tritonclient.grpc import service_pb2 as pb
 
-from appliance.core.errors import ApplianceError, Unavailable, internal_message
+from appliance.core.errors import ApplianceError, Unavailable
 from appliance.engine.streaming import StreamItem
 from appliance.engine.types import InferResponse
 from appliance.grpc.access import Gate, caller_of
 from appliance.grpc.admission import inflated, parse_counted
 from appliance.grpc.codec import FINAL_RESPONSE, encoding_work, serialize_stream_response
 from appliance.grpc.grpc_config import StreamRules
-from appliance.grpc.status import abort
+from appliance.grpc.status import abort, unexpected
 from appliance.protocol.dataplane import DataPlane
 from appliance.protocol.inference import decode_off_loop
 from appliance.protocol.inflate import InflateLimits
@@ -55,8 +54,6 @@ from appliance.security.budget import Account
 
 __all__ = ["GRPC_ERROR", "Reply", "StreamAnswer", "StreamFailed", "serve_stream", "stream_message",
            "wants_grpc_errors"]
-
-log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -182,8 +179,7 @@ async def serve_stream(requests: AsyncIterator[bytes], context: grpc.aio.Service
                 else:
                     await write(_error(message, exc.message))
             except Exception as exc:  # noqa: BLE001 - a bug: this request fails, the stream goes on
-                log.error("unhandled error serving a ModelStreamInfer request", exc_info=exc)
-                await write(_refused(message, internal_message(exc)))
+                await write(_refused(message, unexpected("ModelStreamInfer", exc).message))
 
     def forget(key: object, task: asyncio.Task) -> None:
         nonlocal quiet_since

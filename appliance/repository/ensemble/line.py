@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -23,9 +23,6 @@ from appliance.engine.types import InferResponse
 from appliance.repository.ensemble.flow import Level
 from appliance.repository.ensemble.plan import Step
 from appliance.repository.ensemble.run import EnsembleRun, Frame, FrameTensor, SequenceTag, StepSlots, in_ensemble
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["EnsembleLine"]
 
