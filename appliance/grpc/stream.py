@@ -151,6 +151,17 @@ async def serve_stream(requests: AsyncIterator[bytes], context: grpc.aio.Service
     pending: set[asyncio.Task] = set()
     last_of_sequence: dict[object, asyncio.Task] = {}
     quiet_since = loop.time()
+    this = asyncio.current_task()
+    assert this is not None, "serve_stream runs in its call's task"
+    fatal: ApplianceError | None = None
+    """The failed response that ends the stream at once (``triton_grpc_error``)."""
+    ended: ApplianceError | None = None
+    """Why the stream ends, once it reads no further."""
+    parked = interrupted = False
+    """This task waits for the next request or for room (``end`` may cancel it there); ``end`` cancelled it."""
+    room: asyncio.Future | None = None
+    """Set once fewer than ``max_pending`` requests of the stream are unanswered."""
+    idle: asyncio.TimerHandle | None = None
 
     async def write(reply: Reply) -> None:
         # Serialised under the lock: replies are written in the order they came here, a large one's bytes
@@ -168,86 +179,109 @@ async def serve_stream(requests: AsyncIterator[bytes], context: grpc.aio.Service
                         async for reply in messages:
                             await write(reply)
             except StreamFailed as failed:  # triton_grpc_error: the stream ends with this status
-                if not fatal.done():
-                    fatal.set_result(failed.error)
+                fail(failed.error)
             except ApplianceError as exc:
                 if not exc.from_model:  # refused before it ran: the stream goes on
                     await write(_refused(message, exc.message))
                 elif grpc_errors:
-                    if not fatal.done():
-                        fatal.set_result(exc)
+                    fail(exc)
                 else:
                     await write(_error(message, exc.message))
             except Exception as exc:  # noqa: BLE001 - a bug: this request fails, the stream goes on
                 await write(_refused(message, unexpected("ModelStreamInfer", exc).message))
 
     def forget(key: object, task: asyncio.Task) -> None:
-        nonlocal quiet_since
+        nonlocal quiet_since, room
         pending.discard(task)
         if last_of_sequence.get(key) is task:
             del last_of_sequence[key]
         if not pending:
             quiet_since = loop.time()
+        if room is not None and len(pending) < rules.max_pending:
+            if not room.done():
+                room.set_result(None)
+            room = None
+
+    def end(why: ApplianceError) -> None:
+        """Read no further: the stream ends with ``why`` (the first reason wins). A read or a wait for
+        room is cancelled; anything else this task does ends first and the loop looks at ``ended``."""
+        nonlocal ended, interrupted
+        if ended is not None:
+            return
+        ended = why
+        if parked and not interrupted:
+            interrupted = True
+            this.cancel()
+
+    def fail(error: ApplianceError) -> None:
+        """A response failed and the client asked for ``triton_grpc_error``: the stream ends with it at once."""
+        nonlocal fatal
+        if fatal is None:
+            fatal = error
+            end(error)
+
+    def on_stopping(done: asyncio.Future) -> None:
+        if not done.cancelled():
+            end(Unavailable("the server is stopping: requests sent on this stream after the ones answered were "
+                            "not served; retry them on another box", retry_after=1))
+
+    def on_idle() -> None:
+        # One timer for the stream, not one a request: it looks again when the stream may be idle next.
+        nonlocal idle
+        now = loop.time()
+        due = (now if pending else quiet_since) + rules.idle_timeout
+        if pending or now < due:
+            idle = loop.call_at(due, on_idle)
+            return
+        idle = None
+        end(Unavailable(f"the stream sent nothing for {rules.idle_timeout:g} s with no request in flight (the "
+                        "grpc stream_idle_timeout setting); open a new stream"))
 
     stopping = asyncio.ensure_future(gate.wait_stopping())
-    fatal: asyncio.Future[ApplianceError] = loop.create_future()
+    stopping.add_done_callback(on_stopping)
+    idle = loop.call_at(quiet_since + rules.idle_timeout, on_idle)
     reader = aiter(requests)
-    read: asyncio.Future | None = None
-    ended: ApplianceError | None = None
     try:
-        while True:
-            if read is None and len(pending) < rules.max_pending:
-                read = asyncio.ensure_future(anext(reader))
-            waits = {stopping, fatal, *pending, *((read,) if read is not None else ())}
-            timeout = None if pending else max(0.0, quiet_since + rules.idle_timeout - loop.time())
-            await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-            if read is not None and read.done():
-                done, read = read, None
-                try:
-                    raw = done.result()
-                except StopAsyncIteration:
-                    break
-                account = dataplane.account()
-                try:
-                    message = await _read(raw, account, inflation)
-                except ApplianceError as exc:  # this request is refused; the stream goes on
-                    account.close()
-                    await write(_refused(pb.ModelInferRequest(), exc.message))
+        while ended is None:
+            parked = True
+            try:
+                if len(pending) >= rules.max_pending:
+                    room = loop.create_future()
+                    await room
                     continue
-                finally:
-                    del raw
-                key = _sequence_key(message)
-                before = last_of_sequence.get(key) if key is not None else None
-                task = asyncio.create_task(answer(message, account, before))
-                pending.add(task)
-                if key is not None:
-                    last_of_sequence[key] = task
-                task.add_done_callback(functools.partial(forget, key))
+                raw = await anext(reader)
+            except StopAsyncIteration:
+                break
+            except asyncio.CancelledError:
+                if not interrupted or this.uncancel() > 0:  # cancelled from outside too: the client went away
+                    raise
+                break
+            finally:
+                parked = False
+            account = dataplane.account()
+            try:
+                message = await _read(raw, account, inflation)
+            except ApplianceError as exc:  # this request is refused; the stream goes on
+                account.close()
+                await write(_refused(pb.ModelInferRequest(), exc.message))
                 continue
-            if fatal.done():
-                ended = fatal.result()
-                break
-            if stopping.done():
-                ended = Unavailable("the server is stopping: requests sent on this stream after the ones answered "
-                                    "were not served; retry them on another box", retry_after=1)
-                break
-            if not pending and loop.time() - quiet_since >= rules.idle_timeout:
-                ended = Unavailable(f"the stream sent nothing for {rules.idle_timeout:g} s with no request in "
-                                    "flight (the grpc stream_idle_timeout setting); open a new stream")
-                break
-        if pending and not fatal.done():  # answer what was read (a failed response ends it at once)
+            finally:
+                del raw
+            key = _sequence_key(message)
+            before = last_of_sequence.get(key) if key is not None else None
+            task = asyncio.create_task(answer(message, account, before))
+            pending.add(task)
+            if key is not None:
+                last_of_sequence[key] = task
+            task.add_done_callback(functools.partial(forget, key))
+        if pending and fatal is None:  # answer what was read (a failed response ends it at once)
             await asyncio.gather(*pending)
-        if fatal.done() and ended is None:  # a response failed (triton_grpc_error), maybe the last one
-            ended = fatal.result()
+        if fatal is not None and ended is None:  # a response failed (triton_grpc_error), maybe the last one
+            ended = fatal
     finally:
         stopping.cancel()
-        fatal.cancel()
-        if read is not None and not read.done():
-            read.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await read
-        elif read is not None and not read.cancelled():
-            read.exception()  # retrieved: the stream's end (StopAsyncIteration) needs no log line
+        if idle is not None:
+            idle.cancel()
         for task in pending:  # the client went away: its requests are dropped from the queues or cancelled
             task.cancel()
     if ended is not None:
