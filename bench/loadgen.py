@@ -95,18 +95,19 @@ def run_wrk(url: str, body: bytes, headers: dict[str, str], concurrency: int, se
     return Result(rps, p50, p99, errors, completed)
 
 
-def run_h2load(url: str, body: bytes, concurrency: int, seconds: float) -> tuple[Result, int]:
+def run_h2load(url: str, body: bytes, concurrency: int, seconds: float,
+               prefix: tuple[str, ...] = ()) -> tuple[Result, int]:
     """POST ``body`` (a gRPC frame) over ``concurrency`` HTTP/2 connections with one call in flight each
-    (as wrk's connections). Returns the result and the number of calls completed: gRPC reports errors
-    in trailers, which h2load does not read, so the caller counts failures from the server's statistics
-    (``Result.errors`` holds transport failures only)."""
+    (as wrk's connections); ``prefix`` wraps the command (``taskset -c ...``). Returns the result and the
+    number of calls completed: gRPC reports errors in trailers, which h2load does not read, so the caller
+    counts failures from the server's statistics (``Result.errors`` holds transport failures only)."""
     if not url.startswith("http://127.0.0.1:"):
         raise ValueError("load is only ever sent to 127.0.0.1")
     with tempfile.TemporaryDirectory() as tmp:
         body_path, log_path = Path(tmp) / "body", Path(tmp) / "log"
         body_path.write_bytes(body)
         output = subprocess.run(
-            [require_h2load(), "-n0", f"-D{max(1, round(seconds))}", f"-c{concurrency}", "-m1", "-t1",
+            [*prefix, require_h2load(), "-n0", f"-D{max(1, round(seconds))}", f"-c{concurrency}", "-m1", "-t1",
              "-d", str(body_path), "-H", "content-type: application/grpc", "-H", "te: trailers",
              f"--log-file={log_path}", url],
             capture_output=True, text=True, timeout=seconds + 30, check=True,
