@@ -28,6 +28,7 @@ from appliance.engine.types import InferOutput, InferRequest, InferResponse, Req
 from appliance.protocol.inference import DECODE_OFF_LOOP_BYTES
 from appliance.rest.codec import (
     decode_infer_request,
+    decode_json_data,
     decode_raw_request,
     encode_in_pieces,
     encode_infer_response,
@@ -578,3 +579,21 @@ def test_json_floats_are_cast_exactly_or_refused_as_beyond_range_flat_or_nested(
             assert f"beyond {datatype}'s range" in str(exc) and not np.isfinite(expected).all()
         return
     assert np.isfinite(decoded).all() and np.array_equal(decoded, expected)
+
+
+@given(values=st.lists(st.floats(allow_nan=False, allow_infinity=False), min_size=1, max_size=64),
+       datatype=st.sampled_from(sorted(_WIDTHS)))
+def test_a_flat_list_of_floats_decodes_as_numpy_casts_each_value(values, datatype):
+    """The flat-float path reads doubles and casts once; what it makes is what casting each JSON value to
+    the datatype makes, and a value past the datatype's range is refused, never an infinity."""
+    dtype = np.dtype({"FP16": np.float16, "FP32": np.float32, "FP64": np.float64}[datatype])
+    largest = float(np.finfo(dtype).max)
+    if max(values) > largest or min(values) < -largest:
+        with pytest.raises(InvalidInput, match="beyond"):
+            decode_json_data(values, datatype, (len(values),), len(values), "x")
+        return
+    decoded = decode_json_data(values, datatype, (len(values),), len(values), "x")
+    assert decoded.dtype == dtype
+    with np.errstate(over="ignore"):
+        expected = np.array(values, dtype=dtype)
+    assert np.array_equal(decoded, expected)
