@@ -1,20 +1,21 @@
-"""The appliance against the Python peers, side by side in one run (issue 49): MLServer, KServe and LitServe.
+"""The appliance against the Python peers, side by side in one run (issue 49): MLServer, KServe, LitServe, BentoML.
 
     python -m bench.peers install   # each peer in a virtual environment of its own, outside the repository
-    python -m bench.peers [--peers mlserver,kserve,litserve] [--models tiny,cnn] [--protocols http,grpc]
+    python -m bench.peers [--peers mlserver,kserve,litserve,bentoml] [--models tiny,cnn] [--protocols http,grpc]
                           [--concurrency 1,16] [--pinning pinned,unpinned] [--seconds 4] [--repeats 2]
 
 Every server serves the same two ONNX models (bench/models.py: the tiny MLP, FP32[784] in, and the CNN,
-FP32[3,112,112] in) with onnxruntime on one intra-op thread: the appliance as ``make serve`` would run it
-(its own plan and dynamic batching from the models' configs, statistics and metrics history on), each
-peer through a small adapter in ``bench/peer_servers`` in its own virtual environment, each **tuned**: a
-few configurations of its own knobs run side by side (``CONFIGS``: in-process or separate inference
-workers, adaptive batching), and each row keeps the peer's best. Requests are the v2 JSON body over HTTP
-(wrk) and, for the peers that speak the v2 gRPC protocol, tritonclient's ``ModelInferRequest`` with a raw
-input (h2load). ``pinned``: each server's whole process tree on core 0, the load generator on core 1;
-``unpinned``: nobody pinned. Each round measures every server in turn (the order flips every round); CPU
-per request is each whole process tree's, from /proc around the run. BentoML is not run (see
-docs/performance.md). Target: the appliance's throughput ≥ 1.0× each peer's best on every row. Writes
+FP32[3,112,112] in): each peer with onnxruntime on one intra-op thread, through a small adapter in
+``bench/peer_servers`` in its own virtual environment; the appliance as ``make serve`` would run it (the
+runtime, instances and threads its selection measures best on the cores it may use, dynamic batching
+from the models' configs, statistics and metrics history on). Each peer is **tuned**: a few
+configurations of its own knobs run side by side (``CONFIGS``: in-process or separate inference workers,
+adaptive batching), and each line keeps the peer's best. Requests are the v2 JSON body over HTTP (wrk)
+and, for the peers that speak the v2 gRPC protocol, tritonclient's ``ModelInferRequest`` with a raw input
+(h2load). ``pinned``: every server started (and so tuned, where it tunes itself) with its whole process
+tree on core 0, the load generator on core 1; ``unpinned``: nothing pinned. Each round measures every
+server in turn (the order flips every round); CPU per request is each whole process tree's, from /proc
+around the run. Target: the appliance's throughput ≥ 1.0× each peer's best on every line. Writes
 bench/results/peers.md.
 """
 
@@ -42,7 +43,6 @@ from bench.models import write_repository
 from bench.process import Server, start_appliance
 from bench.report import heading, publish
 from bench.serving import _CNN, _JSON, _TINY, RESULTS, _grpc_body, _json_body
-from bench.triton import process_tree
 from tests.oracle import free_port
 
 __all__ = ["CONFIGS", "PEERS", "Row", "best_of", "install", "main", "table"]
@@ -54,6 +54,7 @@ PEERS = {
     "mlserver": ("mlserver==1.7.1", _ONNXRUNTIME, "uvloop==0.21.0"),
     "kserve": ("kserve==0.21.0", _ONNXRUNTIME),
     "litserve": ("litserve==0.2.19", _ONNXRUNTIME),
+    "bentoml": ("bentoml==1.4.40", _ONNXRUNTIME),
 }
 """Each peer's requirements, pinned: what ``install`` puts in its virtual environment. MLServer 1.7.1's
 inference workers die at start under uvloop 0.22 and newer (``asyncio.get_event_loop()`` in a process
@@ -62,10 +63,12 @@ CONFIGS = {
     "mlserver": ("in-process", "workers=1", "batching"),
     "kserve": ("default",),
     "litserve": ("default", "batching"),
+    "bentoml": ("default",),
 }
 """The configurations of each peer that a run tries: ``in-process`` (MLServer's parallel_workers 0), a
 separate inference worker (``workers=1``, MLServer's default), adaptive batching (up to 16 requests,
-1 ms); KServe's server has no batching of its own and one worker is its default."""
+1 ms); KServe's server has no batching of its own and one worker is its default; BentoML's batching
+takes arrays, not a v2 body (bench/peer_servers/bentoml_onnx.py)."""
 MODELS = {"tiny": ("tiny", _TINY), "cnn": ("cnn_batched", _CNN)}
 """bench/models.py's models: the name every server serves them under, and the request tensor."""
 _GRPC = frozenset({"appliance", "mlserver", "kserve"})
@@ -108,9 +111,8 @@ def _wait_ready(process: subprocess.Popen, url: str, log: Path, timeout: float =
     raise TimeoutError(f"{url} never became ready:\n{log.read_text()[-3000:]}")
 
 
-def _start_mlserver(config: str, repo: Path, work: Path) -> Server:
-    root = work / f"mlserver-{config}"
-    root.mkdir()
+def _start_mlserver(config: str, repo: Path, work: Path, prefix: tuple[str, ...]) -> Server:
+    root = work
     shutil.copy(_SERVERS / "mlserver_onnx.py", root)
     http, grpc, metrics = free_port(), free_port(), free_port()
     (root / "settings.json").write_text(json.dumps({
@@ -125,30 +127,30 @@ def _start_mlserver(config: str, repo: Path, work: Path) -> Server:
         (root / name / "model-settings.json").write_text(json.dumps(settings))
     log = root / "server.log"
     with open(log, "w") as out:
-        process = subprocess.Popen([str(cache_directory() / "mlserver" / "bin" / "mlserver"), "start", str(root)],
-                                   cwd=root, stdout=out, stderr=subprocess.STDOUT)
+        process = subprocess.Popen([*prefix, str(cache_directory() / "mlserver" / "bin" / "mlserver"), "start",
+                                    str(root)], cwd=root, stdout=out, stderr=subprocess.STDOUT)
     for name, _ in MODELS.values():
         _wait_ready(process, f"http://127.0.0.1:{http}/v2/models/{name}/ready", log)
     return Server(process, http, grpc)
 
 
-def _start_kserve(config: str, repo: Path, work: Path) -> Server:
+def _start_kserve(config: str, repo: Path, work: Path, prefix: tuple[str, ...]) -> Server:
     http, grpc = free_port(), free_port()
-    log = work / f"kserve-{config}.log"
+    log = work / "server.log"
     with open(log, "w") as out:
-        process = subprocess.Popen([str(_python("kserve")), str(_SERVERS / "kserve_onnx.py"), str(http), str(grpc),
-                                    *(str(repo / name / "1" / "model.onnx") for name, _ in MODELS.values())],
+        process = subprocess.Popen([*prefix, str(_python("kserve")), str(_SERVERS / "kserve_onnx.py"), str(http),
+                                    str(grpc), *(str(repo / name / "1" / "model.onnx") for name, _ in MODELS.values())],
                                    stdout=out, stderr=subprocess.STDOUT)
     for name, _ in MODELS.values():
         _wait_ready(process, f"http://127.0.0.1:{http}/v2/models/{name}/ready", log)
     return Server(process, http, grpc)
 
 
-def _start_litserve(config: str, repo: Path, work: Path) -> Server:
+def _start_litserve(config: str, repo: Path, work: Path, prefix: tuple[str, ...]) -> Server:
     http = free_port()
-    log = work / f"litserve-{config}.log"
+    log = work / "server.log"
     with open(log, "w") as out:
-        process = subprocess.Popen([str(_python("litserve")), str(_SERVERS / "litserve_onnx.py"), str(http),
+        process = subprocess.Popen([*prefix, str(_python("litserve")), str(_SERVERS / "litserve_onnx.py"), str(http),
                                     "16" if config == "batching" else "1",
                                     *(str(repo / name / "1" / "model.onnx") for name, _ in MODELS.values())],
                                    stdout=out, stderr=subprocess.STDOUT)
@@ -156,7 +158,22 @@ def _start_litserve(config: str, repo: Path, work: Path) -> Server:
     return Server(process, http)
 
 
-_STARTERS = {"mlserver": _start_mlserver, "kserve": _start_kserve, "litserve": _start_litserve}
+def _start_bentoml(config: str, repo: Path, work: Path, prefix: tuple[str, ...]) -> Server:
+    http = free_port()
+    log = work / "server.log"
+    models = ":".join(str(repo / name / "1" / "model.onnx") for name, _ in MODELS.values())
+    with open(log, "w") as out:
+        process = subprocess.Popen([*prefix, str(cache_directory() / "bentoml" / "bin" / "bentoml"), "serve",
+                                    "bentoml_onnx:OnnxService", "--host", "127.0.0.1", "--port", str(http)],
+                                   cwd=_SERVERS, env={**os.environ, "BENCH_MODELS": models,
+                                                      "BENTOML_DO_NOT_TRACK": "True"},
+                                   stdout=out, stderr=subprocess.STDOUT)
+    _wait_ready(process, f"http://127.0.0.1:{http}/readyz", log)
+    return Server(process, http)
+
+
+_STARTERS = {"mlserver": _start_mlserver, "kserve": _start_kserve, "litserve": _start_litserve,
+             "bentoml": _start_bentoml}
 
 
 def _expected(repo: Path, served: str, tensor: tuple) -> np.ndarray:
@@ -188,12 +205,6 @@ def check_answers(server: Server, name: str, repo: Path, protocols: Sequence[str
             if value.shape != expected.shape or not np.allclose(value, expected, rtol=1e-4, atol=1e-5):
                 raise RuntimeError(f"{name} answered {served} over {protocol} wrongly: {value.ravel()[:4]} ..., "
                                    f"expected {expected.ravel()[:4]} ...")
-
-
-def _pin(pid: int, cores: str) -> None:
-    """Every thread of every process of the tree onto ``cores`` (what they start later inherits it)."""
-    for process, _, _ in process_tree(pid):
-        subprocess.run(["taskset", "-a", "-c", "-p", cores, str(process)], capture_output=True, check=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -232,43 +243,60 @@ def _measure(server: Server, name: str, pinning: str, model: str, protocol: str,
     return Row(name, pinning, model, protocol, concurrency, result.requests_per_s, result.p50_ms, cpu, result.errors)
 
 
-def _cases(args: argparse.Namespace) -> Iterator[tuple[str, str, str, int]]:
-    for pinning in args.pinning:
-        for model in args.models:
-            for protocol in args.protocols:
-                for concurrency in args.concurrency:
-                    yield pinning, model, protocol, concurrency
+def _cases(args: argparse.Namespace) -> Iterator[tuple[str, str, int]]:
+    for model in args.models:
+        for protocol in args.protocols:
+            for concurrency in args.concurrency:
+                yield model, protocol, concurrency
 
 
-def measure(args: argparse.Namespace, work: Path) -> list[Row]:
-    repo = write_repository(work / "repo")
+def _start_all(args: argparse.Namespace, repo: Path, work: Path, pinning: str) -> dict[str, Server]:
+    """The appliance and every configuration of every peer, started (and so tuned, where a server tunes
+    itself to the cores it may use) under ``pinning``: on core 0 alone, or unpinned."""
+    prefix = ("taskset", "-c", "0") if pinning == "pinned" else ()
     servers: dict[str, Server] = {}
     try:
-        servers["appliance"] = start_appliance(repo, work / "state")
+        servers["appliance"] = start_appliance(repo, work / f"state-{pinning}", prefix=prefix)
         for peer in args.peers:
             for config in CONFIGS[peer]:
-                servers[f"{peer}:{config}"] = _STARTERS[peer](config, repo, work)
+                place = work / f"{pinning}-{peer}-{config}"
+                place.mkdir()
+                servers[f"{peer}:{config}"] = _STARTERS[peer](config, repo, place, prefix)
         for name, server in servers.items():
             check_answers(server, name, repo, args.protocols)
-        rows: list[Row] = []
-        for repeat in range(args.repeats):
-            for pinning, model, protocol, concurrency in _cases(args):
-                order = list(servers) if repeat % 2 == 0 else list(reversed(servers))
-                for name in order:
-                    if protocol == "grpc" and name.split(":")[0] not in _GRPC:
-                        continue
-                    server = servers[name]
-                    _pin(server.process.pid, "0" if pinning == "pinned" else f"0-{os.cpu_count() - 1}")
-                    _measure(server, name, pinning, model, protocol, concurrency, 1)  # warm-up
-                    row = _measure(server, name, pinning, model, protocol, concurrency, args.seconds)
-                    print(f"  round {repeat + 1}/{args.repeats} {pinning:8s} {model:4s} {protocol:4s} "
-                          f"c={concurrency:<2d} {name:20s} {row.requests_per_s:8.0f} req/s  p50 {row.p50_ms:7.3f} ms"
-                          f"  {row.cpu_us:6.0f} µs CPU/req  errors {row.errors}", flush=True)
-                    rows.append(row)
-        return rows
-    finally:
+    except BaseException:
         for server in servers.values():
             server.stop()
+        raise
+    return servers
+
+
+def measure(args: argparse.Namespace, work: Path) -> tuple[list[Row], list[float]]:
+    """Every case against every server, round after round; the rows, and the load average at each run."""
+    repo = write_repository(work / "repo")
+    rows: list[Row] = []
+    loads: list[float] = []
+    for pinning in args.pinning:
+        servers = _start_all(args, repo, work, pinning)
+        try:
+            for repeat in range(args.repeats):
+                for model, protocol, concurrency in _cases(args):
+                    order = list(servers) if repeat % 2 == 0 else list(reversed(servers))
+                    for name in order:
+                        if protocol == "grpc" and name.split(":")[0] not in _GRPC:
+                            continue
+                        server = servers[name]
+                        _measure(server, name, pinning, model, protocol, concurrency, 1)  # warm-up
+                        row = _measure(server, name, pinning, model, protocol, concurrency, args.seconds)
+                        loads.append(os.getloadavg()[0])
+                        print(f"  round {repeat + 1}/{args.repeats} {pinning:8s} {model:4s} {protocol:4s} "
+                              f"c={concurrency:<2d} {name:20s} {row.requests_per_s:8.0f} req/s  p50 "
+                              f"{row.p50_ms:7.3f} ms  {row.cpu_us:6.0f} µs CPU/req  errors {row.errors}", flush=True)
+                        rows.append(row)
+        finally:
+            for server in servers.values():
+                server.stop()
+    return rows, loads
 
 
 def best_of(rows: Sequence[Row], peer: str) -> tuple[str, float, float] | None:
@@ -347,9 +375,8 @@ def main(argv: list[str] | None = None) -> int:
         require_h2load()
     started, before = time.monotonic(), os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
-        rows = measure(args, Path(tmp))
+        rows, loads = measure(args, Path(tmp))
     text, met, total = table(rows, args.peers)
-    loads = [os.getloadavg()[0]]
     publish(heading("bench.peers", argv, started, before, loads) + f"\n\n{text}\n\n"
             f"Ahead of every peer's best on {met} of {total} lines (target: all).", args.out, "peers.md")
     return 0

@@ -49,7 +49,7 @@ def test_cases_are_lines_of_their_own():
 
 def test_unknown_peers_are_refused_with_the_choices():
     with pytest.raises(SystemExit):
-        parse_args(["--peers", "mlserver,bentoml"])
+        parse_args(["--peers", "mlserver,torchserve"])
     assert parse_args(["--peers", "kserve", "--concurrency", "1"]).peers == ["kserve"]
 
 
@@ -95,4 +95,5 @@ def test_the_defaults_run_every_peer_and_case():
     args = parse_args([])
     assert isinstance(args, argparse.Namespace)
     assert (args.peers, args.models, args.protocols, args.pinning, args.concurrency) == (
-        ["mlserver", "kserve", "litserve"], ["tiny", "cnn"], ["http", "grpc"], ["pinned", "unpinned"], [1, 16])
+        ["mlserver", "kserve", "litserve", "bentoml"], ["tiny", "cnn"], ["http", "grpc"], ["pinned", "unpinned"],
+        [1, 16])
