@@ -12,7 +12,9 @@ from appliance.backends.base import Backend, LoadContext
 from appliance.core.errors import ConfigError, InferenceFailed, InvalidInput, RefusedByRuntime
 from appliance.core.tensors import RuntimeTensor, v2_datatype
 
-__all__ = ["OnnxRuntimeBackend"]
+__all__ = ["SPINNING", "OnnxRuntimeBackend"]
+
+SPINNING = "session.intra_op.allow_spinning"
 
 # onnxruntime names its tensor types as numpy names dtypes ("tensor(int64)"), but for these.
 _ORT_NAMES = {"float": "FP32", "double": "FP64", "string": "BYTES", "bfloat16": "BF16"}
@@ -64,6 +66,11 @@ class OnnxRuntimeBackend(Backend):
         options.log_severity_level = 3  # errors only: warnings reach users as our own messages
         if context.threads:
             options.intra_op_num_threads = context.threads
+        # A pool's threads wait for work by blocking, not by spinning (onnxruntime's default): a spinning
+        # thread holds a core for a while after every run, which the event loop, the decoding and the other
+        # instances need. bench.peers, the CNN on two threads unpinned: 11.2 against 20.8 ms of CPU a JSON
+        # request at c=1, 4.0 against 5.2 over gRPC at c=16, the throughput the same or better.
+        options.add_session_config_entry(SPINNING, "0")
         available = set(ort.get_available_providers())
         pinned = context.parameter("onnx_provider")  # set by a selection plan
         if pinned is not None and pinned not in available:

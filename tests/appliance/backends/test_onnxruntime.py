@@ -5,7 +5,7 @@ import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
 from appliance.backends import LoadContext, RuntimeOptions, named
-from appliance.backends.onnxruntime import _v2_datatype
+from appliance.backends.onnxruntime import SPINNING, _v2_datatype
 from appliance.core.errors import ConfigError, InvalidInput
 from appliance.examples import build_example_repository
 
@@ -47,6 +47,12 @@ def test_text_that_is_not_a_number_for_a_graph_that_parses_numbers_is_invalid_in
     a = np.array([[b"abc"] * 16], dtype=object)
     with pytest.raises(InvalidInput, match="could not read a BYTES input as a number"):
         backend.run({"INPUT0": a, "INPUT1": a}, ["OUTPUT0"])
+
+
+def test_the_intra_op_pool_blocks_instead_of_spinning(example):
+    """A spinning pool holds a core after every run (bench.peers: twice the CPU a CNN request)."""
+    backend = _load(example / "simple_string" / "1" / "model.onnx")
+    assert backend._session.get_session_options().get_session_config_entry(SPINNING) == "0"
 
 
 def test_unloadable_file_is_a_config_error(tmp_path):
