@@ -22,10 +22,12 @@ bench/results/peers.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -97,17 +99,47 @@ def install(peers: Sequence[str]) -> None:
         marker.write_text(json.dumps(list(PEERS[peer])))
 
 
+class PeerServer(Server):
+    """A peer's server, stopped with every process it started: MLServer's and LitServe's workers, BentoML's
+    supervisor's, outlive a terminated parent and would go on taking CPU from the servers measured next."""
+
+    def stop(self) -> None:
+        _stop_group(self.process)
+
+
+def _stop_group(process: subprocess.Popen) -> None:
+    for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, sig)
+        try:
+            process.wait(wait)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)  # whatever of the group outlived its leader
+
+
+def _spawn(command: list[str], log: Path, cwd: Path | None = None, env: dict[str, str] | None = None,
+           ) -> subprocess.Popen:
+    """A peer's server in a process group of its own (``PeerServer.stop`` ends the whole group)."""
+    with open(log, "w") as out:
+        return subprocess.Popen(command, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+
 def _wait_ready(process: subprocess.Popen, url: str, log: Path, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
+            _stop_group(process)
             raise RuntimeError(f"{url}: the server exited:\n{log.read_text()[-3000:]}")
         try:
             if urllib.request.urlopen(url, timeout=2).status == 200:
                 return
         except OSError:
             time.sleep(0.2)
-    process.kill()
+    _stop_group(process)
     raise TimeoutError(f"{url} never became ready:\n{log.read_text()[-3000:]}")
 
 
@@ -126,50 +158,42 @@ def _start_mlserver(config: str, repo: Path, work: Path, prefix: tuple[str, ...]
         (root / name).mkdir()
         (root / name / "model-settings.json").write_text(json.dumps(settings))
     log = root / "server.log"
-    with open(log, "w") as out:
-        process = subprocess.Popen([*prefix, str(cache_directory() / "mlserver" / "bin" / "mlserver"), "start",
-                                    str(root)], cwd=root, stdout=out, stderr=subprocess.STDOUT)
+    process = _spawn([*prefix, str(cache_directory() / "mlserver" / "bin" / "mlserver"), "start", str(root)], log,
+                     cwd=root)
     for name, _ in MODELS.values():
         _wait_ready(process, f"http://127.0.0.1:{http}/v2/models/{name}/ready", log)
-    return Server(process, http, grpc)
+    return PeerServer(process, http, grpc)
 
 
 def _start_kserve(config: str, repo: Path, work: Path, prefix: tuple[str, ...]) -> Server:
     http, grpc = free_port(), free_port()
     log = work / "server.log"
-    with open(log, "w") as out:
-        process = subprocess.Popen([*prefix, str(_python("kserve")), str(_SERVERS / "kserve_onnx.py"), str(http),
-                                    str(grpc), *(str(repo / name / "1" / "model.onnx") for name, _ in MODELS.values())],
-                                   stdout=out, stderr=subprocess.STDOUT)
+    process = _spawn([*prefix, str(_python("kserve")), str(_SERVERS / "kserve_onnx.py"), str(http), str(grpc),
+                      *(str(repo / name / "1" / "model.onnx") for name, _ in MODELS.values())], log)
     for name, _ in MODELS.values():
         _wait_ready(process, f"http://127.0.0.1:{http}/v2/models/{name}/ready", log)
-    return Server(process, http, grpc)
+    return PeerServer(process, http, grpc)
 
 
 def _start_litserve(config: str, repo: Path, work: Path, prefix: tuple[str, ...]) -> Server:
     http = free_port()
     log = work / "server.log"
-    with open(log, "w") as out:
-        process = subprocess.Popen([*prefix, str(_python("litserve")), str(_SERVERS / "litserve_onnx.py"), str(http),
-                                    "16" if config == "batching" else "1",
-                                    *(str(repo / name / "1" / "model.onnx") for name, _ in MODELS.values())],
-                                   stdout=out, stderr=subprocess.STDOUT)
+    process = _spawn([*prefix, str(_python("litserve")), str(_SERVERS / "litserve_onnx.py"), str(http),
+                      "16" if config == "batching" else "1",
+                      *(str(repo / name / "1" / "model.onnx") for name, _ in MODELS.values())], log)
     _wait_ready(process, f"http://127.0.0.1:{http}/health", log)
-    return Server(process, http)
+    return PeerServer(process, http)
 
 
 def _start_bentoml(config: str, repo: Path, work: Path, prefix: tuple[str, ...]) -> Server:
     http = free_port()
     log = work / "server.log"
     models = ":".join(str(repo / name / "1" / "model.onnx") for name, _ in MODELS.values())
-    with open(log, "w") as out:
-        process = subprocess.Popen([*prefix, str(cache_directory() / "bentoml" / "bin" / "bentoml"), "serve",
-                                    "bentoml_onnx:OnnxService", "--host", "127.0.0.1", "--port", str(http)],
-                                   cwd=_SERVERS, env={**os.environ, "BENCH_MODELS": models,
-                                                      "BENTOML_DO_NOT_TRACK": "True"},
-                                   stdout=out, stderr=subprocess.STDOUT)
+    process = _spawn([*prefix, str(cache_directory() / "bentoml" / "bin" / "bentoml"), "serve",
+                      "bentoml_onnx:OnnxService", "--host", "127.0.0.1", "--port", str(http)], log, cwd=_SERVERS,
+                     env={**os.environ, "BENCH_MODELS": models, "BENTOML_DO_NOT_TRACK": "True"})
     _wait_ready(process, f"http://127.0.0.1:{http}/readyz", log)
-    return Server(process, http)
+    return PeerServer(process, http)
 
 
 _STARTERS = {"mlserver": _start_mlserver, "kserve": _start_kserve, "litserve": _start_litserve,

@@ -7,6 +7,9 @@ import argparse
 import contextlib
 import http.server
 import json
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,8 +18,9 @@ import numpy as np
 import pytest
 
 from bench.models import write_repository
-from bench.peers import MODELS, Row, _expected, best_of, check_answers, parse_args, table
+from bench.peers import MODELS, PeerServer, Row, _expected, _spawn, best_of, check_answers, parse_args, table
 from bench.process import Server
+from tests.waiting import wait_until
 
 
 def _row(server: str, rate: float, cpu: float, concurrency: int = 16) -> Row:
@@ -97,3 +101,28 @@ def test_the_defaults_run_every_peer_and_case():
     assert (args.peers, args.models, args.protocols, args.pinning, args.concurrency) == (
         ["mlserver", "kserve", "litserve", "bentoml"], ["tiny", "cnn"], ["http", "grpc"], ["pinned", "unpinned"],
         [1, 16])
+
+
+def test_stopping_a_peer_ends_the_processes_it_started(tmp_path: Path):
+    """MLServer's and LitServe's workers outlive a terminated parent: the whole group goes."""
+    pid_file = tmp_path / "child"
+    parent = ("import subprocess, sys, time\n"
+              "child = subprocess.Popen([sys.executable, '-c', 'import signal, time\\n"
+              "signal.signal(signal.SIGTERM, signal.SIG_IGN)\\ntime.sleep(60)'])\n"
+              f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
+              "time.sleep(60)\n")
+    server = PeerServer(_spawn([sys.executable, "-c", parent], tmp_path / "log"), 0)
+    wait_until(lambda: pid_file.exists() and pid_file.read_text(), timeout=30)
+    child = int(pid_file.read_text())
+    server.stop()
+    assert server.process.poll() is not None
+    wait_until(lambda: _gone(child), timeout=10)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    state = subprocess.run(["ps", "-o", "stat=", "-p", str(pid)], capture_output=True, text=True).stdout.strip()
+    return state.startswith("Z")  # exited, not yet reaped by its (killed) parent's reaper
