@@ -323,24 +323,29 @@ def measure(args: argparse.Namespace, work: Path) -> tuple[list[Row], list[float
     return rows, loads
 
 
-def best_of(rows: Sequence[Row], peer: str) -> tuple[str, float, float] | None:
-    """The peer's best configuration on these rows (one case): its name, median req/s and CPU µs/req."""
-    medians = {}
+def best_of(rows: Sequence[Row], peer: str) -> tuple[str, float, float, int] | None:
+    """The peer's best configuration on these rows (one case): its name, median req/s, median CPU µs/req and
+    errors over the rounds. A configuration that answered errors (wrk's timeouts and non-2xx) is a tuning
+    only where every configuration did."""
+    found: dict[str, tuple[float, float, int]] = {}
     for name in {r.server for r in rows if r.server.split(":")[0] == peer}:
         mine = [r for r in rows if r.server == name]
-        medians[name] = (statistics.median(r.requests_per_s for r in mine), statistics.median(r.cpu_us for r in mine))
-    if not medians:
+        found[name] = (statistics.median(r.requests_per_s for r in mine), statistics.median(r.cpu_us for r in mine),
+                       sum(r.errors for r in mine))
+    if not found:
         return None
-    name = max(medians, key=lambda n: medians[n][0])
-    return name.split(":", 1)[1], *medians[name]
+    clean = [name for name in found if not found[name][2]] or list(found)
+    name = max(clean, key=lambda n: found[n][0])
+    return name.split(":", 1)[1], *found[name]
 
 
 def table(rows: Sequence[Row], peers: Sequence[str]) -> tuple[str, int, int]:
     """One line per case and peer: the appliance's and the peer's best (medians over the rounds), the
-    throughput and CPU ratios, met/missed; and how many of the lines met the target, of how many."""
+    throughput and CPU ratios, the errors of each, met/missed (an appliance that answered an error misses);
+    and how many of the lines met the target, of how many."""
     lines = ["| pinning | model | protocol | c | peer (best config) | peer req/s | appliance req/s | × throughput | "
-             "peer CPU µs/req | appliance CPU µs/req | × CPU | ahead (≥ 1.0×) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "peer CPU µs/req | appliance CPU µs/req | × CPU | errors (appliance, peer) | ahead (≥ 1.0×) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     met = total = 0
     cases = sorted({(r.pinning, r.model, r.protocol, r.concurrency) for r in rows})
     for case in cases:
@@ -350,19 +355,20 @@ def table(rows: Sequence[Row], peers: Sequence[str]) -> tuple[str, int, int]:
             continue
         throughput = statistics.median(r.requests_per_s for r in ours)
         cpu = statistics.median(r.cpu_us for r in ours)
+        errors = sum(r.errors for r in ours)
         for peer in peers:
             best = best_of(mine, peer)
             if best is None:
                 continue
-            config, peer_throughput, peer_cpu = best
+            config, peer_throughput, peer_cpu, peer_errors = best
             ratio = throughput / peer_throughput if peer_throughput else float("inf")
+            ahead = ratio >= TARGET and not errors
             total += 1
-            met += ratio >= TARGET
+            met += ahead
             pinning, model, protocol, concurrency = case
             lines.append(f"| {pinning} | {model} | {protocol} | {concurrency} | {peer} ({config}) | "
                          f"{peer_throughput:.0f} | {throughput:.0f} | {ratio:.2f} | {peer_cpu:.0f} | {cpu:.0f} | "
-                         f"{cpu / peer_cpu:.2f} | "
-                         f"{'met' if ratio >= TARGET else 'MISSED'} |")
+                         f"{cpu / peer_cpu:.2f} | {errors}, {peer_errors} | {'met' if ahead else 'MISSED'} |")
     return "\n".join(lines), met, total
 
 

@@ -23,24 +23,36 @@ from bench.process import Server
 from tests.waiting import wait_until
 
 
-def _row(server: str, rate: float, cpu: float, concurrency: int = 16) -> Row:
-    return Row(server, "pinned", "cnn", "http", concurrency, rate, 1.0, cpu, 0)
+def _row(server: str, rate: float, cpu: float, concurrency: int = 16, errors: int = 0) -> Row:
+    return Row(server, "pinned", "cnn", "http", concurrency, rate, 1.0, cpu, errors)
 
 
 def test_a_peer_is_judged_by_its_best_configuration():
     rows = [_row("mlserver:in-process", 100, 900), _row("mlserver:in-process", 120, 800),
             _row("mlserver:workers=1", 140, 1200), _row("mlserver:workers=1", 150, 1100),
             _row("appliance", 130, 700), _row("appliance", 140, 650)]
-    assert best_of(rows, "mlserver") == ("workers=1", 145, 1150)
+    assert best_of(rows, "mlserver") == ("workers=1", 145, 1150, 0)
     assert best_of(rows, "kserve") is None
     text, met, total = table(rows, ["mlserver", "kserve"])
     line = text.splitlines()[2]
-    assert line == "| pinned | cnn | http | 16 | mlserver (workers=1) | 145 | 135 | 0.93 | 1150 | 675 | 0.59 | MISSED |"
+    assert line == ("| pinned | cnn | http | 16 | mlserver (workers=1) | 145 | 135 | 0.93 | 1150 | 675 | 0.59 | 0, 0 "
+                    "| MISSED |")
     assert (met, total) == (0, 1)
     rows += [_row("kserve:default", 100, 2000)]
     text, met, total = table(rows, ["mlserver", "kserve"])
-    assert text.splitlines()[3].endswith("| kserve (default) | 100 | 135 | 1.35 | 2000 | 675 | 0.34 | met |")
+    assert text.splitlines()[3].endswith("| kserve (default) | 100 | 135 | 1.35 | 2000 | 675 | 0.34 | 0, 0 | met |")
     assert (met, total) == (1, 2)
+
+
+def test_a_configuration_that_answered_errors_is_not_the_best_and_an_erring_appliance_misses():
+    rows = [_row("litserve:default", 300, 900, errors=5), _row("litserve:batching", 100, 900),
+            _row("appliance", 200, 500)]
+    assert best_of(rows, "litserve") == ("batching", 100, 900, 0)
+    assert best_of(rows[:1], "litserve") == ("default", 300, 900, 5)  # every configuration erred: the best of them
+    text, met, _ = table(rows, ["litserve"])
+    assert text.splitlines()[2].endswith("| 0, 0 | met |") and met == 1
+    text, met, _ = table([*rows, _row("appliance", 200, 500, errors=1)], ["litserve"])
+    assert text.splitlines()[2].endswith("| 1, 0 | MISSED |") and met == 0
 
 
 def test_cases_are_lines_of_their_own():
