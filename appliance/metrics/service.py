@@ -26,9 +26,20 @@ from appliance.metrics.store import MetricsStore, Retention, SchemaTooNew
 from appliance.metrics.system import SystemSampler
 from appliance.runtime.state import StateDir
 
-__all__ = ["MetricsService"]
+__all__ = ["MetricsService", "tick_stamp"]
 
 log = logging.getLogger(__name__)
+
+
+def tick_stamp(now: float, interval: float, last: int | None) -> int:
+    """The stamp of a tick's samples: the interval boundary ``now`` lies in, always past ``last``. A tick
+    woken a hair before its boundary (the loop's timers keep milliseconds, and its clock is not the wall
+    clock) would otherwise stamp the boundary the tick before it stamped, and its samples would replace
+    that tick's rows in the history: traffic lost (seen as 31 of 32 requests in the metrics e2e test)."""
+    t = int(now // interval * interval)
+    if last is not None and t <= last:
+        return last + max(1, round(interval))
+    return t
 
 
 class MetricsService:
@@ -51,6 +62,8 @@ class MetricsService:
         self._store: MetricsStore | None = None
         """None: no history (read-only state dir, or a database that cannot be opened)."""
         self._snapshots = Snapshotter()
+        self._last_t: int | None = None
+        """The stamp of the last tick's samples."""
         self._sampler: SystemSampler | None = None
         self._task: asyncio.Task | None = None
         self.latest_system: dict[str, Any] | None = None
@@ -105,7 +118,7 @@ class MetricsService:
             await self.tick()
 
     async def tick(self) -> None:
-        t = int(time.time() // self._interval * self._interval)
+        t = self._last_t = tick_stamp(time.time(), self._interval, self._last_t)
         try:
             if self._store is not None:
                 versions = [(m.name, m.version, m.stats) for m in self._models()]
