@@ -27,6 +27,7 @@ from appliance.engine.tensor_checks import DecodeLimits
 from appliance.engine.types import InferOutput, InferRequest, InferResponse, RequestedOutput, SharedMemoryRef
 from appliance.protocol.inference import DECODE_OFF_LOOP_BYTES
 from appliance.rest.codec import (
+    _NUMPY_RANGE_CHECK,
     decode_infer_request,
     decode_json_data,
     decode_raw_request,
@@ -582,10 +583,13 @@ def test_json_floats_are_cast_exactly_or_refused_as_beyond_range_flat_or_nested(
 
 
 @given(values=st.lists(st.floats(allow_nan=False, allow_infinity=False), min_size=1, max_size=64),
-       datatype=st.sampled_from(sorted(_WIDTHS)))
-def test_a_flat_list_of_floats_decodes_as_numpy_casts_each_value(values, datatype):
-    """The flat-float path reads doubles and casts once; what it makes is what casting each JSON value to
-    the datatype makes, and a value past the datatype's range is refused, never an infinity."""
+       datatype=st.sampled_from(sorted(_WIDTHS)), long=st.booleans())
+def test_a_flat_list_of_floats_decodes_as_numpy_casts_each_value(values, datatype, long):
+    """The flat-float path (its range checked over the list when short, by numpy on the doubles when
+    ``long``) makes what casting each JSON value to the datatype makes, and a value past the datatype's
+    range is refused, never an infinity."""
+    if long:
+        values = values * (_NUMPY_RANGE_CHECK // len(values) + 1)
     dtype = np.dtype({"FP16": np.float16, "FP32": np.float32, "FP64": np.float64}[datatype])
     largest = float(np.finfo(dtype).max)
     if max(values) > largest or min(values) < -largest:
