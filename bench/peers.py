@@ -39,12 +39,12 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.lean import tree_split
 from bench.loadgen import Result, require_h2load, require_wrk, run_h2load, run_wrk
 from bench.models import write_repository
 from bench.process import Server, start_appliance
 from bench.report import heading, publish
 from bench.serving import _CNN, _JSON, _TINY, RESULTS, _grpc_body, _json_body
+from bench.triton import tree_cpu_seconds
 from tests.oracle import free_port
 
 __all__ = ["CONFIGS", "PEERS", "Row", "best_of", "install", "main", "table"]
@@ -251,7 +251,7 @@ def _measure(server: Server, name: str, pinning: str, model: str, protocol: str,
              seconds: float) -> Row:
     served, tensor = MODELS[model]
     prefix = ("taskset", "-c", "1") if pinning == "pinned" else ()
-    own, below = tree_split(server.process.pid)
+    cpu_before = tree_cpu_seconds(server.process.pid)
     completed: int
     result: Result
     if protocol == "http":
@@ -262,8 +262,7 @@ def _measure(server: Server, name: str, pinning: str, model: str, protocol: str,
         body = _grpc_body(served, tensor)
         url = f"http://127.0.0.1:{server.grpc_port}/inference.GRPCInferenceService/ModelInfer"
         result, completed = run_h2load(url, body, concurrency, seconds, prefix=prefix)
-    own_after, below_after = tree_split(server.process.pid)
-    cpu = (own_after - own + below_after - below) * 1e6 / completed if completed else float("nan")
+    cpu = (tree_cpu_seconds(server.process.pid) - cpu_before) * 1e6 / completed if completed else float("nan")
     return Row(name, pinning, model, protocol, concurrency, result.requests_per_s, result.p50_ms, cpu, result.errors)
 
 
