@@ -330,6 +330,21 @@ def test_a_float_beyond_its_type_is_refused_flat_or_nested(datatype, data, shape
         decode_infer_request(orjson.dumps(body))
 
 
+@pytest.mark.parametrize("length", [4, 300])  # a short list and one the doubles' path reads
+@pytest.mark.parametrize("stranger, words", [(True, "got booleans among them"), (None, "mixed or unsupported"),
+                                             ("0.5", "got strings"), ({"a": 1}, "mixed or unsupported"),
+                                             ([0.5], "does not hold FP32")],
+                         ids=["true", "null", "string", "object", "list"])
+def test_a_value_that_is_not_a_number_among_floats_is_refused(length, stranger, words):
+    """Beside numbers, a JSON true is no 1.0, a numeric string no number, null no NaN (Triton: 'attempt to
+    access JSON non-number as double'), wherever it stands."""
+    data = [0.5] * length
+    data[length // 2] = stranger
+    body = {"inputs": [{"name": "x", "shape": [length], "datatype": "FP32", "data": data}]}
+    with pytest.raises(InvalidInput, match=words):
+        decode_infer_request(orjson.dumps(body))
+
+
 def test_a_float_past_fp32s_largest_that_rounds_to_it_is_taken_as_before():
     """Past the largest FP32 by less than half a step, a value rounds to it, not to infinity: the exact
     path (the cast under np.errstate) decides what the quick range check cannot."""

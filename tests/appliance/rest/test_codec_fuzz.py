@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from appliance.core.errors import ApplianceError, InvalidInput
-from appliance.core.tensors import element_size, encode_bytes_tensor
+from appliance.core.tensors import element_size, encode_bytes_tensor, numpy_dtype
 from appliance.engine.tensor_checks import DecodeLimits
 from appliance.engine.types import InferOutput, InferRequest, InferResponse, RequestedOutput, SharedMemoryRef
 from appliance.protocol.inference import DECODE_OFF_LOOP_BYTES
@@ -557,10 +557,13 @@ _NUMBERS = (st.floats(allow_nan=False, allow_infinity=False) | st.sampled_from(_
 
 
 @given(values=st.lists(_NUMBERS, min_size=1, max_size=6),
-       datatype=st.sampled_from(("FP16", "FP32", "FP64")), nested=st.booleans())
-def test_json_floats_are_cast_exactly_or_refused_as_beyond_range_flat_or_nested(values, datatype, nested):
-    """The quick range check (a flat list's min and max, numpy's reductions for a nested one) decides as
-    the cast under np.errstate does: the same tensor, or 'beyond range' where the cast made an infinity."""
+       datatype=st.sampled_from(("FP16", "FP32", "FP64")), nested=st.booleans(), long=st.booleans())
+def test_json_floats_are_cast_exactly_or_refused_as_beyond_range_flat_or_nested(values, datatype, nested, long):
+    """The quick range checks (a short flat list's min and max, the doubles' of a ``long`` one, numpy's
+    reductions for a nested one) decide as the cast under np.errstate does: the same tensor, or 'beyond
+    range' where the cast made an infinity."""
+    if long:
+        values = values * (_NUMPY_RANGE_CHECK // len(values) + 1)
     data = [values] if nested else values
     body = orjson.dumps({"inputs": [{"name": "x", "shape": [1, len(values)] if nested else [len(values)],
                                      "datatype": datatype, "data": data}]})
@@ -601,3 +604,26 @@ def test_a_flat_list_of_floats_decodes_as_numpy_casts_each_value(values, datatyp
     with np.errstate(over="ignore"):
         expected = np.array(values, dtype=dtype)
     assert np.array_equal(decoded, expected)
+
+
+@given(data=st.data(), datatype=st.sampled_from(("FP16", "FP32", "FP64", "INT32", "INT64")),
+       long=st.booleans(), nested=st.booleans())
+def test_a_json_boolean_among_numbers_is_refused_wherever_it_stands(data, datatype, long, nested):
+    """numpy reads true and false beside numbers as 1 and 0, and Triton refuses a boolean where a number
+    belongs: a list with one anywhere (short or ``long``, flat or nested, among zeros and ones or not) is
+    refused as holding booleans; the same list without one decodes as numpy casts it."""
+    numbers = st.sampled_from([0, 1, 7, -3]) if datatype.startswith("INT") else st.sampled_from(
+        [0.0, 1.0, 0.25, -2.5, 0, 1, 3])
+    values = data.draw(st.lists(numbers, min_size=1, max_size=8))
+    if long:
+        values = values * (_NUMPY_RANGE_CHECK // len(values) + 1)
+    for flag in data.draw(st.lists(st.booleans(), max_size=2)):
+        values.insert(data.draw(st.integers(0, len(values))), flag)
+    shape = (1, len(values)) if nested else (len(values),)
+    sent = [values] if nested else values
+    if any(type(value) is bool for value in values):
+        with pytest.raises(InvalidInput, match="got booleans"):
+            decode_json_data(sent, datatype, shape, len(values), "x")
+        return
+    decoded = decode_json_data(sent, datatype, shape, len(values), "x")
+    assert decoded.shape == shape and np.array_equal(decoded, np.array(sent, dtype=numpy_dtype(datatype)))
