@@ -18,7 +18,7 @@ from appliance.rest.app import build_app, build_metrics_app
 from appliance.rest.http_server import HttpServer, fit_connections_to_descriptors
 from appliance.rest.lane import InferLane
 from appliance.rest.refusal import http_connection_limiter
-from appliance.runtime.allocator import return_large_buffers
+from appliance.runtime.allocator import tune_allocator
 from appliance.settings import Settings
 from appliance.settings.sections import FleetSection
 from appliance.systemd.notify import Notifier
@@ -97,7 +97,7 @@ async def _browse(fleet: FleetSection, own_id: str) -> tuple[Browser | None, Fle
 async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     """Serve until ``stop`` is set (or a SIGTERM/SIGINT arrives when no event is given)."""
     loop = asyncio.get_running_loop()
-    return_large_buffers()  # large request buffers go back to the system when freed
+    tune_allocator()  # large buffers go back to the system when freed, a heap keeps a few MiB for reuse
     server_section, fleet_section = settings.server, settings.fleet
     notifier = Notifier(server_section.notify_socket, server_section.watchdog_usec)
     background: set[asyncio.Task] = set()
