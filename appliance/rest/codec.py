@@ -11,7 +11,7 @@ that let the event loop in.
 from __future__ import annotations
 
 import math
-from array import array as native_array
+import struct
 from collections.abc import Callable
 from itertools import chain
 from typing import Any
@@ -192,10 +192,11 @@ _FLOAT = {float}
 _NUMPY_RANGE_CHECK = 128
 """Below this many values a flat list of floats is checked in Python (every value a float, then max()
 and min() against the type's range: 2.3 µs against numpy's 5.4 at 16 values, a small request's tensor).
-From it on the list is read into doubles by the C ``array`` type, which refuses what is not a number as
-it goes, and the range and boolean checks run on the array: at the CNN's 37,632 values, 1.4 ms against
-2.9 for a type test of every value and numpy's conversion (the type test alone cost as much as the
-conversion)."""
+From it on the list is packed into doubles by ``struct``, which refuses what is not a number as it goes,
+and the range and boolean checks run on the array: at the CNN's 37,632 values, 0.5 ms against 2.8 for a
+type test of every value and numpy's conversion (the type test alone cost as much as the conversion;
+numpy's conversion and the C ``array`` type's, which parses each value's arguments, 1.4 and 1.3 ms
+against struct's 0.4)."""
 
 
 def _fits(data: list, flat: bool, source: np.ndarray, target: np.dtype) -> bool:
@@ -238,8 +239,8 @@ def _flat_floats(data: list, dtype: np.dtype) -> np.ndarray | None:
             return np.array(data, dtype=dtype)
         return None
     try:  # each number exactly as a double (JSON's numbers are); a string, null, list or object refused
-        doubles = np.frombuffer(native_array("d", data), dtype=np.float64)
-    except (TypeError, OverflowError):
+        doubles = np.frombuffer(struct.pack(f"{len(data)}d", *data), dtype=np.float64)
+    except (struct.error, OverflowError):
         return None
     if doubles.max() > largest or doubles.min() < -largest or _holds_booleans(data, doubles):
         return None
