@@ -30,8 +30,8 @@ LARGE_BUFFER_BYTES = 1 << 20
 """Buffers from this size up are mapped on their own (a fixed glibc mmap threshold)."""
 KEPT_FREE_BYTES = 4 << 20
 """Free memory at a heap's top that glibc keeps mapped for the next allocations (its trim threshold):
-the CNN over JSON at c=1, unpinned, 9.6 ms of CPU a request against 11.9 with the default, and no better
-at 32 MiB (``bench/results/NOTES.md``, ninth session)."""
+the CNN over JSON at c=1, the same plan each way, 7.5 ms of CPU a request against 9.3 at 128 KiB (6.6
+against 8.1 pinned to one core), and no better at 32 MiB (``bench/results/NOTES.md``, ninth session)."""
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 
