@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-__all__ = ["child_pids", "rss_mib"]
+__all__ = ["child_pids", "rss_mib", "running"]
 
 
 def rss_mib(pid: int) -> float:
@@ -19,3 +19,13 @@ def child_pids(pid: int) -> list[int]:
     for task in Path(f"/proc/{pid}/task").iterdir():
         found += [int(child) for child in (task / "children").read_text().split()]
     return found
+
+
+def running(pid: int) -> bool:
+    """Whether process ``pid`` runs: it exists and has not ended (a zombie its parent has not reaped yet
+    has ended; so has a process reaped between two looks)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return stat.rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")  # the state, after "pid (comm)"

@@ -7,8 +7,6 @@ import argparse
 import contextlib
 import http.server
 import json
-import os
-import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -20,6 +18,7 @@ import pytest
 from bench.models import write_repository
 from bench.peers import MODELS, PeerServer, Row, _expected, _spawn, best_of, check_answers, parse_args, table
 from bench.process import Server
+from tests.processes import running
 from tests.waiting import wait_until
 
 
@@ -128,13 +127,5 @@ def test_stopping_a_peer_ends_the_processes_it_started(tmp_path: Path):
     child = int(pid_file.read_text())
     server.stop()
     assert server.process.poll() is not None
-    wait_until(lambda: _gone(child), timeout=10)
+    wait_until(lambda: not running(child), timeout=10)
 
-
-def _gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    state = subprocess.run(["ps", "-o", "stat=", "-p", str(pid)], capture_output=True, text=True).stdout.strip()
-    return state.startswith("Z")  # exited, not yet reaped by its (killed) parent's reaper

@@ -20,6 +20,7 @@ from appliance.examples.sequence import write_sequence_model
 from appliance.repository.memory import process_rss
 from tests.models import copy_model
 from tests.models.sequence import simple_sequence_config, simple_sequence_model
+from tests.processes import running
 from tests.waiting import wait_until
 
 MIB = 1024 * 1024
@@ -128,20 +129,12 @@ def idling(module_daemon, repository):
     return module_daemon(repository, "--load-on-demand", "--idle-unload-secs", "1")
 
 
-def _running(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie has ended; a process reaped between two looks has too)."""
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
 def test_an_idle_models_process_ends_and_its_next_request_loads_it_again(idling):
     before = {p.pid for p in psutil.Process(idling.process.pid).children(recursive=True)}
     assert _infer(idling, "light")[0] == 200
     started = {p.pid for p in psutil.Process(idling.process.pid).children(recursive=True)} - before
     assert started, "the model's process"
-    wait_until(lambda: not any(map(_running, started)), timeout=30, what="the idle model's process to end")
+    wait_until(lambda: not any(map(running, started)), timeout=30, what="the idle model's process to end")
     state, reason = _state(idling, "light")
     assert state == "UNAVAILABLE" and "idle_unload_secs" in reason
     assert _infer(idling, "light")[0] == 200

@@ -20,6 +20,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.appliance.backends.python.hostile_models import WRONG_RETURNS, failed, write_hostile
+from tests.processes import running
 from tests.waiting import wait_until
 
 DEADLINE = 1.0
@@ -179,27 +180,19 @@ def test_garbage_on_stdout_never_reaches_the_channel(daemon):
     _serves(daemon, "hostile")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return b") Z" not in Path(f"/proc/{pid}/stat").read_bytes()
-
-
 def test_a_forked_child_that_lingers_does_not_hide_its_parents_exit(daemon, repository):
     result = _infer(daemon, "forks", "fork", 8.0)
     assert result.as_numpy("Y").tolist() == [8.0, 8.0]
     child = int((repository / "forks" / "children.txt").read_text().split()[-1])
     try:
-        assert _alive(child)
+        assert running(child)
         # The child holds no end of the channel: the parent's exit is seen, and answered, while it lingers.
         with pytest.raises(InferenceServerException, match="exited with code 3"):
             _infer(daemon, "forks", "exit")
-        assert _alive(child)
+        assert running(child)
         _serves(daemon, "forks")
     finally:
-        if _alive(child):
+        if running(child):
             os.kill(child, signal.SIGKILL)
 
 

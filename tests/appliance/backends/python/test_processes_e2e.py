@@ -19,7 +19,7 @@ import tritonclient.http as httpclient
 
 from appliance.backends.python.wire.arena import ARENA_PREFIX
 from tests.models import copy_model
-from tests.processes import child_pids
+from tests.processes import child_pids, running
 from tests.waiting import wait_until
 
 # Models of tests/models/backends: hangs_in_execute and hangs_in_initialize write "hanging" in their model
@@ -50,21 +50,13 @@ def _cmdline(pid: int) -> bytes:
         return b""
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return Path(f"/proc/{pid}").exists() and b"Z" not in Path(f"/proc/{pid}/stat").read_bytes().split(b")")[1][:3]
-
-
 def _wait_gone(pids: list[int], timeout: float) -> list[int]:
     """The processes of ``pids`` still alive after waiting up to ``timeout`` seconds for all to go."""
     try:
-        wait_until(lambda: not any(_alive(pid) for pid in pids), timeout=timeout, interval=0.1)
+        wait_until(lambda: not any(running(pid) for pid in pids), timeout=timeout, interval=0.1)
     except AssertionError:
         pass  # the caller asserts on those left
-    return [pid for pid in pids if _alive(pid)]
+    return [pid for pid in pids if running(pid)]
 
 
 def _call(url: str, model: str, name: str = "x", elements: int = 2) -> None:
