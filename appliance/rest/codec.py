@@ -203,7 +203,8 @@ def _fits(data: list, flat: bool, source: np.ndarray, target: np.dtype) -> bool:
     """Whether casting JSON numbers read as ``source`` (from ``data``, a flat list where ``flat``) to the
     float type ``target`` overflows nowhere: always for the same type, and for integers (at most 2**64,
     which every float type but FP16 holds); otherwise when every value lies within ``target``'s range,
-    checked in C (the list's own min and max where it is flat, two reductions where it is nested)."""
+    checked in C (the list's own min and max where it is flat and short, two reductions over ``source``
+    otherwise)."""
     if source.dtype == target or (source.dtype.kind != "f" and target.itemsize >= 4):
         return True
     largest = _LARGEST.get(target)
@@ -233,8 +234,8 @@ def _holds_booleans(data: list, source: np.ndarray) -> bool:
 def _flat_floats(data: list, dtype: np.dtype) -> np.ndarray | None:
     """A flat list of JSON numbers as the float type ``dtype``; None where the general path must decide
     (and say what is wrong): a value that is not a number, a boolean, a value past the type's range."""
-    largest = _LARGEST[dtype]
     if len(data) < _NUMPY_RANGE_CHECK:
+        largest = _LARGEST[dtype]
         if set(map(type, data)) == _FLOAT and max(data) <= largest and min(data) >= -largest:
             return np.array(data, dtype=dtype)
         return None
@@ -242,7 +243,7 @@ def _flat_floats(data: list, dtype: np.dtype) -> np.ndarray | None:
         doubles = np.frombuffer(struct.pack(f"{len(data)}d", *data), dtype=np.float64)
     except (struct.error, OverflowError):
         return None
-    if doubles.max() > largest or doubles.min() < -largest or _holds_booleans(data, doubles):
+    if not _fits(data, True, doubles, dtype) or _holds_booleans(data, doubles):
         return None
     return doubles.astype(dtype, copy=False)
 
