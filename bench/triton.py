@@ -275,6 +275,30 @@ def table(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+DOUBLED = 2.0
+"""Identity at c=16: the appliance's throughput over Triton's, at least (issue 49)."""
+
+
+def doubled(data: dict[str, Any]) -> str:
+    """The identity case at c=16 against ``DOUBLED``× Triton's throughput, a line per protocol and server
+    measured against Triton ("" without Triton or that case)."""
+    medians = data["medians"]
+    triton = medians.get("triton")
+    if triton is None:
+        return ""
+    lines = []
+    for key, base in triton.items():
+        case, protocol, concurrency = key.split("|")
+        if case != CASES["identity"].name or concurrency != "16":
+            continue
+        for name, mine in medians.items():
+            if name != "triton" and key in mine:
+                rate = mine[key][0] / base[0]
+                lines.append(f"- {'met' if rate >= DOUBLED else 'MISSED'}: {case}, {protocol}, c=16, {name}: "
+                             f"throughput ≥ {DOUBLED:.1f}× Triton's ({rate:.2f}×)")
+    return "\n".join(lines)
+
+
 def idle_table(data: dict[str, Any]) -> str:
     """Each server's idle memory (whole tree), against the reference's: target ≤ 1.0×."""
     idle = data.get("idle_rss", {})
@@ -334,7 +358,8 @@ def main(argv: list[str] | None = None) -> int:
             f"Machine: {data['machine']}; shared with other work: 1-minute load average {load['median']:.2f} "
             f"(median; {load['min']:.2f}-{load['max']:.2f}) over the runs. Medians of {args.repeats} repeats, "
             "servers alternated; perf_analyzer 2.51 (client p50); CPU per request of the server's whole "
-            "process tree.\n\n" + table(data) + "\n\nIdle memory (medians over the repeats, before any "
+            "process tree.\n\n" + table(data) + "\n\nIdentity at c=16 against twice Triton's throughput:\n\n"
+            + (doubled(data) or "- not measured") + "\n\nIdle memory (medians over the repeats, before any "
             "request):\n\n" + idle_table(data))
     publish(text, args.out, "triton.md")
     (args.out / "triton.json").write_text(json.dumps(data, indent=2))

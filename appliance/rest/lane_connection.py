@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from appliance.protocol.drain import finish_by
 from appliance.rest.http_basics import body_timeout, transport_address
 from appliance.rest.lane_head import LANE_HEAD_BYTES, HeadReader, HeadRefused
+from appliance.rest.lane_known import KnownHead
 from appliance.rest.lane_wire import LANE_BODY_BYTES, LaneHead, closing, error_response, lane_request
 
 __all__ = ["LaneConnection", "LaneConnections", "Running"]
@@ -119,7 +120,7 @@ class LaneConnection(asyncio.Protocol):
         self._reader: HeadReader | None = None  # the next request's head, while it comes in
         self._refused = False  # a head broke a rule: answered, and nothing more is taken
         self._advancing = False  # in _advance: an answer given within it leaves the next request to it
-        self._known: tuple[bytes, LaneHead] | None = None  # the last lane head read, and its bytes
+        self._known: KnownHead | None = None  # the last lane head read
 
     @property
     def buffered(self) -> int:
@@ -147,12 +148,13 @@ class LaneConnection(asyncio.Protocol):
             self._skip -= dropped
             data = data[dropped:]
         known = self._known
-        if (known is not None and self.running is None and not self._buffer and self._reader is None
-                and len(data) == len(known[0]) + known[1].length and data.startswith(known[0])):
+        if known is not None and self.running is None and not self._buffer and self._reader is None:
             # One whole request in one read, its head the last one's (the common keep-alive client): started
             # from the read itself, with no buffer between.
-            self._begin(known[1], data[len(known[0]):])
-            return
+            taken = known.next_head(data)
+            if taken is not None and len(data) == taken[0] + taken[1].length:
+                self._begin(taken[1], data[taken[0]:])
+                return
         self._buffer += data
         if self._wanted:  # the next piece of a body: its wait starts again
             self._deadline = self._loop.time() + self._lane.body_timeout
@@ -236,7 +238,7 @@ class LaneConnection(asyncio.Protocol):
         raw = bytes(buffer[:end])
         del buffer[:end]
         if raw[:1] not in (b"\r", b"\n"):  # (a head after blank lines is read afresh)
-            self._known = (raw, head)
+            self._known = KnownHead(raw, head, self._lane.max_body)
         return head
 
     def _start_next(self) -> bool:
@@ -244,10 +246,11 @@ class LaneConnection(asyncio.Protocol):
         buffer = self._buffer
         known = self._known
         head: LaneHead | None
-        if known is not None and self._reader is None and buffer.startswith(known[0]):
-            # The head the last request sent, byte for byte (clients repeat theirs): read as it was.
-            head = known[1]
-            del buffer[:len(known[0])]
+        taken = known.next_head(buffer) if known is not None and self._reader is None else None
+        if taken is not None:
+            # The head the last request sent (clients repeat theirs), but for its lengths: read as it was.
+            end, head = taken
+            del buffer[:end]
         else:
             head = self._read_head()
             if head is None:

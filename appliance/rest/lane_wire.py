@@ -44,8 +44,9 @@ class LaneHead:
     """A lane request's head: the operation it asks for, its method and target as sent, the model (and
     version) it names, its fields, its body's length, and whether the client asked for the connection to
     close after the answer. A connection whose next head is byte for byte the last one reuses it (what
-    is read from a head depends on its bytes alone); ``caller``: its client as the Host rule and the
-    connection's addresses made it, kept with it for that reuse (None until then)."""
+    is read from a head depends on its bytes alone), or one made from it with other lengths (``resized``);
+    ``caller``: its client as the Host rule and the connection's addresses made it, kept with it for that
+    reuse (None until then)."""
 
     __slots__ = ("operation", "method", "target", "model", "version", "headers", "length", "close", "caller",
                  "named", "proof")
@@ -65,6 +66,15 @@ class LaneHead:
         """The model it names, as the data plane takes it (made once, then kept with it)."""
         self.proof: object = None
         """Its access check passed (``Admitted.proof``), kept with it for that reuse."""
+
+    def resized(self, headers: CIMultiDict[str], length: int) -> LaneHead:
+        """This head as another request sends it with other lengths (``headers``: its fields with their new
+        values, ``length``: its body's): the same operation, target and client (what was made of them is
+        kept, as for a head sent again)."""
+        head = LaneHead(self.operation, self.method, self.target, self.model, self.version, headers, length,
+                        self.close)
+        head.caller, head.named, head.proof = self.caller, self.named, self.proof
+        return head
 
 
 def lane_request(head: HeadReader, max_body: int) -> LaneHead | None:

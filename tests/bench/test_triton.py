@@ -19,7 +19,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from bench.process import start_appliance
-from bench.triton import idle_table, table, tree_cpu_seconds, tree_rss_mib
+from bench.triton import CASES, doubled, idle_table, table, tree_cpu_seconds, tree_rss_mib
 from bench.triton_models import REPEATS, write_repository
 from tests.waiting import wait_until
 
@@ -63,6 +63,20 @@ def test_the_tables_mark_every_target():
     assert idle_table(data).splitlines()[-1] == "| appliance | 310.0 | 8 | 1.03 | MISSED |"
     data["idle_rss"]["appliance"] = [290.0, 8]
     assert idle_table(data).splitlines()[-1].endswith("| 0.97 | met |")
+
+
+def test_identity_at_16_is_held_to_twice_tritons_throughput():
+    identity = CASES["identity"].name
+    data = {"medians": {"triton": {f"{identity}|http|16": [3000.0, 1.0, 300.0, 1.0],
+                                   f"{identity}|grpc|16": [3000.0, 1.0, 300.0, 1.0],
+                                   f"{identity}|http|1": [1000.0, 1.0, 300.0, 1.0]},
+                        "appliance": {f"{identity}|http|16": [6300.0, 0.5, 150.0, 1.0],
+                                      f"{identity}|grpc|16": [5400.0, 0.5, 150.0, 1.0],
+                                      f"{identity}|http|1": [3000.0, 1.0, 300.0, 1.0]}}}
+    assert doubled(data).splitlines() == [
+        f"- met: {identity}, http, c=16, appliance: throughput ≥ 2.0× Triton's (2.10×)",
+        f"- MISSED: {identity}, grpc, c=16, appliance: throughput ≥ 2.0× Triton's (1.80×)"]
+    assert doubled({"medians": {"baseline": {}, "appliance": {}}}) == ""
 
 
 @pytest.mark.e2e

@@ -420,3 +420,46 @@ def test_a_head_sent_again_is_answered_again_and_one_that_differs_is_read_afresh
     assert statuses[5] in (400, 403, 421) and b"Host" in answers[5][2]
     assert statuses[6] == 200
     assert _outputs(answers[0][2]) == _outputs(answers[6][2]) == [d + 1 for d in DATA]
+
+
+def test_heads_that_differ_only_in_their_lengths_are_each_answered_as_sent(daemons):
+    lane, _ = daemons
+    token = {"Authorization": f"Bearer {_token(lane)}"}
+    scales = (1, 1000, 7, 100000, 3)
+    bodies = [json.dumps({"inputs": [{**JSON_BODY["inputs"][0], "data": [d * s for d in DATA]},
+                                     JSON_BODY["inputs"][1]]}).encode() for s in scales]
+    assert len({len(body) for body in bodies}) == len(bodies)
+    inputs = [triton.InferInput("INPUT0", [1, 16], "INT32"), triton.InferInput("INPUT1", [1, 16], "INT32")]
+    inputs[0].set_data_from_numpy(np.arange(16, dtype=np.int32).reshape(1, 16), binary_data=True)
+    inputs[1].set_data_from_numpy(np.ones((1, 16), np.int32), binary_data=True)
+    binary = [triton.InferenceServerClient.generate_request_body(inputs, request_id="r" * n) for n in (1, 12, 3)]
+    connection = _Connection(lane.port, source="127.0.0.2")  # not exempt: the token is checked every time
+    try:
+        for scale, body in zip(scales, bodies):  # one at a time: each request whole in one read
+            connection.send(_request(body, headers=token))
+            status, headers, answer = connection.answer()
+            assert status == 200 and "server" not in headers  # the lane's
+            assert _outputs(answer) == [d * scale + 1 for d in DATA]
+        connection.send(b"".join(_request(body, headers={**token, "Content-Type": "application/octet-stream",
+                                                         "Inference-Header-Content-Length": str(size)})
+                                 for body, size in binary))  # pipelined: heads read from the buffer
+        for n in (1, 12, 3):
+            status, headers, answer = connection.answer()
+            header = answer[:int(headers["inference-header-content-length"])]
+            assert status == 200 and json.loads(header)["id"] == "r" * n
+        # The same head with a value llhttp refuses is refused as on a fresh connection.
+        connection.send(_request(bodies[0], headers=token).replace(b"Content-Length: ", b"Content-Length: +", 1))
+        status, _, answer = connection.answer()
+        assert status == 400 and connection.closed()
+    finally:
+        connection.close()
+    fresh = _exchange(lane, _request(bodies[0], headers=token).replace(b"Content-Length: ", b"Content-Length: +", 1),
+                      source="127.0.0.2")
+    assert fresh[0] == 400
+    wrong = _Connection(lane.port, source="127.0.0.2")
+    try:  # a head that failed its access check fails it again with other lengths
+        for body in bodies[:2]:
+            wrong.send(_request(body, headers={"Authorization": "Bearer not-the-token-0123456789abcdef"}))
+            assert wrong.answer()[0] == 401
+    finally:
+        wrong.close()
