@@ -1,6 +1,7 @@
 """The appliance against the lean reference (bench.lean_reference), side by side in one run (issue 49).
 
     python -m bench.lean [--seconds 5] [--repeats 3] [--concurrency 1,16] [--server-core 0] [--load-core 1]
+                         [--varied-bodies]
 
 Both serve the same model, bench/triton_models.py's Python identity (FP32[16], max_batch_size 8, one
 instance), each with its model process: the appliance as a production box ships it (the default plan, a
@@ -13,14 +14,15 @@ per request is each whole process tree's, from /proc around each wrk run, split 
 (all its threads) and the processes below it (the model process), over the requests wrk completed. The
 table gives medians over the repeats; the ratio is the median of each round's appliance/reference CPU.
 Target: the appliance's CPU per request ≤ 1.5× the reference's at every concurrency. Writes
-bench/results/lean.md.
+bench/results/lean.md. ``--varied-bodies`` sends the request written six ways in turn, each body of its own
+length (a client whose data changes: each head differs from the last in its Content-Length), and writes
+bench/results/lean-varied.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import shutil
 import statistics
@@ -95,16 +97,31 @@ def _affinities(pid: int) -> set[str]:
     return found
 
 
-def _body() -> bytes:
-    return json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 16], "datatype": "FP32",
-                                   "data": [float(v) for v in range(16)]}]}).encode()
+def _body(decimals: int = 1) -> bytes:
+    """The request: 0 to 15 as FP32, each value written with ``decimals`` decimals."""
+    data = ", ".join(f"{v:.{decimals}f}" for v in range(16))
+    return (b'{"inputs": [{"name": "INPUT0", "shape": [1, 16], "datatype": "FP32", "data": [%s]}]}'
+            % data.encode())
 
 
-def measure(server: Server, concurrency: int, seconds: float, load_core: int) -> Round:
-    """One wrk run of ``seconds`` against ``server`` (wrk pinned to ``load_core``), its tree's CPU around it."""
+VARIED = tuple(_body(decimals) for decimals in range(1, 7))
+"""``--varied-bodies``: the same request written six ways, each of its own length, as a client whose data
+changes sends them (each head then differs from the one before in its Content-Length)."""
+
+
+def varied_lua() -> str:
+    """wrk's ``request`` function that sends ``VARIED`` in turn."""
+    bodies = ", ".join(f"[==[{body.decode()}]==]" for body in VARIED)
+    return (f"local bodies = {{{bodies}}}\nlocal sent = 0\n"
+            "request = function()\n  sent = sent % #bodies + 1\n  return wrk.format(nil, nil, nil, bodies[sent])\nend")
+
+
+def measure(server: Server, concurrency: int, seconds: float, load_core: int, lua: str = "") -> Round:
+    """One wrk run of ``seconds`` against ``server`` (wrk pinned to ``load_core``; ``lua``: its ``request``
+    function, where the bodies vary), its tree's CPU around it."""
     headers = {"Content-Type": "application/json", "Authorization": f"Bearer {_TOKEN}"}
     own, below = tree_split(server.process.pid)
-    result = run_wrk(f"{server.base}/v2/models/{_MODEL}/infer", _body(), headers, concurrency, seconds,
+    result = run_wrk(f"{server.base}/v2/models/{_MODEL}/infer", _body(), headers, concurrency, seconds, lua=lua,
                      prefix=("taskset", "-c", str(load_core)))
     own_after, below_after = tree_split(server.process.pid)
     per = 1e6 / result.requests if result.requests else float("nan")
@@ -183,11 +200,12 @@ def run(args: argparse.Namespace) -> tuple[dict[tuple[str, int], list[Round]], l
                 pinned = _affinities(server.process.pid)
                 notes.append(f"{name}: cores {', '.join(sorted(pinned))}")
                 measure(server, 16, _WARM_UP_S, args.load_core)  # warm-up: first requests pay for lazy set-up
+            lua = varied_lua() if args.varied_bodies else ""
             for repeat in range(args.repeats):
                 order: Sequence[str] = SERVERS if repeat % 2 == 0 else tuple(reversed(SERVERS))
                 for concurrency in args.concurrency:
                     for name in order:
-                        result = measure(servers[name], concurrency, args.seconds, args.load_core)
+                        result = measure(servers[name], concurrency, args.seconds, args.load_core, lua)
                         rounds.setdefault((name, concurrency), []).append(result)
                         print(f"  repeat {repeat + 1}/{args.repeats} {name:9} c={concurrency:<3} "
                               f"{result.requests_per_s:8.0f} req/s  p50 {result.p50_ms:6.3f} ms  "
@@ -204,6 +222,9 @@ def main(argv: list[str] | None = None) -> int:
     add_wrk_arguments(parser)
     parser.add_argument("--server-core", type=int, default=0, help="the core both servers are pinned to")
     parser.add_argument("--load-core", type=int, default=1, help="the core wrk is pinned to")
+    parser.add_argument("--varied-bodies", action="store_true",
+                        help="send the request written six ways, each of its own length, in turn (as a client "
+                             "whose data changes): writes lean-varied.md")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     usable = os.sched_getaffinity(0)
@@ -214,10 +235,11 @@ def main(argv: list[str] | None = None) -> int:
     rounds, notes = run(args)
     loads = [r.load for runs in rounds.values() for r in runs]
     text = (heading("bench.lean", argv, started, before, loads) + f" Servers pinned to core {args.server_core} "
-            f"({'; '.join(notes)}), wrk -t1 to core {args.load_core}; Python identity FP32[16], v2 JSON, "
+            f"({'; '.join(notes)}), wrk -t1 to core {args.load_core}; Python identity FP32[16], v2 JSON"
+            f"{' written six ways in turn (bodies of six lengths)' if args.varied_bodies else ''}, "
             f"{args.seconds:g} s per run; medians of {args.repeats} repeats, servers alternated. CPU per request "
             "of each whole process tree (the server process and its model process).\n\n" + table(rounds))
-    publish(text, args.out, "lean.md")
+    publish(text, args.out, "lean-varied.md" if args.varied_bodies else "lean.md")
     return 0
 
 

@@ -4,11 +4,12 @@ against the 1.5× target, and the CPU of a tree is split into the server process
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import sys
 
-from bench.lean import Round, table, tree_split
+from bench.lean import VARIED, Round, _body, table, tree_split, varied_lua
 from tests.waiting import wait_until
 
 
@@ -28,6 +29,16 @@ def test_the_ratio_is_the_median_of_each_rounds_ratio_against_the_target():
     assert lines[4].startswith("| 16 | appliance | 5000 | 0.500 | 50 (40 + 10) | 1.43 | met |")
     rounds[("appliance", 16)] = [_round(5000, 43, 10)]  # 53 / 35 = 1.51
     assert table(rounds).splitlines()[4].split(" | ")[5:7] == ["1.51", "MISSED"]
+
+
+def test_the_varied_bodies_are_one_request_written_at_six_lengths():
+    data = [float(v) for v in range(16)]
+    assert _body() == json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 16], "datatype": "FP32",
+                                              "data": data}]}).encode()
+    assert len({len(body) for body in VARIED}) == len(VARIED) == 6
+    assert all(json.loads(body)["inputs"][0]["data"] == data for body in VARIED)
+    script = varied_lua()
+    assert all(body.decode() in script for body in VARIED) and "request = function()" in script
 
 
 def test_the_split_puts_a_child_below_the_server():
