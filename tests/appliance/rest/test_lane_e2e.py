@@ -447,6 +447,16 @@ def test_heads_that_differ_only_in_their_lengths_are_each_answered_as_sent(daemo
             status, headers, answer = connection.answer()
             header = answer[:int(headers["inference-header-content-length"])]
             assert status == 200 and json.loads(header)["id"] == "r" * n
+        # Other lengths, the request in pieces: its head and half its body, then the rest; then a head cut
+        # in two (read afresh once whole).
+        for scale, body in ((1000, bodies[1]), (7, bodies[2])):
+            data = _request(body, headers=token)
+            cut = data.index(b"\r\n\r\n") + 4 + (len(body) // 2 if scale == 1000 else -10)
+            connection.send(data[:cut])
+            time.sleep(0.05)
+            connection.send(data[cut:])
+            status, _, answer = connection.answer()
+            assert status == 200 and _outputs(answer) == [d * scale + 1 for d in DATA]
         # The same head with a value llhttp refuses is refused as on a fresh connection.
         connection.send(_request(bodies[0], headers=token).replace(b"Content-Length: ", b"Content-Length: +", 1))
         status, _, answer = connection.answer()
