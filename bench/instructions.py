@@ -1,0 +1,188 @@
+"""Instructions per request under callgrind: the appliance against the lean reference (and a baseline
+checkout), a figure the box's load does not move.
+
+    python -m bench.instructions [--requests 500] [--warm-up 200] [--baseline CHECKOUT] [--varied-bodies]
+
+CPU time per request on this project's shared 2-vCPU boxes moves by ±5 % within a run and ±20 % between
+runs, which hides a change worth 1–3 %. Valgrind's callgrind counts the instructions each process runs
+in user space, whatever else the box does: two runs of one tree agree within 0.1 %. It leaves out the
+kernel (system calls, context switches) and the time a cache miss costs, so it says what the Python costs,
+not everything a request costs: the CPU benchmarks (bench.lean) stay the targets' judges.
+
+Each server runs under ``valgrind --tool=callgrind --instr-atstart=no --trace-children=yes`` (its model
+processes too), on bench.lean's setup (bench/triton_models.py's Python identity, the token required; the
+appliance as a production box ships it). After ``--warm-up`` requests, instrumentation is switched on in
+every process of the tree (``callgrind_control -i on``), ``--requests`` requests go one after another
+over one keep-alive connection (v2 JSON, bench.lean's body; ``--varied-bodies``: its six lengths in
+turn), and each process's counts are dumped: instructions per request, the server process and the
+processes below it. A server starts in about a minute under valgrind. Writes
+bench/results/instructions.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import http.client
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from bench.lean import _MODEL, _TOKEN, VARIED, _body
+from bench.process import Server, start_appliance, start_lean_reference
+from bench.report import command_line, commit, machine, publish
+from bench.serving import RESULTS
+from bench.triton import process_tree
+from bench.triton_models import write_repository
+
+__all__ = ["Count", "count_dumps", "main", "table"]
+
+_CALLGRIND = ("valgrind", "--tool=callgrind", "--instr-atstart=no", "--trace-children=yes")
+_DUMP = re.compile(r"\.(\d+)\.(\d+)$")
+"""A dump's file name ends in its process's pid and the dump's number (the file at exit has none)."""
+_SUMMARY = re.compile(rb"^(?:summary|totals):\s+(\d+)", re.M)
+
+
+@dataclasses.dataclass(frozen=True)
+class Count:
+    """Instructions per request of one server's tree."""
+
+    server: float
+    """Of the server process itself."""
+    below: float
+    """Of the processes below it (its model processes)."""
+
+    @property
+    def total(self) -> float:
+        return self.server + self.below
+
+
+def count_dumps(directory: Path, server_pid: int, requests: int) -> Count:
+    """The instructions per request the dumps in ``directory`` counted (``cg.<pid>.<n>`` files; the files
+    written at exit are left out), split between ``server_pid`` and the other processes."""
+    server = below = 0
+    for path in directory.iterdir():
+        match = _DUMP.search(path.name)
+        if not path.name.startswith("cg.") or match is None:
+            continue
+        summary = _SUMMARY.search(path.read_bytes())
+        if summary is None:
+            raise ValueError(f"{path} holds no callgrind summary: is it a callgrind dump?")
+        if int(match.group(1)) == server_pid:
+            server += int(summary.group(1))
+        else:
+            below += int(summary.group(1))
+    return Count(server / requests, below / requests)
+
+
+def table(counts: dict[str, Count], reference: str = "reference") -> str:
+    """One row per server: instructions per request (server process + the processes below), and the
+    ratio of the total to ``reference``'s."""
+    base = counts.get(reference)
+    lines = ["| server | instructions per request (server + model process) | × reference |", "|---|---|---|"]
+    for name, count in counts.items():
+        ratio = "" if base is None or name == reference else f"{count.total / base.total:.3f}"
+        lines.append(f"| {name} | {count.total / 1000:,.1f} k ({count.server / 1000:,.1f} k + "
+                     f"{count.below / 1000:,.1f} k) | {ratio} |")
+    return "\n".join(lines)
+
+
+def _control(pids: list[int], *args: str) -> None:
+    """``callgrind_control`` with ``args`` for each process (one that has exited meanwhile is passed over)."""
+    for pid in pids:
+        subprocess.run(["callgrind_control", *args, str(pid)], capture_output=True, timeout=120, check=False)
+
+
+def measure(server: Server, dumps: Path, requests: int, warm_up: int, bodies: tuple[bytes, ...]) -> Count:
+    """Instructions per request of ``server``'s tree, started under callgrind writing into ``dumps``."""
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {_TOKEN}"}
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
+
+    def send(count: int) -> None:
+        for index in range(count):
+            connection.request("POST", f"/v2/models/{_MODEL}/infer", body=bodies[index % len(bodies)],
+                               headers=headers)
+            answer = connection.getresponse()
+            answer.read()
+            if answer.status != 200:
+                raise RuntimeError(f"the server answered {answer.status} to an inference")
+
+    try:
+        send(warm_up)
+        pids = [pid for pid, _, _ in process_tree(server.process.pid)]
+        _control(pids, "-i", "on")
+        send(requests)
+        _control(pids, "-d")
+    finally:
+        connection.close()
+    return count_dumps(dumps, server.process.pid, requests)
+
+
+def _servers(work: Path, baseline: Path | None) -> dict[str, Callable[[Path], Server]]:
+    """How to start each server under callgrind, its dumps written into the directory it is given."""
+    every = write_repository(work / "all")
+    repo = work / "repo"
+    shutil.copytree(every / _MODEL, repo / _MODEL)
+    settings = work / "appliance.toml"
+    settings.write_text(f'auth_token = "{_TOKEN}"\nauth_exempt_networks = []\nprotect_inference = true\n')
+    env = {"APPLIANCE_CONFIG": str(settings)}
+
+    def wrap(dumps: Path) -> tuple[str, ...]:
+        return (*_CALLGRIND, f"--callgrind-out-file={dumps / 'cg.%p'}")
+
+    servers: dict[str, Callable[[Path], Server]] = {
+        "reference": lambda dumps: start_lean_reference(repo / _MODEL, dumps / "reference.log", "--token", _TOKEN,
+                                                        prefix=wrap(dumps)),
+        "appliance": lambda dumps: start_appliance(repo, dumps / "state", env=env, prefix=wrap(dumps)),
+    }
+    if baseline is not None:
+        servers["baseline"] = lambda dumps: start_appliance(repo, dumps / "state", env=env, prefix=wrap(dumps),
+                                                            tree=baseline)
+    return servers
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=500, help="requests counted, one after another")
+    parser.add_argument("--warm-up", type=int, default=200, help="requests sent before counting starts")
+    parser.add_argument("--baseline", type=Path, help="also count the appliance from this checkout (an A/B)")
+    parser.add_argument("--varied-bodies", action="store_true", help="bench.lean's six bodies in turn")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    if args.requests < 1 or args.warm_up < 0:
+        parser.error("--requests must be at least 1 and --warm-up at least 0")
+    for tool in ("valgrind", "callgrind_control"):
+        if shutil.which(tool) is None:
+            print(f"{tool} is not installed: apt-get install valgrind", file=sys.stderr)
+            return 1
+    started = time.monotonic()
+    bodies = VARIED if args.varied_bodies else (_body(),)
+    counts: dict[str, Count] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-instructions-") as tmp:
+        for name, start in _servers(Path(tmp), args.baseline).items():
+            dumps = Path(tmp) / name
+            dumps.mkdir()
+            server = start(dumps)
+            try:
+                counts[name] = measure(server, dumps, args.requests, args.warm_up, bodies)
+            finally:
+                server.stop()
+            print(f"  {name}: {counts[name].total / 1000:,.1f} k instructions a request", file=sys.stderr,
+                  flush=True)
+    text = (f"Command: {command_line('bench.instructions', argv)} ({time.monotonic() - started:.0f} s), commit "
+            f"{commit()}, {time.strftime('%Y-%m-%d')}\n\nMachine: {machine()}. Callgrind's count of the "
+            f"instructions each process runs in user space (the kernel left out), over {args.requests} requests "
+            f"sent one after another after {args.warm_up} uncounted (bench.lean's setup: Python identity FP32[16], "
+            f"v2 JSON{', six body lengths in turn' if args.varied_bodies else ''}, the token required).\n\n"
+            + table(counts))
+    publish(text, args.out, "instructions.md")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
