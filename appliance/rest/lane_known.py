@@ -59,8 +59,10 @@ class KnownHead:
         self.raw = raw
         self.head = head
         self._max_body = max_body
-        split = _split(raw)
-        self._pieces, self._fields = split if split is not None else ((), ())
+        self._pieces: tuple[bytes, ...] | None = None
+        """``raw`` cut around its lengths' digits (``_split``), once a head that is not ``raw`` came; () where
+        it cannot be: a connection whose heads repeat, or that sends one, never cuts it."""
+        self._fields: tuple[tuple[bytes, str], ...] = ()
 
     def next_head(self, data: bytes | bytearray) -> tuple[int, LaneHead] | None:
         """The head ``data`` starts with, where it is this one's (then the known head from now on), and its
@@ -69,6 +71,10 @@ class KnownHead:
         if data.startswith(raw):
             return len(raw), self.head
         pieces = self._pieces
+        if pieces is None:
+            split = _split(raw)
+            pieces, self._fields = split if split is not None else ((), ())
+            self._pieces = pieces
         if not pieces or not data.startswith(pieces[0]):
             return None
         position = len(pieces[0])
