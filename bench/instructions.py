@@ -33,12 +33,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.lean import _MODEL, _TOKEN, VARIED, _body
+from bench.lean import _MODEL, _TOKEN, VARIED, _body, lean_setup
 from bench.process import Server, start_appliance, start_lean_reference
 from bench.report import command_line, commit, machine, publish
 from bench.serving import RESULTS
 from bench.triton import process_tree
-from bench.triton_models import write_repository
 
 __all__ = ["Count", "count_dumps", "main", "table"]
 
@@ -125,12 +124,7 @@ def measure(server: Server, dumps: Path, requests: int, warm_up: int, bodies: tu
 
 def _servers(work: Path, baseline: Path | None) -> dict[str, Callable[[Path], Server]]:
     """How to start each server under callgrind, its dumps written into the directory it is given."""
-    every = write_repository(work / "all")
-    repo = work / "repo"
-    shutil.copytree(every / _MODEL, repo / _MODEL)
-    settings = work / "appliance.toml"
-    settings.write_text(f'auth_token = "{_TOKEN}"\nauth_exempt_networks = []\nprotect_inference = true\n')
-    env = {"APPLIANCE_CONFIG": str(settings)}
+    repo, env = lean_setup(work)
 
     def wrap(dumps: Path) -> tuple[str, ...]:
         return (*_CALLGRIND, f"--callgrind-out-file={dumps / 'cg.%p'}")

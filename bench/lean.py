@@ -41,7 +41,7 @@ from bench.serving import RESULTS
 from bench.triton import TICKS_PER_SECOND, process_tree
 from bench.triton_models import write_repository
 
-__all__ = ["Round", "main", "measure", "start_servers", "table", "tree_split"]
+__all__ = ["Round", "lean_setup", "main", "measure", "start_servers", "table", "tree_split"]
 
 TARGET = 1.5
 """The appliance's CPU per request over the reference's, at most."""
@@ -153,17 +153,23 @@ def table(rounds: dict[tuple[str, int], list[Round]]) -> str:
     return "\n".join(lines)
 
 
-def start_servers(work: Path, server_core: int) -> dict[str, Server]:
-    """The appliance and the reference on the identity model (a repository under ``work``), both pinned to
-    ``server_core``, both requiring the token: by name, as in ``SERVERS``."""
+def lean_setup(work: Path) -> tuple[Path, dict[str, str]]:
+    """The repository both servers serve (the identity model alone, under ``work``) and the environment
+    that makes the appliance require the token as the reference does (a settings file under ``work``)."""
     every = write_repository(work / "all")
     repo = work / "repo"
     shutil.copytree(every / _MODEL, repo / _MODEL)
     settings = work / "appliance.toml"
     settings.write_text(f'auth_token = "{_TOKEN}"\nauth_exempt_networks = []\nprotect_inference = true\n')
+    return repo, {"APPLIANCE_CONFIG": str(settings)}
+
+
+def start_servers(work: Path, server_core: int) -> dict[str, Server]:
+    """The appliance and the reference on the identity model (``lean_setup``), both pinned to
+    ``server_core``, both requiring the token: by name, as in ``SERVERS``."""
+    repo, env = lean_setup(work)
     pin = ("taskset", "-c", str(server_core))
-    servers = {"appliance": start_appliance(repo, work / "state", env={"APPLIANCE_CONFIG": str(settings)},
-                                            prefix=pin)}
+    servers = {"appliance": start_appliance(repo, work / "state", env=env, prefix=pin)}
     try:
         servers["reference"] = start_lean_reference(repo / _MODEL, work / "reference.log", "--token", _TOKEN,
                                                     prefix=pin)
