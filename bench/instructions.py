@@ -1,7 +1,8 @@
 """Instructions per request under callgrind: the appliance against the lean reference (and a baseline
 checkout), a figure the box's load does not move.
 
-    python -m bench.instructions [--requests 500] [--warm-up 200] [--baseline CHECKOUT] [--varied-bodies]
+    python -m bench.instructions [--requests 500] [--warm-up 200] [--baseline CHECKOUT]
+                                 [--varied-bodies | --binary]
 
 CPU time per request on this project's shared 2-vCPU boxes moves by ±5 % within a run and ±20 % between
 runs, which hides a change worth 1–3 %. Valgrind's callgrind counts the instructions each process runs
@@ -14,9 +15,12 @@ processes too), on bench.lean's setup (bench/triton_models.py's Python identity,
 appliance as a production box ships it). After ``--warm-up`` requests, instrumentation is switched on in
 every process of the tree (``callgrind_control -i on``), ``--requests`` requests go one after another
 over one keep-alive connection (v2 JSON, bench.lean's body; ``--varied-bodies``: its six lengths in
-turn), and each process's counts are dumped: instructions per request, the server process and the
-processes below it. A server starts in about a minute under valgrind. Writes
-bench/results/instructions.md.
+turn; ``--binary``: Triton's binary tensor extension as tritonclient and perf_analyzer send it, each
+request with other tensor bytes under the same JSON header and its output asked for as binary data), and
+each process's counts are dumped: instructions per request, the server process and the processes below
+it. The reference speaks v2 JSON only, so ``--binary`` counts the appliance (and the baseline) alone. A
+server starts in about a minute under valgrind. Writes bench/results/instructions.md
+(instructions-varied.md, instructions-binary.md).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import dataclasses
 import http.client
 import re
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -83,7 +88,7 @@ def table(counts: dict[str, Count], reference: str = "reference") -> str:
     """One row per server: instructions per request (server process + the processes below), and the
     ratio of the total to ``reference``'s."""
     base = counts.get(reference)
-    lines = ["| server | instructions per request (server + model process) | × reference |", "|---|---|---|"]
+    lines = ["| server | instructions per request (server + model process) | × " + reference + " |", "|---|---|---|"]
     for name, count in counts.items():
         ratio = "" if base is None or name == reference else f"{count.total / base.total:.3f}"
         lines.append(f"| {name} | {count.total / 1000:,.1f} k ({count.server / 1000:,.1f} k + "
@@ -97,6 +102,17 @@ def _control(pids: list[int], *args: str) -> None:
         subprocess.run(["callgrind_control", *args, str(pid)], capture_output=True, timeout=120, check=False)
 
 
+BINARY = tuple(b'{"inputs":[{"name":"INPUT0","shape":[1,16],"datatype":"FP32","parameters":{"binary_data_size":64}}],'
+               b'"outputs":[{"name":"OUTPUT0","parameters":{"binary_data":true}}]}'
+               + struct.pack("<16f", *(value * step for value in range(16))) for step in range(1, 7))
+"""``--binary``: one JSON header (as tritonclient writes it), six sets of tensor bytes under it."""
+
+
+def binary_header_length(body: bytes) -> int:
+    """Where a ``BINARY`` body's JSON header ends."""
+    return len(body) - 64
+
+
 def measure(server: Server, dumps: Path, requests: int, warm_up: int, bodies: tuple[bytes, ...]) -> Count:
     """Instructions per request of ``server``'s tree, started under callgrind writing into ``dumps``."""
     headers = {"Content-Type": "application/json", "Authorization": f"Bearer {_TOKEN}"}
@@ -104,8 +120,12 @@ def measure(server: Server, dumps: Path, requests: int, warm_up: int, bodies: tu
 
     def send(count: int) -> None:
         for index in range(count):
-            connection.request("POST", f"/v2/models/{_MODEL}/infer", body=bodies[index % len(bodies)],
-                               headers=headers)
+            body = bodies[index % len(bodies)]
+            extra = {}
+            if body in BINARY:
+                extra = {"Content-Type": "application/octet-stream",
+                         "Inference-Header-Content-Length": str(binary_header_length(body))}
+            connection.request("POST", f"/v2/models/{_MODEL}/infer", body=body, headers={**headers, **extra})
             answer = connection.getresponse()
             answer.read()
             if answer.status != 200:
@@ -122,8 +142,9 @@ def measure(server: Server, dumps: Path, requests: int, warm_up: int, bodies: tu
     return count_dumps(dumps, server.process.pid, requests)
 
 
-def _servers(work: Path, baseline: Path | None) -> dict[str, Callable[[Path], Server]]:
-    """How to start each server under callgrind, its dumps written into the directory it is given."""
+def _servers(work: Path, baseline: Path | None, reference: bool = True) -> dict[str, Callable[[Path], Server]]:
+    """How to start each server under callgrind, its dumps written into the directory it is given
+    (``reference``: the lean reference too)."""
     repo, env = lean_setup(work)
 
     def wrap(dumps: Path) -> tuple[str, ...]:
@@ -134,10 +155,16 @@ def _servers(work: Path, baseline: Path | None) -> dict[str, Callable[[Path], Se
                                                         prefix=wrap(dumps)),
         "appliance": lambda dumps: start_appliance(repo, dumps / "state", env=env, prefix=wrap(dumps)),
     }
+    if not reference:
+        del servers["reference"]
     if baseline is not None:
         servers["baseline"] = lambda dumps: start_appliance(repo, dumps / "state", env=env, prefix=wrap(dumps),
                                                             tree=baseline)
     return servers
+
+
+_BODIES = {(False, False): "v2 JSON", (True, False): "v2 JSON, six body lengths in turn",
+           (False, True): "binary tensors under one JSON header, the output asked for as binary data"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -145,7 +172,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=500, help="requests counted, one after another")
     parser.add_argument("--warm-up", type=int, default=200, help="requests sent before counting starts")
     parser.add_argument("--baseline", type=Path, help="also count the appliance from this checkout (an A/B)")
-    parser.add_argument("--varied-bodies", action="store_true", help="bench.lean's six bodies in turn")
+    bodies = parser.add_mutually_exclusive_group()
+    bodies.add_argument("--varied-bodies", action="store_true", help="bench.lean's six bodies in turn")
+    bodies.add_argument("--binary", action="store_true",
+                        help="binary tensors under one JSON header (the appliance and the baseline only)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     if args.requests < 1 or args.warm_up < 0:
@@ -155,10 +185,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{tool} is not installed: apt-get install valgrind", file=sys.stderr)
             return 1
     started = time.monotonic()
-    bodies = VARIED if args.varied_bodies else (_body(),)
+    bodies = VARIED if args.varied_bodies else BINARY if args.binary else (_body(),)
     counts: dict[str, Count] = {}
     with tempfile.TemporaryDirectory(prefix="bench-instructions-") as tmp:
-        for name, start in _servers(Path(tmp), args.baseline).items():
+        for name, start in _servers(Path(tmp), args.baseline, reference=not args.binary).items():
             dumps = Path(tmp) / name
             dumps.mkdir()
             server = start(dumps)
@@ -172,9 +202,11 @@ def main(argv: list[str] | None = None) -> int:
             f"{commit()}, {time.strftime('%Y-%m-%d')}\n\nMachine: {machine()}. Callgrind's count of the "
             f"instructions each process runs in user space (the kernel left out), over {args.requests} requests "
             f"sent one after another after {args.warm_up} uncounted (bench.lean's setup: Python identity FP32[16], "
-            f"v2 JSON{', six body lengths in turn' if args.varied_bodies else ''}, the token required).\n\n"
-            + table(counts))
-    publish(text, args.out, "instructions.md")
+            f"{_BODIES[(args.varied_bodies, args.binary)]}, the token required).\n\n"
+            + table(counts, reference="reference" if not args.binary else "baseline"))
+    name = "instructions-varied.md" if args.varied_bodies else "instructions-binary.md" if args.binary else \
+        "instructions.md"
+    publish(text, args.out, name)
     return 0
 
 

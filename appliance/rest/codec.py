@@ -46,6 +46,7 @@ __all__ = [
     "encode_infer_response",
     "encode_in_pieces",
     "encoding_work",
+    "input_allocation",
     "json_numbers",
     "non_finite_token",
     "output_text",
@@ -56,7 +57,7 @@ __all__ = [
 _DEFAULT_LIMITS = DecodeLimits()
 
 
-def _allocation(itemsize: int | None, count: int, binary: bool, available: int) -> int:
+def input_allocation(itemsize: int | None, count: int, binary: bool, available: int) -> int:
     """Bytes that decoding one input allocates beyond the body, bounded by what the ``available`` bytes
     can hold (so a shape claim alone reserves nothing): a JSON element takes at least a byte of text, a
     binary BYTES element its 4-byte length prefix; binary fixed-size tensors are views of the body.
@@ -380,7 +381,7 @@ def _decode_request(header: dict[str, Any], body: bytes, header_length: int | No
             shared_inputs.append(SharedMemoryInput(name, datatype, shape, shared))
             continue
         binary = "binary_data_size" in params
-        reserve(_allocation(itemsize, count, binary, len(body) - offset if binary else json_bytes))
+        reserve(input_allocation(itemsize, count, binary, len(body) - offset if binary else json_bytes))
         if "binary_data_size" in params:
             if header_length is None:
                 raise InvalidInput(
@@ -483,7 +484,7 @@ def decode_raw_request(
             )
         shape = tuple(len(body) // (known * itemsize) if d < 0 else d for d in shape)
     _, count = check_shape(list(shape), name, limits.max_tensor_elements)
-    reserve(_allocation(itemsize, count, True, len(body)))
+    reserve(input_allocation(itemsize, count, True, len(body)))
     data = decode_raw_tensor(memoryview(body), datatype, shape, count, name, "the raw binary body")
     return InferRequest([InferInput(name, datatype, data)], [], None, {"binary_data_output": True})
 
@@ -617,6 +618,48 @@ def encode_in_pieces(response: InferResponse, request: InferRequest | None = Non
     """``encode_infer_response`` without its first try (``plain_answer``), for a caller that tried it already:
     any answer, written in pieces and joined once."""
     binary = _binary_choice(request)
+    if binary is not None and response.id is None and not response.parameters:
+        answer = _binary_answer(response, binary)
+        if answer is not None:
+            return answer
+    return _in_pieces(response, binary)
+
+
+_PLAIN_KINDS = frozenset("biuf")
+_BINARY_HEADERS: dict[tuple, bytes] = {}
+"""The JSON headers of answers whose outputs all go as binary data, by what they say (the model, its
+version and each output's name, datatype, shape and byte count): a client's answers repeat them."""
+_MAX_BINARY_HEADERS = 256
+
+
+def _binary_answer(response: InferResponse, binary: Callable[[str], bool]) -> tuple[bytes, int] | None:
+    """The answer whose outputs are all numeric and all asked for as binary data (none in shared memory,
+    not all empty), its header written once for its shapes; None for any other."""
+    key: list[object] = [response.model_name, response.model_version]
+    chunks: list[bytes | memoryview] = []
+    written = 0
+    for output in response.outputs:
+        data = output.data
+        if output.shared_memory is not None or data.dtype.kind not in _PLAIN_KINDS or not binary(output.name):
+            return None
+        raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8).data
+        key += (output.name, output.datatype, data.shape, len(raw))
+        chunks.append(raw)
+        written += len(raw)
+    if not written:  # (all empty: a plain JSON answer, as Triton answers)
+        return None
+    header = _BINARY_HEADERS.get(known := tuple(key))
+    if header is None:
+        body, header_length = _in_pieces(response, binary)
+        assert header_length is not None
+        header = body[:header_length]
+        if len(_BINARY_HEADERS) >= _MAX_BINARY_HEADERS:
+            _BINARY_HEADERS.clear()
+        _BINARY_HEADERS[known] = header
+    return join_releasing_gil([header, *chunks]), len(header)
+
+
+def _in_pieces(response: InferResponse, binary: Callable[[str], bool] | None) -> tuple[bytes, int | None]:
     entries: list[list[bytes]] = []
     chunks: list[bytes | memoryview] = []
     for output in response.outputs:
@@ -653,7 +696,6 @@ def encode_in_pieces(response: InferResponse, request: InferRequest | None = Non
     return join_releasing_gil([*header, *chunks]), sum(map(len, header))
 
 
-_PLAIN_KINDS = frozenset("biuf")
 _PLAIN_ELEMENTS = DECODE_OFF_LOOP_BYTES // _JSON_NUMBER_BYTES
 """The most elements a plain answer holds: its encoding is event-loop work (``encoding_work``'s bound)."""
 

@@ -13,6 +13,7 @@ from appliance.engine.model import ModelVersion
 from appliance.engine.tensor_checks import DecodeLimits
 from appliance.engine.types import InferRequest
 from appliance.protocol.inference import Target
+from appliance.rest.binary_header import KnownHeader
 from appliance.rest.codec import decode_infer_request, decode_raw_request
 from appliance.rest.http_basics import HEADER_LENGTH
 from appliance.security.budget import Account
@@ -79,11 +80,12 @@ class InferBody:
                              "responses")
 
     __slots__ = ("_target", "_named", "_raw_header_length", "_read", "_body", "_header_length", "_headers",
-                 "_signed")
+                 "_signed", "_known")
 
     def __init__(self, target: Callable[[], Target], header_length: str | None,
                  read: Callable[[Account], Awaitable[bytes]] | None, headers: Mapping[str, str] | None = None,
-                 named: Target | None = None, body: bytes = b"", signed: str | None = None) -> None:
+                 named: Target | None = None, body: bytes = b"", signed: str | None = None,
+                 known: KnownHeader | None = None) -> None:
         self._headers = headers
         self._target = target
         self._named = named  # the target, where it is known already (``ready``)
@@ -92,13 +94,15 @@ class InferBody:
         self._body = body
         self._header_length: int | None = None
         self._signed = signed
+        self._known = known
 
     @classmethod
     def ready(cls, target: Target, header_length: str | None, body: bytes, signed: str | None,
-              headers: Mapping[str, str]) -> InferBody:
+              headers: Mapping[str, str], known: KnownHeader | None = None) -> InferBody:
         """A request whose body is in hand, to the model ``target`` names; ``signed``: the digest a signed
-        request's body must have."""
-        return cls(_known, header_length, None, headers, target, body, signed)
+        request's body must have; ``known``: the last binary header of its connection (decoded from its
+        plan when this one's is the same)."""
+        return cls(_known, header_length, None, headers, target, body, signed, known)
 
     async def target(self, account: Account) -> Target:
         return self.target_now()
@@ -129,6 +133,9 @@ class InferBody:
         count_body(self._body, account, self._signed)
 
     def decode(self, model: ModelVersion, limits: DecodeLimits, reserve: Callable[[int], None]) -> InferRequest:
-        if self._header_length == 0:
+        header_length = self._header_length
+        if header_length == 0:
             return _decode_raw(self._body, model, limits, reserve)
-        return decode_infer_request(self._body, self._header_length, limits, reserve)
+        if header_length is not None and self._known is not None:
+            return self._known.decode(self._body, header_length, limits, reserve)
+        return decode_infer_request(self._body, header_length, limits, reserve)

@@ -172,8 +172,9 @@ class InferLane(LaneConnections):
             if head.operation is not Operation.INFER:
                 reply = self._read(head)
             else:
-                source = InferBody.ready(self._target(head), head.headers.get(HEADER_LENGTH), body, signed,
-                                         head.headers)
+                header_length = head.headers.get(HEADER_LENGTH)
+                source = InferBody.ready(self._target(head), header_length, body, signed, head.headers,
+                                         None if header_length is None else head.known_header())
                 straight = _Straight(self, head, admitted, answered)
                 flight = self._dataplane.begin(who, source, received_ns, straight.landed)
                 if flight is None:  # not the straight line's: served as a request whose body is still coming is

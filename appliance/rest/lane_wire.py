@@ -17,6 +17,7 @@ from appliance.core.errors import ApplianceError, internal_message
 from appliance.protocol.admission import Caller
 from appliance.protocol.inference import Target
 from appliance.protocol.operations import Operation
+from appliance.rest.binary_header import KnownHeader
 from appliance.rest.http_basics import HEADER_LENGTH, error_parts
 from appliance.rest.lane_head import HeadReader
 
@@ -49,7 +50,7 @@ class LaneHead:
     reuse (None until then)."""
 
     __slots__ = ("operation", "method", "target", "model", "version", "headers", "length", "close", "caller",
-                 "named", "proof")
+                 "named", "proof", "binary")
 
     def __init__(self, operation: Operation, method: str, target: str, model: str, version: str | None,
                  headers: CIMultiDict[str], length: int, close: bool) -> None:
@@ -66,6 +67,8 @@ class LaneHead:
         """The model it names, as the data plane takes it (made once, then kept with it)."""
         self.proof: object = None
         """Its access check passed (``Admitted.proof``), kept with it for that reuse."""
+        self.binary: KnownHeader | None = None
+        """The last JSON header of the binary requests sent with it (``appliance.rest.binary_header``)."""
 
     def resized(self, headers: CIMultiDict[str], length: int) -> LaneHead:
         """This head as another request sends it with other lengths (``headers``: its fields with their new
@@ -73,8 +76,15 @@ class LaneHead:
         kept, as for a head sent again)."""
         head = LaneHead(self.operation, self.method, self.target, self.model, self.version, headers, length,
                         self.close)
-        head.caller, head.named, head.proof = self.caller, self.named, self.proof
+        head.caller, head.named, head.proof, head.binary = self.caller, self.named, self.proof, self.binary
         return head
+
+    def known_header(self) -> KnownHeader:
+        """``binary``, made on first use."""
+        known = self.binary
+        if known is None:
+            known = self.binary = KnownHeader()
+        return known
 
 
 def lane_request(head: HeadReader, max_body: int) -> LaneHead | None:

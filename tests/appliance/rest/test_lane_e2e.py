@@ -473,3 +473,43 @@ def test_heads_that_differ_only_in_their_lengths_are_each_answered_as_sent(daemo
             assert wrong.answer()[0] == 401
     finally:
         wrong.close()
+
+
+def test_binary_requests_with_one_header_are_each_answered_with_their_own_tensors(daemons):
+    """The same JSON header again and again (decoded from its plan from the third time: binary_header),
+    other tensor bytes each time, a JSON request and a header with another shape between: every answer is
+    its own request's."""
+    lane, _ = daemons
+    token = {"Authorization": f"Bearer {_token(lane)}"}
+
+    def binary(step: int, columns: int = 16) -> bytes:
+        inputs = [triton.InferInput(name, [1, columns], "INT32") for name in ("INPUT0", "INPUT1")]
+        inputs[0].set_data_from_numpy(np.arange(columns, dtype=np.int32).reshape(1, columns) * step, binary_data=True)
+        inputs[1].set_data_from_numpy(np.full((1, columns), step, np.int32), binary_data=True)
+        outputs = [triton.InferRequestedOutput("OUTPUT0", binary_data=True),
+                   triton.InferRequestedOutput("OUTPUT1", binary_data=True)]
+        body, size = triton.InferenceServerClient.generate_request_body(inputs, outputs)
+        return _request(body, headers={**token, "Content-Type": "application/octet-stream",
+                                       "Inference-Header-Content-Length": str(size)})
+
+    connection = _Connection(lane.port, source="127.0.0.2")
+    try:
+        for step in (1, 2, 3, 4, 5, 6, 7):
+            if step == 5:  # another request between (the binary requests' head and plan are made again after it)
+                connection.send(_request(json.dumps(JSON_BODY).encode(), headers=token))
+                status, _, answer = connection.answer()
+                assert status == 200 and _outputs(answer) == [d + 1 for d in DATA]
+            connection.send(binary(step))
+            status, headers, answer = connection.answer()
+            size = int(headers["inference-header-content-length"])
+            header = json.loads(answer[:size])
+            assert status == 200 and [o["name"] for o in header["outputs"]] == ["OUTPUT0", "OUTPUT1"]
+            sums = np.frombuffer(answer[size:size + 64], np.int32)
+            differences = np.frombuffer(answer[size + 64:], np.int32)
+            assert sums.tolist() == [d * step + step for d in DATA]
+            assert differences.tolist() == [d * step - step for d in DATA]
+        connection.send(binary(3, columns=15))  # the same model, a shape it does not take: refused as ever
+        status, _, answer = connection.answer()
+        assert status == 400 and "error" in json.loads(answer)
+    finally:
+        connection.close()

@@ -1,0 +1,125 @@
+"""A binary request's JSON header, decoded once for a connection that sends it again.
+
+A client of Triton's binary tensor extension (tritonclient with ``binary_data``, perf_analyzer) sends the
+same JSON header with every request whose tensors keep their names, types and shapes: only the tensor
+bytes after it change. ``KnownHeader`` (one per lane connection's head) remembers the last header's bytes;
+when the same bytes come a second time it decodes that request as a fresh one would and keeps what the
+header said (each input's name, datatype, shape and byte count; the outputs asked for; the request's ID
+and parameters) as a ``_Plan``. From the third time on, a request whose header is byte for byte the
+plan's and whose body has exactly the bytes the plan's sizes add up to is decoded from the plan: each
+input read from its bytes by ``decode_raw_tensor`` and counted on the request's account, as the full
+decode does, without parsing or checking the header again.
+
+What a plan holds depends on the header's bytes alone, and the full decode checked those bytes, so a
+planned request is decoded as the full decode would decode it; anything else (other bytes, another body
+length, other limits) is decoded in full. Only headers of at most ``MAX_KNOWN_HEADER`` bytes are
+remembered, and only those whose inputs all come as binary data (not in JSON, not in shared memory) and
+whose outputs name no shared memory region get a plan.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+from appliance.core.errors import InputMismatch
+from appliance.core.tensors import element_size
+from appliance.engine.tensor_checks import DecodeLimits, decode_raw_tensor
+from appliance.engine.types import InferInput, InferRequest, RequestedOutput
+from appliance.rest.codec import decode_infer_request, input_allocation
+
+__all__ = ["MAX_KNOWN_HEADER", "KnownHeader"]
+
+MAX_KNOWN_HEADER = 4096
+"""The longest JSON header a connection's ``KnownHeader`` remembers (kept beyond its request, uncounted)."""
+
+_NO_PLAN = object()
+"""A header seen twice whose requests a plan cannot take (JSON data, shared memory)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Input:
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    count: int
+    itemsize: int | None
+    size: int
+    """Its binary_data_size."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Plan:
+    limits: DecodeLimits
+    """The limits the full decode checked the header against."""
+    inputs: tuple[_Input, ...]
+    length: int
+    """The body's length: the header's, then every input's bytes."""
+    outputs: tuple[tuple[str, dict[str, Any]], ...]
+    request_id: str | None
+    parameters: dict[str, Any]
+
+    def decode(self, body: bytes, header_length: int, reserve: Callable[[int], None]) -> InferRequest:
+        view = memoryview(body)
+        offset = header_length
+        inputs = []
+        try:
+            for spec in self.inputs:
+                reserve(input_allocation(spec.itemsize, spec.count, True, len(body) - offset))
+                end = offset + spec.size
+                inputs.append(InferInput(spec.name, spec.datatype, decode_raw_tensor(
+                    view[offset:end], spec.datatype, spec.shape, spec.count, spec.name, "binary_data_size")))
+                offset = end
+        except InputMismatch as mismatch:  # (a BYTES tensor's items that do not fill its bytes)
+            mismatch.request_id = self.request_id
+            raise
+        # Each request its own dicts: a later step may add to them.
+        outputs = [RequestedOutput(name, dict(parameters)) for name, parameters in self.outputs]
+        return InferRequest(inputs, outputs, self.request_id, dict(self.parameters) if self.parameters else {})
+
+
+def _plan(header: bytes, request: InferRequest, length: int, limits: DecodeLimits) -> _Plan | None:
+    """The plan for requests with ``header`` (decoded in full into ``request``, a body of ``length`` bytes),
+    or None where one cannot take them."""
+    if request.shared_inputs or any(output.shared_memory is not None for output in request.outputs):
+        return None
+    document = orjson.loads(header)  # (read before: it parses, as a JSON object with an 'inputs' list)
+    inputs = []
+    for raw, decoded in zip(document["inputs"], request.inputs, strict=True):
+        size = (raw.get("parameters") or {}).get("binary_data_size")
+        if type(size) is not int:  # its data came in the JSON
+            return None
+        inputs.append(_Input(decoded.name, decoded.datatype, decoded.data.shape, decoded.data.size,
+                             element_size(decoded.datatype), size))
+    outputs = tuple((output.name, dict(output.parameters)) for output in request.outputs)
+    return _Plan(limits, tuple(inputs), length, outputs, request.id, dict(request.parameters))
+
+
+class KnownHeader:
+    """The last JSON header of a connection's binary requests, and its plan once it came twice (module
+    docstring). Its state is one tuple, replaced whole: a decode on a worker thread may use it too."""
+
+    __slots__ = ("_last",)
+
+    def __init__(self) -> None:
+        self._last: tuple[bytes, _Plan | object | None] | None = None
+
+    def decode(self, body: bytes, header_length: int, limits: DecodeLimits,
+               reserve: Callable[[int], None]) -> InferRequest:
+        """``decode_infer_request(body, header_length, limits, reserve)``, from the plan where it applies."""
+        last = self._last
+        if last is not None and header_length == len(last[0]) and body.startswith(last[0]):
+            header, plan = last
+            if type(plan) is _Plan and plan.limits is limits and len(body) == plan.length:
+                return plan.decode(body, header_length, reserve)
+            request = decode_infer_request(body, header_length, limits, reserve)
+            if plan is None:  # the second time: worth a plan
+                made = _plan(header, request, len(body), limits)
+                self._last = (header, _NO_PLAN if made is None else made)
+            return request
+        request = decode_infer_request(body, header_length, limits, reserve)
+        self._last = (body[:header_length], None) if 0 < header_length <= MAX_KNOWN_HEADER else None
+        return request
