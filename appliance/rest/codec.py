@@ -45,6 +45,7 @@ __all__ = [
     "encode_bytes_tensor",
     "encode_infer_response",
     "encode_in_pieces",
+    "binary_answer",
     "encoding_work",
     "input_allocation",
     "json_numbers",
@@ -618,24 +619,39 @@ def encode_in_pieces(response: InferResponse, request: InferRequest | None = Non
     """``encode_infer_response`` without its first try (``plain_answer``), for a caller that tried it already:
     any answer, written in pieces and joined once."""
     binary = _binary_choice(request)
-    if binary is not None and response.id is None and not response.parameters:
+    if binary is not None:
         answer = _binary_answer(response, binary)
         if answer is not None:
             return answer
     return _in_pieces(response, binary)
 
 
+def binary_answer(response: InferResponse, request: InferRequest | None) -> tuple[bytes, int] | None:
+    """The common answer of a binary client (every output numeric and asked for as binary data, none in
+    shared memory), small enough to write on the event loop: its body and JSON header length, the header
+    written once for its shapes. None for any other answer (``plain_answer``, ``encoding_work``)."""
+    binary = _binary_choice(request)
+    return None if binary is None else _binary_answer(response, binary, DECODE_OFF_LOOP_BYTES)
+
+
 _PLAIN_KINDS = frozenset("biuf")
 _BINARY_HEADERS: dict[tuple, bytes] = {}
 """The JSON headers of answers whose outputs all go as binary data, by what they say (the model, its
-version and each output's name, datatype, shape and byte count): a client's answers repeat them."""
+version, the request's ID and each output's name, datatype, shape and byte count): a client's answers
+repeat them."""
 _MAX_BINARY_HEADERS = 256
+_KEPT_ID = 64
+"""The longest request ID whose answers' headers are kept (perf_analyzer sends ``"id": ""``)."""
 
 
-def _binary_answer(response: InferResponse, binary: Callable[[str], bool]) -> tuple[bytes, int] | None:
+def _binary_answer(response: InferResponse, binary: Callable[[str], bool],
+                   most: int | None = None) -> tuple[bytes, int] | None:
     """The answer whose outputs are all numeric and all asked for as binary data (none in shared memory,
-    not all empty), its header written once for its shapes; None for any other."""
-    key: list[object] = [response.model_name, response.model_version]
+    not all empty, at most ``most`` bytes of them), its header written once for its shapes; None for any
+    other (or one with response parameters or a long request ID)."""
+    if response.parameters or (response.id is not None and len(response.id) > _KEPT_ID):
+        return None
+    key: list[object] = [response.model_name, response.model_version, response.id]
     chunks: list[bytes | memoryview] = []
     written = 0
     for output in response.outputs:
@@ -646,7 +662,7 @@ def _binary_answer(response: InferResponse, binary: Callable[[str], bool]) -> tu
         key += (output.name, output.datatype, data.shape, len(raw))
         chunks.append(raw)
         written += len(raw)
-    if not written:  # (all empty: a plain JSON answer, as Triton answers)
+    if not written or (most is not None and written > most):  # (all empty: a plain JSON answer, as Triton's)
         return None
     header = _BINARY_HEADERS.get(known := tuple(key))
     if header is None:

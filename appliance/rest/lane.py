@@ -55,7 +55,7 @@ from appliance.protocol.inference import DECODE_OFF_LOOP_BYTES, Flight, Target
 from appliance.protocol.operations import Operation
 from appliance.protocol.results import InferResult
 from appliance.rest.browser import check_host
-from appliance.rest.codec import encode_answer, encode_in_pieces, encoding_work, plain_answer
+from appliance.rest.codec import binary_answer, encode_answer, encode_in_pieces, encoding_work, plain_answer
 from appliance.rest.http_basics import HEADER_LENGTH
 from appliance.rest.infer_body import InferBody, count_body
 from appliance.rest.lane_connection import LaneConnection, LaneConnections, Running
@@ -241,8 +241,11 @@ class _Straight:
             assert result is not None
             try:
                 plain = plain_answer(result.response, result.request)  # the common answer, small by its bound
+                binary = None if plain is not None else binary_answer(result.response, result.request)
                 if plain is not None:
                     answer = infer_answer(plain, None), False
+                elif binary is not None:  # a binary client's, as small
+                    answer = infer_answer(*binary), False
                 elif encoding_work(result.response, result.request) > DECODE_OFF_LOOP_BYTES:
                     encoding = asyncio.get_running_loop().create_task(encode_answer(result.response, result.request))
                     encoding.add_done_callback(functools.partial(self._encoded, flight))

@@ -220,7 +220,7 @@ def test_a_binary_answer_is_the_general_encoders_and_its_header_is_kept():
     assert len(codec._BINARY_HEADERS) == 1  # the same shapes: the same header
 
 
-@pytest.mark.parametrize("case", ["an empty output", "a JSON output beside", "an id", "parameters", "BYTES",
+@pytest.mark.parametrize("case", ["an empty output", "a JSON output beside", "a long id", "parameters", "BYTES",
                                   "shared memory"])
 def test_answers_the_kept_headers_do_not_cover_are_written_in_full(case):
     codec._BINARY_HEADERS.clear()
@@ -231,8 +231,8 @@ def test_answers_the_kept_headers_do_not_cover_are_written_in_full(case):
         outputs = [InferOutput("OUTPUT0", "FP32", np.ones((1, 0), np.float32))]
     elif case == "a JSON output beside":
         outputs.append(InferOutput("OUTPUT1", "INT32", np.ones((1, 2), np.int32)))
-    elif case == "an id":
-        fields["id"] = "abc"
+    elif case == "a long id":
+        fields["id"] = "a" * (codec._KEPT_ID + 1)
     elif case == "parameters":
         fields["parameters"] = {"p": 1}
     elif case == "BYTES":
@@ -256,12 +256,23 @@ def test_the_kept_headers_are_bounded():
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(sorted(_DATATYPES)), st.lists(st.integers(0, 3), max_size=3),
-                          st.booleans()), min_size=1, max_size=3), st.integers(0, 3))
-def test_whatever_the_outputs_the_answer_is_the_general_encoders(specs, version):
+                          st.booleans()), min_size=1, max_size=3), st.integers(0, 3),
+       st.one_of(st.none(), st.text(max_size=70)))
+def test_whatever_the_outputs_the_answer_is_the_general_encoders(specs, version, request_id):
     outputs = [InferOutput(f"OUT{index}", datatype, np.ones(shape, _DATATYPES[datatype]))
                for index, (datatype, shape, _) in enumerate(specs)]
     request = InferRequest([], [RequestedOutput(f"OUT{index}", {"binary_data": binary})
                                 for index, (_, _, binary) in enumerate(specs)])
-    response = InferResponse("m", version, outputs)
+    response = InferResponse("m", version, outputs, request_id)
     for _ in range(2):  # the second time from the kept header, where one was kept
         assert encode_in_pieces(response, request) == codec._in_pieces(response, codec._binary_choice(request))
+
+
+def test_the_lanes_binary_answer_is_the_general_encoders_up_to_the_event_loops_bound():
+    request = _request_binary("OUTPUT0")
+    small = InferResponse("m", 1, [InferOutput("OUTPUT0", "FP32", np.ones((1, 16), np.float32))], "")
+    assert codec.binary_answer(small, request) == encode_in_pieces(small, request)
+    elements = codec.DECODE_OFF_LOOP_BYTES // 4 + 1
+    large = InferResponse("m", 1, [InferOutput("OUTPUT0", "FP32", np.ones((elements,), np.float32))])
+    assert codec.binary_answer(large, request) is None  # an encoding worker's
+    assert codec.binary_answer(small, InferRequest([])) is None  # nothing asked as binary: plain_answer's
