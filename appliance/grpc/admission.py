@@ -41,6 +41,7 @@ from appliance.grpc.access import Gate, caller_of
 from appliance.grpc.health import SERVICE as HEALTH_SERVICE
 from appliance.grpc.health import HealthCheckRequest, HealthCheckResponse, HealthService
 from appliance.grpc.http2.headers import Request
+from appliance.grpc.known_message import KnownMessage
 from appliance.grpc.receive import Metered, Receivers
 from appliance.grpc.status import abort, abort_unexpected, unexpected
 from appliance.protocol.admission import Caller
@@ -126,11 +127,13 @@ class _Passed:
     caller they name, and the access check it passed for ModelInfer (``Admitted.proof``; the bound on
     requests at once is asked every time), as the HTTP lane keeps them with a head sent again."""
 
-    __slots__ = ("caller", "proof")
+    __slots__ = ("caller", "proof", "known")
 
     def __init__(self, caller: Caller) -> None:
         self.caller = caller
         self.proof: object = None
+        self.known = KnownMessage()
+        """The leading bytes and plan of the ModelInfer messages sent under these headers."""
 
 
 class Straight(grpc.RpcMethodHandler):
@@ -157,6 +160,8 @@ class Received:
     raw: bytes
     account: Account
     caller: Caller
+    known: KnownMessage | None = None
+    """Its connection's last ModelInferRequest's leading bytes and plan (a straight call's)."""
 
 
 async def inflated(message: bytes, account: Account, limits: InflateLimits) -> bytes:
@@ -267,7 +272,7 @@ class AdmittingHandlers:
             account = self._dataplane.account()
             raw = call.take_message()
             account.reserve(len(raw))
-            return service.begin_infer(Received(raw, account, caller), call, admitted)
+            return service.begin_infer(Received(raw, account, caller, memo.known), call, admitted)
         except ApplianceError as exc:
             error: ApplianceError = _detached(exc)
         except Exception as exc:  # noqa: BLE001 - a bug: answered INTERNAL and logged

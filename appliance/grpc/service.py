@@ -30,6 +30,7 @@ from appliance.grpc.codec import (
     stream_options,
 )
 from appliance.grpc.grpc_config import StreamRules
+from appliance.grpc.known_message import KnownMessage, Planned
 from appliance.grpc.status import unexpected
 from appliance.grpc.stream import Reply, StreamFailed, serve_stream, stream_message, wants_grpc_errors
 from appliance.protocol.admission import Admitted
@@ -51,19 +52,25 @@ class InferMessage:
     streaming_alternative = "ModelStreamInfer (tritonclient: start_stream and async_stream_infer)"
 
     def __init__(self, raw: bytes | None = None, message: pb.ModelInferRequest | None = None,
-                 context: grpc.aio.ServicerContext | None = None) -> None:
+                 context: grpc.aio.ServicerContext | None = None, known: KnownMessage | None = None) -> None:
         self._context = context
         self._raw = raw
         self.message = message
         self.size = len(raw) if raw is not None else message.ByteSize() if message is not None else 0
         self.empty_final = False
         """Whether the client asked for an empty final response (triton_enable_empty_final_response)."""
+        self._known = known
+        """Its connection's last message's leading bytes and plan (``appliance.grpc.known_message``): a
+        message that starts with them is decoded from the plan; any other teaches it."""
+        self._planned: Planned | None = None
+        self._target: Target | None = None
 
     async def target(self, account: Account) -> Target:
         if self.message is None:
             raw, self._raw = self._raw, None
             assert raw is not None
             self.message = await parse_counted(raw, "ModelInfer", pb.ModelInferRequest.FromString, account)
+            self._planned = None  # (decoded from the message: ``_raw`` is gone)
         assert self.message is not None
         return Target(self.message.model_name, self.message.model_version or None, _own_timeout(self.message))
 
@@ -74,10 +81,18 @@ class InferMessage:
 
     def target_now(self) -> Target:
         if self.message is None:  # counted by ``receive_now`` (the raw bytes are on the call's account)
-            raw, self._raw = self._raw, None
+            raw = self._raw
             assert raw is not None
+            if self._known is not None:
+                planned = self._planned = self._known.match(raw)
+                if planned is not None:
+                    return planned[0].target
+            else:
+                self._raw = None
             self.message = parse_uncounted(raw, "ModelInfer", pb.ModelInferRequest.FromString)
-        return Target(self.message.model_name, self.message.model_version or None, _own_timeout(self.message))
+        message = self.message
+        self._target = Target(message.model_name, message.model_version or None, _own_timeout(message))
+        return self._target
 
     def decoding_work(self) -> int:
         return self.size
@@ -92,9 +107,20 @@ class InferMessage:
                      if key == "traceparent"), None)
 
     def decode(self, model: ModelVersion, limits: DecodeLimits, reserve: Callable[[int], None]) -> InferRequest:
+        planned = self._planned
+        if planned is not None:
+            plan, chunks = planned
+            if plan.limits is limits:
+                self.empty_final = plan.empty_final
+                return plan.decode(chunks, reserve)
+            assert self._raw is not None  # (a plan made under other limits: parsed and decoded in full)
+            self.message = parse_uncounted(self._raw, "ModelInfer", pb.ModelInferRequest.FromString)
+            self._target = plan.target
         assert self.message is not None
         decoded = decode_infer_request(self.message, limits, reserve)
         self.empty_final = stream_options(decoded.parameters)
+        if self._known is not None and self._raw is not None and self._target is not None:
+            self._known.learn(self._raw, self.message, decoded, self._target, limits, self.empty_final)
         return decoded
 
 
@@ -233,7 +259,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         that has its outcome (``_StraightInfer``); a request the line does not take is served on the
         awaited path by a task. Refusals found in this step raise here. True: the call is taken."""
         received_ns = time.monotonic_ns()
-        source = InferMessage(request.raw, context=call)
+        source = InferMessage(request.raw, context=call, known=request.known)
         request.raw = b""  # the handler drops the bytes once it has parsed them
         serving = _StraightInfer(call, admitted)
         request.account.release(source.size)  # counted once: on the flight's account (``receive_now``)

@@ -1,0 +1,181 @@
+"""A ModelInferRequest whose bytes up to its tensors' a connection sent before, decoded once.
+
+tritonclient and perf_analyzer write each ModelInferRequest with its ``raw_input_contents`` (field 7)
+last, and everything before them (the model, the ID, the parameters, each input's name, datatype and
+shape, the outputs asked for) the same for every request whose tensors keep their shapes. ``KnownMessage``
+(one per connection's header block, beside its admission memo) remembers those leading bytes: the second
+time a message starts with them, it is parsed and decoded in full and what it said becomes a ``_Plan``;
+from then on a message that starts with the same bytes and goes on with exactly as many field-7 entries
+as the plan has inputs, and nothing else, is decoded from the plan: its target known, each input read from
+its entry's bytes by ``decode_raw_tensor`` and counted as the full decode counts it, without protobuf
+parsing the message or the decoder walking it.
+
+Protobuf reads a message as the merge of its parts, so such a message is parsed as the known bytes (the
+plan's, which hold no field-7 entry) plus those entries: what the full decode would make of it. Only
+leading bytes of at most ``MAX_KNOWN_PREFIX`` are remembered, and only a message whose every input comes
+in ``raw_input_contents`` (one entry each; none in ``contents``, none in shared memory) and whose outputs
+name no shared memory region gets a plan; anything else is parsed and decoded in full.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from google.protobuf.message import DecodeError
+from tritonclient.grpc import service_pb2 as pb
+
+from appliance.core.errors import InputMismatch
+from appliance.engine.tensor_checks import BYTES_ELEMENT_OVERHEAD, DecodeLimits, decode_raw_tensor
+from appliance.engine.types import InferInput, InferRequest, RequestedOutput
+from appliance.protocol.inference import Target
+
+__all__ = ["MAX_KNOWN_PREFIX", "KnownMessage", "Planned"]
+
+MAX_KNOWN_PREFIX = 4096
+"""The longest leading bytes a connection's ``KnownMessage`` remembers (kept beyond the request, uncounted)."""
+
+_RAW_TAG = 0x3A
+"""Field 7 (``raw_input_contents``), length-delimited."""
+_NO_PLAN = object()
+"""Leading bytes seen twice whose messages a plan cannot take."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Input:
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    count: int
+    size_name: str
+    """Where its size comes from, for errors (``raw_input_contents[i] size``)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Plan:
+    target: Target
+    limits: DecodeLimits
+    inputs: tuple[_Input, ...]
+    outputs: tuple[tuple[str, dict[str, Any]], ...]
+    request_id: str | None
+    parameters: dict[str, Any]
+    """The request's parameters, Triton's reserved ones taken out (``empty_final``)."""
+    empty_final: bool
+
+    def decode(self, chunks: list[memoryview], reserve: Callable[[int], None]) -> InferRequest:
+        inputs = []
+        try:
+            for spec, chunk in zip(self.inputs, chunks, strict=True):
+                reserve(len(chunk))
+                if spec.datatype == "BYTES":
+                    reserve(min(spec.count, len(chunk) // 4) * BYTES_ELEMENT_OVERHEAD)
+                inputs.append(InferInput(spec.name, spec.datatype, decode_raw_tensor(
+                    chunk, spec.datatype, spec.shape, spec.count, spec.name, spec.size_name)))
+        except InputMismatch as mismatch:
+            mismatch.request_id = self.request_id
+            raise
+        # Each request its own dicts: a later step may add to them.
+        outputs = [RequestedOutput(name, dict(parameters)) for name, parameters in self.outputs]
+        return InferRequest(inputs, outputs, self.request_id, dict(self.parameters) if self.parameters else {})
+
+
+Planned = tuple[_Plan, list[memoryview]]
+"""A message's plan, and its field-7 entries' bytes (views of the message)."""
+
+
+def _entries(raw: bytes, start: int, count: int) -> list[memoryview] | None:
+    """The ``count`` field-7 entries that make up ``raw`` from ``start`` to its end, or None where its bytes
+    there are anything else."""
+    view = memoryview(raw)
+    chunks: list[memoryview] = []
+    at, end = start, len(raw)
+    while at < end:
+        if raw[at] != _RAW_TAG or len(chunks) == count:
+            return None
+        at += 1
+        size = shift = 0
+        while True:  # the entry's length, a varint of at most 5 bytes (a message is far below 2^35 bytes)
+            if at >= end or shift > 28:
+                return None
+            byte = raw[at]
+            at += 1
+            size |= (byte & 0x7F) << shift
+            shift += 7
+            if not byte & 0x80:
+                break
+        if size > end - at:
+            return None
+        chunks.append(view[at:at + size])
+        at += size
+    return chunks if len(chunks) == count else None
+
+
+def _varint_size(value: int) -> int:
+    return max(1, (value.bit_length() + 6) // 7)
+
+
+def _plan(message: pb.ModelInferRequest, request: InferRequest, target: Target, limits: DecodeLimits,
+          empty_final: bool) -> _Plan | None:
+    """The plan for messages that start as ``message`` does (decoded in full into ``request``), or None
+    where one cannot take them."""
+    if (request.shared_inputs or len(message.raw_input_contents) != len(message.inputs)
+            or len(request.inputs) != len(message.inputs) or any(tensor.HasField("contents") for tensor in
+                                                                 message.inputs)
+            or any(output.shared_memory is not None for output in request.outputs)):
+        return None
+    inputs = tuple(_Input(i.name, i.datatype, i.data.shape, i.data.size, f"raw_input_contents[{index}] size")
+                   for index, i in enumerate(request.inputs))
+    outputs = tuple((output.name, dict(output.parameters)) for output in request.outputs)
+    return _Plan(target, limits, inputs, outputs, request.id, dict(request.parameters), empty_final)
+
+
+class KnownMessage:
+    """The leading bytes of a connection's last ModelInferRequest, and its plan once they came twice
+    (module docstring). Its state is one tuple, replaced whole: a decode on a worker thread may use it."""
+
+    __slots__ = ("_last",)
+
+    def __init__(self) -> None:
+        self._last: tuple[bytes, _Plan | object | None] | None = None
+
+    def match(self, raw: bytes) -> Planned | None:
+        """``raw``'s plan and entries, where the plan takes it; None: parse and decode it in full (then
+        ``learn``)."""
+        last = self._last
+        if last is None or type(last[1]) is not _Plan or not raw.startswith(last[0]):
+            return None
+        plan = last[1]
+        chunks = _entries(raw, len(last[0]), len(plan.inputs))
+        return None if chunks is None else (plan, chunks)
+
+    def learn(self, raw: bytes, message: pb.ModelInferRequest, request: InferRequest, target: Target,
+              limits: DecodeLimits, empty_final: bool) -> None:
+        """A message parsed and decoded in full: its leading bytes remembered, and planned the second time
+        they come."""
+        contents = message.raw_input_contents
+        tail = sum(1 + _varint_size(len(chunk)) + len(chunk) for chunk in contents)
+        start = len(raw) - tail
+        if not 0 < start <= MAX_KNOWN_PREFIX or _entries(raw, start, len(contents)) is None:
+            self._last = None  # (its entries are not last: no plan will take it)
+            return
+        last = self._last
+        if last is not None and len(last[0]) == start and raw.startswith(last[0]):
+            if last[1] is None:  # the second time: worth a plan
+                made = _plan(message, request, target, limits, empty_final) if _split(last[0], message) else None
+                self._last = (last[0], _NO_PLAN if made is None else made)
+            return
+        self._last = (raw[:start], None)
+
+
+def _split(prefix: bytes, message: pb.ModelInferRequest) -> bool:
+    """Whether ``prefix`` is whole fields without a field-7 entry, which with ``message``'s entries make
+    ``message``: then any message of ``prefix`` and field-7 entries is parsed as the two parts merged."""
+    try:
+        head = pb.ModelInferRequest.FromString(prefix)
+    except DecodeError:  # it ends inside a field
+        return False
+    if head.raw_input_contents:
+        return False
+    head.raw_input_contents.extend(message.raw_input_contents)
+    return head == message
