@@ -23,6 +23,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 
@@ -50,6 +51,10 @@ class _Input:
     count: int
     size_name: str
     """Where its size comes from, for errors (``raw_input_contents[i] size``)."""
+    dtype: np.dtype | None
+    """A fixed-size datatype's element (None for BYTES, whose items are read by ``decode_raw_tensor``)."""
+    nbytes: int
+    """A fixed-size tensor's bytes: what its entry must hold."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -68,10 +73,13 @@ class _Plan:
         try:
             for spec, chunk in zip(self.inputs, chunks, strict=True):
                 reserve(len(chunk))
-                if spec.datatype == "BYTES":
-                    reserve(min(spec.count, len(chunk) // 4) * BYTES_ELEMENT_OVERHEAD)
-                inputs.append(InferInput(spec.name, spec.datatype, decode_raw_tensor(
-                    chunk, spec.datatype, spec.shape, spec.count, spec.name, spec.size_name)))
+                if spec.dtype is not None and len(chunk) == spec.nbytes:
+                    data = np.frombuffer(chunk, spec.dtype).reshape(spec.shape)
+                else:  # BYTES, or an entry of another size (refused there)
+                    if spec.dtype is None:
+                        reserve(min(spec.count, len(chunk) // 4) * BYTES_ELEMENT_OVERHEAD)
+                    data = decode_raw_tensor(chunk, spec.datatype, spec.shape, spec.count, spec.name, spec.size_name)
+                inputs.append(InferInput(spec.name, spec.datatype, data))
         except InputMismatch as mismatch:
             mismatch.request_id = self.request_id
             raise
@@ -124,7 +132,8 @@ def _plan(message: pb.ModelInferRequest, request: InferRequest, target: Target, 
                                                                  message.inputs)
             or any(output.shared_memory is not None for output in request.outputs)):
         return None
-    inputs = tuple(_Input(i.name, i.datatype, i.data.shape, i.data.size, f"raw_input_contents[{index}] size")
+    inputs = tuple(_Input(i.name, i.datatype, i.data.shape, i.data.size, f"raw_input_contents[{index}] size",
+                          None if i.datatype == "BYTES" else i.data.dtype, i.data.nbytes)
                    for index, i in enumerate(request.inputs))
     outputs = tuple((output.name, dict(output.parameters)) for output in request.outputs)
     return _Plan(target, limits, inputs, outputs, request.id, dict(request.parameters), empty_final)

@@ -23,6 +23,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import orjson
 
 from appliance.core.errors import InputMismatch
@@ -48,7 +49,9 @@ class _Input:
     count: int
     itemsize: int | None
     size: int
-    """Its binary_data_size."""
+    """Its binary_data_size (the full decode found it ``count * itemsize`` for a fixed-size datatype)."""
+    dtype: np.dtype | None
+    """A fixed-size datatype's element (None for BYTES, whose items are read by ``decode_raw_tensor``)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -63,19 +66,21 @@ class _Plan:
     parameters: dict[str, Any]
 
     def decode(self, body: bytes, header_length: int, reserve: Callable[[int], None]) -> InferRequest:
-        view = memoryview(body)
         offset = header_length
         inputs = []
-        try:
-            for spec in self.inputs:
+        for spec in self.inputs:
+            if spec.dtype is not None:  # a view of its bytes, which are exactly its size (nothing to count)
+                data = np.frombuffer(body, spec.dtype, spec.count, offset).reshape(spec.shape)
+            else:
                 reserve(input_allocation(spec.itemsize, spec.count, True, len(body) - offset))
-                end = offset + spec.size
-                inputs.append(InferInput(spec.name, spec.datatype, decode_raw_tensor(
-                    view[offset:end], spec.datatype, spec.shape, spec.count, spec.name, "binary_data_size")))
-                offset = end
-        except InputMismatch as mismatch:  # (a BYTES tensor's items that do not fill its bytes)
-            mismatch.request_id = self.request_id
-            raise
+                try:
+                    data = decode_raw_tensor(memoryview(body)[offset:offset + spec.size], spec.datatype, spec.shape,
+                                             spec.count, spec.name, "binary_data_size")
+                except InputMismatch as mismatch:  # (BYTES items that do not fill their bytes)
+                    mismatch.request_id = self.request_id
+                    raise
+            inputs.append(InferInput(spec.name, spec.datatype, data))
+            offset += spec.size
         # Each request its own dicts: a later step may add to them.
         outputs = [RequestedOutput(name, dict(parameters)) for name, parameters in self.outputs]
         return InferRequest(inputs, outputs, self.request_id, dict(self.parameters) if self.parameters else {})
@@ -92,8 +97,9 @@ def _plan(header: bytes, request: InferRequest, length: int, limits: DecodeLimit
         size = (raw.get("parameters") or {}).get("binary_data_size")
         if type(size) is not int:  # its data came in the JSON
             return None
-        inputs.append(_Input(decoded.name, decoded.datatype, decoded.data.shape, decoded.data.size,
-                             element_size(decoded.datatype), size))
+        itemsize = element_size(decoded.datatype)
+        inputs.append(_Input(decoded.name, decoded.datatype, decoded.data.shape, decoded.data.size, itemsize, size,
+                             None if itemsize is None else decoded.data.dtype))
     outputs = tuple((output.name, dict(output.parameters)) for output in request.outputs)
     return _Plan(limits, tuple(inputs), length, outputs, request.id, dict(request.parameters))
 

@@ -640,6 +640,8 @@ _BINARY_HEADERS: dict[tuple, bytes] = {}
 version, the request's ID and each output's name, datatype, shape and byte count): a client's answers
 repeat them."""
 _MAX_BINARY_HEADERS = 256
+_COPIED = 4096
+"""A binary output this small is copied out in one call (``tobytes``), not viewed in four."""
 _KEPT_ID = 64
 """The longest request ID whose answers' headers are kept (perf_analyzer sends ``"id": ""``)."""
 
@@ -658,10 +660,10 @@ def _binary_answer(response: InferResponse, binary: Callable[[str], bool],
         data = output.data
         if output.shared_memory is not None or data.dtype.kind not in _PLAIN_KINDS or not binary(output.name):
             return None
-        raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8).data
-        key += (output.name, output.datatype, data.shape, len(raw))
-        chunks.append(raw)
-        written += len(raw)
+        size = data.nbytes
+        key += (output.name, output.datatype, data.shape, size)
+        chunks.append(data.tobytes() if size <= _COPIED else _raw_bytes(data))
+        written += size
     if not written or (most is not None and written > most):  # (all empty: a plain JSON answer, as Triton's)
         return None
     header = _BINARY_HEADERS.get(known := tuple(key))

@@ -41,7 +41,7 @@ def _outcome(decode, body: bytes, header_length: int, limits: DecodeLimits = LIM
         request = decode(body, header_length, limits, counted.append)
     except ApplianceError as exc:
         return type(exc).__name__, str(exc), getattr(exc, "request_id", None)
-    return _fields(request), counted
+    return _fields(request), [size for size in counted if size]  # (reserving nothing is no reservation)
 
 
 def _fields(request: InferRequest) -> tuple:
