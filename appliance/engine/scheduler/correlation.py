@@ -4,9 +4,8 @@ errors word for word (clients match on them) followed by the fix."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from appliance.core.errors import InvalidInput
 from appliance.engine.scheduler.sequence_policy import Control
@@ -20,8 +19,10 @@ MAX_STRING_ID_BYTES = 256
 _INT_RANGES = {"UINT64": (0, 2**64 - 1), "INT64": (0, 2**63 - 1), "UINT32": (0, 2**32 - 1), "INT32": (0, 2**31 - 1)}
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class SequenceIds:
+class SequenceIds(NamedTuple):
+    """(A tuple: one is made for every request, and a frozen dataclass sets each field through
+    ``object.__setattr__``.)"""
+
     corrid: int | str
     flags: int
 

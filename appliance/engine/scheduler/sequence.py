@@ -203,7 +203,11 @@ class SequenceScheduler:
                 "wait for answers before sending more", retry_after=1,
             )
         sequence.idle_since = None
-        key = tuple(sorted((name, array.shape) for name, array in inputs.items()))
+        if len(inputs) == 1:  # (the common request: one input)
+            ((name, array),) = inputs.items()
+            key: tuple = ((name, array.shape),)
+        else:
+            key = tuple(sorted((name, array.shape) for name, array in inputs.items()))
         request = SequenceRequest(inputs, tuple(outputs), parameters, ids.flags, loop.create_future(), loop.time(),
                                   key, next(self._order), trace, timing, request_id, sink=sink,
                                   cancelled=cancelled or not_cancelled, then=then)

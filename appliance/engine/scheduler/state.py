@@ -23,11 +23,12 @@ __all__ = ["control_tensors", "initial_states", "padding_inputs", "sequence_samp
 
 
 def _row(value: object, datatype: str, batched: bool) -> np.ndarray:
-    shape = (1, 1) if batched else (1,)
+    """One control value as a batch row: [[value]] when the model batches, else [value] (one C call: this
+    runs for every control of every request)."""
     if datatype == "BYTES":
         text = value if isinstance(value, str) else ""  # only an empty slot has no string ID
-        return np.full(shape, text.encode(), dtype=object)
-    return np.full(shape, value, dtype=numpy_dtype(datatype))
+        return np.array([[text.encode()]] if batched else [text.encode()], dtype=object)
+    return np.array([[value]] if batched else [value], dtype=numpy_dtype(datatype))
 
 
 def _string_id_as_number(corrid: str, datatype: str) -> object:
@@ -43,7 +44,8 @@ def _control_value(control: Control, flags: int, corrid: int | str, ready: bool)
         if isinstance(corrid, str) and control.datatype != "BYTES":
             return _string_id_as_number(corrid, control.datatype)
         return corrid
-    on = {"start": bool(flags & START), "end": bool(flags & END), "ready": ready}[control.kind]
+    kind = control.kind
+    on = bool(flags & START) if kind == "start" else bool(flags & END) if kind == "end" else ready
     return control.false_true[1 if on else 0]
 
 
@@ -84,7 +86,7 @@ def step_requests(policy: SequencePolicy, rows: list[Row | None]) -> list[Backen
             sequence.state = initial_states(policy)
         feed = {**request.inputs, **control_tensors(policy, request.flags, sequence.corrid), **sequence.state}
         template = template or feed
-        outputs = tuple(dict.fromkeys((*request.outputs, *state_outputs)))
+        outputs = tuple(dict.fromkeys((*request.outputs, *state_outputs))) if state_outputs else request.outputs
         requests.append(BackendRequest(feed, outputs, request.parameters, 1, request_id=request.request_id,
                                        correlation_id=sequence.corrid, flags=request.flags, sink=request.sink,
                                        cancelled=request.cancelled))
