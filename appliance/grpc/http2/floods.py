@@ -21,7 +21,10 @@ from appliance.grpc.http2.frames import Error, FrameError
 __all__ = ["FLOOD_LIMITS", "Flood", "FloodLimit", "FloodMeter"]
 
 
-class Flood(enum.Enum):
+class Flood(enum.StrEnum):
+    """(A str too: a dict keyed by one hashes it as its text, in C; a plain Enum's hash is a Python call,
+    and a connection counts two a call.)"""
+
     SETTINGS = "SETTINGS frames"
     PING = "PING frames"
     PRIORITY = "PRIORITY frames"
@@ -58,18 +61,28 @@ FLOOD_LIMITS: dict[Flood, FloodLimit] = {
 class FloodMeter:
     """One connection's buckets; ``count`` raises ``FrameError(ENHANCE_YOUR_CALM)`` past a limit."""
 
-    __slots__ = ("_at", "_left", "_limits")
+    __slots__ = ("_buckets",)
 
     def __init__(self, now: float, limits: dict[Flood, FloodLimit] = FLOOD_LIMITS) -> None:
-        self._limits = limits
-        self._left = {kind: float(limit.burst) for kind, limit in limits.items()}
-        self._at = {kind: now for kind in limits}
+        self._buckets = {kind: _Bucket(limit, now) for kind, limit in limits.items()}
 
     def count(self, kind: Flood, now: float) -> None:
-        limit = self._limits[kind]
-        left = min(float(limit.burst), self._left[kind] + (now - self._at[kind]) * limit.rate) - 1.0
-        self._at[kind] = now
-        self._left[kind] = left
+        bucket = self._buckets[kind]
+        left = min(bucket.burst, bucket.left + (now - bucket.at) * bucket.rate) - 1.0
+        bucket.at = now
+        bucket.left = left
         if left < 0:
-            raise FrameError(Error.ENHANCE_YOUR_CALM, f"more than {limit.burst} {kind.value} at a rate above "
-                                                      f"{limit.rate:g} a second")
+            raise FrameError(Error.ENHANCE_YOUR_CALM, f"more than {int(bucket.burst)} {kind.value} at a rate "
+                                                      f"above {bucket.rate:g} a second")
+
+
+class _Bucket:
+    """One kind's allowance: frames left (refilled at ``rate`` a second up to ``burst``), as of ``at``."""
+
+    __slots__ = ("at", "burst", "left", "rate")
+
+    def __init__(self, limit: FloodLimit, now: float) -> None:
+        self.burst = float(limit.burst)
+        self.rate = limit.rate
+        self.left = self.burst
+        self.at = now
