@@ -31,10 +31,9 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import dataclasses
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -74,9 +73,10 @@ def in_ensemble(name: str, exc: BaseException) -> ApplianceError:
     return InferenceFailed(f"in ensemble '{name}', {type(exc).__name__}: {exc}")
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class SequenceTag:
-    """The sequence a tensor belongs to (Triton keeps a correlation ID and START/END flags with it)."""
+class SequenceTag(NamedTuple):
+    """The sequence a tensor belongs to (Triton keeps a correlation ID and START/END flags with it). A
+    tuple, as ``FrameTensor``: a few are made for every request, where a frozen dataclass sets each field
+    through ``object.__setattr__``."""
 
     corrid: int | str
     start: bool
@@ -93,8 +93,7 @@ class SequenceTag:
         return {"sequence_id": self.corrid, "sequence_start": self.start, "sequence_end": self.end}
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class FrameTensor:
+class FrameTensor(NamedTuple):
     data: np.ndarray | None
     """None: not given (an optional ensemble input) or not produced by the step that maps it."""
     sequence: SequenceTag
