@@ -1,14 +1,17 @@
 """Instructions per request under callgrind: the appliance against the lean reference (and a baseline
-checkout), a figure the box's load does not move.
+checkout), a figure the box's load barely moves.
 
-    python -m bench.instructions [--requests 500] [--warm-up 200] [--baseline CHECKOUT]
+    python -m bench.instructions [--requests 500] [--warm-up 200] [--repeats 3] [--baseline CHECKOUT]
                                  [--varied-bodies | --binary]
 
 CPU time per request on this project's shared 2-vCPU boxes moves by ±5 % within a run and ±20 % between
 runs, which hides a change worth 1–3 %. Valgrind's callgrind counts the instructions each process runs
-in user space, whatever else the box does: two runs of one tree agree within 0.1 %. It leaves out the
-kernel (system calls, context switches) and the time a cache miss costs, so it says what the Python costs,
-not everything a request costs: the CPU benchmarks (bench.lean) stay the targets' judges.
+in user space, whatever else the box does. It leaves out the kernel (system calls, context switches) and
+the time a cache miss costs, so it says what the Python costs, not everything a request costs: the CPU
+benchmarks (bench.lean) stay the targets' judges. The daemon's periodic work (the metrics tick, twice a
+second) is counted with the requests, and under valgrind a loaded box stretches the run, so more ticks
+fall in it: runs of one tree have differed by up to 5 % (two of the reference within 0.1 %). Hence
+``--repeats`` runs of each server, alternated, and the median; an A/B compares within one run.
 
 Each server runs under ``valgrind --tool=callgrind --instr-atstart=no --trace-children=yes`` (its model
 processes too), on bench.lean's setup (bench/triton_models.py's Python identity, the token required; the
@@ -44,7 +47,7 @@ from bench.report import command_line, commit, machine, publish
 from bench.serving import RESULTS
 from bench.triton import process_tree
 
-__all__ = ["Count", "count_dumps", "main", "table"]
+__all__ = ["Count", "count_dumps", "main", "median_count", "table"]
 
 _CALLGRIND = ("valgrind", "--tool=callgrind", "--instr-atstart=no", "--trace-children=yes")
 _DUMP = re.compile(r"\.(\d+)\.(\d+)$")
@@ -82,6 +85,12 @@ def count_dumps(directory: Path, server_pid: int, requests: int) -> Count:
         else:
             below += int(summary.group(1))
     return Count(server / requests, below / requests)
+
+
+def median_count(counts: list[Count]) -> Count:
+    """The run whose total is the median (the lower of the middle two for an even number)."""
+    ranked = sorted(counts, key=lambda count: count.total)
+    return ranked[(len(ranked) - 1) // 2]
 
 
 def table(counts: dict[str, Count], reference: str = "reference") -> str:
@@ -176,34 +185,43 @@ def main(argv: list[str] | None = None) -> int:
     bodies.add_argument("--varied-bodies", action="store_true", help="bench.lean's six bodies in turn")
     bodies.add_argument("--binary", action="store_true",
                         help="binary tensors under one JSON header (the appliance and the baseline only)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="runs of each server, alternated; the median of each server's totals is given")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
-    if args.requests < 1 or args.warm_up < 0:
-        parser.error("--requests must be at least 1 and --warm-up at least 0")
+    if args.requests < 1 or args.warm_up < 0 or args.repeats < 1:
+        parser.error("--requests and --repeats must be at least 1, --warm-up at least 0")
     for tool in ("valgrind", "callgrind_control"):
         if shutil.which(tool) is None:
             print(f"{tool} is not installed: apt-get install valgrind", file=sys.stderr)
             return 1
     started = time.monotonic()
     bodies = VARIED if args.varied_bodies else BINARY if args.binary else (_body(),)
-    counts: dict[str, Count] = {}
+    runs: dict[str, list[Count]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-instructions-") as tmp:
-        for name, start in _servers(Path(tmp), args.baseline, reference=not args.binary).items():
-            dumps = Path(tmp) / name
-            dumps.mkdir()
-            server = start(dumps)
-            try:
-                counts[name] = measure(server, dumps, args.requests, args.warm_up, bodies)
-            finally:
-                server.stop()
-            print(f"  {name}: {counts[name].total / 1000:,.1f} k instructions a request", file=sys.stderr,
-                  flush=True)
+        servers = _servers(Path(tmp), args.baseline, reference=not args.binary)
+        for repeat in range(args.repeats):
+            for name, start in servers.items():
+                dumps = Path(tmp) / f"{name}-{repeat}"
+                dumps.mkdir()
+                server = start(dumps)
+                try:
+                    count = measure(server, dumps, args.requests, args.warm_up, bodies)
+                finally:
+                    server.stop()
+                runs.setdefault(name, []).append(count)
+                print(f"  repeat {repeat + 1}/{args.repeats} {name}: {count.total / 1000:,.1f} k instructions a "
+                      "request", file=sys.stderr, flush=True)
+    counts = {name: median_count(counted) for name, counted in runs.items()}
     text = (f"Command: {command_line('bench.instructions', argv)} ({time.monotonic() - started:.0f} s), commit "
             f"{commit()}, {time.strftime('%Y-%m-%d')}\n\nMachine: {machine()}. Callgrind's count of the "
             f"instructions each process runs in user space (the kernel left out), over {args.requests} requests "
             f"sent one after another after {args.warm_up} uncounted (bench.lean's setup: Python identity FP32[16], "
-            f"{_BODIES[(args.varied_bodies, args.binary)]}, the token required).\n\n"
-            + table(counts, reference="reference" if not args.binary else "baseline"))
+            f"{_BODIES[(args.varied_bodies, args.binary)]}, the token required); the median of {args.repeats} "
+            f"runs of each server, alternated (every run's total: "
+            + "; ".join(f"{name} " + ", ".join(f"{c.total / 1000:,.1f} k" for c in counted)
+                        for name, counted in runs.items())
+            + ").\n\n" + table(counts, reference="reference" if not args.binary else "baseline"))
     name = "instructions-varied.md" if args.varied_bodies else "instructions-binary.md" if args.binary else \
         "instructions.md"
     publish(text, args.out, name)

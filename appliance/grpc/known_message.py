@@ -6,9 +6,10 @@ shape, the outputs asked for) the same for every request whose tensors keep thei
 (one per connection's header block, beside its admission memo) remembers those leading bytes: the second
 time a message starts with them, it is parsed and decoded in full and what it said becomes a ``_Plan``;
 from then on a message that starts with the same bytes and goes on with exactly as many field-7 entries
-as the plan has inputs, and nothing else, is decoded from the plan: its target known, each input read from
-its entry's bytes by ``decode_raw_tensor`` and counted as the full decode counts it, without protobuf
-parsing the message or the decoder walking it.
+as the plan has inputs, and nothing else, is decoded from the plan: its target known, each input counted
+as the full decode counts it and made from its entry's bytes (a view, where they are exactly what its
+shape needs; else ``decode_raw_tensor``, which reads BYTES items and refuses a wrong size), without
+protobuf parsing the message or the decoder walking it.
 
 Protobuf reads a message as the merge of its parts, so such a message is parsed as the known bytes (the
 plan's, which hold no field-7 entry) plus those entries: what the full decode would make of it. Only

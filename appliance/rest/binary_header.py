@@ -6,9 +6,10 @@ bytes after it change. ``KnownHeader`` (one per lane connection's head) remember
 when the same bytes come a second time it decodes that request as a fresh one would and keeps what the
 header said (each input's name, datatype, shape and byte count; the outputs asked for; the request's ID
 and parameters) as a ``_Plan``. From the third time on, a request whose header is byte for byte the
-plan's and whose body has exactly the bytes the plan's sizes add up to is decoded from the plan: each
-input read from its bytes by ``decode_raw_tensor`` and counted on the request's account, as the full
-decode does, without parsing or checking the header again.
+plan's and whose body has exactly the bytes the plan's sizes add up to is decoded from the plan, without
+parsing or checking the header again: a fixed-size input is a view of its bytes (which the header's size
+says, and the full decode found right for its shape), a BYTES one is read by ``decode_raw_tensor`` and
+counted on the request's account, as the full decode does.
 
 What a plan holds depends on the header's bytes alone, and the full decode checked those bytes, so a
 planned request is decoded as the full decode would decode it; anything else (other bytes, another body

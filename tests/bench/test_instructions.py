@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.instructions import Count, count_dumps, table
+from bench.instructions import Count, count_dumps, median_count, table
 
 
 def _dump(path, instructions: int) -> None:
@@ -33,3 +33,15 @@ def test_the_table_gives_each_tree_against_the_reference():
     lines = table({"reference": Count(250_000, 125_000), "appliance": Count(500_000, 130_000)}).splitlines()
     assert lines[2] == "| reference | 375.0 k (250.0 k + 125.0 k) |  |"
     assert lines[3] == "| appliance | 630.0 k (500.0 k + 130.0 k) | 1.680 |"
+
+
+def test_the_median_run_is_the_middle_total_and_an_even_count_takes_the_lower():
+    runs = [Count(500_000, 130_000), Count(470_000, 130_000), Count(490_000, 133_000)]
+    assert median_count(runs) == Count(490_000, 133_000)
+    assert median_count(runs[:2]) == Count(470_000, 130_000)
+
+
+def test_the_table_can_compare_against_the_baseline():
+    lines = table({"appliance": Count(470_000, 134_000), "baseline": Count(547_000, 134_000)},
+                  reference="baseline").splitlines()
+    assert lines[0].endswith("× baseline |") and lines[2].endswith("| 0.887 |")
