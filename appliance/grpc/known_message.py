@@ -22,16 +22,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
 
-import numpy as np
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 
 from appliance.core.errors import InputMismatch
 from appliance.engine.tensor_checks import BYTES_ELEMENT_OVERHEAD, DecodeLimits, decode_raw_tensor
-from appliance.engine.types import InferInput, InferRequest, RequestedOutput
+from appliance.engine.types import InferInput, InferRequest
 from appliance.protocol.inference import Target
+from appliance.protocol.request_plan import RequestPlan
 
 __all__ = ["MAX_KNOWN_PREFIX", "KnownMessage", "Planned"]
 
@@ -45,48 +44,30 @@ _NO_PLAN = object()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class _Input:
-    name: str
-    datatype: str
-    shape: tuple[int, ...]
-    count: int
-    size_name: str
-    """Where its size comes from, for errors (``raw_input_contents[i] size``)."""
-    dtype: np.dtype | None
-    """A fixed-size datatype's element (None for BYTES, whose items are read by ``decode_raw_tensor``)."""
-    nbytes: int
-    """A fixed-size tensor's bytes: what its entry must hold."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
 class _Plan:
+    request: RequestPlan
     target: Target
-    limits: DecodeLimits
-    inputs: tuple[_Input, ...]
-    outputs: tuple[tuple[str, dict[str, Any]], ...]
-    request_id: str | None
-    parameters: dict[str, Any]
-    """The request's parameters, Triton's reserved ones taken out (``empty_final``)."""
     empty_final: bool
+    """Triton's reserved parameter, taken out of the plan's parameters."""
+    size_names: tuple[str, ...]
+    """Where each input's size comes from, for errors (``raw_input_contents[i] size``)."""
 
     def decode(self, chunks: list[memoryview], reserve: Callable[[int], None]) -> InferRequest:
         inputs = []
         try:
-            for spec, chunk in zip(self.inputs, chunks, strict=True):
+            for spec, chunk, size_name in zip(self.request.inputs, chunks, self.size_names, strict=True):
                 reserve(len(chunk))
                 if spec.dtype is not None and len(chunk) == spec.nbytes:
-                    data = np.frombuffer(chunk, spec.dtype).reshape(spec.shape)
+                    data = spec.view(chunk)
                 else:  # BYTES, or an entry of another size (refused there)
                     if spec.dtype is None:
                         reserve(min(spec.count, len(chunk) // 4) * BYTES_ELEMENT_OVERHEAD)
-                    data = decode_raw_tensor(chunk, spec.datatype, spec.shape, spec.count, spec.name, spec.size_name)
+                    data = decode_raw_tensor(chunk, spec.datatype, spec.shape, spec.count, spec.name, size_name)
                 inputs.append(InferInput(spec.name, spec.datatype, data))
         except InputMismatch as mismatch:
-            mismatch.request_id = self.request_id
+            mismatch.request_id = self.request.request_id
             raise
-        # Each request its own dicts: a later step may add to them.
-        outputs = [RequestedOutput(name, dict(parameters)) for name, parameters in self.outputs]
-        return InferRequest(inputs, outputs, self.request_id, dict(self.parameters) if self.parameters else {})
+        return self.request.request(inputs)
 
 
 Planned = tuple[_Plan, list[memoryview]]
@@ -128,16 +109,14 @@ def _plan(message: pb.ModelInferRequest, request: InferRequest, target: Target, 
           empty_final: bool) -> _Plan | None:
     """The plan for messages that start as ``message`` does (decoded in full into ``request``), or None
     where one cannot take them."""
-    if (request.shared_inputs or len(message.raw_input_contents) != len(message.inputs)
-            or len(request.inputs) != len(message.inputs) or any(tensor.HasField("contents") for tensor in
-                                                                 message.inputs)
-            or any(output.shared_memory is not None for output in request.outputs)):
+    if (len(message.raw_input_contents) != len(message.inputs) or len(request.inputs) != len(message.inputs)
+            or any(tensor.HasField("contents") for tensor in message.inputs)):
         return None
-    inputs = tuple(_Input(i.name, i.datatype, i.data.shape, i.data.size, f"raw_input_contents[{index}] size",
-                          None if i.datatype == "BYTES" else i.data.dtype, i.data.nbytes)
-                   for index, i in enumerate(request.inputs))
-    outputs = tuple((output.name, dict(output.parameters)) for output in request.outputs)
-    return _Plan(target, limits, inputs, outputs, request.id, dict(request.parameters), empty_final)
+    plan = RequestPlan.of(request, limits)
+    if plan is None:
+        return None
+    return _Plan(plan, target, empty_final, tuple(f"raw_input_contents[{index}] size"
+                                                  for index in range(len(request.inputs))))
 
 
 class KnownMessage:
@@ -156,7 +135,7 @@ class KnownMessage:
         if last is None or type(last[1]) is not _Plan or not raw.startswith(last[0]):
             return None
         plan = last[1]
-        chunks = _entries(raw, len(last[0]), len(plan.inputs))
+        chunks = _entries(raw, len(last[0]), len(plan.request.inputs))
         return None if chunks is None else (plan, chunks)
 
     def learn(self, raw: bytes, message: pb.ModelInferRequest, request: InferRequest, target: Target,

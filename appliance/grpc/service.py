@@ -110,7 +110,7 @@ class InferMessage:
         planned = self._planned
         if planned is not None:
             plan, chunks = planned
-            if plan.limits is limits:
+            if plan.request.limits is limits:
                 self.empty_final = plan.empty_final
                 return plan.decode(chunks, reserve)
             assert self._raw is not None  # (a plan made under other limits: parsed and decoded in full)

@@ -22,15 +22,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
 
-import numpy as np
 import orjson
 
 from appliance.core.errors import InputMismatch
-from appliance.core.tensors import element_size
 from appliance.engine.tensor_checks import DecodeLimits, decode_raw_tensor
-from appliance.engine.types import InferInput, InferRequest, RequestedOutput
+from appliance.engine.types import InferInput, InferRequest
+from appliance.protocol.request_plan import RequestPlan
 from appliance.rest.codec import decode_infer_request, input_allocation
 
 __all__ = ["MAX_KNOWN_HEADER", "KnownHeader"]
@@ -43,66 +41,45 @@ _NO_PLAN = object()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class _Input:
-    name: str
-    datatype: str
-    shape: tuple[int, ...]
-    count: int
-    itemsize: int | None
-    size: int
-    """Its binary_data_size (the full decode found it ``count * itemsize`` for a fixed-size datatype)."""
-    dtype: np.dtype | None
-    """A fixed-size datatype's element (None for BYTES, whose items are read by ``decode_raw_tensor``)."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
 class _Plan:
-    limits: DecodeLimits
-    """The limits the full decode checked the header against."""
-    inputs: tuple[_Input, ...]
+    request: RequestPlan
+    sizes: tuple[int, ...]
+    """Each input's binary_data_size (the full decode found a fixed-size one what its shape needs)."""
     length: int
     """The body's length: the header's, then every input's bytes."""
-    outputs: tuple[tuple[str, dict[str, Any]], ...]
-    request_id: str | None
-    parameters: dict[str, Any]
 
     def decode(self, body: bytes, header_length: int, reserve: Callable[[int], None]) -> InferRequest:
         offset = header_length
         inputs = []
-        for spec in self.inputs:
+        for spec, size in zip(self.request.inputs, self.sizes, strict=True):
             if spec.dtype is not None:  # a view of its bytes, which are exactly its size (nothing to count)
-                data = np.frombuffer(body, spec.dtype, spec.count, offset).reshape(spec.shape)
+                data = spec.view(body, offset)
             else:
-                reserve(input_allocation(spec.itemsize, spec.count, True, len(body) - offset))
+                reserve(input_allocation(None, spec.count, True, len(body) - offset))
                 try:
-                    data = decode_raw_tensor(memoryview(body)[offset:offset + spec.size], spec.datatype, spec.shape,
+                    data = decode_raw_tensor(memoryview(body)[offset:offset + size], spec.datatype, spec.shape,
                                              spec.count, spec.name, "binary_data_size")
                 except InputMismatch as mismatch:  # (BYTES items that do not fill their bytes)
-                    mismatch.request_id = self.request_id
+                    mismatch.request_id = self.request.request_id
                     raise
             inputs.append(InferInput(spec.name, spec.datatype, data))
-            offset += spec.size
-        # Each request its own dicts: a later step may add to them.
-        outputs = [RequestedOutput(name, dict(parameters)) for name, parameters in self.outputs]
-        return InferRequest(inputs, outputs, self.request_id, dict(self.parameters) if self.parameters else {})
+            offset += size
+        return self.request.request(inputs)
 
 
 def _plan(header: bytes, request: InferRequest, length: int, limits: DecodeLimits) -> _Plan | None:
     """The plan for requests with ``header`` (decoded in full into ``request``, a body of ``length`` bytes),
     or None where one cannot take them."""
-    if request.shared_inputs or any(output.shared_memory is not None for output in request.outputs):
+    plan = RequestPlan.of(request, limits)
+    if plan is None:
         return None
-    document = orjson.loads(header)  # (read before: it parses, as a JSON object with an 'inputs' list)
-    inputs = []
-    for raw, decoded in zip(document["inputs"], request.inputs, strict=True):
+    sizes = []
+    for raw in orjson.loads(header)["inputs"]:  # (read before: it parses, as a JSON object with an 'inputs' list)
         size = (raw.get("parameters") or {}).get("binary_data_size")
         if type(size) is not int:  # its data came in the JSON
             return None
-        itemsize = element_size(decoded.datatype)
-        inputs.append(_Input(decoded.name, decoded.datatype, decoded.data.shape, decoded.data.size, itemsize, size,
-                             None if itemsize is None else decoded.data.dtype))
-    outputs = tuple((output.name, dict(output.parameters)) for output in request.outputs)
-    return _Plan(limits, tuple(inputs), length, outputs, request.id, dict(request.parameters))
+        sizes.append(size)
+    return _Plan(plan, tuple(sizes), length)
 
 
 class KnownHeader:
@@ -120,7 +97,7 @@ class KnownHeader:
         last = self._last
         if last is not None and header_length == len(last[0]) and body.startswith(last[0]):
             header, plan = last
-            if type(plan) is _Plan and plan.limits is limits and len(body) == plan.length:
+            if type(plan) is _Plan and plan.request.limits is limits and len(body) == plan.length:
                 return plan.decode(body, header_length, reserve)
             request = decode_infer_request(body, header_length, limits, reserve)
             if plan is None:  # the second time: worth a plan
