@@ -640,6 +640,8 @@ _BINARY_HEADERS: dict[tuple, bytes] = {}
 version, the request's ID and each output's name, datatype, shape and byte count): a client's answers
 repeat them."""
 _MAX_BINARY_HEADERS = 256
+_KEPT_HEADER = 4096
+"""The longest header kept: the table holds 1 MiB at most."""
 _COPIED = 4096
 """A binary output this small is copied out in one call (``tobytes``), not viewed in four."""
 _KEPT_ID = 64
@@ -671,9 +673,10 @@ def _binary_answer(response: InferResponse, binary: Callable[[str], bool],
         body, header_length = _in_pieces(response, binary)
         assert header_length is not None
         header = body[:header_length]
-        if len(_BINARY_HEADERS) >= _MAX_BINARY_HEADERS:
-            _BINARY_HEADERS.clear()
-        _BINARY_HEADERS[known] = header
+        if len(header) <= _KEPT_HEADER:  # (a model of many outputs writes a long one: not kept)
+            if len(_BINARY_HEADERS) >= _MAX_BINARY_HEADERS:
+                _BINARY_HEADERS.clear()
+            _BINARY_HEADERS[known] = header
     return join_releasing_gil([header, *chunks]), len(header)
 
 

@@ -245,13 +245,19 @@ def test_answers_the_kept_headers_do_not_cover_are_written_in_full(case):
     assert not codec._BINARY_HEADERS
 
 
-def test_the_kept_headers_are_bounded():
+def test_the_kept_headers_are_bounded_in_number_and_in_length():
     codec._BINARY_HEADERS.clear()
     request = _request_binary("OUTPUT0")
     for rows in range(codec._MAX_BINARY_HEADERS + 10):
         response = InferResponse("m", 1, [InferOutput("OUTPUT0", "INT8", np.zeros((rows + 1,), np.int8))])
         assert encode_in_pieces(response, request) == codec._in_pieces(response, codec._binary_choice(request))
     assert len(codec._BINARY_HEADERS) <= codec._MAX_BINARY_HEADERS
+    codec._BINARY_HEADERS.clear()
+    names = [f"OUTPUT{index}" for index in range(200)]  # a header of about 20 KiB
+    many = InferResponse("m", 1, [InferOutput(name, "INT8", np.zeros((1,), np.int8)) for name in names])
+    wanted = _request_binary(*names)
+    assert encode_in_pieces(many, wanted) == codec._in_pieces(many, codec._binary_choice(wanted))
+    assert not codec._BINARY_HEADERS
 
 
 @settings(max_examples=200, deadline=None)
