@@ -34,8 +34,10 @@ from appliance.protocol.request_plan import RequestPlan
 
 __all__ = ["MAX_KNOWN_PREFIX", "KnownMessage", "Planned"]
 
-MAX_KNOWN_PREFIX = 4096
-"""The longest leading bytes a connection's ``KnownMessage`` remembers (kept beyond the request, uncounted)."""
+MAX_KNOWN_PREFIX = 1024
+"""The longest leading bytes a ``KnownMessage`` remembers (kept beyond the request, uncounted). There is one
+for each header block a connection keeps (at most 64, ``appliance.grpc.http2.headers``), so a connection
+holds at most 64 KiB of them; tritonclient's and perf_analyzer's are a few hundred bytes."""
 
 _RAW_TAG = 0x3A
 """Field 7 (``raw_input_contents``), length-delimited."""
