@@ -30,7 +30,7 @@ from appliance.core.errors import InputMismatch
 from appliance.engine.tensor_checks import BYTES_ELEMENT_OVERHEAD, DecodeLimits, decode_raw_tensor
 from appliance.engine.types import InferInput, InferRequest
 from appliance.protocol.inference import Target
-from appliance.protocol.request_plan import RequestPlan
+from appliance.protocol.request_plan import KnownBytes, RequestPlan
 
 __all__ = ["MAX_KNOWN_PREFIX", "KnownMessage", "Planned"]
 
@@ -41,8 +41,6 @@ holds at most 64 KiB of them; tritonclient's and perf_analyzer's are a few hundr
 
 _RAW_TAG = 0x3A
 """Field 7 (``raw_input_contents``), length-delimited."""
-_NO_PLAN = object()
-"""Leading bytes seen twice whose messages a plan cannot take."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -53,6 +51,8 @@ class _Plan:
     """Triton's reserved parameter, taken out of the plan's parameters."""
     size_names: tuple[str, ...]
     """Where each input's size comes from, for errors (``raw_input_contents[i] size``)."""
+    prefix: int
+    """The length of the leading bytes it was made for: its messages' entries start there."""
 
     def decode(self, chunks: list[memoryview], reserve: Callable[[int], None]) -> InferRequest:
         inputs = []
@@ -107,37 +107,36 @@ def _varint_size(value: int) -> int:
     return max(1, (value.bit_length() + 6) // 7)
 
 
-def _plan(message: pb.ModelInferRequest, request: InferRequest, target: Target, limits: DecodeLimits,
-          empty_final: bool) -> _Plan | None:
-    """The plan for messages that start as ``message`` does (decoded in full into ``request``), or None
-    where one cannot take them."""
+def _plan(prefix: bytes, message: pb.ModelInferRequest, request: InferRequest, target: Target,
+          limits: DecodeLimits, empty_final: bool) -> _Plan | None:
+    """The plan for messages that start with ``prefix`` as ``message`` does (decoded in full into
+    ``request``), or None where one cannot take them."""
     if (len(message.raw_input_contents) != len(message.inputs) or len(request.inputs) != len(message.inputs)
-            or any(tensor.HasField("contents") for tensor in message.inputs)):
+            or any(tensor.HasField("contents") for tensor in message.inputs) or not _split(prefix, message)):
         return None
     plan = RequestPlan.of(request, limits)
     if plan is None:
         return None
     return _Plan(plan, target, empty_final, tuple(f"raw_input_contents[{index}] size"
-                                                  for index in range(len(request.inputs))))
+                                                  for index in range(len(request.inputs))), len(prefix))
 
 
 class KnownMessage:
     """The leading bytes of a connection's last ModelInferRequest, and its plan once they came twice
-    (module docstring). Its state is one tuple, replaced whole: a decode on a worker thread may use it."""
+    (module docstring)."""
 
-    __slots__ = ("_last",)
+    __slots__ = ("_seen",)
 
     def __init__(self) -> None:
-        self._last: tuple[bytes, _Plan | object | None] | None = None
+        self._seen: KnownBytes[_Plan] = KnownBytes()
 
     def match(self, raw: bytes) -> Planned | None:
         """``raw``'s plan and entries, where the plan takes it; None: parse and decode it in full (then
         ``learn``)."""
-        last = self._last
-        if last is None or type(last[1]) is not _Plan or not raw.startswith(last[0]):
+        plan = self._seen.plan(raw)
+        if plan is None:
             return None
-        plan = last[1]
-        chunks = _entries(raw, len(last[0]), len(plan.request.inputs))
+        chunks = _entries(raw, plan.prefix, len(plan.request.inputs))
         return None if chunks is None else (plan, chunks)
 
     def learn(self, raw: bytes, message: pb.ModelInferRequest, request: InferRequest, target: Target,
@@ -148,15 +147,10 @@ class KnownMessage:
         tail = sum(1 + _varint_size(len(chunk)) + len(chunk) for chunk in contents)
         start = len(raw) - tail
         if not 0 < start <= MAX_KNOWN_PREFIX or _entries(raw, start, len(contents)) is None:
-            self._last = None  # (its entries are not last: no plan will take it)
+            self._seen.forget()  # (its entries are not last: no plan will take it)
             return
-        last = self._last
-        if last is not None and len(last[0]) == start and raw.startswith(last[0]):
-            if last[1] is None:  # the second time: worth a plan
-                made = _plan(message, request, target, limits, empty_final) if _split(last[0], message) else None
-                self._last = (last[0], _NO_PLAN if made is None else made)
-            return
-        self._last = (raw[:start], None)
+        prefix = raw[:start]
+        self._seen.saw(prefix, lambda: _plan(prefix, message, request, target, limits, empty_final))
 
 
 def _split(prefix: bytes, message: pb.ModelInferRequest) -> bool:

@@ -7,14 +7,17 @@ each keep one per connection and decide when a request is sent the same way; the
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
 from appliance.engine.tensor_checks import DecodeLimits
 from appliance.engine.types import InferInput, InferRequest, RequestedOutput
 
-__all__ = ["PlannedInput", "RequestPlan"]
+__all__ = ["KnownBytes", "PlannedInput", "RequestPlan"]
+
+P = TypeVar("P")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -66,3 +69,41 @@ class RequestPlan:
         may add to them."""
         outputs = [RequestedOutput(name, dict(parameters)) for name, parameters in self.outputs]
         return InferRequest(inputs, outputs, self.request_id, dict(self.parameters) if self.parameters else {})
+
+
+_NO_PLAN = object()
+"""Leading bytes seen twice whose requests no plan can make again."""
+
+
+class KnownBytes(Generic[P]):
+    """The leading bytes of the last request a connection sent that was decoded in full, and the plan made
+    the second time in a row they came (``saw``); what a front end keeps per connection. Its state is one
+    tuple, replaced whole: a decode on a worker thread may use it too."""
+
+    __slots__ = ("_last",)
+
+    def __init__(self) -> None:
+        self._last: tuple[bytes, P | object | None] | None = None
+
+    def plan(self, data: bytes, length: int | None = None) -> P | None:
+        """The plan of the bytes ``data`` starts with (``length`` long, where given), if they have one."""
+        last = self._last
+        if last is None or (length is not None and length != len(last[0])) or not data.startswith(last[0]):
+            return None
+        plan = last[1]
+        return None if plan is None or plan is _NO_PLAN else plan  # type: ignore[return-value]
+
+    def saw(self, key: bytes, make: Callable[[], P | None]) -> None:
+        """A request that starts with ``key`` was decoded in full: ``key`` remembered the first time, and
+        ``make()`` (None: no plan can) the second time in a row."""
+        last = self._last
+        if last is not None and last[0] == key:
+            if last[1] is None:
+                made = make()
+                self._last = (key, _NO_PLAN if made is None else made)
+            return
+        self._last = (key, None)
+
+    def forget(self) -> None:
+        """A request whose leading bytes no plan would take: nothing is remembered."""
+        self._last = None

@@ -28,17 +28,13 @@ import orjson
 from appliance.core.errors import InputMismatch
 from appliance.engine.tensor_checks import DecodeLimits, decode_raw_tensor
 from appliance.engine.types import InferInput, InferRequest
-from appliance.protocol.request_plan import RequestPlan
+from appliance.protocol.request_plan import KnownBytes, RequestPlan
 from appliance.rest.codec import decode_infer_request, input_allocation
 
 __all__ = ["MAX_KNOWN_HEADER", "KnownHeader"]
 
 MAX_KNOWN_HEADER = 4096
 """The longest JSON header a connection's ``KnownHeader`` remembers (kept beyond its request, uncounted)."""
-
-_NO_PLAN = object()
-"""A header seen twice whose requests a plan cannot take (JSON data, shared memory)."""
-
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Plan:
@@ -84,26 +80,23 @@ def _plan(header: bytes, request: InferRequest, length: int, limits: DecodeLimit
 
 class KnownHeader:
     """The last JSON header of a connection's binary requests, and its plan once it came twice (module
-    docstring). Its state is one tuple, replaced whole: a decode on a worker thread may use it too."""
+    docstring)."""
 
-    __slots__ = ("_last",)
+    __slots__ = ("_seen",)
 
     def __init__(self) -> None:
-        self._last: tuple[bytes, _Plan | object | None] | None = None
+        self._seen: KnownBytes[_Plan] = KnownBytes()
 
     def decode(self, body: bytes, header_length: int, limits: DecodeLimits,
                reserve: Callable[[int], None]) -> InferRequest:
         """``decode_infer_request(body, header_length, limits, reserve)``, from the plan where it applies."""
-        last = self._last
-        if last is not None and header_length == len(last[0]) and body.startswith(last[0]):
-            header, plan = last
-            if type(plan) is _Plan and plan.request.limits is limits and len(body) == plan.length:
-                return plan.decode(body, header_length, reserve)
-            request = decode_infer_request(body, header_length, limits, reserve)
-            if plan is None:  # the second time: worth a plan
-                made = _plan(header, request, len(body), limits)
-                self._last = (header, _NO_PLAN if made is None else made)
-            return request
+        plan = self._seen.plan(body, header_length)
+        if plan is not None and plan.request.limits is limits and len(body) == plan.length:
+            return plan.decode(body, header_length, reserve)
         request = decode_infer_request(body, header_length, limits, reserve)
-        self._last = (body[:header_length], None) if 0 < header_length <= MAX_KNOWN_HEADER else None
+        if 0 < header_length <= MAX_KNOWN_HEADER:
+            header = body[:header_length]
+            self._seen.saw(header, lambda: _plan(header, request, len(body), limits))
+        else:
+            self._seen.forget()
         return request

@@ -7,7 +7,7 @@ import numpy as np
 
 from appliance.engine.tensor_checks import DecodeLimits
 from appliance.engine.types import InferInput, InferRequest, RequestedOutput, SharedMemoryInput, SharedMemoryRef
-from appliance.protocol.request_plan import PlannedInput, RequestPlan
+from appliance.protocol.request_plan import KnownBytes, PlannedInput, RequestPlan
 
 LIMITS = DecodeLimits()
 
@@ -50,3 +50,28 @@ def test_a_request_with_shared_memory_gets_no_plan():
 def test_an_input_is_planned_from_the_decoded_tensor():
     tensor = InferInput("X", "INT8", np.zeros((0, 4), np.int8))
     assert PlannedInput.of(tensor) == PlannedInput("X", "INT8", (0, 4), 0, np.dtype(np.int8), 0)
+
+
+def test_known_bytes_plan_the_second_time_in_a_row_and_only_for_data_that_starts_with_them():
+    known: KnownBytes[str] = KnownBytes()
+    made: list[bytes] = []
+
+    def make(key: bytes) -> str:
+        made.append(key)
+        return "plan"
+    known.saw(b"head", lambda: make(b"head"))
+    assert known.plan(b"head+tensors") is None and made == []  # once: remembered only
+    known.saw(b"head", lambda: make(b"head"))
+    assert known.plan(b"head+tensors") == "plan" and made == [b"head"]
+    assert known.plan(b"head+tensors", 4) == "plan" and known.plan(b"head+tensors", 5) is None
+    assert known.plan(b"other") is None
+    known.saw(b"head", lambda: make(b"again"))  # a plan made is kept, not made again
+    assert made == [b"head"]
+    known.saw(b"else", lambda: make(b"else"))  # other bytes: the plan goes, they are remembered
+    assert known.plan(b"head+tensors") is None
+    known.saw(b"else", lambda: None)  # the second time, and no plan can take them: none is asked again
+    known.saw(b"else", lambda: make(b"else"))
+    assert known.plan(b"else") is None and made == [b"head"]
+    known.forget()
+    known.saw(b"else", lambda: make(b"else"))
+    assert known.plan(b"else") is None and made == [b"head"]
