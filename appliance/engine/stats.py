@@ -150,15 +150,29 @@ class ModelStats:
         if bucket is None:
             bucket = self.batches[batch_size] = _BatchBucket()
         input_ns, infer_ns, output_ns = timing.input_ns, timing.infer_ns, timing.output_ns
-        # (Duration.add inline: every batch passes here, one request each at low load)
-        queue = self.queue
-        queue.count += len(queue_ns)
-        queue.ns += sum(queue_ns)
-        for total, ns, times in ((self.compute_input, input_ns, requests), (self.compute_infer, infer_ns, requests),
-                                 (self.compute_output, output_ns, requests), (bucket.compute_input, input_ns, 1),
-                                 (bucket.compute_infer, infer_ns, 1), (bucket.compute_output, output_ns, 1)):
-            total.count += times
-            total.ns += ns * times
+        # Duration.add written out, with no loop over the seven: every batch passes here, one request each at
+        # low load (a loop over a tuple of them ran 222 bytecodes a batch, this 172).
+        total = self.queue
+        total.count += len(queue_ns)
+        total.ns += queue_ns[0] if len(queue_ns) == 1 else sum(queue_ns)
+        total = self.compute_input
+        total.count += requests
+        total.ns += input_ns * requests
+        total = self.compute_infer
+        total.count += requests
+        total.ns += infer_ns * requests
+        total = self.compute_output
+        total.count += requests
+        total.ns += output_ns * requests
+        total = bucket.compute_input
+        total.count += 1
+        total.ns += input_ns
+        total = bucket.compute_infer
+        total.count += 1
+        total.ns += infer_ns
+        total = bucket.compute_output
+        total.count += 1
+        total.ns += output_ns
 
     def record_executions(self, batch_sizes: list[int], queue_ns: list[int], timing: BatchTiming) -> None:
         """A group's executions (one request each, of ``batch_sizes``), each as ``record_batch`` counts one

@@ -68,7 +68,8 @@ class RequestedOutput:
 
     @property
     def classification(self) -> int:
-        return int(self.parameters.get("classification", 0) or 0)
+        parameters = self.parameters
+        return int(parameters.get("classification", 0) or 0) if parameters else 0
 
 
 @dataclasses.dataclass(slots=True)
@@ -91,8 +92,12 @@ class InferRequest:
 
     @property
     def uses_shared_memory(self) -> bool:
-        return bool(self.shared_inputs) or (bool(self.outputs) and any(o.shared_memory is not None
-                                                                       for o in self.outputs))
+        if self.shared_inputs:
+            return True
+        for output in self.outputs:  # noqa: SIM110 - a loop: any() over a generator costs a frame, every request
+            if output.shared_memory is not None:
+                return True
+        return False
 
 
 @dataclasses.dataclass(slots=True)

@@ -104,16 +104,17 @@ def _batch_size(model: str, signature: ModelSignature, request: InferRequest) ->
             )
     if not request.outputs:
         return batch or 1
-    named = [output.name for output in request.outputs]
-    if len(set(named)) < len(named):  # Triton's words (2.51 returned it once; its later releases refuse it)
-        twice = next(name for index, name in enumerate(named) if name in named[:index])
-        raise InvalidInput(f"output '{twice}' already exists in request")
+    if len(request.outputs) > 1:
+        named = [output.name for output in request.outputs]
+        if len(set(named)) < len(named):  # Triton's words (2.51 returned it once; its later releases refuse it)
+            twice = next(name for index, name in enumerate(named) if name in named[:index])
+            raise InvalidInput(f"output '{twice}' already exists in request")
     for output in request.outputs:
         if output.name not in signature.outputs:
             raise InvalidInput(
                 f"unexpected inference output '{output.name}' for model '{model}'; "
                 f"the model's outputs are {sorted(signature.outputs)}"
             )
-        if output.classification < 0:
+        if output.parameters and output.classification < 0:
             raise InvalidInput("invalid value for 'classification' parameter, expected >= 0")
     return batch or 1

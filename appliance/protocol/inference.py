@@ -41,13 +41,18 @@ __all__ = ["DECODE_OFF_LOOP_BYTES", "Flight", "Inference", "InferSource", "NOT_S
 _COPY_CHUNK = 1 << 20
 
 
-def join_releasing_gil(pieces: list[bytes | memoryview]) -> bytes:
+def join_releasing_gil(pieces: list[bytes | memoryview], size: int | None = None) -> bytes:
     """``b"".join(pieces)``, with the GIL let go for the large copy. CPython's join releases it only when
     every piece is a bytes object (with a memoryview among them it holds it throughout: 0.08 s for
     128 MiB, a stall of every port though on a worker thread), so each view is copied out first, 1 MiB at
     a time (the GIL held for one such copy at once). Both transports' encoders answer through it; an
-    answer under one chunk is joined as it is (one copy, not two: the common small answer)."""
-    if sum(p.nbytes if isinstance(p, memoryview) else len(p) for p in pieces) <= _COPY_CHUNK:
+    answer under one chunk is joined as it is (one copy, not two: the common small answer). ``size``: the
+    pieces' bytes together, where the caller knows them."""
+    if size is None:
+        size = 0
+        for piece in pieces:  # (a loop: a generator costs a frame)
+            size += piece.nbytes if type(piece) is memoryview else len(piece)
+    if size <= _COPY_CHUNK:
         return b"".join(pieces)
     out: list[bytes] = []
     for piece in pieces:

@@ -677,7 +677,7 @@ def _binary_answer(response: InferResponse, binary: Callable[[str], bool],
             if len(_BINARY_HEADERS) >= _MAX_BINARY_HEADERS:
                 _BINARY_HEADERS.clear()
             _BINARY_HEADERS[known] = header
-    return join_releasing_gil([header, *chunks]), len(header)
+    return join_releasing_gil([header, *chunks], len(header) + written), len(header)
 
 
 def _in_pieces(response: InferResponse, binary: Callable[[str], bool] | None) -> tuple[bytes, int | None]:

@@ -50,6 +50,11 @@ class InlineRuns:
     def as_json(self) -> dict[str, Any]:
         return {**self.execution.as_json(), "inline_max_batch": self.largest}
 
+    @property
+    def possible(self) -> bool:
+        """Whether any batch may run inline (not for a backend that runs elsewhere, or refused the loop)."""
+        return self._limit > 0
+
     def admits(self, items: int, now: float) -> bool:
         """Whether a batch of ``items`` runs inline (``now``: the loop's time)."""
         if self.largest < self._limit and now >= self._retry_at:

@@ -372,14 +372,13 @@ class Scheduler:
 
     def _dispatch(self, index: int, batch: list[Pending]) -> None:
         assert self._loop is not None
-        now = self._loop.time()
         stamp = time.monotonic_ns()
         queue_ns = [stamp - p.arrival_ns for p in batch]
         requests = [p.request for p in batch]
         grouped = len(batch) > 1 and not self.policy.dynamic  # a group: each request its own execution
-        if not grouped:
+        if not grouped and self._inline.possible:
             items = _items(batch)
-            if self._inline.admits(items, now):
+            if self._inline.admits(items, self._loop.time()):
                 self._run_inline(index, batch, queue_ns, functools.partial(execute_batch, requests=requests), items)
                 return
         self._in_flight += len(batch)

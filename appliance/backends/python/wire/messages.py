@@ -282,16 +282,18 @@ def decode(data: bytes) -> Message:
     except Exception as exc:  # noqa: BLE001 - whatever the bytes make pickle raise
         raise MessageRefused(f"a frame of the model-process channel is not a message ({type(exc).__name__}: "
                              f"{exc})") from None
-    message = _typed(fields, _SHAPES, "message")
-    if type(message) is Done and message.packed is not None:
-        if type(message.packed) is not list:
+    kind = _kind(fields, _SHAPES, "message")
+    if kind is Done and fields[2] is not None:  # (made once, with its entries)
+        if type(fields[2]) is not list:
             raise MessageRefused("a Done message's entries are not a list")
-        entries = [_typed(entry, _ENTRY_SHAPES, "Done entry") for entry in message.packed]
-        message = tuple.__new__(Done, (message.arena, entries))
-    return message
+        return tuple.__new__(Done, (fields[1], [tuple.__new__(_kind(entry, _ENTRY_SHAPES, "Done entry"), entry[1:])
+                                                for entry in fields[2]]))
+    return tuple.__new__(kind, fields[1:])
 
 
-def _typed(fields: Any, shapes: dict[int, tuple[Any, int]], what: str) -> Any:
+def _kind(fields: Any, shapes: dict[int, tuple[Any, int]], what: str) -> Any:
+    """The class of what ``fields`` (as pickle gave them) hold: a tuple of a known kind's number and as many
+    fields as the kind has; MessageRefused for anything else."""
     shape = shapes.get(fields[0]) if type(fields) is tuple and fields and type(fields[0]) is int else None
     if shape is None:
         raise MessageRefused(f"a frame of the model-process channel is not a {what} of a known kind "
@@ -299,4 +301,4 @@ def _typed(fields: Any, shapes: dict[int, tuple[Any, int]], what: str) -> Any:
     kind, size = shape
     if len(fields) != size:
         raise MessageRefused(f"a {kind.__name__} {what} has {size - 1} fields, not {len(fields) - 1}")
-    return tuple.__new__(kind, fields[1:])
+    return kind
