@@ -8,8 +8,10 @@ change follows them.
 
 from __future__ import annotations
 
+from typing import NoReturn
+
 from appliance.core.errors import InvalidInput
-from appliance.engine.signature import ModelSignature
+from appliance.engine.signature import ModelSignature, TensorSpec
 from appliance.engine.types import InferRequest
 
 __all__ = ["request_prefix", "validate_request"]
@@ -61,6 +63,25 @@ def validate_request(model: str, signature: ModelSignature, request: InferReques
     return _batch_size(model, signature, request)
 
 
+def _refuse_batch(model: str, signature: ModelSignature, request: InferRequest, name: str, spec: TensorSpec,
+                  shape: tuple[int, ...], batch: int | None) -> NoReturn:
+    """InvalidInput for an input of a batching model whose batch dimension is wrong, in Triton's words."""
+    if len(shape) >= 1 and shape[0] > signature.max_batch_size:
+        raise InvalidInput(
+            f"{request_prefix(request.id)}inference request batch-size must be <= "
+            f"{signature.max_batch_size} for '{model}'"
+        )
+    if len(shape) < 1 or shape[0] < 1:
+        raise InvalidInput(
+            f"{request_prefix(request.id)}unexpected shape for input '{name}' for model '{model}'. "
+            f"Expected {_shape_text(signature.full_shape(spec))}, got {_shape_text(shape)}{_BATCH_NOTE}"
+        )
+    raise InvalidInput(
+        f"{request_prefix(request.id)}inputs of model '{model}' disagree on the batch size: {batch} and "
+        f"{shape[0]} (input '{name}')"
+    )
+
+
 def _batch_size(model: str, signature: ModelSignature, request: InferRequest) -> int:
     """The rest of ``validate_request``, for inputs the model has (none twice, none required missing)."""
     batch: int | None = None
@@ -79,21 +100,8 @@ def _batch_size(model: str, signature: ModelSignature, request: InferRequest) ->
             )
         shape = tensor.data.shape
         if batched:
-            if len(shape) >= 1 and shape[0] > signature.max_batch_size:
-                raise InvalidInput(
-                    f"{request_prefix(request.id)}inference request batch-size must be <= "
-                    f"{signature.max_batch_size} for '{model}'"
-                )
-            if len(shape) < 1 or shape[0] < 1:
-                raise InvalidInput(
-                    f"{request_prefix(request.id)}unexpected shape for input '{tensor.name}' for model '{model}'. "
-                    f"Expected {_shape_text(signature.full_shape(spec))}, got {_shape_text(shape)}{_BATCH_NOTE}"
-                )
-            if batch is not None and shape[0] != batch:
-                raise InvalidInput(
-                    f"{request_prefix(request.id)}inputs of model '{model}' disagree on the batch size: {batch} and "
-                    f"{shape[0]} (input '{tensor.name}')"
-                )
+            if not shape or not 0 < shape[0] <= signature.max_batch_size or (batch is not None and shape[0] != batch):
+                _refuse_batch(model, signature, request, tensor.name, spec, shape, batch)
             batch = shape[0]
             shape = shape[1:]
         if shape != spec.dims and not spec.shape_matches(shape):

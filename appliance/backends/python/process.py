@@ -20,7 +20,7 @@ import queue
 import subprocess
 import sys
 import threading
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from appliance.backends.base import LoadContext
@@ -367,12 +367,13 @@ class ModelProcess:
         with self._reply_lock:
             if message is None:  # the end: every command still waiting gets None
                 self._ended = True
-                waiting = list(self._waiting)
+                waiting: Sequence[Callable[[Message | None], None]] = list(self._waiting)
                 self._waiting.clear()
-            else:
-                waiting = [self._waiting.popleft()] if self._waiting else []
-        if not waiting and message is not None:  # e.g. finalize's answer at stop: nobody waits for it
-            log.debug("model %s: reply %s with no command waiting", self.name, type(message).__name__)
+            elif self._waiting:  # the common reply: its one waiter
+                waiting = (self._waiting.popleft(),)
+            else:  # e.g. finalize's answer at stop: nobody waits for it
+                log.debug("model %s: reply %s with no command waiting", self.name, type(message).__name__)
+                return
         for on_reply in waiting:
             try:
                 on_reply(message)
