@@ -93,9 +93,25 @@ class SequenceCounts:
 
 @dataclasses.dataclass(slots=True)
 class _BatchBucket:
-    compute_input: Duration = dataclasses.field(default_factory=Duration)
-    compute_infer: Duration = dataclasses.field(default_factory=Duration)
-    compute_output: Duration = dataclasses.field(default_factory=Duration)
+    """One batch size's executions, as plain counters (a batch updates one bucket; the model's totals are
+    summed from the buckets when read): how many ran (those that failed as a whole too), the requests they
+    ran, their compute times, and what batches of several requests add to the totals, where each request
+    counts its batch's whole time (Triton's)."""
+
+    executions: int = 0
+    requests: int = 0
+    input_ns: int = 0
+    infer_ns: int = 0
+    output_ns: int = 0
+    shared_input_ns: int = 0
+    """Over batches of several requests: each batch's time times its requests but one."""
+    shared_infer_ns: int = 0
+    shared_output_ns: int = 0
+
+    def as_json(self) -> dict[str, Any]:
+        return {"compute_input": {"count": self.executions, "ns": self.input_ns},
+                "compute_infer": {"count": self.executions, "ns": self.infer_ns},
+                "compute_output": {"count": self.executions, "ns": self.output_ns}}
 
 
 class ModelStats:
@@ -103,9 +119,6 @@ class ModelStats:
         self.success = Duration()
         self.fail = Duration()
         self.queue = Duration()
-        self.compute_input = Duration()
-        self.compute_infer = Duration()
-        self.compute_output = Duration()
         self.cache_hit = Duration()
         """Requests answered from the response cache, and the time their lookups took."""
         self.cache_miss = Duration()
@@ -149,30 +162,20 @@ class ModelStats:
         bucket = self.batches.get(batch_size)
         if bucket is None:
             bucket = self.batches[batch_size] = _BatchBucket()
-        input_ns, infer_ns, output_ns = timing.input_ns, timing.infer_ns, timing.output_ns
-        # Duration.add written out, with no loop over the seven: every batch passes here, one request each at
-        # low load (a loop over a tuple of them ran 222 bytecodes a batch, this 172).
-        total = self.queue
-        total.count += len(queue_ns)
-        total.ns += queue_ns[0] if len(queue_ns) == 1 else sum(queue_ns)
-        total = self.compute_input
-        total.count += requests
-        total.ns += input_ns * requests
-        total = self.compute_infer
-        total.count += requests
-        total.ns += infer_ns * requests
-        total = self.compute_output
-        total.count += requests
-        total.ns += output_ns * requests
-        total = bucket.compute_input
-        total.count += 1
-        total.ns += input_ns
-        total = bucket.compute_infer
-        total.count += 1
-        total.ns += infer_ns
-        total = bucket.compute_output
-        total.count += 1
-        total.ns += output_ns
+        # (Duration.add written out: every batch passes here, one request each at low load)
+        queue = self.queue
+        queue.count += len(queue_ns)
+        queue.ns += queue_ns[0] if len(queue_ns) == 1 else sum(queue_ns)
+        bucket.executions += 1
+        bucket.requests += requests
+        bucket.input_ns += timing.input_ns
+        bucket.infer_ns += timing.infer_ns
+        bucket.output_ns += timing.output_ns
+        if requests > 1:
+            others = requests - 1
+            bucket.shared_input_ns += timing.input_ns * others
+            bucket.shared_infer_ns += timing.infer_ns * others
+            bucket.shared_output_ns += timing.output_ns * others
 
     def record_executions(self, batch_sizes: list[int], queue_ns: list[int], timing: BatchTiming) -> None:
         """A group's executions (one request each, of ``batch_sizes``), each as ``record_batch`` counts one
@@ -183,9 +186,6 @@ class ModelStats:
         self.execution_count += runs
         self.inference_count += sum(batch_sizes)
         self.queue.add(sum(queue_ns), runs)
-        self.compute_input.add(timing.input_ns * runs, runs)
-        self.compute_infer.add(timing.infer_ns * runs, runs)
-        self.compute_output.add(timing.output_ns * runs, runs)
         sizes: dict[int, int] = {}
         for size in batch_sizes:
             sizes[size] = sizes.get(size, 0) + 1
@@ -193,9 +193,11 @@ class ModelStats:
             bucket = self.batches.get(size)
             if bucket is None:
                 bucket = self.batches[size] = _BatchBucket()
-            bucket.compute_input.add(timing.input_ns * count, count)
-            bucket.compute_infer.add(timing.infer_ns * count, count)
-            bucket.compute_output.add(timing.output_ns * count, count)
+            bucket.executions += count
+            bucket.requests += count
+            bucket.input_ns += timing.input_ns * count
+            bucket.infer_ns += timing.infer_ns * count
+            bucket.output_ns += timing.output_ns * count
 
     def record_failed_batch(self, batch_size: int) -> None:
         """An execution that failed as a whole (the model raised): Triton counts the execution, in
@@ -204,12 +206,21 @@ class ModelStats:
         bucket = self.batches.get(batch_size)
         if bucket is None:
             bucket = self.batches[batch_size] = _BatchBucket()
-        bucket.compute_input.add(0)
-        bucket.compute_infer.add(0)
-        bucket.compute_output.add(0)
+        bucket.executions += 1
+
+    def compute(self) -> tuple[Duration, Duration, Duration]:
+        """Every request's share of its executions' input, infer and output times (a request counts its
+        batch's whole time, as Triton counts it), summed from the buckets."""
+        requests = input_ns = infer_ns = output_ns = 0
+        for bucket in self.batches.values():
+            requests += bucket.requests
+            input_ns += bucket.input_ns + bucket.shared_input_ns
+            infer_ns += bucket.infer_ns + bucket.shared_infer_ns
+            output_ns += bucket.output_ns + bucket.shared_output_ns
+        return Duration(requests, input_ns), Duration(requests, infer_ns), Duration(requests, output_ns)
 
     def batch_histogram(self) -> dict[int, int]:
-        return {size: bucket.compute_infer.count for size, bucket in sorted(self.batches.items())}
+        return {size: bucket.executions for size, bucket in sorted(self.batches.items())}
 
     def as_json(self) -> dict[str, Any]:
         document = self._triton_json()
@@ -220,6 +231,7 @@ class ModelStats:
         return document
 
     def _triton_json(self) -> dict[str, Any]:
+        computed = self.compute()
         return {
             "last_inference": self.last_inference_ms,
             "inference_count": self.inference_count,
@@ -228,21 +240,13 @@ class ModelStats:
                 "success": self.success.as_json(),
                 "fail": self.fail.as_json(),
                 "queue": self.queue.as_json(),
-                "compute_input": self.compute_input.as_json(),
-                "compute_infer": self.compute_infer.as_json(),
-                "compute_output": self.compute_output.as_json(),
+                "compute_input": computed[0].as_json(),
+                "compute_infer": computed[1].as_json(),
+                "compute_output": computed[2].as_json(),
                 "cache_hit": self.cache_hit.as_json(),
                 "cache_miss": self.cache_miss.as_json(),
             },
-            "batch_stats": [
-                {
-                    "batch_size": size,
-                    "compute_input": bucket.compute_input.as_json(),
-                    "compute_infer": bucket.compute_infer.as_json(),
-                    "compute_output": bucket.compute_output.as_json(),
-                }
-                for size, bucket in sorted(self.batches.items())
-            ],
+            "batch_stats": [{"batch_size": size, **bucket.as_json()} for size, bucket in sorted(self.batches.items())],
             # Triton's members this server has nothing to put in yet: per-response statistics of
             # decoupled models, and the memory a version holds on each device.
             "response_stats": {},

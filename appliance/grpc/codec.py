@@ -321,22 +321,25 @@ def _varint(value: int) -> bytes:
     return bytes(out)
 
 
-def _message_pieces(head: bytes, response: InferResponse) -> list[bytes | memoryview]:
+def _message_pieces(head: bytes, response: InferResponse) -> tuple[list[bytes | memoryview], int]:
     """A ModelInferResponse's bytes in pieces: ``head`` (``_head_bytes``), then each of ``response``'s
     tensors as its ``raw_output_contents`` field (protobuf writes fields in number order; that one is the
-    last)."""
+    last); and their length together."""
     pieces: list[bytes | memoryview] = [head]
+    size = len(head)
     for output in response.outputs:
-        raw = b"" if output.shared_memory is not None else _raw(output.data)
-        pieces += (_RAW_OUTPUT_TAG, _varint(len(raw)), raw)
-    return pieces
+        raw = b"" if output.shared_memory is not None else _raw(output.data)  # (bytes, or a view of bytes)
+        length = _varint(len(raw))
+        pieces += (_RAW_OUTPUT_TAG, length, raw)
+        size += 1 + len(length) + len(raw)
+    return pieces, size
 
 
 def serialize_infer_response(response: InferResponse) -> bytes:
     """``encode_infer_response(response).SerializeToString()``, the same bytes, written without copying the
     tensors into a message and out again, in one join that releases the GIL (``join_releasing_gil``): encoded on a
     worker thread, a large answer stalls no event loop."""
-    return join_releasing_gil(_message_pieces(_head_bytes(response), response))
+    return join_releasing_gil(*_message_pieces(_head_bytes(response), response))
 
 
 FINAL_RESPONSE = "triton_final_response"
@@ -351,11 +354,16 @@ def serialize_stream_response(response: InferResponse, final: bool) -> bytes:
     """The ModelStreamInferResponse carrying ``response`` (with FINAL_RESPONSE set to ``final``), the bytes
     protobuf serialises of that message, written as ``serialize_infer_response`` writes ModelInfer's: no
     message holds the tensors, one join that releases the GIL."""
-    pieces = _message_pieces(_head_bytes(response, final), response)
-    return join_releasing_gil([_STREAM_INFER_TAG, _varint(sum(map(len, pieces))), *pieces])
+    pieces, size = _message_pieces(_head_bytes(response, final), response)
+    length = _varint(size)
+    return join_releasing_gil([_STREAM_INFER_TAG, length, *pieces], 1 + len(length) + size)
 
 
 def encoding_work(response: InferResponse) -> int:
     """The bytes serialising ``response`` works through, for the off-loop rule
     (``appliance.protocol.inference.decode_off_loop``)."""
-    return sum(tensor_work(o.data) for o in response.outputs if o.shared_memory is None)
+    work = 0
+    for output in response.outputs:  # (a loop: a generator costs a frame, every answer)
+        if output.shared_memory is None:
+            work += tensor_work(output.data)
+    return work

@@ -93,9 +93,10 @@ class TritonCollector:
             pending.add_metric(values, model.scheduler.pending)
             request_us.add_metric(values, (stats.success.ns + stats.fail.ns) // 1000)
             queue_us.add_metric(values, stats.queue.ns // 1000)
-            input_us.add_metric(values, stats.compute_input.ns // 1000)
-            infer_us.add_metric(values, stats.compute_infer.ns // 1000)
-            output_us.add_metric(values, stats.compute_output.ns // 1000)
+            compute_input, compute_infer, compute_output = stats.compute()
+            input_us.add_metric(values, compute_input.ns // 1000)
+            infer_us.add_metric(values, compute_infer.ns // 1000)
+            output_us.add_metric(values, compute_output.ns // 1000)
             cumulative, buckets = 0, []
             for bound, n in zip([*LATENCY_BUCKETS_US, None], stats.latency_histogram):
                 cumulative += n

@@ -56,11 +56,12 @@ _COUNTERS = ("requests", "success", "failure", "inferences", "executions", "late
 def _totals(stats: ModelStats) -> ModelSample:
     """The version's cumulative counters as one sample (no time, model or version of its own)."""
     success, failure = stats.success, stats.fail
+    compute_input, compute_infer, compute_output = stats.compute()
     return ModelSample(
         0, "", 0, requests=success.count + failure.count, success=success.count, failure=failure.count,
         failure_reasons=dict(stats.failures), inferences=stats.inference_count, executions=stats.execution_count,
-        latency_ns=success.ns + failure.ns, queue_ns=stats.queue.ns, input_ns=stats.compute_input.ns,
-        infer_ns=stats.compute_infer.ns, output_ns=stats.compute_output.ns, latency_hist=list(stats.latency_histogram),
+        latency_ns=success.ns + failure.ns, queue_ns=stats.queue.ns, input_ns=compute_input.ns,
+        infer_ns=compute_infer.ns, output_ns=compute_output.ns, latency_hist=list(stats.latency_histogram),
         batch_hist={str(size): count for size, count in stats.batch_histogram().items()},
     )
 

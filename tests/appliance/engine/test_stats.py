@@ -32,3 +32,22 @@ def test_a_groups_executions_count_as_each_one_recorded_alone():
     assert together.as_json() | {"last_inference": 0} == alone.as_json() | {"last_inference": 0}
     together.record_executions([], [], timing)  # a group whose every execution failed: nothing ran
     assert together.as_json()["execution_count"] == 3
+
+
+def test_each_request_of_a_batch_counts_its_batchs_whole_time():
+    stats = ModelStats()
+    stats.record_batch(3, 2, [10, 30], BatchTiming(input_ns=4, infer_ns=100, output_ns=6))  # two requests, 3 items
+    stats.record_batch(1, 1, [5], BatchTiming(input_ns=1, infer_ns=20, output_ns=2))
+    document = stats.as_json()
+    assert (document["inference_count"], document["execution_count"]) == (4, 2)
+    assert document["inference_stats"]["queue"] == {"count": 3, "ns": 45}
+    assert document["inference_stats"]["compute_input"] == {"count": 3, "ns": 4 * 2 + 1}
+    assert document["inference_stats"]["compute_infer"] == {"count": 3, "ns": 100 * 2 + 20}
+    assert document["inference_stats"]["compute_output"] == {"count": 3, "ns": 6 * 2 + 2}
+    assert document["batch_stats"] == [  # by size: each execution once, with its own time
+        {"batch_size": 1, "compute_input": {"count": 1, "ns": 1}, "compute_infer": {"count": 1, "ns": 20},
+         "compute_output": {"count": 1, "ns": 2}},
+        {"batch_size": 3, "compute_input": {"count": 1, "ns": 4}, "compute_infer": {"count": 1, "ns": 100},
+         "compute_output": {"count": 1, "ns": 6}},
+    ]
+    assert [(d.count, d.ns) for d in stats.compute()] == [(3, 9), (3, 220), (3, 14)]  # what the metrics read
