@@ -68,8 +68,7 @@ class RequestedOutput:
 
     @property
     def classification(self) -> int:
-        parameters = self.parameters
-        return int(parameters.get("classification", 0) or 0) if parameters else 0
+        return int(self.parameters.get("classification", 0) or 0)
 
 
 @dataclasses.dataclass(slots=True)
