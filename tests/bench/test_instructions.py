@@ -3,9 +3,13 @@ out, the server's own apart from those below it) and its table."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from bench.instructions import Count, count_dumps, median_count, table
+from appliance.settings import load_settings
+from bench.instructions import Count, count_dumps, median_count, quiet_setup, table
+from bench.lean import _MODEL
 
 
 def _dump(path, instructions: int) -> None:
@@ -45,3 +49,11 @@ def test_the_table_can_compare_against_the_baseline():
     lines = table({"appliance": Count(470_000, 134_000), "baseline": Count(547_000, 134_000)},
                   reference="baseline").splitlines()
     assert lines[0].endswith("× baseline |") and lines[2].endswith("| 0.887 |")
+
+
+def test_the_appliance_counted_ticks_its_metrics_once_an_hour(tmp_path):
+    repo, env = quiet_setup(tmp_path)
+    settings = load_settings(env={}, config_file=Path(env["APPLIANCE_CONFIG"]))
+    assert settings.metrics.interval == 3600  # clock-driven work, stretched by valgrind, not counted
+    assert settings.auth.protect_inference  # bench.lean's production settings kept
+    assert [model.name for model in repo.iterdir()] == [_MODEL]
