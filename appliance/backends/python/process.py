@@ -277,18 +277,21 @@ class ModelProcess:
         assert self._loop is not None
         if not self._on_loop or self.conn.closed:  # stopped since this turn was asked for
             return
+        conn = self.conn
         for _ in range(_DRAIN):
-            data = self.conn.next_frame()
+            data = conn.next_frame()
             if data is None:
                 break
             message = self._decode(data)
             waiting = self._dispatch(message) if message is not None else None
             if waiting is not None:  # hold back what follows (in order) until the handler is done with it
-                self._loop.remove_reader(self.conn.fileno())
+                self._loop.remove_reader(conn.fileno())
                 self._resuming = self._loop.create_task(self._resume_after(waiting))
                 return
-            if not self._on_loop or self.conn.closed:  # stopped meanwhile
+            if not self._on_loop or conn.closed:  # stopped meanwhile
                 return
+            if conn.all_taken:  # (the common read: one reply, and no second look for another)
+                break
         else:
             if self.conn.holds_frame:  # more than a turn's worth read already: the next turn takes them
                 self._loop.call_soon(self._take, ended)

@@ -152,6 +152,11 @@ class Channel:
         return bytes(held[start:end])
 
     @property
+    def all_taken(self) -> bool:
+        """Whether every byte read has been given out in frames (nothing of a next frame is in yet)."""
+        return self._taken == len(self._held)
+
+    @property
     def holds_frame(self) -> bool:
         """Whether ``next_frame`` has a whole frame to give without reading."""
         return self._frame_bounds() is not None

@@ -4,6 +4,7 @@ pieces (property-based), and a header that claims more than arrives."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import struct
 import subprocess
@@ -134,6 +135,7 @@ def test_frames_filled_without_waiting_come_whole_in_order_whatever_the_pieces(f
     ours, theirs = _looped()
     ours.read_without_waiting()
     wire = b"".join(struct.pack("!i", len(f)) + f for f in frames)
+    ends = set(itertools.accumulate((4 + len(f) for f in frames), initial=0))  # where a whole frame ends
     received: list[bytes] = []
     at, turn = 0, 0
     while at < len(wire):  # each piece fits in the pipe, and one fill() reads all of it
@@ -147,6 +149,7 @@ def test_frames_filled_without_waiting_come_whole_in_order_whatever_the_pieces(f
         while frame is not None:
             received.append(frame)
             frame = ours.next_frame()
+        assert ours.all_taken == (min(at, len(wire)) in ends)  # nothing of a next frame read yet
     assert ours.fill()  # nothing more: a wake-up for nothing is no end
     assert received == frames
     assert not ours.holds_frame and ours.next_frame() is None
