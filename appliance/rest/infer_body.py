@@ -5,7 +5,6 @@ the body from aiohttp's stream, and the infer lane (``appliance.rest.lane``), wh
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Awaitable, Callable, Mapping
 
 from appliance.core.errors import InvalidInput
@@ -21,15 +20,15 @@ from appliance.security.fleet_signature import FleetVerifier
 
 __all__ = ["InferBody", "count_body"]
 
-_DIGITS = re.compile(r"[0-9]{1,15}")  # ASCII only: str.isdigit() also takes '²'
-
-
 def _header_length(raw: str | None) -> int | None:
     if raw is None:
         return None
-    if not _DIGITS.fullmatch(raw.strip()):
+    digits = raw.strip()
+    # ASCII digits only (str.isdigit() alone also takes '²'), without a regular expression: every binary
+    # request asks.
+    if not (0 < len(digits) <= 15 and digits.isascii() and digits.isdigit()):
         raise InvalidInput(f"{HEADER_LENGTH} must be a non-negative integer of at most 15 digits, got {raw[:40]!r}")
-    return int(raw)
+    return int(digits)
 
 
 def _decode_raw(body: bytes, model: ModelVersion, limits: DecodeLimits,
@@ -52,7 +51,7 @@ def _decoding_work(body: bytes, header_length: int | None) -> int:
     tensors only when they are BYTES ones (fixed-size tensors are views of the body, whatever their size)."""
     if header_length is None or header_length >= len(body):
         return len(body)
-    if header_length == 0 or b'"BYTES"' in body[:header_length]:
+    if header_length == 0 or body.find(b'"BYTES"', 0, header_length) >= 0:  # (no copy of the header)
         return len(body)
     return header_length
 
