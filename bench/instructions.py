@@ -49,7 +49,7 @@ from bench.report import command_line, commit, machine, publish
 from bench.serving import RESULTS
 from bench.triton import process_tree
 
-__all__ = ["Count", "count_dumps", "main", "median_count", "quiet_setup", "table"]
+__all__ = ["BINARY", "Count", "Sender", "count_dumps", "main", "median_count", "quiet_setup", "table"]
 
 _CALLGRIND = ("valgrind", "--tool=callgrind", "--instr-atstart=no", "--trace-children=yes")
 _DUMP = re.compile(r"\.(\d+)\.(\d+)$")
@@ -124,32 +124,45 @@ def binary_header_length(body: bytes) -> int:
     return len(body) - 64
 
 
-def measure(server: Server, dumps: Path, requests: int, warm_up: int, bodies: tuple[bytes, ...]) -> Count:
-    """Instructions per request of ``server``'s tree, started under callgrind writing into ``dumps``."""
-    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {_TOKEN}"}
-    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
+class Sender:
+    """Inferences sent one after another over one keep-alive connection to ``port``: bench.lean's identity
+    with the token, ``bodies`` in turn (a ``BINARY`` one with its header length)."""
 
-    def send(count: int) -> None:
-        for index in range(count):
-            body = bodies[index % len(bodies)]
+    def __init__(self, port: int, bodies: tuple[bytes, ...]) -> None:
+        self._connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        self._bodies = bodies
+        self._sent = 0
+
+    def send(self, count: int) -> None:
+        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {_TOKEN}"}
+        for _ in range(count):
+            body = self._bodies[self._sent % len(self._bodies)]
+            self._sent += 1
             extra = {}
             if body in BINARY:
                 extra = {"Content-Type": "application/octet-stream",
                          "Inference-Header-Content-Length": str(binary_header_length(body))}
-            connection.request("POST", f"/v2/models/{_MODEL}/infer", body=body, headers={**headers, **extra})
-            answer = connection.getresponse()
+            self._connection.request("POST", f"/v2/models/{_MODEL}/infer", body=body, headers={**headers, **extra})
+            answer = self._connection.getresponse()
             answer.read()
             if answer.status != 200:
                 raise RuntimeError(f"the server answered {answer.status} to an inference")
 
+    def close(self) -> None:
+        self._connection.close()
+
+
+def measure(server: Server, dumps: Path, requests: int, warm_up: int, bodies: tuple[bytes, ...]) -> Count:
+    """Instructions per request of ``server``'s tree, started under callgrind writing into ``dumps``."""
+    sender = Sender(server.port, bodies)
     try:
-        send(warm_up)
+        sender.send(warm_up)
         pids = [pid for pid, _, _ in process_tree(server.process.pid)]
         _control(pids, "-i", "on")
-        send(requests)
+        sender.send(requests)
         _control(pids, "-d")
     finally:
-        connection.close()
+        sender.close()
     return count_dumps(dumps, server.process.pid, requests)
 
 

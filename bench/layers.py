@@ -48,7 +48,9 @@ _ONLY_SHARE = (TARGET - _SHARED_FACTOR) / len(_APPLIANCE_ONLY)
 _RATE_HZ = 250
 
 _ENCODE = {"encode_answer", "encode_infer_response", "encoding_work", "_json_data", "json_numbers", "_json_array",
-           "_numbers_text", "_raw_bytes", "_binary_choice", "non_finite_token", "output_text", "encode"}
+           "_numbers_text", "_raw_bytes", "_binary_choice", "_binary_choice.<locals>.binary", "non_finite_token",
+           "output_text", "encode", "encode_in_pieces", "plain_answer", "binary_answer", "_binary_answer",
+           "_in_pieces"}
 # (layer, file prefix or name, functions: None for all): the first rule that matches a frame names its layer.
 _RULES: tuple[tuple[str, str, frozenset[str] | None], ...] = (
     ("encode", "appliance/rest/codec.py", frozenset(_ENCODE)),

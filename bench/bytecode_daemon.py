@@ -1,0 +1,67 @@
+"""The appliance's daemon with a bytecode counter on its event loop's thread: bench.bytecodes' wrapper.
+
+    python bench/bytecode_daemon.py <python> -m appliance serve ...   (start_appliance's command, wrapped)
+
+Runs ``appliance`` in this process, as ``python -m`` would (the working directory first on the path, in
+place of this file's directory, so a baseline checkout's daemon is that checkout's). SIGUSR1 starts
+counting: every Python frame the main thread enters from then on is traced with ``f_trace_opcodes``, and
+each bytecode and each call is counted by its code object. SIGUSR2 stops and writes the counts, as JSON,
+to the file ``BENCH_BYTECODES_OUT`` names. The tracer makes the daemon some thirty times slower: what it
+measures is how many bytecodes a request runs, never how long they take. Threads other than the main one
+(the metrics writer, the model process's reader before the hand-over) are not traced.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import runpy
+import signal
+import sys
+from types import CodeType, FrameType
+from typing import Any
+
+_bytecodes: collections.Counter[CodeType] = collections.Counter()
+_calls: collections.Counter[CodeType] = collections.Counter()
+
+
+def _local(frame: FrameType, event: str, arg: Any) -> Any:
+    if event == "opcode":
+        _bytecodes[frame.f_code] += 1
+    return _local
+
+
+def _global(frame: FrameType, event: str, arg: Any) -> Any:
+    _calls[frame.f_code] += 1
+    frame.f_trace_opcodes = True
+    return _local
+
+
+def _start(*_: object) -> None:
+    _bytecodes.clear()
+    _calls.clear()
+    sys.settrace(_global)
+
+
+def _stop(*_: object) -> None:
+    sys.settrace(None)
+    rows = [[code.co_filename, code.co_firstlineno, code.co_qualname, _bytecodes.get(code, 0), _calls.get(code, 0)]
+            for code in _bytecodes.keys() | _calls.keys()]
+    with open(os.environ["BENCH_BYTECODES_OUT"], "w") as out:
+        json.dump(rows, out)
+
+
+def main(argv: list[str]) -> None:
+    """``argv``: the daemon's command line, ``<python> -m appliance <arguments>``."""
+    if argv[1:3] != ["-m", "appliance"]:
+        raise SystemExit(f"expected '<python> -m appliance ...', got {argv[:3]}")
+    signal.signal(signal.SIGUSR1, _start)
+    signal.signal(signal.SIGUSR2, _stop)
+    sys.path[0] = os.getcwd()  # as ``python -m`` has it (not bench/, whose modules would shadow others)
+    sys.argv = ["appliance", *argv[3:]]
+    runpy.run_module("appliance", run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,185 @@
+"""Bytecodes per request on the daemon's event loop, by layer and by function: which code a request runs.
+
+    python -m bench.bytecodes [--requests 300] [--warm-up 100] [--body json|binary|grpc] [--baseline CHECKOUT]
+                              [--top 30]
+
+bench.layers shares the CPU a request costs out to the layers by sampling, which the box's noise moves;
+bench.instructions counts what a request costs, whatever the load, but not where. This counts where: the
+daemon runs under a tracer (``bench/bytecode_daemon.py``: ``sys.settrace`` with ``f_trace_opcodes`` on its
+main thread, the event loop's), and over ``--requests`` requests sent one after another (bench.lean's
+identity model and token; v2 JSON, Triton's binary tensors as tritonclient and perf_analyzer send them, or a
+gRPC ModelInfer by tritonclient) every bytecode and every Python call is counted by the function it ran in.
+Each function's count goes to its layer by bench.layers' rules (the function's own file, not its callers').
+The count is exact and repeatable to a few bytecodes (a read that brings half a request makes another
+call); bytecodes are not all alike (a call, a dict made, or a C function such as a regex or protobuf parse
+costs many instructions as one), so bench.instructions stays the judge of what a change saves. With
+``--baseline`` the same for another checkout, side by side. The model process and the daemon's other
+threads are not traced. Writes bench/results/bytecodes-<body>.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from bench.instructions import BINARY, Sender, quiet_setup
+from bench.layers import LAYERS, classify
+from bench.lean import _MODEL, _TOKEN, _body
+from bench.process import Server, start_appliance
+from bench.report import command_line, commit, machine, publish
+from bench.serving import RESULTS
+
+__all__ = ["Counted", "by_layer", "main", "table", "top_functions"]
+
+_DAEMON = Path(__file__).resolve().parent / "bytecode_daemon.py"
+_SETTLE_S = 1.0
+"""How long a signal to the traced daemon is given to take effect (it runs between two of its bytecodes)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Counted:
+    """One function's counts over the measured requests."""
+
+    file: str
+    line: int
+    function: str
+    bytecodes: int
+    calls: int
+
+    @property
+    def layer(self) -> str:
+        """bench.layers' layer of this function (its rules name files as py-spy does: from the package)."""
+        return classify("appliance", [f"{self.function} ({_short(self.file)}:{self.line})"])
+
+
+def by_layer(counted: Iterable[Counted], requests: int) -> dict[str, tuple[float, float]]:
+    """Bytecodes and calls per request in each of bench.layers' layers (every layer, zeros included)."""
+    totals = {layer: [0, 0] for layer in LAYERS}
+    for entry in counted:
+        totals[entry.layer][0] += entry.bytecodes
+        totals[entry.layer][1] += entry.calls
+    return {layer: (bytecodes / requests, calls / requests) for layer, (bytecodes, calls) in totals.items()}
+
+
+def top_functions(counted: Iterable[Counted], requests: int, top: int) -> list[tuple[str, float, float]]:
+    """The ``top`` functions by bytecodes per request: (where, bytecodes, calls) per request."""
+    ranked = sorted(counted, key=lambda entry: (-entry.bytecodes, entry.file, entry.line))[:top]
+    return [(f"{_short(entry.file)}:{entry.line} {entry.function}", entry.bytecodes / requests,
+             entry.calls / requests) for entry in ranked]
+
+
+def _short(file: str) -> str:
+    for root in ("appliance/", "bench/"):
+        at = file.rfind("/" + root)
+        if at >= 0:
+            return file[at + 1:]
+    return Path(file).name
+
+
+def table(layers: dict[str, dict[str, tuple[float, float]]]) -> str:
+    """One column per tree (``layers``: each tree's ``by_layer``), the first against each other one."""
+    names = list(layers)
+    head = " | ".join(f"{name}: bytecodes (calls)" for name in names)
+    ratios = names[1:]
+    lines = [f"| layer | {head} |" + "".join(f" {names[0]} × {name} |" for name in ratios),
+             "|---|" + "---|" * (len(names) + len(ratios))]
+    totals = {name: (sum(b for b, _ in rows.values()), sum(c for _, c in rows.values()))
+              for name, rows in layers.items()}
+    for layer in (*LAYERS, "total"):
+        cells = [totals[name] if layer == "total" else layers[name][layer] for name in names]
+        text = " | ".join(f"{bytecodes:,.0f} ({calls:.1f})" for bytecodes, calls in cells)
+        ratio = "".join(f" {cells[0][0] / cell[0]:.3f} |" if cell[0] else " - |" for cell in cells[1:])
+        lines.append(f"| {layer} | {text} |{ratio}")
+    return "\n".join(lines)
+
+
+def _grpc_sender(server: Server) -> tuple[Callable[[int], None], Callable[[], None]]:
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    data = np.arange(16, dtype=np.float32).reshape(1, 16)
+
+    def send(count: int) -> None:
+        for _ in range(count):
+            tensor = grpcclient.InferInput("INPUT0", [1, 16], "FP32")
+            tensor.set_data_from_numpy(data)
+            client.infer(_MODEL, [tensor], outputs=[grpcclient.InferRequestedOutput("OUTPUT0")],
+                         headers={"authorization": f"Bearer {_TOKEN}"})
+
+    return send, client.close
+
+
+def measure(server: Server, out: Path, body: str, requests: int, warm_up: int) -> list[Counted]:
+    """The counts of ``server`` (started with the tracer, writing to ``out``) over ``requests`` requests."""
+    if body == "grpc":
+        send, close = _grpc_sender(server)
+    else:
+        sender = Sender(server.port, BINARY if body == "binary" else (_body(),))
+        send, close = sender.send, sender.close
+    try:
+        send(warm_up)
+        os.kill(server.process.pid, signal.SIGUSR1)
+        time.sleep(_SETTLE_S)
+        send(requests)
+        os.kill(server.process.pid, signal.SIGUSR2)
+        deadline = time.monotonic() + 60
+        while not out.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(_SETTLE_S)  # (written in one go, but give it the time to finish)
+    finally:
+        close()
+    return [Counted(*row) for row in json.loads(out.read_text())]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=300)
+    parser.add_argument("--warm-up", type=int, default=100)
+    parser.add_argument("--body", choices=("json", "binary", "grpc"), default="json")
+    parser.add_argument("--baseline", type=Path, help="also count this checkout's daemon (an A/B)")
+    parser.add_argument("--top", type=int, default=30, help="functions listed, by bytecodes")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    if args.requests < 1 or args.warm_up < 1:
+        parser.error("--requests and --warm-up must be at least 1 (the warm-up makes the plans a client repeats)")
+    started = time.monotonic()
+    trees = {"appliance": None} | ({"baseline": args.baseline} if args.baseline is not None else {})
+    layers: dict[str, dict[str, tuple[float, float]]] = {}
+    tops: dict[str, list[tuple[str, float, float]]] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-bytecodes-") as tmp:
+        repo, env = quiet_setup(Path(tmp))
+        for name, tree in trees.items():
+            out = Path(tmp) / f"{name}.json"
+            server = start_appliance(repo, Path(tmp) / name, tree=tree, env={**env, "BENCH_BYTECODES_OUT": str(out)},
+                                     prefix=(sys.executable, str(_DAEMON)))
+            try:
+                counted = measure(server, out, args.body, args.requests, args.warm_up)
+            finally:
+                server.stop()
+            layers[name] = by_layer(counted, args.requests)
+            tops[name] = top_functions(counted, args.requests, args.top)
+            print(f"  {name}: {sum(b for b, _ in layers[name].values()):,.0f} bytecodes a request", file=sys.stderr)
+    text = (f"Command: {command_line('bench.bytecodes', argv)} ({time.monotonic() - started:.0f} s), commit "
+            f"{commit()}, {time.strftime('%Y-%m-%d')}\n\nMachine: {machine()}. Bytecodes (and Python calls) a "
+            f"request on the daemon's event loop, over {args.requests} {args.body} requests sent one after another "
+            f"after {args.warm_up} uncounted (bench.lean's identity model and token; the metrics tick once an hour), "
+            "each function's counted in its own file's layer (bench.layers' rules).\n\n" + table(layers))
+    for name, rows in tops.items():
+        text += (f"\n\nThe {args.top} functions of {name} that run the most bytecodes a request:\n\n"
+                 "| function | bytecodes | calls |\n|---|---|---|\n"
+                 + "\n".join(f"| {where} | {bytecodes:.1f} | {calls:.2f} |" for where, bytecodes, calls in rows))
+    publish(text, args.out, f"bytecodes-{args.body}.md")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,47 @@
+"""bench.bytecodes' own pieces: each function's counts go to its own file's layer (bench.layers' rules, files
+named from their package as py-spy names them), per request, and the table sets the trees side by side."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.bytecode_daemon import main as traced_daemon
+from bench.bytecodes import Counted, by_layer, table, top_functions
+from bench.layers import LAYERS
+
+_COUNTED = [
+    Counted("/srv/x/appliance/rest/lane_connection.py", 140, "LaneConnection.data_received", 600, 10),
+    Counted("/srv/x/appliance/rest/codec.py", 651, "_binary_answer", 1_100, 10),
+    Counted("/srv/x/appliance/rest/codec.py", 346, "_decode_request", 300, 10),
+    Counted("/srv/x/appliance/engine/stats.py", 159, "ModelStats.record_batch", 900, 10),
+    Counted("/usr/lib/python3.11/asyncio/events.py", 78, "Handle._run", 100, 20),
+]
+
+
+def test_each_function_goes_to_its_own_files_layer():
+    assert [entry.layer for entry in _COUNTED] == ["HTTP framing", "encode", "decode", "statistics", "event loop"]
+
+
+def test_the_layers_are_per_request_and_every_layer_is_listed():
+    layers = by_layer(_COUNTED, 10)
+    assert list(layers) == list(LAYERS)
+    assert layers["encode"] == (110.0, 1.0) and layers["event loop"] == (10.0, 2.0) and layers["scheduling"] == (0, 0)
+    assert sum(bytecodes for bytecodes, _ in layers.values()) == 300.0
+
+
+def test_the_top_functions_are_the_busiest_named_from_their_package():
+    assert top_functions(_COUNTED, 10, 2) == [("appliance/rest/codec.py:651 _binary_answer", 110.0, 1.0),
+                                             ("appliance/engine/stats.py:159 ModelStats.record_batch", 90.0, 1.0)]
+
+
+def test_the_table_sets_the_first_tree_against_the_others():
+    lines = table({"appliance": by_layer(_COUNTED, 10), "baseline": by_layer(_COUNTED * 2, 10)}).splitlines()
+    assert lines[0] == ("| layer | appliance: bytecodes (calls) | baseline: bytecodes (calls) | appliance × baseline |")
+    assert "| encode | 110 (1.0) | 220 (2.0) | 0.500 |" in lines
+    assert "| scheduling | 0 (0.0) | 0 (0.0) | - |" in lines
+    assert lines[-1] == "| total | 300 (6.0) | 600 (12.0) | 0.500 |"
+
+
+def test_the_traced_daemon_takes_only_the_command_start_appliance_makes():
+    with pytest.raises(SystemExit, match="expected '<python> -m appliance"):
+        traced_daemon(["python", "-m", "bench.lean_reference"])
