@@ -9,7 +9,8 @@ samples where a thread runs); each sample goes to the layer of its innermost fra
 (``classify``): HTTP framing, decode, routing and admission, scheduling, the hop on the server's side,
 the hop on the model process's side (all of that process but the model), execution (the model's own
 ``model.py``), encode, statistics, and the event loop (uvloop, asyncio, the system calls under them,
-and any frame no layer names).
+and any frame no layer names). gRPC's own HTTP/2 transport is HTTP framing, its codec decode and encode,
+the rest of ``appliance/grpc`` routing and admission (bench.bytecodes classifies gRPC requests by them).
 A layer's µs per request is its share of the samples times the tree's CPU per request from /proc.
 
 Budgets: the appliance may spend 1.5× the reference's CPU per request (bench.lean's target), shared out
@@ -52,8 +53,15 @@ _ENCODE = {"encode_answer", "encode_infer_response", "encoding_work", "_json_dat
            "output_text", "encode", "encode_in_pieces", "plain_answer", "binary_answer", "_binary_answer",
            "_in_pieces"}
 # (layer, file prefix or name, functions: None for all): the first rule that matches a frame names its layer.
+_GRPC_ENCODE = {"serialize_infer_response", "serialize_stream_response", "encode_infer_response", "encoding_work",
+                "_message_pieces", "_head_bytes", "_plain_head", "_bare_head", "_head", "_described", "_raw", "_varint"}
 _RULES: tuple[tuple[str, str, frozenset[str] | None], ...] = (
     ("encode", "appliance/rest/codec.py", frozenset(_ENCODE)),
+    ("encode", "appliance/grpc/codec.py", frozenset(_GRPC_ENCODE)),
+    ("decode", "appliance/grpc/codec.py", None),
+    ("decode", "appliance/grpc/known_message.py", None),
+    ("HTTP framing", "appliance/grpc/http2/", None),  # gRPC's own HTTP/2 transport
+    ("routing and admission", "appliance/grpc/", None),
     ("encode", "bench/lean_reference.py", frozenset({"encode"})),
     ("decode", "appliance/rest/codec.py", None),
     ("decode", "appliance/rest/infer_body.py", None),

@@ -29,6 +29,13 @@ _LOOP = "main (appliance/cli.py:104);run (appliance/runtime/event_loop.py:42);Ru
     (["dispatch (appliance/engine/scheduler/execution.py:201)",
       "PythonBackend.start_requests (appliance/backends/python/backend.py:303)"], "hop, server side"),
     (["ModelStats.record (appliance/engine/stats.py:40)"], "statistics"),
+    (["Http2Connection.data_received (appliance/grpc/http2/connection.py:159)"], "HTTP framing"),
+    (["Http2Connection.data_received (appliance/grpc/http2/connection.py:159)",
+      "AdmittingHandlers._straight_infer (appliance/grpc/admission.py:254)"], "routing and admission"),
+    (["_StraightInfer.landed (appliance/grpc/service.py:143)",
+      "serialize_infer_response (appliance/grpc/codec.py:335)"], "encode"),
+    (["InferMessage.decode (appliance/grpc/service.py:109)", "_Plan.decode (appliance/grpc/known_message.py:57)"],
+     "decode"),
 ])
 def test_a_daemon_sample_goes_to_its_innermost_layer(frames, layer):
     assert classify(_DAEMON, [*_LOOP.split(";"), *frames]) == layer
