@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import struct
 from typing import Protocol, cast
 
 import grpc
@@ -403,16 +402,17 @@ class Http2Connection(asyncio.Protocol):
         if len(payload) != 4:
             raise FrameError(Error.FRAME_SIZE_ERROR, "a WINDOW_UPDATE frame is 4 bytes")
         self._floods.count(Flood.WINDOW_UPDATE, self.loop.time())
-        increment = struct.unpack(">I", payload)[0] & 0x7FFF_FFFF
+        increment = int.from_bytes(payload, "big") & 0x7FFF_FFFF
         if stream == 0:
             if increment == 0:
                 raise FrameError(Error.PROTOCOL_ERROR, "a WINDOW_UPDATE of 0")
             self.send_window += increment
             if self.send_window > f.MAX_WINDOW:
                 raise FrameError(Error.FLOW_CONTROL_ERROR, "the connection's window above 2^31-1")
-            waiting, self._waiting_window = self._waiting_window, set()
-            for blocked in waiting:
-                blocked.window_opened()
+            if self._waiting_window:  # (the common update, a client's after each answer, finds none waiting)
+                waiting, self._waiting_window = self._waiting_window, set()
+                for blocked in waiting:
+                    blocked.window_opened()
             return
         call = self._calls.get(stream)
         if call is None:
