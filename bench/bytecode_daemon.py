@@ -52,7 +52,7 @@ def _stop(*_: object) -> None:
         json.dump(rows, out)
 
 
-def main(argv: list[str]) -> None:
+def run_traced(argv: list[str]) -> None:
     """``argv``: the daemon's command line, ``<python> -m appliance <arguments>``."""
     if argv[1:3] != ["-m", "appliance"]:
         raise SystemExit(f"expected '<python> -m appliance ...', got {argv[:3]}")
@@ -64,4 +64,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run_traced(sys.argv[1:])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.bytecode_daemon import main as traced_daemon
+from bench.bytecode_daemon import run_traced
 from bench.bytecodes import Counted, by_layer, table, top_functions
 from bench.layers import LAYERS
 
@@ -44,4 +44,4 @@ def test_the_table_sets_the_first_tree_against_the_others():
 
 def test_the_traced_daemon_takes_only_the_command_start_appliance_makes():
     with pytest.raises(SystemExit, match="expected '<python> -m appliance"):
-        traced_daemon(["python", "-m", "bench.lean_reference"])
+        run_traced(["python", "-m", "bench.lean_reference"])
