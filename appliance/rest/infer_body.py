@@ -20,6 +20,7 @@ from appliance.security.fleet_signature import FleetVerifier
 
 __all__ = ["InferBody", "count_body"]
 
+
 def _header_length(raw: str | None) -> int | None:
     if raw is None:
         return None

@@ -113,11 +113,13 @@ class _Runs:
      "not a Done entry of a known kind"),
     (pickle.dumps((m.KINDS.index(m.Done), None, [(m.ENTRIES.index(m.Produced), [], "{}", 1)])),
      "a Produced Done entry has 2 fields, not 3"),
+    (pickle.dumps((m.KINDS.index(m.Done), None, ((m.ENTRIES.index(m.Produced), [], "{}"),))),
+     "a Done message's entries are not a list"),
     (pickle.dumps((m.KINDS.index(m.Answer), 1, True, _Runs())), "holds plain data only, not posix.system"),
     (pickle.dumps(m.Ready()), "holds plain data only, not appliance.backends.python.wire.messages.Ready"),
     (b"\x80\x05garbage", "is not a message"),
 ], ids=["tagged tuple", "unknown number", "bool for a number", "fields", "entry", "bool for an entry's number",
-        "an entry's fields", "a class", "pickled class", "not a pickle"])
+        "an entry's fields", "entries not a list", "a class", "pickled class", "not a pickle"])
 def test_a_frame_that_is_not_a_message_is_refused(channel, frame, refusal):
     ours, other = channel
     ours.send_bytes(frame)
@@ -145,7 +147,10 @@ _PLAIN = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_si
 @settings(max_examples=300, deadline=None)
 @given(frame=st.one_of(st.binary(max_size=256),
                        st.builds(lambda number, rest: pickle.dumps((number, *rest)),
-                                 st.integers(-2, len(m.KINDS) + 2), st.lists(_PLAIN, max_size=6))))
+                                 st.integers(-2, len(m.KINDS) + 2), st.lists(_PLAIN, max_size=6)),
+                       st.builds(lambda entries: pickle.dumps((m.KINDS.index(m.Done), None, entries)),
+                                 st.lists(st.tuples(st.integers(-1, len(m.ENTRIES)), _PLAIN, _PLAIN) | _PLAIN,
+                                          max_size=3))))
 def test_any_frame_is_a_message_of_a_known_kind_or_refused(frame):
     """A model process writes whatever it likes into the channel: the daemon gets one of the kinds, whole,
     or MessageRefused, never another exception."""
@@ -154,3 +159,5 @@ def test_any_frame_is_a_message_of_a_known_kind_or_refused(frame):
     except m.MessageRefused:
         return
     assert type(message) in m.KINDS and len(message) == len(type(message)._fields)
+    if type(message) is m.Done and message.packed is not None:  # its entries typed too, each whole
+        assert all(type(entry) in m.ENTRIES and len(entry) == len(type(entry)._fields) for entry in message.packed)
