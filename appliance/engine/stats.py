@@ -165,7 +165,7 @@ class ModelStats:
         # (Duration.add written out: every batch passes here, one request each at low load)
         queue = self.queue
         queue.count += len(queue_ns)
-        queue.ns += queue_ns[0] if len(queue_ns) == 1 else sum(queue_ns)
+        queue.ns += sum(queue_ns)
         bucket.executions += 1
         bucket.requests += requests
         bucket.input_ns += timing.input_ns
