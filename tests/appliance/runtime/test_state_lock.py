@@ -5,11 +5,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
 from appliance.core.errors import ConfigError
-from appliance.runtime.state_lock import LOCK_NAME, StateLock
+from appliance.runtime.state_lock import GRACE_SECONDS, LOCK_NAME, StateLock
 from tests.readonly import unwritable
 
 
@@ -55,3 +56,34 @@ def test_the_lock_is_not_inherited_by_children(tmp_path):
 
 def test_a_directory_that_cannot_hold_a_lock_file_is_not_locked(tmp_path):
     assert StateLock.acquire(unwritable(tmp_path)) is None
+
+
+def test_a_copy_held_by_a_child_between_fork_and_exec_only_delays_the_next_start(tmp_path):
+    """A daemon that stops while a thread of it is starting a child: the child holds the lock's descriptor
+    until its exec closes it. The next start waits for that, and does not refuse."""
+    lock = StateLock.acquire(tmp_path)
+    assert lock is not None
+    pid = os.fork()
+    if pid == 0:  # the child between fork and exec: it holds the copy for a moment, then goes
+        time.sleep(GRACE_SECONDS / 4)
+        os._exit(0)
+    try:
+        lock.release()  # the daemon has stopped; only the child's copy holds the lock now
+        started = time.monotonic()
+        again = StateLock.acquire(tmp_path)
+        assert again is not None and time.monotonic() - started < GRACE_SECONDS
+        again.release()
+    finally:
+        os.waitpid(pid, 0)
+
+
+def test_a_holder_that_stays_past_the_grace_is_refused(tmp_path):
+    lock = StateLock.acquire(tmp_path)
+    assert lock is not None
+    try:
+        started = time.monotonic()
+        with pytest.raises(ConfigError, match="another appliance daemon"):
+            StateLock.acquire(tmp_path)
+        assert time.monotonic() - started >= GRACE_SECONDS
+    finally:
+        lock.release()
