@@ -16,7 +16,10 @@ table gives medians over the repeats; the ratio is the median of each round's ap
 Target: the appliance's CPU per request ≤ 1.5× the reference's at every concurrency. Writes
 bench/results/lean.md. ``--varied-bodies`` sends the request written six ways in turn, each body of its own
 length (a client whose data changes: each head differs from the last in its Content-Length), and writes
-bench/results/lean-varied.md.
+bench/results/lean-varied.md. ``--triton`` measures real Triton 2.51 (tests/oracle) on the same model in the
+same rounds, pinned the same way (every thread of its server and of its Python stub), with the same requests
+(it takes no token: the header goes unread): its row gives each server's CPU over Triton's, to tell which of
+bench.triton's targets the reference itself meets on this box.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import dataclasses
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -33,6 +37,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from bench.loadgen import add_wrk_arguments, require_wrk, run_wrk
 from bench.process import Server, start_appliance, start_lean_reference
@@ -45,7 +50,8 @@ __all__ = ["Round", "lean_setup", "main", "measure", "start_servers", "table", "
 
 TARGET = 1.5
 """The appliance's CPU per request over the reference's, at most."""
-SERVERS = ("appliance", "reference")
+SERVERS = ("appliance", "reference", "triton")
+"""In the table's order; Triton only with ``--triton``."""
 _MODEL = "identity"
 _TOKEN = "lean-bench-token-0123456789abcdef"
 _WARM_UP_S = 2.0
@@ -129,26 +135,38 @@ def measure(server: Server, concurrency: int, seconds: float, load_core: int, lu
                  result.errors, os.getloadavg()[0])
 
 
+def _ratio(mine: list[Round], other: list[Round]) -> float:
+    """The median of each round's CPU per request over ``other``'s in the same repeat."""
+    return statistics.median(a.cpu_us / b.cpu_us for a, b in zip(mine, other))
+
+
 def table(rounds: dict[tuple[str, int], list[Round]]) -> str:
     """One row per concurrency and server (medians over its rounds); on the appliance's row the median of
-    each round's CPU ratio over the reference, marked against ``TARGET``."""
+    each round's CPU ratio over the reference, marked against ``TARGET``; where Triton was measured, each
+    server's CPU over Triton's too (bench.triton's target: ≤ 1.0×)."""
+    triton = any(name == "triton" for name, _ in rounds)
     lines = ["| c | server | req/s | p50 ms | CPU µs/req (server + model process) | × reference CPU | "
-             f"target ≤ {TARGET}× | errors | load |", "|---|---|---|---|---|---|---|---|---|"]
+             f"target ≤ {TARGET}× |{' × Triton CPU |' if triton else ''} errors | load |",
+             f"|---|---|---|---|---|---|---|{'---|' if triton else ''}---|---|"]
     for concurrency in sorted({c for _, c in rounds}):
         reference = rounds.get(("reference", concurrency), [])
+        against = rounds.get(("triton", concurrency), [])
         for name in SERVERS:
             mine = rounds.get((name, concurrency))
             if not mine:
                 continue
             server, model = statistics.median(r.server_us for r in mine), statistics.median(r.model_us for r in mine)
             ratio_cell, verdict = "", ""
-            if name != "reference" and reference:
-                ratio = statistics.median(a.cpu_us / b.cpu_us for a, b in zip(mine, reference))
+            if name == "appliance" and reference:
+                ratio = _ratio(mine, reference)
                 ratio_cell, verdict = f"{ratio:.2f}", "met" if ratio <= TARGET else "MISSED"
+            triton_cell = ""
+            if triton:
+                triton_cell = f" {_ratio(mine, against):.2f} |" if against and name != "triton" else " |"
             lines.append(f"| {concurrency} | {name} | {statistics.median(r.requests_per_s for r in mine):.0f} | "
                          f"{statistics.median(r.p50_ms for r in mine):.3f} | "
                          f"{statistics.median(r.cpu_us for r in mine):.0f} ({server:.0f} + {model:.0f}) | "
-                         f"{ratio_cell} | {verdict} | {sum(r.errors for r in mine)} | "
+                         f"{ratio_cell} | {verdict} |{triton_cell} {sum(r.errors for r in mine)} | "
                          f"{statistics.median(r.load for r in mine):.2f} |")
     return "\n".join(lines)
 
@@ -164,9 +182,10 @@ def lean_setup(work: Path) -> tuple[Path, dict[str, str]]:
     return repo, {"APPLIANCE_CONFIG": str(settings)}
 
 
-def start_servers(work: Path, server_core: int) -> dict[str, Server]:
+def start_servers(work: Path, server_core: int, triton: bool = False) -> dict[str, Server]:
     """The appliance and the reference on the identity model (``lean_setup``), both pinned to
-    ``server_core``, both requiring the token: by name, as in ``SERVERS``."""
+    ``server_core``, both requiring the token: by name, as in ``SERVERS``. With ``triton``, real Triton
+    too, pinned there once it is ready."""
     repo, env = lean_setup(work)
     pin = ("taskset", "-c", str(server_core))
     servers = {"appliance": start_appliance(repo, work / "state", env=env, prefix=pin)}
@@ -175,11 +194,39 @@ def start_servers(work: Path, server_core: int) -> dict[str, Server]:
                                                     prefix=pin)
         for name, server in servers.items():
             _check_token_required(name, server)
+        if triton:
+            servers["triton"] = _start_triton(repo, work / "triton.log", server_core)
     except BaseException:
         for server in servers.values():
             server.stop()
         raise
     return servers
+
+
+@dataclasses.dataclass
+class _Triton(Server):
+    """Real Triton as bench.lean measures a server: its process (its stubs below it) and its HTTP port."""
+
+    oracle: Any = None
+
+    def stop(self) -> None:
+        self.oracle.stop()
+
+
+def _start_triton(repo: Path, log: Path, core: int) -> Server:
+    """tritonserver (tests/oracle) on ``repo``, every thread of it and of its stubs pinned to ``core``."""
+    from tests.oracle import TritonServer
+
+    oracle = TritonServer(repo, log_path=log).start()
+    try:
+        for pid, _, _ in process_tree(oracle.pid):
+            subprocess.run(["taskset", "-a", "-p", "-c", str(core), str(pid)], check=True, capture_output=True,
+                           timeout=30)
+    except BaseException:
+        oracle.stop()
+        raise
+    assert oracle.process is not None
+    return _Triton(oracle.process, oracle.http_port, oracle.grpc_port, oracle)
 
 
 def _check_token_required(name: str, server: Server) -> None:
@@ -200,15 +247,16 @@ def run(args: argparse.Namespace) -> tuple[dict[tuple[str, int], list[Round]], l
     rounds: dict[tuple[str, int], list[Round]] = {}
     notes = []
     with tempfile.TemporaryDirectory(prefix="bench-lean-") as tmp:
-        servers = start_servers(Path(tmp), args.server_core)
+        servers = start_servers(Path(tmp), args.server_core, args.triton)
         try:
             for name, server in servers.items():
                 pinned = _affinities(server.process.pid)
                 notes.append(f"{name}: cores {', '.join(sorted(pinned))}")
                 measure(server, 16, _WARM_UP_S, args.load_core)  # warm-up: first requests pay for lazy set-up
             lua = varied_lua() if args.varied_bodies else ""
+            names = tuple(servers)
             for repeat in range(args.repeats):
-                order: Sequence[str] = SERVERS if repeat % 2 == 0 else tuple(reversed(SERVERS))
+                order: Sequence[str] = names if repeat % 2 == 0 else tuple(reversed(names))
                 for concurrency in args.concurrency:
                     for name in order:
                         result = measure(servers[name], concurrency, args.seconds, args.load_core, lua)
@@ -231,6 +279,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--varied-bodies", action="store_true",
                         help="send the request written six ways, each of its own length, in turn (as a client "
                              "whose data changes): writes lean-varied.md")
+    parser.add_argument("--triton", action="store_true",
+                        help="measure real Triton 2.51 (tests/oracle) in the same rounds, pinned the same way: "
+                             "writes lean-triton.md (lean-varied-triton.md)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     usable = os.sched_getaffinity(0)
@@ -244,8 +295,10 @@ def main(argv: list[str] | None = None) -> int:
             f"({'; '.join(notes)}), wrk -t1 to core {args.load_core}; Python identity FP32[16], v2 JSON"
             f"{' written six ways in turn (bodies of six lengths)' if args.varied_bodies else ''}, "
             f"{args.seconds:g} s per run; medians of {args.repeats} repeats, servers alternated. CPU per request "
-            "of each whole process tree (the server process and its model process).\n\n" + table(rounds))
-    publish(text, args.out, "lean-varied.md" if args.varied_bodies else "lean.md")
+            "of each whole process tree (the server process and its model process"
+            f"{'; Triton: tritonserver and its Python stub' if args.triton else ''}).\n\n" + table(rounds))
+    name = "lean-varied" if args.varied_bodies else "lean"
+    publish(text, args.out, f"{name}-triton.md" if args.triton else f"{name}.md")
     return 0
 
 

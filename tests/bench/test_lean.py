@@ -31,6 +31,19 @@ def test_the_ratio_is_the_median_of_each_rounds_ratio_against_the_target():
     assert table(rounds).splitlines()[4].split(" | ")[5:7] == ["1.51", "MISSED"]
 
 
+def test_with_triton_every_server_is_set_against_its_cpu_too():
+    rounds = {("appliance", 1): [_round(2000, 250, 50), _round(2000, 200, 40)],
+              ("reference", 1): [_round(4000, 80, 20), _round(4000, 100, 20)],
+              ("triton", 1): [_round(3000, 100, 50), _round(3000, 80, 40)]}
+    lines = table(rounds).splitlines()
+    assert "| × Triton CPU |" in lines[0] and lines[1].count("|") == lines[0].count("|")
+    # × reference: 300/100, 240/120 -> 2.50; × Triton: 300/150, 240/120 -> 2.00; the reference 0.83
+    assert lines[2] == "| 1 | appliance | 2000 | 0.500 | 270 (225 + 45) | 2.50 | MISSED | 2.00 | 0 | 1.00 |"
+    assert lines[3] == "| 1 | reference | 4000 | 0.500 | 110 (90 + 20) |  |  | 0.83 | 0 | 1.00 |"
+    assert lines[4] == "| 1 | triton | 3000 | 0.500 | 135 (90 + 45) |  |  | | 0 | 1.00 |"
+    assert all(line.count("|") == lines[0].count("|") for line in lines)
+
+
 def test_the_varied_bodies_are_one_request_written_at_six_lengths():
     data = [float(v) for v in range(16)]
     assert _body() == json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 16], "datatype": "FP32",
