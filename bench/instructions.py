@@ -2,7 +2,7 @@
 checkout), a figure the box's load barely moves.
 
     python -m bench.instructions [--requests 500] [--warm-up 200] [--repeats 3] [--baseline CHECKOUT]
-                                 [--varied-bodies | --binary]
+                                 [--varied-bodies | --binary] [--concurrency 1]
 
 CPU time per request on this project's shared 2-vCPU boxes moves by ±5 % within a run and ±20 % between
 runs, which hides a change worth 1–3 %. Valgrind's callgrind counts the instructions each process runs
@@ -24,8 +24,11 @@ turn; ``--binary``: Triton's binary tensor extension as tritonclient and perf_an
 request with other tensor bytes under the same JSON header and its output asked for as binary data), and
 each process's counts are dumped: instructions per request, the server process and the processes below
 it. The reference speaks v2 JSON only, so ``--binary`` counts the appliance (and the baseline) alone. A
-server starts in about a minute under valgrind. Writes bench/results/instructions.md
-(instructions-varied.md, instructions-binary.md).
+server starts in about a minute under valgrind. ``--concurrency N`` sends the requests N at a time, one on each
+of N connections, each round's answers read after all N are sent: the server finds them together and
+batches them (the identity model's max_batch_size is 8), as under a load generator's c=N; the appliance's
+mean batch size (its statistics) is printed with each run. Writes bench/results/instructions.md
+(instructions-varied.md, instructions-binary.md; with ``--concurrency N``, ``-cN`` before the ``.md``).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import http.client
+import json
 import re
 import shutil
 import struct
@@ -65,6 +69,8 @@ class Count:
     """Of the server process itself."""
     below: float
     """Of the processes below it (its model processes)."""
+    batch: float | None = None
+    """The mean batch size over the counted requests, where the server keeps statistics (the appliance)."""
 
     @property
     def total(self) -> float:
@@ -87,6 +93,22 @@ def count_dumps(directory: Path, server_pid: int, requests: int) -> Count:
         else:
             below += int(summary.group(1))
     return Count(server / requests, below / requests)
+
+
+def _served(port: int) -> tuple[int, int] | None:
+    """The identity model's (inferences, executions) from Triton's statistics endpoint; None where the
+    server has none (the reference)."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    try:
+        connection.request("GET", f"/v2/models/{_MODEL}/stats", headers={"Authorization": f"Bearer {_TOKEN}"})
+        answer = connection.getresponse()
+        body = answer.read()
+    finally:
+        connection.close()
+    if answer.status != 200:
+        return None
+    stats = json.loads(body)["model_stats"]
+    return sum(int(s["inference_count"]) for s in stats), sum(int(s["execution_count"]) for s in stats)
 
 
 def median_count(counts: list[Count]) -> Count:
@@ -125,45 +147,60 @@ def binary_header_length(body: bytes) -> int:
 
 
 class Sender:
-    """Inferences sent one after another over one keep-alive connection to ``port``: bench.lean's identity
-    with the token, ``bodies`` in turn (a ``BINARY`` one with its header length)."""
+    """Inferences over keep-alive connections to ``port``: bench.lean's identity with the token, ``bodies``
+    in turn (a ``BINARY`` one with its header length). ``concurrency`` connections: each round sends one
+    request on every connection before it reads the answers, so the server finds them together (as a
+    load generator's c=N keeps N in flight) and may batch them."""
 
-    def __init__(self, port: int, bodies: tuple[bytes, ...]) -> None:
-        self._connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    def __init__(self, port: int, bodies: tuple[bytes, ...], concurrency: int = 1) -> None:
+        self._connections = [http.client.HTTPConnection("127.0.0.1", port, timeout=120) for _ in range(concurrency)]
         self._bodies = bodies
         self._sent = 0
 
     def send(self, count: int) -> None:
+        """``count`` requests, in rounds of one a connection (``count`` is a multiple of ``concurrency``)."""
+        if count % len(self._connections):
+            raise ValueError(f"{count} requests do not make whole rounds of {len(self._connections)}")
         headers = {"Content-Type": "application/json", "Authorization": f"Bearer {_TOKEN}"}
-        for _ in range(count):
-            body = self._bodies[self._sent % len(self._bodies)]
-            self._sent += 1
-            extra = {}
-            if body in BINARY:
-                extra = {"Content-Type": "application/octet-stream",
-                         "Inference-Header-Content-Length": str(binary_header_length(body))}
-            self._connection.request("POST", f"/v2/models/{_MODEL}/infer", body=body, headers={**headers, **extra})
-            answer = self._connection.getresponse()
-            answer.read()
-            if answer.status != 200:
-                raise RuntimeError(f"the server answered {answer.status} to an inference")
+        for _ in range(count // len(self._connections)):
+            for connection in self._connections:
+                body = self._bodies[self._sent % len(self._bodies)]
+                self._sent += 1
+                extra = {}
+                if body in BINARY:
+                    extra = {"Content-Type": "application/octet-stream",
+                             "Inference-Header-Content-Length": str(binary_header_length(body))}
+                connection.request("POST", f"/v2/models/{_MODEL}/infer", body=body, headers={**headers, **extra})
+            for connection in self._connections:
+                answer = connection.getresponse()
+                answer.read()
+                if answer.status != 200:
+                    raise RuntimeError(f"the server answered {answer.status} to an inference")
 
     def close(self) -> None:
-        self._connection.close()
+        for connection in self._connections:
+            connection.close()
 
 
-def measure(server: Server, dumps: Path, requests: int, warm_up: int, bodies: tuple[bytes, ...]) -> Count:
-    """Instructions per request of ``server``'s tree, started under callgrind writing into ``dumps``."""
-    sender = Sender(server.port, bodies)
+def measure(server: Server, dumps: Path, requests: int, warm_up: int, bodies: tuple[bytes, ...],
+            concurrency: int = 1) -> Count:
+    """Instructions per request of ``server``'s tree, started under callgrind writing into ``dumps``
+    (``requests`` and ``warm_up``: multiples of ``concurrency``)."""
+    sender = Sender(server.port, bodies, concurrency)
     try:
         sender.send(warm_up)
+        before = _served(server.port)
         pids = [pid for pid, _, _ in process_tree(server.process.pid)]
         _control(pids, "-i", "on")
         sender.send(requests)
         _control(pids, "-d")
+        after = _served(server.port)
     finally:
         sender.close()
-    return count_dumps(dumps, server.process.pid, requests)
+    count = count_dumps(dumps, server.process.pid, requests)
+    if before is None or after is None or after[1] == before[1]:
+        return count
+    return dataclasses.replace(count, batch=(after[0] - before[0]) / (after[1] - before[1]))
 
 
 QUIET_METRICS = "metrics_interval = 3600\n"
@@ -213,12 +250,17 @@ def main(argv: list[str] | None = None) -> int:
     bodies.add_argument("--varied-bodies", action="store_true", help="bench.lean's six bodies in turn")
     bodies.add_argument("--binary", action="store_true",
                         help="binary tensors under one JSON header (the appliance and the baseline only)")
+    parser.add_argument("--concurrency", type=int, default=1,
+                        help="requests in flight together, on as many connections (rounds of one each; "
+                             "the counts are rounded up to whole rounds): writes instructions-c<N>.md")
     parser.add_argument("--repeats", type=int, default=3,
                         help="runs of each server, alternated; the median of each server's totals is given")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
-    if args.requests < 1 or args.warm_up < 0 or args.repeats < 1:
-        parser.error("--requests and --repeats must be at least 1, --warm-up at least 0")
+    if args.requests < 1 or args.warm_up < 0 or args.repeats < 1 or args.concurrency < 1:
+        parser.error("--requests, --repeats and --concurrency must be at least 1, --warm-up at least 0")
+    args.requests = -(-args.requests // args.concurrency) * args.concurrency
+    args.warm_up = -(-args.warm_up // args.concurrency) * args.concurrency
     for tool in ("valgrind", "callgrind_control"):
         if shutil.which(tool) is None:
             print(f"{tool} is not installed: apt-get install valgrind", file=sys.stderr)
@@ -234,25 +276,30 @@ def main(argv: list[str] | None = None) -> int:
                 dumps.mkdir()
                 server = start(dumps)
                 try:
-                    count = measure(server, dumps, args.requests, args.warm_up, bodies)
+                    count = measure(server, dumps, args.requests, args.warm_up, bodies, args.concurrency)
                 finally:
                     server.stop()
                 runs.setdefault(name, []).append(count)
+                batch = "" if count.batch is None else f" (mean batch {count.batch:.2f})"
                 print(f"  repeat {repeat + 1}/{args.repeats} {name}: {count.total / 1000:,.1f} k instructions a "
-                      "request", file=sys.stderr, flush=True)
+                      f"request{batch}", file=sys.stderr, flush=True)
     counts = {name: median_count(counted) for name, counted in runs.items()}
     text = (f"Command: {command_line('bench.instructions', argv)} ({time.monotonic() - started:.0f} s), commit "
             f"{commit()}, {time.strftime('%Y-%m-%d')}\n\nMachine: {machine()}. Callgrind's count of the "
             f"instructions each process runs in user space (the kernel left out), over {args.requests} requests "
-            f"sent one after another after {args.warm_up} uncounted (bench.lean's setup: Python identity FP32[16], "
+            + (f"sent one after another after {args.warm_up} uncounted" if args.concurrency == 1 else
+               f"sent {args.concurrency} at a time on {args.concurrency} connections after {args.warm_up} uncounted")
+            + f" (bench.lean's setup: Python identity FP32[16], "
             f"{_BODIES[(args.varied_bodies, args.binary)]}, the token required; the appliance's metrics tick "
             f"once an hour); the median of {args.repeats} "
             f"runs of each server, alternated (every run's total: "
-            + "; ".join(f"{name} " + ", ".join(f"{c.total / 1000:,.1f} k" for c in counted)
+            + "; ".join(f"{name} " + ", ".join(f"{c.total / 1000:,.1f} k"
+                                               + ("" if c.batch is None else f" (mean batch {c.batch:.2f})")
+                                               for c in counted)
                         for name, counted in runs.items())
             + ").\n\n" + table(counts, reference="reference" if not args.binary else "baseline"))
-    name = "instructions-varied.md" if args.varied_bodies else "instructions-binary.md" if args.binary else \
-        "instructions.md"
+    name = "instructions-varied" if args.varied_bodies else "instructions-binary" if args.binary else "instructions"
+    name = f"{name}-c{args.concurrency}.md" if args.concurrency > 1 else f"{name}.md"
     publish(text, args.out, name)
     return 0
 

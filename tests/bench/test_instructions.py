@@ -3,13 +3,15 @@ out, the server's own apart from those below it) and its table."""
 
 from __future__ import annotations
 
+import http.server
+import threading
 from pathlib import Path
 
 import pytest
 
 from appliance.settings import load_settings
-from bench.instructions import Count, count_dumps, median_count, quiet_setup, table
-from bench.lean import _MODEL
+from bench.instructions import Count, Sender, count_dumps, median_count, quiet_setup, table
+from bench.lean import _MODEL, _body
 
 
 def _dump(path, instructions: int) -> None:
@@ -57,3 +59,45 @@ def test_the_appliance_counted_ticks_its_metrics_once_an_hour(tmp_path):
     assert settings.metrics.interval == 3600  # clock-driven work, stretched by valgrind, not counted
     assert settings.auth.protect_inference  # bench.lean's production settings kept
     assert [model.name for model in repo.iterdir()] == [_MODEL]
+
+
+class _Recorder(http.server.BaseHTTPRequestHandler):
+    """Answers each request once ``expected`` requests are in: a round's answers must not be awaited before
+    every request of it is sent."""
+
+    protocol_version = "HTTP/1.1"
+    arrived: list[int] = []
+    all_in = threading.Event()
+    expected = 0
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        self.rfile.read(int(self.headers["Content-Length"]))
+        type(self).arrived.append(self.client_address[1])
+        if len(type(self).arrived) == type(self).expected:
+            type(self).all_in.set()
+        assert type(self).all_in.wait(10), "the sender waited for an answer before sending the round"
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_the_sender_puts_a_round_in_flight_on_every_connection_before_reading():
+    _Recorder.arrived, _Recorder.expected = [], 3
+    _Recorder.all_in = threading.Event()
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    sender = Sender(server.server_address[1], (_body(),), concurrency=3)
+    try:
+        sender.send(3)
+        assert len(set(_Recorder.arrived)) == 3  # one request on each of three connections
+        with pytest.raises(ValueError, match="whole rounds of 3"):
+            sender.send(4)
+    finally:
+        sender.close()
+        server.shutdown()
+        server.server_close()
