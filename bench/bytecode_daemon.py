@@ -1,6 +1,7 @@
 """The appliance's daemon with a bytecode counter on its event loop's thread: bench.bytecodes' wrapper.
 
     python bench/bytecode_daemon.py <python> -m appliance serve ...   (start_appliance's command, wrapped)
+    python bench/bytecode_daemon.py <python> -m bench.lean_reference ...   (the reference's, likewise)
 
 Runs ``appliance`` in this process, as ``python -m`` would (the working directory first on the path, in
 place of this file's directory, so a baseline checkout's daemon is that checkout's). SIGUSR1 starts
@@ -52,15 +53,21 @@ def _stop(*_: object) -> None:
         json.dump(rows, out)
 
 
+_SERVERS = ("appliance", "bench.lean_reference")
+"""The modules it runs: the daemon, and the lean reference (``bench.bytecodes --reference``)."""
+
+
 def run_traced(argv: list[str]) -> None:
-    """``argv``: the daemon's command line, ``<python> -m appliance <arguments>``."""
-    if argv[1:3] != ["-m", "appliance"]:
-        raise SystemExit(f"expected '<python> -m appliance ...', got {argv[:3]}")
+    """``argv``: the server's command line, ``<python> -m appliance <arguments>`` (start_appliance's) or
+    ``<python> -m bench.lean_reference <arguments>`` (start_lean_reference's)."""
+    if len(argv) < 3 or argv[1] != "-m" or argv[2] not in _SERVERS:
+        raise SystemExit(f"expected '<python> -m appliance ...' or '<python> -m bench.lean_reference ...', "
+                         f"got {argv[:3]}")
     signal.signal(signal.SIGUSR1, _start)
     signal.signal(signal.SIGUSR2, _stop)
     sys.path[0] = os.getcwd()  # as ``python -m`` has it (not bench/, whose modules would shadow others)
-    sys.argv = ["appliance", *argv[3:]]
-    runpy.run_module("appliance", run_name="__main__", alter_sys=True)
+    sys.argv = [argv[2], *argv[3:]]
+    runpy.run_module(argv[2], run_name="__main__", alter_sys=True)
 
 
 if __name__ == "__main__":

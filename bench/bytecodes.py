@@ -1,7 +1,7 @@
 """Bytecodes per request on the daemon's event loop, by layer and by function: which code a request runs.
 
     python -m bench.bytecodes [--requests 300] [--warm-up 100] [--body json|binary|grpc] [--baseline CHECKOUT]
-                              [--top 30]
+                              [--reference] [--top 30]
 
 bench.layers shares the CPU a request costs out to the layers by sampling, which the box's noise moves;
 bench.instructions counts what a request costs, whatever the load, but not where. This counts where: the
@@ -13,7 +13,9 @@ Each function's count goes to its layer by bench.layers' rules (the function's o
 The count is exact and repeatable to a few bytecodes (a read that brings half a request makes another
 call); bytecodes are not all alike (a call, a dict made, or a C function such as a regex or protobuf parse
 costs many instructions as one), so bench.instructions stays the judge of what a change saves. With
-``--baseline`` the same for another checkout, side by side. The model process and the daemon's other
+``--baseline`` the same for another checkout, side by side; with ``--reference`` (v2 JSON only) the lean
+reference's server (bench.lean_reference, its functions in layers by bench.layers' rules for it), which
+says how much Python the same request needs at least. The model process and the daemon's other
 threads are not traced. Writes bench/results/bytecodes-<body>.md.
 """
 
@@ -33,7 +35,7 @@ from pathlib import Path
 from bench.instructions import BINARY, Sender, quiet_setup
 from bench.layers import LAYERS, classify
 from bench.lean import _MODEL, _TOKEN, _body
-from bench.process import Server, start_appliance
+from bench.process import Server, start_appliance, start_lean_reference
 from bench.report import command_line, commit, machine, publish
 from bench.serving import RESULTS
 
@@ -146,21 +148,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warm-up", type=int, default=100)
     parser.add_argument("--body", choices=("json", "binary", "grpc"), default="json")
     parser.add_argument("--baseline", type=Path, help="also count this checkout's daemon (an A/B)")
+    parser.add_argument("--reference", action="store_true",
+                        help="also count the lean reference's server (v2 JSON only)")
     parser.add_argument("--top", type=int, default=30, help="functions listed, by bytecodes")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     if args.requests < 1 or args.warm_up < 1:
         parser.error("--requests and --warm-up must be at least 1 (the warm-up makes the plans a client repeats)")
+    if args.reference and args.body != "json":
+        parser.error("the lean reference speaks v2 JSON only: --reference takes --body json")
     started = time.monotonic()
-    trees = {"appliance": None} | ({"baseline": args.baseline} if args.baseline is not None else {})
+    trees: dict[str, Path | None] = {"appliance": None}
+    if args.baseline is not None:
+        trees["baseline"] = args.baseline
+    if args.reference:
+        trees["reference"] = None
     layers: dict[str, dict[str, tuple[float, float]]] = {}
     tops: dict[str, list[tuple[str, float, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-bytecodes-") as tmp:
         repo, env = quiet_setup(Path(tmp))
         for name, tree in trees.items():
             out = Path(tmp) / f"{name}.json"
-            server = start_appliance(repo, Path(tmp) / name, tree=tree, env={**env, "BENCH_BYTECODES_OUT": str(out)},
-                                     prefix=(sys.executable, str(_DAEMON)))
+            traced = (sys.executable, str(_DAEMON))
+            if name == "reference":
+                server = start_lean_reference(repo / _MODEL, Path(tmp) / "reference.log", "--token", _TOKEN,
+                                              prefix=traced, env={"BENCH_BYTECODES_OUT": str(out)})
+            else:
+                server = start_appliance(repo, Path(tmp) / name, tree=tree, prefix=traced,
+                                         env={**env, "BENCH_BYTECODES_OUT": str(out)})
             try:
                 counted = measure(server, out, args.body, args.requests, args.warm_up)
             finally:

@@ -85,13 +85,16 @@ def start_floor(model: Path, *args: str) -> Server:
     return Server(process, _wait_for(process, log, r"PORT (\d+)"))
 
 
-def start_lean_reference(model_dir: Path, log: Path, *args: str, prefix: tuple[str, ...] = ()) -> Server:
+def start_lean_reference(model_dir: Path, log: Path, *args: str, prefix: tuple[str, ...] = (),
+                         env: dict[str, str] | None = None) -> Server:
     """bench.lean_reference serving the model in ``model_dir`` on 127.0.0.1, a free port; ``args``: its
-    other options (``--token``); ``prefix`` wraps the command (``taskset -c 0``)."""
+    other options (``--token``); ``prefix`` wraps the command (``taskset -c 0``); ``env``: added to this
+    process's environment."""
     with open(log, "w") as out:
         process = subprocess.Popen([*prefix, sys.executable, "-m", "bench.lean_reference", "--host", "127.0.0.1",
                                     "--port", "0", "--model-dir", str(model_dir), *args],
-                                   stdout=out, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parent.parent)
+                                   stdout=out, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parent.parent,
+                                   env={**os.environ, **(env or {})})
     return Server(process, _wait_for(process, log, r"lean reference serving \S+ on http://127\.0\.0\.1:(\d+)"))
 
 

@@ -42,6 +42,7 @@ def test_the_table_sets_the_first_tree_against_the_others():
     assert lines[-1] == "| total | 300 (6.0) | 600 (12.0) | 0.500 |"
 
 
-def test_the_traced_daemon_takes_only_the_command_start_appliance_makes():
-    with pytest.raises(SystemExit, match="expected '<python> -m appliance"):
-        run_traced(["python", "-m", "bench.lean_reference"])
+@pytest.mark.parametrize("argv", [["python", "-m", "bench.floor"], ["python", "-c", "appliance"], ["python"]])
+def test_the_tracer_runs_only_the_commands_the_servers_are_started_with(argv):
+    with pytest.raises(SystemExit, match="expected '<python> -m appliance ...' or '<python> -m bench.lean_reference"):
+        run_traced(argv)
