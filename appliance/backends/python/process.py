@@ -263,12 +263,21 @@ class ModelProcess:
             self._take()
 
     def _readable(self) -> None:
-        """The channel is readable (on the event loop): one read takes what it holds."""
+        """The channel is readable (on the event loop): one read takes what it holds. A read of one reply
+        alone (the common one) is answered here; anything else goes through ``_take``."""
         try:
-            open_ = self.conn.fill()
+            read = self.conn.fill_one()
         except OSError:
-            open_ = False
-        self._take(ended=not open_)
+            read = False
+        if type(read) is bytes:
+            message = self._decode(read)
+            if isinstance(message, REPLIES):
+                self._reply(message)
+                return
+            if message is not None and not self._handled(message):
+                return
+            read = True
+        self._take(ended=not read)
 
     def _take(self, ended: bool = False) -> None:
         """The messages read, up to ``_DRAIN`` a turn of the loop (the responses a decoupled model sent
@@ -283,12 +292,7 @@ class ModelProcess:
             if data is None:
                 break
             message = self._decode(data)
-            waiting = self._dispatch(message) if message is not None else None
-            if waiting is not None:  # hold back what follows (in order) until the handler is done with it
-                self._loop.remove_reader(conn.fileno())
-                self._resuming = self._loop.create_task(self._resume_after(waiting))
-                return
-            if not self._on_loop or conn.closed:  # stopped meanwhile
+            if message is not None and not self._handled(message):
                 return
             if conn.all_taken:  # (the common read: one reply, and no second look for another)
                 break
@@ -301,6 +305,17 @@ class ModelProcess:
             self._on_loop = False
             # Ending waits for the process: never on the event loop.
             threading.Thread(target=self._end, name=f"python-model-end:{self.name}", daemon=True).start()
+
+    def _handled(self, message: Message) -> bool:
+        """``message`` dispatched; False when reading stops for this turn: its handler holds back what follows
+        (in order) until it is done with it, or the channel stopped meanwhile."""
+        waiting = self._dispatch(message)
+        if waiting is not None:
+            assert self._loop is not None
+            self._loop.remove_reader(self.conn.fileno())
+            self._resuming = self._loop.create_task(self._resume_after(waiting))
+            return False
+        return self._on_loop and not self.conn.closed
 
     async def _resume_after(self, waiting: Awaitable[object]) -> None:
         try:

@@ -136,6 +136,27 @@ class Channel:
             self._held += chunk
         return True
 
+    def fill_one(self) -> bytes | bool:
+        """``fill``, and where it read exactly one whole frame with nothing held before it (the common read on
+        the event loop: one reply), that frame, taken; else whether the other end is still open (the frames
+        read, if any, wait for ``next_frame``)."""
+        try:
+            count = os.readv(self._in, (self._inbox,))
+        except BlockingIOError:  # woken for nothing
+            return True
+        if not count:
+            return False
+        inbox = self._inbox
+        if self._taken == len(self._held) and count > 4 and _SIZE.unpack_from(inbox)[0] == count - 4:
+            return bytes(inbox[4:count])
+        chunk = memoryview(inbox)[:count]
+        if self._taken == len(self._held):
+            self._held = bytearray(chunk)
+            self._taken = 0
+        else:
+            self._held += chunk
+        return True
+
     def next_frame(self) -> bytes | None:
         """The next whole frame ``fill`` has read, or None until more arrives."""
         bounds = self._frame_bounds()

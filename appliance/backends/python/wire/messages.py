@@ -252,6 +252,7 @@ _ENTRY_NUMBERS = {kind: number for number, kind in enumerate(ENTRIES)}
 _SHAPES = {number: (kind, len(kind._fields) + 1) for number, kind in enumerate(KINDS)}
 """A kind's class and the length of its tuple on the channel, by its number."""
 _ENTRY_SHAPES = {number: (kind, len(kind._fields) + 1) for number, kind in enumerate(ENTRIES)}
+_PRODUCED = _ENTRY_NUMBERS[Produced]
 _PICKLE = pickle.HIGHEST_PROTOCOL
 """Pickled directly (multiprocessing's ForkingPickler costs a pickler object per message)."""
 
@@ -286,8 +287,11 @@ def decode(data: bytes) -> Message:
     if kind is Done and fields[2] is not None:  # (made once, with its entries)
         if type(fields[2]) is not list:
             raise MessageRefused("a Done message's entries are not a list")
-        return tuple.__new__(Done, (fields[1], [tuple.__new__(_kind(entry, _ENTRY_SHAPES, "Done entry"), entry[1:])
-                                                for entry in fields[2]]))
+        # A Produced entry (the common one) is checked here: _kind's own checks, without its call.
+        return tuple.__new__(Done, (fields[1], [
+            tuple.__new__(Produced, entry[1:])
+            if type(entry) is tuple and len(entry) == 3 and entry[0] == _PRODUCED and type(entry[0]) is int
+            else tuple.__new__(_kind(entry, _ENTRY_SHAPES, "Done entry"), entry[1:]) for entry in fields[2]]))
     return tuple.__new__(kind, fields[1:])
 
 

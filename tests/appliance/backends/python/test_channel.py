@@ -158,6 +158,38 @@ def test_frames_filled_without_waiting_come_whole_in_order_whatever_the_pieces(f
     ours.close()
 
 
+@settings(max_examples=60, deadline=None)
+@given(frames=st.lists(st.binary(max_size=20_000).map(bytes), max_size=6),
+       pieces=st.lists(st.integers(1, 70_000), min_size=1, max_size=8))
+def test_fill_one_gives_a_frame_read_alone_and_leaves_the_rest_to_next_frame(frames, pieces):
+    """``fill_one`` (the loop's read): a read that is exactly one whole frame, nothing held before it, comes
+    back as the frame; anything else is held as ``fill`` holds it. Every frame once, in order, whole."""
+    ours, theirs = _looped()
+    ours.read_without_waiting()
+    wire = b"".join(struct.pack("!i", len(f)) + f for f in frames)
+    received: list[bytes] = []
+    at, turn = 0, 0
+    while at < len(wire):
+        size = min(pieces[turn % len(pieces)], 60_000)
+        piece = wire[at:at + size]
+        os.write(theirs.fds()[1], piece)
+        at, turn = at + size, turn + 1
+        alone = ours.all_taken and len(piece) > 4 and struct.unpack_from("!i", piece)[0] == len(piece) - 4
+        read = ours.fill_one()
+        if alone:
+            assert read == piece[4:]
+            received.append(read)
+            continue
+        assert read is True
+        while (frame := ours.next_frame()) is not None:
+            received.append(frame)
+    assert received == frames and ours.all_taken
+    assert ours.fill_one() is True  # woken for nothing
+    theirs.close()
+    assert ours.fill_one() is False  # the other end closed
+    ours.close()
+
+
 def test_a_header_that_claims_more_than_arrives_holds_only_what_arrived():
     ours, theirs = _looped()
     ours.read_without_waiting()
