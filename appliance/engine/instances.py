@@ -49,9 +49,10 @@ log = logging.getLogger(__name__)
 
 class _Free:
     """The free places of a pool's instances, in the order they came back: what the pool used
-    ``asyncio.Queue`` for (``get``, ``get_nowait``, ``put_nowait``, ``qsize``), with its rules (waiters
-    woken in order, a woken waiter that is cancelled passes its wake-up on), in a step each: one place is
-    taken and given back per batch, and the queue's took about ten Python calls for that."""
+    ``asyncio.Queue`` for (``get``, ``get_nowait``, ``put_nowait``; the pool counts ``_items`` itself),
+    with its rules (waiters woken in order, a woken waiter that is cancelled passes its wake-up on), in a
+    step each: one place is taken and given back per batch, and the queue's took about ten Python calls
+    for that."""
 
     __slots__ = ("_loop", "_items", "_waiters")
 
@@ -59,9 +60,6 @@ class _Free:
         self._loop = loop
         self._items: collections.deque[int] = collections.deque()
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
-
-    def qsize(self) -> int:
-        return len(self._items)
 
     def get_nowait(self) -> int:
         if not self._items:
@@ -140,7 +138,7 @@ class InstancePool:
     @property
     def idle(self) -> int:
         """Instances with nothing to do (with depth > 1: free places, up to depth per instance)."""
-        return self._free.qsize() if self._free is not None else 0
+        return len(self._free._items) if self._free is not None else 0  # (qsize without its call)
 
     def start(self, on_finish: Callable[[int], None] | None = None) -> None:
         """Bind to the running loop; call from inside it. ``on_finish(index)`` runs on the loop as a batch
@@ -202,13 +200,17 @@ class InstancePool:
         assert self._loop is not None
         loop = self._loop
 
-        with self._elsewhere_lock:
-            self._elsewhere[index] += 1
+        lock, elsewhere = self._elsewhere_lock, self._elsewhere
+        with lock:
+            elsewhere[index] += 1
         loop_thread = threading.get_ident()
         returned = False
 
         def finished(result: Any, error: BaseException | None) -> None:
-            self._finished_elsewhere(index)
+            with lock:  # (_finished_elsewhere, without its call)
+                elsewhere[index] -= 1
+                if self._elsewhere_waiters and not elsewhere[index]:
+                    self._elsewhere_done.notify_all()
             if threading.get_ident() == loop_thread:  # read on the loop itself: no wake-up through its pipe
                 if returned:  # the waiter's callbacks are attached: resolve it now, not an iteration later
                     self._finish(index, then, result, error)

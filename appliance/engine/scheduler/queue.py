@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -54,21 +55,30 @@ class RequestQueue:
         self._levels: list[deque[Pending]] = [deque() for _ in range(policy.levels)]
         self._limits = [policy.queue_policy(level).max_queue_size for level in range(policy.levels)]
         self._delayed: deque[Pending] = deque()
-        self._count = 0
+        self.count = 0
+        """Requests queued (``len``; read as an attribute where every request passes: no call)."""
         self.items = 0
         """Batch items across every queued request."""
 
     def __len__(self) -> int:
-        return self._count
+        return self.count
 
     def __bool__(self) -> bool:
-        return self._count > 0
+        return self.count > 0
 
     def __iter__(self) -> Iterator[Pending]:
         """Pending requests in the order they should run: by priority, then arrival; delayed last."""
         for level in self._levels:
             yield from level
         yield from self._delayed
+
+    def head(self, count: int) -> list[Pending]:
+        """The first ``count`` requests in ``__iter__``'s order (the common queue, one level and nothing
+        delayed, without a generator's steps)."""
+        first = self._levels[0]
+        if len(first) >= count or (len(self._levels) == 1 and not self._delayed):
+            return list(itertools.islice(first, count))
+        return list(itertools.islice(self, count))
 
     def level_full(self, level: int) -> bool:
         limit = self._limits[level]
@@ -77,7 +87,7 @@ class RequestQueue:
     def push(self, pending: Pending) -> None:
         self._levels[pending.level].append(pending)
         pending.queued = True
-        self._count += 1
+        self.count += 1
         self.items += pending.size
 
     def remove(self, pending: Pending) -> bool:
@@ -86,7 +96,7 @@ class RequestQueue:
             return False
         (self._delayed if pending.delayed else self._levels[pending.level]).remove(pending)
         pending.queued = False
-        self._count -= 1
+        self.count -= 1
         self.items -= pending.size
         if pending.timer is not None:
             pending.timer.cancel()
@@ -108,7 +118,7 @@ class RequestQueue:
             if pending.timer is not None:
                 pending.timer.cancel()
                 pending.timer = None
-        self._count -= len(batch)
+        self.count -= len(batch)
         self.items -= items
 
     def delay(self, pending: Pending) -> None:

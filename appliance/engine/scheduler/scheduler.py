@@ -244,7 +244,8 @@ class Scheduler:
         # Until a request enqueued meanwhile schedules the next flush: an inline batch answers its requests
         # within this loop, and a pipelining client's next request is enqueued from that answer; it waits
         # for the next step, as a client's next request waits behind the others' reads.
-        while self._queue and not self._flush_scheduled:
+        queue = self._queue
+        while queue.count and not self._flush_scheduled:
             batch, final = self._peek_batch(self.pool.idle)
             if not final and self.policy.dynamic and self._delay_left(batch[0]) > 0:
                 break  # the batcher task waits for company
@@ -257,9 +258,9 @@ class Scheduler:
                 break  # the batcher task waits for the instance's resources, in rank order
             if not final and self.policy.preferred_batch_sizes:
                 batch = self._trim_to_preferred(batch)
-            self._queue.take(batch)
+            queue.take(batch)
             self._dispatch(index, batch)
-        if self._queue:
+        if queue.count:
             self._wakeup.set()
 
     def _delay_left(self, oldest: Pending) -> float:
@@ -324,7 +325,7 @@ class Scheduler:
             take = self._group
             if take > 1 and idle > 1:  # spread over the idle instances, as a batch is (_batch_limit)
                 take = min(take, max(1, -(-len(self._queue) // min(idle, self.pool.size))))
-            return list(itertools.islice(self._queue, take)), True
+            return self._queue.head(take), True
         batch: list[Pending] = []
         size = 0
         limit = self._batch_limit(idle)
@@ -382,16 +383,17 @@ class Scheduler:
                 self._run_inline(index, batch, queue_ns, functools.partial(execute_batch, requests=requests), items)
                 return
         self._in_flight += len(batch)
-        run_batch(self.pool, index, requests, functools.partial(self._batch_done, batch, queue_ns), each=grouped)
+        run_batch(self.pool, index, requests, functools.partial(self._finish_batch, batch, queue_ns), each=grouped)
 
     def _ran(self, index: int) -> None:
         """Instance ``index`` finished a batch: its rate-limiter resources go back, in the step that frees
         the instance (a request that takes it next must find them free)."""
         if self.pool.limits is not None:
-            self.pool.limits.give_back(index, executed=True, pending=bool(self._queue))
+            self.pool.limits.give_back(index, executed=True, pending=self._queue.count > 0)
 
     def _run_inline(self, index: int, batch: list[Pending], queue_ns: list[int], work: Any, items: int) -> None:
         assert self._loop is not None
+        self._in_flight += len(batch)  # (as for a batch run elsewhere: _finish_batch counts it out)
         try:
             outcome = self._inline.run(self.pool, index, work, items, self._loop.time)
         except Exception as exc:  # as a thread hands it over: every waiter gets it
@@ -401,14 +403,12 @@ class Scheduler:
         self._ran(index)
         self._finish_batch(batch, queue_ns, outcome, None)
 
-    def _batch_done(self, batch: list[Pending], queue_ns: list[int], result: Any, error: BaseException | None) -> None:
-        # In the step that frees the instance, just before the pool releases it and gives its rate-limiter
-        # resources back (InstancePool._finish).
-        self._in_flight -= len(batch)
-        self._finish_batch(batch, queue_ns, None if error is not None else result, error)
-
     def _finish_batch(self, batch: list[Pending], queue_ns: list[int], outcome: Any,
                       error: BaseException | None) -> None:
+        """A batch's end (``outcome`` is None when it failed with ``error``): in the step that frees the
+        instance, just before the pool releases it and gives its rate-limiter resources back
+        (InstancePool._finish), or right after an inline run."""
+        self._in_flight -= len(batch)
         if error is not None:
             error = self._failure(error, len(batch))
             if isinstance(error, InferenceFailed):  # it ran and failed (not refused before running)

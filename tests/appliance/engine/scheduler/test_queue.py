@@ -36,3 +36,24 @@ def test_a_batch_taken_out_leaves_the_rest_in_order_and_counts_right():
         assert not queue and queue.items == 0 and not queue.remove(third)
     finally:
         loop.close()
+
+
+def test_the_head_is_the_first_requests_in_the_order_they_run():
+    loop = asyncio.new_event_loop()
+    try:
+        one = RequestQueue(SchedulerPolicy(max_batch_size=8))
+        assert one.head(3) == [] and one.count == 0
+        alone = [_pending(loop, 0) for _ in range(4)]
+        for pending in alone:
+            one.push(pending)
+        assert one.head(3) == alone[:3] and one.head(8) == alone and one.count == 4
+        levels = RequestQueue(SchedulerPolicy(max_batch_size=8, priority_levels=2))
+        high, low, late, later = _pending(loop, 0), _pending(loop, 1), _pending(loop, 0), _pending(loop, 1)
+        for pending in (high, low, late, later):
+            levels.push(pending)
+        levels.delay(late)
+        assert levels.head(1) == [high]  # the first level holds enough
+        assert levels.head(3) == [high, low, later] == list(levels)[:3]
+        assert levels.head(9) == list(levels) == [high, low, later, late]
+    finally:
+        loop.close()
