@@ -1,7 +1,7 @@
 """Bytecodes per request on the daemon's event loop, by layer and by function: which code a request runs.
 
     python -m bench.bytecodes [--requests 300] [--warm-up 100] [--body json|binary|grpc] [--baseline CHECKOUT]
-                              [--reference] [--top 30]
+                              [--reference] [--concurrency 1] [--top 30]
 
 bench.layers shares the CPU a request costs out to the layers by sampling, which the box's noise moves;
 bench.instructions counts what a request costs, whatever the load, but not where. This counts where: the
@@ -15,7 +15,9 @@ call); bytecodes are not all alike (a call, a dict made, or a C function such as
 costs many instructions as one), so bench.instructions stays the judge of what a change saves. With
 ``--baseline`` the same for another checkout, side by side; with ``--reference`` (v2 JSON only) the lean
 reference's server (bench.lean_reference, its functions in layers by bench.layers' rules for it), which
-says how much Python the same request needs at least. The model process and the daemon's other
+says how much Python the same request needs at least. ``--concurrency N`` sends the HTTP requests N at a time
+(as bench.instructions does): what a request costs once batches and groups share the per-batch work
+(``-cN`` before the ``.md``). The model process and the daemon's other
 threads are not traced. Writes bench/results/bytecodes-<body>.md.
 """
 
@@ -120,12 +122,13 @@ def _grpc_sender(server: Server) -> tuple[Callable[[int], None], Callable[[], No
     return send, client.close
 
 
-def measure(server: Server, out: Path, body: str, requests: int, warm_up: int) -> list[Counted]:
-    """The counts of ``server`` (started with the tracer, writing to ``out``) over ``requests`` requests."""
+def measure(server: Server, out: Path, body: str, requests: int, warm_up: int, concurrency: int = 1) -> list[Counted]:
+    """The counts of ``server`` (started with the tracer, writing to ``out``) over ``requests`` requests
+    (``concurrency`` at a time over HTTP: bench.instructions' Sender)."""
     if body == "grpc":
         send, close = _grpc_sender(server)
     else:
-        sender = Sender(server.port, BINARY if body == "binary" else (_body(),))
+        sender = Sender(server.port, BINARY if body == "binary" else (_body(),), concurrency)
         send, close = sender.send, sender.close
     try:
         send(warm_up)
@@ -148,6 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warm-up", type=int, default=100)
     parser.add_argument("--body", choices=("json", "binary", "grpc"), default="json")
     parser.add_argument("--baseline", type=Path, help="also count this checkout's daemon (an A/B)")
+    parser.add_argument("--concurrency", type=int, default=1,
+                        help="HTTP requests in flight together, on as many connections (rounds of one each, as "
+                             "bench.instructions sends them): the per-request code of batches and groups")
     parser.add_argument("--reference", action="store_true",
                         help="also count the lean reference's server (v2 JSON only)")
     parser.add_argument("--top", type=int, default=30, help="functions listed, by bytecodes")
@@ -155,6 +161,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.requests < 1 or args.warm_up < 1:
         parser.error("--requests and --warm-up must be at least 1 (the warm-up makes the plans a client repeats)")
+    if args.concurrency < 1 or (args.concurrency > 1 and args.body == "grpc"):
+        parser.error("--concurrency is at least 1, and more than 1 only over HTTP (--body json or binary)")
+    args.requests = -(-args.requests // args.concurrency) * args.concurrency
+    args.warm_up = -(-args.warm_up // args.concurrency) * args.concurrency
     if args.reference and args.body != "json":
         parser.error("the lean reference speaks v2 JSON only: --reference takes --body json")
     started = time.monotonic()
@@ -177,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
                 server = start_appliance(repo, Path(tmp) / name, tree=tree, prefix=traced,
                                          env={**env, "BENCH_BYTECODES_OUT": str(out)})
             try:
-                counted = measure(server, out, args.body, args.requests, args.warm_up)
+                counted = measure(server, out, args.body, args.requests, args.warm_up, args.concurrency)
             finally:
                 server.stop()
             layers[name] = by_layer(counted, args.requests)
@@ -185,14 +195,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {name}: {sum(b for b, _ in layers[name].values()):,.0f} bytecodes a request", file=sys.stderr)
     text = (f"Command: {command_line('bench.bytecodes', argv)} ({time.monotonic() - started:.0f} s), commit "
             f"{commit()}, {time.strftime('%Y-%m-%d')}\n\nMachine: {machine()}. Bytecodes (and Python calls) a "
-            f"request on the daemon's event loop, over {args.requests} {args.body} requests sent one after another "
+            f"request on the daemon's event loop, over {args.requests} {args.body} requests sent "
+            f"{'one after another' if args.concurrency == 1 else f'{args.concurrency} at a time'} "
             f"after {args.warm_up} uncounted (bench.lean's identity model and token; the metrics tick once an hour), "
             "each function's counted in its own file's layer (bench.layers' rules).\n\n" + table(layers))
     for name, rows in tops.items():
         text += (f"\n\nThe {args.top} functions of {name} that run the most bytecodes a request:\n\n"
                  "| function | bytecodes | calls |\n|---|---|---|\n"
                  + "\n".join(f"| {where} | {bytecodes:.1f} | {calls:.2f} |" for where, bytecodes, calls in rows))
-    publish(text, args.out, f"bytecodes-{args.body}.md")
+    suffix = f"-c{args.concurrency}" if args.concurrency > 1 else ""
+    publish(text, args.out, f"bytecodes-{args.body}{suffix}.md")
     return 0
 
 
