@@ -64,6 +64,8 @@ def check_shape(raw: object, name: str, limit: int, itemsize: int | None = None)
             f"[{','.join(str(d) for d in dims)}]",
         )
     count, bound = math.prod(dims), min(limit, MAX_ELEMENTS)
+    if 0 < count <= bound:  # the common shape: within the bound, so no overflow either (2**40 * 16 < 2**64)
+        return tuple(dims), count
     if count >= _UINT64:  # Triton's words, then this server's bound
         raise InvalidInput(f"input '{name}': shape {dims} causes total element count to exceed maximum size of "
                            f"{_UINT64 - 1}; at most {bound} elements are allowed (max_tensor_elements)")

@@ -26,6 +26,8 @@ ItemShapes = tuple[tuple[str, tuple[int, ...]], ...]
 class TrafficStats:
     def __init__(self, batched: bool) -> None:
         self._batched = batched
+        self._start = 1 if batched else 0
+        """Where an item's dimensions start in a request's shape (past the batch dimension)."""
         self.requests = 0
         self._shapes: collections.Counter[ItemShapes] = collections.Counter()
         self._other = 0
@@ -35,14 +37,18 @@ class TrafficStats:
     def record(self, inputs: Sequence[InferInput], batch: int, in_flight: int) -> None:
         """One valid request: its inputs' shapes as the client sent them."""
         self.requests += 1
-        start = 1 if self._batched else 0
+        start = self._start
         if len(inputs) == 1:  # the common request: one input
             tensor = inputs[0]
             item: ItemShapes = ((tensor.name, tensor.data.shape[start:]),)
         else:
             item = tuple((tensor.name, tensor.data.shape[start:]) for tensor in inputs)
-        if item in self._shapes or len(self._shapes) < MAX_SHAPES:
-            self._shapes[item] += 1
+        shapes = self._shapes
+        seen = shapes.get(item)  # (one lookup of the key: its hash walks the nested tuples)
+        if seen is not None:
+            shapes[item] = seen + 1
+        elif len(shapes) < MAX_SHAPES:
+            shapes[item] = 1
         else:
             self._other += 1
         self._batches[batch] += 1

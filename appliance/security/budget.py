@@ -66,9 +66,10 @@ class Account:
             return
         budget = self._budget
         with budget._lock:
-            if self._held + size > budget._limit or budget._used + size > budget._limit:
+            used = budget._used + size
+            if used > budget._limit:  # (what this account holds is part of ``_used``: one test for both)
                 raise budget._refusal(self._held, size)
-            budget._used += size
+            budget._used = used
             self._held += size
 
     def release(self, size: int) -> None:
@@ -95,8 +96,12 @@ class Account:
         return joined
 
     def close(self) -> None:
+        """Give back everything this account holds (``release`` of it all, without its call)."""
         if self._held:
-            self.release(self._held)
+            budget = self._budget
+            with budget._lock:
+                budget._used -= self._held
+                self._held = 0
 
     def __enter__(self) -> Account:
         return self

@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from appliance.core.errors import PayloadTooLarge, Unavailable
 from appliance.security.budget import MemoryBudget
@@ -75,3 +77,30 @@ def test_threads_share_it_exactly():
     for thread in threads:
         thread.join()
     assert budget.used == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(steps=st.lists(st.tuples(st.sampled_from(["reserve", "release", "close"]), st.integers(0, 3),
+                                st.integers(0, 700)), max_size=40))
+def test_whatever_the_steps_the_budget_counts_what_the_accounts_hold(steps):
+    """Reserve, release and close in any order on a few accounts: the budget's count is always what they
+    hold together, never past its limit; a refused reserve counts nothing, and says 413 only for a request
+    that alone would need more than the budget."""
+    budget = MemoryBudget(1000)
+    accounts = [budget.account() for _ in range(4)]
+    for action, which, size in steps:
+        account = accounts[which]
+        if action == "reserve":
+            before = account.held
+            try:
+                account.reserve(size)
+            except PayloadTooLarge:
+                assert before + size > 1000 and account.held == before
+            except Unavailable:
+                assert before + size <= 1000 < budget.used + size and account.held == before
+        elif action == "release":
+            account.release(size)
+        else:
+            account.close()
+            assert account.held == 0
+        assert budget.used == sum(a.held for a in accounts) <= 1000
