@@ -185,14 +185,18 @@ class ModelVersion:
         start = time.perf_counter_ns()
 
         def finished(results: Any, error: BaseException | None) -> None:
-            response = None
             if error is None:
                 try:
                     response = self._response(request, results)
                 except Exception as exc:
                     error = exc
+                else:  # (_settle's success, without its call: every request passes here)
+                    self._running -= 1
+                    self.stats.record_request(True, time.perf_counter_ns() - start)
+                    then(response, None)
+                    return
             self._settle(start, error)
-            then(response, error)
+            then(None, error)
 
         names = [o.name for o in request.outputs] if request.outputs else self._every_output_name
         scheduler: StraightScheduler = self.scheduler  # type: ignore[assignment]  # (``straight`` says so)

@@ -162,11 +162,16 @@ class ModelProcess:
     def _command(self, message: Message, on_reply: Callable[[Message | None], None]) -> bool:
         """Send a command whose reply goes to ``on_reply``; False if the process has ended (nobody would
         answer). The queue of waiters and the channel take commands in the same order."""
+        data = encode(message)  # (encoded before the lock; sent as ``send`` sends, without its call)
         with self._reply_lock:
             if self._ended:
                 return False
             self._waiting.append(on_reply)
-            self.send(message)
+            try:
+                with self._send_lock:
+                    self.conn.send_bytes(data)
+            except (OSError, ValueError):  # gone: its end, read next, answers the waiter with None
+                pass
         return True
 
     def call(self, message: Message, doing: str = "handling the request") -> Message:

@@ -31,8 +31,7 @@ if TYPE_CHECKING:
     from appliance.engine.instances import Finished, InstancePool
 
 __all__ = ["GIL_BUDGET_NS", "INLINE_BUDGET_NS", "THREADED", "ExecutionMode", "choose_execution", "dispatch",
-           "execute_batch", "execute_each", "measure_thread_hop", "plan_batch_ns", "run_batch", "start_batch",
-           "start_each"]
+           "execute_batch", "execute_each", "measure_thread_hop", "plan_batch_ns", "run_batch"]
 
 INLINE_BUDGET_NS = 200_000
 """The longest a batch run inline may block the event loop."""
@@ -174,21 +173,39 @@ def execute_each(
         frozenset(failed)
 
 
-def start_each(
-    backend: Backend, finished: Callable[[Any, BaseException | None], None], requests: Sequence[BackendRequest]
-) -> bool:
-    """Start a group of requests, each its own execution, with the backend's ``start_each``; ``finished``
-    gets what ``execute_each`` returns, or the error. False when the backend cannot start them that way."""
-    return _started(backend.start_each, finished, requests, grouped=True)
+class _Started:
+    """Requests started on an instance with the backend's ``start_requests`` (as one batch) or ``start_each``
+    (a group, each its own execution), where it completes on a thread of its own (e.g. when another
+    process replies): called by the pool as ``start(backend, finished)`` (False when the backend cannot
+    start them that way, and ``finished`` is never called), then ``done`` by the backend, which hands
+    ``finished`` what ``execute_batch`` (``execute_each``) returns, or the error. One object for both, as
+    the pool's start and the backend's callback: a batch's start took a partial, two calls and a closure."""
 
+    __slots__ = ("_requests", "_grouped", "_finished", "_start")
 
-def start_batch(
-    backend: Backend, finished: Callable[[Any, BaseException | None], None], requests: Sequence[BackendRequest]
-) -> bool:
-    """Start requests as one batch with the backend's ``start_requests`` (it completes on a thread of its
-    own, e.g. when another process replies); ``finished`` gets what ``execute_batch`` returns, or the
-    error. False when the backend cannot start it that way (then ``finished`` is never called)."""
-    return _started(backend.start_requests, finished, requests, grouped=False)
+    def __init__(self, requests: Sequence[BackendRequest], grouped: bool) -> None:
+        self._requests = requests
+        self._grouped = grouped
+        self._finished: Callable[[Any, BaseException | None], None] | None = None
+        self._start = 0
+
+    def __call__(self, backend: Backend, finished: Callable[[Any, BaseException | None], None]) -> bool:
+        self._finished = finished
+        self._start = time.monotonic_ns()
+        if self._grouped:
+            return backend.start_each(self._requests, self.done)
+        return backend.start_requests(self._requests, self.done)
+
+    def done(self, batch: BatchResult | BaseException) -> None:
+        finished = self._finished
+        assert finished is not None
+        if isinstance(batch, BaseException):
+            finished(None, batch)
+            return
+        start, end = self._start, time.monotonic_ns()
+        infer = max(0, end - start - batch.input_ns - batch.output_ns)
+        timing = BatchTiming(batch.input_ns, infer, batch.output_ns, start, end)
+        finished((batch.results, timing, batch.failed) if self._grouped else (batch.results, timing), None)
 
 
 def dispatch(pool: InstancePool, index: int, requests: Sequence[BackendRequest], each: bool = False) -> asyncio.Future:
@@ -205,9 +222,8 @@ def run_batch(pool: InstancePool, index: int, requests: Sequence[BackendRequest]
               each: bool = False) -> None:
     """``dispatch`` with ``then(result, error)`` in place of the future: called in the step of the loop that
     frees the instance, not a step later as a future's callback."""
-    start, run = (start_each, execute_each) if each else (start_batch, execute_batch)
-    if not pool.start_elsewhere(index, functools.partial(start, requests=requests), then):
-        pool.run(index, functools.partial(run, requests=requests), then)
+    if not pool.start_elsewhere(index, _Started(requests, each), then):
+        pool.run(index, functools.partial(execute_each if each else execute_batch, requests=requests), then)
 
 
 def _started(start_with: Callable[[Sequence[BackendRequest], Callable[[BatchResult | BaseException], None]], bool],

@@ -12,6 +12,7 @@ import os
 import struct
 import termios
 import time
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -174,7 +175,7 @@ def _hold_until_sent(fd: int, quiet: float = 0.3, timeout: float = 30) -> None:
 async def test_the_messages_waiting_in_the_channel_are_read_in_one_turn_of_the_loop(flood, monkeypatch):
     backend, open_stream, _ = flood
     turns: list[tuple[int, int]] = []  # per wake-up: the bytes waiting in the channel before and after it
-    readable, send = ModelProcess._readable, ModelProcess.send
+    readable, command = ModelProcess._readable, ModelProcess._command
     hold = False
 
     def waiting(self: ModelProcess) -> int:
@@ -185,13 +186,14 @@ async def test_the_messages_waiting_in_the_channel_are_read_in_one_turn_of_the_l
         readable(self)
         turns.append((before, waiting(self)))
 
-    def sending(self: ModelProcess, message: Message) -> None:
-        send(self, message)
+    def sending(self: ModelProcess, message: Message, on_reply: Callable[[Message | None], None]) -> bool:
+        sent = command(self, message, on_reply)
         if hold and isinstance(message, COMMANDS):  # the request is on its way: the loop stays busy until the
             _hold_until_sent(self.conn.fileno())  # model has sent its 10 responses and its reply
+        return sent
 
     monkeypatch.setattr(ModelProcess, "_readable", counted)  # before the loop starts reading the channel
-    monkeypatch.setattr(ModelProcess, "send", sending)
+    monkeypatch.setattr(ModelProcess, "_command", sending)
     assert _values(await _read_all(await open_stream(1, StreamLimits(), _Held()))) == [0]
     assert backend.reads_on_loop
     turns.clear()
