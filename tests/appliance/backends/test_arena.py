@@ -136,7 +136,7 @@ def test_an_inline_descriptor_that_does_not_add_up_is_refused(descriptor):
     with pytest.raises(ValueError):
         read_tensor(None, descriptor, copy=False)
     name, datatype, shape, _, _ = descriptor
-    if datatype == "FP32":  # refused just as well once a good tensor of that form was read (and its form kept)
+    if datatype == "FP32":  # refused just as well after a good tensor of that form was read
         good = read_tensor(None, (name, datatype, shape, -1, bytearray(4 * shape[0])), copy=False)
         assert good.shape == shape and good.dtype == np.float32
         with pytest.raises(ValueError):

@@ -49,14 +49,6 @@ a small tensor the arena's bookkeeping on both sides (sizing, a view of the map,
 letting go) costs more than the bytes in the pipe (docs/performance.md, "The hop")."""
 
 
-_INLINE_FORMS: dict[tuple[str, tuple[int, ...]], tuple[np.dtype, int]] = {}
-"""An inline tensor's datatype and shape, once ``read_tensor`` has checked them: its dtype and byte count
-(the same few forms come in every message; a form is looked up, not worked out, after the first)."""
-_INLINE_FORMS_KEPT = 256
-"""Forms kept at most (all are dropped when a new one would pass it: a peer sending new shapes every
-message only makes each one checked in full)."""
-
-
 def inline(tensors: list[list[tuple[str, np.ndarray]]]) -> list[list[Descriptor]] | None:
     """Descriptors that carry each message part's tensors themselves (a bytearray: the reader's array is
     writable, as one in an arena is), or None when they are too large together, or hold BYTES (sized only
@@ -106,10 +98,6 @@ def read_tensor(arena: Arena | None, descriptor: Descriptor, copy: bool) -> np.n
             raise ValueError(f"tensor '{descriptor[0]}' is in an arena, but the message names none")
         return arena.read(descriptor, copy)
     name, datatype, shape, _, raw = descriptor
-    key = (datatype, shape)
-    known = _INLINE_FORMS.get(key) if type(shape) is tuple else None
-    if known is not None and type(raw) is bytearray and len(raw) == known[1]:  # a form checked before
-        return np.ndarray(shape, known[0], raw)
     if type(raw) is not bytearray or datatype == "BYTES":
         raise ValueError(f"tensor '{name}' is not carried as an inline tensor is")
     dtype = numpy_dtype(datatype)
@@ -117,12 +105,7 @@ def read_tensor(arena: Arena | None, descriptor: Descriptor, copy: bool) -> np.n
     if count * dtype.itemsize != len(raw):
         raise ValueError(f"tensor '{name}' of shape {list(shape)} carries {len(raw)} bytes, not "
                          f"{count * dtype.itemsize}")
-    array = np.ndarray(shape, dtype, raw)  # a view of its bytes, shaped: one array (frombuffer, reshape: two)
-    if type(shape) is tuple:  # (the shape numpy took: its dimensions are ints)
-        if len(_INLINE_FORMS) >= _INLINE_FORMS_KEPT:
-            _INLINE_FORMS.clear()
-        _INLINE_FORMS[key] = (dtype, len(raw))
-    return array
+    return np.ndarray(shape, dtype, raw)  # a view of its bytes, shaped: one array (frombuffer, reshape: two)
 
 
 def _aligned(n: int) -> int:
