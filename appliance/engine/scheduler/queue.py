@@ -54,6 +54,8 @@ class RequestQueue:
         self._policy = policy
         self._levels: list[deque[Pending]] = [deque() for _ in range(policy.levels)]
         self._limits = [policy.queue_policy(level).max_queue_size for level in range(policy.levels)]
+        self.bounded = any(limit > 0 for limit in self._limits)
+        """Whether any level has a max_queue_size (without one, no level is ever full: nothing to ask)."""
         self._delayed: deque[Pending] = deque()
         self.count = 0
         """Requests queued (``len``; read as an attribute where every request passes: no call)."""

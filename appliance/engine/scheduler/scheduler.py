@@ -192,7 +192,7 @@ class Scheduler:
             level, timeout = self._plain
         loop = self._loop
         key = tuple(sorted((name, array.shape[1:]) for name, array in inputs.items())) if policy.dynamic else ()
-        if self._queue.level_full(level):
+        if self._queue.bounded and self._queue.level_full(level):
             raise Unavailable(
                 f"the queue of model {self.label} is full "
                 f"(max_queue_size {policy.queue_policy(level).max_queue_size}); retry later",
@@ -374,8 +374,11 @@ class Scheduler:
     def _dispatch(self, index: int, batch: list[Pending]) -> None:
         assert self._loop is not None
         stamp = time.monotonic_ns()
-        queue_ns = [stamp - p.arrival_ns for p in batch]
-        requests = [p.request for p in batch]
+        if len(batch) == 1:  # (the common batch: no comprehension's call)
+            queue_ns, requests = [stamp - batch[0].arrival_ns], [batch[0].request]
+        else:
+            queue_ns = [stamp - p.arrival_ns for p in batch]
+            requests = [p.request for p in batch]
         grouped = len(batch) > 1 and not self.policy.dynamic  # a group: each request its own execution
         if not grouped and self._inline.possible:
             items = _items(batch)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from appliance.backends.base import BackendRequest
-from appliance.engine.scheduler.policy import SchedulerPolicy
+from appliance.engine.scheduler.policy import QueuePolicy, SchedulerPolicy
 from appliance.engine.scheduler.queue import Pending, RequestQueue
 
 
@@ -55,5 +55,21 @@ def test_the_head_is_the_first_requests_in_the_order_they_run():
         assert levels.head(1) == [high]  # the first level holds enough
         assert levels.head(3) == [high, low, later] == list(levels)[:3]
         assert levels.head(9) == list(levels) == [high, low, later, late]
+    finally:
+        loop.close()
+
+
+def test_a_queue_without_a_max_queue_size_is_unbounded_and_never_full():
+    loop = asyncio.new_event_loop()
+    try:
+        free = RequestQueue(SchedulerPolicy(max_batch_size=8))
+        for _ in range(50):
+            free.push(_pending(loop, 0))
+        assert not free.bounded and not free.level_full(0)
+        bounded = RequestQueue(SchedulerPolicy(max_batch_size=8, default_queue_policy=QueuePolicy(max_queue_size=2)))
+        assert bounded.bounded and not bounded.level_full(0)
+        bounded.push(_pending(loop, 0))
+        bounded.push(_pending(loop, 0))
+        assert bounded.level_full(0)
     finally:
         loop.close()
