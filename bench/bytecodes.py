@@ -15,10 +15,10 @@ call); bytecodes are not all alike (a call, a dict made, or a C function such as
 costs many instructions as one), so bench.instructions stays the judge of what a change saves. With
 ``--baseline`` the same for another checkout, side by side; with ``--reference`` (v2 JSON only) the lean
 reference's server (bench.lean_reference, its functions in layers by bench.layers' rules for it), which
-says how much Python the same request needs at least (``-reference`` before the ``.md``). ``--concurrency N`` sends the HTTP requests N at a time
-(as bench.instructions does): what a request costs once batches and groups share the per-batch work
-(``-cN`` before the ``.md``). The model process and the daemon's other
-threads are not traced. Writes bench/results/bytecodes-<body>.md.
+says how much Python the same request needs at least. ``--concurrency N`` sends the HTTP requests N at a
+time (as bench.instructions does): what a request costs once batches and groups share the per-batch work.
+The model process and the daemon's other threads are not traced. Writes
+bench/results/bytecodes-<body>.md (``-cN`` and ``-reference`` before the ``.md`` with those options).
 """
 
 from __future__ import annotations
