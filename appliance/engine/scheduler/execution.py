@@ -225,19 +225,3 @@ def run_batch(pool: InstancePool, index: int, requests: Sequence[BackendRequest]
     if not pool.start_elsewhere(index, _Started(requests, each), then):
         pool.run(index, functools.partial(execute_each if each else execute_batch, requests=requests), then)
 
-
-def _started(start_with: Callable[[Sequence[BackendRequest], Callable[[BatchResult | BaseException], None]], bool],
-             finished: Callable[[Any, BaseException | None], None], requests: Sequence[BackendRequest],
-             grouped: bool) -> bool:
-    start = time.monotonic_ns()
-
-    def done(batch: BatchResult | BaseException) -> None:
-        if isinstance(batch, BaseException):
-            finished(None, batch)
-            return
-        end = time.monotonic_ns()
-        infer = max(0, end - start - batch.input_ns - batch.output_ns)
-        timing = BatchTiming(batch.input_ns, infer, batch.output_ns, start, end)
-        finished((batch.results, timing, batch.failed) if grouped else (batch.results, timing), None)
-
-    return start_with(requests, done)
