@@ -50,8 +50,10 @@ __all__ = ["Round", "lean_setup", "main", "measure", "start_servers", "table", "
 
 TARGET = 1.5
 """The appliance's CPU per request over the reference's, at most."""
-SERVERS = ("appliance", "reference", "triton")
-"""In the table's order; Triton only with ``--triton``."""
+SERVERS = ("appliance", "reference")
+"""The two servers every run compares (bench.layers too), in the table's order."""
+TRITON = "triton"
+"""The third server, with ``--triton``: last in the table."""
 _MODEL = "identity"
 _TOKEN = "lean-bench-token-0123456789abcdef"
 _WARM_UP_S = 2.0
@@ -144,14 +146,14 @@ def table(rounds: dict[tuple[str, int], list[Round]]) -> str:
     """One row per concurrency and server (medians over its rounds); on the appliance's row the median of
     each round's CPU ratio over the reference, marked against ``TARGET``; where Triton was measured, each
     server's CPU over Triton's too (bench.triton's target: ≤ 1.0×)."""
-    triton = any(name == "triton" for name, _ in rounds)
+    triton = any(name == TRITON for name, _ in rounds)
     lines = ["| c | server | req/s | p50 ms | CPU µs/req (server + model process) | × reference CPU | "
              f"target ≤ {TARGET}× |{' × Triton CPU |' if triton else ''} errors | load |",
              f"|---|---|---|---|---|---|---|{'---|' if triton else ''}---|---|"]
     for concurrency in sorted({c for _, c in rounds}):
         reference = rounds.get(("reference", concurrency), [])
-        against = rounds.get(("triton", concurrency), [])
-        for name in SERVERS:
+        against = rounds.get((TRITON, concurrency), [])
+        for name in (*SERVERS, TRITON):
             mine = rounds.get((name, concurrency))
             if not mine:
                 continue
@@ -162,7 +164,7 @@ def table(rounds: dict[tuple[str, int], list[Round]]) -> str:
                 ratio_cell, verdict = f"{ratio:.2f}", "met" if ratio <= TARGET else "MISSED"
             triton_cell = ""
             if triton:
-                triton_cell = f" {_ratio(mine, against):.2f} |" if against and name != "triton" else " |"
+                triton_cell = f" {_ratio(mine, against):.2f} |" if against and name != TRITON else " |"
             lines.append(f"| {concurrency} | {name} | {statistics.median(r.requests_per_s for r in mine):.0f} | "
                          f"{statistics.median(r.p50_ms for r in mine):.3f} | "
                          f"{statistics.median(r.cpu_us for r in mine):.0f} ({server:.0f} + {model:.0f}) | "
@@ -195,7 +197,7 @@ def start_servers(work: Path, server_core: int, triton: bool = False) -> dict[st
         for name, server in servers.items():
             _check_token_required(name, server)
         if triton:
-            servers["triton"] = _start_triton(repo, work / "triton.log", server_core)
+            servers[TRITON] = _start_triton(repo, work / "triton.log", server_core)
     except BaseException:
         for server in servers.values():
             server.stop()
