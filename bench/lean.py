@@ -37,7 +37,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from bench.loadgen import add_wrk_arguments, require_wrk, run_wrk
 from bench.process import Server, start_appliance, start_lean_reference
@@ -45,6 +45,9 @@ from bench.report import heading, publish
 from bench.serving import RESULTS
 from bench.triton import TICKS_PER_SECOND, process_tree
 from bench.triton_models import write_repository
+
+if TYPE_CHECKING:
+    from tests.oracle import TritonServer
 
 __all__ = ["Round", "lean_setup", "main", "measure", "start_servers", "table", "tree_split"]
 
@@ -209,9 +212,10 @@ def start_servers(work: Path, server_core: int, triton: bool = False) -> dict[st
 class _Triton(Server):
     """Real Triton as bench.lean measures a server: its process (its stubs below it) and its HTTP port."""
 
-    oracle: Any = None
+    oracle: TritonServer | None = None
 
     def stop(self) -> None:
+        assert self.oracle is not None
         self.oracle.stop()
 
 

@@ -271,7 +271,7 @@ class ModelProcess:
         """The channel is readable (on the event loop): one read takes what it holds. A read of one reply
         alone (the common one) is answered here; anything else goes through ``_take``."""
         try:
-            read = self.conn.fill_one()
+            read = self.conn.fill()
         except OSError:
             read = False
         if type(read) is bytes:

@@ -104,12 +104,13 @@ class Channel:
         came together are taken from what was read (``holds_frame`` says so before waiting on the pipe)."""
         frame = self.next_frame()
         while frame is None:
-            if not self.fill():
+            read = self.fill()
+            if read is False:
                 if self._taken < len(self._held):
                     raise OSError(f"the channel ended within a message ({len(self._held) - self._taken} bytes of "
                                   "it came)")
                 raise EOFError("the other end closed the channel")
-            frame = self.next_frame()
+            frame = read if type(read) is bytes else self.next_frame()
         return frame
 
     def read_without_waiting(self) -> None:
@@ -117,29 +118,13 @@ class Channel:
         ``recv_bytes``, which would wait for nothing."""
         os.set_blocking(self._in, False)
 
-    def fill(self) -> bool:
+    def fill(self) -> bytes | bool:
         """Read what the pipe holds now, at most _READ_BYTES (one system call a wake-up however many frames
         came, where a frame read by itself took two and a poll to learn of the next), waiting for it unless
-        reading without waiting; False once the other end has closed. What a frame's header claims is held
-        only as its bytes arrive."""
-        try:
-            count = os.readv(self._in, (self._inbox,))
-        except BlockingIOError:  # woken for nothing
-            return True
-        if not count:
-            return False
-        chunk = memoryview(self._inbox)[:count]
-        if self._taken == len(self._held):  # all taken: start again rather than grow
-            self._held = bytearray(chunk)
-            self._taken = 0
-        else:
-            self._held += chunk
-        return True
-
-    def fill_one(self) -> bytes | bool:
-        """``fill``, and where it read exactly one whole frame with nothing held before it (the common read on
-        the event loop: one reply), that frame, taken; else whether the other end is still open (the frames
-        read, if any, wait for ``next_frame``)."""
+        reading without waiting. A read that is exactly one whole frame with nothing held before it (the
+        common read: one reply, one command) is that frame, taken; else True, the frames read (if any)
+        waiting for ``next_frame``, or False once the other end has closed. What a frame's header claims is
+        held only as its bytes arrive."""
         try:
             count = os.readv(self._in, (self._inbox,))
         except BlockingIOError:  # woken for nothing
@@ -147,10 +132,11 @@ class Channel:
         if not count:
             return False
         inbox = self._inbox
-        if self._taken == len(self._held) and count > 4 and _SIZE.unpack_from(inbox)[0] == count - 4:
+        whole = self._taken == len(self._held)  # all taken: start again rather than grow
+        if whole and count > 4 and _SIZE.unpack_from(inbox)[0] == count - 4:
             return bytes(inbox[4:count])
         chunk = memoryview(inbox)[:count]
-        if self._taken == len(self._held):
+        if whole:
             self._held = bytearray(chunk)
             self._taken = 0
         else:

@@ -131,7 +131,8 @@ def test_frames_written_in_any_pieces_are_read_whole_and_in_order(frames, pieces
        pieces=st.lists(st.integers(1, 70_000), min_size=1, max_size=8))
 def test_frames_filled_without_waiting_come_whole_in_order_whatever_the_pieces(frames, pieces):
     """The event loop's way (``fill`` once a wake-up, then ``next_frame``): a frame is given only once it is
-    whole, every frame once and in order, however the bytes came; ``holds_frame`` says so beforehand."""
+    whole, every frame once and in order, however the bytes came; ``holds_frame`` says so beforehand. A
+    read that is exactly one whole frame, nothing held before it, is that frame, from ``fill`` itself."""
     ours, theirs = _looped()
     ours.read_without_waiting()
     wire = b"".join(struct.pack("!i", len(f)) + f for f in frames)
@@ -140,9 +141,16 @@ def test_frames_filled_without_waiting_come_whole_in_order_whatever_the_pieces(f
     at, turn = 0, 0
     while at < len(wire):  # each piece fits in the pipe, and one fill() reads all of it
         size = min(pieces[turn % len(pieces)], 60_000)
-        os.write(theirs.fds()[1], wire[at:at + size])
+        piece = wire[at:at + size]
+        os.write(theirs.fds()[1], piece)
         at, turn = at + size, turn + 1
-        assert ours.fill()
+        alone = ours.all_taken and len(piece) > 4 and struct.unpack_from("!i", piece)[0] == len(piece) - 4
+        read = ours.fill()
+        if alone:
+            assert read == piece[4:] and not ours.holds_frame
+            received.append(read)
+        else:
+            assert read is True
         holds = ours.holds_frame
         frame = ours.next_frame()
         assert (frame is not None) == holds
@@ -150,43 +158,11 @@ def test_frames_filled_without_waiting_come_whole_in_order_whatever_the_pieces(f
             received.append(frame)
             frame = ours.next_frame()
         assert ours.all_taken == (min(at, len(wire)) in ends)  # nothing of a next frame read yet
-    assert ours.fill()  # nothing more: a wake-up for nothing is no end
+    assert ours.fill() is True  # nothing more: a wake-up for nothing is no end
     assert received == frames
     assert not ours.holds_frame and ours.next_frame() is None
     theirs.close()
-    assert not ours.fill()  # the other end closed
-    ours.close()
-
-
-@settings(max_examples=60, deadline=None)
-@given(frames=st.lists(st.binary(max_size=20_000).map(bytes), max_size=6),
-       pieces=st.lists(st.integers(1, 70_000), min_size=1, max_size=8))
-def test_fill_one_gives_a_frame_read_alone_and_leaves_the_rest_to_next_frame(frames, pieces):
-    """``fill_one`` (the loop's read): a read that is exactly one whole frame, nothing held before it, comes
-    back as the frame; anything else is held as ``fill`` holds it. Every frame once, in order, whole."""
-    ours, theirs = _looped()
-    ours.read_without_waiting()
-    wire = b"".join(struct.pack("!i", len(f)) + f for f in frames)
-    received: list[bytes] = []
-    at, turn = 0, 0
-    while at < len(wire):
-        size = min(pieces[turn % len(pieces)], 60_000)
-        piece = wire[at:at + size]
-        os.write(theirs.fds()[1], piece)
-        at, turn = at + size, turn + 1
-        alone = ours.all_taken and len(piece) > 4 and struct.unpack_from("!i", piece)[0] == len(piece) - 4
-        read = ours.fill_one()
-        if alone:
-            assert read == piece[4:]
-            received.append(read)
-            continue
-        assert read is True
-        while (frame := ours.next_frame()) is not None:
-            received.append(frame)
-    assert received == frames and ours.all_taken
-    assert ours.fill_one() is True  # woken for nothing
-    theirs.close()
-    assert ours.fill_one() is False  # the other end closed
+    assert ours.fill() is False  # the other end closed
     ours.close()
 
 
