@@ -364,12 +364,15 @@ def _decode_request(header: dict[str, Any], body: bytes, header_length: int | No
             raise InvalidInput(f"inputs[{position}] needs a 'name' string")
         datatype = check_datatype(raw.get("datatype"), name)
         dims = raw.get("shape")
-        if type(dims) is list and dims and _negative(dims):  # Triton's JSON reader's words
-            raise InvalidInput(f"Unable to parse 'shape': attempt to access JSON non-unsigned-integer as "
-                               f"unsigned-integer; input '{name}': 'shape' must be non-negative integers, got "
-                               f"{dims!r}"[:400])
         itemsize = element_size(datatype)
-        shape, count = check_shape(dims, name, limits.max_tensor_elements, itemsize)
+        try:
+            shape, count = check_shape(dims, name, limits.max_tensor_elements, itemsize)
+        except InvalidInput:  # (asked only of a shape refused: a good one has no negative dimension)
+            if type(dims) is list and dims and _negative(dims):  # Triton's JSON reader's words
+                raise InvalidInput(f"Unable to parse 'shape': attempt to access JSON non-unsigned-integer as "
+                                   f"unsigned-integer; input '{name}': 'shape' must be non-negative integers, "
+                                   f"got {dims!r}"[:400]) from None
+            raise
         params = raw.get("parameters")
         params = _NONE if params is None else _parameters(raw, f"input '{name}'")
         shared = shared_memory_ref(params, f"input '{name}'") if params else None

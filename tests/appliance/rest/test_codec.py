@@ -396,3 +396,18 @@ def test_a_plain_answer_is_only_what_the_event_loop_may_encode():
     assert plain_answer(InferResponse("m", 1, [InferOutput("s", "BYTES", np.array([b"x"], dtype=object))])) is None
     binary = decode_infer_request(b'{"inputs": [], "parameters": {"binary_data_output": true}}')
     assert plain_answer(small, binary) is None
+
+
+@pytest.mark.parametrize("dims", [[-1, 16], [1, -16], [-1, "a"], ["a", -2], [-1] + [1] * 70, [-1, 2.5]])
+def test_a_shape_with_a_negative_dimension_is_refused_in_tritons_words_whatever_else_is_wrong(dims):
+    body = json.dumps({"inputs": [{"name": "x", "shape": dims, "datatype": "FP32", "data": [0.0] * 16}]}).encode()
+    with pytest.raises(InvalidInput, match="Unable to parse 'shape': attempt to access JSON non-unsigned-integer"):
+        decode_infer_request(body, None, DecodeLimits())
+
+
+@pytest.mark.parametrize("dims", [[1, "a"], [1] * 70, [1.5, 16], "16"])
+def test_a_shape_wrong_otherwise_is_refused_in_the_shape_checks_words(dims):
+    body = json.dumps({"inputs": [{"name": "x", "shape": dims, "datatype": "FP32", "data": [0.0] * 16}]}).encode()
+    with pytest.raises(InvalidInput, match="'shape' must be a list of at most") as refused:
+        decode_infer_request(body, None, DecodeLimits())
+    assert "Unable to parse" not in str(refused.value)
