@@ -15,7 +15,7 @@ import numpy as np
 from appliance.core.errors import InputMismatch, InvalidInput
 from appliance.core.tensors import decode_bytes_tensor, element_size, numpy_dtype
 
-__all__ = ["BYTES_ELEMENT_OVERHEAD", "MAX_DIMS", "MAX_ELEMENTS", "DecodeLimits", "byte_size_words", "check_datatype",
+__all__ = ["BYTES_ELEMENT_OVERHEAD", "MAX_DIMS", "MAX_ELEMENTS", "DecodeLimits", "byte_size_words", "datatype_size",
            "check_shape", "decode_raw_tensor"]
 
 # Largest tensor (in elements) any request may declare; guards the arithmetic, not the memory (the
@@ -36,15 +36,15 @@ class DecodeLimits:
     max_inputs: int = 256
 
 
-def check_datatype(datatype: object, name: str) -> str:
-    """A v2 datatype name this server knows."""
+def datatype_size(datatype: object, name: str) -> int | None:
+    """The element size of a v2 datatype this server knows (None for BYTES, sized only once serialized);
+    InvalidInput for anything else, input ``name``'s."""
     if not isinstance(datatype, str) or not datatype:
         raise InvalidInput(f"input '{name}' needs a 'datatype' string (e.g. \"FP32\")")
     try:
-        element_size(datatype)
+        return element_size(datatype)
     except ValueError as exc:  # Triton's words, then the datatypes there are
         raise InvalidInput(f"invalid datatype for input {name}; {exc}") from None
-    return datatype
 
 
 def check_shape(raw: object, name: str, limit: int, itemsize: int | None = None) -> tuple[tuple[int, ...], int]:

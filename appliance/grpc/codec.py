@@ -23,8 +23,8 @@ from appliance.engine.tensor_checks import (
     BYTES_ELEMENT_OVERHEAD,
     DecodeLimits,
     byte_size_words,
-    check_datatype,
     check_shape,
+    datatype_size,
     decode_raw_tensor,
 )
 from appliance.engine.types import InferInput, InferRequest, InferResponse, RequestedOutput, SharedMemoryInput
@@ -198,8 +198,8 @@ def _decode(request: pb.ModelInferRequest, limits: DecodeLimits, reserve: Callab
         name = tensor.name
         if not name:
             raise InvalidInput(f"an input of the request for model '{model[:255]}' has no name")
-        datatype = check_datatype(tensor.datatype, name)
-        shape, count = check_shape(list(tensor.shape), name, limits.max_tensor_elements, element_size(datatype))
+        datatype = tensor.datatype
+        shape, count = check_shape(list(tensor.shape), name, limits.max_tensor_elements, datatype_size(datatype, name))
         if tensor.parameters:
             _check_shared_memory_types(tensor.parameters, name)
         shared = shared_memory_ref(from_parameters(tensor.parameters), f"input '{name}'") if tensor.parameters else None

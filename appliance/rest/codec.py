@@ -25,8 +25,8 @@ from appliance.engine.tensor_checks import (
     BYTES_ELEMENT_OVERHEAD,
     MAX_ELEMENTS,
     DecodeLimits,
-    check_datatype,
     check_shape,
+    datatype_size,
     decode_raw_tensor,
 )
 from appliance.engine.types import InferInput, InferRequest, InferResponse, RequestedOutput, SharedMemoryInput
@@ -362,9 +362,9 @@ def _decode_request(header: dict[str, Any], body: bytes, header_length: int | No
         name = raw.get("name")
         if not isinstance(name, str) or not name:
             raise InvalidInput(f"inputs[{position}] needs a 'name' string")
-        datatype = check_datatype(raw.get("datatype"), name)
+        datatype = raw.get("datatype", "")  # (none: refused as an empty one is)
+        itemsize = datatype_size(datatype, name)  # (a known datatype's name from here on)
         dims = raw.get("shape")
-        itemsize = element_size(datatype)
         try:
             shape, count = check_shape(dims, name, limits.max_tensor_elements, itemsize)
         except InvalidInput:  # (asked only of a shape refused: a good one has no negative dimension)
