@@ -78,11 +78,19 @@ def _settle(target: Target, channels: dict[str, grpc.Channel], timeout: float = 
         wait_until(settled, timeout=timeout, interval=0.05)
 
 
+_STILL_READS = 3
+"""Reads of a model's statistics in a row, 50 ms apart, that must agree before they count as settled."""
+
+
 def _counted(target: Target, channels: dict[str, grpc.Channel], model: str, timeout: float = 10) -> None:
+    reads: list[object] = []
+
     def counted() -> bool:
         answer = send(Http("GET", f"/v2/models/{model}/stats"), target, channels)
         rows = answer.body.get("model_stats", []) if isinstance(answer.body, dict) else []
-        return any(row.get("execution_count") for row in rows)
+        reads.append(answer.body)
+        still = len(reads) >= _STILL_READS and all(read == reads[-1] for read in reads[-_STILL_READS:])
+        return still and any(row.get("execution_count") for row in rows)
 
     with contextlib.suppress(AssertionError):  # not counted in time: the comparison shows it
         wait_until(counted, timeout=timeout, interval=0.05)

@@ -23,8 +23,9 @@ class Case:
     after: Callable[[], dict[str, Any]] | None = None
     """Run after each answer; what it returns is compared too (e.g. an output region's bytes)."""
     counted: str | None = None
-    """After the answer, wait until this model's statistics show an execution (Triton counts a decoupled
-    request once it is released, a moment after its stream ended)."""
+    """After the answer, wait until this model's statistics show an execution and have stopped changing
+    (Triton counts a request once it is released, a moment after its answer went: a decoupled request after
+    its stream ended, a failed one after its error)."""
     settle: bool = False
     """After the answer, wait until the server's repository index shows no model LOADING or UNLOADING
     (Triton unloads in the background after answering)."""
