@@ -15,8 +15,8 @@ import numpy as np
 from appliance.core.errors import InputMismatch, InvalidInput
 from appliance.core.tensors import decode_bytes_tensor, element_size, numpy_dtype
 
-__all__ = ["BYTES_ELEMENT_OVERHEAD", "MAX_DIMS", "MAX_ELEMENTS", "DecodeLimits", "byte_size_words", "datatype_size",
-           "check_shape", "decode_raw_tensor"]
+__all__ = ["BYTES_ELEMENT_OVERHEAD", "MAX_DIMS", "MAX_ELEMENTS", "DecodeLimits", "byte_size_words", "check_shape",
+           "datatype_size", "decode_raw_tensor"]
 
 # Largest tensor (in elements) any request may declare; guards the arithmetic, not the memory (the
 # request size limit does that).

@@ -630,3 +630,22 @@ def test_a_json_boolean_among_numbers_is_refused_wherever_it_stands(data, dataty
         return
     decoded = decode_json_data(sent, datatype, shape, len(values), "x")
     assert decoded.shape == shape and np.array_equal(decoded, np.array(sent, dtype=numpy_dtype(datatype)))
+
+
+@FUZZ
+@given(dims=json_values(3) | st.lists(st.integers(-3, 2**41) | json_values(1), max_size=70),
+       datatype=st.sampled_from(DATATYPES))
+def test_any_json_shape_is_taken_whole_or_refused_and_a_negative_dimension_in_tritons_words(dims, datatype):
+    """Whatever a JSON request declares as a shape: a shape of non-negative integers, or a 400; and a list
+    holding a negative integer, whatever else is wrong with it, is refused in the words of Triton's JSON
+    reader (the codec asks only of a shape its checks refused)."""
+    body = orjson.dumps({"inputs": [{"name": "x", "shape": dims, "datatype": datatype, "data": []}]})
+    negative = type(dims) is list and any(type(d) is int and d < 0 for d in dims)
+    try:
+        decode_infer_request(body, None, DecodeLimits())
+    except Exception as exc:  # noqa: BLE001
+        assert isinstance(exc, InvalidInput), repr(exc)
+        assert_client_error(exc)
+        assert ("Unable to parse 'shape'" in str(exc)) == negative, str(exc)
+    else:
+        assert not negative

@@ -134,7 +134,7 @@ class Channel:
         inbox = self._inbox
         whole = self._taken == len(self._held)  # all taken: start again rather than grow
         if whole and count > 4 and _SIZE.unpack_from(inbox)[0] == count - 4:
-            return bytes(inbox[4:count])
+            return bytes(memoryview(inbox)[4:count])  # (one copy: a bytearray's slice would be another)
         chunk = memoryview(inbox)[:count]
         if whole:
             self._held = bytearray(chunk)
