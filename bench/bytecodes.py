@@ -1,7 +1,7 @@
 """Bytecodes per request on the daemon's event loop, by layer and by function: which code a request runs.
 
-    python -m bench.bytecodes [--requests 300] [--warm-up 100] [--body json|binary|grpc] [--baseline CHECKOUT]
-                              [--reference] [--concurrency 1] [--top 30]
+    python -m bench.bytecodes [--requests 300] [--warm-up 100] [--body json|binary|grpc] [--model identity|bls]
+                              [--baseline CHECKOUT] [--reference] [--concurrency 1] [--top 30]
 
 bench.layers shares the CPU a request costs out to the layers by sampling, which the box's noise moves;
 bench.instructions counts what a request costs, whatever the load, but not where. This counts where: the
@@ -17,8 +17,11 @@ costs many instructions as one), so bench.instructions stays the judge of what a
 reference's server (bench.lean_reference, its functions in layers by bench.layers' rules for it), which
 says how much Python the same request needs at least. ``--concurrency N`` sends the HTTP requests N at a
 time (as bench.instructions does): what a request costs once batches and groups share the per-batch work.
-The model process and the daemon's other threads are not traced. Writes
-bench/results/bytecodes-<body>.md (``-cN`` and ``-reference`` before the ``.md`` with those options).
+``--model bls`` sends the requests to bench.triton_models' ``bls`` instead, which calls the identity with
+``InferenceRequest.exec()`` once a request: the daemon's part of a BLS call (read from the calling model
+process, run through the identity, answered) is counted with the request's. The model processes and
+the daemon's other threads are not traced. Writes bench/results/bytecodes-<body>.md (``-bls``, ``-cN``
+and ``-reference`` before the ``.md`` with those options).
 """
 
 from __future__ import annotations
@@ -44,6 +47,8 @@ from bench.serving import RESULTS
 __all__ = ["Counted", "by_layer", "main", "table", "top_functions"]
 
 _DAEMON = Path(__file__).resolve().parent / "bytecode_daemon.py"
+_MODELS = {_MODEL: "bench.lean's identity model",
+           "bls": "bench.triton_models' bls, calling the identity once a request"}
 _SETTLE_S = 1.0
 """How long a signal to the traced daemon is given to take effect (it runs between two of its bytecodes)."""
 
@@ -105,7 +110,7 @@ def table(layers: dict[str, dict[str, tuple[float, float]]]) -> str:
     return "\n".join(lines)
 
 
-def _grpc_sender(server: Server) -> tuple[Callable[[int], None], Callable[[], None]]:
+def _grpc_sender(server: Server, model: str) -> tuple[Callable[[int], None], Callable[[], None]]:
     import numpy as np
     import tritonclient.grpc as grpcclient
 
@@ -116,19 +121,20 @@ def _grpc_sender(server: Server) -> tuple[Callable[[int], None], Callable[[], No
         for _ in range(count):
             tensor = grpcclient.InferInput("INPUT0", [1, 16], "FP32")
             tensor.set_data_from_numpy(data)
-            client.infer(_MODEL, [tensor], outputs=[grpcclient.InferRequestedOutput("OUTPUT0")],
+            client.infer(model, [tensor], outputs=[grpcclient.InferRequestedOutput("OUTPUT0")],
                          headers={"authorization": f"Bearer {_TOKEN}"})
 
     return send, client.close
 
 
-def measure(server: Server, out: Path, body: str, requests: int, warm_up: int, concurrency: int = 1) -> list[Counted]:
-    """The counts of ``server`` (started with the tracer, writing to ``out``) over ``requests`` requests
-    (``concurrency`` at a time over HTTP: bench.instructions' Sender)."""
+def measure(server: Server, out: Path, body: str, requests: int, warm_up: int, concurrency: int = 1,
+            model: str = _MODEL) -> list[Counted]:
+    """The counts of ``server`` (started with the tracer, writing to ``out``) over ``requests`` requests to
+    ``model`` (``concurrency`` at a time over HTTP: bench.instructions' Sender)."""
     if body == "grpc":
-        send, close = _grpc_sender(server)
+        send, close = _grpc_sender(server, model)
     else:
-        sender = Sender(server.port, BINARY if body == "binary" else (_body(),), concurrency)
+        sender = Sender(server.port, BINARY if body == "binary" else (_body(),), concurrency, model)
         send, close = sender.send, sender.close
     try:
         send(warm_up)
@@ -150,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--warm-up", type=int, default=100)
     parser.add_argument("--body", choices=("json", "binary", "grpc"), default="json")
+    parser.add_argument("--model", choices=(_MODEL, "bls"), default=_MODEL,
+                        help="the model called: the identity, or the BLS model that calls it once a request")
     parser.add_argument("--baseline", type=Path, help="also count this checkout's daemon (an A/B)")
     parser.add_argument("--concurrency", type=int, default=1,
                         help="HTTP requests in flight together, on as many connections (rounds of one each, as "
@@ -165,8 +173,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--concurrency is at least 1, and more than 1 only over HTTP (--body json or binary)")
     args.requests = -(-args.requests // args.concurrency) * args.concurrency
     args.warm_up = -(-args.warm_up // args.concurrency) * args.concurrency
-    if args.reference and args.body != "json":
-        parser.error("the lean reference speaks v2 JSON only: --reference takes --body json")
+    if args.reference and (args.body != "json" or args.model != _MODEL):
+        parser.error("the lean reference serves the identity over v2 JSON only: --reference takes --body json "
+                     "and the identity model")
     started = time.monotonic()
     trees: dict[str, Path | None] = {"appliance": None}
     if args.baseline is not None:
@@ -176,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     layers: dict[str, dict[str, tuple[float, float]]] = {}
     tops: dict[str, list[tuple[str, float, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-bytecodes-") as tmp:
-        repo, env = quiet_setup(Path(tmp))
+        repo, env = quiet_setup(Path(tmp), (_MODEL, args.model) if args.model != _MODEL else (_MODEL,))
         for name, tree in trees.items():
             out = Path(tmp) / f"{name}.json"
             traced = (sys.executable, str(_DAEMON))
@@ -187,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
                 server = start_appliance(repo, Path(tmp) / name, tree=tree, prefix=traced,
                                          env={**env, "BENCH_BYTECODES_OUT": str(out)})
             try:
-                counted = measure(server, out, args.body, args.requests, args.warm_up, args.concurrency)
+                counted = measure(server, out, args.body, args.requests, args.warm_up, args.concurrency,
+                                  args.model)
             finally:
                 server.stop()
             layers[name] = by_layer(counted, args.requests)
@@ -197,13 +207,15 @@ def main(argv: list[str] | None = None) -> int:
             f"{commit()}, {time.strftime('%Y-%m-%d')}\n\nMachine: {machine()}. Bytecodes (and Python calls) a "
             f"request on the daemon's event loop, over {args.requests} {args.body} requests sent "
             f"{'one after another' if args.concurrency == 1 else f'{args.concurrency} at a time'} "
-            f"after {args.warm_up} uncounted (bench.lean's identity model and token; the metrics tick once an hour), "
+            f"after {args.warm_up} uncounted ({_MODELS[args.model]} and bench.lean's token; the metrics tick once an "
+            "hour), "
             "each function's counted in its own file's layer (bench.layers' rules).\n\n" + table(layers))
     for name, rows in tops.items():
         text += (f"\n\nThe {args.top} functions of {name} that run the most bytecodes a request:\n\n"
                  "| function | bytecodes | calls |\n|---|---|---|\n"
                  + "\n".join(f"| {where} | {bytecodes:.1f} | {calls:.2f} |" for where, bytecodes, calls in rows))
-    suffix = (f"-c{args.concurrency}" if args.concurrency > 1 else "") + ("-reference" if args.reference else "")
+    suffix = (("-bls" if args.model == "bls" else "") + (f"-c{args.concurrency}" if args.concurrency > 1 else "")
+              + ("-reference" if args.reference else ""))
     publish(text, args.out, f"bytecodes-{args.body}{suffix}.md")
     return 0
 

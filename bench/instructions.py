@@ -147,15 +147,17 @@ def binary_header_length(body: bytes) -> int:
 
 
 class Sender:
-    """Inferences over keep-alive connections to ``port``: bench.lean's identity with the token, ``bodies``
-    in turn (a ``BINARY`` one with its header length). ``concurrency`` connections: each round sends one
-    request on every connection before it reads the answers, so the server finds them together (as a
-    load generator's c=N keeps N in flight) and may batch them."""
+    """Inferences over keep-alive connections to ``port``: bench.lean's identity (or ``model``, which takes
+    the same tensors) with the token, ``bodies`` in turn (a ``BINARY`` one with its header length).
+    ``concurrency`` connections: each round sends one request on every connection before it reads the
+    answers, so the server finds them together (as a load generator's c=N keeps N in flight) and may batch
+    them."""
 
-    def __init__(self, port: int, bodies: tuple[bytes, ...], concurrency: int = 1) -> None:
+    def __init__(self, port: int, bodies: tuple[bytes, ...], concurrency: int = 1, model: str = _MODEL) -> None:
         self._connections = [http.client.HTTPConnection("127.0.0.1", port, timeout=120) for _ in range(concurrency)]
         self._bodies = bodies
         self._sent = 0
+        self._path = f"/v2/models/{model}/infer"
 
     def send(self, count: int) -> None:
         """``count`` requests, in rounds of one a connection (``count`` is a multiple of ``concurrency``)."""
@@ -170,7 +172,7 @@ class Sender:
                 if body in BINARY:
                     extra = {"Content-Type": "application/octet-stream",
                              "Inference-Header-Content-Length": str(binary_header_length(body))}
-                connection.request("POST", f"/v2/models/{_MODEL}/infer", body=body, headers={**headers, **extra})
+                connection.request("POST", self._path, body=body, headers={**headers, **extra})
             for connection in self._connections:
                 answer = connection.getresponse()
                 answer.read()
@@ -208,9 +210,9 @@ QUIET_METRICS = "metrics_interval = 3600\n"
 docstring)."""
 
 
-def quiet_setup(work: Path) -> tuple[Path, dict[str, str]]:
-    """bench.lean's setup (``lean_setup``), the appliance's metrics tick once an hour."""
-    repo, env = lean_setup(work)
+def quiet_setup(work: Path, models: tuple[str, ...] = (_MODEL,)) -> tuple[Path, dict[str, str]]:
+    """bench.lean's setup (``lean_setup``, of ``models``), the appliance's metrics tick once an hour."""
+    repo, env = lean_setup(work, models)
     settings = Path(env["APPLIANCE_CONFIG"])
     settings.write_text(settings.read_text() + QUIET_METRICS)
     return repo, env

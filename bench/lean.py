@@ -176,12 +176,14 @@ def table(rounds: dict[tuple[str, int], list[Round]]) -> str:
     return "\n".join(lines)
 
 
-def lean_setup(work: Path) -> tuple[Path, dict[str, str]]:
-    """The repository both servers serve (the identity model alone, under ``work``) and the environment
-    that makes the appliance require the token as the reference does (a settings file under ``work``)."""
+def lean_setup(work: Path, models: tuple[str, ...] = (_MODEL,)) -> tuple[Path, dict[str, str]]:
+    """The repository both servers serve (bench.triton_models' ``models``, the identity model alone by
+    default, under ``work``) and the environment that makes the appliance require the token as the
+    reference does (a settings file under ``work``)."""
     every = write_repository(work / "all")
     repo = work / "repo"
-    shutil.copytree(every / _MODEL, repo / _MODEL)
+    for model in models:
+        shutil.copytree(every / model, repo / model)
     settings = work / "appliance.toml"
     settings.write_text(f'auth_token = "{_TOKEN}"\nauth_exempt_networks = []\nprotect_inference = true\n')
     return repo, {"APPLIANCE_CONFIG": str(settings)}

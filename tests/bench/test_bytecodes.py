@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from bench.bytecode_daemon import run_traced
-from bench.bytecodes import Counted, by_layer, table, top_functions
+from bench.bytecodes import Counted, by_layer, main, table, top_functions
 from bench.layers import LAYERS
 
 _COUNTED = [
@@ -46,3 +46,10 @@ def test_the_table_sets_the_first_tree_against_the_others():
 def test_the_tracer_runs_only_the_commands_the_servers_are_started_with(argv):
     with pytest.raises(SystemExit, match="expected '<python> -m appliance ...' or '<python> -m bench.lean_reference"):
         run_traced(argv)
+
+
+@pytest.mark.parametrize("argv", [["--reference", "--model", "bls"], ["--reference", "--body", "grpc"]])
+def test_the_reference_is_counted_only_on_what_it_serves(argv, capsys):
+    with pytest.raises(SystemExit):
+        main(argv)
+    assert "--reference takes --body json and the identity model" in capsys.readouterr().err

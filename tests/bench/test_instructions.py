@@ -61,18 +61,25 @@ def test_the_appliance_counted_ticks_its_metrics_once_an_hour(tmp_path):
     assert [model.name for model in repo.iterdir()] == [_MODEL]
 
 
+def test_the_setup_serves_the_models_it_is_asked_for(tmp_path):
+    repo, _ = quiet_setup(tmp_path, (_MODEL, "bls"))
+    assert sorted(model.name for model in repo.iterdir()) == ["bls", _MODEL]
+
+
 class _Recorder(http.server.BaseHTTPRequestHandler):
     """Answers each request once ``expected`` requests are in: a round's answers must not be awaited before
     every request of it is sent."""
 
     protocol_version = "HTTP/1.1"
     arrived: list[int] = []
+    paths: list[str] = []
     all_in = threading.Event()
     expected = 0
 
     def do_POST(self) -> None:  # noqa: N802 - http.server's name
         self.rfile.read(int(self.headers["Content-Length"]))
         type(self).arrived.append(self.client_address[1])
+        type(self).paths.append(self.path)
         if len(type(self).arrived) == type(self).expected:
             type(self).all_in.set()
         assert type(self).all_in.wait(10), "the sender waited for an answer before sending the round"
@@ -86,15 +93,16 @@ class _Recorder(http.server.BaseHTTPRequestHandler):
 
 
 def test_the_sender_puts_a_round_in_flight_on_every_connection_before_reading():
-    _Recorder.arrived, _Recorder.expected = [], 3
+    _Recorder.arrived, _Recorder.paths, _Recorder.expected = [], [], 3
     _Recorder.all_in = threading.Event()
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    sender = Sender(server.server_address[1], (_body(),), concurrency=3)
+    sender = Sender(server.server_address[1], (_body(),), concurrency=3, model="bls")
     try:
         sender.send(3)
         assert len(set(_Recorder.arrived)) == 3  # one request on each of three connections
+        assert set(_Recorder.paths) == {"/v2/models/bls/infer"}
         with pytest.raises(ValueError, match="whole rounds of 3"):
             sender.send(4)
     finally:
