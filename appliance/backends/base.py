@@ -174,8 +174,10 @@ class ModelCalls(Protocol):
     request (they batch together and count in the statistics). Every method may be called from any
     thread; none blocks on the model it calls."""
 
-    def infer(self, call: ModelCall) -> Future[Outputs]:
-        """The outputs, or the error (an ApplianceError carrying the status a client would get)."""
+    def begin(self, call: ModelCall, then: Callable[[Outputs | None, BaseException | None], None]) -> None:
+        """Run ``call``: ``then(outputs, error)`` is called once with its outputs or its error (an
+        ApplianceError carrying the status a client would get), in the step that has them (for a caller on
+        the event loop, the called model's straight line, with nothing between its result and ``then``)."""
 
     def stream(self, call: ModelCall, sink: ResponseSink) -> StreamedCall:
         """Every response of the call goes to ``sink`` (one then final for a model that is not

@@ -2,8 +2,8 @@
 
 A Python model's call to another model arrives on a reader thread of the daemon; it is run here on the
 event loop through the called model's own scheduler, exactly as a client's request (it batches with
-them and counts in the statistics), and its outcome comes back as a ``concurrent.futures.Future`` or, for
-a stream, through a sink. The thread that asked never waits on the loop, and the loop never waits on it.
+them and counts in the statistics), and its outcome comes back to the caller's callback or, for a
+stream, through a sink. The thread that asked never waits on the loop, and the loop never waits on it.
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ class LocalModels:
 
     # -- inference -------------------------------------------------------------------------------
 
-    def infer(self, call: ModelCall) -> Future[Outputs]:
+    def begin(self, call: ModelCall, then: Callable[[Outputs | None, BaseException | None], None]) -> None:
         loop = self._loop
         if loop is not None and asyncio._get_running_loop() is loop and self._limits.deadline <= 0:
             # Called on the loop (a model process's channel it reads): the called model's straight line
@@ -118,11 +118,15 @@ class LocalModels:
             try:
                 model = self._model(call)
             except ApplianceError as exc:
-                return _failed(exc)
+                _tell(then, None, exc)
+                return
             if model.straight:
-                return _begin(model, call)
-            return self._submit(self._run(model, call))
-        return self._submit(self._infer(call))
+                _begin(model, call, then)
+                return
+            running = self._submit(self._run(model, call))
+        else:
+            running = self._submit(self._infer(call))
+        running.add_done_callback(functools.partial(_told, then))
 
     async def _infer(self, call: ModelCall) -> Outputs:
         return await self._run(self._model(call), call)
@@ -233,30 +237,45 @@ class LocalModels:
         await self._registry.unload(name, unload_dependents=unload_dependents)
 
 
-def _begin(model: ModelVersion, call: ModelCall) -> Future[Outputs]:
+def _begin(model: ModelVersion, call: ModelCall, then: Callable[[Outputs | None, BaseException | None], None]) -> None:
     """``call`` on ``model``'s straight line (``ModelVersion.begin``, on the loop): the model held until
-    the outcome is in the returned future. Nothing withdraws it (a caller does not cancel a call's future;
-    a stopping daemon fails what is queued)."""
-    future: Future[Outputs] = Future()
+    ``then`` has the outcome. Nothing withdraws it (a caller does not take a call back; a stopping daemon
+    fails what is queued)."""
     held = model.in_use()
     held.__enter__()
 
-    def then(response: InferResponse | None, error: BaseException | None) -> None:
+    def landed(response: InferResponse | None, error: BaseException | None) -> None:
         held.__exit__(None, None, None)
-        if future.cancelled():
-            return
         if error is not None:
-            future.set_exception(error)
+            _tell(then, None, error)
         else:
             assert response is not None
-            future.set_result(_outputs(response))
+            _tell(then, _outputs(response), None)
 
     try:
-        model.begin(_request(call), then)
+        model.begin(_request(call), landed)
     except Exception as exc:  # refused before it queued (an invalid call): the caller's error, as awaited
         held.__exit__(None, None, None)
-        future.set_exception(exc)
-    return future
+        _tell(then, None, exc)
+
+
+def _tell(then: Callable[[Outputs | None, BaseException | None], None], outputs: Outputs | None,
+          error: BaseException | None) -> None:
+    """A call's outcome to its caller's ``then``, which must not raise into the called model's scheduler
+    (a future's callback is as safe): anything it raises is logged."""
+    try:
+        then(outputs, error)
+    except Exception:
+        log.exception("a BLS caller's callback failed")
+
+
+def _told(then: Callable[[Outputs | None, BaseException | None], None], future: Future) -> None:
+    """``_tell`` of a call that ran as a task (its future)."""
+    if future.cancelled():
+        _tell(then, None, Unavailable("the call was cancelled (the server is stopping); retry"))
+        return
+    error = future.exception()
+    _tell(then, None if error is not None else future.result(), error)
 
 
 def _failed(error: BaseException) -> Future[Any]:

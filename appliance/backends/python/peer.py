@@ -8,6 +8,7 @@ sent when the call completes (on the event loop's thread).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
@@ -18,7 +19,14 @@ from typing import Any
 
 import numpy as np
 
-from appliance.backends.base import CALLS_UNAVAILABLE, BackendServices, ModelCall, ModelCalls, StreamedCall
+from appliance.backends.base import (
+    CALLS_UNAVAILABLE,
+    BackendServices,
+    ModelCall,
+    ModelCalls,
+    Outputs,
+    StreamedCall,
+)
 from appliance.backends.python.process import Handler
 from appliance.backends.python.requests import ModelError, OpenRequests
 from appliance.backends.python.wire.arena import Attachments, BlockRef, Blocks, Descriptor, carry, taken
@@ -123,16 +131,14 @@ class Peer:
             with self._lock:
                 self._streams[call] = streamed
             return
-        future = models.infer(request)
-        future.add_done_callback(lambda done: self._answer_infer(call, done))
+        models.begin(request, functools.partial(self._answer_infer, call))
 
-    def _answer_infer(self, call: int, future: Future) -> None:
-        error = future.exception()
+    def _answer_infer(self, call: int, outputs: Outputs | None, error: BaseException | None) -> None:
         if error is not None:
             self.send_result(call, None, error, None, True)
             return
-        outputs = future.result()
-        self.send_result(call, outputs, None, getattr(outputs, "parameters", None), True)
+        assert outputs is not None
+        self.send_result(call, outputs, None, outputs.parameters, True)
 
     def send_result(self, call: int, outputs: Mapping[str, np.ndarray] | None, error: BaseException | None,
                     parameters: Mapping[str, object] | None, final: bool) -> None:

@@ -82,14 +82,10 @@ def test_two_models_of_the_same_layout_keep_their_own_modules(tmp_path):
 class _Models:
     """The daemon's models as a backend calls them (BLS): doubles its input."""
 
-    def infer(self, call: ModelCall):
-        from concurrent.futures import Future
-
+    def begin(self, call: ModelCall, then) -> None:
         from appliance.backends.base import Outputs
 
-        future: Future = Future()
-        future.set_result(Outputs({"OUT": call.inputs["IN"] * 2}))
-        return future
+        then(Outputs({"OUT": call.inputs["IN"] * 2}), None)
 
 
 def test_bls_calls_and_is_cancelled_reach_the_daemon(tmp_path):

@@ -5,7 +5,7 @@ refused (that batch fails, later ones run on the instance's thread) instead of a
 from __future__ import annotations
 
 import asyncio
-from concurrent.futures import Future
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -40,11 +40,9 @@ class _Models:
     def __init__(self) -> None:
         self.calls: list[str] = []
 
-    def infer(self, call: ModelCall) -> Future:
+    def begin(self, call: ModelCall, then: Callable[[Outputs | None, BaseException | None], None]) -> None:
         self.calls.append(call.model_name)
-        future: Future = Future()
-        future.set_result(Outputs({"OUT": call.inputs["IN"] * 2}))
-        return future
+        then(Outputs({"OUT": call.inputs["IN"] * 2}), None)
 
 
 def _load(tmp_path, source: str, services: BackendServices | None = None) -> InProcessPythonBackend:
