@@ -141,9 +141,10 @@ class ResponseSink(Protocol):
         ...
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(slots=True)
 class ModelCall:
-    """One request a backend makes to another model of this server (Triton's BLS)."""
+    """One request a backend makes to another model of this server (Triton's BLS). Not frozen: one is
+    made per call, and a frozen dataclass sets each of its fields through ``object.__setattr__``."""
 
     model_name: str
     inputs: Mapping[str, np.ndarray]

@@ -111,19 +111,26 @@ class Peer:
 
     def on_infer(self, message: Infer) -> None:
         call, ref, descriptors, meta = message
-        for block in meta.get("released", ()):
-            self.blocks.free(block)
-        inputs = taken(self.attachments, ref, descriptors)
         models = self._services.models
-        if models is None:
-            self.send_result(call, None, ModelError(CALLS_UNAVAILABLE, 5), None, True)
-            return
-        try:
-            parameters = json.loads(meta["parameters"]) if meta.get("parameters") else {}
+        try:  # (what the model process sent: anything malformed is answered, never left without an answer)
+            for block in meta.get("released", ()):
+                self.blocks.free(block)
+            inputs = taken(self.attachments, ref, descriptors)
+            if models is None:
+                self.send_result(call, None, ModelError(CALLS_UNAVAILABLE, 5), None, True)
+                return
+            text = meta.get("parameters")
+            parameters = json.loads(text) if text and text != "{}" else {}  # (a call's are mostly none)
+            if type(parameters) is not dict:
+                raise TypeError(f"parameters are a JSON object, not {type(parameters).__name__}")
             request = ModelCall(meta["model_name"], inputs, tuple(meta["outputs"]), int(meta["model_version"]),
                                 meta.get("id") or "", meta.get("correlation_id") or 0, int(meta.get("flags") or 0),
                                 int(meta.get("timeout") or 0), parameters)
-        except (KeyError, TypeError, ValueError) as exc:
+            if type(request.model_name) is not str or type(request.request_id) is not str:
+                raise TypeError("model_name and id are strings")
+            if type(request.correlation_id) not in (int, str) or not all(type(o) is str for o in request.outputs):
+                raise TypeError("correlation_id is a number or a string, and outputs are names")
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
             self.send_result(call, None, ModelError(f"invalid BLS request: {exc}", 3), None, True)
             return
         if meta.get("decoupled"):
