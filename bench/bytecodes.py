@@ -1,6 +1,7 @@
 """Bytecodes per request on the daemon's event loop, by layer and by function: which code a request runs.
 
-    python -m bench.bytecodes [--requests 300] [--warm-up 100] [--body json|binary|grpc] [--model identity|bls]
+    python -m bench.bytecodes [--requests 300] [--warm-up 100] [--body json|binary|grpc]
+                              [--model identity|bls|pipeline|accumulate]
                               [--baseline CHECKOUT] [--reference] [--concurrency 1] [--top 30]
 
 bench.layers shares the CPU a request costs out to the layers by sampling, which the box's noise moves;
@@ -17,11 +18,14 @@ costs many instructions as one), so bench.instructions stays the judge of what a
 reference's server (bench.lean_reference, its functions in layers by bench.layers' rules for it), which
 says how much Python the same request needs at least. ``--concurrency N`` sends the HTTP requests N at a
 time (as bench.instructions does): what a request costs once batches and groups share the per-batch work.
-``--model bls`` sends the requests to bench.triton_models' ``bls`` instead, which calls the identity with
-``InferenceRequest.exec()`` once a request: the daemon's part of a BLS call (read from the calling model
-process, run through the identity, answered) is counted with the request's. The model processes and
-the daemon's other threads are not traced. Writes bench/results/bytecodes-<body>.md (``-bls``, ``-cN``
-and ``-reference`` before the ``.md`` with those options).
+``--model`` sends the requests to another of bench.triton's models: ``bls`` calls the identity with
+``InferenceRequest.exec()`` once a request (the daemon's part of the call, read from the calling model
+process, run through the identity and answered, is counted with the request's); ``pipeline`` is the
+ensemble of two Python steps; ``accumulate`` takes sequences (v2 JSON only: 20 steps each, the first
+with its start flag, the last with its end flag, as perf_analyzer's ``--sequence-length 20`` sends them).
+The model processes and the daemon's other threads are not traced. Writes
+bench/results/bytecodes-<body>.md (``-<model>`` for a model other than the identity, ``-cN`` and
+``-reference`` before the ``.md`` with those options).
 """
 
 from __future__ import annotations
@@ -48,7 +52,24 @@ __all__ = ["Counted", "by_layer", "main", "table", "top_functions"]
 
 _DAEMON = Path(__file__).resolve().parent / "bytecode_daemon.py"
 _MODELS = {_MODEL: "bench.lean's identity model",
-           "bls": "bench.triton_models' bls, calling the identity once a request"}
+           "bls": "bench.triton_models' bls, calling the identity once a request",
+           "pipeline": "bench.triton_models' ensemble of two Python identities",
+           "accumulate": "bench.triton_models' accumulate, sequences of 20 steps"}
+_SERVED = {_MODEL: (_MODEL,), "bls": ("bls", _MODEL), "pipeline": ("pipeline", "step_a", "step_b"),
+           "accumulate": ("accumulate",)}
+"""The models each ``--model`` needs in the repository."""
+SEQUENCE_LENGTH = 20
+
+
+def sequence_bodies(length: int = SEQUENCE_LENGTH, sequence_id: int = 7) -> tuple[bytes, ...]:
+    """One sequence of ``length`` v2 JSON steps to ``accumulate`` (INT32 [1, 1]), the first with its start
+    flag and the last with its end flag: sent in turn, the sequence starts again after its end."""
+    bodies = []
+    for step in range(length):
+        flags = {"sequence_id": sequence_id, "sequence_start": step == 0, "sequence_end": step == length - 1}
+        bodies.append(json.dumps({"parameters": flags, "inputs": [
+            {"name": "INPUT0", "shape": [1, 1], "datatype": "INT32", "data": [step]}]}).encode())
+    return tuple(bodies)
 _SETTLE_S = 1.0
 """How long a signal to the traced daemon is given to take effect (it runs between two of its bytecodes)."""
 
@@ -134,7 +155,8 @@ def measure(server: Server, out: Path, body: str, requests: int, warm_up: int, c
     if body == "grpc":
         send, close = _grpc_sender(server, model)
     else:
-        sender = Sender(server.port, BINARY if body == "binary" else (_body(),), concurrency, model)
+        bodies = BINARY if body == "binary" else sequence_bodies() if model == "accumulate" else (_body(),)
+        sender = Sender(server.port, bodies, concurrency, model)
         send, close = sender.send, sender.close
     try:
         send(warm_up)
@@ -156,8 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--warm-up", type=int, default=100)
     parser.add_argument("--body", choices=("json", "binary", "grpc"), default="json")
-    parser.add_argument("--model", choices=(_MODEL, "bls"), default=_MODEL,
-                        help="the model called: the identity, or the BLS model that calls it once a request")
+    parser.add_argument("--model", choices=tuple(_MODELS), default=_MODEL,
+                        help="the model called: the identity, the BLS model that calls it once a request, the "
+                             "ensemble of two identities, or sequences")
     parser.add_argument("--baseline", type=Path, help="also count this checkout's daemon (an A/B)")
     parser.add_argument("--concurrency", type=int, default=1,
                         help="HTTP requests in flight together, on as many connections (rounds of one each, as "
@@ -171,6 +194,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--requests and --warm-up must be at least 1 (the warm-up makes the plans a client repeats)")
     if args.concurrency < 1 or (args.concurrency > 1 and args.body == "grpc"):
         parser.error("--concurrency is at least 1, and more than 1 only over HTTP (--body json or binary)")
+    if args.model == "accumulate" and (args.body != "json" or args.concurrency > 1):
+        parser.error("--model accumulate sends one sequence's steps in order, in v2 JSON: --body json, "
+                     "--concurrency 1")
     args.requests = -(-args.requests // args.concurrency) * args.concurrency
     args.warm_up = -(-args.warm_up // args.concurrency) * args.concurrency
     if args.reference and (args.body != "json" or args.model != _MODEL):
@@ -185,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     layers: dict[str, dict[str, tuple[float, float]]] = {}
     tops: dict[str, list[tuple[str, float, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-bytecodes-") as tmp:
-        repo, env = quiet_setup(Path(tmp), (_MODEL, args.model) if args.model != _MODEL else (_MODEL,))
+        repo, env = quiet_setup(Path(tmp), _SERVED[args.model])
         for name, tree in trees.items():
             out = Path(tmp) / f"{name}.json"
             traced = (sys.executable, str(_DAEMON))
@@ -214,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         text += (f"\n\nThe {args.top} functions of {name} that run the most bytecodes a request:\n\n"
                  "| function | bytecodes | calls |\n|---|---|---|\n"
                  + "\n".join(f"| {where} | {bytecodes:.1f} | {calls:.2f} |" for where, bytecodes, calls in rows))
-    suffix = (("-bls" if args.model == "bls" else "") + (f"-c{args.concurrency}" if args.concurrency > 1 else "")
+    suffix = (("" if args.model == _MODEL else f"-{args.model}") + (f"-c{args.concurrency}" if args.concurrency > 1 else "")
               + ("-reference" if args.reference else ""))
     publish(text, args.out, f"bytecodes-{args.body}{suffix}.md")
     return 0

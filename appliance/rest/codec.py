@@ -191,6 +191,10 @@ def _exact_integers(data: list, source: np.ndarray, name: str, datatype: str) ->
 _LARGEST = {np.dtype(t): float(np.finfo(t).max) for t in (np.float16, np.float32, np.float64)}
 _FLOAT_DTYPES = {name: numpy_dtype(name) for name in ("FP16", "FP32", "FP64")}
 _FLOAT = {float}
+_INT_DTYPES = {name: numpy_dtype(name) for name in ("INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32",
+                                                    "UINT64")}
+_INT_RANGE = {dtype: (int(np.iinfo(dtype).min), int(np.iinfo(dtype).max)) for dtype in _INT_DTYPES.values()}
+_INT = {int}
 _NUMPY_RANGE_CHECK = 128
 """Below this many values a flat list of floats is checked in Python (every value a float, then max()
 and min() against the type's range: 2.3 µs against numpy's 5.4 at 16 values, a small request's tensor).
@@ -250,6 +254,18 @@ def _flat_floats(data: list, dtype: np.dtype) -> np.ndarray | None:
     return doubles.astype(dtype, copy=False)
 
 
+def _flat_ints(data: list, dtype: np.dtype) -> np.ndarray | None:
+    """A short flat list of JSON integers as the integer type ``dtype``; None where the general path must
+    decide (and say what is wrong): a value that is not an integer (a boolean is not), one past the type's
+    range, or a list too long for a check in Python (``_NUMPY_RANGE_CHECK``)."""
+    if len(data) >= _NUMPY_RANGE_CHECK:
+        return None
+    low, high = _INT_RANGE[dtype]
+    if set(map(type, data)) == _INT and min(data) >= low and max(data) <= high:
+        return np.array(data, dtype=dtype)
+    return None
+
+
 def decode_json_data(data: Any, datatype: str, shape: tuple[int, ...], count: int, name: str) -> np.ndarray:
     # Any nesting is accepted as long as the element count matches, down to Triton's depth limit (numpy
     # refuses ragged lists, so the first elements' chain is the depth of a list it takes).
@@ -268,8 +284,12 @@ def decode_json_data(data: Any, datatype: str, shape: tuple[int, ...], count: in
         array[:] = items
         return array.reshape(shape)
     dtype = _FLOAT_DTYPES.get(datatype)
-    if dtype is not None and len(data) == count and (floats := _flat_floats(data, dtype)) is not None:
-        return floats.reshape(shape)
+    if dtype is not None:
+        if len(data) == count and (floats := _flat_floats(data, dtype)) is not None:
+            return floats.reshape(shape)
+    elif (dtype := _INT_DTYPES.get(datatype)) is not None and len(data) == count \
+            and (ints := _flat_ints(data, dtype)) is not None:
+        return ints.reshape(shape)
     depth, first = 0, data
     while isinstance(first, list) and first:
         depth, first = depth + 1, first[0]
@@ -430,9 +450,10 @@ def _request_parameters(header: dict[str, Any]) -> dict[str, Any]:
     if "parameters" not in header:  # the common request: none (a new dict: a request's own)
         return {}
     params = _parameters(header, "the request")
-    if params and any(isinstance(key, str) and key.startswith("triton_") for key in params):
-        raise InvalidInput("parameter keys starting with 'triton_' are reserved for Triton usage and should not be "
-                           "specified.")
+    for key in params:  # (a loop: any() over a generator costs a frame, every request with parameters)
+        if isinstance(key, str) and key.startswith("triton_"):
+            raise InvalidInput("parameter keys starting with 'triton_' are reserved for Triton usage and should "
+                               "not be specified.")
     return params
 
 
@@ -574,10 +595,13 @@ def _raw_bytes(array: np.ndarray) -> bytes | memoryview:
 def _binary_choice(request: InferRequest | None) -> Callable[[str], bool] | None:
     """Whether the request asked for an output as binary data: per output ``binary_data``, else the
     request-wide ``binary_data_output`` (for outputs it does not list), as Triton's http_server decides.
-    None where it asked for none (the common small request)."""
+    None where it asked for none (the common small request, and one whose parameters are others': a
+    sequence's)."""
     if request is None or (not request.outputs and not request.parameters):
         return None
     default = bool(request.parameters.get("binary_data_output", False))
+    if not default and not request.outputs:
+        return None
     wanted = {o.name: o.parameters for o in request.outputs}
 
     def binary(name: str) -> bool:
@@ -730,7 +754,8 @@ def plain_answer(response: InferResponse, request: InferRequest | None = None) -
     call with the tensors in the document, the same text as ``encode_infer_response`` writes. None where
     that must write it (a non-finite value, which orjson writes as ``null``; a large, BYTES or BF16 output;
     an array orjson does not take): then ``encoding_work`` says where."""
-    if request is not None and (request.outputs or request.parameters):  # (``_binary_choice`` is not None)
+    if request is not None and (request.outputs or (request.parameters  # (``_binary_choice`` is not None)
+                                                    and request.parameters.get("binary_data_output", False))):
         return None
     entries = []
     elements = 0

@@ -543,7 +543,9 @@ def test_an_answer_to_a_request_that_asks_for_nothing_is_the_reference_encoders_
     outputs = [o for o in outputs if not _sent_as_json_unreadable(o) or o.shared_memory is not None]
     response = InferResponse("m", 1, outputs, id=data.draw(st.none() | st.text(max_size=4)),
                              parameters=data.draw(st.sampled_from([{}, {"sequence_end": True, "n": 3}, {"x": None}])))
-    plain = decode_infer_request(b'{"inputs": []}')
+    plain = decode_infer_request(data.draw(st.sampled_from([  # (parameters that ask nothing binary: a sequence's)
+        b'{"inputs": []}', b'{"inputs": [], "parameters": {"sequence_id": 3, "sequence_start": true}}',
+        b'{"inputs": [], "parameters": {"binary_data_output": false}}'])))
     assert encode_infer_response(response, plain) == encode_infer_response(response) == _reference_response(
         response, plain)
     assert encode_in_pieces(response, plain) == _reference_response(response, plain)  # the general encoder
@@ -607,6 +609,28 @@ def test_a_flat_list_of_floats_decodes_as_numpy_casts_each_value(values, datatyp
     with np.errstate(over="ignore"):
         expected = np.array(values, dtype=dtype)
     assert np.array_equal(decoded, expected)
+
+
+_INT_TYPES = ("INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64")
+
+
+@given(data=st.data(), datatype=st.sampled_from(_INT_TYPES), long=st.booleans())
+def test_a_flat_list_of_integers_decodes_exactly_or_is_refused_as_out_of_range(data, datatype, long):
+    """The flat-integer path (a short list's types, min and max checked in Python) and numpy's general path
+    (a ``long`` list) agree: every value within the datatype's range, the same tensor as numpy makes of
+    them; one past it (just past either end, or far past), a 400."""
+    dtype = numpy_dtype(datatype)
+    low, high = int(np.iinfo(dtype).min), int(np.iinfo(dtype).max)
+    edges = st.sampled_from([low, high, low - 1, high + 1, 0, -1, 2**64, -(2**63) - 1])
+    values = data.draw(st.lists(st.integers(low, high) | edges, min_size=1, max_size=8))
+    if long:
+        values = values * (_NUMPY_RANGE_CHECK // len(values) + 1)
+    if all(low <= value <= high for value in values):
+        decoded = decode_json_data(values, datatype, (len(values),), len(values), "x")
+        assert decoded.dtype == dtype and decoded.tolist() == values
+        return
+    with pytest.raises(InvalidInput):
+        decode_json_data(values, datatype, (len(values),), len(values), "x")
 
 
 @given(data=st.data(), datatype=st.sampled_from(("FP16", "FP32", "FP64", "INT32", "INT64")),
