@@ -48,7 +48,7 @@ from bench.process import Server, start_appliance, start_lean_reference
 from bench.report import command_line, commit, machine, publish
 from bench.serving import RESULTS
 
-__all__ = ["Counted", "by_layer", "main", "table", "top_functions"]
+__all__ = ["Counted", "by_layer", "main", "sequence_bodies", "table", "top_functions"]
 
 _DAEMON = Path(__file__).resolve().parent / "bytecode_daemon.py"
 _MODELS = {_MODEL: "bench.lean's identity model",
@@ -240,8 +240,8 @@ def main(argv: list[str] | None = None) -> int:
         text += (f"\n\nThe {args.top} functions of {name} that run the most bytecodes a request:\n\n"
                  "| function | bytecodes | calls |\n|---|---|---|\n"
                  + "\n".join(f"| {where} | {bytecodes:.1f} | {calls:.2f} |" for where, bytecodes, calls in rows))
-    suffix = (("" if args.model == _MODEL else f"-{args.model}") + (f"-c{args.concurrency}" if args.concurrency > 1 else "")
-              + ("-reference" if args.reference else ""))
+    suffix = (("" if args.model == _MODEL else f"-{args.model}")
+              + (f"-c{args.concurrency}" if args.concurrency > 1 else "") + ("-reference" if args.reference else ""))
     publish(text, args.out, f"bytecodes-{args.body}{suffix}.md")
     return 0
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from bench.bytecode_daemon import run_traced
-from bench.bytecodes import Counted, by_layer, main, table, top_functions
+from bench.bytecodes import Counted, by_layer, main, sequence_bodies, table, top_functions
 from bench.layers import LAYERS
 
 _COUNTED = [
@@ -53,3 +53,22 @@ def test_the_reference_is_counted_only_on_what_it_serves(argv, capsys):
     with pytest.raises(SystemExit):
         main(argv)
     assert "--reference takes --body json and the identity model" in capsys.readouterr().err
+
+
+def test_a_sequence_is_sent_with_its_start_on_its_first_step_and_its_end_on_its_last():
+    import json
+
+    steps = [json.loads(body) for body in sequence_bodies(length=3, sequence_id=5)]
+    assert [step["parameters"] for step in steps] == [
+        {"sequence_id": 5, "sequence_start": True, "sequence_end": False},
+        {"sequence_id": 5, "sequence_start": False, "sequence_end": False},
+        {"sequence_id": 5, "sequence_start": False, "sequence_end": True}]
+    assert [step["inputs"][0]["data"] for step in steps] == [[0], [1], [2]]
+
+
+@pytest.mark.parametrize("argv", [["--model", "accumulate", "--body", "binary"],
+                                  ["--model", "accumulate", "--concurrency", "2"]])
+def test_sequences_are_sent_one_step_at_a_time_in_json(argv, capsys):
+    with pytest.raises(SystemExit):
+        main(argv)
+    assert "--model accumulate sends one sequence's steps in order" in capsys.readouterr().err
