@@ -45,7 +45,11 @@ def _flag(parameters: Mapping[str, Any], key: str) -> bool:
 def sequence_ids(parameters: Mapping[str, Any], model: str, corrid_control: Control | None) -> SequenceIds:
     """The request's sequence; InvalidInput (Triton's words first) when a sequence model cannot take it."""
     corrid = parameters.get("sequence_id", 0)
-    flags = (START if _flag(parameters, "sequence_start") else 0) | (END if _flag(parameters, "sequence_end") else 0)
+    start, end = parameters.get("sequence_start", False), parameters.get("sequence_end", False)
+    if type(start) is not bool or type(end) is not bool:  # (``_flag``'s test inline: every step passes here)
+        _flag(parameters, "sequence_start")
+        _flag(parameters, "sequence_end")
+    flags = (START if start else 0) | (END if end else 0)
     if isinstance(corrid, str):
         if len(corrid.encode()) > MAX_STRING_ID_BYTES:
             raise InvalidInput(f"'sequence_id' is longer than {MAX_STRING_ID_BYTES} bytes; use a shorter ID")

@@ -288,15 +288,19 @@ class SequenceScheduler:
         if lane.timer is not None:
             lane.timer.cancel()
             lane.timer = None
-        ready = [s for s in lane.members() if s.ready]
+        ready = lane.ready()
         if not ready:
             self._give_back(lane, executed=False)
             return
         policy = self.policy
-        ready.sort(key=lambda s: s.queue[0].order)
-        oldest = ready[0]
-        key = self._key(oldest)
-        chosen = [s for s in ready if self._key(s) == key]
+        if len(ready) == 1:  # (the common step at low load: no order to sort, no key to match)
+            oldest = ready[0]
+            chosen = ready
+        else:
+            ready.sort(key=lambda s: s.queue[0].order)
+            oldest = ready[0]
+            key = self._key(oldest)
+            chosen = [s for s in ready if self._key(s) == key]
         if policy.strategy == "direct":
             target = max(1, math.ceil(policy.minimum_slot_utilization * len(lane.places)))
         else:
@@ -367,7 +371,7 @@ class SequenceScheduler:
         if limits is None or not (executed or lane.index in self._granted):
             return
         self._granted.discard(lane.index)
-        limits.give_back(lane.index, executed, pending=any(s.ready for s in lane.members()))
+        limits.give_back(lane.index, executed, pending=bool(lane.ready()))
 
     def _finish(self, lane: Lane, rows: list[Row | None], queue_ns: list[int], future: asyncio.Future) -> None:
         error = future.exception()
@@ -398,7 +402,7 @@ class SequenceScheduler:
         for _, (sequence, request) in real:
             self._after_step(sequence, request)
         self._give_back(lane, executed=True)
-        if any(s.ready for s in lane.members()):  # what came during the step (else no loop turn for nothing)
+        if lane.ready():  # what came during the step (else no loop turn for nothing)
             self._kick(lane)
 
     def _settle(self, sequence: Sequence, request: SequenceRequest, result: RequestResult) -> None:

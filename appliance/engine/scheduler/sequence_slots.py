@@ -12,7 +12,7 @@ import asyncio
 import dataclasses
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -71,10 +71,6 @@ class Sequence:
     """When its last step ended with nothing queued (the loop's clock): the scheduler's one reaper
     ends it once ``max_sequence_idle_microseconds`` have passed since; None while it has work."""
 
-    @property
-    def ready(self) -> bool:
-        return bool(self.queue) and not self.running and self.lane is not None
-
 
 Row = tuple[Sequence, SequenceRequest]
 """One sequence's request in a step's batch (a slot with no request is None)."""
@@ -94,8 +90,9 @@ class Lane:
     def occupied(self) -> int:
         return sum(1 for s in self.places if s is not None)
 
-    def members(self) -> Iterator[Sequence]:
-        return (s for s in self.places if s is not None)
+    def ready(self) -> list[Sequence]:
+        """Its sequences ready for a step, in place order: placed, with a request queued and none running."""
+        return [s for s in self.places if s is not None and s.queue and not s.running and s.lane is not None]
 
 
 class SlotTable:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from google.protobuf import text_format
+from hypothesis import given
+from hypothesis import strategies as st
 from tritonclient.grpc import model_config_pb2 as mc
 
 from appliance.core.errors import ConfigError, InvalidInput
@@ -157,3 +159,23 @@ def test_a_string_id_for_a_numeric_corrid_is_taken_as_triton_takes_it():
     assert _string_id_as_number("walk", "UINT64") == 7740669023272042500
     assert _string_id_as_number("12", "UINT64") == 55186034786306
     assert _string_id_as_number("walk", "INT32") == 4
+
+
+_FLAG_VALUES = st.none() | st.booleans() | st.integers(-1, 2) | st.text(max_size=3) | st.floats(0, 1)
+
+
+@given(corrid=st.integers(1, 2**64 - 1) | st.text(min_size=1, max_size=8), start=_FLAG_VALUES, end=_FLAG_VALUES,
+       sent_keys=st.sets(st.sampled_from(("sequence_start", "sequence_end"))))
+def test_the_flags_are_read_only_from_booleans(corrid, start, end, sent_keys):
+    """Whatever a client sends as sequence_start and sequence_end: a boolean sets its flag (absent: false),
+    anything else is refused in words that name the parameter."""
+    parameters = {"sequence_id": corrid, **{key: value for key, value in
+                                            (("sequence_start", start), ("sequence_end", end)) if key in sent_keys}}
+    sent = {key: parameters.get(key, False) for key in ("sequence_start", "sequence_end")}
+    wrong = [key for key, value in sent.items() if type(value) is not bool]
+    if wrong:
+        with pytest.raises(InvalidInput, match=f"'{wrong[0]}' must be a boolean"):
+            sequence_ids(parameters, "m", None)
+        return
+    ids = sequence_ids(parameters, "m", None)
+    assert (ids.corrid, ids.start, ids.end) == (corrid, sent["sequence_start"], sent["sequence_end"])
