@@ -21,7 +21,7 @@ time (as bench.instructions does): what a request costs once batches and groups 
 ``--model`` sends the requests to another of bench.triton's models: ``bls`` calls the identity with
 ``InferenceRequest.exec()`` once a request (the daemon's part of the call, read from the calling model
 process, run through the identity and answered, is counted with the request's); ``pipeline`` is the
-ensemble of two Python steps; ``accumulate`` takes sequences (v2 JSON only: 20 steps each, the first
+ensemble of two Python steps; ``accumulate`` takes sequences (v2 JSON or gRPC: 20 steps each, the first
 with its start flag, the last with its end flag, as perf_analyzer's ``--sequence-length 20`` sends them).
 The model processes and the daemon's other threads are not traced. Writes
 bench/results/bytecodes-<body>.md (``-<model>`` for a model other than the identity, ``-cN`` and
@@ -136,14 +136,21 @@ def _grpc_sender(server: Server, model: str) -> tuple[Callable[[int], None], Cal
     import tritonclient.grpc as grpcclient
 
     client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
-    data = np.arange(16, dtype=np.float32).reshape(1, 16)
+    sequence = model == "accumulate"
+    data = np.zeros((1, 1), np.int32) if sequence else np.arange(16, dtype=np.float32).reshape(1, 16)
+    sent = 0
 
     def send(count: int) -> None:
+        nonlocal sent
         for _ in range(count):
-            tensor = grpcclient.InferInput("INPUT0", [1, 16], "FP32")
+            tensor = grpcclient.InferInput("INPUT0", list(data.shape), "INT32" if sequence else "FP32")
             tensor.set_data_from_numpy(data)
+            step = sent % SEQUENCE_LENGTH
+            flags = ({"sequence_id": 7, "sequence_start": step == 0, "sequence_end": step == SEQUENCE_LENGTH - 1}
+                     if sequence else {})
             client.infer(model, [tensor], outputs=[grpcclient.InferRequestedOutput("OUTPUT0")],
-                         headers={"authorization": f"Bearer {_TOKEN}"})
+                         headers={"authorization": f"Bearer {_TOKEN}"}, **flags)
+            sent += 1
 
     return send, client.close
 
@@ -194,9 +201,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--requests and --warm-up must be at least 1 (the warm-up makes the plans a client repeats)")
     if args.concurrency < 1 or (args.concurrency > 1 and args.body == "grpc"):
         parser.error("--concurrency is at least 1, and more than 1 only over HTTP (--body json or binary)")
-    if args.model == "accumulate" and (args.body != "json" or args.concurrency > 1):
-        parser.error("--model accumulate sends one sequence's steps in order, in v2 JSON: --body json, "
-                     "--concurrency 1")
+    if args.model == "accumulate" and (args.body == "binary" or args.concurrency > 1):
+        parser.error("--model accumulate sends one sequence's steps in order, in v2 JSON or over gRPC: --body "
+                     "json or grpc, --concurrency 1")
     args.requests = -(-args.requests // args.concurrency) * args.concurrency
     args.warm_up = -(-args.warm_up // args.concurrency) * args.concurrency
     if args.reference and (args.body != "json" or args.model != _MODEL):

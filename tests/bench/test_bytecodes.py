@@ -68,7 +68,7 @@ def test_a_sequence_is_sent_with_its_start_on_its_first_step_and_its_end_on_its_
 
 @pytest.mark.parametrize("argv", [["--model", "accumulate", "--body", "binary"],
                                   ["--model", "accumulate", "--concurrency", "2"]])
-def test_sequences_are_sent_one_step_at_a_time_in_json(argv, capsys):
+def test_sequences_are_sent_one_step_at_a_time_in_json_or_grpc(argv, capsys):
     with pytest.raises(SystemExit):
         main(argv)
-    assert "--model accumulate sends one sequence's steps in order" in capsys.readouterr().err
+    assert "--model accumulate sends one sequence's steps in order, in v2 JSON or over gRPC" in capsys.readouterr().err
