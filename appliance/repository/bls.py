@@ -112,21 +112,28 @@ class LocalModels:
 
     def begin(self, call: ModelCall, then: Callable[[Outputs | None, BaseException | None], None]) -> None:
         loop = self._loop
-        if loop is not None and asyncio._get_running_loop() is loop and self._limits.deadline <= 0:
-            # Called on the loop (a model process's channel it reads): the called model's straight line
-            # where it has one, as a client's request takes it; else (and under a deadline) awaited.
+        if loop is None or self._limits.deadline > 0:  # (under a deadline: awaited, as wait_for bounds it)
+            self._submit(self._infer(call)).add_done_callback(functools.partial(_told, then))
+        elif asyncio._get_running_loop() is loop:  # a model process's channel the loop reads
+            self._on_loop(call, then)
+        else:  # a model's own thread (in-process) or a channel's reader thread: one hop to the loop
             try:
-                model = self._model(call)
-            except ApplianceError as exc:
-                _tell(then, None, exc)
-                return
-            if model.straight:
-                _begin(model, call, then)
-                return
-            running = self._submit(self._run(model, call))
+                loop.call_soon_threadsafe(self._on_loop, call, then)
+            except RuntimeError:  # the loop is closed
+                _tell(then, None, Unavailable("the server is not running"))
+
+    def _on_loop(self, call: ModelCall, then: Callable[[Outputs | None, BaseException | None], None]) -> None:
+        """``begin`` on the loop: the called model's straight line where it has one, as a client's request
+        takes it; else awaited, as a task."""
+        try:
+            model = self._model(call)
+        except ApplianceError as exc:
+            _tell(then, None, exc)
+            return
+        if model.straight:
+            _begin(model, call, then)
         else:
-            running = self._submit(self._infer(call))
-        running.add_done_callback(functools.partial(_told, then))
+            self._submit(self._run(model, call)).add_done_callback(functools.partial(_told, then))
 
     async def _infer(self, call: ModelCall) -> Outputs:
         return await self._run(self._model(call), call)

@@ -138,8 +138,9 @@ async def test_a_callback_that_raises_is_logged_and_the_model_still_let_go(serve
     assert (await _begun(models, _call(5.0)))["y"].tolist() == [[10.0]]
 
 
-async def test_a_call_from_another_thread_runs_on_the_loop_and_tells_its_outcome(served):
-    models = _models(served)
+@pytest.mark.parametrize("deadline", [0.0, 30.0], ids=["straight", "awaited"])
+async def test_a_call_from_another_thread_runs_on_the_loop_and_tells_its_outcome(served, deadline):
+    models = _models(served, deadline)
     loop = asyncio.get_running_loop()
 
     async def from_a_thread(call: ModelCall):
@@ -152,3 +153,26 @@ async def test_a_call_from_another_thread_runs_on_the_loop_and_tells_its_outcome
     assert error is None and outputs["y"].tolist() == [[8.0]]
     outputs, error = await from_a_thread(_call(4.0, model="nowhere"))
     assert outputs is None and isinstance(error, Unavailable)
+
+
+async def test_a_call_from_another_thread_takes_the_straight_line_without_a_task(served, monkeypatch):
+    """An in-process model's call hops to the loop once and runs there as the loop's own calls do."""
+    models = _models(served)
+    loop = asyncio.get_running_loop()
+    created = []
+    monkeypatch.setattr(loop, "create_task", lambda *args, **kwargs: created.append(args) or None)
+    outcome = loop.create_future()
+    await asyncio.to_thread(models.begin, _call(2.0),
+                            lambda outputs, error: outcome.set_result((outputs, error)))  # (told on the loop)
+    outputs, error = await asyncio.wait_for(outcome, 10)
+    assert error is None and outputs["y"].tolist() == [[4.0]] and created == []
+
+
+async def test_a_call_once_the_loop_is_closed_is_told_the_server_is_not_running():
+    closed = asyncio.new_event_loop()
+    closed.close()
+    models = LocalModels(_Registry(None), explicit=False)  # type: ignore[arg-type]
+    models.bind(closed)
+    told = []
+    await asyncio.to_thread(models.begin, _call(1.0), lambda outputs, error: told.append(error))
+    assert len(told) == 1 and isinstance(told[0], Unavailable) and "not running" in str(told[0])
