@@ -23,7 +23,7 @@ import hpack
 from appliance.grpc.grpc_config import KEEPALIVE, KEEPALIVE_TIMEOUT, GrpcConfig
 from appliance.grpc.http2 import frames as f
 from appliance.grpc.http2.call import STREAM_WINDOW, Call
-from appliance.grpc.http2.floods import Flood, FloodMeter
+from appliance.grpc.http2.floods import WINDOW_UPDATE_BUNCH, Flood, FloodMeter
 from appliance.grpc.http2.frames import Error, FrameError
 from appliance.grpc.http2.headers import HeaderDecoder, HeaderEncoder
 
@@ -96,6 +96,8 @@ class Http2Connection(asyncio.Protocol):
         self._waiting_window: set[Call] = set()
         self._unread = 0
         self._floods = FloodMeter(self.loop.time())
+        self._window_updates = 0
+        """WINDOW_UPDATE frames not yet counted as a possible flood (counted by ``WINDOW_UPDATE_BUNCH``)."""
         self._ended_by_client: set[int] = set()
         """Open streams whose client sent END_STREAM or reset them."""
         self._closed_streams: dict[int, bool] = {}
@@ -401,7 +403,10 @@ class Http2Connection(asyncio.Protocol):
     def _window_update(self, stream: int, payload: bytes) -> None:
         if len(payload) != 4:
             raise FrameError(Error.FRAME_SIZE_ERROR, "a WINDOW_UPDATE frame is 4 bytes")
-        self._floods.count(Flood.WINDOW_UPDATE, self.loop.time())
+        self._window_updates += 1
+        if self._window_updates == WINDOW_UPDATE_BUNCH:
+            self._window_updates = 0
+            self._floods.count(Flood.WINDOW_UPDATE, self.loop.time(), WINDOW_UPDATE_BUNCH)
         increment = int.from_bytes(payload, "big") & 0x7FFF_FFFF
         if stream == 0:
             if increment == 0:

@@ -18,7 +18,7 @@ import enum
 
 from appliance.grpc.http2.frames import Error, FrameError
 
-__all__ = ["FLOOD_LIMITS", "Flood", "FloodLimit", "FloodMeter"]
+__all__ = ["FLOOD_LIMITS", "WINDOW_UPDATE_BUNCH", "Flood", "FloodLimit", "FloodMeter"]
 
 
 class Flood(enum.StrEnum):
@@ -58,6 +58,11 @@ FLOOD_LIMITS: dict[Flood, FloodLimit] = {
 }
 
 
+WINDOW_UPDATE_BUNCH = 16
+"""WINDOW_UPDATE frames counted together: a client sends one or two with every answer it reads, and a
+bunch of 16 against an allowance of 20,000 changes when a flood is cut off by less than a thousandth."""
+
+
 class FloodMeter:
     """One connection's buckets; ``count`` raises ``FrameError(ENHANCE_YOUR_CALM)`` past a limit."""
 
@@ -66,9 +71,11 @@ class FloodMeter:
     def __init__(self, now: float, limits: dict[Flood, FloodLimit] = FLOOD_LIMITS) -> None:
         self._buckets = {kind: _Bucket(limit, now) for kind, limit in limits.items()}
 
-    def count(self, kind: Flood, now: float) -> None:
+    def count(self, kind: Flood, now: float, frames: int = 1) -> None:
+        """``frames`` more frames of ``kind`` (a kind a client sends with every call is counted in bunches:
+        see ``WINDOW_UPDATE_BUNCH``)."""
         bucket = self._buckets[kind]
-        left = min(bucket.burst, bucket.left + (now - bucket.at) * bucket.rate) - 1.0
+        left = min(bucket.burst, bucket.left + (now - bucket.at) * bucket.rate) - frames
         bucket.at = now
         bucket.left = left
         if left < 0:

@@ -362,6 +362,19 @@ async def test_a_client_that_cancels_call_after_call_is_cut_off(raw, monkeypatch
     assert _goaway_code(await _frames(reader, f.GOAWAY)) == f.Error.ENHANCE_YOUR_CALM
 
 
+async def test_window_updates_are_counted_in_bunches_and_a_flood_of_them_is_cut_off(raw, monkeypatch):
+    """A client's WINDOW_UPDATEs (one or two an answer) are counted against their allowance in bunches of
+    WINDOW_UPDATE_BUNCH: fewer are not counted yet, the bunch that passes the allowance cuts it off."""
+    monkeypatch.setitem(floods.FLOOD_LIMITS, floods.Flood.WINDOW_UPDATE, floods.FloodLimit(1, 0.001))
+    reader, writer = await raw()
+    update = f.frame(f.WINDOW_UPDATE, 0, 0, struct.pack(">I", 1))
+    writer.write(update * (floods.WINDOW_UPDATE_BUNCH - 1) + f.frame(f.PING, 0, 0, b"not yet!"))
+    frames = await _frames(reader, f.PING)
+    assert frames[-1] == (f.PING, f.ACK, 0, b"not yet!") and _goaway_code(frames) is None
+    writer.write(update + f.frame(f.PING, 0, 0, b"now cut!"))
+    assert _goaway_code(await _frames(reader, f.GOAWAY)) == f.Error.ENHANCE_YOUR_CALM
+
+
 async def test_streams_over_the_limit_are_refused_and_pings_answered(raw):
     reader, writer = await raw()
     encoder = hpack.Encoder()
