@@ -100,6 +100,37 @@ class _Requests:
 
 
 class Call:
+    # What a call starts with and most calls never change, as class attributes: an instance sets its own
+    # only when it does (a call's __init__ runs for every request).
+    _expect = 0
+    """Bytes of the message being received still to come (0: none begun)."""
+    _failure: BaseException | None = None
+    _reader: asyncio.Future[None] | None = None
+    _announcing: asyncio.Future[None] | None = None
+    _received = 0
+    """DATA bytes taken on this stream (what the meter measures)."""
+    _meter: asyncio.TimerHandle | None = None
+    _metered: tuple[ReceiveRules, float, int] | None = None
+    """The rules, when the metered message began and the bytes taken by then."""
+    _window: asyncio.Future[None] | None = None
+    remote_ended = False
+    local_ended = False
+    _headers_sent = False
+    _trailing: tuple[tuple[str, str], ...] = ()
+    _serializer: Callable[[Any], bytes] | None = None
+    _task: asyncio.Task | None = None
+    _pending: grpc.RpcMethodHandler | None = None
+    """A handler that may serve the call without a task (``straight``), until the read that brought the
+    call's headers ends (``start_after_read``)."""
+    _stop: Callable[[], object] | None = None
+    """While the call is served without a task: what takes its request back."""
+    _served: asyncio.Future[None] | None = None
+    """Made only when the server stops meanwhile (``running``): resolved as the call ends."""
+    _timer: asyncio.TimerHandle | None = None
+    _expired = False
+    unread = 0
+    """Bytes received while no handler read them, counted on the connection's allowance."""
+
     def __init__(self, connection: Channel, stream: int, request: Request, receive_window: int,
                  send_window: int) -> None:
         self._connection = connection
@@ -114,34 +145,6 @@ class Call:
         default window's worth first would wait for a window the server thinks it has."""
         self._buffer = bytearray()
         self._messages: collections.deque[bytes] = collections.deque()
-        self._expect = 0
-        """Bytes of the message being received still to come (0: none begun)."""
-        self._failure: BaseException | None = None
-        self._reader: asyncio.Future[None] | None = None
-        self._announcing: asyncio.Future[None] | None = None
-        self._received = 0
-        """DATA bytes taken on this stream (what the meter measures)."""
-        self._meter: asyncio.TimerHandle | None = None
-        self._metered: tuple[ReceiveRules, float, int] | None = None
-        """The rules, when the metered message began and the bytes taken by then."""
-        self._window: asyncio.Future[None] | None = None
-        self.remote_ended = False
-        self.local_ended = False
-        self._headers_sent = False
-        self._trailing: tuple[tuple[str, str], ...] = ()
-        self._serializer: Callable[[Any], bytes] | None = None
-        self._task: asyncio.Task | None = None
-        self._pending: grpc.RpcMethodHandler | None = None
-        """A handler that may serve the call without a task (``straight``), until the read that brought the
-        call's headers ends (``start_after_read``)."""
-        self._stop: Callable[[], object] | None = None
-        """While the call is served without a task: what takes its request back."""
-        self._served: asyncio.Future[None] | None = None
-        """Made only when the server stops meanwhile (``running``): resolved as the call ends."""
-        self._timer: asyncio.TimerHandle | None = None
-        self._expired = False
-        self.unread = 0
-        """Bytes received while no handler read them, counted on the connection's allowance."""
 
     # The handler's context (what appliance.grpc reads of grpc.aio.ServicerContext)
 
