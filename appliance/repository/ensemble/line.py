@@ -61,7 +61,13 @@ class EnsembleLine(EnsembleRun):
     def _launch(self) -> None:
         """Begin every waiting step whose inputs now exist; answer once none runs or waits."""
         tensors = self._tensors
-        ready = [step for step in self._waiting if all(name in tensors for name in step.inputs.values())]
+        ready = []
+        for step in self._waiting:  # (loops: all() over a generator costs a frame a step, every launch)
+            for name in step.inputs.values():
+                if name not in tensors:
+                    break
+            else:
+                ready.append(step)
         for step in ready:
             self._waiting.remove(step)
             self._begin_step(step)
