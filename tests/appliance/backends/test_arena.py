@@ -155,3 +155,25 @@ def test_any_inline_descriptor_reads_as_its_bytes_or_is_refused(datatype, shape,
     except ValueError:
         return
     assert array.nbytes == len(raw) and array.shape == shape
+
+
+_SMALL_ARRAYS = st.one_of(
+    st.integers(0, 3000).map(lambda n: np.arange(n, dtype=np.float32)),
+    st.integers(0, 3000).map(lambda n: np.ones(n, np.int64)),
+    st.integers(0, 3).map(lambda n: np.array([b"x"] * n, dtype=object)),
+)
+
+
+@given(parts=st.lists(st.lists(st.tuples(st.sampled_from("abc"), _SMALL_ARRAYS), max_size=3), max_size=4))
+def test_a_batch_travels_inline_exactly_when_it_is_numeric_and_small_enough_together(parts):
+    """``inline`` carries the whole batch or none of it: none where any tensor holds objects or all of them
+    together pass INLINE_BYTES, else each tensor as itself."""
+    arrays = [array for part in parts for _, array in part]
+    carried = inline(parts)
+    if any(array.dtype.hasobject for array in arrays) or sum(array.nbytes for array in arrays) > INLINE_BYTES:
+        assert carried is None
+        return
+    assert carried is not None and [len(item) for item in carried] == [len(part) for part in parts]
+    for part, item in zip(parts, carried):
+        for (name, array), descriptor in zip(part, item):
+            assert descriptor[0] == name and np.array_equal(read_tensor(None, descriptor, copy=False), array)

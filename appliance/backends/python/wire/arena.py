@@ -54,16 +54,19 @@ def inline(tensors: list[list[tuple[str, np.ndarray]]]) -> list[list[Descriptor]
     writable, as one in an arena is), or None when they are too large together, or hold BYTES (sized only
     once serialized): those go through an arena."""
     total = 0
-    for part in tensors:
-        for _, array in part:
-            if array.dtype.hasobject:
-                return None
+    carried = []
+    for part in tensors:  # (one pass of plain loops: every batch, BLS call and streamed response comes here)
+        descriptors: list[Descriptor] = []
+        for name, array in part:
+            dtype = array.dtype
             total += array.nbytes
-    if total > INLINE_BYTES:
-        return None
-    # ndarray's own tobytes (C order, one step): a subclass's may differ (a masked array writes its fill value)
-    return [[(name, v2_datatype(array.dtype), array.shape, -1, bytearray(np.ndarray.tobytes(array)))
-             for name, array in part] for part in tensors]
+            if dtype.hasobject or total > INLINE_BYTES:  # (checked before each copy: at most the bound copied)
+                return None
+            # ndarray's own tobytes (C order, one step): a subclass's may differ (a masked array writes its fill
+            # value)
+            descriptors.append((name, v2_datatype(dtype), array.shape, -1, bytearray(np.ndarray.tobytes(array))))
+        carried.append(descriptors)
+    return carried
 
 
 def pack(tensors: list[list[tuple[str, np.ndarray]]], arena: Arena | None, model: str,
