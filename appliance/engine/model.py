@@ -383,8 +383,18 @@ class ModelVersion:
 
     def in_use(self) -> _InUse:
         """Held by a request from lookup to response: a version being replaced or unloaded waits for
-        every request that already chose it, even one still reading its body."""
+        every request that already chose it, even one still reading its body. (``hold`` and ``let_go``
+        without the context manager, for a request that lets go from a callback.)"""
         return _InUse(self)
+
+    def hold(self) -> ModelVersion:
+        """``in_use`` entered: this version, held until ``let_go``."""
+        self._users += 1
+        return self
+
+    def let_go(self) -> None:
+        """``in_use`` exited: one hold (``hold``) let go of."""
+        self._users -= 1
 
     async def drain(self, timeout: float) -> bool:
         """Wait (bounded) until no request holds this version and its queue and instances are idle."""
@@ -411,8 +421,7 @@ class _InUse:
         self._version = version
 
     def __enter__(self) -> ModelVersion:
-        self._version._users += 1
-        return self._version
+        return self._version.hold()
 
     def __exit__(self, *exc_info: object) -> None:
-        self._version._users -= 1
+        self._version.let_go()

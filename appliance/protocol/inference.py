@@ -181,9 +181,8 @@ class Inference:
             return None
         if not model.straight or source.decoding_work() > DECODE_OFF_LOOP_BYTES:
             return None
-        flight = Flight(self, model.in_use(), Account(self._budget), then)
+        flight = Flight(self, model.hold(), Account(self._budget), then)
         try:
-            flight.held.__enter__()
             source.receive_now(flight.account)
             request = self._decoded(model, source, caller, flight.account)
             trace = request.trace = flight.trace = self._start_trace(model, source, received_ns)
@@ -255,7 +254,7 @@ class Inference:
         ``error`` set (responses not yet read count on the request's account). Leaving early cancels the
         request (the model sees ``is_cancelled()``)."""
         with account or self._budget.account() as opened:
-            held, model, request = await self._open(source, caller, opened, received_ns)
+            model, request = await self._open(source, caller, opened, received_ns)
             try:
                 responses = await self.respond(model, request, caller, opened.reserve, opened.release)
                 try:
@@ -263,30 +262,29 @@ class Inference:
                 finally:
                     responses.close()
             finally:
-                held.__exit__(None, None, None)
+                model.let_go()
 
     async def _open(self, source: InferSource, caller: Caller, account: Account, received_ns: int | None, *,
                     refuse_decoupled: bool = False,
-                    ) -> tuple[contextlib.AbstractContextManager[ModelVersion], ModelVersion, InferRequest]:
-        """The opening every inference shares: the version the source names, looked up and held (returned
-        entered: the caller exits it when done; a failure here lets it go), the request received and decoded
-        into ``account``, and its trace started when sampled."""
+                    ) -> tuple[ModelVersion, InferRequest]:
+        """The opening every inference shares: the version the source names, looked up and held (the
+        caller lets go of it when done, ``ModelVersion.let_go``; a failure here lets it go), the request
+        received and decoded into ``account``, and its trace started when sampled."""
         target = await source.target(account)
         try:
             version = self._registry.get(target.model, target.version)
         except (ModelNotFound, ModelNotReady):
             version = await self._load_on_demand(target)
-        held = version.in_use()
-        model = held.__enter__()
+        model = version.hold()
         try:
             if refuse_decoupled and model.decoupled:
                 raise decoupled_refusal(source, model.name)
             request = await self._decode(model, source, caller, account)
             request.trace = self._start_trace(model, source, received_ns)
         except BaseException:
-            held.__exit__(None, None, None)
+            model.let_go()
             raise
-        return held, model, request
+        return model, request
 
     async def _load_on_demand(self, target: Target) -> ModelVersion:
         """The version ``target`` names once a load on demand has made it ready (load_on_demand); the
@@ -420,7 +418,7 @@ class OneInference:
         self._source = source
         self._received_ns = received_ns
         self._account = account
-        self._held: contextlib.AbstractContextManager[ModelVersion] | None = None
+        self._held: ModelVersion | None = None
         self._trace: Trace | None = None
         self._sending = 0
 
@@ -428,8 +426,9 @@ class OneInference:
         inference, source = self._inference, self._source
         opened = self._account = self._account or inference._budget.account()
         try:
-            self._held, model, request = await inference._open(source, self._caller, opened, self._received_ns,
-                                                               refuse_decoupled=True)
+            model, request = await inference._open(source, self._caller, opened, self._received_ns,
+                                                   refuse_decoupled=True)
+            self._held = model
             self._trace = request.trace
             response = await inference._run(model, request, self._caller, opened.reserve)
         except BaseException:
@@ -457,8 +456,7 @@ class Flight:
 
     __slots__ = ("_inference", "held", "account", "trace", "withdraw", "_then", "_sending", "_ended")
 
-    def __init__(self, inference: Inference, held: contextlib.AbstractContextManager[ModelVersion],
-                 account: Account,
+    def __init__(self, inference: Inference, held: ModelVersion, account: Account,
                  then: Callable[[Flight, InferResult | None, BaseException | None], None]) -> None:
         self._inference = inference
         self.held = held
@@ -501,7 +499,7 @@ class Flight:
         return (frontend, self._sending, time.monotonic_ns()) if self.trace is not None else None
 
 
-def release(inference: Inference, trace: Trace | None, held: contextlib.AbstractContextManager[ModelVersion] | None,
+def release(inference: Inference, trace: Trace | None, held: ModelVersion | None,
             account: Account, sent: tuple[str, int, int] | None) -> None:
     """What a request held, let go: its trace written, its model version and its account released."""
     try:
@@ -511,6 +509,6 @@ def release(inference: Inference, trace: Trace | None, held: contextlib.Abstract
     finally:
         try:
             if held is not None:
-                held.__exit__(None, None, None)
+                held.let_go()
         finally:
             account.close()

@@ -248,11 +248,10 @@ def _begin(model: ModelVersion, call: ModelCall, then: Callable[[Outputs | None,
     """``call`` on ``model``'s straight line (``ModelVersion.begin``, on the loop): the model held until
     ``then`` has the outcome. Nothing withdraws it (a caller does not take a call back; a stopping daemon
     fails what is queued)."""
-    held = model.in_use()
-    held.__enter__()
+    model.hold()
 
     def landed(response: InferResponse | None, error: BaseException | None) -> None:
-        held.__exit__(None, None, None)
+        model.let_go()
         if error is not None:
             _tell(then, None, error)
         else:
@@ -262,7 +261,7 @@ def _begin(model: ModelVersion, call: ModelCall, then: Callable[[Outputs | None,
     try:
         model.begin(_request(call), landed)
     except Exception as exc:  # refused before it queued (an invalid call): the caller's error, as awaited
-        held.__exit__(None, None, None)
+        model.let_go()
         _tell(then, None, exc)
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -23,6 +23,9 @@ from appliance.engine.types import InferResponse
 from appliance.repository.ensemble.flow import Level
 from appliance.repository.ensemble.plan import Step
 from appliance.repository.ensemble.run import EnsembleRun, Frame, FrameTensor, SequenceTag, StepSlots, in_ensemble
+
+if TYPE_CHECKING:
+    from appliance.engine.model import ModelVersion
 
 __all__ = ["EnsembleLine"]
 
@@ -87,21 +90,19 @@ class EnsembleLine(EnsembleRun):
         except Exception as exc:
             self._fail(in_ensemble(self._plan.name, exc))
             return
-        held = model.in_use()
-        held.__enter__()
-        done = functools.partial(self._step_done, step, sequence, held)
+        done = functools.partial(self._step_done, step, sequence, model.hold())
         try:
             if model.straight:
                 self._running[step.number] = model.begin(request, done)
             else:  # a step on a model the line does not serve: awaited, as a task
                 self._running[step.number] = run_as_task(model.infer(request), done)
         except Exception as exc:  # refused before it was queued
-            held.__exit__(None, None, None)
+            model.let_go()
             self._fail(in_ensemble(self._plan.name, exc))
 
-    def _step_done(self, step: Step, sequence: SequenceTag, held: Any, response: InferResponse | None,
+    def _step_done(self, step: Step, sequence: SequenceTag, held: ModelVersion, response: InferResponse | None,
                    error: BaseException | None) -> None:
-        held.__exit__(None, None, None)
+        held.let_go()
         self._running.pop(step.number, None)
         if self._over:  # withdrawn, or another step failed first
             return

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 from unittest import mock
 
@@ -244,7 +243,7 @@ async def test_a_decoupled_model_is_refused_where_one_response_goes_back(registr
     model = registry.get("simple")
     decoupled = mock.Mock(wraps=model, decoupled=True)
     decoupled.name = "chatty"
-    decoupled.in_use = lambda: contextlib.nullcontext(decoupled)
+    decoupled.hold = lambda: decoupled
     plane = DataPlane(_OneModel(decoupled))  # type: ignore[arg-type]
     with pytest.raises(InvalidInput, match="the test's end point doesn't support models with decoupled transaction "
                                            "policy; call model 'chatty' through a stream"):
