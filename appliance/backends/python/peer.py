@@ -130,7 +130,7 @@ class Peer:
                 raise TypeError("model_name and id are strings")
             if type(request.correlation_id) not in (int, str) or not all(type(o) is str for o in request.outputs):
                 raise TypeError("correlation_id is a number or a string, and outputs are names")
-        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        except (AttributeError, KeyError, TypeError, ValueError, OverflowError) as exc:  # (int() of an infinity)
             self.send_result(call, None, ModelError(f"invalid BLS request: {exc}", 3), None, True)
             return
         if meta.get("decoupled"):

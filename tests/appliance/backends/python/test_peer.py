@@ -89,6 +89,9 @@ def test_malformed_calls_are_answered_with_what_was_wrong():
         "outputs that are not names": _meta(outputs=[1]),
         "a model name that is not a string": _meta(model_name=["double"]),
         "a correlation id that is neither number nor string": _meta(correlation_id=1.5),
+        "an infinite version (found by the property below)": _meta(model_version=float("inf")),
+        "infinite flags": _meta(flags=float("inf")),
+        "a timeout that is not a number": _meta(timeout=float("nan")),
         "released blocks that are not a list": _meta(released=3),
     }
     for number, meta in enumerate(cases.values()):
