@@ -27,7 +27,7 @@ from appliance.engine.response_cache import OutputForms, ResponseStore
 from appliance.engine.signature import ModelSignature, input_reshapes
 from appliance.engine.stats import FailureReason, ModelStats, StepTiming
 from appliance.engine.streaming import RawResponse, ResponseChannel, ResponseStream, StreamLimits
-from appliance.engine.traffic import TrafficStats
+from appliance.engine.traffic import ItemShapes, TrafficStats
 from appliance.engine.types import InferOutput, InferRequest, InferResponse, RequestedOutput
 from appliance.engine.validation import validate_request
 
@@ -36,6 +36,10 @@ if TYPE_CHECKING:
     from appliance.engine.trace import Trace
 
 __all__ = ["ModelVersion", "VersionScheduler"]
+
+ACCEPTED_FORMS = 64
+"""Forms of request (see ``ModelVersion._accept``) a version remembers as valid, the first ones it sees:
+another form is validated every time, as a request of any form was before."""
 
 
 class VersionScheduler(Protocol):
@@ -122,6 +126,8 @@ class ModelVersion:
         self.traffic = TrafficStats(self.signature.batched)
         """The shapes, batch sizes and concurrency of the requests this version served, when selection
         chose its plan (see appliance.repository.retune)."""
+        self._accepted: dict[tuple, tuple[int, ItemShapes]] = {}
+        """Forms of request found valid, with their batch size and what ``traffic`` counts (``_accept``)."""
         batch = (-1,) if self.signature.batched else ()
         # config `reshape`: clients send `dims`, the runtime sees `reshape.shape` (and back for outputs).
         self._input_reshape = input_reshapes(self.config)
@@ -226,18 +232,38 @@ class ModelVersion:
 
     def _accept(self, request: InferRequest) -> int:
         """A request this version takes, validated and counted as running (and in ``traffic``): its batch
-        size."""
+        size. A request of one input and at most one output, neither asking anything of its own (the
+        common one), has a form: its input's name, datatype and shape, and the output it names. Every
+        check ``validate_request`` makes reads nothing else of it, so a form found valid before is valid
+        again and is not checked twice (``ACCEPTED_FORMS`` of them)."""
         if self._decoupled:
             raise InvalidInput(
                 f"model '{self.name}' is decoupled (it may send any number of responses per request); call it "
                 "through a streaming API: HTTP generate_stream or gRPC ModelStreamInfer"
             )
-        batch_size = validate_request(self.name, self.signature, request)
+        inputs, outputs = request.inputs, request.outputs
+        form: tuple | None = None
+        if len(inputs) == 1:
+            tensor = inputs[0]
+            if not outputs:
+                form = (tensor.name, tensor.datatype, tensor.data.shape, None)
+            elif len(outputs) == 1 and "classification" not in outputs[0].parameters:
+                form = (tensor.name, tensor.datatype, tensor.data.shape, outputs[0].name)
+        known = self._accepted.get(form) if form is not None else None
+        item: ItemShapes | None
+        if known is not None:
+            batch_size, item = known
+        else:
+            batch_size = validate_request(self.name, self.signature, request)
+            item = None
+            if form is not None and len(self._accepted) < ACCEPTED_FORMS:
+                item = self.traffic.shapes(inputs)
+                self._accepted[form] = batch_size, item
         self._running += 1
         if self.selection is not None:  # what retuning on traffic looks at
             # Counted from validation to the result, not while the response is written: one client
             # sending back to back is concurrency 1 however late the server finishes writing to it.
-            self.traffic.record(request.inputs, batch_size, self._running)
+            self.traffic.record(item or self.traffic.shapes(inputs), batch_size, self._running)
         return batch_size
 
     def _runtime_inputs(self, request: InferRequest) -> dict[str, np.ndarray]:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from appliance.engine.types import InferInput
 
-__all__ = ["MAX_SHAPES", "TrafficStats"]
+__all__ = ["MAX_SHAPES", "ItemShapes", "TrafficStats"]
 
 MAX_SHAPES = 32
 
@@ -34,15 +34,18 @@ class TrafficStats:
         self._batches: collections.Counter[int] = collections.Counter()
         self._in_flight: collections.Counter[int] = collections.Counter()
 
-    def record(self, inputs: Sequence[InferInput], batch: int, in_flight: int) -> None:
-        """One valid request: its inputs' shapes as the client sent them."""
-        self.requests += 1
+    def shapes(self, inputs: Sequence[InferInput]) -> ItemShapes:
+        """What ``record`` counts of a request: its inputs' names and item shapes, in order."""
         start = self._start
         if len(inputs) == 1:  # the common request: one input
             tensor = inputs[0]
-            item: ItemShapes = ((tensor.name, tensor.data.shape[start:]),)
-        else:
-            item = tuple((tensor.name, tensor.data.shape[start:]) for tensor in inputs)
+            return ((tensor.name, tensor.data.shape[start:]),)
+        return tuple((tensor.name, tensor.data.shape[start:]) for tensor in inputs)
+
+    def record(self, item: ItemShapes, batch: int, in_flight: int) -> None:
+        """One valid request: its inputs' shapes as the client sent them (``shapes``; a caller that has
+        seen the request's form before keeps what ``shapes`` made of it)."""
+        self.requests += 1
         shapes = self._shapes
         seen = shapes.get(item)  # (one lookup of the key: its hash walks the nested tuples)
         if seen is not None:

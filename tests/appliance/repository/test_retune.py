@@ -29,7 +29,8 @@ def model(tmp_path):
 
 def _serve(model, samples: int, requests: int) -> None:
     for _ in range(requests):
-        model.traffic.record([InferInput("audio", "FP32", np.empty((1, samples), np.float32))], 1, in_flight=1)
+        request = [InferInput("audio", "FP32", np.empty((1, samples), np.float32))]
+        model.traffic.record(model.traffic.shapes(request), 1, in_flight=1)
 
 
 def test_an_unmeasured_model_is_retuned_once_it_has_traffic(model):
