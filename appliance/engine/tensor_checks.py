@@ -63,7 +63,7 @@ def check_shape(raw: object, name: str, limit: int, itemsize: int | None = None)
             f"All input dimensions should be specified for input '{name}' for model '{{model}}', got "
             f"[{','.join(str(d) for d in dims)}]",
         )
-    count, bound = math.prod(dims), min(limit, MAX_ELEMENTS)
+    count, bound = math.prod(dims), limit if limit < MAX_ELEMENTS else MAX_ELEMENTS  # (min() parses keywords)
     if 0 < count <= bound:  # the common shape: within the bound, so no overflow either (2**40 * 16 < 2**64)
         return tuple(dims), count
     if count >= _UINT64:  # Triton's words, then this server's bound

@@ -65,7 +65,8 @@ def input_allocation(itemsize: int | None, count: int, binary: bool, available: 
     ``itemsize``: the datatype's (None for BYTES)."""
     if itemsize is None:
         return min(count, available // 4 if binary else available) * BYTES_ELEMENT_OVERHEAD
-    return 0 if binary else min(count, available) * itemsize
+    # (not min(): a builtin that parses keywords on every call, for every input of every request)
+    return 0 if binary else (count if count < available else available) * itemsize
 
 
 def _negative(dims: list) -> bool:

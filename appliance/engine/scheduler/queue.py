@@ -4,7 +4,6 @@ whose queue timeout passed under the DELAY action (served after everything else)
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import itertools
 import time
 from collections import deque
@@ -21,32 +20,38 @@ if TYPE_CHECKING:
 __all__ = ["Pending", "RequestQueue"]
 
 
-@dataclasses.dataclass(eq=False, slots=True)
 class Pending:
-    request: BackendRequest
-    """The request as the backend takes it, made as it is queued (while its parts are at hand: the batch
-    that runs it only hands it on)."""
-    size: int
-    """Batch items this request carries (``request.size``, read where the batcher counts them)."""
-    key: tuple
-    """Requests batch together only when their keys (input names and non-batch shapes) are equal."""
-    future: asyncio.Future
-    arrival: float
-    level: int
-    seq: int
-    trace: Trace | None = None
-    timing: StepTiming | None = None
-    """Told this request's queue and compute times (an ensemble step's)."""
-    then: Callable[[object, BaseException | None], None] | None = None
-    """Called with the request's outputs or error in the step that completes it (``Scheduler.enqueue``),
-    instead of ``future`` getting them; ``future`` then only marks it done (or withdrawn)."""
+    """One queued request. A plain class (made for every request): its rarely set fields are class
+    attributes until set, which a dataclass's ``__init__``, setting all fifteen, would not allow."""
+
     timer: asyncio.TimerHandle | None = None
-    delayed: bool = False
-    queued: bool = False
-    completed: bool = False
-    arrival_ns: int = dataclasses.field(default_factory=time.monotonic_ns)
-    """For the statistics' queue time: ``arrival`` is the loop's clock, which uvloop advances once per
-    iteration (a request dispatched in the iteration it came in would count 0 ns queued)."""
+    delayed = False
+    queued = False
+    completed = False
+
+    def __init__(self, request: BackendRequest, size: int, key: tuple, future: asyncio.Future, arrival: float,
+                 level: int, seq: int, trace: Trace | None = None, timing: StepTiming | None = None,
+                 then: Callable[[object, BaseException | None], None] | None = None) -> None:
+        self.request = request
+        """The request as the backend takes it, made as it is queued (while its parts are at hand: the batch
+        that runs it only hands it on)."""
+        self.size = size
+        """Batch items this request carries (``request.size``, read where the batcher counts them)."""
+        self.key = key
+        """Requests batch together only when their keys (input names and non-batch shapes) are equal."""
+        self.future = future
+        self.arrival = arrival
+        self.level = level
+        self.seq = seq
+        self.trace = trace
+        self.timing = timing
+        """Told this request's queue and compute times (an ensemble step's)."""
+        self.then = then
+        """Called with the request's outputs or error in the step that completes it (``Scheduler.enqueue``),
+        instead of ``future`` getting them; ``future`` then only marks it done (or withdrawn)."""
+        self.arrival_ns = time.monotonic_ns()
+        """For the statistics' queue time: ``arrival`` is the loop's clock, which uvloop advances once per
+        iteration (a request dispatched in the iteration it came in would count 0 ns queued)."""
 
 
 class RequestQueue:
