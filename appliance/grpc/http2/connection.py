@@ -182,7 +182,12 @@ class Http2Connection(asyncio.Protocol):
                 if end - start < length:
                     break
                 position = start + length
-                self._frame(word & 0xFF, flags, stream & 0x7FFF_FFFF, bytes(buffer[start:position]))
+                kind = word & 0xFF
+                if kind == f.WINDOW_UPDATE and length == 4 and self._continuation is None:
+                    # A client's one or two after every answer: read in place (``_frame`` takes a copy).
+                    self._window_update(stream & 0x7FFF_FFFF, f.WORD.unpack_from(buffer, start)[0])
+                else:
+                    self._frame(kind, flags, stream & 0x7FFF_FFFF, bytes(buffer[start:position]))
                 if self._closed:
                     return
         except FrameError as exc:
@@ -223,7 +228,9 @@ class Http2Connection(asyncio.Protocol):
         elif kind == f.CONTINUATION:
             self._continued(flags, stream, payload)
         elif kind == f.WINDOW_UPDATE:
-            self._window_update(stream, payload)
+            if len(payload) != 4:
+                raise FrameError(Error.FRAME_SIZE_ERROR, "a WINDOW_UPDATE frame is 4 bytes")
+            self._window_update(stream, int.from_bytes(payload, "big"))
         elif kind == f.SETTINGS:
             self._settings(flags, stream, payload)
         elif kind == f.PING:
@@ -400,14 +407,13 @@ class Http2Connection(asyncio.Protocol):
         call.reset()
         self.write(f.rst_stream(call.stream, Error.PROTOCOL_ERROR))
 
-    def _window_update(self, stream: int, payload: bytes) -> None:
-        if len(payload) != 4:
-            raise FrameError(Error.FRAME_SIZE_ERROR, "a WINDOW_UPDATE frame is 4 bytes")
+    def _window_update(self, stream: int, word: int) -> None:
+        """A WINDOW_UPDATE frame on ``stream`` whose payload is ``word`` (its reserved bit not yet dropped)."""
         self._window_updates += 1
         if self._window_updates == WINDOW_UPDATE_BUNCH:
             self._window_updates = 0
             self._floods.count(Flood.WINDOW_UPDATE, self.loop.time(), WINDOW_UPDATE_BUNCH)
-        increment = int.from_bytes(payload, "big") & 0x7FFF_FFFF
+        increment = word & 0x7FFF_FFFF
         if stream == 0:
             if increment == 0:
                 raise FrameError(Error.PROTOCOL_ERROR, "a WINDOW_UPDATE of 0")

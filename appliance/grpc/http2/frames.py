@@ -12,6 +12,8 @@ __all__ = ["ACK", "CONTINUATION", "DATA", "END_HEADERS", "END_STREAM", "GOAWAY",
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 HEAD = struct.Struct(">IBI")
 """length (24 bits) and type (8 bits) in one word, flags, stream id (31 bits)."""
+WORD = struct.Struct(">I")
+"""A 32-bit field (a WINDOW_UPDATE's payload: a reserved bit and the increment)."""
 
 DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = range(10)
 END_STREAM = ACK = 0x1

@@ -280,6 +280,10 @@ def _goaway_code(frames) -> int | None:
     (f.frame(f.PUSH_PROMISE, f.END_HEADERS, 1, b"\x00\x00\x00\x02"), f.Error.PROTOCOL_ERROR),
     (f.window_update(0, 0), f.Error.PROTOCOL_ERROR),
     (f.window_update(0, 2**31 - 1), f.Error.FLOW_CONTROL_ERROR),
+    (f.frame(f.WINDOW_UPDATE, 0, 0, b"\x00\x00\x01"), f.Error.FRAME_SIZE_ERROR),  # read in place only at 4 bytes
+    (f.frame(f.WINDOW_UPDATE, 0, 0, b"\x00\x00\x00\x01\x00"), f.Error.FRAME_SIZE_ERROR),
+    (f.frame(f.HEADERS, 0, 1, hpack.Encoder().encode(_ENCODER_CALL)) + f.window_update(0, 10),  # inside a block
+     f.Error.PROTOCOL_ERROR),
 ])
 async def test_a_broken_frame_ends_the_connection_with_goaway(raw, send, code):
     reader, writer = await raw()
