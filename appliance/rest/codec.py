@@ -372,7 +372,7 @@ def _decode_request(header: dict[str, Any], body: bytes, header_length: int | No
         raise InvalidInput("the request must have an 'inputs' list")
     if len(raw_inputs) > limits.max_inputs:
         raise InvalidInput(f"the request has {len(raw_inputs)} inputs; at most {limits.max_inputs} are allowed")
-    view = memoryview(body)
+    view: memoryview | None = None  # (made for the first binary input)
     offset = len(body) if header_length is None else header_length
     json_bytes = offset  # the JSON header's size bounds how many elements its 'data' can hold
     inputs: list[InferInput] = []
@@ -395,6 +395,10 @@ def _decode_request(header: dict[str, Any], body: bytes, header_length: int | No
                                    f"got {dims!r}"[:400]) from None
             raise
         params = raw.get("parameters")
+        if params is None and "data" in raw:  # the common input: its values in the JSON, nothing asked of it
+            reserve(input_allocation(itemsize, count, False, json_bytes))
+            inputs.append(InferInput(name, datatype, decode_json_data(raw["data"], datatype, shape, count, name)))
+            continue
         params = _NONE if params is None else _parameters(raw, f"input '{name}'")
         shared = shared_memory_ref(params, f"input '{name}'") if params else None
         if shared is not None:
@@ -407,12 +411,14 @@ def _decode_request(header: dict[str, Any], body: bytes, header_length: int | No
             continue
         binary = "binary_data_size" in params
         reserve(input_allocation(itemsize, count, binary, len(body) - offset if binary else json_bytes))
-        if "binary_data_size" in params:
+        if binary:
             if header_length is None:
                 raise InvalidInput(
                     f"input '{name}' has binary_data_size but the request has no {HEADER_LENGTH} header"
                 )
             size = params["binary_data_size"]
+            if view is None:
+                view = memoryview(body)
             data = _decode_binary_data(view, offset, size, datatype, shape, count, name)
             offset += size
         elif "data" in raw:
