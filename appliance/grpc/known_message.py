@@ -79,6 +79,21 @@ Planned = tuple[_Plan, list[memoryview]]
 def _entries(raw: bytes, start: int, count: int) -> list[memoryview] | None:
     """The ``count`` field-7 entries that make up ``raw`` from ``start`` to its end, or None where its bytes
     there are anything else."""
+    end = len(raw)
+    if count == 1 and end - start >= 3 and raw[start] == _RAW_TAG:  # one input (the common message): no loop
+        first, second = raw[start + 1], raw[start + 2]
+        if first < 0x80:  # a length below 128
+            at, size = start + 2, first
+        elif second < 0x80:  # below 16,384
+            at, size = start + 3, (first & 0x7F) | second << 7
+        else:
+            return _each_entry(raw, start, count)
+        return [memoryview(raw)[at:]] if at + size == end else None
+    return _each_entry(raw, start, count)
+
+
+def _each_entry(raw: bytes, start: int, count: int) -> list[memoryview] | None:
+    """``_entries``, any number of them, each length a varint of up to five bytes."""
     view = memoryview(raw)
     chunks: list[memoryview] = []
     at, end = start, len(raw)

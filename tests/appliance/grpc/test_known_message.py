@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2 as pb
 
 import appliance.grpc.service as service
 from appliance.core.errors import ApplianceError
 from appliance.engine.tensor_checks import DecodeLimits
-from appliance.grpc.known_message import MAX_KNOWN_PREFIX, KnownMessage
+from appliance.grpc.known_message import MAX_KNOWN_PREFIX, KnownMessage, _each_entry, _entries
 from appliance.grpc.service import InferMessage
 
 LIMITS = DecodeLimits()
@@ -224,3 +224,30 @@ def test_whatever_a_connection_sends_the_plan_decodes_it_as_the_full_parse(messa
     for _ in range(rounds):
         for raw in messages:
             assert _outcome(raw, known) == _outcome(raw, None)
+
+
+def _entry(size: int, varint: bytes | None = None) -> bytes:
+    """A field-7 entry of ``size`` bytes (its length as ``varint`` where given, else the shortest)."""
+    if varint is None:
+        varint, rest = b"", size
+        while True:
+            varint += bytes([(rest & 0x7F) | (0x80 if rest >= 0x80 else 0)])
+            rest >>= 7
+            if not rest:
+                break
+    return b"\x3a" + varint + bytes(size)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=40), st.integers(0, 50), st.sampled_from([0, 1, 5, 127, 128, 300, 16_383, 16_384]),
+       st.booleans(), st.booleans())
+@example(b"", 0, 127, True, True)
+@example(b"", 0, 16_384, True, True)
+@example(b"\x3a\x80\x00", 0, 0, False, False)  # a length sent in two bytes though one would do
+def test_one_entry_is_read_without_the_loop_exactly_as_the_loop_reads_it(prefix, start, size, whole, aligned):
+    raw = prefix + (_entry(size) if whole else b"")
+    start = len(prefix) if aligned else min(start, len(raw))
+    read, looped = _entries(raw, start, 1), _each_entry(raw, start, 1)
+    assert (read is None) == (looped is None)
+    if read is not None:
+        assert [bytes(chunk) for chunk in read] == [bytes(chunk) for chunk in looped]
