@@ -121,8 +121,11 @@ class ModelVersion:
         self._users = 0  # requests holding this version (see in_use), so a retired version drains
         self._running = 0  # requests between validation and their result: the concurrency traffic records
         self._decoupled = bool(self.config.model_transaction_policy.decoupled)  # read twice per request
-        self._straight = (getattr(self.scheduler, "takes_straight", False) and self.response_cache is None
-                          and not self._decoupled)
+        self.straight: bool = (getattr(self.scheduler, "takes_straight", False) and self.response_cache is None
+                               and not self._decoupled)
+        """Whether ``begin`` serves this version: its scheduler takes the straight line (the batching
+        scheduler, the sequence batcher, an ensemble's), no response cache, not decoupled (an attribute:
+        every request asks)."""
         self.traffic = TrafficStats(self.signature.batched)
         """The shapes, batch sizes and concurrency of the requests this version served, when selection
         chose its plan (see appliance.repository.retune)."""
@@ -162,12 +165,6 @@ class ModelVersion:
 
     def start(self) -> None:
         self.scheduler.start()
-
-    @property
-    def straight(self) -> bool:
-        """Whether ``begin`` serves this version: its scheduler takes the straight line (the batching
-        scheduler, the sequence batcher, an ensemble's), no response cache, not decoupled."""
-        return self._straight
 
     async def infer(self, request: InferRequest) -> InferResponse:
         """Validate, schedule and post-process one request; counts it in ``stats`` and ``traffic`` once
@@ -339,7 +336,7 @@ class ModelVersion:
         data = np.asarray(data) if not isinstance(data, np.ndarray) else data
         if self._output_reshape and name in self._output_reshape:
             data = data.reshape(self._output_reshape[name])
-        if requested.parameters and requested.classification:
+        if requested.parameters and "classification" in requested.parameters and requested.classification:
             data = classify(name, data, requested.classification, self.labels.get(name, []), self.signature.batched)
         return InferOutput(name, v2_datatype(data.dtype), data)
 

@@ -185,7 +185,10 @@ class Inference:
         try:
             source.receive_now(flight.account)
             request = self._decoded(model, source, caller, flight.account)
-            trace = request.trace = flight.trace = self._start_trace(model, source, received_ns)
+            tracer = self._tracer
+            trace = None if tracer is None or not tracer.settings.tracing else self._start_trace(  # (no call untraced)
+                model, source, received_ns)
+            request.trace = flight.trace = trace
             if trace is None and not request.uses_shared_memory:
                 flight.withdraw = model.begin(request, functools.partial(flight.landed, request))
             else:

@@ -21,15 +21,25 @@ from appliance.security.fleet_signature import FleetVerifier
 __all__ = ["InferBody", "count_body"]
 
 
+_LENGTHS: dict[str, int] = {}
+"""Header lengths read before, by their text (a binary client's requests repeat a few)."""
+_KEPT_LENGTHS = 256
+
+
 def _header_length(raw: str | None) -> int | None:
     if raw is None:
         return None
+    known = _LENGTHS.get(raw)
+    if known is not None:
+        return known
     digits = raw.strip()
-    # ASCII digits only (str.isdigit() alone also takes '²'), without a regular expression: every binary
-    # request asks.
+    # ASCII digits only (str.isdigit() alone also takes '²'), without a regular expression.
     if not (0 < len(digits) <= 15 and digits.isascii() and digits.isdigit()):
         raise InvalidInput(f"{HEADER_LENGTH} must be a non-negative integer of at most 15 digits, got {raw[:40]!r}")
-    return int(digits)
+    if len(_LENGTHS) >= _KEPT_LENGTHS:
+        _LENGTHS.clear()
+    length = _LENGTHS[raw] = int(digits)
+    return length
 
 
 def _decode_raw(body: bytes, model: ModelVersion, limits: DecodeLimits,

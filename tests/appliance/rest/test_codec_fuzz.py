@@ -26,6 +26,7 @@ from appliance.core.tensors import element_size, encode_bytes_tensor, numpy_dtyp
 from appliance.engine.tensor_checks import DecodeLimits
 from appliance.engine.types import InferOutput, InferRequest, InferResponse, RequestedOutput, SharedMemoryRef
 from appliance.protocol.inference import DECODE_OFF_LOOP_BYTES
+from appliance.rest import infer_body
 from appliance.rest.codec import (
     _NUMPY_RANGE_CHECK,
     decode_infer_request,
@@ -335,12 +336,21 @@ def test_any_header_length_value_is_read_or_refused(raw, body):
             return None
 
     work = asyncio.run(receive())
+    assert asyncio.run(receive()) == work  # read again (remembered once read): the same
     digits = raw.strip() if raw is not None else ""
     if raw is None or (digits.isascii() and digits.isdigit() and len(digits) <= 15):
         assert work is not None  # every count of at most 15 ASCII digits is read
     if work is not None:
         assert raw is None or digits.isascii() and digits.isdigit()
         assert 0 <= work <= len(body)
+
+
+def test_the_header_lengths_remembered_are_bounded():
+    for length in range(1000):
+        assert infer_body._header_length(f" {length} ") == length
+    assert len(infer_body._LENGTHS) <= infer_body._KEPT_LENGTHS
+    with pytest.raises(InvalidInput):
+        infer_body._header_length("12a")
 
 
 # Responses the client shapes -------------------------------------------------------------------------
