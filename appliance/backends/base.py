@@ -300,13 +300,28 @@ _TRANSPORT_PREFIXES = ("shared_memory_", "binary_data", "sequence_", "triton_")
 _TRANSPORT_KEYS = frozenset({"priority", "timeout", "headers"})
 
 
+_TRANSPORT_ONLY: dict[tuple[str, ...], bool] = {}
+"""Whether a request whose parameters have these keys has none of its own (a sequence's steps: the
+sequence's keys alone, every step)."""
+_KEPT_KEY_SETS = 256
+
+
 def model_parameters(parameters: Mapping[str, object]) -> str:
     """The request's own parameters as the JSON text ``request.parameters()`` returns."""
     if not parameters:
         return "{}"
+    keys = tuple(parameters)
+    transport_only = _TRANSPORT_ONLY.get(keys)
+    if transport_only is None:
+        transport_only = all(key in _TRANSPORT_KEYS or key.startswith(_TRANSPORT_PREFIXES) for key in keys)
+        if len(_TRANSPORT_ONLY) >= _KEPT_KEY_SETS:
+            _TRANSPORT_ONLY.clear()
+        _TRANSPORT_ONLY[keys] = transport_only
+    if transport_only:
+        return "{}"
     kept = {key: value for key, value in parameters.items()
             if key not in _TRANSPORT_KEYS and not key.startswith(_TRANSPORT_PREFIXES)}
-    return json.dumps(kept, default=str) if kept else "{}"
+    return json.dumps(kept, default=str)
 
 
 class Reschedule:

@@ -457,11 +457,21 @@ def _request_parameters(header: dict[str, Any]) -> dict[str, Any]:
     if "parameters" not in header:  # the common request: none (a new dict: a request's own)
         return {}
     params = _parameters(header, "the request")
-    for key in params:  # (a loop: any() over a generator costs a frame, every request with parameters)
-        if isinstance(key, str) and key.startswith("triton_"):
-            raise InvalidInput("parameter keys starting with 'triton_' are reserved for Triton usage and should "
-                               "not be specified.")
+    keys = tuple(params)
+    if keys not in _UNRESERVED:  # (a sequence's steps send the same keys every time: checked once)
+        for key in keys:  # (a loop: any() over a generator costs a frame)
+            if isinstance(key, str) and key.startswith("triton_"):
+                raise InvalidInput("parameter keys starting with 'triton_' are reserved for Triton usage and should "
+                                   "not be specified.")
+        if len(_UNRESERVED) >= _KEPT_KEY_SETS:
+            _UNRESERVED.clear()
+        _UNRESERVED.add(keys)
     return params
+
+
+_UNRESERVED: set[tuple[str, ...]] = set()
+"""Keys of request parameters found free of Triton's reserved prefix."""
+_KEPT_KEY_SETS = 256
 
 
 def output_text(name: str, item: object) -> str:

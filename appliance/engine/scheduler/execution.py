@@ -24,13 +24,12 @@ from typing import TYPE_CHECKING, Any
 
 from appliance.backends import Backend, BackendRequest
 from appliance.backends.base import BatchResult, RequestResult
-from appliance.engine.instances import resolving
 from appliance.engine.stats import BatchTiming
 
 if TYPE_CHECKING:
     from appliance.engine.instances import Finished, InstancePool
 
-__all__ = ["GIL_BUDGET_NS", "INLINE_BUDGET_NS", "THREADED", "ExecutionMode", "choose_execution", "dispatch",
+__all__ = ["GIL_BUDGET_NS", "INLINE_BUDGET_NS", "THREADED", "ExecutionMode", "choose_execution",
            "execute_batch", "execute_each", "measure_thread_hop", "plan_batch_ns", "run_batch"]
 
 INLINE_BUDGET_NS = 200_000
@@ -210,20 +209,13 @@ class _Started:
         finished((batch.results, timing, batch.failed) if self._grouped else (batch.results, timing), None)
 
 
-def dispatch(pool: InstancePool, index: int, requests: Sequence[BackendRequest], each: bool = False) -> asyncio.Future:
-    """Run ``requests`` on the acquired instance ``index``, as one batch or (``each``) one at a time: a
-    backend that runs them in another process starts them from here and is woken by its reply, with no
-    instance thread in between; otherwise (or when it cannot now) the instance's thread runs them. The
-    future resolves to what ``execute_batch`` (``execute_each``) returns."""
-    future = asyncio.get_running_loop().create_future()
-    run_batch(pool, index, requests, resolving(future), each)
-    return future
-
-
 def run_batch(pool: InstancePool, index: int, requests: Sequence[BackendRequest], then: Finished,
               each: bool = False) -> None:
-    """``dispatch`` with ``then(result, error)`` in place of the future: called in the step of the loop that
-    frees the instance, not a step later as a future's callback."""
+    """Run ``requests`` on the acquired instance ``index``, as one batch or (``each``) one at a time, and call
+    ``then(result, error)`` with what ``execute_batch`` (``execute_each``) returns, in the step of the loop
+    that frees the instance: a backend that runs them in another process starts them from here and is woken
+    by its reply, with no instance thread in between; otherwise (or when it cannot now) the instance's
+    thread runs them."""
     if not pool.start_elsewhere(index, _Started(requests, each), then):
         pool.run(index, functools.partial(execute_each if each else execute_batch, requests=requests), then)
 

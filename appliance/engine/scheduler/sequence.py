@@ -51,7 +51,7 @@ from appliance.core.errors import ApplianceError, InferenceFailed, InvalidInput,
 from appliance.engine.instances import InstancePool
 from appliance.engine.scheduler.completion import Answers, answer_later, mark_compute
 from appliance.engine.scheduler.correlation import END, START, SequenceIds, sequence_ids
-from appliance.engine.scheduler.execution import ExecutionMode, dispatch, execute_batch
+from appliance.engine.scheduler.execution import ExecutionMode, execute_batch, run_batch
 from appliance.engine.scheduler.inline import InlineRuns
 from appliance.engine.scheduler.sequence_policy import SequencePolicy
 from appliance.engine.scheduler.sequence_slots import Lane, Row, Sequence, SequenceRequest, SlotTable
@@ -302,7 +302,8 @@ class SequenceScheduler:
             key = self._key(oldest)
             chosen = [s for s in ready if self._key(s) == key]
         if policy.strategy == "direct":
-            target = max(1, math.ceil(policy.minimum_slot_utilization * len(lane.places)))
+            # (no max(): it parses keywords on every call)
+            target = math.ceil(policy.minimum_slot_utilization * len(lane.places)) or 1
         else:
             chosen = chosen[:max(policy.max_batch_size, 1)]
             target = policy.preferred_batch_sizes[-1] if policy.preferred_batch_sizes else max(policy.max_batch_size, 1)
@@ -357,8 +358,9 @@ class SequenceScheduler:
             else:
                 self._finish_step(lane, rows, queue_ns, outcome, None)
             return
-        future = dispatch(self.pool, lane.index, requests)  # from here to a model process, else the lane's thread
-        future.add_done_callback(functools.partial(self._finish, lane, rows, queue_ns))
+        # From here to a model process, else the lane's thread; the step ends in the step of the loop that
+        # has its result (the instance is released right after: a lane looks again a step later, ``_kick``).
+        run_batch(self.pool, lane.index, requests, functools.partial(self._finish_step, lane, rows, queue_ns))
 
     def _on_granted(self, lane: Lane) -> None:
         self._waiting.discard(lane.index)
@@ -372,10 +374,6 @@ class SequenceScheduler:
             return
         self._granted.discard(lane.index)
         limits.give_back(lane.index, executed, pending=bool(lane.ready()))
-
-    def _finish(self, lane: Lane, rows: list[Row | None], queue_ns: list[int], future: asyncio.Future) -> None:
-        error = future.exception()
-        self._finish_step(lane, rows, queue_ns, None if error is not None else future.result(), error)
 
     def _finish_step(self, lane: Lane, rows: list[Row | None], queue_ns: list[int], outcome: Any,
                      error: BaseException | None) -> None:

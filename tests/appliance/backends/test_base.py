@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from appliance.backends import Backend, BackendRequest, BatchResult
+from appliance.backends.base import model_parameters
 from appliance.core.errors import InferenceFailed
 
 
@@ -60,3 +65,17 @@ def test_one_request_is_passed_through_without_copies():
 def test_outputs_that_do_not_follow_the_batch_fail_the_batch_with_the_fix():
     with pytest.raises(InferenceFailed, match="set max_batch_size: 0"):
         Doubler(rows=1).run_requests([_request([1]), _request([2])])
+
+
+_KEYS = st.sampled_from(["sequence_id", "sequence_start", "priority", "timeout", "headers", "binary_data_output",
+                         "shared_memory_region", "triton_x", "mode", "n", "sequence", "timeouts"])
+
+
+@given(st.lists(st.dictionaries(_KEYS, st.integers(0, 3) | st.text(max_size=3), max_size=5), min_size=1,
+                max_size=6))
+def test_a_requests_own_parameters_are_its_keys_but_the_transports_whatever_came_before(requests):
+    for parameters in requests * 2:  # each key set twice: the second time it is known
+        own = {key: value for key, value in parameters.items()
+               if key not in {"priority", "timeout", "headers"}
+               and not key.startswith(("shared_memory_", "binary_data", "sequence_", "triton_"))}
+        assert json.loads(model_parameters(parameters)) == own

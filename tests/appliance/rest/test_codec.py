@@ -65,7 +65,12 @@ def test_request_parameters_with_tritons_reserved_prefix_are_refused_as_triton_r
     # Triton's HTTP front end (and L0_parameters' test_params_reserved_rejected): 400, these words.
     body = {"parameters": {key: "dummy-value"}, "inputs": [{"name": "x", "shape": [1], "datatype": "FP32",
                                                             "data": [1.0]}]}
-    with pytest.raises(InvalidInput, match="parameter keys starting with 'triton_' are reserved for Triton usage"):
+    for _ in range(2):  # refused again: only keys found free are remembered
+        with pytest.raises(InvalidInput, match="parameter keys starting with 'triton_' are reserved for Triton usage"):
+            decode_infer_request(json.dumps(body).encode())
+    body["parameters"] = {"sequence_id": 3, key: "dummy-value"}  # beside keys a request sent before
+    decode_infer_request(json.dumps({**body, "parameters": {"sequence_id": 3}}).encode())
+    with pytest.raises(InvalidInput, match="reserved for Triton usage"):
         decode_infer_request(json.dumps(body).encode())
 
 
