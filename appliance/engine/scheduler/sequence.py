@@ -400,7 +400,7 @@ class SequenceScheduler:
         for _, (sequence, request) in real:
             self._after_step(sequence, request)
         self._give_back(lane, executed=True)
-        if lane.ready():  # what came during the step (else no loop turn for nothing)
+        if self._queued and lane.ready():  # what came during the step (else no loop turn for nothing)
             self._kick(lane)
 
     def _settle(self, sequence: Sequence, request: SequenceRequest, result: RequestResult) -> None:

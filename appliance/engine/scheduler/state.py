@@ -49,9 +49,29 @@ def _control_value(control: Control, flags: int, corrid: int | str, ready: bool)
     return control.false_true[1 if on else 0]
 
 
+_ROWS: dict[tuple[object, str, bool], np.ndarray] = {}
+"""A START, END or READY control's rows by value, datatype and batching: each step gets a copy (a copy of
+one costs a quarter of making it from its value)."""
+_KEPT_ROWS = 1024
+
+
 def control_tensors(policy: SequencePolicy, flags: int, corrid: int | str, ready: bool = True) -> dict[str, np.ndarray]:
     """One request's control inputs (shape [1, 1] when the model batches, else [1])."""
-    return {c.name: _row(_control_value(c, flags, corrid, ready), c.datatype, policy.batched) for c in policy.controls}
+    batched = policy.batched
+    tensors = {}
+    for control in policy.controls:
+        value = _control_value(control, flags, corrid, ready)
+        if control.kind == "corrid":  # (a sequence's own: made each time)
+            tensors[control.name] = _row(value, control.datatype, batched)
+            continue
+        key = (value, control.datatype, batched)
+        row = _ROWS.get(key)
+        if row is None:
+            if len(_ROWS) >= _KEPT_ROWS:
+                _ROWS.clear()
+            row = _ROWS[key] = _row(value, control.datatype, batched)
+        tensors[control.name] = row.copy()
+    return tensors
 
 
 def _state_row(spec: StateSpec, batched: bool) -> np.ndarray:

@@ -112,6 +112,11 @@ def test_control_tensors_in_every_form(form, datatype, values):
     assert not empty["INPUT"].any()
     sample = sequence_sample(policy, 3)
     assert sample["C"].reshape(-1).tolist() == [1, 2, 3] and sample["S"].shape == (3, 1)
+    for name in "SER":  # each request's own array: what one step's model does to it, the next never sees
+        start[name][...] = values[0]
+    again = control_tensors(policy, flags=1, corrid=42)
+    assert [again[n].item() for n in "SER"] == [values[1], values[0], values[1]]
+    assert all(again[n] is not start[n] for n in "SER")
 
 
 def test_string_corrid_tensors_hold_bytes():
