@@ -616,6 +616,9 @@ def _binary_choice(request: InferRequest | None) -> Callable[[str], bool] | None
     sequence's)."""
     if request is None or (not request.outputs and not request.parameters):
         return None
+    if len(request.outputs) == 1 and not request.parameters:  # one output named, nothing request-wide (a binary
+        asked = request.outputs[0]                             # client's): that one where it asks, no other
+        return asked.name.__eq__ if asked.parameters.get("binary_data", False) else None
     default = bool(request.parameters.get("binary_data_output", False))
     if not default and not request.outputs:
         return None
