@@ -181,10 +181,10 @@ class Inference:
             return None
         if not model.straight or source.decoding_work() > DECODE_OFF_LOOP_BYTES:
             return None
-        flight = Flight(self, model.hold(), Account(self._budget), then)
+        flight = Flight(self, model.hold(), self._budget, then)
         try:
-            source.receive_now(flight.account)
-            request = self._decoded(model, source, caller, flight.account)
+            source.receive_now(flight)
+            request = self._decoded(model, source, caller, flight)
             tracer = self._tracer
             trace = None if tracer is None or not tracer.settings.tracing else self._start_trace(  # (no call untraced)
                 model, source, received_ns)
@@ -192,7 +192,7 @@ class Inference:
             if trace is None and not request.uses_shared_memory:
                 flight.withdraw = model.begin(request, functools.partial(flight.landed, request))
             else:
-                task = asyncio.get_running_loop().create_task(self._run(model, request, caller, flight.account.reserve))
+                task = asyncio.get_running_loop().create_task(self._run(model, request, caller, flight.reserve))
                 task.add_done_callback(functools.partial(flight.ran, request))
                 flight.withdraw = task.cancel
         except BaseException:
@@ -452,18 +452,19 @@ class OneInference:
         release(self._inference, self._trace, self._held, self._account, sent)
 
 
-class Flight:
-    """One request on ``Inference.begin``'s straight line: what it holds (its model version, its account
-    of the memory budget, its trace), how to withdraw it, and ``then``, told its result. ``end`` lets
-    everything go, once: after the answer is encoded, or at once on an error."""
+class Flight(Account):
+    """One request on ``Inference.begin``'s straight line: what it holds (its model version, its bytes, as
+    its own account of the memory budget, and its trace), how to withdraw it, and ``then``, told its
+    result. ``end`` lets everything go, once: after the answer is encoded, or at once on an error."""
 
-    __slots__ = ("_inference", "held", "account", "trace", "withdraw", "_then", "_sending", "_ended")
+    __slots__ = ("_inference", "version", "trace", "withdraw", "_then", "_sending", "_ended")
 
-    def __init__(self, inference: Inference, held: ModelVersion, account: Account,
+    def __init__(self, inference: Inference, version: ModelVersion, budget: MemoryBudget,
                  then: Callable[[Flight, InferResult | None, BaseException | None], None]) -> None:
+        self._budget = budget  # (Account's two fields, without its __init__'s call: every request makes one)
+        self._held = 0
         self._inference = inference
-        self.held = held
-        self.account = account
+        self.version = version
         self.trace: Trace | None = None
         self.withdraw: Callable[[], object] | None = None
         """Takes the request back (its client went away): ``then`` gets CancelledError, unless it had its
@@ -495,7 +496,7 @@ class Flight:
         if self._ended:
             return
         self._ended = True
-        release(self._inference, self.trace, self.held, self.account, sent)
+        release(self._inference, self.trace, self.version, self, sent)
 
     def sent(self, frontend: str) -> tuple[str, int, int] | None:
         """The marks around the answer for ``end``, where the request is traced."""
