@@ -20,6 +20,7 @@ import numpy as np
 import orjson
 
 from appliance.core.errors import InputMismatch, InvalidInput
+from appliance.core.kept import kept_keys
 from appliance.core.tensors import decode_bytes_tensor, element_size, encode_bytes_tensor, is_bf16, numpy_dtype
 from appliance.engine.tensor_checks import (
     BYTES_ELEMENT_OVERHEAD,
@@ -463,14 +464,15 @@ def _request_parameters(header: dict[str, Any]) -> dict[str, Any]:
             if isinstance(key, str) and key.startswith("triton_"):
                 raise InvalidInput("parameter keys starting with 'triton_' are reserved for Triton usage and should "
                                    "not be specified.")
-        if len(_UNRESERVED) >= _KEPT_KEY_SETS:
-            _UNRESERVED.clear()
-        _UNRESERVED.add(keys)
+        if kept_keys(keys):
+            if len(_UNRESERVED) >= _KEPT_KEY_SETS:
+                _UNRESERVED.clear()
+            _UNRESERVED.add(keys)
     return params
 
 
 _UNRESERVED: set[tuple[str, ...]] = set()
-"""Keys of request parameters found free of Triton's reserved prefix."""
+"""Keys of request parameters found free of Triton's reserved prefix (small sets only: ``kept_keys``)."""
 _KEPT_KEY_SETS = 256
 
 

@@ -22,8 +22,10 @@ __all__ = ["InferBody", "count_body"]
 
 
 _LENGTHS: dict[str, int] = {}
-"""Header lengths read before, by their text (a binary client's requests repeat a few)."""
+"""Header lengths read before, by their text (a binary client's requests repeat a few): at most 256 texts
+of at most 16 characters."""
 _KEPT_LENGTHS = 256
+_KEPT_TEXT = 16
 
 
 def _header_length(raw: str | None) -> int | None:
@@ -36,9 +38,11 @@ def _header_length(raw: str | None) -> int | None:
     # ASCII digits only (str.isdigit() alone also takes '²'), without a regular expression.
     if not (0 < len(digits) <= 15 and digits.isascii() and digits.isdigit()):
         raise InvalidInput(f"{HEADER_LENGTH} must be a non-negative integer of at most 15 digits, got {raw[:40]!r}")
-    if len(_LENGTHS) >= _KEPT_LENGTHS:
-        _LENGTHS.clear()
-    length = _LENGTHS[raw] = int(digits)
+    length = int(digits)
+    if len(raw) <= _KEPT_TEXT:  # (15 digits and a space or so: padding is read, never kept)
+        if len(_LENGTHS) >= _KEPT_LENGTHS:
+            _LENGTHS.clear()
+        _LENGTHS[raw] = length
     return length
 
 
