@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 import numpy as np
 
 from appliance.core.errors import BackendUnavailable, InferenceFailed, InvalidInput
-from appliance.core.kept import kept_keys
+from appliance.core.kept import KEPT_KEY_SETS, kept_keys
 from appliance.core.tensors import RuntimeTensor
 
 if TYPE_CHECKING:
@@ -304,8 +304,6 @@ _TRANSPORT_KEYS = frozenset({"priority", "timeout", "headers"})
 _TRANSPORT_ONLY: dict[tuple[str, ...], bool] = {}
 """Whether a request whose parameters have these keys has none of its own (a sequence's steps: the
 sequence's keys alone, every step); only small key sets are kept (``kept_keys``)."""
-_KEPT_KEY_SETS = 256
-
 
 
 def model_parameters(parameters: Mapping[str, object]) -> str:
@@ -317,7 +315,7 @@ def model_parameters(parameters: Mapping[str, object]) -> str:
     if transport_only is None:
         transport_only = all(key in _TRANSPORT_KEYS or key.startswith(_TRANSPORT_PREFIXES) for key in keys)
         if kept_keys(keys):
-            if len(_TRANSPORT_ONLY) >= _KEPT_KEY_SETS:
+            if len(_TRANSPORT_ONLY) >= KEPT_KEY_SETS:
                 _TRANSPORT_ONLY.clear()
             _TRANSPORT_ONLY[keys] = transport_only
     if transport_only:

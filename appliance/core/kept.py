@@ -5,8 +5,10 @@ keys whatever clients send."""
 
 from __future__ import annotations
 
-__all__ = ["kept_keys"]
+__all__ = ["KEPT_KEY_SETS", "MAX_KEPT_KEYS", "MAX_KEPT_KEY_LENGTH", "kept_keys"]
 
+KEPT_KEY_SETS = 256
+"""The most key sets one such table keeps (it is cleared when full)."""
 MAX_KEPT_KEYS = 8
 MAX_KEPT_KEY_LENGTH = 64
 

@@ -20,7 +20,7 @@ import numpy as np
 import orjson
 
 from appliance.core.errors import InputMismatch, InvalidInput
-from appliance.core.kept import kept_keys
+from appliance.core.kept import KEPT_KEY_SETS, kept_keys
 from appliance.core.tensors import decode_bytes_tensor, element_size, encode_bytes_tensor, is_bf16, numpy_dtype
 from appliance.engine.tensor_checks import (
     BYTES_ELEMENT_OVERHEAD,
@@ -465,7 +465,7 @@ def _request_parameters(header: dict[str, Any]) -> dict[str, Any]:
                 raise InvalidInput("parameter keys starting with 'triton_' are reserved for Triton usage and should "
                                    "not be specified.")
         if kept_keys(keys):
-            if len(_UNRESERVED) >= _KEPT_KEY_SETS:
+            if len(_UNRESERVED) >= KEPT_KEY_SETS:
                 _UNRESERVED.clear()
             _UNRESERVED.add(keys)
     return params
@@ -473,7 +473,6 @@ def _request_parameters(header: dict[str, Any]) -> dict[str, Any]:
 
 _UNRESERVED: set[tuple[str, ...]] = set()
 """Keys of request parameters found free of Triton's reserved prefix (small sets only: ``kept_keys``)."""
-_KEPT_KEY_SETS = 256
 
 
 def output_text(name: str, item: object) -> str:
@@ -618,8 +617,9 @@ def _binary_choice(request: InferRequest | None) -> Callable[[str], bool] | None
     sequence's)."""
     if request is None or (not request.outputs and not request.parameters):
         return None
-    if len(request.outputs) == 1 and not request.parameters:  # one output named, nothing request-wide (a binary
-        asked = request.outputs[0]                             # client's): that one where it asks, no other
+    if len(request.outputs) == 1 and not request.parameters:
+        # One output named and nothing request-wide (a binary client's request): that one, where it asks.
+        asked = request.outputs[0]
         return asked.name.__eq__ if asked.parameters.get("binary_data", False) else None
     default = bool(request.parameters.get("binary_data_output", False))
     if not default and not request.outputs:
