@@ -40,13 +40,14 @@ def _violations(package: str, allowed: tuple[str, ...]) -> list[str]:
 
 
 @pytest.mark.parametrize("leaf", ["appliance.core.tensors", "appliance.core.config_json", "appliance.core.errors",
-                                  "appliance.core.private_files"])
+                                  "appliance.core.private_files", "appliance.core.kept"])
 def test_leaf_modules_import_nothing_of_the_appliance_but_its_errors(leaf):
     assert _violations(leaf, ("appliance.core.errors",)) == []
 
 
 def test_backends_import_only_the_leaf_modules():
-    allowed = ("appliance.backends", "appliance.core.tensors", "appliance.core.config_json", "appliance.core.errors")
+    allowed = ("appliance.backends", "appliance.core.tensors", "appliance.core.config_json", "appliance.core.errors",
+               "appliance.core.kept")
     assert _violations("appliance.backends", allowed) == []
 
 
