@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 import numpy as np
 
 from appliance.core.errors import BackendUnavailable, InferenceFailed, InvalidInput
-from appliance.core.kept import KEPT_KEY_SETS, kept_keys
+from appliance.core.kept import KEPT_KEY_SETS, kept_keys, remember
 from appliance.core.tensors import RuntimeTensor
 
 if TYPE_CHECKING:
@@ -302,8 +302,8 @@ _TRANSPORT_KEYS = frozenset({"priority", "timeout", "headers"})
 
 
 _TRANSPORT_ONLY: dict[tuple[str, ...], bool] = {}
-"""Whether a request whose parameters have these keys has none of its own (a sequence's steps: the
-sequence's keys alone, every step); only small key sets are kept (``kept_keys``)."""
+"""Key sets that hold none of the request's own parameters (a sequence's steps: the sequence's keys
+alone, every step); only small key sets are kept (``kept_keys``)."""
 
 
 def model_parameters(parameters: Mapping[str, object]) -> str:
@@ -311,18 +311,15 @@ def model_parameters(parameters: Mapping[str, object]) -> str:
     if not parameters:
         return "{}"
     keys = tuple(parameters)
-    transport_only = _TRANSPORT_ONLY.get(keys)
-    if transport_only is None:
-        transport_only = all(key in _TRANSPORT_KEYS or key.startswith(_TRANSPORT_PREFIXES) for key in keys)
-        if kept_keys(keys):
-            if len(_TRANSPORT_ONLY) >= KEPT_KEY_SETS:
-                _TRANSPORT_ONLY.clear()
-            _TRANSPORT_ONLY[keys] = transport_only
-    if transport_only:
+    if keys in _TRANSPORT_ONLY:
         return "{}"
     kept = {key: value for key, value in parameters.items()
             if key not in _TRANSPORT_KEYS and not key.startswith(_TRANSPORT_PREFIXES)}
-    return json.dumps(kept, default=str)
+    if kept:
+        return json.dumps(kept, default=str)
+    if kept_keys(keys):
+        remember(_TRANSPORT_ONLY, keys, True, KEPT_KEY_SETS)
+    return "{}"
 
 
 class Reschedule:

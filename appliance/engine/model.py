@@ -336,7 +336,7 @@ class ModelVersion:
         data = np.asarray(data) if not isinstance(data, np.ndarray) else data
         if self._output_reshape and name in self._output_reshape:
             data = data.reshape(self._output_reshape[name])
-        if requested.parameters and "classification" in requested.parameters and requested.classification:
+        if "classification" in requested.parameters and requested.classification:
             data = classify(name, data, requested.classification, self.labels.get(name, []), self.signature.batched)
         return InferOutput(name, v2_datatype(data.dtype), data)
 

@@ -185,10 +185,7 @@ class Inference:
         try:
             source.receive_now(flight)
             request = self._decoded(model, source, caller, flight)
-            tracer = self._tracer
-            trace = None if tracer is None or not tracer.settings.tracing else self._start_trace(  # (no call untraced)
-                model, source, received_ns)
-            request.trace = flight.trace = trace
+            trace = request.trace = flight.trace = self._start_trace(model, source, received_ns)
             if trace is None and not request.uses_shared_memory:
                 flight.withdraw = model.begin(request, functools.partial(flight.landed, request))
             else:

@@ -20,7 +20,7 @@ import numpy as np
 import orjson
 
 from appliance.core.errors import InputMismatch, InvalidInput
-from appliance.core.kept import KEPT_KEY_SETS, kept_keys
+from appliance.core.kept import KEPT_KEY_SETS, kept_keys, remember
 from appliance.core.tensors import decode_bytes_tensor, element_size, encode_bytes_tensor, is_bf16, numpy_dtype
 from appliance.engine.tensor_checks import (
     BYTES_ELEMENT_OVERHEAD,
@@ -465,13 +465,11 @@ def _request_parameters(header: dict[str, Any]) -> dict[str, Any]:
                 raise InvalidInput("parameter keys starting with 'triton_' are reserved for Triton usage and should "
                                    "not be specified.")
         if kept_keys(keys):
-            if len(_UNRESERVED) >= KEPT_KEY_SETS:
-                _UNRESERVED.clear()
-            _UNRESERVED.add(keys)
+            remember(_UNRESERVED, keys, True, KEPT_KEY_SETS)
     return params
 
 
-_UNRESERVED: set[tuple[str, ...]] = set()
+_UNRESERVED: dict[tuple[str, ...], bool] = {}
 """Keys of request parameters found free of Triton's reserved prefix (small sets only: ``kept_keys``)."""
 
 
@@ -723,9 +721,7 @@ def _binary_answer(response: InferResponse, binary: Callable[[str], bool],
         assert header_length is not None
         header = body[:header_length]
         if len(header) <= _KEPT_HEADER:  # (a model of many outputs writes a long one: not kept)
-            if len(_BINARY_HEADERS) >= _MAX_BINARY_HEADERS:
-                _BINARY_HEADERS.clear()
-            _BINARY_HEADERS[known] = header
+            remember(_BINARY_HEADERS, known, header, _MAX_BINARY_HEADERS)
     return join_releasing_gil([header, *chunks], len(header) + written), len(header)
 
 

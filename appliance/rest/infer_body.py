@@ -8,6 +8,7 @@ import hashlib
 from collections.abc import Awaitable, Callable, Mapping
 
 from appliance.core.errors import InvalidInput
+from appliance.core.kept import remember
 from appliance.engine.model import ModelVersion
 from appliance.engine.tensor_checks import DecodeLimits
 from appliance.engine.types import InferRequest
@@ -40,9 +41,7 @@ def _header_length(raw: str | None) -> int | None:
         raise InvalidInput(f"{HEADER_LENGTH} must be a non-negative integer of at most 15 digits, got {raw[:40]!r}")
     length = int(digits)
     if len(raw) <= _KEPT_TEXT:  # (15 digits and a space or so: padding is read, never kept)
-        if len(_LENGTHS) >= _KEPT_LENGTHS:
-            _LENGTHS.clear()
-        _LENGTHS[raw] = length
+        remember(_LENGTHS, raw, length, _KEPT_LENGTHS)
     return length
 
 

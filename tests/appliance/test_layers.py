@@ -62,7 +62,7 @@ def test_the_core_knows_no_front_end(package):
 
 def test_the_engine_knows_neither_the_repository_nor_the_protocol():
     allowed = ("appliance.engine", "appliance.backends", "appliance.core.tensors", "appliance.core.config_json",
-               "appliance.core.errors", "appliance.core.private_files")
+               "appliance.core.errors", "appliance.core.private_files", "appliance.core.kept")
     assert _violations("appliance.engine", allowed) == []
 
 

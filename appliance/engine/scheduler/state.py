@@ -13,6 +13,7 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from appliance.backends import BackendRequest
+from appliance.core.kept import remember
 from appliance.core.tensors import numpy_dtype
 from appliance.engine.scheduler.correlation import END, START
 from appliance.engine.scheduler.sequence_policy import Control, SequencePolicy, StateSpec, sequence_policy
@@ -67,9 +68,8 @@ def control_tensors(policy: SequencePolicy, flags: int, corrid: int | str, ready
         key = (value, control.datatype, batched)
         row = _ROWS.get(key)
         if row is None:
-            if len(_ROWS) >= _KEPT_ROWS:
-                _ROWS.clear()
-            row = _ROWS[key] = _row(value, control.datatype, batched)
+            row = _row(value, control.datatype, batched)
+            remember(_ROWS, key, row, _KEPT_ROWS)
         tensors[control.name] = row.copy()
     return tensors
 

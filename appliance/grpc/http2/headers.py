@@ -11,6 +11,8 @@ from typing import TypeAlias, TypeVar, cast
 
 import hpack
 
+from appliance.core.kept import remember
+
 __all__ = ["ENCODER_TABLE_SIZE", "HeaderDecoder", "HeaderEncoder", "Request", "grpc_timeout"]
 
 _CACHED_BLOCKS = 64
@@ -30,9 +32,7 @@ def _remember(cache: dict[_Key, _Value], key: _Key, value: _Value, unchanged: bo
     table ``unchanged``: the same key then gives the same value until a block may have changed it. Any
     other block empties the cache: the table may have changed, and indexes may now name other fields."""
     if unchanged:
-        if len(cache) >= _CACHED_BLOCKS:
-            cache.clear()
-        cache[key] = value
+        remember(cache, key, value, _CACHED_BLOCKS)
     else:
         cache.clear()
 
